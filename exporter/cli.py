@@ -1,0 +1,221 @@
+"""Command line: flags in the style of the Prometheus Go exporters, then serve until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from exporter import __version__
+from exporter.logs import FORMATS, LEVELS, setup_logging
+
+log = logging.getLogger("exporter.main")
+
+DEFAULT_PORT = 10447
+DEFAULT_UNITS = ("vllm*.service",)
+COLLECTORS = {
+    "levelzero": "device identity and memory from Level Zero",
+    "processes": "per-unit device memory from processes",
+    "journal": "vLLM engine starts, failures and KV cache from the journal",
+}
+EXIT_USAGE = 2
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h))+$")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_BOOT_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen_address: str = f":{DEFAULT_PORT}"
+    telemetry_path: str = "/metrics"
+    web_config_file: str | None = None
+    collectors: frozenset[str] = frozenset(COLLECTORS)
+    levelzero_library: str = "libze_loader.so.1"
+    levelzero_timeout: float = 4.0
+    journal_directory: str | None = None
+    journal_files: tuple[str, ...] = ()
+    journal_units: tuple[str, ...] = DEFAULT_UNITS
+    journal_boot: str = "current"
+    procfs: str = "/proc"
+    log_level: str = "info"
+    log_format: str = "logfmt"
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Bad input gets one line naming the problem and exit status 2, not the whole usage text."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def parse_duration(value: str) -> float:
+    """Go-style durations as the Prometheus tools take them: 500ms, 4s, 1m30s; a bare number is seconds."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        if not _DURATION.match(value):
+            raise argparse.ArgumentTypeError(f"invalid duration {value!r} (e.g. 500ms, 4s, 1m)") from None
+        seconds = sum(float(number) * _DURATION_UNITS[unit] for number, unit in _DURATION_PART.findall(value))
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"duration must be positive, got {value!r}")
+    return seconds
+
+
+def parse_boot(value: str) -> str:
+    normalised = value.strip().lower().replace("-", "")
+    if value in ("current", "all") or _BOOT_ID.match(normalised):
+        return value if value in ("current", "all") else normalised
+    raise argparse.ArgumentTypeError(f"invalid boot {value!r}: want current, all or a 32-hex-digit boot id")
+
+
+def telemetry_path(value: str) -> str:
+    if not value.startswith("/") or any(c.isspace() for c in value):
+        raise argparse.ArgumentTypeError(f"invalid path {value!r}: must start with / and contain no spaces")
+    return value
+
+
+def listen_address(value: str) -> str:
+    from exporter.web import parse_listen_address
+    try:
+        parse_listen_address(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(
+        prog="xpu-exporter",
+        description="Prometheus exporter for Intel GPUs (Level Zero) shared by vLLM systemd units: device memory, "
+                    "per-unit device memory, KV-cache allocation and engine-init failures from the journal.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"xpu-exporter {__version__}")
+
+    web = parser.add_argument_group("web")
+    web.add_argument("--web.listen-address", dest="listen_address", type=listen_address,
+                     default=f":{DEFAULT_PORT}", metavar="ADDRESS",
+                     help="host:port to serve on ([::1]:PORT and 127.0.0.1:PORT forms; :PORT for all interfaces)")
+    web.add_argument("--web.telemetry-path", dest="telemetry_path", type=telemetry_path, default="/metrics",
+                     metavar="PATH", help="path under which to expose metrics")
+    web.add_argument("--web.config.file", dest="web_config_file", default=None, metavar="FILE",
+                     help="exporter-toolkit web configuration (YAML) for TLS and basic auth")
+
+    collectors = parser.add_argument_group("collectors")
+    for name, description in COLLECTORS.items():
+        collectors.add_argument(f"--collector.{name}", dest=f"collector_{name}", default=True,
+                                action=argparse.BooleanOptionalAction,
+                                help=f"enable the {name} collector: {description}")
+    # BooleanOptionalAction spells the negation --no-collector.X, exactly the Prometheus form.
+
+    levelzero = parser.add_argument_group("levelzero")
+    levelzero.add_argument("--levelzero.library", dest="levelzero_library", default="libze_loader.so.1",
+                           metavar="LIBRARY", help="Level Zero loader to dlopen")
+    levelzero.add_argument("--levelzero.timeout", dest="levelzero_timeout", type=parse_duration, default=4.0,
+                           metavar="DURATION", help="give up on a Level Zero read after this long (driver hang)")
+
+    journal = parser.add_argument_group("journal")
+    journal.add_argument("--journal.directory", dest="journal_directory", default=None, metavar="DIR",
+                         help="read the journal from this directory instead of the system journal")
+    journal.add_argument("--journal.file", dest="journal_files", action="append", default=[], metavar="FILE",
+                         help="read these journal files instead (repeatable)")
+    journal.add_argument("--journal.units", dest="journal_units", action="append", default=None, metavar="GLOB",
+                         help=f"shell glob of the systemd units whose engine logs are read (repeatable; "
+                              f"default {' '.join(DEFAULT_UNITS)})")
+    journal.add_argument("--journal.boot", dest="journal_boot", type=parse_boot, default="current", metavar="BOOT",
+                         help="current (this kernel's boot), all, or a boot id")
+
+    host = parser.add_argument_group("host")
+    host.add_argument("--path.procfs", dest="procfs", default="/proc", metavar="PATH",
+                      help="where the host's /proc is mounted")
+
+    logging_group = parser.add_argument_group("logging")
+    logging_group.add_argument("--log.level", dest="log_level", choices=tuple(LEVELS), default="info")
+    logging_group.add_argument("--log.format", dest="log_format", choices=FORMATS, default="logfmt")
+    return parser
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> Settings:
+    args = build_parser().parse_args(argv)
+    return Settings(
+        listen_address=args.listen_address,
+        telemetry_path=args.telemetry_path,
+        web_config_file=args.web_config_file,
+        collectors=frozenset(name for name in COLLECTORS if getattr(args, f"collector_{name}")),
+        levelzero_library=args.levelzero_library,
+        levelzero_timeout=args.levelzero_timeout,
+        journal_directory=args.journal_directory,
+        journal_files=tuple(args.journal_files),
+        journal_units=tuple(args.journal_units or DEFAULT_UNITS),
+        journal_boot=args.journal_boot,
+        procfs=args.procfs,
+        log_level=args.log_level,
+        log_format=args.log_format,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse_settings(argv)
+    setup_logging(settings.log_level, settings.log_format)
+
+    from exporter.collectors.levelzero import LevelZeroCollector
+    from exporter.scrape import ExporterCollector
+    from exporter.sources.levelzero_worker import LevelZeroWorker
+    from exporter.web import ExporterServer
+    from exporter.webconfig import WebConfigError, load_web_config
+
+    web_config = None
+    if settings.web_config_file:
+        try:
+            web_config = load_web_config(settings.web_config_file)
+        except WebConfigError as error:
+            print(f"xpu-exporter: error: --web.config.file: {error}", file=sys.stderr)
+            return EXIT_USAGE
+
+    worker = None
+    collectors = []
+    if "levelzero" in settings.collectors or "processes" in settings.collectors:
+        worker = LevelZeroWorker(settings.levelzero_library, settings.levelzero_timeout)
+    if "levelzero" in settings.collectors:
+        collectors.append(LevelZeroCollector(worker))
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector(collectors, worker))
+    try:
+        server = ExporterServer(settings.listen_address, settings.telemetry_path, registry, web_config)
+    except OSError as error:
+        print(f"xpu-exporter: error: cannot listen on {settings.listen_address}: {error.strerror or error}",
+              file=sys.stderr)
+        return 1
+
+    stopping = threading.Event()
+
+    def stop(signum: int, _frame: object) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stopping.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    for collector in collectors:
+        collector.start()
+    if worker is not None:
+        worker.start()
+    log.info("xpu-exporter %s listening on %s%s (collectors: %s)", __version__, settings.listen_address,
+             settings.telemetry_path, ",".join(sorted(settings.collectors)) or "none")
+    try:
+        server.serve_forever()
+    finally:
+        for collector in collectors:
+            collector.stop()
+        if worker is not None:
+            worker.close()
+    return 0

@@ -1,0 +1,57 @@
+"""Logging in the Prometheus exporters' style: logfmt or JSON lines on stderr."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}
+FORMATS = ("logfmt", "json")
+
+_LEVEL_NAMES = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warn", logging.ERROR: "error",
+                logging.CRITICAL: "error"}
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+    return f"{seconds}.{int(record.msecs):03d}Z"
+
+
+def _fields(record: logging.LogRecord) -> dict[str, str]:
+    fields = {
+        "ts": _timestamp(record),
+        "level": _LEVEL_NAMES.get(record.levelno, "info"),
+        "source": record.name.removeprefix("exporter."),
+        "msg": record.getMessage(),
+    }
+    if record.exc_info and record.exc_info[1] is not None:
+        fields["err"] = f"{type(record.exc_info[1]).__name__}: {record.exc_info[1]}"
+    return fields
+
+
+def _logfmt_value(value: str) -> str:
+    if value and not any(c in value for c in ' ="\\\n\t'):
+        return value
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return f'"{escaped}"'
+
+
+class LogfmtFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return " ".join(f"{key}={_logfmt_value(value)}" for key, value in _fields(record).items())
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(_fields(record), ensure_ascii=False)
+
+
+def setup_logging(level: str = "info", fmt: str = "logfmt") -> None:
+    """Route the package's logs to stderr, one line per record."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(LEVELS[level])

@@ -1,0 +1,110 @@
+"""One scrape: run every enabled collector, time it, and report on the exporter itself."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector as PrometheusCollector
+
+from exporter import __version__
+from exporter.collectors import CollectionError, Collector
+from exporter.sources.levelzero_worker import (DeviceMemory, DeviceProcesses, LevelZeroUnavailable,
+                                                LevelZeroWorker)
+
+log = logging.getLogger("exporter.scrape")
+
+T = TypeVar("T")
+
+
+class Scrape:
+    """What collectors share during one scrape: each source is read at most once per scrape."""
+
+    def __init__(self, levelzero: LevelZeroWorker | None) -> None:
+        self._levelzero = levelzero
+        self._memo: dict[str, tuple[object, BaseException | None]] = {}
+
+    def device_memory(self) -> list[DeviceMemory]:
+        return self._once("device_memory", self._levelzero_worker().read_memory)
+
+    def device_processes(self) -> list[DeviceProcesses]:
+        return self._once("device_processes", self._levelzero_worker().read_processes)
+
+    def _levelzero_worker(self) -> LevelZeroWorker:
+        if self._levelzero is None:
+            raise RuntimeError("Level Zero is not in use")
+        return self._levelzero
+
+    def _once(self, key: str, read: Callable[[], T]) -> T:
+        if key not in self._memo:
+            try:
+                self._memo[key] = (read(), None)
+            except Exception as error:  # remembered so that the next collector sees the same failure
+                self._memo[key] = (None, error)
+        value, error = self._memo[key]
+        if error is not None:
+            raise error
+        return value  # type: ignore[return-value]
+
+
+class ExporterCollector(PrometheusCollector):
+    """The one collector registered with prometheus_client; it runs the enabled collectors."""
+
+    def __init__(self, collectors: Sequence[Collector], levelzero: LevelZeroWorker | None) -> None:
+        self._collectors = tuple(collectors)
+        self._levelzero = levelzero
+        self._last_errors: dict[str, str | None] = {}
+        self._log_lock = threading.Lock()
+
+    def describe(self) -> list[Metric]:
+        # Nothing to describe up front: registering must not run a scrape.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        build_info = GaugeMetricFamily("xpu_exporter_build_info", "xpu-exporter's version.", labels=["version"])
+        build_info.add_metric([__version__], 1)
+        yield build_info
+
+        success = GaugeMetricFamily("xpu_exporter_collector_success",
+                                    "1 when the collector's last run worked, else 0.", labels=["collector"])
+        duration = GaugeMetricFamily("xpu_exporter_collector_duration_seconds",
+                                     "How long the collector's last run took.", labels=["collector"])
+        scrape = Scrape(self._levelzero)
+        for collector in self._collectors:
+            started = time.perf_counter()
+            families, error = _run(collector, scrape)
+            duration.add_metric([collector.name], time.perf_counter() - started)
+            success.add_metric([collector.name], 0 if error else 1)
+            self._log_transition(collector.name, error)
+            yield from families
+        yield success
+        yield duration
+
+    def _log_transition(self, name: str, error: str | None) -> None:
+        """Log a collector's failure when it starts or changes, and its recovery, not every scrape."""
+        with self._log_lock:
+            previous = self._last_errors.get(name)
+            self._last_errors[name] = error
+        if error and error != previous:
+            log.warning("collector %s failed: %s", name, error)
+        elif error:
+            log.debug("collector %s still failing: %s", name, error)
+        elif previous:
+            log.info("collector %s works again", name)
+
+
+def _run(collector: Collector, scrape: Scrape) -> tuple[list[Metric], str | None]:
+    families: list[Metric] = []
+    try:
+        for family in collector.collect(scrape):
+            families.append(family)
+    except Exception as error:  # a failing source costs its own series, never the scrape
+        if not isinstance(error, (CollectionError, LevelZeroUnavailable)):
+            log.debug("collector %s raised", collector.name, exc_info=True)
+        return families, str(error) or type(error).__name__
+    return families, None
+

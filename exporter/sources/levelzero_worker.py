@@ -1,0 +1,311 @@
+"""Level Zero in a child process that the exporter can kill and restart.
+
+Why a child: Debian's loader segfaults on any call after a failed zeInit, a driver call can hang in
+the kernel, and the loader caches its init for the life of a process, so a re-plugged GPU needs a
+fresh process. The child speaks JSON lines on stdin/stdout:
+
+    child -> {"ready": true, "devices": [identity, ...]}         once, after init
+             {"ready": false, "error": "..."}                   then exits
+    parent -> "memory" | "processes"
+    child -> {"devices": [{"pci_address": ..., "memory": [[device_local, size, free], ...] | null,
+                           "error": null | "..."}, ...]}          ("processes": [[pid, mem, shared], ...])
+
+`python -m exporter.sources.levelzero_worker LIBRARY` runs the child side.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import NoReturn
+
+log = logging.getLogger("exporter.levelzero")
+
+# A real driver's zeInit can take seconds; a scrape does not wait for it, the child gets this long.
+INIT_DEADLINE_S = 60.0
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 60.0
+# A lost device needs a fresh zeInit: these per-device errors make the parent restart the child.
+RESTART_ERRORS = ("ZE_RESULT_ERROR_DEVICE_LOST", "ZE_RESULT_ERROR_UNINITIALIZED")
+
+
+class LevelZeroUnavailable(Exception):
+    """Level Zero could not be read at all (no loader, init failed, the child hung or died)."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    pci_address: str
+    name: str
+    uuid: str
+    driver_version: str
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    device_local: bool
+    size: int
+    free: int
+
+
+@dataclass(frozen=True)
+class ProcessReading:
+    pid: int
+    mem_size: int
+    shared_size: int
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    identity: Identity
+    modules: tuple[MemoryReading, ...]
+    error: str | None
+
+
+@dataclass(frozen=True)
+class DeviceProcesses:
+    identity: Identity
+    processes: tuple[ProcessReading, ...]
+    error: str | None
+
+
+# ---------------------------------------------------------------------------------------- child side
+
+def _child_main(library: str) -> int:
+    from exporter.sources.levelzero import LevelZero, LevelZeroError
+
+    out = sys.stdout
+
+    def send(message: dict) -> None:
+        out.write(json.dumps(message) + "\n")
+        out.flush()
+
+    try:
+        level_zero = LevelZero(library)
+        level_zero.init()
+        devices = level_zero.devices()
+        identities = [device.identity() for device in devices]
+    except LevelZeroError as error:
+        send({"ready": False, "error": str(error)})
+        return 0
+    send({"ready": True, "devices": [asdict(identity) for identity in identities]})
+
+    def read(device, what: str) -> dict:
+        reading: dict = {"pci_address": None, what: None, "error": None, "error_name": None}
+        try:
+            if what == "memory":
+                reading[what] = [[m.device_local, m.size, m.free] for m in device.memory()]
+            else:
+                reading[what] = [[p.pid, p.mem_size, p.shared_size] for p in device.processes()]
+        except LevelZeroError as error:
+            reading["error"] = str(error)
+            reading["error_name"] = error.name
+        return reading
+
+    for request in sys.stdin:
+        what = request.strip()
+        if what not in ("memory", "processes"):
+            continue
+        readings = []
+        for device, identity in zip(devices, identities):
+            reading = read(device, what)
+            reading["pci_address"] = identity.pci_address
+            readings.append(reading)
+        send({"devices": readings})
+    return 0
+
+
+# --------------------------------------------------------------------------------------- parent side
+
+class LevelZeroWorker:
+    """Parent-side handle on the Level Zero child. Thread-safe; every call is bounded by `timeout`."""
+
+    def __init__(self, library: str = "libze_loader.so.1", timeout: float = 4.0) -> None:
+        self.library = library
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen[bytes] | None = None
+        self._buffer = b""
+        self._identities: dict[str, Identity] | None = None
+        self._failure: str | None = None
+        self._logged_failure: str | None = None
+        self._retry_at = 0.0
+        self._backoff = BACKOFF_FIRST_S
+        self._init_deadline = 0.0
+
+    def start(self) -> None:
+        """Spawn the child now, without waiting, so that the first scrape does not pay for its start."""
+        with self._lock:
+            if self._child is None and time.monotonic() >= self._retry_at:
+                self._spawn()
+
+    def identities(self) -> list[Identity]:
+        with self._locked():
+            return list(self._ready().values())
+
+    def read_memory(self) -> list[DeviceMemory]:
+        identities, readings = self._request("memory")
+        return [DeviceMemory(identities[r["pci_address"]],
+                             tuple(MemoryReading(bool(local), int(size), int(free))
+                                   for local, size, free in r["memory"] or ()),
+                             r["error"])
+                for r in readings]
+
+    def read_processes(self) -> list[DeviceProcesses]:
+        identities, readings = self._request("processes")
+        return [DeviceProcesses(identities[r["pci_address"]],
+                                tuple(ProcessReading(int(pid), int(mem), int(shared))
+                                      for pid, mem, shared in r["processes"] or ()),
+                                r["error"])
+                for r in readings]
+
+    def restart(self) -> None:
+        """Re-initialise Level Zero in a fresh child (a GPU was plugged, removed or re-bound)."""
+        with self._lock:
+            self._stop_child()
+            self._retry_at = 0.0
+            self._backoff = BACKOFF_FIRST_S
+            self._spawn()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop_child()
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        if not self._lock.acquire(timeout=self.timeout):
+            raise LevelZeroUnavailable("Level Zero is busy answering another scrape")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _request(self, what: str) -> tuple[dict[str, Identity], list[dict]]:
+        with self._locked():
+            identities = self._ready()
+            try:
+                self._child.stdin.write(what.encode() + b"\n")
+                self._child.stdin.flush()
+            except OSError as error:
+                self._fail(f"Level Zero child is gone: {error}")
+            answer = self._receive(self.timeout)
+            if answer is None:
+                self._fail(f"Level Zero did not answer within {self.timeout:g}s (driver hang?)")
+            readings = answer["devices"]
+            if any(r["error_name"] in RESTART_ERRORS for r in readings):
+                # Answer this scrape with what there is; the next one re-initialises.
+                self._stop_child()
+            self._backoff = BACKOFF_FIRST_S
+            if self._logged_failure is not None:
+                log.info("Level Zero works again")
+                self._logged_failure = None
+            return identities, readings
+
+    def _ready(self) -> dict[str, Identity]:
+        if self._child is None:
+            if time.monotonic() < self._retry_at:
+                raise LevelZeroUnavailable(self._failure or "Level Zero is not initialised")
+            self._spawn()
+        if self._identities is None:
+            ready = self._receive(self.timeout)
+            if ready is None:
+                if time.monotonic() < self._init_deadline:
+                    raise LevelZeroUnavailable("Level Zero is still initialising")
+                self._fail(f"Level Zero initialisation did not finish within {INIT_DEADLINE_S:g}s (driver hang?)")
+            if not ready.get("ready"):
+                self._fail(f"Level Zero initialisation failed: {ready.get('error')}")
+            self._identities = {d["pci_address"]: Identity(**d) for d in ready["devices"]}
+        return self._identities
+
+    def _spawn(self) -> None:
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        self._buffer = b""
+        self._identities = None
+        self._init_deadline = time.monotonic() + INIT_DEADLINE_S
+        try:
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "exporter.sources.levelzero_worker", self.library],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                start_new_session=True)
+        except OSError as error:
+            self._fail(f"cannot start the Level Zero child: {error}")
+        threading.Thread(target=_drain_stderr, args=(self._child,), daemon=True,
+                         name="levelzero-stderr").start()
+
+    def _receive(self, timeout: float) -> dict | None:
+        """The child's next message, or None when it has not answered within `timeout`."""
+        child = self._child
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(child.stdout, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not selector.select(remaining):
+                    return None
+                chunk = os.read(child.stdout.fileno(), 1 << 16)
+                if not chunk:
+                    self._fail(f"Level Zero child exited unexpectedly ({_describe_exit(child)})")
+                self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            return json.loads(line)
+        except ValueError:
+            self._fail("Level Zero child sent garbage")
+
+    def _fail(self, message: str) -> NoReturn:
+        self._stop_child()
+        self._failure = message
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
+        if message != self._logged_failure:
+            log.warning("%s; retrying with backoff", message)
+            self._logged_failure = message
+        raise LevelZeroUnavailable(message)
+
+    def _stop_child(self) -> None:
+        child, self._child = self._child, None
+        self._identities = None
+        if child is None:
+            return
+        if child.poll() is None:
+            child.kill()
+        # A child stuck in a driver call can take a while to die: reap it off the scrape path.
+        threading.Thread(target=_reap, args=(child,), daemon=True, name="levelzero-reaper").start()
+
+
+def _drain_stderr(child: subprocess.Popen[bytes]) -> None:
+    for line in child.stderr:
+        log.debug("child: %s", line.decode(errors="replace").rstrip())
+
+
+def _reap(child: subprocess.Popen[bytes]) -> None:
+    child.wait()
+    for stream in (child.stdin, child.stdout, child.stderr):
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+def _describe_exit(child: subprocess.Popen[bytes]) -> str:
+    try:
+        code = child.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+        return "still running"
+    return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(_child_main(sys.argv[1] if len(sys.argv) > 1 else "libze_loader.so.1"))
