@@ -209,8 +209,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         collector.start()
     if worker is not None:
         worker.start()
-    log.info("xpu-exporter %s listening on %s%s (collectors: %s)", __version__, settings.listen_address,
-             settings.telemetry_path, ",".join(sorted(settings.collectors)) or "none")
+    host, port = server.server_address[:2]
+    scheme = "https" if web_config is not None and web_config.ssl_context() is not None else "http"
+    log.info("xpu-exporter %s listening on %s://%s:%d%s (collectors: %s)", __version__, scheme,
+             f"[{host}]" if ":" in host else host, port, settings.telemetry_path,
+             ",".join(sorted(settings.collectors)) or "none")
     try:
         server.serve_forever()
     finally:

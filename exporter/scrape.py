@@ -74,27 +74,30 @@ class ExporterCollector(PrometheusCollector):
         duration = GaugeMetricFamily("xpu_exporter_collector_duration_seconds",
                                      "How long the collector's last run took.", labels=["collector"])
         scrape = Scrape(self._levelzero)
+        errors: dict[str, str | None] = {}
         for collector in self._collectors:
             started = time.perf_counter()
-            families, error = _run(collector, scrape)
+            families, errors[collector.name] = _run(collector, scrape)
             duration.add_metric([collector.name], time.perf_counter() - started)
-            success.add_metric([collector.name], 0 if error else 1)
-            self._log_transition(collector.name, error)
+            success.add_metric([collector.name], 0 if errors[collector.name] else 1)
             yield from families
         yield success
         yield duration
+        self._log_transitions(errors)
 
-    def _log_transition(self, name: str, error: str | None) -> None:
-        """Log a collector's failure when it starts or changes, and its recovery, not every scrape."""
+    def _log_transitions(self, errors: dict[str, str | None]) -> None:
+        """Log a failure when it starts or changes, and the recovery; never every scrape. Collectors
+        failing for one reason (one source) share one line."""
         with self._log_lock:
-            previous = self._last_errors.get(name)
-            self._last_errors[name] = error
-        if error and error != previous:
-            log.warning("collector %s failed: %s", name, error)
-        elif error:
-            log.debug("collector %s still failing: %s", name, error)
-        elif previous:
-            log.info("collector %s works again", name)
+            previous, self._last_errors = self._last_errors, errors
+        started: dict[str, list[str]] = {}
+        for name, error in errors.items():
+            if error and error != previous.get(name):
+                started.setdefault(error, []).append(name)
+            elif not error and previous.get(name):
+                log.info("collector %s works again", name)
+        for error, names in started.items():
+            log.warning("collector %s failed: %s", ",".join(names), error)
 
 
 def _run(collector: Collector, scrape: Scrape) -> tuple[list[Metric], str | None]:

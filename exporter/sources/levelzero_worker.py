@@ -37,6 +37,11 @@ BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
 # A lost device needs a fresh zeInit: these per-device errors make the parent restart the child.
 RESTART_ERRORS = ("ZE_RESULT_ERROR_DEVICE_LOST", "ZE_RESULT_ERROR_UNINITIALIZED")
+INIT_HINTS = {
+    "ZE_RESULT_ERROR_UNINITIALIZED": " (no Level Zero GPU driver or no GPU: is Intel's compute runtime installed?)",
+    "ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS": " (no access to /dev/dri/renderD*: run the exporter in the render group)",
+    "ZE_RESULT_ERROR_DEPENDENCY_UNAVAILABLE": " (the GPU driver is missing a dependency: check the kernel driver is loaded)",
+}
 
 
 class LevelZeroUnavailable(Exception):
@@ -96,7 +101,7 @@ def _child_main(library: str) -> int:
         devices = level_zero.devices()
         identities = [device.identity() for device in devices]
     except LevelZeroError as error:
-        send({"ready": False, "error": str(error)})
+        send({"ready": False, "error": str(error), "error_name": getattr(error, "name", None)})
         return 0
     send({"ready": True, "devices": [asdict(identity) for identity in identities]})
 
@@ -138,7 +143,6 @@ class LevelZeroWorker:
         self._buffer = b""
         self._identities: dict[str, Identity] | None = None
         self._failure: str | None = None
-        self._logged_failure: str | None = None
         self._retry_at = 0.0
         self._backoff = BACKOFF_FIRST_S
         self._init_deadline = 0.0
@@ -206,9 +210,7 @@ class LevelZeroWorker:
                 # Answer this scrape with what there is; the next one re-initialises.
                 self._stop_child()
             self._backoff = BACKOFF_FIRST_S
-            if self._logged_failure is not None:
-                log.info("Level Zero works again")
-                self._logged_failure = None
+            self._failure = None
             return identities, readings
 
     def _ready(self) -> dict[str, Identity]:
@@ -223,7 +225,8 @@ class LevelZeroWorker:
                     raise LevelZeroUnavailable("Level Zero is still initialising")
                 self._fail(f"Level Zero initialisation did not finish within {INIT_DEADLINE_S:g}s (driver hang?)")
             if not ready.get("ready"):
-                self._fail(f"Level Zero initialisation failed: {ready.get('error')}")
+                hint = INIT_HINTS.get(ready.get("error_name"), "")
+                self._fail(f"Level Zero initialisation failed: {ready.get('error')}{hint}")
             self._identities = {d["pci_address"]: Identity(**d) for d in ready["devices"]}
         return self._identities
 
@@ -269,9 +272,8 @@ class LevelZeroWorker:
         self._failure = message
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
-        if message != self._logged_failure:
-            log.warning("%s; retrying with backoff", message)
-            self._logged_failure = message
+        # The scrape logs the failure once; here only the detail of each retry.
+        log.debug("%s (next try in %gs)", message, self._retry_at - time.monotonic())
         raise LevelZeroUnavailable(message)
 
     def _stop_child(self) -> None:

@@ -1,0 +1,109 @@
+"""The exporter as a real process, started the way an operator starts it, and scraped over HTTP."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[1]
+_LISTENING = re.compile(r"listening on (https?://\S+?)(/\S*)? ")
+
+
+class RunningExporter:
+    def __init__(self, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 listen: str = "127.0.0.1:0", command: Sequence[str] | None = None) -> None:
+        full_env = dict(os.environ)
+        full_env["PYTHONPATH"] = str(REPO)
+        full_env.update(env or {})
+        argv = list(command or [sys.executable, "-m", "exporter"]) + ["--web.listen-address", listen, *args]
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
+                                        cwd=REPO)
+        self._stderr: list[str] = []
+        self._stderr_lock = threading.Lock()
+        self._listening = threading.Event()
+        self.base_url = ""
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        if not self._listening.wait(15):
+            self.stop()
+            raise RuntimeError(f"exporter did not start listening:\n{self.stderr}")
+
+    def _read_stderr(self) -> None:
+        for raw in self.process.stderr:
+            line = raw.decode(errors="replace")
+            with self._stderr_lock:
+                self._stderr.append(line)
+            match = _LISTENING.search(line)
+            if match and not self._listening.is_set():
+                self.base_url = match.group(1)
+                self._listening.set()
+
+    @property
+    def stderr(self) -> str:
+        with self._stderr_lock:
+            return "".join(self._stderr)
+
+    def get(self, path: str = "/metrics", headers: Mapping[str, str] | None = None,
+            timeout: float = 15) -> tuple[int, dict[str, str], bytes]:
+        request = urllib.request.Request(self.base_url + path, headers=dict(headers or {}))
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, dict(response.headers), response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, dict(error.headers), error.read()
+
+    def scrape_text(self) -> str:
+        status, _, body = self.get("/metrics")
+        assert status == 200, body
+        return body.decode()
+
+    def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """{(sample name, sorted labels): value} of one scrape."""
+        samples = {}
+        for family in text_string_to_metric_families(self.scrape_text()):
+            for sample in family.samples:
+                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return samples
+
+    def stop(self, timeout: float = 5) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> RunningExporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def sample(samples: Mapping, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def series(samples: Mapping, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {labels: value for (sample_name, labels), value in samples.items() if sample_name == name}
+
+
+def wait_for(predicate, timeout: float = 10, interval: float = 0.05):
+    """Poll until predicate() is truthy; returns its value. Not a timing assertion: a deadline for a state."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)

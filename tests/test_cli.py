@@ -1,0 +1,96 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter import __version__
+from exporter.cli import DEFAULT_PORT, parse_settings
+
+REPO = Path(__file__).resolve().parents[1]
+CONTRACT_FLAGS = ["--web.listen-address", "--web.telemetry-path", "--web.config.file",
+                  "--collector.levelzero", "--no-collector.levelzero", "--collector.processes",
+                  "--no-collector.processes", "--collector.journal", "--no-collector.journal",
+                  "--levelzero.library", "--journal.directory", "--journal.file", "--journal.units",
+                  "--journal.boot", "--path.procfs", "--log.level", "--log.format"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "exporter", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=30)
+
+
+def test_defaults_match_the_contract():
+    settings = parse_settings([])
+    assert settings.listen_address == f":{DEFAULT_PORT}"
+    assert settings.telemetry_path == "/metrics"
+    assert settings.web_config_file is None
+    assert settings.collectors == {"levelzero", "processes", "journal"}
+    assert settings.levelzero_library == "libze_loader.so.1"
+    assert settings.journal_units == ("vllm*.service",)
+    assert settings.journal_boot == "current"
+    assert settings.journal_files == ()
+    assert settings.procfs == "/proc"
+    assert (settings.log_level, settings.log_format) == ("info", "logfmt")
+
+
+def test_every_contract_flag_parses_in_both_spellings():
+    settings = parse_settings([
+        "--web.listen-address=[::1]:9999", "--web.telemetry-path", "/m", "--no-collector.journal",
+        "--no-collector.processes", "--collector.levelzero", "--levelzero.library=/opt/libze_loader.so.1",
+        "--journal.directory", "/host/var/log/journal", "--journal.file", "a.journal", "--journal.file=b.journal",
+        "--journal.units", "vllm-xpu-*.service", "--journal.units=other.service",
+        "--journal.boot", "0123456789ABCDEF0123456789abcdef", "--path.procfs", "/host/proc",
+        "--log.level", "debug", "--log.format", "json", "--levelzero.timeout", "1500ms"])
+    assert settings.listen_address == "[::1]:9999"
+    assert settings.telemetry_path == "/m"
+    assert settings.collectors == {"levelzero"}
+    assert settings.levelzero_library == "/opt/libze_loader.so.1"
+    assert settings.journal_directory == "/host/var/log/journal"
+    assert settings.journal_files == ("a.journal", "b.journal")
+    assert settings.journal_units == ("vllm-xpu-*.service", "other.service")
+    assert settings.journal_boot == "0123456789abcdef0123456789abcdef"
+    assert settings.procfs == "/host/proc"
+    assert (settings.log_level, settings.log_format) == ("debug", "json")
+    assert settings.levelzero_timeout == 1.5
+
+
+def test_boot_id_in_dashed_uuid_form_is_normalised():
+    assert parse_settings(["--journal.boot", "01234567-89ab-cdef-0123-456789abcdef"]).journal_boot == \
+        "0123456789abcdef0123456789abcdef"
+
+
+def test_help_lists_every_contract_flag_with_its_default():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for flag in CONTRACT_FLAGS:
+        assert flag in result.stdout, flag
+    assert f":{DEFAULT_PORT}" in result.stdout
+    assert "libze_loader.so.1" in result.stdout
+
+
+def test_version_flag_prints_the_package_version():
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert __version__ in result.stdout
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--log.level", "verbose"], "--log.level"),
+    (["--log.format", "xml"], "--log.format"),
+    (["--web.listen-address", "nonsense"], "--web.listen-address"),
+    (["--web.listen-address", "127.0.0.1:99999"], "--web.listen-address"),
+    (["--web.telemetry-path", "metrics"], "--web.telemetry-path"),
+    (["--journal.boot", "yesterday"], "--journal.boot"),
+    (["--levelzero.timeout", "soon"], "--levelzero.timeout"),
+    (["--levelzero.timeout", "0s"], "--levelzero.timeout"),
+    (["--collector.gpu"], "--collector.gpu"),
+    (["--web.config.file", "/nonexistent/web.yml"], "--web.config.file"),
+])
+def test_bad_input_exits_2_with_one_line_naming_the_problem(args, named):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert named in lines[0]
+    assert "Traceback" not in result.stderr
