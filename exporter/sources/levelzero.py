@@ -1,0 +1,649 @@
+"""Level Zero (oneAPI) Sysman bindings over ctypes, in the style of NVML's Python binding.
+
+The ctypes Structures mirror the headers of Debian 12's libze-dev 1.8.12 (spec 1.4,
+``/usr/include/level_zero``) field by field; ``tests/test_levelzero_layout.py`` compiles
+against those headers and fails on any drift. :class:`LoaderLibrary` has one thin method
+per C entry point, named after it, and turns every result other than ZE_RESULT_SUCCESS
+into :class:`LevelZeroError`. :class:`LevelZero` and :class:`Device` are the public
+entry points::
+
+    level_zero = LevelZero()          # raises LoaderUnavailable if the loader cannot be opened
+    level_zero.init()                 # raises LevelZeroError; after a failure the object is dead
+    for device in level_zero.devices():
+        print(device.identity(), device.memory(), device.processes())
+
+Initialisation takes one of two paths and never mixes them in a process:
+
+* the loader exports ``zesInit`` (spec >= 1.5): ``zesInit(0)`` -> ``zesDriverGet`` -> ``zesDeviceGet``;
+* otherwise (Debian 12's loader 1.8.12) the legacy path: ``ZES_ENABLE_SYSMAN=1`` is put in the
+  environment (the driver reads it during the first ``zeInit``), then ``zeInit(0)`` ->
+  ``zeDriverGet`` -> ``zeDeviceGet``.
+
+The loader caches the result of the first ``zeInit`` for the life of the process, and the
+1.8.12 loader crashes in ``zeDriverGet`` after a failed ``zeInit``. So a failed
+:meth:`LevelZero.init` is final: the object refuses every further call, and retrying
+means starting a new process. Run Level Zero work in a child process that can be killed
+and restarted; this module only needs the standard library and is cheap to import.
+
+Exceptions: :class:`LevelZeroError` for a failed call (``.function``, ``.code``, ``.name``);
+:class:`LoaderUnavailable` when the loader library cannot be loaded at all. The latter is a
+separate ``Exception`` subclass, not a :class:`LevelZeroError`, because no Level Zero call
+was made and there is no result code; catch both to handle "no Level Zero" as a whole.
+
+Run ``python -m exporter.sources.levelzero [--library PATH]`` to print what the
+bindings see as JSON.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Sequence
+
+DEFAULT_LIBRARY = "libze_loader.so.1"
+
+# ---------------------------------------------------------------------------------------------
+# Constants (values from the installed ze_api.h / zes_api.h; the layout test checks every
+# module-level name starting with ZE_ or ZES_ against the headers)
+
+ZE_MAX_DEVICE_NAME = 256
+ZE_MAX_DEVICE_UUID_SIZE = 16
+ZES_STRING_PROPERTY_SIZE = 64
+
+ZE_RESULT_SUCCESS = 0
+ZE_RESULT_NOT_READY = 1
+ZE_RESULT_ERROR_DEVICE_LOST = 0x70000001
+ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY = 0x70000002
+ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY = 0x70000003
+ZE_RESULT_ERROR_MODULE_BUILD_FAILURE = 0x70000004
+ZE_RESULT_ERROR_MODULE_LINK_FAILURE = 0x70000005
+ZE_RESULT_ERROR_DEVICE_REQUIRES_RESET = 0x70000006
+ZE_RESULT_ERROR_DEVICE_IN_LOW_POWER_STATE = 0x70000007
+ZE_RESULT_EXP_ERROR_DEVICE_IS_NOT_VERTEX = 0x7FF00001
+ZE_RESULT_EXP_ERROR_VERTEX_IS_NOT_DEVICE = 0x7FF00002
+ZE_RESULT_EXP_ERROR_REMOTE_DEVICE = 0x7FF00003
+ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS = 0x70010000
+ZE_RESULT_ERROR_NOT_AVAILABLE = 0x70010001
+ZE_RESULT_ERROR_DEPENDENCY_UNAVAILABLE = 0x70020000
+ZE_RESULT_WARNING_DROPPED_DATA = 0x70020001
+ZE_RESULT_ERROR_UNINITIALIZED = 0x78000001
+ZE_RESULT_ERROR_UNSUPPORTED_VERSION = 0x78000002
+ZE_RESULT_ERROR_UNSUPPORTED_FEATURE = 0x78000003
+ZE_RESULT_ERROR_INVALID_ARGUMENT = 0x78000004
+ZE_RESULT_ERROR_INVALID_NULL_HANDLE = 0x78000005
+ZE_RESULT_ERROR_HANDLE_OBJECT_IN_USE = 0x78000006
+ZE_RESULT_ERROR_INVALID_NULL_POINTER = 0x78000007
+ZE_RESULT_ERROR_INVALID_SIZE = 0x78000008
+ZE_RESULT_ERROR_UNSUPPORTED_SIZE = 0x78000009
+ZE_RESULT_ERROR_UNSUPPORTED_ALIGNMENT = 0x7800000A
+ZE_RESULT_ERROR_INVALID_SYNCHRONIZATION_OBJECT = 0x7800000B
+ZE_RESULT_ERROR_INVALID_ENUMERATION = 0x7800000C
+ZE_RESULT_ERROR_UNSUPPORTED_ENUMERATION = 0x7800000D
+ZE_RESULT_ERROR_UNSUPPORTED_IMAGE_FORMAT = 0x7800000E
+ZE_RESULT_ERROR_INVALID_NATIVE_BINARY = 0x7800000F
+ZE_RESULT_ERROR_INVALID_GLOBAL_NAME = 0x78000010
+ZE_RESULT_ERROR_INVALID_KERNEL_NAME = 0x78000011
+ZE_RESULT_ERROR_INVALID_FUNCTION_NAME = 0x78000012
+ZE_RESULT_ERROR_INVALID_GROUP_SIZE_DIMENSION = 0x78000013
+ZE_RESULT_ERROR_INVALID_GLOBAL_WIDTH_DIMENSION = 0x78000014
+ZE_RESULT_ERROR_INVALID_KERNEL_ARGUMENT_INDEX = 0x78000015
+ZE_RESULT_ERROR_INVALID_KERNEL_ARGUMENT_SIZE = 0x78000016
+ZE_RESULT_ERROR_INVALID_KERNEL_ATTRIBUTE_VALUE = 0x78000017
+ZE_RESULT_ERROR_INVALID_MODULE_UNLINKED = 0x78000018
+ZE_RESULT_ERROR_INVALID_COMMAND_LIST_TYPE = 0x78000019
+ZE_RESULT_ERROR_OVERLAPPING_REGIONS = 0x7800001A
+ZE_RESULT_WARNING_ACTION_REQUIRED = 0x7800001B
+ZE_RESULT_ERROR_UNKNOWN = 0x7FFFFFFE
+
+#: ze_result_t code -> its name in the installed ze_api.h
+RESULT_NAMES: MappingProxyType[int, str] = MappingProxyType(
+    {code: name for name, code in dict(globals()).items() if name.startswith("ZE_RESULT_")}
+)
+
+ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES = 0x3
+ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES = 0x1
+ZES_STRUCTURE_TYPE_PCI_PROPERTIES = 0x2
+ZES_STRUCTURE_TYPE_MEM_PROPERTIES = 0xB
+ZES_STRUCTURE_TYPE_PROCESS_STATE = 0x16
+ZES_STRUCTURE_TYPE_MEM_STATE = 0x1E
+
+ZE_DEVICE_TYPE_GPU = 1
+
+ZES_MEM_LOC_SYSTEM = 0
+ZES_MEM_LOC_DEVICE = 1
+
+ZES_MEM_HEALTH_UNKNOWN = 0
+ZES_MEM_HEALTH_OK = 1
+ZES_MEM_HEALTH_DEGRADED = 2
+ZES_MEM_HEALTH_CRITICAL = 3
+ZES_MEM_HEALTH_REPLACE = 4
+
+# How often zesDeviceProcessesGetState is retried when processes appear between the count
+# query and the read (ZE_RESULT_ERROR_INVALID_SIZE); the array doubles on every retry.
+PROCESS_READ_ATTEMPTS = 5
+
+
+def result_name(code: int) -> str:
+    """The ze_result_t name of ``code``; unknown codes get ``ZE_RESULT_0x........``."""
+    return RESULT_NAMES.get(code, f"ZE_RESULT_0x{code:08x}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Exceptions
+
+
+class LevelZeroError(Exception):
+    """A Level Zero call returned something other than ZE_RESULT_SUCCESS."""
+
+    def __init__(self, function: str, code: int) -> None:
+        self.function = function
+        self.code = code
+        self.name = result_name(code)
+        super().__init__(f"{function}: {self.name} (0x{code:08x})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.function, self.code))
+
+
+class LoaderUnavailable(Exception):
+    """The Level Zero loader library cannot be loaded (missing file, bad library, ...).
+
+    Not a LevelZeroError: no Level Zero call was made, so there is no result code.
+    """
+
+    def __init__(self, library: str, reason: str) -> None:
+        self.library = library
+        self.reason = reason
+        super().__init__(f"cannot load the Level Zero loader {library}: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.library, self.reason))
+
+
+class NotInitialized(RuntimeError):
+    """LevelZero.devices() was called before a successful LevelZero.init()."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Structures (installed headers, spec 1.4). Enums are 32 bits; ze_bool_t is uint8_t.
+
+_ze_enum = ctypes.c_uint32
+_ze_bool_t = ctypes.c_uint8
+
+
+class ze_device_uuid_t(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint8 * ZE_MAX_DEVICE_UUID_SIZE)]
+
+
+class ze_device_properties_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("type", _ze_enum),
+        ("vendorId", ctypes.c_uint32),
+        ("deviceId", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("subdeviceId", ctypes.c_uint32),
+        ("coreClockRate", ctypes.c_uint32),
+        ("maxMemAllocSize", ctypes.c_uint64),
+        ("maxHardwareContexts", ctypes.c_uint32),
+        ("maxCommandQueuePriority", ctypes.c_uint32),
+        ("numThreadsPerEU", ctypes.c_uint32),
+        ("physicalEUSimdWidth", ctypes.c_uint32),
+        ("numEUsPerSubslice", ctypes.c_uint32),
+        ("numSubslicesPerSlice", ctypes.c_uint32),
+        ("numSlices", ctypes.c_uint32),
+        ("timerResolution", ctypes.c_uint64),
+        ("timestampValidBits", ctypes.c_uint32),
+        ("kernelTimestampValidBits", ctypes.c_uint32),
+        ("uuid", ze_device_uuid_t),
+        ("name", ctypes.c_char * ZE_MAX_DEVICE_NAME),
+    ]
+
+
+class zes_device_properties_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("core", ze_device_properties_t),
+        ("numSubdevices", ctypes.c_uint32),
+        ("serialNumber", ctypes.c_char * ZES_STRING_PROPERTY_SIZE),
+        ("boardNumber", ctypes.c_char * ZES_STRING_PROPERTY_SIZE),
+        ("brandName", ctypes.c_char * ZES_STRING_PROPERTY_SIZE),
+        ("modelName", ctypes.c_char * ZES_STRING_PROPERTY_SIZE),
+        ("vendorName", ctypes.c_char * ZES_STRING_PROPERTY_SIZE),
+        ("driverVersion", ctypes.c_char * ZES_STRING_PROPERTY_SIZE),
+    ]
+
+
+class zes_pci_address_t(ctypes.Structure):
+    _fields_ = [
+        ("domain", ctypes.c_uint32),
+        ("bus", ctypes.c_uint32),
+        ("device", ctypes.c_uint32),
+        ("function", ctypes.c_uint32),
+    ]
+
+
+class zes_pci_speed_t(ctypes.Structure):
+    _fields_ = [
+        ("gen", ctypes.c_int32),
+        ("width", ctypes.c_int32),
+        ("maxBandwidth", ctypes.c_int64),
+    ]
+
+
+class zes_pci_properties_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("address", zes_pci_address_t),
+        ("maxSpeed", zes_pci_speed_t),
+        ("haveBandwidthCounters", _ze_bool_t),
+        ("havePacketCounters", _ze_bool_t),
+        ("haveReplayCounters", _ze_bool_t),
+    ]
+
+
+class zes_mem_properties_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("type", _ze_enum),
+        ("onSubdevice", _ze_bool_t),
+        ("subdeviceId", ctypes.c_uint32),
+        ("location", _ze_enum),
+        ("physicalSize", ctypes.c_uint64),
+        ("busWidth", ctypes.c_int32),
+        ("numChannels", ctypes.c_int32),
+    ]
+
+
+class zes_mem_state_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("health", _ze_enum),
+        ("free", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+    ]
+
+
+class zes_process_state_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("processId", ctypes.c_uint32),
+        ("memSize", ctypes.c_uint64),
+        ("sharedSize", ctypes.c_uint64),
+        ("engines", ctypes.c_uint32),
+    ]
+
+
+#: Every Structure above; each class is named after its C type (the layout test walks this).
+STRUCTURES: tuple[type[ctypes.Structure], ...] = (
+    ze_device_uuid_t,
+    ze_device_properties_t,
+    zes_device_properties_t,
+    zes_pci_address_t,
+    zes_pci_speed_t,
+    zes_pci_properties_t,
+    zes_mem_properties_t,
+    zes_mem_state_t,
+    zes_process_state_t,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Entry points: name -> argument types. All return ze_result_t.
+
+_COUNT = ctypes.POINTER(ctypes.c_uint32)
+_HANDLES = ctypes.POINTER(ctypes.c_void_p)
+
+_REQUIRED_FUNCTIONS: MappingProxyType[str, tuple[Any, ...]] = MappingProxyType(
+    {
+        "zeInit": (ctypes.c_uint32,),
+        "zeDriverGet": (_COUNT, _HANDLES),
+        "zeDeviceGet": (ctypes.c_void_p, _COUNT, _HANDLES),
+        "zeDeviceGetProperties": (ctypes.c_void_p, ctypes.POINTER(ze_device_properties_t)),
+        "zesDeviceGetProperties": (ctypes.c_void_p, ctypes.POINTER(zes_device_properties_t)),
+        "zesDevicePciGetProperties": (ctypes.c_void_p, ctypes.POINTER(zes_pci_properties_t)),
+        "zesDeviceEnumMemoryModules": (ctypes.c_void_p, _COUNT, _HANDLES),
+        "zesMemoryGetProperties": (ctypes.c_void_p, ctypes.POINTER(zes_mem_properties_t)),
+        "zesMemoryGetState": (ctypes.c_void_p, ctypes.POINTER(zes_mem_state_t)),
+        "zesDeviceProcessesGetState": (ctypes.c_void_p, _COUNT, ctypes.POINTER(zes_process_state_t)),
+    }
+)
+
+# Spec >= 1.5 only; Debian 12's loader 1.8.12 lacks them.
+_SYSMAN_INIT_FUNCTIONS: MappingProxyType[str, tuple[Any, ...]] = MappingProxyType(
+    {
+        "zesInit": (ctypes.c_uint32,),
+        "zesDriverGet": (_COUNT, _HANDLES),
+        "zesDeviceGet": (ctypes.c_void_p, _COUNT, _HANDLES),
+    }
+)
+
+
+def _load_library(library: str) -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL(library)
+    except OSError as error:
+        raise LoaderUnavailable(library, str(error)) from None
+
+
+def _bind(library: ctypes.CDLL, name: str, argtypes: Sequence[Any]) -> Callable[..., int]:
+    prototype = ctypes.CFUNCTYPE(ctypes.c_uint32, *argtypes)
+    return prototype((name, library))
+
+
+class LoaderLibrary:
+    """The Level Zero loader opened with ctypes: one thin method per C entry point.
+
+    Handles are plain ints (``void*``). Enumerations follow the two-call convention and
+    return lists. Every method raises LevelZeroError on a non-success result.
+    Use LevelZero rather than this class: it enforces the initialisation rules.
+    """
+
+    def __init__(self, library: str = DEFAULT_LIBRARY) -> None:
+        self.library = library
+        handle = _load_library(library)
+        try:
+            self._functions = {name: _bind(handle, name, args) for name, args in _REQUIRED_FUNCTIONS.items()}
+        except AttributeError as error:
+            raise LoaderUnavailable(library, f"not a Level Zero loader: {error}") from None
+        self.has_sysman_init = all(hasattr(handle, name) for name in _SYSMAN_INIT_FUNCTIONS)
+        if self.has_sysman_init:
+            for name, args in _SYSMAN_INIT_FUNCTIONS.items():
+                self._functions[name] = _bind(handle, name, args)
+
+    def _call(self, name: str, *arguments: Any) -> None:
+        code = self._functions[name](*arguments)
+        if code != ZE_RESULT_SUCCESS:
+            raise LevelZeroError(name, code)
+
+    def _enumerate(self, name: str, *leading: Any) -> list[int]:
+        count = ctypes.c_uint32(0)
+        self._call(name, *leading, ctypes.byref(count), None)
+        if count.value == 0:
+            return []
+        handles = (ctypes.c_void_p * count.value)()
+        self._call(name, *leading, ctypes.byref(count), handles)
+        return [handle for handle in handles[: count.value] if handle]
+
+    def zeInit(self, flags: int = 0) -> None:
+        self._call("zeInit", flags)
+
+    def zeDriverGet(self) -> list[int]:
+        return self._enumerate("zeDriverGet")
+
+    def zeDeviceGet(self, driver: int) -> list[int]:
+        return self._enumerate("zeDeviceGet", driver)
+
+    def zeDeviceGetProperties(self, device: int) -> ze_device_properties_t:
+        properties = ze_device_properties_t(stype=ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES)
+        self._call("zeDeviceGetProperties", device, ctypes.byref(properties))
+        return properties
+
+    def zesInit(self, flags: int = 0) -> None:
+        self._call("zesInit", flags)
+
+    def zesDriverGet(self) -> list[int]:
+        return self._enumerate("zesDriverGet")
+
+    def zesDeviceGet(self, driver: int) -> list[int]:
+        return self._enumerate("zesDeviceGet", driver)
+
+    def zesDeviceGetProperties(self, device: int) -> zes_device_properties_t:
+        properties = zes_device_properties_t(stype=ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES)
+        properties.core.stype = ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES
+        self._call("zesDeviceGetProperties", device, ctypes.byref(properties))
+        return properties
+
+    def zesDevicePciGetProperties(self, device: int) -> zes_pci_properties_t:
+        properties = zes_pci_properties_t(stype=ZES_STRUCTURE_TYPE_PCI_PROPERTIES)
+        self._call("zesDevicePciGetProperties", device, ctypes.byref(properties))
+        return properties
+
+    def zesDeviceEnumMemoryModules(self, device: int) -> list[int]:
+        return self._enumerate("zesDeviceEnumMemoryModules", device)
+
+    def zesMemoryGetProperties(self, memory: int) -> zes_mem_properties_t:
+        properties = zes_mem_properties_t(stype=ZES_STRUCTURE_TYPE_MEM_PROPERTIES)
+        self._call("zesMemoryGetProperties", memory, ctypes.byref(properties))
+        return properties
+
+    def zesMemoryGetState(self, memory: int) -> zes_mem_state_t:
+        state = zes_mem_state_t(stype=ZES_STRUCTURE_TYPE_MEM_STATE)
+        self._call("zesMemoryGetState", memory, ctypes.byref(state))
+        return state
+
+    def zesDeviceProcessesGetState(self, device: int) -> list[zes_process_state_t]:
+        """All processes using the device.
+
+        The process count can grow between the count query and the read; the driver then
+        returns ZE_RESULT_ERROR_INVALID_SIZE. The count is queried again and the array
+        doubled, at most PROCESS_READ_ATTEMPTS times.
+        """
+        capacity = 0
+        for _ in range(PROCESS_READ_ATTEMPTS):
+            count = ctypes.c_uint32(0)
+            self._call("zesDeviceProcessesGetState", device, ctypes.byref(count), None)
+            if count.value == 0:
+                return []
+            capacity = max(count.value, 2 * capacity)
+            processes = (zes_process_state_t * capacity)()
+            for process in processes:
+                process.stype = ZES_STRUCTURE_TYPE_PROCESS_STATE
+            filled = ctypes.c_uint32(capacity)
+            code = self._functions["zesDeviceProcessesGetState"](device, ctypes.byref(filled), processes)
+            if code == ZE_RESULT_ERROR_INVALID_SIZE:
+                continue
+            if code != ZE_RESULT_SUCCESS:
+                raise LevelZeroError("zesDeviceProcessesGetState", code)
+            return list(processes[: min(filled.value, capacity)])
+        raise LevelZeroError("zesDeviceProcessesGetState", ZE_RESULT_ERROR_INVALID_SIZE)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+
+
+@dataclass(frozen=True)
+class DeviceIdentity:
+    pci_address: str  # "0000:03:00.0"
+    name: str  # the core device name
+    uuid: str  # 8-4-4-4-12 lower-case hex, bytes in driver order
+    driver_version: str  # zes_device_properties_t.driverVersion as reported
+
+
+@dataclass(frozen=True)
+class MemoryModule:
+    device_local: bool  # location == ZES_MEM_LOC_DEVICE; False for system memory
+    size: int  # bytes: zes_mem_state_t.size, or physicalSize when the state says 0
+    free: int  # bytes, as the driver reports it
+    health: int  # zes_mem_health_t
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    pid: int
+    mem_size: int  # device memory allocated by the process, bytes
+    shared_size: int  # shared device memory mapped into the process, bytes
+    engines: int  # zes_engine_type_flags_t
+
+
+def format_uuid(uuid: bytes) -> str:
+    """16 UUID bytes, in the given order, as lower-case hex 8-4-4-4-12."""
+    if len(uuid) != ZE_MAX_DEVICE_UUID_SIZE:
+        raise ValueError(f"a Level Zero UUID has {ZE_MAX_DEVICE_UUID_SIZE} bytes, got {len(uuid)}")
+    text = uuid.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+def format_pci_address(domain: int, bus: int, device: int, function: int) -> str:
+    """The PCI address in sysfs form, lower case: ``0000:03:00.0``."""
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
+
+
+def _text(value: bytes) -> str:
+    return value.decode("utf-8", errors="replace")
+
+
+class Device:
+    """One GPU. Obtained from LevelZero.devices(); each method queries the driver anew."""
+
+    def __init__(self, library: LoaderLibrary, handle: int) -> None:
+        self._library = library
+        self.handle = handle
+
+    def __repr__(self) -> str:
+        return f"Device(handle=0x{self.handle:x})"
+
+    def identity(self) -> DeviceIdentity:
+        properties = self._library.zesDeviceGetProperties(self.handle)
+        address = self._library.zesDevicePciGetProperties(self.handle).address
+        return DeviceIdentity(
+            pci_address=format_pci_address(address.domain, address.bus, address.device, address.function),
+            name=_text(properties.core.name),
+            uuid=format_uuid(bytes(properties.core.uuid.id)),
+            driver_version=_text(properties.driverVersion),
+        )
+
+    def memory(self) -> list[MemoryModule]:
+        modules = []
+        for handle in self._library.zesDeviceEnumMemoryModules(self.handle):
+            properties = self._library.zesMemoryGetProperties(handle)
+            state = self._library.zesMemoryGetState(handle)
+            modules.append(
+                MemoryModule(
+                    device_local=properties.location == ZES_MEM_LOC_DEVICE,
+                    size=state.size or properties.physicalSize,
+                    free=state.free,
+                    health=state.health,
+                )
+            )
+        return modules
+
+    def processes(self) -> list[ProcessMemory]:
+        return [
+            ProcessMemory(
+                pid=process.processId,
+                mem_size=process.memSize,
+                shared_size=process.sharedSize,
+                engines=process.engines,
+            )
+            for process in self._library.zesDeviceProcessesGetState(self.handle)
+        ]
+
+
+class LevelZero:
+    """Entry point: open the loader, init() once, then list devices().
+
+    The constructor loads the library (LoaderUnavailable if it cannot). init() raises
+    LevelZeroError; after a failed init() every later init() or devices() raises that
+    same error again without calling into Level Zero, because the loader cannot recover
+    within the process (see the module docstring).
+    """
+
+    def __init__(self, library: str = DEFAULT_LIBRARY) -> None:
+        self._library = LoaderLibrary(library)
+        self._drivers: list[int] | None = None
+        self._init_failure: LevelZeroError | None = None
+
+    @property
+    def library(self) -> str:
+        return self._library.library
+
+    @property
+    def sysman_only(self) -> bool:
+        """True when the loader has zesInit and init() takes the zesInit path."""
+        return self._library.has_sysman_init
+
+    def init(self) -> None:
+        """Initialise Level Zero Sysman; idempotent after success, final after failure."""
+        self._raise_if_failed()
+        if self._drivers is not None:
+            return
+        try:
+            if self.sysman_only:
+                self._library.zesInit(0)
+                self._drivers = self._library.zesDriverGet()
+            else:
+                # The driver reads ZES_ENABLE_SYSMAN during the process's first zeInit.
+                os.environ["ZES_ENABLE_SYSMAN"] = "1"
+                self._library.zeInit(0)
+                self._drivers = self._library.zeDriverGet()
+        except LevelZeroError as error:
+            self._init_failure = error
+            raise
+
+    def devices(self) -> list[Device]:
+        """The GPUs (core device type GPU) of every driver."""
+        self._raise_if_failed()
+        if self._drivers is None:
+            raise NotInitialized("LevelZero.init() must succeed before devices()")
+        return [Device(self._library, handle) for handle in self._device_handles() if self._is_gpu(handle)]
+
+    def _device_handles(self) -> list[int]:
+        get = self._library.zesDeviceGet if self.sysman_only else self._library.zeDeviceGet
+        assert self._drivers is not None
+        return [device for driver in self._drivers for device in get(driver)]
+
+    def _is_gpu(self, device: int) -> bool:
+        # Sysman handles from zesDeviceGet are not core handles: ask Sysman on that path.
+        if self.sysman_only:
+            return self._library.zesDeviceGetProperties(device).core.type == ZE_DEVICE_TYPE_GPU
+        return self._library.zeDeviceGetProperties(device).type == ZE_DEVICE_TYPE_GPU
+
+    def _raise_if_failed(self) -> None:
+        if self._init_failure is not None:
+            raise LevelZeroError(self._init_failure.function, self._init_failure.code)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line: print what the bindings see
+
+
+def _error_json(error: LevelZeroError) -> dict[str, Any]:
+    return {"function": error.function, "code": error.code, "name": error.name, "message": str(error)}
+
+
+def _device_json(device: Device) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    result: dict[str, Any] = {}
+    for key, read in (("identity", device.identity), ("memory", device.memory), ("processes", device.processes)):
+        try:
+            value = read()
+            result[key] = [asdict(item) for item in value] if isinstance(value, list) else asdict(value)
+        except LevelZeroError as error:
+            result[key] = {"error": _error_json(error)}
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the devices, their memory and processes as JSON; exit 1 if Level Zero is unusable."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m exporter.sources.levelzero", description=main.__doc__)
+    parser.add_argument("--library", default=DEFAULT_LIBRARY, help="Level Zero loader to dlopen")
+    arguments = parser.parse_args(argv)
+    try:
+        level_zero = LevelZero(arguments.library)
+        level_zero.init()
+        devices = level_zero.devices()
+    except LoaderUnavailable as error:
+        print(json.dumps({"error": {"loader_unavailable": str(error)}}))
+        return 1
+    except LevelZeroError as error:
+        print(json.dumps({"error": _error_json(error)}))
+        return 1
+    print(json.dumps({"sysman_only": level_zero.sysman_only, "devices": [_device_json(d) for d in devices]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,244 @@
+"""Test helper for the fake Level Zero driver in tests/fakeze/fake_ze.c.
+
+The real Level Zero loader loads the fake driver when a process starts with the
+environment from :func:`fake_driver_env`. The driver reads its config file on every
+call, so a test can change its behaviour mid-run with :func:`write_config` (atomic).
+
+    driver = build_fake_driver(tmp_dir)                     # once per test session
+    write_config(config_path, FakeConfig(devices=(A770, B580)))
+    env = {**os.environ, **fake_driver_env(driver, config_path)}
+    subprocess.run([...], env=env)                          # a fresh process per scenario
+
+The loader caches zeInit per process: never load it in the pytest process itself.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+FAKE_DRIVER_SOURCE = Path(__file__).resolve().parent / "fakeze" / "fake_ze.c"
+FAKE_DRIVER_NAME = "libze_fake.so"
+COMPILE_COMMAND = ("gcc", "-shared", "-fPIC", "-fvisibility=hidden", "-O1", "-Wall", "-Werror")
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+INTEL_VENDOR_ID = 0x8086
+DEFAULT_NAME = "Intel(R) Graphics (FAKE)"
+DEFAULT_DRIVER_VERSION = "1.3.0-fake"
+DEFAULT_DEVICE_ID = 0x56A0
+ZE_DEVICE_TYPE_GPU = 1
+ZE_DEVICE_TYPE_CPU = 2
+ZES_MEM_HEALTH_OK = 1
+ZES_ENGINE_TYPE_FLAG_COMPUTE = 2
+
+Result = str | int
+"""A ze_result_t: its name ("ZE_RESULT_ERROR_DEVICE_LOST") or its number."""
+
+
+@dataclass(frozen=True)
+class FakeMemoryModule:
+    """A memory module; size and free are what zesMemoryGetState reports."""
+
+    size: int
+    free: int
+    device_local: bool = True
+    physical_size: int | None = None  # zes_mem_properties_t.physicalSize; None: same as size
+    health: int = ZES_MEM_HEALTH_OK
+    type: int | None = None  # zes_mem_type_t; None: GDDR6 for device memory, DDR for system memory
+
+
+@dataclass(frozen=True)
+class FakeProcess:
+    pid: int
+    mem_size: int
+    shared_size: int = 0
+    engines: int = ZES_ENGINE_TYPE_FLAG_COMPUTE
+
+
+@dataclass(frozen=True)
+class FakeDevice:
+    pci_address: str  # "0000:03:00.0"
+    name: str = DEFAULT_NAME
+    uuid: bytes | None = None  # 16 bytes; None: default_uuid(pci_address, device_id)
+    driver_version: str = DEFAULT_DRIVER_VERSION
+    device_id: int = DEFAULT_DEVICE_ID
+    device_type: int = ZE_DEVICE_TYPE_GPU
+    memory: Sequence[FakeMemoryModule] = ()
+    processes: Sequence[FakeProcess] = ()
+    memory_state_result: Result = "ZE_RESULT_SUCCESS"
+    memory_state_hang: bool = False
+    processes_result: Result = "ZE_RESULT_SUCCESS"
+    processes_hang: bool = False
+    # The count query reports this many processes fewer than listed, as if they had
+    # started between the caller's two calls of zesDeviceProcessesGetState.
+    processes_count_lag: int = 0
+
+
+@dataclass(frozen=True)
+class FakeConfig:
+    devices: Sequence[FakeDevice] = ()
+    init_result: Result = "ZE_RESULT_SUCCESS"
+    init_hang: bool = False
+
+
+A770 = FakeDevice(
+    pci_address="0000:03:00.0",
+    name="Intel(R) Arc(TM) A770 Graphics",
+    uuid=bytes(range(0x10, 0x20)),
+    driver_version="1.3.24595",
+    device_id=0x56A0,
+    memory=(FakeMemoryModule(size=16 * GiB, free=13 * GiB),),
+    processes=(FakeProcess(pid=1000, mem_size=2 * GiB), FakeProcess(pid=1001, mem_size=GiB, shared_size=64 * MiB)),
+)
+"""0000:03:00.0, 16 GiB, 3 GiB used by two processes."""
+
+B580 = FakeDevice(
+    pci_address="0000:83:00.0",
+    name="Intel(R) Arc(TM) B580 Graphics",
+    driver_version="1.6.32224",
+    device_id=0xE20B,
+    memory=(FakeMemoryModule(size=12 * GiB, free=11 * GiB),),
+    processes=(FakeProcess(pid=2000, mem_size=GiB, engines=0x22),),
+)
+"""0000:83:00.0, 12 GiB, 1 GiB used by one process; default (derived) UUID."""
+
+
+def default_uuid(pci_address: str, device_id: int = DEFAULT_DEVICE_ID) -> bytes:
+    """The UUID the fake driver gives a device without `uuid` (mirrors default_uuid() in fake_ze.c)."""
+    domain, bus, device, function = parse_pci_address(pci_address)
+    return (
+        INTEL_VENDOR_ID.to_bytes(2, "little")
+        + (device_id & 0xFFFF).to_bytes(2, "little")
+        + bytes(2)
+        + (domain & 0xFFFF).to_bytes(2, "little")
+        + bytes([bus & 0xFF, device & 0xFF, function & 0xFF])
+        + bytes(5)
+    )
+
+
+def parse_pci_address(pci_address: str) -> tuple[int, int, int, int]:
+    """'0000:03:00.0' -> (domain, bus, device, function)."""
+    domain, bus, rest = pci_address.split(":")
+    device, function = rest.split(".")
+    return int(domain, 16), int(bus, 16), int(device, 16), int(function, 16)
+
+
+def render_config(config: FakeConfig) -> str:
+    """The config file text in fake_ze.c's line format."""
+    lines = [f"init_result {_result(config.init_result)}"]
+    if config.init_hang:
+        lines.append("init_hang")
+    for device in config.devices:
+        lines += _render_device(device)
+    return "\n".join(lines) + "\n"
+
+
+def write_config(path: Path, config: FakeConfig) -> None:
+    """Write the config atomically (temporary file + rename): the driver may read it at any time."""
+    path = Path(path)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(render_config(config))
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def build_fake_driver(directory: Path) -> Path:
+    """Compile fake_ze.c into directory/libze_fake.so with gcc; returns its absolute path."""
+    output = Path(directory).resolve() / FAKE_DRIVER_NAME
+    command = [*COMPILE_COMMAND, "-o", str(output), str(FAKE_DRIVER_SOURCE)]
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(f"building the fake Level Zero driver failed: {' '.join(command)}\n{completed.stderr}")
+    return output
+
+
+def fake_driver_env(driver_path: Path | Sequence[Path], config_path: Path) -> dict[str, str]:
+    """Environment that makes the real loader use the fake driver(s) with this config.
+
+    Several driver paths (copies of the library under different names) make the loader
+    see several drivers.
+    """
+    paths = [driver_path] if isinstance(driver_path, (str, os.PathLike)) else list(driver_path)
+    return {
+        "ZE_ENABLE_ALT_DRIVERS": ",".join(str(Path(path).resolve()) for path in paths),
+        "FAKE_ZE_CONFIG": str(Path(config_path).resolve()),
+        "ZES_ENABLE_SYSMAN": "1",
+    }
+
+
+def _result(result: Result) -> str:
+    if isinstance(result, int):
+        return f"0x{result:08x}"
+    if not result.startswith("ZE_RESULT_"):
+        raise ValueError(f"not a ze_result_t name: {result!r}")
+    return result
+
+
+def _line_text(value: str, what: str) -> str:
+    if "\n" in value or "\r" in value or value != value.strip() or not value:
+        raise ValueError(f"{what} must be one line without surrounding blanks: {value!r}")
+    return value
+
+
+def _render_device(device: FakeDevice) -> list[str]:
+    parse_pci_address(device.pci_address)
+    lines = [
+        f"device {device.pci_address}",
+        f"name {_line_text(device.name, 'name')}",
+        f"driver_version {_line_text(device.driver_version, 'driver_version')}",
+        f"device_id 0x{device.device_id:04x}",
+        f"device_type {device.device_type}",
+    ]
+    if device.uuid is not None:
+        if len(device.uuid) != 16:
+            raise ValueError(f"uuid must have 16 bytes, got {len(device.uuid)}")
+        lines.append(f"uuid {device.uuid.hex()}")
+    for module in device.memory:
+        location = "device" if module.device_local else "system"
+        options = [f"health={module.health}"]
+        if module.physical_size is not None:
+            options.append(f"physical_size={module.physical_size}")
+        if module.type is not None:
+            options.append(f"type={module.type}")
+        lines.append(f"memory {location} {module.size} {module.free} {' '.join(options)}")
+    lines.append(f"memory_state_result {_result(device.memory_state_result)}")
+    if device.memory_state_hang:
+        lines.append("memory_state_hang")
+    lines.append(f"processes_result {_result(device.processes_result)}")
+    if device.processes_hang:
+        lines.append("processes_hang")
+    if device.processes_count_lag:
+        lines.append(f"processes_count_lag {device.processes_count_lag}")
+    lines += [
+        f"process {process.pid} {process.mem_size} {process.shared_size} {process.engines}"
+        for process in device.processes
+    ]
+    return lines
+
+
+__all__ = [
+    "A770",
+    "B580",
+    "FakeConfig",
+    "FakeDevice",
+    "FakeMemoryModule",
+    "FakeProcess",
+    "GiB",
+    "MiB",
+    "build_fake_driver",
+    "default_uuid",
+    "fake_driver_env",
+    "parse_pci_address",
+    "render_config",
+    "write_config",
+]
