@@ -9,7 +9,8 @@ call, so a test can change its behaviour mid-run with :func:`write_config` (atom
     env = {**os.environ, **fake_driver_env(driver, config_path)}
     subprocess.run([...], env=env)                          # a fresh process per scenario
 
-The loader caches zeInit per process: never load it in the pytest process itself.
+Level Zero initialisation is per process (a failed zeInit is final): run every scenario
+in a fresh process, never in the pytest process itself.
 """
 
 from __future__ import annotations

@@ -19,16 +19,17 @@ Initialisation takes one of two paths and never mixes them in a process:
   environment (the driver reads it during the first ``zeInit``), then ``zeInit(0)`` ->
   ``zeDriverGet`` -> ``zeDeviceGet``.
 
-The loader caches the result of the first ``zeInit`` for the life of the process, and the
-1.8.12 loader crashes in ``zeDriverGet`` after a failed ``zeInit``. So a failed
+A failed ``zeInit`` is final for the process (the loader keeps returning the failure),
+and the 1.8.12 loader crashes in ``zeDriverGet`` after a failed ``zeInit``. So a failed
 :meth:`LevelZero.init` is final: the object refuses every further call, and retrying
 means starting a new process. Run Level Zero work in a child process that can be killed
 and restarted; this module only needs the standard library and is cheap to import.
 
 Exceptions: :class:`LevelZeroError` for a failed call (``.function``, ``.code``, ``.name``);
-:class:`LoaderUnavailable` when the loader library cannot be loaded at all. The latter is a
-separate ``Exception`` subclass, not a :class:`LevelZeroError`, because no Level Zero call
-was made and there is no result code; catch both to handle "no Level Zero" as a whole.
+its subclass :class:`LoaderUnavailable` when the loader library cannot be loaded at all
+(``function`` "dlopen", ``code`` ZE_RESULT_ERROR_DEPENDENCY_UNAVAILABLE, and a message naming
+the library and the dlopen error). :class:`NotInitialized` (a RuntimeError) is a programming
+error: devices() before init().
 
 Run ``python -m exporter.sources.levelzero [--library PATH]`` to print what the
 bindings see as JSON.
@@ -147,16 +148,20 @@ class LevelZeroError(Exception):
         return (type(self), (self.function, self.code))
 
 
-class LoaderUnavailable(Exception):
-    """The Level Zero loader library cannot be loaded (missing file, bad library, ...).
+class LoaderUnavailable(LevelZeroError):
+    """The Level Zero loader library cannot be loaded (missing file, not a loader, ...).
 
-    Not a LevelZeroError: no Level Zero call was made, so there is no result code.
+    A LevelZeroError, so one ``except LevelZeroError`` covers "no Level Zero"; as no
+    Level Zero call was made, ``function`` is "dlopen" and ``code`` is
+    ZE_RESULT_ERROR_DEPENDENCY_UNAVAILABLE. ``library`` and ``reason`` (the dlopen error)
+    say what failed, and so does the message.
     """
 
     def __init__(self, library: str, reason: str) -> None:
+        super().__init__("dlopen", ZE_RESULT_ERROR_DEPENDENCY_UNAVAILABLE)
         self.library = library
         self.reason = reason
-        super().__init__(f"cannot load the Level Zero loader {library}: {reason}")
+        self.args = (f"cannot load the Level Zero loader {library}: {reason}",)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.library, self.reason))

@@ -11,7 +11,7 @@
  * Build: gcc -shared -fPIC -fvisibility=hidden -O1 -Wall -Werror -o libze_fake.so fake_ze.c
  *
  * Like compute-runtime, the zes* (Sysman) calls return ZE_RESULT_ERROR_UNINITIALIZED
- * unless ZES_ENABLE_SYSMAN=1 was in the environment when zeInit ran.
+ * unless ZES_ENABLE_SYSMAN=1 was in the environment at the process's first successful zeInit.
  *
  * The config file is read again on every call, so a test changes the driver's
  * behaviour mid-run by atomically replacing the file (write a temporary file,
@@ -126,7 +126,12 @@ static const char driver_token;
 static const char device_tokens[MAX_DEVICES];
 static const char memory_tokens[MAX_DEVICES][MAX_MODULES];
 
-/* compute-runtime decides at zeInit whether Sysman is on; so does the fake. */
+/*
+ * compute-runtime decides once, at the first successful zeInit of the process, whether
+ * Sysman is on (later zeInit calls reach the driver again but change nothing); so does
+ * the fake. This is the only state the fake keeps between calls.
+ */
+static int sysman_decided;
 static int sysman_enabled_at_init;
 
 /* ------------------------------------------------------------------------- */
@@ -530,8 +535,10 @@ static ze_result_t ZE_APICALL fake_zeInit(ze_init_flags_t flags)
     free(config);
     if (hang)
         hang_forever();
-    if (result == ZE_RESULT_SUCCESS)
+    if (result == ZE_RESULT_SUCCESS && !sysman_decided) {
         sysman_enabled_at_init = sysman_requested();
+        sysman_decided = 1;
+    }
     return result;
 }
 
