@@ -25,7 +25,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import MappingProxyType
 from typing import Any, Callable
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder, gzip_accepted
@@ -51,13 +51,20 @@ def parse_listen_address(value: str) -> tuple[str, int]:
 
     IPv6 literals come without brackets: "[::1]:9999" -> ("::1", 9999). Raises ValueError (one line).
     """
-    host, colon, port_text = value.rpartition(":")
-    if not colon:
-        raise ValueError(f"invalid listen address {value!r}: no port ({_LISTEN_FORMS})")
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0 or value[end + 1:end + 2] != ":":
+            raise ValueError(f"invalid listen address {value!r}: an IPv6 address in brackets must be followed "
+                             f"by :port, e.g. [::1]:9999")
+        host, port_text = value[:end + 1], value[end + 2:]
+    else:
+        host, colon, port_text = value.rpartition(":")
+        if not colon:
+            raise ValueError(f"invalid listen address {value!r}: no port ({_LISTEN_FORMS})")
     if not port_text.isascii() or not port_text.isdigit() or len(port_text) > 5 or int(port_text) > 65535:
         raise ValueError(f"invalid listen address {value!r}: the port must be a number from 0 to 65535")
     port = int(port_text)
-    if host.startswith("[") and host.endswith("]"):
+    if host.startswith("["):
         literal = host[1:-1]
         try:
             ipaddress.IPv6Address(literal)
@@ -144,6 +151,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
     sys_version = ""
     server: _HTTPServer
     _extra_headers: Mapping[str, str] = MappingProxyType({})
+    _replied = False
 
     def __getattr__(self, name: str) -> Callable[[], None]:
         # BaseHTTPRequestHandler calls do_<METHOD>; route every method through one place so that any
@@ -151,6 +159,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
         if name.startswith("do_"):
             return self._handle
         raise AttributeError(name)
+
+    def version_string(self) -> str:
+        return self.server_version
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         logger.debug("%s %s", self.address_string(), format % args)
@@ -161,6 +172,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
         super().end_headers()
 
     def _handle(self) -> None:
+        self._replied = False
         try:
             self._route()
         except (ConnectionError, TimeoutError):
@@ -169,7 +181,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
             logger.error("error serving %s %s: %s", self.command, self.path, type(error).__name__)
             logger.debug("error serving %s %s", self.command, self.path, exc_info=True)
             self.close_connection = True
-            self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, b"Internal server error.\n")
+            if not self._replied:
+                self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, b"Internal server error.\n")
 
     def _route(self) -> None:
         site = self.server.site
@@ -204,15 +217,11 @@ class _RequestHandler(BaseHTTPRequestHandler):
     def _has_body(self) -> bool:
         return bool(self.headers.get("Transfer-Encoding")) or self.headers.get("Content-Length", "0").strip() != "0"
 
-    def _metrics(self, query: str) -> None:
+    def _metrics(self, _query: str) -> None:
         site = self.server.site
         encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-        registry: Any = site.registry
-        names = parse_qs(query).get("name[]")
-        if names:
-            registry = registry.restricted_registry(names)
         try:
-            body = encoder(registry)
+            body = encoder(site.registry)
         except Exception as error:
             logger.error("collecting metrics failed: %s: %s", type(error).__name__, error)
             logger.debug("collecting metrics failed", exc_info=True)
@@ -232,6 +241,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
 
     def _reply(self, status: HTTPStatus, body: bytes, headers: Mapping[str, str] | None = None,
                content_type: str = "text/plain; charset=utf-8") -> None:
+        self._replied = True
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -263,8 +273,7 @@ class _HTTPServer(ThreadingHTTPServer):
             request.settimeout(CONNECTION_TIMEOUT_SECONDS)
             config = self.site.web_config()
             context = config.ssl_context() if config is not None else None
-            if context is not None:
-                assert config is not None
+            if config is not None and context is not None:
                 secured = self._tls_handshake(request, client_address, context, config)
                 if secured is None:
                     return

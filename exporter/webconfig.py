@@ -21,8 +21,9 @@ when the file is loaded, never silently ignored):
 - `client_auth_type: RequireAnyClientCert` (and its old spelling `RequireClientCert`) is rejected:
   Python cannot require a client certificate without verifying it against a CA. Use
   `RequireAndVerifyClientCert` with `client_ca_file`.
-- `client_auth_type: RequestClientCert` does not ask the client for a certificate. Go asks but never
-  verifies nor requires it, so exactly the same clients are admitted.
+- `client_auth_type: RequestClientCert` does not ask the client for a certificate (a client CA given
+  with it is unused). Go asks but never verifies nor requires one, so exactly the same clients are
+  admitted.
 - `cipher_suites` accepts Go's names of the TLS 1.0-1.2 suites OpenSSL implements; TLS 1.3 suite names
   are accepted and, as in Go, have no effect (TLS 1.3 suites are not configurable).
 - `curve_preferences` accepts a single curve only.

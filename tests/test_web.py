@@ -1,0 +1,550 @@
+import base64
+import errno
+import gzip
+import http.client
+import logging
+import os
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import bcrypt
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+from prometheus_client.registry import Collector
+
+from exporter.web import ExporterServer, parse_listen_address
+from exporter.webconfig import WebConfig, load_web_config
+from tests.certs import CLIENT_SAN, KeyPair, Pki, make_pki
+
+OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+PASSWORD = "s3cret-scrape"
+PASSWORD_HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+
+
+class SampleCollector(Collector):
+    def collect(self):
+        gauge = GaugeMetricFamily("sample_memory_bytes", "Sample gauge.", labels=["device"])
+        gauge.add_metric(["0000:03:00.0"], 1024.0)
+        yield gauge
+        counter = CounterMetricFamily("sample_events", "Sample counter.")
+        counter.add_metric([], 7.0)
+        yield counter
+
+
+class FailingCollector(Collector):
+    def collect(self):
+        raise RuntimeError("driver exploded at /secret/path")
+
+
+def sample_registry() -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SampleCollector())
+    return registry
+
+
+@contextmanager
+def running(listen: str = "127.0.0.1:0", telemetry_path: str = "/metrics",
+            registry: CollectorRegistry | None = None, web_config: WebConfig | None = None) -> Iterator[ExporterServer]:
+    server = ExporterServer(listen, telemetry_path, registry or sample_registry(), web_config)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        thread.join(5)
+        assert not thread.is_alive()
+
+
+def fetch(server: ExporterServer, path: str = "/metrics", method: str = "GET",
+          headers: Mapping[str, str] | None = None, host: str | None = None,
+          context: ssl.SSLContext | None = None, body: bytes | None = None,
+          timeout: float = 10) -> tuple[int, http.client.HTTPMessage, bytes]:
+    address = host or server.server_address[0]
+    if address == "::":
+        address = "::1"
+    port = server.server_address[1]
+    if context is None:
+        connection = http.client.HTTPConnection(address, port, timeout=timeout)
+    else:
+        connection = http.client.HTTPSConnection(address, port, timeout=timeout, context=context)
+    try:
+        connection.request(method, path, body=body, headers=dict(headers or {}))
+        response = connection.getresponse()
+        return response.status, response.headers, response.read()
+    finally:
+        connection.close()
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def wait_for(predicate, timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ExporterServer]:
+    with running() as plain_server:
+        yield plain_server
+
+
+# --------------------------------------------------------------------------------------- listen address
+
+@pytest.mark.parametrize("value, expected", [
+    (":9999", ("", 9999)),
+    (":0", ("", 0)),
+    ("0.0.0.0:9999", ("0.0.0.0", 9999)),
+    ("127.0.0.1:9999", ("127.0.0.1", 9999)),
+    ("[::1]:9999", ("::1", 9999)),
+    ("[::]:9999", ("::", 9999)),
+    ("localhost:9999", ("localhost", 9999)),
+    ("exporter-1.example.org:65535", ("exporter-1.example.org", 65535)),
+])
+def test_listen_address_accepts_the_go_forms(value, expected):
+    assert parse_listen_address(value) == expected
+
+
+@pytest.mark.parametrize("value", [
+    "", "9999", ":", ":65536", ":99999", ":-1", ":http", ": 9999", "::1:9999", "[::1]", "[::1", "[::1:9999", "[::1]9999", "[::1]:", "[]:9999",
+    "[localhost]:9999", "256.1.1.1:9999", "1.2.3:9999", "exa mple:9999", "http://localhost:9999", "host_name:80",
+])
+def test_listen_address_rejects_malformed_values_with_one_line(value):
+    with pytest.raises(ValueError) as caught:
+        parse_listen_address(value)
+    assert "\n" not in str(caught.value)
+    assert "invalid listen address" in str(caught.value)
+
+
+def test_server_rejects_a_telemetry_path_without_leading_slash():
+    with pytest.raises(ValueError, match="must start with '/'"):
+        ExporterServer("127.0.0.1:0", "metrics", sample_registry())
+
+
+def test_port_in_use_raises_oserror(server):
+    with pytest.raises(OSError) as caught:
+        ExporterServer(f"127.0.0.1:{server.server_address[1]}", "/metrics", sample_registry())
+    assert caught.value.errno == errno.EADDRINUSE
+
+
+def test_address_not_on_this_host_raises_oserror():
+    with pytest.raises(OSError) as caught:
+        ExporterServer("192.0.2.1:0", "/metrics", sample_registry())  # TEST-NET-1, never local
+    assert caught.value.errno == errno.EADDRNOTAVAIL
+
+
+# ------------------------------------------------------------------------------------------- endpoints
+
+def test_default_scrape_gets_text_format_0_0_4(server):
+    status, headers, body = fetch(server)
+    assert status == 200
+    assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    families = {family.name: family for family in parse_text(body.decode())}
+    assert families["sample_memory_bytes"].samples[0].labels == {"device": "0000:03:00.0"}
+    assert families["sample_memory_bytes"].samples[0].value == 1024.0
+    assert families["sample_events"].samples[0].value == 7.0
+
+
+def test_openmetrics_scrape_gets_openmetrics(server):
+    status, headers, body = fetch(server, headers={"Accept": OPENMETRICS_ACCEPT})
+    assert status == 200
+    assert headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert body.endswith(b"# EOF\n")
+    families = {family.name: family for family in parse_openmetrics(body.decode())}
+    assert families["sample_events"].type == "counter"
+
+
+def test_gzip_is_used_when_the_client_accepts_it(server):
+    status, headers, body = fetch(server, headers={"Accept-Encoding": "gzip, deflate"})
+    assert status == 200
+    assert headers["Content-Encoding"] == "gzip"
+    assert b"sample_memory_bytes" in gzip.decompress(body)
+    _, plain_headers, plain_body = fetch(server)
+    assert plain_headers["Content-Encoding"] is None
+    assert plain_body == gzip.decompress(body)
+
+
+def test_head_returns_the_headers_of_get_without_a_body(server):
+    _, get_headers, get_body = fetch(server)
+    status, headers, body = fetch(server, method="HEAD")
+    assert status == 200
+    assert body == b""
+    assert headers["Content-Type"] == get_headers["Content-Type"]
+    assert int(headers["Content-Length"]) == len(get_body)
+
+
+def test_landing_page_links_to_the_telemetry_path():
+    with running(telemetry_path="/custom-metrics") as custom:
+        status, headers, body = fetch(custom, "/")
+        assert status == 200
+        assert headers["Content-Type"] == "text/html; charset=utf-8"
+        assert b'<a href="/custom-metrics">' in body
+        assert b"<title>xpu-exporter</title>" in body
+        assert fetch(custom, "/metrics")[0] == 404
+        assert fetch(custom, "/custom-metrics")[0] == 200
+
+
+def test_telemetry_path_at_root_serves_metrics_instead_of_the_landing_page():
+    with running(telemetry_path="/") as root:
+        status, headers, body = fetch(root, "/")
+        assert status == 200
+        assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        assert b"sample_memory_bytes" in body
+
+
+def test_health_endpoint_answers_ok(server):
+    assert fetch(server, "/-/healthy")[::2] == (200, b"OK")
+
+
+@pytest.mark.parametrize("path", ["/nope", "/metrics/", "/favicon.ico", "/-/ready"])
+def test_unknown_paths_get_404(server, path):
+    assert fetch(server, path)[0] == 404
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "BREW"])
+def test_other_methods_get_405_with_allow_header(server, method):
+    status, headers, _ = fetch(server, method=method, body=b"payload")
+    assert status == 405
+    assert headers["Allow"] == "GET, HEAD"
+
+
+def test_keep_alive_serves_several_requests_on_one_connection(server):
+    connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=5)
+    try:
+        for _ in range(3):
+            connection.request("GET", "/metrics")
+            response = connection.getresponse()
+            assert response.status == 200
+            assert b"sample_events_total" in response.read()
+    finally:
+        connection.close()
+
+
+def test_collection_error_returns_500_with_one_line_and_is_logged(caplog):
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FailingCollector())
+    with running(registry=registry) as failing, caplog.at_level(logging.ERROR, logger="exporter.web"):
+        status, headers, body = fetch(failing)
+        assert status == 500
+        assert body == b"An error has occurred while collecting metrics.\n"
+        assert b"Traceback" not in body and b"secret" not in body
+        assert "driver exploded" in caplog.text
+        assert fetch(failing, "/-/healthy")[0] == 200
+
+
+def test_requests_are_not_logged_to_stderr_but_to_the_debug_logger(server, capfd, caplog):
+    with caplog.at_level(logging.DEBUG, logger="exporter.web"):
+        fetch(server, "/metrics?marker=1")
+        fetch(server, "/nope")
+        assert wait_for(lambda: '"GET /nope HTTP/1.1" 404' in caplog.text)
+    assert '"GET /metrics?marker=1 HTTP/1.1" 200' in caplog.text
+    assert all(record.levelno == logging.DEBUG for record in caplog.records if record.name == "exporter.web")
+    assert capfd.readouterr().err == ""
+
+
+# --------------------------------------------------------------------------------------- concurrency
+
+def test_two_hundred_concurrent_scrapes_are_all_answered(server):
+    start = threading.Barrier(200)
+
+    def scrape(_: int) -> tuple[int, bytes]:
+        start.wait(10)
+        status, _headers, body = fetch(server, timeout=30)
+        return status, body
+
+    with ThreadPoolExecutor(max_workers=200) as pool:
+        results = list(pool.map(scrape, range(200)))
+    assert [status for status, _ in results] == [200] * 200
+    assert len({body for _, body in results}) == 1
+
+
+def test_a_slow_client_holding_a_half_sent_request_does_not_block_others(server):
+    slow = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10)
+    silent = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10)
+    try:
+        slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: slow\r\n")  # no blank line: request unfinished
+        started = time.monotonic()
+        assert fetch(server, timeout=5)[0] == 200
+        assert time.monotonic() - started < 2
+        slow.sendall(b"Connection: close\r\n\r\n")  # the slow client finishes and is served too
+        reply = b""
+        while chunk := slow.recv(65536):
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200 OK")
+    finally:
+        slow.close()
+        silent.close()
+
+
+def test_shutdown_ends_idle_keep_alive_connections_and_closes_the_port():
+    with running() as short_lived:
+        port = short_lived.server_address[1]
+        idle = socket.create_connection(("127.0.0.1", port), timeout=5)
+        idle.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while not reply.endswith(b"\r\n\r\nOK"):
+            reply += idle.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 200 OK")
+    try:
+        assert idle.recv(65536) == b""  # the server closed the kept-alive connection
+    finally:
+        idle.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def test_shutdown_without_serve_forever_returns():
+    unstarted = ExporterServer("127.0.0.1:0", "/metrics", sample_registry())
+    unstarted.shutdown()
+    unstarted.shutdown()
+
+
+# -------------------------------------------------------------------------------------------- IPv6
+
+def test_ipv6_loopback_listen():
+    with running("[::1]:0") as v6:
+        assert v6.server_address[0] == "::1"
+        status, _, body = fetch(v6, host="::1")
+        assert status == 200 and b"sample_memory_bytes" in body
+
+
+def test_default_listen_address_is_dual_stack():
+    with running(":0") as everywhere:
+        assert everywhere.server_address[0] == "::"
+        assert fetch(everywhere, host="127.0.0.1")[0] == 200
+        assert fetch(everywhere, host="::1")[0] == 200
+
+
+def test_explicit_ipv4_listen():
+    with running("0.0.0.0:0") as v4:
+        assert v4.server_address[0] == "0.0.0.0"
+        assert fetch(v4, host="127.0.0.1")[0] == 200
+
+
+# ------------------------------------------------------------------------------------------- TLS
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def web_config(directory: Path, text: str) -> WebConfig:
+    path = directory / "web-config.yml"
+    path.write_text(text)
+    return load_web_config(str(path))
+
+
+def tls_config(directory: Path, pki: Pki, extra: str = "") -> WebConfig:
+    return web_config(directory, f"tls_server_config:\n  cert_file: {pki.server.cert}\n"
+                                 f"  key_file: {pki.server.key}\n{extra}")
+
+
+def mtls_config(directory: Path, pki: Pki, client_auth_type: str = "RequireAndVerifyClientCert",
+                extra: str = "") -> WebConfig:
+    return tls_config(directory, pki, f"  client_auth_type: {client_auth_type}\n"
+                                      f"  client_ca_file: {pki.ca_cert}\n{extra}")
+
+
+def client_context(pki: Pki, client: KeyPair | None = None, trusted_ca: Path | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(trusted_ca or pki.ca_cert))
+    if client is not None:
+        context.load_cert_chain(str(client.cert), str(client.key))
+    return context
+
+
+def assert_rejected(server: ExporterServer, context: ssl.SSLContext) -> None:
+    # With TLS 1.3 the client learns that its certificate was refused only when it reads.
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        fetch(server, context=context, host="localhost")
+
+
+def test_tls_scrape_with_a_trusted_server_certificate(tmp_path, pki):
+    with running(web_config=tls_config(tmp_path, pki)) as tls_server:
+        status, _, body = fetch(tls_server, context=client_context(pki), host="localhost")
+        assert status == 200 and b"sample_memory_bytes" in body
+
+
+def test_tls_over_ipv6(tmp_path, pki):
+    with running("[::1]:0", web_config=tls_config(tmp_path, pki)) as tls_server:
+        assert fetch(tls_server, context=client_context(pki), host="::1")[0] == 200
+
+
+def test_client_that_does_not_trust_the_server_ca_fails_and_the_server_survives(tmp_path, pki, caplog):
+    with running(web_config=tls_config(tmp_path, pki)) as tls_server, \
+            caplog.at_level(logging.DEBUG, logger="exporter.web"):
+        with pytest.raises(ssl.SSLCertVerificationError):
+            fetch(tls_server, context=client_context(pki, trusted_ca=pki.rogue_ca_cert), host="localhost")
+        assert wait_for(lambda: "TLS handshake with 127.0.0.1 failed" in caplog.text)
+        assert fetch(tls_server, context=client_context(pki), host="localhost")[0] == 200
+
+
+def test_required_client_certificate_missing_is_rejected(tmp_path, pki):
+    with running(web_config=mtls_config(tmp_path, pki)) as tls_server:
+        assert_rejected(tls_server, client_context(pki))
+        assert fetch(tls_server, context=client_context(pki, pki.client), host="localhost")[0] == 200
+
+
+def test_client_certificate_from_an_unknown_ca_is_rejected(tmp_path, pki):
+    with running(web_config=mtls_config(tmp_path, pki)) as tls_server:
+        assert_rejected(tls_server, client_context(pki, pki.rogue_client))
+        assert fetch(tls_server, context=client_context(pki, pki.client), host="localhost")[0] == 200
+
+
+def test_verify_client_cert_if_given_admits_anonymous_clients_but_not_bad_certificates(tmp_path, pki):
+    with running(web_config=mtls_config(tmp_path, pki, "VerifyClientCertIfGiven")) as tls_server:
+        assert fetch(tls_server, context=client_context(pki), host="localhost")[0] == 200
+        assert fetch(tls_server, context=client_context(pki, pki.client), host="localhost")[0] == 200
+        assert_rejected(tls_server, client_context(pki, pki.rogue_client))
+
+
+def test_client_allowed_sans_gate_verified_client_certificates(tmp_path, pki):
+    san = CLIENT_SAN.split(":", 1)[1]
+    (tmp_path / "allowed").mkdir()
+    (tmp_path / "refused").mkdir()
+    allowed = mtls_config(tmp_path / "allowed", pki, extra=f"  client_allowed_sans: [{san}]\n")
+    refused = mtls_config(tmp_path / "refused", pki, extra="  client_allowed_sans: [someone-else.test]\n")
+    with running(web_config=allowed) as tls_server:
+        assert fetch(tls_server, context=client_context(pki, pki.client), host="localhost")[0] == 200
+    with running(web_config=refused) as tls_server:
+        assert_rejected(tls_server, client_context(pki, pki.client))
+
+
+def test_plain_http_to_the_tls_port_gets_400_and_the_server_keeps_serving_tls(tmp_path, pki):
+    with running(web_config=tls_config(tmp_path, pki)) as tls_server:
+        status, _, body = fetch(tls_server)
+        assert status == 400
+        assert body == b"Client sent an HTTP request to an HTTPS server.\n"
+        with socket.create_connection(("127.0.0.1", tls_server.server_address[1]), timeout=5) as garbage:
+            garbage.sendall(b"\x00\x01\x02\x03")
+            assert garbage.recv(100) == b""
+        assert fetch(tls_server, context=client_context(pki), host="localhost")[0] == 200
+
+
+def test_a_client_stalling_the_tls_handshake_does_not_block_others(tmp_path, pki):
+    with running(web_config=tls_config(tmp_path, pki)) as tls_server:
+        with socket.create_connection(("127.0.0.1", tls_server.server_address[1]), timeout=5) as stalled:
+            stalled.sendall(b"\x16\x03\x01")  # the start of a ClientHello, never finished
+            started = time.monotonic()
+            assert fetch(tls_server, context=client_context(pki), host="localhost", timeout=5)[0] == 200
+            assert time.monotonic() - started < 2
+
+
+# ------------------------------------------------------------------------------------ basic auth, headers
+
+def auth_config(directory: Path, extra: str = "") -> WebConfig:
+    return web_config(directory, f"basic_auth_users:\n  alice: '{PASSWORD_HASH}'\n{extra}")
+
+
+def test_basic_auth_missing_credentials_get_401_with_challenge(tmp_path):
+    with running(web_config=auth_config(tmp_path)) as auth_server:
+        for path in ("/metrics", "/", "/nope"):
+            status, headers, body = fetch(auth_server, path)
+            assert status == 401
+            assert headers["WWW-Authenticate"] == "Basic"
+            assert b"sample" not in body
+
+
+def test_basic_auth_wrong_password_or_unknown_user_get_401(tmp_path):
+    with running(web_config=auth_config(tmp_path)) as auth_server:
+        assert fetch(auth_server, headers=basic("alice", "wrong"))[0] == 401
+        assert fetch(auth_server, headers=basic("mallory", PASSWORD))[0] == 401
+
+
+def test_basic_auth_right_password_gets_metrics(tmp_path):
+    with running(web_config=auth_config(tmp_path)) as auth_server:
+        status, _, body = fetch(auth_server, headers=basic("alice", PASSWORD))
+        assert status == 200 and b"sample_memory_bytes" in body
+
+
+def test_basic_auth_over_tls_with_client_certificate(tmp_path, pki):
+    config = web_config(tmp_path, f"""
+tls_server_config:
+  cert_file: {pki.server.cert}
+  key_file: {pki.server.key}
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: {pki.ca_cert}
+basic_auth_users:
+  alice: '{PASSWORD_HASH}'
+""")
+    with running(web_config=config) as tls_server:
+        context = client_context(pki, pki.client)
+        assert fetch(tls_server, context=context, host="localhost")[0] == 401
+        assert fetch(tls_server, context=context, host="localhost", headers=basic("alice", PASSWORD))[0] == 200
+
+
+def test_configured_headers_are_sent_on_every_response(tmp_path):
+    config = auth_config(tmp_path, "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"
+                                   "    X-Content-Type-Options: nosniff\n")
+    with running(web_config=config) as header_server:
+        for headers in ({}, basic("alice", PASSWORD)):
+            for path in ("/metrics", "/nope"):
+                _, response_headers, _ = fetch(header_server, path, headers=headers)
+                assert response_headers["X-Frame-Options"] == "deny"
+                assert response_headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_rate_limit_answers_429_when_the_burst_is_spent(tmp_path):
+    with running(web_config=web_config(tmp_path, "rate_limit:\n  interval: 1h\n  burst: 2\n")) as limited:
+        assert [fetch(limited)[0] for _ in range(3)] == [200, 200, 429]
+
+
+def test_changes_to_the_web_config_file_apply_to_the_next_request(tmp_path):
+    config = auth_config(tmp_path)
+    with running(web_config=config) as auth_server:
+        assert fetch(auth_server, headers=basic("alice", PASSWORD))[0] == 200
+        path = Path(str(config.source_path))
+        path.write_text(f"basic_auth_users:\n  bob: '{PASSWORD_HASH}'\n")
+        os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
+        assert fetch(auth_server, headers=basic("alice", PASSWORD))[0] == 401
+        assert fetch(auth_server, headers=basic("bob", PASSWORD))[0] == 200
+
+
+# ----------------------------------------------------------------------------------------------- curl
+
+def curl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["curl", "--silent", "--show-error", "--max-time", "10", *args],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_curl_over_tls_with_client_certificate_and_basic_auth(tmp_path, pki):
+    config = web_config(tmp_path, f"""
+tls_server_config:
+  cert_file: {pki.server.cert}
+  key_file: {pki.server.key}
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: {pki.ca_cert}
+basic_auth_users:
+  alice: '{PASSWORD_HASH}'
+""")
+    with running(web_config=config) as tls_server:
+        url = f"https://localhost:{tls_server.server_address[1]}/metrics"
+        with_cert = ["--cacert", str(pki.ca_cert), "--cert", str(pki.client.cert), "--key", str(pki.client.key)]
+
+        ok = curl(*with_cert, "--user", f"alice:{PASSWORD}", "--write-out", "%{http_code}", url)
+        assert ok.returncode == 0, ok.stderr
+        assert ok.stdout.endswith("200") and "sample_memory_bytes" in ok.stdout
+
+        wrong = curl(*with_cert, "--user", "alice:wrong", "--write-out", "%{http_code}", "--output", "/dev/null", url)
+        assert wrong.stdout == "401"
+
+        without_cert = curl("--cacert", str(pki.ca_cert), "--user", f"alice:{PASSWORD}", url)
+        assert without_cert.returncode != 0
+
+        untrusted = curl("--cacert", str(pki.rogue_ca_cert), *with_cert[2:], url)
+        assert untrusted.returncode == 60  # peer certificate cannot be authenticated with known CA certificates

@@ -1,0 +1,373 @@
+import base64
+import os
+import ssl
+import time
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from exporter.webconfig import ReloadingWebConfig, WebConfigError, load_web_config, parse_web_config
+from tests.certs import Pki, make_encrypted_key, make_pki, make_self_signed
+
+PASSWORD = "correct horse battery staple"
+HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def write_config(directory: Path, text: str, name: str = "web-config.yml") -> str:
+    path = directory / name
+    path.write_text(text)
+    return str(path)
+
+
+def basic(user: str, password: str | bytes) -> str:
+    raw = user.encode() + b":" + (password if isinstance(password, bytes) else password.encode())
+    return "Basic " + base64.b64encode(raw).decode()
+
+
+def load_error(directory: Path, text: str) -> str:
+    path = write_config(directory, text)
+    with pytest.raises(WebConfigError) as caught:
+        load_web_config(path)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(path + ": ")
+    return message
+
+
+# ----------------------------------------------------------------------------------------- good configs
+
+def test_empty_file_means_plain_http_without_auth(tmp_path):
+    config = load_web_config(write_config(tmp_path, ""))
+    assert config.ssl_context() is None
+    assert config.check_basic_auth(None)
+    assert dict(config.headers) == {}
+
+
+def test_tls_section_without_certificate_settings_means_plain_http_like_exporter_toolkit(tmp_path):
+    config = load_web_config(write_config(tmp_path, "tls_server_config:\n  min_version: TLS13\n"))
+    assert config.ssl_context() is None
+
+
+def test_tls_config_builds_a_server_context_with_toolkit_defaults(tmp_path, pki):
+    config = load_web_config(write_config(tmp_path, f"""
+tls_server_config:
+  cert_file: {pki.server.cert}
+  key_file: {pki.server.key}
+"""))
+    context = config.ssl_context()
+    assert isinstance(context, ssl.SSLContext)
+    assert context.verify_mode == ssl.CERT_NONE
+    assert context.minimum_version == ssl.TLSVersion.TLSv1_2
+    assert context.maximum_version == ssl.TLSVersion.TLSv1_3
+    assert context.options & ssl.OP_CIPHER_SERVER_PREFERENCE
+
+
+def test_relative_paths_are_relative_to_the_config_file_directory(tmp_path, pki):
+    directory = pki.server.cert.parent
+    config = load_web_config(write_config(directory, f"""
+tls_server_config:
+  cert_file: {pki.server.cert.name}
+  key_file: {pki.server.key.name}
+  client_ca_file: {pki.ca_cert.name}
+  client_auth_type: RequireAndVerifyClientCert
+""", name="relative.yml"))
+    assert config.tls is not None
+    assert config.tls.cert_file == str(pki.server.cert)
+    assert config.tls.client_ca_file == str(pki.ca_cert)
+    assert config.ssl_context().verify_mode == ssl.CERT_REQUIRED
+
+
+@pytest.mark.parametrize("client_auth_type, verify_mode", [
+    ("NoClientCert", ssl.CERT_NONE),
+    ("RequestClientCert", ssl.CERT_NONE),
+    ("VerifyClientCertIfGiven", ssl.CERT_OPTIONAL),
+    ("RequireAndVerifyClientCert", ssl.CERT_REQUIRED),
+])
+def test_client_auth_types_map_to_ssl_verify_modes(tmp_path, pki, client_auth_type, verify_mode):
+    ca_line = f"  client_ca_file: {pki.ca_cert}\n" if verify_mode != ssl.CERT_NONE else ""
+    config = load_web_config(write_config(tmp_path, f"""
+tls_server_config:
+  cert_file: {pki.server.cert}
+  key_file: {pki.server.key}
+  client_auth_type: {client_auth_type}
+{ca_line}"""))
+    assert config.ssl_context().verify_mode == verify_mode
+
+
+def test_inline_certificate_key_and_client_ca_are_accepted(tmp_path, pki):
+    document = {"tls_server_config": {
+        "cert": pki.server.cert.read_text(), "key": pki.server.key.read_text(),
+        "client_ca": pki.ca_cert.read_text(), "client_auth_type": "RequireAndVerifyClientCert"}}
+    config = parse_web_config(document, str(tmp_path))
+    assert config.ssl_context().verify_mode == ssl.CERT_REQUIRED
+    assert "PRIVATE KEY" not in repr(config)
+
+
+def test_versions_cipher_suites_and_curve_are_applied(tmp_path, pki):
+    config = load_web_config(write_config(tmp_path, f"""
+tls_server_config:
+  cert_file: {pki.server.cert}
+  key_file: {pki.server.key}
+  min_version: TLS12
+  max_version: TLS12
+  cipher_suites: [TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, TLS_AES_128_GCM_SHA256]
+  prefer_server_cipher_suites: false
+  curve_preferences: [CurveP256]
+"""))
+    context = config.ssl_context()
+    assert context.maximum_version == ssl.TLSVersion.TLSv1_2
+    tls12_names = {cipher["name"] for cipher in context.get_ciphers() if cipher["protocol"] == "TLSv1.2"}
+    assert tls12_names == {"ECDHE-ECDSA-AES128-GCM-SHA256"}
+    assert not context.options & ssl.OP_CIPHER_SERVER_PREFERENCE
+
+
+def test_headers_rate_limit_and_http2_are_read(tmp_path):
+    config = load_web_config(write_config(tmp_path, """
+http_server_config:
+  http2: false
+  headers:
+    X-Frame-Options: deny
+    X-Content-Type-Options: nosniff
+    Strict-Transport-Security: max-age=31536000
+    Content-Security-Policy: ""
+rate_limit:
+  interval: 1m30s
+  burst: 2
+"""))
+    assert dict(config.headers) == {"X-Frame-Options": "deny", "X-Content-Type-Options": "nosniff",
+                                    "Strict-Transport-Security": "max-age=31536000"}
+    assert config.http2 is False
+    assert config.rate_limit is not None and config.rate_limit.interval_seconds == 90.0
+    assert [config.allow_request() for _ in range(3)] == [True, True, False]
+
+
+def test_rate_limit_interval_zero_disables_the_limiter(tmp_path):
+    config = load_web_config(write_config(tmp_path, "rate_limit:\n  interval: 0\n  burst: 0\n"))
+    assert config.rate_limit is None
+    assert all(config.allow_request() for _ in range(100))
+
+
+# ------------------------------------------------------------------------------------------- basic auth
+
+def test_basic_auth_accepts_the_right_password_and_rejects_everything_else(tmp_path):
+    config = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n"))
+    assert config.check_basic_auth(basic("alice", PASSWORD))
+    assert config.check_basic_auth("basic " + basic("alice", PASSWORD).split()[1])  # scheme is case-insensitive
+    assert not config.check_basic_auth(basic("alice", "wrong"))
+    assert not config.check_basic_auth(basic("bob", PASSWORD))
+    assert not config.check_basic_auth(None)
+    assert not config.check_basic_auth("")
+    assert not config.check_basic_auth("Bearer abc")
+    assert not config.check_basic_auth("Basic not-base64!")
+    assert not config.check_basic_auth("Basic " + base64.b64encode(b"no-colon").decode())
+    assert not config.check_basic_auth(basic("alice", PASSWORD + "x" * 80))
+
+
+def test_htpasswd_2y_hashes_are_accepted(tmp_path):
+    hash_2y = "$2y$" + HASH[4:]
+    config = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: '{hash_2y}'\n"))
+    assert config.check_basic_auth(basic("alice", PASSWORD))
+
+
+def test_a_verified_password_is_cached_and_an_unknown_user_still_costs_a_bcrypt(tmp_path):
+    slow_hash = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(12)).decode()
+    config = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: '{slow_hash}'\n"))
+
+    def timed(header: str) -> tuple[bool, float]:
+        start = time.perf_counter()
+        result = config.check_basic_auth(header)
+        return result, time.perf_counter() - start
+
+    first, first_time = timed(basic("alice", PASSWORD))
+    cached, cached_time = timed(basic("alice", PASSWORD))
+    unknown, unknown_time = timed(basic("mallory", PASSWORD))
+    wrong_after_cache, wrong_time = timed(basic("alice", "wrong"))
+    assert first and cached and not unknown and not wrong_after_cache
+    assert cached_time < first_time / 10
+    assert unknown_time > first_time / 3
+    assert wrong_time > first_time / 3
+
+
+def test_repr_names_users_but_not_their_hashes(tmp_path):
+    config = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n"))
+    assert "alice" in repr(config)
+    assert HASH not in repr(config)
+    assert config.basic_auth_users == ("alice",)
+
+
+# ---------------------------------------------------------------------------------------- client SANs
+
+def test_client_allowed_sans_matches_dns_and_ip_entries(tmp_path, pki):
+    config = load_web_config(write_config(tmp_path, f"""
+tls_server_config:
+  cert_file: {pki.server.cert}
+  key_file: {pki.server.key}
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: {pki.ca_cert}
+  client_allowed_sans: [scraper.test, "::1"]
+"""))
+    assert config.client_certificate_allowed({"subjectAltName": (("DNS", "scraper.test"),)})
+    assert config.client_certificate_allowed({"subjectAltName": (("IP Address", "0:0:0:0:0:0:0:1\n"),)})
+    assert not config.client_certificate_allowed({"subjectAltName": (("DNS", "other.test"),)})
+    assert not config.client_certificate_allowed({})
+
+
+# ------------------------------------------------------------------------------------------ reloading
+
+def test_reloading_config_follows_the_file_and_keeps_the_last_good_one(tmp_path, caplog):
+    path = write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n")
+    reloading = ReloadingWebConfig(load_web_config(path))
+    assert reloading.current().basic_auth_users == ("alice",)
+
+    Path(path).write_text(f"basic_auth_users:\n  bob: '{HASH}'\n")
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
+    assert reloading.current().basic_auth_users == ("bob",)
+
+    Path(path).write_text("basic_auth_users: [broken\n")
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 2_000_000_000))
+    assert reloading.current().basic_auth_users == ("bob",)
+    assert "cannot be used" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------ bad files
+
+def test_missing_file_is_named(tmp_path):
+    path = str(tmp_path / "absent.yml")
+    with pytest.raises(WebConfigError, match=r"cannot read .*absent\.yml: No such file or directory"):
+        load_web_config(path)
+
+
+def test_directory_instead_of_file_is_reported(tmp_path):
+    with pytest.raises(WebConfigError, match="cannot read .*: Is a directory"):
+        load_web_config(str(tmp_path))
+
+
+def test_invalid_yaml_reports_position_but_not_the_line(tmp_path):
+    message = load_error(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n  bob: [unclosed\n")
+    assert "invalid YAML at line" in message
+    assert HASH not in message
+
+
+def test_duplicate_keys_are_rejected(tmp_path):
+    message = load_error(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n  alice: '{HASH}'\n")
+    assert 'duplicate key "alice" at line 3' in message
+    assert HASH not in message
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("- a\n- b\n", "the web config must be a mapping, not a list"),
+    ("tls_config: {}\n", 'the web config: unknown key "tls_config"'),
+    ("tls_server_config:\n  certfile: x\n", 'tls_server_config: unknown key "certfile"'),
+    ("http_server_config:\n  header: {}\n", 'http_server_config: unknown key "header"'),
+    ("rate_limit:\n  interval: 1s\n  bursts: 2\n", 'rate_limit: unknown key "bursts"'),
+    ("tls_server_config: yes\n", "tls_server_config must be a mapping, not a boolean"),
+    ("tls_server_config:\n  cert_file: 42\n", "tls_server_config.cert_file must be a string, not a number"),
+    ("tls_server_config:\n  cert_file: a.crt\n", "tls_server_config: key_file (or key) is required"),
+    ("tls_server_config:\n  key_file: a.key\n", "tls_server_config: cert_file (or cert) is required"),
+    ("tls_server_config:\n  cert_file: a\n  cert: b\n  key_file: c\n", "set cert or cert_file, not both"),
+    ("tls_server_config:\n  client_auth_type: Sometimes\n",
+     'client_auth_type: unknown value "Sometimes" (expected one of NoClientCert'),
+    ("tls_server_config:\n  client_auth_type: RequireAnyClientCert\n",
+     "RequireAnyClientCert is not supported: Python's ssl module cannot require a client certificate without"),
+    ("tls_server_config:\n  client_auth_type: RequireClientCert\n", "RequireClientCert is not supported"),
+    ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_ca_file: c\n",
+     "a client CA is configured but client_auth_type is NoClientCert"),
+    ("tls_server_config:\n  cert_file: a\n  key_file: b\n  client_allowed_sans: [x]\n"
+     "  client_auth_type: VerifyClientCertIfGiven\n", "client_allowed_sans requires client_auth_type"),
+    ("tls_server_config:\n  min_version: TLS14\n", 'min_version: unknown TLS version "TLS14"'),
+    ("tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: TLS13\n  max_version: TLS12\n",
+     "min_version is higher than max_version"),
+    ("tls_server_config:\n  cipher_suites: [TLS_MADE_UP_SUITE]\n",
+     'unknown or unsupported cipher suite "TLS_MADE_UP_SUITE"'),
+    ("tls_server_config:\n  cipher_suites: TLS_AES_128_GCM_SHA256\n", "cipher_suites must be a list of strings"),
+    ("tls_server_config:\n  curve_preferences: [CurveP999]\n", 'unknown curve "CurveP999"'),
+    ("tls_server_config:\n  curve_preferences: [X25519, CurveP256]\n", "only a single curve is supported"),
+    ("tls_server_config:\n  prefer_server_cipher_suites: maybe\n",
+     "prefer_server_cipher_suites must be true or false"),
+    ("http_server_config:\n  http2: 1\n", "http_server_config.http2 must be true or false, not a number"),
+    ("http_server_config:\n  headers:\n    X-Powered-By: me\n", 'http_server_config.headers: unknown key "X-Powered-By"'),
+    ("http_server_config:\n  headers:\n    X-Frame-Options: allow\n",
+     'X-Frame-Options: invalid value "allow" (expected one of deny, sameorigin)'),
+    ('http_server_config:\n  headers:\n    Content-Security-Policy: "a\\r\\nSet-Cookie: x"\n',
+     "Content-Security-Policy: the value must be a single line"),
+    ("basic_auth_users: [alice]\n", "basic_auth_users must be a mapping of user to bcrypt hash, not a list"),
+    ("basic_auth_users:\n  123: x\n", 'basic_auth_users: user name "123" must be a non-empty string'),
+    ("rate_limit:\n  interval: 1 second\n  burst: 1\n", "rate_limit.interval must be a duration"),
+    ("rate_limit:\n  interval: 1s\n", "rate_limit.burst must be a whole number of at least 1"),
+])
+def test_invalid_settings_are_rejected_with_a_message_naming_them(tmp_path, text, expected):
+    assert expected in load_error(tmp_path, text)
+
+
+@pytest.mark.parametrize("secret", [
+    "plaintext-password",
+    "$1$saltsalt$hashhashhashhash",
+    "$2y$03$" + "a" * 53,  # cost below bcrypt's minimum of 4
+    "$2y$10$" + "a" * 20,
+])
+def test_a_password_that_is_not_a_bcrypt_hash_is_rejected_without_echoing_it(tmp_path, secret):
+    message = load_error(tmp_path, f"basic_auth_users:\n  alice: '{secret}'\n")
+    assert 'the password of user "alice" is not a bcrypt hash' in message
+    assert secret not in message
+
+
+# ------------------------------------------------------------------------------------ bad cert files
+
+def tls_error(tmp_path: Path, cert: Path | str, key: Path | str, extra: str = "") -> str:
+    return load_error(tmp_path, f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n{extra}")
+
+
+def test_unreadable_cert_file_is_named(tmp_path, pki):
+    message = tls_error(tmp_path, tmp_path / "missing.crt", pki.server.key)
+    assert f"tls_server_config.cert_file: cannot read {tmp_path / 'missing.crt'}: No such file" in message
+
+
+def test_unreadable_key_file_is_named(tmp_path, pki):
+    message = tls_error(tmp_path, pki.server.cert, tmp_path)
+    assert f"tls_server_config.key_file: cannot read {tmp_path}: Is a directory" in message
+
+
+def test_cert_file_without_a_certificate_is_reported(tmp_path, pki):
+    message = tls_error(tmp_path, pki.server.key, pki.server.key)
+    assert f"cert_file {pki.server.key}: no PEM certificate found" in message
+    assert pki.server.key.read_text().splitlines()[1] not in message
+
+
+def test_key_file_without_a_key_is_reported(tmp_path, pki):
+    message = tls_error(tmp_path, pki.server.cert, pki.server.cert)
+    assert f"key_file {pki.server.cert}: no usable PEM private key found" in message
+
+
+def test_certificate_and_key_that_do_not_match_are_reported(tmp_path, pki):
+    other = make_self_signed(tmp_path / "other", "other")
+    message = tls_error(tmp_path, pki.server.cert, other.key)
+    assert "does not match the certificate" in message
+
+
+def test_encrypted_key_is_reported_without_prompting(tmp_path, pki):
+    encrypted = make_encrypted_key(tmp_path, pki.server.key)
+    message = tls_error(tmp_path, pki.server.cert, encrypted)
+    assert "the private key is encrypted" in message
+
+
+def test_unreadable_client_ca_file_is_named(tmp_path, pki):
+    message = tls_error(tmp_path, pki.server.cert, pki.server.key,
+                        f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {tmp_path / 'ca.pem'}\n")
+    assert f"client_ca_file: cannot read {tmp_path / 'ca.pem'}" in message
+
+
+def test_client_ca_file_without_certificates_is_reported(tmp_path, pki):
+    message = tls_error(tmp_path, pki.server.cert, pki.server.key,
+                        f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki.server.key}\n")
+    assert f"client_ca_file {pki.server.key}: no PEM certificate found" in message
+
+
+def test_parse_web_config_reports_without_a_file_prefix(tmp_path):
+    with pytest.raises(WebConfigError, match=r"^basic_auth_users must be a mapping"):
+        parse_web_config({"basic_auth_users": "alice"}, str(tmp_path))
