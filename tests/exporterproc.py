@@ -91,12 +91,12 @@ class RunningExporter:
         self.stop()
 
 
-def sample(samples: Mapping, name: str, **labels: str) -> float | None:
-    return samples.get((name, tuple(sorted(labels.items()))))
+def sample(samples: Mapping, metric: str, **labels: str) -> float | None:
+    return samples.get((metric, tuple(sorted(labels.items()))))
 
 
-def series(samples: Mapping, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    return {labels: value for (sample_name, labels), value in samples.items() if sample_name == name}
+def series(samples: Mapping, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {labels: value for (name, labels), value in samples.items() if name == metric}
 
 
 def wait_for(predicate, timeout: float = 10, interval: float = 0.05):

@@ -66,16 +66,6 @@ def attempt(call):
 """
 
 
-@pytest.fixture(scope="session")
-def fake_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_fake_driver(tmp_path_factory.mktemp("fakeze"))
-
-
-@pytest.fixture
-def config_path(tmp_path: Path) -> Path:
-    return tmp_path / "fake_ze.conf"
-
-
 def child_env(driver: Path | list[Path], config_path: Path, **overrides: str | None) -> dict[str, str]:
     """This environment without Level Zero variables, plus the fake driver's; None removes a variable."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("ZE_", "ZES_", "ZET_", "FAKE_ZE_"))}
