@@ -1,0 +1,482 @@
+"""exporter.sources.journal against real journal files written by systemd-journal-remote."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporter.sources.journal import (
+    MESSAGE_ID_UNIT_FAILURE_RESULT,
+    MESSAGE_ID_UNIT_PROCESS_EXIT,
+    MESSAGE_ID_UNIT_RESTART_SCHEDULED,
+    MESSAGE_ID_UNIT_STARTED,
+    MESSAGE_ID_UNIT_STARTING,
+    JournalEntry,
+    JournalReader,
+    JournalSelection,
+    JournalUnavailable,
+    normalize_boot,
+)
+from journalgen import (
+    Clock,
+    JournalEntrySpec,
+    append_journal,
+    current_boot_id,
+    random_boot_id,
+    rotate_journal,
+    systemd_record,
+    unit_failed,
+    unit_output,
+    unit_process_exited,
+    unit_restart_scheduled,
+    unit_started,
+    unit_starting,
+    write_journal,
+)
+
+WATCHED = ["vllm*.service"]
+
+
+def reader_for(directory: Path, *, globs: list[str] = WATCHED, boot: str = "current", **kwargs: int) -> JournalReader:
+    reader = JournalReader(JournalSelection(directory=str(directory), unit_globs=globs, boot=boot), **kwargs)
+    reader.open()
+    return reader
+
+
+def read_all(reader: JournalReader) -> list[JournalEntry]:
+    entries: list[JournalEntry] = []
+    while batch := reader.read_available(1000):
+        entries.extend(batch)
+    return entries
+
+
+def follow_until(reader: JournalReader, count: int, timeout_s: float = 10.0) -> list[JournalEntry]:
+    """What a follower gets within ``timeout_s``: wait() then read_available(), until ``count`` entries."""
+    entries: list[JournalEntry] = []
+    deadline = time.monotonic() + timeout_s
+    while len(entries) < count and time.monotonic() < deadline:
+        if reader.wait(0.2):
+            entries.extend(read_all(reader))
+    return entries
+
+
+def messages(entries: list[JournalEntry]) -> list[str]:
+    return [entry.message for entry in entries]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock(current_boot_id())
+
+
+def test_glob_selects_matching_units_and_not_other_units_printing_the_same_text(tmp_path: Path, clock: Clock) -> None:
+    write_journal(tmp_path / "a.journal", [
+        unit_output("vllm-chat.service", "Available KV cache memory: 10.5 GiB", clock.tick()),
+        unit_output("other.service", "Available KV cache memory: 10.5 GiB", clock.tick()),
+        unit_output("vllm-embed.service", "Available KV cache memory: 2.0 GiB", clock.tick()),
+        unit_output("myvllm.service", "Available KV cache memory: 3.0 GiB", clock.tick()),
+        unit_output("vllm-chat.socket", "Available KV cache memory: 4.0 GiB", clock.tick()),
+    ])
+    with reader_for(tmp_path) as reader:
+        entries = read_all(reader)
+        assert [(e.unit, e.message) for e in entries] == [
+            ("vllm-chat.service", "Available KV cache memory: 10.5 GiB"),
+            ("vllm-embed.service", "Available KV cache memory: 2.0 GiB"),
+        ]
+        assert reader.units == {"vllm-chat.service", "vllm-embed.service"}
+    with reader_for(tmp_path, globs=["vllm-embed.service", "my*"]) as reader:
+        assert [e.unit for e in read_all(reader)] == ["vllm-embed.service", "myvllm.service"]
+
+
+def test_unit_output_and_pid1_records_about_the_unit_are_both_returned_in_order(tmp_path: Path, clock: Clock) -> None:
+    unit = "vllm-chat.service"
+    write_journal(tmp_path / "a.journal", [
+        unit_starting(unit, clock.tick()),
+        unit_output(unit, "INFO 05-12 10:11:12 [api_server.py:1] vLLM API server version 0.11.0", clock.tick(), pid=777),
+        unit_started(unit, clock.tick()),
+        unit_output(unit, "ERROR 05-12 10:11:20 [core.py:708] ValueError: No available memory for the cache blocks.",
+                    clock.tick(), pid=778),
+        unit_process_exited(unit, clock.tick(), status=1),
+        unit_failed(unit, clock.tick()),
+        unit_restart_scheduled(unit, clock.tick(), counter=2),
+        unit_starting("other.service", clock.tick()),
+    ])
+    with reader_for(tmp_path) as reader:
+        entries = read_all(reader)
+    assert [(e.from_systemd, e.message_id, e.pid) for e in entries] == [
+        (True, MESSAGE_ID_UNIT_STARTING, 1),
+        (False, "", 777),
+        (True, MESSAGE_ID_UNIT_STARTED, 1),
+        (False, "", 778),
+        (True, MESSAGE_ID_UNIT_PROCESS_EXIT, 1),
+        (True, MESSAGE_ID_UNIT_FAILURE_RESULT, 1),
+        (True, MESSAGE_ID_UNIT_RESTART_SCHEDULED, 1),
+    ]
+    assert {e.unit for e in entries} == {unit}
+    assert entries[0].message == "Starting vllm-chat.service - vLLM server..."
+    assert entries[4].message == "vllm-chat.service: Main process exited, code=exited, status=1/FAILURE"
+    assert entries[5].message == "vllm-chat.service: Failed with result 'exit-code'."
+    assert entries[6].message == "vllm-chat.service: Scheduled restart job, restart counter is at 2."
+
+
+def test_unit_field_written_by_a_process_other_than_pid1_is_not_a_systemd_record(tmp_path: Path, clock: Clock) -> None:
+    not_pid1 = systemd_record("vllm-chat.service", "logind says something", "0" * 32, clock.tick(), code_func="x")
+    fields = tuple((k, 555 if k == "_PID" else ("systemd-logind.service" if k == "_SYSTEMD_UNIT" else v))
+                   for k, v in not_pid1.fields)
+    write_journal(tmp_path / "a.journal", [
+        JournalEntrySpec(not_pid1.realtime_usec, not_pid1.monotonic_usec, not_pid1.boot_id, fields),
+        unit_output("vllm-chat.service", "mine", clock.tick()),
+    ])
+    with reader_for(tmp_path) as reader:
+        assert messages(read_all(reader)) == ["mine"]
+
+
+def test_timestamps_boot_id_and_pid_come_from_the_entry(tmp_path: Path, clock: Clock) -> None:
+    at = clock.tick()
+    write_journal(tmp_path / "a.journal", [unit_output("vllm-chat.service", "x", at, pid=31337)])
+    with reader_for(tmp_path) as reader:
+        (entry,) = read_all(reader)
+    assert (entry.realtime_usec, entry.monotonic_usec, entry.boot_id, entry.pid) == (
+        at.realtime_usec, at.monotonic_usec, current_boot_id(), 31337)
+
+
+@pytest.fixture
+def two_boots(tmp_path: Path) -> tuple[Path, str, str]:
+    other = random_boot_id()
+    old = Clock(other, realtime_usec=1_700_000_000_000_000)
+    now = Clock(current_boot_id())
+    write_journal(tmp_path / "a.journal", [
+        unit_starting("vllm-chat.service", old.tick()),
+        unit_output("vllm-chat.service", "old boot line", old.tick()),
+        unit_failed("vllm-chat.service", old.tick()),
+        unit_starting("vllm-chat.service", now.tick()),
+        unit_output("vllm-chat.service", "this boot line", now.tick()),
+    ])
+    return tmp_path, other, current_boot_id()
+
+
+def test_boot_current_returns_only_this_kernels_boot(two_boots: tuple[Path, str, str]) -> None:
+    directory, _, this = two_boots
+    with reader_for(directory, boot="current") as reader:
+        entries = read_all(reader)
+        assert reader.boot_id == this
+    assert [(e.from_systemd, e.message) for e in entries] == [
+        (True, "Starting vllm-chat.service - vLLM server..."), (False, "this boot line")]
+    assert {e.boot_id for e in entries} == {this}
+
+
+def test_boot_all_returns_every_boot(two_boots: tuple[Path, str, str]) -> None:
+    directory, other, this = two_boots
+    with reader_for(directory, boot="all") as reader:
+        entries = read_all(reader)
+        assert reader.boot_id is None
+    assert [e.boot_id for e in entries] == [other, other, other, this, this]
+
+
+def test_boot_id_selects_that_boot_in_plain_or_dashed_form(two_boots: tuple[Path, str, str]) -> None:
+    directory, other, _ = two_boots
+    dashed = f"{other[:8]}-{other[8:12]}-{other[12:16]}-{other[16:20]}-{other[20:]}".upper()
+    for boot in (other, dashed):
+        with reader_for(directory, boot=boot) as reader:
+            assert messages(read_all(reader)) == [
+                "Starting vllm-chat.service - vLLM server...", "old boot line",
+                "vllm-chat.service: Failed with result 'exit-code'."]
+
+
+@pytest.mark.parametrize("bad", ["", "yesterday", "-1", "0123456789abcdef0123456789abcde", "g" * 32])
+def test_invalid_boot_is_rejected(bad: str) -> None:
+    with pytest.raises(ValueError, match="invalid boot"):
+        normalize_boot(bad)
+
+
+def test_selection_rejects_directory_with_files_and_empty_globs() -> None:
+    with pytest.raises(ValueError):
+        JournalSelection(directory="/x", files=["/y.journal"])
+    with pytest.raises(ValueError):
+        JournalSelection(unit_globs=[])
+
+
+def test_binary_message_with_control_and_non_utf8_bytes_is_decoded_with_replacement(tmp_path: Path, clock: Clock) -> None:
+    raw = b"\x1b[1;36m(EngineCore_DP0 pid=3052)\x1b[0;0m INFO \xff\xfe bad\x00nul\nsecond line"
+    write_journal(tmp_path / "a.journal", [unit_output("vllm-chat.service", raw, clock.tick())])
+    with reader_for(tmp_path) as reader:
+        (entry,) = read_all(reader)
+    assert entry.message == raw.decode("utf-8", "replace")
+    assert "\ufffd\ufffd bad\x00nul\nsecond line" in entry.message
+
+
+def test_entry_without_message_has_empty_message(tmp_path: Path, clock: Clock) -> None:
+    write_journal(tmp_path / "a.journal", [unit_output("vllm-chat.service", None, clock.tick())])
+    with reader_for(tmp_path) as reader:
+        (entry,) = read_all(reader)
+    assert entry.message == ""
+    assert entry.message_id == ""
+
+
+def test_60_kib_line_is_returned_whole_and_longer_lines_are_cut_at_the_cap(tmp_path: Path, clock: Clock) -> None:
+    line = "INFO " + "".join(f"{i:07d}," for i in range(60 * 1024 // 8))[: 60 * 1024 - 5]
+    write_journal(tmp_path / "a.journal", [unit_output("vllm-chat.service", line, clock.tick())])
+    with reader_for(tmp_path) as reader:
+        (entry,) = read_all(reader)
+    assert len(entry.message) == 60 * 1024
+    assert entry.message == line
+    with reader_for(tmp_path, max_message_bytes=1000) as reader:
+        (entry,) = read_all(reader)
+    assert entry.message == line[:1000]
+
+
+def test_glob_matching_nothing_returns_nothing_and_waits_quietly(tmp_path: Path, clock: Clock) -> None:
+    write_journal(tmp_path / "a.journal", [unit_output("other.service", "x", clock.tick())])
+    with reader_for(tmp_path, globs=["nothing*.service"]) as reader:
+        assert read_all(reader) == []
+        assert reader.units == frozenset()
+        assert reader.wait(0.05) is False
+        assert reader.entries_read == 0
+
+
+def test_directory_with_several_files_is_read_in_time_order(tmp_path: Path, clock: Clock) -> None:
+    moments = [clock.tick() for _ in range(6)]
+    write_journal(tmp_path / "one.journal", [unit_output("vllm-a.service", f"a{i}", moments[i]) for i in (0, 2, 4)])
+    write_journal(tmp_path / "two.journal", [unit_output("vllm-b.service", f"b{i}", moments[i]) for i in (1, 3, 5)])
+    with reader_for(tmp_path) as reader:
+        assert messages(read_all(reader)) == ["a0", "b1", "a2", "b3", "a4", "b5"]
+
+
+def test_file_selection_reads_only_the_given_files(tmp_path: Path, clock: Clock) -> None:
+    one = write_journal(tmp_path / "one.journal", [unit_output("vllm-a.service", "in one", clock.tick())])
+    write_journal(tmp_path / "two.journal", [unit_output("vllm-a.service", "in two", clock.tick())])
+    with JournalReader(JournalSelection(files=[str(one)], unit_globs=WATCHED)) as reader:
+        assert messages(read_all(reader)) == ["in one"]
+
+
+def test_read_available_returns_at_most_max_entries_and_counts_entries_read(tmp_path: Path, clock: Clock) -> None:
+    write_journal(tmp_path / "a.journal", [unit_output("vllm-a.service", f"m{i}", clock.tick()) for i in range(25)]
+                  + [unit_output("other.service", "not counted", clock.tick())])
+    with reader_for(tmp_path) as reader:
+        first = reader.read_available(10)
+        assert len(first) == 10
+        assert reader.wait(5.0) is True
+        rest = read_all(reader)
+        assert messages(first + rest) == [f"m{i}" for i in range(25)]
+        assert reader.entries_read == 25
+
+
+def test_wait_blocks_until_timeout_without_spinning(tmp_path: Path, clock: Clock) -> None:
+    write_journal(tmp_path / "a.journal", [unit_output("vllm-a.service", "x", clock.tick())])
+    with reader_for(tmp_path) as reader:
+        read_all(reader)
+        cpu_before = resource.getrusage(resource.RUSAGE_SELF)
+        started = time.monotonic()
+        assert reader.wait(0.5) is False
+        elapsed = time.monotonic() - started
+        cpu_after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    assert 0.45 <= elapsed < 2.0
+    assert cpu < 0.1
+
+
+def test_following_returns_entries_of_a_new_file_after_wait(tmp_path: Path) -> None:
+    clock = Clock(current_boot_id())
+    write_journal(tmp_path / "a.journal", [unit_output("vllm-a.service", "before", clock.tick())])
+    with reader_for(tmp_path) as reader:
+        assert messages(read_all(reader)) == ["before"]
+        write_journal(tmp_path / "b.journal", [
+            unit_output("vllm-a.service", "after 1", clock.tick()),
+            unit_output("other.service", "not mine", clock.tick()),
+            unit_process_exited("vllm-a.service", clock.tick(), code="killed", status=9),
+        ])
+        later = follow_until(reader, 2)
+        assert messages(later) == ["after 1", "vllm-a.service: Main process exited, code=killed, status=9/KILL"]
+        assert reader.wait(0.1) is False
+        assert reader.entries_read == 3
+
+
+def test_following_returns_entries_appended_to_an_open_file(tmp_path: Path) -> None:
+    clock = Clock(current_boot_id())
+    path = write_journal(tmp_path / "a.journal", [unit_output("vllm-a.service", "first", clock.tick())])
+    with reader_for(tmp_path) as reader:
+        assert messages(read_all(reader)) == ["first"]
+        append_journal(path, [unit_output("vllm-a.service", "second", clock.tick())])
+        assert messages(follow_until(reader, 1)) == ["second"]
+
+
+def test_unit_appearing_after_open_is_picked_up(tmp_path: Path) -> None:
+    clock = Clock(current_boot_id())
+    write_journal(tmp_path / "a.journal", [unit_output("vllm-a.service", "a1", clock.tick())])
+    with reader_for(tmp_path) as reader:
+        assert messages(read_all(reader)) == ["a1"]
+        write_journal(tmp_path / "b.journal", [
+            unit_starting("vllm-new.service", clock.tick()),
+            unit_output("vllm-new.service", "n1", clock.tick()),
+            unit_output("vllm-a.service", "a2", clock.tick()),
+        ])
+        later = follow_until(reader, 3)
+        assert [(e.unit, e.message) for e in later] == [
+            ("vllm-new.service", "Starting vllm-new.service - vLLM server..."),
+            ("vllm-new.service", "n1"),
+            ("vllm-a.service", "a2"),
+        ]
+        assert reader.units == {"vllm-a.service", "vllm-new.service"}
+
+
+def test_new_unit_entries_behind_the_read_position_are_returned_once(tmp_path: Path) -> None:
+    clock = Clock(current_boot_id())
+    early = clock.tick()
+    write_journal(tmp_path / "a.journal", [unit_output("vllm-a.service", f"a{i}", clock.tick()) for i in range(3)])
+    with reader_for(tmp_path) as reader:
+        assert messages(read_all(reader)) == ["a0", "a1", "a2"]
+        # A file holding an entry of a new unit older than everything read so far, then newer ones.
+        write_journal(tmp_path / "b.journal", [
+            unit_output("vllm-late.service", "late early", early),
+            unit_output("vllm-late.service", "late now", clock.tick()),
+            unit_output("vllm-a.service", "a3", clock.tick()),
+        ])
+        later = follow_until(reader, 3)
+        assert messages(later) == ["late early", "late now", "a3"]
+        assert read_all(reader) == []
+        assert reader.entries_read == 6
+
+
+def test_rotation_while_following_returns_each_entry_once(tmp_path: Path) -> None:
+    clock = Clock(current_boot_id())
+    active = tmp_path / "system.journal"
+    write_journal(active, [unit_output("vllm-a.service", f"r{i}", clock.tick()) for i in range(3)])
+    with reader_for(tmp_path) as reader:
+        assert messages(read_all(reader)) == ["r0", "r1", "r2"]
+        archived = rotate_journal(active)
+        write_journal(active, [unit_output("vllm-a.service", "r3", clock.tick())])
+        assert messages(follow_until(reader, 1)) == ["r3"]
+        assert archived.exists()
+        assert read_all(reader) == []
+
+
+def test_vacuumed_files_while_following_do_not_stop_the_reader(tmp_path: Path) -> None:
+    clock = Clock(current_boot_id())
+    old = write_journal(tmp_path / "old.journal", [unit_output("vllm-a.service", f"o{i}", clock.tick()) for i in range(3)])
+    with reader_for(tmp_path) as reader:
+        assert len(reader.read_available(2)) == 2
+        old.unlink()
+        write_journal(tmp_path / "new.journal", [unit_output("vllm-a.service", "n0", clock.tick())])
+        write_journal(tmp_path / "newer.journal", [unit_output("vllm-b.service", "b0", clock.tick())])
+        got = follow_until(reader, 2)
+        assert messages(got)[-2:] == ["n0", "b0"]
+        assert messages(got)[:-2] in ([], ["o2"])
+
+
+def test_missing_directory_raises_journal_unavailable_with_one_line(tmp_path: Path) -> None:
+    reader = JournalReader(JournalSelection(directory=str(tmp_path / "nope"), unit_globs=WATCHED))
+    with pytest.raises(JournalUnavailable) as raised:
+        reader.open()
+    assert str(raised.value) == f"journal directory {tmp_path / 'nope'} does not exist"
+    assert not reader.is_open
+
+
+def test_path_that_is_not_a_directory_raises_journal_unavailable(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(JournalUnavailable, match="is not a directory"):
+        JournalReader(JournalSelection(directory=str(tmp_path / "file"), unit_globs=WATCHED)).open()
+
+
+def test_missing_journal_file_raises_journal_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(JournalUnavailable, match="does not exist"):
+        JournalReader(JournalSelection(files=[str(tmp_path / "x.journal")], unit_globs=WATCHED)).open()
+
+
+def test_directory_that_appears_later_opens_on_retry(tmp_path: Path, clock: Clock) -> None:
+    directory = tmp_path / "journal"
+    reader = JournalReader(JournalSelection(directory=str(directory), unit_globs=WATCHED))
+    with pytest.raises(JournalUnavailable):
+        reader.open()
+    directory.mkdir()
+    write_journal(directory / "a.journal", [unit_output("vllm-a.service", "hello", clock.tick())])
+    with reader:
+        assert messages(read_all(reader)) == ["hello"]
+
+
+def _open_as_nobody(selection: JournalSelection) -> str:
+    """Open the journal in a child process that dropped root; its outcome as text."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(read_end)
+        outcome = "opened"
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            JournalReader(selection).open()
+        except JournalUnavailable as error:
+            outcome = f"unavailable: {error}"
+        except BaseException as error:  # noqa: BLE001 - reported to the parent
+            outcome = f"other: {error!r}"
+        os.write(write_end, outcome.encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        outcome = pipe.read().decode()
+    os.waitpid(pid, 0)
+    return outcome
+
+
+@pytest.fixture
+def public_tmp() -> Iterator[Path]:
+    """A directory every user can reach (pytest's tmp_path is under a root-only directory)."""
+    path = Path(tempfile.mkdtemp(prefix="journal-source-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def test_directory_behind_an_untraversable_parent_raises_journal_unavailable(public_tmp: Path) -> None:
+    parent = public_tmp / "private"
+    (parent / "journal").mkdir(parents=True)
+    os.chmod(parent, 0o700)
+    outcome = _open_as_nobody(JournalSelection(directory=str(parent / "journal"), unit_globs=WATCHED))
+    assert outcome == f"unavailable: journal directory {parent / 'journal'} is not readable: permission denied"
+
+
+def test_unreadable_directory_raises_journal_unavailable(public_tmp: Path, clock: Clock) -> None:
+    directory = public_tmp / "journal"
+    directory.mkdir()
+    write_journal(directory / "a.journal", [unit_output("vllm-a.service", "x", clock.tick())])
+    os.chmod(directory, 0o700)
+    outcome = _open_as_nobody(JournalSelection(directory=str(directory), unit_globs=WATCHED))
+    assert outcome == f"unavailable: journal directory {directory} is not readable: permission denied"
+
+
+def test_directory_of_unreadable_journal_files_raises_journal_unavailable(public_tmp: Path, clock: Clock) -> None:
+    directory = public_tmp / "journal"
+    directory.mkdir()
+    path = write_journal(directory / "a.journal", [unit_output("vllm-a.service", "x", clock.tick())])
+    os.chmod(directory, 0o755)
+    os.chmod(path, 0o600)
+    outcome = _open_as_nobody(JournalSelection(directory=str(directory), unit_globs=WATCHED))
+    assert outcome.startswith(f"unavailable: no journal file in {directory} is readable: permission denied")
+
+
+def test_reader_reopens_after_close_and_reads_the_boot_again(tmp_path: Path, clock: Clock) -> None:
+    write_journal(tmp_path / "a.journal", [unit_output("vllm-a.service", "x", clock.tick())])
+    reader = reader_for(tmp_path)
+    assert messages(read_all(reader)) == ["x"]
+    reader.close()
+    with pytest.raises(RuntimeError):
+        reader.read_available(1)
+    reader.open()
+    assert messages(read_all(reader)) == ["x"]
+    reader.close()
+
+
+def test_machine_id_subdirectories_of_the_directory_are_read(tmp_path: Path, clock: Clock) -> None:
+    machine = tmp_path / "5f7c2e0a9b1d4c3e8f6a7b2c1d0e9f8a"
+    machine.mkdir()
+    write_journal(machine / "system.journal", [unit_output("vllm-a.service", "in machine dir", clock.tick())])
+    with reader_for(tmp_path) as reader:
+        assert messages(read_all(reader)) == ["in machine dir"]
+    shutil.rmtree(machine)
