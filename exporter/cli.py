@@ -143,7 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> Settings:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.journal_directory and args.journal_files:
+        parser.error("--journal.directory and --journal.file cannot be used together")
+    if args.journal_units is not None and not all(glob.strip() for glob in args.journal_units):
+        parser.error("argument --journal.units: empty glob")
     return Settings(
         listen_address=args.listen_address,
         telemetry_path=args.telemetry_path,
@@ -165,7 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
     setup_logging(settings.log_level, settings.log_format)
 
+    from exporter.collectors.journal import JournalCollector, JournalFollower
     from exporter.collectors.levelzero import LevelZeroCollector
+    from exporter.sources.journal import JournalSelection
     from exporter.scrape import ExporterCollector
     from exporter.sources.levelzero_worker import LevelZeroWorker
     from exporter.web import ExporterServer
@@ -185,6 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker = LevelZeroWorker(settings.levelzero_library, settings.levelzero_timeout)
     if "levelzero" in settings.collectors:
         collectors.append(LevelZeroCollector(worker))
+    if "journal" in settings.collectors:
+        collectors.append(JournalCollector(JournalFollower(JournalSelection(
+            directory=settings.journal_directory, files=settings.journal_files,
+            unit_globs=settings.journal_units, boot=settings.journal_boot))))
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, worker))

@@ -1,0 +1,178 @@
+"""Engine starts, failures and KV cache of the watched units, from their journal.
+
+A follower thread owns the journal reader (an sd_journal handle belongs to one thread): it reads the
+selected boot into a fresh EngineTracker, publishes it once caught up, then folds new entries in as
+they arrive. When the journal cannot be read it retries; a reopened journal is read again from the
+start of the boot into a new tracker, swapped in once caught up, so counters never count twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter.collectors import CollectionError, Collector
+from exporter.engines import REASONS, EngineTracker, UnitView
+from exporter.scrape import Scrape
+from exporter.sources.journal import JournalReader, JournalSelection, JournalUnavailable
+
+log = logging.getLogger("exporter.journal")
+
+BATCH = 4096
+RETRY_SECONDS = 2.0
+WAIT_SECONDS = 0.5  # how often the follower looks at its stop flag while the journal is quiet
+
+
+class JournalFollower:
+    def __init__(self, selection: JournalSelection) -> None:
+        self.selection = selection
+        self._lock = threading.Lock()
+        self._tracker: EngineTracker | None = None
+        self._error: str | None = "still reading the journal"
+        self._entries_read = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="journal-follower", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def state(self) -> tuple[list[UnitView], str | None, int]:
+        """(unit views, the reason the journal cannot be read now or None, entries read so far)."""
+        with self._lock:
+            views = list(self._tracker.views()) if self._tracker is not None else []
+            return views, self._error, self._entries_read
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with JournalReader(self.selection) as reader:
+                    self._catch_up(reader)
+                    self._follow(reader)
+            except JournalUnavailable as error:
+                self._set_error(str(error))
+                self._stop.wait(RETRY_SECONDS)
+            except Exception as error:  # never let the thread die: the collector would go silent
+                log.debug("journal follower failed", exc_info=True)
+                self._set_error(f"{type(error).__name__}: {error}")
+                self._stop.wait(RETRY_SECONDS)
+
+    def _catch_up(self, reader: JournalReader) -> None:
+        tracker = EngineTracker()
+        while not self._stop.is_set():
+            batch = reader.read_available(BATCH)
+            self._count(len(batch))
+            if not batch:
+                break
+            tracker.extend(batch)
+        with self._lock:
+            self._tracker = tracker
+            if self._error is not None:
+                log.info("journal read up to now: %d watched units", sum(1 for _ in tracker.views()))
+            self._error = None
+
+    def _follow(self, reader: JournalReader) -> None:
+        tracker = self._tracker
+        while not self._stop.is_set():
+            if not reader.wait(WAIT_SECONDS):
+                continue
+            while batch := reader.read_available(BATCH):
+                with self._lock:
+                    tracker.extend(batch)
+                    self._entries_read += len(batch)
+
+    def _count(self, entries: int) -> None:
+        with self._lock:
+            self._entries_read += entries
+
+    def _set_error(self, error: str) -> None:
+        with self._lock:
+            self._error = error
+
+
+class JournalCollector(Collector):
+    name = "journal"
+    description = "vLLM engine starts, failures and KV cache from the journal"
+
+    def __init__(self, follower: JournalFollower) -> None:
+        self._follower = follower
+
+    def start(self) -> None:
+        self._follower.start()
+
+    def stop(self) -> None:
+        self._follower.stop()
+
+    def collect(self, scrape: Scrape) -> Iterator[Metric]:
+        views, error, entries_read = self._follower.state()
+        yield CounterMetricFamily("xpu_exporter_journal_entries_read_total",
+                                  "Journal entries of watched units the exporter has read.", value=entries_read)
+        yield from unit_metrics(views)
+        if error:
+            raise CollectionError(error)
+
+
+def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
+    def gauge(name: str, documentation: str, extra_labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, documentation, labels=["unit", *extra_labels])
+
+    info = gauge("xpu_unit_engine_info", "The unit's latest engine start: vLLM version and model.",
+                 ("vllm_version", "model"))
+    utilisation = gauge("xpu_unit_gpu_memory_utilization_ratio",
+                        "The engine's gpu_memory_utilization (its release's default when not given).")
+    max_model_len = gauge("xpu_unit_max_model_len_tokens", "The engine's maximum model length.")
+    max_num_seqs = gauge("xpu_unit_max_num_seqs", "The engine's max_num_seqs, when known.")
+    budget = gauge("xpu_unit_kv_cache_budget_bytes", "The engine's kv_cache_memory_bytes setting, when set.")
+    kv_bytes = gauge("xpu_unit_kv_cache_bytes",
+                     "KV-cache memory of the latest engine init (for a failed init, what was available).")
+    kv_tokens = gauge("xpu_unit_kv_cache_tokens", "KV-cache capacity in tokens of the latest successful init.")
+    required = gauge("xpu_unit_kv_cache_required_bytes",
+                     "KV-cache memory needed to serve one request of the maximum model length.")
+    concurrency = gauge("xpu_unit_kv_cache_max_concurrency",
+                        "Requests of the maximum model length that fit in the KV cache at once.")
+    starts = CounterMetricFamily("xpu_unit_engine_starts_total", "Engine inits that succeeded.", labels=["unit"])
+    failures = CounterMetricFamily("xpu_unit_engine_init_failures_total", "Engine inits that failed, by reason.",
+                                   labels=["unit", "reason"])
+    last_failure = gauge("xpu_unit_engine_last_failure_timestamp_seconds", "Time of the latest failed engine init.")
+    duration = gauge("xpu_unit_engine_init_duration_seconds", "Duration of the latest successful engine init.")
+    overlaps = CounterMetricFamily("xpu_unit_engine_init_overlaps_total",
+                                   "Engine inits of this unit that ran while another watched unit's init ran.",
+                                   labels=["unit"])
+
+    for view in views:
+        unit = [view.unit]
+        starts.add_metric(unit, view.starts)
+        overlaps.add_metric(unit, view.overlaps)
+        for reason in REASONS:
+            failures.add_metric([view.unit, reason], view.failures[reason])
+        if view.last_failure_usec is not None:
+            last_failure.add_metric(unit, view.last_failure_usec / 1e6)
+        if view.last_success is not None:
+            _add(kv_tokens, unit, view.last_success.effective_kv_cache_tokens)
+            _add(duration, unit, view.last_success.init_duration_seconds)
+        latest = view.latest
+        if latest is None:
+            continue
+        if latest.version or latest.model:
+            info.add_metric([view.unit, latest.version or "", latest.model or ""], 1)
+        _add(utilisation, unit, latest.effective_gpu_memory_utilization)
+        _add(max_model_len, unit, latest.max_model_len)
+        _add(max_num_seqs, unit, latest.max_num_seqs)
+        _add(budget, unit, latest.kv_cache_memory_bytes)
+        _add(kv_bytes, unit, latest.effective_kv_cache_bytes)
+        _add(required, unit, latest.effective_required_bytes)
+        _add(concurrency, unit, latest.max_concurrency)
+    yield from (info, utilisation, max_model_len, max_num_seqs, budget, kv_bytes, kv_tokens, required, concurrency,
+                starts, failures, last_failure, duration, overlaps)
+
+
+def _add(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:
+    if value is not None:
+        family.add_metric(labels, value)

@@ -1,0 +1,281 @@
+"""Engine starts of watched units, folded from their journal: what each start printed, how it ended,
+and whether it overlapped another unit's init.
+
+Input is the journal in journal order: the unit's own lines (parsed by `exporter.parsers.vllm`) and
+PID 1's records about it. The fold is deterministic, so re-reading the same journal after a restart
+of the exporter gives the same counters.
+
+A *start* opens on systemd's "Starting <unit>" record, or on the first vLLM line when no start is
+open (journals without PID 1's records). It ends
+- successfully on the init-complete line ("init engine ... took", or uvicorn's "Application startup
+  complete" for releases that print no duration);
+- as a failure on the first root cause vLLM printed (counted at once, by reason; the copies vLLM
+  prints of the same cause and its wrapper lines belong to the same start and do not count again),
+  or, when the start dies without a recognised cause, on the terminal wrapper line, the main
+  process's exit, the unit's failure, a scheduled restart or the next "Starting" (reason `other`).
+A stop requested during init (systemd's "Stopping") ends the start without counting it.
+
+An init runs from its start until its first KV-cache line, its init-complete line or its failure;
+an init that runs while another watched unit's init runs overlaps, and both are counted once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from exporter.parsers import vllm
+from exporter.parsers.vllm import FailureReason
+from exporter.sources.journal import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
+                                      MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED,
+                                      MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPING)
+
+REASONS = tuple(reason.value for reason in FailureReason)
+# vLLM V0 prints "# xpu blocks" and no token count; its CacheConfig default block size is 16.
+V0_DEFAULT_BLOCK_SIZE = 16
+
+# PID 1's records that mean the unit's process is gone: an open start has failed.
+MESSAGE_IDS_START_ENDED = frozenset({MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_PROCESS_EXIT,
+                                     MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_RESTART_SCHEDULED})
+
+
+class Entry(Protocol):
+    """What the fold needs of a journal entry (exporter.sources.journal.JournalEntry has it)."""
+
+    unit: str
+    realtime_usec: int
+    message: str
+    from_systemd: bool
+    message_id: str
+
+
+@dataclass(eq=False)
+class Start:
+    """What one start of a unit printed, and how it ended."""
+
+    began_usec: int
+    printed: bool = False
+    version: str | None = None
+    model: str | None = None
+    gpu_memory_utilization: float | None = None  # as given; None: the release default
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    block_size: int | None = None
+    kv_cache_bytes: int | None = None
+    kv_cache_tokens: int | None = None
+    kv_blocks: int | None = None
+    max_concurrency: float | None = None
+    required_bytes: int | None = None
+    profiled_total_bytes: int | None = None
+    profiled_peak_bytes: int | None = None
+    init_duration_seconds: float | None = None
+    outcome: str | None = None  # None while initialising, then "ok", "failed" or "stopped"
+    initialising: bool = True  # the overlap window: until the first KV line, init done or failure
+    overlapped: bool = False
+
+    @property
+    def effective_gpu_memory_utilization(self) -> float | None:
+        if self.gpu_memory_utilization is not None:
+            return self.gpu_memory_utilization
+        return vllm.default_gpu_memory_utilization(self.version) if self.version else None
+
+    @property
+    def effective_kv_cache_bytes(self) -> int | None:
+        if self.kv_cache_bytes is not None:
+            return self.kv_cache_bytes
+        utilisation = self.effective_gpu_memory_utilization
+        if None not in (self.profiled_total_bytes, self.profiled_peak_bytes, utilisation):
+            return vllm.kv_cache_bytes_from_profiling(self.profiled_total_bytes, utilisation,
+                                                      self.profiled_peak_bytes)
+        return None
+
+    @property
+    def effective_kv_cache_tokens(self) -> int | None:
+        if self.kv_cache_tokens is not None:
+            return self.kv_cache_tokens
+        if self.kv_blocks is not None:
+            return self.kv_blocks * (self.block_size or V0_DEFAULT_BLOCK_SIZE)
+        return None
+
+    @property
+    def effective_required_bytes(self) -> int | None:
+        if self.required_bytes is not None:
+            return self.required_bytes
+        kv_bytes = self.effective_kv_cache_bytes
+        if self.outcome == "ok" and kv_bytes is not None and self.max_concurrency:
+            return math.ceil(kv_bytes / self.max_concurrency)
+        return None
+
+
+@dataclass(frozen=True)
+class UnitView:
+    """A unit's metrics as of now: counters over the selected boot, gauges of its latest start."""
+
+    unit: str
+    starts: int
+    failures: Mapping[str, int]
+    last_failure_usec: int | None
+    overlaps: int
+    latest: Start | None  # the latest start that printed anything
+    last_success: Start | None
+
+    @property
+    def gpu_memory_utilization(self) -> float | None:
+        return self.latest.effective_gpu_memory_utilization if self.latest else None
+
+
+@dataclass
+class _Unit:
+    name: str
+    starts: int = 0
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    last_failure_usec: int | None = None
+    overlaps: int = 0
+    current: Start | None = None
+    latest: Start | None = None
+    last_success: Start | None = None
+
+    def view(self) -> UnitView:
+        copy = (lambda start: replace(start) if start else None)
+        return UnitView(self.name, self.starts, dict(self.failures), self.last_failure_usec, self.overlaps,
+                        copy(self.latest), copy(self.last_success))
+
+
+class EngineTracker:
+    """Folds journal entries of watched units into per-unit engine state. Not thread-safe: one writer
+    (the journal follower) and readers that take views under the caller's lock."""
+
+    def __init__(self) -> None:
+        self._units: dict[str, _Unit] = {}
+
+    def watch(self, unit: str) -> None:
+        """Make `unit` known (its counters exist at 0) before anything happened to it."""
+        self._unit(unit)
+
+    def add(self, entry: Entry) -> None:
+        unit = self._unit(entry.unit)
+        if entry.from_systemd:
+            self._systemd_record(unit, entry)
+            return
+        event = vllm.parse_line(entry.message)
+        if event is None:
+            return
+        start = unit.current
+        if start is None or (start.outcome is not None and _opens_a_start(event)):
+            start = self._open(unit, entry.realtime_usec)
+        if start.outcome is not None:
+            return  # the rest of an ended start: copies of its cause, wrappers, later runtime lines
+        start.printed = True
+        unit.latest = start
+        _record(start, event)
+        if isinstance(event, vllm.FailureCause):
+            self._fail(unit, event.reason.value, entry.realtime_usec)
+        elif isinstance(event, vllm.FailureWrapper) and event.terminal:
+            self._fail(unit, FailureReason.OTHER.value, entry.realtime_usec)
+        elif isinstance(event, (vllm.EngineInitDone, vllm.ServerReady)):
+            start.outcome = "ok"
+            start.initialising = False
+            unit.starts += 1
+            unit.last_success = start
+        elif isinstance(event, (vllm.KvCacheMemory, vllm.KvCacheCapacity, vllm.KvCacheBlocks)):
+            start.initialising = False
+
+    def extend(self, entries: Iterable[Entry]) -> None:
+        for entry in entries:
+            self.add(entry)
+
+    def views(self) -> Iterator[UnitView]:
+        for name in sorted(self._units):
+            yield self._units[name].view()
+
+    def _unit(self, name: str) -> _Unit:
+        unit = self._units.get(name)
+        if unit is None:
+            unit = self._units[name] = _Unit(name)
+        return unit
+
+    def _systemd_record(self, unit: _Unit, entry: Entry) -> None:
+        start = unit.current
+        if entry.message_id == MESSAGE_ID_UNIT_STARTING:
+            self._open(unit, entry.realtime_usec)
+        elif start is not None and start.outcome is None:
+            if entry.message_id in MESSAGE_IDS_START_ENDED:
+                self._fail(unit, FailureReason.OTHER.value, entry.realtime_usec)
+            elif entry.message_id == MESSAGE_ID_UNIT_STOPPING:
+                start.outcome = "stopped"
+                start.initialising = False
+
+    def _open(self, unit: _Unit, when_usec: int) -> Start:
+        previous = unit.current
+        if previous is not None and previous.outcome is None:
+            self._fail(unit, FailureReason.OTHER.value, when_usec)
+        start = unit.current = Start(began_usec=when_usec)
+        initialising = [other for other in self._units.values()
+                        if other is not unit and other.current is not None and other.current.initialising]
+        if initialising:
+            self._overlapped(unit, start)
+            for other in initialising:
+                self._overlapped(other, other.current)
+        return start
+
+    @staticmethod
+    def _overlapped(unit: _Unit, start: Start) -> None:
+        if not start.overlapped:
+            start.overlapped = True
+            unit.overlaps += 1
+
+    @staticmethod
+    def _fail(unit: _Unit, reason: str, when_usec: int) -> None:
+        start = unit.current
+        start.outcome = "failed"
+        start.initialising = False
+        unit.failures[reason] += 1
+        unit.last_failure_usec = when_usec
+
+
+def _opens_a_start(event: vllm.Event) -> bool:
+    """Lines printed only at the beginning of a start (for journals without systemd's records)."""
+    return isinstance(event, (vllm.ServerVersion, vllm.EngineConfig, vllm.Settings))
+
+
+def _record(start: Start, event: vllm.Event) -> None:
+    """Copy what a line says into the start it belongs to."""
+    match event:
+        case vllm.ServerVersion(version=version, model=model):
+            start.version = version
+            start.model = model or start.model
+        case vllm.EngineConfig(version=version, model=model, max_model_len=max_model_len):
+            start.version = version
+            start.model = model or start.model
+            start.max_model_len = max_model_len or start.max_model_len
+        case vllm.Settings():
+            for name in ("model", "gpu_memory_utilization", "max_model_len", "max_num_seqs",
+                         "kv_cache_memory_bytes", "block_size"):
+                value = getattr(event, name)
+                if value is not None and (name != "max_model_len" or start.max_model_len is None):
+                    setattr(start, name, value)
+        case vllm.KvCacheMemory(kv_cache_bytes=kv_cache_bytes):
+            start.kv_cache_bytes = kv_cache_bytes
+        case vllm.ProfilingBefore(total_bytes=total_bytes):
+            start.profiled_total_bytes = total_bytes
+        case vllm.ProfilingAfter(peak_bytes=peak_bytes):
+            start.profiled_peak_bytes = peak_bytes
+        case vllm.KvCacheCapacity(tokens=tokens, max_model_len=max_model_len, max_concurrency=concurrency):
+            start.kv_cache_tokens = tokens if tokens is not None else start.kv_cache_tokens
+            start.max_concurrency = concurrency if concurrency is not None else start.max_concurrency
+            start.max_model_len = start.max_model_len or max_model_len
+        case vllm.KvCacheBlocks(device_blocks=blocks):
+            start.kv_blocks = blocks
+        case vllm.EngineInitDone(duration_seconds=seconds):
+            start.init_duration_seconds = seconds
+        case vllm.FailureCause():
+            start.max_model_len = start.max_model_len or event.max_model_len
+            if event.available_bytes is not None:
+                start.kv_cache_bytes = event.available_bytes
+            if event.needed_bytes is not None:
+                start.required_bytes = event.needed_bytes
+            if event.gpu_memory_utilization is not None and start.gpu_memory_utilization is None:
+                start.gpu_memory_utilization = event.gpu_memory_utilization
