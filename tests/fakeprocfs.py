@@ -1,0 +1,262 @@
+"""Builds a fake procfs tree in a directory, laid out like the kernel's, for the procfs source.
+
+    base/proc/PID/fd/N       symlink to a real character device node (DRM: major 226) or to a regular
+                             file / FIFO / another char device (non-DRM fds); stat() follows it
+                             exactly as it follows /proc's magic links
+    base/proc/PID/fdinfo/N   the fdinfo text
+    base/proc/PID/cgroup     the cgroup file (v2 `0::/path`, or v1/hybrid lines)
+    base/proc/self, base/proc/meminfo   non-pid entries a scan must ignore
+    base/dev/dri/renderD128  device nodes, made with mknod (needs root, which the tests run as)
+
+Unreadable entries: the tests run as root, which chmod 000 cannot stop, so unreadability is emulated
+with errors root does get, raised at once and never blocking: a directory where the fdinfo or cgroup
+file should be (EISDIR on read), a regular file where the fd directory should be (ENOTDIR). Vanished
+entries (a process exiting mid-scan): an fd entry without its fdinfo, an fd whose link dangles, a pid
+directory without an fd directory, a missing cgroup file (all ENOENT, as from a real /proc).
+
+Also the fdinfo texts the kernels print (`xe_fdinfo`, `i915_fdinfo`, `i915_61_fdinfo`), taken from the
+kernel's drm-usage-stats documentation and drivers (see /work/shared/reference/level-zero.md §4).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DRM_MAJOR = 226
+RENDER_MINOR = 128
+CARD_MINOR = 0
+
+
+def v2_cgroup(path: str) -> str:
+    """A cgroup v2 (unified) `/proc/PID/cgroup`."""
+    return f"0::{path}\n"
+
+
+def v1_cgroup(path: str) -> str:
+    """A cgroup v1 `/proc/PID/cgroup` as systemd on a legacy host writes it (controllers may differ)."""
+    return (f"12:pids:{path}\n11:memory:{path}\n10:cpu,cpuacct:{path}\n9:devices:{path}\n"
+            f"8:freezer:/\n1:name=systemd:{path}\n0::/\n")
+
+
+def hybrid_cgroup(path: str) -> str:
+    """A cgroup v1 + unified (systemd `hybrid`) `/proc/PID/cgroup`."""
+    return f"4:memory:{path}\n3:cpu,cpuacct:{path}\n1:name=systemd:{path}\n0::{path}\n"
+
+
+def size_text(size: int, unit: str) -> str:
+    divisor = {"": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "kB": 1 << 10}[unit]
+    if size % divisor:
+        raise ValueError(f"{size} bytes is not a whole number of {unit}")
+    return f"{size // divisor} {unit}" if unit else str(size // divisor)
+
+
+def fdinfo_head(driver: str, pdev: str | None, client_id: int | None) -> str:
+    lines = ["pos:\t0", "flags:\t02100002", "mnt_id:\t24", "ino:\t1086", f"drm-driver:\t{driver}"]
+    if pdev is not None:
+        lines.append(f"drm-pdev:\t{pdev}")
+    if client_id is not None:
+        lines.append(f"drm-client-id:\t{client_id}")
+    return "\n".join(lines) + "\n"
+
+
+def xe_fdinfo(client_id: int | None = 1, pdev: str | None = "0000:03:00.0", vram0: int = 0,
+              unit: str = "KiB", shared_vram0: int = 0, system: int = 0, gtt: int = 0) -> str:
+    """An xe (kernel 6.8+) fdinfo: regions system, gtt, vram0, stolen; engines as drm-cycles."""
+    text = fdinfo_head("xe", pdev, client_id)
+    regions = {"system": (system, 0), "gtt": (gtt, 0), "vram0": (vram0, shared_vram0), "stolen": (0, 0)}
+    for region, (total, shared) in regions.items():
+        text += (f"drm-total-{region}:\t{size_text(total, unit)}\n"
+                 f"drm-shared-{region}:\t{size_text(shared, unit)}\n"
+                 f"drm-active-{region}:\t0\n"
+                 f"drm-resident-{region}:\t{size_text(total, unit)}\n")
+        if region == "system":
+            text += "drm-purgeable-system:\t0\n"
+    for engine in ("rcs", "bcs", "vcs", "vecs", "ccs"):
+        text += f"drm-cycles-{engine}:\t28257900\ndrm-total-cycles-{engine}:\t7655183225\n"
+    text += "drm-engine-capacity-vcs:\t2\n"
+    return text
+
+
+def i915_fdinfo(client_id: int | None = 1, pdev: str | None = "0000:03:00.0", local0: int = 0,
+                unit: str = "KiB", system0: int = 0, resident_local0: int | None = None) -> str:
+    """An i915 fdinfo of kernel 6.8+ (6.12): regions system0, local0, stolen-system0, stolen-local0."""
+    text = fdinfo_head("i915", pdev, client_id)
+    for engine in ("render", "copy", "video", "video-enhance", "compute"):
+        text += f"drm-engine-{engine}:\t0 ns\n"
+    regions = {"system0": system0, "local0": local0, "stolen-system0": 0, "stolen-local0": 0}
+    for region, total in regions.items():
+        resident = resident_local0 if region == "local0" and resident_local0 is not None else total
+        text += (f"drm-total-{region}:\t{size_text(total, unit)}\n"
+                 f"drm-shared-{region}:\t0\n"
+                 f"drm-active-{region}:\t0\n"
+                 f"drm-resident-{region}:\t{size_text(resident, unit)}\n"
+                 f"drm-purgeable-{region}:\t0\n")
+    return text
+
+
+def i915_61_fdinfo(client_id: int | None = 1, pdev: str | None = "0000:03:00.0") -> str:
+    """An i915 fdinfo of kernel 6.1 (Debian 12): engines only, no memory keys."""
+    text = fdinfo_head("i915", pdev, client_id)
+    for engine in ("render", "copy", "video", "video-enhance", "compute"):
+        text += f"drm-engine-{engine}:\t123456 ns\n"
+    text += "drm-engine-capacity-video:\t2\n"
+    return text
+
+
+@dataclass
+class FakeProcess:
+    tree: FakeProcfs
+    pid: int
+    next_fd: int = 0
+    fds: list[int] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return self.tree.root / str(self.pid)
+
+    def _new_fd(self) -> int:
+        fd = self.next_fd
+        self.next_fd += 1
+        self.fds.append(fd)
+        return fd
+
+    def _link(self, fd: int, target: Path) -> None:
+        os.symlink(target, self.path / "fd" / str(fd))
+
+    def _fdinfo(self, fd: int, text: str) -> None:
+        (self.path / "fdinfo" / str(fd)).write_text(text)
+
+    def add_drm_fd(self, fdinfo: str, minor: int = RENDER_MINOR) -> int:
+        """An fd open on DRM device 226:`minor`, with this fdinfo; returns the fd number."""
+        fd = self._new_fd()
+        self._link(fd, self.tree.device_node(DRM_MAJOR, minor))
+        self._fdinfo(fd, fdinfo)
+        return fd
+
+    def add_file_fd(self) -> int:
+        """A regular-file fd (like a log file or a shared library)."""
+        fd = self._new_fd()
+        target = self.tree.base / "files" / f"{self.pid}-{fd}"
+        target.parent.mkdir(exist_ok=True)
+        target.write_text("")
+        self._link(fd, target)
+        self._fdinfo(fd, "pos:\t0\nflags:\t0100002\nmnt_id:\t25\nino:\t4242\n")
+        return fd
+
+    def add_pipe_fd(self) -> int:
+        """A FIFO fd; stat() of it never blocks (only opening it would)."""
+        fd = self._new_fd()
+        target = self.tree.base / "files" / f"{self.pid}-{fd}.fifo"
+        target.parent.mkdir(exist_ok=True)
+        os.mkfifo(target)
+        self._link(fd, target)
+        self._fdinfo(fd, "pos:\t0\nflags:\t02\nmnt_id:\t14\nino:\t1234\n")
+        return fd
+
+    def add_null_fd(self) -> int:
+        """An fd on a character device that is not DRM (1:3, /dev/null)."""
+        fd = self._new_fd()
+        self._link(fd, self.tree.device_node(1, 3))
+        self._fdinfo(fd, "pos:\t0\nflags:\t0100002\nmnt_id:\t24\nino:\t5\n")
+        return fd
+
+    def add_other_fds(self, count: int) -> None:
+        """`count` non-DRM fds, a mix of regular files, pipes and /dev/null."""
+        adders = (self.add_file_fd, self.add_pipe_fd, self.add_null_fd)
+        for index in range(count):
+            adders[index % len(adders)]()
+
+    def add_drm_fd_without_fdinfo(self, minor: int = RENDER_MINOR) -> int:
+        """A DRM fd closed between listing fd/ and reading fdinfo/ (vanished)."""
+        fd = self._new_fd()
+        self._link(fd, self.tree.device_node(DRM_MAJOR, minor))
+        return fd
+
+    def add_dangling_fd(self) -> int:
+        """An fd closed between listing fd/ and following its link (vanished: ENOENT)."""
+        fd = self._new_fd()
+        self._link(fd, self.tree.base / "gone" / f"{self.pid}-{fd}")
+        return fd
+
+    def add_fd_behind_private_directory(self) -> int:
+        """An fd whose link leads into a 0700 directory: following it gives a reader that is not root
+        a real EACCES, as /proc does for a process the reader may not ptrace."""
+        fd = self._new_fd()
+        private = self.tree.base / "private"
+        private.mkdir(mode=0o700, exist_ok=True)
+        target = private / f"{self.pid}-{fd}"
+        target.write_text("")
+        self._link(fd, target)
+        self._fdinfo(fd, "pos:\t0\nflags:\t0100002\nmnt_id:\t25\nino:\t4243\n")
+        return fd
+
+    def add_drm_fd_with_unreadable_fdinfo(self, minor: int = RENDER_MINOR) -> int:
+        """A DRM fd whose fdinfo cannot be read (a directory: EISDIR)."""
+        fd = self._new_fd()
+        self._link(fd, self.tree.device_node(DRM_MAJOR, minor))
+        (self.path / "fdinfo" / str(fd)).mkdir()
+        return fd
+
+    def make_cgroup_unreadable(self) -> None:
+        """The cgroup file becomes a directory (EISDIR on read)."""
+        cgroup = self.path / "cgroup"
+        cgroup.unlink(missing_ok=True)
+        cgroup.mkdir()
+
+    def make_private(self) -> None:
+        """Modes /proc gives another user's process (fd/ and fdinfo/ 0500, owned by root here): a reader
+        that is not root gets a real EACCES. Root is not stopped by it."""
+        (self.path / "fd").chmod(0o500)
+        (self.path / "fdinfo").chmod(0o500)
+
+    def remove_cgroup(self) -> None:
+        """The process exited before its cgroup file was read (ENOENT)."""
+        (self.path / "cgroup").unlink(missing_ok=True)
+
+
+class FakeProcfs:
+    """A fake /proc at `base/proc`. `root` is what to pass as the procfs path."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = Path(base)
+        self.root = self.base / "proc"
+        self.root.mkdir(parents=True)
+        (self.base / "dev").mkdir()
+        (self.root / "meminfo").write_text("MemTotal:       16318412 kB\n")
+        os.symlink("1", self.root / "self")
+        self.processes: dict[int, FakeProcess] = {}
+
+    def device_node(self, major: int, minor: int) -> Path:
+        """A real character device node major:minor (created once)."""
+        node = self.base / "dev" / f"char-{major}-{minor}"
+        if not node.exists():
+            os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(major, minor))
+        return node
+
+    def add_process(self, pid: int, cgroup: str | None = None) -> FakeProcess:
+        """A process directory with empty fd/ and fdinfo/ and this cgroup file text (default: root cgroup)."""
+        process = FakeProcess(self, pid)
+        (process.path / "fd").mkdir(parents=True)
+        (process.path / "fdinfo").mkdir()
+        (process.path / "cgroup").write_text(cgroup if cgroup is not None else v2_cgroup("/"))
+        (process.path / "comm").write_text(f"process-{pid}\n")
+        self.processes[pid] = process
+        return process
+
+    def add_unit_process(self, pid: int, unit_path: str) -> FakeProcess:
+        """A process in cgroup v2 path `unit_path`, e.g. `/system.slice/vllm-a.service`."""
+        return self.add_process(pid, v2_cgroup(unit_path))
+
+    def add_vanished_process(self, pid: int) -> None:
+        """A pid directory whose fd/ is already gone: the process exited mid-scan (ENOENT)."""
+        (self.root / str(pid)).mkdir()
+
+    def add_unreadable_process(self, pid: int) -> None:
+        """A pid whose fd table cannot be read: `fd` is a regular file (ENOTDIR), as EACCES is to a non-root reader."""
+        path = self.root / str(pid)
+        path.mkdir()
+        (path / "fd").write_text("")
+        (path / "cgroup").write_text(v2_cgroup("/"))

@@ -1,0 +1,356 @@
+"""The procfs source: cgroup -> unit rules, and whole scans over fake procfs trees (tests/fakeprocfs.py)
+with real device nodes, plus the real /proc of this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from exporter.sources.procfs import (
+    ProcfsUnavailable,
+    ScanResult,
+    scan_drm_clients,
+    systemd_cgroup_path,
+    unit_of_cgroup_file,
+    unit_of_cgroup_path,
+    unit_of_pid,
+)
+from fakeprocfs import (
+    CARD_MINOR,
+    FakeProcfs,
+    hybrid_cgroup,
+    i915_61_fdinfo,
+    i915_fdinfo,
+    v1_cgroup,
+    v2_cgroup,
+    xe_fdinfo,
+)
+
+KiB = 1 << 10
+MiB = 1 << 20
+GPU = "0000:03:00.0"
+GPU2 = "0000:83:00.0"
+CHAT = "/system.slice/vllm-xpu-chat.service"
+CODE = "/system.slice/vllm-xpu-code.service"
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> FakeProcfs:
+    return FakeProcfs(tmp_path)
+
+
+def scan(tree: FakeProcfs) -> ScanResult:
+    return scan_drm_clients(str(tree.root))
+
+
+# --- cgroup path -> unit ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("path", "unit"), [
+    ("/system.slice/vllm-xpu-chat.service", "vllm-xpu-chat.service"),
+    ("/system.slice/vllm@chat.service", "vllm@chat.service"),
+    ("/system.slice/foo.service/payload", "foo.service"),
+    ("/system.slice/foo.service/payload/deeper", "foo.service"),
+    ("/system.slice/foo.service/worker.scope", "foo.service"),
+    ("/system.slice/foo.socket", "foo.socket"),
+    ("/system.slice/system-vllm.slice/vllm@a.service", "vllm@a.service"),
+    ("/user.slice/user-1000.slice/session-3.scope", "session-3.scope"),
+    ("/user.slice/user-1000.slice/user@1000.service/app.slice/x.scope", "x.scope"),
+    ("/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service", "vllm.service"),
+    ("/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service/sub", "vllm.service"),
+    ("/user.slice/user-1000.slice/user@1000.service", "user@1000.service"),
+    ("/user.slice/user-1000.slice/user@1000.service/not-a-unit", "user@1000.service"),
+    ("/init.scope", "init.scope"),
+    ("/machine.slice/libpod-4f2a.scope/container", "libpod-4f2a.scope"),
+    ("/docker/4f2a9c", "4f2a9c"),
+    ("/kubepods/burstable/pod1234/4f2a9c", "4f2a9c"),
+    ("/user.slice", "user.slice"),
+    ("/../../system.slice/vllm-xpu-chat.service", "vllm-xpu-chat.service"),
+    ("/system.slice/_cpu.service", "cpu.service"),
+    ("/", None),
+    ("", None),
+    ("/..", None),
+], ids=lambda value: repr(value))
+def test_unit_of_cgroup_path(path: str, unit: str | None):
+    assert unit_of_cgroup_path(path) == unit
+
+
+@pytest.mark.parametrize(("text", "path"), [
+    (v2_cgroup(CHAT), CHAT),
+    (v1_cgroup(CHAT), CHAT),
+    (hybrid_cgroup(CHAT), CHAT),
+    ("1:name=systemd:/\n0::/system.slice/foo.service\n", "/system.slice/foo.service"),
+    ("4:memory:/system.slice/foo.service\n", None),
+    ("", None),
+    ("garbage\n::\n", None),
+    ("0::/\n", "/"),
+], ids=["v2", "v1-prefers-name-systemd-over-0::/", "hybrid", "root-name-systemd-falls-back-to-unified",
+        "controllers-only", "empty", "garbage", "root"])
+def test_systemd_cgroup_path_prefers_name_systemd_then_unified(text: str, path: str | None):
+    assert systemd_cgroup_path(text) == path
+
+
+def test_unit_of_cgroup_file_on_v1_host_uses_name_systemd_line():
+    assert unit_of_cgroup_file(v1_cgroup(CHAT)) == "vllm-xpu-chat.service"
+    assert unit_of_cgroup_file(v2_cgroup("/")) is None
+
+
+def test_unit_of_pid_reads_the_process_cgroup_file(tree: FakeProcfs):
+    tree.add_process(10, v2_cgroup(CHAT))
+    tree.add_process(11, v1_cgroup(CODE + "/payload"))
+    tree.add_process(12).make_cgroup_unreadable()
+    assert unit_of_pid(str(tree.root), 10) == "vllm-xpu-chat.service"
+    assert unit_of_pid(str(tree.root), 11) == "vllm-xpu-code.service"
+    assert unit_of_pid(str(tree.root), 12) is None
+    assert unit_of_pid(str(tree.root), 99) is None
+
+
+# --- whole scans -----------------------------------------------------------------------------------
+
+def test_duplicated_fds_of_one_client_count_once(tree: FakeProcfs):
+    process = tree.add_unit_process(100, CHAT)
+    for _ in range(3):
+        process.add_drm_fd(xe_fdinfo(client_id=7, vram0=512 * MiB, unit="MiB"))
+    result = scan(tree)
+    assert (result.clients, result.drm_fds) == (1, 3)
+    assert result.memory_by_device_unit == {GPU: {"vllm-xpu-chat.service": 512 * MiB}}
+
+
+def test_client_shared_between_processes_counts_once_for_the_lowest_pid(tree: FakeProcfs):
+    # Created in descending pid order, so a scan in directory order would meet pid 300 first.
+    tree.add_unit_process(300, CODE).add_drm_fd(xe_fdinfo(client_id=7, vram0=1 * MiB))
+    tree.add_unit_process(200, CHAT).add_drm_fd(xe_fdinfo(client_id=7, vram0=1 * MiB))
+    result = scan(tree)
+    assert result.clients == 1
+    assert result.memory_by_device_pid == {GPU: {200: 1 * MiB}}
+    assert result.memory_by_device_unit == {GPU: {"vllm-xpu-chat.service": 1 * MiB}}
+    assert result.unit_by_pid == {200: "vllm-xpu-chat.service"}
+
+
+def test_distinct_clients_of_one_process_are_summed(tree: FakeProcfs):
+    process = tree.add_unit_process(100, CHAT)
+    process.add_drm_fd(xe_fdinfo(client_id=1, vram0=3 * MiB))
+    process.add_drm_fd(xe_fdinfo(client_id=2, vram0=5 * MiB))
+    assert scan(tree).memory_by_device_pid == {GPU: {100: 8 * MiB}}
+
+
+def test_same_client_id_on_two_devices_is_two_clients(tree: FakeProcfs):
+    process = tree.add_unit_process(100, CHAT)
+    process.add_drm_fd(i915_fdinfo(client_id=4, pdev=GPU, local0=1 * MiB))
+    process.add_drm_fd(i915_fdinfo(client_id=4, pdev=GPU2, local0=2 * MiB), minor=129)
+    result = scan(tree)
+    assert result.clients == 2
+    assert result.memory_by_device_unit == {GPU: {"vllm-xpu-chat.service": 1 * MiB},
+                                            GPU2: {"vllm-xpu-chat.service": 2 * MiB}}
+    assert result.driver_by_device == {GPU: "i915", GPU2: "i915"}
+
+
+def test_client_without_pdev_is_keyed_by_device_minor(tree: FakeProcfs):
+    process = tree.add_unit_process(100, CHAT)
+    process.add_drm_fd(xe_fdinfo(client_id=4, pdev=None, vram0=1 * MiB))
+    process.add_drm_fd(xe_fdinfo(client_id=4, pdev=None, vram0=1 * MiB))
+    process.add_drm_fd(xe_fdinfo(client_id=4, pdev=None, vram0=2 * MiB), minor=CARD_MINOR)
+    result = scan(tree)
+    assert result.clients == 2
+    assert result.memory_by_device == {"226:128": 1 * MiB, "226:0": 2 * MiB}
+
+
+def test_without_client_id_every_fd_counts(tree: FakeProcfs):
+    process = tree.add_unit_process(100, CHAT)
+    process.add_drm_fd(xe_fdinfo(client_id=None, vram0=1 * MiB))
+    process.add_drm_fd(xe_fdinfo(client_id=None, vram0=1 * MiB))
+    result = scan(tree)
+    assert result.clients == 2
+    assert result.memory_by_device == {GPU: 2 * MiB}
+
+
+def test_memory_values_in_bytes_kib_and_mib_are_exact(tree: FakeProcfs):
+    tree.add_unit_process(100, CHAT).add_drm_fd(xe_fdinfo(client_id=1, vram0=65536, unit=""))
+    tree.add_unit_process(101, CHAT).add_drm_fd(xe_fdinfo(client_id=2, vram0=23992 * KiB, unit="KiB"))
+    tree.add_unit_process(102, CHAT).add_drm_fd(xe_fdinfo(client_id=3, vram0=16 * MiB, unit="MiB"))
+    assert scan(tree).memory_by_device_pid == {GPU: {100: 65536, 101: 23992 * KiB, 102: 16 * MiB}}
+
+
+def test_processes_of_one_unit_and_its_sub_cgroups_add_up(tree: FakeProcfs):
+    tree.add_unit_process(100, CHAT).add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
+    tree.add_unit_process(101, CHAT + "/payload").add_drm_fd(xe_fdinfo(client_id=2, vram0=2 * MiB))
+    tree.add_process(102, v1_cgroup(CHAT)).add_drm_fd(xe_fdinfo(client_id=3, vram0=4 * MiB))
+    tree.add_unit_process(103, CODE).add_drm_fd(xe_fdinfo(client_id=4, vram0=8 * MiB))
+    assert scan(tree).memory_by_device_unit == {
+        GPU: {"vllm-xpu-chat.service": 7 * MiB, "vllm-xpu-code.service": 8 * MiB}}
+
+
+def test_process_outside_any_unit_counts_for_the_device_but_no_unit(tree: FakeProcfs):
+    tree.add_unit_process(100, CHAT).add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
+    tree.add_process(101, v2_cgroup("/")).add_drm_fd(xe_fdinfo(client_id=2, vram0=2 * MiB))
+    result = scan(tree)
+    assert result.memory_by_device_unit == {GPU: {"vllm-xpu-chat.service": 1 * MiB}}
+    assert result.memory_by_device == {GPU: 3 * MiB}
+    assert result.unit_by_pid == {100: "vllm-xpu-chat.service", 101: None}
+
+
+def test_session_process_is_attributed_to_its_scope(tree: FakeProcfs):
+    tree.add_unit_process(100, "/user.slice/user-1000.slice/session-3.scope").add_drm_fd(
+        xe_fdinfo(client_id=1, vram0=1 * MiB))
+    assert scan(tree).memory_by_device_unit == {GPU: {"session-3.scope": 1 * MiB}}
+
+
+def test_i915_kernel_61_has_clients_and_units_but_no_memory_keys(tree: FakeProcfs):
+    tree.add_unit_process(100, CHAT).add_drm_fd(i915_61_fdinfo(client_id=1))
+    result = scan(tree)
+    assert (result.clients, result.memory_keys_seen) == (1, False)
+    assert result.memory_by_device_unit == {GPU: {"vllm-xpu-chat.service": 0}}
+
+
+def test_i915_kernel_612_local0_is_device_memory(tree: FakeProcfs):
+    tree.add_unit_process(100, CHAT).add_drm_fd(i915_fdinfo(client_id=1, local0=300 * MiB, system0=7 * MiB))
+    result = scan(tree)
+    assert result.memory_keys_seen
+    assert result.memory_by_device_unit == {GPU: {"vllm-xpu-chat.service": 300 * MiB}}
+
+
+def test_non_drm_fds_and_non_gpu_processes_are_ignored_without_reading_them(tree: FakeProcfs):
+    gpu = tree.add_unit_process(100, CHAT)
+    gpu.add_other_fds(9)
+    gpu.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
+    idle = tree.add_unit_process(101, CODE)
+    idle.add_other_fds(6)
+    # Were these read, the scan would count them unreadable: the cgroup of a process without DRM
+    # clients, and the fdinfo of a non-DRM fd.
+    idle.make_cgroup_unreadable()
+    (gpu.path / "fdinfo" / "0").unlink()
+    (gpu.path / "fdinfo" / "0").mkdir()
+    result = scan(tree)
+    assert (result.drm_fds, result.clients, result.processes) == (1, 1, 2)
+    assert (result.unreadable, result.vanished) == (0, 0)
+    assert result.unit_by_pid == {100: "vllm-xpu-chat.service"}
+
+
+def test_vanished_processes_and_fds_are_counted_and_the_scan_goes_on(tree: FakeProcfs):
+    tree.add_vanished_process(50)
+    closing = tree.add_unit_process(60, CODE)
+    closing.add_drm_fd_without_fdinfo()
+    closing.add_dangling_fd()
+    exited = tree.add_unit_process(70, CODE)
+    exited.add_drm_fd(xe_fdinfo(client_id=9, vram0=4 * MiB))
+    exited.remove_cgroup()
+    tree.add_unit_process(80, CODE).add_dangling_fd()  # fd churn, not counted
+    tree.add_unit_process(100, CHAT).add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
+    result = scan(tree)
+    assert result.vanished == 3
+    assert result.unreadable == 0
+    assert result.memory_by_device_unit == {GPU: {"vllm-xpu-chat.service": 1 * MiB}}
+    assert result.memory_by_device == {GPU: 5 * MiB}
+    assert result.unit_by_pid == {70: None, 100: "vllm-xpu-chat.service"}
+
+
+def test_unreadable_processes_are_counted_and_the_scan_goes_on(tree: FakeProcfs):
+    tree.add_unreadable_process(50)
+    tree.add_unit_process(60, CODE).add_drm_fd_with_unreadable_fdinfo()
+    hidden = tree.add_unit_process(70, CODE)
+    hidden.add_drm_fd(xe_fdinfo(client_id=9, vram0=4 * MiB))
+    hidden.make_cgroup_unreadable()
+    tree.add_unit_process(100, CHAT).add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
+    result = scan(tree)
+    assert (result.unreadable, result.vanished) == (3, 0)
+    assert result.memory_by_device_unit == {GPU: {"vllm-xpu-chat.service": 1 * MiB}}
+    assert result.unit_by_pid == {70: None, 100: "vllm-xpu-chat.service"}
+
+
+def test_empty_gpu_host_has_no_clients(tree: FakeProcfs):
+    tree.add_unit_process(1, "/init.scope").add_other_fds(5)
+    result = scan(tree)
+    assert result == ScanResult(processes=1)
+
+
+@pytest.mark.parametrize("make_root", [
+    lambda base: base / "missing",
+    lambda base: (base / "file").write_text("") and base / "file",
+    lambda base: (base / "empty").mkdir() or base / "empty",
+    lambda base: (base / "not-proc").mkdir() or (base / "not-proc" / "self").mkdir() or base / "not-proc",
+], ids=["missing", "a-file", "empty-directory", "no-pid-directories"])
+def test_unusable_procfs_root_raises_procfs_unavailable(tmp_path: Path, make_root):
+    root = make_root(tmp_path)
+    with pytest.raises(ProcfsUnavailable):
+        scan_drm_clients(str(root))
+
+
+# --- real permissions and the real /proc ---------------------------------------------------------
+
+@pytest.fixture
+def world_readable_tree() -> Iterator[FakeProcfs]:
+    base = Path(tempfile.mkdtemp(prefix="fakeprocfs-"))
+    base.chmod(0o755)
+    try:
+        yield FakeProcfs(base)
+    finally:
+        shutil.rmtree(base)
+
+
+def scan_as_nobody(procfs: str) -> dict:
+    """Runs a scan in a forked child that has dropped root to nobody (65534), as an exporter without
+    CAP_SYS_PTRACE/CAP_DAC_READ_SEARCH would."""
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        status = 1
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setresgid(65534, 65534, 65534)
+            os.setresuid(65534, 65534, 65534)
+            payload = json.dumps(asdict(scan_drm_clients(procfs)), default=str)
+            os.write(write_end, payload.encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        payload = reader.read()
+    _, wait_status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(wait_status) == 0, "the unprivileged scan raised"
+    return json.loads(payload)
+
+
+def test_permission_denied_counts_unreadable_for_a_reader_without_privileges(world_readable_tree: FakeProcfs):
+    tree = world_readable_tree
+    for directory in (tree.root, tree.base / "dev", tree.base / "files"):
+        directory.mkdir(exist_ok=True)
+        directory.chmod(0o755)
+    open_ = tree.add_unit_process(100, CHAT)
+    open_.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
+    open_.add_other_fds(2)
+    private = tree.add_unit_process(200, CODE)
+    private.add_other_fds(3)
+    private.add_drm_fd(xe_fdinfo(client_id=2, vram0=2 * MiB))
+    private.make_private()
+    ptrace_denied = tree.add_unit_process(300, CODE)
+    ptrace_denied.add_fd_behind_private_directory()
+    ptrace_denied.add_fd_behind_private_directory()
+    as_root = scan_drm_clients(str(tree.root))
+    assert (as_root.clients, as_root.unreadable) == (2, 0)
+    as_nobody = scan_as_nobody(str(tree.root))
+    assert (as_nobody["clients"], as_nobody["unreadable"], as_nobody["vanished"]) == (1, 2, 0)
+    assert as_nobody["memory_by_device_unit"] == {GPU: {"vllm-xpu-chat.service": 1 * MiB}}
+
+
+def test_real_proc_scans_and_its_totals_are_consistent():
+    result = scan_drm_clients("/proc")
+    assert result.processes >= 2
+    holders = {pid for by_pid in result.memory_by_device_pid.values() for pid in by_pid}
+    assert set(result.unit_by_pid) == holders
+    assert result.clients >= len(holders)
+    for device, by_pid in result.memory_by_device_pid.items():
+        assert result.memory_by_device[device] == sum(by_pid.values())
+        assert sum(result.memory_by_device_unit[device].values()) <= result.memory_by_device[device]
+
+
+def test_unit_of_pid_on_real_proc_matches_own_cgroup_file():
+    expected = unit_of_cgroup_file(Path("/proc/self/cgroup").read_text())
+    assert unit_of_pid("/proc", os.getpid()) == expected
