@@ -1,0 +1,179 @@
+"""The journal collector in a real exporter process over real journal files: following, restarts,
+bad input, unreadable journals."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from exporterproc import RunningExporter, sample, series, wait_for
+from journalgen import (Clock, append_journal, random_boot_id, unit_failed, unit_output, unit_process_exited,
+                        unit_starting, write_journal)
+
+CHAT = "vllm-xpu-chat.service"
+API = "(APIServer pid=10) INFO 12-02 10:00:00 [api_server.py:1873] "
+CORE = "(EngineCore pid=11) INFO 12-02 10:00:20 [gpu_worker.py:456] "
+CAUSE = ("ValueError: To serve at least one request with the model's max seq len (131072), (3.36 GiB KV cache is "
+         "needed, which is larger than the available KV cache memory (2.13 GiB). Based on the available memory, "
+         "the estimated maximum model length is 46528. Try increasing `gpu_memory_utilization` or decreasing "
+         "`max_model_len` when initializing the engine.")
+ONLY_JOURNAL = ("--no-collector.levelzero", "--no-collector.processes")
+
+
+def failed_start(unit: str, clock: Clock, pid: int = 11) -> list:
+    return [
+        unit_starting(unit, clock.tick()),
+        unit_output(unit, API + "vLLM API server version 0.24.0", clock.tick(), pid=pid),
+        unit_output(unit, API + "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 131072, "
+                               "'gpu_memory_utilization': 0.75, 'max_num_seqs': 3}", clock.tick(), pid=pid),
+        unit_output(unit, f"(EngineCore pid={pid}) ERROR 12-02 10:00:30 [core.py:708] {CAUSE}", clock.tick(),
+                    pid=pid),
+        unit_output(unit, f"(EngineCore pid={pid}) {CAUSE}", clock.tick(), pid=pid),
+        unit_output(unit, "(APIServer pid=10) RuntimeError: Engine core initialization failed. See root cause "
+                          "above. Failed core proc(s): {}", clock.tick(), pid=pid),
+        unit_process_exited(unit, clock.tick()),
+        unit_failed(unit, clock.tick()),
+    ]
+
+
+def good_start(unit: str, clock: Clock, pid: int = 21) -> list:
+    return [
+        unit_starting(unit, clock.tick()),
+        unit_output(unit, API + "vLLM API server version 0.24.0", clock.tick(), pid=pid),
+        unit_output(unit, API + "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 131072, "
+                               "'gpu_memory_utilization': 0.75, 'max_num_seqs': 3}", clock.tick(), pid=pid),
+        unit_output(unit, CORE + "Available KV cache memory: 3.25 GiB", clock.tick(), pid=pid),
+        unit_output(unit, "(EngineCore pid=21) INFO 12-02 10:00:21 [kv_cache_utils.py:1286] GPU KV cache size: "
+                          "47,328 tokens", clock.tick(), pid=pid),
+        unit_output(unit, "(EngineCore pid=21) INFO 12-02 10:00:21 [kv_cache_utils.py:1290] Maximum concurrency "
+                          "for 131,072 tokens per request: 0.36x", clock.tick(), pid=pid),
+        unit_output(unit, "(EngineCore pid=21) INFO 12-02 10:00:40 [core.py:210] init engine (profile, create kv "
+                          "cache, warmup model) took 42.50 seconds", clock.tick(), pid=pid),
+    ]
+
+
+def unit_samples(samples: dict) -> dict:
+    return {key: value for key, value in samples.items() if key[0].startswith("xpu_unit_")}
+
+
+def journal_exporter(*args: str) -> RunningExporter:
+    return RunningExporter([*ONLY_JOURNAL, "--journal.boot", "all", *args])
+
+
+def caught_up(exporter: RunningExporter) -> dict:
+    return wait_for(lambda: (s := exporter.scrape()) and
+                    sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s)
+
+
+def test_new_entries_are_followed_and_a_restarted_exporter_agrees(tmp_path):
+    clock = Clock(random_boot_id())
+    journal = write_journal(tmp_path / "system.journal", failed_start(CHAT, clock))
+    with journal_exporter("--journal.file", str(journal)) as exporter:
+        first = caught_up(exporter)
+        assert sample(first, "xpu_unit_engine_init_failures_total", unit=CHAT, reason="kv_cache_too_small") == 1
+        assert sample(first, "xpu_unit_engine_starts_total", unit=CHAT) == 0
+
+        append_journal(journal, good_start(CHAT, clock))
+        followed = wait_for(lambda: (s := exporter.scrape()) and
+                            sample(s, "xpu_unit_engine_starts_total", unit=CHAT) == 1 and s)
+        assert followed, exporter.stderr
+    with journal_exporter("--journal.file", str(journal)) as restarted:
+        again = caught_up(restarted)
+    assert unit_samples(again) == unit_samples(followed)
+    assert sample(again, "xpu_unit_engine_init_failures_total", unit=CHAT, reason="kv_cache_too_small") == 1
+    assert sample(again, "xpu_unit_kv_cache_bytes", unit=CHAT) == round(3.25 * 2**30)
+    assert sample(again, "xpu_unit_kv_cache_tokens", unit=CHAT) == 47328
+    assert sample(again, "xpu_unit_engine_init_duration_seconds", unit=CHAT) == 42.5
+
+
+def test_every_reason_of_every_watched_unit_exists_at_zero(tmp_path):
+    clock = Clock(random_boot_id())
+    units = ["vllm-xpu-embedding.service", "vllm-xpu-stt.service"]
+    journal = write_journal(tmp_path / "j.journal", [entry for unit in units for entry in good_start(unit, clock)])
+    with journal_exporter("--journal.file", str(journal)) as exporter:
+        samples = caught_up(exporter)
+    failures = series(samples, "xpu_unit_engine_init_failures_total")
+    assert len(failures) == 2 * 6 and set(failures.values()) == {0}
+    assert {dict(labels)["reason"] for labels in failures} == {
+        "kv_cache_too_small", "no_kv_cache_memory", "insufficient_free_memory", "device_out_of_memory",
+        "memory_query_unsupported", "other"}
+    for unit in units:
+        assert sample(samples, "xpu_unit_engine_starts_total", unit=unit) == 1
+
+
+def test_unwatched_units_printing_the_same_failure_do_not_count(tmp_path):
+    clock = Clock(random_boot_id())
+    journal = write_journal(tmp_path / "j.journal", failed_start("other-llm.service", clock))
+    with journal_exporter("--journal.file", str(journal)) as exporter:
+        samples = caught_up(exporter)
+    assert unit_samples(samples) == {}
+
+
+def test_entries_of_another_boot_are_not_read(tmp_path):
+    this_boot, other_boot = random_boot_id(), random_boot_id()
+    journal = write_journal(tmp_path / "j.journal",
+                            failed_start(CHAT, Clock(other_boot)) +
+                            good_start(CHAT, Clock(this_boot, realtime_usec=1_747_100_000_000_000)))
+    with RunningExporter([*ONLY_JOURNAL, "--journal.file", str(journal), "--journal.boot", this_boot]) as exporter:
+        samples = caught_up(exporter)
+    assert sample(samples, "xpu_unit_engine_starts_total", unit=CHAT) == 1
+    assert sample(samples, "xpu_unit_engine_init_failures_total", unit=CHAT, reason="kv_cache_too_small") == 0
+
+
+def test_hostile_messages_are_survived_and_do_not_disturb_counting(tmp_path):
+    clock = Clock(random_boot_id())
+    hostile = [
+        unit_output(CHAT, b"\xff\xfe not utf-8 \x80 ValueError: No available memory", clock.tick()),
+        unit_output(CHAT, b"binary\x00MESSAGE\x01field\x02", clock.tick()),
+        unit_output(CHAT, None, clock.tick()),
+        unit_output(CHAT, "(EngineCore pid=1) INFO 12-02 10:00:00 [core.py:1] " + "x(" * 30_000, clock.tick()),
+        unit_output(CHAT, "Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 2.0 tokens/s",
+                    clock.tick()),
+    ]
+    journal = write_journal(tmp_path / "j.journal", hostile + failed_start(CHAT, clock))
+    with journal_exporter("--journal.file", str(journal), "--journal.units", "vllm*.service",
+                          "--journal.units", "nothing-matches-*.service") as exporter:
+        samples = caught_up(exporter)
+        assert exporter.process.poll() is None
+    assert sample(samples, "xpu_unit_engine_init_failures_total", unit=CHAT, reason="kv_cache_too_small") == 1
+    assert sum(series(samples, "xpu_unit_engine_init_failures_total").values()) == 1
+
+
+def test_a_missing_journal_directory_is_reported_and_recovered_from(tmp_path):
+    directory = tmp_path / "journal"
+    with journal_exporter("--journal.directory", str(directory)) as exporter:
+        samples = exporter.scrape()
+        assert sample(samples, "xpu_exporter_collector_success", collector="journal") == 0
+        assert exporter.process.poll() is None
+
+        staging = tmp_path / "staging"
+        staging.mkdir()
+        write_journal(staging / "system.journal", failed_start(CHAT, Clock(random_boot_id())))
+        shutil.copytree(staging, directory)
+        recovered = wait_for(lambda: (s := exporter.scrape()) and
+                             sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s,
+                             timeout=20)
+    assert recovered, exporter.stderr
+    assert sample(recovered, "xpu_unit_engine_init_failures_total", unit=CHAT, reason="kv_cache_too_small") == 1
+
+
+def test_a_journal_file_deleted_while_followed_keeps_the_counters(tmp_path):
+    clock = Clock(random_boot_id())
+    journal = write_journal(tmp_path / "j.journal", failed_start(CHAT, clock))
+    with journal_exporter("--journal.file", str(journal)) as exporter:
+        caught_up(exporter)
+        journal.unlink()
+        samples = [exporter.scrape() for _ in range(3)][-1]
+        assert exporter.process.poll() is None
+    assert sample(samples, "xpu_unit_engine_init_failures_total", unit=CHAT, reason="kv_cache_too_small") == 1
+
+
+def test_a_start_that_dies_before_vllm_prints_anything_counts_as_other(tmp_path):
+    clock = Clock(random_boot_id())
+    journal = write_journal(tmp_path / "j.journal", [unit_starting(CHAT, clock.tick()),
+                                                     unit_process_exited(CHAT, clock.tick()),
+                                                     unit_failed(CHAT, clock.tick())])
+    with journal_exporter("--journal.file", str(journal)) as exporter:
+        samples = caught_up(exporter)
+    assert sample(samples, "xpu_unit_engine_init_failures_total", unit=CHAT, reason="other") == 1
+    assert sample(samples, "xpu_unit_engine_last_failure_timestamp_seconds", unit=CHAT) is not None
