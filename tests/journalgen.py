@@ -241,7 +241,7 @@ def unit_process_exited(
 
 
 def unit_failed(unit: str, at: Moment, *, result: str = "exit-code") -> JournalEntrySpec:
-    """"<unit>: Failed with result 'exit-code'." (the unit entered the failed state)."""
+    """``<unit>: Failed with result 'exit-code'.``: the unit entered the failed state."""
     return systemd_record(
         unit, f"{unit}: Failed with result '{result}'.", MESSAGE_ID_UNIT_FAILURE_RESULT, at,
         priority=4, code_func="unit_log_failure", extra=(("UNIT_RESULT", result),),

@@ -480,3 +480,24 @@ def test_machine_id_subdirectories_of_the_directory_are_read(tmp_path: Path, clo
     with reader_for(tmp_path) as reader:
         assert messages(read_all(reader)) == ["in machine dir"]
     shutil.rmtree(machine)
+
+
+def test_new_unit_after_the_read_position_file_was_vacuumed_is_picked_up_without_repeats(tmp_path: Path) -> None:
+    clock = Clock(current_boot_id())
+    old = write_journal(tmp_path / "old.journal", [unit_output("vllm-a.service", f"o{i}", clock.tick()) for i in range(2)])
+    with reader_for(tmp_path) as reader:
+        assert messages(read_all(reader)) == ["o0", "o1"]
+        old.unlink()
+        assert reader.wait(5.0) is True
+        write_journal(tmp_path / "new.journal", [
+            unit_output("vllm-new.service", "n0", clock.tick()),
+            unit_output("vllm-a.service", "a2", clock.tick()),
+        ])
+        assert messages(follow_until(reader, 2)) == ["n0", "a2"]
+        assert read_all(reader) == []
+
+
+def test_selection_defaults_are_the_system_journal_vllm_units_and_current_boot() -> None:
+    selection = JournalSelection()
+    assert (selection.directory, selection.files, selection.unit_globs, selection.boot) == (
+        None, (), ("vllm*.service",), "current")

@@ -63,7 +63,7 @@ MESSAGE_ID_UNIT_START_FAILED = "be02cf6855d2428ba40df7e9d022f03d"
 MESSAGE_ID_UNIT_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
 """'<unit>: Main process exited, code=exited, status=1/FAILURE' (EXIT_CODE=, EXIT_STATUS=)."""
 MESSAGE_ID_UNIT_FAILURE_RESULT = "d9b373ed55a64feb8242e02dbe79a49c"
-""""<unit>: Failed with result 'exit-code'." : the unit entered the failed state (UNIT_RESULT=)."""
+"""``<unit>: Failed with result 'exit-code'.``: the unit entered the failed state (UNIT_RESULT=)."""
 MESSAGE_ID_UNIT_RESTART_SCHEDULED = "5eb03494b6584870a536b337290809b3"
 """'<unit>: Scheduled restart job, restart counter is at N.' (N_RESTARTS=)."""
 MESSAGE_ID_UNIT_STOPPING = "de5b426a63be47a7b6ac3eaac82e2f6f"
@@ -75,7 +75,8 @@ MESSAGE_ID_UNIT_SUCCESS = "7ad2d189f7e94e70a38c781354912448"
 MESSAGE_ID_UNIT_RESOURCES = "ae8f7b866b0347b9af31fe1c80b127c0"
 """'<unit>: Consumed 1min 2.345s CPU time.'"""
 MESSAGE_ID_SPAWN_FAILED = "641257651c1b4ec9a8624d7a40a9e1e7"
-"""'<unit>: Failed at step EXEC spawning ...': written by the forked child, so it is unit output."""
+"""'<unit>: Failed at step EXEC spawning <path>: ...': logged by the forked child in the unit's
+cgroup before exec, so it arrives as unit output (_SYSTEMD_UNIT=<unit>), not as a PID-1 record."""
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _FIELD_SYSTEMD_UNIT = b"_SYSTEMD_UNIT"
@@ -92,7 +93,11 @@ class JournalUnavailable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class JournalEntry:
-    """One journal entry of a watched unit: what the unit printed, or PID 1's record about it."""
+    """One journal entry of a watched unit: what the unit printed, or PID 1's record about it.
+
+    No cursor: formatting one costs as much as reading the entry, and the consumer re-reads
+    the selected boot on start instead of resuming.
+    """
 
     unit: str
     """The watched unit the entry belongs to (``_SYSTEMD_UNIT``, or ``UNIT`` of a PID-1 record)."""
