@@ -501,3 +501,14 @@ def test_selection_defaults_are_the_system_journal_vllm_units_and_current_boot()
     selection = JournalSelection()
     assert (selection.directory, selection.files, selection.unit_globs, selection.boot) == (
         None, (), ("vllm*.service",), "current")
+
+
+def test_file_selection_follows_entries_appended_to_the_file_and_survives_its_deletion(tmp_path: Path) -> None:
+    clock = Clock(current_boot_id())
+    path = write_journal(tmp_path / "system.journal", [unit_output("vllm-a.service", "first", clock.tick())])
+    with JournalReader(JournalSelection(files=[str(path)], unit_globs=WATCHED)) as reader:
+        assert messages(read_all(reader)) == ["first"]
+        append_journal(path, [unit_output("vllm-a.service", "second", clock.tick())])
+        assert messages(follow_until(reader, 1)) == ["second"]
+        path.unlink()
+        assert follow_until(reader, 1, timeout_s=0.5) == []
