@@ -38,7 +38,7 @@ def test_every_contract_flag_parses_in_both_spellings():
     settings = parse_settings([
         "--web.listen-address=[::1]:9999", "--web.telemetry-path", "/m", "--no-collector.journal",
         "--no-collector.processes", "--collector.levelzero", "--levelzero.library=/opt/libze_loader.so.1",
-        "--journal.directory", "/host/var/log/journal", "--journal.file", "a.journal", "--journal.file=b.journal",
+        "--journal.file", "a.journal", "--journal.file=b.journal",
         "--journal.units", "vllm-xpu-*.service", "--journal.units=other.service",
         "--journal.boot", "0123456789ABCDEF0123456789abcdef", "--path.procfs", "/host/proc",
         "--log.level", "debug", "--log.format", "json", "--levelzero.timeout", "1500ms"])
@@ -46,13 +46,17 @@ def test_every_contract_flag_parses_in_both_spellings():
     assert settings.telemetry_path == "/m"
     assert settings.collectors == {"levelzero"}
     assert settings.levelzero_library == "/opt/libze_loader.so.1"
-    assert settings.journal_directory == "/host/var/log/journal"
     assert settings.journal_files == ("a.journal", "b.journal")
     assert settings.journal_units == ("vllm-xpu-*.service", "other.service")
     assert settings.journal_boot == "0123456789abcdef0123456789abcdef"
     assert settings.procfs == "/host/proc"
     assert (settings.log_level, settings.log_format) == ("debug", "json")
     assert settings.levelzero_timeout == 1.5
+
+
+def test_journal_directory_parses():
+    assert parse_settings(["--journal.directory", "/host/var/log/journal"]).journal_directory == \
+        "/host/var/log/journal"
 
 
 def test_boot_id_in_dashed_uuid_form_is_normalised():
@@ -86,6 +90,8 @@ def test_version_flag_prints_the_package_version():
     (["--levelzero.timeout", "0s"], "--levelzero.timeout"),
     (["--collector.gpu"], "--collector.gpu"),
     (["--web.config.file", "/nonexistent/web.yml"], "--web.config.file"),
+    (["--journal.directory", "/var/log/journal", "--journal.file", "a.journal"], "--journal.file"),
+    (["--journal.units", ""], "--journal.units"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_the_problem(args, named):
     result = run_cli(*args)
