@@ -172,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from exporter.collectors.journal import JournalCollector, JournalFollower
     from exporter.collectors.levelzero import LevelZeroCollector
+    from exporter.collectors.processes import ProcessesCollector
     from exporter.sources.journal import JournalSelection
     from exporter.scrape import ExporterCollector
     from exporter.sources.levelzero_worker import LevelZeroWorker
@@ -192,10 +193,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker = LevelZeroWorker(settings.levelzero_library, settings.levelzero_timeout)
     if "levelzero" in settings.collectors:
         collectors.append(LevelZeroCollector(worker))
+    follower = None
     if "journal" in settings.collectors:
-        collectors.append(JournalCollector(JournalFollower(JournalSelection(
+        follower = JournalFollower(JournalSelection(
             directory=settings.journal_directory, files=settings.journal_files,
-            unit_globs=settings.journal_units, boot=settings.journal_boot))))
+            unit_globs=settings.journal_units, boot=settings.journal_boot))
+        collectors.append(JournalCollector(follower))
+    if "processes" in settings.collectors:
+        collectors.append(ProcessesCollector(settings.procfs, follower))
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, worker))

@@ -33,6 +33,7 @@ class JournalFollower:
         self._tracker: EngineTracker | None = None
         self._error: str | None = "still reading the journal"
         self._entries_read = 0
+        self._units_with_processes: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="journal-follower", daemon=True)
 
@@ -50,6 +51,18 @@ class JournalFollower:
             views = list(self._tracker.views()) if self._tracker is not None else []
             return views, self._error, self._entries_read
 
+    def watch(self, units: set[str]) -> None:
+        """Units that currently have GPU processes: those matching the globs are watched even when the
+        journal has nothing of them (yet)."""
+        new = {unit for unit in units if self.selection.matches_unit(unit)} - self._units_with_processes
+        if not new:
+            return
+        with self._lock:
+            self._units_with_processes |= new
+            for unit in new:
+                if self._tracker is not None:
+                    self._tracker.watch(unit)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -66,6 +79,9 @@ class JournalFollower:
 
     def _catch_up(self, reader: JournalReader) -> None:
         tracker = EngineTracker()
+        with self._lock:
+            for unit in self._units_with_processes:
+                tracker.watch(unit)
         while not self._stop.is_set():
             batch = reader.read_available(BATCH)
             self._count(len(batch))

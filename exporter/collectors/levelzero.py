@@ -96,21 +96,18 @@ class LevelZeroCollector(Collector):
             nodes = self._drm_nodes.get(pci)
             info.add_metric([pci, device.identity.name, device.identity.uuid, device.identity.driver_version,
                              nodes.card, nodes.render_node], 1)
-            local = [module for module in device.modules if module.device_local]
-            if not local:
+            if not device.local_modules:
                 continue
-            size = sum(module.size for module in local)
-            available = sum(module.free for module in local)
-            total.add_metric([pci], size)
-            free.add_metric([pci], available)
-            used.add_metric([pci], size - available)
+            total.add_metric([pci], device.total)
+            free.add_metric([pci], device.free)
+            used.add_metric([pci], device.total - device.free)
             trusted.add_metric([pci], 0 if self._untrusted(device) else 1)
         yield from (info, total, free, used, trusted)
         if failures:
             raise CollectionError("; ".join(failures))
 
     def _untrusted(self, device: DeviceMemory) -> bool:
-        untrusted = all(module.free == module.size for module in device.modules if module.device_local)
+        untrusted = all(module.free == module.size for module in device.local_modules)
         pci = device.identity.pci_address
         if untrusted and pci not in self._untrusted_logged:
             self._untrusted_logged.add(pci)

@@ -76,6 +76,18 @@ class DeviceMemory:
     modules: tuple[MemoryReading, ...]
     error: str | None
 
+    @property
+    def local_modules(self) -> tuple[MemoryReading, ...]:
+        return tuple(module for module in self.modules if module.device_local)
+
+    @property
+    def total(self) -> int:
+        return sum(module.size for module in self.local_modules)
+
+    @property
+    def free(self) -> int:
+        return sum(module.free for module in self.local_modules)
+
 
 @dataclass(frozen=True)
 class DeviceProcesses:

@@ -1,0 +1,178 @@
+"""Device memory per systemd unit, the unattributed rest, and whether a unit could restart now.
+
+Per device, the first source that works: DRM fdinfo under --path.procfs (each DRM client counted once),
+else Level Zero's process list (zesDeviceProcessesGetState; upstream i915 does not support it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from exporter.collectors import CollectionError, Collector
+from exporter.collectors.journal import JournalFollower
+from exporter.scrape import Scrape
+from exporter.sources import procfs
+from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
+
+log = logging.getLogger("exporter.processes")
+
+FDINFO = "fdinfo"
+LEVELZERO = "levelzero"
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Who holds a device's memory, as one source sees it."""
+
+    source: str
+    by_unit: dict[str, int]
+    total: int  # all clients of the device, with or without a unit
+
+
+class ProcessesCollector(Collector):
+    name = "processes"
+    description = "per-unit device memory from processes"
+
+    def __init__(self, procfs_root: str = "/proc", journal: JournalFollower | None = None) -> None:
+        self._procfs = procfs_root
+        self._journal = journal
+        self._lock = threading.Lock()
+        self._last_device_of_unit: dict[str, str] = {}
+        self._warned_unreadable = False
+
+    def collect(self, scrape: Scrape) -> Iterator[Metric]:
+        problems: list[str] = []
+        scan = self._scan(problems)
+        devices = self._device_memory(scrape, problems)
+        pci_addresses = sorted({d.identity.pci_address for d in devices or ()} |
+                               {device for device in (scan.memory_by_device if scan else ()) if ":" in device
+                                and not device.startswith("226:")})
+        attributions: dict[str, Attribution] = {}
+        for pci in pci_addresses:
+            attribution = self._from_fdinfo(scan, pci) or self._from_levelzero(scrape, pci, problems)
+            if attribution is None:
+                problems.append(f"{pci}: no per-process source works (fdinfo has no memory figures for it and "
+                                f"Level Zero's process list failed)")
+            else:
+                attributions[pci] = attribution
+
+        source = GaugeMetricFamily("xpu_memory_attribution_info",
+                                   "Which source attributes the device's memory to processes: fdinfo or levelzero.",
+                                   labels=["device", "source"])
+        unit_memory = GaugeMetricFamily("xpu_unit_memory_bytes", "Device memory held by all processes of the unit.",
+                                        labels=["device", "unit"])
+        if self._journal is not None:
+            self._journal.watch({unit for attribution in attributions.values() for unit in attribution.by_unit})
+        for pci, attribution in attributions.items():
+            source.add_metric([pci, attribution.source], 1)
+            for unit, held in sorted(attribution.by_unit.items()):
+                unit_memory.add_metric([pci, unit], held)
+        yield source
+        yield unit_memory
+        if devices is not None:
+            yield from self._against_device_memory(devices, attributions)
+        if problems:
+            raise CollectionError("; ".join(problems))
+
+    def _scan(self, problems: list[str]) -> procfs.ScanResult | None:
+        try:
+            scan = procfs.scan_drm_clients(self._procfs)
+        except procfs.ProcfsUnavailable as error:
+            problems.append(str(error))
+            return None
+        if scan.unreadable and not self._warned_unreadable:
+            self._warned_unreadable = True
+            log.warning("%d processes' fdinfo could not be read: give the exporter CAP_SYS_PTRACE and "
+                        "CAP_DAC_READ_SEARCH (or run it as root) to see every GPU process", scan.unreadable)
+        return scan
+
+    @staticmethod
+    def _device_memory(scrape: Scrape, problems: list[str]) -> list[DeviceMemory] | None:
+        try:
+            return scrape.device_memory()
+        except LevelZeroUnavailable as error:
+            problems.append(f"device memory unknown: {error}")
+            return None
+
+    @staticmethod
+    def _from_fdinfo(scan: procfs.ScanResult | None, pci: str) -> Attribution | None:
+        if scan is None:
+            return None
+        if pci in scan.memory_by_device:
+            if not scan.memory_keys_seen:
+                return None  # clients, but a kernel that prints no memory keys (6.1 i915)
+            return Attribution(FDINFO, dict(scan.memory_by_device_unit.get(pci, {})), scan.memory_by_device[pci])
+        if scan.unreadable:
+            return None  # no client seen, but some processes could not be looked at
+        return Attribution(FDINFO, {}, 0)
+
+    def _from_levelzero(self, scrape: Scrape, pci: str, problems: list[str]) -> Attribution | None:
+        try:
+            readings = scrape.device_processes()
+        except LevelZeroUnavailable:
+            return None
+        reading = next((r for r in readings if r.identity.pci_address == pci), None)
+        if reading is None or reading.error:
+            return None
+        return self._attribute(reading)
+
+    def _attribute(self, reading: DeviceProcesses) -> Attribution:
+        by_unit: dict[str, int] = {}
+        for process in reading.processes:
+            unit = procfs.unit_of_pid(self._procfs, process.pid)
+            if unit is not None:
+                by_unit[unit] = by_unit.get(unit, 0) + process.mem_size
+        return Attribution(LEVELZERO, by_unit, sum(p.mem_size for p in reading.processes))
+
+    def _against_device_memory(self, devices: list[DeviceMemory],
+                               attributions: dict[str, Attribution]) -> Iterator[Metric]:
+        unattributed = GaugeMetricFamily("xpu_unattributed_memory_bytes",
+                                         "Used device memory that no process accounts for (never negative).",
+                                         labels=["device"])
+        overcounted = GaugeMetricFamily("xpu_memory_attribution_overcounted",
+                                        "1 when the processes' memory adds up to more than the device's used "
+                                        "memory (the unattributed rest is then clamped at 0).", labels=["device"])
+        headroom = GaugeMetricFamily("xpu_unit_restart_headroom_bytes",
+                                     "free + the unit's own memory - ceil(gpu_memory_utilization x total): the "
+                                     "free memory vLLM (0.16+) demands at start; negative: a restart now would fail.",
+                                     labels=["device", "unit"])
+        memory = {d.identity.pci_address: d for d in devices if not d.error and d.local_modules}
+        for pci, attribution in attributions.items():
+            if pci not in memory:
+                continue
+            used = memory[pci].total - memory[pci].free
+            unattributed.add_metric([pci], max(0, used - attribution.total))
+            overcounted.add_metric([pci], 1 if attribution.total > used else 0)
+        for unit, utilisation in self._watched_settings():
+            pci = self._device_of(unit, attributions, memory)
+            if pci is None:
+                continue
+            own = attributions[pci].by_unit.get(unit, 0) if pci in attributions else 0
+            headroom.add_metric([pci, unit], memory[pci].free + own - math.ceil(utilisation * memory[pci].total))
+        yield from (unattributed, overcounted, headroom)
+
+    def _watched_settings(self) -> list[tuple[str, float]]:
+        if self._journal is None:
+            return []
+        views, _, _ = self._journal.state()
+        return [(view.unit, view.gpu_memory_utilization) for view in views
+                if view.gpu_memory_utilization is not None]
+
+    def _device_of(self, unit: str, attributions: dict[str, Attribution],
+                   memory: dict[str, DeviceMemory]) -> str | None:
+        """The GPU the unit holds (or last held) memory on; on a one-GPU host, that GPU."""
+        with self._lock:
+            for pci, attribution in attributions.items():
+                if attribution.by_unit.get(unit):
+                    self._last_device_of_unit[unit] = pci
+            pci = self._last_device_of_unit.get(unit)
+        if pci in memory:
+            return pci
+        return next(iter(memory)) if len(memory) == 1 else None
+

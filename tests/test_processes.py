@@ -1,0 +1,150 @@
+"""Per-unit device memory, the unattributed rest and restart headroom: the exporter as a process over the
+fake Level Zero driver, a fixture procfs (--path.procfs) and a real journal that gives the units' settings."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from exporterproc import RunningExporter, sample, series, wait_for
+from fakeprocfs import FakeProcfs, i915_61_fdinfo, xe_fdinfo
+from fakeze import A770, GiB, MiB, FakeConfig, FakeMemoryModule, FakeProcess, fake_driver_env, write_config
+from journalgen import Clock, random_boot_id, unit_output, unit_starting, write_journal
+
+DEVICE = "0000:03:00.0"
+TOTAL = 16 * GiB
+CHAT, EMBEDDING, STT = "vllm-xpu-chat.service", "vllm-xpu-embedding.service", "vllm-xpu-stt.service"
+UTILISATION = {CHAT: 0.75, EMBEDDING: 0.07, STT: 0.07}
+
+
+def settings_journal(path: Path) -> Path:
+    """Each unit's start as vLLM 0.24 prints it: version and non-default args."""
+    clock = Clock(random_boot_id())
+    entries = []
+    for unit, utilisation in UTILISATION.items():
+        entries += [unit_starting(unit, clock.tick()),
+                    unit_output(unit, "(APIServer pid=9) INFO 12-02 10:00:00 [api_server.py:1873] vLLM API server "
+                                      "version 0.24.0", clock.tick()),
+                    unit_output(unit, "(APIServer pid=9) INFO 12-02 10:00:00 [utils.py:326] non-default args: "
+                                      f"{{'model': 'm', 'gpu_memory_utilization': {utilisation}}}", clock.tick())]
+    return write_journal(path, entries)
+
+
+def three_unit_host(procfs: FakeProcfs, chat_running: bool, others_hold: int) -> dict[str, int]:
+    """Processes of the three units (and one outside any service) holding device memory through xe DRM
+    clients; returns the memory each unit should be attributed."""
+    expected = {EMBEDDING: others_hold, STT: others_hold, "session-3.scope": 256 * MiB}
+    if chat_running:
+        api = procfs.add_unit_process(100, f"/system.slice/{CHAT}")
+        engine = procfs.add_unit_process(101, f"/system.slice/{CHAT}")
+        # one client, seen through three fds in two processes: counted once
+        for process in (api, engine, engine):
+            process.add_drm_fd(xe_fdinfo(client_id=7, vram0=11 * GiB))
+        engine.add_drm_fd(xe_fdinfo(client_id=8, vram0=GiB))
+        engine.add_other_fds(5)
+        expected[CHAT] = 12 * GiB
+    for pid, unit in ((200, EMBEDDING), (300, STT)):
+        process = procfs.add_unit_process(pid, f"/system.slice/{unit}")
+        process.add_drm_fd(xe_fdinfo(client_id=pid, vram0=others_hold, unit="MiB"))
+    desktop = procfs.add_process(400, "0::/user.slice/user-1000.slice/session-3.scope\n")
+    desktop.add_drm_fd(xe_fdinfo(client_id=400, vram0=256 * MiB))
+    return expected
+
+
+def start_exporter(tmp_path: Path, fake_driver: Path, config_path: Path, procfs: FakeProcfs, used: int,
+                   device=A770, *args: str) -> RunningExporter:
+    device = dataclasses.replace(device, memory=(FakeMemoryModule(size=TOTAL, free=TOTAL - used),))
+    write_config(config_path, FakeConfig(devices=(device,)))
+    journal = settings_journal(tmp_path / "units.journal")
+    return RunningExporter(["--path.procfs", str(procfs.root), "--journal.file", str(journal),
+                            "--journal.boot", "all", *args], env=fake_driver_env(fake_driver, config_path))
+
+
+def settled(exporter: RunningExporter) -> dict:
+    """A scrape once the journal is read (headroom needs the units' settings)."""
+    return wait_for(lambda: (s := exporter.scrape()) and
+                    sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and
+                    series(s, "xpu_unit_restart_headroom_bytes") and s)
+
+
+@pytest.mark.parametrize("chat_running, others_hold, unattributed", [
+    (True, 1 * GiB, 512 * MiB),   # all three up
+    (False, 2 * GiB, 512 * MiB),  # chat failed; the other two hold more than their share
+])
+def test_three_unit_host_memory_unattributed_and_headroom(tmp_path, fake_driver, config_path, chat_running,
+                                                          others_hold, unattributed):
+    procfs = FakeProcfs(tmp_path)
+    expected = three_unit_host(procfs, chat_running, others_hold)
+    used = sum(expected.values()) + unattributed
+    free = TOTAL - used
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, used) as exporter:
+        samples = settled(exporter)
+    units = {dict(labels)["unit"]: value for labels, value in series(samples, "xpu_unit_memory_bytes").items()}
+    assert units == expected
+    assert sample(samples, "xpu_unattributed_memory_bytes", device=DEVICE) == used - sum(expected.values())
+    assert sample(samples, "xpu_memory_attribution_info", device=DEVICE, source="fdinfo") == 1
+    assert sample(samples, "xpu_memory_attribution_overcounted", device=DEVICE) == 0
+    for unit, utilisation in UTILISATION.items():
+        headroom = sample(samples, "xpu_unit_restart_headroom_bytes", device=DEVICE, unit=unit)
+        assert headroom == free + expected.get(unit, 0) - math.ceil(utilisation * TOTAL)
+    chat_headroom = sample(samples, "xpu_unit_restart_headroom_bytes", device=DEVICE, unit=CHAT)
+    assert (chat_headroom < 0) == (free + expected.get(CHAT, 0) < 0.75 * TOTAL)
+    assert (chat_headroom < 0) == (not chat_running)
+    assert sample(samples, "xpu_exporter_collector_success", collector="processes") == 1
+
+
+def test_level_zero_process_list_is_used_where_fdinfo_has_no_memory_figures(tmp_path, fake_driver, config_path):
+    procfs = FakeProcfs(tmp_path)
+    for pid, unit in ((100, CHAT), (101, CHAT), (200, EMBEDDING)):
+        procfs.add_unit_process(pid, f"/system.slice/{unit}").add_drm_fd(i915_61_fdinfo(client_id=pid))
+    device = dataclasses.replace(A770, processes=(FakeProcess(100, 8 * GiB), FakeProcess(101, 4 * GiB),
+                                                  FakeProcess(200, 1 * GiB)))
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, 14 * GiB, device) as exporter:
+        samples = settled(exporter)
+    assert sample(samples, "xpu_memory_attribution_info", device=DEVICE, source="levelzero") == 1
+    assert sample(samples, "xpu_unit_memory_bytes", device=DEVICE, unit=CHAT) == 12 * GiB
+    assert sample(samples, "xpu_unit_memory_bytes", device=DEVICE, unit=EMBEDDING) == 1 * GiB
+    assert sample(samples, "xpu_unattributed_memory_bytes", device=DEVICE) == 1 * GiB
+
+
+def test_processes_adding_up_to_more_than_used_are_clamped_and_flagged(tmp_path, fake_driver, config_path):
+    procfs = FakeProcfs(tmp_path)
+    procfs.add_unit_process(100, f"/system.slice/{CHAT}").add_drm_fd(xe_fdinfo(client_id=1, vram0=8 * GiB))
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, 4 * GiB) as exporter:
+        samples = settled(exporter)
+    assert sample(samples, "xpu_unattributed_memory_bytes", device=DEVICE) == 0
+    assert sample(samples, "xpu_memory_attribution_overcounted", device=DEVICE) == 1
+
+
+def test_hundreds_of_gpu_processes_make_one_series_per_unit(tmp_path, fake_driver, config_path):
+    procfs = FakeProcfs(tmp_path)
+    units = [CHAT, EMBEDDING, STT]
+    for index in range(500):
+        process = procfs.add_unit_process(1000 + index, f"/system.slice/{units[index % 3]}")
+        process.add_drm_fd(xe_fdinfo(client_id=1000 + index, vram0=MiB))
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, 2 * GiB) as exporter:
+        samples = settled(exporter)
+    memory = series(samples, "xpu_unit_memory_bytes")
+    assert len(memory) == 3
+    assert sum(memory.values()) == 500 * MiB
+
+
+def test_unreadable_fdinfo_and_unsupported_process_list_fail_only_this_collector(tmp_path, fake_driver,
+                                                                                  config_path):
+    procfs = FakeProcfs(tmp_path)
+    procfs.add_unit_process(100, f"/system.slice/{CHAT}").add_drm_fd_with_unreadable_fdinfo()
+    procfs.add_unreadable_process(101)
+    device = dataclasses.replace(A770, processes_result="ZE_RESULT_ERROR_UNSUPPORTED_FEATURE")
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, 3 * GiB, device) as exporter:
+        samples = wait_for(lambda: (s := exporter.scrape()) and
+                           sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s)
+        stderr = exporter.stderr
+    assert sample(samples, "xpu_exporter_collector_success", collector="processes") == 0
+    assert sample(samples, "xpu_exporter_collector_success", collector="levelzero") == 1
+    assert sample(samples, "xpu_memory_used_bytes", device=DEVICE) == 3 * GiB
+    assert series(samples, "xpu_unit_memory_bytes") == {}
+    assert "no per-process source works" in stderr
+    assert "CAP_SYS_PTRACE" in stderr
