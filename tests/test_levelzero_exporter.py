@@ -15,7 +15,6 @@ from exporterproc import RunningExporter, sample, series, wait_for
 from fakeze import A770, B580, GiB, FakeConfig, FakeDevice, FakeMemoryModule, fake_driver_env, write_config
 
 GOLDEN = Path(__file__).parent / "golden"
-REPO = Path(__file__).resolve().parents[1]
 _DURATION_SAMPLE = re.compile(r"^(xpu_exporter_collector_duration_seconds\{[^}]*\}) \S+$", re.M)
 DEVICE_FAMILIES = ("xpu_device_info", "xpu_memory_total_bytes", "xpu_memory_free_bytes", "xpu_memory_used_bytes",
                    "xpu_memory_accounting_trusted")
@@ -229,9 +228,3 @@ def test_golden_files_pass_promtool_check_metrics(golden):
                             capture_output=True)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
-
-def test_readme_documents_exactly_the_metrics_the_exporter_serves(fake_driver, config_path):
-    documented = set(re.findall(r"^\| `(xpu_[a-z_]+)` \|", (REPO / "README.md").read_text(), re.M))
-    with start(fake_driver, config_path, FakeConfig(devices=(A770,))) as exporter:
-        served = {name for name, _ in exporter.scrape()}
-    assert documented == served
