@@ -44,6 +44,7 @@ class Settings:
     journal_files: tuple[str, ...] = ()
     journal_units: tuple[str, ...] = DEFAULT_UNITS
     journal_boot: str = "current"
+    journal_max_units: int = 64
     procfs: str = "/proc"
     log_level: str = "info"
     log_format: str = "logfmt"
@@ -74,6 +75,16 @@ def parse_boot(value: str) -> str:
     if value in ("current", "all") or _BOOT_ID.match(normalised):
         return value if value in ("current", "all") else normalised
     raise argparse.ArgumentTypeError(f"invalid boot {value!r}: want current, all or a 32-hex-digit boot id")
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"want a positive whole number, got {value!r}")
+    return number
 
 
 def telemetry_path(value: str) -> str:
@@ -129,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     journal.add_argument("--journal.units", dest="journal_units", action="append", default=None, metavar="GLOB",
                          help=f"shell glob of the systemd units whose engine logs are read (repeatable; "
                               f"default {' '.join(DEFAULT_UNITS)})")
+    journal.add_argument("--journal.max-units", dest="journal_max_units", type=positive_int, default=64,
+                         metavar="N", help="watch at most this many units; further ones are counted in "
+                                           "xpu_exporter_journal_units_dropped_total")
     journal.add_argument("--journal.boot", dest="journal_boot", type=parse_boot, default="current", metavar="BOOT",
                          help="current (this kernel's boot), all, or a boot id")
 
@@ -160,6 +174,7 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
         journal_files=tuple(args.journal_files),
         journal_units=tuple(args.journal_units or DEFAULT_UNITS),
         journal_boot=args.journal_boot,
+        journal_max_units=args.journal_max_units,
         procfs=args.procfs,
         log_level=args.log_level,
         log_format=args.log_format,
@@ -197,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "journal" in settings.collectors:
         follower = JournalFollower(JournalSelection(
             directory=settings.journal_directory, files=settings.journal_files,
-            unit_globs=settings.journal_units, boot=settings.journal_boot))
+            unit_globs=settings.journal_units, boot=settings.journal_boot), settings.journal_max_units)
         collectors.append(JournalCollector(follower))
     if "processes" in settings.collectors:
         collectors.append(ProcessesCollector(settings.procfs, follower))

@@ -33,6 +33,7 @@ from exporter.sources.journal import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID
                                       MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPING)
 
 REASONS = tuple(reason.value for reason in FailureReason)
+DEFAULT_MAX_UNITS = 64
 # vLLM V0 prints "# xpu blocks" and no token count; its CacheConfig default block size is 16.
 V0_DEFAULT_BLOCK_SIZE = 16
 
@@ -146,10 +147,15 @@ class _Unit:
 
 class EngineTracker:
     """Folds journal entries of watched units into per-unit engine state. Not thread-safe: one writer
-    (the journal follower) and readers that take views under the caller's lock."""
+    (the journal follower) and readers that take views under the caller's lock.
 
-    def __init__(self) -> None:
+    At most `max_units` units are watched (the first ones met); entries of further units are dropped
+    and the units counted in `dropped_units`, so a glob that matches too much cannot blow up the series."""
+
+    def __init__(self, max_units: int = DEFAULT_MAX_UNITS) -> None:
         self._units: dict[str, _Unit] = {}
+        self.max_units = max_units
+        self.dropped_units: set[str] = set()
 
     def watch(self, unit: str) -> None:
         """Make `unit` known (its counters exist at 0) before anything happened to it."""
@@ -157,6 +163,8 @@ class EngineTracker:
 
     def add(self, entry: Entry) -> None:
         unit = self._unit(entry.unit)
+        if unit is None:
+            return
         if entry.from_systemd:
             self._systemd_record(unit, entry)
             return
@@ -191,9 +199,12 @@ class EngineTracker:
         for name in sorted(self._units):
             yield self._units[name].view()
 
-    def _unit(self, name: str) -> _Unit:
+    def _unit(self, name: str) -> _Unit | None:
         unit = self._units.get(name)
         if unit is None:
+            if len(self._units) >= self.max_units:
+                self.dropped_units.add(name)
+                return None
             unit = self._units[name] = _Unit(name)
         return unit
 

@@ -92,6 +92,7 @@ def test_version_flag_prints_the_package_version():
     (["--web.config.file", "/nonexistent/web.yml"], "--web.config.file"),
     (["--journal.directory", "/var/log/journal", "--journal.file", "a.journal"], "--journal.file"),
     (["--journal.units", ""], "--journal.units"),
+    (["--journal.max-units", "0"], "--journal.max-units"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_the_problem(args, named):
     result = run_cli(*args)

@@ -177,3 +177,14 @@ def test_a_start_that_dies_before_vllm_prints_anything_counts_as_other(tmp_path)
         samples = caught_up(exporter)
     assert sample(samples, "xpu_unit_engine_init_failures_total", unit=CHAT, reason="other") == 1
     assert sample(samples, "xpu_unit_engine_last_failure_timestamp_seconds", unit=CHAT) is not None
+
+
+def test_units_beyond_the_cap_are_dropped_and_counted(tmp_path):
+    clock = Clock(random_boot_id())
+    units = ["vllm-a.service", "vllm-b.service", "vllm-c.service"]
+    journal = write_journal(tmp_path / "j.journal", [entry for unit in units for entry in good_start(unit, clock)])
+    with journal_exporter("--journal.file", str(journal), "--journal.max-units", "2") as exporter:
+        samples = caught_up(exporter)
+    watched = {dict(labels)["unit"] for labels in series(samples, "xpu_unit_engine_starts_total")}
+    assert watched == {"vllm-a.service", "vllm-b.service"}
+    assert sample(samples, "xpu_exporter_journal_units_dropped_total") == 1

@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors import CollectionError, Collector
-from exporter.engines import REASONS, EngineTracker, UnitView
+from exporter.engines import DEFAULT_MAX_UNITS, REASONS, EngineTracker, UnitView
 from exporter.scrape import Scrape
 from exporter.sources.journal import JournalReader, JournalSelection, JournalUnavailable
 
@@ -26,9 +27,18 @@ RETRY_SECONDS = 2.0
 WAIT_SECONDS = 0.5  # how often the follower looks at its stop flag while the journal is quiet
 
 
+@dataclass(frozen=True)
+class JournalState:
+    views: list[UnitView]
+    error: str | None  # why the journal cannot be read now (or is still being read the first time)
+    entries_read: int
+    dropped_units: int  # units not watched because of the cap
+
+
 class JournalFollower:
-    def __init__(self, selection: JournalSelection) -> None:
+    def __init__(self, selection: JournalSelection, max_units: int = DEFAULT_MAX_UNITS) -> None:
         self.selection = selection
+        self.max_units = max_units
         self._lock = threading.Lock()
         self._tracker: EngineTracker | None = None
         self._error: str | None = "still reading the journal"
@@ -45,11 +55,12 @@ class JournalFollower:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def state(self) -> tuple[list[UnitView], str | None, int]:
-        """(unit views, the reason the journal cannot be read now or None, entries read so far)."""
+    def state(self) -> JournalState:
         with self._lock:
-            views = list(self._tracker.views()) if self._tracker is not None else []
-            return views, self._error, self._entries_read
+            tracker = self._tracker
+            return JournalState(views=list(tracker.views()) if tracker is not None else [], error=self._error,
+                                entries_read=self._entries_read,
+                                dropped_units=len(tracker.dropped_units) if tracker is not None else 0)
 
     def watch(self, units: set[str]) -> None:
         """Units that currently have GPU processes: those matching the globs are watched even when the
@@ -78,7 +89,7 @@ class JournalFollower:
                 self._stop.wait(RETRY_SECONDS)
 
     def _catch_up(self, reader: JournalReader) -> None:
-        tracker = EngineTracker()
+        tracker = EngineTracker(self.max_units)
         with self._lock:
             for unit in self._units_with_processes:
                 tracker.watch(unit)
@@ -127,12 +138,15 @@ class JournalCollector(Collector):
         self._follower.stop()
 
     def collect(self, scrape: Scrape) -> Iterator[Metric]:
-        views, error, entries_read = self._follower.state()
+        state = self._follower.state()
         yield CounterMetricFamily("xpu_exporter_journal_entries_read_total",
-                                  "Journal entries of watched units the exporter has read.", value=entries_read)
-        yield from unit_metrics(views)
-        if error:
-            raise CollectionError(error)
+                                  "Journal entries of watched units the exporter has read.", value=state.entries_read)
+        yield CounterMetricFamily("xpu_exporter_journal_units_dropped_total",
+                                  "Units matching --journal.units that are not watched because of "
+                                  "--journal.max-units.", value=state.dropped_units)
+        yield from unit_metrics(state.views)
+        if state.error:
+            raise CollectionError(state.error)
 
 
 def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:

@@ -160,8 +160,7 @@ class ProcessesCollector(Collector):
     def _watched_settings(self) -> list[tuple[str, float]]:
         if self._journal is None:
             return []
-        views, _, _ = self._journal.state()
-        return [(view.unit, view.gpu_memory_utilization) for view in views
+        return [(view.unit, view.gpu_memory_utilization) for view in self._journal.state().views
                 if view.gpu_memory_utilization is not None]
 
     def _device_of(self, unit: str, attributions: dict[str, Attribution],
