@@ -1,8 +1,8 @@
 """Level Zero in a child process that the exporter can kill and restart.
 
-Why a child: Debian's loader segfaults on any call after a failed zeInit, a driver call can hang in
-the kernel, and the loader caches its init for the life of a process, so a re-plugged GPU needs a
-fresh process. The child speaks JSON lines on stdin/stdout:
+Why a child: Debian's loader segfaults on any call after a failed zeInit (a failed init is final for
+the process), a driver call can hang in the kernel, and the loader loads its drivers once per process,
+so a re-plugged or re-bound GPU needs a fresh process. The child speaks JSON lines on stdin/stdout:
 
     child -> {"ready": true, "devices": [identity, ...]}         once, after init
              {"ready": false, "error": "..."}                   then exits
@@ -117,8 +117,8 @@ def _child_main(library: str) -> int:
         return 0
     send({"ready": True, "devices": [asdict(identity) for identity in identities]})
 
-    def read(device, what: str) -> dict:
-        reading: dict = {"pci_address": None, what: None, "error": None, "error_name": None}
+    def read(device, identity, what: str) -> dict:
+        reading: dict = {"pci_address": identity.pci_address, what: None, "error": None, "error_name": None}
         try:
             if what == "memory":
                 reading[what] = [[m.device_local, m.size, m.free] for m in device.memory()]
@@ -133,12 +133,7 @@ def _child_main(library: str) -> int:
         what = request.strip()
         if what not in ("memory", "processes"):
             continue
-        readings = []
-        for device, identity in zip(devices, identities):
-            reading = read(device, what)
-            reading["pci_address"] = identity.pci_address
-            readings.append(reading)
-        send({"devices": readings})
+        send({"devices": [read(device, identity, what) for device, identity in zip(devices, identities)]})
     return 0
 
 
@@ -164,10 +159,6 @@ class LevelZeroWorker:
         with self._lock:
             if self._child is None and time.monotonic() >= self._retry_at:
                 self._spawn()
-
-    def identities(self) -> list[Identity]:
-        with self._locked():
-            return list(self._ready().values())
 
     def read_memory(self) -> list[DeviceMemory]:
         identities, readings = self._request("memory")
