@@ -49,7 +49,7 @@ class ProcessesCollector(Collector):
     def collect(self, scrape: Scrape) -> Iterator[Metric]:
         problems: list[str] = []
         scan = self._scan(problems)
-        devices = self._device_memory(scrape, problems)
+        devices = _device_memory(scrape)
         pci_addresses = sorted({d.identity.pci_address for d in devices or ()} |
                                {device for device in (scan.memory_by_device if scan else ()) if ":" in device
                                 and not device.startswith("226:")})
@@ -91,14 +91,6 @@ class ProcessesCollector(Collector):
             log.warning("%d processes' fdinfo could not be read: give the exporter CAP_SYS_PTRACE and "
                         "CAP_DAC_READ_SEARCH (or run it as root) to see every GPU process", scan.unreadable)
         return scan
-
-    @staticmethod
-    def _device_memory(scrape: Scrape, problems: list[str]) -> list[DeviceMemory] | None:
-        try:
-            return scrape.device_memory()
-        except LevelZeroUnavailable as error:
-            problems.append(f"device memory unknown: {error}")
-            return None
 
     @staticmethod
     def _from_fdinfo(scan: procfs.ScanResult | None, pci: str) -> Attribution | None:
@@ -175,3 +167,12 @@ class ProcessesCollector(Collector):
             return pci
         return next(iter(memory)) if len(memory) == 1 else None
 
+
+
+def _device_memory(scrape: Scrape) -> list[DeviceMemory] | None:
+    """The devices' memory, or None when Level Zero cannot say: the levelzero collector reports that
+    failure; without it there is just no unattributed rest and no headroom."""
+    try:
+        return scrape.device_memory()
+    except LevelZeroUnavailable:
+        return None
