@@ -1,21 +1,61 @@
 # syntax=docker/dockerfile:1
-# xpu-exporter: build a wheel, then install it on a slim runtime with the Level Zero loader and
-# Intel's GPU user-space driver. See README.md ("Container") for the `docker run` line.
+# xpu-exporter container image. docs/deployment.md ("Container") has the `docker run` line and why
+# each of its options is there.
+#
+# Base: Debian 13 (trixie) with Python 3.12. Trixie ships the Level Zero loader (libze1 1.20) but no
+# Intel GPU driver at all: intel-compute-runtime, which provides libze_intel_gpu.so.1, is in Debian 12
+# (22.43, end of 2022: no xe kernel driver, so no Battlemage) and again in Debian 14 "forky"
+# (testing, 26.x), not in 13. The GPU user space (loader, driver, its gmmlib) therefore comes from
+# forky, pinned at priority 100 so that nothing else does; everything else is trixie's.
+# The version globs take the newest matching release; override them with --build-arg.
 
-FROM python:3.11-slim-bookworm AS build
+ARG PYTHON_IMAGE=python:3.12-slim-trixie
+
+FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN python -m venv /opt/xpu-exporter \
+    && /opt/xpu-exporter/bin/pip install --no-cache-dir . \
+    && /opt/xpu-exporter/bin/pip uninstall --yes pip
 
-FROM python:3.11-slim-bookworm
-# libze1: the Level Zero loader; intel-opencl-icd ships Intel's Level Zero GPU driver (libze_intel_gpu.so.1).
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends libze1=1.8.12-1 intel-opencl-icd=22.43.24595.41-1 \
+FROM ${PYTHON_IMAGE}
+# compute-runtime 25 and later: xe kernel driver on by default (since 24.13), Arc (Alchemist, i915 or
+# xe), Battlemage (xe), Lunar Lake, Data Center GPU Flex/Max.
+ARG COMPUTE_RUNTIME_VERSION=2[5-9].*
+ARG LEVEL_ZERO_VERSION=1.*
+ARG GMMLIB_VERSION=22.*
+ARG LIBCAP_VERSION=1:2.*
+LABEL org.opencontainers.image.title="xpu-exporter" \
+      org.opencontainers.image.description="Prometheus exporter for Intel GPUs shared by vLLM systemd units" \
+      org.opencontainers.image.licenses="Apache-2.0"
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# forky's source is trixie's main source with the suite replaced.
+RUN sed -n '1,/^$/p' /etc/apt/sources.list.d/debian.sources \
+        | sed 's/^Suites:.*/Suites: forky/' > /etc/apt/sources.list.d/forky.sources \
+    && printf 'Package: *\nPin: release n=forky\nPin-Priority: 100\n' > /etc/apt/preferences.d/forky \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends \
+        "libze-intel-gpu1=${COMPUTE_RUNTIME_VERSION}" \
+        "libze1=${LEVEL_ZERO_VERSION}" \
+        "libigdgmm12=${GMMLIB_VERSION}" \
+        "libcap2-bin=${LIBCAP_VERSION}" \
     && rm -rf /var/lib/apt/lists/*
-COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels \
-    && useradd --system --uid 10447 --no-create-home --shell /usr/sbin/nologin xpu-exporter
-USER 10447
+
+COPY --from=build /opt/xpu-exporter /opt/xpu-exporter
+COPY --chmod=0755 packaging/container-entrypoint /opt/xpu-exporter/bin/container-entrypoint
+# raise-caps: see packaging/container-entrypoint. No set-user-ID programs are left in the image, so
+# raise-caps is the only way to any privilege, and it is bounded by the container's --cap-add.
+RUN install -d /opt/xpu-exporter/libexec \
+    && install -m 0755 /usr/bin/setpriv /opt/xpu-exporter/libexec/raise-caps \
+    && setcap cap_perfmon,cap_sys_ptrace,cap_dac_read_search=p /opt/xpu-exporter/libexec/raise-caps \
+    && find / -xdev -type f -perm /6000 -exec chmod a-s {} + \
+    && useradd --system --uid 10447 --user-group --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin xpu-exporter \
+    && /opt/xpu-exporter/bin/python -c 'import ctypes; [ctypes.CDLL(name) for name in ("libze_loader.so.1", "libze_intel_gpu.so.1", "libsystemd.so.0", "libudev.so.1")]' \
+    && /opt/xpu-exporter/bin/xpu-exporter --version
+
+ENV PATH=/opt/xpu-exporter/bin:$PATH
+USER 10447:10447
 EXPOSE 10447
-ENTRYPOINT ["xpu-exporter"]
+ENTRYPOINT ["/opt/xpu-exporter/bin/container-entrypoint"]
