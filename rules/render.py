@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Render the bundled Prometheus rules with your thresholds, durations, severities and selectors.
+
+    python3 rules/render.py                                  # the defaults: rules/xpu-exporter.yaml
+    python3 rules/render.py --set selector='job="gpu"' --set memoryNearlyFullFor=30m > my-rules.yaml
+    python3 rules/render.py --values my-values.yaml > my-rules.yaml
+
+The template (rules/template/xpu-exporter.yaml) marks each knob as ``${name}``; ``${name:seconds}``
+is a duration knob as a number of seconds; lines starting with ``#%`` are the template's own notes. rules/config.yaml lists every knob with its default.
+Values files hold a subset of those knobs; ``--set`` wins over ``--values``, later over earlier.
+Needs Python 3 and PyYAML only; usable from a shell as ``render(overrides)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import yaml
+
+RULES_DIR = Path(__file__).resolve().parent
+TEMPLATE = RULES_DIR / "template" / "xpu-exporter.yaml"
+DEFAULTS = RULES_DIR / "config.yaml"
+RENDERED = RULES_DIR / "xpu-exporter.yaml"
+
+PLACEHOLDER = re.compile(r"\$\{(\w+)(?::(seconds))?\}")
+DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
+DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+SECONDS_PER_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+SEVERITIES = ("critical", "warning", "info")
+TEMPLATE_NOTE = "#%"  # a template line that is not rendered
+NUMBER = re.compile(r"^-?\d+(?:\.\d+)?(?:e[+-]?\d+)?$")
+
+
+class RenderError(ValueError):
+    """A knob that does not exist, or a value a knob cannot take."""
+
+
+def load_defaults(path: Path = DEFAULTS) -> dict[str, str]:
+    """The knobs and their default values, as text."""
+    return {name: _text(value) for name, value in yaml.safe_load(path.read_text()).items()}
+
+
+def load_values(path: Path) -> dict[str, str]:
+    """A values file: a YAML mapping of knob names to values."""
+    values = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(values, dict):
+        raise RenderError(f"{path}: a values file is a mapping of knob names to values")
+    return {str(name): _text(value) for name, value in values.items()}
+
+
+def duration_seconds(duration: str) -> float:
+    """A Prometheus duration ("1h30m") in seconds."""
+    if not DURATION.match(duration):
+        raise RenderError(f"not a Prometheus duration: {duration!r}")
+    return sum(int(count) * SECONDS_PER_UNIT[unit] for count, unit in DURATION_PART.findall(duration))
+
+
+def validate(name: str, value: str) -> None:
+    """Refuse a value the knob cannot take (by the knob's name: *For/*Window, *Severity, *Ratio, *Bytes)."""
+    if name.endswith(("For", "Window")):
+        duration_seconds(value)
+    elif name.endswith("Severity"):
+        if value not in SEVERITIES:
+            raise RenderError(f"{name}: severity must be one of {', '.join(SEVERITIES)}, got {value!r}")
+    elif name.endswith("Ratio"):
+        if not NUMBER.match(value) or not 0 <= float(value) <= 1:
+            raise RenderError(f"{name}: a ratio is a number from 0 to 1, got {value!r}")
+    elif name.endswith("Bytes"):
+        if not NUMBER.match(value):
+            raise RenderError(f"{name}: a number of bytes, got {value!r}")
+    elif name.endswith("Selector") or name == "selector":
+        if not value.strip() or "{" in value or "}" in value:
+            raise RenderError(f"{name}: label matchers without braces, e.g. job=\"xpu-exporter\", got {value!r}")
+
+
+def knob_values(overrides: Mapping[str, str] = (), defaults: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Defaults with the overrides applied and checked."""
+    values = dict(load_defaults() if defaults is None else defaults)
+    for name, value in dict(overrides).items():
+        if name not in values:
+            raise RenderError(f"unknown knob {name!r}; the knobs are in {DEFAULTS}")
+        values[name] = _text(value)
+    for name, value in values.items():
+        validate(name, value)
+    return values
+
+
+def render(overrides: Mapping[str, str] = (), template: Path = TEMPLATE) -> str:
+    """The rules file text with the defaults and these overrides."""
+    values = knob_values(overrides)
+    text = "".join(line for line in template.read_text().splitlines(keepends=True)
+                   if not line.startswith(TEMPLATE_NOTE))
+    used = {match.group(1) for match in PLACEHOLDER.finditer(text)}
+    if missing := used - values.keys():
+        raise RenderError(f"the template uses knobs without a default: {', '.join(sorted(missing))}")
+
+    def substitute(match: re.Match[str]) -> str:
+        value = values[match.group(1)]
+        if match.group(2) == "seconds":
+            return _text(duration_seconds(value))
+        return value
+
+    rendered = PLACEHOLDER.sub(substitute, text)
+    yaml.safe_load(rendered)  # a value that breaks the YAML fails here, not in Prometheus
+    return rendered
+
+
+def parse_assignments(assignments: Iterable[str]) -> dict[str, str]:
+    """["name=value", ...] -> {name: value}."""
+    values = {}
+    for assignment in assignments:
+        name, equals, value = assignment.partition("=")
+        if not equals or not name:
+            raise RenderError(f"--set takes name=value, got {assignment!r}")
+        values[name.strip()] = value
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--values", action="append", default=[], type=Path,
+                        help="YAML file of knob values (repeatable)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="assignments",
+                        help="one knob value (repeatable)")
+    parser.add_argument("-o", "--output", type=Path, help="write here instead of standard output")
+    parser.add_argument("--list", action="store_true", help="print the knobs and their defaults")
+    args = parser.parse_args(argv)
+    try:
+        if args.list:
+            for name, value in load_defaults().items():
+                print(f"{name}={value}")
+            return 0
+        overrides: dict[str, str] = {}
+        for path in args.values:
+            overrides.update(load_values(path))
+        overrides.update(parse_assignments(args.assignments))
+        text = render(overrides)
+    except (RenderError, OSError, yaml.YAMLError) as error:
+        print(f"render.py: {error}", file=sys.stderr)
+        return 2
+    if args.output:
+        args.output.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _text(value: object) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
