@@ -1,0 +1,498 @@
+"""EngineTracker fed directly with the journal entries of realistic vLLM unit lifecycles
+(tests/vllmlogs.py): the unit's own lines and PID 1's records, in journal order, as the journal
+reader hands them over (watched units of the selected boot)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from itertools import chain
+
+import pytest
+
+from exporter.engines import EngineTracker, UnitView
+from exporter.parsers.vllm import parse_line
+from vllmlogs import (
+    CHAT,
+    EMBEDDING,
+    ERA_VERSIONS,
+    GIB,
+    MIB,
+    REASONS,
+    ROLE_INIT_DONE,
+    ROLE_PROCESS_EXIT,
+    ROLE_ROOT_CAUSE,
+    ROLE_TERMINAL,
+    STT,
+    Boot,
+    Failure,
+    Placed,
+    Planned,
+    Profiling,
+    TrackerEntry,
+    VllmRun,
+    boot_race,
+    compose,
+    engine_start_lines,
+    first,
+    service_runs,
+    service_start,
+    tracker_entries,
+)
+import journalgen
+
+ORIGIN = 1_747_130_000.0
+BOOT_ID = "5d0c8a4e2f1b4c6d9e7f0a1b2c3d4e5f"
+UNIT = "vllm-test.service"
+OTHER_UNIT = "vllm-other.service"
+
+
+def gib(value: float) -> int:
+    return round(value * GIB)
+
+
+def mib(value: float) -> int:
+    return round(value * MIB)
+
+
+def one_boot(*planned: Iterable[Planned]) -> list[Placed]:
+    return compose(Boot(BOOT_ID, ORIGIN - 30.0, tuple(chain.from_iterable(planned))))
+
+
+def fold(entries: Iterable[TrackerEntry]) -> dict[str, UnitView]:
+    tracker = EngineTracker()
+    tracker.extend(entries)
+    return {view.unit: view for view in tracker.views()}
+
+
+def fold_placed(placed: Sequence[Placed]) -> dict[str, UnitView]:
+    return fold(tracker_entries(placed))
+
+
+def no_failures() -> dict[str, int]:
+    return dict.fromkeys(REASONS, 0)
+
+
+def failures(**counts: int) -> dict[str, int]:
+    return {**no_failures(), **counts}
+
+
+def failure_instant(placed: Sequence[Placed], unit: str) -> int:
+    """When the tracker must count the unit's first failed start: the first print of a recognised root
+    cause, else the front end's terminal wrapper, else PID 1's record of the process's exit."""
+    for role in (ROLE_ROOT_CAUSE, ROLE_TERMINAL, ROLE_PROCESS_EXIT):
+        try:
+            return first(placed, unit, role).realtime_usec
+        except StopIteration:
+            continue
+    raise AssertionError(f"{unit} has no failed start")
+
+
+def restart_begins(placed: Sequence[Placed], unit: str, number: int = 2) -> int:
+    """realtime of the unit's number-th "Starting" record."""
+    starting = [p for p in placed if p.planned.unit == unit and p.planned.from_systemd
+                and p.planned.message_id == journalgen.MESSAGE_ID_UNIT_STARTING]
+    return starting[number - 1].realtime_usec
+
+
+# --- the problem statement's boot race ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def race():
+    return boot_race()
+
+
+def this_boot(race) -> list[Placed]:
+    return [p for p in race.placed if p.boot_id == race.boot_id]
+
+
+def test_boot_race_chat_counts_one_kv_cache_too_small_failure_and_one_start(race) -> None:
+    chat = fold(race.entries())[CHAT]
+    assert chat.failures == failures(kv_cache_too_small=1)
+    assert chat.starts == 1
+
+
+def test_boot_race_embedding_and_stt_start_once_without_failures(race) -> None:
+    views = fold(race.entries())
+    for unit in (EMBEDDING, STT):
+        assert views[unit].starts == 1
+        assert views[unit].failures == no_failures()
+        assert views[unit].last_failure_usec is None
+
+
+def test_boot_race_right_after_the_failure_chat_shows_required_and_available_bytes(race) -> None:
+    root_cause = first(this_boot(race), CHAT, ROLE_ROOT_CAUSE)
+    chat = fold(e for e in race.entries() if e.realtime_usec <= root_cause.realtime_usec)[CHAT]
+    assert chat.failures == failures(kv_cache_too_small=1)
+    assert chat.starts == 0
+    assert chat.last_failure_usec == root_cause.realtime_usec
+    assert chat.latest.effective_kv_cache_bytes == gib(2.13)
+    assert chat.latest.effective_required_bytes == gib(3.36)
+    assert chat.latest.max_model_len == 131072
+    assert chat.latest.gpu_memory_utilization == 0.75
+    assert chat.latest.max_num_seqs == 3
+
+
+def test_boot_race_copies_wrappers_and_exit_records_of_the_failure_do_not_count_again(race) -> None:
+    restart = restart_begins(this_boot(race), CHAT)
+    chat = fold(e for e in race.entries() if e.realtime_usec < restart)[CHAT]
+    assert chat.failures == failures(kv_cache_too_small=1)
+    assert chat.starts == 0
+    assert chat.latest.effective_kv_cache_bytes == gib(2.13)
+    assert chat.latest.effective_required_bytes == gib(3.36)
+
+
+def test_boot_race_after_the_restart_chat_shows_the_restarts_kv_figures(race) -> None:
+    chat = fold(race.entries())[CHAT]
+    _, restarted = race.chat_runs
+    latest = chat.latest
+    assert (latest.version, latest.model) == ("0.24.0", "google/gemma-3-4b-it")
+    assert latest.effective_kv_cache_bytes == gib(3.25)
+    assert latest.effective_kv_cache_tokens == 136_960
+    assert latest.max_concurrency == 1.04
+    assert latest.effective_required_bytes == pytest.approx(gib(3.25) / 1.04, abs=1)
+    assert latest.init_duration_seconds == 38.5
+    assert chat.last_success is not None and chat.last_success.init_duration_seconds == restarted.init_seconds
+    assert chat.last_failure_usec == first(this_boot(race), CHAT, ROLE_ROOT_CAUSE).realtime_usec
+
+
+def test_boot_race_counts_an_overlap_for_each_of_the_three_units_and_none_for_the_restart(race) -> None:
+    restart = restart_begins(this_boot(race), CHAT)
+    before_restart = fold(e for e in race.entries() if e.realtime_usec < restart)
+    after_restart = fold(race.entries())
+    for unit in (CHAT, EMBEDDING, STT):
+        assert before_restart[unit].overlaps == 1, unit
+        assert after_restart[unit].overlaps == 1, unit
+
+
+def test_boot_race_other_boot_and_unwatched_unit_are_not_in_the_selected_entries(race) -> None:
+    units = {entry.unit for entry in race.entries()}
+    assert units == {CHAT, EMBEDDING, STT}
+    # The unwatched unit printed the very failure the chat unit printed.
+    assert any("To serve at least one request" in p.planned.message
+               for p in race.placed if p.planned.unit == "other-llm.service")
+
+
+# --- failure reasons, once per failed start ------------------------------------------------------
+
+RECOVERY = dict(kv_cache_gib=4.0, gpu_blocks=None, profiling=Profiling(16225.0, 3481.2, 4102.65))
+
+# (failing start, whether vLLM prints the root cause at least twice)
+FAILURE_CASES = {
+    "kv_cache_too_small-0.6.3-raw-copy-only": (
+        VllmRun("0.6.3.post1", max_model_len=8192, gpu_blocks=400, failure=Failure("kv_cache_too_small")), False),
+    "kv_cache_too_small-0.8.3-v0": (
+        VllmRun("0.8.3", max_model_len=32768, gpu_blocks=1024, failure=Failure("kv_cache_too_small")), True),
+    "kv_cache_too_small-0.10.1.1-profiling": (
+        VllmRun("0.10.1.1", gpu_memory_utilization=0.85, max_model_len=16384,
+                profiling=Profiling(24480.0, 15316.42, 19800.0),
+                failure=Failure("kv_cache_too_small", needed_gib=2.0, estimated_max_model_len=8064)), True),
+    "kv_cache_too_small-0.19.1": (
+        VllmRun("0.19.1", max_model_len=40960, kv_cache_gib=2.5,
+                failure=Failure("kv_cache_too_small", needed_gib=5.62, estimated_max_model_len=18176)), True),
+    "kv_cache_too_small-0.34.0": (
+        VllmRun("0.34.0", max_model_len=131072, kv_cache_gib=2.13,
+                failure=Failure("kv_cache_too_small", needed_gib=3.36, estimated_max_model_len=46528)), True),
+    "no_kv_cache_memory-0.7.3-v0": (VllmRun("0.7.3", failure=Failure("no_kv_cache_memory")), True),
+    "no_kv_cache_memory-0.11.0-profiling": (
+        VllmRun("0.11.0", gpu_memory_utilization=0.5, profiling=Profiling(16225.0, 7695.45, 8412.3),
+                failure=Failure("no_kv_cache_memory")), True),
+    "no_kv_cache_memory-0.24.0": (VllmRun("0.24.0", kv_cache_gib=-0.37, failure=Failure("no_kv_cache_memory")), True),
+    "insufficient_free_memory-0.17.1": (
+        VllmRun("0.17.1", gpu_memory_utilization=0.5,
+                failure=Failure("insufficient_free_memory", free_gib=3.1, total_gib=23.86)), True),
+    "insufficient_free_memory-0.24.0-free-reported-as-zero": (
+        VllmRun("0.24.0", failure=Failure("insufficient_free_memory", free_gib=0.0, total_gib=22.71)), True),
+    "device_out_of_memory-0.8.3-ipex": (VllmRun("0.8.3", failure=Failure("device_out_of_memory")), True),
+    "device_out_of_memory-0.13.0-torch": (VllmRun("0.13.0", failure=Failure("device_out_of_memory")), True),
+    "device_out_of_memory-0.24.0-native-api": (
+        VllmRun("0.24.0", failure=Failure("device_out_of_memory", form="native_api")), True),
+    "memory_query_unsupported-0.9.2-profiling": (
+        VllmRun("0.9.2", failure=Failure("memory_query_unsupported",
+                                         device_name="Intel(R) Arc(TM) 140T GPU (16GB)")), True),
+    "memory_query_unsupported-0.17.1-init-device": (
+        VllmRun("0.17.1", failure=Failure("memory_query_unsupported")), True),
+    "other-0.9.1-unrecognised-cause": (VllmRun("0.9.1", failure=Failure("other")), False),
+    "other-0.13.0-unrecognised-cause": (VllmRun("0.13.0", failure=Failure("other")), False),
+    "other-0.15.1-dies-before-vllm-prints": (VllmRun("0.15.1", failure=Failure("other", error=None)), False),
+    "other-0.24.0-exec-failed": (VllmRun("0.24.0", failure=Failure("other", error=None, exec_failed=True)), False),
+}
+
+
+def failed_then_restarted(run: VllmRun) -> list[Placed]:
+    return one_boot(service_runs(UNIT, [run, replace(run, failure=None, **RECOVERY)], ORIGIN))
+
+
+@pytest.mark.parametrize("case", list(FAILURE_CASES))
+def test_failed_start_counts_once_under_its_reason_and_the_restart_counts_one_start(case: str) -> None:
+    run, _ = FAILURE_CASES[case]
+    view = fold_placed(failed_then_restarted(run))[UNIT]
+    assert view.failures == failures(**{run.failure.reason: 1})
+    assert view.starts == 1
+
+
+@pytest.mark.parametrize("case", [case for case, (_, twice) in FAILURE_CASES.items() if twice])
+def test_root_cause_is_printed_at_least_twice_in_the_failed_start(case: str) -> None:
+    # The premise of "counted once even though printed twice": the journal really has the copies.
+    run, _ = FAILURE_CASES[case]
+    placed = failed_then_restarted(run)
+    restart = restart_begins(placed, UNIT)
+    cause = parse_line(first(placed, UNIT, ROLE_ROOT_CAUSE).planned.message)
+    copies = [p for p in placed if p.planned.unit == UNIT and p.realtime_usec < restart
+              and not p.planned.from_systemd and parse_line(p.planned.message) == cause]
+    assert len(copies) >= 2
+
+
+@pytest.mark.parametrize("case", list(FAILURE_CASES))
+def test_failure_is_timed_at_its_first_root_cause_or_else_where_the_start_ended(case: str) -> None:
+    run, _ = FAILURE_CASES[case]
+    placed = failed_then_restarted(run)
+    assert fold_placed(placed)[UNIT].last_failure_usec == failure_instant(placed, UNIT)
+
+
+@pytest.mark.parametrize("failure", [Failure("other", error=None), Failure("other", error=None, exec_failed=True)],
+                         ids=["python-import-error", "exec-failed-203"])
+def test_start_that_dies_before_vllm_prints_anything_counts_other(failure: Failure) -> None:
+    placed = one_boot(service_runs(UNIT, [VllmRun("0.24.0", failure=failure)], ORIGIN))
+    view = fold_placed(placed)[UNIT]
+    assert view.failures == failures(other=1)
+    assert view.starts == 0
+    assert view.latest is None  # nothing vLLM printed describes this start
+    assert view.last_failure_usec == first(placed, UNIT, ROLE_PROCESS_EXIT).realtime_usec
+
+
+def test_crash_loop_counts_every_failed_start_by_reason_and_the_final_success() -> None:
+    runs = [
+        VllmRun("0.24.0", kv_cache_gib=2.13, max_model_len=131072,
+                failure=Failure("kv_cache_too_small", needed_gib=3.36, estimated_max_model_len=46528)),
+        VllmRun("0.24.0", kv_cache_gib=2.2, max_model_len=131072,
+                failure=Failure("kv_cache_too_small", needed_gib=3.36, estimated_max_model_len=48000)),
+        VllmRun("0.24.0", max_model_len=131072, failure=Failure("insufficient_free_memory", free_gib=2.1)),
+        VllmRun("0.24.0", max_model_len=131072, failure=Failure("other", error=None)),
+        VllmRun("0.24.0", max_model_len=131072, kv_cache_gib=3.5, kv_cache_tokens=136_960, max_concurrency=1.04),
+    ]
+    placed = one_boot(service_runs(UNIT, runs, ORIGIN))
+    view = fold_placed(placed)[UNIT]
+    assert view.failures == failures(kv_cache_too_small=2, insufficient_free_memory=1, other=1)
+    assert view.starts == 1
+    fourth_exit = [p for p in placed if p.planned.unit == UNIT and p.planned.role == ROLE_PROCESS_EXIT][3]
+    assert view.last_failure_usec == fourth_exit.realtime_usec
+    assert view.latest.effective_kv_cache_bytes == gib(3.5)
+
+
+@pytest.mark.parametrize("case", [case for case, (run, _) in FAILURE_CASES.items() if not run.failure.silent])
+def test_journal_without_pid1_records_still_counts_each_failed_start_once_and_the_restart(case: str) -> None:
+    run, _ = FAILURE_CASES[case]
+    entries = [e for e in tracker_entries(failed_then_restarted(run)) if not e.from_systemd]
+    view = fold(entries)[UNIT]
+    assert view.failures == failures(**{run.failure.reason: 1})
+    assert view.starts == 1
+
+
+def root_cause_offset(run: VllmRun) -> float:
+    return next(line.offset for line in engine_start_lines(run, ORIGIN) if line.role == ROLE_ROOT_CAUSE)
+
+
+@pytest.mark.parametrize("run", [
+    VllmRun("0.6.3.post1", max_model_len=8192, gpu_blocks=400, failure=Failure("kv_cache_too_small")),
+    VllmRun("0.24.0", max_model_len=131072, kv_cache_gib=2.13,
+            failure=Failure("kv_cache_too_small", needed_gib=3.36, estimated_max_model_len=46528)),
+], ids=["0.6.3-raw-copy", "0.24.0-logged-and-raw-copies"])
+def test_root_cause_stored_just_after_pid1s_exit_record_still_counts_under_its_reason(run: VllmRun) -> None:
+    # journald orders a unit's stdout stream and PID 1's records arbitrarily: the dying process's
+    # last lines (here: from its root cause on) are stored after "Main process exited".
+    failed = service_start(UNIT, run, ORIGIN, restart_counter=1, late_after=root_cause_offset(run))
+    restarted = service_start(UNIT, replace(run, failure=None, main_pid=run.main_pid + 1, **RECOVERY),
+                              failed.restart_at, job_id=110)
+    placed = one_boot(failed.entries, restarted.entries)
+    exit_usec = first(placed, UNIT, ROLE_PROCESS_EXIT).realtime_usec
+    assert first(placed, UNIT, ROLE_ROOT_CAUSE).realtime_usec > exit_usec  # the premise
+    view = fold_placed(placed)[UNIT]
+    assert view.failures == failures(kv_cache_too_small=1)
+    assert view.starts == 1
+
+
+def test_root_cause_stored_after_the_restarts_starting_counts_once_under_its_reason() -> None:
+    # With systemd's default RestartSec=100ms the failed process's late lines (its _PID is the old
+    # main pid) can be stored after the restart's "Starting"; they still belong to the failed start.
+    run = VllmRun("0.24.0", max_model_len=131072, kv_cache_gib=2.13,
+                  failure=Failure("kv_cache_too_small", needed_gib=3.36, estimated_max_model_len=46528))
+    failed = service_start(UNIT, run, ORIGIN, restart_counter=1, restart_sec=0.1,
+                           late_after=root_cause_offset(run), late_delay=0.15)
+    restarted = service_start(UNIT, replace(run, failure=None, main_pid=run.main_pid + 1, **RECOVERY),
+                              failed.restart_at, job_id=110)
+    placed = one_boot(failed.entries, restarted.entries)
+    assert first(placed, UNIT, ROLE_ROOT_CAUSE).realtime_usec > restart_begins(placed, UNIT)  # the premise
+    view = fold_placed(placed)[UNIT]
+    assert view.failures == failures(kv_cache_too_small=1)
+    assert view.starts == 1
+
+
+# --- stops ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["0.8.3", "0.13.0", "0.24.0"])
+def test_stop_during_init_counts_neither_a_start_nor_a_failure(version: str) -> None:
+    run = VllmRun(version, init_seconds=40.0)
+    stopped = service_start(UNIT, run, ORIGIN, stop_after=12.0)
+    later = service_start(UNIT, replace(run, main_pid=run.main_pid + 1), ORIGIN + 300.0, job_id=110)
+    placed = one_boot(stopped.entries, later.entries)
+    after_stop = fold(e for e in tracker_entries(placed) if e.realtime_usec < round((ORIGIN + 300.0) * 1e6))[UNIT]
+    assert after_stop.latest is not None  # the stopped start did print (version, settings, ...)
+    assert after_stop.failures == no_failures()
+    assert after_stop.starts == 0
+    view = fold_placed(placed)[UNIT]
+    assert view.failures == no_failures()
+    assert view.starts == 1
+
+
+# --- settings and KV figures -----------------------------------------------------------------------
+
+
+def succeeded(run: VllmRun) -> UnitView:
+    return fold_placed(one_boot(service_runs(UNIT, [run], ORIGIN)))[UNIT]
+
+
+@pytest.mark.parametrize(("version", "given", "expected"), [
+    ("0.9.2", None, 0.9),
+    ("0.10.1.1", None, 0.9),
+    ("0.15.1", None, 0.9),
+    ("0.17.1", None, 0.9),
+    ("0.19.1", None, 0.9),
+    ("0.20.2", None, 0.92),
+    ("0.24.0", None, 0.92),
+    ("0.24.0", 0.6, 0.6),
+    ("0.19.1", 0.45, 0.45),
+])
+def test_gpu_memory_utilization_is_the_given_value_or_the_releases_default(
+        version: str, given: float | None, expected: float) -> None:
+    view = succeeded(VllmRun(version, gpu_memory_utilization=given))
+    assert view.gpu_memory_utilization == expected
+
+
+@pytest.mark.parametrize(("version", "given", "utilisation"), [
+    ("0.9.2", None, 0.9),
+    ("0.10.1.1", 0.85, 0.85),
+    ("0.11.0", None, 0.9),
+    ("0.13.0", 0.6, 0.6),
+    ("0.15.1", None, 0.9),
+])
+def test_kv_bytes_are_derived_from_the_profiling_lines_on_0_9_2_to_0_15_1(
+        version: str, given: float | None, utilisation: float) -> None:
+    profiling = Profiling(total_mb=24480.0, model_load_mb=8204.13, peak_mb=9013.4)
+    view = succeeded(VllmRun(version, gpu_memory_utilization=given, profiling=profiling))
+    # "total GPU memory: 24480.00 MB" x utilisation - "peak memory usage is 9013.40 MB"
+    assert view.latest.effective_kv_cache_bytes == round(mib(24480.00) * utilisation - mib(9013.40))
+
+
+def test_kv_cache_memory_bytes_is_recorded_but_ignored_by_the_xpu_worker_before_0_16() -> None:
+    profiling = Profiling(total_mb=16225.0, model_load_mb=3481.2, peak_mb=4102.65)
+    view = succeeded(VllmRun("0.11.0", kv_cache_memory_bytes=4 * GIB, profiling=profiling))
+    assert view.latest.kv_cache_memory_bytes == 4 * GIB
+    assert view.latest.effective_kv_cache_bytes == round(mib(16225.00) * 0.9 - mib(4102.65))
+
+
+def test_kv_cache_memory_bytes_reservation_is_the_kv_bytes_from_0_16() -> None:
+    view = succeeded(VllmRun("0.17.1", kv_cache_memory_bytes=5_713_920_000, kv_cache_tokens=46_336,
+                             max_concurrency=1.41))
+    assert view.latest.kv_cache_memory_bytes == 5_713_920_000
+    assert view.latest.effective_kv_cache_bytes == gib(5.32)  # "reserved 5.32 GiB memory for KV Cache"
+
+
+@pytest.mark.parametrize(("version", "block_size", "blocks", "tokens"), [
+    ("0.6.3.post1", None, 2730, 43_680),  # "# GPU blocks: 2730", Namespace block_size=16
+    ("0.7.3", None, 4096, 65_536),  # "# xpu blocks", V0 default block size 16
+    ("0.8.3", None, 8192, 131_072),
+    ("0.9.1", 32, 1500, 48_000),  # block_size given in the non-default args
+])
+def test_v0_kv_tokens_are_device_blocks_times_block_size(
+        version: str, block_size: int | None, blocks: int, tokens: int) -> None:
+    view = succeeded(VllmRun(version, block_size=block_size, gpu_blocks=blocks, max_model_len=16384))
+    assert view.latest.effective_kv_cache_tokens == tokens
+    assert view.latest.effective_kv_cache_bytes is None  # V0 prints no KV bytes
+    assert view.latest.effective_required_bytes is None
+
+
+@pytest.mark.parametrize("run", [
+    VllmRun("0.13.0", gpu_memory_utilization=0.9, profiling=Profiling(24480.0, 13824.5, 14592.25),
+            kv_cache_tokens=59_904, max_concurrency=1.83),
+    VllmRun("0.17.1", kv_cache_memory_bytes=5_713_920_000, kv_cache_tokens=46_336, max_concurrency=1.41),
+    VllmRun("0.24.0", kv_cache_gib=7.25, kv_cache_tokens=52_736, max_concurrency=1.61),
+], ids=["0.13.0-profiling", "0.17.1-reserved", "0.24.0-available"])
+def test_required_bytes_after_success_are_kv_bytes_divided_by_max_concurrency(run: VllmRun) -> None:
+    latest = succeeded(run).latest
+    assert latest.max_concurrency == run.max_concurrency
+    assert latest.effective_required_bytes == pytest.approx(latest.effective_kv_cache_bytes / run.max_concurrency,
+                                                            abs=1)
+
+
+@pytest.mark.parametrize("version", ERA_VERSIONS)
+def test_successful_start_of_every_era_counts_one_start_and_no_failure(version: str) -> None:
+    run = VllmRun(version, gpu_memory_utilization=0.8, max_model_len=16384, max_num_seqs=8,
+                  kv_cache_gib=5.5, profiling=Profiling(16225.0, 3481.2, 4102.65))
+    placed = one_boot(service_runs(UNIT, [run], ORIGIN))
+    view = fold_placed(placed)[UNIT]
+    assert view.failures == no_failures()
+    assert view.starts == 1
+    latest = view.latest
+    assert (latest.version, latest.model) == (version, run.model)
+    assert (latest.gpu_memory_utilization, latest.max_model_len, latest.max_num_seqs) == (0.8, 16384, 8)
+    assert latest.effective_kv_cache_tokens == run.tokens
+    assert latest.max_concurrency == run.concurrency
+    if run.era.prints_init_duration:
+        assert latest.init_duration_seconds == run.init_seconds
+    assert any(p.planned.role == ROLE_INIT_DONE for p in placed)
+
+
+# --- overlaps -----------------------------------------------------------------------------------------
+
+
+def test_start_during_another_units_model_load_overlaps_both_once() -> None:
+    first_run, second_run = VllmRun("0.24.0", init_seconds=40.0), VllmRun("0.24.0", main_pid=5000)
+    views = fold_placed(one_boot(service_runs(UNIT, [first_run], ORIGIN),
+                                 service_runs(OTHER_UNIT, [second_run], ORIGIN + 10.0)))
+    assert views[UNIT].overlaps == 1
+    assert views[OTHER_UNIT].overlaps == 1
+
+
+def test_start_after_another_units_first_kv_line_does_not_overlap() -> None:
+    first_run = VllmRun("0.24.0", init_seconds=40.0)  # "Available KV cache memory" at ~30 s
+    views = fold_placed(one_boot(service_runs(UNIT, [first_run], ORIGIN),
+                                 service_runs(OTHER_UNIT, [VllmRun("0.24.0", main_pid=5000)], ORIGIN + 35.0)))
+    assert views[UNIT].overlaps == 0
+    assert views[OTHER_UNIT].overlaps == 0
+
+
+# --- determinism -------------------------------------------------------------------------------------
+
+
+def mixed_journal() -> list[TrackerEntry]:
+    race = boot_race()
+    eras = [service_runs(f"vllm-era-{index}.service",
+                         [VllmRun(version, max_model_len=8192, gpu_blocks=900, failure=Failure("no_kv_cache_memory"),
+                                  kv_cache_gib=-0.2, profiling=Profiling(16225.0, 7695.45, 15000.0)),
+                          VllmRun(version, max_model_len=8192, main_pid=6000 + index)],
+                         ORIGIN + 200.0 * index)
+            for index, version in enumerate(ERA_VERSIONS)]
+    return race.entries() + tracker_entries(one_boot(*eras))
+
+
+def as_data(views: dict[str, UnitView]) -> dict[str, dict]:
+    return {unit: dataclasses.asdict(view) for unit, view in views.items()}
+
+
+def test_folding_the_same_journal_twice_gives_identical_views() -> None:
+    entries = mixed_journal()
+    assert as_data(fold(entries)) == as_data(fold(list(entries)))
+
+
+def test_fold_split_at_any_point_and_resumed_gives_the_same_views() -> None:
+    entries = boot_race().entries()
+    whole = as_data(fold(entries))
+    for split in range(len(entries) + 1):
+        tracker = EngineTracker()
+        tracker.extend(entries[:split])
+        tracker.extend(entries[split:])
+        assert as_data({view.unit: view for view in tracker.views()}) == whole, split
