@@ -1,0 +1,324 @@
+"""The systemd unit (packaging/xpu-exporter.service): systemd 252 accepts it, its exposure stays below
+3.0, it grants what the exporter needs and nothing else, and the exporter works inside its limits.
+
+What is run for real here: `systemd-analyze verify` and `security --offline=true` (systemd 252), the
+exporter under systemd 252's MemoryDenyWriteExecute= seccomp filter (rebuilt below, instruction for
+instruction), and reads of another user's /proc/PID/fdinfo with exactly the unit's capabilities."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporter.cli import parse_settings
+from exporterproc import RunningExporter, sample, wait_for
+from fakeprocfs import FakeProcfs, xe_fdinfo
+from fakeze import A770, GiB, FakeConfig, fake_driver_env, write_config
+from journalgen import Clock, random_boot_id, unit_output, unit_starting, write_journal
+
+REPO = Path(__file__).resolve().parents[1]
+UNIT = REPO / "packaging" / "xpu-exporter.service"
+DEFAULTS = REPO / "packaging" / "xpu-exporter.default"
+EXEC_START = "/opt/xpu-exporter/bin/xpu-exporter"
+EXPOSURE_LIMIT = 3.0
+CAP_BITS = {"CAP_DAC_READ_SEARCH": 2, "CAP_SYS_PTRACE": 19, "CAP_PERFMON": 38}
+
+
+def unit_settings(text: str) -> dict[str, list[str]]:
+    """Each directive of the unit with its values, in order (a directive may be given several times)."""
+    settings: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith(("#", ";", "[")):
+            key, _, value = line.partition("=")
+            settings.setdefault(key.strip(), []).append(value.strip())
+    return settings
+
+
+def one(settings: dict[str, list[str]], key: str) -> str:
+    values = settings.get(key)
+    assert values and len(values) == 1, f"{key}= should be set once, is {values}"
+    return values[0]
+
+
+@pytest.fixture
+def installed_unit(tmp_path: Path) -> Path:
+    """The unit as installed: systemd-analyze checks that ExecStart's program exists, so it points at a
+    real executable here instead of /opt/xpu-exporter."""
+    program = tmp_path / "xpu-exporter"
+    program.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m exporter \"$@\"\n")
+    program.chmod(0o755)
+    text = UNIT.read_text()
+    assert f"ExecStart={EXEC_START} " in text
+    unit = tmp_path / "xpu-exporter.service"
+    unit.write_text(text.replace(f"ExecStart={EXEC_START} ", f"ExecStart={program} "))
+    return unit
+
+
+def analyze(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["systemd-analyze", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "SYSTEMD_LOG_COLOR": "0", "SYSTEMD_COLORS": "0"})
+
+
+def test_systemd_analyze_verify_accepts_the_unit(installed_unit):
+    result = analyze("verify", str(installed_unit))
+    assert result.returncode == 0 and result.stdout + result.stderr == "", result.stdout + result.stderr
+
+
+def test_systemd_analyze_verify_reports_a_directive_systemd_does_not_know(installed_unit):
+    """The check above can fail: a misspelt directive is reported."""
+    installed_unit.write_text(installed_unit.read_text().replace("ProtectClock=yes", "ProtectClocks=yes"))
+    result = analyze("verify", str(installed_unit))
+    assert "ProtectClocks" in result.stdout + result.stderr
+
+
+def test_security_exposure_is_below_three(installed_unit, record_property):
+    result = analyze("security", "--offline=true", "--no-pager", str(installed_unit))
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
+    assert match, result.stdout + result.stderr
+    exposure = float(match[1])
+    record_property("systemd_security_exposure", exposure)
+    print(f"systemd-analyze security exposure of xpu-exporter.service: {exposure}")
+    assert exposure < EXPOSURE_LIMIT, result.stdout
+    satisfied = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("✓")}
+    for setting in ("NoNewPrivileges=", "ProtectSystem=", "PrivateTmp=", "ProtectHome=", "User=/DynamicUser=",
+                    "MemoryDenyWriteExecute=", "SystemCallArchitectures=", "SystemCallFilter=~@privileged",
+                    "ProtectKernelTunables=", "ProtectKernelModules=", "ProtectControlGroups=",
+                    "CapabilityBoundingSet=~CAP_SYS_ADMIN", "RestrictAddressFamilies=~AF_PACKET"):
+        assert setting in satisfied, f"{setting} not satisfied:\n{result.stdout}"
+
+
+def test_unit_grants_exactly_the_three_capabilities_as_ambient_and_bounding_set():
+    settings = unit_settings(UNIT.read_text())
+    ambient = set(one(settings, "AmbientCapabilities").split())
+    assert ambient == set(CAP_BITS)
+    assert set(one(settings, "CapabilityBoundingSet").split()) == ambient
+    assert one(settings, "NoNewPrivileges") == "yes"
+
+
+def test_unit_runs_as_a_dynamic_user_in_the_render_and_journal_groups():
+    settings = unit_settings(UNIT.read_text())
+    assert one(settings, "DynamicUser") == "yes"
+    assert "User" not in settings
+    assert set(one(settings, "SupplementaryGroups").split()) == {"render", "systemd-journal"}
+
+
+def test_unit_keeps_proc_whole_and_opens_only_drm_devices():
+    settings = unit_settings(UNIT.read_text())
+    # Other units' /proc/PID/{fdinfo,cgroup} and /proc/meminfo must stay visible.
+    assert one(settings, "ProtectProc") == "default"
+    assert one(settings, "ProcSubset") == "all"
+    # Capabilities in a user namespace would not count for the kernel's perfmon and ptrace checks.
+    assert one(settings, "PrivateUsers") == "no"
+    assert one(settings, "DevicePolicy") == "closed"
+    assert settings["DeviceAllow"] == ["char-drm rw"]
+    assert set(one(settings, "RestrictAddressFamilies").split()) == {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}
+
+
+def test_a_bad_configuration_is_not_restarted_in_a_loop():
+    settings = unit_settings(UNIT.read_text())
+    assert one(settings, "Restart") == "on-failure"
+    assert one(settings, "RestartPreventExitStatus") == "2"
+
+
+def test_default_file_flags_are_accepted_by_the_exporter():
+    settings = unit_settings(DEFAULTS.read_text())
+    # systemd unquotes the EnvironmentFile= value, then splits an unbraced $VAR on whitespace.
+    arguments = [word for part in shlex.split(one(settings, "XPU_EXPORTER_ARGS")) for word in part.split()]
+    assert arguments
+    parsed = parse_settings(arguments)
+    assert parsed.listen_address == ":10447"
+    assert "$XPU_EXPORTER_ARGS" in one(unit_settings(UNIT.read_text()), "ExecStart")
+    assert one(unit_settings(UNIT.read_text()), "EnvironmentFile") == "-/etc/default/xpu-exporter"
+
+
+# --- MemoryDenyWriteExecute= ---------------------------------------------------------------------
+
+# systemd 252, src/shared/seccomp-util.c, seccomp_memory_deny_write_execute(): on x86-64 it denies
+# with EPERM mmap() asking for PROT_WRITE|PROT_EXEC, mprotect() and pkey_mprotect() asking for
+# PROT_EXEC, and shmat() with SHM_EXEC.
+MDWE_LAUNCHER = textwrap.dedent("""
+    import ctypes, os, struct, sys
+
+    AUDIT_ARCH_X86_64 = 0xC000003E
+    NR_MMAP, NR_MPROTECT, NR_SHMAT, NR_PKEY_MPROTECT = 9, 10, 30, 329
+    PROT_WRITE, PROT_EXEC, SHM_EXEC = 0x2, 0x4, 0o100000
+    LD_ABS, JEQ, AND, RET = 0x20, 0x15, 0x54, 0x06
+    ALLOW, DENY = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    ARCH, NR, ARG2 = 4, 0, 16 + 2 * 8  # offsets in struct seccomp_data (low half of args[2])
+
+    def program():
+        code = [
+            ("ld", ARCH), ("jeq", AUDIT_ARCH_X86_64, None, "allow"),
+            ("ld", NR),
+            ("jeq", NR_MMAP, "mmap", None), ("jeq", NR_MPROTECT, "mprotect", None),
+            ("jeq", NR_PKEY_MPROTECT, "mprotect", None), ("jeq", NR_SHMAT, "shmat", None),
+            ("ret", ALLOW),
+            "mmap", ("ld", ARG2), ("and", PROT_WRITE | PROT_EXEC),
+            ("jeq", PROT_WRITE | PROT_EXEC, "deny", "allow"),
+            "mprotect", ("ld", ARG2), ("and", PROT_EXEC), ("jeq", PROT_EXEC, "deny", "allow"),
+            "shmat", ("ld", ARG2), ("and", SHM_EXEC), ("jeq", SHM_EXEC, "deny", "allow"),
+            "allow", ("ret", ALLOW),
+            "deny", ("ret", DENY),
+        ]
+        labels, instructions = {}, []
+        for item in code:
+            if isinstance(item, str):
+                labels[item] = len(instructions)
+            else:
+                instructions.append(item)
+        def offset(label, index):
+            return 0 if label is None else labels[label] - index - 1
+        raw = b""
+        for index, (op, k, *targets) in enumerate(instructions):
+            if op == "jeq":
+                raw += struct.pack("HBBI", JEQ, offset(targets[0], index), offset(targets[1], index), k)
+            else:
+                raw += struct.pack("HBBI", {"ld": LD_ABS, "and": AND, "ret": RET}[op], 0, 0, k)
+        return raw, len(instructions)
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+    raw, count = program()
+    buffer = ctypes.create_string_buffer(raw, len(raw))
+    fprog = struct.pack("HxxxxxxQ", count, ctypes.addressof(buffer))
+    fprog_buffer = ctypes.create_string_buffer(fprog, len(fprog))
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.addressof(fprog_buffer), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "cannot install the seccomp filter")
+    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+""")
+
+
+def run_under_mdwe(tmp_path: Path, code: str) -> subprocess.CompletedProcess[str]:
+    launcher = tmp_path / "mdwe.py"
+    launcher.write_text(MDWE_LAUNCHER)
+    return subprocess.run([sys.executable, str(launcher), "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_mdwe_filter_denies_writable_executable_memory(tmp_path):
+    """The rebuilt filter does what systemd's does (else the test below would prove nothing)."""
+    code = textwrap.dedent("""
+        import mmap
+        try:
+            mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        except PermissionError:
+            print("write+exec denied")
+        mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        print("write allowed")
+    """)
+    result = run_under_mdwe(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["write+exec denied", "write allowed"]
+    assert sys.platform == "linux" and os.uname().machine == "x86_64"
+
+
+def test_ctypes_foreign_calls_and_callbacks_work_under_mdwe(tmp_path):
+    """libffi closures (ctypes callbacks) need no writable+executable memory on this libffi."""
+    code = textwrap.dedent("""
+        import ctypes
+        libc = ctypes.CDLL(None)
+        values = (ctypes.c_int * 4)(3, 1, 2, 0)
+        compare = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
+        libc.qsort(values, 4, ctypes.sizeof(ctypes.c_int), compare(lambda a, b: a[0] - b[0]))
+        print(list(values), libc.getpid() > 0)
+    """)
+    result = run_under_mdwe(tmp_path, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[0, 1, 2, 3] True"
+
+
+def test_exporter_collects_everything_under_memory_deny_write_execute(tmp_path, fake_driver, config_path):
+    """The exporter, its Level Zero child (the real loader dlopening a driver), sd-journal and the fdinfo
+    scan, all under MemoryDenyWriteExecute=yes."""
+    write_config(config_path, FakeConfig(devices=(A770,)))
+    procfs = FakeProcfs(tmp_path)
+    procfs.add_unit_process(100, "/system.slice/vllm-chat.service").add_drm_fd(xe_fdinfo(client_id=1, vram0=2 * GiB))
+    clock = Clock(random_boot_id())
+    journal = write_journal(tmp_path / "units.journal", [
+        unit_starting("vllm-chat.service", clock.tick()),
+        unit_output("vllm-chat.service", "(APIServer pid=10) INFO 12-02 10:00:00 [api_server.py:1873] vLLM API "
+                                         "server version 0.24.0", clock.tick()),
+    ])
+    launcher = tmp_path / "mdwe.py"
+    launcher.write_text(MDWE_LAUNCHER)
+    with RunningExporter(["--path.procfs", str(procfs.root), "--journal.file", str(journal), "--journal.boot", "all"],
+                         env=fake_driver_env(fake_driver, config_path),
+                         command=[sys.executable, str(launcher), "-m", "exporter"]) as exporter:
+        samples = wait_for(lambda: (s := exporter.scrape()) and all(
+            sample(s, "xpu_exporter_collector_success", collector=name) == 1
+            for name in ("levelzero", "processes", "journal")) and s, timeout=20)
+        status = Path(f"/proc/{exporter.process.pid}/status").read_text()
+    assert samples, exporter.stderr
+    assert re.search(r"^Seccomp:\s+2$", status, re.M), "the exporter ran under the seccomp filter"
+    assert sample(samples, "xpu_memory_total_bytes", device="0000:03:00.0") == 16 * GiB
+    assert sample(samples, "xpu_unit_memory_bytes", device="0000:03:00.0", unit="vllm-chat.service") == 2 * GiB
+
+
+# --- the capabilities the processes collector needs ---------------------------------------------
+
+
+@pytest.fixture
+def other_users_process() -> Iterator[int]:
+    """A process of another unprivileged user holding an open file, like a vLLM unit's engine."""
+    process = subprocess.Popen(["setpriv", "--reuid=61001", "--regid=61001", "--clear-groups", "--",
+                                "sleep", "60"], stdin=subprocess.PIPE)
+    try:
+        yield process.pid
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+
+
+# The reads the processes collector makes of each process, in its order (exporter/sources/procfs.py):
+# list /proc/PID/fd (a mode 0500 directory owned by the process's user), stat the device an fd's
+# magic link points to, read /proc/PID/fdinfo/FD. Done with coreutils so that the reading program
+# itself is reachable by any user.
+FD_READS = (
+    ("list fd", "ls /proc/{pid}/fd"),
+    ("stat fd", "stat -L -c %F /proc/{pid}/fd/0"),
+    ("read fdinfo", "cat /proc/{pid}/fdinfo/0"),
+)
+
+
+def fd_reads_as_service_user(pid: int, capabilities: set[str]) -> dict[str, bool]:
+    """Which of FD_READS succeed for a non-root user with these ambient capabilities, a bounding set of
+    the same and no_new_privs: the unit's process, as systemd starts it."""
+    caps = ",".join(f"+{cap.removeprefix('CAP_').lower()}" for cap in sorted(capabilities))
+    argv = ["setpriv", "--reuid=61000", "--regid=61000", "--clear-groups", "--no-new-privs",
+            f"--bounding-set=-all{',' + caps if caps else ''}"]
+    if caps:
+        argv += [f"--inh-caps={caps}", f"--ambient-caps={caps}"]
+    outcome = {}
+    for name, command in FD_READS:
+        result = subprocess.run([*argv, "--", "sh", "-c", command.format(pid=pid)], capture_output=True, text=True,
+                                timeout=30)
+        assert result.returncode == 0 or "Permission denied" in result.stderr, result.stderr
+        outcome[name] = result.returncode == 0
+    return outcome
+
+
+def test_the_units_capabilities_let_it_read_other_users_fdinfo(other_users_process):
+    capabilities = set(one(unit_settings(UNIT.read_text()), "AmbientCapabilities").split())
+    assert fd_reads_as_service_user(other_users_process, capabilities) == {name: True for name, _ in FD_READS}
+
+
+def test_without_capabilities_other_users_fds_are_closed_to_the_service(other_users_process):
+    assert fd_reads_as_service_user(other_users_process, set()) == {name: False for name, _ in FD_READS}
+
+
+@pytest.mark.parametrize(("missing", "denied"), [
+    ("CAP_DAC_READ_SEARCH", "list fd"),  # the directory's mode 0500
+    ("CAP_SYS_PTRACE", "stat fd"),       # following an fd's link and reading fdinfo need PTRACE_MODE_READ
+])
+def test_each_fdinfo_capability_is_needed(other_users_process, missing, denied):
+    capabilities = set(one(unit_settings(UNIT.read_text()), "AmbientCapabilities").split()) - {missing}
+    assert not fd_reads_as_service_user(other_users_process, capabilities)[denied]
