@@ -11,6 +11,7 @@ from itertools import chain
 
 import pytest
 
+import journalgen
 from exporter.engines import EngineTracker, UnitView
 from exporter.parsers.vllm import parse_line
 from vllmlogs import (
@@ -23,7 +24,6 @@ from vllmlogs import (
     ROLE_INIT_DONE,
     ROLE_PROCESS_EXIT,
     ROLE_ROOT_CAUSE,
-    ROLE_TERMINAL,
     STT,
     Boot,
     Failure,
@@ -35,12 +35,12 @@ from vllmlogs import (
     boot_race,
     compose,
     engine_start_lines,
+    failure_instant,
     first,
     service_runs,
     service_start,
     tracker_entries,
 )
-import journalgen
 
 ORIGIN = 1_747_130_000.0
 BOOT_ID = "5d0c8a4e2f1b4c6d9e7f0a1b2c3d4e5f"
@@ -76,17 +76,6 @@ def no_failures() -> dict[str, int]:
 
 def failures(**counts: int) -> dict[str, int]:
     return {**no_failures(), **counts}
-
-
-def failure_instant(placed: Sequence[Placed], unit: str) -> int:
-    """When the tracker must count the unit's first failed start: the first print of a recognised root
-    cause, else the front end's terminal wrapper, else PID 1's record of the process's exit."""
-    for role in (ROLE_ROOT_CAUSE, ROLE_TERMINAL, ROLE_PROCESS_EXIT):
-        try:
-            return first(placed, unit, role).realtime_usec
-        except StopIteration:
-            continue
-    raise AssertionError(f"{unit} has no failed start")
 
 
 def restart_begins(placed: Sequence[Placed], unit: str, number: int = 2) -> int:
@@ -167,7 +156,7 @@ def test_boot_race_counts_an_overlap_for_each_of_the_three_units_and_none_for_th
         assert after_restart[unit].overlaps == 1, unit
 
 
-def test_boot_race_other_boot_and_unwatched_unit_are_not_in_the_selected_entries(race) -> None:
+def test_boot_race_selected_entries_hold_only_the_watched_units_of_the_race_boot(race) -> None:
     units = {entry.unit for entry in race.entries()}
     assert units == {CHAT, EMBEDDING, STT}
     # The unwatched unit printed the very failure the chat unit printed.

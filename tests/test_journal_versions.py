@@ -19,9 +19,7 @@ from vllmlogs import (
     LEGACY,
     MIB,
     REASONS,
-    ROLE_PROCESS_EXIT,
     ROLE_ROOT_CAUSE,
-    ROLE_TERMINAL,
     STT,
     UNWATCHED,
     Boot,
@@ -31,6 +29,7 @@ from vllmlogs import (
     VllmRun,
     boot_race,
     compose,
+    failure_instant,
     first,
     journal_specs,
     service_runs,
@@ -285,17 +284,6 @@ def expected_journal_metrics(expected: Expected, last_failure_usec: int | None) 
         "xpu_unit_engine_init_duration_seconds": expected.init_duration_seconds,
         "xpu_unit_engine_init_overlaps_total": expected.overlaps,
     }
-
-
-def failure_instant(placed: list[Placed], unit: str) -> int:
-    """When the unit's (first) failed start failed: the first print of a recognised root cause, else the
-    front end's terminal wrapper, else PID 1's record of the process's exit."""
-    for role in (ROLE_ROOT_CAUSE, ROLE_TERMINAL, ROLE_PROCESS_EXIT):
-        try:
-            return first(placed, unit, role).realtime_usec
-        except StopIteration:
-            continue
-    raise AssertionError(f"{unit} has no failed start")
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,9 @@ Layers, each usable alone from a Python shell::
     >>> run = VllmRun("0.24.0", gpu_memory_utilization=0.75, max_model_len=131072, kv_cache_gib=3.25)
     >>> for line in engine_start_lines(run, began_at=1_747_044_672.0)[:3]:
     ...     print(line.offset, line.pid, line.message)
-    >>> planned = service_runs("vllm-chat.service", [failed_run, run], at=1_747_044_672.0)
-    >>> placed = compose(Boot(boot_id, booted_at, tuple(planned)))
+    >>> failed = replace(run, kv_cache_gib=2.13, failure=Failure("kv_cache_too_small", needed_gib=3.36))
+    >>> planned = service_runs("vllm-chat.service", [failed, run], at=1_747_044_672.0)
+    >>> placed = compose(Boot("3c1f0a9e5b7d4e2f8a6c0b1d2e3f4a5b", 1_747_044_660.0, tuple(planned)))
     >>> journalgen.write_journal("/tmp/x.journal", journal_specs(placed))
 
 * `engine_start_lines(run, began_at)`: the physical lines of one engine start (`VllmRun`): its
@@ -1242,6 +1243,18 @@ def tracker_entries(placed: Iterable[Placed], *, boot_id: str | None = None,
 def first(placed: Iterable[Placed], unit: str, role: str, *, after_usec: int = -1) -> Placed:
     """The first entry of `unit` with `role` after a time (StopIteration if none)."""
     return next(p for p in placed if p.planned.unit == unit and p.planned.role == role and p.realtime_usec > after_usec)
+
+
+def failure_instant(placed: Iterable[Placed], unit: str) -> int:
+    """When the unit's first failed start failed: the first print of a recognised root cause, else
+    the front end's terminal wrapper, else PID 1's record of the main process's exit."""
+    placed = list(placed)
+    for role in (ROLE_ROOT_CAUSE, ROLE_TERMINAL, ROLE_PROCESS_EXIT):
+        try:
+            return first(placed, unit, role).realtime_usec
+        except StopIteration:
+            continue
+    raise ValueError(f"{unit} has no failed start")
 
 
 # ---------------------------------------------------------------------------------------------
