@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""Builds grafana/xpu-exporter.json, the bundled Grafana dashboard, from the panel list below.
+
+    python3 grafana/dashboard.py            # rewrite grafana/xpu-exporter.json
+    python3 grafana/dashboard.py --check    # exit 1 if the JSON is not what this file builds
+
+Every panel gets a unit and thresholds; every query goes through the `datasource` variable, whose
+default is the data source picked at import (`__inputs` DS_PROMETHEUS), so no data source uid is
+written down. Queries use only metrics the exporter serves (and `up`), so the dashboard works
+without the bundled recording rules. Usable from a shell: `dashboard()` returns the dict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OUTPUT = Path(__file__).resolve().parent / "xpu-exporter.json"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+GRID_WIDTH = 24
+
+# Selectors of the dashboard's variables.
+DEVICE = 'instance="$instance",device="$device"'
+UNITS = 'instance="$instance",unit=~"$unit"'
+EXPORTER = 'instance="$instance"'
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    expr: str
+    legend: str = ""
+    instant: bool = False
+    table: bool = False
+
+
+@dataclass(frozen=True)
+class Panel:
+    kind: str  # timeseries, stat, bargauge, table
+    title: str
+    description: str
+    targets: Sequence[Target]
+    unit: str
+    thresholds: Sequence[tuple[float | None, str]]  # (from value, colour); the first is the base (None)
+    width: int
+    height: int
+    options: Json = field(default_factory=dict)
+    custom: Json = field(default_factory=dict)
+    defaults: Json = field(default_factory=dict)  # more of fieldConfig.defaults (min, decimals, mappings)
+    overrides: Sequence[Json] = ()
+    transformations: Sequence[Json] = ()
+
+
+@dataclass(frozen=True)
+class Row:
+    title: str
+    panels: Sequence[Panel]
+
+
+def green_only() -> list[tuple[float | None, str]]:
+    return [(None, "green")]
+
+
+def value_mapping(states: dict[int, tuple[str, str]]) -> list[Json]:
+    return [{"type": "value",
+             "options": {str(value): {"text": text, "color": colour, "index": index}
+                         for index, (value, (text, colour)) in enumerate(states.items())}}]
+
+
+def by_name_regex(pattern: str, properties: dict[str, Any]) -> Json:
+    return {"matcher": {"id": "byRegexp", "options": pattern},
+            "properties": [{"id": key, "value": value} for key, value in properties.items()]}
+
+
+TIMESERIES_CUSTOM: Json = {
+    "drawStyle": "line", "lineInterpolation": "stepAfter", "lineWidth": 1, "fillOpacity": 10,
+    "showPoints": "never", "spanNulls": False, "axisPlacement": "auto",
+    "stacking": {"mode": "none", "group": "A"}, "thresholdsStyle": {"mode": "off"},
+}
+LEGEND_TABLE: Json = {"legend": {"displayMode": "table", "placement": "right", "calcs": ["lastNotNull", "max"]},
+                      "tooltip": {"mode": "multi", "sort": "desc"}}
+LEGEND_LIST: Json = {"legend": {"displayMode": "list", "placement": "bottom", "calcs": []},
+                     "tooltip": {"mode": "multi", "sort": "none"}}
+STAT_OPTIONS: Json = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                      "colorMode": "value", "graphMode": "none", "textMode": "value", "justifyMode": "auto",
+                      "orientation": "auto"}
+BARGAUGE_OPTIONS: Json = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                          "displayMode": "gradient", "orientation": "horizontal", "showUnfilled": True}
+
+# The fraction of one max-length request the latest start's KV cache holds, as the rules compute it.
+MAX_LENGTH_REQUESTS = (f"xpu_unit_kv_cache_bytes{{{UNITS}}} / xpu_unit_kv_cache_required_bytes{{{UNITS}}}"
+                       f" or xpu_unit_kv_cache_max_concurrency{{{UNITS}}}")
+
+
+ROWS: tuple[Row, ...] = (
+    Row("Device memory", (
+        Panel("timeseries", "Device memory by unit",
+              "Device memory each systemd unit holds, stacked with the used memory no process accounts for, "
+              "against the device's total.",
+              (Target(f"xpu_unit_memory_bytes{{{DEVICE}}}", "{{unit}}"),
+               Target(f"xpu_unattributed_memory_bytes{{{DEVICE}}}", "unattributed"),
+               Target(f"xpu_memory_total_bytes{{{DEVICE}}}", "total")),
+              "bytes", green_only(), 16, 8,
+              options=LEGEND_TABLE,
+              custom={"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 40},
+              defaults={"min": 0},
+              overrides=(by_name_regex("^total$", {"custom.stacking": {"mode": "none", "group": "A"},
+                                                   "custom.fillOpacity": 0,
+                                                   "custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
+                                                   "color": {"mode": "fixed", "fixedColor": "red"}}),
+                         by_name_regex("^unattributed$", {"color": {"mode": "fixed", "fixedColor": "#8e8e8e"}}))),
+        Panel("stat", "Free device memory",
+              "Free device memory as a fraction of the total. The XpuMemoryNearlyFull alert fires below 5 % "
+              "for 15 minutes.",
+              (Target(f"xpu_memory_free_bytes{{{DEVICE}}} / xpu_memory_total_bytes{{{DEVICE}}}"),),
+              "percentunit", [(None, "red"), (0.05, "orange"), (0.10, "green")], 4, 4,
+              options=STAT_OPTIONS, defaults={"decimals": 1}),
+        Panel("stat", "Memory accounting",
+              "Whether the driver reports real usage. Untrusted: without CAP_PERFMON i915/xe report free == "
+              "total, so free, used, unattributed memory and restart headroom are wrong.",
+              (Target(f"xpu_memory_accounting_trusted{{{DEVICE}}}"),),
+              "none", [(None, "red"), (1, "green")], 4, 4,
+              options=STAT_OPTIONS,
+              defaults={"mappings": value_mapping({0: ("untrusted", "red"), 1: ("trusted", "green")})}),
+        Panel("stat", "Unattributed memory",
+              "Used device memory held by no process the exporter sees, as a fraction of the total. "
+              "The XpuUnattributedMemoryHigh alert fires above 10 % for 30 minutes.",
+              (Target(f"xpu_unattributed_memory_bytes{{{DEVICE}}} / xpu_memory_total_bytes{{{DEVICE}}}"),),
+              "percentunit", [(None, "green"), (0.10, "orange")], 4, 4,
+              options=STAT_OPTIONS, defaults={"decimals": 1}),
+        Panel("stat", "GPU",
+              "The device's name and driver version, as Level Zero reports them.",
+              (Target(f"xpu_device_info{{{DEVICE}}}", "{{name}} (driver {{driver_version}})"),),
+              "none", [(None, "blue")], 4, 4,
+              options={**STAT_OPTIONS, "textMode": "name", "colorMode": "none"}),
+    )),
+    Row("KV cache per unit", (
+        Panel("timeseries", "KV cache against the need of one max-length request",
+              "KV-cache memory of each unit's latest engine start (for a failed start, what was available), "
+              "and the memory one request of the maximum model length needs (dashed).",
+              (Target(f"xpu_unit_kv_cache_bytes{{{UNITS}}}", "{{unit}} KV cache"),
+               Target(f"xpu_unit_kv_cache_required_bytes{{{UNITS}}}", "{{unit}} needed for one max-length request")),
+              "bytes", green_only(), 12, 8,
+              options=LEGEND_TABLE, defaults={"min": 0},
+              overrides=(by_name_regex("needed for one", {"custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
+                                                          "custom.fillOpacity": 0}),)),
+        Panel("bargauge", "Max-length requests that fit",
+              "Requests of the maximum model length the latest start's KV cache holds at once. Below 1 the "
+              "engine cannot serve one (XpuUnitKvCacheTooSmall); below max_num_seqs long requests get "
+              "preempted (XpuUnitKvCacheBelowMaxNumSeqs).",
+              (Target(MAX_LENGTH_REQUESTS, "{{unit}}", instant=True),),
+              "none", [(None, "red"), (1, "green")], 6, 8,
+              options=BARGAUGE_OPTIONS, defaults={"min": 0, "decimals": 2}),
+        Panel("table", "Engine of the latest start",
+              "Per unit: vLLM version, model and the settings of its latest engine start, and the KV-cache "
+              "tokens of its latest successful start.",
+              (Target(f"max by (unit, vllm_version, model) (xpu_unit_engine_info{{{UNITS}}})", instant=True, table=True),
+               Target(f"max by (unit) (xpu_unit_gpu_memory_utilization_ratio{{{UNITS}}})", instant=True, table=True),
+               Target(f"max by (unit) (xpu_unit_max_model_len_tokens{{{UNITS}}})", instant=True, table=True),
+               Target(f"max by (unit) (xpu_unit_max_num_seqs{{{UNITS}}})", instant=True, table=True),
+               Target(f"max by (unit) (xpu_unit_kv_cache_tokens{{{UNITS}}})", instant=True, table=True)),
+              "none", green_only(), 6, 8,
+              options={"showHeader": True, "cellHeight": "sm"},
+              overrides=(
+                  {"matcher": {"id": "byName", "options": "gpu_memory_utilization"},
+                   "properties": [{"id": "unit", "value": "percentunit"}]},
+                  {"matcher": {"id": "byName", "options": "max_model_len"},
+                   "properties": [{"id": "unit", "value": "short"}]},
+                  {"matcher": {"id": "byName", "options": "KV cache tokens"},
+                   "properties": [{"id": "unit", "value": "short"}]},
+              ),
+              # one row per unit: the queries share only `unit` (and the evaluation time)
+              transformations=(
+                  {"id": "merge", "options": {}},
+                  {"id": "organize", "options": {
+                      "excludeByName": {"Time": True, "Value #A": True},
+                      "renameByName": {"vllm_version": "vLLM", "Value #B": "gpu_memory_utilization",
+                                       "Value #C": "max_model_len", "Value #D": "max_num_seqs",
+                                       "Value #E": "KV cache tokens"}}},
+              )),
+    )),
+    Row("Engine inits", (
+        Panel("timeseries", "Successful engine starts (this boot)",
+              "Engine inits that succeeded since the host booted, per unit, read from the journal. "
+              "Failed inits are marked on every graph (annotation \"Engine init failures\").",
+              (Target(f"xpu_unit_engine_starts_total{{{UNITS}}}", "{{unit}}"),),
+              "short", green_only(), 8, 8, options=LEGEND_LIST, defaults={"min": 0, "decimals": 0}),
+        Panel("timeseries", "Engine init failures by reason (this boot)",
+              "Engine inits that failed since the host booted, per unit and reason (kv_cache_too_small, "
+              "no_kv_cache_memory, insufficient_free_memory, device_out_of_memory, memory_query_unsupported, "
+              "other). Only units and reasons with failures are shown.",
+              (Target(f"sum by (unit, reason) (xpu_unit_engine_init_failures_total{{{UNITS}}}) > 0",
+                      "{{unit}} {{reason}}"),),
+              "short", [(None, "green"), (1, "red")], 8, 8, options=LEGEND_LIST,
+              custom={"thresholdsStyle": {"mode": "line"}}, defaults={"min": 0, "decimals": 0}),
+        Panel("timeseries", "Overlapping engine inits (this boot)",
+              "Inits of each unit that ran while another unit was initialising on the same host: the boot "
+              "race. The unit that initialises last sees memory the others are about to take.",
+              (Target(f"xpu_unit_engine_init_overlaps_total{{{UNITS}}}", "{{unit}}"),),
+              "short", [(None, "green"), (1, "orange")], 8, 8, options=LEGEND_LIST,
+              custom={"thresholdsStyle": {"mode": "line"}}, defaults={"min": 0, "decimals": 0}),
+    )),
+    Row("Restart headroom", (
+        Panel("timeseries", "Restart headroom",
+              "Free memory plus the unit's own, less what its gpu_memory_utilization demands at start "
+              "(vLLM 0.16 and later refuse to start without it). Below 0 a restart now would fail "
+              "(XpuUnitRestartHeadroomNegative).",
+              (Target(f"xpu_unit_restart_headroom_bytes{{{UNITS}}}", "{{unit}} on {{device}}"),),
+              "bytes", [(None, "red"), (0, "green")], 16, 8, options=LEGEND_TABLE,
+              custom={"thresholdsStyle": {"mode": "line+area"}, "fillOpacity": 0}),
+        Panel("bargauge", "Restart headroom now",
+              "Each unit's restart headroom at the end of the time range; red: a restart would fail.",
+              (Target(f"xpu_unit_restart_headroom_bytes{{{UNITS}}}", "{{unit}}", instant=True),),
+              "bytes", [(None, "red"), (0, "green")], 8, 8, options=BARGAUGE_OPTIONS),
+    )),
+    Row("Exporter", (
+        Panel("stat", "Exporter up",
+              "Whether Prometheus scrapes the exporter (XpuExporterDown fires after 5 minutes down).",
+              (Target(f"up{{{EXPORTER}}}"),),
+              "none", [(None, "red"), (1, "green")], 3, 6, options=STAT_OPTIONS,
+              defaults={"mappings": value_mapping({0: ("down", "red"), 1: ("up", "green")})}),
+        Panel("stat", "Exporter version",
+              "The exporter's version.",
+              (Target(f"xpu_exporter_build_info{{{EXPORTER}}}", "{{version}}"),),
+              "none", [(None, "blue")], 3, 6, options={**STAT_OPTIONS, "textMode": "name", "colorMode": "none"}),
+        Panel("stat", "Collector success",
+              "Whether each collector's last run worked (XpuExporterCollectorFailing fires after 10 minutes "
+              "of failure); the exporter's log says why one fails.",
+              (Target(f"xpu_exporter_collector_success{{{EXPORTER}}}", "{{collector}}"),),
+              "none", [(None, "red"), (1, "green")], 6, 6,
+              options={**STAT_OPTIONS, "textMode": "value_and_name"},
+              defaults={"mappings": value_mapping({0: ("failing", "red"), 1: ("ok", "green")})}),
+        Panel("timeseries", "Collector duration",
+              "How long each collector's last run took. Level Zero reads are abandoned after "
+              "--levelzero.timeout (4 s); Prometheus gives up a scrape after its scrape timeout (10 s).",
+              (Target(f"xpu_exporter_collector_duration_seconds{{{EXPORTER}}}", "{{collector}}"),),
+              "s", [(None, "green"), (4, "orange"), (10, "red")], 6, 6, options=LEGEND_LIST,
+              custom={"thresholdsStyle": {"mode": "dashed"}, "lineInterpolation": "linear"}, defaults={"min": 0}),
+        Panel("timeseries", "Journal entries read",
+              "Journal entries of watched units the exporter reads per second: a burst while it catches up "
+              "on the boot, then the units' new output.",
+              (Target(f"rate(xpu_exporter_journal_entries_read_total{{{EXPORTER}}}[$__rate_interval])",
+                      "entries read"),),
+              "cps", green_only(), 6, 6, options=LEGEND_LIST,
+              custom={"lineInterpolation": "linear"}, defaults={"min": 0}),
+    )),
+)
+
+FAILURE_ANNOTATION: Json = {
+    "name": "Engine init failures",
+    "datasource": DATASOURCE,
+    "enable": True,
+    "iconColor": "red",
+    # The value is the failure's own time: each failure is marked when it happened, also the first one
+    # and those that happened before Prometheus first scraped the exporter.
+    "expr": f"xpu_unit_engine_last_failure_timestamp_seconds{{{UNITS}}} * 1000",
+    "useValueForTime": True,
+    "step": "60s",
+    "titleFormat": "Engine init failed: {{unit}}",
+    "textFormat": "{{unit}} failed to initialise its vLLM engine (see the failures-by-reason panel)",
+    "tagKeys": "unit",
+}
+
+
+def variable(name: str, label: str, query: str, *, multi: bool = False) -> Json:
+    return {
+        "name": name, "label": label, "type": "query", "datasource": DATASOURCE,
+        "definition": query, "query": {"query": query, "refId": f"{name}-values"},
+        "refresh": 2, "sort": 1, "multi": multi, "includeAll": multi, "hide": 0, "regex": "",
+        "current": {},
+    }
+
+
+VARIABLES: tuple[Json, ...] = (
+    {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+     "current": {"selected": True, "text": "${DS_PROMETHEUS}", "value": "${DS_PROMETHEUS}"},
+     "hide": 0, "refresh": 1, "regex": "", "multi": False, "includeAll": False},
+    variable("instance", "Instance", "label_values(xpu_exporter_build_info, instance)"),
+    variable("device", "GPU", 'label_values(xpu_memory_total_bytes{instance="$instance"}, device)'),
+    variable("unit", "Unit", 'label_values(xpu_unit_engine_starts_total{instance="$instance"}, unit)', multi=True),
+)
+
+
+def target_json(target: Target, ref_id: str) -> Json:
+    return {"datasource": DATASOURCE, "refId": ref_id, "expr": target.expr, "legendFormat": target.legend,
+            "range": not target.instant, "instant": target.instant, "editorMode": "code",
+            "format": "table" if target.table else "time_series"}
+
+
+def panel_json(panel: Panel, panel_id: int, x: int, y: int) -> Json:
+    custom = {**TIMESERIES_CUSTOM, **panel.custom} if panel.kind == "timeseries" else dict(panel.custom)
+    steps = [{"value": value, "color": colour} for value, colour in panel.thresholds]
+    return {
+        "id": panel_id, "type": panel.kind, "title": panel.title, "description": panel.description,
+        "datasource": DATASOURCE, "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
+        "targets": [target_json(target, chr(ord("A") + index)) for index, target in enumerate(panel.targets)],
+        "fieldConfig": {
+            "defaults": {"unit": panel.unit, "color": {"mode": "palette-classic" if panel.kind == "timeseries"
+                                                        else "thresholds"},
+                         "thresholds": {"mode": "absolute", "steps": steps}, "custom": custom, **panel.defaults},
+            "overrides": list(panel.overrides),
+        },
+        "options": dict(panel.options),
+        "transformations": list(panel.transformations),
+    }
+
+
+def layout(rows: Sequence[Row]) -> list[Json]:
+    """Rows and their panels on Grafana's 24-column grid: panels fill a line left to right; a panel
+    half as high as the line's first one stacks under its left neighbour of the same size."""
+    panels: list[Json] = []
+    y = 0
+    next_id = 1
+    for row in rows:
+        panels.append({"id": next_id, "type": "row", "title": row.title, "collapsed": False, "panels": [],
+                       "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y}})
+        next_id += 1
+        y += 1
+        x, line_height, stack_bottom = 0, 0, None
+        for panel in row.panels:
+            if line_height and panel.height * 2 == line_height and stack_bottom is not None \
+                    and stack_bottom[1] == panel.width:
+                # second half-height panel: under the previous one
+                panels.append(panel_json(panel, next_id, stack_bottom[0], y + panel.height))
+                stack_bottom = None
+            else:
+                if x + panel.width > GRID_WIDTH:
+                    y, x, line_height = y + line_height, 0, 0
+                panels.append(panel_json(panel, next_id, x, y))
+                if line_height and panel.height * 2 == line_height:
+                    stack_bottom = (x, panel.width)
+                else:
+                    stack_bottom = None
+                line_height = max(line_height, panel.height)
+                x += panel.width
+            next_id += 1
+        y += line_height
+    return panels
+
+
+def dashboard() -> Json:
+    return {
+        "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "description": "Prometheus that scrapes "
+                      "xpu-exporter", "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}],
+        "__requires": [
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.0.0"},
+            {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+            {"type": "panel", "id": "timeseries", "name": "Time series", "version": ""},
+            {"type": "panel", "id": "stat", "name": "Stat", "version": ""},
+            {"type": "panel", "id": "bargauge", "name": "Bar gauge", "version": ""},
+            {"type": "panel", "id": "table", "name": "Table", "version": ""},
+        ],
+        "uid": "xpu-exporter",
+        "title": "Intel XPU memory and vLLM units",
+        "description": "Device memory per systemd unit, vLLM KV cache, engine-init failures and restart headroom "
+                       "on Intel GPUs, from xpu-exporter.",
+        "tags": ["xpu", "intel-gpu", "vllm", "xpu-exporter"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 38,
+        "version": 1,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "30s",
+        "timezone": "",
+        "links": [],
+        "annotations": {"list": [FAILURE_ANNOTATION]},
+        "templating": {"list": list(VARIABLES)},
+        "panels": layout(ROWS),
+    }
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="compare with the file instead of writing it")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        if OUTPUT.read_text() != text:
+            print(f"{OUTPUT} is not what grafana/dashboard.py builds; run python3 grafana/dashboard.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    OUTPUT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
