@@ -714,6 +714,10 @@ def test_failure_reason_values_are_the_contract_labels() -> None:
 
 
 NOISE_LINES = [
+    # 0.26+: the INFO summary of every successful start opens like the insufficient_free_memory failure
+    "(EngineCore pid=812) INFO 03-02 09:15:38 [gpu_worker.py:412] Free memory on device (15.42/15.91 GiB) on "
+    "startup. Desired GPU memory utilization is (0.8, 12.73 GiB). Actual usage is 4.1 GiB for consumed memory "
+    "(weights + non-torch), 0.9 GiB for peak activation, and 0.0 GiB for CUDAGraph memory.",
     'INFO:     127.0.0.1:34658 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
     '(APIServer pid=1) INFO:     10.0.0.7:51234 - "GET /metrics HTTP/1.1" 200 OK',
     "(APIServer pid=1) INFO 05-12 10:11:12 [loggers.py:123] Engine 000: Avg prompt throughput: "

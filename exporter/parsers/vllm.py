@@ -727,7 +727,9 @@ GRAMMAR: tuple[GrammarRow, ...] = (
          "external-weights budget 0.32+",
          ("Free memory on device",),
          rf"Free memory on device(?: (?P<device>[^\s(]{{1,64}}))? \((?P<free>{_NUM})/(?P<total>{_NUM}) GiB\)"
-         rf"(?:(?: on startup)? is less than [^(]{{0,120}}\((?P<util>{_NUM}), (?P<requested>{_NUM}) GiB\))?",
+         # "is less than" is what makes it the failure: 0.26+ print the same opening in an INFO summary
+         # of every successful start ("Free memory on device (F/T GiB) on startup. Desired ...").
+         rf"(?: on startup)? is less than [^(]{{0,120}}(?:\((?P<util>{_NUM}), (?P<requested>{_NUM}) GiB\))?",
          _insufficient_free_memory),
     _row("external_weights_exceed_utilization", "0.32+ (external-weights mode)",
          ("Externally held weights on device",),
