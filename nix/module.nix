@@ -1,0 +1,163 @@
+# NixOS module of xpu-exporter: the hardened service of packaging/xpu-exporter.service.
+#
+#   imports = [ ./xpu-exporter/nix/module.nix ];
+#   services.xpu-exporter = {
+#     enable = true;
+#     units = [ "vllm-*.service" ];
+#     openFirewall = true;
+#   };
+#   hardware.graphics.enable = true;
+#   hardware.graphics.extraPackages = [ pkgs.intel-compute-runtime ];  # Intel's Level Zero GPU driver
+#
+# docs/deployment.md ("NixOS") has the Prometheus side: scrape job, bundled rules and dashboards.
+{ config, lib, pkgs, utils, ... }:
+
+let
+  cfg = config.services.xpu-exporter;
+  inherit (lib) mkEnableOption mkIf mkOption optionals types;
+
+  # IPv6 literals go in brackets: [::1]:10447.
+  listenHost = if lib.hasInfix ":" cfg.listenAddress then "[${cfg.listenAddress}]" else cfg.listenAddress;
+
+  flags =
+    [ "--web.listen-address=${listenHost}:${toString cfg.port}" ]
+    ++ map (glob: "--journal.units=${glob}") cfg.units
+    ++ optionals (cfg.webConfigFile != null) [ "--web.config.file=${cfg.webConfigFile}" ]
+    ++ cfg.extraFlags;
+
+  # CAP_PERFMON: real device memory usage (without it i915/xe report free == total).
+  # CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH: other users' /proc/PID/fd and fdinfo (per-unit memory).
+  capabilities = [ "CAP_PERFMON" "CAP_SYS_PTRACE" "CAP_DAC_READ_SEARCH" ];
+in
+{
+  options.services.xpu-exporter = {
+    enable = mkEnableOption "xpu-exporter, the Prometheus exporter for Intel GPUs shared by vLLM systemd units";
+
+    package = mkOption {
+      type = types.package;
+      default = pkgs.callPackage ./package.nix { };
+      defaultText = lib.literalExpression "pkgs.callPackage ./nix/package.nix { }";
+      description = "The xpu-exporter package to run.";
+    };
+
+    port = mkOption {
+      type = types.port;
+      default = 10447;
+      description = "TCP port to serve /metrics on.";
+    };
+
+    listenAddress = mkOption {
+      type = types.str;
+      default = "";
+      example = "127.0.0.1";
+      description = ''
+        Address to listen on; empty for all interfaces (IPv6 and IPv4). An IPv6 address is given
+        without brackets, e.g. `::1`.
+      '';
+    };
+
+    units = mkOption {
+      type = types.nonEmptyListOf types.str;
+      default = [ "vllm*.service" ];
+      example = [ "vllm-*.service" "llm@*.service" ];
+      description = "Shell globs of the systemd units whose vLLM engine logs are read from the journal.";
+    };
+
+    webConfigFile = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      example = "/etc/xpu-exporter/web.yml";
+      description = ''
+        exporter-toolkit web configuration (TLS, basic auth). A path as a string, outside the Nix store:
+        the store is world-readable, and private keys and password hashes have no place there. The
+        service reads it (and the files it names) with CAP_DAC_READ_SEARCH, whatever their owner.
+      '';
+    };
+
+    extraFlags = mkOption {
+      type = types.listOf types.str;
+      default = [ ];
+      example = [ "--log.level=debug" "--journal.boot=all" ];
+      description = "Further command line flags (`xpu-exporter --help`).";
+    };
+
+    openFirewall = mkOption {
+      type = types.bool;
+      default = false;
+      description = "Open `port` in the firewall.";
+    };
+
+    user = mkOption {
+      type = types.nullOr types.str;
+      default = null;
+      example = "xpu-exporter";
+      description = ''
+        Run as this existing user instead of a transient one allocated at each start
+        (`DynamicUser=yes`, the default).
+      '';
+    };
+  };
+
+  config = mkIf cfg.enable {
+    networking.firewall.allowedTCPPorts = optionals cfg.openFirewall [ cfg.port ];
+
+    systemd.services.xpu-exporter = {
+      description = "Prometheus exporter for Intel GPUs shared by vLLM units (xpu-exporter)";
+      wantedBy = [ "multi-user.target" ];
+      after = [ "network.target" "systemd-udevd.service" ];
+
+      serviceConfig = {
+        Type = "exec";
+        ExecStart = utils.escapeSystemdExecArgs ([ "${cfg.package}/bin/xpu-exporter" ] ++ flags);
+        Restart = "on-failure";
+        RestartSec = "5s";
+        RestartPreventExitStatus = 2;
+
+        SupplementaryGroups = [ "render" "systemd-journal" ];
+        UMask = "0077";
+
+        AmbientCapabilities = capabilities;
+        CapabilityBoundingSet = capabilities;
+        NoNewPrivileges = true;
+        SecureBits = "noroot-locked";
+
+        ProtectSystem = "strict";
+        ProtectHome = true;
+        InaccessiblePaths = [
+          "-/etc/shadow" "-/etc/gshadow" "-/etc/shadow-" "-/etc/gshadow-" "-/etc/ssh" "-/etc/ssl/private"
+          "-/var/lib/private"
+        ];
+        PrivateTmp = true;
+        PrivateIPC = true;
+        PrivateUsers = false;
+        RemoveIPC = true;
+        PrivateMounts = true;
+
+        DevicePolicy = "closed";
+        DeviceAllow = [ "char-drm rw" ];
+
+        ProtectKernelTunables = true;
+        ProtectKernelModules = true;
+        ProtectKernelLogs = true;
+        ProtectControlGroups = true;
+        ProtectClock = true;
+        ProtectHostname = true;
+        ProtectProc = "default";
+        ProcSubset = "all";
+
+        RestrictAddressFamilies = [ "AF_UNIX" "AF_INET" "AF_INET6" "AF_NETLINK" ];
+        RestrictNamespaces = true;
+        RestrictRealtime = true;
+        RestrictSUIDSGID = true;
+        LockPersonality = true;
+        MemoryDenyWriteExecute = true;
+        SystemCallArchitectures = "native";
+        SystemCallFilter = [ "@system-service" "~@privileged" ];
+        SystemCallErrorNumber = "EPERM";
+
+        MemoryMax = "512M";
+        TasksMax = 64;
+      } // (if cfg.user == null then { DynamicUser = true; } else { User = cfg.user; });
+    };
+  };
+}

@@ -1,0 +1,207 @@
+"""The NixOS module (nix/module.nix) and package (nix/package.nix).
+
+Both are parsed by Debian's Nix (`nix-instantiate --parse`). nixpkgs is not on this machine, so the
+module is also evaluated by the real Nix evaluator with a minimal stand-in for the few `lib`, `pkgs`
+and `utils` functions it calls (written out below, `utils.escapeSystemdExecArgs` as in NixOS), which
+checks what the module produces: the same service as packaging/xpu-exporter.service, and flags the
+exporter accepts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from exporter import __version__
+from exporter.cli import parse_settings
+
+REPO = Path(__file__).resolve().parents[1]
+MODULE = REPO / "nix" / "module.nix"
+PACKAGE = REPO / "nix" / "package.nix"
+UNIT = REPO / "packaging" / "xpu-exporter.service"
+STORE_PATH = "/nix/store/00000000000000000000000000000000-xpu-exporter"
+# No build users on this machine; evaluation needs none.
+NIX_ENV = {**os.environ, "NIX_CONFIG": "build-users-group ="}
+
+STAND_IN_LIB = """
+  lib = rec {
+    mkEnableOption = name: { _type = "option"; default = false; description = "Whether to enable ${name}."; };
+    mkOption = attrs: attrs // { _type = "option"; };
+    mkIf = condition: content: if condition then content else { };
+    optionals = condition: list: if condition then list else [ ];
+    literalExpression = text: { _type = "literalExpression"; inherit text; };
+    hasInfix = infix: content:
+      let
+        n = builtins.stringLength infix;
+        at = i: i + n <= builtins.stringLength content && (builtins.substring i n content == infix || at (i + 1));
+      in at 0;
+    types = {
+      bool = "bool"; package = "package"; port = "port"; str = "str";
+      listOf = type: "listOf"; nonEmptyListOf = type: "nonEmptyListOf"; nullOr = type: "nullOr";
+    };
+    cleanSource = path: "source";
+    makeLibraryPath = packages: builtins.concatStringsSep ":" (map (package: "${package}/lib") packages);
+    licenses.asl20 = "asl20";
+    platforms.linux = [ "x86_64-linux" ];
+  };
+"""
+
+MODULE_HARNESS = """
+{ overrides }:
+let
+%(lib)s
+  # nixos/lib/utils.nix
+  utils.escapeSystemdExecArgs = args: builtins.concatStringsSep " "
+    (map (arg: builtins.replaceStrings [ "%%" "$" ] [ "%%%%" "$$" ] (builtins.toJSON (toString arg))) args);
+  pkgs.callPackage = path: args: { outPath = "%(store)s"; };
+  evaluated = import %(module)s { inherit config lib pkgs utils; };
+  config.services.xpu-exporter =
+    builtins.mapAttrs (name: option: option.default) evaluated.options.services.xpu-exporter // overrides;
+in evaluated.config
+"""
+
+PACKAGE_HARNESS = """
+let
+%(lib)s
+  python3Packages = {
+    buildPythonApplication = attrs: attrs;
+    setuptools = "setuptools"; prometheus-client = "prometheus-client"; pyudev = "pyudev";
+    pyyaml = "pyyaml"; bcrypt = "bcrypt";
+  };
+in import %(package)s { inherit lib python3Packages; level-zero = "/nix/store/level-zero"; systemd = "/nix/store/systemd"; }
+"""
+
+
+def nix(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["nix-instantiate", *args], capture_output=True, text=True, timeout=60, env=NIX_ENV)
+
+
+def evaluate_module(tmp_path: Path, overrides: str = "{ enable = true; }") -> dict:
+    harness = tmp_path / "module-harness.nix"
+    harness.write_text(MODULE_HARNESS % {"lib": STAND_IN_LIB, "store": STORE_PATH, "module": MODULE})
+    result = nix("--eval", "--strict", "--json", str(harness), "--arg", "overrides", overrides)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def service_config(tmp_path: Path, overrides: str = "{ enable = true; }") -> dict:
+    return evaluate_module(tmp_path, overrides)["systemd"]["services"]["xpu-exporter"]["serviceConfig"]
+
+
+def unit_sections(text: str) -> dict[str, dict[str, list[str]]]:
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+        elif "=" in line and not line.startswith(("#", ";")):
+            key, _, value = line.partition("=")
+            current.setdefault(key, []).append(value)
+    return sections
+
+
+def tokens(value: object) -> list[str]:
+    """A directive's value as systemd reads it: words, from one line or several."""
+    if isinstance(value, bool):
+        return ["yes" if value else "no"]
+    if isinstance(value, list):
+        return [word for item in value for word in tokens(item)]
+    return str(value).split()
+
+
+@pytest.mark.parametrize("path", [MODULE, PACKAGE], ids=lambda path: path.name)
+def test_nix_files_parse(path):
+    result = nix("--parse", str(path))
+    assert result.returncode == 0, result.stderr
+
+
+def test_parse_reports_a_syntax_error(tmp_path):
+    broken = tmp_path / "module.nix"
+    broken.write_text(MODULE.read_text().replace("in\n{", "in\n{{", 1))
+    assert nix("--parse", str(broken)).returncode != 0
+
+
+def test_module_produces_the_hardened_unit_of_packaging(tmp_path):
+    module = service_config(tmp_path)
+    unit = unit_sections(UNIT.read_text())["Service"]
+    # The module passes flags directly, without /etc/default/xpu-exporter.
+    expected = {key: tokens(values) for key, values in unit.items() if key not in ("ExecStart", "EnvironmentFile")}
+    produced = {key: tokens(value) for key, value in module.items() if key != "ExecStart"}
+    assert produced == expected
+
+
+def test_module_orders_the_service_like_the_unit(tmp_path):
+    service = evaluate_module(tmp_path)["systemd"]["services"]["xpu-exporter"]
+    unit = unit_sections(UNIT.read_text())
+    assert service["after"] == tokens(unit["Unit"]["After"])
+    assert service["wantedBy"] == tokens(unit["Install"]["WantedBy"])
+
+
+def exec_start_arguments(config: dict) -> list[str]:
+    argv = shlex.split(config["ExecStart"].replace("%%", "%").replace("$$", "$"))
+    assert argv[0] == f"{STORE_PATH}/bin/xpu-exporter"
+    return argv[1:]
+
+
+def test_module_defaults_give_the_exporters_defaults(tmp_path):
+    settings = parse_settings(exec_start_arguments(service_config(tmp_path)))
+    assert settings.listen_address == ":10447"
+    assert settings.journal_units == ("vllm*.service",)
+    assert settings.web_config_file is None
+
+
+def test_module_options_become_flags_the_exporter_accepts(tmp_path):
+    config = service_config(tmp_path, """{
+      enable = true; listenAddress = "::1"; port = 9999;
+      units = [ "vllm-*.service" "llm@*.service" ];
+      webConfigFile = "/etc/xpu-exporter/web.yml";
+      extraFlags = [ "--log.level=debug" "--journal.boot=all" ];
+    }""")
+    settings = parse_settings(exec_start_arguments(config))
+    assert settings.listen_address == "[::1]:9999"
+    assert settings.journal_units == ("vllm-*.service", "llm@*.service")
+    assert settings.web_config_file == "/etc/xpu-exporter/web.yml"
+    assert (settings.log_level, settings.journal_boot) == ("debug", "all")
+
+
+def test_module_escapes_systemd_specifiers_in_flags(tmp_path):
+    config = service_config(tmp_path, '{ enable = true; units = [ "vllm-%i-$HOST.service" ]; }')
+    assert '"--journal.units=vllm-%%i-$$HOST.service"' in config["ExecStart"]
+    assert parse_settings(exec_start_arguments(config)).journal_units == ("vllm-%i-$HOST.service",)
+
+
+def test_module_opens_the_firewall_only_when_asked(tmp_path):
+    assert evaluate_module(tmp_path)["networking"]["firewall"]["allowedTCPPorts"] == []
+    opened = evaluate_module(tmp_path, "{ enable = true; openFirewall = true; port = 9999; }")
+    assert opened["networking"]["firewall"]["allowedTCPPorts"] == [9999]
+
+
+def test_module_runs_as_a_named_user_instead_of_a_dynamic_one_when_given(tmp_path):
+    config = service_config(tmp_path, '{ enable = true; user = "xpu-exporter"; }')
+    assert config["User"] == "xpu-exporter" and "DynamicUser" not in config
+    assert service_config(tmp_path)["DynamicUser"] is True
+
+
+def test_disabled_module_adds_nothing(tmp_path):
+    assert evaluate_module(tmp_path, "{ }") == {}
+
+
+def test_package_builds_this_version_with_the_projects_dependencies(tmp_path):
+    harness = tmp_path / "package-harness.nix"
+    harness.write_text(PACKAGE_HARNESS % {"lib": STAND_IN_LIB, "package": PACKAGE})
+    result = nix("--eval", "--strict", "--json", str(harness))
+    assert result.returncode == 0, result.stderr
+    package = json.loads(result.stdout)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert package["pname"] == project["name"] and package["version"] == __version__
+    wanted = {re.split(r"[<>=!~ ;\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+              for requirement in project["dependencies"]}
+    assert set(package["dependencies"]) == wanted
+    assert package["meta"]["mainProgram"] in project["scripts"]
+    assert "/nix/store/level-zero/lib" in " ".join(package["makeWrapperArgs"])
