@@ -1,0 +1,246 @@
+"""The bundled Prometheus rules: promtool accepts them and their unit tests pass, they follow the mixin
+conventions, every alert has a runbook section and cases that fire and that do not, they ask only for
+metrics the exporter serves, and operators can override their knobs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from promql import (README, REPO, RULES, alerting_rules, documented_metrics, metric_names, recorded_names,
+                    rules, rules_metric_names, template_query_names)
+
+sys.path.insert(0, str(REPO / "rules"))
+import render  # noqa: E402  (rules/render.py is a script beside the rules, not a package module)
+
+RULE_TESTS = sorted((REPO / "rules" / "tests").glob("*.test.yaml"))
+RUNBOOK = REPO / "docs" / "runbook.md"
+ALERT_PREFIX = "Xpu"
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["promtool", *args], capture_output=True, text=True, check=False)
+
+
+def alert_names() -> set[str]:
+    return {rule["alert"] for rule in alerting_rules()}
+
+
+def github_anchor(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def runbook_sections() -> dict[str, str]:
+    """{anchor: text} of the runbook's second-level sections."""
+    parts = re.split(r"^## (.+)$", RUNBOOK.read_text(), flags=re.M)
+    return {github_anchor(heading): body for heading, body in zip(parts[1::2], parts[2::2])}
+
+
+def test_metric_names_are_found_in_the_expressions_these_files_use():
+    expr = ('(increase(a_total{x="y"}[15m]) > 0 or (b > 0.5 unless c offset 15m)) and ignoring (reason) '
+            '(time() - d_seconds{job="j"} < 900)')
+    assert metric_names(expr) == {"a_total", "b", "c", "d_seconds"}
+    assert metric_names('sum by (unit, reason) (rate(x:y:rate5m{u=~"$unit"}[$__rate_interval])) > 0') == {"x:y:rate5m"}
+    assert metric_names("absent(up{job=\"xpu-exporter\"})") == {"up"}
+    assert metric_names("max by (unit) (m) / on(unit) group_left(model) info * 1000") == {"m", "info"}
+    assert template_query_names('{{ with printf "xpu_a{instance=%q}" $labels.instance | query }}') == {"xpu_a"}
+
+
+def test_promtool_check_rules_accepts_the_bundled_rules():
+    result = promtool("check", "rules", str(RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(list(rules()))} rules found" in result.stdout
+
+
+def test_promtool_unit_tests_of_the_rules_pass():
+    assert RULE_TESTS
+    result = promtool("test", "rules", *map(str, RULE_TESTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_bundled_rules_are_the_template_rendered_with_the_defaults():
+    assert RULES.read_text() == render.render()
+
+
+def test_every_knob_has_a_default_and_is_used_by_the_template():
+    used = set(re.findall(r"\$\{(\w+)", "".join(line for line in render.TEMPLATE.read_text().splitlines(True)
+                                                 if not line.startswith(render.TEMPLATE_NOTE))))
+    assert used == set(render.load_defaults())
+
+
+def test_every_alert_has_cases_that_fire_and_cases_that_do_not():
+    firing, quiet = set(), set()
+    for path in RULE_TESTS:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                (firing if check.get("exp_alerts") else quiet).add(check["alertname"])
+    assert alert_names() - firing == set(), "alerts without a case where they fire"
+    assert alert_names() - quiet == set(), "alerts without a case where they stay quiet"
+
+
+def test_every_severity_variant_of_an_alert_is_seen_firing():
+    expected = {(rule["alert"], rule["labels"]["severity"]) for rule in alerting_rules()}
+    seen = set()
+    for path in RULE_TESTS:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                seen |= {(check["alertname"], alert["exp_labels"]["severity"]) for alert in check.get("exp_alerts") or []}
+    assert expected - seen == set()
+
+
+def test_alerts_follow_the_mixin_naming_severity_and_annotation_conventions():
+    for rule in alerting_rules():
+        name = rule["alert"]
+        assert re.fullmatch(rf"{ALERT_PREFIX}(?:[A-Z][a-z0-9]*)+", name), name
+        assert rule["labels"]["severity"] in ("critical", "warning", "info"), name
+        annotations = rule["annotations"]
+        assert set(annotations) == {"summary", "description", "runbook_url"}, name
+        assert annotations["summary"].endswith(".") and "{{" not in annotations["summary"], name
+        assert annotations["description"].strip(), name
+        assert annotations["runbook_url"] == f"{render.load_defaults()['runbookUrl']}#{name.lower()}", name
+
+
+def test_every_runbook_url_leads_to_a_section_with_meaning_diagnosis_and_fix():
+    sections = runbook_sections()
+    for name in alert_names():
+        anchor = alerting_rules_url_anchor(name)
+        assert anchor in sections, f"docs/runbook.md has no section '## {name}'"
+        for part in ("**Meaning**", "**Diagnosis**", "**Fix**"):
+            assert part in sections[anchor], f"runbook section {name} lacks {part}"
+
+
+def alerting_rules_url_anchor(name: str) -> str:
+    return next(rule["annotations"]["runbook_url"] for rule in alerting_rules()
+                if rule["alert"] == name).rsplit("#", 1)[1]
+
+
+def test_rules_use_only_metrics_the_exporter_serves_or_the_rules_record():
+    served = documented_metrics(README)
+    assert served, "no metric table found in the README"
+    unknown = rules_metric_names() - served - recorded_names() - {"up"}
+    assert unknown == set()
+
+
+def test_every_recording_rule_is_used_by_an_alert():
+    used = set()
+    for rule in alerting_rules():
+        used |= metric_names(rule["expr"])
+    assert recorded_names() - used == set()
+
+
+def test_every_expression_selects_with_the_selector_knob():
+    selector = render.load_defaults()["selector"]
+    for rule in rules():
+        selections = re.findall(r"[a-zA-Z_:][\w:]*\{([^}]*)\}", rule["expr"])
+        assert selections, rule
+        assert all(selector in selection for selection in selections), rule
+
+
+OVERRIDE_TEST = """\
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+group_eval_order: [xpu-exporter.rules, xpu-exporter.alerts]
+tests:
+  - interval: 1m
+    input_series:
+      # 7 % free: under the overridden 10 %, over the default 5 %
+      - series: 'xpu_memory_free_bytes{instance="a:1",job="gpu",device="0000:03:00.0"}'
+        values: '1202590843x10'
+      - series: 'xpu_memory_total_bytes{instance="a:1",job="gpu",device="0000:03:00.0"}'
+        values: '17179869184x10'
+      # the same numbers under a job the selector does not take
+      - series: 'xpu_memory_free_bytes{instance="b:1",job="other",device="0000:03:00.0"}'
+        values: '1202590843x10'
+      - series: 'xpu_memory_total_bytes{instance="b:1",job="other",device="0000:03:00.0"}'
+        values: '17179869184x10'
+      - series: 'up{instance="a:1",job="gpu"}'
+        values: '1x10'
+    alert_rule_test:
+      - eval_time: 1m
+        alertname: XpuMemoryNearlyFull
+        exp_alerts: []
+      - eval_time: 2m
+        alertname: XpuMemoryNearlyFull
+        exp_alerts:
+          - exp_labels: {severity: critical, instance: "a:1", job: gpu, device: "0000:03:00.0"}
+            exp_annotations:
+              summary: GPU device memory is nearly exhausted.
+              description: "Device 0000:03:00.0 on a:1 has 7% of its memory free (1.12GiB). A unit that restarts now, or any new GPU user, will likely fail to allocate. See which units hold it in the dashboard's device memory row."
+              runbook_url: https://runbooks.example/xpu.md#xpumemorynearlyfull
+      - eval_time: 10m
+        alertname: XpuExporterAbsent
+        exp_alerts: []
+"""
+
+
+def test_overridden_threshold_duration_severity_and_selector_change_what_fires(tmp_path):
+    overrides = {"selector": 'job="gpu"', "memoryNearlyFullFreeRatio": "0.1", "memoryNearlyFullFor": "2m",
+                 "memoryNearlyFullSeverity": "critical", "runbookUrl": "https://runbooks.example/xpu.md"}
+    (tmp_path / "rules.yaml").write_text(render.render(overrides))
+    (tmp_path / "override.test.yaml").write_text(OVERRIDE_TEST)
+    assert promtool("check", "rules", str(tmp_path / "rules.yaml")).returncode == 0
+    result = promtool("test", "rules", str(tmp_path / "override.test.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_command_line_renders_values_files_and_assignments(tmp_path):
+    values = tmp_path / "values.yaml"
+    values.write_text(textwrap.dedent("""\
+        selector: job="gpu",cluster="lab"
+        engineInitFailedWindow: 30m
+        exporterDownSeverity: info
+        """))
+    output = tmp_path / "rules.yaml"
+    result = subprocess.run([sys.executable, str(REPO / "rules" / "render.py"), "--values", str(values),
+                             "--set", "exporterDownSeverity=critical", "-o", str(output)],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    expected = render.render({"selector": 'job="gpu",cluster="lab"', "engineInitFailedWindow": "30m",
+                              "exporterDownSeverity": "critical"})
+    assert output.read_text() == expected
+    rendered = {rule.get("alert") or rule["record"]: rule for rule in rules(output)}
+    assert rendered["XpuExporterDown"]["labels"]["severity"] == "critical"
+    assert "< 1800)" in rendered["XpuUnitEngineInitFailed"]["expr"]
+    assert 'up{job="gpu",cluster="lab"}' in rendered["XpuExporterDown"]["expr"]
+    assert promtool("check", "rules", str(output)).returncode == 0
+
+
+@pytest.mark.parametrize("knob, value, message", [
+    ("noSuchKnob", "1", "unknown knob"),
+    ("memoryNearlyFullFor", "15 minutes", "not a Prometheus duration"),
+    ("engineInitFailedWindow", "-5m", "not a Prometheus duration"),
+    ("exporterDownSeverity", "page", "severity must be one of"),
+    ("memoryNearlyFullFreeRatio", "5", "a ratio is a number from 0 to 1"),
+    ("restartHeadroomThresholdBytes", "1GiB", "a number of bytes"),
+    ("selector", '{job="x"}', "label matchers without braces"),
+])
+def test_bad_knob_values_are_refused_with_a_message(knob, value, message):
+    with pytest.raises(render.RenderError, match=message):
+        render.render({knob: value})
+    result = subprocess.run([sys.executable, str(REPO / "rules" / "render.py"), "--set", f"{knob}={value}"],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 2 and message in result.stderr and result.stdout == ""
+
+
+def test_a_value_that_would_break_the_yaml_is_refused():
+    with pytest.raises(yaml.YAMLError):
+        render.render({"runbookUrl": "x\n  broken: [yaml"})
+
+
+def test_the_knob_list_prints_every_knob_with_its_default():
+    result = subprocess.run([sys.executable, str(REPO / "rules" / "render.py"), "--list"],
+                            capture_output=True, text=True, check=True)
+    listed = dict(line.split("=", 1) for line in result.stdout.splitlines())
+    assert listed == render.load_defaults()
+
+
+def test_rule_test_files_name_the_bundled_rules(tmp_path):
+    for path in RULE_TESTS:
+        files = yaml.safe_load(path.read_text())["rule_files"]
+        assert [(path.parent / file).resolve() for file in files] == [Path(RULES).resolve()]
