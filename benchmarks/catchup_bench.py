@@ -1,0 +1,194 @@
+"""Journal catch-up: the exporter's full catch-up against journalctl on the same journal, same run.
+
+    python benchmarks/catchup_bench.py [--sizes 250000 1000000] [--runs 3]
+
+"Ours" is a fresh process that does exactly what the exporter does on start: a JournalFollower over
+the journal directory (units ``vllm*.service``, boot ``all``) reads every selected entry with the
+JournalReader, parses each message with the vLLM grammar and folds it into an EngineTracker; the
+process exits once the follower reports it has caught up. "journalctl" is ``journalctl -D DIR -u
+'vllm*' -o json > /dev/null``: the same entries (``-u`` also selects PID 1's ``UNIT=`` records),
+decoded and printed. Both are timed from spawn to exit (ours includes starting Python and importing
+the exporter); runs alternate, and the median run counts. Peak RSS: ours is the process's own
+VmHWM, journalctl's its ru_maxrss from wait4(2). A third process, the JournalReader alone (no
+grammar, no fold), shows how the catch-up time splits between reading and interpreting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bigjournal import UNIT_GLOB, ensure_journal  # noqa: E402
+from measure import median, run_child  # noqa: E402
+
+REPO = HERE.parent
+CAUGHT_UP_POLL_S = 0.005
+
+
+@dataclass(frozen=True)
+class Side:
+    wall_s: float
+    cpu_s: float
+    peak_rss_mb: float
+    in_process_s: float | None = None  # ours: from creating the follower to caught up
+
+
+@dataclass(frozen=True)
+class CatchUpResult:
+    journal_entries: int
+    selected: int
+    ours: Side
+    journalctl: Side
+    reader_only: Side
+    fold: dict  # unit -> starts, failures, overlaps (what the catch-up found)
+
+    @property
+    def ratio(self) -> float:
+        return self.ours.wall_s / self.journalctl.wall_s
+
+    @property
+    def entries_per_s(self) -> float:
+        return self.selected / self.ours.wall_s
+
+
+def journalctl_argv(directory: Path) -> list[str]:
+    return ["journalctl", "--no-pager", "-D", str(directory), "-u", UNIT_GLOB.removesuffix(".service"), "-o", "json"]
+
+
+def count_journalctl(directory: Path) -> int:
+    """Entries journalctl selects, counted while streaming its output."""
+    process = subprocess.Popen(journalctl_argv(directory), stdout=subprocess.PIPE)
+    assert process.stdout is not None
+    lines = 0
+    while chunk := process.stdout.read(1 << 20):
+        lines += chunk.count(b"\n")
+    if process.wait() != 0:
+        raise RuntimeError(f"journalctl exited with {process.returncode}")
+    return lines
+
+
+def child_catch_up(directory: str) -> None:
+    """In the measured child: the follower's catch-up, as the exporter runs it."""
+    started = time.perf_counter()
+    from exporter.collectors.journal import JournalFollower
+    from exporter.sources.journal import JournalSelection
+
+    follower = JournalFollower(JournalSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all"))
+    follower.start()
+    while (state := follower.state()).error is not None:
+        time.sleep(CAUGHT_UP_POLL_S)
+    seconds = time.perf_counter() - started
+    fold = {view.unit: {"starts": view.starts, "failures": sum(view.failures.values()), "overlaps": view.overlaps}
+            for view in state.views}
+    print(json.dumps({"entries": state.entries_read, "seconds": seconds, "vm_hwm_mb": _vm_hwm_mb(), "fold": fold}),
+          flush=True)
+    # Not follower.stop(): the follower now waits for new entries in 0.5 s slices, and joining it would
+    # add that wait to the measured time. The exporter goes on following; this process is done.
+    os._exit(0)
+
+
+def child_read_only(directory: str) -> None:
+    """In the measured child: the JournalReader alone, every selected entry decoded, nothing parsed."""
+    started = time.perf_counter()
+    from exporter.sources.journal import JournalReader, JournalSelection
+
+    entries = 0
+    with JournalReader(JournalSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all")) as reader:
+        while batch := reader.read_available(4096):
+            entries += len(batch)
+    print(json.dumps({"entries": entries, "seconds": time.perf_counter() - started, "vm_hwm_mb": _vm_hwm_mb(),
+                      "fold": {}}))
+
+
+def _vm_hwm_mb() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 1024
+
+
+def run_ours(directory: Path, mode: str) -> tuple[Side, dict]:
+    run = run_child([sys.executable, __file__, mode, str(directory)], env=_child_env())
+    report = json.loads(run.stdout)
+    return Side(run.wall_s, run.cpu_s, report["vm_hwm_mb"], report["seconds"]), report
+
+
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def run_journalctl(directory: Path) -> Side:
+    run = run_child(journalctl_argv(directory), discard_stdout=True)
+    return Side(run.wall_s, run.cpu_s, run.max_rss_mb)
+
+
+def _median_side(runs: list[Side]) -> Side:
+    wall = median([run.wall_s for run in runs])
+    chosen = min(runs, key=lambda run: abs(run.wall_s - wall))
+    return Side(chosen.wall_s, chosen.cpu_s, max(run.peak_rss_mb for run in runs), chosen.in_process_s)
+
+
+def bench_catch_up(size: int, runs: int, log=print) -> CatchUpResult:
+    directory = ensure_journal(size, log=log)
+    selected = count_journalctl(directory)
+    ours: list[Side] = []
+    theirs: list[Side] = []
+    fold: dict = {}
+    for _ in range(runs):
+        side, report = run_ours(directory, "--child-catch-up")
+        if report["entries"] != selected:
+            raise RuntimeError(f"journalctl selects {selected} entries, the catch-up read {report['entries']}")
+        ours.append(side)
+        fold = report["fold"]
+        theirs.append(run_journalctl(directory))
+    reader_only, report = run_ours(directory, "--child-read-only")
+    if report["entries"] != selected:
+        raise RuntimeError(f"journalctl selects {selected} entries, the reader read {report['entries']}")
+    return CatchUpResult(size, selected, _median_side(ours), _median_side(theirs), reader_only, fold)
+
+
+def report(result: CatchUpResult, runs: int, log=print) -> None:
+    ours, theirs, reader = result.ours, result.journalctl, result.reader_only
+    log(f"  {result.journal_entries:,} entries, {result.selected:,} selected; median of {runs} run(s), "
+        f"spawn to exit:")
+    log(f"    catch-up (reader+grammar+fold): {ours.wall_s:6.2f} s wall {ours.cpu_s:6.2f} s CPU "
+        f"{result.entries_per_s:9,.0f} entries/s  peak RSS {ours.peak_rss_mb:5.1f} MB  "
+        f"(in-process {ours.in_process_s:.2f} s)")
+    log(f"    journalctl -o json >/dev/null : {theirs.wall_s:6.2f} s wall {theirs.cpu_s:6.2f} s CPU "
+        f"{result.selected / theirs.wall_s:9,.0f} entries/s  peak RSS {theirs.peak_rss_mb:5.1f} MB")
+    log(f"    JournalReader alone           : {reader.wall_s:6.2f} s wall {reader.cpu_s:6.2f} s CPU "
+        f"(in-process {reader.in_process_s:.2f} s): grammar+fold cost "
+        f"{ours.in_process_s - reader.in_process_s:+.2f} s")
+    log(f"    ratio catch-up/journalctl: {result.ratio:.2f} wall, {ours.cpu_s / theirs.cpu_s:.2f} CPU")
+    folded = ", ".join(f"{unit} {f['starts']} starts/{f['failures']} failures/{f['overlaps']} overlaps"
+                       for unit, f in sorted(result.fold.items()))
+    log(f"    folded: {folded}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[250_000, 1_000_000])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--child-catch-up", help=argparse.SUPPRESS)
+    parser.add_argument("--child-read-only", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_catch_up:
+        child_catch_up(args.child_catch_up)
+        return 0
+    if args.child_read_only:
+        child_read_only(args.child_read_only)
+        return 0
+    for size in args.sizes:
+        report(bench_catch_up(size, args.runs), args.runs)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
