@@ -240,7 +240,7 @@ def test_the_knob_list_prints_every_knob_with_its_default():
     assert listed == render.load_defaults()
 
 
-def test_rule_test_files_name_the_bundled_rules(tmp_path):
+def test_rule_test_files_name_the_bundled_rules():
     for path in RULE_TESTS:
         files = yaml.safe_load(path.read_text())["rule_files"]
         assert [(path.parent / file).resolve() for file in files] == [Path(RULES).resolve()]
