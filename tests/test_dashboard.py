@@ -4,6 +4,7 @@ only metrics the exporter serves. That every query returns data is shown in test
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from typing import Any
 from promql import (README, REPO, dashboard_metric_names, dashboard_panels, dashboard_queries,
                     documented_metrics, load_dashboard, metric_names, variable_queries)
 
+OPERATOR_DOC = REPO / "docs" / "alerts-and-dashboard.md"
 ROWS = ["Device memory", "KV cache per unit", "Engine inits", "Restart headroom", "Exporter"]
 
 
@@ -149,3 +151,9 @@ def test_panels_fit_the_grid_without_overlapping():
 def test_dashboard_uses_only_metrics_the_exporter_serves():
     unknown = dashboard_metric_names(load_dashboard()) - documented_metrics(README) - {"up"}
     assert unknown == set()
+
+
+def test_the_operator_doc_lists_every_panel_in_its_row():
+    listed = re.findall(r"^\| ([A-Z][\w ]+?) \| ([^|]+?) \| [^|]+ \|$", OPERATOR_DOC.read_text(), re.M)
+    rows = rows_with_panels(load_dashboard())
+    assert listed == [(row, panel["title"]) for row, panels in rows.items() for panel in panels]

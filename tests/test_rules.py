@@ -21,6 +21,7 @@ import render  # noqa: E402  (rules/render.py is a script beside the rules, not 
 
 RULE_TESTS = sorted((REPO / "rules" / "tests").glob("*.test.yaml"))
 RUNBOOK = REPO / "docs" / "runbook.md"
+OPERATOR_DOC = REPO / "docs" / "alerts-and-dashboard.md"
 ALERT_PREFIX = "Xpu"
 
 
@@ -244,3 +245,21 @@ def test_rule_test_files_name_the_bundled_rules():
     for path in RULE_TESTS:
         files = yaml.safe_load(path.read_text())["rule_files"]
         assert [(path.parent / file).resolve() for file in files] == [Path(RULES).resolve()]
+
+
+def test_the_operator_doc_lists_every_alert_with_its_severities():
+    listed = dict(re.findall(r"^\| `(Xpu\w+)` \| ([a-z /]+) \|", OPERATOR_DOC.read_text(), re.M))
+    assert set(listed) == alert_names()
+    for name, severities in listed.items():
+        assert set(severities.split(" / ")) == {rule["labels"]["severity"] for rule in alerting_rules()
+                                                 if rule["alert"] == name}, name
+
+
+def test_the_operator_doc_alertmanager_example_is_valid(tmp_path):
+    example = re.search(r"```yaml\n(.*?)```", OPERATOR_DOC.read_text(), re.S).group(1)
+    config = yaml.safe_load(example)
+    config["receivers"] = [{"name": "oncall"}, {"name": "dashboard-only"}]
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run(["amtool", "check-config", str(path)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
