@@ -11,8 +11,11 @@ open (journals without PID 1's records). It ends
   complete" for releases that print no duration);
 - as a failure on the first root cause vLLM printed (counted at once, by reason; the copies vLLM
   prints of the same cause and its wrapper lines belong to the same start and do not count again),
-  or, when the start dies without a recognised cause, on the terminal wrapper line, the main
-  process's exit, the unit's failure, a scheduled restart or the next "Starting" (reason `other`).
+  or, when the start dies without a recognised cause, on the terminal wrapper line (reason `other`),
+  or on systemd's record of the main process's exit, the unit's failure, a scheduled restart or the
+  next "Starting". journald does not order a dying process's last lines against PID 1's records, so
+  such a failure waits for its root cause (routed by the process's pid) until the restarted process
+  prints, or LATE_LINES_GRACE_USEC has passed, and only then counts as `other`.
 A stop requested during init (systemd's "Stopping") ends the start without counting it.
 
 An init runs from its start until its first KV-cache line, its init-complete line or its failure;
@@ -22,6 +25,7 @@ an init that runs while another watched unit's init runs overlaps, and both are 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -34,6 +38,10 @@ from exporter.sources.journal import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID
 
 REASONS = tuple(reason.value for reason in FailureReason)
 DEFAULT_MAX_UNITS = 64
+# journald stores a dying process's last lines and PID 1's record of its exit in no defined order
+# (systemd#32716): a start systemd says failed waits this long for its root cause before it counts
+# as `other`.
+LATE_LINES_GRACE_USEC = 5_000_000
 # vLLM V0 prints "# xpu blocks" and no token count; its CacheConfig default block size is 16.
 V0_DEFAULT_BLOCK_SIZE = 16
 
@@ -50,6 +58,7 @@ class Entry(Protocol):
     message: str
     from_systemd: bool
     message_id: str
+    pid: int | None
 
 
 @dataclass(eq=False)
@@ -73,7 +82,10 @@ class Start:
     profiled_total_bytes: int | None = None
     profiled_peak_bytes: int | None = None
     init_duration_seconds: float | None = None
+    pid: int | None = None  # the main process (journald's _PID of the unit's output)
     outcome: str | None = None  # None while initialising, then "ok", "failed" or "stopped"
+    ended_usec: int = 0
+    pending_since_usec: int | None = None  # failed per systemd; counted once its cause is known or late
     initialising: bool = True  # the overlap window: until the first KV line, init done or failure
     overlapped: bool = False
 
@@ -136,6 +148,7 @@ class _Unit:
     last_failure_usec: int | None = None
     overlaps: int = 0
     current: Start | None = None
+    previous: Start | None = None  # the start before current: its late lines are routed by pid
     latest: Start | None = None
     last_success: Start | None = None
 
@@ -165,27 +178,42 @@ class EngineTracker:
         unit = self._unit(entry.unit)
         if unit is None:
             return
+        self._settle_unit(unit, entry.realtime_usec)
         if entry.from_systemd:
             self._systemd_record(unit, entry)
             return
         event = vllm.parse_line(entry.message)
         if event is None:
             return
+        pid = entry.pid
+        late = unit.previous
+        if (late is not None and pid is not None and late.pid == pid and unit.current.pid != pid
+                and entry.realtime_usec - late.ended_usec <= LATE_LINES_GRACE_USEC):
+            # the restart's "Starting" was stored before the failed process's last lines
+            self._late_line(unit, late, event, entry.realtime_usec)
+            return
         start = unit.current
-        if start is None or (start.outcome is not None and _opens_a_start(event)):
+        if start is None or (start.outcome is not None and (pid is None or start.pid != pid)
+                             and _opens_a_start(event)):
             start = self._open(unit, entry.realtime_usec)
         if start.outcome is not None:
-            return  # the rest of an ended start: copies of its cause, wrappers, later runtime lines
+            self._late_line(unit, start, event, entry.realtime_usec)
+            return
+        if start.pid is None:
+            start.pid = pid
+            if unit.previous is not None and unit.previous.pending_since_usec is not None:
+                self._count(unit, unit.previous, FailureReason.OTHER.value, unit.previous.pending_since_usec)
         start.printed = True
         unit.latest = start
         _record(start, event)
         if isinstance(event, vllm.FailureCause):
-            self._fail(unit, event.reason.value, entry.realtime_usec)
+            self._end(start, "failed", entry.realtime_usec)
+            self._count(unit, start, event.reason.value, entry.realtime_usec)
         elif isinstance(event, vllm.FailureWrapper) and event.terminal:
-            self._fail(unit, FailureReason.OTHER.value, entry.realtime_usec)
+            self._end(start, "failed", entry.realtime_usec)
+            self._count(unit, start, FailureReason.OTHER.value, entry.realtime_usec)
         elif isinstance(event, (vllm.EngineInitDone, vllm.ServerReady)):
-            start.outcome = "ok"
-            start.initialising = False
+            self._end(start, "ok", entry.realtime_usec)
             unit.starts += 1
             unit.last_success = start
         elif isinstance(event, (vllm.KvCacheMemory, vllm.KvCacheCapacity, vllm.KvCacheBlocks)):
@@ -195,9 +223,13 @@ class EngineTracker:
         for entry in entries:
             self.add(entry)
 
-    def views(self) -> Iterator[UnitView]:
+    def views(self, now_usec: int | None = None) -> Iterator[UnitView]:
+        """Views as of `now_usec` (default: the wall clock), by which pending failures are settled."""
+        now_usec = round(time.time() * 1e6) if now_usec is None else now_usec
         for name in sorted(self._units):
-            yield self._units[name].view()
+            unit = self._units[name]
+            self._settle_unit(unit, now_usec)
+            yield unit.view()
 
     def _unit(self, name: str) -> _Unit | None:
         unit = self._units.get(name)
@@ -214,15 +246,28 @@ class EngineTracker:
             self._open(unit, entry.realtime_usec)
         elif start is not None and start.outcome is None:
             if entry.message_id in MESSAGE_IDS_START_ENDED:
-                self._fail(unit, FailureReason.OTHER.value, entry.realtime_usec)
+                self._end(start, "failed", entry.realtime_usec, pending=True)
             elif entry.message_id == MESSAGE_ID_UNIT_STOPPING:
-                start.outcome = "stopped"
-                start.initialising = False
+                self._end(start, "stopped", entry.realtime_usec)
+
+    def _late_line(self, unit: _Unit, start: Start, event: vllm.Event, when_usec: int) -> None:
+        """A line of a start that already ended: copies of its cause, wrappers, runtime lines; or its root
+        cause, stored after systemd's record of the process's exit (journald does not order the two)."""
+        if start.pending_since_usec is None:
+            return
+        if isinstance(event, vllm.FailureCause):
+            _record(start, event)
+            self._count(unit, start, event.reason.value, when_usec)
+        elif isinstance(event, vllm.FailureWrapper) and event.terminal:
+            self._count(unit, start, FailureReason.OTHER.value, when_usec)
 
     def _open(self, unit: _Unit, when_usec: int) -> Start:
         previous = unit.current
         if previous is not None and previous.outcome is None:
-            self._fail(unit, FailureReason.OTHER.value, when_usec)
+            self._end(previous, "failed", when_usec, pending=True)
+        if unit.previous is not None and unit.previous.pending_since_usec is not None:
+            self._count(unit, unit.previous, FailureReason.OTHER.value, unit.previous.pending_since_usec)
+        unit.previous = previous
         start = unit.current = Start(began_usec=when_usec)
         initialising = [other for other in self._units.values()
                         if other is not unit and other.current is not None and other.current.initialising]
@@ -232,6 +277,13 @@ class EngineTracker:
                 self._overlapped(other, other.current)
         return start
 
+    def _settle_unit(self, unit: _Unit, now_usec: int) -> None:
+        """Count as `other` the failed starts whose root cause has not turned up within the grace time."""
+        for start in (unit.previous, unit.current):
+            if start is not None and start.pending_since_usec is not None and \
+                    now_usec - start.pending_since_usec > LATE_LINES_GRACE_USEC:
+                self._count(unit, start, FailureReason.OTHER.value, start.pending_since_usec)
+
     @staticmethod
     def _overlapped(unit: _Unit, start: Start) -> None:
         if not start.overlapped:
@@ -239,10 +291,17 @@ class EngineTracker:
             unit.overlaps += 1
 
     @staticmethod
-    def _fail(unit: _Unit, reason: str, when_usec: int) -> None:
-        start = unit.current
-        start.outcome = "failed"
+    def _end(start: Start, outcome: str, when_usec: int, pending: bool = False) -> None:
+        """End a start. A failure systemd reports (exit, failed state) is pending until its cause is known:
+        the process's last lines may still come."""
+        start.outcome = outcome
+        start.ended_usec = when_usec
         start.initialising = False
+        start.pending_since_usec = when_usec if pending else None
+
+    @staticmethod
+    def _count(unit: _Unit, start: Start, reason: str, when_usec: int) -> None:
+        start.pending_since_usec = None
         unit.failures[reason] += 1
         unit.last_failure_usec = when_usec
 

@@ -17,8 +17,8 @@ CORE = "(EngineCore pid=11) INFO 12-02 10:00:20 [gpu_worker.py:456] "
 
 
 def every_kind_of_start(clock: Clock) -> list:
-    """A failed then a successful start of chat, and a start of embedding with kv_cache_memory_bytes set,
-    overlapping chat's second init."""
+    """A failed then a successful start of chat (a new main pid, as after a real restart), and a start of
+    embedding with kv_cache_memory_bytes set, overlapping chat's second init."""
     failure = ("ValueError: To serve at least one request with the model's max seq len (131072), (3.36 GiB KV "
                "cache is needed, which is larger than the available KV cache memory (2.13 GiB).")
     return [
@@ -34,16 +34,16 @@ def every_kind_of_start(clock: Clock) -> list:
         unit_output(EMBEDDING, API + "vLLM API server version 0.24.0", clock.tick()),
         unit_output(EMBEDDING, API + "non-default args: {'model': 'BAAI/bge-m3', 'kv_cache_memory_bytes': "
                                      "1073741824}", clock.tick()),
-        unit_output(CHAT, API + "vLLM API server version 0.24.0", clock.tick()),
+        unit_output(CHAT, API + "vLLM API server version 0.24.0", clock.tick(), pid=12),
         unit_output(CHAT, API + "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 131072, "
-                                "'gpu_memory_utilization': 0.75, 'max_num_seqs': 3}", clock.tick()),
-        unit_output(CHAT, CORE + "Available KV cache memory: 3.25 GiB", clock.tick()),
+                                "'gpu_memory_utilization': 0.75, 'max_num_seqs': 3}", clock.tick(), pid=12),
+        unit_output(CHAT, CORE + "Available KV cache memory: 3.25 GiB", clock.tick(), pid=12),
         unit_output(CHAT, "(EngineCore pid=11) INFO 12-02 10:00:21 [kv_cache_utils.py:1286] GPU KV cache size: "
-                          "47,328 tokens", clock.tick()),
+                          "47,328 tokens", clock.tick(), pid=12),
         unit_output(CHAT, "(EngineCore pid=11) INFO 12-02 10:00:21 [kv_cache_utils.py:1290] Maximum concurrency "
-                          "for 131,072 tokens per request: 0.36x", clock.tick()),
+                          "for 131,072 tokens per request: 0.36x", clock.tick(), pid=12),
         unit_output(CHAT, "(EngineCore pid=11) INFO 12-02 10:00:40 [core.py:210] init engine (profile, create kv "
-                          "cache, warmup model) took 42.50 seconds", clock.tick()),
+                          "cache, warmup model) took 42.50 seconds", clock.tick(), pid=12),
     ]
 
 
