@@ -50,7 +50,8 @@ RUN install -d /opt/xpu-exporter/libexec \
     && install -m 0755 /usr/bin/setpriv /opt/xpu-exporter/libexec/raise-caps \
     && setcap cap_perfmon,cap_sys_ptrace,cap_dac_read_search=p /opt/xpu-exporter/libexec/raise-caps \
     && find / -xdev -type f -perm /6000 -exec chmod a-s {} + \
-    && useradd --system --uid 10447 --user-group --no-create-home --home-dir /nonexistent \
+    && groupadd --system --gid 10447 xpu-exporter \
+    && useradd --system --uid 10447 --gid 10447 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin xpu-exporter \
     && /opt/xpu-exporter/bin/python -c 'import ctypes; [ctypes.CDLL(name) for name in ("libze_loader.so.1", "libze_intel_gpu.so.1", "libsystemd.so.0", "libudev.so.1")]' \
     && /opt/xpu-exporter/bin/xpu-exporter --version
