@@ -272,6 +272,9 @@ def other_users_process() -> Iterator[int]:
     process = subprocess.Popen(["setpriv", "--reuid=61001", "--regid=61001", "--clear-groups", "--",
                                 "sleep", "60"], stdin=subprocess.PIPE)
     try:
+        became_other_user = wait_for(lambda: re.search(r"^Uid:\s+61001\s", Path(f"/proc/{process.pid}/status").read_text(),
+                                                       re.M), timeout=10)
+        assert became_other_user
         yield process.pid
     finally:
         process.send_signal(signal.SIGKILL)
