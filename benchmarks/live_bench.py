@@ -114,7 +114,10 @@ def bench_live(size: int, idle_seconds: float, follow_samples: int, driver: Path
                 child_idle = sum(cpu_seconds(p) for p in child_pids) - child_before
                 log(f"  following: {follow_samples} failed starts appended ...")
                 scraper = Scraper(host.exporter.base_url)
-                latencies, writers = follow_latency(Path(live), scraper, follow_samples)
+                try:
+                    latencies, writers = follow_latency(Path(live), scraper, follow_samples)
+                except RuntimeError as error:
+                    raise RuntimeError(f"{error}\nthe exporter's log:\n{host.exporter.stderr[-4000:]}") from None
             finally:
                 scraper.close()
     return LiveResult(
