@@ -93,11 +93,10 @@ class JournalFollower:
         with self._lock:
             for unit in self._units_with_processes:
                 tracker.watch(unit)
-        while not self._stop.is_set():
-            batch = reader.read_available(BATCH)
+        while batch := reader.read_available(BATCH):
+            if self._stop.is_set():
+                return  # stopping: a half-read journal is never published
             self._count(len(batch))
-            if not batch:
-                break
             tracker.extend(batch)
         with self._lock:
             self._tracker = tracker

@@ -189,8 +189,8 @@ class LevelZeroWorker:
             self._stop_child()
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
-        if not self._lock.acquire(timeout=self.timeout):
+    def _locked(self, deadline: float) -> Iterator[None]:
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise LevelZeroUnavailable("Level Zero is busy answering another scrape")
         try:
             yield
@@ -198,14 +198,21 @@ class LevelZeroWorker:
             self._lock.release()
 
     def _request(self, what: str) -> tuple[dict[str, Identity], list[dict]]:
-        with self._locked():
-            identities = self._ready()
+        """One answer of the child, within `timeout` all told (waiting for the lock, for the child's
+        init and for the answer)."""
+        deadline = time.monotonic() + self.timeout
+        with self._locked(deadline):
+            initialised_before = self._identities is not None
+            identities = self._ready(deadline)
+            if not initialised_before and deadline - time.monotonic() < self.timeout / 2:
+                # A slow init used up this scrape's time; reading now could only time out and kill it.
+                raise LevelZeroUnavailable("Level Zero has just initialised; the next scrape reads it")
             try:
                 self._child.stdin.write(what.encode() + b"\n")
                 self._child.stdin.flush()
             except OSError as error:
                 self._fail(f"Level Zero child is gone: {error}")
-            answer = self._receive(self.timeout)
+            answer = self._receive(deadline)
             if answer is None:
                 self._fail(f"Level Zero did not answer within {self.timeout:g}s (driver hang?)")
             readings = answer["devices"]
@@ -216,13 +223,13 @@ class LevelZeroWorker:
             self._failure = None
             return identities, readings
 
-    def _ready(self) -> dict[str, Identity]:
+    def _ready(self, deadline: float) -> dict[str, Identity]:
         if self._child is None:
             if time.monotonic() < self._retry_at:
                 raise LevelZeroUnavailable(self._failure or "Level Zero is not initialised")
             self._spawn()
         if self._identities is None:
-            ready = self._receive(self.timeout)
+            ready = self._receive(deadline)
             if ready is None:
                 if time.monotonic() < self._init_deadline:
                     raise LevelZeroUnavailable("Level Zero is still initialising")
@@ -250,10 +257,9 @@ class LevelZeroWorker:
         threading.Thread(target=_drain_stderr, args=(self._child,), daemon=True,
                          name="levelzero-stderr").start()
 
-    def _receive(self, timeout: float) -> dict | None:
-        """The child's next message, or None when it has not answered within `timeout`."""
+    def _receive(self, deadline: float) -> dict | None:
+        """The child's next message, or None when it has not answered by `deadline` (time.monotonic)."""
         child = self._child
-        deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as selector:
             selector.register(child.stdout, selectors.EVENT_READ)
             while b"\n" not in self._buffer:
