@@ -90,8 +90,12 @@ def wait_caught_up(host, scraper: Scraper, started: float, timeout: float = 300)
 def bench_live(size: int, idle_seconds: float, follow_samples: int, driver: Path, log=print) -> LiveResult:
     big = journal_files(ensure_journal(size, log=log))
     with tempfile.TemporaryDirectory(prefix="bench-live-", dir=in_memory_directory()) as workdir:
+        # One boot and clock for the whole live file, stamped now, as journald would: entries that sort
+        # before the reader's position (older, or of another boot) would not be followed.
+        clock = Clock(random_boot_id(), realtime_usec=time.time_ns() // 1000,
+                      monotonic_usec=time.monotonic_ns() // 1000)
         live = write_journal(Path(workdir) / "live.journal",
-                             [unit_output("cron.service", "live journal opened", Clock(random_boot_id()).tick())])
+                             [unit_output("cron.service", "live journal opened", clock.tick())])
         log(f"live: large host ({LARGE.describe()}), {size:,}-entry journal: starting the exporter ...")
         started = time.perf_counter()
         with bench_host(LARGE, Path(workdir) / "host", driver, extra_journal_files=[*big, live]) as host:
@@ -115,7 +119,7 @@ def bench_live(size: int, idle_seconds: float, follow_samples: int, driver: Path
                 log(f"  following: {follow_samples} failed starts appended ...")
                 scraper = Scraper(host.exporter.base_url)
                 try:
-                    latencies, writers = follow_latency(Path(live), scraper, follow_samples)
+                    latencies, writers = follow_latency(Path(live), scraper, follow_samples, clock)
                 except RuntimeError as error:
                     raise RuntimeError(f"{error}\nthe exporter's log:\n{host.exporter.stderr[-4000:]}") from None
             finally:
@@ -129,10 +133,9 @@ def bench_live(size: int, idle_seconds: float, follow_samples: int, driver: Path
         follow_max_ms=max(latencies) * 1e3, writer_p50_ms=median(writers) * 1e3, follow_samples=follow_samples)
 
 
-def follow_latency(live: Path, scraper: Scraper, samples: int, timeout: float = 10) -> tuple[list[float], list[float]]:
+def follow_latency(live: Path, scraper: Scraper, samples: int, clock: Clock,
+                   timeout: float = 10) -> tuple[list[float], list[float]]:
     rng = random.Random(7)
-    # Now, as journald would stamp them: entries older than the reader's position would sort before it.
-    clock = Clock(random_boot_id(), realtime_usec=time.time_ns() // 1000, monotonic_usec=time.monotonic_ns() // 1000)
     latencies: list[float] = []
     writers: list[float] = []
     for index in range(samples):
@@ -143,6 +146,7 @@ def follow_latency(live: Path, scraper: Scraper, samples: int, timeout: float = 
             raise RuntimeError(f"{series.decode()} is not in /metrics")
         time.sleep(rng.uniform(0.05, 0.25))  # not in step with the follower's 0.5 s wait
         written = time.perf_counter()
+        clock.realtime_usec, clock.monotonic_usec = time.time_ns() // 1000, time.monotonic_ns() // 1000
         append_journal(live, [unit_starting(unit, clock.tick()), unit_output(unit, CAUSE, clock.tick(), pid=77)])
         writers.append(time.perf_counter() - written)
         while (value := sample_value(scraper.get(), series)) == before:
