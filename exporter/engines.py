@@ -84,10 +84,16 @@ class Start:
     init_duration_seconds: float | None = None
     pid: int | None = None  # the main process (journald's _PID of the unit's output)
     outcome: str | None = None  # None while initialising, then "ok", "failed" or "stopped"
-    ended_usec: int = 0
     pending_since_usec: int | None = None  # failed per systemd; counted once its cause is known or late
+    late_line_usec: int | None = None  # when a line of this start last came after its end
     initialising: bool = True  # the overlap window: until the first KV line, init done or failure
     overlapped: bool = False
+
+    def awaits_late_lines(self, now_usec: int) -> bool:
+        """Whether lines of this start's process may still arrive: its failure waits for its cause, or
+        its cause came late just now (the copies vLLM prints follow)."""
+        return self.pending_since_usec is not None or (
+            self.late_line_usec is not None and now_usec - self.late_line_usec <= LATE_LINES_GRACE_USEC)
 
     @property
     def effective_gpu_memory_utilization(self) -> float | None:
@@ -187,8 +193,8 @@ class EngineTracker:
             return
         pid = entry.pid
         late = unit.previous
-        if (late is not None and pid is not None and late.pid == pid and unit.current.pid != pid
-                and entry.realtime_usec - late.ended_usec <= LATE_LINES_GRACE_USEC):
+        if late is not None and pid is not None and late.pid == pid != unit.current.pid and \
+                late.awaits_late_lines(entry.realtime_usec):
             # the restart's "Starting" was stored before the failed process's last lines
             self._late_line(unit, late, event, entry.realtime_usec)
             return
@@ -255,6 +261,7 @@ class EngineTracker:
         cause, stored after systemd's record of the process's exit (journald does not order the two)."""
         if start.pending_since_usec is None:
             return
+        start.late_line_usec = when_usec
         if isinstance(event, vllm.FailureCause):
             _record(start, event)
             self._count(unit, start, event.reason.value, when_usec)
@@ -295,7 +302,6 @@ class EngineTracker:
         """End a start. A failure systemd reports (exit, failed state) is pending until its cause is known:
         the process's last lines may still come."""
         start.outcome = outcome
-        start.ended_usec = when_usec
         start.initialising = False
         start.pending_since_usec = when_usec if pending else None
 

@@ -485,3 +485,15 @@ def test_fold_split_at_any_point_and_resumed_gives_the_same_views() -> None:
         tracker.extend(entries[:split])
         tracker.extend(entries[split:])
         assert as_data({view.unit: view for view in tracker.views()}) == whole, split
+
+
+def test_a_restart_whose_process_reuses_the_failed_ones_pid_is_still_its_own_start() -> None:
+    cause = ("(EngineCore pid=77) ERROR 12-02 10:00:30 [core.py:708] ValueError: No available memory for the "
+             "cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.")
+    entries = []
+    for attempt in range(3):
+        at = round((ORIGIN + attempt) * 1e6)
+        entries += [TrackerEntry(UNIT, at, "", True, journalgen.MESSAGE_ID_UNIT_STARTING, 1),
+                    TrackerEntry(UNIT, at + 1000, cause, False, "", 77)]
+    view = fold(entries)[UNIT]
+    assert view.failures == failures(no_kv_cache_memory=3)
