@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from exporter.sources.procfs import (
+    DrmClientScanner,
     ProcfsUnavailable,
     ScanResult,
     scan_drm_clients,
@@ -354,3 +355,51 @@ def test_real_proc_scans_and_its_totals_are_consistent():
 def test_unit_of_pid_on_real_proc_matches_own_cgroup_file():
     expected = unit_of_cgroup_file(Path("/proc/self/cgroup").read_text())
     assert unit_of_pid("/proc", os.getpid()) == expected
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_scanner_agrees_with_a_full_scan(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    for pid in (10, 11, 12):
+        process = procfs.add_unit_process(pid, f"/system.slice/vllm-{pid}.service")
+        process.add_drm_fd(xe_fdinfo(client_id=pid, vram0=pid * 1 << 20))
+        process.add_other_fds(3)
+    scanner = DrmClientScanner(str(procfs.root))
+    assert scanner.scan() == scan_drm_clients(str(procfs.root))
+    assert scanner.scan() == scan_drm_clients(str(procfs.root))
+
+
+def test_scanner_sees_new_processes_at_once_and_new_fds_of_known_ones_after_the_rescan_time(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    known = procfs.add_unit_process(10, "/system.slice/vllm-a.service")
+    known.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock)
+    assert scanner.scan().memory_by_device["0000:03:00.0"] == 1 << 20
+
+    procfs.add_unit_process(20, "/system.slice/vllm-b.service").add_drm_fd(xe_fdinfo(client_id=2, vram0=2 << 20))
+    known.add_drm_fd(xe_fdinfo(client_id=3, vram0=4 << 20))
+    clock.now += 1
+    assert scanner.scan().memory_by_device["0000:03:00.0"] == 3 << 20  # the new process, not the new fd
+
+    clock.now += 15  # walks are spread over 0.5 to 1.5 times the rescan time
+    assert scanner.scan().memory_by_device["0000:03:00.0"] == 7 << 20
+
+
+def test_scanner_rereads_the_memory_of_known_drm_fds_on_every_scan(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    process = procfs.add_unit_process(10, "/system.slice/vllm-a.service")
+    fd = process.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), clock=clock)
+    scanner.scan()
+    (process.path / "fdinfo" / str(fd)).write_text(xe_fdinfo(client_id=1, vram0=5 << 20))
+    clock.now += 1
+    assert scanner.scan().memory_by_device["0000:03:00.0"] == 5 << 20

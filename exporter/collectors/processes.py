@@ -41,6 +41,7 @@ class ProcessesCollector(Collector):
 
     def __init__(self, procfs_root: str = "/proc", journal: JournalFollower | None = None) -> None:
         self._procfs = procfs_root
+        self._scanner = procfs.DrmClientScanner(procfs_root)
         self._journal = journal
         self._lock = threading.Lock()
         self._last_device_of_unit: dict[str, str] = {}
@@ -82,7 +83,7 @@ class ProcessesCollector(Collector):
 
     def _scan(self, problems: list[str]) -> procfs.ScanResult | None:
         try:
-            scan = procfs.scan_drm_clients(self._procfs)
+            scan = self._scanner.scan()
         except procfs.ProcfsUnavailable as error:
             problems.append(str(error))
             return None
