@@ -11,12 +11,14 @@ Region names by driver and kernel:
   `system`, `stolen-system`), so regions are recognised by prefix.
 - xe: `system`, `gtt`, `vram0`, `vram1`, `stolen`.
 
-Malformed lines are skipped, never raised on; each line costs time bounded by `MAX_LINE_CHARS` (no
-regular expressions).
+Malformed lines are skipped, never raised on. One anchored, linear regular expression picks the lines
+worth a look (an xe fdinfo is mostly engine counters), and each of those costs time bounded by
+`MAX_LINE_CHARS`.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # A real fdinfo line is well under 200 characters; longer ones are skipped unparsed.
@@ -31,6 +33,10 @@ DEVICE_LOCAL_REGION_PREFIXES = ("vram", "local")  # xe, i915
 MEMORY_KINDS = {"total": "total", "shared": "shared", "resident": "resident", "memory": "resident"}
 # `drm-total-cycles-<engine>` (xe) is an engine counter that happens to share the `drm-total-` prefix.
 NOT_MEMORY_KEY_PREFIXES = ("drm-total-cycles-",)
+# The lines parse_fdinfo reads: identity and memory keys, whole lines of at most MAX_LINE_CHARS.
+_LINES_OF_INTEREST = re.compile(
+    r"^drm-(?:driver|pdev|client-id|total-(?!cycles-)|shared-|resident-|memory-)[^\n]{0,%d}$" % (MAX_LINE_CHARS - 4),
+    re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -59,9 +65,7 @@ def parse_fdinfo(text: str) -> DrmClient | None:
     client_id: int | None = None
     sizes: dict[str, dict[str, int]] = {}
     deprecated_resident: dict[str, int] = {}
-    for line in text.splitlines():
-        if len(line) > MAX_LINE_CHARS or not line.startswith("drm-"):
-            continue
+    for line in _LINES_OF_INTEREST.findall(text):
         key, colon, raw_value = line.partition(":")
         if not colon:
             continue

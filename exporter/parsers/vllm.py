@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -408,7 +409,9 @@ _NAMESPACE_ITEM = re.compile(rf"[(,]\s?({_KEY_ALTERNATION})=({_SCALAR})")
 def _literal(text: str) -> object:
     """A Python literal, or None when the text is not one (a repr like PosixPath('...'))."""
     try:
-        return ast.literal_eval(text)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. "invalid escape sequence" in a logged string
+            return ast.literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None
 
