@@ -11,13 +11,14 @@ Region names by driver and kernel:
   `system`, `stolen-system`), so regions are recognised by prefix.
 - xe: `system`, `gtt`, `vram0`, `vram1`, `stolen`.
 
-Malformed lines are skipped, never raised on. One anchored, linear regular expression picks the lines
-worth a look (an xe fdinfo is mostly engine counters), and each of those costs time bounded by
-`MAX_LINE_CHARS`.
+Malformed lines are skipped, never raised on. A prefix test drops the lines of no interest (an xe fdinfo
+is mostly engine counters); the rest are matched whole by one regular expression without nested
+repetition, and lines over `MAX_LINE_CHARS` are skipped, so each line costs bounded time.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -31,12 +32,16 @@ DEVICE_LOCAL_REGION_PREFIXES = ("vram", "local")  # xe, i915
 
 # drm-<kind>-<region> -> field of RegionMemory. "purgeable" and "active" are not kept.
 MEMORY_KINDS = {"total": "total", "shared": "shared", "resident": "resident", "memory": "resident"}
-# `drm-total-cycles-<engine>` (xe) is an engine counter that happens to share the `drm-total-` prefix.
-NOT_MEMORY_KEY_PREFIXES = ("drm-total-cycles-",)
-# The lines parse_fdinfo reads: identity and memory keys, whole lines of at most MAX_LINE_CHARS.
-_LINES_OF_INTEREST = re.compile(
-    r"^drm-(?:driver|pdev|client-id|total-(?!cycles-)|shared-|resident-|memory-)[^\n]{0,%d}$" % (MAX_LINE_CHARS - 4),
-    re.MULTILINE)
+# The lines parse_fdinfo reads, split into their parts: identity keys, and memory keys with a well-formed
+# size (not xe's engine counter `drm-total-cycles-<engine>`, which shares the `drm-total-` prefix). Anchored at both ends, no nested repetition: linear in the text, whatever it holds.
+_LINE = re.compile(
+    r"drm-(?:"
+    r"(?P<ident>driver|pdev|client-id):[ \t]*(?P<value>[^\n]{0,%d}?)"
+    r"|(?P<kind>total|shared|resident|memory)-(?!cycles-)(?P<region>[^:\s]{1,64}):"
+    r"[ \t]*(?P<number>\d{1,%d})(?:[ \t]+(?P<unit>KiB|MiB|GiB|kB|B))?"
+    r")[ \t]*" % (MAX_LINE_CHARS, MAX_UINT_DIGITS))
+_LINE_PREFIXES = ("drm-driver:", "drm-pdev:", "drm-client-id:", "drm-total-", "drm-shared-", "drm-resident-",
+                  "drm-memory-")
 
 
 @dataclass(frozen=True)
@@ -65,30 +70,24 @@ def parse_fdinfo(text: str) -> DrmClient | None:
     client_id: int | None = None
     sizes: dict[str, dict[str, int]] = {}
     deprecated_resident: dict[str, int] = {}
-    for line in _LINES_OF_INTEREST.findall(text):
-        key, colon, raw_value = line.partition(":")
-        if not colon:
+    for line in text.split("\n"):
+        if len(line) > MAX_LINE_CHARS or not line.startswith(_LINE_PREFIXES):
             continue
-        key = key.strip()
-        value = raw_value.strip()
-        if key == "drm-driver":
-            driver = value or None
-        elif key == "drm-pdev":
-            pdev = normalise_pci_address(value)
-        elif key == "drm-client-id":
-            client_id = parse_uint(value)
-        elif not key.startswith(NOT_MEMORY_KEY_PREFIXES):
-            kind, dash, region = key[len("drm-"):].partition("-")
-            field = MEMORY_KINDS.get(kind)
-            if field is None or not dash or not region:
-                continue
-            size = parse_size(value)
-            if size is None:
-                continue
-            if kind == "memory":
-                deprecated_resident[region] = size
-            else:
-                sizes.setdefault(region, {})[field] = size
+        match = _LINE.fullmatch(line)
+        if match is None:
+            continue
+        ident, kind = match["ident"], match["kind"]
+        if ident == "driver":
+            driver = match["value"] or None
+        elif ident == "pdev":
+            pdev = normalise_pci_address(match["value"])
+        elif ident == "client-id":
+            client_id = parse_uint(match["value"])
+        elif kind == "memory":
+            deprecated_resident[match["region"]] = int(match["number"]) * UNIT_BYTES[match["unit"] or ""]
+        elif kind is not None:
+            sizes.setdefault(match["region"], {})[MEMORY_KINDS[kind]] = \
+                int(match["number"]) * UNIT_BYTES[match["unit"] or ""]
     if driver is None:
         return None
     for region, size in deprecated_resident.items():
@@ -137,6 +136,7 @@ def parse_size(text: str) -> int | None:
     return value * multiplier
 
 
+@functools.lru_cache(maxsize=256)
 def normalise_pci_address(text: str) -> str | None:
     """`0000:03:00.0` form, lower case, from `0000:03:00.0`, `03:00.0` (domain 0) or the spec's
     `0000:03.00.0` spelling; None when the text is not a PCI address."""
