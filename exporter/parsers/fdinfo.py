@@ -11,16 +11,19 @@ Region names by driver and kernel:
   `system`, `stolen-system`), so regions are recognised by prefix.
 - xe: `system`, `gtt`, `vram0`, `vram1`, `stolen`.
 
-Malformed lines are skipped, never raised on. A prefix test drops the lines of no interest (an xe fdinfo
-is mostly engine counters); the rest are matched whole by one regular expression without nested
-repetition, and lines over `MAX_LINE_CHARS` are skipped, so each line costs bounded time.
+Malformed lines are skipped, never raised on. One anchored regular expression picks the lines of
+interest (an xe fdinfo is mostly engine counters), another without nested repetition splits each of
+them; lines over `MAX_LINE_CHARS` are skipped, so the time is linear in the text. The parse of the
+picked lines is cached: they seldom change between reads, while the engine counters always do.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 # A real fdinfo line is well under 200 characters; longer ones are skipped unparsed.
 MAX_LINE_CHARS = 512
@@ -32,16 +35,18 @@ DEVICE_LOCAL_REGION_PREFIXES = ("vram", "local")  # xe, i915
 
 # drm-<kind>-<region> -> field of RegionMemory. "purgeable" and "active" are not kept.
 MEMORY_KINDS = {"total": "total", "shared": "shared", "resident": "resident", "memory": "resident"}
-# The lines parse_fdinfo reads, split into their parts: identity keys, and memory keys with a well-formed
-# size (not xe's engine counter `drm-total-cycles-<engine>`, which shares the `drm-total-` prefix). Anchored at both ends, no nested repetition: linear in the text, whatever it holds.
+# The lines parse_fdinfo looks at: identity and memory keys, whole lines of at most MAX_LINE_CHARS.
+_LINES_OF_INTEREST = re.compile(
+    r"^drm-(?:driver:|pdev:|client-id:|total-|shared-|resident-|memory-)[^\n]{0,%d}$" % (MAX_LINE_CHARS - 14),
+    re.MULTILINE)
+# One such line split into its parts: identity keys, and memory keys with a well-formed size (not xe's
+# engine counter `drm-total-cycles-<engine>`, which shares the `drm-total-` prefix). No nested repetition.
 _LINE = re.compile(
     r"drm-(?:"
     r"(?P<ident>driver|pdev|client-id):[ \t]*(?P<value>[^\n]{0,%d}?)"
     r"|(?P<kind>total|shared|resident|memory)-(?!cycles-)(?P<region>[^:\s]{1,64}):"
     r"[ \t]*(?P<number>\d{1,%d})(?:[ \t]+(?P<unit>KiB|MiB|GiB|kB|B))?"
     r")[ \t]*" % (MAX_LINE_CHARS, MAX_UINT_DIGITS))
-_LINE_PREFIXES = ("drm-driver:", "drm-pdev:", "drm-client-id:", "drm-total-", "drm-shared-", "drm-resident-",
-                  "drm-memory-")
 
 
 @dataclass(frozen=True)
@@ -60,19 +65,23 @@ class DrmClient:
     driver: str
     pdev: str | None  # PCI address, `0000:03:00.0` form, lower case
     client_id: int | None
-    memory: dict[str, RegionMemory]  # region name -> sizes; empty when the kernel prints no memory keys
+    memory: Mapping[str, RegionMemory]  # region name -> sizes; empty when the kernel prints no memory keys
 
 
 def parse_fdinfo(text: str) -> DrmClient | None:
     """Parse one fdinfo file; None when it is not a DRM client's (no `drm-driver` key)."""
+    # A busy client's fdinfo changes on every read (engine counters), the lines read here seldom do.
+    return _parse_lines(tuple(_LINES_OF_INTEREST.findall(text)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_lines(lines: tuple[str, ...]) -> DrmClient | None:
     driver: str | None = None
     pdev: str | None = None
     client_id: int | None = None
     sizes: dict[str, dict[str, int]] = {}
     deprecated_resident: dict[str, int] = {}
-    for line in text.split("\n"):
-        if len(line) > MAX_LINE_CHARS or not line.startswith(_LINE_PREFIXES):
-            continue
+    for line in lines:
         match = _LINE.fullmatch(line)
         if match is None:
             continue
@@ -93,7 +102,7 @@ def parse_fdinfo(text: str) -> DrmClient | None:
     for region, size in deprecated_resident.items():
         # drm-resident-<region> wins over its deprecated alias when a kernel prints both.
         sizes.setdefault(region, {}).setdefault("resident", size)
-    memory = {region: RegionMemory(**fields) for region, fields in sizes.items()}
+    memory = MappingProxyType({region: RegionMemory(**fields) for region, fields in sizes.items()})
     return DrmClient(driver=driver, pdev=pdev, client_id=client_id, memory=memory)
 
 
