@@ -51,12 +51,13 @@ class ProcessesCollector(Collector):
         problems: list[str] = []
         scan = self._scan(problems)
         devices = _device_memory(scrape)
+        # fdinfo keys a client without drm-pdev by its DRM minor ("226:N"): not a PCI GPU
         pci_addresses = sorted({d.identity.pci_address for d in devices or ()} |
-                               {device for device in (scan.memory_by_device if scan else ()) if ":" in device
-                                and not device.startswith("226:")})
+                               {device for device in (scan.memory_by_device if scan else ())
+                                if not device.startswith(f"{procfs.DRM_MAJOR}:")})
         attributions: dict[str, Attribution] = {}
         for pci in pci_addresses:
-            attribution = self._from_fdinfo(scan, pci) or self._from_levelzero(scrape, pci, problems)
+            attribution = self._from_fdinfo(scan, pci) or self._from_levelzero(scrape, pci)
             if attribution is None:
                 problems.append(f"{pci}: no per-process source works (fdinfo has no memory figures for it and "
                                 f"Level Zero's process list failed)")
@@ -105,7 +106,7 @@ class ProcessesCollector(Collector):
             return None  # no client seen, but some processes could not be looked at
         return Attribution(FDINFO, {}, 0)
 
-    def _from_levelzero(self, scrape: Scrape, pci: str, problems: list[str]) -> Attribution | None:
+    def _from_levelzero(self, scrape: Scrape, pci: str) -> Attribution | None:
         try:
             readings = scrape.device_processes()
         except LevelZeroUnavailable:
