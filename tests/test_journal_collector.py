@@ -4,7 +4,6 @@ bad input, unreadable journals."""
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 from exporterproc import RunningExporter, sample, series, wait_for
 from journalgen import (Clock, append_journal, random_boot_id, unit_failed, unit_output, unit_process_exited,

@@ -37,7 +37,6 @@ from fakeze import (
     FakeProcess,
     GiB,
     MiB,
-    build_fake_driver,
     default_uuid,
     fake_driver_env,
     write_config,

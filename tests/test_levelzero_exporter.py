@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from exporterproc import RunningExporter, sample, series, wait_for
-from fakeze import A770, B580, GiB, FakeConfig, FakeDevice, FakeMemoryModule, fake_driver_env, write_config
+from exporterproc import RunningExporter, sample, wait_for
+from fakeze import A770, B580, GiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
 
 GOLDEN = Path(__file__).parent / "golden"
 _DURATION_SAMPLE = re.compile(r"^(xpu_exporter_collector_duration_seconds\{[^}]*\}) \S+$", re.M)
