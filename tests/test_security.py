@@ -34,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from certs import Pki, make_encrypted_key, make_pki, make_self_signed
 from exporterproc import REPO, RunningExporter, wait_for
+from httpclient import basic, request
 from journalgen import Clock, JournalEntrySpec, random_boot_id, unit_output, unit_starting, write_journal
 
 NO_COLLECTORS = ("--no-collector.levelzero", "--no-collector.processes", "--no-collector.journal")
@@ -92,28 +93,13 @@ def client_context(ca: Path, cert: Path | None = None, key: Path | None = None,
 
 def https_get(exporter: RunningExporter, context: ssl.SSLContext, path: str = "/metrics",
               headers: Mapping[str, str] | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
-    connection = http.client.HTTPSConnection("localhost", port_of(exporter), context=context, timeout=10)
-    try:
-        connection.request("GET", path, headers=dict(headers or {}))
-        response = connection.getresponse()
-        return response.status, response.headers, response.read()
-    finally:
-        connection.close()
+    return request("localhost", port_of(exporter), path, headers=headers, context=context)
 
 
 def http_get(exporter: RunningExporter, path: str = "/metrics",
              headers: Mapping[str, str] | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port_of(exporter), timeout=10)
-    try:
-        connection.request("GET", path, headers=dict(headers or {}))
-        response = connection.getresponse()
-        return response.status, response.headers, response.read()
-    finally:
-        connection.close()
+    return request("127.0.0.1", port_of(exporter), path, headers=headers)
 
-
-def basic(user: str, password: str) -> dict[str, str]:
-    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
 def curl(*args: str) -> subprocess.CompletedProcess[str]:

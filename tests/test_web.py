@@ -1,4 +1,3 @@
-import base64
 import errno
 import gzip
 import http.client
@@ -24,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from exporter.web import ExporterServer, parse_listen_address
 from exporter.webconfig import WebConfig, load_web_config
+from httpclient import basic, request
 from tests.certs import CLIENT_SAN, KeyPair, Pki, make_pki
 
 OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
@@ -73,21 +73,9 @@ def fetch(server: ExporterServer, path: str = "/metrics", method: str = "GET",
     address = host or server.server_address[0]
     if address == "::":
         address = "::1"
-    port = server.server_address[1]
-    if context is None:
-        connection = http.client.HTTPConnection(address, port, timeout=timeout)
-    else:
-        connection = http.client.HTTPSConnection(address, port, timeout=timeout, context=context)
-    try:
-        connection.request(method, path, body=body, headers=dict(headers or {}))
-        response = connection.getresponse()
-        return response.status, response.headers, response.read()
-    finally:
-        connection.close()
+    return request(address, server.server_address[1], path, method=method, headers=headers, context=context,
+                   body=body, timeout=timeout)
 
-
-def basic(user: str, password: str) -> dict[str, str]:
-    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
 
 
 def wait_for(predicate, timeout: float = 3.0) -> bool:
