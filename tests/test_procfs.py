@@ -403,3 +403,17 @@ def test_scanner_rereads_the_memory_of_known_drm_fds_on_every_scan(tmp_path):
     (process.path / "fdinfo" / str(fd)).write_text(xe_fdinfo(client_id=1, vram0=5 << 20))
     clock.now += 1
     assert scanner.scan().memory_by_device["0000:03:00.0"] == 5 << 20
+
+
+def test_scanner_reads_a_known_process_unit_again_at_its_next_walk(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    process = procfs.add_unit_process(10, "/system.slice/vllm-a.service")
+    process.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock)
+    assert scanner.scan().unit_by_pid == {10: "vllm-a.service"}
+    (process.path / "cgroup").write_text(v2_cgroup("/system.slice/vllm-b.service"))
+    clock.now += 1
+    assert scanner.scan().unit_by_pid == {10: "vllm-a.service"}
+    clock.now += 15
+    assert scanner.scan().unit_by_pid == {10: "vllm-b.service"}

@@ -88,9 +88,9 @@ class DrmClientScanner:
     Finding the DRM fds means a stat of each fd of each process: most of a scan on a busy host. The
     scanner remembers which fds of a process are DRM fds. A process it has not seen is walked at once;
     a known one again after 0.5 to 1.5 times `rescan_seconds` (spread by pid, so that walks do not all
-    fall on one scrape); in between only its DRM fds' fdinfo is read, which is what changes. So a DRM fd
-    that an already known process opens shows up within 1.5 × `rescan_seconds`. Thread-safe (scans are
-    serial).
+    fall on one scrape); in between only its DRM fds' fdinfo is read, which is what changes (its unit,
+    from its cgroup file, is read again at its next walk too). So a DRM fd that an already known
+    process opens shows up within 1.5 × `rescan_seconds`. Thread-safe (scans are serial).
     """
 
     def __init__(self, procfs: str = "/proc", rescan_seconds: float = 10.0,
@@ -100,22 +100,26 @@ class DrmClientScanner:
         self._clock = clock
         self._lock = threading.Lock()
         self._drm_fds: dict[int, tuple[float, list[tuple[str, int]]]] = {}  # pid -> (walk due, DRM fds)
+        self._units: dict[int, str | None] = {}  # pid -> unit, read again at the pid's next walk
 
     def scan(self) -> ScanResult:
         with self._lock:
             pids = list_pids(self.procfs)
             now = self._clock()
-            scan = _Scan(self.procfs)
+            scan = _Scan(self.procfs, self._units)
             known: dict[int, tuple[float, list[tuple[str, int]]]] = {}
             for pid in pids:
                 due, drm_fds = self._drm_fds.get(pid, (now, []))
                 if now >= due:
                     drm_fds = scan.drm_fds_of(pid)
                     due = now + self.rescan_seconds * (0.5 + (pid % 16) / 16)
+                    self._units.pop(pid, None)
                 known[pid] = (due, drm_fds)
                 scan.process(pid, drm_fds)
             self._drm_fds = known
-            return scan.result(len(pids))
+            result = scan.result(len(pids))
+            self._units = dict(result.unit_by_pid)
+            return result
 
 
 def list_pids(procfs: str) -> list[int]:
@@ -233,8 +237,9 @@ class _HeldClient:
 class _Scan:
     """The state of one scan; only `scan_drm_clients` uses it."""
 
-    def __init__(self, procfs: str) -> None:
+    def __init__(self, procfs: str, known_units: dict[int, str | None] | None = None) -> None:
         self.procfs = procfs
+        self.known_units = known_units or {}
         self.clients: dict[Hashable, _HeldClient] = {}
         self.drivers: dict[str, str] = {}
         self.drm_fds = 0
@@ -307,6 +312,8 @@ class _Scan:
             self.clients[key] = _HeldClient(device, pid, device_memory_bytes(client))
 
     def unit_of(self, pid: int) -> str | None:
+        if pid in self.known_units:
+            return self.known_units[pid]
         try:
             return unit_of_cgroup_file(read_text(f"{self.procfs}/{pid}/cgroup", MAX_CGROUP_BYTES))
         except OSError as error:
