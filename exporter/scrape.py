@@ -29,17 +29,18 @@ class Scrape:
         self._memo: dict[str, tuple[object, BaseException | None]] = {}
 
     def device_memory(self) -> list[DeviceMemory]:
-        return self._once("device_memory", self._levelzero_worker().read_memory)
+        return self.once("device_memory", self._levelzero_worker().read_memory)
 
     def device_processes(self) -> list[DeviceProcesses]:
-        return self._once("device_processes", self._levelzero_worker().read_processes)
+        return self.once("device_processes", self._levelzero_worker().read_processes)
 
     def _levelzero_worker(self) -> LevelZeroWorker:
         if self._levelzero is None:
             raise RuntimeError("Level Zero is not in use")
         return self._levelzero
 
-    def _once(self, key: str, read: Callable[[], T]) -> T:
+    def once(self, key: str, read: Callable[[], T]) -> T:
+        """`read()`, or what it returned (or raised) earlier in this scrape."""
         if key not in self._memo:
             try:
                 self._memo[key] = (read(), None)

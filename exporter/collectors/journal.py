@@ -137,7 +137,7 @@ class JournalCollector(Collector):
         self._follower.stop()
 
     def collect(self, scrape: Scrape) -> Iterator[Metric]:
-        state = self._follower.state()
+        state = scrape.once("journal", self._follower.state)
         yield CounterMetricFamily("xpu_exporter_journal_entries_read_total",
                                   "Journal entries of watched units the exporter has read.", value=state.entries_read)
         yield CounterMetricFamily("xpu_exporter_journal_units_dropped_total",

@@ -77,7 +77,8 @@ class LevelZeroCollector(Collector):
         devices = scrape.device_memory()
         info = GaugeMetricFamily("xpu_device_info", "GPU identity; card and render_node from udev, empty when unknown.",
                                  labels=["device", "name", "uuid", "driver_version", "card", "render_node"])
-        total = GaugeMetricFamily("xpu_memory_total_bytes", "Device-local memory size, summed over the device's local memory modules.",
+        total = GaugeMetricFamily("xpu_memory_total_bytes",
+                                  "Device-local memory size, summed over the device's local memory modules.",
                                   labels=["device"])
         free = GaugeMetricFamily("xpu_memory_free_bytes", "Free device-local memory, as the driver reports it.",
                                  labels=["device"])

@@ -78,7 +78,7 @@ class ProcessesCollector(Collector):
         yield source
         yield unit_memory
         if devices is not None:
-            yield from self._against_device_memory(devices, attributions)
+            yield from self._against_device_memory(devices, attributions, self._watched_settings(scrape))
         if problems:
             raise CollectionError("; ".join(problems))
 
@@ -124,8 +124,8 @@ class ProcessesCollector(Collector):
                 by_unit[unit] = by_unit.get(unit, 0) + process.mem_size
         return Attribution(LEVELZERO, by_unit, sum(p.mem_size for p in reading.processes))
 
-    def _against_device_memory(self, devices: list[DeviceMemory],
-                               attributions: dict[str, Attribution]) -> Iterator[Metric]:
+    def _against_device_memory(self, devices: list[DeviceMemory], attributions: dict[str, Attribution],
+                               watched: list[tuple[str, float]]) -> Iterator[Metric]:
         unattributed = GaugeMetricFamily("xpu_unattributed_memory_bytes",
                                          "Used device memory that no process accounts for (never negative).",
                                          labels=["device"])
@@ -143,7 +143,7 @@ class ProcessesCollector(Collector):
             used = memory[pci].total - memory[pci].free
             unattributed.add_metric([pci], max(0, used - attribution.total))
             overcounted.add_metric([pci], 1 if attribution.total > used else 0)
-        for unit, utilisation in self._watched_settings():
+        for unit, utilisation in watched:
             pci = self._device_of(unit, attributions, memory)
             if pci is None:
                 continue
@@ -151,10 +151,12 @@ class ProcessesCollector(Collector):
             headroom.add_metric([pci, unit], memory[pci].free + own - math.ceil(utilisation * memory[pci].total))
         yield from (unattributed, overcounted, headroom)
 
-    def _watched_settings(self) -> list[tuple[str, float]]:
+    def _watched_settings(self, scrape: Scrape) -> list[tuple[str, float]]:
+        """(unit, gpu_memory_utilization) of the watched units whose setting is known."""
         if self._journal is None:
             return []
-        return [(view.unit, view.gpu_memory_utilization) for view in self._journal.state().views
+        views = scrape.once("journal", self._journal.state).views
+        return [(view.unit, view.gpu_memory_utilization) for view in views
                 if view.gpu_memory_utilization is not None]
 
     def _device_of(self, unit: str, attributions: dict[str, Attribution],
