@@ -460,8 +460,9 @@ def test_basic_auth_right_password_gets_metrics(tmp_path):
         assert status == 200 and b"sample_memory_bytes" in body
 
 
-def test_basic_auth_over_tls_with_client_certificate(tmp_path, pki):
-    config = web_config(tmp_path, f"""
+def mtls_with_basic_auth_config(tmp_path, pki):
+    """A web config requiring a verified client certificate and alice's password."""
+    return web_config(tmp_path, f"""
 tls_server_config:
   cert_file: {pki.server.cert}
   key_file: {pki.server.key}
@@ -470,6 +471,10 @@ tls_server_config:
 basic_auth_users:
   alice: '{PASSWORD_HASH}'
 """)
+
+
+def test_basic_auth_over_tls_with_client_certificate(tmp_path, pki):
+    config = mtls_with_basic_auth_config(tmp_path, pki)
     with running(web_config=config) as tls_server:
         context = client_context(pki, pki.client)
         assert fetch(tls_server, context=context, host="localhost")[0] == 401
@@ -511,15 +516,7 @@ def curl(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_curl_over_tls_with_client_certificate_and_basic_auth(tmp_path, pki):
-    config = web_config(tmp_path, f"""
-tls_server_config:
-  cert_file: {pki.server.cert}
-  key_file: {pki.server.key}
-  client_auth_type: RequireAndVerifyClientCert
-  client_ca_file: {pki.ca_cert}
-basic_auth_users:
-  alice: '{PASSWORD_HASH}'
-""")
+    config = mtls_with_basic_auth_config(tmp_path, pki)
     with running(web_config=config) as tls_server:
         url = f"https://localhost:{tls_server.server_address[1]}/metrics"
         with_cert = ["--cacert", str(pki.ca_cert), "--cert", str(pki.client.cert), "--key", str(pki.client.key)]
