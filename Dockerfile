@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# xpu-exporter container image. docs/deployment.md ("Container") has the `docker run` line and why
+# vllm-xpu-exporter container image. docs/deployment.md ("Container") has the `docker run` line and why
 # each of its options is there.
 #
 # Base: Debian 13 (trixie) with Python 3.12. Trixie ships the Level Zero loader (libze1 1.20) but no
@@ -15,9 +15,9 @@ FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
-RUN python -m venv /opt/xpu-exporter \
-    && /opt/xpu-exporter/bin/pip install --no-cache-dir . \
-    && /opt/xpu-exporter/bin/pip uninstall --yes pip
+RUN python -m venv /opt/vllm-xpu-exporter \
+    && /opt/vllm-xpu-exporter/bin/pip install --no-cache-dir . \
+    && /opt/vllm-xpu-exporter/bin/pip uninstall --yes pip
 
 FROM ${PYTHON_IMAGE}
 # compute-runtime 25 and later: xe kernel driver on by default (since 24.13), Arc (Alchemist, i915 or
@@ -26,7 +26,7 @@ ARG COMPUTE_RUNTIME_VERSION=2[5-9].*
 ARG LEVEL_ZERO_VERSION=1.*
 ARG GMMLIB_VERSION=22.*
 ARG LIBCAP_VERSION=1:2.*
-LABEL org.opencontainers.image.title="xpu-exporter" \
+LABEL org.opencontainers.image.title="vllm-xpu-exporter" \
       org.opencontainers.image.description="Prometheus exporter for Intel GPUs shared by vLLM systemd units" \
       org.opencontainers.image.licenses="Apache-2.0"
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -42,21 +42,21 @@ RUN sed -n '1,/^$/p' /etc/apt/sources.list.d/debian.sources \
         "libcap2-bin=${LIBCAP_VERSION}" \
     && rm -rf /var/lib/apt/lists/*
 
-COPY --from=build /opt/xpu-exporter /opt/xpu-exporter
-COPY --chmod=0755 packaging/container-entrypoint /opt/xpu-exporter/bin/container-entrypoint
+COPY --from=build /opt/vllm-xpu-exporter /opt/vllm-xpu-exporter
+COPY --chmod=0755 packaging/container-entrypoint /opt/vllm-xpu-exporter/bin/container-entrypoint
 # raise-caps: see packaging/container-entrypoint. No set-user-ID programs are left in the image, so
 # raise-caps is the only way to any privilege, and it is bounded by the container's --cap-add.
-RUN install -d /opt/xpu-exporter/libexec \
-    && install -m 0755 /usr/bin/setpriv /opt/xpu-exporter/libexec/raise-caps \
-    && setcap cap_perfmon,cap_sys_ptrace,cap_dac_read_search=p /opt/xpu-exporter/libexec/raise-caps \
+RUN install -d /opt/vllm-xpu-exporter/libexec \
+    && install -m 0755 /usr/bin/setpriv /opt/vllm-xpu-exporter/libexec/raise-caps \
+    && setcap cap_perfmon,cap_sys_ptrace,cap_dac_read_search=p /opt/vllm-xpu-exporter/libexec/raise-caps \
     && find / -xdev -type f -perm /6000 -exec chmod a-s {} + \
-    && groupadd --system --gid 10447 xpu-exporter \
+    && groupadd --system --gid 10447 vllm-xpu-exporter \
     && useradd --system --uid 10447 --gid 10447 --no-create-home --home-dir /nonexistent \
-        --shell /usr/sbin/nologin xpu-exporter \
-    && /opt/xpu-exporter/bin/python -c 'import ctypes; [ctypes.CDLL(name) for name in ("libze_loader.so.1", "libze_intel_gpu.so.1", "libsystemd.so.0", "libudev.so.1")]' \
-    && /opt/xpu-exporter/bin/xpu-exporter --version
+        --shell /usr/sbin/nologin vllm-xpu-exporter \
+    && /opt/vllm-xpu-exporter/bin/python -c 'import ctypes; [ctypes.CDLL(name) for name in ("libze_loader.so.1", "libze_intel_gpu.so.1", "libsystemd.so.0", "libudev.so.1")]' \
+    && /opt/vllm-xpu-exporter/bin/vllm-xpu-exporter --version
 
-ENV PATH=/opt/xpu-exporter/bin:$PATH
+ENV PATH=/opt/vllm-xpu-exporter/bin:$PATH
 USER 10447:10447
 EXPOSE 10447
-ENTRYPOINT ["/opt/xpu-exporter/bin/container-entrypoint"]
+ENTRYPOINT ["/opt/vllm-xpu-exporter/bin/container-entrypoint"]

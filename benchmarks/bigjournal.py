@@ -10,8 +10,8 @@ printed twice, the wrapper, the process's exit, the unit's failure, a scheduled 
 serving prints request logs and throughput lines, i.e. mostly noise to the grammar. Starts of
 different units interleave, so inits overlap. The mix is printed by ``describe()``.
 
-Journals are cached under ``$XDG_CACHE_HOME/xpu-exporter/journal-bench`` (default
-``~/.cache/xpu-exporter/journal-bench``), one directory per size; journal-remote rotates at 128 MiB,
+Journals are cached under ``$XDG_CACHE_HOME/vllm-xpu-exporter/journal-bench`` (default
+``~/.cache/vllm-xpu-exporter/journal-bench``), one directory per size; journal-remote rotates at 128 MiB,
 so a big journal is several files: read the directory.
 """
 
@@ -53,7 +53,7 @@ CAUSE = ("ValueError: To serve at least one request with the model's max seq len
 
 def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "xpu-exporter" / "journal-bench"
+    return Path(base) / "vllm-xpu-exporter" / "journal-bench"
 
 
 def start_lines(unit: str, pids: tuple[int, int], fails: bool) -> list[str | tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""xpu-exporter's benchmark suite: one command, every figure and its target, baselines measured in the
+"""vllm-xpu-exporter's benchmark suite: one command, every figure and its target, baselines measured in the
 same run.
 
     python benchmarks/run.py            # the full run (~6 minutes once the journals are cached)
@@ -15,7 +15,7 @@ Sections (each also runs alone: scrape_bench.py, catchup_bench.py, live_bench.py
    follow latency.
 
 Needs root (the fixture procfs makes device nodes), gcc (the fake driver), systemd-journal-remote and
-journalctl. Generated journals are cached under ~/.cache/xpu-exporter/journal-bench. Exit status 1
+journalctl. Generated journals are cached under ~/.cache/vllm-xpu-exporter/journal-bench. Exit status 1
 when a target is missed.
 """
 
@@ -165,7 +165,7 @@ def main() -> int:
         print(text, flush=True)
 
     started = time.monotonic()
-    log(f"xpu-exporter benchmarks ({'quick' if args.quick else 'full'} run)")
+    log(f"vllm-xpu-exporter benchmarks ({'quick' if args.quick else 'full'} run)")
     for line in machine():
         log(f"  {line}")
     rows: list[Row] = []

@@ -1,3 +1,3 @@
-"""xpu-exporter: Prometheus exporter for Intel GPUs shared by vLLM systemd units."""
+"""vllm-xpu-exporter: Prometheus exporter for Intel GPUs shared by vLLM systemd units."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -104,11 +104,11 @@ def listen_address(value: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(
-        prog="xpu-exporter",
+        prog="vllm-xpu-exporter",
         description="Prometheus exporter for Intel GPUs (Level Zero) shared by vLLM systemd units: device memory, "
                     "per-unit device memory, KV-cache allocation and engine-init failures from the journal.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"xpu-exporter {__version__}")
+    parser.add_argument("--version", action="version", version=f"vllm-xpu-exporter {__version__}")
 
     web = parser.add_argument_group("web")
     web.add_argument("--web.listen-address", dest="listen_address", type=listen_address,
@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             web_config = load_web_config(settings.web_config_file)
         except WebConfigError as error:
-            print(f"xpu-exporter: error: --web.config.file: {error}", file=sys.stderr)
+            print(f"vllm-xpu-exporter: error: --web.config.file: {error}", file=sys.stderr)
             return EXIT_USAGE
 
     worker = None
@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         server = ExporterServer(settings.listen_address, settings.telemetry_path, registry, web_config)
     except OSError as error:
-        print(f"xpu-exporter: error: cannot listen on {settings.listen_address}: {error.strerror or error}",
+        print(f"vllm-xpu-exporter: error: cannot listen on {settings.listen_address}: {error.strerror or error}",
               file=sys.stderr)
         return 1
 
@@ -242,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker.start()
     host, port = server.server_address[:2]
     scheme = "https" if web_config is not None and web_config.ssl_context() is not None else "http"
-    log.info("xpu-exporter %s listening on %s://%s:%d%s (collectors: %s)", __version__, scheme,
+    log.info("vllm-xpu-exporter %s listening on %s://%s:%d%s (collectors: %s)", __version__, scheme,
              f"[{host}]" if ":" in host else host, port, settings.telemetry_path,
              ",".join(sorted(settings.collectors)) or "none")
     try:

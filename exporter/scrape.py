@@ -66,7 +66,7 @@ class ExporterCollector(PrometheusCollector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        build_info = GaugeMetricFamily("xpu_exporter_build_info", "xpu-exporter's version.", labels=["version"])
+        build_info = GaugeMetricFamily("xpu_exporter_build_info", "vllm-xpu-exporter's version.", labels=["version"])
         build_info.add_metric([__version__], 1)
         yield build_info
 

@@ -150,7 +150,7 @@ class _RequestHandler(BaseHTTPRequestHandler):
     # Headers and body go out in two writes; with Nagle on, the body waits for the client's delayed ACK
     # of the headers (40 ms on Linux) on every kept-alive request.
     disable_nagle_algorithm = True
-    server_version = f"xpu-exporter/{__version__}"
+    server_version = f"vllm-xpu-exporter/{__version__}"
     sys_version = ""
     server: _HTTPServer
     _extra_headers: Mapping[str, str] = MappingProxyType({})
@@ -349,7 +349,7 @@ class ExporterServer:
     """
 
     def __init__(self, listen_address: str, telemetry_path: str, registry: CollectorRegistry,
-                 web_config: WebConfig | None = None, landing_page_title: str = "xpu-exporter") -> None:
+                 web_config: WebConfig | None = None, landing_page_title: str = "vllm-xpu-exporter") -> None:
         if not telemetry_path.startswith("/"):
             raise ValueError(f"invalid telemetry path {telemetry_path!r}: it must start with '/'")
         host, port = parse_listen_address(listen_address)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Builds grafana/xpu-exporter.json, the bundled Grafana dashboard, from the panel list below.
+"""Builds grafana/vllm-xpu-exporter.json, the bundled Grafana dashboard, from the panel list below.
 
-    python3 grafana/dashboard.py            # rewrite grafana/xpu-exporter.json
+    python3 grafana/dashboard.py            # rewrite grafana/vllm-xpu-exporter.json
     python3 grafana/dashboard.py --check    # exit 1 if the JSON is not what this file builds
 
 Every panel gets a unit and thresholds; every query goes through the `datasource` variable, whose
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-OUTPUT = Path(__file__).resolve().parent / "xpu-exporter.json"
+OUTPUT = Path(__file__).resolve().parent / "vllm-xpu-exporter.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24
 
@@ -347,7 +347,7 @@ def layout(rows: Sequence[Row]) -> list[Json]:
 def dashboard() -> Json:
     return {
         "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "description": "Prometheus that scrapes "
-                      "xpu-exporter", "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}],
+                      "vllm-xpu-exporter", "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}],
         "__requires": [
             {"type": "grafana", "id": "grafana", "name": "Grafana", "version": "10.0.0"},
             {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
@@ -356,11 +356,11 @@ def dashboard() -> Json:
             {"type": "panel", "id": "bargauge", "name": "Bar gauge", "version": ""},
             {"type": "panel", "id": "table", "name": "Table", "version": ""},
         ],
-        "uid": "xpu-exporter",
+        "uid": "vllm-xpu-exporter",
         "title": "Intel XPU memory and vLLM units",
         "description": "Device memory per systemd unit, vLLM KV cache, engine-init failures and restart headroom "
-                       "on Intel GPUs, from xpu-exporter.",
-        "tags": ["xpu", "intel-gpu", "vllm", "xpu-exporter"],
+                       "on Intel GPUs, from vllm-xpu-exporter.",
+        "tags": ["xpu", "intel-gpu", "vllm", "vllm-xpu-exporter"],
         "editable": True,
         "graphTooltip": 1,
         "schemaVersion": 38,

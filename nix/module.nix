@@ -1,7 +1,7 @@
-# NixOS module of xpu-exporter: the hardened service of packaging/xpu-exporter.service.
+# NixOS module of vllm-xpu-exporter: the hardened service of packaging/vllm-xpu-exporter.service.
 #
-#   imports = [ ./xpu-exporter/nix/module.nix ];
-#   services.xpu-exporter = {
+#   imports = [ ./vllm-xpu-exporter/nix/module.nix ];
+#   services.vllm-xpu-exporter = {
 #     enable = true;
 #     units = [ "vllm-*.service" ];
 #     openFirewall = true;
@@ -13,8 +13,8 @@
 { config, lib, pkgs, utils, ... }:
 
 let
-  cfg = config.services.xpu-exporter;
-  inherit (lib) mkEnableOption mkIf mkOption optionals types;
+  cfg = config.services.vllm-xpu-exporter;
+  inherit (lib) mkEnableOption mkIf mkOption mkRenamedOptionModule optionals types;
 
   # IPv6 literals go in brackets: [::1]:10447.
   listenHost = if lib.hasInfix ":" cfg.listenAddress then "[${cfg.listenAddress}]" else cfg.listenAddress;
@@ -28,16 +28,22 @@ let
   # CAP_PERFMON: real device memory usage (without it i915/xe report free == total).
   # CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH: other users' /proc/PID/fd and fdinfo (per-unit memory).
   capabilities = [ "CAP_PERFMON" "CAP_SYS_PTRACE" "CAP_DAC_READ_SEARCH" ];
+
+  # Options of the module's former name, services.xpu-exporter, kept as aliases with a rename warning.
+  formerOptions = [ "enable" "package" "port" "listenAddress" "units" "webConfigFile" "extraFlags" "openFirewall" "user" ];
 in
 {
-  options.services.xpu-exporter = {
-    enable = mkEnableOption "xpu-exporter, the Prometheus exporter for Intel GPUs shared by vLLM systemd units";
+  imports = map (option: mkRenamedOptionModule [ "services" "xpu-exporter" option ] [ "services" "vllm-xpu-exporter" option ])
+    formerOptions;
+
+  options.services.vllm-xpu-exporter = {
+    enable = mkEnableOption "vllm-xpu-exporter, the Prometheus exporter for Intel GPUs shared by vLLM systemd units";
 
     package = mkOption {
       type = types.package;
       default = pkgs.callPackage ./package.nix { };
       defaultText = lib.literalExpression "pkgs.callPackage ./nix/package.nix { }";
-      description = "The xpu-exporter package to run.";
+      description = "The vllm-xpu-exporter package to run.";
     };
 
     port = mkOption {
@@ -66,7 +72,7 @@ in
     webConfigFile = mkOption {
       type = types.nullOr types.str;
       default = null;
-      example = "/etc/xpu-exporter/web.yml";
+      example = "/etc/vllm-xpu-exporter/web.yml";
       description = ''
         exporter-toolkit web configuration (TLS, basic auth). A path as a string, outside the Nix store:
         the store is world-readable, and private keys and password hashes have no place there. The
@@ -78,7 +84,7 @@ in
       type = types.listOf types.str;
       default = [ ];
       example = [ "--log.level=debug" "--journal.boot=all" ];
-      description = "Further command line flags (`xpu-exporter --help`).";
+      description = "Further command line flags (`vllm-xpu-exporter --help`).";
     };
 
     openFirewall = mkOption {
@@ -90,7 +96,7 @@ in
     user = mkOption {
       type = types.nullOr types.str;
       default = null;
-      example = "xpu-exporter";
+      example = "vllm-xpu-exporter";
       description = ''
         Run as this existing user instead of a transient one allocated at each start
         (`DynamicUser=yes`, the default).
@@ -101,14 +107,14 @@ in
   config = mkIf cfg.enable {
     networking.firewall.allowedTCPPorts = optionals cfg.openFirewall [ cfg.port ];
 
-    systemd.services.xpu-exporter = {
-      description = "Prometheus exporter for Intel GPUs shared by vLLM units (xpu-exporter)";
+    systemd.services.vllm-xpu-exporter = {
+      description = "Prometheus exporter for Intel GPUs shared by vLLM units (vllm-xpu-exporter)";
       wantedBy = [ "multi-user.target" ];
       after = [ "network.target" "systemd-udevd.service" ];
 
       serviceConfig = {
         Type = "exec";
-        ExecStart = utils.escapeSystemdExecArgs ([ "${cfg.package}/bin/xpu-exporter" ] ++ flags);
+        ExecStart = utils.escapeSystemdExecArgs ([ "${cfg.package}/bin/vllm-xpu-exporter" ] ++ flags);
         Restart = "on-failure";
         RestartSec = "5s";
         RestartPreventExitStatus = 2;

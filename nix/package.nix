@@ -1,4 +1,4 @@
-# xpu-exporter built from this repository: `pkgs.callPackage ./nix/package.nix { }`.
+# vllm-xpu-exporter built from this repository: `pkgs.callPackage ./nix/package.nix { }`.
 #
 # Level Zero and sd-journal are loaded at run time (ctypes), so the wrapper puts the loader, libsystemd
 # and NixOS's driver directory (/run/opengl-driver/lib, where `hardware.graphics.extraPackages =
@@ -6,7 +6,7 @@
 { lib, python3Packages, level-zero, systemd }:
 
 python3Packages.buildPythonApplication {
-  pname = "xpu-exporter";
+  pname = "vllm-xpu-exporter";
   version = builtins.head (builtins.match ''.*__version__ = "([^"]+)".*'' (builtins.readFile ../exporter/__init__.py));
   pyproject = true;
 
@@ -30,7 +30,7 @@ python3Packages.buildPythonApplication {
   meta = {
     description = "Prometheus exporter for Intel GPUs shared by vLLM systemd units";
     license = lib.licenses.asl20;
-    mainProgram = "xpu-exporter";
+    mainProgram = "vllm-xpu-exporter";
     platforms = lib.platforms.linux;
   };
 }

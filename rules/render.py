@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Render the bundled Prometheus rules with your thresholds, durations, severities and selectors.
 
-    python3 rules/render.py                                  # the defaults: rules/xpu-exporter.yaml
+    python3 rules/render.py                                  # the defaults: rules/vllm-xpu-exporter.yaml
     python3 rules/render.py --set selector='job="gpu"' --set memoryNearlyFullFor=30m > my-rules.yaml
     python3 rules/render.py --values my-values.yaml > my-rules.yaml
 
-The template (rules/template/xpu-exporter.yaml) marks each knob as ``${name}``; ``${name:seconds}``
+The template (rules/template/vllm-xpu-exporter.yaml) marks each knob as ``${name}``; ``${name:seconds}``
 is a duration knob as a number of seconds; lines starting with ``#%`` are the template's own notes. rules/config.yaml lists every knob with its default.
 Values files hold a subset of those knobs; ``--set`` wins over ``--values``, later over earlier.
 Needs Python 3 and PyYAML only; usable from a shell as ``render(overrides)``.
@@ -22,9 +22,9 @@ from pathlib import Path
 import yaml
 
 RULES_DIR = Path(__file__).resolve().parent
-TEMPLATE = RULES_DIR / "template" / "xpu-exporter.yaml"
+TEMPLATE = RULES_DIR / "template" / "vllm-xpu-exporter.yaml"
 DEFAULTS = RULES_DIR / "config.yaml"
-RENDERED = RULES_DIR / "xpu-exporter.yaml"
+RENDERED = RULES_DIR / "vllm-xpu-exporter.yaml"
 
 PLACEHOLDER = re.compile(r"\$\{(\w+)(?::(seconds))?\}")
 DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
@@ -74,7 +74,7 @@ def validate(name: str, value: str) -> None:
             raise RenderError(f"{name}: a number of bytes, got {value!r}")
     elif name.endswith("Selector") or name == "selector":
         if not value.strip() or "{" in value or "}" in value:
-            raise RenderError(f"{name}: label matchers without braces, e.g. job=\"xpu-exporter\", got {value!r}")
+            raise RenderError(f"{name}: label matchers without braces, e.g. job=\"vllm-xpu-exporter\", got {value!r}")
 
 
 def knob_values(overrides: Mapping[str, str] = (), defaults: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -463,7 +463,7 @@ class SysfsNamespace:
     own tests use it the same way), so the command and everything `run`/`popen` start get that variable
     unless their `env` sets it.
 
-        with SysfsNamespace(FakeSysfs.create(tmp / "sys", gpus), ["xpu-exporter", ...]) as ns:
+        with SysfsNamespace(FakeSysfs.create(tmp / "sys", gpus), ["vllm-xpu-exporter", ...]) as ns:
             ns.run(["curl", "-s", "http://127.0.0.1:9999/metrics"])   # inside the same namespaces
             ns.hotplug_add(gpu)                                        # tree + uevents
             print(ns.output())                                         # the command's stdout+stderr

@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-RULES = REPO / "rules" / "xpu-exporter.yaml"
-DASHBOARD = REPO / "grafana" / "xpu-exporter.json"
+RULES = REPO / "rules" / "vllm-xpu-exporter.yaml"
+DASHBOARD = REPO / "grafana" / "vllm-xpu-exporter.json"
 README = REPO / "README.md"
 
 KEYWORDS = frozenset({"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",

@@ -153,7 +153,7 @@ class Prometheus(_Server):
     name = "prometheus"
 
     def __init__(self, directory: Path, targets: Sequence[str], rule_files: Sequence[Path],
-                 alertmanager: str | None = None, job: str = "xpu-exporter", scrape_interval: str = "1s",
+                 alertmanager: str | None = None, job: str = "vllm-xpu-exporter", scrape_interval: str = "1s",
                  evaluation_interval: str = "1s", start: bool = True) -> None:
         super().__init__(directory)
         config: dict[str, Any] = {

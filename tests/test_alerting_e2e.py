@@ -39,7 +39,7 @@ TOTAL = 16 * GiB
 HELD = {EMBEDDING: 1 * GiB, STT: 1 * GiB, "session-3.scope": 256 * MiB}
 CHAT_HOLDS = 11 * GiB + 512 * MiB
 UNATTRIBUTED = 512 * MiB
-JOB = "xpu-exporter"
+JOB = "vllm-xpu-exporter"
 # The alerts whose `for:` the test copy sets to 0s: every alert this scenario could raise by mistake.
 STATE_ALERT_DURATIONS = ("kvCacheTooSmallFor", "kvCacheBelowMaxNumSeqsFor", "restartHeadroomFor",
                          "memoryNearlyFullFor", "memoryAccountingUntrustedFor", "unattributedMemoryFor")
@@ -197,7 +197,7 @@ def test_init_failure_of_chat_reaches_the_webhook_with_its_labels_and_the_failur
                        f"(latest failure {failed_at}). KV cache of the latest start: 2.13GiB. Needed for one "
                        f"request of max_model_len: 3.36GiB. gpu_memory_utilization: 0.75. max_model_len: 131072.\n"
                        + INIT_FAILED_ADVICE,
-        "runbook_url": "https://github.com/xpu-exporter/xpu-exporter/blob/main/docs/runbook.md#xpuunitengineinitfailed",
+        "runbook_url": "https://github.com/vllm-xpu-exporter/vllm-xpu-exporter/blob/main/docs/runbook.md#xpuunitengineinitfailed",
     }
     # one alert for the one failure: no other unit's, no other reason's
     assert {(alert["labels"]["unit"], alert["labels"]["reason"]) for alert in alerts} == {(CHAT, "kv_cache_too_small")}

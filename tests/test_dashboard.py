@@ -52,7 +52,7 @@ def test_the_json_is_what_the_builder_makes():
 def test_the_data_source_is_chosen_at_import_and_no_uid_is_hard_coded():
     dashboard = load_dashboard()
     assert dashboard["__inputs"] == [{"name": "DS_PROMETHEUS", "label": "Prometheus",
-                                      "description": "Prometheus that scrapes xpu-exporter", "type": "datasource",
+                                      "description": "Prometheus that scrapes vllm-xpu-exporter", "type": "datasource",
                                       "pluginId": "prometheus", "pluginName": "Prometheus"}]
     assert {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"} in dashboard["__requires"]
     variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}

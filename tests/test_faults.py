@@ -454,8 +454,8 @@ def test_missing_procfs_root_fails_only_the_processes_collector_until_it_is_back
 
 def big_journal_directory() -> Path:
     """A journal directory of BIG_JOURNAL_ENTRIES entries, all of watched units (so that catching up takes
-    seconds), cached under $XDG_CACHE_HOME/xpu-exporter: made once (about 10 s), reused by later runs."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xpu-exporter"
+    seconds), cached under $XDG_CACHE_HOME/vllm-xpu-exporter: made once (about 10 s), reused by later runs."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm-xpu-exporter"
     directory = cache / f"faults-catch-up-{BIG_JOURNAL_ENTRIES}-v{BIG_JOURNAL_VERSION}"
     if not directory.is_dir():
         cache.mkdir(parents=True, exist_ok=True)

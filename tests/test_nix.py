@@ -3,7 +3,7 @@
 Both are parsed by Debian's Nix (`nix-instantiate --parse`). nixpkgs is not on this machine, so the
 module is also evaluated by the real Nix evaluator with a minimal stand-in for the few `lib`, `pkgs`
 and `utils` functions it calls (written out below, `utils.escapeSystemdExecArgs` as in NixOS), which
-checks what the module produces: the same service as packaging/xpu-exporter.service, and flags the
+checks what the module produces: the same service as packaging/vllm-xpu-exporter.service, and flags the
 exporter accepts."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from exporter.cli import parse_settings
 REPO = Path(__file__).resolve().parents[1]
 MODULE = REPO / "nix" / "module.nix"
 PACKAGE = REPO / "nix" / "package.nix"
-UNIT = REPO / "packaging" / "xpu-exporter.service"
-STORE_PATH = "/nix/store/00000000000000000000000000000000-xpu-exporter"
+UNIT = REPO / "packaging" / "vllm-xpu-exporter.service"
+STORE_PATH = "/nix/store/00000000000000000000000000000000-vllm-xpu-exporter"
 # No build users on this machine; evaluation needs none.
 NIX_ENV = {**os.environ, "NIX_CONFIG": "build-users-group ="}
 
@@ -34,6 +34,7 @@ STAND_IN_LIB = """
     mkEnableOption = name: { _type = "option"; default = false; description = "Whether to enable ${name}."; };
     mkOption = attrs: attrs // { _type = "option"; };
     mkIf = condition: content: if condition then content else { };
+    mkRenamedOptionModule = from: to: { _type = "renamedOptionModule"; inherit from to; };
     optionals = condition: list: if condition then list else [ ];
     literalExpression = text: { _type = "literalExpression"; inherit text; };
     hasInfix = infix: content:
@@ -53,7 +54,7 @@ STAND_IN_LIB = """
 """
 
 MODULE_HARNESS = """
-{ overrides }:
+{ overrides, part ? "config" }:
 let
 %(lib)s
   # nixos/lib/utils.nix
@@ -61,9 +62,12 @@ let
     (map (arg: builtins.replaceStrings [ "%%" "$" ] [ "%%%%" "$$" ] (builtins.toJSON (toString arg))) args);
   pkgs.callPackage = path: args: { outPath = "%(store)s"; };
   evaluated = import %(module)s { inherit config lib pkgs utils; };
-  config.services.xpu-exporter =
-    builtins.mapAttrs (name: option: option.default) evaluated.options.services.xpu-exporter // overrides;
-in evaluated.config
+  config.services.vllm-xpu-exporter =
+    builtins.mapAttrs (name: option: option.default) evaluated.options.services.vllm-xpu-exporter // overrides;
+in {
+  config = evaluated.config;
+  renames = { imports = evaluated.imports; options = builtins.attrNames evaluated.options.services.vllm-xpu-exporter; };
+}.${part}
 """
 
 PACKAGE_HARNESS = """
@@ -82,16 +86,17 @@ def nix(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["nix-instantiate", *args], capture_output=True, text=True, timeout=60, env=NIX_ENV)
 
 
-def evaluate_module(tmp_path: Path, overrides: str = "{ enable = true; }") -> dict:
+def evaluate_module(tmp_path: Path, overrides: str = "{ enable = true; }", part: str = "config") -> dict:
     harness = tmp_path / "module-harness.nix"
     harness.write_text(MODULE_HARNESS % {"lib": STAND_IN_LIB, "store": STORE_PATH, "module": MODULE})
-    result = nix("--eval", "--strict", "--json", str(harness), "--arg", "overrides", overrides)
+    result = nix("--eval", "--strict", "--json", str(harness), "--arg", "overrides", overrides,
+                 "--argstr", "part", part)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
 
 def service_config(tmp_path: Path, overrides: str = "{ enable = true; }") -> dict:
-    return evaluate_module(tmp_path, overrides)["systemd"]["services"]["xpu-exporter"]["serviceConfig"]
+    return evaluate_module(tmp_path, overrides)["systemd"]["services"]["vllm-xpu-exporter"]["serviceConfig"]
 
 
 def unit_sections(text: str) -> dict[str, dict[str, list[str]]]:
@@ -130,14 +135,14 @@ def test_parse_reports_a_syntax_error(tmp_path):
 def test_module_produces_the_hardened_unit_of_packaging(tmp_path):
     module = service_config(tmp_path)
     unit = unit_sections(UNIT.read_text())["Service"]
-    # The module passes flags directly, without /etc/default/xpu-exporter.
+    # The module passes flags directly, without /etc/default/vllm-xpu-exporter.
     expected = {key: tokens(values) for key, values in unit.items() if key not in ("ExecStart", "EnvironmentFile")}
     produced = {key: tokens(value) for key, value in module.items() if key != "ExecStart"}
     assert produced == expected
 
 
 def test_module_orders_the_service_like_the_unit(tmp_path):
-    service = evaluate_module(tmp_path)["systemd"]["services"]["xpu-exporter"]
+    service = evaluate_module(tmp_path)["systemd"]["services"]["vllm-xpu-exporter"]
     unit = unit_sections(UNIT.read_text())
     assert service["after"] == tokens(unit["Unit"]["After"])
     assert service["wantedBy"] == tokens(unit["Install"]["WantedBy"])
@@ -145,7 +150,7 @@ def test_module_orders_the_service_like_the_unit(tmp_path):
 
 def exec_start_arguments(config: dict) -> list[str]:
     argv = shlex.split(config["ExecStart"].replace("%%", "%").replace("$$", "$"))
-    assert argv[0] == f"{STORE_PATH}/bin/xpu-exporter"
+    assert argv[0] == f"{STORE_PATH}/bin/vllm-xpu-exporter"
     return argv[1:]
 
 
@@ -160,13 +165,13 @@ def test_module_options_become_flags_the_exporter_accepts(tmp_path):
     config = service_config(tmp_path, """{
       enable = true; listenAddress = "::1"; port = 9999;
       units = [ "vllm-*.service" "llm@*.service" ];
-      webConfigFile = "/etc/xpu-exporter/web.yml";
+      webConfigFile = "/etc/vllm-xpu-exporter/web.yml";
       extraFlags = [ "--log.level=debug" "--journal.boot=all" ];
     }""")
     settings = parse_settings(exec_start_arguments(config))
     assert settings.listen_address == "[::1]:9999"
     assert settings.journal_units == ("vllm-*.service", "llm@*.service")
-    assert settings.web_config_file == "/etc/xpu-exporter/web.yml"
+    assert settings.web_config_file == "/etc/vllm-xpu-exporter/web.yml"
     assert (settings.log_level, settings.journal_boot) == ("debug", "all")
 
 
@@ -183,9 +188,17 @@ def test_module_opens_the_firewall_only_when_asked(tmp_path):
 
 
 def test_module_runs_as_a_named_user_instead_of_a_dynamic_one_when_given(tmp_path):
-    config = service_config(tmp_path, '{ enable = true; user = "xpu-exporter"; }')
-    assert config["User"] == "xpu-exporter" and "DynamicUser" not in config
+    config = service_config(tmp_path, '{ enable = true; user = "vllm-xpu-exporter"; }')
+    assert config["User"] == "vllm-xpu-exporter" and "DynamicUser" not in config
     assert service_config(tmp_path)["DynamicUser"] is True
+
+
+def test_every_option_keeps_its_former_name_as_a_renamed_alias(tmp_path):
+    renames = evaluate_module(tmp_path, part="renames")
+    assert renames["options"], "the module declares no options"
+    assert sorted((rename["from"], rename["to"]) for rename in renames["imports"]) == sorted(
+        (["services", "xpu-exporter", option], ["services", "vllm-xpu-exporter", option])
+        for option in renames["options"])
 
 
 def test_disabled_module_adds_nothing(tmp_path):

@@ -1,4 +1,4 @@
-"""The systemd unit (packaging/xpu-exporter.service): systemd 252 accepts it, its exposure stays below
+"""The systemd unit (packaging/vllm-xpu-exporter.service): systemd 252 accepts it, its exposure stays below
 3.0, it grants what the exporter needs and nothing else, and the exporter works inside its limits.
 
 What is run for real here: `systemd-analyze verify` and `security --offline=true` (systemd 252), the
@@ -26,9 +26,9 @@ from fakeze import A770, GiB, FakeConfig, fake_driver_env, write_config
 from journalgen import Clock, random_boot_id, unit_output, unit_starting, write_journal
 
 REPO = Path(__file__).resolve().parents[1]
-UNIT = REPO / "packaging" / "xpu-exporter.service"
-DEFAULTS = REPO / "packaging" / "xpu-exporter.default"
-EXEC_START = "/opt/xpu-exporter/bin/xpu-exporter"
+UNIT = REPO / "packaging" / "vllm-xpu-exporter.service"
+DEFAULTS = REPO / "packaging" / "vllm-xpu-exporter.default"
+EXEC_START = "/opt/vllm-xpu-exporter/bin/vllm-xpu-exporter"
 EXPOSURE_LIMIT = 3.0
 CAP_BITS = {"CAP_DAC_READ_SEARCH": 2, "CAP_SYS_PTRACE": 19, "CAP_PERFMON": 38}
 
@@ -52,13 +52,13 @@ def one(settings: dict[str, list[str]], key: str) -> str:
 @pytest.fixture
 def installed_unit(tmp_path: Path) -> Path:
     """The unit as installed: systemd-analyze checks that ExecStart's program exists, so it points at a
-    real executable here instead of /opt/xpu-exporter."""
-    program = tmp_path / "xpu-exporter"
+    real executable here instead of /opt/vllm-xpu-exporter."""
+    program = tmp_path / "vllm-xpu-exporter"
     program.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m exporter \"$@\"\n")
     program.chmod(0o755)
     text = UNIT.read_text()
     assert f"ExecStart={EXEC_START} " in text
-    unit = tmp_path / "xpu-exporter.service"
+    unit = tmp_path / "vllm-xpu-exporter.service"
     unit.write_text(text.replace(f"ExecStart={EXEC_START} ", f"ExecStart={program} "))
     return unit
 
@@ -86,7 +86,7 @@ def test_security_exposure_is_below_three(installed_unit, record_property):
     assert match, result.stdout + result.stderr
     exposure = float(match[1])
     record_property("systemd_security_exposure", exposure)
-    print(f"systemd-analyze security exposure of xpu-exporter.service: {exposure}")
+    print(f"systemd-analyze security exposure of vllm-xpu-exporter.service: {exposure}")
     assert exposure < EXPOSURE_LIMIT, result.stdout
     satisfied = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("✓")}
     for setting in ("NoNewPrivileges=", "ProtectSystem=", "PrivateTmp=", "ProtectHome=", "User=/DynamicUser=",
@@ -132,12 +132,12 @@ def test_a_bad_configuration_is_not_restarted_in_a_loop():
 def test_default_file_flags_are_accepted_by_the_exporter():
     settings = unit_settings(DEFAULTS.read_text())
     # systemd unquotes the EnvironmentFile= value, then splits an unbraced $VAR on whitespace.
-    arguments = [word for part in shlex.split(one(settings, "XPU_EXPORTER_ARGS")) for word in part.split()]
+    arguments = [word for part in shlex.split(one(settings, "VLLM_XPU_EXPORTER_ARGS")) for word in part.split()]
     assert arguments
     parsed = parse_settings(arguments)
     assert parsed.listen_address == ":10447"
-    assert "$XPU_EXPORTER_ARGS" in one(unit_settings(UNIT.read_text()), "ExecStart")
-    assert one(unit_settings(UNIT.read_text()), "EnvironmentFile") == "-/etc/default/xpu-exporter"
+    assert "$VLLM_XPU_EXPORTER_ARGS" in one(unit_settings(UNIT.read_text()), "ExecStart")
+    assert one(unit_settings(UNIT.read_text()), "EnvironmentFile") == "-/etc/default/vllm-xpu-exporter"
 
 
 # --- MemoryDenyWriteExecute= ---------------------------------------------------------------------

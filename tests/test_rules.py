@@ -48,7 +48,7 @@ def test_metric_names_are_found_in_the_expressions_these_files_use():
             '(time() - d_seconds{job="j"} < 900)')
     assert metric_names(expr) == {"a_total", "b", "c", "d_seconds"}
     assert metric_names('sum by (unit, reason) (rate(x:y:rate5m{u=~"$unit"}[$__rate_interval])) > 0') == {"x:y:rate5m"}
-    assert metric_names("absent(up{job=\"xpu-exporter\"})") == {"up"}
+    assert metric_names("absent(up{job=\"vllm-xpu-exporter\"})") == {"up"}
     assert metric_names("max by (unit) (m) / on(unit) group_left(model) info * 1000") == {"m", "info"}
     assert template_query_names('{{ with printf "xpu_a{instance=%q}" $labels.instance | query }}') == {"xpu_a"}
 
@@ -146,7 +146,7 @@ def test_every_expression_selects_with_the_selector_knob():
 OVERRIDE_TEST = """\
 rule_files: [rules.yaml]
 evaluation_interval: 1m
-group_eval_order: [xpu-exporter.rules, xpu-exporter.alerts]
+group_eval_order: [vllm-xpu-exporter.rules, vllm-xpu-exporter.alerts]
 tests:
   - interval: 1m
     input_series:

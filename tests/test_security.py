@@ -285,7 +285,7 @@ def test_an_invalid_web_config_is_a_one_line_start_up_error_with_status_2(tmp_pa
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("xpu-exporter: error: --web.config.file:"), result.stderr
+    assert len(lines) == 1 and lines[0].startswith("vllm-xpu-exporter: error: --web.config.file:"), result.stderr
     assert "Traceback" not in result.stderr
     for secret in (PLAINTEXT_PASSWORD, KEY_MARKER, PASSWORD_HASH, *secret_key_lines(pki)):
         assert secret not in result.stderr

@@ -183,7 +183,7 @@ def test_landing_page_links_to_the_telemetry_path():
         assert status == 200
         assert headers["Content-Type"] == "text/html; charset=utf-8"
         assert b'<a href="/custom-metrics">' in body
-        assert b"<title>xpu-exporter</title>" in body
+        assert b"<title>vllm-xpu-exporter</title>" in body
         assert fetch(custom, "/metrics")[0] == 404
         assert fetch(custom, "/custom-metrics")[0] == 200
 
