@@ -10,6 +10,8 @@ collapsed stacks (flamegraph.pl / speedscope read them).
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,6 +58,10 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    # pip puts py-spy beside the interpreter, which need not be on PATH (.venv/bin/python benchmarks/...).
+    py_spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
+    if py_spy is None:
+        sys.exit(f"profile_scrape: no py-spy beside {sys.executable} or on PATH: pip install py-spy")
     with tempfile.TemporaryDirectory(prefix="bench-profile-", dir=in_memory_directory()) as workdir:
         driver = build_fake_driver(Path(workdir))
         with bench_host(SHAPES[args.host], Path(workdir) / "host", driver) as host:
@@ -70,7 +76,7 @@ def main() -> int:
             thread = threading.Thread(target=scrape_forever, daemon=True)
             thread.start()
             out = args.out or Path(workdir) / "collapsed.txt"
-            subprocess.run(["py-spy", "record", "--pid", str(host.pid), "--duration", str(args.seconds),
+            subprocess.run([py_spy, "record", "--pid", str(host.pid), "--duration", str(args.seconds),
                             "--rate", str(args.rate), "--format", "raw", "--nonblocking", "--output", str(out)],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             stop.set()

