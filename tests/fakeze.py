@@ -72,6 +72,7 @@ class FakeDevice:
     device_type: int = ZE_DEVICE_TYPE_GPU
     memory: Sequence[FakeMemoryModule] = ()
     processes: Sequence[FakeProcess] = ()
+    memory_modules_result: Result = "ZE_RESULT_SUCCESS"  # zesDeviceEnumMemoryModules
     memory_state_result: Result = "ZE_RESULT_SUCCESS"
     memory_state_hang: bool = False
     processes_result: Result = "ZE_RESULT_SUCCESS"
@@ -212,6 +213,7 @@ def _render_device(device: FakeDevice) -> list[str]:
         if module.type is not None:
             options.append(f"type={module.type}")
         lines.append(f"memory {location} {module.size} {module.free} {' '.join(options)}")
+    lines.append(f"memory_modules_result {_result(device.memory_modules_result)}")
     lines.append(f"memory_state_result {_result(device.memory_state_result)}")
     if device.memory_state_hang:
         lines.append("memory_state_hang")

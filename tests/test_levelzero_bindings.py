@@ -206,6 +206,36 @@ def test_state_size_zero_falls_back_to_physical_size(fake_driver: Path, config_p
     assert result["memory"] == [memory(size=8 * GiB, free=5 * GiB, health=2)]
 
 
+MEMORY_MODULES_SCRIPT = """
+level_zero = LevelZero()
+level_zero.init()
+[device] = level_zero.devices()
+modules = attempt(device.memory_modules)
+if isinstance(modules, list):  # handles are addresses: not compared
+    modules = [{key: value for key, value in module.items() if key != "handle"} for module in modules]
+print(json.dumps({"modules": modules, "memory": attempt(device.memory)}))
+"""
+
+
+def test_memory_modules_give_their_properties_while_the_state_query_fails(fake_driver: Path,
+                                                                        config_path: Path) -> None:
+    device = replace(A770, memory=(FakeMemoryModule(size=15 * GiB, free=5 * GiB, physical_size=16 * GiB),
+                                   FakeMemoryModule(size=32 * GiB, free=30 * GiB, device_local=False)),
+                     memory_state_result="ZE_RESULT_ERROR_UNSUPPORTED_FEATURE")
+    result = scenario(fake_driver, config_path, FakeConfig(devices=(device,)), MEMORY_MODULES_SCRIPT)
+    assert result["modules"] == [{"device_local": True, "physical_size": 16 * GiB},
+                                 {"device_local": False, "physical_size": 32 * GiB}]
+    assert result["memory"] == raised("zesMemoryGetState", "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE", 0x78000003)
+
+
+def test_failing_memory_module_enumeration_raises_for_modules_and_memory(fake_driver: Path,
+                                                                        config_path: Path) -> None:
+    device = replace(A770, memory_modules_result="ZE_RESULT_ERROR_UNSUPPORTED_FEATURE")
+    result = scenario(fake_driver, config_path, FakeConfig(devices=(device,)), MEMORY_MODULES_SCRIPT)
+    expected = raised("zesDeviceEnumMemoryModules", "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE", 0x78000003)
+    assert result == {"modules": expected, "memory": expected}
+
+
 def test_default_uuid_is_derived_from_device_id_and_pci_address(fake_driver: Path, config_path: Path) -> None:
     device = FakeDevice(pci_address="0001:0a:1f.3", device_id=0x56A1)
     [result] = scenario(fake_driver, config_path, FakeConfig(devices=(device,)), READ_EVERYTHING)

@@ -18,6 +18,7 @@ GOLDEN = Path(__file__).parent / "golden"
 _DURATION_SAMPLE = re.compile(r"^(xpu_exporter_collector_duration_seconds\{[^}]*\}) \S+$", re.M)
 DEVICE_FAMILIES = ("xpu_device_info", "xpu_memory_total_bytes", "xpu_memory_free_bytes", "xpu_memory_used_bytes",
                    "xpu_memory_accounting_trusted")
+IDENTITY_AND_TOTAL = {"xpu_device_info", "xpu_memory_total_bytes"}
 
 
 def start(fake_driver: Path, config_path: Path, config: FakeConfig, *args: str, env: dict | None = None,
@@ -42,6 +43,10 @@ def check_golden(name: str, text: str, update: bool) -> None:
 
 def device_series(samples: dict, device: str) -> list:
     return [key for key in samples if ("device", device) in key[1]]
+
+
+def device_families(samples: dict, device: str) -> set[str]:
+    return {name for name, _ in device_series(samples, device)}
 
 
 def warning_lines(exporter: RunningExporter) -> list[str]:
@@ -137,7 +142,7 @@ def test_failing_zeinit_never_crashes_and_logs_one_clear_line(fake_driver, confi
     assert init_result in warnings[0] and "Level Zero initialisation failed" in warnings[0]
 
 
-def test_device_lost_mid_run_drops_that_devices_series_and_they_come_back(fake_driver, config_path):
+def test_device_lost_mid_run_drops_that_devices_memory_state_series_and_they_come_back(fake_driver, config_path):
     with start(fake_driver, config_path, FakeConfig(devices=(A770, B580))) as exporter:
         before = exporter.scrape()
         assert sample(before, "xpu_exporter_collector_success", collector="levelzero") == 1
@@ -146,7 +151,7 @@ def test_device_lost_mid_run_drops_that_devices_series_and_they_come_back(fake_d
         write_config(config_path, FakeConfig(devices=(lost, B580)))
         during = exporter.scrape()
         assert sample(during, "xpu_exporter_collector_success", collector="levelzero") == 0
-        assert device_series(during, "0000:03:00.0") == []
+        assert device_families(during, "0000:03:00.0") == IDENTITY_AND_TOTAL
         assert sample(during, "xpu_memory_free_bytes", device="0000:83:00.0") == 11 * GiB
 
         write_config(config_path, FakeConfig(devices=(A770, B580)))
@@ -157,15 +162,33 @@ def test_device_lost_mid_run_drops_that_devices_series_and_they_come_back(fake_d
     assert sorted(device_series(after, "0000:03:00.0")) == sorted(device_series(before, "0000:03:00.0"))
 
 
-def test_unsupported_memory_state_fails_the_collector_without_stale_numbers(fake_driver, config_path):
-    unsupported = dataclasses.replace(B580, memory_state_result="ZE_RESULT_ERROR_UNSUPPORTED_FEATURE")
-    with start(fake_driver, config_path, FakeConfig(devices=(A770, unsupported))) as exporter:
-        samples = exporter.scrape()
+@pytest.mark.parametrize("fault, kept", [
+    ({"memory_state_result": "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE"}, IDENTITY_AND_TOTAL),
+    ({"memory_modules_result": "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE"}, {"xpu_device_info"}),
+], ids=["zesMemoryGetState", "zesDeviceEnumMemoryModules"])
+def test_failing_memory_query_keeps_the_devices_identity_and_what_still_reads_then_recovers(fake_driver, config_path,
+                                                                                          fault, kept):
+    failing = dataclasses.replace(B580, **fault)
+    with start(fake_driver, config_path, FakeConfig(devices=(A770, failing))) as exporter:
+        during = exporter.scrape()
         stderr = exporter.stderr
-    assert sample(samples, "xpu_exporter_collector_success", collector="levelzero") == 0
-    assert device_series(samples, "0000:83:00.0") == []
-    assert sample(samples, "xpu_memory_used_bytes", device="0000:03:00.0") == 3 * GiB
-    assert "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE" in stderr
+        write_config(config_path, FakeConfig(devices=(A770, B580)))
+        after = exporter.scrape()
+    assert sample(during, "xpu_exporter_collector_success", collector="levelzero") == 0
+    assert "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE" in stderr and "0000:83:00.0" in stderr
+    assert device_families(during, "0000:83:00.0") == kept
+    assert sample(during, "xpu_device_info", device="0000:83:00.0", name="Intel(R) Arc(TM) B580 Graphics",
+                  uuid="86800be2-0000-0000-8300-000000000000", driver_version="1.6.32224", card="",
+                  render_node="") == 1
+    if "xpu_memory_total_bytes" in kept:
+        assert sample(during, "xpu_memory_total_bytes", device="0000:83:00.0") == 12 * GiB
+    assert device_families(during, "0000:03:00.0") == set(DEVICE_FAMILIES)
+    assert sample(during, "xpu_memory_used_bytes", device="0000:03:00.0") == 3 * GiB
+
+    assert sample(after, "xpu_exporter_collector_success", collector="levelzero") == 1
+    assert device_families(after, "0000:83:00.0") == set(DEVICE_FAMILIES)
+    assert sample(after, "xpu_memory_free_bytes", device="0000:83:00.0") == 11 * GiB
+    assert sample(after, "xpu_memory_accounting_trusted", device="0000:83:00.0") == 1
 
 
 def test_a_hanging_driver_call_costs_one_timeout_not_the_exporter(fake_driver, config_path):

@@ -11,7 +11,7 @@ import pytest
 
 from exporterproc import RunningExporter, sample, series, wait_for
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, xe_fdinfo
-from fakeze import A770, GiB, MiB, FakeConfig, FakeMemoryModule, FakeProcess, fake_driver_env, write_config
+from fakeze import A770, B580, GiB, MiB, FakeConfig, FakeMemoryModule, FakeProcess, fake_driver_env, write_config
 from journalgen import Clock, random_boot_id, unit_output, unit_starting, write_journal
 
 DEVICE = "0000:03:00.0"
@@ -55,9 +55,9 @@ def three_unit_host(procfs: FakeProcfs, chat_running: bool, others_hold: int) ->
 
 
 def start_exporter(tmp_path: Path, fake_driver: Path, config_path: Path, procfs: FakeProcfs, used: int,
-                   device=A770, *args: str) -> RunningExporter:
+                   device=A770, *args: str, other_devices=()) -> RunningExporter:
     device = dataclasses.replace(device, memory=(FakeMemoryModule(size=TOTAL, free=TOTAL - used),))
-    write_config(config_path, FakeConfig(devices=(device,)))
+    write_config(config_path, FakeConfig(devices=(device, *other_devices)))
     journal = settings_journal(tmp_path / "units.journal")
     return RunningExporter(["--path.procfs", str(procfs.root), "--journal.file", str(journal),
                             "--journal.boot", "all", *args], env=fake_driver_env(fake_driver, config_path))
@@ -148,3 +148,30 @@ def test_unreadable_fdinfo_and_unsupported_process_list_fail_only_this_collector
     assert series(samples, "xpu_unit_memory_bytes") == {}
     assert "no per-process source works" in stderr
     assert "CAP_SYS_PTRACE" in stderr
+
+
+def test_device_whose_free_memory_cannot_be_read_has_no_unattributed_rest_and_its_units_no_headroom(
+        tmp_path, fake_driver, config_path):
+    procfs = FakeProcfs(tmp_path)
+    expected = three_unit_host(procfs, chat_running=True, others_hold=GiB)  # every unit on DEVICE
+    used = sum(expected.values())
+    unreadable = dataclasses.replace(A770, memory_state_result="ZE_RESULT_ERROR_UNSUPPORTED_FEATURE")
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, used, unreadable,
+                        other_devices=(B580,)) as exporter:
+        during = wait_for(lambda: (s := exporter.scrape()) and
+                          len(series(s, "xpu_unit_gpu_memory_utilization_ratio")) == len(UTILISATION) and s)
+        write_config(config_path, FakeConfig(devices=(
+            dataclasses.replace(A770, memory=(FakeMemoryModule(size=TOTAL, free=TOTAL - used),)), B580)))
+        after = settled(exporter)
+    assert sample(during, "xpu_exporter_collector_success", collector="levelzero") == 0
+    assert sample(during, "xpu_exporter_collector_success", collector="processes") == 1
+    assert sample(during, "xpu_unit_memory_bytes", device=DEVICE, unit=CHAT) == expected[CHAT]
+    assert sample(during, "xpu_unattributed_memory_bytes", device=DEVICE) is None
+    assert sample(during, "xpu_memory_attribution_overcounted", device=DEVICE) is None
+    assert sample(during, "xpu_unattributed_memory_bytes", device=B580.pci_address) == 1 * GiB
+    # the units hold memory on DEVICE only: no headroom computed against the other GPU
+    assert series(during, "xpu_unit_restart_headroom_bytes") == {}
+
+    assert sample(after, "xpu_unattributed_memory_bytes", device=DEVICE) == 0
+    assert sample(after, "xpu_unit_restart_headroom_bytes", device=DEVICE, unit=CHAT) == \
+        TOTAL - used + expected[CHAT] - math.ceil(UTILISATION[CHAT] * TOTAL)

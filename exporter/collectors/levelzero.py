@@ -89,20 +89,19 @@ class LevelZeroCollector(Collector):
                                     "the exporter lacks CAP_PERFMON), else 1.", labels=["device"])
         failures = []
         for device in devices:
-            if device.error:
-                # No stale numbers: a device that cannot be read has no series this scrape.
-                failures.append(f"{device.identity.pci_address}: {device.error}")
-                continue
             pci = device.identity.pci_address
+            if device.error:
+                failures.append(f"{pci}: {device.error}")
             nodes = self._drm_nodes.get(pci)
             info.add_metric([pci, device.identity.name, device.identity.uuid, device.identity.driver_version,
                              nodes.card, nodes.render_node], 1)
-            if not device.local_modules:
-                continue
-            total.add_metric([pci], device.total)
-            free.add_metric([pci], device.free)
-            used.add_metric([pci], device.total - device.free)
-            trusted.add_metric([pci], 0 if self._untrusted(device) else 1)
+            # No stale numbers: a figure that could not be read this scrape has no series.
+            if device.total is not None:
+                total.add_metric([pci], device.total)
+            if device.total is not None and device.free is not None:
+                free.add_metric([pci], device.free)
+                used.add_metric([pci], device.total - device.free)
+                trusted.add_metric([pci], 0 if self._untrusted(device) else 1)
         yield from (info, total, free, used, trusted)
         if failures:
             raise CollectionError("; ".join(failures))

@@ -136,16 +136,18 @@ class ProcessesCollector(Collector):
                                      "free + the unit's own memory - ceil(gpu_memory_utilization x total): the "
                                      "free memory vLLM (0.16+) demands at start; negative: a restart now would fail.",
                                      labels=["device", "unit"])
-        memory = {d.identity.pci_address: d for d in devices if not d.error and d.local_modules}
+        # Only devices whose free memory was read: no rest or headroom from a figure that is not known.
+        memory = {d.identity.pci_address: d for d in devices if d.total is not None and d.free is not None}
         for pci, attribution in attributions.items():
             if pci not in memory:
                 continue
             used = memory[pci].total - memory[pci].free
             unattributed.add_metric([pci], max(0, used - attribution.total))
             overcounted.add_metric([pci], 1 if attribution.total > used else 0)
+        gpus = [d.identity.pci_address for d in devices]
         for unit, utilisation in watched:
-            pci = self._device_of(unit, attributions, memory)
-            if pci is None:
+            pci = self._device_of(unit, attributions, gpus)
+            if pci not in memory:
                 continue
             own = attributions[pci].by_unit.get(unit, 0) if pci in attributions else 0
             headroom.add_metric([pci, unit], memory[pci].free + own - math.ceil(utilisation * memory[pci].total))
@@ -159,17 +161,16 @@ class ProcessesCollector(Collector):
         return [(view.unit, view.gpu_memory_utilization) for view in views
                 if view.gpu_memory_utilization is not None]
 
-    def _device_of(self, unit: str, attributions: dict[str, Attribution],
-                   memory: dict[str, DeviceMemory]) -> str | None:
+    def _device_of(self, unit: str, attributions: dict[str, Attribution], gpus: list[str]) -> str | None:
         """The GPU the unit holds (or last held) memory on; on a one-GPU host, that GPU."""
         with self._lock:
             for pci, attribution in attributions.items():
                 if attribution.by_unit.get(unit):
                     self._last_device_of_unit[unit] = pci
             pci = self._last_device_of_unit.get(unit)
-        if pci in memory:
+        if pci in gpus:
             return pci
-        return next(iter(memory)) if len(memory) == 1 else None
+        return gpus[0] if len(gpus) == 1 else None
 
 
 

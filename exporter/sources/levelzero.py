@@ -464,6 +464,15 @@ class DeviceIdentity:
 
 
 @dataclass(frozen=True)
+class MemoryModuleProperties:
+    """A memory module as zesMemoryGetProperties describes it; read its state with Device.memory_state()."""
+
+    handle: int  # zes_mem_handle_t
+    device_local: bool  # location == ZES_MEM_LOC_DEVICE; False for system memory
+    physical_size: int  # bytes
+
+
+@dataclass(frozen=True)
 class MemoryModule:
     device_local: bool  # location == ZES_MEM_LOC_DEVICE; False for system memory
     size: int  # bytes: zes_mem_state_t.size, or physicalSize when the state says 0
@@ -517,19 +526,31 @@ class Device:
         )
 
     def memory(self) -> list[MemoryModule]:
+        """Every memory module with its state: memory_modules(), then memory_state() of each."""
+        return [self.memory_state(module) for module in self.memory_modules()]
+
+    def memory_modules(self) -> list[MemoryModuleProperties]:
+        """The memory modules and their properties, without their state (which can fail on its own)."""
         modules = []
         for handle in self._library.zesDeviceEnumMemoryModules(self.handle):
             properties = self._library.zesMemoryGetProperties(handle)
-            state = self._library.zesMemoryGetState(handle)
             modules.append(
-                MemoryModule(
+                MemoryModuleProperties(
+                    handle=handle,
                     device_local=properties.location == ZES_MEM_LOC_DEVICE,
-                    size=state.size or properties.physicalSize,
-                    free=state.free,
-                    health=state.health,
+                    physical_size=properties.physicalSize,
                 )
             )
         return modules
+
+    def memory_state(self, module: MemoryModuleProperties) -> MemoryModule:
+        state = self._library.zesMemoryGetState(module.handle)
+        return MemoryModule(
+            device_local=module.device_local,
+            size=state.size or module.physical_size,
+            free=state.free,
+            health=state.health,
+        )
 
     def processes(self) -> list[ProcessMemory]:
         return [

@@ -10,6 +10,9 @@ so a re-plugged or re-bound GPU needs a fresh process. The child speaks JSON lin
     child -> {"devices": [{"pci_address": ..., "memory": [[device_local, size, free], ...] | null,
                            "error": null | "..."}, ...]}          ("processes": [[pid, mem, shared], ...])
 
+A reading with an error carries what was read before the failure: when only zesMemoryGetState failed,
+"memory" still lists the modules, sized by their properties (physicalSize), with free null.
+
 `python -m exporter.sources.levelzero_worker LIBRARY` runs the child side.
 """
 
@@ -60,7 +63,7 @@ class Identity:
 class MemoryReading:
     device_local: bool
     size: int
-    free: int
+    free: int | None  # None: the module's state could not be read
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class ProcessReading:
 @dataclass(frozen=True)
 class DeviceMemory:
     identity: Identity
-    modules: tuple[MemoryReading, ...]
+    modules: tuple[MemoryReading, ...]  # empty when they could not be enumerated
     error: str | None
 
     @property
@@ -81,12 +84,18 @@ class DeviceMemory:
         return tuple(module for module in self.modules if module.device_local)
 
     @property
-    def total(self) -> int:
-        return sum(module.size for module in self.local_modules)
+    def total(self) -> int | None:
+        """Device-local memory size; None when no device-local module is known."""
+        local = self.local_modules
+        return sum(module.size for module in local) if local else None
 
     @property
-    def free(self) -> int:
-        return sum(module.free for module in self.local_modules)
+    def free(self) -> int | None:
+        """Free device-local memory; None unless the state of every device-local module was read."""
+        frees = [module.free for module in self.local_modules]
+        if not frees or None in frees:
+            return None
+        return sum(frees)
 
 
 @dataclass(frozen=True)
@@ -121,7 +130,10 @@ def _child_main(library: str) -> int:
         reading: dict = {"pci_address": identity.pci_address, what: None, "error": None, "error_name": None}
         try:
             if what == "memory":
-                reading[what] = [[m.device_local, m.size, m.free] for m in device.memory()]
+                modules = device.memory_modules()
+                # The sizes stand if reading a module's state fails next.
+                reading[what] = [[m.device_local, m.physical_size, None] for m in modules]
+                reading[what] = [[m.device_local, m.size, m.free] for m in map(device.memory_state, modules)]
             else:
                 reading[what] = [[p.pid, p.mem_size, p.shared_size] for p in device.processes()]
         except LevelZeroError as error:
@@ -163,7 +175,7 @@ class LevelZeroWorker:
     def read_memory(self) -> list[DeviceMemory]:
         identities, readings = self._request("memory")
         return [DeviceMemory(identities[r["pci_address"]],
-                             tuple(MemoryReading(bool(local), int(size), int(free))
+                             tuple(MemoryReading(bool(local), int(size), None if free is None else int(free))
                                    for local, size, free in r["memory"] or ()),
                              r["error"])
                 for r in readings]

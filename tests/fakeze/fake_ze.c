@@ -38,6 +38,7 @@
  *                               zes_mem_properties_t.physicalSize; health a zes_mem_health_t
  *                               (default 1, OK); type a zes_mem_type_t (default GDDR6 for
  *                               device memory, DDR for system memory)
+ *     memory_modules_result <r> what zesDeviceEnumMemoryModules returns
  *     memory_state_result <r>   what zesMemoryGetState returns for every module of the device
  *     memory_state_hang         zesMemoryGetState never returns
  *     processes_result <r>      what zesDeviceProcessesGetState returns
@@ -105,6 +106,7 @@ struct device {
     uint32_t device_type;
     unsigned module_count;
     struct memory_module modules[MAX_MODULES];
+    ze_result_t memory_modules_result;
     ze_result_t memory_state_result;
     int memory_state_hang;
     ze_result_t processes_result;
@@ -308,6 +310,7 @@ static void new_device(struct device *device)
     copy_text(device->driver_version, sizeof(device->driver_version), "1.3.0-fake");
     device->device_id = 0x56a0;
     device->device_type = ZE_DEVICE_TYPE_GPU;
+    device->memory_modules_result = ZE_RESULT_SUCCESS;
     device->memory_state_result = ZE_RESULT_SUCCESS;
     device->processes_result = ZE_RESULT_SUCCESS;
 }
@@ -357,6 +360,8 @@ static const char *apply_directive(struct config *config, const char *keyword, c
         return parse_memory(arguments, &device->modules[device->module_count++]) == 0
             ? NULL : "memory <device|system> <size> <free> [physical_size=<n>] [health=<n>] [type=<n>]";
     }
+    if (strcmp(keyword, "memory_modules_result") == 0)
+        return parse_result(arguments, &device->memory_modules_result) == 0 ? NULL : "memory_modules_result <result>";
     if (strcmp(keyword, "memory_state_result") == 0)
         return parse_result(arguments, &device->memory_state_result) == 0 ? NULL : "memory_state_result <result>";
     if (strcmp(keyword, "memory_state_hang") == 0) {
@@ -706,6 +711,8 @@ static ze_result_t ZE_APICALL fake_zesDeviceEnumMemoryModules(zes_device_handle_
         return ZE_RESULT_ERROR_UNKNOWN;
     const struct device *device = NULL;
     ze_result_t result = find_device(config, handle, &device);
+    if (result == ZE_RESULT_SUCCESS)
+        result = device->memory_modules_result;
     if (result == ZE_RESULT_SUCCESS) {
         unsigned device_index = (unsigned)(device - config->devices);
         uint32_t filled = entries_to_fill(count, modules, device->module_count);
