@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from exporter import __version__
 from exporter.logs import FORMATS, LEVELS, setup_logging
@@ -219,6 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, worker))
+    # process_*: the exporter's own process, so its own /proc, never --path.procfs (the host's /proc in a container)
+    ProcessCollector(proc="/proc", registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
     try:
         server = ExporterServer(settings.listen_address, settings.telemetry_path, registry, web_config)
     except OSError as error:

@@ -186,4 +186,42 @@ def test_units_beyond_the_cap_are_dropped_and_counted(tmp_path):
         samples = caught_up(exporter)
     watched = {dict(labels)["unit"] for labels in series(samples, "xpu_unit_engine_starts_total")}
     assert watched == {"vllm-a.service", "vllm-b.service"}
+    assert sample(samples, "xpu_exporter_journal_units_watched") == 2
     assert sample(samples, "xpu_exporter_journal_units_dropped_total") == 1
+
+
+def test_units_watched_counts_the_units_matching_the_globs_and_not_the_others(tmp_path):
+    clock = Clock(random_boot_id())
+    entries = (good_start("vllm-xpu-embedding.service", clock) + failed_start(CHAT, clock) +
+               failed_start("other-llm.service", clock) + good_start("vllm-xpu-stt.service", clock))
+    journal = write_journal(tmp_path / "j.journal", entries)
+    with journal_exporter("--journal.file", str(journal)) as exporter:
+        samples = caught_up(exporter)
+    assert sample(samples, "xpu_exporter_journal_units_watched") == 3
+
+
+def test_globs_matching_no_unit_give_zero_watched_units_and_a_working_collector(tmp_path):
+    clock = Clock(random_boot_id())
+    journal = write_journal(tmp_path / "j.journal", good_start(CHAT, clock) + failed_start("other-llm.service", clock))
+    with journal_exporter("--journal.file", str(journal), "--journal.units", "vllm-xpu-chat") as exporter:
+        samples = caught_up(exporter)
+    assert sample(samples, "xpu_exporter_collector_success", collector="journal") == 1
+    assert sample(samples, "xpu_exporter_journal_units_watched") == 0
+
+
+def test_units_watched_is_absent_while_the_journal_was_never_read(tmp_path):
+    """Not 0: that would say the globs match nothing, when the exporter does not know yet."""
+    directory = tmp_path / "journal"
+    with journal_exporter("--journal.directory", str(directory)) as exporter:
+        unreadable = exporter.scrape()
+        staging = tmp_path / "staging"
+        staging.mkdir()
+        write_journal(staging / "system.journal", failed_start(CHAT, Clock(random_boot_id())))
+        shutil.copytree(staging, directory)
+        recovered = wait_for(lambda: (s := exporter.scrape()) and
+                             sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s,
+                             timeout=20)
+    assert sample(unreadable, "xpu_exporter_collector_success", collector="journal") == 0
+    assert sample(unreadable, "xpu_exporter_journal_units_watched") is None
+    assert recovered, exporter.stderr
+    assert sample(recovered, "xpu_exporter_journal_units_watched") == 1

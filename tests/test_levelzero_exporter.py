@@ -16,6 +16,7 @@ from fakeze import A770, B580, GiB, FakeConfig, FakeMemoryModule, fake_driver_en
 
 GOLDEN = Path(__file__).parent / "golden"
 _DURATION_SAMPLE = re.compile(r"^(xpu_exporter_collector_duration_seconds\{[^}]*\}) \S+$", re.M)
+_PROCESS_AND_PYTHON_LINE = re.compile(r"^(?:# (?:HELP|TYPE) )?(?:process|python)_.*\n", re.M)
 DEVICE_FAMILIES = ("xpu_device_info", "xpu_memory_total_bytes", "xpu_memory_free_bytes", "xpu_memory_used_bytes",
                    "xpu_memory_accounting_trusted")
 IDENTITY_AND_TOTAL = {"xpu_device_info", "xpu_memory_total_bytes"}
@@ -29,8 +30,9 @@ def start(fake_driver: Path, config_path: Path, config: FakeConfig, *args: str, 
 
 
 def normalised(text: str) -> str:
-    """Scrape text with the run-to-run varying values (durations) pinned, for golden comparison."""
-    return _DURATION_SAMPLE.sub(r"\1 0.0", text)
+    """Scrape text for golden comparison: durations pinned, client_python's process_* and python_* families
+    dropped (they vary run to run and by Python; tests/test_exporter_self_metrics.py checks them)."""
+    return _DURATION_SAMPLE.sub(r"\1 0.0", _PROCESS_AND_PYTHON_LINE.sub("", text))
 
 
 def check_golden(name: str, text: str, update: bool) -> None:

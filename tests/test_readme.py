@@ -48,7 +48,7 @@ def every_kind_of_start(clock: Clock) -> list:
 
 
 def test_readme_documents_exactly_the_metrics_the_exporter_serves(tmp_path, fake_driver, config_path):
-    documented = set(re.findall(r"^\| `(xpu_[a-z_]+)` \|", (REPO / "README.md").read_text(), re.M))
+    documented = set(re.findall(r"^\| `((?:xpu|process|python)_[a-z_]+)` \|", (REPO / "README.md").read_text(), re.M))
     write_config(config_path, FakeConfig(devices=(A770,)))
     procfs = FakeProcfs(tmp_path)
     procfs.add_unit_process(100, f"/system.slice/{CHAT}").add_drm_fd(xe_fdinfo(client_id=1, vram0=2 * GiB))

@@ -430,10 +430,12 @@ def test_hostile_label_values_round_trip_through_openmetrics(hostile_scrapes):
 def test_hostile_label_values_add_no_series_or_lines(hostile_scrapes):
     """A newline, quote or brace in a value cannot start a sample line or a comment of its own."""
     text = hostile_scrapes[0]
+    prefixes = ("xpu_", "process_", "python_")  # the exporter's own and client_python's standard families
+    line_starts = tuple(comment + prefix for comment in ("# HELP ", "# TYPE ", "") for prefix in prefixes)
     for line in text.splitlines():
-        assert line.startswith(("# HELP xpu_", "# TYPE xpu_", "xpu_")), repr(line)
+        assert line.startswith(line_starts), repr(line)
     names = {sample.name for family in parse_text(text) for sample in family.samples}
-    assert all(name.startswith("xpu_") for name in names)
+    assert all(name.startswith(prefixes) for name in names)
 
 
 def test_hostile_scrape_passes_promtool_check_metrics(hostile_scrapes):

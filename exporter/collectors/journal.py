@@ -33,6 +33,7 @@ class JournalState:
     error: str | None  # why the journal cannot be read now (or is still being read the first time)
     entries_read: int
     dropped_units: int  # units not watched because of the cap
+    watched_units: int | None  # None until the journal has been read up to now once
 
 
 class JournalFollower:
@@ -58,9 +59,10 @@ class JournalFollower:
     def state(self) -> JournalState:
         with self._lock:
             tracker = self._tracker
-            return JournalState(views=list(tracker.views()) if tracker is not None else [], error=self._error,
-                                entries_read=self._entries_read,
-                                dropped_units=len(tracker.dropped_units) if tracker is not None else 0)
+            views = list(tracker.views()) if tracker is not None else []
+            return JournalState(views=views, error=self._error, entries_read=self._entries_read,
+                                dropped_units=len(tracker.dropped_units) if tracker is not None else 0,
+                                watched_units=len(views) if tracker is not None else None)
 
     def watch(self, units: set[str]) -> None:
         """Units that currently have GPU processes: those matching the globs are watched even when the
@@ -143,6 +145,11 @@ class JournalCollector(Collector):
         yield CounterMetricFamily("xpu_exporter_journal_units_dropped_total",
                                   "Units matching --journal.units that are not watched because of "
                                   "--journal.max-units.", value=state.dropped_units)
+        if state.watched_units is not None:  # unknown before the first read: 0 would say the globs match nothing
+            yield GaugeMetricFamily("xpu_exporter_journal_units_watched",
+                                    "Units matching --journal.units seen in the selected boot's journal or with GPU "
+                                    "processes now, at most --journal.max-units; 0: the globs match nothing.",
+                                    value=state.watched_units)
         yield from unit_metrics(state.views)
         if state.error:
             raise CollectionError(state.error)
