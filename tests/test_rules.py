@@ -59,6 +59,19 @@ def test_promtool_check_rules_accepts_the_bundled_rules():
     assert f"SUCCESS: {len(list(rules()))} rules found" in result.stdout
 
 
+def test_prometheus_pointed_at_every_rules_yaml_file_accepts_its_configuration(tmp_path):
+    """An operator may list `rules/*.yaml` under rule_files: only rules files may sit at the top of rules/."""
+    top_level = sorted((REPO / "rules").glob("*.yaml"))
+    assert Path(RULES) in top_level
+    result = promtool("check", "rules", *map(str, top_level))
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"rule_files": [str(REPO / "rules" / "*.yaml")]}))
+    result = promtool("check", "config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"Checking {RULES}" in result.stdout
+
+
 def test_promtool_unit_tests_of_the_rules_pass():
     assert RULE_TESTS
     result = promtool("test", "rules", *map(str, RULE_TESTS))
