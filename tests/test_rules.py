@@ -203,6 +203,42 @@ def test_overridden_threshold_duration_severity_and_selector_change_what_fires(t
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+# Two exporters of job "gpu" whose journal collectors watch no unit for 90 minutes; b:1 is a host
+# without vLLM units. The test expects the instances listed in `firing` to have the alert at 90 minutes.
+NO_UNITS_TEST = """\
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'xpu_exporter_journal_units_watched{instance="a:1",job="gpu"}'
+        values: '0x90'
+      - series: 'xpu_exporter_journal_units_watched{instance="b:1",job="gpu"}'
+        values: '0x90'
+    promql_expr_test:
+      - expr: count by (instance) (ALERTS{alertname="XpuExporterNoUnitsWatched",alertstate="firing"})
+        eval_time: 90m
+        exp_samples: %s
+"""
+
+
+@pytest.mark.parametrize("units_expected, firing", [
+    (None, ["a:1", "b:1"]),  # the default follows the overridden selector
+    ('instance!="b:1"', ["a:1"]),
+    ('job!~".*"', []),  # the documented value that turns the alert off
+])
+def test_the_units_expected_selector_chooses_which_exporters_must_watch_units(tmp_path, units_expected, firing):
+    overrides = {"selector": 'job="gpu"'}
+    if units_expected is not None:
+        overrides["unitsExpectedSelector"] = units_expected
+    (tmp_path / "rules.yaml").write_text(render.render(overrides))
+    samples = [{"labels": f'{{instance="{instance}"}}', "value": 1} for instance in firing]
+    (tmp_path / "no-units.test.yaml").write_text(NO_UNITS_TEST % yaml.safe_dump(samples, default_flow_style=True).strip())
+    assert promtool("check", "rules", str(tmp_path / "rules.yaml")).returncode == 0
+    result = promtool("test", "rules", str(tmp_path / "no-units.test.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_command_line_renders_values_files_and_assignments(tmp_path):
     values = tmp_path / "values.yaml"
     values.write_text(textwrap.dedent("""\
@@ -233,6 +269,7 @@ def test_the_command_line_renders_values_files_and_assignments(tmp_path):
     ("memoryNearlyFullFreeRatio", "5", "a ratio is a number from 0 to 1"),
     ("restartHeadroomThresholdBytes", "1GiB", "a number of bytes"),
     ("selector", '{job="x"}', "label matchers without braces"),
+    ("unitsExpectedSelector", "", "label matchers without braces"),
 ])
 def test_bad_knob_values_are_refused_with_a_message(knob, value, message):
     with pytest.raises(render.RenderError, match=message):
