@@ -228,7 +228,13 @@ ROWS: tuple[Row, ...] = (
         Panel("stat", "Exporter version",
               "The exporter's version.",
               (Target(f"xpu_exporter_build_info{{{EXPORTER}}}", "{{version}}"),),
-              "none", [(None, "blue")], 3, 6, options={**STAT_OPTIONS, "textMode": "name", "colorMode": "none"}),
+              "none", [(None, "blue")], 3, 3, options={**STAT_OPTIONS, "textMode": "name", "colorMode": "none"}),
+        Panel("stat", "Units watched",
+              "vLLM units the journal collector watches (their names match --journal.units). 0: the globs "
+              "match no unit in the journal it reads (XpuExporterNoUnitsWatched fires after an hour). "
+              "No value: the journal collector is off or failing.",
+              (Target(f"xpu_exporter_journal_units_watched{{{EXPORTER}}}"),),
+              "none", [(None, "orange"), (1, "green")], 3, 3, options=STAT_OPTIONS, defaults={"decimals": 0}),
         Panel("stat", "Collector success",
               "Whether each collector's last run worked (XpuExporterCollectorFailing fires after 10 minutes "
               "of failure); the exporter's log says why one fails.",

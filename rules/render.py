@@ -6,7 +6,8 @@
     python3 rules/render.py --values my-values.yaml > my-rules.yaml
 
 The template (rules/template/vllm-xpu-exporter.yaml) marks each knob as ``${name}``; ``${name:seconds}``
-is a duration knob as a number of seconds; lines starting with ``#%`` are the template's own notes. rules/config.yaml lists every knob with its default.
+is a duration knob as a number of seconds; lines starting with ``#%`` are the template's own notes.
+rules/template/config.yaml lists every knob with its default.
 Values files hold a subset of those knobs; ``--set`` wins over ``--values``, later over earlier.
 Needs Python 3 and PyYAML only; usable from a shell as ``render(overrides)``.
 """
@@ -23,7 +24,7 @@ import yaml
 
 RULES_DIR = Path(__file__).resolve().parent
 TEMPLATE = RULES_DIR / "template" / "vllm-xpu-exporter.yaml"
-DEFAULTS = RULES_DIR / "config.yaml"
+DEFAULTS = RULES_DIR / "template" / "config.yaml"
 RENDERED = RULES_DIR / "vllm-xpu-exporter.yaml"
 
 PLACEHOLDER = re.compile(r"\$\{(\w+)(?::(seconds))?\}")

@@ -42,7 +42,8 @@ UNATTRIBUTED = 512 * MiB
 JOB = "vllm-xpu-exporter"
 # The alerts whose `for:` the test copy sets to 0s: every alert this scenario could raise by mistake.
 STATE_ALERT_DURATIONS = ("kvCacheTooSmallFor", "kvCacheBelowMaxNumSeqsFor", "restartHeadroomFor",
-                         "memoryNearlyFullFor", "memoryAccountingUntrustedFor", "unattributedMemoryFor")
+                         "memoryNearlyFullFor", "memoryAccountingUntrustedFor", "unattributedMemoryFor",
+                         "noUnitsWatchedFor")
 RATE_INTERVAL = "4s"  # Grafana's $__rate_interval for a 1 s scrape interval: 4 x scrape interval
 SETTLE = 30  # seconds any state may take to show up (a deadline, not an expectation)
 

@@ -106,6 +106,7 @@ def test_rows_hold_the_panels_the_operators_need():
     assert all("xpu_unit_restart_headroom_bytes" in expr for panel in rows["Restart headroom"] for expr in exprs(panel))
     exporter = " ".join(expr for panel in rows["Exporter"] for expr in exprs(panel))
     assert "up{" in exporter and "xpu_exporter_collector_success" in exporter
+    assert "xpu_exporter_journal_units_watched" in exporter
 
 
 def test_every_panel_has_a_unit_thresholds_and_a_description():

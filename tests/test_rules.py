@@ -59,6 +59,19 @@ def test_promtool_check_rules_accepts_the_bundled_rules():
     assert f"SUCCESS: {len(list(rules()))} rules found" in result.stdout
 
 
+def test_prometheus_pointed_at_every_rules_yaml_file_accepts_its_configuration(tmp_path):
+    """An operator may list `rules/*.yaml` under rule_files: only rules files may sit at the top of rules/."""
+    top_level = sorted((REPO / "rules").glob("*.yaml"))
+    assert Path(RULES) in top_level
+    result = promtool("check", "rules", *map(str, top_level))
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"rule_files": [str(REPO / "rules" / "*.yaml")]}))
+    result = promtool("check", "config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"Checking {RULES}" in result.stdout
+
+
 def test_promtool_unit_tests_of_the_rules_pass():
     assert RULE_TESTS
     result = promtool("test", "rules", *map(str, RULE_TESTS))
@@ -190,6 +203,42 @@ def test_overridden_threshold_duration_severity_and_selector_change_what_fires(t
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+# Two exporters of job "gpu" whose journal collectors watch no unit for 90 minutes; b:1 is a host
+# without vLLM units. The test expects the instances listed in `firing` to have the alert at 90 minutes.
+NO_UNITS_TEST = """\
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'xpu_exporter_journal_units_watched{instance="a:1",job="gpu"}'
+        values: '0x90'
+      - series: 'xpu_exporter_journal_units_watched{instance="b:1",job="gpu"}'
+        values: '0x90'
+    promql_expr_test:
+      - expr: count by (instance) (ALERTS{alertname="XpuExporterNoUnitsWatched",alertstate="firing"})
+        eval_time: 90m
+        exp_samples: %s
+"""
+
+
+@pytest.mark.parametrize("units_expected, firing", [
+    (None, ["a:1", "b:1"]),  # the default follows the overridden selector
+    ('instance!="b:1"', ["a:1"]),
+    ('job!~".*"', []),  # the documented value that turns the alert off
+])
+def test_the_units_expected_selector_chooses_which_exporters_must_watch_units(tmp_path, units_expected, firing):
+    overrides = {"selector": 'job="gpu"'}
+    if units_expected is not None:
+        overrides["unitsExpectedSelector"] = units_expected
+    (tmp_path / "rules.yaml").write_text(render.render(overrides))
+    samples = [{"labels": f'{{instance="{instance}"}}', "value": 1} for instance in firing]
+    (tmp_path / "no-units.test.yaml").write_text(NO_UNITS_TEST % yaml.safe_dump(samples, default_flow_style=True).strip())
+    assert promtool("check", "rules", str(tmp_path / "rules.yaml")).returncode == 0
+    result = promtool("test", "rules", str(tmp_path / "no-units.test.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_command_line_renders_values_files_and_assignments(tmp_path):
     values = tmp_path / "values.yaml"
     values.write_text(textwrap.dedent("""\
@@ -220,6 +269,7 @@ def test_the_command_line_renders_values_files_and_assignments(tmp_path):
     ("memoryNearlyFullFreeRatio", "5", "a ratio is a number from 0 to 1"),
     ("restartHeadroomThresholdBytes", "1GiB", "a number of bytes"),
     ("selector", '{job="x"}', "label matchers without braces"),
+    ("unitsExpectedSelector", "", "label matchers without braces"),
 ])
 def test_bad_knob_values_are_refused_with_a_message(knob, value, message):
     with pytest.raises(render.RenderError, match=message):
