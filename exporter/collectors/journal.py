@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from functools import partial
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -76,9 +77,11 @@ class JournalFollower:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            tracker = EngineTracker(self.max_units)
             try:
-                with JournalReader(self.selection) as reader:
-                    self._catch_up(reader)
+                # Units beyond the cap are refused when first met: the reader skips their entries.
+                with JournalReader(self.selection, admit=partial(self._admit, tracker)) as reader:
+                    self._catch_up(reader, tracker)
                     self._follow(reader)
             except JournalUnavailable as error:
                 self._set_error(str(error))
@@ -88,8 +91,7 @@ class JournalFollower:
                 self._set_error(f"{type(error).__name__}: {error}")
                 self._stop.wait(RETRY_SECONDS)
 
-    def _catch_up(self, reader: JournalReader) -> None:
-        tracker = EngineTracker(self.max_units)
+    def _catch_up(self, reader: JournalReader, tracker: EngineTracker) -> None:
         with self._lock:
             for unit in self._units_with_processes:
                 tracker.watch(unit)
@@ -113,6 +115,10 @@ class JournalFollower:
                 with self._lock:
                     tracker.extend(batch)
                     self._entries_read += len(batch)
+
+    def _admit(self, tracker: EngineTracker, unit: str) -> bool:
+        with self._lock:
+            return tracker.admit(unit)
 
     def _count(self, entries: int) -> None:
         with self._lock:
