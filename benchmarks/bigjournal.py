@@ -31,9 +31,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from journalgen import (JOURNAL_REMOTE, MACHINE_ID, HOSTNAME, JournalEntrySpec, Moment,  # noqa: E402
+from journalgen import (JOURNAL_REMOTE, MACHINE_ID, HOSTNAME, Clock, JournalEntrySpec, Moment,  # noqa: E402
                         export_entry, export_field, random_boot_id, unit_failed, unit_output, unit_process_exited,
-                        unit_restart_scheduled, unit_starting)
+                        unit_restart_scheduled, unit_started, unit_starting, write_journal)
 
 GENERATOR_VERSION = 2
 WATCHED_UNITS = ("vllm-chat.service", "vllm-embed.service", "vllm-stt.service", "vllm-rerank.service")
@@ -242,6 +242,45 @@ def ensure_journal(n_entries: int, watched_fraction: float = 0.1, root: Path | N
     size = sum(p.stat().st_size for p in directory.glob("*.journal*"))
     log(f"  done in {time.perf_counter() - started:.0f} s, {size / 2**20:.0f} MiB")
     marker.write_text(str(n_entries))
+    return directory
+
+
+UNITS_GENERATOR_VERSION = 1
+UNIT_START_LINES = (
+    API + "vLLM API server version 0.24.0",
+    API + "non-default args: {{'model': 'Qwen/Qwen3-8B', 'max_model_len': 131072, 'gpu_memory_utilization': 0.05}}",
+    CORE + "Available KV cache memory: 3.25 GiB",
+    "(EngineCore pid={core}) INFO 12-02 10:00:21 [kv_cache_utils.py:1286] GPU KV cache size: 47,328 tokens",
+    "(EngineCore pid={core}) INFO 12-02 10:00:40 [core.py:210] init engine (profile, create kv cache, warmup "
+    "model) took 42.50 seconds",
+    API + "Application startup complete.",
+)
+ENTRIES_PER_UNIT = len(UNIT_START_LINES) + 2  # with PID 1's "Starting" and "Started"
+
+
+def units_journal_entries(units: int) -> Iterator[JournalEntrySpec]:
+    """``units`` watched units (``vllm-NNNNN.service``) starting at once after a boot, 8 entries each:
+    PID 1's "Starting", six vLLM startup lines, "Started"; the starts interleave, as concurrent ones do."""
+    clock = Clock(random_boot_id(random.Random(units)))
+    names = [f"vllm-{index:05d}.service" for index in range(units)]
+    yield from (unit_starting(name, clock.tick()) for name in names)
+    for line in UNIT_START_LINES:
+        for index, name in enumerate(names):
+            api, core = 10_000 + 2 * index, 10_001 + 2 * index
+            yield unit_output(name, line.format(api=api, core=core), clock.tick(), pid=api)
+    yield from (unit_started(name, clock.tick()) for name in names)
+
+
+def ensure_units_journal(units: int, root: Path | None = None, log=print) -> Path:
+    """The directory of the cached journal of ``units`` units × 8 entries, generated if missing."""
+    directory = (root or cache_root()) / f"units-v{UNITS_GENERATOR_VERSION}-{units}"
+    marker = directory / "complete"
+    if marker.exists():
+        return directory
+    directory.mkdir(parents=True, exist_ok=True)
+    log(f"generating a journal of {units:,} units × {ENTRIES_PER_UNIT} entries in {directory} (once; cached) ...")
+    write_journal(directory / "bench.journal", units_journal_entries(units))
+    marker.write_text(str(units))
     return directory
 
 

@@ -11,6 +11,11 @@ decoded and printed. Both are timed from spawn to exit (ours includes starting P
 the exporter); runs alternate, and the median run counts. Peak RSS: ours is the process's own
 VmHWM, journalctl's its ru_maxrss from wait4(2). A third process, the JournalReader alone (no
 grammar, no fold), shows how the catch-up time splits between reading and interpreting.
+
+Unit scaling (``--units 1000 3000``): the same catch-up over journals of N units × 8 entries (all
+starting at once), its CPU from creating the follower to caught up, with the default
+``--journal.max-units`` (64: the units beyond it are refused) and with a cap above N (all folded).
+The catch-up is linear in entries when the CPU ratio of 3,000 to 1,000 units is about 3.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bigjournal import UNIT_GLOB, ensure_journal  # noqa: E402
+from bigjournal import ENTRIES_PER_UNIT, UNIT_GLOB, ensure_journal, ensure_units_journal  # noqa: E402
 from measure import median, run_child  # noqa: E402
+
+from exporter.engines import DEFAULT_MAX_UNITS  # noqa: E402
 
 REPO = HERE.parent
 CAUGHT_UP_POLL_S = 0.005
@@ -76,21 +83,24 @@ def count_journalctl(directory: Path) -> int:
     return lines
 
 
-def child_catch_up(directory: str) -> None:
+def child_catch_up(directory: str, max_units: int | None = None) -> None:
     """In the measured child: the follower's catch-up, as the exporter runs it."""
     started = time.perf_counter()
     from exporter.collectors.journal import JournalFollower
     from exporter.sources.journal import JournalSelection
 
-    follower = JournalFollower(JournalSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all"))
+    cpu_started = time.process_time()
+    follower = JournalFollower(JournalSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all"),
+                               max_units or DEFAULT_MAX_UNITS)
     follower.start()
     while (state := follower.state()).error is not None:
         time.sleep(CAUGHT_UP_POLL_S)
     seconds = time.perf_counter() - started
+    cpu_seconds = time.process_time() - cpu_started
     fold = {view.unit: {"starts": view.starts, "failures": sum(view.failures.values()), "overlaps": view.overlaps}
             for view in state.views}
-    print(json.dumps({"entries": state.entries_read, "seconds": seconds, "vm_hwm_mb": _vm_hwm_mb(), "fold": fold}),
-          flush=True)
+    print(json.dumps({"entries": state.entries_read, "seconds": seconds, "cpu_seconds": cpu_seconds,
+                      "dropped_units": state.dropped_units, "vm_hwm_mb": _vm_hwm_mb(), "fold": fold}), flush=True)
     # Not follower.stop(): the follower now waits for new entries in 0.5 s slices, and joining it would
     # add that wait to the measured time. The exporter goes on following; this process is done.
     os._exit(0)
@@ -114,8 +124,8 @@ def _vm_hwm_mb() -> float:
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 1024
 
 
-def run_ours(directory: Path, mode: str) -> tuple[Side, dict]:
-    run = run_child([sys.executable, __file__, mode, str(directory)], env=_child_env())
+def run_ours(directory: Path, mode: str, *extra: str) -> tuple[Side, dict]:
+    run = run_child([sys.executable, __file__, mode, str(directory), *extra], env=_child_env())
     report = json.loads(run.stdout)
     return Side(run.wall_s, run.cpu_s, report["vm_hwm_mb"], report["seconds"]), report
 
@@ -154,6 +164,52 @@ def bench_catch_up(size: int, runs: int, log=print) -> CatchUpResult:
     return CatchUpResult(size, selected, _median_side(ours), _median_side(theirs), reader_only, fold)
 
 
+@dataclass(frozen=True)
+class UnitScalingResult:
+    units: tuple[int, ...]
+    max_units: int | None  # None: the default cap
+    cpu_s: dict[int, float]  # units -> catch-up CPU (median of runs), follower created to caught up
+    entries_read: dict[int, int]
+    dropped_units: dict[int, int]
+
+    @property
+    def cap(self) -> str:
+        return f"default cap {DEFAULT_MAX_UNITS}" if self.max_units is None else f"cap {self.max_units:,}"
+
+    @property
+    def cpu_ratio(self) -> float:
+        """CPU with the most units over CPU with the fewest: their ratio when linear."""
+        return self.cpu_s[max(self.units)] / self.cpu_s[min(self.units)]
+
+
+def bench_unit_scaling(units: tuple[int, ...], runs: int, max_units: int | None = None,
+                       log=print) -> UnitScalingResult:
+    cpu: dict[int, float] = {}
+    read: dict[int, int] = {}
+    dropped: dict[int, int] = {}
+    for count in units:
+        directory = ensure_units_journal(count, log=log)
+        reports = [run_ours(directory, "--child-catch-up", *(["--max-units", str(max_units)] if max_units else []))[1]
+                   for _ in range(runs)]
+        cpu[count] = median([report["cpu_seconds"] for report in reports])
+        read[count], dropped[count] = reports[0]["entries"], reports[0]["dropped_units"]
+        watched = min(count, max_units or DEFAULT_MAX_UNITS)
+        if read[count] != watched * ENTRIES_PER_UNIT or dropped[count] != count - watched:
+            raise RuntimeError(f"{count} units: read {read[count]} entries and dropped {dropped[count]} units, "
+                               f"expected {watched * ENTRIES_PER_UNIT} and {count - watched}")
+    return UnitScalingResult(tuple(units), max_units, cpu, read, dropped)
+
+
+def report_unit_scaling(result: UnitScalingResult, runs: int, log=print) -> None:
+    log(f"  catch-up CPU by number of units × {ENTRIES_PER_UNIT} entries, {result.cap}, median of {runs} run(s):")
+    for count in result.units:
+        log(f"    {count:6,} units: {result.cpu_s[count]:6.2f} s CPU, {result.entries_read[count]:,} entries folded, "
+            f"{result.dropped_units[count]:,} units dropped")
+    fewest, most = min(result.units), max(result.units)
+    log(f"    {most:,} / {fewest:,} units: CPU x{result.cpu_ratio:.2f} "
+        f"(x{most / fewest:g} is linear)")
+
+
 def report(result: CatchUpResult, runs: int, log=print) -> None:
     ours, theirs, reader = result.ours, result.journalctl, result.reader_only
     log(f"  {result.journal_entries:,} entries, {result.selected:,} selected; median of {runs} run(s), "
@@ -176,11 +232,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[250_000, 1_000_000])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--units", type=int, nargs="+", help="measure the unit scaling instead, at these units")
     parser.add_argument("--child-catch-up", help=argparse.SUPPRESS)
     parser.add_argument("--child-read-only", help=argparse.SUPPRESS)
+    parser.add_argument("--max-units", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_catch_up:
-        child_catch_up(args.child_catch_up)
+        child_catch_up(args.child_catch_up, args.max_units)
+        return 0
+    if args.units:
+        for max_units in (None, max(args.units)):
+            report_unit_scaling(bench_unit_scaling(tuple(args.units), args.runs, max_units), args.runs)
         return 0
     if args.child_read_only:
         child_read_only(args.child_read_only)

@@ -10,7 +10,8 @@ Sections (each also runs alone: scrape_bench.py, catchup_bench.py, live_bench.py
    settings journal, at a small host (1 device, 3 units), the large one (8 devices, 64 GPU processes,
    16 units) and the large one with 300 other processes (hosts.py);
 2. journal catch-up (reader + vLLM grammar + fold) against journalctl on the same 250k- and 1M-entry
-   journals (10 % watched), run alternately;
+   journals (10 % watched), run alternately; and its CPU over 1,000 and 3,000 units × 8 entries, with the
+   default --journal.max-units and with a cap above the units (linear: 3,000 units cost 3× 1,000);
 3. the exporter over the large host and the 1M-entry journal: catch-up, RSS after it, idle CPU,
    follow latency.
 
@@ -49,6 +50,7 @@ RSS_FLAT_TOLERANCE_MB = 5.0
 FOLLOW_P99_TARGET_MS = 1000.0
 RSS_TARGET_MB = 60.0
 IDLE_CPU_TARGET_PERCENT = 0.5
+UNIT_SCALING_RATIO_TARGET = 3.5  # CPU of 3,000 units over 1,000: 3 when linear
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Settings:
     sizes: tuple[int, ...]
     idle_seconds: float
     follow_samples: int
+    units: tuple[int, ...] = (1_000, 3_000)
 
 
 FULL = Settings(scrapes=1000, catch_up_runs=3, sizes=(250_000, 1_000_000), idle_seconds=60, follow_samples=100)
@@ -117,6 +120,17 @@ def catch_up_rows(results: list[catchup_bench.CatchUpResult]) -> list[Row]:
         sizes = " vs ".join(f"{result.journal_entries // 1000}k" for result in results)
         rows.append(Row(f"catch-up peak RSS growth, {sizes}", f"{spread:.1f} MB",
                         f"< {RSS_FLAT_TOLERANCE_MB:g} MB (flat)", spread < RSS_FLAT_TOLERANCE_MB))
+    return rows
+
+
+def unit_scaling_rows(result: catchup_bench.UnitScalingResult) -> list[Row]:
+    fewest, most = min(result.units), max(result.units)
+    entries = catchup_bench.ENTRIES_PER_UNIT
+    rows = [Row(f"catch-up CPU, {count:,} units × {entries} entries, {result.cap}", f"{result.cpu_s[count]:.2f} s",
+                "", None) for count in result.units]
+    rows.append(Row(f"catch-up CPU {most:,} / {fewest:,} units, {result.cap}", f"{result.cpu_ratio:.2f}",
+                    f"<= {UNIT_SCALING_RATIO_TARGET:g} (linear: {most / fewest:g})",
+                    result.cpu_ratio <= UNIT_SCALING_RATIO_TARGET))
     return rows
 
 
@@ -185,6 +199,10 @@ def main() -> int:
             catchup_bench.report(result, settings.catch_up_runs, log=log)
             catch_ups.append(result)
         rows += catch_up_rows(catch_ups)
+        for max_units in (None, max(settings.units)):
+            scaling = catchup_bench.bench_unit_scaling(settings.units, settings.catch_up_runs, max_units, log=log)
+            catchup_bench.report_unit_scaling(scaling, settings.catch_up_runs, log=log)
+            rows += unit_scaling_rows(scaling)
 
         log("\n== 3. the exporter over the large host and the big journal: catch-up, RSS, idle CPU, following")
         live = live_bench.bench_live(max(settings.sizes), settings.idle_seconds, settings.follow_samples, driver,

@@ -181,6 +181,10 @@ def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     )
 
 
+class _ShutdownRequested(Exception):
+    """Raised by the signal handler when it cannot start a thread to stop the server."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
     setup_logging(settings.log_level, settings.log_format)
@@ -235,7 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def stop(signum: int, _frame: object) -> None:
         log.info("received %s, shutting down", signal.Signals(signum).name)
         stopping.set()
-        threading.Thread(target=server.shutdown, daemon=True).start()
+        try:
+            threading.Thread(target=server.shutdown, daemon=True).start()
+        except RuntimeError:  # no thread to spare (a task limit): leave serve_forever from here instead
+            raise _ShutdownRequested from None
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -251,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              ",".join(sorted(settings.collectors)) or "none")
     try:
         server.serve_forever()
+    except _ShutdownRequested:
+        server.shutdown()
     finally:
         for collector in collectors:
             collector.stop()

@@ -175,10 +175,19 @@ class EngineTracker:
         self._units: dict[str, _Unit] = {}
         self.max_units = max_units
         self.dropped_units: set[str] = set()
+        # Starts in their overlap window, and those of them not overlapped yet: opening a start costs
+        # the starts it newly overlaps, not one look at every unit.
+        self._initialising: dict[Start, _Unit] = {}
+        self._awaiting_overlap: dict[Start, _Unit] = {}
 
     def watch(self, unit: str) -> None:
         """Make `unit` known (its counters exist at 0) before anything happened to it."""
         self._unit(unit)
+
+    def admit(self, unit: str) -> bool:
+        """Whether `unit`'s entries will be folded: it is watched, or there is room (it is watched now).
+        A unit refused is counted in `dropped_units`; its entries need not be read at all."""
+        return self._unit(unit) is not None
 
     def add(self, entry: Entry) -> None:
         unit = self._unit(entry.unit)
@@ -223,7 +232,7 @@ class EngineTracker:
             unit.starts += 1
             unit.last_success = start
         elif isinstance(event, (vllm.KvCacheMemory, vllm.KvCacheCapacity, vllm.KvCacheBlocks)):
-            start.initialising = False
+            self._stop_initialising(start)
 
     def extend(self, entries: Iterable[Entry]) -> None:
         for entry in entries:
@@ -276,12 +285,14 @@ class EngineTracker:
             self._count(unit, unit.previous, FailureReason.OTHER.value, unit.previous.pending_since_usec)
         unit.previous = previous
         start = unit.current = Start(began_usec=when_usec)
-        initialising = [other for other in self._units.values()
-                        if other is not unit and other.current is not None and other.current.initialising]
-        if initialising:
+        if self._initialising:  # other units' inits: this unit's was ended above
             self._overlapped(unit, start)
-            for other in initialising:
-                self._overlapped(other, other.current)
+            for other_start, other in self._awaiting_overlap.items():
+                self._overlapped(other, other_start)
+            self._awaiting_overlap.clear()
+        else:
+            self._awaiting_overlap[start] = unit
+        self._initialising[start] = unit
         return start
 
     def _settle_unit(self, unit: _Unit, now_usec: int) -> None:
@@ -297,13 +308,17 @@ class EngineTracker:
             start.overlapped = True
             unit.overlaps += 1
 
-    @staticmethod
-    def _end(start: Start, outcome: str, when_usec: int, pending: bool = False) -> None:
+    def _end(self, start: Start, outcome: str, when_usec: int, pending: bool = False) -> None:
         """End a start. A failure systemd reports (exit, failed state) is pending until its cause is known:
         the process's last lines may still come."""
         start.outcome = outcome
-        start.initialising = False
+        self._stop_initialising(start)
         start.pending_since_usec = when_usec if pending else None
+
+    def _stop_initialising(self, start: Start) -> None:
+        start.initialising = False
+        self._initialising.pop(start, None)
+        self._awaiting_overlap.pop(start, None)
 
     @staticmethod
     def _count(unit: _Unit, start: Start, reason: str, when_usec: int) -> None:

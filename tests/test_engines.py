@@ -5,13 +5,15 @@ reader hands them over (watched units of the selected boot)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from itertools import chain
 
 import pytest
 
 import journalgen
+from exporter import engines
 from exporter.engines import EngineTracker, UnitView
 from exporter.parsers.vllm import parse_line
 from vllmlogs import (
@@ -497,3 +499,65 @@ def test_a_restart_whose_process_reuses_the_failed_ones_pid_is_still_its_own_sta
                     TrackerEntry(UNIT, at + 1000, cause, False, "", 77)]
     view = fold(entries)[UNIT]
     assert view.failures == failures(no_kv_cache_memory=3)
+
+
+# --- cost ---------------------------------------------------------------------------------------------
+
+
+def lines_executed(code_file: str, work: Callable[[], object]) -> int:
+    """Lines of Python executed in `code_file` while `work` runs (loop iterations count once each):
+    a deterministic measure of the work done there."""
+    count = 0
+
+    def in_file(frame, event, arg):
+        nonlocal count
+        if event == "line":
+            count += 1
+        return in_file
+
+    def calls(frame, event, arg):
+        return in_file if frame.f_code.co_filename == code_file else None
+
+    sys.settrace(calls)
+    try:
+        work()
+    finally:
+        sys.settrace(None)
+    return count
+
+
+def many_units(count: int, spacing_s: float) -> list[TrackerEntry]:
+    """`count` units starting `spacing_s` apart, each with one successful start."""
+    return tracker_entries(one_boot(*(service_runs(f"vllm-{index:04d}.service", [VllmRun("0.24.0", main_pid=5000 + index)],
+                                                   ORIGIN + index * spacing_s)
+                                      for index in range(count))))
+
+
+@pytest.mark.parametrize("spacing_s", [0.01, 100.0], ids=["all-initialising-together", "one-after-another"])
+def test_fold_work_per_entry_does_not_grow_with_the_number_of_units(spacing_s: float) -> None:
+    """3,000 units once took 50 s of CPU to catch up: each start looked at every unit for overlaps."""
+    per_entry = {}
+    for count in (40, 160):
+        entries = many_units(count, spacing_s)
+        tracker = EngineTracker(max_units=count)
+        per_entry[count] = lines_executed(engines.__file__, lambda: tracker.extend(entries)) / len(entries)
+        assert len(list(tracker.views())) == count
+    assert per_entry[160] <= 1.02 * per_entry[40], per_entry
+
+
+def test_overlaps_of_many_units_initialising_together_are_each_counted_once() -> None:
+    views = fold_with_cap(many_units(50, 0.01), 50)
+    assert {view.overlaps for view in views.values()} == {1}
+
+
+def test_admit_watches_units_up_to_the_cap_and_counts_the_rest_as_dropped() -> None:
+    tracker = EngineTracker(max_units=2)
+    assert [tracker.admit(unit) for unit in ("vllm-a.service", "vllm-b.service", "vllm-c.service", "vllm-a.service")] \
+        == [True, True, False, True]
+    assert tracker.dropped_units == {"vllm-c.service"}
+
+
+def fold_with_cap(entries: Iterable[TrackerEntry], max_units: int) -> dict[str, UnitView]:
+    tracker = EngineTracker(max_units)
+    tracker.extend(entries)
+    return {view.unit: view for view in tracker.views()}

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -30,11 +31,15 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporterproc import RunningExporter, sample, wait_for
+from exporterproc import REPO, RunningExporter, sample, wait_for
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, xe_fdinfo
 from fakeze import A770, B580, GiB, FakeConfig, fake_driver_env, write_config
 from journalgen import (Clock, append_journal, current_boot_id, rotate_journal, unit_failed, unit_output,
                         unit_process_exited, unit_starting, write_big_journal, write_journal)
+from taskslimit import TaskLimit, TaskLimitUnavailable
+
+from exporter.sources import levelzero_worker
+from exporter.sources.levelzero_worker import LevelZeroUnavailable, LevelZeroWorker
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -112,12 +117,13 @@ class Host:
     def configure(self, config: FakeConfig) -> None:
         write_config(self.config_path, config)
 
-    def exporter(self, *args: str, journal_dir: Path | None = None,
-                 command: list[str] | None = None) -> RunningExporter:
+    def exporter(self, *args: str, journal_dir: Path | None = None, command: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> RunningExporter:
         """The exporter with all collectors (and the default --levelzero.timeout unless `args` set it)."""
         return RunningExporter(["--path.procfs", str(self.procfs.root),
                                 "--journal.directory", str(journal_dir or self.journal_dir), *args],
-                               env=fake_driver_env(self.driver, self.config_path), command=command)
+                               env={**fake_driver_env(self.driver, self.config_path), **(env or {})},
+                               command=command)
 
 
 def build_host(tmp_path: Path, driver: Path, config_path: Path, fdinfo_memory_keys: bool = True) -> Host:
@@ -547,3 +553,119 @@ def test_a_slow_client_holding_a_half_sent_request_does_not_stop_others_scraping
             slow.close()
             silent.close()
         assert exporter.process.poll() is None
+
+
+# ------------------------------------------------------------------------------ start-up under limits
+
+def scrape_answered(exporter: RunningExporter) -> Samples | None:
+    """One scrape, or None when the connection is refused for want of a thread (the task limit is tight)."""
+    try:
+        return exporter.scrape()
+    except (OSError, http.client.HTTPException):
+        return None
+
+
+@pytest.fixture
+def task_limit():
+    try:
+        limit = TaskLimit("xpu-exporter-test", 1)
+    except TaskLimitUnavailable as error:
+        pytest.skip(str(error))
+    with limit:
+        yield limit
+
+
+def test_start_up_with_no_task_to_spare_serves_reports_the_sources_that_need_one_and_recovers(
+        host: Host, task_limit: TaskLimit):
+    """Under a pids cgroup no thread nor process can be started (EAGAIN): the journal follower, the GPU
+    hot-plug watcher, the Level Zero child and its stderr reader. The exporter must serve anyway."""
+    with host.exporter(command=task_limit.wrap([sys.executable, "-m", "exporter"])) as exporter:
+        assert exporter.process.poll() is None, exporter.stderr
+        task_limit.set_max(2)  # the exporter and one thread: a connection's, one at a time
+        limited = wait_for(lambda: (s := scrape_answered(exporter)) and
+                           fault_holds(frozenset({"levelzero", "journal"}))(s) and s, timeout=RECOVERY_S)
+        assert limited, exporter.stderr
+        for _ in range(2):
+            assert (s := wait_for(lambda: scrape_answered(exporter))) and success(s)["levelzero"] == 0
+        assert reporting(limited, "processes")
+
+        task_limit.set_max(None)
+        scrape_until(exporter, all_reporting, "recovered once the task limit was lifted")
+
+        task_limit.set_max(1)  # not even a thread to stop the server with
+        exporter.process.send_signal(signal.SIGTERM)
+        status = exporter.process.wait(EXIT_DEADLINE_S)
+    log = exporter.stderr
+    assert status == 0, log
+    assert "Traceback" not in log
+    assert log.count("cannot start the Level Zero child: [Errno 11] Resource temporarily unavailable") == 1, log
+    assert log.count("cannot start the journal follower thread: can't start new thread") == 1, log
+
+
+def test_a_level_zero_child_that_cannot_be_executed_fails_only_the_levelzero_collector_until_it_can(
+        host: Host, tmp_path: Path):
+    """sys.executable is what the child runs: a file the exporter may not execute (EACCES) at start-up."""
+    interpreter = Path(os.path.realpath(sys.executable))
+    not_executable = tmp_path / "bin" / "python3"
+    not_executable.parent.mkdir()
+    not_executable.write_text("not a program\n")
+    not_executable.chmod(0o644)
+    # argv[0] names the file, so Python takes it for sys.executable; its own libraries come from its prefix.
+    command = ["bash", "-c", 'exec -a "$0" "$@"', str(not_executable), str(interpreter), "-m", "exporter"]
+    site_packages = sysconfig.get_paths()["purelib"]
+    with host.exporter(command=command, env={"PYTHONPATH": os.pathsep.join([str(REPO), site_packages])}) as exporter:
+        during = scrape_until(exporter, fault_holds(LEVELZERO_ONLY), "showed the child that cannot be executed")
+        assert_isolated(during, LEVELZERO_ONLY, (DEVICE_A, DEVICE_B))
+
+        not_executable.unlink()
+        not_executable.symlink_to(interpreter)
+        scrape_until(exporter, all_reporting, "started the child once it could be executed")
+        assert exporter.process.poll() is None
+    assert "cannot start the Level Zero child: [Errno 13] Permission denied" in exporter.stderr
+
+
+class SpawnRecorder(subprocess.Popen):
+    spawned: list[subprocess.Popen] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        SpawnRecorder.spawned.append(self)
+
+
+def test_a_level_zero_child_whose_threads_cannot_start_is_killed_reaped_later_and_retried(
+        fake_driver: Path, config_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The child started, but its stderr reader (and then the reaper of the killed child) cannot: a task limit
+    reached between the two, which a cgroup cannot arrange deterministically, so Thread.start is refused here."""
+    write_config(config_path, HEALTHY)
+    for name, value in fake_driver_env(fake_driver, config_path).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(SpawnRecorder, "spawned", [])
+    monkeypatch.setattr(levelzero_worker.subprocess, "Popen", SpawnRecorder)
+    real_start = threading.Thread.start
+
+    def start_refused_for_the_child(thread: threading.Thread) -> None:
+        if thread.name in ("levelzero-stderr", "levelzero-reaper"):
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    worker = LevelZeroWorker()
+    try:
+        with monkeypatch.context() as refusing:
+            refusing.setattr(threading.Thread, "start", start_refused_for_the_child)
+            with pytest.raises(LevelZeroUnavailable, match="stderr reader: can't start new thread"):
+                worker.read_memory()
+        (first,) = SpawnRecorder.spawned
+        assert wait_for(lambda: first.poll() is not None), "the child without a stderr reader was not killed"
+
+        def memory_read() -> list | None:
+            try:
+                return worker.read_memory()
+            except LevelZeroUnavailable:
+                return None  # within the backoff
+
+        devices = wait_for(memory_read, timeout=RECOVERY_S)
+        assert [device.identity.pci_address for device in devices] == [DEVICE_A, DEVICE_B]
+        assert len(SpawnRecorder.spawned) == 2
+        assert first.stdout.closed, "the killed child was never reaped"
+    finally:
+        worker.close()

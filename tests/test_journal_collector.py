@@ -225,3 +225,16 @@ def test_units_watched_is_absent_while_the_journal_was_never_read(tmp_path):
     assert sample(unreadable, "xpu_exporter_journal_units_watched") is None
     assert recovered, exporter.stderr
     assert sample(recovered, "xpu_exporter_journal_units_watched") == 1
+
+
+def test_entries_of_units_beyond_the_cap_are_not_read(tmp_path):
+    """The cap bounds the work, not only the series: a refused unit's entries are skipped by the reader."""
+    clock = Clock(random_boot_id())
+    units = [f"vllm-{index:03d}.service" for index in range(200)]
+    journal = write_journal(tmp_path / "j.journal", [entry for unit in units for entry in good_start(unit, clock)])
+    with journal_exporter("--journal.file", str(journal), "--journal.max-units", "5") as exporter:
+        samples = caught_up(exporter)
+    watched = {dict(labels)["unit"] for labels in series(samples, "xpu_unit_engine_starts_total")}
+    assert watched == set(units[:5])
+    assert sample(samples, "xpu_exporter_journal_units_dropped_total") == 195
+    assert sample(samples, "xpu_exporter_journal_entries_read_total") == 5 * len(good_start(units[0], clock))

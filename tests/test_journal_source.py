@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.sources import journal as journal_source
 from exporter.sources.journal import (
     MESSAGE_ID_UNIT_FAILURE_RESULT,
     MESSAGE_ID_UNIT_PROCESS_EXIT,
@@ -76,6 +77,16 @@ def clock() -> Clock:
     return Clock(current_boot_id())
 
 
+@pytest.fixture(params=["unit-matches", "boot-filtered"])
+def match_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways the reader selects entries: sd-journal matches per unit (few units), or the boot's
+    entries filtered by the reader (more than MATCHED_UNITS_MAX units)."""
+    if request.param == "boot-filtered":
+        monkeypatch.setattr(JournalReader, "MATCHED_UNITS_MAX", 0)
+    return request.param
+
+
+@pytest.mark.usefixtures("match_mode")
 def test_glob_selects_matching_units_and_not_other_units_printing_the_same_text(tmp_path: Path, clock: Clock) -> None:
     write_journal(tmp_path / "a.journal", [
         unit_output("vllm-chat.service", "Available KV cache memory: 10.5 GiB", clock.tick()),
@@ -95,6 +106,7 @@ def test_glob_selects_matching_units_and_not_other_units_printing_the_same_text(
         assert [e.unit for e in read_all(reader)] == ["vllm-embed.service", "myvllm.service"]
 
 
+@pytest.mark.usefixtures("match_mode")
 def test_unit_output_and_pid1_records_about_the_unit_are_both_returned_in_order(tmp_path: Path, clock: Clock) -> None:
     unit = "vllm-chat.service"
     write_journal(tmp_path / "a.journal", [
@@ -126,6 +138,7 @@ def test_unit_output_and_pid1_records_about_the_unit_are_both_returned_in_order(
     assert entries[6].message == "vllm-chat.service: Scheduled restart job, restart counter is at 2."
 
 
+@pytest.mark.usefixtures("match_mode")
 def test_unit_field_written_by_a_process_other_than_pid1_is_not_a_systemd_record(tmp_path: Path, clock: Clock) -> None:
     not_pid1 = systemd_record("vllm-chat.service", "logind says something", "0" * 32, clock.tick(), code_func="x")
     fields = tuple((k, 555 if k == "_PID" else ("systemd-logind.service" if k == "_SYSTEMD_UNIT" else v))
@@ -162,6 +175,7 @@ def two_boots(tmp_path: Path) -> tuple[Path, str, str]:
     return tmp_path, other, current_boot_id()
 
 
+@pytest.mark.usefixtures("match_mode")
 def test_boot_current_returns_only_this_kernels_boot(two_boots: tuple[Path, str, str]) -> None:
     directory, _, this = two_boots
     with reader_for(directory, boot="current") as reader:
@@ -172,6 +186,7 @@ def test_boot_current_returns_only_this_kernels_boot(two_boots: tuple[Path, str,
     assert {e.boot_id for e in entries} == {this}
 
 
+@pytest.mark.usefixtures("match_mode")
 def test_boot_all_returns_every_boot(two_boots: tuple[Path, str, str]) -> None:
     directory, other, this = two_boots
     with reader_for(directory, boot="all") as reader:
@@ -307,6 +322,7 @@ def test_following_returns_entries_appended_to_an_open_file(tmp_path: Path) -> N
         assert messages(follow_until(reader, 1)) == ["second"]
 
 
+@pytest.mark.usefixtures("match_mode")
 def test_unit_appearing_after_open_is_picked_up(tmp_path: Path) -> None:
     clock = Clock(current_boot_id())
     write_journal(tmp_path / "a.journal", [unit_output("vllm-a.service", "a1", clock.tick())])
@@ -326,6 +342,7 @@ def test_unit_appearing_after_open_is_picked_up(tmp_path: Path) -> None:
         assert reader.units == {"vllm-a.service", "vllm-new.service"}
 
 
+@pytest.mark.usefixtures("match_mode")
 def test_new_unit_entries_behind_the_read_position_are_returned_once(tmp_path: Path) -> None:
     clock = Clock(current_boot_id())
     early = clock.tick()
@@ -482,6 +499,7 @@ def test_machine_id_subdirectories_of_the_directory_are_read(tmp_path: Path, clo
     shutil.rmtree(machine)
 
 
+@pytest.mark.usefixtures("match_mode")
 def test_new_unit_after_the_read_position_file_was_vacuumed_is_picked_up_without_repeats(tmp_path: Path) -> None:
     clock = Clock(current_boot_id())
     old = write_journal(tmp_path / "old.journal", [unit_output("vllm-a.service", f"o{i}", clock.tick()) for i in range(2)])
@@ -512,3 +530,147 @@ def test_file_selection_follows_entries_appended_to_the_file_and_survives_its_de
         assert messages(follow_until(reader, 1)) == ["second"]
         path.unlink()
         assert follow_until(reader, 1, timeout_s=0.5) == []
+
+
+# --- cost with many units -----------------------------------------------------------------------
+
+
+class CountingLibSystemd(journal_source._LibSystemd):
+    """libsystemd counting the match terms in force, the entries stepped on, the MESSAGEs read and the
+    queries of unit names (each made ``query_delay_s`` slower, as in a journal of thousands of units)."""
+
+    last: CountingLibSystemd | None = None
+    query_delay_s = 0.0
+
+    def __init__(self, library: str) -> None:
+        super().__init__(library)
+        CountingLibSystemd.last = self
+        self.terms: list[bytes] = []
+        self.steps = 0
+        self.messages_read = 0
+        self.unit_queries = 0
+        add_match, flush_matches, next_entry, get_data = self.add_match, self.flush_matches, self.next, self.get_data
+        query_unique = self.query_unique
+
+        def counting_add_match(handle, match, size):
+            self.terms.append(match)
+            return add_match(handle, match, size)
+
+        def counting_flush_matches(handle):
+            self.terms.clear()
+            return flush_matches(handle)
+
+        def counting_next(handle):
+            self.steps += 1
+            return next_entry(handle)
+
+        def counting_get_data(handle, field, data, size):
+            self.messages_read += field == b"MESSAGE"
+            return get_data(handle, field, data, size)
+
+        def slow_counting_query_unique(handle, field):
+            self.unit_queries += field == b"_SYSTEMD_UNIT"
+            time.sleep(self.query_delay_s)
+            return query_unique(handle, field)
+
+        self.add_match, self.flush_matches = counting_add_match, counting_flush_matches
+        self.query_unique = slow_counting_query_unique
+        self.next, self.get_data = counting_next, counting_get_data
+
+
+@pytest.fixture
+def counting_libsystemd(monkeypatch: pytest.MonkeyPatch) -> type[CountingLibSystemd]:
+    monkeypatch.setattr(journal_source, "_LibSystemd", CountingLibSystemd)
+    return CountingLibSystemd
+
+
+def unit_name(index: int) -> str:
+    return f"vllm-{index:04d}.service"
+
+
+def many_units_journal(path: Path, units: int, clock: Clock, *, others_every: int = 10) -> int:
+    """``units`` units starting together, 8 entries each (interleaved as concurrent starts are), and
+    an unwatched unit's line every ``others_every`` entries; returns the number of entries written."""
+    lines = ["vLLM API server version 0.24.0", "non-default args: {'model': 'Qwen/Qwen3-8B'}",
+             "Available KV cache memory: 3.25 GiB", "GPU KV cache size: 47,328 tokens",
+             "init engine (profile, create kv cache, warmup model) took 42.50 seconds",
+             "Application startup complete."]
+    watched = [unit_starting(unit_name(i), clock.tick()) for i in range(units)]
+    watched += [unit_output(unit_name(i), line, clock.tick(), pid=1000 + i) for line in lines for i in range(units)]
+    watched += [unit_started(unit_name(i), clock.tick()) for i in range(units)]
+    entries: list[JournalEntrySpec] = []
+    for index, entry in enumerate(watched):
+        if index % others_every == 0:
+            entries.append(unit_output("nginx.service", "GET / 200", clock.tick()))
+        entries.append(entry)
+    write_journal(path, entries)
+    return len(entries)
+
+
+def test_match_terms_do_not_grow_with_the_number_of_watched_units(
+        tmp_path: Path, clock: Clock, counting_libsystemd: type[CountingLibSystemd]) -> None:
+    """sd-journal looks every match term up on each step: 3,000 units as terms took 50 s for 24,000
+    entries. The reader steps on each entry of the boot once instead, whatever the number of units."""
+    terms = {}
+    for units in (100, 300):
+        directory = tmp_path / str(units)
+        directory.mkdir()
+        written = many_units_journal(directory / "system.journal", units, clock)
+        with reader_for(directory) as reader:
+            entries = read_all(reader)
+            assert len(reader.units) == units
+        libsystemd = counting_libsystemd.last
+        assert len(entries) == units * 8
+        assert [e.unit for e in entries[:units]] == [unit_name(i) for i in range(units)]
+        assert all(e.from_systemd for e in entries[:units])
+        terms[units] = list(libsystemd.terms)
+        assert libsystemd.steps <= written + 2
+    assert terms[300] == terms[100] == [b"_BOOT_ID=" + current_boot_id().encode()]
+
+
+def test_few_watched_units_are_matched_so_other_units_entries_are_never_stepped_on(
+        tmp_path: Path, clock: Clock, counting_libsystemd: type[CountingLibSystemd]) -> None:
+    many_units_journal(tmp_path / "system.journal", 3, clock, others_every=1)
+    with reader_for(tmp_path) as reader:
+        assert len(read_all(reader)) == 3 * 8
+    assert counting_libsystemd.last.steps <= 3 * 8 + 2  # each read_available() that reaches the end steps once more
+    assert len(counting_libsystemd.last.terms) == 2 * 3 + 2
+
+
+@pytest.mark.usefixtures("match_mode")
+def test_units_refused_by_admit_are_skipped_without_reading_their_messages(
+        tmp_path: Path, clock: Clock, counting_libsystemd: type[CountingLibSystemd]) -> None:
+    asked: list[str] = []
+
+    def admit_three(unit: str) -> bool:
+        asked.append(unit)
+        return len(asked) <= 3
+
+    many_units_journal(tmp_path / "system.journal", 10, clock)
+    with reader_for(tmp_path, admit=admit_three) as reader:
+        entries = read_all(reader)
+        assert reader.refused_units == {unit_name(i) for i in range(3, 10)}
+    assert asked == [unit_name(i) for i in range(10)]  # once each, in journal order
+    assert {e.unit for e in entries} == {unit_name(i) for i in range(3)}
+    assert len(entries) == 3 * 8
+    assert counting_libsystemd.last.messages_read == len(entries)
+
+
+def test_a_slow_unit_query_is_not_repeated_on_every_journal_change_and_new_units_still_arrive(
+        tmp_path: Path, counting_libsystemd: type[CountingLibSystemd], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-listing 3,000 unit names on each change of a busy journal took most of a core while following."""
+    monkeypatch.setattr(CountingLibSystemd, "query_delay_s", 0.03)  # a query of >= 60 ms: next one in >= 6 s
+    clock = Clock(current_boot_id())
+    path = write_journal(tmp_path / "a.journal", [unit_output("vllm-a.service", "a0", clock.tick())])
+    with reader_for(tmp_path) as reader:
+        assert messages(read_all(reader)) == ["a0"]
+        libsystemd = counting_libsystemd.last
+        queries = libsystemd.unit_queries
+        for index in range(1, 6):
+            append_journal(path, [unit_output("vllm-a.service", f"a{index}", clock.tick())])
+            assert messages(follow_until(reader, 1)) == [f"a{index}"]
+        assert libsystemd.unit_queries == queries
+        append_journal(path, [unit_output("vllm-new.service", "n0", clock.tick()),
+                              unit_output("vllm-a.service", "a6", clock.tick())])
+        assert messages(follow_until(reader, 2, timeout_s=20.0)) == ["a6", "n0"]
+        assert read_all(reader) == []

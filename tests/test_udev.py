@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from taskslimit import TaskLimit, TaskLimitUnavailable
 
 from exporter.sources.udev import is_drm_minor_name, pci_address_from_devpath
 from tests.fakesysfs import (
@@ -294,3 +295,39 @@ for _ in range(100):
         assert ns.run([sys.executable, "-c", scrape]).stdout == "xpu_up 1\n"
         with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=1):
             pass
+
+
+def test_watcher_start_returns_false_with_one_warning_when_no_thread_can_be_started() -> None:
+    """Under a task limit (a pids cgroup, as systemd's TasksMax=) the watcher's thread cannot start (EAGAIN)."""
+    script = """
+import json, logging, os, sys
+import pyudev
+from exporter.sources.udev import DrmWatcher
+
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append((record.levelname, record.getMessage()))
+logging.getLogger("exporter.udev").addHandler(Keep())
+logging.getLogger("exporter.udev").setLevel(logging.DEBUG)
+context = pyudev.Context()  # finding libudev runs ldconfig: before the limit
+open_fds = len(os.listdir("/proc/self/fd"))
+with open(sys.argv[1], "w") as pids_max:
+    pids_max.write("1")  # no task beyond this process
+watcher = DrmWatcher(lambda action, pci: None, context=context, sources=("kernel",))
+print(json.dumps({"started": watcher.start(), "running": watcher.running, "records": records,
+                  "fds_left_open": len(os.listdir("/proc/self/fd")) - open_fds}))
+"""
+    try:
+        limit = TaskLimit("xpu-exporter-udev-test", None)
+    except TaskLimitUnavailable as error:
+        pytest.skip(str(error))
+    with limit:
+        result = subprocess.run(limit.wrap([sys.executable, "-c", script, str(limit.path / "pids.max")]),
+                                capture_output=True, text=True, env=ENV, cwd=REPO, timeout=30)
+    assert result.returncode == 0, result.stderr
+    (outcome,) = json_lines(result.stdout)
+    assert outcome["started"] is False and outcome["running"] is False
+    warnings = [message for level, message in outcome["records"] if level == "WARNING"]
+    assert len(warnings) == 1 and "cannot start the watcher thread: can't start new thread" in warnings[0], outcome
+    assert outcome["fds_left_open"] == 0, "the uevent socket and the stop pipe are closed again"

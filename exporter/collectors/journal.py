@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from functools import partial
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -25,6 +27,7 @@ log = logging.getLogger("exporter.journal")
 BATCH = 4096
 RETRY_SECONDS = 2.0
 WAIT_SECONDS = 0.5  # how often the follower looks at its stop flag while the journal is quiet
+STILL_READING = "still reading the journal"
 
 
 @dataclass(frozen=True)
@@ -41,22 +44,41 @@ class JournalFollower:
         self.selection = selection
         self.max_units = max_units
         self._lock = threading.Lock()
+        self._starting = threading.Lock()  # concurrent scrapes retry starting the thread once
         self._tracker: EngineTracker | None = None
-        self._error: str | None = "still reading the journal"
+        self._error: str | None = STILL_READING
         self._entries_read = 0
         self._units_with_processes: set[str] = set()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="journal-follower", daemon=True)
+        self._thread: threading.Thread | None = None
+        self._start_retry_at: float | None = None  # set while the thread could not be started
 
     def start(self) -> None:
-        self._thread.start()
+        """Start following in a thread; if none can be started now (a task limit), the collector reports
+        that and state() tries again every RETRY_SECONDS."""
+        thread = threading.Thread(target=self._run, name="journal-follower", daemon=True)
+        self._set_error(STILL_READING)
+        try:
+            thread.start()
+        except RuntimeError as error:  # "can't start new thread"
+            self._set_error(f"cannot start the journal follower thread: {error}")
+            self._start_retry_at = time.monotonic() + RETRY_SECONDS
+            return
+        self._thread = thread
+        self._start_retry_at = None
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()
-        if self._thread.is_alive():
+        self._start_retry_at = None
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout)
 
     def state(self) -> JournalState:
+        retry_at = self._start_retry_at
+        if retry_at is not None and time.monotonic() >= retry_at and not self._stop.is_set():
+            with self._starting:
+                if self._start_retry_at == retry_at:
+                    self.start()
         with self._lock:
             tracker = self._tracker
             views = list(tracker.views()) if tracker is not None else []
@@ -78,9 +100,11 @@ class JournalFollower:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            tracker = EngineTracker(self.max_units)
             try:
-                with JournalReader(self.selection) as reader:
-                    self._catch_up(reader)
+                # Units beyond the cap are refused when first met: the reader skips their entries.
+                with JournalReader(self.selection, admit=partial(self._admit, tracker)) as reader:
+                    self._catch_up(reader, tracker)
                     self._follow(reader)
             except JournalUnavailable as error:
                 self._set_error(str(error))
@@ -90,8 +114,7 @@ class JournalFollower:
                 self._set_error(f"{type(error).__name__}: {error}")
                 self._stop.wait(RETRY_SECONDS)
 
-    def _catch_up(self, reader: JournalReader) -> None:
-        tracker = EngineTracker(self.max_units)
+    def _catch_up(self, reader: JournalReader, tracker: EngineTracker) -> None:
         with self._lock:
             for unit in self._units_with_processes:
                 tracker.watch(unit)
@@ -115,6 +138,10 @@ class JournalFollower:
                 with self._lock:
                     tracker.extend(batch)
                     self._entries_read += len(batch)
+
+    def _admit(self, tracker: EngineTracker, unit: str) -> bool:
+        with self._lock:
+            return tracker.admit(unit)
 
     def _count(self, entries: int) -> None:
         with self._lock:

@@ -165,12 +165,19 @@ class LevelZeroWorker:
         self._retry_at = 0.0
         self._backoff = BACKOFF_FIRST_S
         self._init_deadline = 0.0
+        self._unreaped: list[subprocess.Popen[bytes]] = []  # killed children no reaper thread could wait for
 
     def start(self) -> None:
-        """Spawn the child now, without waiting, so that the first scrape does not pay for its start."""
+        """Spawn the child now, without waiting, so that the first scrape does not pay for its start.
+
+        A child that cannot be started (EAGAIN under a task limit, EACCES, ENOMEM) is not an error here:
+        the scrapes report it, and retry with the usual backoff."""
         with self._lock:
             if self._child is None and time.monotonic() >= self._retry_at:
-                self._spawn()
+                try:
+                    self._spawn()
+                except LevelZeroUnavailable:
+                    pass
 
     def read_memory(self) -> list[DeviceMemory]:
         identities, readings = self._request("memory")
@@ -194,7 +201,10 @@ class LevelZeroWorker:
             self._stop_child()
             self._retry_at = 0.0
             self._backoff = BACKOFF_FIRST_S
-            self._spawn()
+            try:
+                self._spawn()
+            except LevelZeroUnavailable:
+                pass  # the scrapes report it and retry
 
     def close(self) -> None:
         with self._lock:
@@ -259,6 +269,7 @@ class LevelZeroWorker:
         self._buffer = b""
         self._identities = None
         self._init_deadline = time.monotonic() + INIT_DEADLINE_S
+        self._reap_finished()
         try:
             self._child = subprocess.Popen(
                 [sys.executable, "-m", "exporter.sources.levelzero_worker", self.library],
@@ -266,8 +277,11 @@ class LevelZeroWorker:
                 start_new_session=True)
         except OSError as error:
             self._fail(f"cannot start the Level Zero child: {error}")
-        threading.Thread(target=_drain_stderr, args=(self._child,), daemon=True,
-                         name="levelzero-stderr").start()
+        try:
+            threading.Thread(target=_drain_stderr, args=(self._child,), daemon=True,
+                             name="levelzero-stderr").start()
+        except RuntimeError as error:  # "can't start new thread": a task limit; the child goes again
+            self._fail(f"cannot start the Level Zero child's stderr reader: {error}")
 
     def _receive(self, deadline: float) -> dict | None:
         """The child's next message, or None when it has not answered by `deadline` (time.monotonic)."""
@@ -305,7 +319,16 @@ class LevelZeroWorker:
         if child.poll() is None:
             child.kill()
         # A child stuck in a driver call can take a while to die: reap it off the scrape path.
-        threading.Thread(target=_reap, args=(child,), daemon=True, name="levelzero-reaper").start()
+        try:
+            threading.Thread(target=_reap, args=(child,), daemon=True, name="levelzero-reaper").start()
+        except RuntimeError:  # no thread to spare (a task limit): reaped once it has died, at a later spawn
+            self._unreaped.append(child)
+
+    def _reap_finished(self) -> None:
+        for child in list(self._unreaped):
+            if child.poll() is not None:
+                self._unreaped.remove(child)
+                _close_streams(child)
 
 
 def _drain_stderr(child: subprocess.Popen[bytes]) -> None:
@@ -315,6 +338,10 @@ def _drain_stderr(child: subprocess.Popen[bytes]) -> None:
 
 def _reap(child: subprocess.Popen[bytes]) -> None:
     child.wait()
+    _close_streams(child)
+
+
+def _close_streams(child: subprocess.Popen[bytes]) -> None:
     for stream in (child.stdin, child.stdout, child.stderr):
         try:
             stream.close()

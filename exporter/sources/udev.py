@@ -256,11 +256,20 @@ class DrmWatcher:
             return False
         for problem in problems:
             logger.debug("not watching %s", problem)
-        stop_read, self._stop_write = stop_pipe
+        stop_read, stop_write = stop_pipe
+        thread = threading.Thread(target=self._run, args=(feeds, stop_read), name="drm-watcher", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as error:  # "can't start new thread": a task limit
+            for fd in stop_pipe:
+                os.close(fd)
+            for feed in feeds:
+                feed.sock.close()
+            logger.warning("cannot watch GPU hot-plug events, new or re-bound GPUs are seen only after a "
+                           "restart: cannot start the watcher thread: %s", error)
+            return False
+        self._thread, self._stop_write = thread, stop_write
         self._active_sources = tuple(feed.source for feed in feeds)
-        self._thread = threading.Thread(target=self._run, args=(feeds, stop_read), name="drm-watcher",
-                                        daemon=True)
-        self._thread.start()
         logger.info("watching GPU hot-plug events (%s uevents)", ", ".join(self._active_sources))
         return True
 
