@@ -187,3 +187,29 @@ def test_units_beyond_the_cap_are_dropped_and_counted(tmp_path):
     watched = {dict(labels)["unit"] for labels in series(samples, "xpu_unit_engine_starts_total")}
     assert watched == {"vllm-a.service", "vllm-b.service"}
     assert sample(samples, "xpu_exporter_journal_units_dropped_total") == 1
+
+
+EMBEDDING = "vllm-xpu-embedding.service"
+
+
+def test_a_setting_of_4000_digits_is_ignored_and_counted_and_metrics_are_served_also_after_a_restart(tmp_path):
+    clock = Clock(random_boot_id())
+    attack = API + "non-default args: {'model': 'z', 'max_model_len': " + "9" * 4000 + "}"
+    journal = write_journal(tmp_path / "j.journal", good_start(CHAT, clock) + [
+        unit_starting(EMBEDDING, clock.tick()),
+        unit_output(EMBEDDING, API + "vLLM API server version 0.24.0", clock.tick(), pid=31),
+        unit_output(EMBEDDING, attack, clock.tick(), pid=31),
+    ])
+    for _ in ("first run", "restarted: the journal is read again"):
+        with journal_exporter("--journal.file", str(journal)) as exporter:
+            status, _, body = exporter.get("/metrics")
+            assert status == 200, body
+            samples = caught_up(exporter)
+            stderr = exporter.stderr
+        assert sample(samples, "xpu_exporter_journal_values_rejected_total") == 1
+        assert sample(samples, "xpu_unit_engine_starts_total", unit=CHAT) == 1
+        assert sample(samples, "xpu_unit_max_model_len_tokens", unit=CHAT) == 131072
+        assert sample(samples, "xpu_unit_max_model_len_tokens", unit=EMBEDDING) is None
+        assert sample(samples, "xpu_unit_engine_info", unit=EMBEDDING, vllm_version="0.24.0", model="") == 1
+        assert stderr.count(f"unit {EMBEDDING} printed a 'non_default_args' line whose max_model_len") == 1
+        assert "9" * 100 not in stderr

@@ -12,6 +12,8 @@ Eras (how a line is wrapped), see /work/shared/reference/vllm-logs.md §2:
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
 
 import pytest
@@ -21,11 +23,13 @@ from hypothesis import strategies as st
 from exporter.parsers.vllm import (
     GRAMMAR,
     MAX_LINE_CHARS,
+    PLAUSIBLE,
     EngineConfig,
     EngineInitDone,
     FailureCause,
     FailureReason,
     FailureWrapper,
+    ImplausibleValue,
     KvCacheBlocks,
     KvCacheCapacity,
     KvCacheMemory,
@@ -881,3 +885,36 @@ def test_default_gpu_memory_utilization_follows_the_release(
     version: str, default: float | None
 ) -> None:
     assert default_gpu_memory_utilization(version) == default
+
+
+# --- implausible values -------------------------------------------------------------------------
+
+API = "(APIServer pid=1) INFO 04-03 15:05:37 [utils.py:233] "
+
+# (line, the row it matches, the field out of range)
+HUGE_SETTINGS = {
+    # ast.literal_eval reads up to 4,300 digits: a finite int no float (nor the exposition) can hold
+    "max-model-len-4000-digits": (API + "non-default args: {'model': 'z', 'max_model_len': " + "9" * 4000 + "}",
+                                  "non_default_args", "max_model_len"),
+    # past 4,300 digits literal_eval refuses and the per-key reader takes the first 64 digits
+    "max-model-len-5000-digits": (API + "non-default args: {'model': 'z', 'max_model_len': " + "9" * 5000 + "}",
+                                  "non_default_args", "max_model_len"),
+    "namespace-max-model-len-64-digits": ("INFO 10-15 09:12:01 api_server.py:585] args: Namespace(host=None, "
+                                          "max_model_len=" + "9" * 64 + ", max_num_seqs=256)",
+                                          "args_namespace", "max_model_len"),
+    "model-name-with-a-lone-surrogate": (API + "non-default args: {'model': '\\udcff'}",
+                                         "non_default_args", "model"),
+}
+
+
+@pytest.mark.parametrize(("line", "row", "field"), list(HUGE_SETTINGS.values()), ids=list(HUGE_SETTINGS))
+def test_a_setting_no_exposition_can_carry_makes_the_line_implausible(line: str, row: str, field: str) -> None:
+    assert parse_line(line) == ImplausibleValue(row, field)
+
+
+def test_every_number_of_every_event_has_plausible_bounds() -> None:
+    event_types = [EngineConfig, Settings, KvCacheMemory, ProfilingBefore, ProfilingAfter, KvCacheCapacity,
+                   KvCacheBlocks, EngineInitDone, FailureCause]
+    numeric = {field.name for cls in event_types for field in dataclasses.fields(cls)
+               if {"int", "float"} & set(re.findall(r"\w+", str(field.type)))}
+    assert numeric == set(PLAUSIBLE)

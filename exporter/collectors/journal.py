@@ -33,6 +33,7 @@ class JournalState:
     error: str | None  # why the journal cannot be read now (or is still being read the first time)
     entries_read: int
     dropped_units: int  # units not watched because of the cap
+    values_rejected: int  # lines ignored for an implausible value (exporter.parsers.vllm.PLAUSIBLE)
 
 
 class JournalFollower:
@@ -44,6 +45,7 @@ class JournalFollower:
         self._error: str | None = "still reading the journal"
         self._entries_read = 0
         self._units_with_processes: set[str] = set()
+        self._warned_of_rejections: set[str] = set()  # follower thread only
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="journal-follower", daemon=True)
 
@@ -60,7 +62,8 @@ class JournalFollower:
             tracker = self._tracker
             return JournalState(views=list(tracker.views()) if tracker is not None else [], error=self._error,
                                 entries_read=self._entries_read,
-                                dropped_units=len(tracker.dropped_units) if tracker is not None else 0)
+                                dropped_units=len(tracker.dropped_units) if tracker is not None else 0,
+                                values_rejected=tracker.rejected_lines if tracker is not None else 0)
 
     def watch(self, units: set[str]) -> None:
         """Units that currently have GPU processes: those matching the globs are watched even when the
@@ -98,6 +101,7 @@ class JournalFollower:
                 return  # stopping: a half-read journal is never published
             self._count(len(batch))
             tracker.extend(batch)
+            self._warn_of_rejections(tracker)
         with self._lock:
             self._tracker = tracker
             if self._error is not None:
@@ -113,6 +117,16 @@ class JournalFollower:
                 with self._lock:
                     tracker.extend(batch)
                     self._entries_read += len(batch)
+                self._warn_of_rejections(tracker)
+
+    def _warn_of_rejections(self, tracker: EngineTracker) -> None:
+        """Once per unit (also across re-reads of the journal): the value is not logged, it may be huge."""
+        for unit, rejection in tracker.first_rejections.items():
+            if unit not in self._warned_of_rejections:
+                self._warned_of_rejections.add(unit)
+                log.warning("unit %s printed a %r line whose %s is out of range or not a number; such lines "
+                            "are ignored and counted in xpu_exporter_journal_values_rejected_total",
+                            unit, rejection.row, rejection.field)
 
     def _count(self, entries: int) -> None:
         with self._lock:
@@ -143,6 +157,9 @@ class JournalCollector(Collector):
         yield CounterMetricFamily("xpu_exporter_journal_units_dropped_total",
                                   "Units matching --journal.units that are not watched because of "
                                   "--journal.max-units.", value=state.dropped_units)
+        yield CounterMetricFamily("xpu_exporter_journal_values_rejected_total",
+                                  "Lines of watched units ignored because a value in them is out of range or "
+                                  "not a number.", value=state.values_rejected)
         yield from unit_metrics(state.views)
         if state.error:
             raise CollectionError(state.error)
