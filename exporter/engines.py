@@ -20,6 +20,10 @@ A stop requested during init (systemd's "Stopping") ends the start without count
 
 An init runs from its start until its first KV-cache line, its init-complete line or its failure;
 an init that runs while another watched unit's init runs overlaps, and both are counted once.
+
+A line whose figures are out of the grammar's plausible bounds (`vllm.ImplausibleValue`) is ignored,
+as if it had not been printed, and counted in `EngineTracker.rejected_lines`; the first of each unit
+is kept in `first_rejections` for the log.
 """
 
 from __future__ import annotations
@@ -116,7 +120,8 @@ class Start:
         if self.kv_cache_tokens is not None:
             return self.kv_cache_tokens
         if self.kv_blocks is not None:
-            return self.kv_blocks * (self.block_size or V0_DEFAULT_BLOCK_SIZE)
+            tokens = self.kv_blocks * (self.block_size or V0_DEFAULT_BLOCK_SIZE)
+            return tokens if vllm.plausible("kv_cache_tokens", tokens) else None
         return None
 
     @property
@@ -125,7 +130,8 @@ class Start:
             return self.required_bytes
         kv_bytes = self.effective_kv_cache_bytes
         if self.outcome == "ok" and kv_bytes is not None and self.max_concurrency:
-            return math.ceil(kv_bytes / self.max_concurrency)
+            required = math.ceil(kv_bytes / self.max_concurrency)
+            return required if vllm.plausible("needed_bytes", required) else None
         return None
 
 
@@ -179,6 +185,8 @@ class EngineTracker:
         # the starts it newly overlaps, not one look at every unit.
         self._initialising: dict[Start, _Unit] = {}
         self._awaiting_overlap: dict[Start, _Unit] = {}
+        self.rejected_lines = 0  # lines of watched units ignored for an implausible value
+        self.first_rejections: dict[str, vllm.ImplausibleValue] = {}
 
     def watch(self, unit: str) -> None:
         """Make `unit` known (its counters exist at 0) before anything happened to it."""
@@ -199,6 +207,10 @@ class EngineTracker:
             return
         event = vllm.parse_line(entry.message)
         if event is None:
+            return
+        if isinstance(event, vllm.ImplausibleValue):
+            self.rejected_lines += 1
+            self.first_rejections.setdefault(unit.name, event)
             return
         pid = entry.pid
         late = unit.previous

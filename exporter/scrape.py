@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -103,12 +104,46 @@ class ExporterCollector(PrometheusCollector):
 
 def _run(collector: Collector, scrape: Scrape) -> tuple[list[Metric], str | None]:
     families: list[Metric] = []
+    error_text = None
     try:
         for family in collector.collect(scrape):
             families.append(family)
     except Exception as error:  # a failing source costs its own series, never the scrape
         if not isinstance(error, (CollectionError, LevelZeroUnavailable)):
             log.debug("collector %s raised", collector.name, exc_info=True)
-        return families, str(error) or type(error).__name__
-    return families, None
+        error_text = str(error) or type(error).__name__
+    problems = [problem for problem in (error_text, _drop_unexposable(families)) if problem]
+    return families, "; ".join(problems) or None
+
+
+def _drop_unexposable(families: list[Metric]) -> str | None:
+    """Drop the samples the exposition could not write, or that are not finite numbers, so that they
+    cost their own collector (marked failed) and never the whole scrape; say what was dropped."""
+    dropped: list[str] = []
+    for family in families:
+        kept = [sample for sample in family.samples if _exposable(sample.value, sample.labels)]
+        if len(kept) != len(family.samples):
+            dropped.append(f"{len(family.samples) - len(kept)} samples of {family.name}")
+            family.samples = kept
+    if not dropped:
+        return None
+    return "dropped " + ", ".join(dropped) + ": value not a finite number or label not UTF-8"
+
+
+def _exposable(value: object, labels: dict[str, str]) -> bool:
+    try:
+        if not math.isfinite(float(value)):  # type: ignore[arg-type]
+            return False
+    except (TypeError, ValueError, OverflowError):  # an int of 309+ digits overflows a float
+        return False
+    return all(isinstance(text, str) and (text.isascii() or _utf8_encodable(text))
+               for label in labels.items() for text in label)
+
+
+def _utf8_encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True
 

@@ -561,3 +561,54 @@ def fold_with_cap(entries: Iterable[TrackerEntry], max_units: int) -> dict[str, 
     tracker = EngineTracker(max_units)
     tracker.extend(entries)
     return {view.unit: view for view in tracker.views()}
+
+
+# --- implausible values ------------------------------------------------------------------------------
+
+API_LINE = "(APIServer pid=77) INFO 12-02 10:00:00 [api_server.py:1873] "
+CORE_LINE = "(EngineCore pid=77) INFO 12-02 10:00:20 [core.py:210] "
+
+
+def start_entries(lines: Sequence[str], unit: str = UNIT) -> list[TrackerEntry]:
+    at = round(ORIGIN * 1e6)
+    return [TrackerEntry(unit, at, "", True, journalgen.MESSAGE_ID_UNIT_STARTING, 1),
+            *(TrackerEntry(unit, at + 1000 * (index + 1), line, False, "", 77) for index, line in enumerate(lines))]
+
+
+GOOD_LINES = (
+    API_LINE + "vLLM API server version 0.24.0",
+    API_LINE + "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 131072, 'gpu_memory_utilization': 0.75}",
+    CORE_LINE + "Available KV cache memory: 3.25 GiB",
+    CORE_LINE + "Maximum concurrency for 131,072 tokens per request: 0.36x",
+    CORE_LINE + "init engine (profile, create kv cache, warmup model) took 42.50 seconds",
+)
+IMPLAUSIBLE_LINES = (
+    API_LINE + "non-default args: {'model': 'z', 'max_model_len': " + "9" * 4000 + "}",
+    API_LINE + "non-default args: {'model': 'z', 'gpu_memory_utilization': 1e999}",
+    CORE_LINE + "Available KV cache memory: -999999999999999 GiB",
+    CORE_LINE + "Maximum concurrency for 131,072 tokens per request: -3.00x",
+)
+
+
+def test_lines_with_implausible_values_are_counted_and_change_nothing() -> None:
+    tracker = EngineTracker()
+    # the implausible lines come where each could have changed the start: settings before the KV line
+    lines = [*GOOD_LINES[:2], *IMPLAUSIBLE_LINES[:2], GOOD_LINES[2], *IMPLAUSIBLE_LINES[2:], *GOOD_LINES[3:]]
+    tracker.extend(start_entries(lines))
+    assert tracker.rejected_lines == len(IMPLAUSIBLE_LINES)
+    assert tracker.first_rejections == {UNIT: parse_line(IMPLAUSIBLE_LINES[0])}
+    assert as_data({view.unit: view for view in tracker.views(round(ORIGIN * 1e6))}) == \
+        as_data({unit: view for unit, view in fold(start_entries(GOOD_LINES)).items()})
+
+
+def test_derived_kv_tokens_and_required_bytes_out_of_bounds_are_absent() -> None:
+    v0_huge_blocks = [API_LINE + "vLLM API server version 0.8.3",
+                      API_LINE + "non-default args: {'model': 'm', 'block_size': 1048576}",
+                      CORE_LINE + "# xpu blocks: 1099511627776, # CPU blocks: 4096",
+                      CORE_LINE + "init engine (profile, create kv cache, warmup model) took 4.31 seconds"]
+    assert fold(start_entries(v0_huge_blocks))[UNIT].last_success.effective_kv_cache_tokens is None
+    tiny_concurrency = [API_LINE + "vLLM API server version 0.24.0",
+                        CORE_LINE + "Available KV cache memory: 1048576 GiB",
+                        CORE_LINE + "Maximum concurrency for 131,072 tokens per request: 0.000000000000001x",
+                        CORE_LINE + "init engine (profile, create kv cache, warmup model) took 42.50 seconds"]
+    assert fold(start_entries(tiny_concurrency))[UNIT].latest.effective_required_bytes is None

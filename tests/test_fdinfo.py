@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.parsers.fdinfo import (
+    MAX_BYTES,
     MAX_LINE_CHARS,
     DrmClient,
     RegionMemory,
@@ -192,8 +193,8 @@ def test_device_memory_counts_only_vram_and_local_regions(text: str, expected: i
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("65536", 65536), ("0", 0), ("23992 KiB", 23992 * KiB), ("16 MiB", 16 * MiB), ("3 GiB", 3 * GiB),
-    ("7 kB", 7 * KiB), ("18446744073709551615", 2**64 - 1),
-    ("", None), ("KiB", None), ("12 TiB", None), ("-5", None), ("1.5 MiB", None), ("twelve", None),
+    ("7 kB", 7 * KiB), ("1048576 GiB", 2**50), ("1125899906842624", 2**50),
+    ("1048577 GiB", None), ("18446744073709551615", None), ("", None), ("KiB", None), ("12 TiB", None), ("-5", None), ("1.5 MiB", None), ("twelve", None),
     ("0x10", None), ("١٢", None), ("1 MiB extra", None), ("123456789012345678901", None),
 ], ids=lambda value: repr(value))
 def test_parse_size_units(text: str, expected: int | None):
@@ -230,6 +231,17 @@ def test_malformed_lines_are_skipped_and_the_rest_is_parsed():
     assert parse_fdinfo(text) == DrmClient("xe", None, None, {"vram0": RegionMemory(resident=2 * MiB)})
 
 
+def test_a_size_over_a_pebibyte_is_skipped_and_the_region_keeps_its_other_figures():
+    text = ("drm-driver:\txe\ndrm-pdev:\t0000:03:00.0\n"
+            "drm-total-vram0:\t99999999999999999999 GiB\n"  # 20 digits: 1.07e29 bytes
+            "drm-resident-vram0:\t11 GiB\n"
+            "drm-memory-vram1:\t18446744073709551615\n"  # 2**64 - 1 bytes
+            "drm-total-local0:\t1048576 GiB\n")  # exactly 1 PiB: kept
+    client = parse_fdinfo(text)
+    assert client.memory == {"vram0": RegionMemory(resident=11 * GiB), "local0": RegionMemory(total=MAX_BYTES)}
+    assert device_memory_bytes(client) == 11 * GiB + MAX_BYTES
+
+
 def test_overlong_line_is_skipped():
     long_value = "9" * MAX_LINE_CHARS
     client = parse_fdinfo(f"drm-driver:\txe\ndrm-total-vram0:\t{long_value}\ndrm-total-vram1:\t1 KiB\n")
@@ -263,4 +275,4 @@ def test_parse_fdinfo_never_raises_and_sizes_are_non_negative(lines: list[str]):
         assert client.driver
         assert device_memory_bytes(client) >= 0
         for sizes in client.memory.values():
-            assert all(size is None or size >= 0 for size in (sizes.total, sizes.resident, sizes.shared))
+            assert all(size is None or 0 <= size <= MAX_BYTES for size in (sizes.total, sizes.resident, sizes.shared))

@@ -5,6 +5,11 @@
   real lines (the grammar test tables, the fdinfo fixtures) mutated by inserting, deleting and replacing
   characters, duplicating segments, growing numbers, adding unicode, control characters, NULs, or padding to
   60 KiB.
+- Numbers: real lines with every figure replaced by huge (up to 6,000 digits), infinite, NaN, negative and
+  oddly written numbers, and whole lines of nothing but such numbers. Every value the parsers return is
+  finite and within its bounds (`exporter.parsers.vllm.PLAUSIBLE`, `exporter.parsers.fdinfo.MAX_BYTES`),
+  and the journal and processes collectors fed with them are exposed (text and OpenMetrics) without an
+  exception, each reporting success, every value within bounds.
 - `exporter.engines.EngineTracker` never raises on random sequences of real-looking journal entries (PID 1's
   records with every MESSAGE_ID it knows, vLLM lines, whole starts) and its counters never decrease.
 
@@ -17,23 +22,33 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import get_args
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.collectors.journal import unit_metrics
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collectors.journal import JournalCollector, JournalState, unit_metrics
+from exporter.collectors.processes import ProcessesCollector
 from exporter.engines import REASONS, EngineTracker, UnitView
 from exporter.parsers import vllm
-from exporter.parsers.fdinfo import DrmClient, device_memory_bytes, parse_fdinfo
+from exporter.parsers.fdinfo import MAX_BYTES, DrmClient, device_memory_bytes, parse_fdinfo
+from exporter.scrape import ExporterCollector
 from exporter.sources.journal import (MESSAGE_ID_SPAWN_FAILED, MESSAGE_ID_UNIT_FAILURE_RESULT,
                                       MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_RESOURCES,
                                       MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED,
                                       MESSAGE_ID_UNIT_STARTED, MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED,
                                       MESSAGE_ID_UNIT_STOPPING, MESSAGE_ID_UNIT_SUCCESS, JournalEntry)
-from fakeprocfs import i915_61_fdinfo, i915_fdinfo, xe_fdinfo
+from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, Identity, MemoryReading
+from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
 from test_fdinfo import DEPRECATED_MEMORY_KEYS, I915_61, I915_612, NOT_DRM, XE_DOC
 from test_vllm_grammar import BARE_MESSAGES, ENVELOPES, EXACT_LINES, NOISE_LINES
 
@@ -79,6 +94,36 @@ fragments = st.one_of(
     st.builds(lambda digit, count: digit * count, st.sampled_from("90"), st.integers(16, 6000)),
     st.text(max_size=24),
 )
+
+
+# Numbers as a hostile writer would print them: huge, infinite, NaN, negative, oddly written.
+ABSURD_NUMBERS = (
+    "inf", "-inf", "+inf", "nan", "-nan", "NaN", "Infinity", "-Infinity", "1e999", "-1e999", "1e308", "-1e308",
+    "1e+308", "1.7976931348623157e+308", "5e-324", "-0", "-0.0", "0", "-1", "-5.00", "-0.25", "1e-15", "0x7fffffff",
+    "1_000_000", "١٢٣", "18446744073709551616", "-9223372036854775809", "1125899906842625", "2251799813685248",
+)
+number_texts = st.one_of(
+    st.sampled_from(ABSURD_NUMBERS),
+    st.integers(-(10**40), 10**40).map(str),
+    st.builds(lambda sign, digit, count: sign + digit * count,
+              st.sampled_from(("", "-")), st.sampled_from("19"), st.integers(16, 6000)),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.floats(allow_nan=True, allow_infinity=True).map(lambda x: f"{x:.2f}"),
+    st.integers(0, 10**30).map(lambda n: f"{n:,}"),
+)
+_NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*")
+
+
+@st.composite
+def renumbered(draw: st.DrawFn, originals: Sequence[str]) -> str:
+    """A real line's message with every number in it replaced by a drawn one, in one era's envelope (whose own
+    numbers, pid and time, stay well formed: the message is what a hostile writer controls)."""
+    message = _NUMBER.sub(lambda _: draw(number_texts), vllm.normalise(draw(st.sampled_from(originals))))
+    return draw(st.sampled_from(sorted(ENVELOPES.values()))).format(level="INFO", msg=message)
+
+
+number_lines = st.lists(number_texts, min_size=1, max_size=40).flatmap(
+    lambda numbers: st.sampled_from((" ", ", ", "\t", ": ")).map(lambda separator: separator.join(numbers)))
 
 
 @st.composite
@@ -129,14 +174,23 @@ def timed(function: Callable[[str], object], text: str, lines: int = 1) -> objec
 EVENT_TYPES = get_args(vllm.Event)
 
 
+GRAMMAR_ROWS = {row.name for row in vllm.GRAMMAR}
+
+
 def assert_well_formed_event(event: object) -> None:
+    """An event whose every number is finite and within its bounds, or a line rejected for one that is not."""
     if event is None:
+        return
+    if isinstance(event, vllm.ImplausibleValue):
+        assert event.row in GRAMMAR_ROWS, event
         return
     assert isinstance(event, EVENT_TYPES), event
     for field in dataclasses.fields(event):
         value = getattr(event, field.name)
-        if isinstance(value, float):
-            assert math.isfinite(value), (field.name, event)
+        if isinstance(value, (int, float)):
+            assert math.isfinite(value) and vllm.plausible(field.name, value), (field.name, event)
+        elif isinstance(value, str):
+            value.encode("utf-8")
     if isinstance(event, vllm.FailureCause):
         assert isinstance(event.reason, vllm.FailureReason)
 
@@ -145,12 +199,20 @@ vllm_lines = st.one_of(
     st.text(max_size=2000),
     token_soup(REAL_VLLM_LINES),
     mutated(REAL_VLLM_LINES),
+    renumbered(REAL_VLLM_LINES),
+    number_lines,
 )
 
 
 @settings(FUZZ, max_examples=1000)
 @given(vllm_lines)
 def test_vllm_grammar_never_raises_and_is_bounded_per_line(line: str):
+    assert_well_formed_event(timed(vllm.parse_line, line))
+
+
+@settings(FUZZ, max_examples=500)
+@given(renumbered(REAL_VLLM_LINES))
+def test_vllm_grammar_returns_only_plausible_values_from_lines_of_absurd_numbers(line: str):
     assert_well_formed_event(timed(vllm.parse_line, line))
 
 
@@ -172,7 +234,7 @@ def assert_well_formed_client(client: DrmClient | None) -> None:
     assert client.pdev is None or _PCI_ADDRESS.fullmatch(client.pdev), client.pdev
     assert client.client_id is None or client.client_id >= 0
     for region in client.memory.values():
-        assert all(size is None or (isinstance(size, int) and size >= 0)
+        assert all(size is None or (isinstance(size, int) and 0 <= size <= MAX_BYTES)
                    for size in (region.total, region.resident, region.shared)), region
     assert device_memory_bytes(client) >= 0
 
@@ -185,17 +247,36 @@ def reordered_lines(draw: st.DrawFn, originals: Sequence[str]) -> str:
     return "\n".join(chosen) + draw(st.sampled_from(("", "\n", "\r\n", "\x00")))
 
 
+_FDINFO_SIZE = re.compile(r"(?m)^(drm-(?:total|shared|resident|memory)-(?!cycles-)[^:\n]+:[ \t]*)[^\n]*$")
+size_units = st.sampled_from(("", " KiB", " MiB", " GiB", " kB", " B", "GiB", " TiB"))
+
+
+@st.composite
+def resized(draw: st.DrawFn, originals: Sequence[str]) -> str:
+    """A real fdinfo with every memory size replaced by a drawn number and unit."""
+    text = draw(st.sampled_from(originals))
+    return _FDINFO_SIZE.sub(lambda match: match[1] + draw(number_texts) + draw(size_units), text)
+
+
 fdinfo_texts = st.one_of(
     st.text(max_size=2000),
     token_soup(REAL_FDINFO),
     mutated(REAL_FDINFO),
     reordered_lines(REAL_FDINFO),
+    resized(REAL_FDINFO),
+    st.lists(number_lines, max_size=20).map(lambda lines: "drm-driver:\txe\n" + "\n".join(lines)),
 )
 
 
 @settings(FUZZ, max_examples=1000)
 @given(fdinfo_texts)
 def test_fdinfo_parser_never_raises_and_is_bounded_per_line(text: str):
+    assert_well_formed_client(timed(parse_fdinfo, text, lines=max(1, len(text.splitlines()))))
+
+
+@settings(FUZZ, max_examples=500)
+@given(resized(REAL_FDINFO))
+def test_fdinfo_parser_returns_only_sizes_within_bounds_from_absurd_numbers(text: str):
     assert_well_formed_client(timed(parse_fdinfo, text, lines=max(1, len(text.splitlines()))))
 
 
@@ -249,7 +330,8 @@ pids = st.sampled_from((10, 11, 20, 21, 30, 31, None))  # a few processes, so th
 pid1_record = st.builds(lambda unit, message_id: (unit, PID1_RECORDS[message_id].format(unit=unit), message_id, 1),
                         units, st.sampled_from(sorted(PID1_RECORDS)))
 printed_line = st.builds(lambda unit, line, pid: (unit, line, None, pid), units,
-                         st.one_of(st.sampled_from(REAL_VLLM_LINES), mutated(REAL_VLLM_LINES)), pids)
+                         st.one_of(st.sampled_from(REAL_VLLM_LINES), mutated(REAL_VLLM_LINES),
+                                   renumbered(REAL_VLLM_LINES), number_lines), pids)
 
 
 def _whole_start(unit: str, lines: tuple[str, ...], starting: bool, pid: int | None) -> list[Written]:
@@ -259,7 +341,14 @@ def _whole_start(unit: str, lines: tuple[str, ...], starting: bool, pid: int | N
 
 
 whole_start = st.builds(_whole_start, units, st.sampled_from((GOOD_START, FAILED_START)), st.booleans(), pids)
-journal_stories = st.lists(st.one_of(pid1_record.map(lambda e: [e]), printed_line.map(lambda e: [e]), whole_start),
+# a whole start whose every figure is a drawn number
+renumbered_start = st.builds(
+    _whole_start, units,
+    st.sampled_from((GOOD_START, FAILED_START)).flatmap(lambda lines: st.tuples(*(renumbered((line,))
+                                                                                 for line in lines))),
+    st.booleans(), pids)
+journal_stories = st.lists(st.one_of(pid1_record.map(lambda e: [e]), printed_line.map(lambda e: [e]), whole_start,
+                                     renumbered_start),
                            max_size=30).map(lambda blocks: [entry for block in blocks for entry in block])
 
 
@@ -283,11 +372,31 @@ def counters(views: list[UnitView]) -> Counters:
     return {view.unit: (view.starts, dict(view.failures), view.overlaps) for view in views}
 
 
+# The journal's gauges and the bounds (exporter.parsers.vllm.PLAUSIBLE) of the field each one shows.
+GAUGE_FIELDS = {
+    "xpu_unit_gpu_memory_utilization_ratio": "gpu_memory_utilization",
+    "xpu_unit_max_model_len_tokens": "max_model_len",
+    "xpu_unit_max_num_seqs": "max_num_seqs",
+    "xpu_unit_kv_cache_budget_bytes": "kv_cache_memory_bytes",
+    "xpu_unit_kv_cache_bytes": "kv_cache_bytes",
+    "xpu_unit_kv_cache_tokens": "kv_cache_tokens",
+    "xpu_unit_kv_cache_required_bytes": "needed_bytes",
+    "xpu_unit_kv_cache_max_concurrency": "max_concurrency",
+    "xpu_unit_engine_init_duration_seconds": "duration_seconds",
+}
+
+
+def assert_within_bounds(name: str, value: float) -> None:
+    assert math.isfinite(value), (name, value)
+    if name in GAUGE_FIELDS:
+        assert vllm.plausible(GAUGE_FIELDS[name], value), (name, value)
+
+
 def assert_rendered(views: list[UnitView]) -> None:
-    """The journal collector's families of these views, as a scrape makes them: finite numbers."""
+    """The journal collector's families of these views, as a scrape makes them: finite numbers in bounds."""
     for family in unit_metrics(views):
         for metric_sample in family.samples:
-            assert math.isfinite(metric_sample.value), metric_sample
+            assert_within_bounds(family.name, metric_sample.value)
 
 
 @settings(FUZZ, max_examples=200)
@@ -314,3 +423,78 @@ def test_engine_tracker_never_raises_and_its_counters_never_decrease(written: li
         before = now
         assert_rendered(views)
     assert_rendered(list(tracker.views()))  # and as a scrape long after the last entry sees it
+
+
+# ------------------------------------------------------------------------ collectors fed absurd numbers
+
+DEVICE_TOTAL = 16 << 30
+
+
+class FixedFollower:
+    """What the journal and processes collectors read of a JournalFollower: the state of one tracker."""
+
+    def __init__(self, tracker: EngineTracker) -> None:
+        self._tracker = tracker
+
+    def state(self) -> JournalState:
+        views = list(self._tracker.views())
+        return JournalState(views=views, error=None, entries_read=0, dropped_units=len(self._tracker.dropped_units),
+                            watched_units=len(views), values_rejected=self._tracker.rejected_lines)
+
+    def watch(self, units: set[str]) -> None:
+        pass
+
+
+class FixedLevelZero:
+    """Device memory of every device the fdinfo fixtures name, and empty process lists for them."""
+
+    def __init__(self) -> None:
+        clients = (parse_fdinfo(text) for text in REAL_FDINFO)
+        self._identities = [Identity(pdev, "Intel(R) Arc(TM) A770 Graphics", "0" * 32, "1.6.0")
+                            for pdev in sorted({client.pdev for client in clients if client and client.pdev})]
+
+    def read_memory(self) -> list[DeviceMemory]:
+        return [DeviceMemory(identity, (MemoryReading(True, DEVICE_TOTAL, DEVICE_TOTAL // 2),), None)
+                for identity in self._identities]
+
+    def read_processes(self) -> list[DeviceProcesses]:
+        return [DeviceProcesses(identity, (), None) for identity in self._identities]
+
+
+def exposed(collectors: list, levelzero: FixedLevelZero) -> dict[tuple[str, tuple], float]:
+    """One scrape in OpenMetrics (which must not raise) and one in the text format, parsed."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector(collectors, levelzero))  # type: ignore[arg-type]
+    generate_openmetrics(registry)
+    return {(metric_sample.name, tuple(sorted(metric_sample.labels.items()))): metric_sample.value
+            for family in text_string_to_metric_families(generate_latest(registry).decode())
+            for metric_sample in family.samples}
+
+
+@settings(FUZZ, max_examples=100)
+@given(journal_stories, st.lists(st.one_of(resized(REAL_FDINFO), st.sampled_from(REAL_FDINFO)), max_size=4))
+def test_collectors_fed_absurd_numbers_are_exposed_within_bounds_and_succeed(written: list[Written],
+                                                                             fdinfos: list[str]):
+    tracker = EngineTracker()
+    tracker.extend(as_entries(written, [1000] * len(written)))
+    follower = FixedFollower(tracker)
+    with tempfile.TemporaryDirectory() as base:
+        procfs = FakeProcfs(Path(base))
+        procfs.add_process(1)  # init: no DRM client
+        for index, text in enumerate(fdinfos):
+            unit = UNITS[index % len(UNITS)]
+            procfs.add_unit_process(100 + index, f"/system.slice/{unit}").add_drm_fd(text)
+        samples = exposed([JournalCollector(follower), ProcessesCollector(str(procfs.root), follower)],  # type: ignore[arg-type]
+                          FixedLevelZero())
+    for (name, labels), value in samples.items():
+        assert_within_bounds(name, value)
+        if name == "xpu_unit_memory_bytes":  # a client's regions each hold at most MAX_BYTES
+            assert 0 <= value <= len(fdinfos) * 4 * MAX_BYTES, (name, labels, value)
+        if name == "xpu_unattributed_memory_bytes":
+            assert 0 <= value <= DEVICE_TOTAL, (name, labels, value)
+    assert sample_of(samples, "xpu_exporter_collector_success", collector="journal") == 1
+    assert sample_of(samples, "xpu_exporter_collector_success", collector="processes") == 1
+
+
+def sample_of(samples: dict, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))

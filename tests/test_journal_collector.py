@@ -238,3 +238,92 @@ def test_entries_of_units_beyond_the_cap_are_not_read(tmp_path):
     assert watched == set(units[:5])
     assert sample(samples, "xpu_exporter_journal_units_dropped_total") == 195
     assert sample(samples, "xpu_exporter_journal_entries_read_total") == 5 * len(good_start(units[0], clock))
+
+
+EMBEDDING = "vllm-xpu-embedding.service"
+
+
+def test_a_setting_of_4000_digits_is_ignored_and_counted_and_metrics_are_served_also_after_a_restart(tmp_path):
+    clock = Clock(random_boot_id())
+    attack = API + "non-default args: {'model': 'z', 'max_model_len': " + "9" * 4000 + "}"
+    journal = write_journal(tmp_path / "j.journal", good_start(CHAT, clock) + [
+        unit_starting(EMBEDDING, clock.tick()),
+        unit_output(EMBEDDING, API + "vLLM API server version 0.24.0", clock.tick(), pid=31),
+        unit_output(EMBEDDING, attack, clock.tick(), pid=31),
+    ])
+    for _ in ("first run", "restarted: the journal is read again"):
+        with journal_exporter("--journal.file", str(journal)) as exporter:
+            status, _, body = exporter.get("/metrics")
+            assert status == 200, body
+            samples = caught_up(exporter)
+            stderr = exporter.stderr
+        assert sample(samples, "xpu_exporter_journal_values_rejected_total") == 1
+        assert sample(samples, "xpu_unit_engine_starts_total", unit=CHAT) == 1
+        assert sample(samples, "xpu_unit_max_model_len_tokens", unit=CHAT) == 131072
+        assert sample(samples, "xpu_unit_max_model_len_tokens", unit=EMBEDDING) is None
+        assert sample(samples, "xpu_unit_engine_info", unit=EMBEDDING, vllm_version="0.24.0", model="") == 1
+        assert stderr.count(f"unit {EMBEDDING} printed a 'non_default_args' line whose max_model_len") == 1
+        assert "9" * 100 not in stderr
+
+
+def start_printing(unit: str, clock: Clock, version: str, lines: list[str], pid: int) -> list:
+    return [unit_starting(unit, clock.tick()),
+            unit_output(unit, API + f"vLLM API server version {version}", clock.tick(), pid=pid),
+            *(unit_output(unit, CORE + line, clock.tick(), pid=pid) for line in lines)]
+
+
+ARGS = "non-default args: {'model': 'm', 'max_model_len': 131072, 'gpu_memory_utilization': 0.75}"
+INIT_DONE = "init engine (profile, create kv cache, warmup model) took 10.00 seconds"
+# unit: (vLLM version, what its start printed after the version line); one absurd line in each
+ABSURD_STARTS = {
+    # XPU V1 0.9.2-0.15.1: KV bytes come from the profiling lines x the utilisation
+    "vllm-inf-utilisation.service": ("0.10.2", [
+        "non-default args: {'model': 'm', 'gpu_memory_utilization': 1e999}",
+        "Before memory profiling run, total GPU memory: 24480.00 MB, model load takes 8204.13 MB, free gpu memory "
+        "is 16147.87 MB.",
+        "After memory profiling run, peak memory usage is 9013.40 MB,torch mem is 8204.13 MB, non-torch mem is "
+        "128.00 MB, free gpu memory is 15338.60 MB.",
+        INIT_DONE]),
+    "vllm-negative-utilisation.service": ("0.24.0", [
+        "non-default args: {'model': 'm', 'gpu_memory_utilization': -0.5}",
+        "Available KV cache memory: 3.25 GiB", INIT_DONE]),
+    "vllm-negative-kv.service": ("0.24.0", [ARGS, "Available KV cache memory: -999999999999999 GiB", INIT_DONE]),
+    "vllm-absurd-required.service": ("0.24.0", [
+        ARGS, "ValueError: To serve at least one request with the model's max seq len (131072), (999999999999999 "
+              "GiB KV cache is needed, which is larger than the available KV cache memory (2.13 GiB).",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"]),
+    "vllm-negative-duration.service": ("0.24.0", [
+        ARGS, "Available KV cache memory: 3.25 GiB",
+        "init engine (profile, create kv cache, warmup model) took -5.00 seconds"]),
+}
+
+
+def test_absurd_values_are_ignored_and_counted_and_cost_no_other_series(tmp_path):
+    clock = Clock(random_boot_id())
+    entries = good_start(CHAT, clock)
+    for pid, (unit, (version, lines)) in enumerate(ABSURD_STARTS.items(), start=100):
+        entries += start_printing(unit, clock, version, lines, pid)
+    journal = write_journal(tmp_path / "j.journal", entries)
+    with journal_exporter("--journal.file", str(journal)) as exporter:
+        samples = caught_up(exporter)
+    assert samples, "the journal collector failed"
+    assert sample(samples, "xpu_exporter_journal_values_rejected_total") == len(ABSURD_STARTS)
+    # the good unit: every series as printed
+    assert sample(samples, "xpu_unit_gpu_memory_utilization_ratio", unit=CHAT) == 0.75
+    assert sample(samples, "xpu_unit_kv_cache_bytes", unit=CHAT) == round(3.25 * 2**30)
+    assert sample(samples, "xpu_unit_engine_init_duration_seconds", unit=CHAT) == 42.5
+    # each absurd line is ignored, as if vLLM had not printed it
+    assert sample(samples, "xpu_unit_gpu_memory_utilization_ratio", unit="vllm-inf-utilisation.service") == 0.9
+    assert sample(samples, "xpu_unit_kv_cache_bytes", unit="vllm-inf-utilisation.service") == \
+        round(round(24480.00 * 2**20) * 0.9 - round(9013.40 * 2**20))
+    assert sample(samples, "xpu_unit_gpu_memory_utilization_ratio", unit="vllm-negative-utilisation.service") == 0.92
+    assert sample(samples, "xpu_unit_kv_cache_bytes", unit="vllm-negative-kv.service") is None
+    assert sample(samples, "xpu_unit_kv_cache_required_bytes", unit="vllm-absurd-required.service") is None
+    assert sample(samples, "xpu_unit_engine_init_failures_total", unit="vllm-absurd-required.service",
+                  reason="other") == 1
+    assert sample(samples, "xpu_unit_engine_init_duration_seconds", unit="vllm-negative-duration.service") is None
+    for (name, labels), value in samples.items():
+        if name.startswith("xpu_unit_"):
+            assert abs(value) <= 2**50, (name, labels, value)
+        if name in ("xpu_unit_engine_init_duration_seconds", "xpu_unit_gpu_memory_utilization_ratio"):
+            assert value >= 0, (name, labels, value)

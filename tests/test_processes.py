@@ -20,11 +20,11 @@ CHAT, EMBEDDING, STT = "vllm-xpu-chat.service", "vllm-xpu-embedding.service", "v
 UTILISATION = {CHAT: 0.75, EMBEDDING: 0.07, STT: 0.07}
 
 
-def settings_journal(path: Path) -> Path:
+def settings_journal(path: Path, utilisation_of: dict[str, float] = UTILISATION) -> Path:
     """Each unit's start as vLLM 0.24 prints it: version and non-default args."""
     clock = Clock(random_boot_id())
     entries = []
-    for unit, utilisation in UTILISATION.items():
+    for unit, utilisation in utilisation_of.items():
         entries += [unit_starting(unit, clock.tick()),
                     unit_output(unit, "(APIServer pid=9) INFO 12-02 10:00:00 [api_server.py:1873] vLLM API server "
                                       "version 0.24.0", clock.tick()),
@@ -55,10 +55,11 @@ def three_unit_host(procfs: FakeProcfs, chat_running: bool, others_hold: int) ->
 
 
 def start_exporter(tmp_path: Path, fake_driver: Path, config_path: Path, procfs: FakeProcfs, used: int,
-                   device=A770, *args: str, other_devices=()) -> RunningExporter:
+                   device=A770, *args: str, other_devices=(),
+                   utilisation_of: dict[str, float] = UTILISATION) -> RunningExporter:
     device = dataclasses.replace(device, memory=(FakeMemoryModule(size=TOTAL, free=TOTAL - used),))
     write_config(config_path, FakeConfig(devices=(device, *other_devices)))
-    journal = settings_journal(tmp_path / "units.journal")
+    journal = settings_journal(tmp_path / "units.journal", utilisation_of)
     return RunningExporter(["--path.procfs", str(procfs.root), "--journal.file", str(journal),
                             "--journal.boot", "all", *args], env=fake_driver_env(fake_driver, config_path))
 
@@ -175,3 +176,38 @@ def test_device_whose_free_memory_cannot_be_read_has_no_unattributed_rest_and_it
     assert sample(after, "xpu_unattributed_memory_bytes", device=DEVICE) == 0
     assert sample(after, "xpu_unit_restart_headroom_bytes", device=DEVICE, unit=CHAT) == \
         TOTAL - used + expected[CHAT] - math.ceil(UTILISATION[CHAT] * TOTAL)
+
+
+def test_an_absurd_utilisation_of_one_unit_costs_no_series_of_the_others(tmp_path, fake_driver, config_path):
+    procfs = FakeProcfs(tmp_path)
+    expected = three_unit_host(procfs, chat_running=True, others_hold=GiB)
+    used = sum(expected.values()) + 512 * MiB
+    free = TOTAL - used
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, used,
+                        utilisation_of={**UTILISATION, CHAT: 1e308}) as exporter:
+        samples = settled(exporter)
+    assert sample(samples, "xpu_exporter_collector_success", collector="processes") == 1
+    assert sample(samples, "xpu_exporter_journal_values_rejected_total") == 1
+    assert sample(samples, "xpu_unattributed_memory_bytes", device=DEVICE) == 512 * MiB
+    for unit in (EMBEDDING, STT):
+        assert sample(samples, "xpu_unit_restart_headroom_bytes", device=DEVICE, unit=unit) == \
+            free + expected[unit] - math.ceil(UTILISATION[unit] * TOTAL)
+    # chat's settings line is ignored: its release's default applies (0.92 for 0.24)
+    assert sample(samples, "xpu_unit_restart_headroom_bytes", device=DEVICE, unit=CHAT) == \
+        free + expected[CHAT] - math.ceil(0.92 * TOTAL)
+
+
+def test_an_fdinfo_size_of_20_digits_in_gib_is_skipped_for_the_regions_other_figures(tmp_path, fake_driver,
+                                                                                       config_path):
+    procfs = FakeProcfs(tmp_path)
+    hostile = xe_fdinfo(client_id=7, vram0=11 * GiB).replace(
+        f"drm-total-vram0:\t{11 * GiB // 1024} KiB", "drm-total-vram0:\t99999999999999999999 GiB")
+    assert "99999999999999999999 GiB" in hostile
+    procfs.add_unit_process(100, f"/system.slice/{CHAT}").add_drm_fd(hostile)
+    procfs.add_unit_process(200, f"/system.slice/{EMBEDDING}").add_drm_fd(xe_fdinfo(client_id=8, vram0=GiB))
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, 13 * GiB) as exporter:
+        samples = settled(exporter)
+    assert sample(samples, "xpu_exporter_collector_success", collector="processes") == 1
+    assert sample(samples, "xpu_unit_memory_bytes", device=DEVICE, unit=CHAT) == 11 * GiB  # its resident figure
+    assert sample(samples, "xpu_unit_memory_bytes", device=DEVICE, unit=EMBEDDING) == GiB
+    assert sample(samples, "xpu_unattributed_memory_bytes", device=DEVICE) == GiB

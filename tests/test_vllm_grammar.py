@@ -12,6 +12,8 @@ Eras (how a line is wrapped), see /work/shared/reference/vllm-logs.md §2:
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
 
 import pytest
@@ -21,11 +23,13 @@ from hypothesis import strategies as st
 from exporter.parsers.vllm import (
     GRAMMAR,
     MAX_LINE_CHARS,
+    PLAUSIBLE,
     EngineConfig,
     EngineInitDone,
     FailureCause,
     FailureReason,
     FailureWrapper,
+    ImplausibleValue,
     KvCacheBlocks,
     KvCacheCapacity,
     KvCacheMemory,
@@ -881,3 +885,129 @@ def test_default_gpu_memory_utilization_follows_the_release(
     version: str, default: float | None
 ) -> None:
     assert default_gpu_memory_utilization(version) == default
+
+
+# --- implausible values -------------------------------------------------------------------------
+
+API = "(APIServer pid=1) INFO 04-03 15:05:37 [utils.py:233] "
+
+# (line, the row it matches, the field out of range)
+HUGE_SETTINGS = {
+    # ast.literal_eval reads up to 4,300 digits: a finite int no float (nor the exposition) can hold
+    "max-model-len-4000-digits": (API + "non-default args: {'model': 'z', 'max_model_len': " + "9" * 4000 + "}",
+                                  "non_default_args", "max_model_len"),
+    # past 4,300 digits literal_eval refuses and the per-key reader takes the first 64 digits
+    "max-model-len-5000-digits": (API + "non-default args: {'model': 'z', 'max_model_len': " + "9" * 5000 + "}",
+                                  "non_default_args", "max_model_len"),
+    "namespace-max-model-len-64-digits": ("INFO 10-15 09:12:01 api_server.py:585] args: Namespace(host=None, "
+                                          "max_model_len=" + "9" * 64 + ", max_num_seqs=256)",
+                                          "args_namespace", "max_model_len"),
+    "model-name-with-a-lone-surrogate": (API + "non-default args: {'model': '\\udcff'}",
+                                         "non_default_args", "model"),
+}
+
+
+@pytest.mark.parametrize(("line", "row", "field"), list(HUGE_SETTINGS.values()), ids=list(HUGE_SETTINGS))
+def test_a_setting_no_exposition_can_carry_makes_the_line_implausible(line: str, row: str, field: str) -> None:
+    assert parse_line(line) == ImplausibleValue(row, field)
+
+
+def test_every_number_of_every_event_has_plausible_bounds() -> None:
+    event_types = [EngineConfig, Settings, KvCacheMemory, ProfilingBefore, ProfilingAfter, KvCacheCapacity,
+                   KvCacheBlocks, EngineInitDone, FailureCause]
+    numeric = {field.name for cls in event_types for field in dataclasses.fields(cls)
+               if {"int", "float"} & set(re.findall(r"\w+", str(field.type)))}
+    assert numeric == set(PLAUSIBLE)
+
+
+CORE = "(EngineCore pid=3310) INFO 08-11 13:56:14 [core.py:1195] "
+KV_TOO_SMALL = ("To serve at least one request with the model's max seq len ({len}), ({needed} GiB KV cache is "
+                "needed, which is larger than the available KV cache memory ({available} GiB).")
+# (line, the row it matches, the field out of range)
+ABSURD_VALUES = {
+    "utilisation-1e999": (API + "non-default args: {'model': 'z', 'gpu_memory_utilization': 1e999}",
+                          "non_default_args", "gpu_memory_utilization"),
+    "utilisation-1e308": (API + "non-default args: {'model': 'z', 'gpu_memory_utilization': 1e308}",
+                          "non_default_args", "gpu_memory_utilization"),
+    "utilisation-negative": (API + "non-default args: {'gpu_memory_utilization': -0.5}",
+                             "non_default_args", "gpu_memory_utilization"),
+    "utilisation-zero": (API + "non-default args: {'gpu_memory_utilization': 0}",
+                         "non_default_args", "gpu_memory_utilization"),
+    "utilisation-above-one": ("INFO 10-15 09:12:01 api_server.py:585] args: Namespace(host=None, gpu_memory_utilization=1.5)",
+                              "args_namespace", "gpu_memory_utilization"),
+    "max-num-seqs-huge": (API + "non-default args: {'max_num_seqs': 100000000000}",
+                          "non_default_args", "max_num_seqs"),
+    "kv-cache-memory-bytes-2-pib": (API + "non-default args: {'kv_cache_memory_bytes': 2251799813685248}",
+                                    "non_default_args", "kv_cache_memory_bytes"),
+    "block-size-huge": (API + "non-default args: {'block_size': 2000000}", "non_default_args", "block_size"),
+    "available-kv-minus-1.07e24": (CORE + "Available KV cache memory: -999999999999999 GiB",
+                                   "available_kv_cache_memory", "kv_cache_bytes"),
+    "available-kv-2-pib": (CORE + "Available KV cache memory: 2097152 GiB",
+                           "available_kv_cache_memory", "kv_cache_bytes"),
+    "reserved-kv-huge": (CORE + "Initial free memory 20.0 GiB, reserved 99999999999 GiB memory for KV Cache as "
+                                "specified by kv_cache_memory_bytes config", "kv_cache_memory_bytes_reserved",
+                         "kv_cache_bytes"),
+    "profiling-total-huge": (CORE + "Before memory profiling run, total GPU memory: 999999999999999 MB, model "
+                                    "load takes 8204.13 MB, free gpu memory is 16147.87 MB.",
+                             "profiling_before", "total_bytes"),
+    "profiling-peak-negative": (CORE + "After memory profiling run, peak memory usage is -9013.40 MB,torch mem is "
+                                       "8204.13 MB, non-torch mem is 128.00 MB, free gpu memory is 15338.60 MB.",
+                                "profiling_after", "peak_bytes"),
+    "kv-tokens-huge": (CORE + "GPU KV cache size: 9,999,999,999,999,999 tokens", "kv_cache_size_tokens", "tokens"),
+    "concurrency-negative": (CORE + "Maximum concurrency for 8,192 tokens per request: -3.00x",
+                             "max_concurrency", "max_concurrency"),
+    "concurrency-for-zero-tokens": (CORE + "Maximum concurrency for 0 tokens per request: 3.00x",
+                                    "max_concurrency", "max_model_len"),
+    "v0-blocks-negative": ("INFO 10-15 09:13:00 gpu_executor.py:122] # GPU blocks: -5, # CPU blocks: 2048",
+                           "kv_cache_blocks", "device_blocks"),
+    "init-duration-negative": (CORE + "init engine (profile, create kv cache, warmup model) took -5.00 seconds",
+                               "init_engine_took", "duration_seconds"),
+    "init-duration-a-year": (CORE + "init engine (profile, create kv cache, warmup model) took 31536000.00 s",
+                             "init_engine_took", "duration_seconds"),
+    "compilation-negative": (CORE + "init engine (profile, create kv cache, warmup model) took 5.00 s "
+                                    "(compilation: -1.00 s)", "init_engine_took", "compilation_seconds"),
+    "kv-too-small-needed-1.07e24": (CORE + KV_TOO_SMALL.format(len=131072, needed=999999999999999, available=2.13),
+                                    "kv_too_small_v1", "needed_bytes"),
+    "kv-too-small-available-minus-1.07e24": (
+        CORE + KV_TOO_SMALL.format(len=131072, needed=3.36, available=-999999999999999),
+        "kv_too_small_v1", "available_bytes"),
+    "kv-too-small-max-model-len-huge": (CORE + KV_TOO_SMALL.format(len="9" * 20, needed=3.36, available=2.13),
+                                        "kv_too_small_v1", "max_model_len"),
+    "kv-too-small-v0-negative-tokens": ("ERROR 10-15 09:13:00 engine.py:160] The model's max seq len (32768) is "
+                                        "larger than the maximum number of tokens that can be stored in KV cache "
+                                        "(-21456).", "kv_too_small_v0", "kv_cache_tokens"),
+    "insufficient-free-utilisation-7.5": (CORE + "ValueError: Free memory on device xpu:0 (3.1/23.86 GiB) on startup "
+                                                 "is less than desired GPU memory utilization (7.5, 11.93 GiB).",
+                                          "insufficient_free_memory", "gpu_memory_utilization"),
+    "out-of-memory-request-huge": (CORE + "torch.OutOfMemoryError: XPU out of memory. Tried to allocate "
+                                          "999999999999999 GiB.", "xpu_out_of_memory", "requested_bytes"),
+}
+
+
+@pytest.mark.parametrize(("line", "row", "field"), list(ABSURD_VALUES.values()), ids=list(ABSURD_VALUES))
+def test_an_absurd_value_makes_the_line_implausible(line: str, row: str, field: str) -> None:
+    assert parse_line(line) == ImplausibleValue(row, field)
+
+
+EDGES = {
+    "utilisation-one": (API + "non-default args: {'gpu_memory_utilization': 1}",
+                        Settings(NON_DEFAULT, gpu_memory_utilization=1.0)),
+    "max-model-len-auto-is-not-stated": (API + "non-default args: {'model': 'm', 'max_model_len': -1}",
+                                         Settings(NON_DEFAULT, model="m")),
+    "available-kv-minus-one-pib": (CORE + "Available KV cache memory: -1048576 GiB",
+                                   KvCacheMemory(-(2**50), KvMemorySource.AVAILABLE)),
+    "available-kv-one-pib": (CORE + "Available KV cache memory: 1048576 GiB",
+                             KvCacheMemory(2**50, KvMemorySource.AVAILABLE)),
+    "non-torch-negative": (CORE + "After memory profiling run, peak memory usage is 9013.40 MB,torch mem is "
+                                  "8204.13 MB, non-torch mem is -64.00 MB, free gpu memory is 15338.60 MB.",
+                           ProfilingAfter(mib(9013.40), mib(8204.13), -mib(64.0), mib(15338.60))),
+    "init-duration-zero": (CORE + "init engine (profile, create kv cache, warmup model) took 0.00 seconds",
+                           EngineInitDone(0.0)),
+    "concurrency-zero": (CORE + "Maximum concurrency for 8,192 tokens per request: 0.00x",
+                         KvCacheCapacity(None, 8192, 0.0, None)),
+}
+
+
+@pytest.mark.parametrize(("line", "expected"), list(EDGES.values()), ids=list(EDGES))
+def test_values_at_the_edges_of_their_bounds_are_kept(line: str, expected: object) -> None:
+    assert parse_line(line) == expected

@@ -37,6 +37,7 @@ class JournalState:
     entries_read: int
     dropped_units: int  # units not watched because of the cap
     watched_units: int | None  # None until the journal has been read up to now once
+    values_rejected: int  # lines ignored for an implausible value (exporter.parsers.vllm.PLAUSIBLE)
 
 
 class JournalFollower:
@@ -49,6 +50,7 @@ class JournalFollower:
         self._error: str | None = STILL_READING
         self._entries_read = 0
         self._units_with_processes: set[str] = set()
+        self._warned_of_rejections: set[str] = set()  # follower thread only
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start_retry_at: float | None = None  # set while the thread could not be started
@@ -84,7 +86,8 @@ class JournalFollower:
             views = list(tracker.views()) if tracker is not None else []
             return JournalState(views=views, error=self._error, entries_read=self._entries_read,
                                 dropped_units=len(tracker.dropped_units) if tracker is not None else 0,
-                                watched_units=len(views) if tracker is not None else None)
+                                watched_units=len(views) if tracker is not None else None,
+                                values_rejected=tracker.rejected_lines if tracker is not None else 0)
 
     def watch(self, units: set[str]) -> None:
         """Units that currently have GPU processes: those matching the globs are watched even when the
@@ -123,6 +126,7 @@ class JournalFollower:
                 return  # stopping: a half-read journal is never published
             self._count(len(batch))
             tracker.extend(batch)
+            self._warn_of_rejections(tracker)
         with self._lock:
             self._tracker = tracker
             if self._error is not None:
@@ -138,6 +142,16 @@ class JournalFollower:
                 with self._lock:
                     tracker.extend(batch)
                     self._entries_read += len(batch)
+                self._warn_of_rejections(tracker)
+
+    def _warn_of_rejections(self, tracker: EngineTracker) -> None:
+        """Once per unit (also across re-reads of the journal): the value is not logged, it may be huge."""
+        for unit, rejection in tracker.first_rejections.items():
+            if unit not in self._warned_of_rejections:
+                self._warned_of_rejections.add(unit)
+                log.warning("unit %s printed a %r line whose %s is out of range or not a number; such lines "
+                            "are ignored and counted in xpu_exporter_journal_values_rejected_total",
+                            unit, rejection.row, rejection.field)
 
     def _admit(self, tracker: EngineTracker, unit: str) -> bool:
         with self._lock:
@@ -177,6 +191,9 @@ class JournalCollector(Collector):
                                     "Units matching --journal.units seen in the selected boot's journal or with GPU "
                                     "processes now, at most --journal.max-units; 0: the globs match nothing.",
                                     value=state.watched_units)
+        yield CounterMetricFamily("xpu_exporter_journal_values_rejected_total",
+                                  "Lines of watched units ignored because a value in them is out of range or "
+                                  "not a number.", value=state.values_rejected)
         yield from unit_metrics(state.views)
         if state.error:
             raise CollectionError(state.error)

@@ -11,7 +11,8 @@ Region names by driver and kernel:
   `system`, `stolen-system`), so regions are recognised by prefix.
 - xe: `system`, `gtt`, `vram0`, `vram1`, `stolen`.
 
-Malformed lines are skipped, never raised on. One anchored regular expression picks the lines of
+Malformed lines are skipped, never raised on, and so are sizes over `MAX_BYTES` (a 20-digit figure in
+GiB would otherwise be 10**29 bytes). One anchored regular expression picks the lines of
 interest (an xe fdinfo is mostly engine counters), another without nested repetition splits each of
 them; lines over `MAX_LINE_CHARS` are skipped, so the time is linear in the text. The parse of the
 picked lines is cached: they seldom change between reads, while the engine counters always do.
@@ -29,6 +30,8 @@ from types import MappingProxyType
 MAX_LINE_CHARS = 512
 # 2**64 - 1 has 20 digits.
 MAX_UINT_DIGITS = 20
+# 1 PiB: far above any device's memory (the grammar of vLLM's lines uses the same bound).
+MAX_BYTES = 1 << 50
 
 UNIT_BYTES = {"": 1, "B": 1, "KiB": 1 << 10, "kB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 DEVICE_LOCAL_REGION_PREFIXES = ("vram", "local")  # xe, i915
@@ -92,11 +95,14 @@ def _parse_lines(lines: tuple[str, ...]) -> DrmClient | None:
             pdev = normalise_pci_address(match["value"])
         elif ident == "client-id":
             client_id = parse_uint(match["value"])
-        elif kind == "memory":
-            deprecated_resident[match["region"]] = int(match["number"]) * UNIT_BYTES[match["unit"] or ""]
         elif kind is not None:
-            sizes.setdefault(match["region"], {})[MEMORY_KINDS[kind]] = \
-                int(match["number"]) * UNIT_BYTES[match["unit"] or ""]
+            size = int(match["number"]) * UNIT_BYTES[match["unit"] or ""]
+            if size > MAX_BYTES:
+                continue
+            if kind == "memory":
+                deprecated_resident[match["region"]] = size
+            else:
+                sizes.setdefault(match["region"], {})[MEMORY_KINDS[kind]] = size
     if driver is None:
         return None
     for region, size in deprecated_resident.items():
@@ -136,11 +142,12 @@ def parse_uint(text: str) -> int | None:
 
 
 def parse_size(text: str) -> int | None:
-    """`<uint>`, `<uint> KiB`, `<uint> MiB` (also `GiB`, `kB`) in bytes; None when malformed."""
+    """`<uint>`, `<uint> KiB`, `<uint> MiB` (also `GiB`, `kB`) in bytes; None when malformed or over
+    `MAX_BYTES`."""
     number, _, unit = text.partition(" ")
     multiplier = UNIT_BYTES.get(unit.strip())
     value = parse_uint(number)
-    if multiplier is None or value is None:
+    if multiplier is None or value is None or value * multiplier > MAX_BYTES:
         return None
     return value * multiplier
 

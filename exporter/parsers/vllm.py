@@ -26,11 +26,19 @@ before the terminal `FailureWrapper` is the root cause (vLLM's own order).
 
 Units: vLLM's GiB and the "GB" of 0.7-0.8.0 are 2**30 bytes, its MB are 2**20 bytes. Byte values
 are ints, rounded to the nearest byte from the printed figure (3.36 GiB -> round(3.36 * 2**30)).
+
+Plausible values: anything that can write to a unit's stdout can print these lines, so every figure
+of an event is checked against `PLAUSIBLE` (one table: field -> bounds) and every text is checked to
+be valid UTF-8 before the event is returned. A line with a figure out of range (or not finite) is
+ignored as a whole, as if vLLM had not printed it: `parse_line` returns an `ImplausibleValue` naming
+the row and field, which the reducer counts instead of recording.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import math
 import re
 import warnings
 from collections.abc import Callable, Mapping
@@ -47,11 +55,14 @@ __all__ = [
     "FailureReason",
     "FailureWrapper",
     "GRAMMAR",
+    "Bounds",
     "GrammarRow",
     "KvCacheBlocks",
     "KvCacheCapacity",
     "KvCacheMemory",
     "KvMemorySource",
+    "ImplausibleValue",
+    "PLAUSIBLE",
     "ProfilingAfter",
     "ProfilingBefore",
     "ServerReady",
@@ -63,6 +74,7 @@ __all__ = [
     "kv_cache_bytes_from_profiling",
     "normalise",
     "parse_line",
+    "plausible",
 ]
 
 # No template we need is longer than a few KiB; the cap bounds every regex's work on hostile lines.
@@ -287,6 +299,107 @@ Event = Union[
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class ImplausibleValue:
+    """A line of a known template that is ignored: its `field` is not a finite number within
+    `PLAUSIBLE[field]` (or a text that is not valid UTF-8). Never an event of a start."""
+
+    row: str  # the grammar row whose template the line matched
+    field: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Plausible values: one table, field -> bounds
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The closed range [low, high], or (low, high] when `low_open`. NaN is in no range."""
+
+    low: float
+    high: float
+    low_open: bool = False
+
+    def admit(self, value: float) -> bool:
+        above_low = self.low < value if self.low_open else self.low <= value
+        return above_low and value <= self.high
+
+
+# 1 PiB: far above the memory of any device or host vLLM runs on, far below where float rounding
+# of a byte count starts (2**53).
+MAX_BYTES = 1 << 50
+# Context lengths reach ~10M tokens (2**24) and a KV cache a few 10**9 tokens.
+MAX_TOKENS = 1 << 40
+# An engine init (model download, load, compilation) takes minutes, hours at worst.
+MAX_SECONDS = 7 * 24 * 3600
+
+_BYTES = Bounds(0, MAX_BYTES)
+# Budgets that vLLM prints negative when the peak exceeded them; the magnitude is still bounded.
+_SIGNED_BYTES = Bounds(-MAX_BYTES, MAX_BYTES)
+_TOKENS = Bounds(0, MAX_TOKENS)
+_SECONDS = Bounds(0, MAX_SECONDS)
+
+# Every int or float field of every event, by name (a field of the same name means the same thing in
+# every event). `parse_line` ignores a line with a figure outside its field's bounds.
+PLAUSIBLE: Mapping[str, Bounds] = {
+    # settings
+    "gpu_memory_utilization": Bounds(0, 1, low_open=True),
+    "max_model_len": Bounds(1, MAX_TOKENS),
+    "max_num_seqs": Bounds(1, 1 << 24),
+    "kv_cache_memory_bytes": _BYTES,
+    "block_size": Bounds(1, 1 << 20),
+    # KV-cache memory; "available" can be negative (vLLM then fails or says so)
+    "kv_cache_bytes": _SIGNED_BYTES,
+    "available_bytes": _SIGNED_BYTES,
+    "initial_free_bytes": _BYTES,
+    "needed_bytes": _BYTES,
+    "requested_bytes": _BYTES,
+    "free_bytes": _BYTES,
+    "total_bytes": _BYTES,
+    # profiling (XPU V1 0.9.2-0.15.1); non-torch = used - torch-allocated, negative when torch counts more
+    "model_load_bytes": _BYTES,
+    "peak_bytes": _BYTES,
+    "torch_bytes": _BYTES,
+    "non_torch_bytes": _SIGNED_BYTES,
+    # KV-cache capacity
+    "tokens": _TOKENS,
+    "kv_cache_tokens": _TOKENS,
+    "estimated_max_model_len": _TOKENS,
+    "max_concurrency": _TOKENS,
+    "device_blocks": _TOKENS,
+    "cpu_blocks": _TOKENS,
+    # init outcome
+    "duration_seconds": _SECONDS,
+    "compilation_seconds": _SECONDS,
+}
+
+
+def plausible(field: str, value: float) -> bool:
+    """Whether `value` is within the bounds of `field` (also for values the reducer derives)."""
+    return PLAUSIBLE[field].admit(value)
+
+
+def _implausible_field(event: Event) -> str | None:
+    """The first field of the event that is out of its bounds, or a text that is not valid UTF-8."""
+    for field in dataclasses.fields(event):
+        value = getattr(event, field.name)
+        if isinstance(value, str):
+            if not (value.isascii() or _utf8_encodable(value)):
+                return field.name
+        elif isinstance(value, (int, float)) and not plausible(field.name, value):
+            return field.name
+    return None
+
+
+def _utf8_encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate, e.g. from a '\udcff' escape in a logged dict
+        return False
+    return True
+
+
 # ---------------------------------------------------------------------------------------------
 # Pure helpers for the reducer
 # ---------------------------------------------------------------------------------------------
@@ -424,6 +537,16 @@ def _scalar_items(pattern: re.Pattern[str], text: str) -> dict[str, object]:
     return values
 
 
+def _number(value: object) -> float | None:
+    """An int or float setting as a float (an int too big for one: inf, which no bounds admit)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 def _positive_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
@@ -432,16 +555,11 @@ def _settings_from(values: Mapping[str, object], source: SettingsSource) -> Sett
     model = values.get("model")
     if not isinstance(model, str):
         model = values.get("model_tag")
-    utilisation = values.get("gpu_memory_utilization")
     budget = values.get("kv_cache_memory_bytes")
     return Settings(
         source=source,
         model=model if isinstance(model, str) and model else None,
-        gpu_memory_utilization=(
-            float(utilisation)
-            if isinstance(utilisation, (int, float)) and not isinstance(utilisation, bool)
-            else None
-        ),
+        gpu_memory_utilization=_number(values.get("gpu_memory_utilization")),
         max_model_len=_positive_int(values.get("max_model_len")),
         max_num_seqs=_positive_int(values.get("max_num_seqs")),
         kv_cache_memory_bytes=(
@@ -793,8 +911,9 @@ def _admits(row: GrammarRow, text: str) -> bool:
     return text.startswith(row.anchors)
 
 
-def parse_line(message: str) -> Event | None:
-    """The event one journal MESSAGE line carries, or None. Never raises; the work is bounded by
+def parse_line(message: str) -> Event | ImplausibleValue | None:
+    """The event one journal MESSAGE line carries, `ImplausibleValue` when it matched a template but a
+    figure is out of bounds (the line is then ignored), or None. Never raises; the work is bounded by
     `MAX_LINE_CHARS` whatever the input."""
     text = normalise(message)
     if not text.startswith(_START_ANCHORS) and not any(a in text for a in _ANYWHERE_ANCHORS):
@@ -806,9 +925,11 @@ def parse_line(message: str) -> Event | None:
         if match is None:
             continue
         try:
-            return row.build(match)
+            event = row.build(match)
         except (ValueError, ArithmeticError):
             # A figure out of float/int range; the bounded patterns make this unreachable in
             # practice, and a malformed line must cost a None, never the collector.
             return None
+        implausible = _implausible_field(event)
+        return event if implausible is None else ImplausibleValue(row.name, implausible)
     return None

@@ -1,0 +1,83 @@
+"""One scrape over collectors that misbehave: a sample whose value is not a finite number (or that no
+exposition format can carry) costs its own collector's series and marks that collector failed; the
+other collectors' series are served."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collectors import Collector
+from exporter.scrape import ExporterCollector, Scrape
+
+
+class Yields(Collector):
+    """A collector whose one family holds the given (label value, value) samples."""
+
+    description = "test"
+
+    def __init__(self, name: str, samples: list[tuple[str, object]]) -> None:
+        self.name = name
+        self._samples = samples
+
+    def collect(self, scrape: Scrape) -> Iterator[Metric]:
+        family = GaugeMetricFamily(f"test_{self.name}_value", "A test gauge.", labels=["unit"])
+        for unit, value in self._samples:
+            family.add_metric([unit], value)  # type: ignore[arg-type]
+        yield family
+
+
+NOT_FINITE_NUMBERS = {
+    "int-of-4000-digits": 10**4000,
+    "infinity": math.inf,
+    "minus-infinity": -math.inf,
+    "nan": math.nan,
+    "text": "12 GiB",
+    "none": None,
+}
+
+
+def served(*collectors: Collector) -> dict[str, dict[tuple, float]]:
+    """{family: {labels: value}} of one text exposition (which must not raise) and the same check in
+    OpenMetrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector(collectors, levelzero=None))
+    generate_openmetrics(registry)
+    families: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            families.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return families
+
+
+@pytest.mark.parametrize("value", list(NOT_FINITE_NUMBERS.values()), ids=list(NOT_FINITE_NUMBERS))
+def test_a_value_that_is_not_a_finite_number_costs_only_its_sample_and_marks_its_collector_failed(value: object):
+    families = served(Yields("bad", [("good.service", 1), ("bad.service", value)]),
+                      Yields("other", [("good.service", 2)]))
+    assert families["test_bad_value"] == {(("unit", "good.service"),): 1.0}
+    assert families["test_other_value"] == {(("unit", "good.service"),): 2.0}
+    success = families["xpu_exporter_collector_success"]
+    assert success == {(("collector", "bad"),): 0.0, (("collector", "other"),): 1.0}
+
+
+def test_a_label_value_that_is_not_utf8_encodable_costs_only_its_sample_and_marks_its_collector_failed():
+    families = served(Yields("bad", [("good.service", 1), ("lone-surrogate-\udcff.service", 3)]),
+                      Yields("other", [("good.service", 2)]))
+    assert families["test_bad_value"] == {(("unit", "good.service"),): 1.0}
+    assert families["test_other_value"] == {(("unit", "good.service"),): 2.0}
+    assert families["xpu_exporter_collector_success"][(("collector", "bad"),)] == 0.0
+
+
+def test_exposable_values_of_every_numeric_type_are_served_unchanged():
+    families = served(Yields("fine", [("int.service", 2**53), ("float.service", -0.25), ("bool.service", True)]))
+    assert families["test_fine_value"] == {(("unit", "int.service"),): 2.0**53,
+                                           (("unit", "float.service"),): -0.25,
+                                           (("unit", "bool.service"),): 1.0}
+    assert families["xpu_exporter_collector_success"] == {(("collector", "fine"),): 1.0}
