@@ -420,6 +420,39 @@ def test_journal_files_changing_under_the_follower_keep_counters_and_new_entries
     counters_never_decrease(history)
 
 
+API = "(APIServer pid=40) INFO 12-02 10:00:00 [api_server.py:1873] "
+CORE = "(EngineCore pid=41) INFO 12-02 10:00:20 "
+HOSTILE_LINES = (
+    (40, API + "non-default args: {'model': 'z', 'max_model_len': " + "9" * 4000 + "}"),  # once blanked /metrics
+    (40, API + "non-default args: {'model': 'z', 'gpu_memory_utilization': 1e999}"),
+    (41, CORE + "[gpu_worker.py:456] Available KV cache memory: 99999999999999.00 GiB"),
+    (41, CORE + "[core.py:210] init engine (profile, create kv cache, warmup model) took -5.00 seconds"),
+    (41, "9" * 30_000),
+)
+
+
+def test_hostile_journal_lines_and_fdinfo_while_following_cost_only_themselves(host: Host):
+    """What anything writing to a watched unit's output, or a hostile procfs, can feed a running exporter: every
+    collector keeps reporting its series, the absurd values are counted, none is served."""
+    with host.exporter() as exporter:
+        scrape_until(exporter, all_reporting, "reported healthy before the hostile input")
+        append_journal(host.journal_dir / "system.journal",
+                       [unit_output(CHAT, line, host.clock.tick(), pid=pid) for pid, line in HOSTILE_LINES])
+        hostile_fdinfo = xe_fdinfo(client_id=3).replace("drm-total-vram0:\t0 KiB",
+                                                         "drm-total-vram0:\t99999999999999999999 GiB")
+        assert "99999999999999999999 GiB" in hostile_fdinfo
+        host.procfs.add_unit_process(1002, f"/system.slice/{CHAT}").add_drm_fd(hostile_fdinfo)
+        after = scrape_until(exporter, lambda s: all_reporting(s) and
+                             (sample(s, "xpu_exporter_journal_values_rejected_total") or 0) >= 4,
+                             "counted the hostile lines while every collector reports")
+        assert exporter.process.poll() is None
+    assert sample(after, "xpu_unit_max_model_len_tokens", unit=CHAT) == 131072
+    assert sample(after, "xpu_unit_gpu_memory_utilization_ratio", unit=CHAT) == 0.75
+    assert sample(after, "xpu_unit_kv_cache_bytes", unit=CHAT) == round(3.25 * GiB)
+    assert sample(after, "xpu_unit_engine_init_duration_seconds", unit=CHAT) == 42.5
+    assert all(abs(value) < 2 ** 50 for value in after.values())
+
+
 def without_file_permission_override() -> list[str]:
     """The exporter's command line as root without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (dropped from the
     bounding set, so the Level Zero child has neither): files are then checked against their modes as for any
