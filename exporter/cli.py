@@ -14,17 +14,20 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from exporter import __version__
+from exporter.collector import Collector, Source, Sources, registered
+from exporter.collectors.journal import JournalFollower
+from exporter.engines import DEFAULT_MAX_UNITS
 from exporter.logs import FORMATS, LEVELS, setup_logging
+from exporter.scrape import ExporterCollector
+from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection
+from exporter.sources.levelzero import DEFAULT_LIBRARY
+from exporter.sources.levelzero_worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
+from exporter.web import ExporterServer, parse_listen_address
+from exporter.webconfig import WebConfigError, load_web_config
 
 log = logging.getLogger("exporter.main")
 
 DEFAULT_PORT = 10447
-DEFAULT_UNITS = ("vllm*.service",)
-COLLECTORS = {
-    "levelzero": "device identity and memory from Level Zero",
-    "processes": "per-unit device memory from processes",
-    "journal": "vLLM engine starts, failures and KV cache from the journal",
-}
 EXIT_USAGE = 2
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h))+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -33,18 +36,20 @@ _BOOT_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclass(frozen=True)
-class Settings:
+class Options:
+    """The command line, parsed."""
+
     listen_address: str = f":{DEFAULT_PORT}"
     telemetry_path: str = "/metrics"
     web_config_file: str | None = None
-    collectors: frozenset[str] = frozenset(COLLECTORS)
-    levelzero_library: str = "libze_loader.so.1"
-    levelzero_timeout: float = 4.0
+    collectors: frozenset[str] = frozenset(spec.name for spec in registered() if spec.enabled_by_default)
+    levelzero_library: str = DEFAULT_LIBRARY
+    levelzero_timeout: float = DEFAULT_TIMEOUT_S
     journal_directory: str | None = None
     journal_files: tuple[str, ...] = ()
-    journal_units: tuple[str, ...] = DEFAULT_UNITS
+    journal_units: tuple[str, ...] = DEFAULT_UNIT_GLOBS
     journal_boot: str = "current"
-    journal_max_units: int = 64
+    journal_max_units: int = DEFAULT_MAX_UNITS
     procfs: str = "/proc"
     log_level: str = "info"
     log_format: str = "logfmt"
@@ -94,7 +99,6 @@ def telemetry_path(value: str) -> str:
 
 
 def listen_address(value: str) -> str:
-    from exporter.web import parse_listen_address
     try:
         parse_listen_address(value)
     except ValueError as error:
@@ -120,16 +124,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="exporter-toolkit web configuration (YAML) for TLS and basic auth")
 
     collectors = parser.add_argument_group("collectors")
-    for name, description in COLLECTORS.items():
-        collectors.add_argument(f"--collector.{name}", dest=f"collector_{name}", default=True,
-                                action=argparse.BooleanOptionalAction,
-                                help=f"enable the {name} collector: {description}")
+    for spec in registered():
+        collectors.add_argument(f"--collector.{spec.name}", dest=f"collector_{spec.name}",
+                                default=spec.enabled_by_default, action=argparse.BooleanOptionalAction,
+                                help=f"enable the {spec.name} collector: {spec.description}")
     # BooleanOptionalAction spells the negation --no-collector.X, exactly the Prometheus form.
 
     levelzero = parser.add_argument_group("levelzero")
-    levelzero.add_argument("--levelzero.library", dest="levelzero_library", default="libze_loader.so.1",
+    levelzero.add_argument("--levelzero.library", dest="levelzero_library", default=DEFAULT_LIBRARY,
                            metavar="LIBRARY", help="Level Zero loader to dlopen")
-    levelzero.add_argument("--levelzero.timeout", dest="levelzero_timeout", type=parse_duration, default=4.0,
+    levelzero.add_argument("--levelzero.timeout", dest="levelzero_timeout", type=parse_duration,
+                           default=DEFAULT_TIMEOUT_S,
                            metavar="DURATION", help="give up on a Level Zero read after this long (driver hang)")
 
     journal = parser.add_argument_group("journal")
@@ -139,8 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="read these journal files instead (repeatable)")
     journal.add_argument("--journal.units", dest="journal_units", action="append", default=None, metavar="GLOB",
                          help=f"shell glob of the systemd units whose engine logs are read (repeatable; "
-                              f"default {' '.join(DEFAULT_UNITS)})")
-    journal.add_argument("--journal.max-units", dest="journal_max_units", type=positive_int, default=64,
+                              f"default {' '.join(DEFAULT_UNIT_GLOBS)})")
+    journal.add_argument("--journal.max-units", dest="journal_max_units", type=positive_int,
+                         default=DEFAULT_MAX_UNITS,
                          metavar="N", help="watch at most this many units; further ones are counted in "
                                            "xpu_exporter_journal_units_dropped_total")
     journal.add_argument("--journal.boot", dest="journal_boot", type=parse_boot, default="current", metavar="BOOT",
@@ -156,23 +162,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_settings(argv: Sequence[str] | None = None) -> Settings:
+def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.journal_directory and args.journal_files:
         parser.error("--journal.directory and --journal.file cannot be used together")
     if args.journal_units is not None and not all(glob.strip() for glob in args.journal_units):
         parser.error("argument --journal.units: empty glob")
-    return Settings(
+    return Options(
         listen_address=args.listen_address,
         telemetry_path=args.telemetry_path,
         web_config_file=args.web_config_file,
-        collectors=frozenset(name for name in COLLECTORS if getattr(args, f"collector_{name}")),
+        collectors=frozenset(spec.name for spec in registered() if getattr(args, f"collector_{spec.name}")),
         levelzero_library=args.levelzero_library,
         levelzero_timeout=args.levelzero_timeout,
         journal_directory=args.journal_directory,
         journal_files=tuple(args.journal_files),
-        journal_units=tuple(args.journal_units or DEFAULT_UNITS),
+        journal_units=tuple(args.journal_units or DEFAULT_UNIT_GLOBS),
         journal_boot=args.journal_boot,
         journal_max_units=args.journal_max_units,
         procfs=args.procfs,
@@ -185,52 +191,50 @@ class _ShutdownRequested(Exception):
     """Raised by the signal handler when it cannot start a thread to stop the server."""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    settings = parse_settings(argv)
-    setup_logging(settings.log_level, settings.log_format)
+def build_sources(options: Options, needs: set[Source]) -> Sources:
+    """The shared sources the enabled collectors need, not started."""
+    sources = Sources()
+    if Source.LEVELZERO in needs:
+        sources.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout)
+    if Source.JOURNAL in needs:
+        sources.journal = JournalFollower(JournalSelection(
+            directory=options.journal_directory, files=options.journal_files, unit_globs=options.journal_units,
+            boot=options.journal_boot), options.journal_max_units)
+    return sources
 
-    from exporter.collectors.journal import JournalCollector, JournalFollower
-    from exporter.collectors.levelzero import LevelZeroCollector
-    from exporter.collectors.processes import ProcessesCollector
-    from exporter.sources.journal import JournalSelection
-    from exporter.scrape import ExporterCollector
-    from exporter.sources.levelzero_worker import LevelZeroWorker
-    from exporter.web import ExporterServer
-    from exporter.webconfig import WebConfigError, load_web_config
 
-    web_config = None
-    if settings.web_config_file:
-        try:
-            web_config = load_web_config(settings.web_config_file)
-        except WebConfigError as error:
-            print(f"vllm-xpu-exporter: error: --web.config.file: {error}", file=sys.stderr)
-            return EXIT_USAGE
-
-    worker = None
-    collectors = []
-    if "levelzero" in settings.collectors or "processes" in settings.collectors:
-        worker = LevelZeroWorker(settings.levelzero_library, settings.levelzero_timeout)
-    if "levelzero" in settings.collectors:
-        collectors.append(LevelZeroCollector(worker))
-    follower = None
-    if "journal" in settings.collectors:
-        follower = JournalFollower(JournalSelection(
-            directory=settings.journal_directory, files=settings.journal_files,
-            unit_globs=settings.journal_units, boot=settings.journal_boot), settings.journal_max_units)
-        collectors.append(JournalCollector(follower))
-    if "processes" in settings.collectors:
-        collectors.append(ProcessesCollector(settings.procfs, follower))
-
+def build_registry(options: Options) -> tuple[CollectorRegistry, Sources, list[Collector]]:
+    """prometheus_client's registry with the exporter's collector over the enabled collectors, and the
+    standard process and Python collectors; the sources and collectors are returned not started."""
+    enabled = [spec for spec in registered() if spec.name in options.collectors]
+    sources = build_sources(options, {need for spec in enabled for need in spec.needs})
+    collectors = [spec.factory(options, sources) for spec in enabled]
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ExporterCollector(collectors, worker))
+    registry.register(ExporterCollector(collectors, sources))
     # process_*: the exporter's own process, so its own /proc, never --path.procfs (the host's /proc in a container)
     ProcessCollector(proc="/proc", registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
+    return registry, sources, collectors
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_options(argv)
+    setup_logging(options.log_level, options.log_format)
+
+    web_config = None
+    if options.web_config_file:
+        try:
+            web_config = load_web_config(options.web_config_file)
+        except WebConfigError as error:
+            print(f"vllm-xpu-exporter: error: --web.config.file: {error}", file=sys.stderr)
+            return EXIT_USAGE
+
+    registry, sources, collectors = build_registry(options)
     try:
-        server = ExporterServer(settings.listen_address, settings.telemetry_path, registry, web_config)
+        server = ExporterServer(options.listen_address, options.telemetry_path, registry, web_config)
     except OSError as error:
-        print(f"vllm-xpu-exporter: error: cannot listen on {settings.listen_address}: {error.strerror or error}",
+        print(f"vllm-xpu-exporter: error: cannot listen on {options.listen_address}: {error.strerror or error}",
               file=sys.stderr)
         return 1
 
@@ -247,15 +251,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
 
+    sources.start()
     for collector in collectors:
         collector.start()
-    if worker is not None:
-        worker.start()
     host, port = server.server_address[:2]
     scheme = "https" if web_config is not None and web_config.ssl_context() is not None else "http"
     log.info("vllm-xpu-exporter %s listening on %s://%s:%d%s (collectors: %s)", __version__, scheme,
-             f"[{host}]" if ":" in host else host, port, settings.telemetry_path,
-             ",".join(sorted(settings.collectors)) or "none")
+             f"[{host}]" if ":" in host else host, port, options.telemetry_path,
+             ",".join(sorted(options.collectors)) or "none")
     try:
         server.serve_forever()
     except _ShutdownRequested:
@@ -263,6 +266,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         for collector in collectors:
             collector.stop()
-        if worker is not None:
-            worker.close()
+        sources.stop()
     return 0

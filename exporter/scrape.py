@@ -1,4 +1,9 @@
-"""One scrape: run every enabled collector, time it, and report on the exporter itself."""
+"""One scrape at a time: run every enabled collector, time it, and report on the exporter itself.
+
+Concurrent requests share the scrape in flight (single flight): a request that arrives while a scrape
+runs waits for it and serves its families, so the collectors and the sources they read see one scrape
+at a time whatever the number of clients.
+"""
 
 from __future__ import annotations
 
@@ -6,92 +11,82 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Iterator, Sequence
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 
 from exporter import __version__
-from exporter.collectors import CollectionError, Collector
-from exporter.sources.levelzero_worker import (DeviceMemory, DeviceProcesses, LevelZeroUnavailable,
-                                                LevelZeroWorker)
+from exporter.collector import CollectionError, Collector, ScrapeContext, Sources
+from exporter.sources.levelzero_worker import LevelZeroUnavailable
 
 log = logging.getLogger("exporter.scrape")
 
-T = TypeVar("T")
 
+class _Flight:
+    """One scrape's families, shared by every request that asked while it ran."""
 
-class Scrape:
-    """What collectors share during one scrape: each source is read at most once per scrape."""
-
-    def __init__(self, levelzero: LevelZeroWorker | None) -> None:
-        self._levelzero = levelzero
-        self._memo: dict[str, tuple[object, BaseException | None]] = {}
-
-    def device_memory(self) -> list[DeviceMemory]:
-        return self.once("device_memory", self._levelzero_worker().read_memory)
-
-    def device_processes(self) -> list[DeviceProcesses]:
-        return self.once("device_processes", self._levelzero_worker().read_processes)
-
-    def _levelzero_worker(self) -> LevelZeroWorker:
-        if self._levelzero is None:
-            raise RuntimeError("Level Zero is not in use")
-        return self._levelzero
-
-    def once(self, key: str, read: Callable[[], T]) -> T:
-        """`read()`, or what it returned (or raised) earlier in this scrape."""
-        if key not in self._memo:
-            try:
-                self._memo[key] = (read(), None)
-            except Exception as error:  # remembered so that the next collector sees the same failure
-                self._memo[key] = (None, error)
-        value, error = self._memo[key]
-        if error is not None:
-            raise error
-        return value  # type: ignore[return-value]
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.families: list[Metric] = []
 
 
 class ExporterCollector(PrometheusCollector):
     """The one collector registered with prometheus_client; it runs the enabled collectors."""
 
-    def __init__(self, collectors: Sequence[Collector], levelzero: LevelZeroWorker | None) -> None:
+    def __init__(self, collectors: Sequence[Collector], sources: Sources) -> None:
         self._collectors = tuple(collectors)
-        self._levelzero = levelzero
+        self._sources = sources
+        self._lock = threading.Lock()
+        self._in_flight: _Flight | None = None
         self._last_errors: dict[str, str | None] = {}
-        self._log_lock = threading.Lock()
 
     def describe(self) -> list[Metric]:
         # Nothing to describe up front: registering must not run a scrape.
         return []
 
     def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            flight, leading = self._in_flight, self._in_flight is None
+            if leading:
+                flight = self._in_flight = _Flight()
+        assert flight is not None
+        if leading:
+            try:
+                flight.families = self._scrape()
+            finally:
+                with self._lock:
+                    self._in_flight = None
+                flight.done.set()
+        else:
+            flight.done.wait()
+        return iter(flight.families)
+
+    def _scrape(self) -> list[Metric]:
         build_info = GaugeMetricFamily("xpu_exporter_build_info", "vllm-xpu-exporter's version.", labels=["version"])
         build_info.add_metric([__version__], 1)
-        yield build_info
+        families: list[Metric] = [build_info]
 
         success = GaugeMetricFamily("xpu_exporter_collector_success",
                                     "1 when the collector's last run worked, else 0.", labels=["collector"])
         duration = GaugeMetricFamily("xpu_exporter_collector_duration_seconds",
                                      "How long the collector's last run took.", labels=["collector"])
-        scrape = Scrape(self._levelzero)
+        context = ScrapeContext(self._sources)
         errors: dict[str, str | None] = {}
         for collector in self._collectors:
             started = time.perf_counter()
-            families, errors[collector.name] = _run(collector, scrape)
+            collected, errors[collector.name] = _run(collector, context)
             duration.add_metric([collector.name], time.perf_counter() - started)
             success.add_metric([collector.name], 0 if errors[collector.name] else 1)
-            yield from families
-        yield success
-        yield duration
+            families += collected
+        families += [success, duration]
         self._log_transitions(errors)
+        return families
 
     def _log_transitions(self, errors: dict[str, str | None]) -> None:
         """Log a failure when it starts or changes, and the recovery; never every scrape. Collectors
         failing for one reason (one source) share one line."""
-        with self._log_lock:
-            previous, self._last_errors = self._last_errors, errors
+        previous, self._last_errors = self._last_errors, errors
         started: dict[str, list[str]] = {}
         for name, error in errors.items():
             if error and error != previous.get(name):
@@ -102,11 +97,11 @@ class ExporterCollector(PrometheusCollector):
             log.warning("collector %s failed: %s", ",".join(names), error)
 
 
-def _run(collector: Collector, scrape: Scrape) -> tuple[list[Metric], str | None]:
+def _run(collector: Collector, context: ScrapeContext) -> tuple[list[Metric], str | None]:
     families: list[Metric] = []
     error_text = None
     try:
-        for family in collector.collect(scrape):
+        for family in collector.collect(context):
             families.append(family)
     except Exception as error:  # a failing source costs its own series, never the scrape
         if not isinstance(error, (CollectionError, LevelZeroUnavailable)):

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from exporter import __version__
-from exporter.cli import DEFAULT_PORT, parse_settings
+from exporter.cli import DEFAULT_PORT, parse_options
 
 REPO = Path(__file__).resolve().parents[1]
 CONTRACT_FLAGS = ["--web.listen-address", "--web.telemetry-path", "--web.config.file",
@@ -21,7 +21,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_defaults_match_the_contract():
-    settings = parse_settings([])
+    settings = parse_options([])
     assert settings.listen_address == f":{DEFAULT_PORT}"
     assert settings.telemetry_path == "/metrics"
     assert settings.web_config_file is None
@@ -35,7 +35,7 @@ def test_defaults_match_the_contract():
 
 
 def test_every_contract_flag_parses_in_both_spellings():
-    settings = parse_settings([
+    settings = parse_options([
         "--web.listen-address=[::1]:9999", "--web.telemetry-path", "/m", "--no-collector.journal",
         "--no-collector.processes", "--collector.levelzero", "--levelzero.library=/opt/libze_loader.so.1",
         "--journal.file", "a.journal", "--journal.file=b.journal",
@@ -55,12 +55,12 @@ def test_every_contract_flag_parses_in_both_spellings():
 
 
 def test_journal_directory_parses():
-    assert parse_settings(["--journal.directory", "/host/var/log/journal"]).journal_directory == \
+    assert parse_options(["--journal.directory", "/host/var/log/journal"]).journal_directory == \
         "/host/var/log/journal"
 
 
 def test_boot_id_in_dashed_uuid_form_is_normalised():
-    assert parse_settings(["--journal.boot", "01234567-89ab-cdef-0123-456789abcdef"]).journal_boot == \
+    assert parse_options(["--journal.boot", "01234567-89ab-cdef-0123-456789abcdef"]).journal_boot == \
         "0123456789abcdef0123456789abcdef"
 
 

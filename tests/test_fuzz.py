@@ -36,6 +36,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.collector import Sources
 from exporter.collectors.journal import JournalCollector, JournalState, unit_metrics
 from exporter.collectors.processes import ProcessesCollector
 from exporter.engines import REASONS, EngineTracker, UnitView
@@ -461,10 +462,10 @@ class FixedLevelZero:
         return [DeviceProcesses(identity, (), None) for identity in self._identities]
 
 
-def exposed(collectors: list, levelzero: FixedLevelZero) -> dict[tuple[str, tuple], float]:
+def exposed(collectors: list, sources: Sources) -> dict[tuple[str, tuple], float]:
     """One scrape in OpenMetrics (which must not raise) and one in the text format, parsed."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ExporterCollector(collectors, levelzero))  # type: ignore[arg-type]
+    registry.register(ExporterCollector(collectors, sources))
     generate_openmetrics(registry)
     return {(metric_sample.name, tuple(sorted(metric_sample.labels.items()))): metric_sample.value
             for family in text_string_to_metric_families(generate_latest(registry).decode())
@@ -484,8 +485,8 @@ def test_collectors_fed_absurd_numbers_are_exposed_within_bounds_and_succeed(wri
         for index, text in enumerate(fdinfos):
             unit = UNITS[index % len(UNITS)]
             procfs.add_unit_process(100 + index, f"/system.slice/{unit}").add_drm_fd(text)
-        samples = exposed([JournalCollector(follower), ProcessesCollector(str(procfs.root), follower)],  # type: ignore[arg-type]
-                          FixedLevelZero())
+        samples = exposed([JournalCollector(), ProcessesCollector(str(procfs.root))],
+                          Sources(levelzero=FixedLevelZero(), journal=follower))  # type: ignore[arg-type]
     for (name, labels), value in samples.items():
         assert_within_bounds(name, value)
         if name == "xpu_unit_memory_bytes":  # a client's regions each hold at most MAX_BYTES

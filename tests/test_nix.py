@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from exporter import __version__
-from exporter.cli import parse_settings
+from exporter.cli import parse_options
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = REPO / "nix" / "module.nix"
@@ -155,7 +155,7 @@ def exec_start_arguments(config: dict) -> list[str]:
 
 
 def test_module_defaults_give_the_exporters_defaults(tmp_path):
-    settings = parse_settings(exec_start_arguments(service_config(tmp_path)))
+    settings = parse_options(exec_start_arguments(service_config(tmp_path)))
     assert settings.listen_address == ":10447"
     assert settings.journal_units == ("vllm*.service",)
     assert settings.web_config_file is None
@@ -168,7 +168,7 @@ def test_module_options_become_flags_the_exporter_accepts(tmp_path):
       webConfigFile = "/etc/vllm-xpu-exporter/web.yml";
       extraFlags = [ "--log.level=debug" "--journal.boot=all" ];
     }""")
-    settings = parse_settings(exec_start_arguments(config))
+    settings = parse_options(exec_start_arguments(config))
     assert settings.listen_address == "[::1]:9999"
     assert settings.journal_units == ("vllm-*.service", "llm@*.service")
     assert settings.web_config_file == "/etc/vllm-xpu-exporter/web.yml"
@@ -178,7 +178,7 @@ def test_module_options_become_flags_the_exporter_accepts(tmp_path):
 def test_module_escapes_systemd_specifiers_in_flags(tmp_path):
     config = service_config(tmp_path, '{ enable = true; units = [ "vllm-%i-$HOST.service" ]; }')
     assert '"--journal.units=vllm-%%i-$$HOST.service"' in config["ExecStart"]
-    assert parse_settings(exec_start_arguments(config)).journal_units == ("vllm-%i-$HOST.service",)
+    assert parse_options(exec_start_arguments(config)).journal_units == ("vllm-%i-$HOST.service",)
 
 
 def test_module_opens_the_firewall_only_when_asked(tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import parse_settings
+from exporter.cli import parse_options
 from exporterproc import RunningExporter, sample, wait_for
 from fakeprocfs import FakeProcfs, xe_fdinfo
 from fakeze import A770, GiB, FakeConfig, fake_driver_env, write_config
@@ -134,7 +134,7 @@ def test_default_file_flags_are_accepted_by_the_exporter():
     # systemd unquotes the EnvironmentFile= value, then splits an unbraced $VAR on whitespace.
     arguments = [word for part in shlex.split(one(settings, "VLLM_XPU_EXPORTER_ARGS")) for word in part.split()]
     assert arguments
-    parsed = parse_settings(arguments)
+    parsed = parse_options(arguments)
     assert parsed.listen_address == ":10447"
     assert "$VLLM_XPU_EXPORTER_ARGS" in one(unit_settings(UNIT.read_text()), "ExecStart")
     assert one(unit_settings(UNIT.read_text()), "EnvironmentFile") == "-/etc/default/vllm-xpu-exporter"

@@ -14,20 +14,18 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collectors import Collector
-from exporter.scrape import ExporterCollector, Scrape
+from exporter.collector import Collector, ScrapeContext, Sources
+from exporter.scrape import ExporterCollector
 
 
 class Yields(Collector):
     """A collector whose one family holds the given (label value, value) samples."""
 
-    description = "test"
-
     def __init__(self, name: str, samples: list[tuple[str, object]]) -> None:
         self.name = name
         self._samples = samples
 
-    def collect(self, scrape: Scrape) -> Iterator[Metric]:
+    def collect(self, context: ScrapeContext) -> Iterator[Metric]:
         family = GaugeMetricFamily(f"test_{self.name}_value", "A test gauge.", labels=["unit"])
         for unit, value in self._samples:
             family.add_metric([unit], value)  # type: ignore[arg-type]
@@ -48,7 +46,7 @@ def served(*collectors: Collector) -> dict[str, dict[tuple, float]]:
     """{family: {labels: value}} of one text exposition (which must not raise) and the same check in
     OpenMetrics."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ExporterCollector(collectors, levelzero=None))
+    registry.register(ExporterCollector(collectors, Sources()))
     generate_openmetrics(registry)
     families: dict[str, dict[tuple, float]] = {}
     for family in text_string_to_metric_families(generate_latest(registry).decode()):

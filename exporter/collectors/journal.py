@@ -14,13 +14,16 @@ import time
 from functools import partial
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.collectors import CollectionError, Collector
+from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from exporter.engines import DEFAULT_MAX_UNITS, REASONS, EngineTracker, UnitView
-from exporter.scrape import Scrape
 from exporter.sources.journal import JournalReader, JournalSelection, JournalUnavailable
+
+if TYPE_CHECKING:
+    from exporter.cli import Options
 
 log = logging.getLogger("exporter.journal")
 
@@ -168,19 +171,11 @@ class JournalFollower:
 
 class JournalCollector(Collector):
     name = "journal"
-    description = "vLLM engine starts, failures and KV cache from the journal"
 
-    def __init__(self, follower: JournalFollower) -> None:
-        self._follower = follower
-
-    def start(self) -> None:
-        self._follower.start()
-
-    def stop(self) -> None:
-        self._follower.stop()
-
-    def collect(self, scrape: Scrape) -> Iterator[Metric]:
-        state = scrape.once("journal", self._follower.state)
+    def collect(self, context: ScrapeContext) -> Iterator[Metric]:
+        state = context.journal_state()
+        if state is None:
+            raise CollectionError("the journal is not read")
         yield CounterMetricFamily("xpu_exporter_journal_entries_read_total",
                                   "Journal entries of watched units the exporter has read.", value=state.entries_read)
         yield CounterMetricFamily("xpu_exporter_journal_units_dropped_total",
@@ -197,6 +192,11 @@ class JournalCollector(Collector):
         yield from unit_metrics(state.views)
         if state.error:
             raise CollectionError(state.error)
+
+
+@register("journal", "vLLM engine starts, failures and KV cache from the journal", needs=[Source.JOURNAL])
+def _journal_collector(options: Options, sources: Sources) -> JournalCollector:
+    return JournalCollector()
 
 
 def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:

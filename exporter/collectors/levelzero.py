@@ -5,13 +5,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from exporter.collectors import CollectionError, Collector
-from exporter.scrape import Scrape
+from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from exporter.sources import udev
 from exporter.sources.levelzero_worker import DeviceMemory, LevelZeroWorker
+
+if TYPE_CHECKING:
+    from exporter.cli import Options
 
 log = logging.getLogger("exporter.levelzero")
 
@@ -52,7 +55,6 @@ class DrmNodeNames:
 
 class LevelZeroCollector(Collector):
     name = "levelzero"
-    description = "device identity and memory from Level Zero"
 
     def __init__(self, worker: LevelZeroWorker, watch_udev: bool = True) -> None:
         self._worker = worker
@@ -73,8 +75,8 @@ class LevelZeroCollector(Collector):
         self._drm_nodes.invalidate()
         self._worker.restart()
 
-    def collect(self, scrape: Scrape) -> Iterator[Metric]:
-        devices = scrape.device_memory()
+    def collect(self, context: ScrapeContext) -> Iterator[Metric]:
+        devices = context.device_memory()
         info = GaugeMetricFamily("xpu_device_info", "GPU identity; card and render_node from udev, empty when unknown.",
                                  labels=["device", "name", "uuid", "driver_version", "card", "render_node"])
         total = GaugeMetricFamily("xpu_memory_total_bytes",
@@ -114,3 +116,9 @@ class LevelZeroCollector(Collector):
             log.warning("device %s reports free == total memory: without CAP_PERFMON (or root) i915/xe hide real "
                         "usage; grant the exporter CAP_PERFMON", pci)
         return untrusted
+
+
+@register("levelzero", "device identity and memory from Level Zero", needs=[Source.LEVELZERO])
+def _levelzero_collector(options: Options, sources: Sources) -> LevelZeroCollector:
+    assert sources.levelzero is not None
+    return LevelZeroCollector(sources.levelzero)

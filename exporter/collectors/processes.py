@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from exporter.collectors import CollectionError, Collector
-from exporter.collectors.journal import JournalFollower
-from exporter.scrape import Scrape
+from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from exporter.sources import procfs
 from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
+
+if TYPE_CHECKING:
+    from exporter.cli import Options
 
 log = logging.getLogger("exporter.processes")
 
@@ -37,27 +38,24 @@ class Attribution:
 
 class ProcessesCollector(Collector):
     name = "processes"
-    description = "per-unit device memory from processes"
 
-    def __init__(self, procfs_root: str = "/proc", journal: JournalFollower | None = None) -> None:
+    def __init__(self, procfs_root: str = "/proc") -> None:
         self._procfs = procfs_root
         self._scanner = procfs.DrmClientScanner(procfs_root)
-        self._journal = journal
-        self._lock = threading.Lock()
         self._last_device_of_unit: dict[str, str] = {}
         self._warned_unreadable = False
 
-    def collect(self, scrape: Scrape) -> Iterator[Metric]:
+    def collect(self, context: ScrapeContext) -> Iterator[Metric]:
         problems: list[str] = []
         scan = self._scan(problems)
-        devices = _device_memory(scrape)
+        devices = _device_memory(context)
         # fdinfo keys a client without drm-pdev by its DRM minor ("226:N"): not a PCI GPU
         pci_addresses = sorted({d.identity.pci_address for d in devices or ()} |
                                {device for device in (scan.memory_by_device if scan else ())
                                 if not device.startswith(f"{procfs.DRM_MAJOR}:")})
         attributions: dict[str, Attribution] = {}
         for pci in pci_addresses:
-            attribution = self._from_fdinfo(scan, pci) or self._from_levelzero(scrape, pci)
+            attribution = self._from_fdinfo(scan, pci) or self._from_levelzero(context, pci)
             if attribution is None:
                 problems.append(f"{pci}: no per-process source works (fdinfo has no memory figures for it and "
                                 f"Level Zero's process list failed)")
@@ -69,8 +67,7 @@ class ProcessesCollector(Collector):
                                    labels=["device", "source"])
         unit_memory = GaugeMetricFamily("xpu_unit_memory_bytes", "Device memory held by all processes of the unit.",
                                         labels=["device", "unit"])
-        if self._journal is not None:
-            self._journal.watch({unit for attribution in attributions.values() for unit in attribution.by_unit})
+        context.watch_units(unit for attribution in attributions.values() for unit in attribution.by_unit)
         for pci, attribution in attributions.items():
             source.add_metric([pci, attribution.source], 1)
             for unit, held in sorted(attribution.by_unit.items()):
@@ -78,7 +75,7 @@ class ProcessesCollector(Collector):
         yield source
         yield unit_memory
         if devices is not None:
-            yield from self._against_device_memory(devices, attributions, self._watched_settings(scrape))
+            yield from self._against_device_memory(devices, attributions, self._watched_settings(context))
         if problems:
             raise CollectionError("; ".join(problems))
 
@@ -106,9 +103,9 @@ class ProcessesCollector(Collector):
             return None  # no client seen, but some processes could not be looked at
         return Attribution(FDINFO, {}, 0)
 
-    def _from_levelzero(self, scrape: Scrape, pci: str) -> Attribution | None:
+    def _from_levelzero(self, context: ScrapeContext, pci: str) -> Attribution | None:
         try:
-            readings = scrape.device_processes()
+            readings = context.device_processes()
         except LevelZeroUnavailable:
             return None
         reading = next((r for r in readings if r.identity.pci_address == pci), None)
@@ -153,31 +150,35 @@ class ProcessesCollector(Collector):
             headroom.add_metric([pci, unit], memory[pci].free + own - math.ceil(utilisation * memory[pci].total))
         yield from (unattributed, overcounted, headroom)
 
-    def _watched_settings(self, scrape: Scrape) -> list[tuple[str, float]]:
+    def _watched_settings(self, context: ScrapeContext) -> list[tuple[str, float]]:
         """(unit, gpu_memory_utilization) of the watched units whose setting is known."""
-        if self._journal is None:
+        state = context.journal_state()
+        if state is None:
             return []
-        views = scrape.once("journal", self._journal.state).views
-        return [(view.unit, view.gpu_memory_utilization) for view in views
+        return [(view.unit, view.gpu_memory_utilization) for view in state.views
                 if view.gpu_memory_utilization is not None]
 
     def _device_of(self, unit: str, attributions: dict[str, Attribution], gpus: list[str]) -> str | None:
         """The GPU the unit holds (or last held) memory on; on a one-GPU host, that GPU."""
-        with self._lock:
-            for pci, attribution in attributions.items():
-                if attribution.by_unit.get(unit):
-                    self._last_device_of_unit[unit] = pci
-            pci = self._last_device_of_unit.get(unit)
+        for pci, attribution in attributions.items():
+            if attribution.by_unit.get(unit):
+                self._last_device_of_unit[unit] = pci
+        pci = self._last_device_of_unit.get(unit)
         if pci in gpus:
             return pci
         return gpus[0] if len(gpus) == 1 else None
 
 
 
-def _device_memory(scrape: Scrape) -> list[DeviceMemory] | None:
+def _device_memory(context: ScrapeContext) -> list[DeviceMemory] | None:
     """The devices' memory, or None when Level Zero cannot say: the levelzero collector reports that
     failure; without it there is just no unattributed rest and no headroom."""
     try:
-        return scrape.device_memory()
+        return context.device_memory()
     except LevelZeroUnavailable:
         return None
+
+
+@register("processes", "per-unit device memory from processes", needs=[Source.LEVELZERO])
+def _processes_collector(options: Options, sources: Sources) -> ProcessesCollector:
+    return ProcessesCollector(options.procfs)

@@ -32,10 +32,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from exporter.sources.levelzero import DEFAULT_LIBRARY
+
 log = logging.getLogger("exporter.levelzero")
 
 # A real driver's zeInit can take seconds; a scrape does not wait for it, the child gets this long.
 INIT_DEADLINE_S = 60.0
+DEFAULT_TIMEOUT_S = 4.0  # a driver call that takes longer is taken for a hang
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
 # A lost device needs a fresh zeInit: these per-device errors make the parent restart the child.
@@ -154,7 +157,7 @@ def _child_main(library: str) -> int:
 class LevelZeroWorker:
     """Parent-side handle on the Level Zero child. Thread-safe; every call is bounded by `timeout`."""
 
-    def __init__(self, library: str = "libze_loader.so.1", timeout: float = 4.0) -> None:
+    def __init__(self, library: str = DEFAULT_LIBRARY, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.library = library
         self.timeout = timeout
         self._lock = threading.Lock()

@@ -1,0 +1,100 @@
+"""The collector registry and the scrape: flags made from the registry, sources built for what the enabled
+collectors need, and one scrape at a time shared by concurrent requests (in process, against an isolated
+prometheus_client CollectorRegistry)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from exporter.cli import build_parser, build_sources, parse_options
+from exporter.collector import Collector, ScrapeContext, Source, Sources, registered
+from exporter.scrape import ExporterCollector
+
+
+def test_every_registered_collector_has_its_enable_and_disable_flags_and_nothing_else_does():
+    flags = {option for action in build_parser()._actions for option in action.option_strings
+             if option.startswith(("--collector.", "--no-collector."))}
+    names = [spec.name for spec in registered()]
+    assert names == ["levelzero", "processes", "journal"]
+    assert flags == {f"--{prefix}collector.{name}" for name in names for prefix in ("", "no-")}
+
+
+def test_collectors_are_enabled_by_their_registered_default_and_disabled_by_their_flag():
+    assert parse_options([]).collectors == {spec.name for spec in registered() if spec.enabled_by_default}
+    assert parse_options(["--no-collector.journal"]).collectors == {"levelzero", "processes"}
+
+
+def test_sources_are_built_only_for_what_the_enabled_collectors_need():
+    options = parse_options(["--no-collector.journal"])
+    needs = {need for spec in registered() if spec.name in options.collectors for need in spec.needs}
+    sources = build_sources(options, needs)
+    assert needs == {Source.LEVELZERO}
+    assert sources.levelzero is not None and sources.journal is None
+    assert build_sources(options, set()) == Sources()
+
+
+class Counting(Collector):
+    """Takes `seconds` per run and records how many runs overlapped."""
+
+    name = "counting"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.runs = 0
+        self.running = 0
+        self.most_at_once = 0
+        self._lock = threading.Lock()
+
+    def collect(self, context: ScrapeContext) -> Iterator[Metric]:
+        with self._lock:
+            self.runs += 1
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+            run = self.runs
+        time.sleep(self.seconds)
+        with self._lock:
+            self.running -= 1
+        family = GaugeMetricFamily("test_run", "Which run of the collector this scrape served.")
+        family.add_metric([], run)
+        yield family
+
+
+def scrape_concurrently(registry: CollectorRegistry, clients: int) -> list[bytes]:
+    start = threading.Barrier(clients)
+    bodies: list[bytes] = []
+
+    def client() -> None:
+        start.wait()
+        bodies.append(generate_latest(registry))
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return bodies
+
+
+def test_concurrent_requests_share_the_scrape_in_flight_and_collectors_run_one_at_a_time():
+    collector = Counting(seconds=0.3)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector([collector], Sources()))
+    bodies = scrape_concurrently(registry, clients=8)
+    assert len(bodies) == 8
+    assert collector.most_at_once == 1
+    assert collector.runs < 8, "every request ran its own scrape"
+    assert all(b"test_run " in body for body in bodies)
+
+
+def test_a_request_after_a_scrape_ended_gets_a_fresh_scrape():
+    collector = Counting(seconds=0)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector([collector], Sources()))
+    first, second = generate_latest(registry), generate_latest(registry)
+    assert b"test_run 1.0" in first and b"test_run 2.0" in second
