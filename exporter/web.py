@@ -139,6 +139,8 @@ class _Site:
         self.telemetry_path = telemetry_path
         self.registry = registry
         self.landing_page = _landing_page(landing_page_title, telemetry_path)
+        # Decided once: a reload may change certificates, never whether the listener speaks TLS.
+        self.tls = web_config is not None and web_config.ssl_context() is not None
         self._web_config = ReloadingWebConfig(web_config) if web_config is not None else None
 
     def web_config(self) -> WebConfig | None:
@@ -275,8 +277,10 @@ class _HTTPServer(ThreadingHTTPServer):
         try:
             request.settimeout(CONNECTION_TIMEOUT_SECONDS)
             config = self.site.web_config()
-            context = config.ssl_context() if config is not None else None
-            if config is not None and context is not None:
+            if config is not None and self.site.tls:
+                context = config.ssl_context()
+                if context is None:  # cannot happen: a reload never turns TLS off; fail closed all the same
+                    return
                 secured = self._tls_handshake(request, client_address, context, config)
                 if secured is None:
                     return

@@ -123,6 +123,9 @@ _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
+FileState = tuple[int, int, int, int, int] | None  # (device, inode, size, mtime ns, ctime ns); None: no such file
+
+
 class WebConfigError(ValueError):
     """The web config file cannot be used. The message is one line and names the problem."""
 
@@ -189,13 +192,19 @@ class WebConfig:
     """
 
     def __init__(self, *, tls: TLSServerConfig | None, headers: Mapping[str, str], users: Mapping[str, str],
-                 rate_limit: RateLimit | None, http2: bool, source_path: str | None) -> None:
+                 rate_limit: RateLimit | None, http2: bool, source_path: str | None, empty: bool = False,
+                 source_fingerprint: Mapping[str, FileState] | None = None) -> None:
         self.tls = tls
         self.headers: Mapping[str, str] = MappingProxyType(dict(headers))
         self.rate_limit = rate_limit
         self.http2 = http2
         self.source_path = source_path
+        self.empty = empty
         self._users = {user: hashed.encode("ascii") for user, hashed in users.items()}
+        # The state of every file this config is read from, taken before the file was read: a change that
+        # lands while the config loads is seen as a change afterwards, never mistaken for what was loaded.
+        self.fingerprint: Mapping[str, FileState] = MappingProxyType(
+            {**(source_fingerprint or {}), **_file_fingerprint(tls.files if tls else ())})
         self._ssl_context = _build_ssl_context(tls) if tls is not None else None
         # A hash of the configured cost that no password matches: checked for unknown users so that
         # their answer takes as long as a known user's (no user enumeration by timing).
@@ -213,6 +222,10 @@ class WebConfig:
     @property
     def basic_auth_users(self) -> tuple[str, ...]:
         return tuple(sorted(self._users))
+
+    @property
+    def requires_client_certificate(self) -> bool:
+        return self.tls is not None and self.tls.client_auth_type == "RequireAndVerifyClientCert"
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The server-side TLS context, or None when the config does not enable TLS."""
@@ -326,6 +339,7 @@ class _StrictLoader(yaml.SafeLoader):
 
 def load_web_config(path: str) -> WebConfig:
     """Reads, validates and builds a web config file; raises WebConfigError naming the problem."""
+    source_fingerprint = _file_fingerprint((path,))
     try:
         with open(path, encoding="utf-8") as file:
             text = file.read()
@@ -345,12 +359,14 @@ def load_web_config(path: str) -> WebConfig:
     except yaml.YAMLError as error:
         raise WebConfigError(f"{path}: invalid YAML: {type(error).__name__}") from None
     try:
-        return parse_web_config(document, os.path.dirname(os.path.abspath(path)), source_path=path)
+        return parse_web_config(document, os.path.dirname(os.path.abspath(path)), source_path=path,
+                                source_fingerprint=source_fingerprint)
     except WebConfigError as error:
         raise WebConfigError(f"{path}: {error}") from None
 
 
-def parse_web_config(document: object, base_dir: str, source_path: str | None = None) -> WebConfig:
+def parse_web_config(document: object, base_dir: str, source_path: str | None = None,
+                     source_fingerprint: Mapping[str, FileState] | None = None) -> WebConfig:
     """Validates a parsed YAML document (None for an empty file) and builds the WebConfig."""
     top = _mapping(document, "the web config", _TOP_LEVEL_KEYS, allow_none=True)
     http = _mapping(top.get("http_server_config"), "http_server_config", _HTTP_KEYS, allow_none=True)
@@ -361,6 +377,8 @@ def parse_web_config(document: object, base_dir: str, source_path: str | None = 
         rate_limit=_parse_rate_limit(top.get("rate_limit")),
         http2=_boolean(http.get("http2", True), "http_server_config.http2"),
         source_path=source_path,
+        empty=not top,
+        source_fingerprint=source_fingerprint,
     )
 
 
@@ -649,46 +667,84 @@ def _build_ssl_context(tls: TLSServerConfig) -> ssl.SSLContext:
 
 # ------------------------------------------------------------------------------------------- reloading
 
-def _file_fingerprint(paths: tuple[str, ...]) -> tuple[tuple[str, int, int, int, int] | tuple[str], ...]:
-    result: list[tuple[str, int, int, int, int] | tuple[str]] = []
-    for path in paths:
-        try:
-            status = os.stat(path)
-        except OSError:
-            result.append((path,))
-        else:
-            result.append((path, status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns))
-    return tuple(result)
+def _file_state(path: str) -> FileState:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
+
+
+def _file_fingerprint(paths: tuple[str, ...]) -> dict[str, FileState]:
+    return {path: _file_state(path) for path in paths}
+
+
+_RELOAD_ATTEMPTS = 5
 
 
 class ReloadingWebConfig:
     """Follows a web config file, as exporter-toolkit does ("read upon every http request").
 
     `current()` returns the config to use now: when the file or a certificate, key or CA file it names
-    has changed since the last look, the file is loaded again. A change that does not load keeps the
-    previous config in force and is logged once as an error, so a certificate rotation that is half done
-    never takes the exporter down.
+    has changed since it was read, the file is loaded again. What the listener promised at start stays:
+    a reload may change certificates, client CAs, users, headers and the rate limit, but a config that
+    would turn TLS on or off, stop requiring client certificates or drop basic auth is refused, and so
+    is an empty file (a file being rewritten is empty for a moment) or one that does not load. A refused
+    config keeps the previous one in force and is logged once as an error, so a certificate rotation
+    that is half done never takes the exporter down nor opens it.
     """
 
     def __init__(self, config: WebConfig) -> None:
         self._config = config
-        self._fingerprint = _file_fingerprint(config.watched_files())
+        self._start = config
+        self._fingerprint: Mapping[str, FileState] = config.fingerprint
         self._lock = threading.Lock()
 
     def current(self) -> WebConfig:
         if self._config.source_path is None:
             return self._config
         with self._lock:
-            fingerprint = _file_fingerprint(self._config.watched_files())
-            if fingerprint == self._fingerprint:
+            if not self._changed(self._fingerprint):
                 return self._config
-            self._fingerprint = fingerprint
-            try:
-                config = load_web_config(self._config.source_path)
-            except WebConfigError as error:
-                logger.error("web config changed but cannot be used, keeping the previous one: %s", error)
-                return self._config
-            logger.info("web config reloaded from %s", self._config.source_path)
-            self._config = config
-            self._fingerprint = _file_fingerprint(config.watched_files())
-            return config
+            for _attempt in range(_RELOAD_ATTEMPTS):
+                self._fingerprint = self._load_once(self._config.source_path)
+                if not self._changed(self._fingerprint):
+                    break
+                # A file changed while it was being read: read it again.
+            return self._config
+
+    @staticmethod
+    def _changed(fingerprint: Mapping[str, FileState]) -> bool:
+        return _file_fingerprint(tuple(fingerprint)) != fingerprint
+
+    def _load_once(self, path: str) -> Mapping[str, FileState]:
+        """Loads the file and applies it if allowed; returns the fingerprint to watch from now on, of the
+        files as they were before they were read."""
+        kept = self._config.fingerprint
+        before = _file_fingerprint((path,))
+        try:
+            config = load_web_config(path)
+        except WebConfigError as error:
+            logger.error("web config changed but cannot be used, keeping the previous one: %s", error)
+            return {**kept, **before}
+        refusal = self._refusal(config)
+        if refusal is not None:
+            logger.error("web config changed but %s, keeping the previous one: %s", refusal, path)
+            return {**kept, **config.fingerprint}
+        logger.info("web config reloaded from %s", path)
+        self._config = config
+        return config.fingerprint
+
+    def _refusal(self, config: WebConfig) -> str | None:
+        """Why `config` may not replace the running one, or None."""
+        start = self._start
+        if config.empty:
+            return "the file is empty"
+        if (config.ssl_context() is None) != (start.ssl_context() is None):
+            return ("it would turn TLS " + ("off" if start.ssl_context() is not None else "on")
+                    + " (the listener's scheme is fixed at start: restart to change it)")
+        if start.requires_client_certificate and not config.requires_client_certificate:
+            return "it would stop requiring client certificates (restart to change that)"
+        if start.basic_auth_users and not config.basic_auth_users:
+            return "it would turn basic auth off (restart to change that)"
+        return None

@@ -22,6 +22,8 @@ import ssl
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -240,6 +242,94 @@ def test_basic_auth_over_mutual_tls(start, pki):
     assert https_get(exporter, context)[0] == 401
     assert https_get(exporter, context, headers=basic(USER, WRONG_PASSWORD))[0] == 401
     assert_serves_metrics(*https_get(exporter, context, headers=basic(USER, PASSWORD))[::2])
+
+
+# --- web config rewritten under a running exporter -----------------------------------------
+
+
+def tls_and_auth(pki: Pki) -> str:
+    return tls_config(pki) + f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n"
+
+
+def wait_for_reload_outcome(exporter: RunningExporter, previous_log: str) -> None:
+    """Makes a request (a change is noticed on a request) and waits until the exporter logged what it
+    made of the changed file: reloaded, or kept the previous config."""
+    try:
+        http_get(exporter)
+    except (OSError, http.client.HTTPException):
+        pass
+    assert wait_for(lambda: exporter.stderr.count("web config") > previous_log.count("web config")), exporter.stderr
+
+
+def assert_tls_and_auth_hold(exporter: RunningExporter, pki: Pki) -> None:
+    status, _, body = http_get(exporter)
+    assert status == 400 and b"xpu_" not in body
+    assert https_get(exporter, client_context(pki.ca_cert))[0] == 401
+    assert_serves_metrics(*https_get(exporter, client_context(pki.ca_cert), headers=basic(USER, PASSWORD))[::2])
+
+
+def test_truncating_the_web_config_keeps_tls_and_basic_auth(start, tmp_path, pki):
+    exporter = start(tls_and_auth(pki))
+    log = exporter.stderr
+    (tmp_path / "web.yml").write_text("")  # : > web.yml
+    wait_for_reload_outcome(exporter, log)
+    assert_tls_and_auth_hold(exporter, pki)
+    assert "level=error" in exporter.stderr and "the file is empty" in exporter.stderr
+
+
+def test_rewriting_the_web_config_in_a_loop_never_lets_an_unauthenticated_request_through(start, tmp_path, pki):
+    """`while :; do cat good > web.yml; sleep 0.02; done` while a client without TLS nor credentials asks
+    for metrics as fast as it can: the file is empty for a moment on every rewrite."""
+    good = tls_and_auth(pki)
+    exporter = start(good)
+    path = tmp_path / "web.yml"
+    stop = threading.Event()
+
+    def rewrite_loop() -> None:
+        while not stop.is_set():
+            with open(path, "w") as file:  # truncates, as the shell's > does
+                time.sleep(0.001)
+                file.write(good)
+            time.sleep(0.02)
+
+    writer = threading.Thread(target=rewrite_loop, daemon=True)
+    writer.start()
+    answers: dict[int, int] = {}
+    deadline = time.monotonic() + 4
+    try:
+        while time.monotonic() < deadline:
+            for get in (lambda: http_get(exporter), lambda: https_get(exporter, client_context(pki.ca_cert))):
+                try:
+                    status = get()[0]
+                except (OSError, http.client.HTTPException):
+                    status = 0  # refused or reset: not served either
+                answers[status] = answers.get(status, 0) + 1
+    finally:
+        stop.set()
+        writer.join(5)
+    assert answers.get(200, 0) == 0, answers
+    assert sum(answers.values()) > 50, answers
+    time.sleep(0.1)
+    assert_tls_and_auth_hold(exporter, pki)
+
+
+def test_a_password_replaced_while_a_slow_config_loads_is_applied(start, tmp_path):
+    """A config with a costly bcrypt hash takes a while to load; the file is replaced during the load:
+    the replacement must be applied (not mistaken for what was loaded), so the old password stops working."""
+    exporter = start(f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n")
+    path = tmp_path / "web.yml"
+    slow_hash = bcrypt.hashpw(WRONG_PASSWORD.encode(), bcrypt.gensalt(14)).decode()
+    new_password = "N3w-passw0rd-after-the-rotation"
+    new_hash = bcrypt.hashpw(new_password.encode(), bcrypt.gensalt(4)).decode()
+    path.write_text(f"basic_auth_users:\n  {USER}: '{slow_hash}'\n")
+    trigger = threading.Thread(target=lambda: http_get(exporter, headers=basic(USER, PASSWORD)), daemon=True)
+    trigger.start()  # the request that notices the change
+    time.sleep(0.3)
+    path.write_text(f"basic_auth_users:\n  {USER}: '{new_hash}'\n  someone: '{new_hash}'\n")
+    assert wait_for(lambda: http_get(exporter, headers=basic(USER, new_password))[0] == 200, timeout=15), \
+        exporter.stderr
+    assert http_get(exporter, headers=basic(USER, PASSWORD))[0] == 401
+    trigger.join(15)
 
 
 # --- invalid web config files ---------------------------------------------------------------

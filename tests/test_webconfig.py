@@ -1,13 +1,16 @@
 import base64
+import logging
 import os
 import ssl
+import threading
 import time
 from pathlib import Path
 
 import bcrypt
 import pytest
 
-from exporter.webconfig import ReloadingWebConfig, WebConfigError, load_web_config, parse_web_config
+import exporter.webconfig
+from exporter.webconfig import ReloadingWebConfig, WebConfig, WebConfigError, load_web_config, parse_web_config
 from tests.certs import Pki, make_encrypted_key, make_pki, make_self_signed
 
 PASSWORD = "correct horse battery staple"
@@ -233,6 +236,124 @@ def test_reloading_config_follows_the_file_and_keeps_the_last_good_one(tmp_path,
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 2_000_000_000))
     assert reloading.current().basic_auth_users == ("bob",)
     assert "cannot be used" in caplog.text
+
+
+_bumps = iter(range(1, 1_000_000))
+
+
+def rewrite(path: str, text: str) -> None:
+    """Rewrites a watched file; its mtime moves on by whole seconds so that the change shows even when
+    the file keeps its size within one tick of the file system's clock."""
+    Path(path).write_text(text)
+    later = time.time_ns() + next(_bumps) * 1_000_000_000
+    os.utime(path, ns=(later, later))
+
+
+def eventually(predicate, timeout: float = 10.0) -> bool:
+    """Polls `predicate` (which may trigger a reload) until it holds or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def tls_auth_text(pki: Pki, client_auth: bool = True, users: bool = True, tls: bool = True) -> str:
+    text = ""
+    if tls:
+        text += f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n"
+        if client_auth:
+            text += f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki.ca_cert}\n"
+    if users:
+        text += f"basic_auth_users:\n  alice: '{HASH}'\n"
+    return text
+
+
+def assert_protected(config: WebConfig) -> None:
+    """TLS with required client certificates and alice's password, as the file said at start."""
+    assert config.ssl_context() is not None
+    assert config.ssl_context().verify_mode == ssl.CERT_REQUIRED
+    assert config.basic_auth_users == ("alice",)
+    assert not config.check_basic_auth(None)
+
+
+def test_a_truncated_file_keeps_tls_client_certificates_and_basic_auth(tmp_path, pki, caplog):
+    path = write_config(tmp_path, tls_auth_text(pki))
+    reloading = ReloadingWebConfig(load_web_config(path))
+    rewrite(path, "")
+    assert eventually(lambda: reloading.current() is not None
+                      and "the file is empty, keeping the previous one" in caplog.text)
+    assert_protected(reloading.current())
+    assert any(record.levelno == logging.ERROR for record in caplog.records if "file is empty" in record.message)
+
+
+@pytest.mark.parametrize("what, text", [
+    ("tls-off", lambda pki: tls_auth_text(pki, tls=False)),
+    ("client-certificates-off", lambda pki: tls_auth_text(pki, client_auth=False)),
+    ("basic-auth-off", lambda pki: tls_auth_text(pki, users=False)),
+    ("half-written", lambda pki: "tls_server_config:\n"),
+    ("comments-only", lambda pki: "# being rewritten\n"),
+])
+def test_a_reload_never_drops_tls_or_authentication(tmp_path, pki, caplog, what, text):
+    path = write_config(tmp_path, tls_auth_text(pki))
+    reloading = ReloadingWebConfig(load_web_config(path))
+    rewrite(path, text(pki))
+    assert eventually(lambda: reloading.current() is not None and "keeping the previous one" in caplog.text)
+    assert_protected(reloading.current())
+    # Once the file is whole again, its changes apply as usual.
+    rewrite(path, tls_auth_text(pki).replace("alice", "bob"))
+    assert eventually(lambda: reloading.current().basic_auth_users == ("bob",))
+    assert reloading.current().ssl_context().verify_mode == ssl.CERT_REQUIRED
+
+
+def test_a_reload_cannot_turn_tls_on_for_a_plain_http_listener(tmp_path, pki, caplog):
+    path = write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n")
+    reloading = ReloadingWebConfig(load_web_config(path))
+    rewrite(path, tls_auth_text(pki))
+    assert eventually(lambda: reloading.current() is not None and "would turn TLS on" in caplog.text)
+    assert reloading.current().ssl_context() is None
+
+
+def test_a_reload_may_change_certificates_client_ca_and_users(tmp_path, pki):
+    other = make_pki(tmp_path / "other")
+    path = write_config(tmp_path, tls_auth_text(pki))
+    reloading = ReloadingWebConfig(load_web_config(path))
+    rewrite(path, tls_auth_text(other).replace("alice", "carol"))
+    assert eventually(lambda: reloading.current().basic_auth_users == ("carol",))
+    assert reloading.current().tls.cert_file == str(other.server.cert)
+    assert reloading.current().tls.client_ca_file == str(other.ca_cert)
+    # A certificate and key replaced in place (a rotation) are picked up too.
+    before_rotation = reloading.current()
+    rotated = make_pki(tmp_path / "rotated")
+    rewrite(str(other.server.cert), rotated.server.cert.read_text())
+    rewrite(str(other.server.key), rotated.server.key.read_text())
+    # (The certificate alone does not match the old key: only the whole pair loads, as a new config.)
+    assert eventually(lambda: reloading.current() is not before_rotation)
+
+
+def test_a_change_made_while_the_file_loads_is_loaded_afterwards(tmp_path, monkeypatch):
+    """The file is read, and before the load finishes (a slow bcrypt cost, a slow disk) it changes
+    again: the newer content must not be mistaken for what was loaded."""
+    path = write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n")
+    reloading = ReloadingWebConfig(load_web_config(path))
+    read_done, finish = threading.Event(), threading.Event()
+    real_load = exporter.webconfig.load_web_config
+
+    def slow_load(load_path: str) -> WebConfig:
+        config = real_load(load_path)
+        if not read_done.is_set():
+            read_done.set()
+            finish.wait(10)
+        return config
+
+    monkeypatch.setattr(exporter.webconfig, "load_web_config", slow_load)
+    rewrite(path, f"basic_auth_users:\n  bob: '{HASH}'\n")
+    threading.Thread(target=reloading.current, daemon=True).start()  # whoever notices the change first
+    assert read_done.wait(10)
+    rewrite(path, f"basic_auth_users:\n  carol: '{HASH}'\n")
+    finish.set()
+    assert eventually(lambda: reloading.current().basic_auth_users == ("carol",)), reloading.current()
 
 
 # ------------------------------------------------------------------------------------------ bad files
