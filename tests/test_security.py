@@ -38,6 +38,7 @@ from certs import Pki, make_encrypted_key, make_pki, make_self_signed
 from exporterproc import REPO, RunningExporter, wait_for
 from httpclient import basic, request
 from journalgen import Clock, JournalEntrySpec, random_boot_id, unit_output, unit_starting, write_journal
+from taskslimit import TasksLimit, TasksLimitUnavailable, cgroup_of, tasks_max
 
 NO_COLLECTORS = ("--no-collector.levelzero", "--no-collector.processes", "--no-collector.journal")
 USER = "prometheus"
@@ -251,13 +252,14 @@ def tls_and_auth(pki: Pki) -> str:
     return tls_config(pki) + f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n"
 
 
-def wait_for_reload_outcome(exporter: RunningExporter, previous_log: str) -> None:
+def wait_for_reload_outcome(exporter: RunningExporter, previous_log: str, pki: Pki) -> None:
     """Makes a request (a change is noticed on a request) and waits until the exporter logged what it
     made of the changed file: reloaded, or kept the previous config."""
-    try:
-        http_get(exporter)
-    except (OSError, http.client.HTTPException):
-        pass
+    for get in (lambda: http_get(exporter), lambda: https_get(exporter, client_context(pki.ca_cert))):
+        try:
+            get()
+        except (OSError, http.client.HTTPException):
+            pass
     assert wait_for(lambda: exporter.stderr.count("web config") > previous_log.count("web config")), exporter.stderr
 
 
@@ -272,7 +274,7 @@ def test_truncating_the_web_config_keeps_tls_and_basic_auth(start, tmp_path, pki
     exporter = start(tls_and_auth(pki))
     log = exporter.stderr
     (tmp_path / "web.yml").write_text("")  # : > web.yml
-    wait_for_reload_outcome(exporter, log)
+    wait_for_reload_outcome(exporter, log, pki)
     assert_tls_and_auth_hold(exporter, pki)
     assert "level=error" in exporter.stderr and "the file is empty" in exporter.stderr
 
@@ -330,6 +332,112 @@ def test_a_password_replaced_while_a_slow_config_loads_is_applied(start, tmp_pat
         exporter.stderr
     assert http_get(exporter, headers=basic(USER, PASSWORD))[0] == 401
     trigger.join(15)
+
+
+# --- hostile clients ------------------------------------------------------------------------
+
+# The shipped unit's limits (packaging/vllm-xpu-exporter.service): MemoryMax=512M, TasksMax=64.
+TASKS_MAX = 64
+PEAK_RSS_LIMIT_MB = 200
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident set size (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+def huge_header_request() -> bytes:
+    """A request with 95 header lines of 65,000 bytes (6 MB), each under the old 64 KiB line limit."""
+    lines = b"".join(b"X-Padding-%03d: " % number + b"a" * 65_000 + b"\r\n" for number in range(95))
+    return b"GET /metrics HTTP/1.1\r\nHost: exporter\r\n" + lines + b"\r\n"
+
+
+@pytest.mark.parametrize("pace", ["at-once", "slowly"])
+def test_forty_clients_sending_huge_headers_leave_the_peak_rss_under_200_mb(start, pace):
+    """Headers are read before authentication: 40 clients at once, each sending 6 MB of headers (all of
+    it at once, or 64 KiB every 20 ms so that they are all in flight together)."""
+    exporter = start(f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n")
+    request = huge_header_request()
+    go = threading.Barrier(40)
+
+    def attack() -> None:
+        with socket.create_connection(("127.0.0.1", port_of(exporter)), timeout=20) as sock:
+            go.wait(10)
+            try:
+                if pace == "at-once":
+                    sock.sendall(request)
+                else:
+                    for offset in range(0, len(request), 65536):
+                        sock.sendall(request[offset:offset + 65536])
+                        time.sleep(0.02)
+                sock.recv(65536)
+            except OSError:
+                pass  # refused part-way: the exporter stopped reading
+
+    clients = [threading.Thread(target=attack, daemon=True) for _ in range(40)]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join(60)
+    peak = peak_rss_mb(exporter.process.pid)
+    assert peak < PEAK_RSS_LIMIT_MB, f"peak RSS {peak:.0f} MB"
+    assert_serves_metrics(*http_get(exporter, headers=basic(USER, PASSWORD))[::2])
+    assert "Traceback" not in exporter.stderr
+
+
+@pytest.fixture
+def tasks_limit() -> Iterator[TasksLimit]:
+    """A pids cgroup limited to the unit's TasksMax."""
+    try:
+        with tasks_max(TASKS_MAX) as limit:
+            yield limit
+    except TasksLimitUnavailable as error:
+        pytest.skip(str(error))
+
+
+def test_idle_and_slowloris_connections_do_not_lock_scrapes_out_under_tasks_max(tasks_limit):
+    """200 idle TCP connections and 100 that send a header line every half second (never finishing their
+    request), under TasksMax=64 emulated with a pids cgroup: scrapes keep being answered."""
+    command = [*tasks_limit.command_prefix, sys.executable, "-m", "exporter"]
+    with RunningExporter(list(NO_COLLECTORS), command=command) as exporter:
+        assert tasks_limit.path.name in cgroup_of(exporter.process.pid)
+        port = port_of(exporter)
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(200)]
+        slow = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(100)]
+        stop = threading.Event()
+
+        def trickle() -> None:
+            for sock in slow:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: exporter\r\n")
+            while not stop.wait(0.5):
+                for sock in slow:
+                    try:
+                        sock.sendall(b"X-Still-There: yes\r\n")
+                    except OSError:
+                        pass
+
+        trickler = threading.Thread(target=trickle, daemon=True)
+        trickler.start()
+        try:
+            time.sleep(1)
+            statuses = []
+            for _ in range(20):
+                try:
+                    statuses.append(http_get(exporter)[0])
+                except (OSError, http.client.HTTPException) as error:
+                    statuses.append(type(error).__name__)
+            assert statuses == [200] * 20, statuses
+            assert exporter.process.poll() is None
+            assert tasks_limit.events_max() == 0, "a thread was refused for the task limit"
+        finally:
+            stop.set()
+            trickler.join(5)
+            for sock in idle + slow:
+                sock.close()
+        assert "Traceback" not in exporter.stderr, exporter.stderr[-3000:]
 
 
 # --- invalid web config files ---------------------------------------------------------------
