@@ -206,10 +206,9 @@ class WebConfig:
         self.fingerprint: Mapping[str, FileState] = MappingProxyType(
             {**(source_fingerprint or {}), **_file_fingerprint(tls.files if tls else ())})
         self._ssl_context = _build_ssl_context(tls) if tls is not None else None
-        # A hash of the configured cost that no password matches: checked for unknown users so that
-        # their answer takes as long as a known user's (no user enumeration by timing).
-        self._decoy_hash = (bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(_highest_cost(self._users)))
-                            if self._users else b"")
+        # Checked for unknown users so that their answer takes as long as a known user's (no user
+        # enumeration by timing).
+        self._decoy_hash = _decoy_hash(_highest_cost(self._users)) if self._users else b""
         self._verified: dict[str, bytes] = {}  # user -> sha256 of the password bcrypt last accepted
         self._verified_lock = threading.Lock()
         self._bcrypt_lock = threading.Lock()  # bcrypt is CPU-heavy: one at a time, like exporter-toolkit
@@ -280,6 +279,19 @@ class WebConfig:
 
 def _highest_cost(users: Mapping[str, bytes]) -> int:
     return max(int(hashed[4:6]) for hashed in users.values())
+
+
+_BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+_BCRYPT_DIGEST_CHARS = 31
+
+
+def _decoy_hash(cost: int) -> bytes:
+    """A well-formed bcrypt hash of `cost` that no password matches: a random salt and a random digest.
+    Checking a password against it costs what checking a real hash of that cost does (bcrypt derives
+    from the salt and cost, then compares), while making it costs nothing: hashing a throw-away password
+    instead took 3.4 s at cost 15 on every config change."""
+    digest = "".join(secrets.choice(_BCRYPT_ALPHABET) for _ in range(_BCRYPT_DIGEST_CHARS))
+    return bcrypt.gensalt(cost) + digest.encode("ascii")
 
 
 def _bcrypt_matches(password: bytes, hashed: bytes) -> bool:
@@ -685,8 +697,10 @@ _RELOAD_ATTEMPTS = 5
 class ReloadingWebConfig:
     """Follows a web config file, as exporter-toolkit does ("read upon every http request").
 
-    `current()` returns the config to use now: when the file or a certificate, key or CA file it names
-    has changed since it was read, the file is loaded again. What the listener promised at start stays:
+    `current()` returns the config to use now and never waits: when the file or a certificate, key or CA
+    file it names has changed since it was read, the file is loaded again on a thread of its own, and
+    requests are served with the previous config until the new one is ready (a load reads files, builds
+    the TLS context, and may be slow). What the listener promised at start stays:
     a reload may change certificates, client CAs, users, headers and the rate limit, but a config that
     would turn TLS on or off, stop requiring client certificates or drop basic auth is refused, and so
     is an empty file (a file being rewritten is empty for a moment) or one that does not load. A refused
@@ -699,19 +713,43 @@ class ReloadingWebConfig:
         self._start = config
         self._fingerprint: Mapping[str, FileState] = config.fingerprint
         self._lock = threading.Lock()
+        self._reloading = False
+        self._start_failure_logged = False
 
     def current(self) -> WebConfig:
-        if self._config.source_path is None:
-            return self._config
+        config = self._config
+        if config.source_path is not None and self._changed(self._fingerprint):
+            self._start_reload(config.source_path)
+        return config
+
+    def _start_reload(self, path: str) -> None:
         with self._lock:
-            if not self._changed(self._fingerprint):
-                return self._config
+            if self._reloading:
+                return
+            self._reloading = True
+        try:
+            threading.Thread(target=self._reload, args=(path,), name="web-config-reload", daemon=True).start()
+        except RuntimeError as error:  # no thread left (a task limit): the next request tries again
+            with self._lock:
+                self._reloading = False
+            if not self._start_failure_logged:
+                self._start_failure_logged = True
+                logger.error("web config changed but cannot be reloaded now, keeping the previous one: %s", error)
+
+    def _reload(self, path: str) -> None:
+        try:
             for _attempt in range(_RELOAD_ATTEMPTS):
-                self._fingerprint = self._load_once(self._config.source_path)
+                self._fingerprint = self._load_once(path)
                 if not self._changed(self._fingerprint):
                     break
                 # A file changed while it was being read: read it again.
-            return self._config
+        except Exception as error:  # a bug must not stop later reloads
+            logger.error("web config reload failed, keeping the previous one: %s", type(error).__name__)
+            logger.debug("web config reload failed", exc_info=True)
+        finally:
+            self._start_failure_logged = False
+            with self._lock:
+                self._reloading = False
 
     @staticmethod
     def _changed(fingerprint: Mapping[str, FileState]) -> bool:

@@ -334,6 +334,23 @@ def test_a_password_replaced_while_a_slow_config_loads_is_applied(start, tmp_pat
     trigger.join(15)
 
 
+def test_a_web_config_change_does_not_hold_up_requests(start, tmp_path):
+    """A change used to compute a decoy bcrypt hash of the highest configured cost under the reload lock,
+    blocking every request meanwhile (3.4 s at cost 15, 13 s at 17: past Prometheus's scrape timeout)."""
+    exporter = start(f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n")
+    assert http_get(exporter, headers=basic(USER, PASSWORD))[0] == 200
+    costly_hash = bcrypt.gensalt(16).decode() + "x" * 31  # well-formed; its password is never tried here
+    (tmp_path / "web.yml").write_text(f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n  operator: '{costly_hash}'\n")
+    slowest = 0.0
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        assert http_get(exporter, headers=basic(USER, PASSWORD))[0] == 200
+        slowest = max(slowest, time.monotonic() - started)
+    assert slowest < 1.0, f"a request took {slowest:.1f} s"
+    assert "web config reloaded" in exporter.stderr
+
+
 # --- hostile clients ------------------------------------------------------------------------
 
 # The shipped unit's limits (packaging/vllm-xpu-exporter.service): MemoryMax=512M, TasksMax=64.
