@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.exposition import choose_encoder
 
 from exporter import __version__
 from exporter.httpserver import ConnectionServer, Request, Response, ServerLimits, render_response
@@ -36,6 +36,7 @@ SERVER_NAME = f"vllm-xpu-exporter/{__version__}"
 _ALLOWED_METHODS = ("GET", "HEAD")
 _HOSTNAME = re.compile(r"(?=.{1,253}\.?$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+_HEX_LABEL = re.compile(r"0[xX][0-9A-Fa-f]*")
 _LISTEN_FORMS = "expected host:port, e.g. :9999, 0.0.0.0:9999, 127.0.0.1:9999, [::1]:9999 or localhost:9999"
 
 
@@ -74,10 +75,25 @@ def parse_listen_address(value: str) -> tuple[str, int]:
         except ValueError:
             raise ValueError(f"invalid listen address {value!r}: {host!r} is not an IPv4 address") from None
         return host, port
+    if _ends_in_a_number(host):
+        # The resolver reads such a name as an IPv4 address in another form (inet_aton: 0x7f.1, 127.1,
+        # 2130706433 are all 127.0.0.1), which hides what is listened on: only dotted quads are taken.
+        raise ValueError(f"invalid listen address {value!r}: {host!r} is not an IPv4 address in dotted-quad "
+                         f"form nor a host name ({_LISTEN_FORMS})")
     if not _HOSTNAME.fullmatch(host):
         raise ValueError(f"invalid listen address {value!r}: {host!r} is not a host name or IP address "
                          f"({_LISTEN_FORMS})")
     return host, port
+
+
+def _ends_in_a_number(host: str) -> bool:
+    """True for a name whose last label is a number, decimal or hexadecimal (WHATWG URL's "ends in a
+    number"): no host name ends so, every IPv4 form does."""
+    labels = host.split(".")
+    if len(labels) > 1 and labels[-1] == "":
+        labels.pop()
+    last = labels[-1]
+    return last.isdigit() or _HEX_LABEL.fullmatch(last) is not None
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
@@ -113,6 +129,29 @@ def _bind(family: int, address: tuple[Any, ...], dual_stack: bool = False) -> so
         sock.close()
         raise
     return sock
+
+
+_QVALUE = re.compile(r"0(?:\.\d{0,3})?|1(?:\.0{0,3})?")
+
+
+def gzip_accepted(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header asks for gzip: `gzip` (or `x-gzip`) listed with a q-value above 0
+    (RFC 9110, 12.5.3; `gzip;q=0` refuses it). A wildcard does not: the body goes uncompressed, as
+    before; an element with an invalid q-value is ignored."""
+    accepted = False
+    for element in accept_encoding.split(","):
+        coding, *parameters = (part.strip() for part in element.split(";"))
+        if coding.lower() not in ("gzip", "x-gzip"):
+            continue
+        q = 1.0
+        for parameter in parameters:
+            name, _, value = parameter.partition("=")
+            if name.strip().lower() == "q":
+                q = float(value) if _QVALUE.fullmatch(value.strip()) else -1.0
+        if q == 0:
+            return False
+        accepted = accepted or q > 0
+    return accepted
 
 
 def _landing_page(title: str, telemetry_path: str) -> bytes:

@@ -334,8 +334,25 @@ def _normalise_san(value: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- loading
 
+_MAX_YAML_DEPTH = 64  # the format nests 3 deep; PyYAML's composer recurses once per level
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys, like Go's yaml.UnmarshalStrict."""
+    """SafeLoader that refuses duplicate keys, like Go's yaml.UnmarshalStrict, and documents nested deeper
+    than the format ever needs (which would otherwise exhaust Python's recursion limit)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        if self._depth >= _MAX_YAML_DEPTH:
+            mark = self.peek_event().start_mark
+            raise WebConfigError(f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: "
+                                 f"nested deeper than {_MAX_YAML_DEPTH} levels")
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()

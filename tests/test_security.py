@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import http.client
+import logging
 import socket
 import ssl
 import subprocess
@@ -480,12 +481,15 @@ def invalid_configs(directory: Path, pki: Pki) -> dict[str, str]:
         "unknown-client-auth-type": tls_config(pki, f"client_auth_type: Sometimes\nclient_ca_file: {pki.ca_cert}\n"),
         "unknown-tls-version": tls_config(pki, "min_version: TLS99\n"),
         "plaintext-password": f"basic_auth_users:\n  {USER}: {PLAINTEXT_PASSWORD}\n",
+        "nested-5000-deep": "".join(" " * depth + "k:\n" for depth in range(5000)),
+        "flow-nested-5000-deep": "tls_server_config: " + "[" * 5000 + "]" * 5000 + "\n",
     }
 
 
 INVALID_CONFIG_NAMES = ["not-yaml", "not-a-mapping", "unknown-key", "missing-cert-file", "cert-without-key",
                         "key-of-another-cert", "garbage-key", "encrypted-key",
-                        "unknown-client-auth-type", "unknown-tls-version", "plaintext-password"]
+                        "unknown-client-auth-type", "unknown-tls-version", "plaintext-password", "nested-5000-deep",
+                        "flow-nested-5000-deep"]
 
 
 def run_to_exit(*args: str) -> subprocess.CompletedProcess[str]:
@@ -560,6 +564,33 @@ def test_no_secret_reaches_the_logs_at_debug_level(start, pki, log_format):
     assert "level=debug" in log or '"level": "debug"' in log, "debug logging was on"
     for secret in secrets(pki):
         assert secret not in log, f"a secret reached the log: {secret[:12]}..."
+
+
+def test_control_bytes_of_a_request_line_reach_the_debug_log_escaped(start):
+    """An attacker's request line must not put raw ESC (terminal control sequences) or CR (a line that
+    overwrites the one before on a terminal) into the logfmt log."""
+    exporter = start("", "--log.level", "debug", *NO_COLLECTORS)
+    for line in (b"GET /\x1b[2J\x1b[31mred HTTP/1.1", b"GET /overwritten\rlevel=error HTTP/1.1",
+                 b"GET /bell\x07\x7f\x00 HTTP/1.1"):
+        with socket.create_connection(("127.0.0.1", port_of(exporter)), timeout=5) as sock:
+            sock.sendall(line + b"\r\nHost: x\r\n\r\n")
+            sock.recv(65536)
+    assert wait_for(lambda: exporter.stderr.count("/bell") >= 1)
+    exporter.stop()
+    log = exporter.stderr
+    assert "\\u001b[2J\\u001b[31mred" in log and "/overwritten\\rlevel=error" in log, log
+    assert "\\u0007\\u007f\\u0000" in log
+    for raw in ("\x1b", "\r", "\x07", "\x7f", "\x00"):
+        assert raw not in log
+
+
+def test_logfmt_escapes_control_characters_like_go_logfmt():
+    from exporter.logs import LogfmtFormatter
+    record = logging.LogRecord("exporter.web", logging.DEBUG, __file__, 1, "%s", ("a\x1bb\rc\nd\te\"f\\g=h i\u2028",), None)
+    line = LogfmtFormatter().format(record)
+    assert line.endswith(' msg="a\\u001bb\\rc\\nd\\te\\"f\\\\g=h i\\u2028"'), line
+    record.args = ("plain-value",)
+    assert LogfmtFormatter().format(record).endswith(" msg=plain-value")
 
 
 def test_metrics_never_contain_the_web_config_secrets(start, pki):

@@ -115,6 +115,8 @@ def test_listen_address_accepts_the_go_forms(value, expected):
 @pytest.mark.parametrize("value", [
     "", "9999", ":", ":65536", ":99999", ":-1", ":http", ": 9999", "::1:9999", "[::1]", "[::1", "[::1:9999", "[::1]9999", "[::1]:", "[]:9999",
     "[localhost]:9999", "256.1.1.1:9999", "1.2.3:9999", "exa mple:9999", "http://localhost:9999", "host_name:80",
+    "0x7f.1:9999", "0x7f:9999", "0x7f000001:9999", "127.1:9999", "2130706433:9999", "0177.0.0.1:9999",
+    "127.0.0.1.:9999", "example.123:9999",
 ])
 def test_listen_address_rejects_malformed_values_with_one_line(value):
     with pytest.raises(ValueError) as caught:
@@ -169,6 +171,21 @@ def test_gzip_is_used_when_the_client_accepts_it(server):
     _, plain_headers, plain_body = fetch(server)
     assert plain_headers["Content-Encoding"] is None
     assert plain_body == gzip.decompress(body)
+
+
+@pytest.mark.parametrize("accept_encoding", ["gzip;q=0", "gzip; q=0.000", "deflate, gzip;q=0", "identity", "*"])
+def test_gzip_is_not_used_when_the_client_refuses_or_does_not_name_it(server, accept_encoding):
+    status, headers, body = fetch(server, headers={"Accept-Encoding": accept_encoding})
+    assert status == 200
+    assert headers["Content-Encoding"] is None
+    assert b"sample_memory_bytes" in body
+
+
+@pytest.mark.parametrize("accept_encoding", ["gzip;q=0.5", "x-gzip", "br;q=1.0, GZIP;Q=0.1"])
+def test_gzip_is_used_at_any_q_value_above_zero(server, accept_encoding):
+    _, headers, body = fetch(server, headers={"Accept-Encoding": accept_encoding})
+    assert headers["Content-Encoding"] == "gzip"
+    assert b"sample_memory_bytes" in gzip.decompress(body)
 
 
 def test_head_returns_the_headers_of_get_without_a_body(server):
@@ -473,6 +490,36 @@ def test_a_client_that_never_reads_its_responses_holds_no_worker():
         started = time.monotonic()
         assert fetch(limited, timeout=5)[0] == 200
         assert time.monotonic() - started < 1
+
+
+def test_a_request_without_an_http_version_gets_400_not_an_http_0_9_reply(server):
+    with connect(server) as sock:
+        sock.sendall(b"GET /metrics\r\n\r\n")
+        reply = read_until_closed(sock)
+    assert reply.startswith(b"HTTP/1.1 400 ")
+    assert b"sample_memory_bytes" not in reply
+
+
+@pytest.mark.parametrize("line", [b"Host x", b" folded: continuation", b"Host : x", b"Na me: x", b"X-A: b\x00c",
+                                  b"X-A: b\x1b[31mc", b": no-name"],
+                         ids=["no-colon", "obsolete-folding", "space-before-colon", "space-in-name", "nul-in-value",
+                              "escape-in-value", "empty-name"])
+def test_a_malformed_header_line_gets_400(server, line):
+    with connect(server) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + line + b"\r\n\r\n")
+        reply = read_until_closed(sock)
+    assert reply.startswith(b"HTTP/1.1 400 ")
+    assert b"sample_memory_bytes" not in reply
+
+
+@pytest.mark.parametrize("request_line", [b"GET /metrics HTTP/2.0", b"GET /metrics HTTP/1", b"G(T /metrics HTTP/1.1",
+                                          b"GET /me\x1btrics HTTP/1.1", b"GET  /metrics HTTP/1.1"],
+                         ids=["http-2", "no-minor-version", "bad-method", "control-in-target", "two-spaces"])
+def test_a_malformed_request_line_is_refused(server, request_line):
+    with connect(server) as sock:
+        sock.sendall(request_line + b"\r\nHost: x\r\n\r\n")
+        reply = read_until_closed(sock)
+    assert re.match(rb"HTTP/1\.1 (400|505) ", reply), reply[:100]
 
 
 def test_pipelined_requests_are_answered_in_order(server):
