@@ -27,7 +27,7 @@ from prometheus_client.exposition import choose_encoder
 
 from exporter import __version__
 from exporter.httpserver import ConnectionServer, Request, Response, ServerLimits, render_response
-from exporter.webconfig import ReloadingWebConfig, WebConfig
+from exporter.webconfig import PasswordChecksBusy, ReloadingWebConfig, WebConfig
 
 logger = logging.getLogger("exporter.web")
 
@@ -206,7 +206,12 @@ class _Handler:
         config = site.web_config()
         if config is not None and not config.allow_request():
             return self._reply(request, config, HTTPStatus.TOO_MANY_REQUESTS, b"Too many requests.\n")
-        if config is not None and not config.check_basic_auth(request.headers.get("authorization")):
+        try:
+            authenticated = config is None or config.check_basic_auth(request.headers.get("authorization"))
+        except PasswordChecksBusy:
+            return self._reply(request, config, HTTPStatus.TOO_MANY_REQUESTS,
+                               b"Too many password checks under way, retry.\n", {"Retry-After": "1"})
+        if not authenticated:
             return self._reply(request, config, HTTPStatus.UNAUTHORIZED, b"Unauthorized.\n",
                                {"WWW-Authenticate": "Basic"})
         url = urlsplit(request.target)

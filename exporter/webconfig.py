@@ -119,11 +119,16 @@ _RATE_LIMIT_KEYS = ("interval", "burst")
 
 _BCRYPT_HASH = re.compile(r"\$2[aby]\$(?P<cost>\d\d)\$[./A-Za-z0-9]{53}")
 _BCRYPT_MAX_PASSWORD_BYTES = 72
+_BCRYPT_QUEUE = 2  # of the HTTP server's four workers: two stay free for requests that need no bcrypt
 _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 FileState = tuple[int, int, int, int, int] | None  # (device, inode, size, mtime ns, ctime ns); None: no such file
+
+
+class PasswordChecksBusy(Exception):
+    """Too many password checks are under way: the request should be answered 429, to be retried."""
 
 
 class WebConfigError(ValueError):
@@ -212,6 +217,9 @@ class WebConfig:
         self._verified: dict[str, bytes] = {}  # user -> sha256 of the password bcrypt last accepted
         self._verified_lock = threading.Lock()
         self._bcrypt_lock = threading.Lock()  # bcrypt is CPU-heavy: one at a time, like exporter-toolkit
+        # Requests running or waiting for a bcrypt check; more are turned away rather than made to wait,
+        # so that wrong passwords at a high cost cannot hold every HTTP worker.
+        self._bcrypt_slots = threading.BoundedSemaphore(_BCRYPT_QUEUE)
         self._bucket = _TokenBucket(rate_limit) if rate_limit is not None else None
 
     def __repr__(self) -> str:
@@ -240,7 +248,9 @@ class WebConfig:
         return self._bucket is None or self._bucket.take()
 
     def check_basic_auth(self, authorization_header: str | None) -> bool:
-        """True when no basic_auth_users are configured, or the header carries a user's right password."""
+        """True when no basic_auth_users are configured, or the header carries a user's right password.
+        Raises PasswordChecksBusy when the check needs bcrypt and two other requests already run or wait
+        for one (credentials verified before are answered from a cache, without bcrypt)."""
         if not self._users:
             return True
         credentials = _parse_basic_authorization(authorization_header)
@@ -251,11 +261,16 @@ class WebConfig:
         digest = hashlib.sha256(password).digest()
         if hashed is not None and self._was_verified(user, digest):
             return True
-        with self._bcrypt_lock:
-            # Another thread may have verified the same credentials while this one waited.
-            if hashed is not None and self._was_verified(user, digest):
-                return True
-            matches = _bcrypt_matches(password, hashed if hashed is not None else self._decoy_hash)
+        if not self._bcrypt_slots.acquire(blocking=False):
+            raise PasswordChecksBusy()
+        try:
+            with self._bcrypt_lock:
+                # Another thread may have verified the same credentials while this one waited.
+                if hashed is not None and self._was_verified(user, digest):
+                    return True
+                matches = _bcrypt_matches(password, hashed if hashed is not None else self._decoy_hash)
+        finally:
+            self._bcrypt_slots.release()
         if hashed is None or not matches:
             return False
         with self._verified_lock:

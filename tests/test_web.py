@@ -687,6 +687,38 @@ def test_basic_auth_right_password_gets_metrics(tmp_path):
         assert status == 200 and b"sample_memory_bytes" in body
 
 
+def test_a_flood_of_wrong_passwords_does_not_hold_up_a_scraper_with_known_credentials(tmp_path):
+    """bcrypt at a high cost keeps a worker busy; wrong passwords beyond two at a time get 429 at once,
+    so they cannot take every worker and the scraper (verified before, answered from a cache) gets one."""
+    slow_hash = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(12)).decode()  # ~0.25 s a check here
+    with running(web_config=web_config(tmp_path, f"basic_auth_users:\n  alice: '{slow_hash}'\n")) as auth_server:
+        assert fetch(auth_server, headers=basic("alice", PASSWORD))[0] == 200
+        stop = threading.Event()
+        statuses: list[int] = []
+
+        def flood() -> None:
+            while not stop.is_set():
+                statuses.append(fetch(auth_server, headers=basic("alice", "guess"))[0])
+
+        attackers = [threading.Thread(target=flood, daemon=True) for _ in range(8)]
+        for attacker in attackers:
+            attacker.start()
+        try:
+            time.sleep(0.3)
+            slowest = 0.0
+            for _ in range(10):
+                started = time.monotonic()
+                assert fetch(auth_server, headers=basic("alice", PASSWORD))[0] == 200
+                slowest = max(slowest, time.monotonic() - started)
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            for attacker in attackers:
+                attacker.join(10)
+        assert slowest < 0.2, f"a scrape waited {slowest:.2f} s"
+        assert set(statuses) <= {401, 429} and 429 in statuses
+
+
 def mtls_with_basic_auth_config(tmp_path, pki):
     """A web config requiring a verified client certificate and alice's password."""
     return web_config(tmp_path, f"""

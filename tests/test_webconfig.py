@@ -10,7 +10,8 @@ import bcrypt
 import pytest
 
 import exporter.webconfig
-from exporter.webconfig import ReloadingWebConfig, WebConfig, WebConfigError, load_web_config, parse_web_config
+from exporter.webconfig import (PasswordChecksBusy, ReloadingWebConfig, WebConfig, WebConfigError, load_web_config,
+                                parse_web_config)
 from tests.certs import Pki, make_encrypted_key, make_pki, make_self_signed
 
 PASSWORD = "correct horse battery staple"
@@ -195,6 +196,32 @@ def test_a_verified_password_is_cached_and_an_unknown_user_still_costs_a_bcrypt(
     assert cached_time < first_time / 10
     assert unknown_time > first_time / 3
     assert wrong_time > first_time / 3
+
+
+def test_at_most_two_requests_run_or_wait_for_bcrypt_and_cached_credentials_never_wait(tmp_path):
+    slow_hash = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(12)).decode()  # ~0.25 s a check here
+    config = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: '{slow_hash}'\n"))
+    assert config.check_basic_auth(basic("alice", PASSWORD))  # verified once: cached from now on
+    start = threading.Barrier(6)
+    outcomes: list[object] = []
+
+    def wrong_password() -> None:
+        start.wait(5)
+        try:
+            outcomes.append(config.check_basic_auth(basic("alice", "wrong")))
+        except PasswordChecksBusy as busy:
+            outcomes.append(type(busy))
+
+    checkers = [threading.Thread(target=wrong_password) for _ in range(6)]
+    for checker in checkers:
+        checker.start()
+    time.sleep(0.05)
+    started = time.perf_counter()
+    assert config.check_basic_auth(basic("alice", PASSWORD))
+    assert time.perf_counter() - started < 0.05
+    for checker in checkers:
+        checker.join(10)
+    assert sorted(map(str, outcomes)) == sorted(map(str, [False, False] + [PasswordChecksBusy] * 4))
 
 
 def test_repr_names_users_but_not_their_hashes(tmp_path):
