@@ -160,9 +160,11 @@ class BenchHost:
 
 @contextmanager
 def bench_host(shape: HostShape, workdir: Path, driver: Path, extra_journal_files: Sequence[Path] = (),
-               exporter_args: Sequence[str] = ()) -> Iterator[BenchHost]:
+               exporter_args: Sequence[str] = (),
+               exporter_command: Sequence[str] | None = None) -> Iterator[BenchHost]:
     """Build the host under `workdir` (best on a tmpfs, like /proc itself) and run the exporter over it.
-    `extra_journal_files` are read too (e.g. a big journal for catch-up, a live one to append to)."""
+    `extra_journal_files` are read too (e.g. a big journal for catch-up, a live one to append to);
+    `exporter_command` replaces `python -m exporter` (e.g. to start it in a cgroup)."""
     workdir.mkdir(parents=True, exist_ok=True)
     procfs = build_procfs(shape, workdir / "host")
     config = workdir / "fake_ze.conf"
@@ -171,7 +173,8 @@ def bench_host(shape: HostShape, workdir: Path, driver: Path, extra_journal_file
     args = ["--path.procfs", str(procfs.root), "--journal.boot", "all"]
     for journal in journals:
         args += ["--journal.file", str(journal)]
-    exporter = RunningExporter([*args, *exporter_args], env=fake_driver_env(driver, config))
+    exporter = RunningExporter([*args, *exporter_args], env=fake_driver_env(driver, config),
+                               command=exporter_command)
     try:
         yield BenchHost(shape, procfs, journals, exporter)
     finally:

@@ -4,7 +4,7 @@ same run.
     python benchmarks/run.py            # the full run (~6 minutes once the journals are cached)
     python benchmarks/run.py --quick    # fewer scrapes, runs and samples; 10 s idle instead of 60 s
 
-Sections (each also runs alone: scrape_bench.py, catchup_bench.py, live_bench.py):
+Sections (each also runs alone: scrape_bench.py, catchup_bench.py, live_bench.py, hostile_bench.py):
 
 1. scrapes of the real exporter process over the fake Level Zero driver, a fixture procfs and a
    settings journal, at a small host (1 device, 3 units), the large one (8 devices, 64 GPU processes,
@@ -13,9 +13,12 @@ Sections (each also runs alone: scrape_bench.py, catchup_bench.py, live_bench.py
    journals (10 % watched), run alternately; and its CPU over 1,000 and 3,000 units × 8 entries, with the
    default --journal.max-units and with a cap above the units (linear: 3,000 units cost 3× 1,000);
 3. the exporter over the large host and the 1M-entry journal: catch-up, RSS after it, idle CPU,
-   follow latency.
+   follow latency;
+4. hostile network clients against the exporter over the small host, inside TasksMax=64 (a pids
+   cgroup): scrapes under 500 idle and 300 slowloris connections, and the peak RSS while 40 clients
+   send 6 MB of headers each.
 
-Needs root (the fixture procfs makes device nodes), gcc (the fake driver), systemd-journal-remote and
+Needs root (the fixture procfs makes device nodes; the pids cgroup), gcc (the fake driver), systemd-journal-remote and
 journalctl. Generated journals are cached under ~/.cache/vllm-xpu-exporter/journal-bench. Exit status 1
 when a target is missed.
 """
@@ -36,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import catchup_bench  # noqa: E402
+import hostile_bench  # noqa: E402
 import live_bench  # noqa: E402
 import scrape_bench  # noqa: E402
 from hosts import LARGE, LARGE_BUSY, SMALL  # noqa: E402
@@ -51,6 +55,8 @@ FOLLOW_P99_TARGET_MS = 1000.0
 RSS_TARGET_MB = 60.0
 IDLE_CPU_TARGET_PERCENT = 0.5
 UNIT_SCALING_RATIO_TARGET = 3.5  # CPU of 3,000 units over 1,000: 3 when linear
+HOSTILE_P99_TARGET_MS = 100.0
+HEADER_ATTACK_RSS_TARGET_MB = 200.0
 
 
 @dataclass(frozen=True)
@@ -60,11 +66,14 @@ class Settings:
     sizes: tuple[int, ...]
     idle_seconds: float
     follow_samples: int
+    hostile_scrapes: int
     units: tuple[int, ...] = (1_000, 3_000)
 
 
-FULL = Settings(scrapes=1000, catch_up_runs=3, sizes=(250_000, 1_000_000), idle_seconds=60, follow_samples=100)
-QUICK = Settings(scrapes=200, catch_up_runs=1, sizes=(250_000, 1_000_000), idle_seconds=10, follow_samples=20)
+FULL = Settings(scrapes=1000, catch_up_runs=3, sizes=(250_000, 1_000_000), idle_seconds=60, follow_samples=100,
+                hostile_scrapes=300)
+QUICK = Settings(scrapes=200, catch_up_runs=1, sizes=(250_000, 1_000_000), idle_seconds=10, follow_samples=20,
+                 hostile_scrapes=100)
 
 
 @dataclass(frozen=True)
@@ -150,6 +159,23 @@ def live_rows(result: live_bench.LiveResult) -> list[Row]:
     ]
 
 
+def hostile_rows(attack: hostile_bench.AttackResult, headers: list[hostile_bench.HeaderResult]) -> list[Row]:
+    under = f"{hostile_bench.IDLE_CONNECTIONS} idle + {hostile_bench.SLOWLORIS_CONNECTIONS} slowloris connections"
+    rows = [
+        Row(f"scrape p50 under {under}", f"{attack.p50_ms:.2f} ms", "", None),
+        Row(f"scrape p99 under {under}", f"{attack.p99_ms:.2f} ms", f"< {HOSTILE_P99_TARGET_MS:g} ms",
+            attack.p99_ms < HOSTILE_P99_TARGET_MS),
+        Row("scrapes failed under that attack", f"{attack.failures} of {attack.scrapes}", "0", attack.failures == 0),
+        Row(f"tasks refused under TasksMax={hostile_bench.TASKS_MAX} (peak {attack.tasks_peak})",
+            str(attack.tasks_refused), "0", attack.tasks_refused == 0),
+    ]
+    for result in headers:
+        rows.append(Row(f"exporter peak RSS, {hostile_bench.HEADER_CLIENTS} clients x 6 MB of headers {result.pace}",
+                        f"{result.peak_rss_mb:.1f} MB", f"< {HEADER_ATTACK_RSS_TARGET_MB:g} MB",
+                        result.peak_rss_mb < HEADER_ATTACK_RSS_TARGET_MB))
+    return rows
+
+
 def table(rows: list[Row]) -> str:
     width = max(len(row.figure) for row in rows)
     value_width = max(len(row.value) for row in rows)
@@ -169,11 +195,13 @@ def main() -> int:
     parser.add_argument("--runs", type=int, help="catch-up runs per journal size")
     parser.add_argument("--idle-seconds", type=float)
     parser.add_argument("--follow-samples", type=int)
+    parser.add_argument("--hostile-scrapes", type=int, help="scrapes under the idle and slowloris connections")
     args = parser.parse_args()
     base = QUICK if args.quick else FULL
     settings = Settings(scrapes=args.scrapes or base.scrapes, catch_up_runs=args.runs or base.catch_up_runs,
                         sizes=base.sizes, idle_seconds=args.idle_seconds or base.idle_seconds,
-                        follow_samples=args.follow_samples or base.follow_samples)
+                        follow_samples=args.follow_samples or base.follow_samples,
+                        hostile_scrapes=args.hostile_scrapes or base.hostile_scrapes)
 
     def log(text: str) -> None:
         print(text, flush=True)
@@ -209,6 +237,15 @@ def main() -> int:
                                      log=log)
         live_bench.report(live, log=log)
         rows += live_rows(live)
+
+        log(f"\n== 4. hostile network clients, TasksMax={hostile_bench.TASKS_MAX} (pids cgroup), small host")
+        attack = hostile_bench.bench_attack(driver, settings.hostile_scrapes, log=log)
+        hostile_bench.report_attack(attack, log=log)
+        header_results = []
+        for pace in ("at once", "slowly"):
+            header_results.append(hostile_bench.bench_headers(driver, pace, log=log))
+            hostile_bench.report_headers(header_results[-1], log=log)
+        rows += hostile_rows(attack, header_results)
 
     log(f"\n== summary ({time.monotonic() - started:.0f} s)\n")
     log(table(rows))

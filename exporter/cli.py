@@ -7,7 +7,6 @@ import logging
 import re
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -187,10 +186,6 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     )
 
 
-class _ShutdownRequested(Exception):
-    """Raised by the signal handler when it cannot start a thread to stop the server."""
-
-
 def build_sources(options: Options, needs: set[Source]) -> Sources:
     """The shared sources the enabled collectors need, not started."""
     sources = Sources()
@@ -238,15 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 1
 
-    stopping = threading.Event()
-
     def stop(signum: int, _frame: object) -> None:
         log.info("received %s, shutting down", signal.Signals(signum).name)
-        stopping.set()
-        try:
-            threading.Thread(target=server.shutdown, daemon=True).start()
-        except RuntimeError:  # no thread to spare (a task limit): leave serve_forever from here instead
-            raise _ShutdownRequested from None
+        server.stop_serving()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -261,9 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
              ",".join(sorted(options.collectors)) or "none")
     try:
         server.serve_forever()
-    except _ShutdownRequested:
-        server.shutdown()
     finally:
+        server.shutdown()
         for collector in collectors:
             collector.stop()
         sources.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 
@@ -31,11 +32,24 @@ def _fields(record: logging.LogRecord) -> dict[str, str]:
     return fields
 
 
+# As Go's go-logfmt escapes values (the Prometheus exporters log with it): a value with a space, '=', '"', a
+# backslash or a control character is quoted, and in it backslash, quote, newline, carriage return and
+# tab are escaped as \\ \" \n \r \t, any other control character as \u00XX, so that no byte of a request
+# line reaches a terminal or a log parser raw. DEL and the C1 controls are escaped too (Go leaves them).
+_NEEDS_QUOTES = re.compile(r'[\x00-\x20="\\\x7f-\x9f\u2028\u2029]')
+_ESCAPED = re.compile(r'[\x00-\x1f"\\\x7f-\x9f\u2028\u2029]')
+_SHORT_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    character = match.group()
+    return _SHORT_ESCAPES.get(character) or f"\\u{ord(character):04x}"
+
+
 def _logfmt_value(value: str) -> str:
-    if value and not any(c in value for c in ' ="\\\n\t'):
+    if value and not _NEEDS_QUOTES.search(value):
         return value
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
-    return f'"{escaped}"'
+    return '"' + _ESCAPED.sub(_escape, value) + '"'
 
 
 class LogfmtFormatter(logging.Formatter):

@@ -1,8 +1,7 @@
 """The exporter's HTTP server: metrics, landing page, health, TLS and basic auth from the web config.
 
-Standard library only (`http.server.ThreadingHTTPServer`): one daemon thread per connection, each with
-a socket timeout, so concurrent scrapes run side by side and a slow or silent client holds up nobody
-but itself. TLS handshakes happen in the connection's own thread, never in the accept loop.
+Connections, TLS handshakes and request parsing are `exporter.httpserver`'s (an event loop and a small
+fixed pool of workers, with bounded memory and time per client); this module serves the routes.
 
 Access logs go to the `exporter.web` logger at debug level; nothing is written to stderr directly.
 """
@@ -16,33 +15,28 @@ import ipaddress
 import logging
 import re
 import socket
-import socketserver
 import ssl
-import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.exposition import choose_encoder
 
 from exporter import __version__
-from exporter.webconfig import ReloadingWebConfig, WebConfig
+from exporter.httpserver import ConnectionServer, Request, Response, ServerLimits, render_response
+from exporter.webconfig import PasswordChecksBusy, ReloadingWebConfig, WebConfig
 
 logger = logging.getLogger("exporter.web")
 
-CONNECTION_TIMEOUT_SECONDS = 30.0
 HEALTH_PATH = "/-/healthy"
+SERVER_NAME = f"vllm-xpu-exporter/{__version__}"
 _ALLOWED_METHODS = ("GET", "HEAD")
-_TLS_HANDSHAKE_RECORD = 0x16
-_PLAIN_HTTP_TO_TLS_RESPONSE = (b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\n"
-                               b"Connection: close\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
 _HOSTNAME = re.compile(r"(?=.{1,253}\.?$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+_HEX_LABEL = re.compile(r"0[xX][0-9A-Fa-f]*")
 _LISTEN_FORMS = "expected host:port, e.g. :9999, 0.0.0.0:9999, 127.0.0.1:9999, [::1]:9999 or localhost:9999"
 
 
@@ -81,10 +75,25 @@ def parse_listen_address(value: str) -> tuple[str, int]:
         except ValueError:
             raise ValueError(f"invalid listen address {value!r}: {host!r} is not an IPv4 address") from None
         return host, port
+    if _ends_in_a_number(host):
+        # The resolver reads such a name as an IPv4 address in another form (inet_aton: 0x7f.1, 127.1,
+        # 2130706433 are all 127.0.0.1), which hides what is listened on: only dotted quads are taken.
+        raise ValueError(f"invalid listen address {value!r}: {host!r} is not an IPv4 address in dotted-quad "
+                         f"form nor a host name ({_LISTEN_FORMS})")
     if not _HOSTNAME.fullmatch(host):
         raise ValueError(f"invalid listen address {value!r}: {host!r} is not a host name or IP address "
                          f"({_LISTEN_FORMS})")
     return host, port
+
+
+def _ends_in_a_number(host: str) -> bool:
+    """True for a name whose last label is a number, decimal or hexadecimal (WHATWG URL's "ends in a
+    number"): no host name ends so, every IPv4 form does."""
+    labels = host.split(".")
+    if len(labels) > 1 and labels[-1] == "":
+        labels.pop()
+    last = labels[-1]
+    return last.isdigit() or _HEX_LABEL.fullmatch(last) is not None
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
@@ -122,6 +131,29 @@ def _bind(family: int, address: tuple[Any, ...], dual_stack: bool = False) -> so
     return sock
 
 
+_QVALUE = re.compile(r"0(?:\.\d{0,3})?|1(?:\.0{0,3})?")
+
+
+def gzip_accepted(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header asks for gzip: `gzip` (or `x-gzip`) listed with a q-value above 0
+    (RFC 9110, 12.5.3; `gzip;q=0` refuses it). A wildcard does not: the body goes uncompressed, as
+    before; an element with an invalid q-value is ignored."""
+    accepted = False
+    for element in accept_encoding.split(","):
+        coding, *parameters = (part.strip() for part in element.split(";"))
+        if coding.lower() not in ("gzip", "x-gzip"):
+            continue
+        q = 1.0
+        for parameter in parameters:
+            name, _, value = parameter.partition("=")
+            if name.strip().lower() == "q":
+                q = float(value) if _QVALUE.fullmatch(value.strip()) else -1.0
+        if q == 0:
+            return False
+        accepted = accepted or q > 0
+    return accepted
+
+
 def _landing_page(title: str, telemetry_path: str) -> bytes:
     title_html = html.escape(title)
     path_html = html.escape(telemetry_path, quote=True)
@@ -139,69 +171,50 @@ class _Site:
         self.telemetry_path = telemetry_path
         self.registry = registry
         self.landing_page = _landing_page(landing_page_title, telemetry_path)
+        # Decided once: a reload may change certificates, never whether the listener speaks TLS.
+        self.tls = web_config is not None and web_config.ssl_context() is not None
         self._web_config = ReloadingWebConfig(web_config) if web_config is not None else None
 
     def web_config(self) -> WebConfig | None:
         return self._web_config.current() if self._web_config is not None else None
 
+    def tls_for_new_connection(self) -> tuple[ssl.SSLContext, Callable[[Any], bool]] | None:
+        config = self.web_config()
+        context = config.ssl_context() if config is not None else None
+        if config is None or context is None:  # cannot happen: a reload never turns TLS off; fail closed
+            return None
+        return context, config.client_certificate_allowed
 
-class _RequestHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: a scraper reuses its connection (and TLS session)
-    # Headers and body go out in two writes; with Nagle on, the body waits for the client's delayed ACK
-    # of the headers (40 ms on Linux) on every kept-alive request.
-    disable_nagle_algorithm = True
-    server_version = f"vllm-xpu-exporter/{__version__}"
-    sys_version = ""
-    server: _HTTPServer
-    _extra_headers: Mapping[str, str] = MappingProxyType({})
-    _replied = False
 
-    def __getattr__(self, name: str) -> Callable[[], None]:
-        # BaseHTTPRequestHandler calls do_<METHOD>; route every method through one place so that any
-        # method but GET and HEAD gets 405 (not the stdlib's 501).
-        if name.startswith("do_"):
-            return self._handle
-        raise AttributeError(name)
+class _Handler:
+    """Turns a parsed request into a whole response; runs on the HTTP worker threads."""
 
-    def version_string(self) -> str:
-        return self.server_version
+    def __init__(self, site: _Site) -> None:
+        self._site = site
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        logger.debug("%s %s", self.address_string(), format % args)
-
-    def end_headers(self) -> None:
-        for name, value in self._extra_headers.items():
-            self.send_header(name, value)
-        super().end_headers()
-
-    def _handle(self) -> None:
-        self._replied = False
+    def __call__(self, request: Request) -> Response:
         try:
-            self._route()
-        except (ConnectionError, TimeoutError):
-            raise
+            return self._route(request)
         except Exception as error:  # a bug must cost this request only, and tell the client nothing
-            logger.error("error serving %s %s: %s", self.command, self.path, type(error).__name__)
-            logger.debug("error serving %s %s", self.command, self.path, exc_info=True)
-            self.close_connection = True
-            if not self._replied:
-                self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, b"Internal server error.\n")
+            logger.error("error serving %s %s: %s", request.method, request.target, type(error).__name__)
+            logger.debug("error serving %s %s", request.method, request.target, exc_info=True)
+            return self._reply(request, None, HTTPStatus.INTERNAL_SERVER_ERROR, b"Internal server error.\n",
+                               close=True)
 
-    def _route(self) -> None:
-        site = self.server.site
+    def _route(self, request: Request) -> Response:
+        site = self._site
         config = site.web_config()
-        if config is not None:
-            self._extra_headers = config.headers
-        if self.command not in _ALLOWED_METHODS or self._has_body():
-            # The body is never read; closing keeps it from being parsed as the next request.
-            self.close_connection = True
         if config is not None and not config.allow_request():
-            self._reply(HTTPStatus.TOO_MANY_REQUESTS, b"Too many requests.\n")
-            return
-        if config is not None and not config.check_basic_auth(self.headers.get("Authorization")):
-            self._reply(HTTPStatus.UNAUTHORIZED, b"Unauthorized.\n", {"WWW-Authenticate": "Basic"})
-            return
-        url = urlsplit(self.path)
+            return self._reply(request, config, HTTPStatus.TOO_MANY_REQUESTS, b"Too many requests.\n")
+        try:
+            authenticated = config is None or config.check_basic_auth(request.headers.get("authorization"))
+        except PasswordChecksBusy:
+            return self._reply(request, config, HTTPStatus.TOO_MANY_REQUESTS,
+                               b"Too many password checks under way, retry.\n", {"Retry-After": "1"})
+        if not authenticated:
+            return self._reply(request, config, HTTPStatus.UNAUTHORIZED, b"Unauthorized.\n",
+                               {"WWW-Authenticate": "Basic"})
+        url = urlsplit(request.target)
         if url.path == site.telemetry_path:
             handler = self._metrics
         elif url.path == "/":
@@ -209,135 +222,47 @@ class _RequestHandler(BaseHTTPRequestHandler):
         elif url.path == HEALTH_PATH:
             handler = self._healthy
         else:
-            self._reply(HTTPStatus.NOT_FOUND, b"Not found.\n")
-            return
-        if self.command not in _ALLOWED_METHODS:
-            self._reply(HTTPStatus.METHOD_NOT_ALLOWED, f"Method {self.command} not allowed.\n".encode(),
-                        {"Allow": ", ".join(_ALLOWED_METHODS)})
-            return
-        handler(url.query)
+            return self._reply(request, config, HTTPStatus.NOT_FOUND, b"Not found.\n")
+        if request.method not in _ALLOWED_METHODS:
+            return self._reply(request, config, HTTPStatus.METHOD_NOT_ALLOWED,
+                               f"Method {request.method} not allowed.\n".encode(),
+                               {"Allow": ", ".join(_ALLOWED_METHODS)})
+        return handler(request, config)
 
-    def _has_body(self) -> bool:
-        return bool(self.headers.get("Transfer-Encoding")) or self.headers.get("Content-Length", "0").strip() != "0"
-
-    def _metrics(self, _query: str) -> None:
-        site = self.server.site
-        encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+    def _metrics(self, request: Request, config: WebConfig | None) -> Response:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         try:
-            body = encoder(site.registry)
+            body = encoder(self._site.registry)
         except Exception as error:
             logger.error("collecting metrics failed: %s: %s", type(error).__name__, error)
             logger.debug("collecting metrics failed", exc_info=True)
-            self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, b"An error has occurred while collecting metrics.\n")
-            return
+            return self._reply(request, config, HTTPStatus.INTERNAL_SERVER_ERROR,
+                               b"An error has occurred while collecting metrics.\n")
         headers = {"Vary": "Accept, Accept-Encoding"}
-        if gzip_accepted(self.headers.get("Accept-Encoding", "")):
+        if gzip_accepted(request.headers.get("accept-encoding", "")):
             body = gzip.compress(body, compresslevel=6)
             headers["Content-Encoding"] = "gzip"
-        self._reply(HTTPStatus.OK, body, headers, content_type=content_type)
+        return self._reply(request, config, HTTPStatus.OK, body, headers, content_type=content_type)
 
-    def _landing_page(self, _query: str) -> None:
-        self._reply(HTTPStatus.OK, self.server.site.landing_page, content_type="text/html; charset=utf-8")
+    def _landing_page(self, request: Request, config: WebConfig | None) -> Response:
+        return self._reply(request, config, HTTPStatus.OK, self._site.landing_page,
+                           content_type="text/html; charset=utf-8")
 
-    def _healthy(self, _query: str) -> None:
-        self._reply(HTTPStatus.OK, b"OK")
+    def _healthy(self, request: Request, config: WebConfig | None) -> Response:
+        return self._reply(request, config, HTTPStatus.OK, b"OK")
 
-    def _reply(self, status: HTTPStatus, body: bytes, headers: Mapping[str, str] | None = None,
-               content_type: str = "text/plain; charset=utf-8") -> None:
-        self._replied = True
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, listening_socket: socket.socket, site: _Site) -> None:
-        self.address_family = listening_socket.family
-        # BaseServer, not TCPServer: the socket is already bound and listening.
-        socketserver.BaseServer.__init__(self, listening_socket.getsockname(), _RequestHandler)
-        self.socket = listening_socket
-        self.site = site
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        connection = request
-        self._track(connection, True)
-        try:
-            request.settimeout(CONNECTION_TIMEOUT_SECONDS)
-            config = self.site.web_config()
-            context = config.ssl_context() if config is not None else None
-            if config is not None and context is not None:
-                secured = self._tls_handshake(request, client_address, context, config)
-                if secured is None:
-                    return
-                self._track(request, False)
-                connection = secured
-                self._track(connection, True)
-            self.finish_request(connection, client_address)
-        except Exception:
-            self.handle_error(connection, client_address)
-        finally:
-            self._track(connection, False)
-            self.shutdown_request(connection)
-
-    def _tls_handshake(self, request: socket.socket, client_address: Any, context: ssl.SSLContext,
-                       config: WebConfig) -> ssl.SSLSocket | None:
-        try:
-            first = request.recv(1, socket.MSG_PEEK)
-            if first and first[0] != _TLS_HANDSHAKE_RECORD:
-                logger.debug("plain HTTP (or other non-TLS data) from %s on the TLS port", client_address[0])
-                if first.isalpha():
-                    request.settimeout(1.0)
-                    request.recv(65536)  # so that closing does not reset the connection under the reply
-                    request.sendall(_PLAIN_HTTP_TO_TLS_RESPONSE)
-                return None
-            if not first:
-                return None
-            secured = context.wrap_socket(request, server_side=True)
-        except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
-            logger.debug("TLS handshake with %s failed: %s", client_address[0], error)
-            return None
-        if not config.client_certificate_allowed(secured.getpeercert()):
-            logger.debug("client certificate of %s has none of the allowed SANs", client_address[0])
-            secured.close()
-            return None
-        return secured
-
-    def _track(self, connection: socket.socket, active: bool) -> None:
-        with self._connections_lock:
-            if active:
-                self._connections.add(connection)
-            else:
-                self._connections.discard(connection)
-
-    def close_connections(self) -> None:
-        """Ends every open connection (idle keep-alive ones included) so their threads finish."""
-        with self._connections_lock:
-            connections = list(self._connections)
-        for connection in connections:
-            try:
-                # The plain socket call, also for TLS sockets: this runs outside the connection's thread.
-                socket.socket.shutdown(connection, socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        error = sys.exc_info()[1]
-        if isinstance(error, (ConnectionError, TimeoutError, ssl.SSLError)):
-            logger.debug("connection from %s ended: %s", client_address[0], error)
-        else:
-            logger.error("error on connection from %s: %s", client_address[0], type(error).__name__)
-            logger.debug("error on connection from %s", client_address[0], exc_info=True)
+    @staticmethod
+    def _reply(request: Request, config: WebConfig | None, status: HTTPStatus, body: bytes,
+               headers: Mapping[str, str] | None = None, content_type: str = "text/plain; charset=utf-8",
+               close: bool = False) -> Response:
+        close = close or request.close
+        all_headers = {"Content-Type": content_type, "Content-Length": str(len(body)), **(headers or {}),
+                       **(config.headers if config is not None else {})}
+        logger.debug('%s "%s" %d %d', request.client, request.line, status.value, len(body))
+        data = render_response(status, body, all_headers, server=SERVER_NAME, close=close,
+                               head_only=request.method == "HEAD",
+                               keep_alive_header=not close and request.version == "HTTP/1.0")
+        return Response(data, close)
 
 
 class ExporterServer:
@@ -349,12 +274,17 @@ class ExporterServer:
     """
 
     def __init__(self, listen_address: str, telemetry_path: str, registry: CollectorRegistry,
-                 web_config: WebConfig | None = None, landing_page_title: str = "vllm-xpu-exporter") -> None:
+                 web_config: WebConfig | None = None, landing_page_title: str = "vllm-xpu-exporter",
+                 limits: ServerLimits | None = None) -> None:
         if not telemetry_path.startswith("/"):
             raise ValueError(f"invalid telemetry path {telemetry_path!r}: it must start with '/'")
         host, port = parse_listen_address(listen_address)
         listening_socket = _listening_socket(host, port)
-        self._httpd = _HTTPServer(listening_socket, _Site(telemetry_path, registry, web_config, landing_page_title))
+        site = _Site(telemetry_path, registry, web_config, landing_page_title)
+        self._server_address = listening_socket.getsockname()
+        self._connections = ConnectionServer(listening_socket, _Handler(site),
+                                             tls=site.tls_for_new_connection if site.tls else None,
+                                             server_name=SERVER_NAME, limits=limits)
         self._state_lock = threading.Lock()
         self._serving = False
         self._closed = False
@@ -362,21 +292,30 @@ class ExporterServer:
     @property
     def server_address(self) -> tuple[str, int]:
         """The bound (host, port); host "::" when listening dual-stack on all interfaces."""
-        host, port = self._httpd.server_address[:2]
+        host, port = self._server_address[:2]
         return str(host), int(port)
+
+    @property
+    def limits(self) -> ServerLimits:
+        return self._connections.limits
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         with self._state_lock:
             if self._closed:
                 return
             self._serving = True
-        self._httpd.serve_forever(poll_interval)
+        self._connections.serve_forever(poll_interval)
+
+    def stop_serving(self) -> None:
+        """Makes serve_forever return soon, without waiting: safe in a signal handler of the thread that
+        serves (it needs no thread, so it works under a task limit too). shutdown() then closes."""
+        self._connections.stop(wait=False)
 
     def shutdown(self) -> None:
         """Stops serve_forever, closes the listening socket and ends open connections. Idempotent."""
         with self._state_lock:
-            serving, self._closed = self._serving, True
-        if serving:
-            self._httpd.shutdown()
-        self._httpd.server_close()
-        self._httpd.close_connections()
+            serving, closed, self._closed = self._serving, self._closed, True
+        if closed:
+            return
+        self._connections.stop(wait=serving)
+        self._connections.close()

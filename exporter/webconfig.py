@@ -119,8 +119,16 @@ _RATE_LIMIT_KEYS = ("interval", "burst")
 
 _BCRYPT_HASH = re.compile(r"\$2[aby]\$(?P<cost>\d\d)\$[./A-Za-z0-9]{53}")
 _BCRYPT_MAX_PASSWORD_BYTES = 72
+_BCRYPT_QUEUE = 2  # of the HTTP server's four workers: two stay free for requests that need no bcrypt
 _GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+FileState = tuple[int, int, int, int, int] | None  # (device, inode, size, mtime ns, ctime ns); None: no such file
+
+
+class PasswordChecksBusy(Exception):
+    """Too many password checks are under way: the request should be answered 429, to be retried."""
 
 
 class WebConfigError(ValueError):
@@ -189,21 +197,29 @@ class WebConfig:
     """
 
     def __init__(self, *, tls: TLSServerConfig | None, headers: Mapping[str, str], users: Mapping[str, str],
-                 rate_limit: RateLimit | None, http2: bool, source_path: str | None) -> None:
+                 rate_limit: RateLimit | None, http2: bool, source_path: str | None, empty: bool = False,
+                 source_fingerprint: Mapping[str, FileState] | None = None) -> None:
         self.tls = tls
         self.headers: Mapping[str, str] = MappingProxyType(dict(headers))
         self.rate_limit = rate_limit
         self.http2 = http2
         self.source_path = source_path
+        self.empty = empty
         self._users = {user: hashed.encode("ascii") for user, hashed in users.items()}
+        # The state of every file this config is read from, taken before the file was read: a change that
+        # lands while the config loads is seen as a change afterwards, never mistaken for what was loaded.
+        self.fingerprint: Mapping[str, FileState] = MappingProxyType(
+            {**(source_fingerprint or {}), **_file_fingerprint(tls.files if tls else ())})
         self._ssl_context = _build_ssl_context(tls) if tls is not None else None
-        # A hash of the configured cost that no password matches: checked for unknown users so that
-        # their answer takes as long as a known user's (no user enumeration by timing).
-        self._decoy_hash = (bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(_highest_cost(self._users)))
-                            if self._users else b"")
+        # Checked for unknown users so that their answer takes as long as a known user's (no user
+        # enumeration by timing).
+        self._decoy_hash = _decoy_hash(_highest_cost(self._users)) if self._users else b""
         self._verified: dict[str, bytes] = {}  # user -> sha256 of the password bcrypt last accepted
         self._verified_lock = threading.Lock()
         self._bcrypt_lock = threading.Lock()  # bcrypt is CPU-heavy: one at a time, like exporter-toolkit
+        # Requests running or waiting for a bcrypt check; more are turned away rather than made to wait,
+        # so that wrong passwords at a high cost cannot hold every HTTP worker.
+        self._bcrypt_slots = threading.BoundedSemaphore(_BCRYPT_QUEUE)
         self._bucket = _TokenBucket(rate_limit) if rate_limit is not None else None
 
     def __repr__(self) -> str:
@@ -213,6 +229,10 @@ class WebConfig:
     @property
     def basic_auth_users(self) -> tuple[str, ...]:
         return tuple(sorted(self._users))
+
+    @property
+    def requires_client_certificate(self) -> bool:
+        return self.tls is not None and self.tls.client_auth_type == "RequireAndVerifyClientCert"
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The server-side TLS context, or None when the config does not enable TLS."""
@@ -228,7 +248,9 @@ class WebConfig:
         return self._bucket is None or self._bucket.take()
 
     def check_basic_auth(self, authorization_header: str | None) -> bool:
-        """True when no basic_auth_users are configured, or the header carries a user's right password."""
+        """True when no basic_auth_users are configured, or the header carries a user's right password.
+        Raises PasswordChecksBusy when the check needs bcrypt and two other requests already run or wait
+        for one (credentials verified before are answered from a cache, without bcrypt)."""
         if not self._users:
             return True
         credentials = _parse_basic_authorization(authorization_header)
@@ -239,11 +261,16 @@ class WebConfig:
         digest = hashlib.sha256(password).digest()
         if hashed is not None and self._was_verified(user, digest):
             return True
-        with self._bcrypt_lock:
-            # Another thread may have verified the same credentials while this one waited.
-            if hashed is not None and self._was_verified(user, digest):
-                return True
-            matches = _bcrypt_matches(password, hashed if hashed is not None else self._decoy_hash)
+        if not self._bcrypt_slots.acquire(blocking=False):
+            raise PasswordChecksBusy()
+        try:
+            with self._bcrypt_lock:
+                # Another thread may have verified the same credentials while this one waited.
+                if hashed is not None and self._was_verified(user, digest):
+                    return True
+                matches = _bcrypt_matches(password, hashed if hashed is not None else self._decoy_hash)
+        finally:
+            self._bcrypt_slots.release()
         if hashed is None or not matches:
             return False
         with self._verified_lock:
@@ -267,6 +294,19 @@ class WebConfig:
 
 def _highest_cost(users: Mapping[str, bytes]) -> int:
     return max(int(hashed[4:6]) for hashed in users.values())
+
+
+_BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+_BCRYPT_DIGEST_CHARS = 31
+
+
+def _decoy_hash(cost: int) -> bytes:
+    """A well-formed bcrypt hash of `cost` that no password matches: a random salt and a random digest.
+    Checking a password against it costs what checking a real hash of that cost does (bcrypt derives
+    from the salt and cost, then compares), while making it costs nothing: hashing a throw-away password
+    instead took 3.4 s at cost 15 on every config change."""
+    digest = "".join(secrets.choice(_BCRYPT_ALPHABET) for _ in range(_BCRYPT_DIGEST_CHARS))
+    return bcrypt.gensalt(cost) + digest.encode("ascii")
 
 
 def _bcrypt_matches(password: bytes, hashed: bytes) -> bool:
@@ -309,8 +349,25 @@ def _normalise_san(value: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- loading
 
+_MAX_YAML_DEPTH = 64  # the format nests 3 deep; PyYAML's composer recurses once per level
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys, like Go's yaml.UnmarshalStrict."""
+    """SafeLoader that refuses duplicate keys, like Go's yaml.UnmarshalStrict, and documents nested deeper
+    than the format ever needs (which would otherwise exhaust Python's recursion limit)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
+        if self._depth >= _MAX_YAML_DEPTH:
+            mark = self.peek_event().start_mark
+            raise WebConfigError(f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: "
+                                 f"nested deeper than {_MAX_YAML_DEPTH} levels")
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -326,6 +383,7 @@ class _StrictLoader(yaml.SafeLoader):
 
 def load_web_config(path: str) -> WebConfig:
     """Reads, validates and builds a web config file; raises WebConfigError naming the problem."""
+    source_fingerprint = _file_fingerprint((path,))
     try:
         with open(path, encoding="utf-8") as file:
             text = file.read()
@@ -345,12 +403,14 @@ def load_web_config(path: str) -> WebConfig:
     except yaml.YAMLError as error:
         raise WebConfigError(f"{path}: invalid YAML: {type(error).__name__}") from None
     try:
-        return parse_web_config(document, os.path.dirname(os.path.abspath(path)), source_path=path)
+        return parse_web_config(document, os.path.dirname(os.path.abspath(path)), source_path=path,
+                                source_fingerprint=source_fingerprint)
     except WebConfigError as error:
         raise WebConfigError(f"{path}: {error}") from None
 
 
-def parse_web_config(document: object, base_dir: str, source_path: str | None = None) -> WebConfig:
+def parse_web_config(document: object, base_dir: str, source_path: str | None = None,
+                     source_fingerprint: Mapping[str, FileState] | None = None) -> WebConfig:
     """Validates a parsed YAML document (None for an empty file) and builds the WebConfig."""
     top = _mapping(document, "the web config", _TOP_LEVEL_KEYS, allow_none=True)
     http = _mapping(top.get("http_server_config"), "http_server_config", _HTTP_KEYS, allow_none=True)
@@ -361,6 +421,8 @@ def parse_web_config(document: object, base_dir: str, source_path: str | None = 
         rate_limit=_parse_rate_limit(top.get("rate_limit")),
         http2=_boolean(http.get("http2", True), "http_server_config.http2"),
         source_path=source_path,
+        empty=not top,
+        source_fingerprint=source_fingerprint,
     )
 
 
@@ -649,46 +711,110 @@ def _build_ssl_context(tls: TLSServerConfig) -> ssl.SSLContext:
 
 # ------------------------------------------------------------------------------------------- reloading
 
-def _file_fingerprint(paths: tuple[str, ...]) -> tuple[tuple[str, int, int, int, int] | tuple[str], ...]:
-    result: list[tuple[str, int, int, int, int] | tuple[str]] = []
-    for path in paths:
-        try:
-            status = os.stat(path)
-        except OSError:
-            result.append((path,))
-        else:
-            result.append((path, status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns))
-    return tuple(result)
+def _file_state(path: str) -> FileState:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
+
+
+def _file_fingerprint(paths: tuple[str, ...]) -> dict[str, FileState]:
+    return {path: _file_state(path) for path in paths}
+
+
+_RELOAD_ATTEMPTS = 5
 
 
 class ReloadingWebConfig:
     """Follows a web config file, as exporter-toolkit does ("read upon every http request").
 
-    `current()` returns the config to use now: when the file or a certificate, key or CA file it names
-    has changed since the last look, the file is loaded again. A change that does not load keeps the
-    previous config in force and is logged once as an error, so a certificate rotation that is half done
-    never takes the exporter down.
+    `current()` returns the config to use now and never waits: when the file or a certificate, key or CA
+    file it names has changed since it was read, the file is loaded again on a thread of its own, and
+    requests are served with the previous config until the new one is ready (a load reads files, builds
+    the TLS context, and may be slow). What the listener promised at start stays:
+    a reload may change certificates, client CAs, users, headers and the rate limit, but a config that
+    would turn TLS on or off, stop requiring client certificates or drop basic auth is refused, and so
+    is an empty file (a file being rewritten is empty for a moment) or one that does not load. A refused
+    config keeps the previous one in force and is logged once as an error, so a certificate rotation
+    that is half done never takes the exporter down nor opens it.
     """
 
     def __init__(self, config: WebConfig) -> None:
         self._config = config
-        self._fingerprint = _file_fingerprint(config.watched_files())
+        self._start = config
+        self._fingerprint: Mapping[str, FileState] = config.fingerprint
         self._lock = threading.Lock()
+        self._reloading = False
+        self._start_failure_logged = False
 
     def current(self) -> WebConfig:
-        if self._config.source_path is None:
-            return self._config
+        config = self._config
+        if config.source_path is not None and self._changed(self._fingerprint):
+            self._start_reload(config.source_path)
+        return config
+
+    def _start_reload(self, path: str) -> None:
         with self._lock:
-            fingerprint = _file_fingerprint(self._config.watched_files())
-            if fingerprint == self._fingerprint:
-                return self._config
-            self._fingerprint = fingerprint
-            try:
-                config = load_web_config(self._config.source_path)
-            except WebConfigError as error:
-                logger.error("web config changed but cannot be used, keeping the previous one: %s", error)
-                return self._config
-            logger.info("web config reloaded from %s", self._config.source_path)
-            self._config = config
-            self._fingerprint = _file_fingerprint(config.watched_files())
-            return config
+            if self._reloading:
+                return
+            self._reloading = True
+        try:
+            threading.Thread(target=self._reload, args=(path,), name="web-config-reload", daemon=True).start()
+        except RuntimeError as error:  # no thread left (a task limit): the next request tries again
+            with self._lock:
+                self._reloading = False
+            if not self._start_failure_logged:
+                self._start_failure_logged = True
+                logger.error("web config changed but cannot be reloaded now, keeping the previous one: %s", error)
+
+    def _reload(self, path: str) -> None:
+        try:
+            for _attempt in range(_RELOAD_ATTEMPTS):
+                self._fingerprint = self._load_once(path)
+                if not self._changed(self._fingerprint):
+                    break
+                # A file changed while it was being read: read it again.
+        except Exception as error:  # a bug must not stop later reloads
+            logger.error("web config reload failed, keeping the previous one: %s", type(error).__name__)
+            logger.debug("web config reload failed", exc_info=True)
+        finally:
+            self._start_failure_logged = False
+            with self._lock:
+                self._reloading = False
+
+    @staticmethod
+    def _changed(fingerprint: Mapping[str, FileState]) -> bool:
+        return _file_fingerprint(tuple(fingerprint)) != fingerprint
+
+    def _load_once(self, path: str) -> Mapping[str, FileState]:
+        """Loads the file and applies it if allowed; returns the fingerprint to watch from now on, of the
+        files as they were before they were read."""
+        kept = self._config.fingerprint
+        before = _file_fingerprint((path,))
+        try:
+            config = load_web_config(path)
+        except WebConfigError as error:
+            logger.error("web config changed but cannot be used, keeping the previous one: %s", error)
+            return {**kept, **before}
+        refusal = self._refusal(config)
+        if refusal is not None:
+            logger.error("web config changed but %s, keeping the previous one: %s", refusal, path)
+            return {**kept, **config.fingerprint}
+        logger.info("web config reloaded from %s", path)
+        self._config = config
+        return config.fingerprint
+
+    def _refusal(self, config: WebConfig) -> str | None:
+        """Why `config` may not replace the running one, or None."""
+        start = self._start
+        if config.empty:
+            return "the file is empty"
+        if (config.ssl_context() is None) != (start.ssl_context() is None):
+            return ("it would turn TLS " + ("off" if start.ssl_context() is not None else "on")
+                    + " (the listener's scheme is fixed at start: restart to change it)")
+        if start.requires_client_certificate and not config.requires_client_certificate:
+            return "it would stop requiring client certificates (restart to change that)"
+        if start.basic_auth_users and not config.basic_auth_users:
+            return "it would turn basic auth off (restart to change that)"
+        return None

@@ -59,6 +59,21 @@ class TaskLimit:
         """`argv` run inside the cgroup: a shell moves itself in, then execs it (no fork, so no task is needed)."""
         return ["sh", "-c", f'echo $$ > {self.path / "cgroup.procs"} && exec "$@"', "sh", *argv]
 
+    def peak(self) -> int | None:
+        """The most tasks the cgroup has held (pids.peak; None on kernels without it)."""
+        try:
+            return int((self.path / "pids.peak").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def events_max(self) -> int:
+        """How many times a fork or thread creation was refused for the limit (pids.events `max`)."""
+        for line in (self.path / "pids.events").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "max":
+                return int(value)
+        return 0
+
     def close(self) -> None:
         deadline = time.monotonic() + 10
         while (pids := (self.path / "cgroup.procs").read_text().split()) and time.monotonic() < deadline:
@@ -75,3 +90,8 @@ class TaskLimit:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def cgroup_of(pid: int) -> str:
+    """The /proc/PID/cgroup text: shows which cgroup a process is in."""
+    return Path(f"/proc/{pid}/cgroup").read_text()

@@ -17,11 +17,14 @@ from __future__ import annotations
 import base64
 import dataclasses
 import http.client
+import logging
 import socket
 import ssl
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -36,6 +39,7 @@ from certs import Pki, make_encrypted_key, make_pki, make_self_signed
 from exporterproc import REPO, RunningExporter, wait_for
 from httpclient import basic, request
 from journalgen import Clock, JournalEntrySpec, random_boot_id, unit_output, unit_starting, write_journal
+from taskslimit import TaskLimit, TaskLimitUnavailable, cgroup_of
 
 NO_COLLECTORS = ("--no-collector.levelzero", "--no-collector.processes", "--no-collector.journal")
 USER = "prometheus"
@@ -242,6 +246,219 @@ def test_basic_auth_over_mutual_tls(start, pki):
     assert_serves_metrics(*https_get(exporter, context, headers=basic(USER, PASSWORD))[::2])
 
 
+# --- web config rewritten under a running exporter -----------------------------------------
+
+
+def tls_and_auth(pki: Pki) -> str:
+    return tls_config(pki) + f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n"
+
+
+def wait_for_reload_outcome(exporter: RunningExporter, previous_log: str, pki: Pki) -> None:
+    """Makes a request (a change is noticed on a request) and waits until the exporter logged what it
+    made of the changed file: reloaded, or kept the previous config."""
+    for get in (lambda: http_get(exporter), lambda: https_get(exporter, client_context(pki.ca_cert))):
+        try:
+            get()
+        except (OSError, http.client.HTTPException):
+            pass
+    assert wait_for(lambda: exporter.stderr.count("web config") > previous_log.count("web config")), exporter.stderr
+
+
+def assert_tls_and_auth_hold(exporter: RunningExporter, pki: Pki) -> None:
+    status, _, body = http_get(exporter)
+    assert status == 400 and b"xpu_" not in body
+    assert https_get(exporter, client_context(pki.ca_cert))[0] == 401
+    assert_serves_metrics(*https_get(exporter, client_context(pki.ca_cert), headers=basic(USER, PASSWORD))[::2])
+
+
+def test_truncating_the_web_config_keeps_tls_and_basic_auth(start, tmp_path, pki):
+    exporter = start(tls_and_auth(pki))
+    log = exporter.stderr
+    (tmp_path / "web.yml").write_text("")  # : > web.yml
+    wait_for_reload_outcome(exporter, log, pki)
+    assert_tls_and_auth_hold(exporter, pki)
+    assert "level=error" in exporter.stderr and "the file is empty" in exporter.stderr
+
+
+def test_rewriting_the_web_config_in_a_loop_never_lets_an_unauthenticated_request_through(start, tmp_path, pki):
+    """`while :; do cat good > web.yml; sleep 0.02; done` while a client without TLS nor credentials asks
+    for metrics as fast as it can: the file is empty for a moment on every rewrite."""
+    good = tls_and_auth(pki)
+    exporter = start(good)
+    path = tmp_path / "web.yml"
+    stop = threading.Event()
+
+    def rewrite_loop() -> None:
+        while not stop.is_set():
+            with open(path, "w") as file:  # truncates, as the shell's > does
+                time.sleep(0.001)
+                file.write(good)
+            time.sleep(0.02)
+
+    writer = threading.Thread(target=rewrite_loop, daemon=True)
+    writer.start()
+    answers: dict[int, int] = {}
+    deadline = time.monotonic() + 4
+    try:
+        while time.monotonic() < deadline:
+            for get in (lambda: http_get(exporter), lambda: https_get(exporter, client_context(pki.ca_cert))):
+                try:
+                    status = get()[0]
+                except (OSError, http.client.HTTPException):
+                    status = 0  # refused or reset: not served either
+                answers[status] = answers.get(status, 0) + 1
+    finally:
+        stop.set()
+        writer.join(5)
+    assert answers.get(200, 0) == 0, answers
+    assert sum(answers.values()) > 50, answers
+    time.sleep(0.1)
+    assert_tls_and_auth_hold(exporter, pki)
+
+
+def test_a_password_replaced_while_a_slow_config_loads_is_applied(start, tmp_path):
+    """A config with a costly bcrypt hash takes a while to load; the file is replaced during the load:
+    the replacement must be applied (not mistaken for what was loaded), so the old password stops working."""
+    exporter = start(f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n")
+    path = tmp_path / "web.yml"
+    slow_hash = bcrypt.hashpw(WRONG_PASSWORD.encode(), bcrypt.gensalt(14)).decode()
+    new_password = "N3w-passw0rd-after-the-rotation"
+    new_hash = bcrypt.hashpw(new_password.encode(), bcrypt.gensalt(4)).decode()
+    path.write_text(f"basic_auth_users:\n  {USER}: '{slow_hash}'\n")
+    trigger = threading.Thread(target=lambda: http_get(exporter, headers=basic(USER, PASSWORD)), daemon=True)
+    trigger.start()  # the request that notices the change
+    time.sleep(0.3)
+    path.write_text(f"basic_auth_users:\n  {USER}: '{new_hash}'\n  someone: '{new_hash}'\n")
+    assert wait_for(lambda: http_get(exporter, headers=basic(USER, new_password))[0] == 200, timeout=15), \
+        exporter.stderr
+    assert http_get(exporter, headers=basic(USER, PASSWORD))[0] == 401
+    trigger.join(15)
+
+
+def test_a_web_config_change_does_not_hold_up_requests(start, tmp_path):
+    """A change used to compute a decoy bcrypt hash of the highest configured cost under the reload lock,
+    blocking every request meanwhile (3.4 s at cost 15, 13 s at 17: past Prometheus's scrape timeout)."""
+    exporter = start(f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n")
+    assert http_get(exporter, headers=basic(USER, PASSWORD))[0] == 200
+    costly_hash = bcrypt.gensalt(16).decode() + "x" * 31  # well-formed; its password is never tried here
+    (tmp_path / "web.yml").write_text(f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n  operator: '{costly_hash}'\n")
+    slowest = 0.0
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        assert http_get(exporter, headers=basic(USER, PASSWORD))[0] == 200
+        slowest = max(slowest, time.monotonic() - started)
+    assert slowest < 1.0, f"a request took {slowest:.1f} s"
+    assert "web config reloaded" in exporter.stderr
+
+
+# --- hostile clients ------------------------------------------------------------------------
+
+# The shipped unit's limits (packaging/vllm-xpu-exporter.service): MemoryMax=512M, TasksMax=64.
+TASKS_MAX = 64
+PEAK_RSS_LIMIT_MB = 200
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident set size (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in /proc/PID/status")
+
+
+def huge_header_request() -> bytes:
+    """A request with 95 header lines of 65,000 bytes (6 MB), each under the old 64 KiB line limit."""
+    lines = b"".join(b"X-Padding-%03d: " % number + b"a" * 65_000 + b"\r\n" for number in range(95))
+    return b"GET /metrics HTTP/1.1\r\nHost: exporter\r\n" + lines + b"\r\n"
+
+
+@pytest.mark.parametrize("pace", ["at-once", "slowly"])
+def test_forty_clients_sending_huge_headers_leave_the_peak_rss_under_200_mb(start, pace):
+    """Headers are read before authentication: 40 clients at once, each sending 6 MB of headers (all of
+    it at once, or 64 KiB every 20 ms so that they are all in flight together)."""
+    exporter = start(f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n")
+    request = huge_header_request()
+    go = threading.Barrier(40)
+
+    def attack() -> None:
+        with socket.create_connection(("127.0.0.1", port_of(exporter)), timeout=20) as sock:
+            go.wait(10)
+            try:
+                if pace == "at-once":
+                    sock.sendall(request)
+                else:
+                    for offset in range(0, len(request), 65536):
+                        sock.sendall(request[offset:offset + 65536])
+                        time.sleep(0.02)
+                sock.recv(65536)
+            except OSError:
+                pass  # refused part-way: the exporter stopped reading
+
+    clients = [threading.Thread(target=attack, daemon=True) for _ in range(40)]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join(60)
+    peak = peak_rss_mb(exporter.process.pid)
+    assert peak < PEAK_RSS_LIMIT_MB, f"peak RSS {peak:.0f} MB"
+    assert_serves_metrics(*http_get(exporter, headers=basic(USER, PASSWORD))[::2])
+    assert "Traceback" not in exporter.stderr
+
+
+@pytest.fixture
+def tasks_limit() -> Iterator[TaskLimit]:
+    """A pids cgroup limited to the unit's TasksMax."""
+    try:
+        limit = TaskLimit("vllm-xpu-exporter-security-test", TASKS_MAX)
+    except TaskLimitUnavailable as error:
+        pytest.skip(str(error))
+    with limit:
+        yield limit
+
+
+def test_idle_and_slowloris_connections_do_not_lock_scrapes_out_under_tasks_max(tasks_limit):
+    """200 idle TCP connections and 100 that send a header line every half second (never finishing their
+    request), under TasksMax=64 emulated with a pids cgroup: scrapes keep being answered."""
+    command = tasks_limit.wrap([sys.executable, "-m", "exporter"])
+    with RunningExporter(list(NO_COLLECTORS), command=command) as exporter:
+        assert tasks_limit.path.name in cgroup_of(exporter.process.pid)
+        port = port_of(exporter)
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(200)]
+        slow = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(100)]
+        stop = threading.Event()
+
+        def trickle() -> None:
+            for sock in slow:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: exporter\r\n")
+            while not stop.wait(0.5):
+                for sock in slow:
+                    try:
+                        sock.sendall(b"X-Still-There: yes\r\n")
+                    except OSError:
+                        pass
+
+        trickler = threading.Thread(target=trickle, daemon=True)
+        trickler.start()
+        try:
+            time.sleep(1)
+            statuses = []
+            for _ in range(20):
+                try:
+                    statuses.append(http_get(exporter)[0])
+                except (OSError, http.client.HTTPException) as error:
+                    statuses.append(type(error).__name__)
+            assert statuses == [200] * 20, statuses
+            assert exporter.process.poll() is None
+            assert tasks_limit.events_max() == 0, "a thread was refused for the task limit"
+        finally:
+            stop.set()
+            trickler.join(5)
+            for sock in idle + slow:
+                sock.close()
+        assert "Traceback" not in exporter.stderr, exporter.stderr[-3000:]
+
+
 # --- invalid web config files ---------------------------------------------------------------
 
 PLAINTEXT_PASSWORD = "hunter2-plaintext-not-a-hash"
@@ -265,12 +482,15 @@ def invalid_configs(directory: Path, pki: Pki) -> dict[str, str]:
         "unknown-client-auth-type": tls_config(pki, f"client_auth_type: Sometimes\nclient_ca_file: {pki.ca_cert}\n"),
         "unknown-tls-version": tls_config(pki, "min_version: TLS99\n"),
         "plaintext-password": f"basic_auth_users:\n  {USER}: {PLAINTEXT_PASSWORD}\n",
+        "nested-5000-deep": "".join(" " * depth + "k:\n" for depth in range(5000)),
+        "flow-nested-5000-deep": "tls_server_config: " + "[" * 5000 + "]" * 5000 + "\n",
     }
 
 
 INVALID_CONFIG_NAMES = ["not-yaml", "not-a-mapping", "unknown-key", "missing-cert-file", "cert-without-key",
                         "key-of-another-cert", "garbage-key", "encrypted-key",
-                        "unknown-client-auth-type", "unknown-tls-version", "plaintext-password"]
+                        "unknown-client-auth-type", "unknown-tls-version", "plaintext-password", "nested-5000-deep",
+                        "flow-nested-5000-deep"]
 
 
 def run_to_exit(*args: str) -> subprocess.CompletedProcess[str]:
@@ -345,6 +565,33 @@ def test_no_secret_reaches_the_logs_at_debug_level(start, pki, log_format):
     assert "level=debug" in log or '"level": "debug"' in log, "debug logging was on"
     for secret in secrets(pki):
         assert secret not in log, f"a secret reached the log: {secret[:12]}..."
+
+
+def test_control_bytes_of_a_request_line_reach_the_debug_log_escaped(start):
+    """An attacker's request line must not put raw ESC (terminal control sequences) or CR (a line that
+    overwrites the one before on a terminal) into the logfmt log."""
+    exporter = start("", "--log.level", "debug", *NO_COLLECTORS)
+    for line in (b"GET /\x1b[2J\x1b[31mred HTTP/1.1", b"GET /overwritten\rlevel=error HTTP/1.1",
+                 b"GET /bell\x07\x7f\x00 HTTP/1.1"):
+        with socket.create_connection(("127.0.0.1", port_of(exporter)), timeout=5) as sock:
+            sock.sendall(line + b"\r\nHost: x\r\n\r\n")
+            sock.recv(65536)
+    assert wait_for(lambda: exporter.stderr.count("/bell") >= 1)
+    exporter.stop()
+    log = exporter.stderr
+    assert "\\u001b[2J\\u001b[31mred" in log and "/overwritten\\rlevel=error" in log, log
+    assert "\\u0007\\u007f\\u0000" in log
+    for raw in ("\x1b", "\r", "\x07", "\x7f", "\x00"):
+        assert raw not in log
+
+
+def test_logfmt_escapes_control_characters_like_go_logfmt():
+    from exporter.logs import LogfmtFormatter
+    record = logging.LogRecord("exporter.web", logging.DEBUG, __file__, 1, "%s", ("a\x1bb\rc\nd\te\"f\\g=h i\u2028",), None)
+    line = LogfmtFormatter().format(record)
+    assert line.endswith(' msg="a\\u001bb\\rc\\nd\\te\\"f\\\\g=h i\\u2028"'), line
+    record.args = ("plain-value",)
+    assert LogfmtFormatter().format(record).endswith(" msg=plain-value")
 
 
 def test_metrics_never_contain_the_web_config_secrets(start, pki):

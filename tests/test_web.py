@@ -3,6 +3,7 @@ import gzip
 import http.client
 import logging
 import os
+import re
 import socket
 import ssl
 import subprocess
@@ -21,6 +22,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import Collector
 
+from exporter.httpserver import ServerLimits
 from exporter.web import ExporterServer, parse_listen_address
 from exporter.webconfig import WebConfig, load_web_config
 from httpclient import basic, request
@@ -54,8 +56,9 @@ def sample_registry() -> CollectorRegistry:
 
 @contextmanager
 def running(listen: str = "127.0.0.1:0", telemetry_path: str = "/metrics",
-            registry: CollectorRegistry | None = None, web_config: WebConfig | None = None) -> Iterator[ExporterServer]:
-    server = ExporterServer(listen, telemetry_path, registry or sample_registry(), web_config)
+            registry: CollectorRegistry | None = None, web_config: WebConfig | None = None,
+            limits: ServerLimits | None = None) -> Iterator[ExporterServer]:
+    server = ExporterServer(listen, telemetry_path, registry or sample_registry(), web_config, limits=limits)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -112,6 +115,8 @@ def test_listen_address_accepts_the_go_forms(value, expected):
 @pytest.mark.parametrize("value", [
     "", "9999", ":", ":65536", ":99999", ":-1", ":http", ": 9999", "::1:9999", "[::1]", "[::1", "[::1:9999", "[::1]9999", "[::1]:", "[]:9999",
     "[localhost]:9999", "256.1.1.1:9999", "1.2.3:9999", "exa mple:9999", "http://localhost:9999", "host_name:80",
+    "0x7f.1:9999", "0x7f:9999", "0x7f000001:9999", "127.1:9999", "2130706433:9999", "0177.0.0.1:9999",
+    "127.0.0.1.:9999", "example.123:9999",
 ])
 def test_listen_address_rejects_malformed_values_with_one_line(value):
     with pytest.raises(ValueError) as caught:
@@ -166,6 +171,21 @@ def test_gzip_is_used_when_the_client_accepts_it(server):
     _, plain_headers, plain_body = fetch(server)
     assert plain_headers["Content-Encoding"] is None
     assert plain_body == gzip.decompress(body)
+
+
+@pytest.mark.parametrize("accept_encoding", ["gzip;q=0", "gzip; q=0.000", "deflate, gzip;q=0", "identity", "*"])
+def test_gzip_is_not_used_when_the_client_refuses_or_does_not_name_it(server, accept_encoding):
+    status, headers, body = fetch(server, headers={"Accept-Encoding": accept_encoding})
+    assert status == 200
+    assert headers["Content-Encoding"] is None
+    assert b"sample_memory_bytes" in body
+
+
+@pytest.mark.parametrize("accept_encoding", ["gzip;q=0.5", "x-gzip", "br;q=1.0, GZIP;Q=0.1"])
+def test_gzip_is_used_at_any_q_value_above_zero(server, accept_encoding):
+    _, headers, body = fetch(server, headers={"Accept-Encoding": accept_encoding})
+    assert headers["Content-Encoding"] == "gzip"
+    assert b"sample_memory_bytes" in gzip.decompress(body)
 
 
 def test_head_returns_the_headers_of_get_without_a_body(server):
@@ -301,6 +321,213 @@ def test_shutdown_without_serve_forever_returns():
     unstarted = ExporterServer("127.0.0.1:0", "/metrics", sample_registry())
     unstarted.shutdown()
     unstarted.shutdown()
+
+
+# ------------------------------------------------------------------------------- limits per client
+
+def connect(server: ExporterServer) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10)
+
+
+def read_until_closed(sock: socket.socket, timeout: float = 10) -> bytes:
+    """Everything the server sends until it closes the connection (a reset counts as closed)."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """True when the server closes the connection within `seconds` (without sending anything)."""
+    sock.settimeout(seconds)
+    try:
+        return sock.recv(65536) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_request_line_over_8_kib_gets_414(server):
+    with connect(server) as sock:
+        sock.sendall(b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 414 ")
+    assert fetch(server)[0] == 200
+
+
+def test_a_request_head_over_1_mib_gets_431_and_is_not_read_further(server):
+    with connect(server) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+        header = b"X-Padding: " + b"a" * 8000 + b"\r\n"
+        try:
+            for _ in range(140):  # 1.1 MB, never finished
+                sock.sendall(header)
+        except OSError:
+            pass
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 431 ")
+
+
+def test_a_head_of_exactly_the_limit_is_served_and_one_byte_more_is_not():
+    limit = 64 << 10
+    request_line = b"GET /metrics HTTP/1.1\r\n"
+    with running(limits=ServerLimits(max_header_bytes=limit)) as small:
+        for extra, status in ((0, b"200"), (1, b"431")):
+            padding = b"a" * (limit - len(request_line) - len(b"X-Padding: \r\n\r\n") + extra)
+            head = request_line + b"X-Padding: " + padding + b"\r\n\r\n"  # the blank line counts
+            assert len(head) == limit + extra
+            with connect(small) as sock:
+                sock.sendall(head)
+                sock.settimeout(5)
+                assert sock.recv(100).startswith(b"HTTP/1.1 " + status + b" ")
+
+
+def test_more_than_100_header_lines_get_431(server):
+    with connect(server) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n" + b"X-A: b\r\n" * 101 + b"\r\n")
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 431 ")
+
+
+def test_a_slowloris_client_is_cut_off_at_the_header_timeout_however_often_it_sends():
+    with running(limits=ServerLimits(header_timeout=0.5)) as limited, connect(limited) as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+        try:
+            while time.monotonic() - started < 5:
+                sock.sendall(b"X-Still-There: yes\r\n")
+                time.sleep(0.05)
+        except OSError:
+            pass
+        assert closed_within(sock, 5)
+        assert time.monotonic() - started < 2
+        assert fetch(limited)[0] == 200
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_header_timeout():
+    with running(limits=ServerLimits(header_timeout=0.3)) as limited, connect(limited) as sock:
+        started = time.monotonic()
+        assert closed_within(sock, 5)
+        assert 0.25 < time.monotonic() - started < 2
+
+
+def test_a_kept_alive_connection_is_closed_after_the_idle_timeout():
+    with running(limits=ServerLimits(idle_timeout=0.5, header_timeout=5)) as limited:
+        connection = http.client.HTTPConnection("127.0.0.1", limited.server_address[1], timeout=5)
+        connection.request("GET", "/-/healthy")
+        assert connection.getresponse().read() == b"OK"
+        time.sleep(0.2)
+        connection.request("GET", "/-/healthy")  # still open: the idle time restarts after each response
+        assert connection.getresponse().read() == b"OK"
+        assert closed_within(connection.sock, 3)
+        connection.close()
+
+
+def test_all_connections_together_hold_a_bounded_amount_of_unfinished_heads():
+    """Each client stays under the per-request limit, together they pass the shared budget: the one
+    holding the most is refused, the others and a scrape go on."""
+    limits = ServerLimits(max_header_bytes=256 << 10, max_buffered_bytes=300 << 10)
+    with running(limits=limits) as limited:
+        clients = [connect(limited) for _ in range(4)]
+        try:
+            for number, sock in enumerate(clients):
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nX-Padding: " + b"a" * ((90 + number * 10) << 10))
+                time.sleep(0.1)
+            assert read_until_closed(clients[3], 5).startswith(b"HTTP/1.1 431 ")
+            assert fetch(limited)[0] == 200
+            clients[0].sendall(b"\r\n\r\n")
+            assert clients[0].recv(100).startswith(b"HTTP/1.1 200 ")
+        finally:
+            for sock in clients:
+                sock.close()
+
+
+def test_at_the_connection_cap_the_oldest_idle_connection_makes_room():
+    with running(limits=ServerLimits(max_connections=8)) as limited:
+        idle = [connect(limited) for _ in range(8)]
+        try:
+            time.sleep(0.2)
+            assert fetch(limited)[0] == 200
+            assert closed_within(idle[0], 2)
+            assert not closed_within(idle[-1], 0.2)
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+def test_at_the_connection_cap_a_scrapers_kept_alive_connection_outlives_idle_newcomers():
+    """Connections that never completed a request make room first: however many of them keep coming,
+    the scraper's kept-alive connection is not the one closed."""
+    with running(limits=ServerLimits(max_connections=8)) as limited:
+        scraper = http.client.HTTPConnection("127.0.0.1", limited.server_address[1], timeout=5)
+        scraper.request("GET", "/metrics")
+        assert scraper.getresponse().read()
+        newcomers = [connect(limited) for _ in range(30)]
+        try:
+            time.sleep(0.2)
+            scraper.request("GET", "/metrics")  # on the same connection: http.client does not reconnect
+            assert scraper.getresponse().status == 200
+            assert closed_within(newcomers[0], 2)
+        finally:
+            scraper.close()
+            for sock in newcomers:
+                sock.close()
+
+
+def test_a_client_that_never_reads_its_responses_holds_no_worker():
+    """With a single worker: one client pipelines requests and reads nothing (its responses pile up in
+    the socket buffers); a scrape is still answered, because responses are sent by the event loop."""
+    with running(limits=ServerLimits(workers=1)) as limited, connect(limited) as greedy:
+        greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        try:
+            greedy.settimeout(2)
+            for _ in range(2000):
+                greedy.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        except OSError:
+            pass  # the server stopped reading: its answers are not being taken
+        started = time.monotonic()
+        assert fetch(limited, timeout=5)[0] == 200
+        assert time.monotonic() - started < 1
+
+
+def test_a_request_without_an_http_version_gets_400_not_an_http_0_9_reply(server):
+    with connect(server) as sock:
+        sock.sendall(b"GET /metrics\r\n\r\n")
+        reply = read_until_closed(sock)
+    assert reply.startswith(b"HTTP/1.1 400 ")
+    assert b"sample_memory_bytes" not in reply
+
+
+@pytest.mark.parametrize("line", [b"Host x", b" folded: continuation", b"Host : x", b"Na me: x", b"X-A: b\x00c",
+                                  b"X-A: b\x1b[31mc", b": no-name"],
+                         ids=["no-colon", "obsolete-folding", "space-before-colon", "space-in-name", "nul-in-value",
+                              "escape-in-value", "empty-name"])
+def test_a_malformed_header_line_gets_400(server, line):
+    with connect(server) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + line + b"\r\n\r\n")
+        reply = read_until_closed(sock)
+    assert reply.startswith(b"HTTP/1.1 400 ")
+    assert b"sample_memory_bytes" not in reply
+
+
+@pytest.mark.parametrize("request_line", [b"GET /metrics HTTP/2.0", b"GET /metrics HTTP/1", b"G(T /metrics HTTP/1.1",
+                                          b"GET /me\x1btrics HTTP/1.1", b"GET  /metrics HTTP/1.1"],
+                         ids=["http-2", "no-minor-version", "bad-method", "control-in-target", "two-spaces"])
+def test_a_malformed_request_line_is_refused(server, request_line):
+    with connect(server) as sock:
+        sock.sendall(request_line + b"\r\nHost: x\r\n\r\n")
+        reply = read_until_closed(sock)
+    assert re.match(rb"HTTP/1\.1 (400|505) ", reply), reply[:100]
+
+
+def test_pipelined_requests_are_answered_in_order(server):
+    with connect(server) as sock:
+        sock.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"GET /-/healthy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        replies = read_until_closed(sock)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", replies) == [b"200", b"404", b"200"]
 
 
 # -------------------------------------------------------------------------------------------- IPv6
@@ -460,6 +687,38 @@ def test_basic_auth_right_password_gets_metrics(tmp_path):
         assert status == 200 and b"sample_memory_bytes" in body
 
 
+def test_a_flood_of_wrong_passwords_does_not_hold_up_a_scraper_with_known_credentials(tmp_path):
+    """bcrypt at a high cost keeps a worker busy; wrong passwords beyond two at a time get 429 at once,
+    so they cannot take every worker and the scraper (verified before, answered from a cache) gets one."""
+    slow_hash = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(12)).decode()  # ~0.25 s a check here
+    with running(web_config=web_config(tmp_path, f"basic_auth_users:\n  alice: '{slow_hash}'\n")) as auth_server:
+        assert fetch(auth_server, headers=basic("alice", PASSWORD))[0] == 200
+        stop = threading.Event()
+        statuses: list[int] = []
+
+        def flood() -> None:
+            while not stop.is_set():
+                statuses.append(fetch(auth_server, headers=basic("alice", "guess"))[0])
+
+        attackers = [threading.Thread(target=flood, daemon=True) for _ in range(8)]
+        for attacker in attackers:
+            attacker.start()
+        try:
+            time.sleep(0.3)
+            slowest = 0.0
+            for _ in range(10):
+                started = time.monotonic()
+                assert fetch(auth_server, headers=basic("alice", PASSWORD))[0] == 200
+                slowest = max(slowest, time.monotonic() - started)
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            for attacker in attackers:
+                attacker.join(10)
+        assert slowest < 0.2, f"a scrape waited {slowest:.2f} s"
+        assert set(statuses) <= {401, 429} and 429 in statuses
+
+
 def mtls_with_basic_auth_config(tmp_path, pki):
     """A web config requiring a verified client certificate and alice's password."""
     return web_config(tmp_path, f"""
@@ -497,15 +756,15 @@ def test_rate_limit_answers_429_when_the_burst_is_spent(tmp_path):
         assert [fetch(limited)[0] for _ in range(3)] == [200, 200, 429]
 
 
-def test_changes_to_the_web_config_file_apply_to_the_next_request(tmp_path):
+def test_changes_to_the_web_config_file_apply_once_loaded(tmp_path):
     config = auth_config(tmp_path)
     with running(web_config=config) as auth_server:
         assert fetch(auth_server, headers=basic("alice", PASSWORD))[0] == 200
         path = Path(str(config.source_path))
         path.write_text(f"basic_auth_users:\n  bob: '{PASSWORD_HASH}'\n")
         os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
+        assert wait_for(lambda: fetch(auth_server, headers=basic("bob", PASSWORD))[0] == 200)
         assert fetch(auth_server, headers=basic("alice", PASSWORD))[0] == 401
-        assert fetch(auth_server, headers=basic("bob", PASSWORD))[0] == 200
 
 
 # ----------------------------------------------------------------------------------------------- curl

@@ -1,13 +1,17 @@
 import base64
+import logging
 import os
 import ssl
+import threading
 import time
 from pathlib import Path
 
 import bcrypt
 import pytest
 
-from exporter.webconfig import ReloadingWebConfig, WebConfigError, load_web_config, parse_web_config
+import exporter.webconfig
+from exporter.webconfig import (PasswordChecksBusy, ReloadingWebConfig, WebConfig, WebConfigError, load_web_config,
+                                parse_web_config)
 from tests.certs import Pki, make_encrypted_key, make_pki, make_self_signed
 
 PASSWORD = "correct horse battery staple"
@@ -194,6 +198,32 @@ def test_a_verified_password_is_cached_and_an_unknown_user_still_costs_a_bcrypt(
     assert wrong_time > first_time / 3
 
 
+def test_at_most_two_requests_run_or_wait_for_bcrypt_and_cached_credentials_never_wait(tmp_path):
+    slow_hash = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(12)).decode()  # ~0.25 s a check here
+    config = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: '{slow_hash}'\n"))
+    assert config.check_basic_auth(basic("alice", PASSWORD))  # verified once: cached from now on
+    start = threading.Barrier(6)
+    outcomes: list[object] = []
+
+    def wrong_password() -> None:
+        start.wait(5)
+        try:
+            outcomes.append(config.check_basic_auth(basic("alice", "wrong")))
+        except PasswordChecksBusy as busy:
+            outcomes.append(type(busy))
+
+    checkers = [threading.Thread(target=wrong_password) for _ in range(6)]
+    for checker in checkers:
+        checker.start()
+    time.sleep(0.05)
+    started = time.perf_counter()
+    assert config.check_basic_auth(basic("alice", PASSWORD))
+    assert time.perf_counter() - started < 0.05
+    for checker in checkers:
+        checker.join(10)
+    assert sorted(map(str, outcomes)) == sorted(map(str, [False, False] + [PasswordChecksBusy] * 4))
+
+
 def test_repr_names_users_but_not_their_hashes(tmp_path):
     config = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n"))
     assert "alice" in repr(config)
@@ -225,14 +255,181 @@ def test_reloading_config_follows_the_file_and_keeps_the_last_good_one(tmp_path,
     reloading = ReloadingWebConfig(load_web_config(path))
     assert reloading.current().basic_auth_users == ("alice",)
 
-    Path(path).write_text(f"basic_auth_users:\n  bob: '{HASH}'\n")
-    os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
+    rewrite(path, f"basic_auth_users:\n  bob: '{HASH}'\n")
+    assert eventually(lambda: reloading.current().basic_auth_users == ("bob",))
+
+    rewrite(path, "basic_auth_users: [broken\n")
+    assert eventually(lambda: reloading.current() is not None and "cannot be used" in caplog.text)
     assert reloading.current().basic_auth_users == ("bob",)
 
-    Path(path).write_text("basic_auth_users: [broken\n")
-    os.utime(path, ns=(time.time_ns(), time.time_ns() + 2_000_000_000))
-    assert reloading.current().basic_auth_users == ("bob",)
-    assert "cannot be used" in caplog.text
+
+_bumps = iter(range(1, 1_000_000))
+
+
+def rewrite(path: str, text: str) -> None:
+    """Rewrites a watched file; its mtime moves on by whole seconds so that the change shows even when
+    the file keeps its size within one tick of the file system's clock."""
+    Path(path).write_text(text)
+    later = time.time_ns() + next(_bumps) * 1_000_000_000
+    os.utime(path, ns=(later, later))
+
+
+def eventually(predicate, timeout: float = 10.0) -> bool:
+    """Polls `predicate` (which may trigger a reload) until it holds or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def tls_auth_text(pki: Pki, client_auth: bool = True, users: bool = True, tls: bool = True) -> str:
+    text = ""
+    if tls:
+        text += f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n"
+        if client_auth:
+            text += f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki.ca_cert}\n"
+    if users:
+        text += f"basic_auth_users:\n  alice: '{HASH}'\n"
+    return text
+
+
+def assert_protected(config: WebConfig) -> None:
+    """TLS with required client certificates and alice's password, as the file said at start."""
+    assert config.ssl_context() is not None
+    assert config.ssl_context().verify_mode == ssl.CERT_REQUIRED
+    assert config.basic_auth_users == ("alice",)
+    assert not config.check_basic_auth(None)
+
+
+def test_a_truncated_file_keeps_tls_client_certificates_and_basic_auth(tmp_path, pki, caplog):
+    path = write_config(tmp_path, tls_auth_text(pki))
+    reloading = ReloadingWebConfig(load_web_config(path))
+    rewrite(path, "")
+    assert eventually(lambda: reloading.current() is not None
+                      and "the file is empty, keeping the previous one" in caplog.text)
+    assert_protected(reloading.current())
+    assert any(record.levelno == logging.ERROR for record in caplog.records if "file is empty" in record.message)
+
+
+@pytest.mark.parametrize("what, text", [
+    ("tls-off", lambda pki: tls_auth_text(pki, tls=False)),
+    ("client-certificates-off", lambda pki: tls_auth_text(pki, client_auth=False)),
+    ("basic-auth-off", lambda pki: tls_auth_text(pki, users=False)),
+    ("half-written", lambda pki: "tls_server_config:\n"),
+    ("comments-only", lambda pki: "# being rewritten\n"),
+])
+def test_a_reload_never_drops_tls_or_authentication(tmp_path, pki, caplog, what, text):
+    path = write_config(tmp_path, tls_auth_text(pki))
+    reloading = ReloadingWebConfig(load_web_config(path))
+    rewrite(path, text(pki))
+    assert eventually(lambda: reloading.current() is not None and "keeping the previous one" in caplog.text)
+    assert_protected(reloading.current())
+    # Once the file is whole again, its changes apply as usual.
+    rewrite(path, tls_auth_text(pki).replace("alice", "bob"))
+    assert eventually(lambda: reloading.current().basic_auth_users == ("bob",))
+    assert reloading.current().ssl_context().verify_mode == ssl.CERT_REQUIRED
+
+
+def test_a_reload_cannot_turn_tls_on_for_a_plain_http_listener(tmp_path, pki, caplog):
+    path = write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n")
+    reloading = ReloadingWebConfig(load_web_config(path))
+    rewrite(path, tls_auth_text(pki))
+    assert eventually(lambda: reloading.current() is not None and "would turn TLS on" in caplog.text)
+    assert reloading.current().ssl_context() is None
+
+
+def test_a_reload_may_change_certificates_client_ca_and_users(tmp_path, pki):
+    other = make_pki(tmp_path / "other")
+    path = write_config(tmp_path, tls_auth_text(pki))
+    reloading = ReloadingWebConfig(load_web_config(path))
+    rewrite(path, tls_auth_text(other).replace("alice", "carol"))
+    assert eventually(lambda: reloading.current().basic_auth_users == ("carol",))
+    assert reloading.current().tls.cert_file == str(other.server.cert)
+    assert reloading.current().tls.client_ca_file == str(other.ca_cert)
+    # A certificate and key replaced in place (a rotation) are picked up too.
+    before_rotation = reloading.current()
+    rotated = make_pki(tmp_path / "rotated")
+    rewrite(str(other.server.cert), rotated.server.cert.read_text())
+    rewrite(str(other.server.key), rotated.server.key.read_text())
+    # (The certificate alone does not match the old key: only the whole pair loads, as a new config.)
+    assert eventually(lambda: reloading.current() is not before_rotation)
+
+
+def test_a_change_made_while_the_file_loads_is_loaded_afterwards(tmp_path, monkeypatch):
+    """The file is read, and before the load finishes (a slow bcrypt cost, a slow disk) it changes
+    again: the newer content must not be mistaken for what was loaded."""
+    path = write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n")
+    reloading = ReloadingWebConfig(load_web_config(path))
+    read_done, finish = threading.Event(), threading.Event()
+    real_load = exporter.webconfig.load_web_config
+
+    def slow_load(load_path: str) -> WebConfig:
+        config = real_load(load_path)
+        if not read_done.is_set():
+            read_done.set()
+            finish.wait(10)
+        return config
+
+    monkeypatch.setattr(exporter.webconfig, "load_web_config", slow_load)
+    rewrite(path, f"basic_auth_users:\n  bob: '{HASH}'\n")
+    threading.Thread(target=reloading.current, daemon=True).start()  # whoever notices the change first
+    assert read_done.wait(10)
+    rewrite(path, f"basic_auth_users:\n  carol: '{HASH}'\n")
+    finish.set()
+    assert eventually(lambda: reloading.current().basic_auth_users == ("carol",)), reloading.current()
+
+
+def test_requests_are_served_with_the_old_config_while_the_new_one_loads(tmp_path, monkeypatch):
+    path = write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n")
+    reloading = ReloadingWebConfig(load_web_config(path))
+    loading, finish = threading.Event(), threading.Event()
+    real_load = exporter.webconfig.load_web_config
+
+    def slow_load(load_path: str) -> WebConfig:
+        loading.set()
+        finish.wait(10)
+        return real_load(load_path)
+
+    monkeypatch.setattr(exporter.webconfig, "load_web_config", slow_load)
+    rewrite(path, f"basic_auth_users:\n  bob: '{HASH}'\n")
+    answers: list[tuple[str, ...]] = []
+
+    def requests() -> None:
+        for _ in range(20):
+            answers.append(reloading.current().basic_auth_users)
+
+    serving = threading.Thread(target=requests, daemon=True)
+    serving.start()
+    serving.join(2)
+    try:
+        assert loading.is_set()
+        assert not serving.is_alive(), "a request waited for the reload"
+        assert answers == [("alice",)] * 20
+    finally:
+        finish.set()
+    assert eventually(lambda: reloading.current().basic_auth_users == ("bob",))
+
+
+def test_a_config_with_a_costly_bcrypt_hash_loads_without_hashing(tmp_path):
+    """Unknown users are checked against a decoy hash of the highest configured cost; making the decoy
+    must not cost a bcrypt run of that cost (cost 16: about 4 s here) on every load."""
+    cost_16_hash = bcrypt.gensalt(16).decode() + "x" * 31  # well-formed; no password is ever checked against it
+    path = write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n  bob: '{cost_16_hash}'\n")
+    started = time.perf_counter()
+    config = load_web_config(path)
+    assert time.perf_counter() - started < 0.5
+    assert config.check_basic_auth(basic("alice", PASSWORD))
+
+
+def test_the_decoy_hash_has_the_highest_configured_cost_and_matches_no_password(tmp_path):
+    slow = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(10)).decode()
+    config = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n  bob: '{slow}'\n"))
+    decoy = config._decoy_hash
+    assert decoy[:7] == b"$2b$10$" and len(decoy) == 60
+    assert not bcrypt.checkpw(PASSWORD.encode(), decoy) and not bcrypt.checkpw(b"", decoy)
+    assert decoy != load_web_config(config.source_path)._decoy_hash
 
 
 # ------------------------------------------------------------------------------------------ bad files
