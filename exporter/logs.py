@@ -7,6 +7,7 @@ import logging
 import re
 import sys
 import time
+import traceback
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}
 FORMATS = ("logfmt", "json")
@@ -29,6 +30,10 @@ def _fields(record: logging.LogRecord) -> dict[str, str]:
     }
     if record.exc_info and record.exc_info[1] is not None:
         fields["err"] = f"{type(record.exc_info[1]).__name__}: {record.exc_info[1]}"
+        if logging.getLogger().isEnabledFor(logging.DEBUG):
+            # Safe to log: a traceback shows code (file, line, function, the source line), never the values
+            # of variables, so no password, key or hash from a config file reaches the log through it.
+            fields["stack"] = "".join(traceback.format_tb(record.exc_info[2])).rstrip("\n")
     return fields
 
 
