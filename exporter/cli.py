@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from exporter import __version__
 from exporter.collector import Collector, Source, Sources, registered
 from exporter.collectors.journal import JournalFollower
+from exporter.durations import parse_go_duration
 from exporter.engines import DEFAULT_MAX_UNITS
 from exporter.logs import FORMATS, LEVELS, setup_logging
 from exporter.scrape import ExporterCollector
@@ -28,9 +29,6 @@ log = logging.getLogger("exporter.main")
 
 DEFAULT_PORT = 10447
 EXIT_USAGE = 2
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h))+$")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _BOOT_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -62,14 +60,15 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def parse_duration(value: str) -> float:
-    """Go-style durations as the Prometheus tools take them: 500ms, 4s, 1m30s; a bare number is seconds."""
+    """A Go duration as the Prometheus tools take them (500ms, 4s, 1m30s), or a bare number of seconds."""
     try:
         seconds = float(value)
     except ValueError:
-        if not _DURATION.match(value):
-            raise argparse.ArgumentTypeError(f"invalid duration {value!r} (e.g. 500ms, 4s, 1m)") from None
-        seconds = sum(float(number) * _DURATION_UNITS[unit] for number, unit in _DURATION_PART.findall(value))
-    if seconds <= 0:
+        try:
+            seconds = parse_go_duration(value)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    if not seconds > 0 or seconds == float("inf"):
         raise argparse.ArgumentTypeError(f"duration must be positive, got {value!r}")
     return seconds
 

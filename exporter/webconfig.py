@@ -57,6 +57,8 @@ from typing import Any
 import bcrypt
 import yaml
 
+from exporter.durations import parse_go_duration
+
 logger = logging.getLogger("exporter.webconfig")
 
 CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
@@ -120,8 +122,6 @@ _RATE_LIMIT_KEYS = ("interval", "burst")
 _BCRYPT_HASH = re.compile(r"\$2[aby]\$(?P<cost>\d\d)\$[./A-Za-z0-9]{53}")
 _BCRYPT_MAX_PASSWORD_BYTES = 72
 _BCRYPT_QUEUE = 2  # of the HTTP server's four workers: two stay free for requests that need no bcrypt
-_GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 FileState = tuple[int, int, int, int, int] | None  # (device, inode, size, mtime ns, ctime ns); None: no such file
@@ -612,11 +612,10 @@ def _go_duration(value: object, where: str) -> float:
     if value == 0 and not isinstance(value, bool):
         return 0.0
     if isinstance(value, str):
-        text = value.strip()
-        if text == "0":
-            return 0.0
-        if text and _GO_DURATION_PART.sub("", text) == "":
-            return sum(float(number) * _GO_DURATION_UNITS[unit] for number, unit in _GO_DURATION_PART.findall(text))
+        try:
+            return parse_go_duration(value)
+        except ValueError:
+            pass
     raise WebConfigError(f"{where} must be a duration such as 1s, 250ms or 1m30s")
 
 

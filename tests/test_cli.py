@@ -101,3 +101,9 @@ def test_bad_input_exits_2_with_one_line_naming_the_problem(args, named):
     assert len(lines) == 1, result.stderr
     assert named in lines[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("4s", 4.0), ("500ms", 0.5), ("1m30s", 90.0), ("1.5h", 5400.0),
+                                               ("250us", 0.00025), ("2.5", 2.5)])
+def test_levelzero_timeout_takes_go_durations_and_bare_seconds(text, seconds):
+    assert parse_options(["--levelzero.timeout", text]).levelzero_timeout == pytest.approx(seconds)
