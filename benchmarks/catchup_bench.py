@@ -86,8 +86,8 @@ def count_journalctl(directory: Path) -> int:
 def child_catch_up(directory: str, max_units: int | None = None) -> None:
     """In the measured child: the follower's catch-up, as the exporter runs it."""
     started = time.perf_counter()
-    from exporter.collectors.journal import JournalFollower
     from exporter.sources.journal import JournalSelection
+    from exporter.sources.journal.follower import JournalFollower
 
     cpu_started = time.process_time()
     follower = JournalFollower(JournalSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all"),

@@ -189,10 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
     setup_logging(settings.log_level, settings.log_format)
 
-    from exporter.collectors.journal import JournalCollector, JournalFollower
+    from exporter.collectors.journal import JournalCollector
     from exporter.collectors.levelzero import LevelZeroCollector
     from exporter.collectors.processes import ProcessesCollector
     from exporter.sources.journal import JournalSelection
+    from exporter.sources.journal.follower import JournalFollower
     from exporter.scrape import ExporterCollector
     from exporter.sources.levelzero_worker import LevelZeroWorker
     from exporter.web import ExporterServer

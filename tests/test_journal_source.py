@@ -12,18 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sources import journal as journal_source
-from exporter.sources.journal import (
+from exporter.sources.journal import JournalEntry, JournalReader, JournalSelection, JournalUnavailable, normalize_boot
+from exporter.sources.journal import reader as journal_source
+from exporter.sources.journal.reader import (
     MESSAGE_ID_UNIT_FAILURE_RESULT,
     MESSAGE_ID_UNIT_PROCESS_EXIT,
     MESSAGE_ID_UNIT_RESTART_SCHEDULED,
     MESSAGE_ID_UNIT_STARTED,
     MESSAGE_ID_UNIT_STARTING,
-    JournalEntry,
-    JournalReader,
-    JournalSelection,
-    JournalUnavailable,
-    normalize_boot,
 )
 from journalgen import (
     Clock,

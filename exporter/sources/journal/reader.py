@@ -34,23 +34,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-LIBSYSTEMD = "libsystemd.so.0"
+from exporter.sources.journal.binding import (
+    LIBSYSTEMD,
+    SD_JOURNAL_LOCAL_ONLY,
+    SD_JOURNAL_NOP,
+    SD_JOURNAL_SYSTEM,
+    JournalUnavailable,
+    _errno_text,
+    _LibSystemd,
+    _require_ok,
+)
+
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 DEFAULT_UNIT_GLOBS = ("vllm*.service",)
 SYSTEM_JOURNAL_DIRECTORIES = ("/run/log/journal", "/var/log/journal")
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
 DEFAULT_BATCH = 4096
-
-# sd_journal_open(3) flags.
-SD_JOURNAL_LOCAL_ONLY = 1 << 0
-SD_JOURNAL_RUNTIME_ONLY = 1 << 1
-SD_JOURNAL_SYSTEM = 1 << 2
-SD_JOURNAL_CURRENT_USER = 1 << 3
-
-# sd_journal_process(3) / sd_journal_wait(3) results.
-SD_JOURNAL_NOP = 0
-SD_JOURNAL_APPEND = 1
-SD_JOURNAL_INVALIDATE = 2
 
 # MESSAGE_IDs of PID 1's records about a unit (systemd 252, sd-messages.h; subjects as in
 # /usr/lib/systemd/catalog/systemd.catalog). The texts are those systemd 252 writes with the
@@ -83,13 +82,6 @@ _HEX32 = re.compile(r"[0-9a-f]{32}")
 _FIELD_SYSTEMD_UNIT = b"_SYSTEMD_UNIT"
 _FIELD_UNIT = b"UNIT"
 _FIELD_MESSAGE = b"MESSAGE"
-
-
-class JournalUnavailable(Exception):
-    """The journal cannot be read now (missing, unreadable, corrupt beyond use); retry later.
-
-    ``str()`` is one line naming what and why.
-    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,86 +158,6 @@ def current_boot_id(path: str = BOOT_ID_PATH) -> str:
     return normalize_boot(Path(path).read_text().strip())
 
 
-class _LibSystemd:
-    """The sd-journal entry points of libsystemd (and libc's free/madvise), with their C signatures."""
-
-    def __init__(self, library: str) -> None:
-        try:
-            lib = ctypes.CDLL(library, use_errno=True)
-        except OSError as error:
-            raise JournalUnavailable(f"cannot load {library}: {error}") from None
-        handle_p = ctypes.c_void_p
-        handle_pp = ctypes.POINTER(ctypes.c_void_p)
-        data_pp = ctypes.POINTER(ctypes.c_void_p)
-        size_p = ctypes.POINTER(ctypes.c_size_t)
-        c_int, c_char_p, c_size_t, c_uint64 = ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint64
-
-        def bind(name: str, restype: type | None, *argtypes: type) -> Callable[..., int]:
-            function = getattr(lib, name)
-            function.restype = restype
-            function.argtypes = argtypes
-            return function
-
-        self.open = bind("sd_journal_open", c_int, handle_pp, c_int)
-        self.open_directory = bind("sd_journal_open_directory", c_int, handle_pp, c_char_p, c_int)
-        self.open_files = bind("sd_journal_open_files", c_int, handle_pp, ctypes.POINTER(c_char_p), c_int)
-        self.close = bind("sd_journal_close", None, handle_p)
-        self.set_data_threshold = bind("sd_journal_set_data_threshold", c_int, handle_p, c_size_t)
-        self.add_match = bind("sd_journal_add_match", c_int, handle_p, c_char_p, c_size_t)
-        self.add_disjunction = bind("sd_journal_add_disjunction", c_int, handle_p)
-        self.add_conjunction = bind("sd_journal_add_conjunction", c_int, handle_p)
-        self.flush_matches = bind("sd_journal_flush_matches", None, handle_p)
-        self.seek_head = bind("sd_journal_seek_head", c_int, handle_p)
-        self.seek_cursor = bind("sd_journal_seek_cursor", c_int, handle_p, c_char_p)
-        self.get_cursor = bind("sd_journal_get_cursor", c_int, handle_p, ctypes.POINTER(ctypes.c_void_p))
-        self.test_cursor = bind("sd_journal_test_cursor", c_int, handle_p, c_char_p)
-        self.previous = bind("sd_journal_previous", c_int, handle_p)
-        self.query_unique = bind("sd_journal_query_unique", c_int, handle_p, c_char_p)
-        self.enumerate_unique = bind(
-            "sd_journal_enumerate_available_unique"
-            if hasattr(lib, "sd_journal_enumerate_available_unique")
-            else "sd_journal_enumerate_unique",
-            c_int,
-            handle_p,
-            data_pp,
-            size_p,
-        )
-        self.get_fd = bind("sd_journal_get_fd", c_int, handle_p)
-        self.process = bind("sd_journal_process", c_int, handle_p)
-        self.wait = bind("sd_journal_wait", c_int, handle_p, c_uint64)
-        # The per-entry calls are bound without argtypes: ctypes' conversion of declared
-        # arguments costs more than the C function (sd_journal_get_data: 2.0 µs with, 1.3 µs
-        # without). Callers pass exactly: the handle (c_void_p), bytes, and byref() of
-        # c_void_p, c_size_t, c_uint64 or a 16-byte c_char array.
-        self.next = _untyped(lib, "sd_journal_next")
-        self.get_data = _untyped(lib, "sd_journal_get_data")
-        self.get_realtime_usec = _untyped(lib, "sd_journal_get_realtime_usec")
-        self.get_monotonic_usec = _untyped(lib, "sd_journal_get_monotonic_usec")
-        libc = ctypes.CDLL(None, use_errno=True)
-        self.free = libc.free
-        self.free.restype = None
-        self.free.argtypes = (ctypes.c_void_p,)
-        self.madvise = libc.madvise
-        self.madvise.restype = c_int
-        self.madvise.argtypes = (ctypes.c_void_p, c_size_t, c_int)
-
-
-def _untyped(lib: ctypes.CDLL, name: str) -> Callable[..., int]:
-    function = getattr(lib, name)
-    function.restype = ctypes.c_int
-    return function
-
-
-def _errno_text(result: int) -> str:
-    return os.strerror(-result) if result < 0 else str(result)
-
-
-def _require_ok(result: int, doing: str) -> int:
-    if result < 0:
-        raise JournalUnavailable(f"{doing} failed: {_errno_text(result)}")
-    return result
-
-
 MADV_DONTNEED = 4
 _JOURNAL_MAPPING = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) r--s .*\.journal~?(?: \(deleted\))?$", re.MULTILINE)
 
@@ -280,7 +192,7 @@ class JournalReader:
     re-reads the selected boot on start, so no cursor is kept across runs.
 
     Single-threaded: an sd_journal handle must only ever be used from one thread. Create, use
-    and close a reader in the same thread (the journal collector runs it in its own thread).
+    and close a reader in the same thread (the journal follower runs it in its own thread).
 
     Units that appear after ``open()``
         Watched unit names are found with ``sd_journal_query_unique`` on ``_SYSTEMD_UNIT`` and
@@ -318,7 +230,7 @@ class JournalReader:
         ``admit``, when given, is asked once per watched unit, when the reader first meets one of
         its entries (in journal order); a unit it refuses is skipped from then on: its entries are
         not decoded nor returned. That is how a consumer's cap on the number of units (the journal
-        collector's ``--journal.max-units``) costs nothing for the units beyond it.
+        follower's ``--journal.max-units``) costs nothing for the units beyond it.
 
     Memory: the reader holds the entries of one batch. The journal's mapped pages (see
     ``release_journal_pages``) are dropped every ``RELEASE_PAGES_EVERY`` entries read and when
