@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from functools import partial
 
 from exporter.engines import DEFAULT_MAX_UNITS, EngineTracker, UnitView
-from exporter.sources.journal.reader import DEFAULT_BATCH, JournalReader, JournalSelection, JournalUnavailable
+from exporter.sources.journal.binding import JournalError
+from exporter.sources.journal.reader import DEFAULT_BATCH, JournalReader, JournalSelection
 
 log = logging.getLogger("exporter.journal")
 
@@ -45,6 +46,7 @@ class JournalFollower:
         self._entries_read = 0
         self._units_with_processes: set[str] = set()
         self._warned_of_rejections: set[str] = set()  # follower thread only
+        self._warned_of_unreadable = False  # follower thread only
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start_retry_at: float | None = None  # set while the thread could not be started
@@ -103,7 +105,7 @@ class JournalFollower:
                 with JournalReader(self.selection, admit=partial(self._admit, tracker)) as reader:
                     self._catch_up(reader, tracker)
                     self._follow(reader)
-            except JournalUnavailable as error:
+            except JournalError as error:
                 self._set_error(str(error))
                 self._stop.wait(RETRY_SECONDS)
             except Exception as error:  # never let the thread die: the collector would go silent
@@ -121,6 +123,7 @@ class JournalFollower:
             self._count(len(batch))
             tracker.extend(batch)
             self._warn_of_rejections(tracker)
+            self._warn_of_unreadable(reader)
         with self._lock:
             self._tracker = tracker
             if self._error is not None:
@@ -137,6 +140,7 @@ class JournalFollower:
                     tracker.extend(batch)
                     self._entries_read += len(batch)
                 self._warn_of_rejections(tracker)
+                self._warn_of_unreadable(reader)
 
     def _warn_of_rejections(self, tracker: EngineTracker) -> None:
         """Once per unit (also across re-reads of the journal): the value is not logged, it may be huge."""
@@ -146,6 +150,13 @@ class JournalFollower:
                 log.warning("unit %s printed a %r line whose %s is out of range or not a number; such lines "
                             "are ignored and counted in xpu_exporter_journal_values_rejected_total",
                             unit, rejection.row, rejection.field)
+
+    def _warn_of_unreadable(self, reader: JournalReader) -> None:
+        """Once: entries sd-journal cannot read are skipped (as journalctl skips them), not waited on."""
+        if reader.unreadable_entries and not self._warned_of_unreadable:
+            self._warned_of_unreadable = True
+            log.warning("skipped a journal entry that cannot be read (%s); such entries are skipped",
+                        reader.last_unreadable)
 
     def _admit(self, tracker: EngineTracker, unit: str) -> bool:
         with self._lock:
