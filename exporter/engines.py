@@ -36,9 +36,9 @@ from typing import Protocol
 
 from exporter.parsers import vllm
 from exporter.parsers.vllm import FailureReason
-from exporter.sources.journal.reader import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
-                                             MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED,
-                                             MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPING)
+from exporter.systemd import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
+                              MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_STARTING,
+                              MESSAGE_ID_UNIT_STOPPING)
 
 REASONS = tuple(reason.value for reason in FailureReason)
 DEFAULT_MAX_UNITS = 64

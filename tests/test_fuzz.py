@@ -44,12 +44,10 @@ from exporter.parsers.fdinfo import MAX_BYTES, DrmClient, device_memory_bytes, p
 from exporter.scrape import ExporterCollector
 from exporter.sources.journal import JournalEntry
 from exporter.sources.journal.follower import JournalState
-from exporter.sources.journal.reader import (MESSAGE_ID_SPAWN_FAILED, MESSAGE_ID_UNIT_FAILURE_RESULT,
-                                             MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_RESOURCES,
-                                             MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED,
-                                             MESSAGE_ID_UNIT_STARTED, MESSAGE_ID_UNIT_STARTING,
-                                             MESSAGE_ID_UNIT_STOPPED, MESSAGE_ID_UNIT_STOPPING,
-                                             MESSAGE_ID_UNIT_SUCCESS)
+from exporter.systemd import (MESSAGE_ID_SPAWN_FAILED, MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
+                              MESSAGE_ID_UNIT_RESOURCES, MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED,
+                              MESSAGE_ID_UNIT_STARTED, MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED,
+                              MESSAGE_ID_UNIT_STOPPING, MESSAGE_ID_UNIT_SUCCESS)
 from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, Identity, MemoryReading
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
 from test_fdinfo import DEPRECATED_MEMORY_KEYS, I915_61, I915_612, NOT_DRM, XE_DOC

@@ -17,7 +17,7 @@ import pytest
 from exporter.sources.journal import JournalEntry, JournalError, JournalReader, JournalSelection, normalize_boot
 from exporter.sources.journal import reader as journal_source
 from exporter.sources.journal.binding import LIBSYSTEMD, LibSystemd
-from exporter.sources.journal.reader import (
+from exporter.systemd import (
     MESSAGE_ID_UNIT_FAILURE_RESULT,
     MESSAGE_ID_UNIT_PROCESS_EXIT,
     MESSAGE_ID_UNIT_RESTART_SCHEDULED,
