@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 from bigjournal import ENTRIES_PER_UNIT, UNIT_GLOB, ensure_journal, ensure_units_journal  # noqa: E402
 from measure import median, run_child  # noqa: E402
 
-from exporter.engines import DEFAULT_MAX_UNITS  # noqa: E402
+from exporter.fold.engine_starts import DEFAULT_MAX_UNITS  # noqa: E402
 
 REPO = HERE.parent
 CAUGHT_UP_POLL_S = 0.005

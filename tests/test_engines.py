@@ -5,6 +5,8 @@ reader hands them over (watched units of the selected boot)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
@@ -13,8 +15,8 @@ from itertools import chain
 import pytest
 
 import journalgen
-from exporter import engines
-from exporter.engines import EngineTracker, UnitView
+from exporter.fold import engine_starts
+from exporter.fold.engine_starts import EngineTracker, UnitView
 from exporter.parsers.vllm import parse_line
 from vllmlogs import (
     CHAT,
@@ -501,6 +503,20 @@ def test_a_restart_whose_process_reuses_the_failed_ones_pid_is_still_its_own_sta
     assert view.failures == failures(no_kv_cache_memory=3)
 
 
+# --- place in the tree --------------------------------------------------------------------------------
+
+
+def test_the_fold_imports_no_source_and_no_collector() -> None:
+    """The fold sits between the vLLM grammar and the collectors: the journal reader feeds it and the
+    collectors read it, but it needs neither (systemd's MESSAGE_IDs come from exporter.systemd)."""
+    code = ("import json, sys, exporter.fold.engine_starts; "
+            "print(json.dumps(sorted(name for name in sys.modules if name.startswith('exporter'))))")
+    imported = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                         check=True).stdout)
+    assert "exporter.fold.engine_starts" in imported
+    assert not [name for name in imported if name.startswith(("exporter.sources", "exporter.collectors"))], imported
+
+
 # --- cost ---------------------------------------------------------------------------------------------
 
 
@@ -540,7 +556,7 @@ def test_fold_work_per_entry_does_not_grow_with_the_number_of_units(spacing_s: f
     for count in (40, 160):
         entries = many_units(count, spacing_s)
         tracker = EngineTracker(max_units=count)
-        per_entry[count] = lines_executed(engines.__file__, lambda: tracker.extend(entries)) / len(entries)
+        per_entry[count] = lines_executed(engine_starts.__file__, lambda: tracker.extend(entries)) / len(entries)
         assert len(list(tracker.views())) == count
     assert per_entry[160] <= 1.02 * per_entry[40], per_entry
 

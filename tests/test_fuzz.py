@@ -10,7 +10,7 @@
   finite and within its bounds (`exporter.parsers.vllm.PLAUSIBLE`, `exporter.parsers.fdinfo.MAX_BYTES`),
   and the journal and processes collectors fed with them are exposed (text and OpenMetrics) without an
   exception, each reporting success, every value within bounds.
-- `exporter.engines.EngineTracker` never raises on random sequences of real-looking journal entries (PID 1's
+- `exporter.fold.engine_starts.EngineTracker` never raises on random sequences of real-looking journal entries (PID 1's
   records with every MESSAGE_ID it knows, vLLM lines, whole starts) and its counters never decrease.
 
 Runs are deterministic (derandomized, no example database) and bounded in examples, so the file takes
@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collectors.journal import JournalCollector, unit_metrics
 from exporter.collectors.processes import ProcessesCollector
-from exporter.engines import REASONS, EngineTracker, UnitView
+from exporter.fold.engine_starts import REASONS, EngineTracker, UnitView
 from exporter.parsers import vllm
 from exporter.parsers.fdinfo import MAX_BYTES, DrmClient, device_memory_bytes, parse_fdinfo
 from exporter.scrape import ExporterCollector

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors import CollectionError, Collector
-from exporter.engines import REASONS, UnitView
+from exporter.fold.engine_starts import REASONS, UnitView
 from exporter.scrape import Scrape
 from exporter.sources.journal.follower import JournalFollower
 

@@ -3,7 +3,7 @@
 - ``binding``: the ctypes binding of libsystemd's sd-journal, and ``JournalError``, the one error raised;
 - ``reader``: ``JournalReader`` reads the selected units' entries (``JournalSelection``) as ``JournalEntry``;
 - ``follower``: ``JournalFollower``, a thread that catches up, then follows, folding the entries into
-  engine starts (``exporter.engines``) and publishing them as ``JournalState``.
+  engine starts (``exporter.fold.engine_starts``) and publishing them as ``JournalState``.
 
 The reader's names are re-exported here, so ``from exporter.sources.journal import JournalReader``
 works from a Python shell; the follower is imported from its module (it pulls in the fold).

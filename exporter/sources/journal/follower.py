@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
-from exporter.engines import DEFAULT_MAX_UNITS, EngineTracker, UnitView
+from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, EngineTracker, UnitView
 from exporter.sources.journal.binding import JournalError
 from exporter.sources.journal.reader import DEFAULT_BATCH, JournalReader, JournalSelection
 
