@@ -16,8 +16,8 @@ import pytest
 
 import journalgen
 from exporter.fold import engine_starts
-from exporter.fold.engine_starts import EngineTracker, UnitView
-from exporter.parsers.vllm import parse_line
+from exporter.fold.engine_starts import EngineTracker, Outcome, UnitView
+from exporter.parsers.vllm import FailureReason, parse_line
 from vllmlogs import (
     CHAT,
     EMBEDDING,
@@ -105,6 +105,16 @@ def test_boot_race_chat_counts_one_kv_cache_too_small_failure_and_one_start(race
     chat = fold(race.entries())[CHAT]
     assert chat.failures == failures(kv_cache_too_small=1)
     assert chat.starts == 1
+
+
+def test_boot_race_chat_outcomes_and_failure_reasons_are_enums_valued_as_the_label_strings(race) -> None:
+    restart = restart_begins(this_boot(race), CHAT)
+    failed = fold(e for e in race.entries() if e.realtime_usec < restart)[CHAT]
+    chat = fold(race.entries())[CHAT]
+    assert failed.latest.outcome is Outcome.FAILED
+    assert chat.latest.outcome is Outcome.OK and chat.last_success.outcome is Outcome.OK
+    assert [type(reason) for reason in chat.failures] == [FailureReason] * len(FailureReason)
+    assert [reason.value for reason in chat.failures] == list(REASONS)  # the contract's `reason` label values
 
 
 def test_boot_race_embedding_and_stt_start_once_without_failures(race) -> None:

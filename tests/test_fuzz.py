@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collectors.journal import JournalCollector, unit_metrics
 from exporter.collectors.processes import ProcessesCollector
-from exporter.fold.engine_starts import REASONS, EngineTracker, UnitView
+from exporter.fold.engine_starts import EngineTracker, UnitView
 from exporter.parsers import vllm
 from exporter.parsers.fdinfo import MAX_BYTES, DrmClient, device_memory_bytes, parse_fdinfo
 from exporter.scrape import ExporterCollector
@@ -416,10 +416,10 @@ def test_engine_tracker_never_raises_and_its_counters_never_decrease(written: li
         assert len(tracker.dropped_units) >= dropped
         dropped = len(tracker.dropped_units)
         for unit, (starts, failures, overlaps) in now.items():
-            assert set(failures) == set(REASONS) and min(failures.values()) >= 0
-            old_starts, old_failures, old_overlaps = before.get(unit, (0, dict.fromkeys(REASONS, 0), 0))
+            assert set(failures) == set(vllm.FailureReason) and min(failures.values()) >= 0
+            old_starts, old_failures, old_overlaps = before.get(unit, (0, dict.fromkeys(vllm.FailureReason, 0), 0))
             assert starts >= old_starts and overlaps >= old_overlaps, (unit, entry)
-            assert all(failures[reason] >= old_failures[reason] for reason in REASONS), (unit, entry)
+            assert all(failures[reason] >= old_failures[reason] for reason in vllm.FailureReason), (unit, entry)
         assert set(before) <= set(now), "a watched unit disappeared"
         before = now
         assert_rendered(views)

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collectors import CollectionError, Collector
-from exporter.fold.engine_starts import REASONS, UnitView
+from exporter.fold.engine_starts import UnitView
+from exporter.parsers.vllm import FailureReason
 from exporter.scrape import Scrape
 from exporter.sources.journal.follower import JournalFollower
 
@@ -77,8 +78,8 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
         unit = [view.unit]
         starts.add_metric(unit, view.starts)
         overlaps.add_metric(unit, view.overlaps)
-        for reason in REASONS:
-            failures.add_metric([view.unit, reason], view.failures[reason])
+        for reason in FailureReason:
+            failures.add_metric([view.unit, reason.value], view.failures[reason])
         if view.last_failure_usec is not None:
             last_failure.add_metric(unit, view.last_failure_usec / 1e6)
         if view.last_success is not None:

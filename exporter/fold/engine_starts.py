@@ -32,6 +32,7 @@ import math
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Protocol
 
 from exporter.parsers import vllm
@@ -40,7 +41,6 @@ from exporter.systemd import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PR
                               MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_STARTING,
                               MESSAGE_ID_UNIT_STOPPING)
 
-REASONS = tuple(reason.value for reason in FailureReason)
 DEFAULT_MAX_UNITS = 64
 # journald stores a dying process's last lines and PID 1's record of its exit in no defined order
 # (systemd#32716): a start systemd says failed waits this long for its root cause before it counts
@@ -52,6 +52,14 @@ V0_DEFAULT_BLOCK_SIZE = 16
 # PID 1's records that mean the unit's process is gone: an open start has failed.
 MESSAGE_IDS_START_ENDED = frozenset({MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_PROCESS_EXIT,
                                      MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_RESTART_SCHEDULED})
+
+
+class Outcome(StrEnum):
+    """How a start ended."""
+
+    OK = "ok"  # the engine initialised
+    FAILED = "failed"  # counted by its FailureReason once the cause is known (or LATE_LINES_GRACE_USEC passed)
+    STOPPED = "stopped"  # stopped on request during init: not a failure
 
 
 class Entry(Protocol):
@@ -87,7 +95,7 @@ class Start:
     profiled_peak_bytes: int | None = None
     init_duration_seconds: float | None = None
     pid: int | None = None  # the main process (journald's _PID of the unit's output)
-    outcome: str | None = None  # None while initialising, then "ok", "failed" or "stopped"
+    outcome: Outcome | None = None  # None while initialising
     pending_since_usec: int | None = None  # failed per systemd; counted once its cause is known or late
     late_line_usec: int | None = None  # when a line of this start last came after its end
     initialising: bool = True  # the overlap window: until the first KV line, init done or failure
@@ -129,7 +137,7 @@ class Start:
         if self.required_bytes is not None:
             return self.required_bytes
         kv_bytes = self.effective_kv_cache_bytes
-        if self.outcome == "ok" and kv_bytes is not None and self.max_concurrency:
+        if self.outcome is Outcome.OK and kv_bytes is not None and self.max_concurrency:
             required = math.ceil(kv_bytes / self.max_concurrency)
             return required if vllm.plausible("needed_bytes", required) else None
         return None
@@ -141,7 +149,7 @@ class UnitView:
 
     unit: str
     starts: int
-    failures: Mapping[str, int]
+    failures: Mapping[FailureReason, int]  # every reason, 0 when none
     last_failure_usec: int | None
     overlaps: int
     latest: Start | None  # the latest start that printed anything
@@ -156,7 +164,7 @@ class UnitView:
 class _Unit:
     name: str
     starts: int = 0
-    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    failures: dict[FailureReason, int] = field(default_factory=lambda: dict.fromkeys(FailureReason, 0))
     last_failure_usec: int | None = None
     overlaps: int = 0
     current: Start | None = None
@@ -229,18 +237,18 @@ class EngineTracker:
         if start.pid is None:
             start.pid = pid
             if unit.previous is not None and unit.previous.pending_since_usec is not None:
-                self._count(unit, unit.previous, FailureReason.OTHER.value, unit.previous.pending_since_usec)
+                self._count(unit, unit.previous, FailureReason.OTHER, unit.previous.pending_since_usec)
         start.printed = True
         unit.latest = start
         _record(start, event)
         if isinstance(event, vllm.FailureCause):
-            self._end(start, "failed", entry.realtime_usec)
-            self._count(unit, start, event.reason.value, entry.realtime_usec)
+            self._end(start, Outcome.FAILED, entry.realtime_usec)
+            self._count(unit, start, event.reason, entry.realtime_usec)
         elif isinstance(event, vllm.FailureWrapper) and event.terminal:
-            self._end(start, "failed", entry.realtime_usec)
-            self._count(unit, start, FailureReason.OTHER.value, entry.realtime_usec)
+            self._end(start, Outcome.FAILED, entry.realtime_usec)
+            self._count(unit, start, FailureReason.OTHER, entry.realtime_usec)
         elif isinstance(event, (vllm.EngineInitDone, vllm.ServerReady)):
-            self._end(start, "ok", entry.realtime_usec)
+            self._end(start, Outcome.OK, entry.realtime_usec)
             unit.starts += 1
             unit.last_success = start
         elif isinstance(event, (vllm.KvCacheMemory, vllm.KvCacheCapacity, vllm.KvCacheBlocks)):
@@ -273,9 +281,9 @@ class EngineTracker:
             self._open(unit, entry.realtime_usec)
         elif start is not None and start.outcome is None:
             if entry.message_id in MESSAGE_IDS_START_ENDED:
-                self._end(start, "failed", entry.realtime_usec, pending=True)
+                self._end(start, Outcome.FAILED, entry.realtime_usec, pending=True)
             elif entry.message_id == MESSAGE_ID_UNIT_STOPPING:
-                self._end(start, "stopped", entry.realtime_usec)
+                self._end(start, Outcome.STOPPED, entry.realtime_usec)
 
     def _late_line(self, unit: _Unit, start: Start, event: vllm.Event, when_usec: int) -> None:
         """A line of a start that already ended: copies of its cause, wrappers, runtime lines; or its root
@@ -285,16 +293,16 @@ class EngineTracker:
         start.late_line_usec = when_usec
         if isinstance(event, vllm.FailureCause):
             _record(start, event)
-            self._count(unit, start, event.reason.value, when_usec)
+            self._count(unit, start, event.reason, when_usec)
         elif isinstance(event, vllm.FailureWrapper) and event.terminal:
-            self._count(unit, start, FailureReason.OTHER.value, when_usec)
+            self._count(unit, start, FailureReason.OTHER, when_usec)
 
     def _open(self, unit: _Unit, when_usec: int) -> Start:
         previous = unit.current
         if previous is not None and previous.outcome is None:
-            self._end(previous, "failed", when_usec, pending=True)
+            self._end(previous, Outcome.FAILED, when_usec, pending=True)
         if unit.previous is not None and unit.previous.pending_since_usec is not None:
-            self._count(unit, unit.previous, FailureReason.OTHER.value, unit.previous.pending_since_usec)
+            self._count(unit, unit.previous, FailureReason.OTHER, unit.previous.pending_since_usec)
         unit.previous = previous
         start = unit.current = Start(began_usec=when_usec)
         if self._initialising:  # other units' inits: this unit's was ended above
@@ -312,7 +320,7 @@ class EngineTracker:
         for start in (unit.previous, unit.current):
             if start is not None and start.pending_since_usec is not None and \
                     now_usec - start.pending_since_usec > LATE_LINES_GRACE_USEC:
-                self._count(unit, start, FailureReason.OTHER.value, start.pending_since_usec)
+                self._count(unit, start, FailureReason.OTHER, start.pending_since_usec)
 
     @staticmethod
     def _overlapped(unit: _Unit, start: Start) -> None:
@@ -320,7 +328,7 @@ class EngineTracker:
             start.overlapped = True
             unit.overlaps += 1
 
-    def _end(self, start: Start, outcome: str, when_usec: int, pending: bool = False) -> None:
+    def _end(self, start: Start, outcome: Outcome, when_usec: int, pending: bool = False) -> None:
         """End a start. A failure systemd reports (exit, failed state) is pending until its cause is known:
         the process's last lines may still come."""
         start.outcome = outcome
@@ -333,7 +341,7 @@ class EngineTracker:
         self._awaiting_overlap.pop(start, None)
 
     @staticmethod
-    def _count(unit: _Unit, start: Start, reason: str, when_usec: int) -> None:
+    def _count(unit: _Unit, start: Start, reason: FailureReason, when_usec: int) -> None:
         start.pending_since_usec = None
         unit.failures[reason] += 1
         unit.last_failure_usec = when_usec
