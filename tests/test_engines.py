@@ -8,6 +8,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from itertools import chain
@@ -64,9 +65,15 @@ def one_boot(*planned: Iterable[Planned]) -> list[Placed]:
     return compose(Boot(BOOT_ID, ORIGIN - 30.0, tuple(chain.from_iterable(planned))))
 
 
+def now_usec() -> int:
+    return round(time.time() * 1e6)
+
+
 def fold(entries: Iterable[TrackerEntry]) -> dict[str, UnitView]:
+    """The views a scrape now sees of these entries (long after them: every pending failure settled)."""
     tracker = EngineTracker()
     tracker.extend(entries)
+    tracker.settle(now_usec())
     return {view.unit: view for view in tracker.views()}
 
 
@@ -498,6 +505,7 @@ def test_fold_split_at_any_point_and_resumed_gives_the_same_views() -> None:
         tracker = EngineTracker()
         tracker.extend(entries[:split])
         tracker.extend(entries[split:])
+        tracker.settle(now_usec())
         assert as_data({view.unit: view for view in tracker.views()}) == whole, split
 
 
@@ -511,6 +519,24 @@ def test_a_restart_whose_process_reuses_the_failed_ones_pid_is_still_its_own_sta
                     TrackerEntry(UNIT, at + 1000, cause, False, "", 77)]
     view = fold(entries)[UNIT]
     assert view.failures == failures(no_kv_cache_memory=3)
+
+
+def test_views_change_nothing_and_settle_counts_a_failure_whose_cause_never_came_as_other() -> None:
+    at = round(ORIGIN * 1e6)
+    exited = at + 2000
+    tracker = EngineTracker()
+    tracker.extend([TrackerEntry(UNIT, at, "", True, journalgen.MESSAGE_ID_UNIT_STARTING, 1),
+                    TrackerEntry(UNIT, at + 1000, API_LINE + "vLLM API server version 0.24.0", False, "", 77),
+                    TrackerEntry(UNIT, exited, "", True, journalgen.MESSAGE_ID_UNIT_PROCESS_EXIT, 1)])
+    for _ in range(2):  # however late and often it is read, the failure waits for settle()
+        [view] = tracker.views()
+        assert (view.failures, view.last_failure_usec) == (no_failures(), None)
+    tracker.settle(exited + engine_starts.LATE_LINES_GRACE_USEC)
+    [view] = tracker.views()
+    assert view.failures == no_failures()
+    tracker.settle(exited + engine_starts.LATE_LINES_GRACE_USEC + 1)
+    [view] = tracker.views()
+    assert (view.failures, view.last_failure_usec) == (failures(other=1), exited)
 
 
 # --- place in the tree --------------------------------------------------------------------------------
@@ -586,6 +612,7 @@ def test_admit_watches_units_up_to_the_cap_and_counts_the_rest_as_dropped() -> N
 def fold_with_cap(entries: Iterable[TrackerEntry], max_units: int) -> dict[str, UnitView]:
     tracker = EngineTracker(max_units)
     tracker.extend(entries)
+    tracker.settle(now_usec())
     return {view.unit: view for view in tracker.views()}
 
 
@@ -623,7 +650,8 @@ def test_lines_with_implausible_values_are_counted_and_change_nothing() -> None:
     tracker.extend(start_entries(lines))
     assert tracker.rejected_lines == len(IMPLAUSIBLE_LINES)
     assert tracker.first_rejections == {UNIT: parse_line(IMPLAUSIBLE_LINES[0])}
-    assert as_data({view.unit: view for view in tracker.views(round(ORIGIN * 1e6))}) == \
+    tracker.settle(round(ORIGIN * 1e6))
+    assert as_data({view.unit: view for view in tracker.views()}) == \
         as_data({unit: view for unit, view in fold(start_entries(GOOD_LINES)).items()})
 
 

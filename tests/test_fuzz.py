@@ -410,7 +410,8 @@ def test_engine_tracker_never_raises_and_its_counters_never_decrease(written: li
     dropped = 0
     for entry in as_entries(written, steps):
         tracker.add(entry)
-        views = list(tracker.views(now_usec=entry.realtime_usec))  # as a scrape sees it while following
+        tracker.settle(entry.realtime_usec)  # as a scrape sees it while following
+        views = list(tracker.views())
         now = counters(views)
         assert len(now) <= max_units and not tracker.dropped_units & set(now)
         assert len(tracker.dropped_units) >= dropped
@@ -423,7 +424,8 @@ def test_engine_tracker_never_raises_and_its_counters_never_decrease(written: li
         assert set(before) <= set(now), "a watched unit disappeared"
         before = now
         assert_rendered(views)
-    assert_rendered(list(tracker.views()))  # and as a scrape long after the last entry sees it
+    tracker.settle(round(time.time() * 1e6))  # and as a scrape long after the last entry sees it
+    assert_rendered(list(tracker.views()))
 
 
 # ------------------------------------------------------------------------ collectors fed absurd numbers
@@ -438,6 +440,7 @@ class FixedFollower:
         self._tracker = tracker
 
     def state(self) -> JournalState:
+        self._tracker.settle(round(time.time() * 1e6))
         views = list(self._tracker.views())
         return JournalState(views=views, error=None, entries_read=0, dropped_units=len(self._tracker.dropped_units),
                             watched_units=len(views), values_rejected=self._tracker.rejected_lines)

@@ -2,8 +2,7 @@
 and whether it overlapped another unit's init.
 
 Input is the journal in journal order: the unit's own lines (parsed by `exporter.parsers.vllm`) and
-PID 1's records about it. The fold is deterministic, so re-reading the same journal after a restart
-of the exporter gives the same counters.
+PID 1's records about it.
 
 A *start* opens on systemd's "Starting <unit>" record, or on the first vLLM line when no start is
 open (journals without PID 1's records). It ends
@@ -18,6 +17,18 @@ open (journals without PID 1's records). It ends
   prints, or LATE_LINES_GRACE_USEC has passed, and only then counts as `other`.
 A stop requested during init (systemd's "Stopping") ends the start without counting it.
 
+What is deterministic, and what depends on the time of the scrape: the fold reads no clock. Its state
+is a function of the entries it was given, in order, and of the times `settle(now_usec)` was called
+with; every rule but one uses only the entries' own times (journald's realtime). The exception is the
+grace time above: a failed start waiting for its root cause counts as `other` once
+LATE_LINES_GRACE_USEC has passed, judged by the time of the unit's next entry or by `settle(now_usec)`,
+which the journal follower calls with the wall clock when a scrape reads the state. So a scrape within
+the grace time after such a failure shows it not yet counted, and a later one shows it counted. Reading
+the same journal again (a restart of the exporter) gives the same counters, but for one case: a root
+cause stored within the grace time that the follower read only after a scrape had settled its start as
+`other` (the follower lagging the journal by more than the grace time) counts as `other` live and as
+its cause when read again.
+
 An init runs from its start until its first KV-cache line, its init-complete line or its failure;
 an init that runs while another watched unit's init runs overlaps, and both are counted once.
 
@@ -29,7 +40,6 @@ is kept in `first_rejections` for the log.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -179,8 +189,9 @@ class _Unit:
 
 
 class EngineTracker:
-    """Folds journal entries of watched units into per-unit engine state. Not thread-safe: one writer
-    (the journal follower) and readers that take views under the caller's lock.
+    """Folds journal entries of watched units into per-unit engine state. Not thread-safe: `add`,
+    `extend`, `settle`, `watch` and `admit` change it, `views` only reads; the journal follower calls
+    them all under its lock.
 
     At most `max_units` units are watched (the first ones met); entries of further units are dropped
     and the units counted in `dropped_units`, so a glob that matches too much cannot blow up the series."""
@@ -258,13 +269,17 @@ class EngineTracker:
         for entry in entries:
             self.add(entry)
 
-    def views(self, now_usec: int | None = None) -> Iterator[UnitView]:
-        """Views as of `now_usec` (default: the wall clock), by which pending failures are settled."""
-        now_usec = round(time.time() * 1e6) if now_usec is None else now_usec
-        for name in sorted(self._units):
-            unit = self._units[name]
+    def settle(self, now_usec: int) -> None:
+        """Count as `other` the failed starts whose root cause has not turned up within the grace time
+        before `now_usec` (the wall clock of a scrape, when following)."""
+        for unit in self._units.values():
             self._settle_unit(unit, now_usec)
-            yield unit.view()
+
+    def views(self) -> Iterator[UnitView]:
+        """Every watched unit's counters and latest starts, by unit name; changes nothing (a failed start
+        still waiting for its root cause is not counted yet: `settle` counts it)."""
+        for name in sorted(self._units):
+            yield self._units[name].view()
 
     def _unit(self, name: str) -> _Unit | None:
         unit = self._units.get(name)

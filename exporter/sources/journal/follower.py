@@ -72,6 +72,8 @@ class JournalFollower:
             self._thread.join(timeout)
 
     def state(self) -> JournalState:
+        """The fold as of now: failed starts whose root cause has not come within the grace time are
+        settled by the wall clock (EngineTracker.settle) before their views are taken."""
         retry_at = self._start_retry_at
         if retry_at is not None and time.monotonic() >= retry_at and not self._stop.is_set():
             with self._starting:
@@ -79,6 +81,8 @@ class JournalFollower:
                     self.start()
         with self._lock:
             tracker = self._tracker
+            if tracker is not None:
+                tracker.settle(round(time.time() * 1e6))
             views = list(tracker.views()) if tracker is not None else []
             return JournalState(views=views, error=self._error, entries_read=self._entries_read,
                                 dropped_units=len(tracker.dropped_units) if tracker is not None else 0,
