@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 
 from exporter import __version__
 from exporter.logs import FORMATS, LEVELS, setup_logging
+from exporter.sources.journal import normalize_boot
 
 log = logging.getLogger("exporter.main")
 
@@ -29,7 +30,6 @@ EXIT_USAGE = 2
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h))+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_BOOT_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclass(frozen=True)
@@ -71,10 +71,10 @@ def parse_duration(value: str) -> float:
 
 
 def parse_boot(value: str) -> str:
-    normalised = value.strip().lower().replace("-", "")
-    if value in ("current", "all") or _BOOT_ID.match(normalised):
-        return value if value in ("current", "all") else normalised
-    raise argparse.ArgumentTypeError(f"invalid boot {value!r}: want current, all or a 32-hex-digit boot id")
+    try:
+        return normalize_boot(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def positive_int(value: str) -> int:
