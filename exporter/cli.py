@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 
 from exporter import __version__
 from exporter.logs import FORMATS, LEVELS, setup_logging
+from exporter.sources.journal import normalize_boot
 
 log = logging.getLogger("exporter.main")
 
@@ -28,7 +29,6 @@ EXIT_USAGE = 2
 _DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h))+$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_BOOT_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclass(frozen=True)
@@ -70,10 +70,10 @@ def parse_duration(value: str) -> float:
 
 
 def parse_boot(value: str) -> str:
-    normalised = value.strip().lower().replace("-", "")
-    if value in ("current", "all") or _BOOT_ID.match(normalised):
-        return value if value in ("current", "all") else normalised
-    raise argparse.ArgumentTypeError(f"invalid boot {value!r}: want current, all or a 32-hex-digit boot id")
+    try:
+        return normalize_boot(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def positive_int(value: str) -> int:
@@ -184,10 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
     setup_logging(settings.log_level, settings.log_format)
 
-    from exporter.collectors.journal import JournalCollector, JournalFollower
+    from exporter.collectors.journal import JournalCollector
     from exporter.collectors.levelzero import LevelZeroCollector
     from exporter.collectors.processes import ProcessesCollector
     from exporter.sources.journal import JournalSelection
+    from exporter.sources.journal.follower import JournalFollower
     from exporter.scrape import ExporterCollector
     from exporter.sources.levelzero_worker import LevelZeroWorker
     from exporter.web import ExporterServer

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from exporter.collectors import CollectionError, Collector
-from exporter.collectors.journal import JournalFollower
 from exporter.scrape import Scrape
 from exporter.sources import procfs
+from exporter.sources.journal.follower import JournalFollower
 from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
 
 log = logging.getLogger("exporter.processes")
