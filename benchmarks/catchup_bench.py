@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 from bigjournal import ENTRIES_PER_UNIT, UNIT_GLOB, ensure_journal, ensure_units_journal  # noqa: E402
 from measure import median, run_child  # noqa: E402
 
-from exporter.engines import DEFAULT_MAX_UNITS  # noqa: E402
+from exporter.fold.engine_starts import DEFAULT_MAX_UNITS  # noqa: E402
 
 REPO = HERE.parent
 CAUGHT_UP_POLL_S = 0.005
@@ -86,8 +86,8 @@ def count_journalctl(directory: Path) -> int:
 def child_catch_up(directory: str, max_units: int | None = None) -> None:
     """In the measured child: the follower's catch-up, as the exporter runs it."""
     started = time.perf_counter()
-    from exporter.collectors.journal import JournalFollower
     from exporter.sources.journal import JournalSelection
+    from exporter.sources.journal.follower import JournalFollower
 
     cpu_started = time.process_time()
     follower = JournalFollower(JournalSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all"),

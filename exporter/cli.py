@@ -14,12 +14,12 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 
 from exporter import __version__
 from exporter.collector import Collector, Source, Sources, registered
-from exporter.collectors.journal import JournalFollower
 from exporter.durations import parse_go_duration
-from exporter.engines import DEFAULT_MAX_UNITS
+from exporter.fold.engine_starts import DEFAULT_MAX_UNITS
 from exporter.logs import FORMATS, LEVELS, setup_logging
 from exporter.scrape import ExporterCollector
-from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection
+from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection, normalize_boot
+from exporter.sources.journal.follower import JournalFollower
 from exporter.sources.levelzero import DEFAULT_LIBRARY
 from exporter.sources.levelzero_worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
 from exporter.web import ExporterServer, parse_listen_address
@@ -29,7 +29,6 @@ log = logging.getLogger("exporter.main")
 
 DEFAULT_PORT = 10447
 EXIT_USAGE = 2
-_BOOT_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclass(frozen=True)
@@ -74,10 +73,10 @@ def parse_duration(value: str) -> float:
 
 
 def parse_boot(value: str) -> str:
-    normalised = value.strip().lower().replace("-", "")
-    if value in ("current", "all") or _BOOT_ID.match(normalised):
-        return value if value in ("current", "all") else normalised
-    raise argparse.ArgumentTypeError(f"invalid boot {value!r}: want current, all or a 32-hex-digit boot id")
+    try:
+        return normalize_boot(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def positive_int(value: str) -> int:

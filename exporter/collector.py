@@ -22,7 +22,7 @@ from exporter.sources.levelzero_worker import LevelZeroUnavailable
 
 if TYPE_CHECKING:
     from exporter.cli import Options
-    from exporter.collectors.journal import JournalFollower, JournalState
+    from exporter.sources.journal.follower import JournalFollower, JournalState
     from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroWorker
 
 T = TypeVar("T")

@@ -6,6 +6,7 @@ import pytest
 
 from exporter import __version__
 from exporter.cli import DEFAULT_PORT, parse_options
+from exporter.sources.journal import normalize_boot
 
 REPO = Path(__file__).resolve().parents[1]
 CONTRACT_FLAGS = ["--web.listen-address", "--web.telemetry-path", "--web.config.file",
@@ -62,6 +63,20 @@ def test_journal_directory_parses():
 def test_boot_id_in_dashed_uuid_form_is_normalised():
     assert parse_options(["--journal.boot", "01234567-89ab-cdef-0123-456789abcdef"]).journal_boot == \
         "0123456789abcdef0123456789abcdef"
+
+
+@pytest.mark.parametrize("boot", ["current", "ALL", " all ", "0123456789ABCDEF0123456789abcdef",
+                                  "01234567-89ab-cdef-0123-456789abcdef"])
+def test_journal_boot_is_normalised_by_the_journal_sources_normaliser(boot):
+    assert parse_options(["--journal.boot", boot]).journal_boot == normalize_boot(boot)
+
+
+@pytest.mark.parametrize("boot", ["yesterday", "0123-456789abcdef0123456789abcdef", "0123456789abcdef"])
+def test_journal_boot_the_journal_source_refuses_is_refused_at_the_command_line(boot):
+    with pytest.raises(ValueError):
+        normalize_boot(boot)
+    with pytest.raises(SystemExit):
+        parse_options(["--journal.boot", boot])
 
 
 def test_help_lists_every_contract_flag_with_its_default():

@@ -5,7 +5,10 @@ reader hands them over (watched units of the selected boot)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from itertools import chain
@@ -13,9 +16,9 @@ from itertools import chain
 import pytest
 
 import journalgen
-from exporter import engines
-from exporter.engines import EngineTracker, UnitView
-from exporter.parsers.vllm import parse_line
+from exporter.fold import engine_starts
+from exporter.fold.engine_starts import EngineTracker, Outcome, UnitView
+from exporter.parsers.vllm import FailureReason, parse_line
 from vllmlogs import (
     CHAT,
     EMBEDDING,
@@ -62,9 +65,15 @@ def one_boot(*planned: Iterable[Planned]) -> list[Placed]:
     return compose(Boot(BOOT_ID, ORIGIN - 30.0, tuple(chain.from_iterable(planned))))
 
 
+def now_usec() -> int:
+    return round(time.time() * 1e6)
+
+
 def fold(entries: Iterable[TrackerEntry]) -> dict[str, UnitView]:
+    """The views a scrape now sees of these entries (long after them: every pending failure settled)."""
     tracker = EngineTracker()
     tracker.extend(entries)
+    tracker.settle(now_usec())
     return {view.unit: view for view in tracker.views()}
 
 
@@ -103,6 +112,16 @@ def test_boot_race_chat_counts_one_kv_cache_too_small_failure_and_one_start(race
     chat = fold(race.entries())[CHAT]
     assert chat.failures == failures(kv_cache_too_small=1)
     assert chat.starts == 1
+
+
+def test_boot_race_chat_outcomes_and_failure_reasons_are_enums_valued_as_the_label_strings(race) -> None:
+    restart = restart_begins(this_boot(race), CHAT)
+    failed = fold(e for e in race.entries() if e.realtime_usec < restart)[CHAT]
+    chat = fold(race.entries())[CHAT]
+    assert failed.latest.outcome is Outcome.FAILED
+    assert chat.latest.outcome is Outcome.OK and chat.last_success.outcome is Outcome.OK
+    assert [type(reason) for reason in chat.failures] == [FailureReason] * len(FailureReason)
+    assert [reason.value for reason in chat.failures] == list(REASONS)  # the contract's `reason` label values
 
 
 def test_boot_race_embedding_and_stt_start_once_without_failures(race) -> None:
@@ -486,6 +505,7 @@ def test_fold_split_at_any_point_and_resumed_gives_the_same_views() -> None:
         tracker = EngineTracker()
         tracker.extend(entries[:split])
         tracker.extend(entries[split:])
+        tracker.settle(now_usec())
         assert as_data({view.unit: view for view in tracker.views()}) == whole, split
 
 
@@ -499,6 +519,38 @@ def test_a_restart_whose_process_reuses_the_failed_ones_pid_is_still_its_own_sta
                     TrackerEntry(UNIT, at + 1000, cause, False, "", 77)]
     view = fold(entries)[UNIT]
     assert view.failures == failures(no_kv_cache_memory=3)
+
+
+def test_views_change_nothing_and_settle_counts_a_failure_whose_cause_never_came_as_other() -> None:
+    at = round(ORIGIN * 1e6)
+    exited = at + 2000
+    tracker = EngineTracker()
+    tracker.extend([TrackerEntry(UNIT, at, "", True, journalgen.MESSAGE_ID_UNIT_STARTING, 1),
+                    TrackerEntry(UNIT, at + 1000, API_LINE + "vLLM API server version 0.24.0", False, "", 77),
+                    TrackerEntry(UNIT, exited, "", True, journalgen.MESSAGE_ID_UNIT_PROCESS_EXIT, 1)])
+    for _ in range(2):  # however late and often it is read, the failure waits for settle()
+        [view] = tracker.views()
+        assert (view.failures, view.last_failure_usec) == (no_failures(), None)
+    tracker.settle(exited + engine_starts.LATE_LINES_GRACE_USEC)
+    [view] = tracker.views()
+    assert view.failures == no_failures()
+    tracker.settle(exited + engine_starts.LATE_LINES_GRACE_USEC + 1)
+    [view] = tracker.views()
+    assert (view.failures, view.last_failure_usec) == (failures(other=1), exited)
+
+
+# --- place in the tree --------------------------------------------------------------------------------
+
+
+def test_the_fold_imports_no_source_and_no_collector() -> None:
+    """The fold sits between the vLLM grammar and the collectors: the journal reader feeds it and the
+    collectors read it, but it needs neither (systemd's MESSAGE_IDs come from exporter.systemd)."""
+    code = ("import json, sys, exporter.fold.engine_starts; "
+            "print(json.dumps(sorted(name for name in sys.modules if name.startswith('exporter'))))")
+    imported = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                         check=True).stdout)
+    assert "exporter.fold.engine_starts" in imported
+    assert not [name for name in imported if name.startswith(("exporter.sources", "exporter.collectors"))], imported
 
 
 # --- cost ---------------------------------------------------------------------------------------------
@@ -540,7 +592,7 @@ def test_fold_work_per_entry_does_not_grow_with_the_number_of_units(spacing_s: f
     for count in (40, 160):
         entries = many_units(count, spacing_s)
         tracker = EngineTracker(max_units=count)
-        per_entry[count] = lines_executed(engines.__file__, lambda: tracker.extend(entries)) / len(entries)
+        per_entry[count] = lines_executed(engine_starts.__file__, lambda: tracker.extend(entries)) / len(entries)
         assert len(list(tracker.views())) == count
     assert per_entry[160] <= 1.02 * per_entry[40], per_entry
 
@@ -560,6 +612,7 @@ def test_admit_watches_units_up_to_the_cap_and_counts_the_rest_as_dropped() -> N
 def fold_with_cap(entries: Iterable[TrackerEntry], max_units: int) -> dict[str, UnitView]:
     tracker = EngineTracker(max_units)
     tracker.extend(entries)
+    tracker.settle(now_usec())
     return {view.unit: view for view in tracker.views()}
 
 
@@ -597,7 +650,8 @@ def test_lines_with_implausible_values_are_counted_and_change_nothing() -> None:
     tracker.extend(start_entries(lines))
     assert tracker.rejected_lines == len(IMPLAUSIBLE_LINES)
     assert tracker.first_rejections == {UNIT: parse_line(IMPLAUSIBLE_LINES[0])}
-    assert as_data({view.unit: view for view in tracker.views(round(ORIGIN * 1e6))}) == \
+    tracker.settle(round(ORIGIN * 1e6))
+    assert as_data({view.unit: view for view in tracker.views()}) == \
         as_data({unit: view for unit, view in fold(start_entries(GOOD_LINES)).items()})
 
 

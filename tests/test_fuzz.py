@@ -10,7 +10,7 @@
   finite and within its bounds (`exporter.parsers.vllm.PLAUSIBLE`, `exporter.parsers.fdinfo.MAX_BYTES`),
   and the journal and processes collectors fed with them are exposed (text and OpenMetrics) without an
   exception, each reporting success, every value within bounds.
-- `exporter.engines.EngineTracker` never raises on random sequences of real-looking journal entries (PID 1's
+- `exporter.fold.engine_starts.EngineTracker` never raises on random sequences of real-looking journal entries (PID 1's
   records with every MESSAGE_ID it knows, vLLM lines, whole starts) and its counters never decrease.
 
 Runs are deterministic (derandomized, no example database) and bounded in examples, so the file takes
@@ -37,17 +37,18 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collector import Sources
-from exporter.collectors.journal import JournalCollector, JournalState, unit_metrics
+from exporter.collectors.journal import JournalCollector, unit_metrics
 from exporter.collectors.processes import ProcessesCollector
-from exporter.engines import REASONS, EngineTracker, UnitView
+from exporter.fold.engine_starts import EngineTracker, UnitView
 from exporter.parsers import vllm
 from exporter.parsers.fdinfo import MAX_BYTES, DrmClient, device_memory_bytes, parse_fdinfo
 from exporter.scrape import ExporterCollector
-from exporter.sources.journal import (MESSAGE_ID_SPAWN_FAILED, MESSAGE_ID_UNIT_FAILURE_RESULT,
-                                      MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_RESOURCES,
-                                      MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED,
-                                      MESSAGE_ID_UNIT_STARTED, MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED,
-                                      MESSAGE_ID_UNIT_STOPPING, MESSAGE_ID_UNIT_SUCCESS, JournalEntry)
+from exporter.sources.journal import JournalEntry
+from exporter.sources.journal.follower import JournalState
+from exporter.systemd import (MESSAGE_ID_SPAWN_FAILED, MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
+                              MESSAGE_ID_UNIT_RESOURCES, MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED,
+                              MESSAGE_ID_UNIT_STARTED, MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED,
+                              MESSAGE_ID_UNIT_STOPPING, MESSAGE_ID_UNIT_SUCCESS)
 from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, Identity, MemoryReading
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
 from test_fdinfo import DEPRECATED_MEMORY_KEYS, I915_61, I915_612, NOT_DRM, XE_DOC
@@ -410,20 +411,22 @@ def test_engine_tracker_never_raises_and_its_counters_never_decrease(written: li
     dropped = 0
     for entry in as_entries(written, steps):
         tracker.add(entry)
-        views = list(tracker.views(now_usec=entry.realtime_usec))  # as a scrape sees it while following
+        tracker.settle(entry.realtime_usec)  # as a scrape sees it while following
+        views = list(tracker.views())
         now = counters(views)
         assert len(now) <= max_units and not tracker.dropped_units & set(now)
         assert len(tracker.dropped_units) >= dropped
         dropped = len(tracker.dropped_units)
         for unit, (starts, failures, overlaps) in now.items():
-            assert set(failures) == set(REASONS) and min(failures.values()) >= 0
-            old_starts, old_failures, old_overlaps = before.get(unit, (0, dict.fromkeys(REASONS, 0), 0))
+            assert set(failures) == set(vllm.FailureReason) and min(failures.values()) >= 0
+            old_starts, old_failures, old_overlaps = before.get(unit, (0, dict.fromkeys(vllm.FailureReason, 0), 0))
             assert starts >= old_starts and overlaps >= old_overlaps, (unit, entry)
-            assert all(failures[reason] >= old_failures[reason] for reason in REASONS), (unit, entry)
+            assert all(failures[reason] >= old_failures[reason] for reason in vllm.FailureReason), (unit, entry)
         assert set(before) <= set(now), "a watched unit disappeared"
         before = now
         assert_rendered(views)
-    assert_rendered(list(tracker.views()))  # and as a scrape long after the last entry sees it
+    tracker.settle(round(time.time() * 1e6))  # and as a scrape long after the last entry sees it
+    assert_rendered(list(tracker.views()))
 
 
 # ------------------------------------------------------------------------ collectors fed absurd numbers
@@ -438,6 +441,7 @@ class FixedFollower:
         self._tracker = tracker
 
     def state(self) -> JournalState:
+        self._tracker.settle(round(time.time() * 1e6))
         views = list(self._tracker.views())
         return JournalState(views=views, error=None, entries_read=0, dropped_units=len(self._tracker.dropped_units),
                             watched_units=len(views), values_rejected=self._tracker.rejected_lines)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import itertools
 import os
 import resource
 import shutil
@@ -12,18 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sources import journal as journal_source
-from exporter.sources.journal import (
+from exporter.sources.journal import JournalEntry, JournalError, JournalReader, JournalSelection, normalize_boot
+from exporter.sources.journal import reader as journal_source
+from exporter.sources.journal.binding import LIBSYSTEMD, LibSystemd
+from exporter.systemd import (
     MESSAGE_ID_UNIT_FAILURE_RESULT,
     MESSAGE_ID_UNIT_PROCESS_EXIT,
     MESSAGE_ID_UNIT_RESTART_SCHEDULED,
     MESSAGE_ID_UNIT_STARTED,
     MESSAGE_ID_UNIT_STARTING,
-    JournalEntry,
-    JournalReader,
-    JournalSelection,
-    JournalUnavailable,
-    normalize_boot,
 )
 from journalgen import (
     Clock,
@@ -387,34 +386,82 @@ def test_vacuumed_files_while_following_do_not_stop_the_reader(tmp_path: Path) -
         assert messages(got)[:-2] in ([], ["o2"])
 
 
-def test_missing_directory_raises_journal_unavailable_with_one_line(tmp_path: Path) -> None:
+def test_missing_directory_raises_journal_error_with_one_line_errno_and_function(tmp_path: Path) -> None:
     reader = JournalReader(JournalSelection(directory=str(tmp_path / "nope"), unit_globs=WATCHED))
-    with pytest.raises(JournalUnavailable) as raised:
+    with pytest.raises(JournalError) as raised:
         reader.open()
     assert str(raised.value) == f"journal directory {tmp_path / 'nope'} does not exist"
+    assert (raised.value.errno, raised.value.function) == (errno.ENOENT, "stat")
     assert not reader.is_open
 
 
-def test_path_that_is_not_a_directory_raises_journal_unavailable(tmp_path: Path) -> None:
+def test_path_that_is_not_a_directory_raises_journal_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
-    with pytest.raises(JournalUnavailable, match="is not a directory"):
+    with pytest.raises(JournalError, match="is not a directory"):
         JournalReader(JournalSelection(directory=str(tmp_path / "file"), unit_globs=WATCHED)).open()
 
 
-def test_missing_journal_file_raises_journal_unavailable(tmp_path: Path) -> None:
-    with pytest.raises(JournalUnavailable, match="does not exist"):
+def test_missing_journal_file_raises_journal_error(tmp_path: Path) -> None:
+    with pytest.raises(JournalError, match="does not exist"):
         JournalReader(JournalSelection(files=[str(tmp_path / "x.journal")], unit_globs=WATCHED)).open()
 
 
 def test_directory_that_appears_later_opens_on_retry(tmp_path: Path, clock: Clock) -> None:
     directory = tmp_path / "journal"
     reader = JournalReader(JournalSelection(directory=str(directory), unit_globs=WATCHED))
-    with pytest.raises(JournalUnavailable):
+    with pytest.raises(JournalError):
         reader.open()
     directory.mkdir()
     write_journal(directory / "a.journal", [unit_output("vllm-a.service", "hello", clock.tick())])
     with reader:
         assert messages(read_all(reader)) == ["hello"]
+
+
+def test_libsystemd_that_cannot_be_loaded_raises_journal_error_naming_dlopen(tmp_path: Path) -> None:
+    reader = JournalReader(JournalSelection(directory=str(tmp_path), unit_globs=WATCHED), library="libnot-systemd.so.0")
+    with pytest.raises(JournalError) as raised:
+        reader.open()
+    assert raised.value.function == "dlopen"
+    assert str(raised.value).startswith("cannot load libnot-systemd.so.0: ")
+
+
+def test_a_failed_sd_journal_call_raises_journal_error_with_its_errno_and_function(tmp_path: Path, clock: Clock) -> None:
+    write_journal(tmp_path / "a.journal", [unit_output("vllm-a.service", "a0", clock.tick())])
+    lib = LibSystemd()
+    handle = lib.sd_journal_open_directory(str(tmp_path), 0)
+    try:
+        with pytest.raises(JournalError) as raised:
+            lib.sd_journal_seek_cursor(handle, b"not a cursor")
+    finally:
+        lib.sd_journal_close(handle)
+    assert (raised.value.errno, raised.value.function) == (errno.EINVAL, "sd_journal_seek_cursor")
+    assert str(raised.value) == "seeking to the journal cursor failed: Invalid argument"
+
+
+def test_an_entry_whose_field_cannot_be_read_is_skipped_and_counted(
+        tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A field sd-journal cannot read (here: compressed with an algorithm this libsystemd lacks) costs its
+    entry, which is counted; it is not read as an empty message, nor does it stop the reader."""
+
+    class SecondMessageUnreadable(LibSystemd):
+        def __init__(self, library: str = LIBSYSTEMD) -> None:
+            super().__init__(library)
+            raw_get_data, message_reads = self.raw_get_data, itertools.count(1)
+
+            def get_data(handle, field, data, size):
+                if field == b"MESSAGE" and next(message_reads) == 2:
+                    return -errno.EPROTONOSUPPORT
+                return raw_get_data(handle, field, data, size)
+
+            self.raw_get_data = get_data
+
+    monkeypatch.setattr(journal_source, "LibSystemd", SecondMessageUnreadable)
+    write_journal(tmp_path / "a.journal", [unit_output("vllm-a.service", f"a{i}", clock.tick()) for i in range(3)])
+    with reader_for(tmp_path) as reader:
+        assert messages(read_all(reader)) == ["a0", "a2"]
+        assert reader.unreadable_entries == 1
+        assert (reader.last_unreadable.errno, reader.last_unreadable.function) == (
+            errno.EPROTONOSUPPORT, "sd_journal_get_data")
 
 
 def _open_as_nobody(selection: JournalSelection) -> str:
@@ -429,7 +476,7 @@ def _open_as_nobody(selection: JournalSelection) -> str:
             os.setgid(65534)
             os.setuid(65534)
             JournalReader(selection).open()
-        except JournalUnavailable as error:
+        except JournalError as error:
             outcome = f"unavailable: {error}"
         except BaseException as error:  # noqa: BLE001 - reported to the parent
             outcome = f"other: {error!r}"
@@ -451,7 +498,7 @@ def public_tmp() -> Iterator[Path]:
     shutil.rmtree(path)
 
 
-def test_directory_behind_an_untraversable_parent_raises_journal_unavailable(public_tmp: Path) -> None:
+def test_directory_behind_an_untraversable_parent_raises_journal_error(public_tmp: Path) -> None:
     parent = public_tmp / "private"
     (parent / "journal").mkdir(parents=True)
     os.chmod(parent, 0o700)
@@ -459,7 +506,7 @@ def test_directory_behind_an_untraversable_parent_raises_journal_unavailable(pub
     assert outcome == f"unavailable: journal directory {parent / 'journal'} is not readable: permission denied"
 
 
-def test_unreadable_directory_raises_journal_unavailable(public_tmp: Path, clock: Clock) -> None:
+def test_unreadable_directory_raises_journal_error(public_tmp: Path, clock: Clock) -> None:
     directory = public_tmp / "journal"
     directory.mkdir()
     write_journal(directory / "a.journal", [unit_output("vllm-a.service", "x", clock.tick())])
@@ -468,7 +515,7 @@ def test_unreadable_directory_raises_journal_unavailable(public_tmp: Path, clock
     assert outcome == f"unavailable: journal directory {directory} is not readable: permission denied"
 
 
-def test_directory_of_unreadable_journal_files_raises_journal_unavailable(public_tmp: Path, clock: Clock) -> None:
+def test_directory_of_unreadable_journal_files_raises_journal_error(public_tmp: Path, clock: Clock) -> None:
     directory = public_tmp / "journal"
     directory.mkdir()
     path = write_journal(directory / "a.journal", [unit_output("vllm-a.service", "x", clock.tick())])
@@ -535,52 +582,49 @@ def test_file_selection_follows_entries_appended_to_the_file_and_survives_its_de
 # --- cost with many units -----------------------------------------------------------------------
 
 
-class CountingLibSystemd(journal_source._LibSystemd):
+class CountingLibSystemd(LibSystemd):
     """libsystemd counting the match terms in force, the entries stepped on, the MESSAGEs read and the
     queries of unit names (each made ``query_delay_s`` slower, as in a journal of thousands of units)."""
 
     last: CountingLibSystemd | None = None
     query_delay_s = 0.0
 
-    def __init__(self, library: str) -> None:
+    def __init__(self, library: str = LIBSYSTEMD) -> None:
         super().__init__(library)
         CountingLibSystemd.last = self
         self.terms: list[bytes] = []
         self.steps = 0
         self.messages_read = 0
         self.unit_queries = 0
-        add_match, flush_matches, next_entry, get_data = self.add_match, self.flush_matches, self.next, self.get_data
-        query_unique = self.query_unique
-
-        def counting_add_match(handle, match, size):
-            self.terms.append(match)
-            return add_match(handle, match, size)
-
-        def counting_flush_matches(handle):
-            self.terms.clear()
-            return flush_matches(handle)
+        raw_next, raw_get_data = self.raw_next, self.raw_get_data
 
         def counting_next(handle):
             self.steps += 1
-            return next_entry(handle)
+            return raw_next(handle)
 
         def counting_get_data(handle, field, data, size):
             self.messages_read += field == b"MESSAGE"
-            return get_data(handle, field, data, size)
+            return raw_get_data(handle, field, data, size)
 
-        def slow_counting_query_unique(handle, field):
-            self.unit_queries += field == b"_SYSTEMD_UNIT"
-            time.sleep(self.query_delay_s)
-            return query_unique(handle, field)
+        self.raw_next, self.raw_get_data = counting_next, counting_get_data
 
-        self.add_match, self.flush_matches = counting_add_match, counting_flush_matches
-        self.query_unique = slow_counting_query_unique
-        self.next, self.get_data = counting_next, counting_get_data
+    def sd_journal_add_match(self, handle, match: bytes) -> None:
+        self.terms.append(match)
+        super().sd_journal_add_match(handle, match)
+
+    def sd_journal_flush_matches(self, handle) -> None:
+        self.terms.clear()
+        super().sd_journal_flush_matches(handle)
+
+    def sd_journal_query_unique(self, handle, field: bytes) -> None:
+        self.unit_queries += field == b"_SYSTEMD_UNIT"
+        time.sleep(self.query_delay_s)
+        super().sd_journal_query_unique(handle, field)
 
 
 @pytest.fixture
 def counting_libsystemd(monkeypatch: pytest.MonkeyPatch) -> type[CountingLibSystemd]:
-    monkeypatch.setattr(journal_source, "_LibSystemd", CountingLibSystemd)
+    monkeypatch.setattr(journal_source, "LibSystemd", CountingLibSystemd)
     return CountingLibSystemd
 
 

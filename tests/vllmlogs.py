@@ -18,7 +18,7 @@ Layers, each usable alone from a Python shell::
   with journalgen's builders; `service_runs` chains a unit's restarts.
 * `compose(*boots)`: several units' entries interleaved by time into one journal entry list
   (`Placed`), per boot; `journal_specs` turns it into journalgen specs, `tracker_entries` into the
-  entries the journal reader hands to `exporter.engines.EngineTracker`.
+  entries the journal reader hands to `exporter.fold.engine_starts.EngineTracker`.
 * `boot_race()`: the problem statement's three-unit boot race on one 16 GiB-class GPU.
 
 What the lines look like, by release (reference /work/shared/reference/vllm-logs.md §2):
@@ -1218,7 +1218,7 @@ def journal_specs(placed: Iterable[Placed]) -> list[JournalEntrySpec]:
 
 @dataclass(frozen=True)
 class TrackerEntry:
-    """What exporter.engines.EngineTracker reads of a journal entry."""
+    """What exporter.fold.engine_starts.EngineTracker reads of a journal entry."""
 
     unit: str
     realtime_usec: int

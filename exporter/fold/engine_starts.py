@@ -2,8 +2,7 @@
 and whether it overlapped another unit's init.
 
 Input is the journal in journal order: the unit's own lines (parsed by `exporter.parsers.vllm`) and
-PID 1's records about it. The fold is deterministic, so re-reading the same journal after a restart
-of the exporter gives the same counters.
+PID 1's records about it.
 
 A *start* opens on systemd's "Starting <unit>" record, or on the first vLLM line when no start is
 open (journals without PID 1's records). It ends
@@ -18,6 +17,18 @@ open (journals without PID 1's records). It ends
   prints, or LATE_LINES_GRACE_USEC has passed, and only then counts as `other`.
 A stop requested during init (systemd's "Stopping") ends the start without counting it.
 
+What is deterministic, and what depends on the time of the scrape: the fold reads no clock. Its state
+is a function of the entries it was given, in order, and of the times `settle(now_usec)` was called
+with; every rule but one uses only the entries' own times (journald's realtime). The exception is the
+grace time above: a failed start waiting for its root cause counts as `other` once
+LATE_LINES_GRACE_USEC has passed, judged by the time of the unit's next entry or by `settle(now_usec)`,
+which the journal follower calls with the wall clock when a scrape reads the state. So a scrape within
+the grace time after such a failure shows it not yet counted, and a later one shows it counted. Reading
+the same journal again (a restart of the exporter) gives the same counters, but for one case: a root
+cause stored within the grace time that the follower read only after a scrape had settled its start as
+`other` (the follower lagging the journal by more than the grace time) counts as `other` live and as
+its cause when read again.
+
 An init runs from its start until its first KV-cache line, its init-complete line or its failure;
 an init that runs while another watched unit's init runs overlaps, and both are counted once.
 
@@ -29,18 +40,17 @@ is kept in `first_rejections` for the log.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Protocol
 
 from exporter.parsers import vllm
 from exporter.parsers.vllm import FailureReason
-from exporter.sources.journal import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
-                                      MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED,
-                                      MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPING)
+from exporter.systemd import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
+                              MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_STARTING,
+                              MESSAGE_ID_UNIT_STOPPING)
 
-REASONS = tuple(reason.value for reason in FailureReason)
 DEFAULT_MAX_UNITS = 64
 # journald stores a dying process's last lines and PID 1's record of its exit in no defined order
 # (systemd#32716): a start systemd says failed waits this long for its root cause before it counts
@@ -52,6 +62,14 @@ V0_DEFAULT_BLOCK_SIZE = 16
 # PID 1's records that mean the unit's process is gone: an open start has failed.
 MESSAGE_IDS_START_ENDED = frozenset({MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_PROCESS_EXIT,
                                      MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_RESTART_SCHEDULED})
+
+
+class Outcome(StrEnum):
+    """How a start ended."""
+
+    OK = "ok"  # the engine initialised
+    FAILED = "failed"  # counted by its FailureReason once the cause is known (or LATE_LINES_GRACE_USEC passed)
+    STOPPED = "stopped"  # stopped on request during init: not a failure
 
 
 class Entry(Protocol):
@@ -87,7 +105,7 @@ class Start:
     profiled_peak_bytes: int | None = None
     init_duration_seconds: float | None = None
     pid: int | None = None  # the main process (journald's _PID of the unit's output)
-    outcome: str | None = None  # None while initialising, then "ok", "failed" or "stopped"
+    outcome: Outcome | None = None  # None while initialising
     pending_since_usec: int | None = None  # failed per systemd; counted once its cause is known or late
     late_line_usec: int | None = None  # when a line of this start last came after its end
     initialising: bool = True  # the overlap window: until the first KV line, init done or failure
@@ -129,7 +147,7 @@ class Start:
         if self.required_bytes is not None:
             return self.required_bytes
         kv_bytes = self.effective_kv_cache_bytes
-        if self.outcome == "ok" and kv_bytes is not None and self.max_concurrency:
+        if self.outcome is Outcome.OK and kv_bytes is not None and self.max_concurrency:
             required = math.ceil(kv_bytes / self.max_concurrency)
             return required if vllm.plausible("needed_bytes", required) else None
         return None
@@ -141,7 +159,7 @@ class UnitView:
 
     unit: str
     starts: int
-    failures: Mapping[str, int]
+    failures: Mapping[FailureReason, int]  # every reason, 0 when none
     last_failure_usec: int | None
     overlaps: int
     latest: Start | None  # the latest start that printed anything
@@ -156,7 +174,7 @@ class UnitView:
 class _Unit:
     name: str
     starts: int = 0
-    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    failures: dict[FailureReason, int] = field(default_factory=lambda: dict.fromkeys(FailureReason, 0))
     last_failure_usec: int | None = None
     overlaps: int = 0
     current: Start | None = None
@@ -171,8 +189,9 @@ class _Unit:
 
 
 class EngineTracker:
-    """Folds journal entries of watched units into per-unit engine state. Not thread-safe: one writer
-    (the journal follower) and readers that take views under the caller's lock.
+    """Folds journal entries of watched units into per-unit engine state. Not thread-safe: `add`,
+    `extend`, `settle`, `watch` and `admit` change it, `views` only reads; the journal follower calls
+    them all under its lock.
 
     At most `max_units` units are watched (the first ones met); entries of further units are dropped
     and the units counted in `dropped_units`, so a glob that matches too much cannot blow up the series."""
@@ -229,18 +248,18 @@ class EngineTracker:
         if start.pid is None:
             start.pid = pid
             if unit.previous is not None and unit.previous.pending_since_usec is not None:
-                self._count(unit, unit.previous, FailureReason.OTHER.value, unit.previous.pending_since_usec)
+                self._count(unit, unit.previous, FailureReason.OTHER, unit.previous.pending_since_usec)
         start.printed = True
         unit.latest = start
         _record(start, event)
         if isinstance(event, vllm.FailureCause):
-            self._end(start, "failed", entry.realtime_usec)
-            self._count(unit, start, event.reason.value, entry.realtime_usec)
+            self._end(start, Outcome.FAILED, entry.realtime_usec)
+            self._count(unit, start, event.reason, entry.realtime_usec)
         elif isinstance(event, vllm.FailureWrapper) and event.terminal:
-            self._end(start, "failed", entry.realtime_usec)
-            self._count(unit, start, FailureReason.OTHER.value, entry.realtime_usec)
+            self._end(start, Outcome.FAILED, entry.realtime_usec)
+            self._count(unit, start, FailureReason.OTHER, entry.realtime_usec)
         elif isinstance(event, (vllm.EngineInitDone, vllm.ServerReady)):
-            self._end(start, "ok", entry.realtime_usec)
+            self._end(start, Outcome.OK, entry.realtime_usec)
             unit.starts += 1
             unit.last_success = start
         elif isinstance(event, (vllm.KvCacheMemory, vllm.KvCacheCapacity, vllm.KvCacheBlocks)):
@@ -250,13 +269,17 @@ class EngineTracker:
         for entry in entries:
             self.add(entry)
 
-    def views(self, now_usec: int | None = None) -> Iterator[UnitView]:
-        """Views as of `now_usec` (default: the wall clock), by which pending failures are settled."""
-        now_usec = round(time.time() * 1e6) if now_usec is None else now_usec
-        for name in sorted(self._units):
-            unit = self._units[name]
+    def settle(self, now_usec: int) -> None:
+        """Count as `other` the failed starts whose root cause has not turned up within the grace time
+        before `now_usec` (the wall clock of a scrape, when following)."""
+        for unit in self._units.values():
             self._settle_unit(unit, now_usec)
-            yield unit.view()
+
+    def views(self) -> Iterator[UnitView]:
+        """Every watched unit's counters and latest starts, by unit name; changes nothing (a failed start
+        still waiting for its root cause is not counted yet: `settle` counts it)."""
+        for name in sorted(self._units):
+            yield self._units[name].view()
 
     def _unit(self, name: str) -> _Unit | None:
         unit = self._units.get(name)
@@ -273,9 +296,9 @@ class EngineTracker:
             self._open(unit, entry.realtime_usec)
         elif start is not None and start.outcome is None:
             if entry.message_id in MESSAGE_IDS_START_ENDED:
-                self._end(start, "failed", entry.realtime_usec, pending=True)
+                self._end(start, Outcome.FAILED, entry.realtime_usec, pending=True)
             elif entry.message_id == MESSAGE_ID_UNIT_STOPPING:
-                self._end(start, "stopped", entry.realtime_usec)
+                self._end(start, Outcome.STOPPED, entry.realtime_usec)
 
     def _late_line(self, unit: _Unit, start: Start, event: vllm.Event, when_usec: int) -> None:
         """A line of a start that already ended: copies of its cause, wrappers, runtime lines; or its root
@@ -285,16 +308,16 @@ class EngineTracker:
         start.late_line_usec = when_usec
         if isinstance(event, vllm.FailureCause):
             _record(start, event)
-            self._count(unit, start, event.reason.value, when_usec)
+            self._count(unit, start, event.reason, when_usec)
         elif isinstance(event, vllm.FailureWrapper) and event.terminal:
-            self._count(unit, start, FailureReason.OTHER.value, when_usec)
+            self._count(unit, start, FailureReason.OTHER, when_usec)
 
     def _open(self, unit: _Unit, when_usec: int) -> Start:
         previous = unit.current
         if previous is not None and previous.outcome is None:
-            self._end(previous, "failed", when_usec, pending=True)
+            self._end(previous, Outcome.FAILED, when_usec, pending=True)
         if unit.previous is not None and unit.previous.pending_since_usec is not None:
-            self._count(unit, unit.previous, FailureReason.OTHER.value, unit.previous.pending_since_usec)
+            self._count(unit, unit.previous, FailureReason.OTHER, unit.previous.pending_since_usec)
         unit.previous = previous
         start = unit.current = Start(began_usec=when_usec)
         if self._initialising:  # other units' inits: this unit's was ended above
@@ -312,7 +335,7 @@ class EngineTracker:
         for start in (unit.previous, unit.current):
             if start is not None and start.pending_since_usec is not None and \
                     now_usec - start.pending_since_usec > LATE_LINES_GRACE_USEC:
-                self._count(unit, start, FailureReason.OTHER.value, start.pending_since_usec)
+                self._count(unit, start, FailureReason.OTHER, start.pending_since_usec)
 
     @staticmethod
     def _overlapped(unit: _Unit, start: Start) -> None:
@@ -320,7 +343,7 @@ class EngineTracker:
             start.overlapped = True
             unit.overlaps += 1
 
-    def _end(self, start: Start, outcome: str, when_usec: int, pending: bool = False) -> None:
+    def _end(self, start: Start, outcome: Outcome, when_usec: int, pending: bool = False) -> None:
         """End a start. A failure systemd reports (exit, failed state) is pending until its cause is known:
         the process's last lines may still come."""
         start.outcome = outcome
@@ -333,7 +356,7 @@ class EngineTracker:
         self._awaiting_overlap.pop(start, None)
 
     @staticmethod
-    def _count(unit: _Unit, start: Start, reason: str, when_usec: int) -> None:
+    def _count(unit: _Unit, start: Start, reason: FailureReason, when_usec: int) -> None:
         start.pending_since_usec = None
         unit.failures[reason] += 1
         unit.last_failure_usec = when_usec

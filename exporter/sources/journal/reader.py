@@ -14,9 +14,8 @@ syslog and native journal messages) and the records systemd itself (PID 1) wrote
 scheduled, stop). User-manager records (``USER_UNIT=``) are not selected: only system units are.
 Both are sd-journal matches, so libsystemd walks its per-value entry indexes instead of every entry.
 
-The sd-journal API used here is documented in sd_journal_open(3), sd_journal_next(3),
-sd_journal_get_data(3), sd_journal_add_match(3), sd_journal_query_unique(3), sd_journal_wait(3)
-and sd_journal_get_cursor(3).
+Every failure to read the journal raises ``JournalError`` (``exporter.sources.journal.binding``),
+an OSError that keeps the errno and the failed function's name.
 """
 
 from __future__ import annotations
@@ -34,62 +33,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-LIBSYSTEMD = "libsystemd.so.0"
+from exporter.sources.journal.binding import (
+    LIBSYSTEMD,
+    SD_JOURNAL_LOCAL_ONLY,
+    SD_JOURNAL_NOP,
+    SD_JOURNAL_SYSTEM,
+    JournalError,
+    LibSystemd,
+)
+
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 DEFAULT_UNIT_GLOBS = ("vllm*.service",)
 SYSTEM_JOURNAL_DIRECTORIES = ("/run/log/journal", "/var/log/journal")
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
 DEFAULT_BATCH = 4096
 
-# sd_journal_open(3) flags.
-SD_JOURNAL_LOCAL_ONLY = 1 << 0
-SD_JOURNAL_RUNTIME_ONLY = 1 << 1
-SD_JOURNAL_SYSTEM = 1 << 2
-SD_JOURNAL_CURRENT_USER = 1 << 3
-
-# sd_journal_process(3) / sd_journal_wait(3) results.
-SD_JOURNAL_NOP = 0
-SD_JOURNAL_APPEND = 1
-SD_JOURNAL_INVALIDATE = 2
-
-# MESSAGE_IDs of PID 1's records about a unit (systemd 252, sd-messages.h; subjects as in
-# /usr/lib/systemd/catalog/systemd.catalog). The texts are those systemd 252 writes with the
-# default StatusUnitFormat=combined ("<unit> - <Description>").
-MESSAGE_ID_UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
-"""'Starting <unit> - <desc>...': a start job for the unit has begun execution (JOB_TYPE=start)."""
-MESSAGE_ID_UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"
-"""'Started <unit> - <desc>.': the start job finished successfully (JOB_RESULT=done)."""
-MESSAGE_ID_UNIT_START_FAILED = "be02cf6855d2428ba40df7e9d022f03d"
-"""'Failed to start <unit> - <desc>.': the start job failed (JOB_RESULT=failed)."""
-MESSAGE_ID_UNIT_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
-"""'<unit>: Main process exited, code=exited, status=1/FAILURE' (EXIT_CODE=, EXIT_STATUS=)."""
-MESSAGE_ID_UNIT_FAILURE_RESULT = "d9b373ed55a64feb8242e02dbe79a49c"
-"""``<unit>: Failed with result 'exit-code'.``: the unit entered the failed state (UNIT_RESULT=)."""
-MESSAGE_ID_UNIT_RESTART_SCHEDULED = "5eb03494b6584870a536b337290809b3"
-"""'<unit>: Scheduled restart job, restart counter is at N.' (N_RESTARTS=)."""
-MESSAGE_ID_UNIT_STOPPING = "de5b426a63be47a7b6ac3eaac82e2f6f"
-"""'Stopping <unit> - <desc>...': a stop job has begun."""
-MESSAGE_ID_UNIT_STOPPED = "9d1aaa27d60140bd96365438aad20286"
-"""'Stopped <unit> - <desc>.': the stop job finished."""
-MESSAGE_ID_UNIT_SUCCESS = "7ad2d189f7e94e70a38c781354912448"
-"""'<unit>: Deactivated successfully.'"""
-MESSAGE_ID_UNIT_RESOURCES = "ae8f7b866b0347b9af31fe1c80b127c0"
-"""'<unit>: Consumed 1min 2.345s CPU time.'"""
-MESSAGE_ID_SPAWN_FAILED = "641257651c1b4ec9a8624d7a40a9e1e7"
-"""'<unit>: Failed at step EXEC spawning <path>: ...': logged by the forked child in the unit's
-cgroup before exec, so it arrives as unit output (_SYSTEMD_UNIT=<unit>), not as a PID-1 record."""
-
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _FIELD_SYSTEMD_UNIT = b"_SYSTEMD_UNIT"
 _FIELD_UNIT = b"UNIT"
 _FIELD_MESSAGE = b"MESSAGE"
-
-
-class JournalUnavailable(Exception):
-    """The journal cannot be read now (missing, unreadable, corrupt beyond use); retry later.
-
-    ``str()`` is one line naming what and why.
-    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,88 +128,16 @@ def current_boot_id(path: str = BOOT_ID_PATH) -> str:
     return normalize_boot(Path(path).read_text().strip())
 
 
-class _LibSystemd:
-    """The sd-journal entry points of libsystemd (and libc's free/madvise), with their C signatures."""
-
-    def __init__(self, library: str) -> None:
-        try:
-            lib = ctypes.CDLL(library, use_errno=True)
-        except OSError as error:
-            raise JournalUnavailable(f"cannot load {library}: {error}") from None
-        handle_p = ctypes.c_void_p
-        handle_pp = ctypes.POINTER(ctypes.c_void_p)
-        data_pp = ctypes.POINTER(ctypes.c_void_p)
-        size_p = ctypes.POINTER(ctypes.c_size_t)
-        c_int, c_char_p, c_size_t, c_uint64 = ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint64
-
-        def bind(name: str, restype: type | None, *argtypes: type) -> Callable[..., int]:
-            function = getattr(lib, name)
-            function.restype = restype
-            function.argtypes = argtypes
-            return function
-
-        self.open = bind("sd_journal_open", c_int, handle_pp, c_int)
-        self.open_directory = bind("sd_journal_open_directory", c_int, handle_pp, c_char_p, c_int)
-        self.open_files = bind("sd_journal_open_files", c_int, handle_pp, ctypes.POINTER(c_char_p), c_int)
-        self.close = bind("sd_journal_close", None, handle_p)
-        self.set_data_threshold = bind("sd_journal_set_data_threshold", c_int, handle_p, c_size_t)
-        self.add_match = bind("sd_journal_add_match", c_int, handle_p, c_char_p, c_size_t)
-        self.add_disjunction = bind("sd_journal_add_disjunction", c_int, handle_p)
-        self.add_conjunction = bind("sd_journal_add_conjunction", c_int, handle_p)
-        self.flush_matches = bind("sd_journal_flush_matches", None, handle_p)
-        self.seek_head = bind("sd_journal_seek_head", c_int, handle_p)
-        self.seek_cursor = bind("sd_journal_seek_cursor", c_int, handle_p, c_char_p)
-        self.get_cursor = bind("sd_journal_get_cursor", c_int, handle_p, ctypes.POINTER(ctypes.c_void_p))
-        self.test_cursor = bind("sd_journal_test_cursor", c_int, handle_p, c_char_p)
-        self.previous = bind("sd_journal_previous", c_int, handle_p)
-        self.query_unique = bind("sd_journal_query_unique", c_int, handle_p, c_char_p)
-        self.enumerate_unique = bind(
-            "sd_journal_enumerate_available_unique"
-            if hasattr(lib, "sd_journal_enumerate_available_unique")
-            else "sd_journal_enumerate_unique",
-            c_int,
-            handle_p,
-            data_pp,
-            size_p,
-        )
-        self.get_fd = bind("sd_journal_get_fd", c_int, handle_p)
-        self.process = bind("sd_journal_process", c_int, handle_p)
-        self.wait = bind("sd_journal_wait", c_int, handle_p, c_uint64)
-        # The per-entry calls are bound without argtypes: ctypes' conversion of declared
-        # arguments costs more than the C function (sd_journal_get_data: 2.0 µs with, 1.3 µs
-        # without). Callers pass exactly: the handle (c_void_p), bytes, and byref() of
-        # c_void_p, c_size_t, c_uint64 or a 16-byte c_char array.
-        self.next = _untyped(lib, "sd_journal_next")
-        self.get_data = _untyped(lib, "sd_journal_get_data")
-        self.get_realtime_usec = _untyped(lib, "sd_journal_get_realtime_usec")
-        self.get_monotonic_usec = _untyped(lib, "sd_journal_get_monotonic_usec")
-        libc = ctypes.CDLL(None, use_errno=True)
-        self.free = libc.free
-        self.free.restype = None
-        self.free.argtypes = (ctypes.c_void_p,)
-        self.madvise = libc.madvise
-        self.madvise.restype = c_int
-        self.madvise.argtypes = (ctypes.c_void_p, c_size_t, c_int)
-
-
-def _untyped(lib: ctypes.CDLL, name: str) -> Callable[..., int]:
-    function = getattr(lib, name)
-    function.restype = ctypes.c_int
-    return function
-
-
-def _errno_text(result: int) -> str:
-    return os.strerror(-result) if result < 0 else str(result)
-
-
-def _require_ok(result: int, doing: str) -> int:
-    if result < 0:
-        raise JournalUnavailable(f"{doing} failed: {_errno_text(result)}")
-    return result
-
-
 MADV_DONTNEED = 4
 _JOURNAL_MAPPING = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) r--s .*\.journal~?(?: \(deleted\))?$", re.MULTILINE)
+
+
+def libc_madvise() -> Callable[[int, int, int], int]:
+    """libc's madvise(2): 0, or -1 with errno set."""
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.restype = ctypes.c_int
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return madvise
 
 
 def release_journal_pages(madvise: Callable[[int, int, int], int], maps_path: str = "/proc/self/maps") -> int:
@@ -280,7 +170,7 @@ class JournalReader:
     re-reads the selected boot on start, so no cursor is kept across runs.
 
     Single-threaded: an sd_journal handle must only ever be used from one thread. Create, use
-    and close a reader in the same thread (the journal collector runs it in its own thread).
+    and close a reader in the same thread (the journal follower runs it in its own thread).
 
     Units that appear after ``open()``
         Watched unit names are found with ``sd_journal_query_unique`` on ``_SYSTEMD_UNIT`` and
@@ -318,7 +208,7 @@ class JournalReader:
         ``admit``, when given, is asked once per watched unit, when the reader first meets one of
         its entries (in journal order); a unit it refuses is skipped from then on: its entries are
         not decoded nor returned. That is how a consumer's cap on the number of units (the journal
-        collector's ``--journal.max-units``) costs nothing for the units beyond it.
+        follower's ``--journal.max-units``) costs nothing for the units beyond it.
 
     Memory: the reader holds the entries of one batch. The journal's mapped pages (see
     ``release_journal_pages``) are dropped every ``RELEASE_PAGES_EVERY`` entries read and when
@@ -345,11 +235,15 @@ class JournalReader:
         self.max_message_bytes = max_message_bytes
         self._library_name = library
         self._boot_id_path = boot_id_path
-        self._lib: _LibSystemd | None = None
+        self._lib: LibSystemd | None = None
+        self._madvise = libc_madvise()
         self._handle = ctypes.c_void_p()
         self._boot_id: str | None = None
         self._missing_roots: tuple[str, ...] = ()
         self._entries_read = 0
+        self._unreadable_entries = 0
+        self.last_unreadable: JournalError | None = None
+        """Why the latest entry counted in ``unreadable_entries`` could not be read."""
         self._reset_position()
 
     def _reset_position(self) -> None:
@@ -381,6 +275,13 @@ class JournalReader:
         return self._entries_read
 
     @property
+    def unreadable_entries(self) -> int:
+        """Entries skipped because sd-journal could not read one of their fields or timestamps (a
+        field compressed with an algorithm this libsystemd lacks, an I/O error): like journalctl, the
+        reader skips such an entry rather than stop at it."""
+        return self._unreadable_entries
+
+    @property
     def units(self) -> frozenset[str]:
         """Unit names matching the globs found in the journal so far (in any boot's entries)."""
         return frozenset(self._watched.values())
@@ -400,17 +301,21 @@ class JournalReader:
         return bool(self._handle.value)
 
     def open(self) -> None:
-        """Open the journal, before its first selected entry; JournalUnavailable if it cannot be read."""
+        """Open the journal, before its first selected entry; JournalError if it cannot be read."""
         if self.is_open:
             return
         if self._lib is None:
-            self._lib = _LibSystemd(self._library_name)
+            self._lib = LibSystemd(self._library_name)
         boot = self.selection.boot
         if boot == "current":
             try:
                 self._boot_id = current_boot_id(self._boot_id_path)
-            except (OSError, ValueError) as error:
-                raise JournalUnavailable(f"cannot read the current boot id from {self._boot_id_path}: {error}") from None
+            except OSError as error:
+                raise JournalError("open", error.errno or errno.EIO, message=(
+                    f"cannot read the current boot id from {self._boot_id_path}: {error}")) from None
+            except ValueError as error:
+                raise JournalError("read", errno.EINVAL, message=(
+                    f"cannot read the current boot id from {self._boot_id_path}: {error}")) from None
         else:
             self._boot_id = None if boot == "all" else boot
         self._open_handle()
@@ -418,7 +323,7 @@ class JournalReader:
 
     def close(self) -> None:
         if self.is_open and self._lib is not None:
-            self._lib.close(self._handle)
+            self._lib.sd_journal_close(self._handle)
         self._handle = ctypes.c_void_p()
         self._decoder = None
 
@@ -439,42 +344,35 @@ class JournalReader:
         lib = self._lib
         assert lib is not None
         selection = self.selection
-        handle = ctypes.c_void_p()
         self._missing_roots = ()
         if selection.files:
             for path in selection.files:
                 _check_readable_file(path)
-            paths = (ctypes.c_char_p * (len(selection.files) + 1))(*(os.fsencode(p) for p in selection.files), None)
-            result = lib.open_files(ctypes.byref(handle), paths, 0)
-            what = "journal files " + ", ".join(selection.files)
+            handle = lib.sd_journal_open_files(selection.files, 0)
         elif selection.directory is not None:
             _check_readable_directory(selection.directory)
-            result = lib.open_directory(ctypes.byref(handle), os.fsencode(selection.directory), 0)
-            what = f"journal directory {selection.directory}"
+            handle = lib.sd_journal_open_directory(selection.directory, 0)
         else:
             existing = [d for d in SYSTEM_JOURNAL_DIRECTORIES if os.path.isdir(d)]
             if not existing:
-                raise JournalUnavailable(
-                    "no system journal: neither " + " nor ".join(SYSTEM_JOURNAL_DIRECTORIES) + " exists"
-                )
+                raise JournalError("stat", errno.ENOENT, message=(
+                    "no system journal: neither " + " nor ".join(SYSTEM_JOURNAL_DIRECTORIES) + " exists"))
             for directory in existing:
                 _check_readable_directory(directory)
-            result = lib.open(ctypes.byref(handle), SD_JOURNAL_LOCAL_ONLY | SD_JOURNAL_SYSTEM)
-            what = "the system journal"
+            handle = lib.sd_journal_open(SD_JOURNAL_LOCAL_ONLY | SD_JOURNAL_SYSTEM)
             self._missing_roots = tuple(d for d in SYSTEM_JOURNAL_DIRECTORIES if d not in existing)
-        if result < 0:
-            raise JournalUnavailable(f"cannot open {what}: {_errno_text(result)}")
-        # Only compressed fields honour the threshold; longer plain ones are cut in Python.
-        lib.set_data_threshold(handle, self.max_message_bytes + len(_FIELD_MESSAGE) + 1)
-        # Create the inotify watches now, so that wait() sees every change after open().
-        result = lib.get_fd(handle)
-        if result < 0:
-            lib.close(handle)
-            raise JournalUnavailable(f"cannot watch {what} for changes: {_errno_text(result)}")
+        try:
+            # Only compressed fields honour the threshold; longer plain ones are cut in Python.
+            lib.sd_journal_set_data_threshold(handle, self.max_message_bytes + len(_FIELD_MESSAGE) + 1)
+            # Create the inotify watches now, so that wait() sees every change after open().
+            lib.sd_journal_get_fd(handle)
+        except JournalError:
+            lib.sd_journal_close(handle)
+            raise
         self._handle = handle
         self._decoder = None
 
-    def _require_open(self) -> _LibSystemd:
+    def _require_open(self) -> LibSystemd:
         if not self.is_open or self._lib is None:
             raise RuntimeError("JournalReader is not open")
         return self._lib
@@ -500,9 +398,7 @@ class JournalReader:
             if remaining <= 0:
                 return True
             timeout_s = min(timeout_s, remaining)
-        result = lib.wait(self._handle, max(0, int(timeout_s * 1_000_000)))
-        if result < 0:
-            raise JournalUnavailable(f"waiting for journal changes failed: {_errno_text(result)}")
+        result = lib.sd_journal_wait(self._handle, max(0, int(timeout_s * 1_000_000)))
         if result == SD_JOURNAL_NOP:
             return self._units_stale and time.monotonic() >= self._units_query_due
         self._units_stale = True
@@ -514,7 +410,7 @@ class JournalReader:
         lib = self._require_open()
         if max_entries <= 0:
             return []
-        if lib.process(self._handle) > SD_JOURNAL_NOP:
+        if lib.sd_journal_process(self._handle) > SD_JOURNAL_NOP:
             self._units_stale = True
         if self._units_stale and time.monotonic() >= self._units_query_due:
             self._refresh_units()
@@ -527,7 +423,7 @@ class JournalReader:
             self._more_pending = bool(self._backlog)
         self._entries_read += len(out)
         if self._since_release and not self._more_pending:
-            release_journal_pages(lib.madvise)
+            release_journal_pages(self._madvise)
             self._since_release = 0
         return out
 
@@ -535,7 +431,7 @@ class JournalReader:
         lib = self._lib
         assert lib is not None
         handle = self._handle
-        next_entry = lib.next
+        next_entry = lib.raw_next
         decode = self._decoder or self._make_decoder()
         self._decoder = decode
         watched = self._watched
@@ -553,7 +449,7 @@ class JournalReader:
             result = next_entry(handle)
             if result <= 0:
                 if result < 0:
-                    raise JournalUnavailable(f"reading the journal failed: {_errno_text(result)}")
+                    raise JournalError.of_result("sd_journal_next", result, "reading the journal")
                 self._more_pending = False
                 break
             self._has_position = True
@@ -563,7 +459,7 @@ class JournalReader:
                 last = entry
                 since_release += 1
                 if since_release >= release_every:
-                    release_journal_pages(lib.madvise)
+                    release_journal_pages(self._madvise)
                     since_release = 0
         self._since_release = since_release
         if last is not None:
@@ -575,13 +471,15 @@ class JournalReader:
         The hot path of a catch-up: 6-7 foreign calls per entry (4-5 sd_journal_get_data, the
         two timestamps from the entry header, no cursor), everything it touches is a local. An
         entry of no watched unit, or of a refused one, costs one or two sd_journal_get_data.
+        Every result is checked: -ENOENT is an absent field; any other error makes the entry
+        unreadable, skipped and counted (``unreadable_entries``).
         """
         lib = self._lib
         assert lib is not None
         handle = self._handle
-        get_data = lib.get_data
-        get_realtime_usec = lib.get_realtime_usec
-        get_monotonic_usec = lib.get_monotonic_usec
+        get_data = lib.raw_get_data
+        get_realtime_usec = lib.raw_get_realtime_usec
+        get_monotonic_usec = lib.raw_get_monotonic_usec
         string_at = ctypes.string_at
         data, size, usec = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_uint64()
         data_ref, size_ref, usec_ref = ctypes.byref(data), ctypes.byref(size), ctypes.byref(usec)
@@ -592,38 +490,50 @@ class JournalReader:
         entry_type = JournalEntry
         admitted = self._admitted
         meet = self._meet
+        absent = -errno.ENOENT
+        unreadable = self._unreadable
 
         def decode(watched: dict[bytes, str]) -> JournalEntry | None:
             pid: int | None = None
-            if get_data(handle, b"_PID", data_ref, size_ref) >= 0:
+            if (result := get_data(handle, b"_PID", data_ref, size_ref)) >= 0:
                 text = string_at(data.value, size.value)[5:]
                 pid = int(text) if text.isdigit() else None
+            elif result != absent:
+                return unreadable("sd_journal_get_data", result)
             unit = None
             from_systemd = pid == 1
-            if from_systemd and get_data(handle, b"UNIT", data_ref, size_ref) >= 0:
-                raw_unit = string_at(data.value, size.value)[5:]
-                unit = watched.get(raw_unit)
-                if unit is not None and raw_unit not in admitted and not meet(raw_unit, unit):
-                    return None
+            if from_systemd:
+                if (result := get_data(handle, b"UNIT", data_ref, size_ref)) >= 0:
+                    raw_unit = string_at(data.value, size.value)[5:]
+                    unit = watched.get(raw_unit)
+                    if unit is not None and raw_unit not in admitted and not meet(raw_unit, unit):
+                        return None
+                elif result != absent:
+                    return unreadable("sd_journal_get_data", result)
             if unit is None:
                 from_systemd = False
-                if get_data(handle, b"_SYSTEMD_UNIT", data_ref, size_ref) < 0:
-                    return None
+                if (result := get_data(handle, b"_SYSTEMD_UNIT", data_ref, size_ref)) < 0:
+                    return None if result == absent else unreadable("sd_journal_get_data", result)
                 raw_unit = string_at(data.value, size.value)[14:]
                 unit = watched.get(raw_unit)
                 if unit is None or (raw_unit not in admitted and not meet(raw_unit, unit)):
                     return None
-            if get_data(handle, b"MESSAGE", data_ref, size_ref) >= 0:
+            if (result := get_data(handle, b"MESSAGE", data_ref, size_ref)) >= 0:
                 length = size.value
                 raw = string_at(data.value, length if length < message_cap else message_cap)
                 message = raw[8:].decode("utf-8", "replace")
-            else:
+            elif result == absent:
                 message = ""
-            if get_data(handle, b"MESSAGE_ID", data_ref, size_ref) >= 0:
-                message_id = string_at(data.value, size.value)[11:].decode("utf-8", "replace")
             else:
+                return unreadable("sd_journal_get_data", result)
+            if (result := get_data(handle, b"MESSAGE_ID", data_ref, size_ref)) >= 0:
+                message_id = string_at(data.value, size.value)[11:].decode("utf-8", "replace")
+            elif result == absent:
                 message_id = ""
-            get_realtime_usec(handle, usec_ref)
+            else:
+                return unreadable("sd_journal_get_data", result)
+            if (result := get_realtime_usec(handle, usec_ref)) < 0:
+                return unreadable("sd_journal_get_realtime_usec", result)
             realtime = usec.value
             if get_monotonic_usec(handle, usec_ref, boot_ref) >= 0:
                 monotonic: int | None = usec.value
@@ -631,14 +541,22 @@ class JournalReader:
                 boot_id = boot_ids.get(raw_boot)
                 if boot_id is None:
                     boot_id = boot_ids[raw_boot] = raw_boot.hex()
-            else:
+            else:  # the entry header could not be read again: the boot id from its field
                 monotonic = None
                 boot_id = ""
-                if get_data(handle, b"_BOOT_ID", data_ref, size_ref) >= 0:
+                if (result := get_data(handle, b"_BOOT_ID", data_ref, size_ref)) >= 0:
                     boot_id = string_at(data.value, size.value)[9:].decode("ascii", "replace")
+                elif result != absent:
+                    return unreadable("sd_journal_get_data", result)
             return entry_type(unit, realtime, monotonic, boot_id, message, from_systemd, message_id, pid)
 
         return decode
+
+    def _unreadable(self, function: str, result: int) -> None:
+        """Count the current entry as unreadable (``function`` returned ``result``); it is skipped."""
+        self._unreadable_entries += 1
+        self.last_unreadable = JournalError.of_result(function, result, "reading a journal entry")
+        return None
 
     # --- units, matches, position -----------------------------------------------------------
 
@@ -664,7 +582,7 @@ class JournalReader:
             # Nothing has been read: the handle is still before the first entry.
             self._watched.update(new)
             self._apply_matches(self._watched)
-            _require_ok(lib.seek_head(self._handle), "seeking to the journal head")
+            lib.sd_journal_seek_head(self._handle)
             return
         cursor = self._position_cursor()
         cursor_entry_returned = not self._current_unreturned
@@ -678,17 +596,20 @@ class JournalReader:
         assert lib is not None
         began = time.monotonic()
         found: dict[bytes, str] = {}
-        data, size = ctypes.c_void_p(), ctypes.c_size_t()
         for field_name in (_FIELD_SYSTEMD_UNIT, _FIELD_UNIT):
-            _require_ok(lib.query_unique(self._handle, field_name), f"listing {field_name.decode()} values")
+            lib.sd_journal_query_unique(self._handle, field_name)
             skip = len(field_name) + 1
-            while (result := lib.enumerate_unique(self._handle, ctypes.byref(data), ctypes.byref(size))) > 0:
-                raw = ctypes.string_at(data.value, size.value)[skip:]
-                name = raw.decode("utf-8", "replace")
-                if self.selection.matches_unit(name):
-                    found[raw] = name
-            if result < 0 and result != -errno.EBADMSG:
-                _require_ok(result, f"listing {field_name.decode()} values")
+            try:
+                while (value := lib.sd_journal_enumerate_unique(self._handle)) is not None:
+                    raw = value[skip:]
+                    name = raw.decode("utf-8", "replace")
+                    if self.selection.matches_unit(name):
+                        found[raw] = name
+            except JournalError as error:
+                # Without sd_journal_enumerate_available_unique (systemd < 246), a corrupt file
+                # ends the listing: the values found before it are kept.
+                if error.errno != errno.EBADMSG:
+                    raise
         ended = time.monotonic()
         self._units_query_due = ended + (ended - began) / self.UNIT_QUERY_SHARE
         return found
@@ -703,22 +624,19 @@ class JournalReader:
         lib = self._lib
         assert lib is not None
         handle = self._handle
-        lib.flush_matches(handle)
-
-        def add(match: bytes) -> None:
-            _require_ok(lib.add_match(handle, match, len(match)), "adding a journal match")
-
+        lib.sd_journal_flush_matches(handle)
+        add = lib.sd_journal_add_match
         if len(units) <= self.MATCHED_UNITS_MAX:
             for raw in sorted(units):
-                add(b"_SYSTEMD_UNIT=" + raw)
-            _require_ok(lib.add_disjunction(handle), "adding a journal match")
-            add(b"_PID=1")
+                add(handle, b"_SYSTEMD_UNIT=" + raw)
+            lib.sd_journal_add_disjunction(handle)
+            add(handle, b"_PID=1")
             for raw in sorted(units):
-                add(b"UNIT=" + raw)
+                add(handle, b"UNIT=" + raw)
             if self._boot_id is not None:
-                _require_ok(lib.add_conjunction(handle), "adding a journal match")
+                lib.sd_journal_add_conjunction(handle)
         if self._boot_id is not None:
-            add(b"_BOOT_ID=" + self._boot_id.encode())
+            add(handle, b"_BOOT_ID=" + self._boot_id.encode())
 
     def _position_cursor(self) -> bytes:
         """A cursor of the entry the handle is on (after reaching the end: the last one read).
@@ -729,15 +647,13 @@ class JournalReader:
         """
         lib = self._lib
         assert lib is not None
-        pointer = ctypes.c_void_p()
-        if lib.get_cursor(self._handle, ctypes.byref(pointer)) >= 0:
-            try:
-                return ctypes.string_at(pointer.value)
-            finally:
-                lib.free(pointer)
-        last = self._last_forward
-        if last is None:
-            raise JournalUnavailable("the journal read position was lost")
+        try:
+            return lib.sd_journal_get_cursor(self._handle)
+        except JournalError as error:
+            last = self._last_forward
+            if last is None:
+                raise JournalError(error.function, error.errno,
+                                   message=f"the journal read position was lost: {error.strerror}") from None
         cursor = f"b={last.boot_id};t={last.realtime_usec:x}"
         if last.monotonic_usec is not None:
             cursor += f";m={last.monotonic_usec:x}"
@@ -749,17 +665,16 @@ class JournalReader:
         assert lib is not None
         handle = self._handle
         self._apply_matches(units)
-        _require_ok(lib.seek_cursor(handle, cursor), "seeking to the journal cursor")
+        lib.sd_journal_seek_cursor(handle, cursor)
         decode = self._decoder or self._make_decoder()
         self._decoder = decode
         found: list[JournalEntry] = []
-        while (result := lib.previous(handle)) > 0:
-            if lib.test_cursor(handle, cursor) > 0:
+        while lib.sd_journal_previous(handle):
+            if lib.sd_journal_test_cursor(handle, cursor):
                 continue
             entry = decode(units)
             if entry is not None:
                 found.append(entry)
-        _require_ok(result, "reading the journal")
         found.reverse()
         return found
 
@@ -768,11 +683,10 @@ class JournalReader:
         lib = self._lib
         assert lib is not None
         handle = self._handle
-        _require_ok(lib.seek_cursor(handle, cursor), "seeking to the journal cursor")
-        result = _require_ok(lib.next(handle), "reading the journal")
-        if result == 0:
+        lib.sd_journal_seek_cursor(handle, cursor)
+        if not lib.sd_journal_next(handle):
             self._current_unreturned = False
-        elif lib.test_cursor(handle, cursor) > 0:
+        elif lib.sd_journal_test_cursor(handle, cursor):
             self._current_unreturned = not cursor_entry_returned
         else:
             # The cursor's entry was vacuumed; the one the handle is on has not been returned.
@@ -783,7 +697,7 @@ class JournalReader:
         cursor_entry_returned = not self._current_unreturned
         lib = self._lib
         assert lib is not None
-        lib.close(self._handle)
+        lib.sd_journal_close(self._handle)
         self._handle = ctypes.c_void_p()
         self._open_handle()
         self._watched = self._query_watched_units()
@@ -800,22 +714,23 @@ class JournalReader:
 
 
 def _check_readable_directory(path: str) -> None:
-    """Raise JournalUnavailable unless ``path`` is a directory whose journal files we can read."""
+    """Raise JournalError unless ``path`` is a directory whose journal files we can read."""
     try:
         is_directory = stat.S_ISDIR(os.stat(path).st_mode)
     except FileNotFoundError:
-        raise JournalUnavailable(f"journal directory {path} does not exist") from None
+        raise JournalError("stat", errno.ENOENT, message=f"journal directory {path} does not exist") from None
     except OSError as error:
-        raise JournalUnavailable(f"journal directory {path} is not readable: {error.strerror.lower()}") from None
+        raise JournalError("stat", error.errno, message=(
+            f"journal directory {path} is not readable: {error.strerror.lower()}")) from None
     if not is_directory:
-        raise JournalUnavailable(f"journal directory {path} is not a directory")
+        raise JournalError("stat", errno.ENOTDIR, message=f"journal directory {path} is not a directory")
     if not os.access(path, os.R_OK | os.X_OK):
-        raise JournalUnavailable(f"journal directory {path} is not readable: permission denied")
+        raise JournalError("access", errno.EACCES, message=(
+            f"journal directory {path} is not readable: permission denied"))
     journal_files = list(_journal_files_under(path))
     if journal_files and not any(os.access(p, os.R_OK) for p in journal_files):
-        raise JournalUnavailable(
-            f"no journal file in {path} is readable: permission denied (the reader needs group systemd-journal or adm)"
-        )
+        raise JournalError("access", errno.EACCES, message=(
+            f"no journal file in {path} is readable: permission denied (the reader needs group systemd-journal or adm)"))
 
 
 def _journal_files_under(path: str) -> Iterable[str]:
@@ -838,8 +753,9 @@ def _check_readable_file(path: str) -> None:
     try:
         os.stat(path)
     except FileNotFoundError:
-        raise JournalUnavailable(f"journal file {path} does not exist") from None
+        raise JournalError("stat", errno.ENOENT, message=f"journal file {path} does not exist") from None
     except OSError as error:
-        raise JournalUnavailable(f"journal file {path} is not readable: {error.strerror.lower()}") from None
+        raise JournalError("stat", error.errno, message=(
+            f"journal file {path} is not readable: {error.strerror.lower()}")) from None
     if not os.access(path, os.R_OK):
-        raise JournalUnavailable(f"journal file {path} is not readable: permission denied")
+        raise JournalError("access", errno.EACCES, message=f"journal file {path} is not readable: permission denied")

@@ -1,0 +1,30 @@
+"""The systemd journal as a source, in three layers:
+
+- ``binding``: the ctypes binding of libsystemd's sd-journal, and ``JournalError``, the one error raised;
+- ``reader``: ``JournalReader`` reads the selected units' entries (``JournalSelection``) as ``JournalEntry``;
+- ``follower``: ``JournalFollower``, a thread that catches up, then follows, folding the entries into
+  engine starts (``exporter.fold.engine_starts``) and publishing them as ``JournalState``.
+
+The reader's names are re-exported here, so ``from exporter.sources.journal import JournalReader``
+works from a Python shell; the follower is imported from its module (it pulls in the fold).
+"""
+
+from exporter.sources.journal.binding import JournalError
+from exporter.sources.journal.reader import (
+    DEFAULT_UNIT_GLOBS,
+    JournalEntry,
+    JournalReader,
+    JournalSelection,
+    current_boot_id,
+    normalize_boot,
+)
+
+__all__ = [
+    "DEFAULT_UNIT_GLOBS",
+    "JournalEntry",
+    "JournalError",
+    "JournalReader",
+    "JournalSelection",
+    "current_boot_id",
+    "normalize_boot",
+]

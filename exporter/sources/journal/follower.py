@@ -1,0 +1,175 @@
+"""The journal follower: a source that owns its thread and the journal reader, and publishes the fold.
+
+The thread owns the reader (an sd_journal handle belongs to one thread): it reads the selected boot into
+a fresh EngineTracker, publishes it once caught up, then folds new entries in as they arrive. When the
+journal cannot be read it retries; a reopened journal is read again from the start of the boot into a
+new tracker, swapped in once caught up, so counters never count twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from functools import partial
+
+from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, EngineTracker, UnitView
+from exporter.sources.journal.binding import JournalError
+from exporter.sources.journal.reader import DEFAULT_BATCH, JournalReader, JournalSelection
+
+log = logging.getLogger("exporter.journal")
+
+RETRY_SECONDS = 2.0
+WAIT_SECONDS = 0.5  # how often the follower looks at its stop flag while the journal is quiet
+STILL_READING = "still reading the journal"
+
+
+@dataclass(frozen=True)
+class JournalState:
+    views: list[UnitView]
+    error: str | None  # why the journal cannot be read now (or is still being read the first time)
+    entries_read: int
+    dropped_units: int  # units not watched because of the cap
+    watched_units: int | None  # None until the journal has been read up to now once
+    values_rejected: int  # lines ignored for an implausible value (exporter.parsers.vllm.PLAUSIBLE)
+
+
+class JournalFollower:
+    def __init__(self, selection: JournalSelection, max_units: int = DEFAULT_MAX_UNITS) -> None:
+        self.selection = selection
+        self.max_units = max_units
+        self._lock = threading.Lock()
+        self._starting = threading.Lock()  # concurrent scrapes retry starting the thread once
+        self._tracker: EngineTracker | None = None
+        self._error: str | None = STILL_READING
+        self._entries_read = 0
+        self._units_with_processes: set[str] = set()
+        self._warned_of_rejections: set[str] = set()  # follower thread only
+        self._warned_of_unreadable = False  # follower thread only
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._start_retry_at: float | None = None  # set while the thread could not be started
+
+    def start(self) -> None:
+        """Start following in a thread; if none can be started now (a task limit), the collector reports
+        that and state() tries again every RETRY_SECONDS."""
+        thread = threading.Thread(target=self._run, name="journal-follower", daemon=True)
+        self._set_error(STILL_READING)
+        try:
+            thread.start()
+        except RuntimeError as error:  # "can't start new thread"
+            self._set_error(f"cannot start the journal follower thread: {error}")
+            self._start_retry_at = time.monotonic() + RETRY_SECONDS
+            return
+        self._thread = thread
+        self._start_retry_at = None
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        self._start_retry_at = None
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def state(self) -> JournalState:
+        """The fold as of now: failed starts whose root cause has not come within the grace time are
+        settled by the wall clock (EngineTracker.settle) before their views are taken."""
+        retry_at = self._start_retry_at
+        if retry_at is not None and time.monotonic() >= retry_at and not self._stop.is_set():
+            with self._starting:
+                if self._start_retry_at == retry_at:
+                    self.start()
+        with self._lock:
+            tracker = self._tracker
+            if tracker is not None:
+                tracker.settle(round(time.time() * 1e6))
+            views = list(tracker.views()) if tracker is not None else []
+            return JournalState(views=views, error=self._error, entries_read=self._entries_read,
+                                dropped_units=len(tracker.dropped_units) if tracker is not None else 0,
+                                watched_units=len(views) if tracker is not None else None,
+                                values_rejected=tracker.rejected_lines if tracker is not None else 0)
+
+    def watch(self, units: set[str]) -> None:
+        """Units that currently have GPU processes: those matching the globs are watched even when the
+        journal has nothing of them (yet)."""
+        new = {unit for unit in units if self.selection.matches_unit(unit)} - self._units_with_processes
+        if not new:
+            return
+        with self._lock:
+            self._units_with_processes |= new
+            for unit in new:
+                if self._tracker is not None:
+                    self._tracker.watch(unit)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            tracker = EngineTracker(self.max_units)
+            try:
+                # Units beyond the cap are refused when first met: the reader skips their entries.
+                with JournalReader(self.selection, admit=partial(self._admit, tracker)) as reader:
+                    self._catch_up(reader, tracker)
+                    self._follow(reader)
+            except JournalError as error:
+                self._set_error(str(error))
+                self._stop.wait(RETRY_SECONDS)
+            except Exception as error:  # never let the thread die: the collector would go silent
+                log.debug("journal follower failed", exc_info=True)
+                self._set_error(f"{type(error).__name__}: {error}")
+                self._stop.wait(RETRY_SECONDS)
+
+    def _catch_up(self, reader: JournalReader, tracker: EngineTracker) -> None:
+        with self._lock:
+            for unit in self._units_with_processes:
+                tracker.watch(unit)
+        while batch := reader.read_available(DEFAULT_BATCH):
+            if self._stop.is_set():
+                return  # stopping: a half-read journal is never published
+            self._count(len(batch))
+            tracker.extend(batch)
+            self._warn_of_rejections(tracker)
+            self._warn_of_unreadable(reader)
+        with self._lock:
+            self._tracker = tracker
+            if self._error is not None:
+                log.info("journal read up to now: %d watched units", sum(1 for _ in tracker.views()))
+            self._error = None
+
+    def _follow(self, reader: JournalReader) -> None:
+        tracker = self._tracker
+        while not self._stop.is_set():
+            if not reader.wait(WAIT_SECONDS):
+                continue
+            while batch := reader.read_available(DEFAULT_BATCH):
+                with self._lock:
+                    tracker.extend(batch)
+                    self._entries_read += len(batch)
+                self._warn_of_rejections(tracker)
+                self._warn_of_unreadable(reader)
+
+    def _warn_of_rejections(self, tracker: EngineTracker) -> None:
+        """Once per unit (also across re-reads of the journal): the value is not logged, it may be huge."""
+        for unit, rejection in tracker.first_rejections.items():
+            if unit not in self._warned_of_rejections:
+                self._warned_of_rejections.add(unit)
+                log.warning("unit %s printed a %r line whose %s is out of range or not a number; such lines "
+                            "are ignored and counted in xpu_exporter_journal_values_rejected_total",
+                            unit, rejection.row, rejection.field)
+
+    def _warn_of_unreadable(self, reader: JournalReader) -> None:
+        """Once: entries sd-journal cannot read are skipped (as journalctl skips them), not waited on."""
+        if reader.unreadable_entries and not self._warned_of_unreadable:
+            self._warned_of_unreadable = True
+            log.warning("skipped a journal entry that cannot be read (%s); such entries are skipped",
+                        reader.last_unreadable)
+
+    def _admit(self, tracker: EngineTracker, unit: str) -> bool:
+        with self._lock:
+            return tracker.admit(unit)
+
+    def _count(self, entries: int) -> None:
+        with self._lock:
+            self._entries_read += entries
+
+    def _set_error(self, error: str) -> None:
+        with self._lock:
+            self._error = error
