@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Sequence
 
+from exporter.pci import format_pci_address
+
 DEFAULT_LIBRARY = "libze_loader.so.1"
 
 # ---------------------------------------------------------------------------------------------
@@ -494,11 +496,6 @@ def format_uuid(uuid: bytes) -> str:
         raise ValueError(f"a Level Zero UUID has {ZE_MAX_DEVICE_UUID_SIZE} bytes, got {len(uuid)}")
     text = uuid.hex()
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
-
-
-def format_pci_address(domain: int, bus: int, device: int, function: int) -> str:
-    """The PCI address in sysfs form, lower case: ``0000:03:00.0``."""
-    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
 
 
 def _text(value: bytes) -> str:

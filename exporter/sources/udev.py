@@ -23,6 +23,8 @@ from typing import Literal
 
 import pyudev
 
+from exporter.pci import is_sysfs_pci_address
+
 logger = logging.getLogger("exporter.udev")
 
 DRM_CLASS_DIR = "/sys/class/drm"
@@ -33,8 +35,6 @@ UeventSource = Literal["kernel", "udev"]
 DEFAULT_SOURCES: tuple[UeventSource, ...] = ("kernel", "udev")
 
 _DRM_MINOR_NAME = re.compile(r"(card|renderD)[0-9]+")
-# Domains are 4 hex digits, or more behind Intel VMD (10000:e1:00.0).
-_PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 _RECENT_SEQNUMS = 256
 
 
@@ -61,7 +61,7 @@ def pci_address_from_devpath(devpath: str) -> str | None:
     Works for devices that are gone (a "remove" uevent's DEVPATH), unlike walking sysfs parents.
     """
     for component in reversed(devpath.split("/")):
-        if _PCI_ADDRESS.fullmatch(component):
+        if is_sysfs_pci_address(component):
             return component.lower()
     return None
 
