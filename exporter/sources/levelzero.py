@@ -114,14 +114,7 @@ ZES_STRUCTURE_TYPE_MEM_STATE = 0x1E
 
 ZE_DEVICE_TYPE_GPU = 1
 
-ZES_MEM_LOC_SYSTEM = 0
 ZES_MEM_LOC_DEVICE = 1
-
-ZES_MEM_HEALTH_UNKNOWN = 0
-ZES_MEM_HEALTH_OK = 1
-ZES_MEM_HEALTH_DEGRADED = 2
-ZES_MEM_HEALTH_CRITICAL = 3
-ZES_MEM_HEALTH_REPLACE = 4
 
 # How often zesDeviceProcessesGetState is retried when processes appear between the count
 # query and the read (ZE_RESULT_ERROR_INVALID_SIZE); the array doubles on every retry.
