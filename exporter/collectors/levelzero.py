@@ -107,7 +107,7 @@ class LevelZeroCollector(Collector):
             raise CollectionError("; ".join(failures))
 
     def _untrusted(self, device: DeviceMemory) -> bool:
-        untrusted = all(module.free == module.size for module in device.local_modules)
+        untrusted = all(state.free == state.size for state in device.local_states)
         pci = device.identity.pci_address
         if untrusted and pci not in self._untrusted_logged:
             self._untrusted_logged.add(pci)
