@@ -1,10 +1,12 @@
 """The Level Zero worker in this process, its child over the real loader and the fake driver: what crosses the
-pipe (the binding's dataclasses, a LevelZeroError's function and code) and the worker's states."""
+pipe (the binding's dataclasses, a LevelZeroError's function and code), the worker's states, and GPU changes."""
 
 from __future__ import annotations
 
 import dataclasses
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,3 +150,31 @@ def test_the_worker_goes_from_idle_through_initialising_to_ready_and_back_to_idl
     assert worker.state is WorkerState.READY
     worker.close()
     assert worker.state is WorkerState.IDLE
+
+
+def test_gpu_changes_mark_the_child_stale_and_the_next_read_restarts_it_once(configure, worker):
+    configure(A770)
+    assert [device.identity.pci_address for device in worker.read_memory()] == ["0000:03:00.0"]
+    configure(A770, B580)
+    for action in ("add", "add", "add", "bind"):  # one hot-plug's burst of uevents
+        worker.gpu_changed(action, "0000:83:00.0")
+    assert len(SpawnRecorder.spawned) == 1 and worker.state is WorkerState.READY, "the caller's thread starts nothing"
+
+    assert [device.identity.pci_address for device in worker.read_memory()] == ["0000:03:00.0", "0000:83:00.0"]
+    assert len(SpawnRecorder.spawned) == 2
+    worker.read_memory()
+    assert len(SpawnRecorder.spawned) == 2, "one restart per burst"
+
+
+def test_a_gpu_change_does_not_wait_for_a_read_stuck_in_the_driver(configure, worker):
+    configure(dataclasses.replace(A770, memory_state_hang=True))
+    worker.start()
+    reader = threading.Thread(target=read_memory, args=(worker,))
+    reader.start()
+    try:
+        time.sleep(0.5)  # the read is waiting for the hung child, holding the worker
+        started = time.monotonic()
+        worker.gpu_changed("change", "0000:03:00.0")
+        assert time.monotonic() - started < 0.1
+    finally:
+        reader.join()

@@ -231,6 +231,7 @@ class LevelZeroWorker:
         self._failure: LevelZeroUnavailable | None = None  # BACKING_OFF: why
         self._retry_at = 0.0  # BACKING_OFF: when the next child may start
         self._backoff = BACKOFF_FIRST_S
+        self._stale = threading.Event()  # set from any thread; the next read replaces the child
         self._unreaped: list[subprocess.Popen[bytes]] = []  # killed children no reaper thread could wait for
 
     @property
@@ -249,15 +250,17 @@ class LevelZeroWorker:
                 except LevelZeroUnavailable:
                     pass
 
-    def restart(self) -> None:
-        """Re-initialise Level Zero in a fresh child (a GPU was plugged, removed or re-bound)."""
-        with self._lock:
-            self._stop_child()
-            self._backoff = BACKOFF_FIRST_S
-            try:
-                self._spawn()
-            except LevelZeroUnavailable:
-                pass  # the scrapes report it and retry
+    def gpu_changed(self, action: str, pci_address: str | None) -> None:
+        """A GPU was plugged, removed or re-bound: Level Zero sees that only after a fresh init, in a new
+        child, which the next read starts. Called on the udev watcher's thread, so it only marks the child
+        stale (no lock, no process work); a burst of events before that read makes one restart."""
+        if self._stale.is_set():
+            log.debug("DRM device %s (%s): Level Zero is already due for re-initialising", action,
+                      pci_address or "unknown")
+            return
+        self._stale.set()
+        log.info("DRM device %s (%s): re-initialising Level Zero at the next scrape", action,
+                 pci_address or "unknown")
 
     def read_memory(self) -> list[DeviceMemory]:
         return self._request("memory", _memory_from_wire)
@@ -283,6 +286,10 @@ class LevelZeroWorker:
         init and for the answer)."""
         deadline = time.monotonic() + self.timeout
         with self._locked(deadline):
+            if self._stale.is_set():
+                self._stale.clear()  # cleared first: an event from now on makes one more restart
+                self._stop_child()
+                self._backoff = BACKOFF_FIRST_S
             initialised_before = self._state is WorkerState.READY
             self._ready(deadline)
             if not initialised_before and deadline - time.monotonic() < self.timeout / 2:
