@@ -223,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             unit_globs=settings.journal_units, boot=settings.journal_boot), settings.journal_max_units)
         collectors.append(JournalCollector(follower))
     if "processes" in settings.collectors:
-        collectors.append(ProcessesCollector(settings.procfs, follower))
+        collectors.append(ProcessesCollector(settings.procfs, follower,
+                                             reports_levelzero="levelzero" not in settings.collectors))
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, worker))
