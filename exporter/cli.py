@@ -191,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from exporter.sources.journal.follower import JournalFollower
     from exporter.scrape import ExporterCollector
     from exporter.sources.levelzero_worker import LevelZeroWorker
+    from exporter.sources.udev import DrmNodeNames
     from exporter.web import ExporterServer
     from exporter.webconfig import WebConfigError, load_web_config
 
@@ -203,11 +204,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
 
     worker = None
+    drm_nodes = None
     collectors = []
     if "levelzero" in settings.collectors or "processes" in settings.collectors:
         worker = LevelZeroWorker(settings.levelzero_library, settings.levelzero_timeout)
+        drm_nodes = DrmNodeNames()
+        drm_nodes.subscribe(worker.gpu_changed)  # a GPU plugged, removed or re-bound: a fresh Level Zero init
     if "levelzero" in settings.collectors:
-        collectors.append(LevelZeroCollector(worker))
+        collectors.append(LevelZeroCollector(drm_nodes))
     follower = None
     if "journal" in settings.collectors:
         follower = JournalFollower(JournalSelection(
@@ -215,7 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             unit_globs=settings.journal_units, boot=settings.journal_boot), settings.journal_max_units)
         collectors.append(JournalCollector(follower))
     if "processes" in settings.collectors:
-        collectors.append(ProcessesCollector(settings.procfs, follower))
+        collectors.append(ProcessesCollector(settings.procfs, follower,
+                                             reports_levelzero="levelzero" not in settings.collectors))
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, worker))
@@ -239,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for collector in collectors:
         collector.start()
+    if drm_nodes is not None:
+        drm_nodes.start()
     if worker is not None:
         worker.start()
     host, port = server.server_address[:2]
@@ -252,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.shutdown()
         for collector in collectors:
             collector.stop()
+        if drm_nodes is not None:
+            drm_nodes.stop()
         if worker is not None:
             worker.close()
     return 0
