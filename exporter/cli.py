@@ -22,6 +22,7 @@ from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection, norma
 from exporter.sources.journal.follower import JournalFollower
 from exporter.sources.levelzero import DEFAULT_LIBRARY
 from exporter.sources.levelzero_worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
+from exporter.sources.udev import DrmNodeNames
 from exporter.web import ExporterServer, parse_listen_address
 from exporter.webconfig import WebConfigError, load_web_config
 
@@ -189,6 +190,8 @@ def build_sources(options: Options, needs: set[Source]) -> Sources:
     sources = Sources()
     if Source.LEVELZERO in needs:
         sources.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout)
+        sources.drm_nodes = DrmNodeNames()
+        sources.drm_nodes.subscribe(sources.levelzero.gpu_changed)  # a GPU plugged, removed or re-bound: re-init
     if Source.JOURNAL in needs:
         sources.journal = JournalFollower(JournalSelection(
             directory=options.journal_directory, files=options.journal_files, unit_globs=options.journal_units,

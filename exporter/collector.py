@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from exporter.cli import Options
     from exporter.sources.journal.follower import JournalFollower, JournalState
     from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroWorker
+    from exporter.sources.udev import DrmNodeNames
 
 T = TypeVar("T")
 
@@ -61,17 +62,22 @@ class Sources:
     """The shared sources, built once for the enabled collectors; None: no enabled collector needs it."""
 
     levelzero: LevelZeroWorker | None = None
+    drm_nodes: DrmNodeNames | None = None  # with Level Zero: GPU hot-plug events and DRM node names
     journal: JournalFollower | None = None
 
     def start(self) -> None:
         if self.journal is not None:
             self.journal.start()
+        if self.drm_nodes is not None:
+            self.drm_nodes.start()
         if self.levelzero is not None:
             self.levelzero.start()
 
     def stop(self) -> None:
         if self.journal is not None:
             self.journal.stop()
+        if self.drm_nodes is not None:
+            self.drm_nodes.stop()
         if self.levelzero is not None:
             self.levelzero.close()
 

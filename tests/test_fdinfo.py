@@ -15,7 +15,6 @@ from exporter.parsers.fdinfo import (
     RegionMemory,
     device_memory_bytes,
     has_memory_keys,
-    normalise_pci_address,
     parse_fdinfo,
     parse_size,
 )
@@ -199,20 +198,6 @@ def test_device_memory_counts_only_vram_and_local_regions(text: str, expected: i
 ], ids=lambda value: repr(value))
 def test_parse_size_units(text: str, expected: int | None):
     assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize(("text", "expected"), [
-    ("0000:03:00.0", "0000:03:00.0"),
-    ("0000:0A:1f.7", "0000:0a:1f.7"),
-    ("03:00.0", "0000:03:00.0"),
-    ("0000:03.00.0", "0000:03:00.0"),
-    ("10000:e1:00.0", "10000:e1:00.0"),
-    (" 0000:03:00.0 ", "0000:03:00.0"),
-    ("0000:03:00", None), ("0000:100:00.0", None), ("0000:03:20.0", None), ("0000:03:00.8", None),
-    ("pci-0000:03:00.0", None), ("", None), ("0000:03:00.0:1", None), ("zzzz:03:00.0", None),
-], ids=lambda value: repr(value))
-def test_pci_address_is_normalised_or_rejected(text: str, expected: str | None):
-    assert normalise_pci_address(text) == expected
 
 
 def test_malformed_lines_are_skipped_and_the_rest_is_parsed():

@@ -49,7 +49,8 @@ from exporter.systemd import (MESSAGE_ID_SPAWN_FAILED, MESSAGE_ID_UNIT_FAILURE_R
                               MESSAGE_ID_UNIT_RESOURCES, MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED,
                               MESSAGE_ID_UNIT_STARTED, MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED,
                               MESSAGE_ID_UNIT_STOPPING, MESSAGE_ID_UNIT_SUCCESS)
-from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, Identity, MemoryReading
+from exporter.sources.levelzero import DeviceIdentity, MemoryModule, MemoryModuleProperties
+from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
 from test_fdinfo import DEPRECATED_MEMORY_KEYS, I915_61, I915_612, NOT_DRM, XE_DOC
 from test_vllm_grammar import BARE_MESSAGES, ENVELOPES, EXACT_LINES, NOISE_LINES
@@ -455,11 +456,12 @@ class FixedLevelZero:
 
     def __init__(self) -> None:
         clients = (parse_fdinfo(text) for text in REAL_FDINFO)
-        self._identities = [Identity(pdev, "Intel(R) Arc(TM) A770 Graphics", "0" * 32, "1.6.0")
+        self._identities = [DeviceIdentity(pdev, "Intel(R) Arc(TM) A770 Graphics", "0" * 32, "1.6.0")
                             for pdev in sorted({client.pdev for client in clients if client and client.pdev})]
 
     def read_memory(self) -> list[DeviceMemory]:
-        return [DeviceMemory(identity, (MemoryReading(True, DEVICE_TOTAL, DEVICE_TOTAL // 2),), None)
+        return [DeviceMemory(identity, (MemoryModuleProperties(0, True, DEVICE_TOTAL),),
+                             (MemoryModule(True, DEVICE_TOTAL, DEVICE_TOTAL // 2, 1),), None)
                 for identity in self._identities]
 
     def read_processes(self) -> list[DeviceProcesses]:

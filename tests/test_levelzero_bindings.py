@@ -24,7 +24,6 @@ import pytest
 from exporter.sources.levelzero import (
     LevelZeroError,
     LoaderUnavailable,
-    format_pci_address,
     format_uuid,
     result_name,
 )
@@ -538,11 +537,6 @@ def test_format_uuid_keeps_byte_order_as_lower_case_8_4_4_4_12() -> None:
 def test_format_uuid_rejects_wrong_length() -> None:
     with pytest.raises(ValueError, match="16 bytes, got 15"):
         format_uuid(bytes(15))
-
-
-def test_format_pci_address_is_lower_case_sysfs_form() -> None:
-    assert format_pci_address(0, 0x83, 0, 0) == "0000:83:00.0"
-    assert format_pci_address(0x10000, 0xAB, 0x1F, 7) == "10000:ab:1f.7"
 
 
 def test_error_message_names_function_result_and_code() -> None:

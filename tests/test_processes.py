@@ -56,9 +56,10 @@ def three_unit_host(procfs: FakeProcfs, chat_running: bool, others_hold: int) ->
 
 def start_exporter(tmp_path: Path, fake_driver: Path, config_path: Path, procfs: FakeProcfs, used: int,
                    device=A770, *args: str, other_devices=(),
-                   utilisation_of: dict[str, float] = UTILISATION) -> RunningExporter:
+                   utilisation_of: dict[str, float] = UTILISATION,
+                   init_result: str = "ZE_RESULT_SUCCESS") -> RunningExporter:
     device = dataclasses.replace(device, memory=(FakeMemoryModule(size=TOTAL, free=TOTAL - used),))
-    write_config(config_path, FakeConfig(devices=(device, *other_devices)))
+    write_config(config_path, FakeConfig(devices=(device, *other_devices), init_result=init_result))
     journal = settings_journal(tmp_path / "units.journal", utilisation_of)
     return RunningExporter(["--path.procfs", str(procfs.root), "--journal.file", str(journal),
                             "--journal.boot", "all", *args], env=fake_driver_env(fake_driver, config_path))
@@ -211,3 +212,24 @@ def test_an_fdinfo_size_of_20_digits_in_gib_is_skipped_for_the_regions_other_fig
     assert sample(samples, "xpu_unit_memory_bytes", device=DEVICE, unit=CHAT) == 11 * GiB  # its resident figure
     assert sample(samples, "xpu_unit_memory_bytes", device=DEVICE, unit=EMBEDDING) == GiB
     assert sample(samples, "xpu_unattributed_memory_bytes", device=DEVICE) == GiB
+
+
+@pytest.mark.parametrize("device, init_result, reported", [
+    (dataclasses.replace(A770, memory_state_result="ZE_RESULT_ERROR_UNSUPPORTED_FEATURE"), "ZE_RESULT_SUCCESS",
+     "0000:03:00.0: zesMemoryGetState: ZE_RESULT_ERROR_UNSUPPORTED_FEATURE"),
+    (A770, "ZE_RESULT_ERROR_UNINITIALIZED", "Level Zero initialisation failed"),
+], ids=["memory-state", "init"])
+def test_without_the_levelzero_collector_this_one_reports_the_level_zero_failure_that_costs_it_series(
+        tmp_path, fake_driver, config_path, device, init_result, reported):
+    procfs = FakeProcfs(tmp_path)
+    expected = three_unit_host(procfs, chat_running=True, others_hold=GiB)
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, sum(expected.values()), device,
+                        "--no-collector.levelzero", init_result=init_result) as exporter:
+        samples = wait_for(lambda: (s := exporter.scrape()) and
+                           sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s)
+        stderr = exporter.stderr
+    assert sample(samples, "xpu_exporter_collector_success", collector="processes") == 0
+    assert sample(samples, "xpu_exporter_collector_success", collector="levelzero") is None
+    assert sample(samples, "xpu_unit_memory_bytes", device=DEVICE, unit=CHAT) == expected[CHAT]
+    assert series(samples, "xpu_unattributed_memory_bytes") == {}
+    assert reported in stderr and "collector processes failed" in stderr

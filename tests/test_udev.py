@@ -72,6 +72,29 @@ threading.Event().wait()
 """
 
 
+NODE_NAMES_SCRIPT = """
+import json, logging, sys, threading
+from exporter.sources.udev import DrmNodeNames
+
+logging.basicConfig(level=logging.DEBUG, format="log %(levelname)s %(name)s %(message)s")
+names = DrmNodeNames()
+
+def failing(action, pci_address):
+    raise RuntimeError("the first listener failed")
+
+def reporting(action, pci_address):
+    nodes = names.get(pci_address)
+    print(json.dumps({"action": action, "pci": pci_address, "nodes": [nodes.card, nodes.render_node]}), flush=True)
+
+names.subscribe(failing)
+names.subscribe(reporting)
+names.start()
+names.start()  # a second user of the same source
+nodes = names.get(sys.argv[1])
+print(json.dumps({"started": True, "before": [nodes.card, nodes.render_node]}), flush=True)
+threading.Event().wait()
+"""
+
 def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
@@ -331,3 +354,19 @@ print(json.dumps({"started": watcher.start(), "running": watcher.running, "recor
     warnings = [message for level, message in outcome["records"] if level == "WARNING"]
     assert len(warnings) == 1 and "cannot start the watcher thread: can't start new thread" in warnings[0], outcome
     assert outcome["fds_left_open"] == 0, "the uevent socket and the stop pipe are closed again"
+
+
+def test_drm_node_names_are_re_read_after_a_gpu_change_that_every_listener_hears(sysfs: FakeSysfs) -> None:
+    new = HOTPLUGGED.pci_address
+    command = [sys.executable, "-c", NODE_NAMES_SCRIPT, new]
+    with SysfsNamespace(sysfs, command, env=ENV, cwd=REPO) as ns:
+        started = json.loads(ns.wait_for_output(lambda line: line.startswith('{"started"')))
+        ns.hotplug_add(HOTPLUGGED)
+        events = events_until(ns, "bind", new)
+        bound = reported(ns, "bind", new)
+        output = ns.output()
+    assert started == {"started": True, "before": ["", ""]}
+    assert events == [("add", new)] * 3 + [("bind", new)], "the failing listener costs the other one nothing"
+    assert bound["nodes"] == ["card4", "renderD130"]
+    assert output.count("the first listener failed") == 4
+    assert output.count("watching GPU hot-plug events") == 1, "started once for both users"

@@ -1,9 +1,11 @@
-"""Device identity and device-local memory from Level Zero Sysman, DRM node names from udev."""
+"""Device identity and device-local memory from Level Zero Sysman, DRM node names from udev.
+
+A thin mapping: it reads Level Zero through the scrape context, and node names from udev's DrmNodeNames,
+a source built, wired to the Level Zero worker and started with the other sources (exporter.collector)."""
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -11,7 +13,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from exporter.sources import udev
-from exporter.sources.levelzero_worker import DeviceMemory, LevelZeroWorker
+from exporter.sources.levelzero_worker import DeviceMemory
 
 if TYPE_CHECKING:
     from exporter.cli import Options
@@ -19,61 +21,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("exporter.levelzero")
 
 
-class DrmNodeNames:
-    """PCI address -> DRM node names, re-read from udev only after a DRM event (or while udev has none)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._names: dict[str, udev.DrmNodes] | None = None
-        self._watched = False
-        self._logged_unavailable = False
-
-    def invalidate(self) -> None:
-        with self._lock:
-            self._names = None
-
-    def set_watched(self, watched: bool) -> None:
-        self._watched = watched
-
-    def get(self, pci_address: str) -> udev.DrmNodes:
-        with self._lock:
-            if self._names is None or not self._watched:
-                self._names = self._read()
-            return self._names.get(pci_address, udev.DrmNodes("", ""))
-
-    def _read(self) -> dict[str, udev.DrmNodes]:
-        try:
-            names = udev.drm_nodes_by_pci()
-        except udev.UdevUnavailable as error:
-            if not self._logged_unavailable:
-                log.warning("DRM node names unknown, card and render_node labels stay empty: %s", error)
-                self._logged_unavailable = True
-            return {}
-        self._logged_unavailable = False
-        return names
-
-
 class LevelZeroCollector(Collector):
     name = "levelzero"
 
-    def __init__(self, worker: LevelZeroWorker, watch_udev: bool = True) -> None:
-        self._worker = worker
-        self._drm_nodes = DrmNodeNames()
+    def __init__(self, drm_nodes: udev.DrmNodeNames) -> None:
+        self._drm_nodes = drm_nodes
         self._untrusted_logged: set[str] = set()
-        self._watcher = udev.DrmWatcher(self._on_drm_event) if watch_udev else None
-
-    def start(self) -> None:
-        if self._watcher is not None:
-            self._drm_nodes.set_watched(self._watcher.start())
-
-    def stop(self) -> None:
-        if self._watcher is not None:
-            self._watcher.stop()
-
-    def _on_drm_event(self, action: str, pci_address: str | None) -> None:
-        log.info("DRM device %s (%s): re-initialising Level Zero", action, pci_address or "unknown")
-        self._drm_nodes.invalidate()
-        self._worker.restart()
 
     def collect(self, context: ScrapeContext) -> Iterator[Metric]:
         devices = context.device_memory()
@@ -109,7 +62,7 @@ class LevelZeroCollector(Collector):
             raise CollectionError("; ".join(failures))
 
     def _untrusted(self, device: DeviceMemory) -> bool:
-        untrusted = all(module.free == module.size for module in device.local_modules)
+        untrusted = all(state.free == state.size for state in device.local_states)
         pci = device.identity.pci_address
         if untrusted and pci not in self._untrusted_logged:
             self._untrusted_logged.add(pci)
@@ -120,5 +73,5 @@ class LevelZeroCollector(Collector):
 
 @register("levelzero", "device identity and memory from Level Zero", needs=[Source.LEVELZERO])
 def _levelzero_collector(options: Options, sources: Sources) -> LevelZeroCollector:
-    assert sources.levelzero is not None
-    return LevelZeroCollector(sources.levelzero)
+    assert sources.drm_nodes is not None, "built with Level Zero"
+    return LevelZeroCollector(sources.drm_nodes)

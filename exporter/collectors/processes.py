@@ -39,8 +39,11 @@ class Attribution:
 class ProcessesCollector(Collector):
     name = "processes"
 
-    def __init__(self, procfs_root: str = "/proc") -> None:
+    def __init__(self, procfs_root: str = "/proc", reports_levelzero: bool = False) -> None:
+        """`reports_levelzero`: the levelzero collector is disabled, so a Level Zero failure that costs this
+        collector its unattributed rest and headroom is reported here, or nowhere."""
         self._procfs = procfs_root
+        self._reports_levelzero = reports_levelzero
         self._scanner = procfs.DrmClientScanner(procfs_root)
         self._last_device_of_unit: dict[str, str] = {}
         self._warned_unreadable = False
@@ -48,7 +51,7 @@ class ProcessesCollector(Collector):
     def collect(self, context: ScrapeContext) -> Iterator[Metric]:
         problems: list[str] = []
         scan = self._scan(problems)
-        devices = _device_memory(context)
+        devices = self._device_memory(context, problems)
         # fdinfo keys a client without drm-pdev by its DRM minor ("226:N"): not a PCI GPU
         pci_addresses = sorted({d.identity.pci_address for d in devices or ()} |
                                {device for device in (scan.memory_by_device if scan else ())
@@ -90,6 +93,20 @@ class ProcessesCollector(Collector):
             log.warning("%d processes' fdinfo could not be read: give the exporter CAP_SYS_PTRACE and "
                         "CAP_DAC_READ_SEARCH (or run it as root) to see every GPU process", scan.unreadable)
         return scan
+
+    def _device_memory(self, context: ScrapeContext, problems: list[str]) -> list[DeviceMemory] | None:
+        """The devices' memory, or None when Level Zero cannot say; without it (or without a device's free
+        memory) there is no unattributed rest and no headroom. The levelzero collector reports why, unless
+        it is disabled: then this collector does."""
+        try:
+            devices = context.device_memory()
+        except LevelZeroUnavailable as error:
+            if self._reports_levelzero:
+                problems.append(str(error))
+            return None
+        if self._reports_levelzero:
+            problems.extend(f"{device.identity.pci_address}: {device.error}" for device in devices if device.error)
+        return devices
 
     @staticmethod
     def _from_fdinfo(scan: procfs.ScanResult | None, pci: str) -> Attribution | None:
@@ -169,16 +186,6 @@ class ProcessesCollector(Collector):
         return gpus[0] if len(gpus) == 1 else None
 
 
-
-def _device_memory(context: ScrapeContext) -> list[DeviceMemory] | None:
-    """The devices' memory, or None when Level Zero cannot say: the levelzero collector reports that
-    failure; without it there is just no unattributed rest and no headroom."""
-    try:
-        return context.device_memory()
-    except LevelZeroUnavailable:
-        return None
-
-
 @register("processes", "per-unit device memory from processes", needs=[Source.LEVELZERO])
 def _processes_collector(options: Options, sources: Sources) -> ProcessesCollector:
-    return ProcessesCollector(options.procfs)
+    return ProcessesCollector(options.procfs, reports_levelzero="levelzero" not in options.collectors)

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from exporter.pci import normalise_pci_address
+
 # A real fdinfo line is well under 200 characters; longer ones are skipped unparsed.
 MAX_LINE_CHARS = 512
 # 2**64 - 1 has 20 digits.
@@ -150,35 +152,3 @@ def parse_size(text: str) -> int | None:
     if multiplier is None or value is None or value * multiplier > MAX_BYTES:
         return None
     return value * multiplier
-
-
-@functools.lru_cache(maxsize=256)
-def normalise_pci_address(text: str) -> str | None:
-    """`0000:03:00.0` form, lower case, from `0000:03:00.0`, `03:00.0` (domain 0) or the spec's
-    `0000:03.00.0` spelling; None when the text is not a PCI address."""
-    text = text.strip().lower()
-    if len(text) > 32:
-        return None
-    parts = text.split(":")
-    if len(parts) == 3:
-        domain, bus, device_function = parts
-    elif len(parts) == 2 and parts[1].count(".") == 2:
-        domain, (bus, device_function) = parts[0], parts[1].split(".", 1)
-    elif len(parts) == 2:
-        domain, bus, device_function = "0", parts[0], parts[1]
-    else:
-        return None
-    device, dot, function = device_function.partition(".")
-    if not dot:
-        return None
-    fields = (domain, bus, device, function)
-    if not all(field and field.isascii() and is_hex(field) for field in fields):
-        return None
-    domain_n, bus_n, device_n, function_n = (int(field, 16) for field in fields)
-    if domain_n > 0xFFFFFFFF or bus_n > 0xFF or device_n > 0x1F or function_n > 7:
-        return None
-    return f"{domain_n:04x}:{bus_n:02x}:{device_n:02x}.{function_n:x}"
-
-
-def is_hex(text: str) -> bool:
-    return all(character in "0123456789abcdef" for character in text)

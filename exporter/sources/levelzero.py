@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Sequence
 
+from exporter.pci import format_pci_address
+
 DEFAULT_LIBRARY = "libze_loader.so.1"
 
 # ---------------------------------------------------------------------------------------------
@@ -112,14 +114,7 @@ ZES_STRUCTURE_TYPE_MEM_STATE = 0x1E
 
 ZE_DEVICE_TYPE_GPU = 1
 
-ZES_MEM_LOC_SYSTEM = 0
 ZES_MEM_LOC_DEVICE = 1
-
-ZES_MEM_HEALTH_UNKNOWN = 0
-ZES_MEM_HEALTH_OK = 1
-ZES_MEM_HEALTH_DEGRADED = 2
-ZES_MEM_HEALTH_CRITICAL = 3
-ZES_MEM_HEALTH_REPLACE = 4
 
 # How often zesDeviceProcessesGetState is retried when processes appear between the count
 # query and the read (ZE_RESULT_ERROR_INVALID_SIZE); the array doubles on every retry.
@@ -494,11 +489,6 @@ def format_uuid(uuid: bytes) -> str:
         raise ValueError(f"a Level Zero UUID has {ZE_MAX_DEVICE_UUID_SIZE} bytes, got {len(uuid)}")
     text = uuid.hex()
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
-
-
-def format_pci_address(domain: int, bus: int, device: int, function: int) -> str:
-    """The PCI address in sysfs form, lower case: ``0000:03:00.0``."""
-    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
 
 
 def _text(value: bytes) -> str:

@@ -2,22 +2,27 @@
 
 Why a child: Debian's loader segfaults on any call after a failed zeInit (a failed init is final for
 the process), a driver call can hang in the kernel, and the loader loads its drivers once per process,
-so a re-plugged or re-bound GPU needs a fresh process. The child speaks JSON lines on stdin/stdout:
+so a re-plugged or re-bound GPU needs a fresh process. The child speaks JSON lines on stdin/stdout, and
+what crosses is the binding's own dataclasses as dicts (`dataclasses.asdict`), which the parent rebuilds:
 
-    child -> {"ready": true, "devices": [identity, ...]}         once, after init
-             {"ready": false, "error": "..."}                   then exits
+    child -> {"ready": true, "devices": [DeviceIdentity, ...]}            once, after init
+             {"ready": false, "error": ERROR}                             then exits
     parent -> "memory" | "processes"
-    child -> {"devices": [{"pci_address": ..., "memory": [[device_local, size, free], ...] | null,
-                           "error": null | "..."}, ...]}          ("processes": [[pid, mem, shared], ...])
+    child -> {"devices": [{"pci_address": ..., "modules": [MemoryModuleProperties, ...] | null,
+                           "states": [MemoryModule, ...] | null, "error": ERROR | null}, ...]}
+             {"devices": [{"pci_address": ..., "processes": [ProcessMemory, ...] | null,
+                           "error": ERROR | null}, ...]}
+    ERROR = {"function": ..., "code": ...}  (a LevelZeroError; LoaderUnavailable adds "library", "reason")
 
 A reading with an error carries what was read before the failure: when only zesMemoryGetState failed,
-"memory" still lists the modules, sized by their properties (physicalSize), with free null.
+"modules" still lists the modules, sized by their properties (physicalSize), and "states" is null.
 
 `python -m exporter.sources.levelzero_worker LIBRARY` runs the child side.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import os
@@ -26,11 +31,27 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar
+
+from exporter.sources.levelzero import (
+    DEFAULT_LIBRARY,
+    ZE_RESULT_ERROR_DEPENDENCY_UNAVAILABLE,
+    ZE_RESULT_ERROR_DEVICE_LOST,
+    ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS,
+    ZE_RESULT_ERROR_UNINITIALIZED,
+    Device,
+    DeviceIdentity,
+    LevelZero,
+    LevelZeroError,
+    LoaderUnavailable,
+    MemoryModule,
+    MemoryModuleProperties,
+    ProcessMemory,
+)
 
 from exporter.sources.levelzero import DEFAULT_LIBRARY
 
@@ -42,80 +63,137 @@ DEFAULT_TIMEOUT_S = 4.0  # a driver call that takes longer is taken for a hang
 BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
 # A lost device needs a fresh zeInit: these per-device errors make the parent restart the child.
-RESTART_ERRORS = ("ZE_RESULT_ERROR_DEVICE_LOST", "ZE_RESULT_ERROR_UNINITIALIZED")
+RESTART_CODES = frozenset({ZE_RESULT_ERROR_DEVICE_LOST, ZE_RESULT_ERROR_UNINITIALIZED})
 INIT_HINTS = {
-    "ZE_RESULT_ERROR_UNINITIALIZED": " (no Level Zero GPU driver or no GPU: is Intel's compute runtime installed?)",
-    "ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS": " (no access to /dev/dri/renderD*: run the exporter in the render group)",
-    "ZE_RESULT_ERROR_DEPENDENCY_UNAVAILABLE": " (the GPU driver is missing a dependency: check the kernel driver is loaded)",
+    ZE_RESULT_ERROR_UNINITIALIZED: " (no Level Zero GPU driver or no GPU: is Intel's compute runtime installed?)",
+    ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS: " (no access to /dev/dri/renderD*: run the exporter in the render group)",
+    ZE_RESULT_ERROR_DEPENDENCY_UNAVAILABLE: " (the GPU driver is missing a dependency: check the kernel driver is loaded)",
 }
 
 
+
 class LevelZeroUnavailable(Exception):
-    """Level Zero could not be read at all (no loader, init failed, the child hung or died)."""
+    """Level Zero could not be read at all (no loader, init failed, the child hung or died).
+
+    `error` is the LevelZeroError behind it, function and code as the child saw them, when a Level Zero
+    call failed (None when the child hung, died or could not be started)."""
+
+    def __init__(self, message: str, error: LevelZeroError | None = None) -> None:
+        super().__init__(message)
+        self.error = error
 
 
-@dataclass(frozen=True)
-class Identity:
-    pci_address: str
-    name: str
-    uuid: str
-    driver_version: str
+class WorkerState(enum.Enum):
+    """Where the parent's handle on the child is; every read starts from here."""
 
-
-@dataclass(frozen=True)
-class MemoryReading:
-    device_local: bool
-    size: int
-    free: int | None  # None: the module's state could not be read
-
-
-@dataclass(frozen=True)
-class ProcessReading:
-    pid: int
-    mem_size: int
-    shared_size: int
+    IDLE = "idle"  # no child: none started yet, or stopped to be replaced (GPU change, lost device)
+    INITIALISING = "initialising"  # a child runs and has not yet said whether Level Zero initialised
+    READY = "ready"  # the child initialised Level Zero and answers reads
+    BACKING_OFF = "backing off"  # the last child failed; the next one starts when the backoff ends
 
 
 @dataclass(frozen=True)
 class DeviceMemory:
-    identity: Identity
-    modules: tuple[MemoryReading, ...]  # empty when they could not be enumerated
-    error: str | None
+    """One device's memory as one read saw it; a read that failed part-way keeps what came before.
+
+    `modules` are the modules' properties (empty when they could not be enumerated; their handles are
+    the child's). `states` has the state of each module, or is None when a state could not be read."""
+
+    identity: DeviceIdentity
+    modules: tuple[MemoryModuleProperties, ...]
+    states: tuple[MemoryModule, ...] | None
+    error: LevelZeroError | None
 
     @property
-    def local_modules(self) -> tuple[MemoryReading, ...]:
-        return tuple(module for module in self.modules if module.device_local)
+    def local_states(self) -> tuple[MemoryModule, ...]:
+        return tuple(state for state in self.states or () if state.device_local)
 
     @property
     def total(self) -> int | None:
         """Device-local memory size; None when no device-local module is known."""
-        local = self.local_modules
-        return sum(module.size for module in local) if local else None
+        if self.states is not None:
+            sizes = [state.size for state in self.local_states]
+        else:  # the sizes stand without the states
+            sizes = [module.physical_size for module in self.modules if module.device_local]
+        return sum(sizes) if sizes else None
 
     @property
     def free(self) -> int | None:
         """Free device-local memory; None unless the state of every device-local module was read."""
-        frees = [module.free for module in self.local_modules]
-        if not frees or None in frees:
-            return None
-        return sum(frees)
+        local = self.local_states
+        return sum(state.free for state in local) if local else None
 
 
 @dataclass(frozen=True)
 class DeviceProcesses:
-    identity: Identity
-    processes: tuple[ProcessReading, ...]
-    error: str | None
+    identity: DeviceIdentity
+    processes: tuple[ProcessMemory, ...]
+    error: LevelZeroError | None
+
+
+Reading = TypeVar("Reading", DeviceMemory, DeviceProcesses)
+
+
+# ---------------------------------------------------------------------------------------- wire format
+
+def _error_to_wire(error: LevelZeroError) -> dict[str, Any]:
+    if isinstance(error, LoaderUnavailable):
+        return {"function": error.function, "code": error.code, "library": error.library, "reason": error.reason}
+    return {"function": error.function, "code": error.code}
+
+
+def _error_from_wire(wire: dict[str, Any]) -> LevelZeroError:
+    if "library" in wire:
+        return LoaderUnavailable(str(wire["library"]), str(wire["reason"]))
+    return LevelZeroError(str(wire["function"]), int(wire["code"]))
+
+
+def _memory_from_wire(identity: DeviceIdentity, reading: dict[str, Any]) -> DeviceMemory:
+    states = reading["states"]
+    return DeviceMemory(identity,
+                        tuple(MemoryModuleProperties(**module) for module in reading["modules"] or ()),
+                        None if states is None else tuple(MemoryModule(**state) for state in states),
+                        _reading_error(reading))
+
+
+def _processes_from_wire(identity: DeviceIdentity, reading: dict[str, Any]) -> DeviceProcesses:
+    return DeviceProcesses(identity, tuple(ProcessMemory(**process) for process in reading["processes"] or ()),
+                           _reading_error(reading))
+
+
+def _reading_error(reading: dict[str, Any]) -> LevelZeroError | None:
+    return None if reading["error"] is None else _error_from_wire(reading["error"])
 
 
 # ---------------------------------------------------------------------------------------- child side
 
-def _child_main(library: str) -> int:
-    from exporter.sources.levelzero import LevelZero, LevelZeroError
+def _read_memory(device: Device) -> dict[str, Any]:
+    reading: dict[str, Any] = {"modules": None, "states": None, "error": None}
+    try:
+        modules = device.memory_modules()
+        reading["modules"] = [asdict(module) for module in modules]  # the sizes stand if a state fails next
+        reading["states"] = [asdict(device.memory_state(module)) for module in modules]
+    except LevelZeroError as error:
+        reading["error"] = _error_to_wire(error)
+    return reading
 
+
+def _read_processes(device: Device) -> dict[str, Any]:
+    reading: dict[str, Any] = {"processes": None, "error": None}
+    try:
+        reading["processes"] = [asdict(process) for process in device.processes()]
+    except LevelZeroError as error:
+        reading["error"] = _error_to_wire(error)
+    return reading
+
+
+_READERS: dict[str, Callable[[Device], dict[str, Any]]] = {"memory": _read_memory, "processes": _read_processes}
+
+
+def _child_main(library: str) -> int:
     out = sys.stdout
 
-    def send(message: dict) -> None:
+    def send(message: dict[str, Any]) -> None:
         out.write(json.dumps(message) + "\n")
         out.flush()
 
@@ -125,30 +203,16 @@ def _child_main(library: str) -> int:
         devices = level_zero.devices()
         identities = [device.identity() for device in devices]
     except LevelZeroError as error:
-        send({"ready": False, "error": str(error), "error_name": getattr(error, "name", None)})
+        send({"ready": False, "error": _error_to_wire(error)})
         return 0
     send({"ready": True, "devices": [asdict(identity) for identity in identities]})
 
-    def read(device, identity, what: str) -> dict:
-        reading: dict = {"pci_address": identity.pci_address, what: None, "error": None, "error_name": None}
-        try:
-            if what == "memory":
-                modules = device.memory_modules()
-                # The sizes stand if reading a module's state fails next.
-                reading[what] = [[m.device_local, m.physical_size, None] for m in modules]
-                reading[what] = [[m.device_local, m.size, m.free] for m in map(device.memory_state, modules)]
-            else:
-                reading[what] = [[p.pid, p.mem_size, p.shared_size] for p in device.processes()]
-        except LevelZeroError as error:
-            reading["error"] = str(error)
-            reading["error_name"] = error.name
-        return reading
-
     for request in sys.stdin:
-        what = request.strip()
-        if what not in ("memory", "processes"):
+        read = _READERS.get(request.strip())
+        if read is None:
             continue
-        send({"devices": [read(device, identity, what) for device, identity in zip(devices, identities)]})
+        send({"devices": [{"pci_address": identity.pci_address, **read(device)}
+                          for device, identity in zip(devices, identities)]})
     return 0
 
 
@@ -161,14 +225,20 @@ class LevelZeroWorker:
         self.library = library
         self.timeout = timeout
         self._lock = threading.Lock()
-        self._child: subprocess.Popen[bytes] | None = None
+        self._state = WorkerState.IDLE
+        self._child: subprocess.Popen[bytes] | None = None  # INITIALISING, READY
         self._buffer = b""
-        self._identities: dict[str, Identity] | None = None
-        self._failure: str | None = None
-        self._retry_at = 0.0
+        self._init_deadline = 0.0  # INITIALISING: when the child is given up
+        self._devices: dict[str, DeviceIdentity] = {}  # READY: the child's devices by PCI address
+        self._failure: LevelZeroUnavailable | None = None  # BACKING_OFF: why
+        self._retry_at = 0.0  # BACKING_OFF: when the next child may start
         self._backoff = BACKOFF_FIRST_S
-        self._init_deadline = 0.0
+        self._stale = threading.Event()  # set from any thread; the next read replaces the child
         self._unreaped: list[subprocess.Popen[bytes]] = []  # killed children no reaper thread could wait for
+
+    @property
+    def state(self) -> WorkerState:
+        return self._state
 
     def start(self) -> None:
         """Spawn the child now, without waiting, so that the first scrape does not pay for its start.
@@ -176,38 +246,29 @@ class LevelZeroWorker:
         A child that cannot be started (EAGAIN under a task limit, EACCES, ENOMEM) is not an error here:
         the scrapes report it, and retry with the usual backoff."""
         with self._lock:
-            if self._child is None and time.monotonic() >= self._retry_at:
+            if self._state is WorkerState.IDLE:
                 try:
                     self._spawn()
                 except LevelZeroUnavailable:
                     pass
 
+    def gpu_changed(self, action: str, pci_address: str | None) -> None:
+        """A GPU was plugged, removed or re-bound: Level Zero sees that only after a fresh init, in a new
+        child, which the next read starts. Called on the udev watcher's thread, so it only marks the child
+        stale (no lock, no process work); a burst of events before that read makes one restart."""
+        if self._stale.is_set():
+            log.debug("DRM device %s (%s): Level Zero is already due for re-initialising", action,
+                      pci_address or "unknown")
+            return
+        self._stale.set()
+        log.info("DRM device %s (%s): re-initialising Level Zero at the next scrape", action,
+                 pci_address or "unknown")
+
     def read_memory(self) -> list[DeviceMemory]:
-        identities, readings = self._request("memory")
-        return [DeviceMemory(identities[r["pci_address"]],
-                             tuple(MemoryReading(bool(local), int(size), None if free is None else int(free))
-                                   for local, size, free in r["memory"] or ()),
-                             r["error"])
-                for r in readings]
+        return self._request("memory", _memory_from_wire)
 
     def read_processes(self) -> list[DeviceProcesses]:
-        identities, readings = self._request("processes")
-        return [DeviceProcesses(identities[r["pci_address"]],
-                                tuple(ProcessReading(int(pid), int(mem), int(shared))
-                                      for pid, mem, shared in r["processes"] or ()),
-                                r["error"])
-                for r in readings]
-
-    def restart(self) -> None:
-        """Re-initialise Level Zero in a fresh child (a GPU was plugged, removed or re-bound)."""
-        with self._lock:
-            self._stop_child()
-            self._retry_at = 0.0
-            self._backoff = BACKOFF_FIRST_S
-            try:
-                self._spawn()
-            except LevelZeroUnavailable:
-                pass  # the scrapes report it and retry
+        return self._request("processes", _processes_from_wire)
 
     def close(self) -> None:
         with self._lock:
@@ -222,16 +283,21 @@ class LevelZeroWorker:
         finally:
             self._lock.release()
 
-    def _request(self, what: str) -> tuple[dict[str, Identity], list[dict]]:
+    def _request(self, what: str, from_wire: Callable[[DeviceIdentity, dict[str, Any]], Reading]) -> list[Reading]:
         """One answer of the child, within `timeout` all told (waiting for the lock, for the child's
         init and for the answer)."""
         deadline = time.monotonic() + self.timeout
         with self._locked(deadline):
-            initialised_before = self._identities is not None
-            identities = self._ready(deadline)
+            if self._stale.is_set():
+                self._stale.clear()  # cleared first: an event from now on makes one more restart
+                self._stop_child()
+                self._backoff = BACKOFF_FIRST_S
+            initialised_before = self._state is WorkerState.READY
+            self._ready(deadline)
             if not initialised_before and deadline - time.monotonic() < self.timeout / 2:
                 # A slow init used up this scrape's time; reading now could only time out and kill it.
                 raise LevelZeroUnavailable("Level Zero has just initialised; the next scrape reads it")
+            assert self._child is not None and self._child.stdin is not None
             try:
                 self._child.stdin.write(what.encode() + b"\n")
                 self._child.stdin.flush()
@@ -240,55 +306,72 @@ class LevelZeroWorker:
             answer = self._receive(deadline)
             if answer is None:
                 self._fail(f"Level Zero did not answer within {self.timeout:g}s (driver hang?)")
-            readings = answer["devices"]
-            if any(r["error_name"] in RESTART_ERRORS for r in readings):
+            try:
+                readings = [from_wire(self._devices[reading["pci_address"]], reading)
+                            for reading in answer["devices"]]
+            except (KeyError, TypeError, ValueError) as error:
+                self._fail(f"Level Zero child sent a malformed answer ({type(error).__name__}: {error})")
+            if any(reading.error is not None and reading.error.code in RESTART_CODES for reading in readings):
                 # Answer this scrape with what there is; the next one re-initialises.
                 self._stop_child()
             self._backoff = BACKOFF_FIRST_S
-            self._failure = None
-            return identities, readings
+            return readings
 
-    def _ready(self, deadline: float) -> dict[str, Identity]:
-        if self._child is None:
+    def _ready(self, deadline: float) -> None:
+        """Bring the child to READY, or raise LevelZeroUnavailable saying why it is not."""
+        if self._state is WorkerState.BACKING_OFF:
+            assert self._failure is not None
             if time.monotonic() < self._retry_at:
-                raise LevelZeroUnavailable(self._failure or "Level Zero is not initialised")
+                raise LevelZeroUnavailable(str(self._failure), self._failure.error)
+            self._state, self._failure = WorkerState.IDLE, None
+        if self._state is WorkerState.IDLE:
             self._spawn()
-        if self._identities is None:
+        if self._state is WorkerState.INITIALISING:
             ready = self._receive(deadline)
             if ready is None:
                 if time.monotonic() < self._init_deadline:
                     raise LevelZeroUnavailable("Level Zero is still initialising")
                 self._fail(f"Level Zero initialisation did not finish within {INIT_DEADLINE_S:g}s (driver hang?)")
-            if not ready.get("ready"):
-                hint = INIT_HINTS.get(ready.get("error_name"), "")
-                self._fail(f"Level Zero initialisation failed: {ready.get('error')}{hint}")
-            self._identities = {d["pci_address"]: Identity(**d) for d in ready["devices"]}
-        return self._identities
+            self._devices = self._devices_in(ready)
+            self._state = WorkerState.READY
+
+    def _devices_in(self, ready: dict[str, Any]) -> dict[str, DeviceIdentity]:
+        """The devices of the child's first message by PCI address; else fail saying why it has none."""
+        try:
+            if ready["ready"]:
+                identities = [DeviceIdentity(**identity) for identity in ready["devices"]]
+                return {identity.pci_address: identity for identity in identities}
+            error = _error_from_wire(ready["error"])
+        except (KeyError, TypeError, ValueError) as malformed:
+            self._fail(f"Level Zero child sent a malformed message ({type(malformed).__name__}: {malformed})")
+        # LoaderUnavailable's message says what is wrong; a driver's result code may need a hint.
+        hint = "" if isinstance(error, LoaderUnavailable) else INIT_HINTS.get(error.code, "")
+        self._fail(f"Level Zero initialisation failed: {error}{hint}", error)
 
     def _spawn(self) -> None:
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        self._buffer = b""
-        self._identities = None
-        self._init_deadline = time.monotonic() + INIT_DEADLINE_S
         self._reap_finished()
         try:
-            self._child = subprocess.Popen(
+            child = subprocess.Popen(
                 [sys.executable, "-m", "exporter.sources.levelzero_worker", self.library],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                 start_new_session=True)
         except OSError as error:
             self._fail(f"cannot start the Level Zero child: {error}")
+        self._child, self._buffer = child, b""
+        self._init_deadline = time.monotonic() + INIT_DEADLINE_S
+        self._state = WorkerState.INITIALISING
         try:
-            threading.Thread(target=_drain_stderr, args=(self._child,), daemon=True,
-                             name="levelzero-stderr").start()
+            threading.Thread(target=_drain_stderr, args=(child,), daemon=True, name="levelzero-stderr").start()
         except RuntimeError as error:  # "can't start new thread": a task limit; the child goes again
             self._fail(f"cannot start the Level Zero child's stderr reader: {error}")
 
-    def _receive(self, deadline: float) -> dict | None:
+    def _receive(self, deadline: float) -> dict[str, Any] | None:
         """The child's next message, or None when it has not answered by `deadline` (time.monotonic)."""
         child = self._child
+        assert child is not None and child.stdout is not None
         with selectors.DefaultSelector() as selector:
             selector.register(child.stdout, selectors.EVENT_READ)
             while b"\n" not in self._buffer:
@@ -301,22 +384,29 @@ class LevelZeroWorker:
                 self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         try:
-            return json.loads(line)
+            message = json.loads(line)
         except ValueError:
             self._fail("Level Zero child sent garbage")
+        if not isinstance(message, dict):
+            self._fail("Level Zero child sent garbage")
+        return message
 
-    def _fail(self, message: str) -> NoReturn:
+    def _fail(self, message: str, error: LevelZeroError | None = None) -> NoReturn:
+        """Give the child up and back off: no new child before the backoff ends."""
         self._stop_child()
-        self._failure = message
+        failure = LevelZeroUnavailable(message, error)
+        self._state, self._failure = WorkerState.BACKING_OFF, failure
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)
         # The scrape logs the failure once; here only the detail of each retry.
         log.debug("%s (next try in %gs)", message, self._retry_at - time.monotonic())
-        raise LevelZeroUnavailable(message)
+        raise failure
 
     def _stop_child(self) -> None:
+        """Back to IDLE: the child (if any) is killed, and the next read starts a new one."""
         child, self._child = self._child, None
-        self._identities = None
+        self._devices = {}
+        self._state, self._failure = WorkerState.IDLE, None
         if child is None:
             return
         if child.poll() is None:
@@ -361,4 +451,4 @@ def _describe_exit(child: subprocess.Popen[bytes]) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(_child_main(sys.argv[1] if len(sys.argv) > 1 else "libze_loader.so.1"))
+    raise SystemExit(_child_main(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_LIBRARY))

@@ -23,6 +23,8 @@ from typing import Literal
 
 import pyudev
 
+from exporter.pci import is_sysfs_pci_address
+
 logger = logging.getLogger("exporter.udev")
 
 DRM_CLASS_DIR = "/sys/class/drm"
@@ -33,8 +35,6 @@ UeventSource = Literal["kernel", "udev"]
 DEFAULT_SOURCES: tuple[UeventSource, ...] = ("kernel", "udev")
 
 _DRM_MINOR_NAME = re.compile(r"(card|renderD)[0-9]+")
-# Domains are 4 hex digits, or more behind Intel VMD (10000:e1:00.0).
-_PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 _RECENT_SEQNUMS = 256
 
 
@@ -61,7 +61,7 @@ def pci_address_from_devpath(devpath: str) -> str | None:
     Works for devices that are gone (a "remove" uevent's DEVPATH), unlike walking sysfs parents.
     """
     for component in reversed(devpath.split("/")):
-        if _PCI_ADDRESS.fullmatch(component):
+        if is_sysfs_pci_address(component):
             return component.lower()
     return None
 
@@ -350,3 +350,68 @@ class DrmWatcher:
             self._on_change(action, pci_address)
         except Exception:
             logger.exception("GPU change callback failed for %s %s", action, pci_address)
+
+
+GpuChangeListener = Callable[[str, str | None], None]
+
+
+class DrmNodeNames:
+    """PCI address -> DRM node names, and GPU hot-plug events for whoever needs them.
+
+    While the hot-plug watcher runs (start() to stop()) the names are read from udev once and again only
+    after a GPU change; without it they are read on every get(). Listeners added with subscribe() hear
+    each change as `listener(action, pci_address)` on the watcher's thread, so they must be quick and
+    must not block (the Level Zero worker only marks its child stale there). One instance serves every
+    user: start() and stop() may be called by each of them; the watcher starts once and stops once.
+    """
+
+    def __init__(self, watch: bool = True, *, context: pyudev.Context | None = None,
+                 sources: Iterable[UeventSource] = DEFAULT_SOURCES) -> None:
+        self._lock = threading.Lock()
+        self._names: dict[str, DrmNodes] | None = None
+        self._listeners: list[GpuChangeListener] = []
+        self._watcher = DrmWatcher(self._changed, context=context, sources=sources) if watch else None
+        self._started = False
+        self._watched = False
+        self._logged_unavailable = False
+
+    def subscribe(self, listener: GpuChangeListener) -> None:
+        self._listeners.append(listener)
+
+    def start(self) -> None:
+        """Watch GPU hot-plug events (once however often it is called; never when built with watch=False)."""
+        if self._watcher is not None and not self._started:
+            self._started = True
+            self._watched = self._watcher.start()
+
+    def stop(self) -> None:
+        if self._watcher is not None and self._started:
+            self._started = self._watched = False
+            self._watcher.stop()
+
+    def get(self, pci_address: str) -> DrmNodes:
+        """The node names of the GPU at `pci_address`; empty ones when udev does not know them."""
+        with self._lock:
+            if self._names is None or not self._watched:
+                self._names = self._read()
+            return self._names.get(pci_address, DrmNodes())
+
+    def _changed(self, action: str, pci_address: str | None) -> None:
+        with self._lock:
+            self._names = None
+        for listener in self._listeners:
+            try:
+                listener(action, pci_address)
+            except Exception:  # one listener's bug costs neither the others nor the watcher
+                logger.exception("GPU change listener %r failed for %s %s", listener, action, pci_address)
+
+    def _read(self) -> dict[str, DrmNodes]:
+        try:
+            names = drm_nodes_by_pci()
+        except UdevUnavailable as error:
+            if not self._logged_unavailable:
+                logger.warning("DRM node names unknown, card and render_node labels stay empty: %s", error)
+                self._logged_unavailable = True
+            return {}
+        self._logged_unavailable = False
+        return names

@@ -1,0 +1,180 @@
+"""The Level Zero worker in this process, its child over the real loader and the fake driver: what crosses the
+pipe (the binding's dataclasses, a LevelZeroError's function and code), the worker's states, and GPU changes."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporterproc import wait_for
+from fakeze import A770, B580, GiB, MiB, FakeConfig, fake_driver_env, write_config
+from exporter.sources import levelzero_worker
+from exporter.sources.levelzero import (
+    DeviceIdentity,
+    LevelZeroError,
+    LoaderUnavailable,
+    MemoryModule,
+    MemoryModuleProperties,
+    ProcessMemory,
+)
+from exporter.sources.levelzero_worker import LevelZeroUnavailable, LevelZeroWorker, WorkerState
+
+UNSUPPORTED_FEATURE = 0x78000003
+DEVICE_LOST = 0x70000001
+INSUFFICIENT_PERMISSIONS = 0x70010000
+A770_IDENTITY = DeviceIdentity("0000:03:00.0", "Intel(R) Arc(TM) A770 Graphics",
+                               "10111213-1415-1617-1819-1a1b1c1d1e1f", "1.3.24595")
+
+
+class SpawnRecorder(subprocess.Popen):
+    spawned: list[subprocess.Popen] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        SpawnRecorder.spawned.append(self)
+
+
+@pytest.fixture
+def configure(fake_driver: Path, config_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Point this process's children at the fake driver; returns a function that sets its config."""
+    for name, value in fake_driver_env(fake_driver, config_path).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(SpawnRecorder, "spawned", [])
+    monkeypatch.setattr(levelzero_worker.subprocess, "Popen", SpawnRecorder)
+    return lambda *devices, **options: write_config(config_path, FakeConfig(devices=devices, **options))
+
+
+@pytest.fixture
+def worker() -> Iterator[LevelZeroWorker]:
+    worker = LevelZeroWorker(timeout=2.0)
+    yield worker
+    worker.close()
+
+
+def read_memory(worker: LevelZeroWorker) -> list | None:
+    """The memory reading, or None while the worker says Level Zero is not there yet."""
+    try:
+        return worker.read_memory()
+    except LevelZeroUnavailable:
+        return None
+
+
+def test_readings_are_the_bindings_own_dataclasses_rebuilt_in_the_parent(configure, worker):
+    configure(A770, B580)
+    (a770, b580) = worker.read_memory()
+    assert a770.identity == A770_IDENTITY
+    assert a770.modules == (MemoryModuleProperties(handle=a770.modules[0].handle, device_local=True,
+                                                   physical_size=16 * GiB),)
+    assert a770.states == (MemoryModule(device_local=True, size=16 * GiB, free=13 * GiB, health=1),)
+    assert (a770.total, a770.free, a770.error) == (16 * GiB, 13 * GiB, None)
+    assert b580.identity.pci_address == "0000:83:00.0"
+
+    processes = {reading.identity.pci_address: reading.processes for reading in worker.read_processes()}
+    assert processes["0000:03:00.0"] == (ProcessMemory(1000, 2 * GiB, 0, 2), ProcessMemory(1001, GiB, 64 * MiB, 2))
+    assert processes["0000:83:00.0"] == (ProcessMemory(2000, GiB, 0, 0x22),), "the engines cross the pipe too"
+
+
+def test_a_failing_memory_state_keeps_the_sizes_and_the_errors_function_and_code(configure, worker):
+    configure(A770, dataclasses.replace(B580, memory_state_result="ZE_RESULT_ERROR_UNSUPPORTED_FEATURE"))
+    (a770, b580) = worker.read_memory()
+    assert a770.error is None and a770.free == 13 * GiB
+    assert isinstance(b580.error, LevelZeroError)
+    assert (b580.error.function, b580.error.code) == ("zesMemoryGetState", UNSUPPORTED_FEATURE)
+    assert b580.states is None
+    assert (b580.total, b580.free) == (12 * GiB, None)
+    assert worker.state is WorkerState.READY
+
+
+def test_a_failing_module_enumeration_keeps_the_identity_and_the_errors_function_and_code(configure, worker):
+    configure(dataclasses.replace(A770, memory_modules_result="ZE_RESULT_ERROR_UNSUPPORTED_FEATURE"))
+    (a770,) = worker.read_memory()
+    assert a770.identity == A770_IDENTITY
+    assert (a770.error.function, a770.error.code) == ("zesDeviceEnumMemoryModules", UNSUPPORTED_FEATURE)
+    assert (a770.modules, a770.states, a770.total, a770.free) == ((), None, None, None)
+
+
+def test_a_lost_device_answers_this_read_and_the_next_one_re_initialises(configure, worker):
+    configure(dataclasses.replace(A770, memory_state_result="ZE_RESULT_ERROR_DEVICE_LOST"))
+    (a770,) = worker.read_memory()
+    assert (a770.error.function, a770.error.code) == ("zesMemoryGetState", DEVICE_LOST)
+    assert worker.state is WorkerState.IDLE
+    configure(A770)
+    (a770,) = worker.read_memory()
+    assert a770.free == 13 * GiB and len(SpawnRecorder.spawned) == 2
+
+
+def test_a_failed_init_carries_the_function_and_code_says_why_and_backs_off(configure, worker):
+    configure(A770, init_result="ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS")
+    with pytest.raises(LevelZeroUnavailable) as failed:
+        worker.read_memory()
+    assert failed.value.error.function in ("zeInit", "zesInit")
+    assert failed.value.error.code == INSUFFICIENT_PERMISSIONS
+    assert str(failed.value) == (f"Level Zero initialisation failed: {failed.value.error} "
+                                 "(no access to /dev/dri/renderD*: run the exporter in the render group)")
+    assert worker.state is WorkerState.BACKING_OFF
+
+    with pytest.raises(LevelZeroUnavailable) as again:
+        worker.read_memory()
+    assert str(again.value) == str(failed.value) and again.value.error.code == INSUFFICIENT_PERMISSIONS
+    assert len(SpawnRecorder.spawned) == 1, "no new child within the backoff"
+
+
+def test_a_missing_loader_is_reported_as_such_without_a_driver_hint(configure):
+    configure(A770)
+    worker = LevelZeroWorker("/nonexistent/libze_loader.so.1")
+    try:
+        with pytest.raises(LevelZeroUnavailable) as failed:
+            worker.read_memory()
+    finally:
+        worker.close()
+    assert isinstance(failed.value.error, LoaderUnavailable)
+    assert failed.value.error.library == "/nonexistent/libze_loader.so.1"
+    assert str(failed.value).startswith(
+        "Level Zero initialisation failed: cannot load the Level Zero loader /nonexistent/libze_loader.so.1: ")
+    assert "kernel driver" not in str(failed.value)
+
+
+def test_the_worker_goes_from_idle_through_initialising_to_ready_and_back_to_idle(configure, worker):
+    configure(A770)
+    assert worker.state is WorkerState.IDLE
+    worker.start()
+    assert worker.state is WorkerState.INITIALISING
+    assert wait_for(lambda: read_memory(worker))
+    assert worker.state is WorkerState.READY
+    worker.close()
+    assert worker.state is WorkerState.IDLE
+
+
+def test_gpu_changes_mark_the_child_stale_and_the_next_read_restarts_it_once(configure, worker):
+    configure(A770)
+    assert [device.identity.pci_address for device in worker.read_memory()] == ["0000:03:00.0"]
+    configure(A770, B580)
+    for action in ("add", "add", "add", "bind"):  # one hot-plug's burst of uevents
+        worker.gpu_changed(action, "0000:83:00.0")
+    assert len(SpawnRecorder.spawned) == 1 and worker.state is WorkerState.READY, "the caller's thread starts nothing"
+
+    assert [device.identity.pci_address for device in worker.read_memory()] == ["0000:03:00.0", "0000:83:00.0"]
+    assert len(SpawnRecorder.spawned) == 2
+    worker.read_memory()
+    assert len(SpawnRecorder.spawned) == 2, "one restart per burst"
+
+
+def test_a_gpu_change_does_not_wait_for_a_read_stuck_in_the_driver(configure, worker):
+    configure(dataclasses.replace(A770, memory_state_hang=True))
+    worker.start()
+    reader = threading.Thread(target=read_memory, args=(worker,))
+    reader.start()
+    try:
+        time.sleep(0.5)  # the read is waiting for the hung child, holding the worker
+        started = time.monotonic()
+        worker.gpu_changed("change", "0000:03:00.0")
+        assert time.monotonic() - started < 0.1
+    finally:
+        reader.join()
