@@ -31,8 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -219,7 +218,7 @@ def _child_main(library: str) -> int:
 # --------------------------------------------------------------------------------------- parent side
 
 class LevelZeroWorker:
-    """Parent-side handle on the Level Zero child. Thread-safe; every call is bounded by `timeout`."""
+    """Parent-side handle on the Level Zero child. Thread-safe; every read is bounded by `timeout`."""
 
     def __init__(self, library: str = DEFAULT_LIBRARY, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.library = library
@@ -274,20 +273,11 @@ class LevelZeroWorker:
         with self._lock:
             self._stop_child()
 
-    @contextmanager
-    def _locked(self, deadline: float) -> Iterator[None]:
-        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise LevelZeroUnavailable("Level Zero is busy answering another scrape")
-        try:
-            yield
-        finally:
-            self._lock.release()
-
     def _request(self, what: str, from_wire: Callable[[DeviceIdentity, dict[str, Any]], Reading]) -> list[Reading]:
-        """One answer of the child, within `timeout` all told (waiting for the lock, for the child's
-        init and for the answer)."""
-        deadline = time.monotonic() + self.timeout
-        with self._locked(deadline):
+        """One answer of the child, within `timeout` all told (the child's init and its answer). Reads come
+        one scrape at a time (exporter.scrape); the lock orders them against start() and close()."""
+        with self._lock:
+            deadline = time.monotonic() + self.timeout
             if self._stale.is_set():
                 self._stale.clear()  # cleared first: an event from now on makes one more restart
                 self._stop_child()
