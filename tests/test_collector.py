@@ -98,3 +98,42 @@ def test_a_request_after_a_scrape_ended_gets_a_fresh_scrape():
     registry.register(ExporterCollector([collector], Sources()))
     first, second = generate_latest(registry), generate_latest(registry)
     assert b"test_run 1.0" in first and b"test_run 2.0" in second
+
+
+def module_imports() -> dict[str, set[str]]:
+    """exporter's modules and the exporter modules each imports at module level (not under TYPE_CHECKING,
+    not inside functions)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    modules: dict[str, set[str]] = {}
+    for path in (root / "exporter").rglob("*.py"):
+        name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        imported: set[str] = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("exporter"):
+                imported |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names if alias.name.startswith("exporter")}
+        modules[name] = imported
+    return {name: {other for other in imported if other in modules and other != name}
+            for name, imported in modules.items()}
+
+
+def test_no_collector_imports_another_and_no_module_imports_in_a_cycle():
+    imports = module_imports()
+    for name, imported in imports.items():
+        if name.startswith("exporter.collectors."):
+            assert not {other for other in imported if other.startswith("exporter.collectors")}, name
+
+    def cycle_from(start: str, path: tuple[str, ...]) -> tuple[str, ...] | None:
+        for other in imports[path[-1]]:
+            if other == start:
+                return (*path, other)
+            if other not in path and (found := cycle_from(start, (*path, other))):
+                return found
+        return None
+
+    for name in imports:
+        assert cycle_from(name, (name,)) is None, cycle_from(name, (name,))
