@@ -3,11 +3,14 @@
 
     python3 grafana/dashboard.py            # rewrite grafana/vllm-xpu-exporter.json
     python3 grafana/dashboard.py --check    # exit 1 if the JSON is not what this file builds
+    python3 grafana/dashboard.py --values my-values.yaml > my-dashboard.json   # for your rules' knobs
 
 Every panel gets a unit and thresholds; every query goes through the `datasource` variable, whose
 default is the data source picked at import (`__inputs` DS_PROMETHEUS), so no data source uid is
 written down. Queries use only metrics the exporter serves (and `up`), so the dashboard works
-without the bundled recording rules. Usable from a shell: `dashboard()` returns the dict.
+without the bundled recording rules. The thresholds and durations of the alerts that panels show are
+the rules' knobs (rules/template/config.yaml, read by rules/render.py); `--values` and `--set` take the
+same overrides as rules/render.py. Usable from a shell: `dashboard(overrides)` returns the dict.
 """
 
 from __future__ import annotations
@@ -15,10 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "rules"))
+from render import (RenderError, duration_seconds, knob_values, load_values,  # noqa: E402  (a script beside the rules)
+                    parse_assignments)
 
 OUTPUT = Path(__file__).resolve().parent / "vllm-xpu-exporter.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -93,170 +100,215 @@ STAT_OPTIONS: Json = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", 
 BARGAUGE_OPTIONS: Json = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
                           "displayMode": "gradient", "orientation": "horizontal", "showUnfilled": True}
 
+def number(text: str) -> int | float:
+    """A knob's number as the JSON shows it: 0, not 0.0."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
+def percent(ratio: str) -> str:
+    return f"{round(float(ratio) * 100, 6):g} %"
+
+
+def duration_text(duration: str) -> str:
+    """A Prometheus duration in words: "15m" -> "15 minutes", "1h" -> "1 hour"."""
+    seconds = duration_seconds(duration)
+    for size, name in ((86400, "day"), (3600, "hour"), (60, "minute"), (1, "second")):
+        if seconds >= size and seconds % size == 0:
+            count = int(seconds // size)
+            return f"{count} {name}{'' if count == 1 else 's'}"
+    return f"{seconds:g} seconds"
+
+
+def bytes_text(count: float) -> str:
+    """1073741824 -> "1 GiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(count) < 1024:
+            return f"{count:g} {unit}"
+        count /= 1024
+    return f"{count:g} TiB"
+
+
 # The fraction of one max-length request the latest start's KV cache holds, as the rules compute it.
 MAX_LENGTH_REQUESTS = (f"xpu_unit_kv_cache_bytes{{{UNITS}}} / xpu_unit_kv_cache_required_bytes{{{UNITS}}}"
                        f" or xpu_unit_kv_cache_max_concurrency{{{UNITS}}}")
 
 
-ROWS: tuple[Row, ...] = (
-    Row("Device memory", (
-        Panel("timeseries", "Device memory by unit",
-              "Device memory each systemd unit holds, stacked with the used memory no process accounts for, "
-              "against the device's total.",
-              (Target(f"xpu_unit_memory_bytes{{{DEVICE}}}", "{{unit}}"),
-               Target(f"xpu_unattributed_memory_bytes{{{DEVICE}}}", "unattributed"),
-               Target(f"xpu_memory_total_bytes{{{DEVICE}}}", "total")),
-              "bytes", green_only(), 16, 8,
-              options=LEGEND_TABLE,
-              custom={"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 40},
-              defaults={"min": 0},
-              overrides=(by_name_regex("^total$", {"custom.stacking": {"mode": "none", "group": "A"},
-                                                   "custom.fillOpacity": 0,
-                                                   "custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
-                                                   "color": {"mode": "fixed", "fixedColor": "red"}}),
-                         by_name_regex("^unattributed$", {"color": {"mode": "fixed", "fixedColor": "#8e8e8e"}}))),
-        Panel("stat", "Free device memory",
-              "Free device memory as a fraction of the total. The XpuMemoryNearlyFull alert fires below 5 % "
-              "for 15 minutes.",
-              (Target(f"xpu_memory_free_bytes{{{DEVICE}}} / xpu_memory_total_bytes{{{DEVICE}}}"),),
-              "percentunit", [(None, "red"), (0.05, "orange"), (0.10, "green")], 4, 4,
-              options=STAT_OPTIONS, defaults={"decimals": 1}),
-        Panel("stat", "Memory accounting",
-              "Whether the driver reports real usage. Untrusted: without CAP_PERFMON i915/xe report free == "
-              "total, so free, used, unattributed memory and restart headroom are wrong.",
-              (Target(f"xpu_memory_accounting_trusted{{{DEVICE}}}"),),
-              "none", [(None, "red"), (1, "green")], 4, 4,
-              options=STAT_OPTIONS,
-              defaults={"mappings": value_mapping({0: ("untrusted", "red"), 1: ("trusted", "green")})}),
-        Panel("stat", "Unattributed memory",
-              "Used device memory held by no process the exporter sees, as a fraction of the total. "
-              "The XpuUnattributedMemoryHigh alert fires above 10 % for 30 minutes.",
-              (Target(f"xpu_unattributed_memory_bytes{{{DEVICE}}} / xpu_memory_total_bytes{{{DEVICE}}}"),),
-              "percentunit", [(None, "green"), (0.10, "orange")], 4, 4,
-              options=STAT_OPTIONS, defaults={"decimals": 1}),
-        Panel("stat", "GPU",
-              "The device's name and driver version, as Level Zero reports them.",
-              (Target(f"xpu_device_info{{{DEVICE}}}", "{{name}} (driver {{driver_version}})"),),
-              "none", [(None, "blue")], 4, 4,
-              options={**STAT_OPTIONS, "textMode": "name", "colorMode": "none"}),
-    )),
-    Row("KV cache per unit", (
-        Panel("timeseries", "KV cache against the need of one max-length request",
-              "KV-cache memory of each unit's latest engine start (for a failed start, what was available), "
-              "and the memory one request of the maximum model length needs (dashed).",
-              (Target(f"xpu_unit_kv_cache_bytes{{{UNITS}}}", "{{unit}} KV cache"),
-               Target(f"xpu_unit_kv_cache_required_bytes{{{UNITS}}}", "{{unit}} needed for one max-length request")),
-              "bytes", green_only(), 12, 8,
-              options=LEGEND_TABLE, defaults={"min": 0},
-              overrides=(by_name_regex("needed for one", {"custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
-                                                          "custom.fillOpacity": 0}),)),
-        Panel("bargauge", "Max-length requests that fit",
-              "Requests of the maximum model length the latest start's KV cache holds at once. Below 1 the "
-              "engine cannot serve one (XpuUnitKvCacheTooSmall); below max_num_seqs long requests get "
-              "preempted (XpuUnitKvCacheBelowMaxNumSeqs).",
-              (Target(MAX_LENGTH_REQUESTS, "{{unit}}", instant=True),),
-              "none", [(None, "red"), (1, "green")], 6, 8,
-              options=BARGAUGE_OPTIONS, defaults={"min": 0, "decimals": 2}),
-        Panel("table", "Engine of the latest start",
-              "Per unit: vLLM version, model and the settings of its latest engine start, and the KV-cache "
-              "tokens of its latest successful start.",
-              (Target(f"max by (unit, vllm_version, model) (xpu_unit_engine_info{{{UNITS}}})", instant=True, table=True),
-               Target(f"max by (unit) (xpu_unit_gpu_memory_utilization_ratio{{{UNITS}}})", instant=True, table=True),
-               Target(f"max by (unit) (xpu_unit_max_model_len_tokens{{{UNITS}}})", instant=True, table=True),
-               Target(f"max by (unit) (xpu_unit_max_num_seqs{{{UNITS}}})", instant=True, table=True),
-               Target(f"max by (unit) (xpu_unit_kv_cache_tokens{{{UNITS}}})", instant=True, table=True)),
-              "none", green_only(), 6, 8,
-              options={"showHeader": True, "cellHeight": "sm"},
-              overrides=(
-                  {"matcher": {"id": "byName", "options": "gpu_memory_utilization"},
-                   "properties": [{"id": "unit", "value": "percentunit"}]},
-                  {"matcher": {"id": "byName", "options": "max_model_len"},
-                   "properties": [{"id": "unit", "value": "short"}]},
-                  {"matcher": {"id": "byName", "options": "KV cache tokens"},
-                   "properties": [{"id": "unit", "value": "short"}]},
-              ),
-              # one row per unit: the queries share only `unit` (and the evaluation time)
-              transformations=(
-                  {"id": "merge", "options": {}},
-                  {"id": "organize", "options": {
-                      "excludeByName": {"Time": True, "Value #A": True},
-                      "renameByName": {"vllm_version": "vLLM", "Value #B": "gpu_memory_utilization",
-                                       "Value #C": "max_model_len", "Value #D": "max_num_seqs",
-                                       "Value #E": "KV cache tokens"}}},
-              )),
-    )),
-    Row("Engine inits", (
-        Panel("timeseries", "Successful engine starts (this boot)",
-              "Engine inits that succeeded since the host booted, per unit, read from the journal. "
-              "Failed inits are marked on every graph (annotation \"Engine init failures\").",
-              (Target(f"xpu_unit_engine_starts_total{{{UNITS}}}", "{{unit}}"),),
-              "short", green_only(), 8, 8, options=LEGEND_LIST, defaults={"min": 0, "decimals": 0}),
-        Panel("timeseries", "Engine init failures by reason (this boot)",
-              "Engine inits that failed since the host booted, per unit and reason (kv_cache_too_small, "
-              "no_kv_cache_memory, insufficient_free_memory, device_out_of_memory, memory_query_unsupported, "
-              "other). Only units and reasons with failures are shown.",
-              (Target(f"sum by (unit, reason) (xpu_unit_engine_init_failures_total{{{UNITS}}}) > 0",
-                      "{{unit}} {{reason}}"),),
-              "short", [(None, "green"), (1, "red")], 8, 8, options=LEGEND_LIST,
-              custom={"thresholdsStyle": {"mode": "line"}}, defaults={"min": 0, "decimals": 0}),
-        Panel("timeseries", "Overlapping engine inits (this boot)",
-              "Inits of each unit that ran while another unit was initialising on the same host: the boot "
-              "race. The unit that initialises last sees memory the others are about to take.",
-              (Target(f"xpu_unit_engine_init_overlaps_total{{{UNITS}}}", "{{unit}}"),),
-              "short", [(None, "green"), (1, "orange")], 8, 8, options=LEGEND_LIST,
-              custom={"thresholdsStyle": {"mode": "line"}}, defaults={"min": 0, "decimals": 0}),
-    )),
-    Row("Restart headroom", (
-        Panel("timeseries", "Restart headroom",
-              "Free memory plus the unit's own, less what its gpu_memory_utilization demands at start "
-              "(vLLM 0.16 and later refuse to start without it). Below 0 a restart now would fail "
-              "(XpuUnitRestartHeadroomNegative).",
-              (Target(f"xpu_unit_restart_headroom_bytes{{{UNITS}}}", "{{unit}} on {{device}}"),),
-              "bytes", [(None, "red"), (0, "green")], 16, 8, options=LEGEND_TABLE,
-              custom={"thresholdsStyle": {"mode": "line+area"}, "fillOpacity": 0}),
-        Panel("bargauge", "Restart headroom now",
-              "Each unit's restart headroom at the end of the time range; red: a restart would fail.",
-              (Target(f"xpu_unit_restart_headroom_bytes{{{UNITS}}}", "{{unit}}", instant=True),),
-              "bytes", [(None, "red"), (0, "green")], 8, 8, options=BARGAUGE_OPTIONS),
-    )),
-    Row("Exporter", (
-        Panel("stat", "Exporter up",
-              "Whether Prometheus scrapes the exporter (XpuExporterDown fires after 5 minutes down).",
-              (Target(f"up{{{EXPORTER}}}"),),
-              "none", [(None, "red"), (1, "green")], 3, 6, options=STAT_OPTIONS,
-              defaults={"mappings": value_mapping({0: ("down", "red"), 1: ("up", "green")})}),
-        Panel("stat", "Exporter version",
-              "The exporter's version.",
-              (Target(f"xpu_exporter_build_info{{{EXPORTER}}}", "{{version}}"),),
-              "none", [(None, "blue")], 3, 3, options={**STAT_OPTIONS, "textMode": "name", "colorMode": "none"}),
-        Panel("stat", "Units watched",
-              "vLLM units the journal collector watches (their names match --journal.units). 0: the globs "
-              "match no unit in the journal it reads (XpuExporterNoUnitsWatched fires after an hour). "
-              "No value: the journal collector is off or failing.",
-              (Target(f"xpu_exporter_journal_units_watched{{{EXPORTER}}}"),),
-              "none", [(None, "orange"), (1, "green")], 3, 3, options=STAT_OPTIONS, defaults={"decimals": 0}),
-        Panel("stat", "Collector success",
-              "Whether each collector's last run worked (XpuExporterCollectorFailing fires after 10 minutes "
-              "of failure); the exporter's log says why one fails.",
-              (Target(f"xpu_exporter_collector_success{{{EXPORTER}}}", "{{collector}}"),),
-              "none", [(None, "red"), (1, "green")], 6, 6,
-              options={**STAT_OPTIONS, "textMode": "value_and_name"},
-              defaults={"mappings": value_mapping({0: ("failing", "red"), 1: ("ok", "green")})}),
-        Panel("timeseries", "Collector duration",
-              "How long each collector's last run took. Level Zero reads are abandoned after "
-              "--levelzero.timeout (4 s); Prometheus gives up a scrape after its scrape timeout (10 s).",
-              (Target(f"xpu_exporter_collector_duration_seconds{{{EXPORTER}}}", "{{collector}}"),),
-              "s", [(None, "green"), (4, "orange"), (10, "red")], 6, 6, options=LEGEND_LIST,
-              custom={"thresholdsStyle": {"mode": "dashed"}, "lineInterpolation": "linear"}, defaults={"min": 0}),
-        Panel("timeseries", "Journal entries read",
-              "Journal entries of watched units the exporter reads per second: a burst while it catches up "
-              "on the boot, then the units' new output.",
-              (Target(f"rate(xpu_exporter_journal_entries_read_total{{{EXPORTER}}}[$__rate_interval])",
-                      "entries read"),),
-              "cps", green_only(), 6, 6, options=LEGEND_LIST,
-              custom={"lineInterpolation": "linear"}, defaults={"min": 0}),
-    )),
-)
+def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
+    """The panels, with the thresholds and durations of the alerts they show taken from the rules' knobs."""
+    return (
+        Row("Device memory", (
+            Panel("timeseries", "Device memory by unit",
+                  "Device memory each systemd unit holds, stacked with the used memory no process accounts for, "
+                  "against the device's total.",
+                  (Target(f"xpu_unit_memory_bytes{{{DEVICE}}}", "{{unit}}"),
+                   Target(f"xpu_unattributed_memory_bytes{{{DEVICE}}}", "unattributed"),
+                   Target(f"xpu_memory_total_bytes{{{DEVICE}}}", "total")),
+                  "bytes", green_only(), 16, 8,
+                  options=LEGEND_TABLE,
+                  custom={"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 40},
+                  defaults={"min": 0},
+                  overrides=(by_name_regex("^total$", {"custom.stacking": {"mode": "none", "group": "A"},
+                                                       "custom.fillOpacity": 0,
+                                                       "custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
+                                                       "color": {"mode": "fixed", "fixedColor": "red"}}),
+                             by_name_regex("^unattributed$", {"color": {"mode": "fixed", "fixedColor": "#8e8e8e"}}))),
+            Panel("stat", "Free device memory",
+                  "Free device memory as a fraction of the total. The XpuMemoryNearlyFull alert fires below "
+                  f"{percent(knobs['memoryNearlyFullFreeRatio'])} for {duration_text(knobs['memoryNearlyFullFor'])}.",
+                  (Target(f"xpu_memory_free_bytes{{{DEVICE}}} / xpu_memory_total_bytes{{{DEVICE}}}"),),
+                  # orange from the alert's threshold up to twice it: close to firing
+                  "percentunit", [(None, "red"), (number(knobs["memoryNearlyFullFreeRatio"]), "orange"),
+                                  (min(2 * number(knobs["memoryNearlyFullFreeRatio"]), 1), "green")], 4, 4,
+                  options=STAT_OPTIONS, defaults={"decimals": 1}),
+            Panel("stat", "Memory accounting",
+                  "Whether the driver reports real usage. Untrusted: without CAP_PERFMON i915/xe report free == "
+                  "total, so free, used, unattributed memory and restart headroom are wrong.",
+                  (Target(f"xpu_memory_accounting_trusted{{{DEVICE}}}"),),
+                  "none", [(None, "red"), (1, "green")], 4, 4,
+                  options=STAT_OPTIONS,
+                  defaults={"mappings": value_mapping({0: ("untrusted", "red"), 1: ("trusted", "green")})}),
+            Panel("stat", "Unattributed memory",
+                  "Used device memory held by no process the exporter sees, as a fraction of the total. "
+                  f"The XpuUnattributedMemoryHigh alert fires above {percent(knobs['unattributedMemoryRatio'])} "
+                  f"for {duration_text(knobs['unattributedMemoryFor'])}.",
+                  (Target(f"xpu_unattributed_memory_bytes{{{DEVICE}}} / xpu_memory_total_bytes{{{DEVICE}}}"),),
+                  "percentunit", [(None, "green"), (number(knobs["unattributedMemoryRatio"]), "orange")], 4, 4,
+                  options=STAT_OPTIONS, defaults={"decimals": 1}),
+            Panel("stat", "GPU",
+                  "The device's name and driver version, as Level Zero reports them.",
+                  (Target(f"xpu_device_info{{{DEVICE}}}", "{{name}} (driver {{driver_version}})"),),
+                  "none", [(None, "blue")], 4, 4,
+                  options={**STAT_OPTIONS, "textMode": "name", "colorMode": "none"}),
+        )),
+        Row("KV cache per unit", (
+            Panel("timeseries", "KV cache against the need of one max-length request",
+                  "KV-cache memory of each unit's latest engine start (for a failed start, what was available), "
+                  "and the memory one request of the maximum model length needs (dashed).",
+                  (Target(f"xpu_unit_kv_cache_bytes{{{UNITS}}}", "{{unit}} KV cache"),
+                   Target(f"xpu_unit_kv_cache_required_bytes{{{UNITS}}}",
+                          "{{unit}} needed for one max-length request")),
+                  "bytes", green_only(), 12, 8,
+                  options=LEGEND_TABLE, defaults={"min": 0},
+                  overrides=(by_name_regex("needed for one", {"custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
+                                                              "custom.fillOpacity": 0}),)),
+            Panel("bargauge", "Max-length requests that fit",
+                  "Requests of the maximum model length the latest start's KV cache holds at once. Below 1 the "
+                  "engine cannot serve one (XpuUnitKvCacheTooSmall); below max_num_seqs long requests get "
+                  "preempted (XpuUnitKvCacheBelowMaxNumSeqs).",
+                  (Target(MAX_LENGTH_REQUESTS, "{{unit}}", instant=True),),
+                  "none", [(None, "red"), (1, "green")], 6, 8,
+                  options=BARGAUGE_OPTIONS, defaults={"min": 0, "decimals": 2}),
+            Panel("table", "Engine of the latest start",
+                  "Per unit: vLLM version, model and the settings of its latest engine start, and the KV-cache "
+                  "tokens of its latest successful start.",
+                  (Target(f"max by (unit, vllm_version, model) (xpu_unit_engine_info{{{UNITS}}})",
+                          instant=True, table=True),
+                   Target(f"max by (unit) (xpu_unit_gpu_memory_utilization_ratio{{{UNITS}}})",
+                          instant=True, table=True),
+                   Target(f"max by (unit) (xpu_unit_max_model_len_tokens{{{UNITS}}})", instant=True, table=True),
+                   Target(f"max by (unit) (xpu_unit_max_num_seqs{{{UNITS}}})", instant=True, table=True),
+                   Target(f"max by (unit) (xpu_unit_kv_cache_tokens{{{UNITS}}})", instant=True, table=True)),
+                  "none", green_only(), 6, 8,
+                  options={"showHeader": True, "cellHeight": "sm"},
+                  overrides=(
+                      {"matcher": {"id": "byName", "options": "gpu_memory_utilization"},
+                       "properties": [{"id": "unit", "value": "percentunit"}]},
+                      {"matcher": {"id": "byName", "options": "max_model_len"},
+                       "properties": [{"id": "unit", "value": "short"}]},
+                      {"matcher": {"id": "byName", "options": "KV cache tokens"},
+                       "properties": [{"id": "unit", "value": "short"}]},
+                  ),
+                  # one row per unit: the queries share only `unit` (and the evaluation time)
+                  transformations=(
+                      {"id": "merge", "options": {}},
+                      {"id": "organize", "options": {
+                          "excludeByName": {"Time": True, "Value #A": True},
+                          "renameByName": {"vllm_version": "vLLM", "Value #B": "gpu_memory_utilization",
+                                           "Value #C": "max_model_len", "Value #D": "max_num_seqs",
+                                           "Value #E": "KV cache tokens"}}},
+                  )),
+        )),
+        Row("Engine inits", (
+            Panel("timeseries", "Successful engine starts (this boot)",
+                  "Engine inits that succeeded since the host booted, per unit, read from the journal. "
+                  "Failed inits are marked on every graph (annotation \"Engine init failures\").",
+                  (Target(f"xpu_unit_engine_starts_total{{{UNITS}}}", "{{unit}}"),),
+                  "short", green_only(), 8, 8, options=LEGEND_LIST, defaults={"min": 0, "decimals": 0}),
+            Panel("timeseries", "Engine init failures by reason (this boot)",
+                  "Engine inits that failed since the host booted, per unit and reason (kv_cache_too_small, "
+                  "no_kv_cache_memory, insufficient_free_memory, device_out_of_memory, memory_query_unsupported, "
+                  "other). Only units and reasons with failures are shown.",
+                  (Target(f"sum by (unit, reason) (xpu_unit_engine_init_failures_total{{{UNITS}}}) > 0",
+                          "{{unit}} {{reason}}"),),
+                  "short", [(None, "green"), (1, "red")], 8, 8, options=LEGEND_LIST,
+                  custom={"thresholdsStyle": {"mode": "line"}}, defaults={"min": 0, "decimals": 0}),
+            Panel("timeseries", "Overlapping engine inits (this boot)",
+                  "Inits of each unit that ran while another unit was initialising on the same host: the boot "
+                  "race. The unit that initialises last sees memory the others are about to take.",
+                  (Target(f"xpu_unit_engine_init_overlaps_total{{{UNITS}}}", "{{unit}}"),),
+                  "short", [(None, "green"), (1, "orange")], 8, 8, options=LEGEND_LIST,
+                  custom={"thresholdsStyle": {"mode": "line"}}, defaults={"min": 0, "decimals": 0}),
+        )),
+        Row("Restart headroom", (
+            Panel("timeseries", "Restart headroom",
+                  "Free memory plus the unit's own, less what its gpu_memory_utilization demands at start "
+                  "(vLLM 0.16 and later refuse to start without it). Below 0 a restart now would fail; "
+                  "XpuUnitRestartHeadroomNegative fires below "
+                  f"{bytes_text(number(knobs['restartHeadroomThresholdBytes']))} for "
+                  f"{duration_text(knobs['restartHeadroomFor'])} (red).",
+                  (Target(f"xpu_unit_restart_headroom_bytes{{{UNITS}}}", "{{unit}} on {{device}}"),),
+                  "bytes", [(None, "red"), (number(knobs["restartHeadroomThresholdBytes"]), "green")], 16, 8,
+                  options=LEGEND_TABLE,
+                  custom={"thresholdsStyle": {"mode": "line+area"}, "fillOpacity": 0}),
+            Panel("bargauge", "Restart headroom now",
+                  "Each unit's restart headroom at the end of the time range; red: below "
+                  f"{bytes_text(number(knobs['restartHeadroomThresholdBytes']))}, where "
+                  "XpuUnitRestartHeadroomNegative fires.",
+                  (Target(f"xpu_unit_restart_headroom_bytes{{{UNITS}}}", "{{unit}}", instant=True),),
+                  "bytes", [(None, "red"), (number(knobs["restartHeadroomThresholdBytes"]), "green")], 8, 8,
+                  options=BARGAUGE_OPTIONS),
+        )),
+        Row("Exporter", (
+            Panel("stat", "Exporter up",
+                  "Whether Prometheus scrapes the exporter (XpuExporterDown fires after "
+                  f"{duration_text(knobs['exporterDownFor'])} down).",
+                  (Target(f"up{{{EXPORTER}}}"),),
+                  "none", [(None, "red"), (1, "green")], 3, 6, options=STAT_OPTIONS,
+                  defaults={"mappings": value_mapping({0: ("down", "red"), 1: ("up", "green")})}),
+            Panel("stat", "Exporter version",
+                  "The exporter's version.",
+                  (Target(f"xpu_exporter_build_info{{{EXPORTER}}}", "{{version}}"),),
+                  "none", [(None, "blue")], 3, 3, options={**STAT_OPTIONS, "textMode": "name", "colorMode": "none"}),
+            Panel("stat", "Units watched",
+                  "vLLM units the journal collector watches (their names match --journal.units). 0: the globs "
+                  "match no unit in the journal it reads (XpuExporterNoUnitsWatched fires after "
+                  f"{duration_text(knobs['noUnitsWatchedFor'])}). "
+                  "No value: the journal collector is off or failing.",
+                  (Target(f"xpu_exporter_journal_units_watched{{{EXPORTER}}}"),),
+                  "none", [(None, "orange"), (1, "green")], 3, 3, options=STAT_OPTIONS, defaults={"decimals": 0}),
+            Panel("stat", "Collector success",
+                  "Whether each collector's last run worked (XpuExporterCollectorFailing fires after "
+                  f"{duration_text(knobs['collectorFailingFor'])} of failure); the exporter's log says why one fails.",
+                  (Target(f"xpu_exporter_collector_success{{{EXPORTER}}}", "{{collector}}"),),
+                  "none", [(None, "red"), (1, "green")], 6, 6,
+                  options={**STAT_OPTIONS, "textMode": "value_and_name"},
+                  defaults={"mappings": value_mapping({0: ("failing", "red"), 1: ("ok", "green")})}),
+            Panel("timeseries", "Collector duration",
+                  "How long each collector's last run took. Level Zero reads are abandoned after "
+                  "--levelzero.timeout (4 s); Prometheus gives up a scrape after its scrape timeout (10 s).",
+                  (Target(f"xpu_exporter_collector_duration_seconds{{{EXPORTER}}}", "{{collector}}"),),
+                  "s", [(None, "green"), (4, "orange"), (10, "red")], 6, 6, options=LEGEND_LIST,
+                  custom={"thresholdsStyle": {"mode": "dashed"}, "lineInterpolation": "linear"}, defaults={"min": 0}),
+            Panel("timeseries", "Journal entries read",
+                  "Journal entries of watched units the exporter reads per second: a burst while it catches up "
+                  "on the boot, then the units' new output.",
+                  (Target(f"rate(xpu_exporter_journal_entries_read_total{{{EXPORTER}}}[$__rate_interval])",
+                          "entries read"),),
+                  "cps", green_only(), 6, 6, options=LEGEND_LIST,
+                  custom={"lineInterpolation": "linear"}, defaults={"min": 0}),
+        )),
+    )
 
 FAILURE_ANNOTATION: Json = {
     "name": "Engine init failures",
@@ -350,7 +402,9 @@ def layout(rows: Sequence[Row]) -> list[Json]:
     return panels
 
 
-def dashboard() -> Json:
+def dashboard(overrides: Mapping[str, str] = ()) -> Json:
+    """The dashboard for the rules rendered with these knob overrides (none: the bundled rules)."""
+    knobs = knob_values(overrides)
     return {
         "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "description": "Prometheus that scrapes "
                       "vllm-xpu-exporter", "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}],
@@ -377,26 +431,44 @@ def dashboard() -> Json:
         "links": [],
         "annotations": {"list": [FAILURE_ANNOTATION]},
         "templating": {"list": list(VARIABLES)},
-        "panels": layout(ROWS),
+        "panels": layout(rows(knobs)),
     }
 
 
-def render() -> str:
-    return json.dumps(dashboard(), indent=2) + "\n"
+def render(overrides: Mapping[str, str] = ()) -> str:
+    return json.dumps(dashboard(overrides), indent=2) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="compare with the file instead of writing it")
+    parser.add_argument("--values", action="append", default=[], type=Path,
+                        help="YAML file of the rules' knob values, as for rules/render.py (repeatable)")
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="assignments",
+                        help="one knob value, as for rules/render.py (repeatable)")
+    parser.add_argument("-o", "--output", type=Path,
+                        help=f"write here (default: {OUTPUT.name} without knob values, else standard output)")
     args = parser.parse_args(argv)
-    text = render()
+    try:
+        overrides: dict[str, str] = {}
+        for path in args.values:
+            overrides.update(load_values(path))
+        overrides.update(parse_assignments(args.assignments))
+        text = render(overrides)
+    except (RenderError, OSError, ValueError) as error:
+        print(f"dashboard.py: {error}", file=sys.stderr)
+        return 2
     if args.check:
         if OUTPUT.read_text() != text:
             print(f"{OUTPUT} is not what grafana/dashboard.py builds; run python3 grafana/dashboard.py",
                   file=sys.stderr)
             return 1
         return 0
-    OUTPUT.write_text(text)
+    if args.output or not overrides:
+        (args.output or OUTPUT).write_text(text)
+    else:
+        sys.stdout.write(text)
     return 0
 
 

@@ -4,14 +4,22 @@ only metrics the exporter serves. That every query returns data is shown in test
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
 
-from promql import (README, REPO, dashboard_metric_names, dashboard_panels, dashboard_queries,
+import pytest
+
+from promql import (README, REPO, alerting_rules, dashboard_metric_names, dashboard_panels, dashboard_queries,
                     documented_metrics, load_dashboard, metric_names, variable_queries)
+
+sys.path.insert(0, str(REPO / "rules"))
+sys.path.insert(0, str(REPO / "grafana"))
+import dashboard as builder  # noqa: E402  (grafana/dashboard.py and rules/render.py are scripts, not package modules)
+import render  # noqa: E402
 
 OPERATOR_DOC = REPO / "docs" / "alerts-and-dashboard.md"
 ROWS = ["Device memory", "KV cache per unit", "Engine inits", "Restart headroom", "Exporter"]
@@ -120,11 +128,89 @@ def test_every_panel_has_a_unit_thresholds_and_a_description():
         assert panel["description"].strip(), panel["title"]
 
 
-def test_headroom_and_kv_thresholds_match_the_alerts():
-    panels = {panel["title"]: panel for panel in dashboard_panels(load_dashboard())}
-    assert [step["value"] for step in panels["Restart headroom"]["fieldConfig"]["defaults"]["thresholds"]["steps"]] == [None, 0]
-    assert [step["value"] for step in panels["Max-length requests that fit"]["fieldConfig"]["defaults"]["thresholds"]["steps"]] == [None, 1]
-    assert 0.05 in [step["value"] for step in panels["Free device memory"]["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+# Panels coloured by an alert's threshold knob: (panel, knob, the side where the alert fires, its colour).
+THRESHOLD_PANELS = [
+    ("Free device memory", "memoryNearlyFullFreeRatio", "below", "red"),
+    ("Unattributed memory", "unattributedMemoryRatio", "above", "orange"),
+    ("Restart headroom", "restartHeadroomThresholdBytes", "below", "red"),
+    ("Restart headroom now", "restartHeadroomThresholdBytes", "below", "red"),
+]
+# Panels whose description says when an alert fires: (panel, the knob of that alert's duration).
+DURATION_PANELS = [
+    ("Free device memory", "memoryNearlyFullFor"),
+    ("Unattributed memory", "unattributedMemoryFor"),
+    ("Restart headroom", "restartHeadroomFor"),
+    ("Exporter up", "exporterDownFor"),
+    ("Units watched", "noUnitsWatchedFor"),
+    ("Collector success", "collectorFailingFor"),
+]
+# Not the defaults, and not one another.
+OVERRIDES = {"memoryNearlyFullFreeRatio": "0.125", "unattributedMemoryRatio": "0.3",
+             "restartHeadroomThresholdBytes": "1073741824", "memoryNearlyFullFor": "7m",
+             "unattributedMemoryFor": "2h", "restartHeadroomFor": "11m", "exporterDownFor": "90s",
+             "noUnitsWatchedFor": "3h", "collectorFailingFor": "13m"}
+
+
+def colour_at(panel: dict, value: float) -> str:
+    """The colour a panel's thresholds give this value."""
+    colour = ""
+    for step in panel["fieldConfig"]["defaults"]["thresholds"]["steps"]:
+        if step["value"] is None or step["value"] <= value:
+            colour = step["color"]
+    return colour
+
+
+def assert_panels_follow_the_knobs(dashboard: dict, knobs: dict[str, str]) -> None:
+    panels = {panel["title"]: panel for panel in dashboard_panels(dashboard)}
+    margin = 1e-6
+    for title, knob, side, colour in THRESHOLD_PANELS:
+        threshold = float(knobs[knob])
+        below, above = threshold - margin, threshold + margin
+        firing, quiet = (below, above) if side == "below" else (above, below)
+        assert colour_at(panels[title], firing) == colour, (title, knob, threshold)
+        assert colour_at(panels[title], quiet) != colour, (title, knob, threshold)
+    for title, knob in DURATION_PANELS:
+        assert builder.duration_text(knobs[knob]) in panels[title]["description"], (title, knob, knobs[knob])
+    free, unattributed = panels["Free device memory"], panels["Unattributed memory"]
+    assert f"below {builder.percent(knobs['memoryNearlyFullFreeRatio'])} for" in free["description"]
+    assert f"above {builder.percent(knobs['unattributedMemoryRatio'])} for" in unattributed["description"]
+
+
+def test_thresholds_and_durations_match_the_alerts_knobs():
+    assert_panels_follow_the_knobs(load_dashboard(), render.load_defaults())
+
+
+def test_thresholds_and_durations_follow_overridden_knobs():
+    defaults = render.load_defaults()
+    assert all(defaults[knob] != value for knob, value in OVERRIDES.items())
+    assert_panels_follow_the_knobs(builder.dashboard(OVERRIDES), render.knob_values(OVERRIDES))
+
+
+def test_the_command_line_builds_a_dashboard_for_a_values_file(tmp_path):
+    values = tmp_path / "values.yaml"
+    values.write_text("memoryNearlyFullFreeRatio: 0.2\nexporterDownFor: 1m\n")
+    result = subprocess.run([sys.executable, str(REPO / "grafana" / "dashboard.py"), "--values", str(values),
+                             "--set", "exporterDownFor=3m"], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == builder.dashboard({"memoryNearlyFullFreeRatio": "0.2", "exporterDownFor": "3m"})
+    refused = subprocess.run([sys.executable, str(REPO / "grafana" / "dashboard.py"),
+                              "--set", "memoryNearlyFullFreeRatio=5"], capture_output=True, text=True, check=False)
+    assert refused.returncode == 2 and "a ratio is a number from 0 to 1" in refused.stderr and refused.stdout == ""
+
+
+def test_kv_threshold_is_the_one_the_kv_alert_compares_with():
+    expr = next(rule["expr"] for rule in alerting_rules() if rule["alert"] == "XpuUnitKvCacheTooSmall")
+    alert_threshold = float(re.fullmatch(r"[^<>]*<\s*([\d.]+)\s*", expr).group(1))
+    panel = next(panel for panel in dashboard_panels(load_dashboard())
+                 if panel["title"] == "Max-length requests that fit")
+    assert colour_at(panel, alert_threshold - 1e-6) == "red" and colour_at(panel, alert_threshold) == "green"
+
+
+@pytest.mark.parametrize("duration, words", [
+    ("15m", "15 minutes"), ("1h", "1 hour"), ("90s", "90 seconds"), ("1h30m", "90 minutes"), ("2d", "2 days"),
+])
+def test_durations_are_written_in_words(duration, words):
+    assert builder.duration_text(duration) == words
 
 
 def test_panels_are_filtered_by_the_variables():

@@ -1,6 +1,11 @@
 """The bundled Prometheus rules: promtool accepts them and their unit tests pass, they follow the mixin
 conventions, every alert has a runbook section and cases that fire and that do not, they ask only for
-metrics the exporter serves, and operators can override their knobs."""
+metrics the exporter serves, and operators can override their knobs.
+
+The promtool cases check behaviour (which alerts fire, with which labels, when) apart from wording:
+behaviour cases read ALERTS, which carries no annotations; rules/tests/alert-annotations.test.yaml holds
+each alert's texts, which promtool compares with what Prometheus renders and the tests here check for
+what they must name."""
 
 from __future__ import annotations
 
@@ -8,7 +13,9 @@ import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -20,6 +27,8 @@ sys.path.insert(0, str(REPO / "rules"))
 import render  # noqa: E402  (rules/render.py is a script beside the rules, not a package module)
 
 RULE_TESTS = sorted((REPO / "rules" / "tests").glob("*.test.yaml"))
+WORDING_TESTS = REPO / "rules" / "tests" / "alert-annotations.test.yaml"
+BEHAVIOUR_TESTS = [path for path in RULE_TESTS if path != WORDING_TESTS]
 RUNBOOK = REPO / "docs" / "runbook.md"
 OPERATOR_DOC = REPO / "docs" / "alerts-and-dashboard.md"
 ALERT_PREFIX = "Xpu"
@@ -35,6 +44,41 @@ def alert_names() -> set[str]:
 
 def github_anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+# A behaviour check: the alerts of one name firing at eval_time, with their labels (ALERTS has no annotations).
+FIRING_ALERTS = re.compile(r'ALERTS\{alertname="(\w+)",alertstate="firing"\}')
+SERIES_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+# Labels that say what an alert is about; its description must name their values.
+IDENTIFYING_LABELS = ("instance", "unit", "device", "reason", "collector")
+
+
+def rule_test_cases(path: Path) -> list[dict[str, Any]]:
+    return yaml.safe_load(path.read_text())["tests"]
+
+
+def firing_checks(path: Path) -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """(alert name, the labels of each alert expected to fire) of a behaviour file's ALERTS checks."""
+    for case in rule_test_cases(path):
+        for check in case.get("promql_expr_test", []):
+            if match := FIRING_ALERTS.fullmatch(check["expr"].strip()):
+                yield match.group(1), [dict(SERIES_LABEL.findall(sample["labels"]))
+                                       for sample in check.get("exp_samples") or []]
+
+
+def wording_checks() -> Iterator[tuple[str, dict[str, str], dict[str, str]]]:
+    """(alert name, labels, annotations) of every alert in the wording cases."""
+    for case in rule_test_cases(WORDING_TESTS):
+        for check in case["alert_rule_test"]:
+            for alert in check["exp_alerts"]:
+                labels = {key: str(value) for key, value in alert["exp_labels"].items()}
+                yield check["alertname"], labels, alert["exp_annotations"]
+
+
+def documented_failure_reasons() -> set[str]:
+    listing = re.search(r"^Failure reasons: (.+?)\n\n", README.read_text(), re.M | re.S)
+    assert listing, "the README lists no failure reasons"
+    return set(re.findall(r"`(\w+)`", listing.group(1)))
 
 
 def runbook_sections() -> dict[str, str]:
@@ -88,12 +132,11 @@ def test_every_knob_has_a_default_and_is_used_by_the_template():
     assert used == set(render.load_defaults())
 
 
-def test_every_alert_has_cases_that_fire_and_cases_that_do_not():
+def test_every_alert_has_behaviour_cases_that_fire_and_cases_that_do_not():
     firing, quiet = set(), set()
-    for path in RULE_TESTS:
-        for case in yaml.safe_load(path.read_text())["tests"]:
-            for check in case.get("alert_rule_test", []):
-                (firing if check.get("exp_alerts") else quiet).add(check["alertname"])
+    for path in BEHAVIOUR_TESTS:
+        for name, alerts in firing_checks(path):
+            (firing if alerts else quiet).add(name)
     assert alert_names() - firing == set(), "alerts without a case where they fire"
     assert alert_names() - quiet == set(), "alerts without a case where they stay quiet"
 
@@ -101,11 +144,81 @@ def test_every_alert_has_cases_that_fire_and_cases_that_do_not():
 def test_every_severity_variant_of_an_alert_is_seen_firing():
     expected = {(rule["alert"], rule["labels"]["severity"]) for rule in alerting_rules()}
     seen = set()
-    for path in RULE_TESTS:
-        for case in yaml.safe_load(path.read_text())["tests"]:
-            for check in case.get("alert_rule_test", []):
-                seen |= {(check["alertname"], alert["exp_labels"]["severity"]) for alert in check.get("exp_alerts") or []}
+    for path in BEHAVIOUR_TESTS:
+        for name, alerts in firing_checks(path):
+            seen |= {(name, labels["severity"]) for labels in alerts}
     assert expected - seen == set()
+
+
+def test_behaviour_cases_leave_the_wording_to_the_annotation_cases():
+    """alert_rule_test compares annotations word for word (an omitted exp_annotations means "none"), so
+    behaviour cases read ALERTS instead; the wording cases check texts only, long after any `for`."""
+    assert WORDING_TESTS in RULE_TESTS and BEHAVIOUR_TESTS
+    for path in BEHAVIOUR_TESTS:
+        for case in rule_test_cases(path):
+            assert "alert_rule_test" not in case, f"{path.name}: {case['name']}"
+            for check in case.get("promql_expr_test", []):
+                if "ALERTS" in check["expr"]:
+                    assert FIRING_ALERTS.fullmatch(check["expr"].strip()), f"{path.name}: {check['expr']}"
+    for case in rule_test_cases(WORDING_TESTS):
+        assert "promql_expr_test" not in case, case["name"]
+        for check in case["alert_rule_test"]:
+            assert check["exp_alerts"], case["name"]
+            for alert in check["exp_alerts"]:
+                assert set(alert["exp_annotations"]) == {"summary", "description", "runbook_url"}, case["name"]
+
+
+def test_every_alerting_rule_and_failure_reason_has_a_wording_case():
+    checks = list(wording_checks())
+    assert {(name, labels["severity"]) for name, labels, _ in checks} == \
+        {(rule["alert"], rule["labels"]["severity"]) for rule in alerting_rules()}
+    reasons = [labels["reason"] for name, labels, _ in checks if name == "XpuUnitEngineInitFailed"]
+    assert set(reasons) == documented_failure_reasons()
+
+
+def test_alert_texts_name_what_fired_and_link_to_its_runbook_section():
+    sections = runbook_sections()
+    runbook_url = render.load_defaults()["runbookUrl"]
+    for name, labels, annotations in wording_checks():
+        summary, description = annotations["summary"], annotations["description"]
+        assert summary.endswith(".") and ". " not in summary and "\n" not in summary, (name, summary)
+        for text in (summary, description):
+            for leftover in ("{{", "<no value>", "%!", "${"):
+                assert leftover not in text, (name, text)
+        for label in IDENTIFYING_LABELS:
+            if label in labels:
+                assert labels[label] in description, (name, label, description)
+        assert any(value in description for label, value in labels.items() if label != "severity"), name
+        assert not re.search(r"\d(?:Ki|Mi|Gi|Ti|Pi)(?!B)", description), f"{name}: a byte figure without its unit"
+        page, _, anchor = annotations["runbook_url"].partition("#")
+        assert page == runbook_url and anchor == name.lower() and anchor in sections, (name, annotations["runbook_url"])
+
+
+def test_each_failure_reason_gets_its_own_advice():
+    advice = {labels["reason"]: description.split("\n", 1)[1].rsplit(" Journal: ", 1)[0]
+              for name, labels, annotations in wording_checks() if name == "XpuUnitEngineInitFailed"
+              for description in [annotations["description"]]}
+    assert len(set(advice.values())) == len(advice) == len(documented_failure_reasons())
+
+
+def test_descriptions_quote_the_rendered_duration_and_selector_knobs():
+    """Rendered with every `for` knob different: a description that quotes a duration quotes its own alert's."""
+    for_knobs = sorted(name for name in render.load_defaults() if name.endswith("For"))
+    overrides = {name: f"{17 + index}m" for index, name in enumerate(for_knobs)}
+    overrides["selector"] = 'job="gpu",env="lab"'
+    quoting = set()
+    for rule in alerting_rules_of(render.render(overrides)):
+        description = rule["annotations"]["description"]
+        for duration in re.findall(r"\bfor (\d+[smhdwy])\b", description):
+            assert duration == rule["for"], (rule["alert"], duration)
+            quoting.add(rule["alert"])
+    assert quoting, "no description quotes its duration"
+    absent = next(rule for rule in alerting_rules_of(render.render(overrides)) if rule["alert"] == "XpuExporterAbsent")
+    assert overrides["selector"] in absent["annotations"]["description"]
+
+
+def alerting_rules_of(text: str) -> list[dict[str, Any]]:
+    return [rule for group in yaml.safe_load(text)["groups"] for rule in group["rules"] if "alert" in rule]
 
 
 def test_alerts_follow_the_mixin_naming_severity_and_annotation_conventions():
@@ -175,21 +288,18 @@ tests:
         values: '17179869184x10'
       - series: 'up{instance="a:1",job="gpu"}'
         values: '1x10'
-    alert_rule_test:
-      - eval_time: 1m
-        alertname: XpuMemoryNearlyFull
-        exp_alerts: []
-      - eval_time: 2m
-        alertname: XpuMemoryNearlyFull
-        exp_alerts:
-          - exp_labels: {severity: critical, instance: "a:1", job: gpu, device: "0000:03:00.0"}
-            exp_annotations:
-              summary: GPU device memory is nearly exhausted.
-              description: "Device 0000:03:00.0 on a:1 has 7% of its memory free (1.12GiB). A unit that restarts now, or any new GPU user, will likely fail to allocate. See which units hold it in the dashboard's device memory row."
-              runbook_url: https://runbooks.example/xpu.md#xpumemorynearlyfull
-      - eval_time: 10m
-        alertname: XpuExporterAbsent
-        exp_alerts: []
+    promql_expr_test:
+      - expr: ALERTS{alertname="XpuMemoryNearlyFull",alertstate="firing"}
+        eval_time: 1m
+        exp_samples: []
+      - expr: ALERTS{alertname="XpuMemoryNearlyFull",alertstate="firing"}
+        eval_time: 2m
+        exp_samples:
+          - labels: 'ALERTS{alertname="XpuMemoryNearlyFull",alertstate="firing",severity="critical",instance="a:1",job="gpu",device="0000:03:00.0"}'
+            value: 1
+      - expr: ALERTS{alertname="XpuExporterAbsent",alertstate="firing"}
+        eval_time: 10m
+        exp_samples: []
 """
 
 
@@ -201,6 +311,8 @@ def test_overridden_threshold_duration_severity_and_selector_change_what_fires(t
     assert promtool("check", "rules", str(tmp_path / "rules.yaml")).returncode == 0
     result = promtool("test", "rules", str(tmp_path / "override.test.yaml"))
     assert result.returncode == 0, result.stdout + result.stderr
+    for rule in alerting_rules_of(render.render(overrides)):
+        assert rule["annotations"]["runbook_url"] == f"https://runbooks.example/xpu.md#{rule['alert'].lower()}"
 
 
 # Two exporters of job "gpu" whose journal collectors watch no unit for 90 minutes; b:1 is a host
