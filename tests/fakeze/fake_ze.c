@@ -13,10 +13,11 @@
  * Like compute-runtime, the zes* (Sysman) calls return ZE_RESULT_ERROR_UNINITIALIZED
  * unless ZES_ENABLE_SYSMAN=1 was in the environment at the process's first successful zeInit.
  *
- * The config file is read again on every call, so a test changes the driver's
- * behaviour mid-run by atomically replacing the file (write a temporary file,
- * rename it over the old one). A missing or malformed file makes every call
- * print the reason on stderr and return ZE_RESULT_ERROR_UNKNOWN.
+ * Every call looks at the config file again (it is parsed again when it is
+ * another file or was modified), so a test changes the driver's behaviour
+ * mid-run by atomically replacing the file (write a temporary file, rename it
+ * over the old one). A missing or malformed file makes every call print the
+ * reason on stderr and return ZE_RESULT_ERROR_UNKNOWN.
  *
  * CONFIG FORMAT: one directive per line, words separated by blanks. Blank lines
  * and lines starting with '#' are ignored. Numbers are decimal or 0x-hex.
@@ -95,6 +96,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -186,7 +188,8 @@ static const char component_tokens[KIND_COUNT][MAX_DEVICES][MAX_COMPONENTS];
 /*
  * compute-runtime decides once, at the first successful zeInit of the process, whether
  * Sysman is on (later zeInit calls reach the driver again but change nothing); so does
- * the fake. This is the only state the fake keeps between calls.
+ * the fake. Besides the parsed config (load_config), this is the only state the fake keeps
+ * between calls.
  */
 static int sysman_decided;
 static int sysman_enabled_at_init;
@@ -567,14 +570,9 @@ static void finish_devices(struct config *config)
     }
 }
 
-/* Reads $FAKE_ZE_CONFIG; returns a config to free(), or NULL after reporting why on stderr. */
-static struct config *load_config(void)
+/* Parses the config file at path; returns a config to free(), or NULL after reporting why on stderr. */
+static struct config *parse_config(const char *path)
 {
-    const char *path = getenv("FAKE_ZE_CONFIG");
-    if (path == NULL) {
-        fprintf(stderr, "fake_ze: FAKE_ZE_CONFIG is not set\n");
-        return NULL;
-    }
     FILE *file = fopen(path, "r");
     if (file == NULL) {
         fprintf(stderr, "fake_ze: cannot open %s: %s\n", path, strerror(errno));
@@ -609,6 +607,41 @@ static struct config *load_config(void)
     }
     finish_devices(config);
     return config;
+}
+
+/*
+ * The config of $FAKE_ZE_CONFIG as the file is now: parsed again whenever the file is another one
+ * (tests replace it atomically, so a new inode) or was modified, else the last parse. The config
+ * belongs to this cache: callers hand it back with release_config(), never free() it.
+ */
+static struct config *cached_config;
+static struct stat cached_stat;
+
+static struct config *load_config(void)
+{
+    const char *path = getenv("FAKE_ZE_CONFIG");
+    if (path == NULL) {
+        fprintf(stderr, "fake_ze: FAKE_ZE_CONFIG is not set\n");
+        return NULL;
+    }
+    struct stat now;
+    if (stat(path, &now) != 0) {
+        fprintf(stderr, "fake_ze: cannot open %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    if (cached_config != NULL && now.st_dev == cached_stat.st_dev && now.st_ino == cached_stat.st_ino
+        && now.st_size == cached_stat.st_size && now.st_mtim.tv_sec == cached_stat.st_mtim.tv_sec
+        && now.st_mtim.tv_nsec == cached_stat.st_mtim.tv_nsec)
+        return cached_config;
+    free(cached_config);
+    cached_config = parse_config(path);
+    cached_stat = now;
+    return cached_config;
+}
+
+static void release_config(struct config *config)
+{
+    (void)config;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -738,7 +771,7 @@ static ze_result_t ZE_APICALL fake_zeInit(ze_init_flags_t flags)
         return ZE_RESULT_ERROR_UNKNOWN;
     int hang = config->init_hang;
     ze_result_t result = config->init_result;
-    free(config);
+    release_config(config);
     if (hang)
         hang_forever();
     if (result == ZE_RESULT_SUCCESS && !sysman_decided) {
@@ -785,7 +818,7 @@ static ze_result_t ZE_APICALL fake_zeDeviceGet(ze_driver_handle_t driver, uint32
     uint32_t filled = entries_to_fill(count, devices, config->device_count);
     for (uint32_t i = 0; i < filled; i++)
         devices[i] = device_handle(i);
-    free(config);
+    release_config(config);
     return ZE_RESULT_SUCCESS;
 }
 
@@ -810,7 +843,7 @@ static ze_result_t ZE_APICALL fake_zeDeviceGetProperties(ze_device_handle_t hand
     ze_result_t result = find_device(config, handle, &device);
     if (result == ZE_RESULT_SUCCESS)
         fill_core_properties(device, properties);
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -840,7 +873,7 @@ static ze_result_t ZE_APICALL fake_zeDeviceGetMemoryProperties(ze_device_handle_
             copy_text(properties[i].name, sizeof(properties[i].name), "GDDR6");
         }
     }
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -869,7 +902,7 @@ static ze_result_t ZE_APICALL fake_zesDeviceGetProperties(zes_device_handle_t ha
         copy_text(properties->vendorName, sizeof(properties->vendorName), "Intel(R) Corporation");
         copy_text(properties->driverVersion, sizeof(properties->driverVersion), device->driver_version);
     }
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -896,7 +929,7 @@ static ze_result_t ZE_APICALL fake_zesDevicePciGetProperties(zes_device_handle_t
         properties->havePacketCounters = 0;
         properties->haveReplayCounters = 0;
     }
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -920,7 +953,7 @@ static ze_result_t ZE_APICALL fake_zesDeviceEnumMemoryModules(zes_device_handle_
         for (uint32_t i = 0; i < filled; i++)
             modules[i] = memory_handle(device_index, i);
     }
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -957,7 +990,7 @@ static ze_result_t ZE_APICALL fake_zesDeviceProcessesGetState(zes_device_handle_
             }
         }
     }
-    free(config);
+    release_config(config);
     if (hang)
         hang_forever();
     return result;
@@ -984,7 +1017,7 @@ static ze_result_t ZE_APICALL fake_zesMemoryGetProperties(zes_mem_handle_t handl
         properties->busWidth = module->device_local ? 256 : -1;
         properties->numChannels = -1;
     }
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -1008,7 +1041,7 @@ static ze_result_t ZE_APICALL fake_zesMemoryGetState(zes_mem_handle_t handle, ze
         state->free = module->free;
         state->size = module->size;
     }
-    free(config);
+    release_config(config);
     if (hang)
         hang_forever();
     return result;
@@ -1036,7 +1069,7 @@ static ze_result_t ZE_APICALL fake_zesMemoryGetBandwidth(zes_mem_handle_t handle
         bandwidth->maxBandwidth = module->max_bandwidth;
         bandwidth->timestamp = now_microseconds();
     }
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -1063,7 +1096,7 @@ static ze_result_t enumerate_components(enum kind kind, zes_device_handle_t hand
         for (uint32_t i = 0; i < filled; i++)
             handles[i] = component_handle(kind, device_index, i);
     }
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -1092,7 +1125,7 @@ static struct config *component_call(enum kind kind, const void *handle, const v
     if (*result == ZE_RESULT_SUCCESS && reading)
         *result = device->families[kind].read_result;
     if (*result != ZE_RESULT_SUCCESS) {
-        free(config);
+        release_config(config);
         return NULL;
     }
     return config;
@@ -1114,7 +1147,7 @@ static ze_result_t ZE_APICALL fake_zesEngineGetProperties(zes_engine_handle_t ha
         properties->type = (zes_engine_group_t)engine->type;
         properties->onSubdevice = (ze_bool_t)engine->on_subdevice;
         properties->subdeviceId = engine->subdevice_id;
-        free(config);
+        release_config(config);
     }
     return result;
 }
@@ -1127,7 +1160,7 @@ static ze_result_t ZE_APICALL fake_zesEngineGetActivity(zes_engine_handle_t hand
     if (config != NULL) {
         stats->activeTime = engine->counter;
         stats->timestamp = now_microseconds();
-        free(config);
+        release_config(config);
     }
     return result;
 }
@@ -1163,7 +1196,7 @@ static ze_result_t ZE_APICALL fake_zesDeviceGetCardPowerDomain(zes_device_handle
             *domain = component_handle(POWER, (unsigned)(device - config->devices), card);
         }
     }
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -1180,7 +1213,7 @@ static ze_result_t ZE_APICALL fake_zesPowerGetProperties(zes_pwr_handle_t handle
         properties->defaultLimit = -1;
         properties->minLimit = -1;
         properties->maxLimit = -1;
-        free(config);
+        release_config(config);
     }
     return result;
 }
@@ -1194,7 +1227,7 @@ static ze_result_t ZE_APICALL fake_zesPowerGetEnergyCounter(zes_pwr_handle_t han
     if (config != NULL) {
         energy->energy = domain->counter;
         energy->timestamp = now_microseconds();
-        free(config);
+        release_config(config);
     }
     return result;
 }
@@ -1219,7 +1252,7 @@ static ze_result_t ZE_APICALL fake_zesTemperatureGetProperties(zes_temp_handle_t
         properties->isCriticalTempSupported = 0;
         properties->isThreshold1Supported = 0;
         properties->isThreshold2Supported = 0;
-        free(config);
+        release_config(config);
     }
     return result;
 }
@@ -1231,7 +1264,7 @@ static ze_result_t ZE_APICALL fake_zesTemperatureGetState(zes_temp_handle_t hand
     struct config *config = component_call(TEMPERATURE, handle, temperature, 1, &sensor, &result);
     if (config != NULL) {
         *temperature = sensor->value;
-        free(config);
+        release_config(config);
     }
     return result;
 }
@@ -1256,7 +1289,7 @@ static ze_result_t ZE_APICALL fake_zesFrequencyGetProperties(zes_freq_handle_t h
         properties->isThrottleEventSupported = 0;
         properties->min = 300.0;
         properties->max = 2400.0;
-        free(config);
+        release_config(config);
     }
     return result;
 }
@@ -1273,7 +1306,7 @@ static ze_result_t ZE_APICALL fake_zesFrequencyGetState(zes_freq_handle_t handle
         state->efficient = -1.0;
         state->actual = domain->value;
         state->throttleReasons = domain->throttle;
-        free(config);
+        release_config(config);
     }
     return result;
 }
@@ -1293,7 +1326,7 @@ static ze_result_t ZE_APICALL fake_zesRasGetProperties(zes_ras_handle_t handle, 
         properties->type = (zes_ras_error_type_t)set->type;
         properties->onSubdevice = (ze_bool_t)set->on_subdevice;
         properties->subdeviceId = set->subdevice_id;
-        free(config);
+        release_config(config);
     }
     return result;
 }
@@ -1310,7 +1343,7 @@ static ze_result_t ZE_APICALL fake_zesRasGetState(zes_ras_handle_t handle, ze_bo
     struct config *config = component_call(RAS, handle, state, 1, &set, &result);
     if (config != NULL) {
         memcpy(state->category, set->categories, sizeof(state->category));
-        free(config);
+        release_config(config);
     }
     return result;
 }
