@@ -4,6 +4,10 @@
 - small: 1 device, 3 units (the three-unit host of the problem statement), 6 GPU processes;
 - large: 8 devices, 16 units (two per device), 64 GPU processes (four per unit).
 
+Every device has every kind of device telemetry the exporter reads (all seven *_ALL engine groups, a card
+power domain, three temperature sensors, three frequency domains, memory bandwidth counters, two RAS error
+sets), so that a scrape costs what it costs on a host whose driver gives everything.
+
 Each GPU process holds two DRM clients on its device, one of them also through a dup'd fd (3 DRM
 fds, xe fdinfo, sizes in MiB), plus ordinary fds. Besides the GPU processes the procfs holds
 `background` processes with ordinary fds only (files, pipes, /dev/null), as any host does: a scan
@@ -27,8 +31,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from exporterproc import RunningExporter  # noqa: E402
 from fakeprocfs import FakeProcfs, xe_fdinfo  # noqa: E402
-from fakeze import (GiB, MiB, FakeConfig, FakeDevice, FakeMemoryModule, FakeProcess, fake_driver_env,  # noqa: E402
-                    write_config)
+from fakeze import (GiB, MiB, FakeConfig, FakeDevice, FakeEngine, FakeFrequency, FakeMemoryModule,  # noqa: E402
+                    FakePower, FakeProcess, FakeRas, FakeTemperature, fake_driver_env, write_config)
 from journalgen import Clock, random_boot_id, unit_output, unit_starting, write_journal  # noqa: E402
 
 DEVICE_MEMORY = 16 * GiB
@@ -109,6 +113,23 @@ def build_procfs(shape: HostShape, base: Path) -> FakeProcfs:
     return tree
 
 
+ENGINE_GROUPS_ALL = (0, 1, 2, 3, 11, 12, 13)  # zes_engine_group_t: ALL, COMPUTE_ALL, ..., 3D_ALL
+TELEMETRY_FAMILIES = ("xpu_engine_active_seconds_total", "xpu_energy_joules_total", "xpu_temperature_celsius",
+                      "xpu_frequency_hertz", "xpu_frequency_throttled", "xpu_memory_read_bytes_total",
+                      "xpu_memory_write_bytes_total", "xpu_memory_health", "xpu_ras_errors_total")
+
+
+def telemetry(device: int) -> dict:
+    """Every telemetry kind of one device, with values that differ from device to device."""
+    return dict(
+        engines=tuple(FakeEngine(group, 1_000_000 * (device + 1) + group) for group in ENGINE_GROUPS_ALL),
+        power=(FakePower(energy_uj=3_600_000_000 + device, card=True),),
+        temperatures=tuple(FakeTemperature(sensor, 60.0 + device + sensor) for sensor in (0, 1, 2)),
+        frequencies=tuple(FakeFrequency(domain, 2000.0 - 100 * domain, throttle=device % 2) for domain in (0, 1, 2)),
+        ras=(FakeRas(0, (0, 0, 0, device, 0, 0, 0)), FakeRas(1)),
+    )
+
+
 def fake_config(shape: HostShape) -> FakeConfig:
     by_device: dict[int, list[GpuProcess]] = {}
     for process in gpu_processes(shape):
@@ -119,8 +140,9 @@ def fake_config(shape: HostShape) -> FakeConfig:
         used = sum(p.memory for p in held) + 512 * MiB
         devices.append(FakeDevice(
             pci_address=pci_address(device), name="Intel(R) Arc(TM) A770 Graphics", driver_version="1.3.24595",
-            memory=(FakeMemoryModule(size=DEVICE_MEMORY, free=DEVICE_MEMORY - used),),
-            processes=tuple(FakeProcess(p.pid, p.memory) for p in held)))
+            memory=(FakeMemoryModule(size=DEVICE_MEMORY, free=DEVICE_MEMORY - used,
+                                     bandwidth=(GiB * (device + 1), MiB * (device + 1), 560 * 10**9)),),
+            processes=tuple(FakeProcess(p.pid, p.memory) for p in held), **telemetry(device)))
     return FakeConfig(devices=tuple(devices))
 
 

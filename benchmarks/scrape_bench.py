@@ -8,6 +8,7 @@ before and after the scrapes; its Level Zero child, which does the driver calls,
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hosts import SHAPES, HostShape, bench_host, in_memory_directory, unit_name  # noqa: E402
+from hosts import SHAPES, TELEMETRY_FAMILIES, HostShape, bench_host, in_memory_directory, unit_name  # noqa: E402
 from measure import Scraper, children, cpu_seconds, median, percentile, sample_value  # noqa: E402
 
 from fakeze import build_fake_driver  # noqa: E402
@@ -63,6 +64,9 @@ def check_body(shape: HostShape, body: bytes) -> None:
         raise RuntimeError(f"{memory_series} unit memory and {headroom_series} headroom series, want {shape.units}")
     if body.count(b"\nxpu_memory_free_bytes{") != shape.devices:
         raise RuntimeError("not every device has its memory series")
+    for family in TELEMETRY_FAMILIES:
+        if len(set(re.findall(rb"\n" + family.encode() + rb'\{[^}]*device="([^"]+)"', body))) != shape.devices:
+            raise RuntimeError(f"not every device has {family}")
 
 
 def bench_scrapes(shape: HostShape, driver: Path, scrapes: int, log=print) -> ScrapeResult:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -37,6 +38,23 @@ ZE_DEVICE_TYPE_GPU = 1
 ZE_DEVICE_TYPE_CPU = 2
 ZES_MEM_HEALTH_OK = 1
 ZES_ENGINE_TYPE_FLAG_COMPUTE = 2
+ZES_ENGINE_GROUP_ALL = 0
+ZES_ENGINE_GROUP_COMPUTE_ALL = 1
+ZES_ENGINE_GROUP_MEDIA_ALL = 2
+ZES_ENGINE_GROUP_COPY_ALL = 3
+ZES_ENGINE_GROUP_COMPUTE_SINGLE = 4
+ZES_ENGINE_GROUP_3D_RENDER_COMPUTE_ALL = 11
+ZES_ENGINE_GROUP_RENDER_ALL = 12
+ZES_ENGINE_GROUP_3D_ALL = 13
+ZES_TEMP_SENSORS_GLOBAL = 0
+ZES_TEMP_SENSORS_GPU = 1
+ZES_TEMP_SENSORS_MEMORY = 2
+ZES_TEMP_SENSORS_GLOBAL_MIN = 3
+ZES_FREQ_DOMAIN_GPU = 0
+ZES_FREQ_DOMAIN_MEMORY = 1
+ZES_FREQ_DOMAIN_MEDIA = 2  # later headers than the installed 1.4 one
+ZES_RAS_ERROR_TYPE_CORRECTABLE = 0
+ZES_RAS_ERROR_TYPE_UNCORRECTABLE = 1
 
 Result = str | int
 """A ze_result_t: its name ("ZE_RESULT_ERROR_DEVICE_LOST") or its number."""
@@ -52,6 +70,8 @@ class FakeMemoryModule:
     physical_size: int | None = None  # zes_mem_properties_t.physicalSize; None: same as size
     health: int = ZES_MEM_HEALTH_OK
     type: int | None = None  # zes_mem_type_t; None: GDDR6 for device memory, DDR for system memory
+    # (readCounter, writeCounter, maxBandwidth) of zesMemoryGetBandwidth; None: ZE_RESULT_ERROR_UNSUPPORTED_FEATURE
+    bandwidth: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +80,47 @@ class FakeProcess:
     mem_size: int
     shared_size: int = 0
     engines: int = ZES_ENGINE_TYPE_FLAG_COMPUTE
+
+
+@dataclass(frozen=True)
+class FakeEngine:
+    group: int  # zes_engine_group_t
+    active_us: int  # zes_engine_stats_t.activeTime
+    subdevice: int | None = None  # None: on the device itself
+
+
+@dataclass(frozen=True)
+class FakePower:
+    energy_uj: int  # zes_power_energy_counter_t.energy
+    card: bool = False  # the domain zesDeviceGetCardPowerDomain returns
+    subdevice: int | None = None
+
+
+@dataclass(frozen=True)
+class FakeTemperature:
+    sensor: int  # zes_temp_sensors_t
+    celsius: float
+    subdevice: int | None = None
+
+
+@dataclass(frozen=True)
+class FakeFrequency:
+    domain: int  # zes_freq_domain_t
+    actual_mhz: float
+    throttle: int = 0  # zes_freq_throttle_reason_flags_t
+    subdevice: int | None = None
+
+
+@dataclass(frozen=True)
+class FakeRas:
+    type: int  # zes_ras_error_type_t
+    # counts by zes_ras_error_cat_t: reset, programming, driver, compute, non_compute, cache, display
+    categories: tuple[int, int, int, int, int, int, int] = (0, 0, 0, 0, 0, 0, 0)
+    subdevice: int | None = None
+
+
+#: The telemetry kinds of the fake driver, as its config names them.
+TELEMETRY_KINDS = ("engines", "power", "temperature", "frequency", "ras")
 
 
 @dataclass(frozen=True)
@@ -80,6 +141,18 @@ class FakeDevice:
     # The count query reports this many processes fewer than listed, as if they had
     # started between the caller's two calls of zesDeviceProcessesGetState.
     processes_count_lag: int = 0
+    # Telemetry: none by default (the driver then lists no component of the kind).
+    engines: Sequence[FakeEngine] = ()
+    power: Sequence[FakePower] = ()
+    temperatures: Sequence[FakeTemperature] = ()
+    frequencies: Sequence[FakeFrequency] = ()
+    ras: Sequence[FakeRas] = ()
+    memory_bandwidth_result: Result = "ZE_RESULT_SUCCESS"  # zesMemoryGetBandwidth
+    # What the reading of a kind returns (zesEngineGetActivity, zesPowerGetEnergyCounter, zesTemperatureGetState,
+    # zesFrequencyGetState, zesRasGetState), and what its enumeration returns (zesDeviceEnum...), by kind
+    # (TELEMETRY_KINDS): {"ras": "ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS"}
+    telemetry_results: Mapping[str, Result] = field(default_factory=dict)
+    telemetry_enum_results: Mapping[str, Result] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -109,6 +182,45 @@ B580 = FakeDevice(
     processes=(FakeProcess(pid=2000, mem_size=GiB, engines=0x22),),
 )
 """0000:83:00.0, 12 GiB, 1 GiB used by one process; default (derived) UUID."""
+
+A770_TELEMETRY = replace(
+    A770,
+    memory=(FakeMemoryModule(size=16 * GiB, free=13 * GiB, bandwidth=(7_000_000_000, 3_000_000_000, 560_000_000_000)),),
+    engines=(FakeEngine(ZES_ENGINE_GROUP_ALL, 90_000_000), FakeEngine(ZES_ENGINE_GROUP_COMPUTE_ALL, 80_000_000),
+             FakeEngine(ZES_ENGINE_GROUP_RENDER_ALL, 5_000_000), FakeEngine(ZES_ENGINE_GROUP_MEDIA_ALL, 2_000_000),
+             FakeEngine(ZES_ENGINE_GROUP_COPY_ALL, 12_500_000), FakeEngine(ZES_ENGINE_GROUP_3D_ALL, 250_000),
+             FakeEngine(ZES_ENGINE_GROUP_3D_RENDER_COMPUTE_ALL, 85_000_000),
+             FakeEngine(ZES_ENGINE_GROUP_COMPUTE_SINGLE, 40_000_000)),
+    power=(FakePower(energy_uj=1_500_000_000, card=True), FakePower(energy_uj=1_200_000_000)),
+    temperatures=(FakeTemperature(ZES_TEMP_SENSORS_GLOBAL, 71.5), FakeTemperature(ZES_TEMP_SENSORS_GPU, 68.0),
+                  FakeTemperature(ZES_TEMP_SENSORS_MEMORY, 74.0), FakeTemperature(ZES_TEMP_SENSORS_GLOBAL_MIN, 40.0)),
+    frequencies=(FakeFrequency(ZES_FREQ_DOMAIN_GPU, 2100.0, throttle=0b0001001),
+                 FakeFrequency(ZES_FREQ_DOMAIN_MEMORY, 1093.0), FakeFrequency(ZES_FREQ_DOMAIN_MEDIA, 1050.0)),
+    ras=(FakeRas(ZES_RAS_ERROR_TYPE_CORRECTABLE, (0, 0, 1, 5, 0, 2, 0)),
+         FakeRas(ZES_RAS_ERROR_TYPE_UNCORRECTABLE, (1, 0, 0, 0, 0, 0, 0))),
+)
+"""A770 with every telemetry kind: every *_ALL engine group (and one single one, not reported), a card and a
+package power domain, the three maximum temperature sensors (and a minimum one, not reported), the GPU, memory and
+media frequency domains (the GPU throttled by average power and thermal limits), memory bandwidth counters and both
+RAS error sets."""
+
+B580_TELEMETRY = replace(
+    B580,
+    memory=(FakeMemoryModule(size=12 * GiB, free=11 * GiB, bandwidth=(1_000_000_000, 500_000_000, 456_000_000_000)),),
+    engines=(FakeEngine(ZES_ENGINE_GROUP_ALL, 30_000_000), FakeEngine(ZES_ENGINE_GROUP_COMPUTE_ALL, 25_000_000),
+             FakeEngine(ZES_ENGINE_GROUP_RENDER_ALL, 1_000_000), FakeEngine(ZES_ENGINE_GROUP_MEDIA_ALL, 3_000_000),
+             FakeEngine(ZES_ENGINE_GROUP_COPY_ALL, 4_000_000), FakeEngine(ZES_ENGINE_GROUP_3D_ALL, 100_000),
+             FakeEngine(ZES_ENGINE_GROUP_3D_RENDER_COMPUTE_ALL, 26_000_000)),
+    power=(FakePower(energy_uj=800_000_000),),
+    temperatures=(FakeTemperature(ZES_TEMP_SENSORS_GLOBAL, 55.0), FakeTemperature(ZES_TEMP_SENSORS_GPU, 52.5),
+                  FakeTemperature(ZES_TEMP_SENSORS_MEMORY, 58.0)),
+    frequencies=(FakeFrequency(ZES_FREQ_DOMAIN_GPU, 2850.0), FakeFrequency(ZES_FREQ_DOMAIN_MEMORY, 2375.0, throttle=0b1100000),
+                 FakeFrequency(ZES_FREQ_DOMAIN_MEDIA, 1400.0)),
+    ras=(FakeRas(ZES_RAS_ERROR_TYPE_CORRECTABLE, (0, 3, 0, 0, 1, 0, 0)),
+         FakeRas(ZES_RAS_ERROR_TYPE_UNCORRECTABLE, (0, 0, 0, 0, 0, 0, 0))),
+)
+"""B580 with every telemetry kind and values other than A770_TELEMETRY's: no card power domain (the package's
+serves), the memory domain throttled by the software and hardware ranges."""
 
 
 def default_uuid(pci_address: str, device_id: int = DEFAULT_DEVICE_ID) -> bytes:
@@ -212,6 +324,9 @@ def _render_device(device: FakeDevice) -> list[str]:
             options.append(f"physical_size={module.physical_size}")
         if module.type is not None:
             options.append(f"type={module.type}")
+        if module.bandwidth is not None:
+            read, write, max_bandwidth = module.bandwidth
+            options += [f"read={read}", f"write={write}", f"max_bandwidth={max_bandwidth}"]
         lines.append(f"memory {location} {module.size} {module.free} {' '.join(options)}")
     lines.append(f"memory_modules_result {_result(device.memory_modules_result)}")
     lines.append(f"memory_state_result {_result(device.memory_state_result)}")
@@ -226,16 +341,44 @@ def _render_device(device: FakeDevice) -> list[str]:
         f"process {process.pid} {process.mem_size} {process.shared_size} {process.engines}"
         for process in device.processes
     ]
+    lines.append(f"memory_bandwidth_result {_result(device.memory_bandwidth_result)}")
+    lines += [f"engine {engine.group} {engine.active_us}{_subdevice(engine.subdevice)}" for engine in device.engines]
+    lines += [f"power {power.energy_uj}{' card' if power.card else ''}{_subdevice(power.subdevice)}"
+              for power in device.power]
+    lines += [f"temperature {sensor.sensor} {sensor.celsius!r}{_subdevice(sensor.subdevice)}"
+              for sensor in device.temperatures]
+    lines += [f"frequency {domain.domain} {domain.actual_mhz!r} throttle={domain.throttle}{_subdevice(domain.subdevice)}"
+              for domain in device.frequencies]
+    for error_set in device.ras:
+        if len(error_set.categories) != 7:
+            raise ValueError(f"a RAS error set has 7 category counts, got {len(error_set.categories)}")
+        lines.append(f"ras {error_set.type} {' '.join(map(str, error_set.categories))}{_subdevice(error_set.subdevice)}")
+    for results, suffix in ((device.telemetry_results, "result"), (device.telemetry_enum_results, "enum_result")):
+        for kind, result in results.items():
+            if kind not in TELEMETRY_KINDS:
+                raise ValueError(f"not a telemetry kind: {kind!r} (one of {', '.join(TELEMETRY_KINDS)})")
+            lines.append(f"{kind}_{suffix} {_result(result)}")
     return lines
+
+
+def _subdevice(subdevice: int | None) -> str:
+    return "" if subdevice is None else f" subdevice={subdevice}"
 
 
 __all__ = [
     "A770",
+    "A770_TELEMETRY",
     "B580",
+    "B580_TELEMETRY",
     "FakeConfig",
     "FakeDevice",
+    "FakeEngine",
+    "FakeFrequency",
     "FakeMemoryModule",
+    "FakePower",
     "FakeProcess",
+    "FakeRas",
+    "FakeTemperature",
     "GiB",
     "MiB",
     "build_fake_driver",

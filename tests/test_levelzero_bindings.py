@@ -29,11 +29,17 @@ from exporter.sources.levelzero import (
 )
 from fakeze import (
     A770,
+    A770_TELEMETRY,
     B580,
+    B580_TELEMETRY,
+    TELEMETRY_KINDS,
     FakeConfig,
     FakeDevice,
     FakeMemoryModule,
+    FakePower,
     FakeProcess,
+    FakeRas,
+    FakeTemperature,
     GiB,
     MiB,
     default_uuid,
@@ -452,6 +458,149 @@ def test_process_count_that_never_settles_gives_up_with_invalid_size(fake_driver
     device = replace(A770, processes=five_hundred_processes(), processes_count_lag=499)
     [result] = scenario(fake_driver, config_path, FakeConfig(devices=(device,)), READ_EVERYTHING)
     assert result["processes"] == raised("zesDeviceProcessesGetState", "ZE_RESULT_ERROR_INVALID_SIZE", 0x78000008)
+
+
+# ------------------------------------------------------------------------------------ telemetry
+
+# Every telemetry kind of every device, each read as the exporter's child reads it: enumerated (with the
+# properties), then read. Timestamps (the driver's clock) are dropped.
+READ_TELEMETRY = """
+def read(enumerate, read_one):
+    def call():
+        return [read_one(component) for component in enumerate()]
+    return call
+
+def energy(device):
+    domain = device.power_domain()
+    return [] if domain is None else [device.energy(domain)]
+
+def untimed(result):
+    if isinstance(result, list):
+        return [{key: value for key, value in item.items() if key != "timestamp"} for item in result]
+    return result
+
+level_zero = LevelZero()
+level_zero.init()
+print(json.dumps([{key: untimed(attempt(call)) for key, call in {
+    "engines": read(device.engine_groups, device.engine_activity),
+    "energy": lambda: energy(device),
+    "temperatures": read(device.temperature_sensors, device.temperature),
+    "frequencies": read(device.frequency_domains, device.frequency),
+    "memory_bandwidth": read(device.memory_modules, device.memory_bandwidth),
+    "ras": read(device.ras_error_sets, device.ras_errors),
+}.items()} for device in level_zero.devices()]))
+"""
+
+
+def placed(on_subdevice: bool = False, subdevice_id: int = 0, **fields: Any) -> dict[str, Any]:
+    return {**fields, "on_subdevice": on_subdevice, "subdevice_id": subdevice_id}
+
+
+def test_every_telemetry_kind_of_two_devices_reads_exactly_what_the_driver_reports(fake_driver: Path,
+                                                                                 config_path: Path) -> None:
+    a770, b580 = scenario(fake_driver, config_path, FakeConfig(devices=(A770_TELEMETRY, B580_TELEMETRY)),
+                          READ_TELEMETRY)
+    assert a770["engines"] == [placed(group=group, active_time=active) for group, active in
+                               [(0, 90_000_000), (1, 80_000_000), (12, 5_000_000), (2, 2_000_000), (3, 12_500_000),
+                                (13, 250_000), (11, 85_000_000), (4, 40_000_000)]]
+    assert a770["energy"] == [{"card": True, "energy": 1_500_000_000}]
+    assert a770["temperatures"] == [placed(sensor=0, celsius=71.5), placed(sensor=1, celsius=68.0),
+                                    placed(sensor=2, celsius=74.0), placed(sensor=3, celsius=40.0)]
+    assert a770["frequencies"] == [placed(domain=0, actual=2100.0, throttle_reasons=0b1001),
+                                   placed(domain=1, actual=1093.0, throttle_reasons=0),
+                                   placed(domain=2, actual=1050.0, throttle_reasons=0)]
+    assert a770["memory_bandwidth"] == [{"read_counter": 7_000_000_000, "write_counter": 3_000_000_000,
+                                         "max_bandwidth": 560_000_000_000}]
+    assert a770["ras"] == [placed(error_type=0, categories=[0, 0, 1, 5, 0, 2, 0]),
+                           placed(error_type=1, categories=[1, 0, 0, 0, 0, 0, 0])]
+
+    assert [engine["active_time"] for engine in b580["engines"]] == [30_000_000, 25_000_000, 1_000_000, 3_000_000,
+                                                                     4_000_000, 100_000, 26_000_000]
+    assert b580["energy"] == [{"card": False, "energy": 800_000_000}], "no card domain: the package's"
+    assert [sensor["celsius"] for sensor in b580["temperatures"]] == [55.0, 52.5, 58.0]
+    assert [(domain["actual"], domain["throttle_reasons"]) for domain in b580["frequencies"]] == [
+        (2850.0, 0), (2375.0, 0b1100000), (1400.0, 0)]
+    assert b580["memory_bandwidth"] == [{"read_counter": 1_000_000_000, "write_counter": 500_000_000,
+                                         "max_bandwidth": 456_000_000_000}]
+    assert [error_set["categories"] for error_set in b580["ras"]] == [[0, 3, 0, 0, 1, 0, 0], [0] * 7]
+
+
+def test_a_device_without_telemetry_components_reads_empty_lists(fake_driver: Path, config_path: Path) -> None:
+    [a770] = scenario(fake_driver, config_path, FakeConfig(devices=(A770,)), READ_TELEMETRY)
+    assert {key: value for key, value in a770.items() if key != "memory_bandwidth"} == {
+        "engines": [], "energy": [], "temperatures": [], "frequencies": [], "ras": []}
+    assert a770["memory_bandwidth"] == raised("zesMemoryGetBandwidth", "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE",
+                                              0x78000003)
+
+
+@pytest.mark.parametrize(("power", "expected"), [
+    pytest.param((FakePower(100, subdevice=0), FakePower(300), FakePower(200, card=True)),
+                 {"card": True, "energy": 200}, id="card"),
+    pytest.param((FakePower(100, subdevice=0), FakePower(300), FakePower(400)),
+                 {"card": False, "energy": 300}, id="package-not-on-a-sub-device"),
+])
+def test_energy_comes_from_the_card_domain_else_the_first_domain_not_on_a_sub_device(
+    fake_driver: Path, config_path: Path, power: tuple[FakePower, ...], expected: dict[str, Any]
+) -> None:
+    [device] = scenario(fake_driver, config_path, FakeConfig(devices=(replace(A770, power=power),)), READ_TELEMETRY)
+    assert device["energy"] == [expected]
+
+
+def test_only_sub_device_power_domains_give_no_energy(fake_driver: Path, config_path: Path) -> None:
+    power = (FakePower(100, subdevice=0), FakePower(200, subdevice=1))
+    [device] = scenario(fake_driver, config_path, FakeConfig(devices=(replace(A770, power=power),)), READ_TELEMETRY)
+    assert device["energy"] == []
+
+
+def test_components_on_a_sub_device_say_which(fake_driver: Path, config_path: Path) -> None:
+    device = replace(A770, temperatures=(FakeTemperature(1, 60.0, subdevice=0), FakeTemperature(1, 65.0, subdevice=1)),
+                     ras=(FakeRas(1, (0, 0, 0, 1, 0, 0, 0), subdevice=1),))
+    [result] = scenario(fake_driver, config_path, FakeConfig(devices=(device,)), READ_TELEMETRY)
+    assert result["temperatures"] == [placed(True, 0, sensor=1, celsius=60.0), placed(True, 1, sensor=1, celsius=65.0)]
+    assert result["ras"] == [placed(True, 1, error_type=1, categories=[0, 0, 0, 1, 0, 0, 0])]
+
+
+def test_ras_counters_are_read_without_clearing_them(fake_driver: Path, config_path: Path) -> None:
+    # The fake refuses zesRasGetState(clear=1) with INVALID_ARGUMENT and says so on stderr.
+    write_config(config_path, FakeConfig(devices=(A770_TELEMETRY,)))
+    completed = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(READ_TELEMETRY)],
+                               env=child_env(fake_driver, config_path), cwd=REPOSITORY, capture_output=True,
+                               text=True, timeout=SCRIPT_TIMEOUT_S, check=True)
+    [device] = json.loads(completed.stdout)
+    assert [error_set["categories"] for error_set in device["ras"]] == [[0, 0, 1, 5, 0, 2, 0], [1, 0, 0, 0, 0, 0, 0]]
+    assert "clear" not in completed.stderr
+
+
+READ_FUNCTIONS = {"engines": "zesEngineGetActivity", "power": "zesPowerGetEnergyCounter",
+                  "temperature": "zesTemperatureGetState", "frequency": "zesFrequencyGetState",
+                  "ras": "zesRasGetState"}
+ENUM_FUNCTIONS = {"engines": "zesDeviceEnumEngineGroups", "power": "zesDeviceGetCardPowerDomain",
+                  "temperature": "zesDeviceEnumTemperatureSensors", "frequency": "zesDeviceEnumFrequencyDomains",
+                  "ras": "zesDeviceEnumRasErrorSets"}
+RESULT_KEYS = {"engines": "engines", "power": "energy", "temperature": "temperatures", "frequency": "frequencies",
+               "ras": "ras"}
+
+
+@pytest.mark.parametrize("kind", TELEMETRY_KINDS)
+@pytest.mark.parametrize("stage", ["read", "enumeration"])
+def test_each_kinds_result_override_fails_exactly_that_kind_with_its_function_and_code(
+    fake_driver: Path, config_path: Path, kind: str, stage: str
+) -> None:
+    override = {kind: "ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS"}
+    device = replace(A770_TELEMETRY, **{"telemetry_results" if stage == "read" else "telemetry_enum_results": override})
+    [result] = scenario(fake_driver, config_path, FakeConfig(devices=(device,)), READ_TELEMETRY)
+    function = (READ_FUNCTIONS if stage == "read" else ENUM_FUNCTIONS)[kind]
+    assert result[RESULT_KEYS[kind]] == raised(function, "ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS", 0x70010000)
+    healthy = scenario(fake_driver, config_path, FakeConfig(devices=(A770_TELEMETRY,)), READ_TELEMETRY)[0]
+    assert {key: value for key, value in result.items() if key != RESULT_KEYS[kind]} == \
+        {key: value for key, value in healthy.items() if key != RESULT_KEYS[kind]}
+
+
+def test_memory_bandwidth_result_override_fails_the_bandwidth_read(fake_driver: Path, config_path: Path) -> None:
+    device = replace(A770_TELEMETRY, memory_bandwidth_result="ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS")
+    [result] = scenario(fake_driver, config_path, FakeConfig(devices=(device,)), READ_TELEMETRY)
+    assert result["memory_bandwidth"] == raised("zesMemoryGetBandwidth", "ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS",
+                                                0x70010000)
 
 
 # ------------------------------------------------------------------------------------ the fake's hangs

@@ -12,13 +12,24 @@ from pathlib import Path
 import pytest
 
 from exporterproc import RunningExporter, sample, wait_for
-from fakeze import A770, B580, GiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
+from fakeze import (A770, A770_TELEMETRY, B580, B580_TELEMETRY, TELEMETRY_KINDS, GiB, FakeConfig, FakeEngine,
+                    FakeMemoryModule, fake_driver_env, write_config)
 
 GOLDEN = Path(__file__).parent / "golden"
 _DURATION_SAMPLE = re.compile(r"^(xpu_exporter_collector_duration_seconds\{[^}]*\}) \S+$", re.M)
 _PROCESS_AND_PYTHON_LINE = re.compile(r"^(?:# (?:HELP|TYPE) )?(?:process|python)_.*\n", re.M)
 DEVICE_FAMILIES = ("xpu_device_info", "xpu_memory_total_bytes", "xpu_memory_free_bytes", "xpu_memory_used_bytes",
-                   "xpu_memory_accounting_trusted")
+                   "xpu_memory_accounting_trusted", "xpu_memory_health")
+# The contract's "Device telemetry" section, by the fake driver's kind that serves each metric.
+TELEMETRY_FAMILIES_BY_KIND = {
+    "engines": {"xpu_engine_active_seconds_total"},
+    "power": {"xpu_energy_joules_total"},
+    "temperature": {"xpu_temperature_celsius"},
+    "frequency": {"xpu_frequency_hertz", "xpu_frequency_throttled"},
+    "memory_bandwidth": {"xpu_memory_read_bytes_total", "xpu_memory_write_bytes_total"},
+    "ras": {"xpu_ras_errors_total"},
+}
+TELEMETRY_FAMILIES = set().union(*TELEMETRY_FAMILIES_BY_KIND.values())
 IDENTITY_AND_TOTAL = {"xpu_device_info", "xpu_memory_total_bytes"}
 
 
@@ -53,6 +64,10 @@ def device_families(samples: dict, device: str) -> set[str]:
 
 def warning_lines(exporter: RunningExporter) -> list[str]:
     return [line for line in exporter.stderr.splitlines() if "level=warn" in line or "level=error" in line]
+
+
+def info_lines(exporter: RunningExporter, containing: str) -> list[str]:
+    return [line for line in exporter.stderr.splitlines() if "level=info" in line and containing in line]
 
 
 def test_two_devices_scrape_returns_exactly_the_contract_device_metrics(fake_driver, config_path, update_golden):
@@ -92,6 +107,180 @@ def test_memory_is_summed_over_a_devices_local_modules(fake_driver, config_path)
     assert sample(samples, "xpu_memory_total_bytes", device="0000:03:00.0") == 16 * GiB
     assert sample(samples, "xpu_memory_free_bytes", device="0000:03:00.0") == 12 * GiB
     assert sample(samples, "xpu_memory_used_bytes", device="0000:03:00.0") == 4 * GiB
+
+
+A770_PCI, B580_PCI = "0000:03:00.0", "0000:83:00.0"
+SEVERITIES = ("correctable", "uncorrectable")
+CATEGORIES = ("reset", "programming", "driver", "compute", "non_compute", "cache", "display")
+REASONS = ("average_power", "burst_power", "current", "thermal", "psu", "software_range", "hardware_range")
+HEALTH_STATES = ("ok", "degraded", "critical", "replace", "unknown")
+
+
+def test_every_telemetry_metric_of_two_devices_has_the_drivers_values_in_base_units(fake_driver, config_path,
+                                                                                   update_golden):
+    with start(fake_driver, config_path, FakeConfig(devices=(A770_TELEMETRY, B580_TELEMETRY))) as exporter:
+        text = exporter.scrape_text()
+        samples = exporter.scrape()
+        stderr = exporter.stderr
+    check_golden("telemetry_two_devices", text, update_golden)
+    assert sample(samples, "xpu_exporter_collector_success", collector="levelzero") == 1
+    for device in (A770_PCI, B580_PCI):
+        assert device_families(samples, device) == set(DEVICE_FAMILIES) | TELEMETRY_FAMILIES
+
+    engines = {"all": (90, 30), "compute": (80, 25), "render": (5, 1), "media": (2, 3), "copy": (12.5, 4),
+               "3d": (0.25, 0.1), "3d_render_compute": (85, 26)}
+    for engine, expected in engines.items():
+        assert (sample(samples, "xpu_engine_active_seconds_total", device=A770_PCI, engine=engine),
+                sample(samples, "xpu_engine_active_seconds_total", device=B580_PCI, engine=engine)) == expected
+    assert len([key for key in samples if key[0] == "xpu_engine_active_seconds_total"]) == 14, \
+        "the single compute engine group of A770 is not an engine label"
+    assert sample(samples, "xpu_energy_joules_total", device=A770_PCI) == 1500, "the card's domain"
+    assert sample(samples, "xpu_energy_joules_total", device=B580_PCI) == 800, "no card domain: the package's"
+    for sensor, expected in {"global": (71.5, 55.0), "gpu": (68.0, 52.5), "memory": (74.0, 58.0)}.items():
+        assert (sample(samples, "xpu_temperature_celsius", device=A770_PCI, sensor=sensor),
+                sample(samples, "xpu_temperature_celsius", device=B580_PCI, sensor=sensor)) == expected
+    assert len([key for key in samples if key[0] == "xpu_temperature_celsius"]) == 6, "no minimum sensors"
+    for domain, expected in {"gpu": (2.1e9, 2.85e9), "memory": (1.093e9, 2.375e9), "media": (1.05e9, 1.4e9)}.items():
+        assert (sample(samples, "xpu_frequency_hertz", device=A770_PCI, domain=domain),
+                sample(samples, "xpu_frequency_hertz", device=B580_PCI, domain=domain)) == expected
+    throttled = {(device, domain, reason): sample(samples, "xpu_frequency_throttled", device=device, domain=domain,
+                                                  reason=reason)
+                 for device in (A770_PCI, B580_PCI) for domain in ("gpu", "memory", "media") for reason in REASONS}
+    assert {key for key, value in throttled.items() if value == 1} == {
+        (A770_PCI, "gpu", "average_power"), (A770_PCI, "gpu", "thermal"),
+        (B580_PCI, "memory", "software_range"), (B580_PCI, "memory", "hardware_range")}
+    assert set(throttled.values()) == {0, 1}
+    assert sample(samples, "xpu_memory_read_bytes_total", device=A770_PCI) == 7e9
+    assert sample(samples, "xpu_memory_write_bytes_total", device=A770_PCI) == 3e9
+    assert sample(samples, "xpu_memory_read_bytes_total", device=B580_PCI) == 1e9
+    assert sample(samples, "xpu_memory_write_bytes_total", device=B580_PCI) == 5e8
+    for device in (A770_PCI, B580_PCI):
+        assert {state: sample(samples, "xpu_memory_health", device=device, state=state) for state in HEALTH_STATES} \
+            == {"ok": 1, "degraded": 0, "critical": 0, "replace": 0, "unknown": 0}
+    ras = {(device, severity, category): sample(samples, "xpu_ras_errors_total", device=device, severity=severity,
+                                                category=category)
+           for device in (A770_PCI, B580_PCI) for severity in SEVERITIES for category in CATEGORIES}
+    assert {key: value for key, value in ras.items() if value} == {
+        (A770_PCI, "correctable", "driver"): 1, (A770_PCI, "correctable", "compute"): 5,
+        (A770_PCI, "correctable", "cache"): 2, (A770_PCI, "uncorrectable", "reset"): 1,
+        (B580_PCI, "correctable", "programming"): 3, (B580_PCI, "correctable", "non_compute"): 1}
+    assert "level=info" not in stderr.split("listening on", 1)[1], "nothing unavailable to log"
+
+
+def without(device, kind: str, result: str, enumeration: bool = False):
+    """The device with the kind's reading (or enumeration) answering `result`."""
+    if kind == "memory_bandwidth":
+        return dataclasses.replace(device, memory_bandwidth_result=result)
+    field = "telemetry_enum_results" if enumeration else "telemetry_results"
+    return dataclasses.replace(device, **{field: {kind: result}})
+
+
+@pytest.mark.parametrize("kind", [*TELEMETRY_KINDS, "memory_bandwidth"])
+def test_an_unsupported_kind_is_absent_logged_once_and_the_collector_still_succeeds(fake_driver, config_path, kind):
+    unsupported = without(B580_TELEMETRY, kind, "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE")
+    with start(fake_driver, config_path, FakeConfig(devices=(A770_TELEMETRY, unsupported))) as exporter:
+        scrapes = [exporter.scrape() for _ in range(3)]
+        logged = info_lines(exporter, "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE")
+        warnings = warning_lines(exporter)
+    for samples in scrapes:
+        assert sample(samples, "xpu_exporter_collector_success", collector="levelzero") == 1
+        assert device_families(samples, B580_PCI) == set(DEVICE_FAMILIES) | TELEMETRY_FAMILIES - \
+            TELEMETRY_FAMILIES_BY_KIND[kind]
+        assert device_families(samples, A770_PCI) == set(DEVICE_FAMILIES) | TELEMETRY_FAMILIES
+    assert len(logged) == 1 and B580_PCI in logged[0], logged
+    assert all(name in logged[0] for name in TELEMETRY_FAMILIES_BY_KIND[kind])
+    assert "does not have them" in logged[0]
+    assert warnings == []
+
+
+@pytest.mark.parametrize("enumeration", [False, True], ids=["zesRasGetState", "zesDeviceEnumRasErrorSets"])
+def test_ras_without_permission_is_absent_and_says_root_would_read_it(fake_driver, config_path, enumeration):
+    forbidden = without(A770_TELEMETRY, "ras", "ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS", enumeration)
+    with start(fake_driver, config_path, FakeConfig(devices=(forbidden, B580_TELEMETRY))) as exporter:
+        scrapes = [exporter.scrape() for _ in range(3)]
+        logged = info_lines(exporter, "xpu_ras_errors_total")
+    for samples in scrapes:
+        assert sample(samples, "xpu_exporter_collector_success", collector="levelzero") == 1
+        assert "xpu_ras_errors_total" not in device_families(samples, A770_PCI)
+        assert sample(samples, "xpu_ras_errors_total", device=B580_PCI, severity="correctable",
+                      category="programming") == 3
+        assert sample(samples, "xpu_engine_active_seconds_total", device=A770_PCI, engine="compute") == 80
+    assert len(logged) == 1, logged
+    function = "zesDeviceEnumRasErrorSets" if enumeration else "zesRasGetState"
+    assert f"{function}: ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS" in logged[0]
+    assert "needs root" in logged[0] and A770_PCI in logged[0]
+
+
+def test_any_other_telemetry_error_fails_the_collector_and_costs_only_that_kind(fake_driver, config_path):
+    broken = without(B580_TELEMETRY, "temperature", "ZE_RESULT_ERROR_UNKNOWN")
+    with start(fake_driver, config_path, FakeConfig(devices=(A770_TELEMETRY, broken))) as exporter:
+        samples = exporter.scrape()
+        stderr = exporter.stderr
+    assert sample(samples, "xpu_exporter_collector_success", collector="levelzero") == 0
+    assert device_families(samples, B580_PCI) == set(DEVICE_FAMILIES) | TELEMETRY_FAMILIES - \
+        {"xpu_temperature_celsius"}
+    assert "zesTemperatureGetState: ZE_RESULT_ERROR_UNKNOWN" in stderr and B580_PCI in stderr
+
+
+def test_a_failing_memory_state_drops_memory_health_and_fails_the_collector(fake_driver, config_path):
+    failing = dataclasses.replace(B580_TELEMETRY, memory_state_result="ZE_RESULT_ERROR_UNSUPPORTED_FEATURE")
+    with start(fake_driver, config_path, FakeConfig(devices=(A770_TELEMETRY, failing))) as exporter:
+        samples = exporter.scrape()
+    assert sample(samples, "xpu_exporter_collector_success", collector="levelzero") == 0
+    assert "xpu_memory_health" not in device_families(samples, B580_PCI)
+    assert sample(samples, "xpu_memory_read_bytes_total", device=B580_PCI) == 1e9, "bandwidth reads without the state"
+    assert sample(samples, "xpu_memory_health", device=A770_PCI, state="ok") == 1
+
+
+def test_memory_health_is_the_worst_state_of_the_devices_local_modules(fake_driver, config_path):
+    degraded = dataclasses.replace(A770, memory=(FakeMemoryModule(size=8 * GiB, free=7 * GiB),
+                                                 FakeMemoryModule(size=8 * GiB, free=6 * GiB, health=3),
+                                                 FakeMemoryModule(64 * GiB, 60 * GiB, device_local=False, health=4)))
+    with start(fake_driver, config_path, FakeConfig(devices=(degraded,))) as exporter:
+        samples = exporter.scrape()
+    assert {state: sample(samples, "xpu_memory_health", device=A770_PCI, state=state) for state in HEALTH_STATES} \
+        == {"ok": 0, "degraded": 0, "critical": 1, "replace": 0, "unknown": 0}
+
+
+def test_all_zero_memory_bandwidth_counters_are_not_served_and_logged_once(fake_driver, config_path):
+    # level-zero#440: on Arc zesMemoryGetBandwidth succeeds with every counter and maxBandwidth 0.
+    zeros = dataclasses.replace(A770_TELEMETRY, memory=(FakeMemoryModule(size=16 * GiB, free=13 * GiB,
+                                                                         bandwidth=(0, 0, 0)),))
+    with start(fake_driver, config_path, FakeConfig(devices=(zeros,))) as exporter:
+        scrapes = [exporter.scrape() for _ in range(3)]
+        logged = info_lines(exporter, "level-zero#440")
+    for samples in scrapes:
+        assert sample(samples, "xpu_exporter_collector_success", collector="levelzero") == 1
+        assert not {"xpu_memory_read_bytes_total", "xpu_memory_write_bytes_total"} & device_families(samples, A770_PCI)
+    assert len(logged) == 1
+
+
+def test_engine_groups_only_on_sub_devices_are_summed_for_the_device(fake_driver, config_path):
+    two_tiles = dataclasses.replace(A770, engines=(FakeEngine(1, 3_000_000, subdevice=0),
+                                                   FakeEngine(1, 4_500_000, subdevice=1),
+                                                   FakeEngine(0, 9_000_000), FakeEngine(0, 1_000_000, subdevice=0)))
+    with start(fake_driver, config_path, FakeConfig(devices=(two_tiles,))) as exporter:
+        samples = exporter.scrape()
+    assert sample(samples, "xpu_engine_active_seconds_total", device=A770_PCI, engine="compute") == 7.5
+    assert sample(samples, "xpu_engine_active_seconds_total", device=A770_PCI, engine="all") == 9, \
+        "the device's own group, not its tiles'"
+
+
+def test_telemetry_is_enumerated_once_per_init_and_read_at_every_scrape(fake_driver, config_path):
+    with start(fake_driver, config_path, FakeConfig(devices=(A770_TELEMETRY,))) as exporter:
+        first = exporter.scrape()
+        # Enumerating again would now fail; reading gives the new values.
+        busier = dataclasses.replace(
+            A770_TELEMETRY, telemetry_enum_results={kind: "ZE_RESULT_ERROR_UNKNOWN" for kind in TELEMETRY_KINDS},
+            engines=tuple(dataclasses.replace(engine, active_us=engine.active_us * 2)
+                          for engine in A770_TELEMETRY.engines))
+        write_config(config_path, FakeConfig(devices=(busier,)))
+        second = exporter.scrape()
+    assert sample(first, "xpu_engine_active_seconds_total", device=A770_PCI, engine="compute") == 80
+    assert sample(second, "xpu_exporter_collector_success", collector="levelzero") == 1
+    assert sample(second, "xpu_engine_active_seconds_total", device=A770_PCI, engine="compute") == 160, \
+        "read at every scrape"
+    assert device_families(second, A770_PCI) == device_families(first, A770_PCI)
 
 
 def test_zero_devices_is_a_working_collector_with_no_device_series(fake_driver, config_path, update_golden):

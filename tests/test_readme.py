@@ -7,7 +7,7 @@ import re
 
 from exporterproc import REPO, RunningExporter, sample, wait_for
 from fakeprocfs import FakeProcfs, xe_fdinfo
-from fakeze import A770, GiB, FakeConfig, fake_driver_env, write_config
+from fakeze import A770_TELEMETRY, GiB, FakeConfig, fake_driver_env, write_config
 from journalgen import (Clock, random_boot_id, unit_failed, unit_output, unit_process_exited, unit_starting,
                         write_journal)
 
@@ -49,7 +49,7 @@ def every_kind_of_start(clock: Clock) -> list:
 
 def test_readme_documents_exactly_the_metrics_the_exporter_serves(tmp_path, fake_driver, config_path):
     documented = set(re.findall(r"^\| `((?:xpu|process|python)_[a-z_]+)` \|", (REPO / "README.md").read_text(), re.M))
-    write_config(config_path, FakeConfig(devices=(A770,)))
+    write_config(config_path, FakeConfig(devices=(A770_TELEMETRY,)))
     procfs = FakeProcfs(tmp_path)
     procfs.add_unit_process(100, f"/system.slice/{CHAT}").add_drm_fd(xe_fdinfo(client_id=1, vram0=2 * GiB))
     journal = write_journal(tmp_path / "units.journal", every_kind_of_start(Clock(random_boot_id())))

@@ -11,6 +11,7 @@ entry points::
     level_zero.init()                 # raises LevelZeroError; after a failure the object is dead
     for device in level_zero.devices():
         print(device.identity(), device.memory(), device.processes())
+        print([device.engine_activity(group) for group in device.engine_groups()])  # and so on for telemetry
 
 Initialisation takes one of two paths and never mixes them in a process:
 
@@ -111,10 +112,69 @@ ZES_STRUCTURE_TYPE_PCI_PROPERTIES = 0x2
 ZES_STRUCTURE_TYPE_MEM_PROPERTIES = 0xB
 ZES_STRUCTURE_TYPE_PROCESS_STATE = 0x16
 ZES_STRUCTURE_TYPE_MEM_STATE = 0x1E
+ZES_STRUCTURE_TYPE_ENGINE_PROPERTIES = 0x5
+ZES_STRUCTURE_TYPE_FREQ_PROPERTIES = 0x9
+ZES_STRUCTURE_TYPE_POWER_PROPERTIES = 0xD
+ZES_STRUCTURE_TYPE_RAS_PROPERTIES = 0xF
+ZES_STRUCTURE_TYPE_TEMP_PROPERTIES = 0x14
+ZES_STRUCTURE_TYPE_FREQ_STATE = 0x1B
+ZES_STRUCTURE_TYPE_RAS_STATE = 0x22
 
 ZE_DEVICE_TYPE_GPU = 1
 
 ZES_MEM_LOC_DEVICE = 1
+
+ZES_MEM_HEALTH_UNKNOWN = 0
+ZES_MEM_HEALTH_OK = 1
+ZES_MEM_HEALTH_DEGRADED = 2
+ZES_MEM_HEALTH_CRITICAL = 3
+ZES_MEM_HEALTH_REPLACE = 4
+
+# zes_engine_group_t: the groups that combine every engine of a kind (the *_SINGLE ones are left out)
+ZES_ENGINE_GROUP_ALL = 0
+ZES_ENGINE_GROUP_COMPUTE_ALL = 1
+ZES_ENGINE_GROUP_MEDIA_ALL = 2
+ZES_ENGINE_GROUP_COPY_ALL = 3
+ZES_ENGINE_GROUP_3D_RENDER_COMPUTE_ALL = 11
+ZES_ENGINE_GROUP_RENDER_ALL = 12
+ZES_ENGINE_GROUP_3D_ALL = 13
+ENGINE_GROUPS_ALL = frozenset({
+    ZES_ENGINE_GROUP_ALL, ZES_ENGINE_GROUP_COMPUTE_ALL, ZES_ENGINE_GROUP_MEDIA_ALL, ZES_ENGINE_GROUP_COPY_ALL,
+    ZES_ENGINE_GROUP_3D_RENDER_COMPUTE_ALL, ZES_ENGINE_GROUP_RENDER_ALL, ZES_ENGINE_GROUP_3D_ALL,
+})
+
+# zes_temp_sensors_t: the maximum-temperature sensors (the *_MIN ones are left out)
+ZES_TEMP_SENSORS_GLOBAL = 0
+ZES_TEMP_SENSORS_GPU = 1
+ZES_TEMP_SENSORS_MEMORY = 2
+TEMPERATURE_SENSORS = frozenset({ZES_TEMP_SENSORS_GLOBAL, ZES_TEMP_SENSORS_GPU, ZES_TEMP_SENSORS_MEMORY})
+
+ZES_FREQ_DOMAIN_GPU = 0
+ZES_FREQ_DOMAIN_MEMORY = 1
+# ZES_FREQ_DOMAIN_MEDIA of later headers (and pyzes); the installed spec 1.4 header has no media domain.
+FREQ_DOMAIN_MEDIA = 2
+FREQUENCY_DOMAINS = frozenset({ZES_FREQ_DOMAIN_GPU, ZES_FREQ_DOMAIN_MEMORY, FREQ_DOMAIN_MEDIA})
+
+# zes_freq_throttle_reason_flag_t
+ZES_FREQ_THROTTLE_REASON_FLAG_AVE_PWR_CAP = 1 << 0
+ZES_FREQ_THROTTLE_REASON_FLAG_BURST_PWR_CAP = 1 << 1
+ZES_FREQ_THROTTLE_REASON_FLAG_CURRENT_LIMIT = 1 << 2
+ZES_FREQ_THROTTLE_REASON_FLAG_THERMAL_LIMIT = 1 << 3
+ZES_FREQ_THROTTLE_REASON_FLAG_PSU_ALERT = 1 << 4
+ZES_FREQ_THROTTLE_REASON_FLAG_SW_RANGE = 1 << 5
+ZES_FREQ_THROTTLE_REASON_FLAG_HW_RANGE = 1 << 6
+
+ZES_RAS_ERROR_TYPE_CORRECTABLE = 0
+ZES_RAS_ERROR_TYPE_UNCORRECTABLE = 1
+# zes_ras_error_cat_t: the index of each category in zes_ras_state_t.category
+ZES_RAS_ERROR_CAT_RESET = 0
+ZES_RAS_ERROR_CAT_PROGRAMMING_ERRORS = 1
+ZES_RAS_ERROR_CAT_DRIVER_ERRORS = 2
+ZES_RAS_ERROR_CAT_COMPUTE_ERRORS = 3
+ZES_RAS_ERROR_CAT_NON_COMPUTE_ERRORS = 4
+ZES_RAS_ERROR_CAT_CACHE_ERRORS = 5
+ZES_RAS_ERROR_CAT_DISPLAY_ERRORS = 6
+ZES_MAX_RAS_ERROR_CATEGORY_COUNT = 7
 
 # How often zesDeviceProcessesGetState is retried when processes appear between the count
 # query and the read (ZE_RESULT_ERROR_INVALID_SIZE); the array doubles on every retry.
@@ -282,6 +342,112 @@ class zes_process_state_t(ctypes.Structure):
     ]
 
 
+class zes_mem_bandwidth_t(ctypes.Structure):
+    _fields_ = [
+        ("readCounter", ctypes.c_uint64),
+        ("writeCounter", ctypes.c_uint64),
+        ("maxBandwidth", ctypes.c_uint64),
+        ("timestamp", ctypes.c_uint64),
+    ]
+
+
+class zes_engine_properties_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("type", _ze_enum),
+        ("onSubdevice", _ze_bool_t),
+        ("subdeviceId", ctypes.c_uint32),
+    ]
+
+
+class zes_engine_stats_t(ctypes.Structure):
+    _fields_ = [
+        ("activeTime", ctypes.c_uint64),
+        ("timestamp", ctypes.c_uint64),
+    ]
+
+
+class zes_power_properties_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("onSubdevice", _ze_bool_t),
+        ("subdeviceId", ctypes.c_uint32),
+        ("canControl", _ze_bool_t),
+        ("isEnergyThresholdSupported", _ze_bool_t),
+        ("defaultLimit", ctypes.c_int32),
+        ("minLimit", ctypes.c_int32),
+        ("maxLimit", ctypes.c_int32),
+    ]
+
+
+class zes_power_energy_counter_t(ctypes.Structure):
+    _fields_ = [
+        ("energy", ctypes.c_uint64),
+        ("timestamp", ctypes.c_uint64),
+    ]
+
+
+class zes_temp_properties_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("type", _ze_enum),
+        ("onSubdevice", _ze_bool_t),
+        ("subdeviceId", ctypes.c_uint32),
+        ("maxTemperature", ctypes.c_double),
+        ("isCriticalTempSupported", _ze_bool_t),
+        ("isThreshold1Supported", _ze_bool_t),
+        ("isThreshold2Supported", _ze_bool_t),
+    ]
+
+
+class zes_freq_properties_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("type", _ze_enum),
+        ("onSubdevice", _ze_bool_t),
+        ("subdeviceId", ctypes.c_uint32),
+        ("canControl", _ze_bool_t),
+        ("isThrottleEventSupported", _ze_bool_t),
+        ("min", ctypes.c_double),
+        ("max", ctypes.c_double),
+    ]
+
+
+class zes_freq_state_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("currentVoltage", ctypes.c_double),
+        ("request", ctypes.c_double),
+        ("tdp", ctypes.c_double),
+        ("efficient", ctypes.c_double),
+        ("actual", ctypes.c_double),
+        ("throttleReasons", ctypes.c_uint32),
+    ]
+
+
+class zes_ras_properties_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("type", _ze_enum),
+        ("onSubdevice", _ze_bool_t),
+        ("subdeviceId", ctypes.c_uint32),
+    ]
+
+
+class zes_ras_state_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("category", ctypes.c_uint64 * ZES_MAX_RAS_ERROR_CATEGORY_COUNT),
+    ]
+
+
 #: Every Structure above; each class is named after its C type (the layout test walks this).
 STRUCTURES: tuple[type[ctypes.Structure], ...] = (
     ze_device_uuid_t,
@@ -293,6 +459,16 @@ STRUCTURES: tuple[type[ctypes.Structure], ...] = (
     zes_mem_properties_t,
     zes_mem_state_t,
     zes_process_state_t,
+    zes_mem_bandwidth_t,
+    zes_engine_properties_t,
+    zes_engine_stats_t,
+    zes_power_properties_t,
+    zes_power_energy_counter_t,
+    zes_temp_properties_t,
+    zes_freq_properties_t,
+    zes_freq_state_t,
+    zes_ras_properties_t,
+    zes_ras_state_t,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -313,6 +489,31 @@ _REQUIRED_FUNCTIONS: MappingProxyType[str, tuple[Any, ...]] = MappingProxyType(
         "zesMemoryGetProperties": (ctypes.c_void_p, ctypes.POINTER(zes_mem_properties_t)),
         "zesMemoryGetState": (ctypes.c_void_p, ctypes.POINTER(zes_mem_state_t)),
         "zesDeviceProcessesGetState": (ctypes.c_void_p, _COUNT, ctypes.POINTER(zes_process_state_t)),
+        # Device telemetry: in every loader since spec 1.0
+        "zesMemoryGetBandwidth": (ctypes.c_void_p, ctypes.POINTER(zes_mem_bandwidth_t)),
+        "zesDeviceEnumEngineGroups": (ctypes.c_void_p, _COUNT, _HANDLES),
+        "zesEngineGetProperties": (ctypes.c_void_p, ctypes.POINTER(zes_engine_properties_t)),
+        "zesEngineGetActivity": (ctypes.c_void_p, ctypes.POINTER(zes_engine_stats_t)),
+        "zesDeviceEnumPowerDomains": (ctypes.c_void_p, _COUNT, _HANDLES),
+        "zesPowerGetProperties": (ctypes.c_void_p, ctypes.POINTER(zes_power_properties_t)),
+        "zesPowerGetEnergyCounter": (ctypes.c_void_p, ctypes.POINTER(zes_power_energy_counter_t)),
+        "zesDeviceEnumTemperatureSensors": (ctypes.c_void_p, _COUNT, _HANDLES),
+        "zesTemperatureGetProperties": (ctypes.c_void_p, ctypes.POINTER(zes_temp_properties_t)),
+        "zesTemperatureGetState": (ctypes.c_void_p, ctypes.POINTER(ctypes.c_double)),
+        "zesDeviceEnumFrequencyDomains": (ctypes.c_void_p, _COUNT, _HANDLES),
+        "zesFrequencyGetProperties": (ctypes.c_void_p, ctypes.POINTER(zes_freq_properties_t)),
+        "zesFrequencyGetState": (ctypes.c_void_p, ctypes.POINTER(zes_freq_state_t)),
+        "zesDeviceEnumRasErrorSets": (ctypes.c_void_p, _COUNT, _HANDLES),
+        "zesRasGetProperties": (ctypes.c_void_p, ctypes.POINTER(zes_ras_properties_t)),
+        "zesRasGetState": (ctypes.c_void_p, _ze_bool_t, ctypes.POINTER(zes_ras_state_t)),
+    }
+)
+
+# Looked up in the loader when it is opened, used only when there: zesDeviceGetCardPowerDomain is newer than
+# the rest of the power API (Debian 12's loader 1.8.12 has it; its drivers need not).
+_OPTIONAL_FUNCTIONS: MappingProxyType[str, tuple[Any, ...]] = MappingProxyType(
+    {
+        "zesDeviceGetCardPowerDomain": (ctypes.c_void_p, _HANDLES),
     }
 )
 
@@ -357,6 +558,13 @@ class LoaderLibrary:
         if self.has_sysman_init:
             for name, args in _SYSMAN_INIT_FUNCTIONS.items():
                 self._functions[name] = _bind(handle, name, args)
+        for name, args in _OPTIONAL_FUNCTIONS.items():
+            if hasattr(handle, name):
+                self._functions[name] = _bind(handle, name, args)
+
+    def has(self, name: str) -> bool:
+        """Whether the loader exports the entry point `name` (the optional ones may be missing)."""
+        return name in self._functions
 
     def _call(self, name: str, *arguments: Any) -> None:
         code = self._functions[name](*arguments)
@@ -417,6 +625,84 @@ class LoaderLibrary:
     def zesMemoryGetState(self, memory: int) -> zes_mem_state_t:
         state = zes_mem_state_t(stype=ZES_STRUCTURE_TYPE_MEM_STATE)
         self._call("zesMemoryGetState", memory, ctypes.byref(state))
+        return state
+
+    def zesMemoryGetBandwidth(self, memory: int) -> zes_mem_bandwidth_t:
+        bandwidth = zes_mem_bandwidth_t()
+        self._call("zesMemoryGetBandwidth", memory, ctypes.byref(bandwidth))
+        return bandwidth
+
+    def zesDeviceEnumEngineGroups(self, device: int) -> list[int]:
+        return self._enumerate("zesDeviceEnumEngineGroups", device)
+
+    def zesEngineGetProperties(self, engine: int) -> zes_engine_properties_t:
+        properties = zes_engine_properties_t(stype=ZES_STRUCTURE_TYPE_ENGINE_PROPERTIES)
+        self._call("zesEngineGetProperties", engine, ctypes.byref(properties))
+        return properties
+
+    def zesEngineGetActivity(self, engine: int) -> zes_engine_stats_t:
+        stats = zes_engine_stats_t()
+        self._call("zesEngineGetActivity", engine, ctypes.byref(stats))
+        return stats
+
+    def zesDeviceEnumPowerDomains(self, device: int) -> list[int]:
+        return self._enumerate("zesDeviceEnumPowerDomains", device)
+
+    def zesDeviceGetCardPowerDomain(self, device: int) -> int | None:
+        """The card's power domain; None when the driver returns no handle. Check has() first: the loader
+        may not export it."""
+        power = ctypes.c_void_p()
+        self._call("zesDeviceGetCardPowerDomain", device, ctypes.byref(power))
+        return power.value
+
+    def zesPowerGetProperties(self, power: int) -> zes_power_properties_t:
+        properties = zes_power_properties_t(stype=ZES_STRUCTURE_TYPE_POWER_PROPERTIES)
+        self._call("zesPowerGetProperties", power, ctypes.byref(properties))
+        return properties
+
+    def zesPowerGetEnergyCounter(self, power: int) -> zes_power_energy_counter_t:
+        energy = zes_power_energy_counter_t()
+        self._call("zesPowerGetEnergyCounter", power, ctypes.byref(energy))
+        return energy
+
+    def zesDeviceEnumTemperatureSensors(self, device: int) -> list[int]:
+        return self._enumerate("zesDeviceEnumTemperatureSensors", device)
+
+    def zesTemperatureGetProperties(self, sensor: int) -> zes_temp_properties_t:
+        properties = zes_temp_properties_t(stype=ZES_STRUCTURE_TYPE_TEMP_PROPERTIES)
+        self._call("zesTemperatureGetProperties", sensor, ctypes.byref(properties))
+        return properties
+
+    def zesTemperatureGetState(self, sensor: int) -> float:
+        temperature = ctypes.c_double()
+        self._call("zesTemperatureGetState", sensor, ctypes.byref(temperature))
+        return temperature.value
+
+    def zesDeviceEnumFrequencyDomains(self, device: int) -> list[int]:
+        return self._enumerate("zesDeviceEnumFrequencyDomains", device)
+
+    def zesFrequencyGetProperties(self, domain: int) -> zes_freq_properties_t:
+        properties = zes_freq_properties_t(stype=ZES_STRUCTURE_TYPE_FREQ_PROPERTIES)
+        self._call("zesFrequencyGetProperties", domain, ctypes.byref(properties))
+        return properties
+
+    def zesFrequencyGetState(self, domain: int) -> zes_freq_state_t:
+        state = zes_freq_state_t(stype=ZES_STRUCTURE_TYPE_FREQ_STATE)
+        self._call("zesFrequencyGetState", domain, ctypes.byref(state))
+        return state
+
+    def zesDeviceEnumRasErrorSets(self, device: int) -> list[int]:
+        return self._enumerate("zesDeviceEnumRasErrorSets", device)
+
+    def zesRasGetProperties(self, ras: int) -> zes_ras_properties_t:
+        properties = zes_ras_properties_t(stype=ZES_STRUCTURE_TYPE_RAS_PROPERTIES)
+        self._call("zesRasGetProperties", ras, ctypes.byref(properties))
+        return properties
+
+    def zesRasGetState(self, ras: int) -> zes_ras_state_t:
+        """The error counters, never cleared (clear = 0): clearing is the operator's decision, not a reader's."""
+        state = zes_ras_state_t(stype=ZES_STRUCTURE_TYPE_RAS_STATE)
+        self._call("zesRasGetState", ras, 0, ctypes.byref(state))
         return state
 
     def zesDeviceProcessesGetState(self, device: int) -> list[zes_process_state_t]:
@@ -483,6 +769,99 @@ class ProcessMemory:
     engines: int  # zes_engine_type_flags_t
 
 
+@dataclass(frozen=True)
+class MemoryBandwidth:
+    """zesMemoryGetBandwidth of one memory module."""
+
+    read_counter: int  # bytes read since an arbitrary start
+    write_counter: int  # bytes written since an arbitrary start
+    max_bandwidth: int  # bytes per second; 0 when the driver does not know
+    timestamp: int  # microseconds; only for differences between readings of the same module
+
+
+# Device telemetry. Each kind has a description (the handle and its properties, enumerated once) and a
+# reading of one moment; a reading repeats where its component sits (on a sub-device or the device itself).
+
+
+@dataclass(frozen=True)
+class EngineGroup:
+    handle: int  # zes_engine_handle_t
+    group: int  # zes_engine_group_t
+    on_subdevice: bool
+    subdevice_id: int
+
+
+@dataclass(frozen=True)
+class EngineActivity:
+    group: int  # zes_engine_group_t
+    on_subdevice: bool
+    subdevice_id: int
+    active_time: int  # microseconds the group was busy, a monotonic counter
+    timestamp: int  # microseconds; only for differences between readings of the same group
+
+
+@dataclass(frozen=True)
+class PowerDomain:
+    handle: int  # zes_pwr_handle_t
+    card: bool  # the card's domain (zesDeviceGetCardPowerDomain); else the package's (not on a sub-device)
+
+
+@dataclass(frozen=True)
+class EnergyCounter:
+    card: bool
+    energy: int  # microjoules, a monotonic counter
+    timestamp: int  # microseconds; only for differences between readings of the same domain
+
+
+@dataclass(frozen=True)
+class TemperatureSensor:
+    handle: int  # zes_temp_handle_t
+    sensor: int  # zes_temp_sensors_t
+    on_subdevice: bool
+    subdevice_id: int
+
+
+@dataclass(frozen=True)
+class Temperature:
+    sensor: int  # zes_temp_sensors_t
+    on_subdevice: bool
+    subdevice_id: int
+    celsius: float
+
+
+@dataclass(frozen=True)
+class FrequencyDomain:
+    handle: int  # zes_freq_handle_t
+    domain: int  # zes_freq_domain_t
+    on_subdevice: bool
+    subdevice_id: int
+
+
+@dataclass(frozen=True)
+class Frequency:
+    domain: int  # zes_freq_domain_t
+    on_subdevice: bool
+    subdevice_id: int
+    actual: float  # MHz; negative when the driver does not know
+    throttle_reasons: int  # zes_freq_throttle_reason_flags_t
+
+
+@dataclass(frozen=True)
+class RasErrorSet:
+    handle: int  # zes_ras_handle_t
+    error_type: int  # zes_ras_error_type_t
+    on_subdevice: bool
+    subdevice_id: int
+
+
+@dataclass(frozen=True)
+class RasErrors:
+    error_type: int  # zes_ras_error_type_t
+    on_subdevice: bool
+    subdevice_id: int
+    categories: tuple[int, ...]  # error count by zes_ras_error_cat_t, ZES_MAX_RAS_ERROR_CATEGORY_COUNT of them
+
+
 def format_uuid(uuid: bytes) -> str:
     """16 UUID bytes, in the given order, as lower-case hex 8-4-4-4-12."""
     if len(uuid) != ZE_MAX_DEVICE_UUID_SIZE:
@@ -541,6 +920,80 @@ class Device:
             free=state.free,
             health=state.health,
         )
+
+    def memory_bandwidth(self, module: MemoryModuleProperties) -> MemoryBandwidth:
+        bandwidth = self._library.zesMemoryGetBandwidth(module.handle)
+        return MemoryBandwidth(read_counter=bandwidth.readCounter, write_counter=bandwidth.writeCounter,
+                               max_bandwidth=bandwidth.maxBandwidth, timestamp=bandwidth.timestamp)
+
+    def engine_groups(self) -> list[EngineGroup]:
+        """Every engine group, of any zes_engine_group_t (ENGINE_GROUPS_ALL are those that combine a kind)."""
+        groups = []
+        for handle in self._library.zesDeviceEnumEngineGroups(self.handle):
+            properties = self._library.zesEngineGetProperties(handle)
+            groups.append(EngineGroup(handle, properties.type, bool(properties.onSubdevice), properties.subdeviceId))
+        return groups
+
+    def engine_activity(self, group: EngineGroup) -> EngineActivity:
+        stats = self._library.zesEngineGetActivity(group.handle)
+        return EngineActivity(group.group, group.on_subdevice, group.subdevice_id, stats.activeTime, stats.timestamp)
+
+    def power_domain(self) -> PowerDomain | None:
+        """The card's power domain where the loader and the driver have one, else the first domain that is not
+        on a sub-device (the package); None when the device has neither."""
+        if self._library.has("zesDeviceGetCardPowerDomain"):
+            try:
+                card = self._library.zesDeviceGetCardPowerDomain(self.handle)
+            except LevelZeroError as error:
+                if error.code != ZE_RESULT_ERROR_UNSUPPORTED_FEATURE:
+                    raise
+            else:
+                if card:
+                    return PowerDomain(card, card=True)
+        for handle in self._library.zesDeviceEnumPowerDomains(self.handle):
+            if not self._library.zesPowerGetProperties(handle).onSubdevice:
+                return PowerDomain(handle, card=False)
+        return None
+
+    def energy(self, domain: PowerDomain) -> EnergyCounter:
+        counter = self._library.zesPowerGetEnergyCounter(domain.handle)
+        return EnergyCounter(domain.card, counter.energy, counter.timestamp)
+
+    def temperature_sensors(self) -> list[TemperatureSensor]:
+        sensors = []
+        for handle in self._library.zesDeviceEnumTemperatureSensors(self.handle):
+            properties = self._library.zesTemperatureGetProperties(handle)
+            sensors.append(TemperatureSensor(handle, properties.type, bool(properties.onSubdevice),
+                                             properties.subdeviceId))
+        return sensors
+
+    def temperature(self, sensor: TemperatureSensor) -> Temperature:
+        celsius = self._library.zesTemperatureGetState(sensor.handle)
+        return Temperature(sensor.sensor, sensor.on_subdevice, sensor.subdevice_id, celsius)
+
+    def frequency_domains(self) -> list[FrequencyDomain]:
+        domains = []
+        for handle in self._library.zesDeviceEnumFrequencyDomains(self.handle):
+            properties = self._library.zesFrequencyGetProperties(handle)
+            domains.append(FrequencyDomain(handle, properties.type, bool(properties.onSubdevice),
+                                           properties.subdeviceId))
+        return domains
+
+    def frequency(self, domain: FrequencyDomain) -> Frequency:
+        state = self._library.zesFrequencyGetState(domain.handle)
+        return Frequency(domain.domain, domain.on_subdevice, domain.subdevice_id, state.actual, state.throttleReasons)
+
+    def ras_error_sets(self) -> list[RasErrorSet]:
+        sets = []
+        for handle in self._library.zesDeviceEnumRasErrorSets(self.handle):
+            properties = self._library.zesRasGetProperties(handle)
+            sets.append(RasErrorSet(handle, properties.type, bool(properties.onSubdevice), properties.subdeviceId))
+        return sets
+
+    def ras_errors(self, error_set: RasErrorSet) -> RasErrors:
+        """The set's error counters as they stand; never clears them."""
+        state = self._library.zesRasGetState(error_set.handle)
+        return RasErrors(error_set.error_type, error_set.on_subdevice, error_set.subdevice_id, tuple(state.category))
 
     def processes(self) -> list[ProcessMemory]:
         return [
@@ -629,18 +1082,36 @@ def _error_json(error: LevelZeroError) -> dict[str, Any]:
 def _device_json(device: Device) -> dict[str, Any]:
     from dataclasses import asdict
 
+    def energy() -> EnergyCounter | None:
+        domain = device.power_domain()
+        return None if domain is None else device.energy(domain)
+
+    readers: tuple[tuple[str, Callable[[], Any]], ...] = (
+        ("identity", device.identity),
+        ("memory", device.memory),
+        ("processes", device.processes),
+        ("memory_bandwidth", lambda: [device.memory_bandwidth(module) for module in device.memory_modules()]),
+        ("engines", lambda: [device.engine_activity(group) for group in device.engine_groups()]),
+        ("energy", energy),
+        ("temperatures", lambda: [device.temperature(sensor) for sensor in device.temperature_sensors()]),
+        ("frequencies", lambda: [device.frequency(domain) for domain in device.frequency_domains()]),
+        ("ras", lambda: [device.ras_errors(error_set) for error_set in device.ras_error_sets()]),
+    )
     result: dict[str, Any] = {}
-    for key, read in (("identity", device.identity), ("memory", device.memory), ("processes", device.processes)):
+    for key, read in readers:
         try:
             value = read()
-            result[key] = [asdict(item) for item in value] if isinstance(value, list) else asdict(value)
+            if isinstance(value, list):
+                result[key] = [asdict(item) for item in value]
+            else:
+                result[key] = None if value is None else asdict(value)
         except LevelZeroError as error:
             result[key] = {"error": _error_json(error)}
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Print the devices, their memory and processes as JSON; exit 1 if Level Zero is unusable."""
+    """Print the devices, their memory, processes and telemetry as JSON; exit 1 if Level Zero is unusable."""
     import argparse
     import json
 

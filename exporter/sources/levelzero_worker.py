@@ -9,13 +9,24 @@ what crosses is the binding's own dataclasses as dicts (`dataclasses.asdict`), w
              {"ready": false, "error": ERROR}                             then exits
     parent -> "memory" | "processes"
     child -> {"devices": [{"pci_address": ..., "modules": [MemoryModuleProperties, ...] | null,
-                           "states": [MemoryModule, ...] | null, "error": ERROR | null}, ...]}
+                           "states": [MemoryModule, ...] | null, "error": ERROR | null,
+                           "telemetry": {KIND: {"values": [READING, ...] | null, "error": ERROR | null}, ...}},
+                          ...]}
              {"devices": [{"pci_address": ..., "processes": [ProcessMemory, ...] | null,
                            "error": ERROR | null}, ...]}
     ERROR = {"function": ..., "code": ...}  (a LevelZeroError; LoaderUnavailable adds "library", "reason")
+    KIND: READING = "engines": EngineActivity, "energy": EnergyCounter, "temperatures": Temperature,
+                    "frequencies": Frequency, "memory_bandwidth": MemoryBandwidth, "ras": RasErrors
 
 A reading with an error carries what was read before the failure: when only zesMemoryGetState failed,
 "modules" still lists the modules, sized by their properties (physicalSize), and "states" is null.
+
+The memory answer carries the device telemetry too, so that a scrape costs one round trip. The child
+enumerates each telemetry kind's components (engine groups, power domain, sensors, frequency domains, RAS
+error sets) once, after init, and reads them at every request; a kind whose enumeration failed answers
+that error every time (a new child, after a GPU change or a lost device, enumerates again). A kind's
+reading is all or nothing: its values, or the first error. Memory bandwidth is read from the device-local
+modules the memory reading has just enumerated.
 
 `python -m exporter.sources.levelzero_worker LIBRARY` runs the child side.
 """
@@ -32,27 +43,39 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 from exporter.sources.levelzero import (
     DEFAULT_LIBRARY,
+    ENGINE_GROUPS_ALL,
+    FREQUENCY_DOMAINS,
+    TEMPERATURE_SENSORS,
     ZE_RESULT_ERROR_DEPENDENCY_UNAVAILABLE,
     ZE_RESULT_ERROR_DEVICE_LOST,
     ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS,
     ZE_RESULT_ERROR_UNINITIALIZED,
+    ZES_MEM_HEALTH_CRITICAL,
+    ZES_MEM_HEALTH_DEGRADED,
+    ZES_MEM_HEALTH_OK,
+    ZES_MEM_HEALTH_REPLACE,
+    ZES_MEM_HEALTH_UNKNOWN,
     Device,
     DeviceIdentity,
+    EnergyCounter,
+    EngineActivity,
+    Frequency,
     LevelZero,
     LevelZeroError,
     LoaderUnavailable,
+    MemoryBandwidth,
     MemoryModule,
     MemoryModuleProperties,
     ProcessMemory,
+    RasErrors,
+    Temperature,
 )
-
-from exporter.sources.levelzero import DEFAULT_LIBRARY
 
 log = logging.getLogger("exporter.levelzero")
 
@@ -91,17 +114,117 @@ class WorkerState(enum.Enum):
     BACKING_OFF = "backing off"  # the last child failed; the next one starts when the backoff ends
 
 
+T = TypeVar("T")
+Combined = TypeVar("Combined")
+
+# The worst memory health of a device's modules counts: ok < unknown < degraded < critical < replace.
+_HEALTH_ORDER = (ZES_MEM_HEALTH_OK, ZES_MEM_HEALTH_UNKNOWN, ZES_MEM_HEALTH_DEGRADED, ZES_MEM_HEALTH_CRITICAL,
+                 ZES_MEM_HEALTH_REPLACE)
+
+
+@dataclass(frozen=True)
+class TelemetryReading(Generic[T]):
+    """One telemetry kind of one device as one read saw it: every component's reading, or (values empty)
+    the error that stopped it. No values and no error: the device has no component of the kind."""
+
+    values: tuple[T, ...] = ()
+    error: LevelZeroError | None = None
+
+
+def _combine_placements(values: tuple[Any, ...], kind_of: Callable[[Any], int],
+                        combine: Callable[[list[Any]], Combined]) -> dict[int, Combined]:
+    """Per kind (engine group, sensor, domain, error type): the components on the device itself, else those on
+    its sub-devices, combined into one figure for the device."""
+    on_device: dict[int, list[Any]] = {}
+    on_subdevices: dict[int, list[Any]] = {}
+    for value in values:
+        (on_subdevices if value.on_subdevice else on_device).setdefault(kind_of(value), []).append(value)
+    return {kind: combine(on_device.get(kind) or on_subdevices[kind]) for kind in {**on_subdevices, **on_device}}
+
+
+@dataclass(frozen=True)
+class DeviceTelemetry:
+    """A device's telemetry as one read saw it, kind by kind. A multi-tile device's components on its
+    sub-devices stand for the device only where it has none of that kind itself: counters are then summed,
+    temperatures and frequencies are their maximum, and a throttle reason of any tile counts."""
+
+    engines: TelemetryReading[EngineActivity] = field(default_factory=TelemetryReading)
+    energy: TelemetryReading[EnergyCounter] = field(default_factory=TelemetryReading)
+    temperatures: TelemetryReading[Temperature] = field(default_factory=TelemetryReading)
+    frequencies: TelemetryReading[Frequency] = field(default_factory=TelemetryReading)
+    memory_bandwidth: TelemetryReading[MemoryBandwidth] = field(default_factory=TelemetryReading)
+    ras: TelemetryReading[RasErrors] = field(default_factory=TelemetryReading)
+
+    def kinds(self) -> dict[str, TelemetryReading[Any]]:
+        """Every kind by its name in the wire format."""
+        return {name: getattr(self, name) for name in _TELEMETRY_FROM_WIRE}
+
+    def engine_active_us(self) -> dict[int, int]:
+        """Microseconds busy by zes_engine_group_t."""
+        return _combine_placements(self.engines.values, lambda engine: engine.group,
+                                   lambda engines: sum(engine.active_time for engine in engines))
+
+    def energy_uj(self) -> int | None:
+        """Microjoules of the card's (else the package's) power domain; None without one."""
+        return self.energy.values[0].energy if self.energy.values else None
+
+    def temperatures_celsius(self) -> dict[int, float]:
+        """Degrees Celsius by zes_temp_sensors_t."""
+        return _combine_placements(self.temperatures.values, lambda sensor: sensor.sensor,
+                                   lambda sensors: max(sensor.celsius for sensor in sensors))
+
+    def frequencies_mhz(self) -> dict[int, tuple[float, int]]:
+        """(actual MHz, negative when unknown; zes_freq_throttle_reason_flags_t) by zes_freq_domain_t."""
+        def combine(domains: list[Frequency]) -> tuple[float, int]:
+            throttled = 0
+            for domain in domains:
+                throttled |= domain.throttle_reasons
+            return max(domain.actual for domain in domains), throttled
+        return _combine_placements(self.frequencies.values, lambda domain: domain.domain, combine)
+
+    def memory_traffic_bytes(self) -> tuple[int, int] | None:
+        """(read, write) bytes summed over the device-local modules; None when there are no counters, or when
+        every module reports zero traffic and no maximum bandwidth, which is not a reading (a driver bug on
+        Arc: level-zero#440)."""
+        modules = self.memory_bandwidth.values
+        if not any(module.read_counter or module.write_counter or module.max_bandwidth for module in modules):
+            return None
+        return sum(module.read_counter for module in modules), sum(module.write_counter for module in modules)
+
+    def ras_errors(self) -> dict[int, tuple[int, ...]]:
+        """Error counts by zes_ras_error_cat_t, by zes_ras_error_type_t."""
+        return _combine_placements(self.ras.values, lambda error_set: error_set.error_type,
+                                   lambda sets: tuple(map(sum, zip(*(error_set.categories for error_set in sets)))))
+
+
 @dataclass(frozen=True)
 class DeviceMemory:
     """One device's memory as one read saw it; a read that failed part-way keeps what came before.
 
     `modules` are the modules' properties (empty when they could not be enumerated; their handles are
-    the child's). `states` has the state of each module, or is None when a state could not be read."""
+    the child's). `states` has the state of each module, or is None when a state could not be read.
+    `telemetry` comes with the same answer of the child."""
 
     identity: DeviceIdentity
     modules: tuple[MemoryModuleProperties, ...]
     states: tuple[MemoryModule, ...] | None
     error: LevelZeroError | None
+    telemetry: DeviceTelemetry = field(default_factory=DeviceTelemetry)
+
+    @property
+    def errors(self) -> tuple[LevelZeroError, ...]:
+        """The memory error and every telemetry kind's error."""
+        errors = [kind.error for kind in self.telemetry.kinds().values()]
+        return tuple(error for error in (self.error, *errors) if error is not None)
+
+    @property
+    def health(self) -> int | None:
+        """The worst zes_mem_health_t of the device-local modules; None unless their states were read."""
+        local = self.local_states
+        if not local:
+            return None
+        return max((state.health for state in local),
+                   key=lambda health: _HEALTH_ORDER.index(health) if health in _HEALTH_ORDER else 1)
 
     @property
     def local_states(self) -> tuple[MemoryModule, ...]:
@@ -129,6 +252,10 @@ class DeviceProcesses:
     processes: tuple[ProcessMemory, ...]
     error: LevelZeroError | None
 
+    @property
+    def errors(self) -> tuple[LevelZeroError, ...]:
+        return () if self.error is None else (self.error,)
+
 
 Reading = TypeVar("Reading", DeviceMemory, DeviceProcesses)
 
@@ -147,12 +274,26 @@ def _error_from_wire(wire: dict[str, Any]) -> LevelZeroError:
     return LevelZeroError(str(wire["function"]), int(wire["code"]))
 
 
+_TELEMETRY_FROM_WIRE: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "engines": lambda value: EngineActivity(**value),
+    "energy": lambda value: EnergyCounter(**value),
+    "temperatures": lambda value: Temperature(**value),
+    "frequencies": lambda value: Frequency(**value),
+    "memory_bandwidth": lambda value: MemoryBandwidth(**value),
+    "ras": lambda value: RasErrors(**{**value, "categories": tuple(value["categories"])}),
+}
+
+
 def _memory_from_wire(identity: DeviceIdentity, reading: dict[str, Any]) -> DeviceMemory:
     states = reading["states"]
+    telemetry = DeviceTelemetry(**{
+        kind: TelemetryReading(tuple(map(from_wire, reading["telemetry"][kind]["values"] or ())),
+                               _reading_error(reading["telemetry"][kind]))
+        for kind, from_wire in _TELEMETRY_FROM_WIRE.items()})
     return DeviceMemory(identity,
                         tuple(MemoryModuleProperties(**module) for module in reading["modules"] or ()),
                         None if states is None else tuple(MemoryModule(**state) for state in states),
-                        _reading_error(reading))
+                        _reading_error(reading), telemetry)
 
 
 def _processes_from_wire(identity: DeviceIdentity, reading: dict[str, Any]) -> DeviceProcesses:
@@ -166,18 +307,67 @@ def _reading_error(reading: dict[str, Any]) -> LevelZeroError | None:
 
 # ---------------------------------------------------------------------------------------- child side
 
-def _read_memory(device: Device) -> dict[str, Any]:
+def _power_domains(device: Device) -> list[Any]:
+    domain = device.power_domain()
+    return [] if domain is None else [domain]
+
+
+# Telemetry kind -> (enumerate its components once, read one component). Engine groups, sensors and
+# frequency domains are kept only of the kinds the exporter serves: the rest would cost a call each scrape.
+_TELEMETRY: dict[str, tuple[Callable[[Device], list[Any]], Callable[[Device, Any], Any]]] = {
+    "engines": (lambda device: [group for group in device.engine_groups() if group.group in ENGINE_GROUPS_ALL],
+                Device.engine_activity),
+    "energy": (_power_domains, Device.energy),
+    "temperatures": (lambda device: [sensor for sensor in device.temperature_sensors()
+                                     if sensor.sensor in TEMPERATURE_SENSORS], Device.temperature),
+    "frequencies": (lambda device: [domain for domain in device.frequency_domains()
+                                    if domain.domain in FREQUENCY_DOMAINS], Device.frequency),
+    "ras": (Device.ras_error_sets, Device.ras_errors),
+}
+
+Components = dict[str, "list[Any] | LevelZeroError"]
+
+
+def _enumerate_telemetry(device: Device) -> Components:
+    """Each telemetry kind's components of the device, or the error that stopped their enumeration."""
+    components: Components = {}
+    for kind, (enumerate_kind, _) in _TELEMETRY.items():
+        try:
+            components[kind] = enumerate_kind(device)
+        except LevelZeroError as error:
+            components[kind] = error
+    return components
+
+
+def _read_kind(read: Callable[[], list[Any]]) -> dict[str, Any]:
+    try:
+        return {"values": [asdict(value) for value in read()], "error": None}
+    except LevelZeroError as error:
+        return {"values": None, "error": _error_to_wire(error)}
+
+
+def _read_memory(device: Device, components: Components) -> dict[str, Any]:
     reading: dict[str, Any] = {"modules": None, "states": None, "error": None}
+    modules: list[MemoryModuleProperties] = []
     try:
         modules = device.memory_modules()
         reading["modules"] = [asdict(module) for module in modules]  # the sizes stand if a state fails next
         reading["states"] = [asdict(device.memory_state(module)) for module in modules]
     except LevelZeroError as error:
         reading["error"] = _error_to_wire(error)
+    telemetry = {"memory_bandwidth": _read_kind(
+        lambda: [device.memory_bandwidth(module) for module in modules if module.device_local])}
+    for kind, (_, read_one) in _TELEMETRY.items():
+        found = components[kind]
+        if isinstance(found, LevelZeroError):
+            telemetry[kind] = {"values": None, "error": _error_to_wire(found)}
+        else:
+            telemetry[kind] = _read_kind(lambda: [read_one(device, component) for component in found])
+    reading["telemetry"] = telemetry
     return reading
 
 
-def _read_processes(device: Device) -> dict[str, Any]:
+def _read_processes(device: Device, components: Components) -> dict[str, Any]:
     reading: dict[str, Any] = {"processes": None, "error": None}
     try:
         reading["processes"] = [asdict(process) for process in device.processes()]
@@ -186,7 +376,8 @@ def _read_processes(device: Device) -> dict[str, Any]:
     return reading
 
 
-_READERS: dict[str, Callable[[Device], dict[str, Any]]] = {"memory": _read_memory, "processes": _read_processes}
+_READERS: dict[str, Callable[[Device, Components], dict[str, Any]]] = {
+    "memory": _read_memory, "processes": _read_processes}
 
 
 def _child_main(library: str) -> int:
@@ -204,14 +395,15 @@ def _child_main(library: str) -> int:
     except LevelZeroError as error:
         send({"ready": False, "error": _error_to_wire(error)})
         return 0
+    components = [_enumerate_telemetry(device) for device in devices]  # once per init, not per request
     send({"ready": True, "devices": [asdict(identity) for identity in identities]})
 
     for request in sys.stdin:
         read = _READERS.get(request.strip())
         if read is None:
             continue
-        send({"devices": [{"pci_address": identity.pci_address, **read(device)}
-                          for device, identity in zip(devices, identities)]})
+        send({"devices": [{"pci_address": identity.pci_address, **read(device, found)}
+                          for device, identity, found in zip(devices, identities, components)]})
     return 0
 
 
@@ -301,7 +493,7 @@ class LevelZeroWorker:
                             for reading in answer["devices"]]
             except (KeyError, TypeError, ValueError) as error:
                 self._fail(f"Level Zero child sent a malformed answer ({type(error).__name__}: {error})")
-            if any(reading.error is not None and reading.error.code in RESTART_CODES for reading in readings):
+            if any(error.code in RESTART_CODES for reading in readings for error in reading.errors):
                 # Answer this scrape with what there is; the next one re-initialises.
                 self._stop_child()
             self._backoff = BACKOFF_FIRST_S

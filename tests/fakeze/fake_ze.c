@@ -13,10 +13,11 @@
  * Like compute-runtime, the zes* (Sysman) calls return ZE_RESULT_ERROR_UNINITIALIZED
  * unless ZES_ENABLE_SYSMAN=1 was in the environment at the process's first successful zeInit.
  *
- * The config file is read again on every call, so a test changes the driver's
- * behaviour mid-run by atomically replacing the file (write a temporary file,
- * rename it over the old one). A missing or malformed file makes every call
- * print the reason on stderr and return ZE_RESULT_ERROR_UNKNOWN.
+ * Every call looks at the config file again (it is parsed again when it is
+ * another file or was modified), so a test changes the driver's behaviour
+ * mid-run by atomically replacing the file (write a temporary file, rename it
+ * over the old one). A missing or malformed file makes every call print the
+ * reason on stderr and return ZE_RESULT_ERROR_UNKNOWN.
  *
  * CONFIG FORMAT: one directive per line, words separated by blanks. Blank lines
  * and lines starting with '#' are ignored. Numbers are decimal or 0x-hex.
@@ -33,11 +34,14 @@
  *     device_id <n>             PCI device id (default 0x56a0)
  *     device_type <n>           core ze_device_type_t (default 1, GPU; 2 is CPU)
  *     memory <device|system> <size> <free> [physical_size=<n>] [health=<n>] [type=<n>]
+ *            [read=<n>] [write=<n>] [max_bandwidth=<n>]
  *                               a memory module (at most 8): <size> and <free> are what
  *                               zesMemoryGetState reports; physical_size (default <size>) is
  *                               zes_mem_properties_t.physicalSize; health a zes_mem_health_t
  *                               (default 1, OK); type a zes_mem_type_t (default GDDR6 for
- *                               device memory, DDR for system memory)
+ *                               device memory, DDR for system memory); read, write and
+ *                               max_bandwidth are what zesMemoryGetBandwidth reports (a module
+ *                               with none of them: ZE_RESULT_ERROR_UNSUPPORTED_FEATURE)
  *     memory_modules_result <r> what zesDeviceEnumMemoryModules returns
  *     memory_state_result <r>   what zesMemoryGetState returns for every module of the device
  *     memory_state_hang         zesMemoryGetState never returns
@@ -49,6 +53,28 @@
  *     process <pid> <mem_size> <shared_size> [engines]
  *                               a process using the device (at most 1024 per device);
  *                               engines is a zes_engine_type_flags_t (default 2, COMPUTE)
+ *     memory_bandwidth_result <r>  what zesMemoryGetBandwidth returns for every module
+ *
+ *   Telemetry components (at most 16 of each kind per device); each takes [subdevice=<n>]
+ *   (zes_*_properties_t.onSubdevice and subdeviceId; default: on the device itself):
+ *     engine <group> <active_us>                 an engine group: zes_engine_group_t, and the
+ *                                                activeTime zesEngineGetActivity reports
+ *     power <energy_uj> [card]                   a power domain and its energy counter; `card`:
+ *                                                zesDeviceGetCardPowerDomain returns it (else that
+ *                                                call returns ZE_RESULT_ERROR_UNSUPPORTED_FEATURE)
+ *     temperature <sensor> <celsius>             a zes_temp_sensors_t sensor and its reading
+ *     frequency <domain> <actual_mhz> [throttle=<flags>]
+ *                                                a zes_freq_domain_t domain, its actual frequency and
+ *                                                its zes_freq_throttle_reason_flags_t
+ *     ras <type> <reset> <programming> <driver> <compute> <non_compute> <cache> <display>
+ *                                                a RAS error set (zes_ras_error_type_t) and its counts
+ *                                                by category; zesRasGetState refuses to clear them
+ *                                                (ZE_RESULT_ERROR_INVALID_ARGUMENT, and says so on stderr)
+ *   and, per kind (<kind> = engines, power, temperature, frequency or ras), what its calls return:
+ *     <kind>_enum_result <r>    the enumeration (zesDeviceEnumEngineGroups, ...; for power also
+ *                               zesDeviceGetCardPowerDomain)
+ *     <kind>_result <r>         the reading (zesEngineGetActivity, zesPowerGetEnergyCounter,
+ *                               zesTemperatureGetState, zesFrequencyGetState, zesRasGetState)
  *
  * Example:
  *     init_result ZE_RESULT_SUCCESS
@@ -59,8 +85,9 @@
  *     process 1000 268435456 0
  *
  * Handles are addresses inside constant arrays (device i, memory module j of
- * device i), so a handle keeps meaning "device i" across config changes; a
- * handle whose device vanished from the config gets ZE_RESULT_ERROR_DEVICE_LOST.
+ * device i, component j of a kind of device i), so a handle keeps meaning
+ * "device i" across config changes; a handle whose device (or component)
+ * vanished from the config gets ZE_RESULT_ERROR_DEVICE_LOST.
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -69,6 +96,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <level_zero/ze_ddi.h>
@@ -78,6 +107,7 @@
 #define MAX_DEVICES 8
 #define MAX_MODULES 8
 #define MAX_PROCESSES 1024
+#define MAX_COMPONENTS 16
 #define INTEL_VENDOR_ID 0x8086
 
 struct memory_module {
@@ -87,6 +117,30 @@ struct memory_module {
     uint64_t physical_size;
     uint32_t health;
     uint32_t type;
+    int has_bandwidth;
+    uint64_t read_bytes, write_bytes, max_bandwidth;
+};
+
+/* The telemetry components a device has, by kind. */
+enum kind { ENGINES, POWER, TEMPERATURE, FREQUENCY, RAS, KIND_COUNT };
+static const char *const kind_names[KIND_COUNT] = { "engines", "power", "temperature", "frequency", "ras" };
+
+struct component {
+    uint32_t type;         /* engine group, temperature sensor, frequency domain or RAS error type */
+    int on_subdevice;
+    uint32_t subdevice_id;
+    uint64_t counter;      /* engine: active microseconds; power: energy in microjoules */
+    double value;          /* temperature: degrees Celsius; frequency: actual MHz */
+    uint32_t throttle;     /* frequency: throttle reasons */
+    int card;              /* power: the card's domain */
+    uint64_t categories[ZES_MAX_RAS_ERROR_CATEGORY_COUNT]; /* RAS */
+};
+
+struct family {
+    unsigned count;
+    struct component components[MAX_COMPONENTS];
+    ze_result_t enum_result;
+    ze_result_t read_result;
 };
 
 struct process {
@@ -114,6 +168,8 @@ struct device {
     uint32_t processes_count_lag;
     unsigned process_count;
     struct process processes[MAX_PROCESSES];
+    ze_result_t memory_bandwidth_result;
+    struct family families[KIND_COUNT];
 };
 
 struct config {
@@ -127,11 +183,13 @@ struct config {
 static const char driver_token;
 static const char device_tokens[MAX_DEVICES];
 static const char memory_tokens[MAX_DEVICES][MAX_MODULES];
+static const char component_tokens[KIND_COUNT][MAX_DEVICES][MAX_COMPONENTS];
 
 /*
  * compute-runtime decides once, at the first successful zeInit of the process, whether
  * Sysman is on (later zeInit calls reach the driver again but change nothing); so does
- * the fake. This is the only state the fake keeps between calls.
+ * the fake. Besides the parsed config (load_config), this is the only state the fake keeps
+ * between calls.
  */
 static int sysman_decided;
 static int sysman_enabled_at_init;
@@ -279,8 +337,16 @@ static int parse_memory(char *arguments, struct memory_module *module)
             status = parse_u32(value, &module->health);
         else if (strcmp(option, "type") == 0)
             status = parse_u32(value, &module->type);
+        else if (strcmp(option, "read") == 0)
+            status = parse_number(value, &module->read_bytes);
+        else if (strcmp(option, "write") == 0)
+            status = parse_number(value, &module->write_bytes);
+        else if (strcmp(option, "max_bandwidth") == 0)
+            status = parse_number(value, &module->max_bandwidth);
         else
             status = -1;
+        if (strcmp(option, "read") == 0 || strcmp(option, "write") == 0 || strcmp(option, "max_bandwidth") == 0)
+            module->has_bandwidth = 1;
         if (status != 0)
             return -1;
     }
@@ -303,6 +369,109 @@ static int parse_process(char *arguments, struct process *process)
     return engines == NULL ? 0 : parse_u32(engines, &process->engines);
 }
 
+static int parse_double(const char *text, double *value)
+{
+    char *end;
+    if (text == NULL || *text == '\0')
+        return -1;
+    errno = 0;
+    *value = strtod(text, &end);
+    return (errno != 0 || *end != '\0') ? -1 : 0;
+}
+
+/*
+ * engine <group> <active_us> | power <energy_uj> [card] | temperature <sensor> <celsius>
+ * | frequency <domain> <actual_mhz> [throttle=<flags>] | ras <type> <7 counts>; each [subdevice=<n>]
+ */
+static int parse_component(enum kind kind, char *arguments, struct component *component)
+{
+    char *saveptr = NULL;
+    char *word = strtok_r(arguments, " \t", &saveptr);
+    int status = 0;
+    memset(component, 0, sizeof(*component));
+    switch (kind) {
+    case ENGINES:
+        status = parse_u32(word, &component->type)
+            || parse_number(strtok_r(NULL, " \t", &saveptr), &component->counter);
+        break;
+    case POWER:
+        status = parse_number(word, &component->counter);
+        break;
+    case TEMPERATURE:
+    case FREQUENCY:
+        status = parse_u32(word, &component->type)
+            || parse_double(strtok_r(NULL, " \t", &saveptr), &component->value);
+        break;
+    case RAS:
+        status = parse_u32(word, &component->type);
+        for (unsigned i = 0; status == 0 && i < ZES_MAX_RAS_ERROR_CATEGORY_COUNT; i++)
+            status = parse_number(strtok_r(NULL, " \t", &saveptr), &component->categories[i]);
+        break;
+    default:
+        return -1;
+    }
+    if (status != 0)
+        return -1;
+    for (char *option; (option = strtok_r(NULL, " \t", &saveptr)) != NULL;) {
+        if (kind == POWER && strcmp(option, "card") == 0) {
+            component->card = 1;
+            continue;
+        }
+        char *value = strchr(option, '=');
+        if (value == NULL)
+            return -1;
+        *value++ = '\0';
+        if (strcmp(option, "subdevice") == 0) {
+            component->on_subdevice = 1;
+            status = parse_u32(value, &component->subdevice_id);
+        } else if (kind == FREQUENCY && strcmp(option, "throttle") == 0) {
+            status = parse_u32(value, &component->throttle);
+        } else {
+            status = -1;
+        }
+        if (status != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static const char *const component_usage[KIND_COUNT] = {
+    "engine <group> <active_us> [subdevice=<n>]",
+    "power <energy_uj> [card] [subdevice=<n>]",
+    "temperature <sensor> <celsius> [subdevice=<n>]",
+    "frequency <domain> <actual_mhz> [throttle=<flags>] [subdevice=<n>]",
+    "ras <type> <reset> <programming> <driver> <compute> <non_compute> <cache> <display> [subdevice=<n>]",
+};
+static const char *const component_keywords[KIND_COUNT] = { "engine", "power", "temperature", "frequency", "ras" };
+
+/* A telemetry directive (a component, <kind>_enum_result or <kind>_result); NULL when keyword is none. */
+static const char *apply_telemetry_directive(struct device *device, const char *keyword, char *arguments,
+                                             int *handled)
+{
+    char name[64];
+    *handled = 1;
+    for (int kind = 0; kind < KIND_COUNT; kind++) {
+        struct family *family = &device->families[kind];
+        if (strcmp(keyword, component_keywords[kind]) == 0) {
+            if (family->count == MAX_COMPONENTS)
+                return "too many components of this kind";
+            return parse_component((enum kind)kind, arguments, &family->components[family->count++]) == 0
+                ? NULL : component_usage[kind];
+        }
+        snprintf(name, sizeof(name), "%s_enum_result", kind_names[kind]);
+        if (strcmp(keyword, name) == 0)
+            return parse_result(arguments, &family->enum_result) == 0 ? NULL : "<kind>_enum_result <result>";
+        snprintf(name, sizeof(name), "%s_result", kind_names[kind]);
+        if (strcmp(keyword, name) == 0)
+            return parse_result(arguments, &family->read_result) == 0 ? NULL : "<kind>_result <result>";
+    }
+    if (strcmp(keyword, "memory_bandwidth_result") == 0)
+        return parse_result(arguments, &device->memory_bandwidth_result) == 0
+            ? NULL : "memory_bandwidth_result <result>";
+    *handled = 0;
+    return NULL;
+}
+
 static void new_device(struct device *device)
 {
     memset(device, 0, sizeof(*device));
@@ -313,6 +482,11 @@ static void new_device(struct device *device)
     device->memory_modules_result = ZE_RESULT_SUCCESS;
     device->memory_state_result = ZE_RESULT_SUCCESS;
     device->processes_result = ZE_RESULT_SUCCESS;
+    device->memory_bandwidth_result = ZE_RESULT_SUCCESS;
+    for (int kind = 0; kind < KIND_COUNT; kind++) {
+        device->families[kind].enum_result = ZE_RESULT_SUCCESS;
+        device->families[kind].read_result = ZE_RESULT_SUCCESS;
+    }
 }
 
 /* Applies one directive; returns an error message or NULL. */
@@ -382,7 +556,9 @@ static const char *apply_directive(struct config *config, const char *keyword, c
         return parse_process(arguments, &device->processes[device->process_count++]) == 0
             ? NULL : "process <pid> <mem_size> <shared_size> [engines]";
     }
-    return "unknown directive";
+    int handled;
+    const char *error = apply_telemetry_directive(device, keyword, arguments, &handled);
+    return handled ? error : "unknown directive";
 }
 
 static void finish_devices(struct config *config)
@@ -394,14 +570,9 @@ static void finish_devices(struct config *config)
     }
 }
 
-/* Reads $FAKE_ZE_CONFIG; returns a config to free(), or NULL after reporting why on stderr. */
-static struct config *load_config(void)
+/* Parses the config file at path; returns a config to free(), or NULL after reporting why on stderr. */
+static struct config *parse_config(const char *path)
 {
-    const char *path = getenv("FAKE_ZE_CONFIG");
-    if (path == NULL) {
-        fprintf(stderr, "fake_ze: FAKE_ZE_CONFIG is not set\n");
-        return NULL;
-    }
     FILE *file = fopen(path, "r");
     if (file == NULL) {
         fprintf(stderr, "fake_ze: cannot open %s: %s\n", path, strerror(errno));
@@ -436,6 +607,41 @@ static struct config *load_config(void)
     }
     finish_devices(config);
     return config;
+}
+
+/*
+ * The config of $FAKE_ZE_CONFIG as the file is now: parsed again whenever the file is another one
+ * (tests replace it atomically, so a new inode) or was modified, else the last parse. The config
+ * belongs to this cache: callers hand it back with release_config(), never free() it.
+ */
+static struct config *cached_config;
+static struct stat cached_stat;
+
+static struct config *load_config(void)
+{
+    const char *path = getenv("FAKE_ZE_CONFIG");
+    if (path == NULL) {
+        fprintf(stderr, "fake_ze: FAKE_ZE_CONFIG is not set\n");
+        return NULL;
+    }
+    struct stat now;
+    if (stat(path, &now) != 0) {
+        fprintf(stderr, "fake_ze: cannot open %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    if (cached_config != NULL && now.st_dev == cached_stat.st_dev && now.st_ino == cached_stat.st_ino
+        && now.st_size == cached_stat.st_size && now.st_mtim.tv_sec == cached_stat.st_mtim.tv_sec
+        && now.st_mtim.tv_nsec == cached_stat.st_mtim.tv_nsec)
+        return cached_config;
+    free(cached_config);
+    cached_config = parse_config(path);
+    cached_stat = now;
+    return cached_config;
+}
+
+static void release_config(struct config *config)
+{
+    (void)config;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -489,6 +695,34 @@ static ze_result_t find_module(const struct config *config, const void *handle,
     return ZE_RESULT_SUCCESS;
 }
 
+static void *component_handle(enum kind kind, unsigned device_index, unsigned index)
+{
+    return (void *)(uintptr_t)&component_tokens[kind][device_index][index];
+}
+
+/* Finds the component of a handle of the given kind in the current config. */
+static ze_result_t find_component(const struct config *config, enum kind kind, const void *handle,
+                                  const struct device **device, const struct component **component)
+{
+    const char *base = &component_tokens[kind][0][0];
+    uintptr_t offset = (uintptr_t)handle - (uintptr_t)base;
+    if (handle == NULL || (uintptr_t)handle < (uintptr_t)base || offset >= MAX_DEVICES * MAX_COMPONENTS)
+        return ZE_RESULT_ERROR_INVALID_NULL_HANDLE;
+    unsigned device_index = offset / MAX_COMPONENTS, index = offset % MAX_COMPONENTS;
+    if (device_index >= config->device_count || index >= config->devices[device_index].families[kind].count)
+        return ZE_RESULT_ERROR_DEVICE_LOST;
+    *device = &config->devices[device_index];
+    *component = &(*device)->families[kind].components[index];
+    return ZE_RESULT_SUCCESS;
+}
+
+static uint64_t now_microseconds(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u;
+}
+
 /* The two-call convention: returns how many entries to fill, updates *count. */
 static uint32_t entries_to_fill(uint32_t *count, const void *array, uint32_t available)
 {
@@ -537,7 +771,7 @@ static ze_result_t ZE_APICALL fake_zeInit(ze_init_flags_t flags)
         return ZE_RESULT_ERROR_UNKNOWN;
     int hang = config->init_hang;
     ze_result_t result = config->init_result;
-    free(config);
+    release_config(config);
     if (hang)
         hang_forever();
     if (result == ZE_RESULT_SUCCESS && !sysman_decided) {
@@ -584,7 +818,7 @@ static ze_result_t ZE_APICALL fake_zeDeviceGet(ze_driver_handle_t driver, uint32
     uint32_t filled = entries_to_fill(count, devices, config->device_count);
     for (uint32_t i = 0; i < filled; i++)
         devices[i] = device_handle(i);
-    free(config);
+    release_config(config);
     return ZE_RESULT_SUCCESS;
 }
 
@@ -609,7 +843,7 @@ static ze_result_t ZE_APICALL fake_zeDeviceGetProperties(ze_device_handle_t hand
     ze_result_t result = find_device(config, handle, &device);
     if (result == ZE_RESULT_SUCCESS)
         fill_core_properties(device, properties);
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -639,7 +873,7 @@ static ze_result_t ZE_APICALL fake_zeDeviceGetMemoryProperties(ze_device_handle_
             copy_text(properties[i].name, sizeof(properties[i].name), "GDDR6");
         }
     }
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -668,7 +902,7 @@ static ze_result_t ZE_APICALL fake_zesDeviceGetProperties(zes_device_handle_t ha
         copy_text(properties->vendorName, sizeof(properties->vendorName), "Intel(R) Corporation");
         copy_text(properties->driverVersion, sizeof(properties->driverVersion), device->driver_version);
     }
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -695,7 +929,7 @@ static ze_result_t ZE_APICALL fake_zesDevicePciGetProperties(zes_device_handle_t
         properties->havePacketCounters = 0;
         properties->haveReplayCounters = 0;
     }
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -719,7 +953,7 @@ static ze_result_t ZE_APICALL fake_zesDeviceEnumMemoryModules(zes_device_handle_
         for (uint32_t i = 0; i < filled; i++)
             modules[i] = memory_handle(device_index, i);
     }
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -756,7 +990,7 @@ static ze_result_t ZE_APICALL fake_zesDeviceProcessesGetState(zes_device_handle_
             }
         }
     }
-    free(config);
+    release_config(config);
     if (hang)
         hang_forever();
     return result;
@@ -783,7 +1017,7 @@ static ze_result_t ZE_APICALL fake_zesMemoryGetProperties(zes_mem_handle_t handl
         properties->busWidth = module->device_local ? 256 : -1;
         properties->numChannels = -1;
     }
-    free(config);
+    release_config(config);
     return result;
 }
 
@@ -807,7 +1041,7 @@ static ze_result_t ZE_APICALL fake_zesMemoryGetState(zes_mem_handle_t handle, ze
         state->free = module->free;
         state->size = module->size;
     }
-    free(config);
+    release_config(config);
     if (hang)
         hang_forever();
     return result;
@@ -815,11 +1049,303 @@ static ze_result_t ZE_APICALL fake_zesMemoryGetState(zes_mem_handle_t handle, ze
 
 static ze_result_t ZE_APICALL fake_zesMemoryGetBandwidth(zes_mem_handle_t handle, zes_mem_bandwidth_t *bandwidth)
 {
-    (void)handle;
-    (void)bandwidth;
     if (!sysman_enabled_at_init)
         return ZE_RESULT_ERROR_UNINITIALIZED;
-    return ZE_RESULT_ERROR_UNSUPPORTED_FEATURE;
+    if (bandwidth == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    struct config *config = load_config();
+    if (config == NULL)
+        return ZE_RESULT_ERROR_UNKNOWN;
+    const struct device *device = NULL;
+    const struct memory_module *module = NULL;
+    ze_result_t result = find_module(config, handle, &device, &module);
+    if (result == ZE_RESULT_SUCCESS)
+        result = device->memory_bandwidth_result;
+    if (result == ZE_RESULT_SUCCESS && !module->has_bandwidth)
+        result = ZE_RESULT_ERROR_UNSUPPORTED_FEATURE;
+    if (result == ZE_RESULT_SUCCESS) {
+        bandwidth->readCounter = module->read_bytes;
+        bandwidth->writeCounter = module->write_bytes;
+        bandwidth->maxBandwidth = module->max_bandwidth;
+        bandwidth->timestamp = now_microseconds();
+    }
+    release_config(config);
+    return result;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Sysman telemetry entry points                                             */
+
+/* zesDeviceEnum<Kind>: the two-call convention over the device's components of a kind. */
+static ze_result_t enumerate_components(enum kind kind, zes_device_handle_t handle, uint32_t *count, void **handles)
+{
+    if (!sysman_enabled_at_init)
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    if (count == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    struct config *config = load_config();
+    if (config == NULL)
+        return ZE_RESULT_ERROR_UNKNOWN;
+    const struct device *device = NULL;
+    ze_result_t result = find_device(config, handle, &device);
+    if (result == ZE_RESULT_SUCCESS)
+        result = device->families[kind].enum_result;
+    if (result == ZE_RESULT_SUCCESS) {
+        unsigned device_index = (unsigned)(device - config->devices);
+        uint32_t filled = entries_to_fill(count, handles, device->families[kind].count);
+        for (uint32_t i = 0; i < filled; i++)
+            handles[i] = component_handle(kind, device_index, i);
+    }
+    release_config(config);
+    return result;
+}
+
+/*
+ * Looks up a component for a Sysman call: returns the config to free() (NULL on failure, *result set).
+ * `reading`: the call reads the component's state, so the kind's read_result applies.
+ */
+static struct config *component_call(enum kind kind, const void *handle, const void *out, int reading,
+                                     const struct component **component, ze_result_t *result)
+{
+    if (!sysman_enabled_at_init) {
+        *result = ZE_RESULT_ERROR_UNINITIALIZED;
+        return NULL;
+    }
+    if (out == NULL) {
+        *result = ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+        return NULL;
+    }
+    struct config *config = load_config();
+    if (config == NULL) {
+        *result = ZE_RESULT_ERROR_UNKNOWN;
+        return NULL;
+    }
+    const struct device *device = NULL;
+    *result = find_component(config, kind, handle, &device, component);
+    if (*result == ZE_RESULT_SUCCESS && reading)
+        *result = device->families[kind].read_result;
+    if (*result != ZE_RESULT_SUCCESS) {
+        release_config(config);
+        return NULL;
+    }
+    return config;
+}
+
+static ze_result_t ZE_APICALL fake_zesDeviceEnumEngineGroups(zes_device_handle_t handle, uint32_t *count,
+                                                             zes_engine_handle_t *engines)
+{
+    return enumerate_components(ENGINES, handle, count, (void **)engines);
+}
+
+static ze_result_t ZE_APICALL fake_zesEngineGetProperties(zes_engine_handle_t handle,
+                                                          zes_engine_properties_t *properties)
+{
+    const struct component *engine;
+    ze_result_t result;
+    struct config *config = component_call(ENGINES, handle, properties, 0, &engine, &result);
+    if (config != NULL) {
+        properties->type = (zes_engine_group_t)engine->type;
+        properties->onSubdevice = (ze_bool_t)engine->on_subdevice;
+        properties->subdeviceId = engine->subdevice_id;
+        release_config(config);
+    }
+    return result;
+}
+
+static ze_result_t ZE_APICALL fake_zesEngineGetActivity(zes_engine_handle_t handle, zes_engine_stats_t *stats)
+{
+    const struct component *engine;
+    ze_result_t result;
+    struct config *config = component_call(ENGINES, handle, stats, 1, &engine, &result);
+    if (config != NULL) {
+        stats->activeTime = engine->counter;
+        stats->timestamp = now_microseconds();
+        release_config(config);
+    }
+    return result;
+}
+
+static ze_result_t ZE_APICALL fake_zesDeviceEnumPowerDomains(zes_device_handle_t handle, uint32_t *count,
+                                                             zes_pwr_handle_t *domains)
+{
+    return enumerate_components(POWER, handle, count, (void **)domains);
+}
+
+static ze_result_t ZE_APICALL fake_zesDeviceGetCardPowerDomain(zes_device_handle_t handle, zes_pwr_handle_t *domain)
+{
+    if (!sysman_enabled_at_init)
+        return ZE_RESULT_ERROR_UNINITIALIZED;
+    if (domain == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    struct config *config = load_config();
+    if (config == NULL)
+        return ZE_RESULT_ERROR_UNKNOWN;
+    const struct device *device = NULL;
+    ze_result_t result = find_device(config, handle, &device);
+    if (result == ZE_RESULT_SUCCESS)
+        result = device->families[POWER].enum_result;
+    if (result == ZE_RESULT_SUCCESS) {
+        const struct family *power = &device->families[POWER];
+        unsigned card = 0;
+        while (card < power->count && !power->components[card].card)
+            card++;
+        if (card == power->count) {
+            *domain = NULL;
+            result = ZE_RESULT_ERROR_UNSUPPORTED_FEATURE;
+        } else {
+            *domain = component_handle(POWER, (unsigned)(device - config->devices), card);
+        }
+    }
+    release_config(config);
+    return result;
+}
+
+static ze_result_t ZE_APICALL fake_zesPowerGetProperties(zes_pwr_handle_t handle, zes_power_properties_t *properties)
+{
+    const struct component *domain;
+    ze_result_t result;
+    struct config *config = component_call(POWER, handle, properties, 0, &domain, &result);
+    if (config != NULL) {
+        properties->onSubdevice = (ze_bool_t)domain->on_subdevice;
+        properties->subdeviceId = domain->subdevice_id;
+        properties->canControl = 0;
+        properties->isEnergyThresholdSupported = 0;
+        properties->defaultLimit = -1;
+        properties->minLimit = -1;
+        properties->maxLimit = -1;
+        release_config(config);
+    }
+    return result;
+}
+
+static ze_result_t ZE_APICALL fake_zesPowerGetEnergyCounter(zes_pwr_handle_t handle,
+                                                            zes_power_energy_counter_t *energy)
+{
+    const struct component *domain;
+    ze_result_t result;
+    struct config *config = component_call(POWER, handle, energy, 1, &domain, &result);
+    if (config != NULL) {
+        energy->energy = domain->counter;
+        energy->timestamp = now_microseconds();
+        release_config(config);
+    }
+    return result;
+}
+
+static ze_result_t ZE_APICALL fake_zesDeviceEnumTemperatureSensors(zes_device_handle_t handle, uint32_t *count,
+                                                                   zes_temp_handle_t *sensors)
+{
+    return enumerate_components(TEMPERATURE, handle, count, (void **)sensors);
+}
+
+static ze_result_t ZE_APICALL fake_zesTemperatureGetProperties(zes_temp_handle_t handle,
+                                                               zes_temp_properties_t *properties)
+{
+    const struct component *sensor;
+    ze_result_t result;
+    struct config *config = component_call(TEMPERATURE, handle, properties, 0, &sensor, &result);
+    if (config != NULL) {
+        properties->type = (zes_temp_sensors_t)sensor->type;
+        properties->onSubdevice = (ze_bool_t)sensor->on_subdevice;
+        properties->subdeviceId = sensor->subdevice_id;
+        properties->maxTemperature = 105.0;
+        properties->isCriticalTempSupported = 0;
+        properties->isThreshold1Supported = 0;
+        properties->isThreshold2Supported = 0;
+        release_config(config);
+    }
+    return result;
+}
+
+static ze_result_t ZE_APICALL fake_zesTemperatureGetState(zes_temp_handle_t handle, double *temperature)
+{
+    const struct component *sensor;
+    ze_result_t result;
+    struct config *config = component_call(TEMPERATURE, handle, temperature, 1, &sensor, &result);
+    if (config != NULL) {
+        *temperature = sensor->value;
+        release_config(config);
+    }
+    return result;
+}
+
+static ze_result_t ZE_APICALL fake_zesDeviceEnumFrequencyDomains(zes_device_handle_t handle, uint32_t *count,
+                                                                 zes_freq_handle_t *domains)
+{
+    return enumerate_components(FREQUENCY, handle, count, (void **)domains);
+}
+
+static ze_result_t ZE_APICALL fake_zesFrequencyGetProperties(zes_freq_handle_t handle,
+                                                             zes_freq_properties_t *properties)
+{
+    const struct component *domain;
+    ze_result_t result;
+    struct config *config = component_call(FREQUENCY, handle, properties, 0, &domain, &result);
+    if (config != NULL) {
+        properties->type = (zes_freq_domain_t)domain->type;
+        properties->onSubdevice = (ze_bool_t)domain->on_subdevice;
+        properties->subdeviceId = domain->subdevice_id;
+        properties->canControl = 0;
+        properties->isThrottleEventSupported = 0;
+        properties->min = 300.0;
+        properties->max = 2400.0;
+        release_config(config);
+    }
+    return result;
+}
+
+static ze_result_t ZE_APICALL fake_zesFrequencyGetState(zes_freq_handle_t handle, zes_freq_state_t *state)
+{
+    const struct component *domain;
+    ze_result_t result;
+    struct config *config = component_call(FREQUENCY, handle, state, 1, &domain, &result);
+    if (config != NULL) {
+        state->currentVoltage = -1.0;
+        state->request = domain->value;
+        state->tdp = -1.0;
+        state->efficient = -1.0;
+        state->actual = domain->value;
+        state->throttleReasons = domain->throttle;
+        release_config(config);
+    }
+    return result;
+}
+
+static ze_result_t ZE_APICALL fake_zesDeviceEnumRasErrorSets(zes_device_handle_t handle, uint32_t *count,
+                                                             zes_ras_handle_t *sets)
+{
+    return enumerate_components(RAS, handle, count, (void **)sets);
+}
+
+static ze_result_t ZE_APICALL fake_zesRasGetProperties(zes_ras_handle_t handle, zes_ras_properties_t *properties)
+{
+    const struct component *set;
+    ze_result_t result;
+    struct config *config = component_call(RAS, handle, properties, 0, &set, &result);
+    if (config != NULL) {
+        properties->type = (zes_ras_error_type_t)set->type;
+        properties->onSubdevice = (ze_bool_t)set->on_subdevice;
+        properties->subdeviceId = set->subdevice_id;
+        release_config(config);
+    }
+    return result;
+}
+
+/* A reader must never clear the operator's counters: the fake refuses, loudly. */
+static ze_result_t ZE_APICALL fake_zesRasGetState(zes_ras_handle_t handle, ze_bool_t clear, zes_ras_state_t *state)
+{
+    if (clear) {
+        fprintf(stderr, "fake_ze: zesRasGetState was asked to clear the RAS error counters\n");
+        return ZE_RESULT_ERROR_INVALID_ARGUMENT;
+    }
+    const struct component *set;
+    ze_result_t result;
+    struct config *config = component_call(RAS, handle, state, 1, &set, &result);
+    if (config != NULL) {
+        memcpy(state->category, set->categories, sizeof(state->category));
+        release_config(config);
+    }
+    return result;
 }
 
 /* ------------------------------------------------------------------------- */
@@ -880,6 +1406,12 @@ ze_result_t ZE_APICALL zesGetDeviceProcAddrTable(ze_api_version_t version, zes_d
         table->pfnPciGetProperties = fake_zesDevicePciGetProperties;
         table->pfnEnumMemoryModules = fake_zesDeviceEnumMemoryModules;
         table->pfnProcessesGetState = fake_zesDeviceProcessesGetState;
+        table->pfnEnumEngineGroups = fake_zesDeviceEnumEngineGroups;
+        table->pfnEnumPowerDomains = fake_zesDeviceEnumPowerDomains;
+        table->pfnGetCardPowerDomain = fake_zesDeviceGetCardPowerDomain;
+        table->pfnEnumTemperatureSensors = fake_zesDeviceEnumTemperatureSensors;
+        table->pfnEnumFrequencyDomains = fake_zesDeviceEnumFrequencyDomains;
+        table->pfnEnumRasErrorSets = fake_zesDeviceEnumRasErrorSets;
     }
     return result;
 }
@@ -891,6 +1423,56 @@ ze_result_t ZE_APICALL zesGetMemoryProcAddrTable(ze_api_version_t version, zes_m
         table->pfnGetProperties = fake_zesMemoryGetProperties;
         table->pfnGetState = fake_zesMemoryGetState;
         table->pfnGetBandwidth = fake_zesMemoryGetBandwidth;
+    }
+    return result;
+}
+
+ze_result_t ZE_APICALL zesGetEngineProcAddrTable(ze_api_version_t version, zes_engine_dditable_t *table)
+{
+    ze_result_t result = check_table_request(version, table);
+    if (result == ZE_RESULT_SUCCESS) {
+        table->pfnGetProperties = fake_zesEngineGetProperties;
+        table->pfnGetActivity = fake_zesEngineGetActivity;
+    }
+    return result;
+}
+
+ze_result_t ZE_APICALL zesGetPowerProcAddrTable(ze_api_version_t version, zes_power_dditable_t *table)
+{
+    ze_result_t result = check_table_request(version, table);
+    if (result == ZE_RESULT_SUCCESS) {
+        table->pfnGetProperties = fake_zesPowerGetProperties;
+        table->pfnGetEnergyCounter = fake_zesPowerGetEnergyCounter;
+    }
+    return result;
+}
+
+ze_result_t ZE_APICALL zesGetTemperatureProcAddrTable(ze_api_version_t version, zes_temperature_dditable_t *table)
+{
+    ze_result_t result = check_table_request(version, table);
+    if (result == ZE_RESULT_SUCCESS) {
+        table->pfnGetProperties = fake_zesTemperatureGetProperties;
+        table->pfnGetState = fake_zesTemperatureGetState;
+    }
+    return result;
+}
+
+ze_result_t ZE_APICALL zesGetFrequencyProcAddrTable(ze_api_version_t version, zes_frequency_dditable_t *table)
+{
+    ze_result_t result = check_table_request(version, table);
+    if (result == ZE_RESULT_SUCCESS) {
+        table->pfnGetProperties = fake_zesFrequencyGetProperties;
+        table->pfnGetState = fake_zesFrequencyGetState;
+    }
+    return result;
+}
+
+ze_result_t ZE_APICALL zesGetRasProcAddrTable(ze_api_version_t version, zes_ras_dditable_t *table)
+{
+    ze_result_t result = check_table_request(version, table);
+    if (result == ZE_RESULT_SUCCESS) {
+        table->pfnGetProperties = fake_zesRasGetProperties;
+        table->pfnGetState = fake_zesRasGetState;
     }
     return result;
 }
@@ -932,16 +1514,12 @@ EMPTY_TABLE_GETTER(zetGetTracerExpProcAddrTable, zet_tracer_exp_dditable_t)
 
 EMPTY_TABLE_GETTER(zesGetDriverProcAddrTable, zes_driver_dditable_t)
 EMPTY_TABLE_GETTER(zesGetDiagnosticsProcAddrTable, zes_diagnostics_dditable_t)
-EMPTY_TABLE_GETTER(zesGetEngineProcAddrTable, zes_engine_dditable_t)
 EMPTY_TABLE_GETTER(zesGetFabricPortProcAddrTable, zes_fabric_port_dditable_t)
 EMPTY_TABLE_GETTER(zesGetFanProcAddrTable, zes_fan_dditable_t)
 EMPTY_TABLE_GETTER(zesGetFirmwareProcAddrTable, zes_firmware_dditable_t)
-EMPTY_TABLE_GETTER(zesGetFrequencyProcAddrTable, zes_frequency_dditable_t)
 EMPTY_TABLE_GETTER(zesGetLedProcAddrTable, zes_led_dditable_t)
 EMPTY_TABLE_GETTER(zesGetPerformanceFactorProcAddrTable, zes_performance_factor_dditable_t)
-EMPTY_TABLE_GETTER(zesGetPowerProcAddrTable, zes_power_dditable_t)
 EMPTY_TABLE_GETTER(zesGetPsuProcAddrTable, zes_psu_dditable_t)
-EMPTY_TABLE_GETTER(zesGetRasProcAddrTable, zes_ras_dditable_t)
 EMPTY_TABLE_GETTER(zesGetSchedulerProcAddrTable, zes_scheduler_dditable_t)
 EMPTY_TABLE_GETTER(zesGetStandbyProcAddrTable, zes_standby_dditable_t)
-EMPTY_TABLE_GETTER(zesGetTemperatureProcAddrTable, zes_temperature_dditable_t)
+
