@@ -1,5 +1,16 @@
-"""Fixtures shared across test modules. Helpers live in plain modules beside this file
-(fakeze, fakesysfs, journalgen, exporterproc) so scripts can use them too."""
+"""Fixtures shared across test modules.
+
+Plain helpers live in modules beside this file, imported by name (``from polling import wait_for``):
+pytest puts this directory on sys.path, and scripts and benchmarks do the same. Each exists once:
+    polling      wait_for
+    sizes        GiB, MiB, gib(), mib()
+    scrapes      parse_samples(), sample(), series(): /metrics text as samples
+    httpclient   request(), client_context(), basic() / authorization(), curl()
+    certs        make_pki() and friends; webconfigs: web config texts and files
+    exporterproc the exporter as a process; fakeze, fakeprocfs, fakesysfs: what it reads
+    journalgen   journal files; vllmlogs: what vLLM units print (realistic starts, the boot race)
+    promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids.max
+"""
 
 from __future__ import annotations
 
@@ -7,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from certs import Pki, make_pki
 from fakeze import build_fake_driver
 
 
@@ -29,3 +41,10 @@ def config_path(tmp_path: Path) -> Path:
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A test CA with server and client certificates, and a rogue CA (certs.make_pki), made once per run."""
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
