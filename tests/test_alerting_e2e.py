@@ -22,12 +22,15 @@ from pathlib import Path
 import pytest
 
 import journalgen
-from exporterproc import RunningExporter, sample, series, wait_for
+from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, xe_fdinfo
-from fakeze import A770, GiB, MiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
+from fakeze import A770, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
+from polling import wait_for
 from promql import (REPO, alerting_rules, dashboard_queries, load_dashboard, metric_names,
                     recorded_names, variable_queries)
-from promstack import Alertmanager, Prometheus, Webhook, wait_until
+from promstack import Alertmanager, Prometheus, Webhook
+from scrapes import sample, series
+from sizes import GiB, MiB
 from vllmlogs import (CHAT, EMBEDDING, STT, UNWATCHED, Boot, compose, failure_instant, journal_specs,
                       race_chat_runs, race_embedding_run, race_stt_run, service_runs)
 
@@ -117,7 +120,7 @@ def firing(prometheus: Prometheus) -> set[tuple[str, str]]:
 def steady_firing(prometheus: Prometheus, expected: set, evaluations: int = 3) -> set:
     """The firing set once it equals `expected` (or the deadline passed) and stayed so for a few more
     evaluations: an alert that should not fire has had its chance to."""
-    wait_until(lambda: firing(prometheus) == expected, SETTLE)
+    wait_for(lambda: firing(prometheus) == expected, SETTLE)
     time.sleep(evaluations)
     return firing(prometheus)
 
@@ -160,7 +163,7 @@ def stack(fake_driver: Path, tmp_path_factory: pytest.TempPathFactory):
             ("XpuUnitEngineInitFailed", CHAT), ("XpuUnitKvCacheTooSmall", CHAT),
             ("XpuUnitEngineInitsOverlapped", CHAT), ("XpuUnitEngineInitsOverlapped", EMBEDDING),
             ("XpuUnitEngineInitsOverlapped", STT)})
-        wait_until(lambda: any(alert["labels"]["alertname"] == "XpuUnitEngineInitFailed"
+        wait_for(lambda: any(alert["labels"]["alertname"] == "XpuUnitEngineInitFailed"
                                for alert in webhook.alerts()), SETTLE)
 
         # Phase 2: chat's lone restart, as the journal, /proc and the driver see it.
@@ -178,7 +181,7 @@ def stack(fake_driver: Path, tmp_path_factory: pytest.TempPathFactory):
             ("XpuUnitEngineInitsOverlapped", CHAT), ("XpuUnitEngineInitsOverlapped", EMBEDDING),
             ("XpuUnitEngineInitsOverlapped", STT)})
         # a rate over the dashboard's window needs that many seconds of scrapes after the change
-        wait_until(lambda: time.time() - started > 6, SETTLE)
+        wait_for(lambda: time.time() - started > 6, SETTLE)
         yield Stack(exporter, prometheus, alertmanager, webhook, race, instance, started, phase1, phase2)
     finally:
         for process in reversed(processes):
@@ -212,7 +215,7 @@ def test_only_the_alerts_the_race_explains_fire_before_and_after_the_restart(sta
 
 
 def test_the_kv_alert_resolves_when_the_lone_restart_fits_a_request(stack: Stack):
-    resolved = wait_until(lambda: [alert for alert in stack.webhook.alerts("resolved")
+    resolved = wait_for(lambda: [alert for alert in stack.webhook.alerts("resolved")
                                    if alert["labels"]["alertname"] == "XpuUnitKvCacheTooSmall"], SETTLE)
     assert {alert["labels"]["unit"] for alert in resolved} == {CHAT}
     info = next(alert for alert in stack.prometheus.alerts()

@@ -19,12 +19,11 @@ import journalgen
 from exporter.fold import engine_starts
 from exporter.fold.engine_starts import EngineTracker, Outcome, UnitView
 from exporter.parsers.vllm import FailureReason, parse_line
+from sizes import GiB, gib, mib
 from vllmlogs import (
     CHAT,
     EMBEDDING,
     ERA_VERSIONS,
-    GIB,
-    MIB,
     REASONS,
     ROLE_INIT_DONE,
     ROLE_PROCESS_EXIT,
@@ -51,14 +50,6 @@ ORIGIN = 1_747_130_000.0
 BOOT_ID = "5d0c8a4e2f1b4c6d9e7f0a1b2c3d4e5f"
 UNIT = "vllm-test.service"
 OTHER_UNIT = "vllm-other.service"
-
-
-def gib(value: float) -> int:
-    return round(value * GIB)
-
-
-def mib(value: float) -> int:
-    return round(value * MIB)
 
 
 def one_boot(*planned: Iterable[Planned]) -> list[Placed]:
@@ -399,8 +390,8 @@ def test_kv_bytes_are_derived_from_the_profiling_lines_on_0_9_2_to_0_15_1(
 
 def test_kv_cache_memory_bytes_is_recorded_but_ignored_by_the_xpu_worker_before_0_16() -> None:
     profiling = Profiling(total_mb=16225.0, model_load_mb=3481.2, peak_mb=4102.65)
-    view = succeeded(VllmRun("0.11.0", kv_cache_memory_bytes=4 * GIB, profiling=profiling))
-    assert view.latest.kv_cache_memory_bytes == 4 * GIB
+    view = succeeded(VllmRun("0.11.0", kv_cache_memory_bytes=4 * GiB, profiling=profiling))
+    assert view.latest.kv_cache_memory_bytes == 4 * GiB
     assert view.latest.effective_kv_cache_bytes == round(mib(16225.00) * 0.9 - mib(4102.65))
 
 

@@ -29,19 +29,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from exporterproc import REPO, RunningExporter, sample, wait_for
+from exporterproc import REPO, RunningExporter
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, xe_fdinfo
-from fakeze import A770, B580, GiB, FakeConfig, fake_driver_env, write_config
+from fakeze import A770, B580, FakeConfig, fake_driver_env, write_config
 from journalgen import (Clock, append_journal, current_boot_id, rotate_journal, unit_failed, unit_output,
                         unit_process_exited, unit_starting, write_big_journal, write_journal)
+from polling import wait_for
+from scrapes import Samples, parse_samples, sample
+from sizes import GiB
 from taskslimit import TaskLimit, TaskLimitUnavailable
 
 from exporter.sources import levelzero_worker
 from exporter.sources.levelzero_worker import LevelZeroUnavailable, LevelZeroWorker
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 CHAT = "vllm-xpu-chat.service"
 DEVICE_A, DEVICE_B = A770.pci_address, B580.pci_address
@@ -543,11 +543,6 @@ def test_sigterm_during_catch_up_of_a_big_journal_exits_cleanly_within_two_secon
 
 # ------------------------------------------------------------------------------------------ HTTP load
 
-def parsed(body: bytes) -> Samples:
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(body.decode()) for sample in family.samples}
-
-
 def test_two_hundred_concurrent_scrapes_are_all_answered_completely(host: Host):
     clients = 200
     with host.exporter() as exporter:
@@ -563,7 +558,8 @@ def test_two_hundred_concurrent_scrapes_are_all_answered_completely(host: Host):
             answers = list(pool.map(scrape, range(clients)))
         assert exporter.process.poll() is None
     assert [status for status, _ in answers] == [200] * clients
-    incomplete = [success(parsed(body)) for _, body in answers if not all_reporting(parsed(body))]
+    parsed = [parse_samples(body.decode()) for _, body in answers]
+    incomplete = [success(samples) for samples in parsed if not all_reporting(samples)]
     assert incomplete == [], f"{len(incomplete)} of {clients} scrapes incomplete, e.g. {incomplete[:3]}"
 
 
@@ -581,7 +577,7 @@ def test_a_slow_client_holding_a_half_sent_request_does_not_stop_others_scraping
             reply = http.client.HTTPResponse(slow)
             reply.begin()
             assert reply.status == 200
-            assert all_reporting(parsed(reply.read()))
+            assert all_reporting(parse_samples(reply.read().decode()))
         finally:
             slow.close()
             silent.close()

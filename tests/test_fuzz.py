@@ -34,7 +34,6 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collector import Sources
 from exporter.collectors.journal import JournalCollector, unit_metrics
@@ -52,6 +51,7 @@ from exporter.systemd import (MESSAGE_ID_SPAWN_FAILED, MESSAGE_ID_UNIT_FAILURE_R
 from exporter.sources.levelzero import DeviceIdentity, MemoryModule, MemoryModuleProperties
 from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
+from scrapes import parse_samples, sample
 from test_fdinfo import DEPRECATED_MEMORY_KEYS, I915_61, I915_612, NOT_DRM, XE_DOC
 from test_vllm_grammar import BARE_MESSAGES, ENVELOPES, EXACT_LINES, NOISE_LINES
 
@@ -473,9 +473,7 @@ def exposed(collectors: list, sources: Sources) -> dict[tuple[str, tuple], float
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, sources))
     generate_openmetrics(registry)
-    return {(metric_sample.name, tuple(sorted(metric_sample.labels.items()))): metric_sample.value
-            for family in text_string_to_metric_families(generate_latest(registry).decode())
-            for metric_sample in family.samples}
+    return parse_samples(generate_latest(registry).decode())
 
 
 @settings(FUZZ, max_examples=100)
@@ -499,9 +497,5 @@ def test_collectors_fed_absurd_numbers_are_exposed_within_bounds_and_succeed(wri
             assert 0 <= value <= len(fdinfos) * 4 * MAX_BYTES, (name, labels, value)
         if name == "xpu_unattributed_memory_bytes":
             assert 0 <= value <= DEVICE_TOTAL, (name, labels, value)
-    assert sample_of(samples, "xpu_exporter_collector_success", collector="journal") == 1
-    assert sample_of(samples, "xpu_exporter_collector_success", collector="processes") == 1
-
-
-def sample_of(samples: dict, name: str, **labels: str) -> float | None:
-    return samples.get((name, tuple(sorted(labels.items()))))
+    assert sample(samples, "xpu_exporter_collector_success", collector="journal") == 1
+    assert sample(samples, "xpu_exporter_collector_success", collector="processes") == 1

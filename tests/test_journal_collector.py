@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import shutil
 
-from exporterproc import RunningExporter, sample, series, wait_for
+from exporterproc import RunningExporter
 from journalgen import (Clock, append_journal, random_boot_id, unit_failed, unit_output, unit_process_exited,
                         unit_starting, write_journal)
+from polling import wait_for
+from scrapes import sample, series
 
 CHAT = "vllm-xpu-chat.service"
 API = "(APIServer pid=10) INFO 12-02 10:00:00 [api_server.py:1873] "

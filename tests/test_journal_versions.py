@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 import journalgen
-from exporterproc import RunningExporter, sample, series, wait_for
+from exporterproc import RunningExporter
+from polling import wait_for
+from scrapes import sample, series
+from sizes import GiB, gib, mib
 from vllmlogs import (
     CHAT,
     EMBEDDING,
-    GIB,
     LEGACY,
-    MIB,
     REASONS,
     ROLE_ROOT_CAUSE,
     STT,
@@ -51,14 +52,6 @@ JOURNAL_METRICS = (
     "xpu_unit_engine_init_duration_seconds",
     "xpu_unit_engine_init_overlaps_total",
 )
-
-
-def gib(value: float) -> int:
-    return round(value * GIB)
-
-
-def mib(value: float) -> int:
-    return round(value * MIB)
 
 
 @dataclass(frozen=True)
@@ -145,12 +138,12 @@ ERA_CASES: dict[str, EraCase] = {
                  round(mib(24480.00) * 0.85 - mib(16011.90)), 36_864, 2.25, 48.3, fails("kv_cache_too_small"))),
     "0.11.0-EngineCore_DP0-bold-colour-ignored-kv-bytes": EraCase(
         (VllmRun("0.11.0", model="Qwen/Qwen3-4B", gpu_memory_utilization=0.8, max_model_len=8192,
-                 kv_cache_memory_bytes=4 * GIB, profiling=Profiling(16225.0, 7695.45, 13200.0),
+                 kv_cache_memory_bytes=4 * GiB, profiling=Profiling(16225.0, 7695.45, 13200.0),
                  failure=Failure("no_kv_cache_memory")),
          VllmRun("0.11.0", model="Qwen/Qwen3-4B", gpu_memory_utilization=0.8, max_model_len=8192,
-                 kv_cache_memory_bytes=4 * GIB, profiling=Profiling(16225.0, 7695.45, 8412.3),
+                 kv_cache_memory_bytes=4 * GiB, profiling=Profiling(16225.0, 7695.45, 8412.3),
                  kv_cache_tokens=31_232, max_concurrency=3.81, init_seconds=27.6)),
-        Expected("0.11.0", "Qwen/Qwen3-4B", 0.8, 8192, None, 4 * GIB, round(mib(16225.00) * 0.8 - mib(8412.30)),
+        Expected("0.11.0", "Qwen/Qwen3-4B", 0.8, 8192, None, 4 * GiB, round(mib(16225.00) * 0.8 - mib(8412.30)),
                  31_232, 3.81, 27.6, fails("no_kv_cache_memory"))),
     "0.13.0-EngineCore_DP0-colour": EraCase(
         (VllmRun("0.13.0", model="mistralai/Mistral-7B-Instruct-v0.3", gpu_memory_utilization=0.9,
@@ -176,11 +169,11 @@ ERA_CASES: dict[str, EraCase] = {
                  fails("insufficient_free_memory"))),
     "0.19.1-EngineCore-kv-cache-memory-bytes": EraCase(
         (VllmRun("0.19.1", model="Qwen/Qwen3-14B", gpu_memory_utilization=0.88, max_model_len=40960, max_num_seqs=4,
-                 kv_cache_memory_bytes=GIB,
+                 kv_cache_memory_bytes=GiB,
                  failure=Failure("kv_cache_too_small", needed_gib=6.25, estimated_max_model_len=6544)),
          VllmRun("0.19.1", model="Qwen/Qwen3-14B", gpu_memory_utilization=0.88, max_model_len=40960, max_num_seqs=4,
-                 kv_cache_memory_bytes=7 * GIB, kv_cache_tokens=45_824, max_concurrency=1.12, init_seconds=63.1)),
-        Expected("0.19.1", "Qwen/Qwen3-14B", 0.88, 40960, 4, 7 * GIB, 7 * GIB, 45_824, 1.12, 63.1,
+                 kv_cache_memory_bytes=7 * GiB, kv_cache_tokens=45_824, max_concurrency=1.12, init_seconds=63.1)),
+        Expected("0.19.1", "Qwen/Qwen3-14B", 0.88, 40960, 4, 7 * GiB, 7 * GiB, 45_824, 1.12, 63.1,
                  fails("kv_cache_too_small"))),
     "0.24.0-EngineCore-compilation": EraCase(
         (VllmRun("0.24.0", model="Qwen/Qwen3-4B-Instruct-2507", max_model_len=32768, kv_cache_gib=-0.37,

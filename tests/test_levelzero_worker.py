@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from exporterproc import wait_for
-from fakeze import A770, B580, GiB, MiB, FakeConfig, fake_driver_env, write_config
+from fakeze import A770, B580, FakeConfig, fake_driver_env, write_config
+from polling import wait_for
+from sizes import GiB, MiB
 from exporter.sources import levelzero_worker
 from exporter.sources.levelzero import (
     DeviceIdentity,

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from exporterproc import RunningExporter, sample, series, wait_for
+from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, xe_fdinfo
-from fakeze import A770, B580, GiB, MiB, FakeConfig, FakeMemoryModule, FakeProcess, fake_driver_env, write_config
+from fakeze import A770, B580, FakeConfig, FakeMemoryModule, FakeProcess, fake_driver_env, write_config
 from journalgen import Clock, random_boot_id, unit_output, unit_starting, write_journal
+from polling import wait_for
+from scrapes import sample, series
+from sizes import GiB, MiB
 
 DEVICE = "0000:03:00.0"
 TOTAL = 16 * GiB

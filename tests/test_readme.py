@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import re
 
-from exporterproc import REPO, RunningExporter, sample, wait_for
+from exporterproc import REPO, RunningExporter
 from fakeprocfs import FakeProcfs, xe_fdinfo
-from fakeze import A770, GiB, FakeConfig, fake_driver_env, write_config
+from fakeze import A770, FakeConfig, fake_driver_env, write_config
 from journalgen import (Clock, random_boot_id, unit_failed, unit_output, unit_process_exited, unit_starting,
                         write_journal)
+from polling import wait_for
+from scrapes import sample
+from sizes import GiB
 
 CHAT, EMBEDDING = "vllm-xpu-chat.service", "vllm-xpu-embedding.service"
 API = "(APIServer pid=10) INFO 12-02 10:00:00 [api_server.py:1873] "

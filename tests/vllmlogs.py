@@ -50,9 +50,8 @@ from typing import NamedTuple
 
 import journalgen
 from journalgen import JournalEntrySpec, Moment
+from sizes import GiB, MiB
 
-GIB = 1 << 30
-MIB = 1 << 20
 REASONS = (
     "kv_cache_too_small",
     "no_kv_cache_memory",
@@ -225,7 +224,7 @@ class Profiling:
         return round(self.total_mb - self.peak_mb, 2)
 
     def kv_cache_bytes(self, gpu_memory_utilization: float) -> int:
-        return round(round(self.total_mb * MIB) * gpu_memory_utilization - round(self.peak_mb * MIB))
+        return round(round(self.total_mb * MiB) * gpu_memory_utilization - round(self.peak_mb * MiB))
 
 
 @dataclass(frozen=True)
@@ -333,8 +332,8 @@ class VllmRun:
         if era.profiling_lines:
             return self.profiling.kv_cache_bytes(self.effective_gpu_memory_utilization)
         if self.reserves_kv_cache:
-            return round(round(self.kv_cache_memory_bytes / GIB, 2) * GIB)
-        return round(self.kv_cache_gib * GIB)
+            return round(round(self.kv_cache_memory_bytes / GiB, 2) * GiB)
+        return round(self.kv_cache_gib * GiB)
 
     @property
     def device_blocks(self) -> int:
@@ -342,7 +341,7 @@ class VllmRun:
         if self.gpu_blocks is not None:
             return self.gpu_blocks
         per_block = self.kv_bytes_per_token * self.effective_block_size
-        return max(0, round(self.kv_cache_gib * GIB) // per_block)
+        return max(0, round(self.kv_cache_gib * GiB) // per_block)
 
     @property
     def tokens(self) -> int:
@@ -465,7 +464,7 @@ def startup_summary_message(run: VllmRun) -> str:
     lines, before "init engine ... took") when kv_cache_memory_bytes is not set."""
     utilisation = run.effective_gpu_memory_utilization
     requested = round(run.total_gib * utilisation, 2)
-    kv_gib = round((run.kv_cache_bytes or 0) / GIB, 2)
+    kv_gib = round((run.kv_cache_bytes or 0) / GiB, 2)
     activation, cuda_graph = 0.51, 0.0
     if run.era.release >= (0, 28):
         usage = (f"Actual usage is {round(run.weights_gib + 0.12, 2)} GiB for consumed memory (weights + "
@@ -473,12 +472,12 @@ def startup_summary_message(run: VllmRun) -> str:
     else:
         usage = (f"Actual usage is {run.weights_gib} GiB for weight, {activation} GiB for peak activation, "
                  f"0.12 GiB for non-torch memory, and {cuda_graph} GiB for CUDAGraph memory.")
-    fit = math.floor(kv_gib * GIB * 0.98)
-    full = math.floor((kv_gib + round(run.free_gib_at_start - requested, 2)) * GIB)
+    fit = math.floor(kv_gib * GiB * 0.98)
+    full = math.floor((kv_gib + round(run.free_gib_at_start - requested, 2)) * GiB)
     return (f"Free memory on device ({run.free_gib_at_start}/{run.total_gib} GiB) on startup. Desired GPU "
             f"memory utilization is ({utilisation}, {requested} GiB). {usage} Replace gpu_memory_utilization "
-            f"config with `--kv-cache-memory={fit}` ({round(fit / GIB, 2)} GiB) to fit into requested memory, "
-            f"or `--kv-cache-memory={full}` ({round(full / GIB, 2)} GiB) to fully utilize gpu memory. "
+            f"config with `--kv-cache-memory={fit}` ({round(fit / GiB, 2)} GiB) to fit into requested memory, "
+            f"or `--kv-cache-memory={full}` ({round(full / GiB, 2)} GiB) to fully utilize gpu memory. "
             f"Current kv cache memory in use is {kv_gib} GiB.")
 
 
@@ -804,7 +803,7 @@ def _failure_exception(run: VllmRun, failure: Failure) -> str:
             return "ValueError: " + kv_cache_too_small_v0_message(run.effective_max_model_len, run.tokens)
         available = failure.available_gib
         if available is None:
-            available = round((run.kv_cache_bytes or 0) / GIB, 2)
+            available = round((run.kv_cache_bytes or 0) / GiB, 2)
         return "ValueError: " + kv_cache_too_small_message(
             era, run.effective_max_model_len, failure.needed_gib, available, failure.estimated_max_model_len)
     if reason == "no_kv_cache_memory":
@@ -971,7 +970,7 @@ def _v1_start(out: _Output, failure: Failure | None) -> None:
     elif run.reserves_kv_cache:
         out.log(budget, CORE, "INFO", "gpu_worker.py:276",
                 f"Initial free memory {run.free_gib_at_start} GiB, reserved "
-                f"{round(run.kv_cache_memory_bytes / GIB, 2)} GiB memory for KV Cache as specified by "
+                f"{round(run.kv_cache_memory_bytes / GiB, 2)} GiB memory for KV Cache as specified by "
                 "kv_cache_memory_bytes config and skipped memory profiling. This does not respect the "
                 "gpu_memory_utilization config. Only use kv_cache_memory_bytes config when you want manual "
                 "control of KV cache memory size. If OOM'ed, check the difference of initial free memory "
