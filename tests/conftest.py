@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
+import journalgen
 from certs import Pki, make_pki
 from fakeze import build_fake_driver
+from vllmlogs import BootRace, boot_race as make_boot_race, journal_specs
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -48,3 +50,15 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """A test CA with server and client certificates, and a rogue CA (certs.make_pki), made once per run."""
     return make_pki(tmp_path_factory.mktemp("pki"))
 
+
+@pytest.fixture(scope="session")
+def boot_race() -> BootRace:
+    """The problem statement's boot race (vllmlogs.boot_race): three units racing on one GPU, chat failing
+    and restarting, an unwatched unit and a previous boot around them."""
+    return make_boot_race()
+
+
+@pytest.fixture(scope="session")
+def boot_race_journal(boot_race: BootRace, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The boot race as a real journal file (both boots), written once per run."""
+    return journalgen.write_journal(tmp_path_factory.mktemp("race") / "race.journal", journal_specs(boot_race.placed))

@@ -20,18 +20,16 @@ from vllmlogs import (
     EMBEDDING,
     LEGACY,
     REASONS,
-    ROLE_ROOT_CAUSE,
     STT,
     UNWATCHED,
     Boot,
+    BootRace,
     Failure,
     Placed,
     Profiling,
     VllmRun,
-    boot_race,
     compose,
     failure_instant,
-    first,
     journal_specs,
     service_runs,
 )
@@ -309,44 +307,32 @@ def test_every_era_unit_is_watched_and_nothing_else(eras: tuple[dict, list[Place
 # --- the problem statement's boot race ----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def race():
-    return boot_race()
-
-
-@pytest.fixture(scope="module")
-def race_journal(race, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return journalgen.write_journal(tmp_path_factory.mktemp("race") / "race.journal", journal_specs(race.placed))
-
-
-def race_root_cause_usec(race) -> int:
-    return first([p for p in race.placed if p.boot_id == race.boot_id], CHAT, ROLE_ROOT_CAUSE).realtime_usec
-
-
-def test_boot_race_end_to_end(race, race_journal: Path) -> None:
-    with RunningExporter(exporter_args(race_journal, race.boot_id)) as exporter:
+def test_boot_race_end_to_end(boot_race: BootRace, boot_race_journal: Path) -> None:
+    with RunningExporter(exporter_args(boot_race_journal, boot_race.boot_id)) as exporter:
         samples = journal_ready(exporter)
-    _, restarted = race.chat_runs
+    _, restarted = boot_race.chat_runs
     chat = Expected("0.24.0", "google/gemma-3-4b-it", 0.75, 131072, 3, None, gib(3.25), 136_960, 1.04, 38.5,
                     fails("kv_cache_too_small"), overlaps=1)
-    assert unit_journal_metrics(samples, CHAT) == expected_journal_metrics(chat, race_root_cause_usec(race))
-    embedding, stt = race.embedding_run, race.stt_run
+    assert unit_journal_metrics(samples, CHAT) == expected_journal_metrics(chat, boot_race.chat_failure_usec())
+    embedding, stt = boot_race.embedding_run, boot_race.stt_run
     for unit, run in ((EMBEDDING, embedding), (STT, stt)):
         expected = Expected("0.24.0", run.model, 0.07, run.max_model_len, None, None, gib(run.kv_cache_gib),
                             run.tokens, run.concurrency, run.init_seconds, dict.fromkeys(REASONS, 0), overlaps=1)
         assert unit_journal_metrics(samples, unit) == expected_journal_metrics(expected, None), unit
 
 
-def test_boot_race_unwatched_unit_and_the_other_boot_are_not_reported(race, race_journal: Path) -> None:
-    with RunningExporter(exporter_args(race_journal, race.boot_id)) as exporter:
+def test_boot_race_unwatched_unit_and_the_other_boot_are_not_reported(boot_race: BootRace,
+                                                                      boot_race_journal: Path) -> None:
+    with RunningExporter(exporter_args(boot_race_journal, boot_race.boot_id)) as exporter:
         samples = journal_ready(exporter)
     units = {dict(labels).get("unit") for (name, labels) in samples if name.startswith("xpu_unit_")}
     assert units == {CHAT, EMBEDDING, STT}
     assert UNWATCHED not in units and LEGACY not in units
 
 
-def test_boot_race_with_every_boot_counts_the_other_boots_starts_too(race, race_journal: Path) -> None:
-    with RunningExporter(exporter_args(race_journal, "all")) as exporter:
+def test_boot_race_with_every_boot_counts_the_other_boots_starts_too(boot_race: BootRace,
+                                                                     boot_race_journal: Path) -> None:
+    with RunningExporter(exporter_args(boot_race_journal, "all")) as exporter:
         samples = journal_ready(exporter)
     assert sample(samples, "xpu_unit_engine_starts_total", unit=CHAT) == 2
     assert sample(samples, "xpu_unit_engine_starts_total", unit=LEGACY) == 1
@@ -354,14 +340,11 @@ def test_boot_race_with_every_boot_counts_the_other_boots_starts_too(race, race_
     assert sample(samples, "xpu_unit_engine_init_failures_total", unit=CHAT, reason="kv_cache_too_small") == 1
 
 
-def test_boot_race_followed_live_shows_the_failures_figures_then_the_restarts(race, tmp_path: Path) -> None:
-    restart_usec = min(p.realtime_usec for p in race.placed if p.boot_id == race.boot_id and p.planned.unit == CHAT
-                       and p.planned.message_id == journalgen.MESSAGE_ID_UNIT_STARTING
-                       and p.realtime_usec > race_root_cause_usec(race))
-    before = [p for p in race.placed if p.realtime_usec < restart_usec]
-    after = [p for p in race.placed if p.realtime_usec >= restart_usec]
+def test_boot_race_followed_live_shows_the_failures_figures_then_the_restarts(boot_race: BootRace,
+                                                                              tmp_path: Path) -> None:
+    before, after = boot_race.split_at_chat_restart()
     path = journalgen.write_journal(tmp_path / "live.journal", journal_specs(before))
-    with RunningExporter(exporter_args(path, race.boot_id)) as exporter:
+    with RunningExporter(exporter_args(path, boot_race.boot_id)) as exporter:
         failed = journal_ready(exporter)
         assert unit_journal_metrics(failed, CHAT) == {
             "xpu_unit_engine_info": {("0.24.0", "google/gemma-3-4b-it"): 1.0},
@@ -375,7 +358,7 @@ def test_boot_race_followed_live_shows_the_failures_figures_then_the_restarts(ra
             "xpu_unit_kv_cache_max_concurrency": None,  # the failed init printed none
             "xpu_unit_engine_starts_total": 0,
             "xpu_unit_engine_init_failures_total": fails("kv_cache_too_small"),
-            "xpu_unit_engine_last_failure_timestamp_seconds": pytest.approx(race_root_cause_usec(race) / 1e6, abs=1e-3),
+            "xpu_unit_engine_last_failure_timestamp_seconds": pytest.approx(boot_race.chat_failure_usec() / 1e6, abs=1e-3),
             "xpu_unit_engine_init_duration_seconds": None,
             "xpu_unit_engine_init_overlaps_total": 1,
         }

@@ -288,7 +288,7 @@ def test_a_truncated_file_keeps_tls_client_certificates_and_basic_auth(tmp_path,
     reloading = ReloadingWebConfig(load_web_config(path))
     rewrite(path, "")
     assert wait_for(lambda: reloading.current() is not None
-                      and "the file is empty, keeping the previous one" in caplog.text)
+                    and "the file is empty, keeping the previous one" in caplog.text)
     assert_protected(reloading.current())
     assert any(record.levelno == logging.ERROR for record in caplog.records if "file is empty" in record.message)
 

@@ -1244,6 +1244,13 @@ def first(placed: Iterable[Placed], unit: str, role: str, *, after_usec: int = -
     return next(p for p in placed if p.planned.unit == unit and p.planned.role == role and p.realtime_usec > after_usec)
 
 
+def restart_begins(placed: Iterable[Placed], unit: str, number: int = 2) -> int:
+    """realtime of the unit's number-th "Starting" record (the 2nd: systemd's first restart)."""
+    starting = [p for p in placed if p.planned.unit == unit and p.planned.from_systemd
+                and p.planned.message_id == journalgen.MESSAGE_ID_UNIT_STARTING]
+    return starting[number - 1].realtime_usec
+
+
 def failure_instant(placed: Iterable[Placed], unit: str) -> int:
     """When the unit's first failed start failed: the first print of a recognised root cause, else
     the front end's terminal wrapper, else PID 1's record of the main process's exit."""
@@ -1310,30 +1317,49 @@ class BootRace:
         """The race boot's entries of the watched (vllm*.service) units, as the reader selects them."""
         return tracker_entries(self.placed, boot_id=self.boot_id)
 
+    def this_boot(self) -> list[Placed]:
+        """The race boot's entries, of every unit."""
+        return [p for p in self.placed if p.boot_id == self.boot_id]
 
-def boot_race() -> BootRace:
+    def chat_failure_usec(self) -> int:
+        """When chat's init failed: the first print of its root cause."""
+        return first(self.this_boot(), CHAT, ROLE_ROOT_CAUSE).realtime_usec
+
+    def chat_restart_usec(self) -> int:
+        """When systemd began chat's restart: its second "Starting" record of the race boot."""
+        return restart_begins(self.this_boot(), CHAT)
+
+    def split_at_chat_restart(self) -> tuple[list[Placed], list[Placed]]:
+        """The journal before chat's restart (both boots), and from the restart on: to replay it live."""
+        restart = self.chat_restart_usec()
+        return ([p for p in self.placed if p.realtime_usec < restart],
+                [p for p in self.placed if p.realtime_usec >= restart])
+
+
+def boot_race(origin: float = RACE_ORIGIN) -> BootRace:
     """Three units started by systemd in the same second on one GPU: embedding and stt init fine;
     chat fails (kv_cache_too_small, "(2.13 GiB)" available, 3.36 GiB needed), is restarted 10 s after
     its exit and succeeds with 3.25 GiB. Around it: an unwatched unit printing the same failure,
-    request and throughput noise, and a previous boot of the same units (plus one only there)."""
+    request and throughput noise, and a previous boot of the same units (plus one only there), a day
+    earlier. `origin`: when the units start (a recent one makes the failure recent to a live exporter)."""
     chat_failed, chat_restarted = race_chat_runs()
     embedding, stt = race_embedding_run(), race_stt_run()
     race = [
-        *service_runs(CHAT, [chat_failed, chat_restarted], RACE_ORIGIN, job_id=120),
-        *service_runs(EMBEDDING, [embedding], RACE_ORIGIN + 0.001, job_id=121),
-        *service_runs(STT, [stt], RACE_ORIGIN + 0.002, job_id=122),
-        *service_runs(UNWATCHED, [replace(chat_failed, main_pid=2304)], RACE_ORIGIN + 0.003, job_id=123,
+        *service_runs(CHAT, [chat_failed, chat_restarted], origin, job_id=120),
+        *service_runs(EMBEDDING, [embedding], origin + 0.001, job_id=121),
+        *service_runs(STT, [stt], origin + 0.002, job_id=122),
+        *service_runs(UNWATCHED, [replace(chat_failed, main_pid=2304)], origin + 0.003, job_id=123,
                       description="Another LLM"),
     ]
     day = 86_400.0
     previous = [
         *service_runs(CHAT, [replace(chat_restarted, version="0.23.0", kv_cache_gib=4.02, kv_cache_tokens=None,
-                                     max_concurrency=None, main_pid=1301)], RACE_ORIGIN - day, job_id=120),
+                                     max_concurrency=None, main_pid=1301)], origin - day, job_id=120),
         *service_runs(EMBEDDING, [replace(embedding, kv_cache_gib=-0.12, main_pid=1302,
                                           failure=Failure("no_kv_cache_memory")), replace(embedding, main_pid=1302)],
-                      RACE_ORIGIN - day + 0.001, job_id=121),
-        *service_runs(LEGACY, [VllmRun("0.19.1", main_pid=1305)], RACE_ORIGIN - day + 0.005, job_id=125),
+                      origin - day + 0.001, job_id=121),
+        *service_runs(LEGACY, [VllmRun("0.19.1", main_pid=1305)], origin - day + 0.005, job_id=125),
     ]
-    placed = compose(Boot(PREVIOUS_BOOT_ID, RACE_ORIGIN - day - 14.2, tuple(previous)),
-                     Boot(RACE_BOOT_ID, RACE_ORIGIN - 14.2, tuple(race)))
+    placed = compose(Boot(PREVIOUS_BOOT_ID, origin - day - 14.2, tuple(previous)),
+                     Boot(RACE_BOOT_ID, origin - 14.2, tuple(race)))
     return BootRace(tuple(placed), RACE_BOOT_ID, PREVIOUS_BOOT_ID, (chat_failed, chat_restarted), embedding, stt)
