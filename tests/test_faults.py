@@ -33,12 +33,13 @@ import pytest
 from exporterproc import REPO, RunningExporter
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, xe_fdinfo
 from fakeze import A770, B580, FakeConfig, fake_driver_env, write_config
-from journalgen import (Clock, append_journal, current_boot_id, rotate_journal, unit_failed, unit_output,
-                        unit_process_exited, unit_starting, write_big_journal, write_journal)
+from journalgen import (Clock, append_journal, current_boot_id, rotate_journal, unit_output, write_big_journal,
+                        write_journal)
 from polling import wait_for
 from scrapes import Samples, parse_samples, sample
 from sizes import GiB
 from taskslimit import TaskLimit, TaskLimitUnavailable
+from vllmlogs import chat_runs, unit_start
 
 from exporter.sources import levelzero_worker
 from exporter.sources.levelzero_worker import LevelZeroUnavailable, LevelZeroWorker
@@ -60,49 +61,11 @@ RECOVERY_S = 25.0  # deadline for a state after a fault ends (Level Zero retries
 BIG_JOURNAL_ENTRIES = 200_000
 BIG_JOURNAL_VERSION = 1  # bump when the generated journal changes, so the cache is rebuilt
 
-KV_TOO_SMALL = ("ValueError: To serve at least one request with the model's max seq len (131072), (3.36 GiB KV cache "
-                "is needed, which is larger than the available KV cache memory (2.13 GiB). Try increasing "
-                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
-SETTINGS = ("non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 131072, "
-            "'gpu_memory_utilization': 0.75, 'max_num_seqs': 3}")
+FAILED, STARTED = chat_runs()  # CHAT's starts: kv_cache_too_small, then up
+RESTARTED = dataclasses.replace(STARTED, main_pid=STARTED.main_pid + 1)  # up again, in new processes
 
 
 # ------------------------------------------------------------------------------------------ the host
-
-def failed_start(clock: Clock, api_pid: int) -> list:
-    """A vLLM 0.24 start of CHAT (API server `api_pid`, engine core the next pid) that dies with
-    kv_cache_too_small, as the journal records it."""
-    core_pid = api_pid + 1
-    api = f"(APIServer pid={api_pid}) INFO 12-02 10:00:00 [api_server.py:1873] "
-    return [
-        unit_starting(CHAT, clock.tick()),
-        unit_output(CHAT, api + "vLLM API server version 0.24.0", clock.tick(), pid=api_pid),
-        unit_output(CHAT, api + SETTINGS, clock.tick(), pid=api_pid),
-        unit_output(CHAT, f"(EngineCore pid={core_pid}) ERROR 12-02 10:00:30 [core.py:708] {KV_TOO_SMALL}",
-                    clock.tick(), pid=core_pid),
-        unit_output(CHAT, f"(EngineCore pid={core_pid}) {KV_TOO_SMALL}", clock.tick(), pid=core_pid),
-        unit_output(CHAT, f"(APIServer pid={api_pid}) RuntimeError: Engine core initialization failed. See root "
-                          "cause above. Failed core proc(s): {}", clock.tick(), pid=api_pid),
-        unit_process_exited(CHAT, clock.tick()),
-        unit_failed(CHAT, clock.tick()),
-    ]
-
-
-def good_start(clock: Clock, api_pid: int) -> list:
-    """A vLLM 0.24 start of CHAT (API server `api_pid`, engine core the next pid) that comes up."""
-    core_pid = api_pid + 1
-    api = f"(APIServer pid={api_pid}) INFO 12-02 10:00:00 [api_server.py:1873] "
-    core = f"(EngineCore pid={core_pid}) INFO 12-02 10:00:20 "
-    return [
-        unit_starting(CHAT, clock.tick()),
-        unit_output(CHAT, api + "vLLM API server version 0.24.0", clock.tick(), pid=api_pid),
-        unit_output(CHAT, api + SETTINGS, clock.tick(), pid=api_pid),
-        unit_output(CHAT, core + "[gpu_worker.py:456] Available KV cache memory: 3.25 GiB", clock.tick(),
-                    pid=core_pid),
-        unit_output(CHAT, core + "[core.py:210] init engine (profile, create kv cache, warmup model) took 42.50 "
-                                 "seconds", clock.tick(), pid=core_pid),
-    ]
-
 
 @dataclass
 class Host:
@@ -134,7 +97,7 @@ def build_host(tmp_path: Path, driver: Path, config_path: Path, fdinfo_memory_ke
     clock = Clock(current_boot_id())
     journal_dir = tmp_path / "journal"
     journal_dir.mkdir()
-    write_journal(journal_dir / "system.journal", failed_start(clock, api_pid=10) + good_start(clock, api_pid=20))
+    write_journal(journal_dir / "system.journal", unit_start(CHAT, FAILED, clock) + unit_start(CHAT, STARTED, clock))
     procfs = FakeProcfs(tmp_path / "host")
     for pid, client, memory in ((1000, 1, 2 * GiB), (1001, 2, GiB)):
         process = procfs.add_unit_process(pid, f"/system.slice/{CHAT}")
@@ -390,9 +353,9 @@ def counters_never_decrease(history: list[Samples]) -> None:
 def test_journal_files_changing_under_the_follower_keep_counters_and_new_entries_arrive(host: Host, change: str):
     active = host.journal_dir / "system.journal"
     if change == "vacuumed":  # the failed start in an archived file, the good one in the active file
-        write_journal(active, failed_start(host.clock, api_pid=10))
+        write_journal(active, unit_start(CHAT, FAILED, host.clock))
         rotate_journal(active)
-        write_journal(active, good_start(host.clock, api_pid=20))
+        write_journal(active, unit_start(CHAT, STARTED, host.clock))
     with host.exporter() as exporter:
         history = [scrape_until(exporter, all_reporting, "reported healthy before the change")]
         if change == "deleted":
@@ -406,7 +369,7 @@ def test_journal_files_changing_under_the_follower_keep_counters_and_new_entries
         for during in history:
             assert all_reporting(during), success(during)
 
-        new_entries = good_start(host.clock, api_pid=30)  # the unit restarted: new processes
+        new_entries = unit_start(CHAT, RESTARTED, host.clock)
         if change == "vacuumed":
             append_journal(active, new_entries)
         else:

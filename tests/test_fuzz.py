@@ -54,6 +54,7 @@ from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
 from scrapes import parse_samples, sample
 from test_fdinfo import DEPRECATED_MEMORY_KEYS, I915_61, I915_612, NOT_DRM, XE_DOC
 from test_vllm_grammar import BARE_MESSAGES, ENVELOPES, EXACT_LINES, NOISE_LINES
+from vllmlogs import VllmRun, chat_runs, engine_start_lines
 
 FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -301,29 +302,16 @@ PID1_RECORDS = {  # systemd 252's texts (see tests/journalgen.py); the fold read
     MESSAGE_ID_SPAWN_FAILED: "{unit}: Failed at step EXEC spawning /usr/bin/vllm: No such file or directory",
     "": "{unit}: something PID 1 said without a MESSAGE_ID",
 }
-API = "(APIServer pid=10) INFO 12-02 10:00:00 [api_server.py:1873] "
-CORE = "(EngineCore pid=11) INFO 12-02 10:00:20 [gpu_worker.py:456] "
-KV_TOO_SMALL = ("ValueError: To serve at least one request with the model's max seq len (131072), (3.36 GiB KV cache "
-                "is needed, which is larger than the available KV cache memory (2.13 GiB). Try increasing "
-                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
-GOOD_START = (
-    API + "vLLM API server version 0.24.0",
-    API + "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 131072, 'gpu_memory_utilization': 0.75}",
-    CORE + "Available KV cache memory: 3.25 GiB",
-    "(EngineCore pid=11) INFO 12-02 10:00:21 [kv_cache_utils.py:1286] GPU KV cache size: 47,328 tokens",
-    "(EngineCore pid=11) INFO 12-02 10:00:21 [kv_cache_utils.py:1290] Maximum concurrency for 131,072 tokens per "
-    "request: 0.36x",
-    "(EngineCore pid=11) INFO 12-02 10:00:40 [core.py:210] init engine (profile, create kv cache, warmup model) "
-    "took 42.50 seconds",
-)
-FAILED_START = (
-    API + "vLLM API server version 0.24.0",
-    API + "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 131072, 'gpu_memory_utilization': 0.75}",
-    f"(EngineCore pid=11) ERROR 12-02 10:00:30 [core.py:708] {KV_TOO_SMALL}",
-    f"(EngineCore pid=11) {KV_TOO_SMALL}",
-    "(APIServer pid=10) RuntimeError: Engine core initialization failed. See root cause above. Failed core "
-    "proc(s): {}",
-)
+
+
+def read_lines(run: VllmRun) -> tuple[str, ...]:
+    """The lines of a realistic start (tests/vllmlogs.py) that the vLLM grammar reads: what whole starts are
+    made of (the noise between them is left to the other strategies)."""
+    return tuple(line.message for line in engine_start_lines(run, began_at=0.0)
+                 if vllm.parse_line(line.message) is not None)
+
+
+FAILED_START, GOOD_START = map(read_lines, chat_runs())
 
 # (unit, message, MESSAGE_ID or None for a line the unit printed, _PID); timestamps come when entries are made
 Written = tuple[str, str, str | None, int | None]

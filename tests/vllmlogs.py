@@ -19,6 +19,8 @@ Layers, each usable alone from a Python shell::
 * `compose(*boots)`: several units' entries interleaved by time into one journal entry list
   (`Placed`), per boot; `journal_specs` turns it into journalgen specs, `tracker_entries` into the
   entries the journal reader hands to `exporter.fold.engine_starts.EngineTracker`.
+* `unit_start(unit, run, clock)`: one start written on a journalgen Clock, after what the test wrote
+  before; `chat_runs()`: a failed and a good start of a chat unit to write with it.
 * `boot_race()`: the problem statement's three-unit boot race on one 16 GiB-class GPU.
 
 What the lines look like, by release (reference /work/shared/reference/vllm-logs.md §2):
@@ -1261,6 +1263,34 @@ def failure_instant(placed: Iterable[Placed], unit: str) -> int:
         except StopIteration:
             continue
     raise ValueError(f"{unit} has no failed start")
+
+
+# ---------------------------------------------------------------------------------------------
+# Starts on a journalgen Clock, for tests that build a journal entry by entry
+# ---------------------------------------------------------------------------------------------
+
+
+def unit_start(unit: str, run: VllmRun, clock: journalgen.Clock, **options: object) -> list[JournalEntrySpec]:
+    """One start of `unit` (`service_start`, with its `options`) as journal entries from `clock`'s next
+    tick on, in `clock`'s boot; the clock ends at the start's last entry, so what the test writes next
+    comes after it."""
+    at = (clock.realtime_usec + clock.step_usec) / 1e6
+    booted_at = (clock.realtime_usec - clock.monotonic_usec) / 1e6
+    placed = compose(Boot(clock.boot_id, booted_at, service_start(unit, run, at, **options).entries))
+    clock.realtime_usec, clock.monotonic_usec = placed[-1].realtime_usec, placed[-1].monotonic_usec
+    return journal_specs(placed)
+
+
+def chat_runs() -> tuple[VllmRun, VllmRun]:
+    """A chat unit's start that fails (kv_cache_too_small: 2.13 GiB available, 3.36 GiB needed) and one
+    that comes up (3.25 GiB, 47,328 tokens, 0.36x, init 42.50 s, a new main pid): vLLM 0.24 serving
+    Qwen3-8B with max_model_len 131072, gpu_memory_utilization 0.75 and max_num_seqs 3."""
+    started = VllmRun("0.24.0", model="Qwen/Qwen3-8B", gpu_memory_utilization=0.75, max_model_len=131072,
+                      max_num_seqs=3, kv_cache_gib=3.25, kv_cache_tokens=47_328, max_concurrency=0.36,
+                      init_seconds=42.5, main_pid=3402)
+    failed = replace(started, kv_cache_gib=2.13, main_pid=3401,
+                     failure=Failure("kv_cache_too_small", needed_gib=3.36, estimated_max_model_len=46528))
+    return failed, started
 
 
 # ---------------------------------------------------------------------------------------------
