@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from taskslimit import TaskLimit, TaskLimitUnavailable
 
 from exporter.sources.udev import is_drm_minor_name, pci_address_from_devpath
-from tests.fakesysfs import (
+from fakesysfs import (
     PCI_CLASS_DISPLAY_OTHER,
     FakeGpu,
     FakeSysfs,
     SysfsNamespace,
     Uevent,
 )
+from taskslimit import TaskLimit, TaskLimitUnavailable
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
