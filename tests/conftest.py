@@ -9,19 +9,25 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     certs        make_pki() and friends; webconfigs: web config texts and files
     exporterproc the exporter as a process; fakeze, fakeprocfs, fakesysfs: what it reads
     journalgen   journal files; vllmlogs: what vLLM units print (realistic starts, the boot race)
-    promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids.max
+    promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids cgroups
 """
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import journalgen
 from certs import Pki, make_pki
-from fakeze import build_fake_driver
+from fakeze import build_fake_driver, fake_driver_env
+from taskslimit import TaskLimit, TaskLimitUnavailable
 from vllmlogs import BootRace, boot_race as make_boot_race, journal_specs
+
+from exporter.sources import levelzero_worker
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,6 +44,36 @@ def fake_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def config_path(tmp_path: Path) -> Path:
     return tmp_path / "fake_ze.conf"
+
+
+@pytest.fixture
+def level_zero_children(fake_driver: Path, config_path: Path,
+                        monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen]:
+    """Level Zero children started by this process load the fake driver (configured at `config_path`);
+    returns the list of the children the worker starts, in order."""
+    for name, value in fake_driver_env(fake_driver, config_path).items():
+        monkeypatch.setenv(name, value)
+    spawned: list[subprocess.Popen] = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            spawned.append(self)
+
+    monkeypatch.setattr(levelzero_worker.subprocess, "Popen", Recorded)
+    return spawned
+
+
+@pytest.fixture
+def task_limit() -> Iterator[TaskLimit]:
+    """A pids cgroup for this test (taskslimit.py), without a limit until the test sets one; the test is
+    skipped where none can be made (not root, no pids controller)."""
+    try:
+        limit = TaskLimit("xpu-exporter-test", None)
+    except TaskLimitUnavailable as error:
+        pytest.skip(str(error))
+    with limit:
+        yield limit
 
 
 @pytest.fixture

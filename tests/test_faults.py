@@ -38,10 +38,9 @@ from journalgen import (Clock, append_journal, current_boot_id, rotate_journal, 
 from polling import wait_for
 from scrapes import Samples, parse_samples, sample
 from sizes import GiB
-from taskslimit import TaskLimit, TaskLimitUnavailable
+from taskslimit import TaskLimit
 from vllmlogs import chat_runs, unit_start
 
-from exporter.sources import levelzero_worker
 from exporter.sources.levelzero_worker import LevelZeroUnavailable, LevelZeroWorker
 
 CHAT = "vllm-xpu-chat.service"
@@ -557,20 +556,11 @@ def scrape_answered(exporter: RunningExporter) -> Samples | None:
         return None
 
 
-@pytest.fixture
-def task_limit():
-    try:
-        limit = TaskLimit("xpu-exporter-test", 1)
-    except TaskLimitUnavailable as error:
-        pytest.skip(str(error))
-    with limit:
-        yield limit
-
-
 def test_start_up_with_no_task_to_spare_serves_reports_the_sources_that_need_one_and_recovers(
         host: Host, task_limit: TaskLimit):
     """Under a pids cgroup no thread nor process can be started (EAGAIN): the journal follower, the GPU
     hot-plug watcher, the Level Zero child and its stderr reader. The exporter must serve anyway."""
+    task_limit.set_max(1)
     with host.exporter(command=task_limit.wrap([sys.executable, "-m", "exporter"])) as exporter:
         assert exporter.process.poll() is None, exporter.stderr
         task_limit.set_max(2)  # the exporter and one thread: a connection's, one at a time
@@ -616,23 +606,11 @@ def test_a_level_zero_child_that_cannot_be_executed_fails_only_the_levelzero_col
     assert "cannot start the Level Zero child: [Errno 13] Permission denied" in exporter.stderr
 
 
-class SpawnRecorder(subprocess.Popen):
-    spawned: list[subprocess.Popen] = []
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        SpawnRecorder.spawned.append(self)
-
-
 def test_a_level_zero_child_whose_threads_cannot_start_is_killed_reaped_later_and_retried(
-        fake_driver: Path, config_path: Path, monkeypatch: pytest.MonkeyPatch):
+        level_zero_children: list[subprocess.Popen], config_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The child started, but its stderr reader (and then the reaper of the killed child) cannot: a task limit
     reached between the two, which a cgroup cannot arrange deterministically, so Thread.start is refused here."""
     write_config(config_path, HEALTHY)
-    for name, value in fake_driver_env(fake_driver, config_path).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(SpawnRecorder, "spawned", [])
-    monkeypatch.setattr(levelzero_worker.subprocess, "Popen", SpawnRecorder)
     real_start = threading.Thread.start
 
     def start_refused_for_the_child(thread: threading.Thread) -> None:
@@ -646,7 +624,7 @@ def test_a_level_zero_child_whose_threads_cannot_start_is_killed_reaped_later_an
             refusing.setattr(threading.Thread, "start", start_refused_for_the_child)
             with pytest.raises(LevelZeroUnavailable, match="stderr reader: can't start new thread"):
                 worker.read_memory()
-        (first,) = SpawnRecorder.spawned
+        (first,) = level_zero_children
         assert wait_for(lambda: first.poll() is not None), "the child without a stderr reader was not killed"
 
         def memory_read() -> list | None:
@@ -657,7 +635,7 @@ def test_a_level_zero_child_whose_threads_cannot_start_is_killed_reaped_later_an
 
         devices = wait_for(memory_read, timeout=RECOVERY_S)
         assert [device.identity.pci_address for device in devices] == [DEVICE_A, DEVICE_B]
-        assert len(SpawnRecorder.spawned) == 2
+        assert len(level_zero_children) == 2
         assert first.stdout.closed, "the killed child was never reaped"
     finally:
         worker.close()

@@ -39,7 +39,7 @@ from exporterproc import REPO, RunningExporter
 from httpclient import basic, client_context, curl, request
 from journalgen import Clock, JournalEntrySpec, random_boot_id, unit_output, unit_starting, write_journal
 from polling import wait_for
-from taskslimit import TaskLimit, TaskLimitUnavailable, cgroup_of
+from taskslimit import TaskLimit, cgroup_of
 from webconfigs import basic_auth_users, tls_server_config, write_web_config
 
 NO_COLLECTORS = ("--no-collector.levelzero", "--no-collector.processes", "--no-collector.journal")
@@ -376,23 +376,13 @@ def test_forty_clients_sending_huge_headers_leave_the_peak_rss_under_200_mb(star
     assert "Traceback" not in exporter.stderr
 
 
-@pytest.fixture
-def tasks_limit() -> Iterator[TaskLimit]:
-    """A pids cgroup limited to the unit's TasksMax."""
-    try:
-        limit = TaskLimit("vllm-xpu-exporter-security-test", TASKS_MAX)
-    except TaskLimitUnavailable as error:
-        pytest.skip(str(error))
-    with limit:
-        yield limit
-
-
-def test_idle_and_slowloris_connections_do_not_lock_scrapes_out_under_tasks_max(tasks_limit):
+def test_idle_and_slowloris_connections_do_not_lock_scrapes_out_under_tasks_max(task_limit: TaskLimit):
     """200 idle TCP connections and 100 that send a header line every half second (never finishing their
     request), under TasksMax=64 emulated with a pids cgroup: scrapes keep being answered."""
-    command = tasks_limit.wrap([sys.executable, "-m", "exporter"])
+    task_limit.set_max(TASKS_MAX)
+    command = task_limit.wrap([sys.executable, "-m", "exporter"])
     with RunningExporter(list(NO_COLLECTORS), command=command) as exporter:
-        assert tasks_limit.path.name in cgroup_of(exporter.process.pid)
+        assert task_limit.path.name in cgroup_of(exporter.process.pid)
         port = port_of(exporter)
         idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(200)]
         slow = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(100)]
@@ -420,7 +410,7 @@ def test_idle_and_slowloris_connections_do_not_lock_scrapes_out_under_tasks_max(
                     statuses.append(type(error).__name__)
             assert statuses == [200] * 20, statuses
             assert exporter.process.poll() is None
-            assert tasks_limit.events_max() == 0, "a thread was refused for the task limit"
+            assert task_limit.events_max() == 0, "a thread was refused for the task limit"
         finally:
             stop.set()
             trickler.join(5)
