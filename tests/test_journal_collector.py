@@ -4,6 +4,7 @@ bad input, unreadable journals."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from exporterproc import RunningExporter
 from journalgen import (Clock, append_journal, random_boot_id, unit_failed, unit_output, unit_process_exited,
@@ -27,9 +28,17 @@ def journal_exporter(*args: str) -> RunningExporter:
     return RunningExporter([*ONLY_JOURNAL, "--journal.boot", "all", *args])
 
 
-def caught_up(exporter: RunningExporter) -> dict:
+def caught_up(exporter: RunningExporter, timeout: float = 10) -> dict:
     return wait_for(lambda: (s := exporter.scrape()) and
-                    sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s)
+                    sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s, timeout=timeout)
+
+
+def journal_directory_appears(directory: Path) -> None:
+    """The journal directory is created at once, holding a journal with CHAT's failed start."""
+    staging = directory.with_name("staging")
+    staging.mkdir()
+    write_journal(staging / "system.journal", unit_start(CHAT, FAILED, Clock(random_boot_id())))
+    shutil.copytree(staging, directory)
 
 
 def test_new_entries_are_followed_and_a_restarted_exporter_agrees(tmp_path):
@@ -114,13 +123,8 @@ def test_a_missing_journal_directory_is_reported_and_recovered_from(tmp_path):
         assert sample(samples, "xpu_exporter_collector_success", collector="journal") == 0
         assert exporter.process.poll() is None
 
-        staging = tmp_path / "staging"
-        staging.mkdir()
-        write_journal(staging / "system.journal", unit_start(CHAT, FAILED, Clock(random_boot_id())))
-        shutil.copytree(staging, directory)
-        recovered = wait_for(lambda: (s := exporter.scrape()) and
-                             sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s,
-                             timeout=20)
+        journal_directory_appears(directory)
+        recovered = caught_up(exporter, timeout=20)
     assert recovered, exporter.stderr
     assert sample(recovered, "xpu_unit_engine_init_failures_total", unit=CHAT, reason="kv_cache_too_small") == 1
 
@@ -185,13 +189,8 @@ def test_units_watched_is_absent_while_the_journal_was_never_read(tmp_path):
     directory = tmp_path / "journal"
     with journal_exporter("--journal.directory", str(directory)) as exporter:
         unreadable = exporter.scrape()
-        staging = tmp_path / "staging"
-        staging.mkdir()
-        write_journal(staging / "system.journal", unit_start(CHAT, FAILED, Clock(random_boot_id())))
-        shutil.copytree(staging, directory)
-        recovered = wait_for(lambda: (s := exporter.scrape()) and
-                             sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s,
-                             timeout=20)
+        journal_directory_appears(directory)
+        recovered = caught_up(exporter, timeout=20)
     assert sample(unreadable, "xpu_exporter_collector_success", collector="journal") == 0
     assert sample(unreadable, "xpu_exporter_journal_units_watched") is None
     assert recovered, exporter.stderr
