@@ -1,13 +1,33 @@
-"""Fixtures shared across test modules. Helpers live in plain modules beside this file
-(fakeze, fakesysfs, journalgen, exporterproc) so scripts can use them too."""
+"""Fixtures shared across test modules.
+
+Plain helpers live in modules beside this file, imported by name (``from polling import wait_for``):
+pytest puts this directory on sys.path, and scripts and benchmarks do the same. Each exists once:
+    polling      wait_for
+    sizes        GiB, MiB, gib(), mib()
+    scrapes      parse_samples(), sample(), series(): /metrics text as samples
+    httpclient   request(), client_context(), basic() / authorization(), curl()
+    certs        make_pki() and friends; webconfigs: web config texts and files
+    exporterproc the exporter as a process; fakeze, fakeprocfs, fakesysfs: what it reads
+    journalgen   journal files; vllmlogs: what vLLM units print (realistic starts, the boot race)
+    promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids cgroups
+"""
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fakeze import build_fake_driver
+import journalgen
+from certs import Pki, make_pki
+from fakeze import build_fake_driver, fake_driver_env
+from taskslimit import TaskLimit, TaskLimitUnavailable
+from vllmlogs import BootRace, boot_race as make_boot_race, journal_specs
+
+from exporter.sources import levelzero_worker
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -27,5 +47,54 @@ def config_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
+def level_zero_children(fake_driver: Path, config_path: Path,
+                        monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen]:
+    """Level Zero children started by this process load the fake driver (configured at `config_path`);
+    returns the list of the children the worker starts, in order."""
+    for name, value in fake_driver_env(fake_driver, config_path).items():
+        monkeypatch.setenv(name, value)
+    spawned: list[subprocess.Popen] = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            spawned.append(self)
+
+    monkeypatch.setattr(levelzero_worker.subprocess, "Popen", Recorded)
+    return spawned
+
+
+@pytest.fixture
+def task_limit() -> Iterator[TaskLimit]:
+    """A pids cgroup for this test (taskslimit.py), without a limit until the test sets one; the test is
+    skipped where none can be made (not root, no pids controller)."""
+    try:
+        limit = TaskLimit("xpu-exporter-test", None)
+    except TaskLimitUnavailable as error:
+        pytest.skip(str(error))
+    with limit:
+        yield limit
+
+
+@pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A test CA with server and client certificates, and a rogue CA (certs.make_pki), made once per run."""
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="session")
+def boot_race() -> BootRace:
+    """The problem statement's boot race (vllmlogs.boot_race): three units racing on one GPU, chat failing
+    and restarting, an unwatched unit and a previous boot around them."""
+    return make_boot_race()
+
+
+@pytest.fixture(scope="session")
+def boot_race_journal(boot_race: BootRace, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The boot race as a real journal file (both boots), written once per run."""
+    return journalgen.write_journal(tmp_path_factory.mktemp("race") / "race.journal", journal_specs(boot_race.placed))

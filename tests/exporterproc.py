@@ -8,12 +8,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
+from scrapes import Samples, parse_samples
 
 REPO = Path(__file__).resolve().parents[1]
 _LISTENING = re.compile(r"listening on (https?://\S+?)(/\S*)? ")
@@ -66,13 +65,9 @@ class RunningExporter:
         assert status == 200, body
         return body.decode()
 
-    def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    def scrape(self) -> Samples:
         """{(sample name, sorted labels): value} of one scrape."""
-        samples = {}
-        for family in text_string_to_metric_families(self.scrape_text()):
-            for sample in family.samples:
-                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-        return samples
+        return parse_samples(self.scrape_text())
 
     def stop(self, timeout: float = 5) -> int:
         if self.process.poll() is None:
@@ -90,20 +85,3 @@ class RunningExporter:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-
-def sample(samples: Mapping, metric: str, **labels: str) -> float | None:
-    return samples.get((metric, tuple(sorted(labels.items()))))
-
-
-def series(samples: Mapping, metric: str) -> dict[tuple[tuple[str, str], ...], float]:
-    return {labels: value for (name, labels), value in samples.items() if name == metric}
-
-
-def wait_for(predicate, timeout: float = 10, interval: float = 0.05):
-    """Poll until predicate() is truthy; returns its value. Not a timing assertion: a deadline for a state."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(interval)

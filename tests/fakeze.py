@@ -23,12 +23,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
+from sizes import GiB, MiB
+
 FAKE_DRIVER_SOURCE = Path(__file__).resolve().parent / "fakeze" / "fake_ze.c"
 FAKE_DRIVER_NAME = "libze_fake.so"
 COMPILE_COMMAND = ("gcc", "-shared", "-fPIC", "-fvisibility=hidden", "-O1", "-Wall", "-Werror")
-
-GiB = 1 << 30
-MiB = 1 << 20
 
 INTEL_VENDOR_ID = 0x8086
 DEFAULT_NAME = "Intel(R) Graphics (FAKE)"

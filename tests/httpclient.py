@@ -1,11 +1,16 @@
-"""One HTTP(S) request the way a scraper makes it, for the tests of the web layer and its security."""
+"""HTTP(S) requests the way a scraper makes them, for the tests of the web layer and its security:
+one request, TLS client contexts, basic-auth headers, and curl."""
 
 from __future__ import annotations
 
 import base64
 import http.client
 import ssl
+import subprocess
 from collections.abc import Mapping
+from pathlib import Path
+
+from certs import KeyPair
 
 
 def request(host: str, port: int, path: str = "/metrics", *, method: str = "GET",
@@ -24,6 +29,29 @@ def request(host: str, port: int, path: str = "/metrics", *, method: str = "GET"
         connection.close()
 
 
-def basic(user: str, password: str) -> dict[str, str]:
+def client_context(trusted_ca: Path, client: KeyPair | None = None, *,
+                   maximum: ssl.TLSVersion | None = None) -> ssl.SSLContext:
+    """A scraper's TLS context: trusts `trusted_ca`, presents `client`'s certificate if given, speaks TLS
+    up to `maximum`."""
+    context = ssl.create_default_context(cafile=str(trusted_ca))
+    if client is not None:
+        context.load_cert_chain(str(client.cert), str(client.key))
+    if maximum is not None:
+        context.maximum_version = maximum
+    return context
+
+
+def authorization(user: str, password: str | bytes) -> str:
+    """The value of HTTP basic auth's Authorization header (a bytes password is sent as it is)."""
+    raw = user.encode() + b":" + (password if isinstance(password, bytes) else password.encode())
+    return "Basic " + base64.b64encode(raw).decode()
+
+
+def basic(user: str, password: str | bytes) -> dict[str, str]:
     """The Authorization header of HTTP basic auth."""
-    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+    return {"Authorization": authorization(user, password)}
+
+
+def curl(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["curl", "--silent", "--show-error", "--max-time", "10", *args],
+                          capture_output=True, text=True, timeout=30)

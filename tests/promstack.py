@@ -17,16 +17,17 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from polling import wait_for
 
 PROMETHEUS = "prometheus"
 ALERTMANAGER = "prometheus-alertmanager"
@@ -44,16 +45,6 @@ def free_port() -> int:
 def http_json(url: str, timeout: float = 10) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.load(response)
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
-    """Poll until predicate() is truthy; returns its last value (falsy on timeout)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
 
 
 class _Server:
@@ -86,7 +77,7 @@ class _Server:
             with self.log_path.open("ab") as log:
                 self.process = subprocess.Popen(self.command(self.port), stdout=log, stderr=subprocess.STDOUT,
                                                 cwd=self.directory, start_new_session=True)
-            if wait_until(lambda: self.process.poll() is not None or self._ready(), timeout) and \
+            if wait_for(lambda: self.process.poll() is not None or self._ready(), timeout, interval=0.1) and \
                     self.process.poll() is None:
                 return
             if "address already in use" not in self.log()[log_start:]:

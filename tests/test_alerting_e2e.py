@@ -15,21 +15,23 @@ import math
 import re
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 import journalgen
-from exporterproc import RunningExporter, sample, series, wait_for
+from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, xe_fdinfo
-from fakeze import A770, GiB, MiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
+from fakeze import A770, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
+from polling import wait_for
 from promql import (REPO, alerting_rules, dashboard_queries, load_dashboard, metric_names,
                     recorded_names, variable_queries)
-from promstack import Alertmanager, Prometheus, Webhook, wait_until
-from vllmlogs import (CHAT, EMBEDDING, STT, UNWATCHED, Boot, compose, failure_instant, journal_specs,
-                      race_chat_runs, race_embedding_run, race_stt_run, service_runs)
+from promstack import Alertmanager, Prometheus, Webhook
+from scrapes import sample, series
+from sizes import GiB, MiB
+from vllmlogs import CHAT, EMBEDDING, STT, UNWATCHED, BootRace, boot_race, journal_specs
 
 sys.path.insert(0, str(REPO / "rules"))
 import render  # noqa: E402
@@ -52,35 +54,6 @@ INIT_FAILED_ADVICE = (
     "kv_cache_memory_bytes to at least the needed figure, or lower max_model_len. If the unit starts fine "
     "alone, it lost a race with other units initialising on the same GPU: order their starts (After= in the "
     "unit files) so they initialise one after the other. Journal: journalctl -b -u vllm-xpu-chat.service")
-
-
-@dataclass
-class BootRace:
-    """The race's journal, split at chat's restart, and the instant chat's init failed."""
-
-    boot_id: str
-    before_restart: list
-    from_restart: list
-    failure_usec: int
-
-
-def boot_race(origin: float) -> BootRace:
-    """The problem statement's boot race (tests/vllmlogs.py's units and figures), starting at `origin`
-    so that the failure is recent: chat, embedding and stt start together with an unwatched unit; chat
-    fails and systemd restarts it alone 10 s later."""
-    chat_failed, chat_restarted = race_chat_runs()
-    entries = [*service_runs(CHAT, [chat_failed, chat_restarted], origin, job_id=120),
-               *service_runs(EMBEDDING, [race_embedding_run()], origin + 0.001, job_id=121),
-               *service_runs(STT, [race_stt_run()], origin + 0.002, job_id=122),
-               *service_runs(UNWATCHED, [replace(chat_failed, main_pid=2304)], origin + 0.003, job_id=123,
-                             description="Another LLM")]
-    boot_id = journalgen.random_boot_id()
-    placed = compose(Boot(boot_id, origin - 14.2, tuple(entries)))
-    failure = failure_instant(placed, CHAT)
-    restart = min(p.realtime_usec for p in placed if p.planned.unit == CHAT and p.realtime_usec > failure
-                  and p.planned.message_id == journalgen.MESSAGE_ID_UNIT_STARTING)
-    return BootRace(boot_id, [p for p in placed if p.realtime_usec < restart],
-                    [p for p in placed if p.realtime_usec >= restart], failure)
 
 
 def device_with(used: int) -> FakeConfig:
@@ -117,7 +90,7 @@ def firing(prometheus: Prometheus) -> set[tuple[str, str]]:
 def steady_firing(prometheus: Prometheus, expected: set, evaluations: int = 3) -> set:
     """The firing set once it equals `expected` (or the deadline passed) and stayed so for a few more
     evaluations: an alert that should not fire has had its chance to."""
-    wait_until(lambda: firing(prometheus) == expected, SETTLE)
+    wait_for(lambda: firing(prometheus) == expected, SETTLE)
     time.sleep(evaluations)
     return firing(prometheus)
 
@@ -125,8 +98,9 @@ def steady_firing(prometheus: Prometheus, expected: set, evaluations: int = 3) -
 @pytest.fixture(scope="module")
 def stack(fake_driver: Path, tmp_path_factory: pytest.TempPathFactory):
     base = tmp_path_factory.mktemp("alerting")
-    race = boot_race(origin=time.time() - 180)
-    journal = journalgen.write_journal(base / "units.journal", journal_specs(race.before_restart))
+    race = boot_race(origin=time.time() - 180)  # a recent failure
+    before_restart, from_restart = race.split_at_chat_restart()
+    journal = journalgen.write_journal(base / "units.journal", journal_specs(before_restart))
     config = base / "fake_ze.conf"
     procfs = FakeProcfs(base / "host")
     for pid, (unit, held) in enumerate(HELD.items(), start=200):
@@ -160,11 +134,11 @@ def stack(fake_driver: Path, tmp_path_factory: pytest.TempPathFactory):
             ("XpuUnitEngineInitFailed", CHAT), ("XpuUnitKvCacheTooSmall", CHAT),
             ("XpuUnitEngineInitsOverlapped", CHAT), ("XpuUnitEngineInitsOverlapped", EMBEDDING),
             ("XpuUnitEngineInitsOverlapped", STT)})
-        wait_until(lambda: any(alert["labels"]["alertname"] == "XpuUnitEngineInitFailed"
-                               for alert in webhook.alerts()), SETTLE)
+        wait_for(lambda: any(alert["labels"]["alertname"] == "XpuUnitEngineInitFailed"
+                             for alert in webhook.alerts()), SETTLE)
 
         # Phase 2: chat's lone restart, as the journal, /proc and the driver see it.
-        journalgen.append_journal(journal, journal_specs(race.from_restart))
+        journalgen.append_journal(journal, journal_specs(from_restart))
         chat = procfs.add_unit_process(100, f"/system.slice/{CHAT}")
         chat.add_drm_fd(xe_fdinfo(client_id=100, vram0=CHAT_HOLDS))
         write_config(config, device_with(sum(HELD.values()) + CHAT_HOLDS + UNATTRIBUTED))
@@ -178,7 +152,7 @@ def stack(fake_driver: Path, tmp_path_factory: pytest.TempPathFactory):
             ("XpuUnitEngineInitsOverlapped", CHAT), ("XpuUnitEngineInitsOverlapped", EMBEDDING),
             ("XpuUnitEngineInitsOverlapped", STT)})
         # a rate over the dashboard's window needs that many seconds of scrapes after the change
-        wait_until(lambda: time.time() - started > 6, SETTLE)
+        wait_for(lambda: time.time() - started > 6, SETTLE)
         yield Stack(exporter, prometheus, alertmanager, webhook, race, instance, started, phase1, phase2)
     finally:
         for process in reversed(processes):
@@ -191,7 +165,7 @@ def test_init_failure_of_chat_reaches_the_webhook_with_its_labels_and_the_failur
     first = alerts[0]
     assert first["labels"] == {"alertname": "XpuUnitEngineInitFailed", "severity": "warning", "job": JOB,
                                "instance": stack.instance, "unit": CHAT, "reason": "kv_cache_too_small"}
-    failed_at = go_time(stack.race.failure_usec / 1e6)
+    failed_at = go_time(stack.race.chat_failure_usec() / 1e6)
     assert first["annotations"] == {
         "summary": "A vLLM unit's engine failed to initialise.",
         "description": f"{CHAT} on {stack.instance} failed to initialise its vLLM engine: kv_cache_too_small "
@@ -212,8 +186,8 @@ def test_only_the_alerts_the_race_explains_fire_before_and_after_the_restart(sta
 
 
 def test_the_kv_alert_resolves_when_the_lone_restart_fits_a_request(stack: Stack):
-    resolved = wait_until(lambda: [alert for alert in stack.webhook.alerts("resolved")
-                                   if alert["labels"]["alertname"] == "XpuUnitKvCacheTooSmall"], SETTLE)
+    resolved = wait_for(lambda: [alert for alert in stack.webhook.alerts("resolved")
+                                 if alert["labels"]["alertname"] == "XpuUnitKvCacheTooSmall"], SETTLE)
     assert {alert["labels"]["unit"] for alert in resolved} == {CHAT}
     info = next(alert for alert in stack.prometheus.alerts()
                 if alert["labels"]["alertname"] == "XpuUnitKvCacheBelowMaxNumSeqs")
@@ -280,7 +254,7 @@ def test_the_failure_annotation_marks_the_time_chat_failed(stack: Stack):
     marked = [(item["metric"]["unit"], float(value)) for item in result for _, value in item["values"]]
     assert {unit for unit, _ in marked} == {CHAT}
     # milliseconds, as Grafana takes them with useValueForTime; float arithmetic, so to a microsecond
-    assert [millis for _, millis in marked] == pytest.approx([stack.race.failure_usec / 1e3] * len(marked), abs=1e-3)
+    assert [millis for _, millis in marked] == pytest.approx([stack.race.chat_failure_usec() / 1e3] * len(marked), abs=1e-3)
 
 
 def test_every_metric_the_alerts_and_dashboard_select_is_served_in_the_race(stack: Stack):

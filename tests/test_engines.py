@@ -19,29 +19,29 @@ import journalgen
 from exporter.fold import engine_starts
 from exporter.fold.engine_starts import EngineTracker, Outcome, UnitView
 from exporter.parsers.vllm import FailureReason, parse_line
+from sizes import GiB, gib, mib
 from vllmlogs import (
     CHAT,
     EMBEDDING,
     ERA_VERSIONS,
-    GIB,
-    MIB,
     REASONS,
     ROLE_INIT_DONE,
     ROLE_PROCESS_EXIT,
     ROLE_ROOT_CAUSE,
     STT,
     Boot,
+    BootRace,
     Failure,
     Placed,
     Planned,
     Profiling,
     TrackerEntry,
     VllmRun,
-    boot_race,
     compose,
     engine_start_lines,
     failure_instant,
     first,
+    restart_begins,
     service_runs,
     service_start,
     tracker_entries,
@@ -51,14 +51,6 @@ ORIGIN = 1_747_130_000.0
 BOOT_ID = "5d0c8a4e2f1b4c6d9e7f0a1b2c3d4e5f"
 UNIT = "vllm-test.service"
 OTHER_UNIT = "vllm-other.service"
-
-
-def gib(value: float) -> int:
-    return round(value * GIB)
-
-
-def mib(value: float) -> int:
-    return round(value * MIB)
 
 
 def one_boot(*planned: Iterable[Planned]) -> list[Placed]:
@@ -89,55 +81,39 @@ def failures(**counts: int) -> dict[str, int]:
     return {**no_failures(), **counts}
 
 
-def restart_begins(placed: Sequence[Placed], unit: str, number: int = 2) -> int:
-    """realtime of the unit's number-th "Starting" record."""
-    starting = [p for p in placed if p.planned.unit == unit and p.planned.from_systemd
-                and p.planned.message_id == journalgen.MESSAGE_ID_UNIT_STARTING]
-    return starting[number - 1].realtime_usec
-
-
 # --- the problem statement's boot race ----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def race():
-    return boot_race()
-
-
-def this_boot(race) -> list[Placed]:
-    return [p for p in race.placed if p.boot_id == race.boot_id]
-
-
-def test_boot_race_chat_counts_one_kv_cache_too_small_failure_and_one_start(race) -> None:
-    chat = fold(race.entries())[CHAT]
+def test_boot_race_chat_counts_one_kv_cache_too_small_failure_and_one_start(boot_race: BootRace) -> None:
+    chat = fold(boot_race.entries())[CHAT]
     assert chat.failures == failures(kv_cache_too_small=1)
     assert chat.starts == 1
 
 
-def test_boot_race_chat_outcomes_and_failure_reasons_are_enums_valued_as_the_label_strings(race) -> None:
-    restart = restart_begins(this_boot(race), CHAT)
-    failed = fold(e for e in race.entries() if e.realtime_usec < restart)[CHAT]
-    chat = fold(race.entries())[CHAT]
+def test_boot_race_chat_outcomes_and_failure_reasons_are_enums_valued_as_the_label_strings(boot_race: BootRace) -> None:
+    restart = boot_race.chat_restart_usec()
+    failed = fold(e for e in boot_race.entries() if e.realtime_usec < restart)[CHAT]
+    chat = fold(boot_race.entries())[CHAT]
     assert failed.latest.outcome is Outcome.FAILED
     assert chat.latest.outcome is Outcome.OK and chat.last_success.outcome is Outcome.OK
     assert [type(reason) for reason in chat.failures] == [FailureReason] * len(FailureReason)
     assert [reason.value for reason in chat.failures] == list(REASONS)  # the contract's `reason` label values
 
 
-def test_boot_race_embedding_and_stt_start_once_without_failures(race) -> None:
-    views = fold(race.entries())
+def test_boot_race_embedding_and_stt_start_once_without_failures(boot_race: BootRace) -> None:
+    views = fold(boot_race.entries())
     for unit in (EMBEDDING, STT):
         assert views[unit].starts == 1
         assert views[unit].failures == no_failures()
         assert views[unit].last_failure_usec is None
 
 
-def test_boot_race_right_after_the_failure_chat_shows_required_and_available_bytes(race) -> None:
-    root_cause = first(this_boot(race), CHAT, ROLE_ROOT_CAUSE)
-    chat = fold(e for e in race.entries() if e.realtime_usec <= root_cause.realtime_usec)[CHAT]
+def test_boot_race_right_after_the_failure_chat_shows_required_and_available_bytes(boot_race: BootRace) -> None:
+    root_cause_usec = boot_race.chat_failure_usec()
+    chat = fold(e for e in boot_race.entries() if e.realtime_usec <= root_cause_usec)[CHAT]
     assert chat.failures == failures(kv_cache_too_small=1)
     assert chat.starts == 0
-    assert chat.last_failure_usec == root_cause.realtime_usec
+    assert chat.last_failure_usec == root_cause_usec
     assert chat.latest.effective_kv_cache_bytes == gib(2.13)
     assert chat.latest.effective_required_bytes == gib(3.36)
     assert chat.latest.max_model_len == 131072
@@ -145,18 +121,18 @@ def test_boot_race_right_after_the_failure_chat_shows_required_and_available_byt
     assert chat.latest.max_num_seqs == 3
 
 
-def test_boot_race_copies_wrappers_and_exit_records_of_the_failure_do_not_count_again(race) -> None:
-    restart = restart_begins(this_boot(race), CHAT)
-    chat = fold(e for e in race.entries() if e.realtime_usec < restart)[CHAT]
+def test_boot_race_copies_wrappers_and_exit_records_of_the_failure_do_not_count_again(boot_race: BootRace) -> None:
+    restart = boot_race.chat_restart_usec()
+    chat = fold(e for e in boot_race.entries() if e.realtime_usec < restart)[CHAT]
     assert chat.failures == failures(kv_cache_too_small=1)
     assert chat.starts == 0
     assert chat.latest.effective_kv_cache_bytes == gib(2.13)
     assert chat.latest.effective_required_bytes == gib(3.36)
 
 
-def test_boot_race_after_the_restart_chat_shows_the_restarts_kv_figures(race) -> None:
-    chat = fold(race.entries())[CHAT]
-    _, restarted = race.chat_runs
+def test_boot_race_after_the_restart_chat_shows_the_restarts_kv_figures(boot_race: BootRace) -> None:
+    chat = fold(boot_race.entries())[CHAT]
+    _, restarted = boot_race.chat_runs
     latest = chat.latest
     assert (latest.version, latest.model) == ("0.24.0", "google/gemma-3-4b-it")
     assert latest.effective_kv_cache_bytes == gib(3.25)
@@ -165,24 +141,24 @@ def test_boot_race_after_the_restart_chat_shows_the_restarts_kv_figures(race) ->
     assert latest.effective_required_bytes == pytest.approx(gib(3.25) / 1.04, abs=1)
     assert latest.init_duration_seconds == 38.5
     assert chat.last_success is not None and chat.last_success.init_duration_seconds == restarted.init_seconds
-    assert chat.last_failure_usec == first(this_boot(race), CHAT, ROLE_ROOT_CAUSE).realtime_usec
+    assert chat.last_failure_usec == boot_race.chat_failure_usec()
 
 
-def test_boot_race_counts_an_overlap_for_each_of_the_three_units_and_none_for_the_restart(race) -> None:
-    restart = restart_begins(this_boot(race), CHAT)
-    before_restart = fold(e for e in race.entries() if e.realtime_usec < restart)
-    after_restart = fold(race.entries())
+def test_boot_race_counts_an_overlap_for_each_of_the_three_units_and_none_for_the_restart(boot_race: BootRace) -> None:
+    restart = boot_race.chat_restart_usec()
+    before_restart = fold(e for e in boot_race.entries() if e.realtime_usec < restart)
+    after_restart = fold(boot_race.entries())
     for unit in (CHAT, EMBEDDING, STT):
         assert before_restart[unit].overlaps == 1, unit
         assert after_restart[unit].overlaps == 1, unit
 
 
-def test_boot_race_selected_entries_hold_only_the_watched_units_of_the_race_boot(race) -> None:
-    units = {entry.unit for entry in race.entries()}
+def test_boot_race_selected_entries_hold_only_the_watched_units_of_the_race_boot(boot_race: BootRace) -> None:
+    units = {entry.unit for entry in boot_race.entries()}
     assert units == {CHAT, EMBEDDING, STT}
     # The unwatched unit printed the very failure the chat unit printed.
     assert any("To serve at least one request" in p.planned.message
-               for p in race.placed if p.planned.unit == "other-llm.service")
+               for p in boot_race.placed if p.planned.unit == "other-llm.service")
 
 
 # --- failure reasons, once per failed start ------------------------------------------------------
@@ -399,8 +375,8 @@ def test_kv_bytes_are_derived_from_the_profiling_lines_on_0_9_2_to_0_15_1(
 
 def test_kv_cache_memory_bytes_is_recorded_but_ignored_by_the_xpu_worker_before_0_16() -> None:
     profiling = Profiling(total_mb=16225.0, model_load_mb=3481.2, peak_mb=4102.65)
-    view = succeeded(VllmRun("0.11.0", kv_cache_memory_bytes=4 * GIB, profiling=profiling))
-    assert view.latest.kv_cache_memory_bytes == 4 * GIB
+    view = succeeded(VllmRun("0.11.0", kv_cache_memory_bytes=4 * GiB, profiling=profiling))
+    assert view.latest.kv_cache_memory_bytes == 4 * GiB
     assert view.latest.effective_kv_cache_bytes == round(mib(16225.00) * 0.9 - mib(4102.65))
 
 
@@ -478,8 +454,7 @@ def test_start_after_another_units_first_kv_line_does_not_overlap() -> None:
 # --- determinism -------------------------------------------------------------------------------------
 
 
-def mixed_journal() -> list[TrackerEntry]:
-    race = boot_race()
+def mixed_journal(race: BootRace) -> list[TrackerEntry]:
     eras = [service_runs(f"vllm-era-{index}.service",
                          [VllmRun(version, max_model_len=8192, gpu_blocks=900, failure=Failure("no_kv_cache_memory"),
                                   kv_cache_gib=-0.2, profiling=Profiling(16225.0, 7695.45, 15000.0)),
@@ -493,13 +468,13 @@ def as_data(views: dict[str, UnitView]) -> dict[str, dict]:
     return {unit: dataclasses.asdict(view) for unit, view in views.items()}
 
 
-def test_folding_the_same_journal_twice_gives_identical_views() -> None:
-    entries = mixed_journal()
+def test_folding_the_same_journal_twice_gives_identical_views(boot_race: BootRace) -> None:
+    entries = mixed_journal(boot_race)
     assert as_data(fold(entries)) == as_data(fold(list(entries)))
 
 
-def test_fold_split_at_any_point_and_resumed_gives_the_same_views() -> None:
-    entries = boot_race().entries()
+def test_fold_split_at_any_point_and_resumed_gives_the_same_views(boot_race: BootRace) -> None:
+    entries = boot_race.entries()
     whole = as_data(fold(entries))
     for split in range(len(entries) + 1):
         tracker = EngineTracker()

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from exporterproc import RunningExporter, sample
+from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs
 from fakeze import FakeConfig, fake_driver_env, write_config
+from scrapes import sample
 
 DECOY_MAX_FDS = 7
 DECOY_CPU_SECONDS = 3600

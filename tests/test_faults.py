@@ -29,19 +29,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from exporterproc import REPO, RunningExporter, sample, wait_for
+from exporterproc import REPO, RunningExporter
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, xe_fdinfo
-from fakeze import A770, B580, GiB, FakeConfig, fake_driver_env, write_config
-from journalgen import (Clock, append_journal, current_boot_id, rotate_journal, unit_failed, unit_output,
-                        unit_process_exited, unit_starting, write_big_journal, write_journal)
-from taskslimit import TaskLimit, TaskLimitUnavailable
+from fakeze import A770, B580, FakeConfig, fake_driver_env, write_config
+from journalgen import (Clock, append_journal, current_boot_id, rotate_journal, unit_output, write_big_journal,
+                        write_journal)
+from polling import wait_for
+from scrapes import Samples, parse_samples, sample
+from sizes import GiB
+from taskslimit import TaskLimit
+from vllmlogs import chat_runs, unit_start
 
-from exporter.sources import levelzero_worker
 from exporter.sources.levelzero_worker import LevelZeroUnavailable, LevelZeroWorker
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 CHAT = "vllm-xpu-chat.service"
 DEVICE_A, DEVICE_B = A770.pci_address, B580.pci_address
@@ -60,49 +60,11 @@ RECOVERY_S = 25.0  # deadline for a state after a fault ends (Level Zero retries
 BIG_JOURNAL_ENTRIES = 200_000
 BIG_JOURNAL_VERSION = 1  # bump when the generated journal changes, so the cache is rebuilt
 
-KV_TOO_SMALL = ("ValueError: To serve at least one request with the model's max seq len (131072), (3.36 GiB KV cache "
-                "is needed, which is larger than the available KV cache memory (2.13 GiB). Try increasing "
-                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
-SETTINGS = ("non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 131072, "
-            "'gpu_memory_utilization': 0.75, 'max_num_seqs': 3}")
+FAILED, STARTED = chat_runs()  # CHAT's starts: kv_cache_too_small, then up
+RESTARTED = dataclasses.replace(STARTED, main_pid=STARTED.main_pid + 1)  # up again, in new processes
 
 
 # ------------------------------------------------------------------------------------------ the host
-
-def failed_start(clock: Clock, api_pid: int) -> list:
-    """A vLLM 0.24 start of CHAT (API server `api_pid`, engine core the next pid) that dies with
-    kv_cache_too_small, as the journal records it."""
-    core_pid = api_pid + 1
-    api = f"(APIServer pid={api_pid}) INFO 12-02 10:00:00 [api_server.py:1873] "
-    return [
-        unit_starting(CHAT, clock.tick()),
-        unit_output(CHAT, api + "vLLM API server version 0.24.0", clock.tick(), pid=api_pid),
-        unit_output(CHAT, api + SETTINGS, clock.tick(), pid=api_pid),
-        unit_output(CHAT, f"(EngineCore pid={core_pid}) ERROR 12-02 10:00:30 [core.py:708] {KV_TOO_SMALL}",
-                    clock.tick(), pid=core_pid),
-        unit_output(CHAT, f"(EngineCore pid={core_pid}) {KV_TOO_SMALL}", clock.tick(), pid=core_pid),
-        unit_output(CHAT, f"(APIServer pid={api_pid}) RuntimeError: Engine core initialization failed. See root "
-                          "cause above. Failed core proc(s): {}", clock.tick(), pid=api_pid),
-        unit_process_exited(CHAT, clock.tick()),
-        unit_failed(CHAT, clock.tick()),
-    ]
-
-
-def good_start(clock: Clock, api_pid: int) -> list:
-    """A vLLM 0.24 start of CHAT (API server `api_pid`, engine core the next pid) that comes up."""
-    core_pid = api_pid + 1
-    api = f"(APIServer pid={api_pid}) INFO 12-02 10:00:00 [api_server.py:1873] "
-    core = f"(EngineCore pid={core_pid}) INFO 12-02 10:00:20 "
-    return [
-        unit_starting(CHAT, clock.tick()),
-        unit_output(CHAT, api + "vLLM API server version 0.24.0", clock.tick(), pid=api_pid),
-        unit_output(CHAT, api + SETTINGS, clock.tick(), pid=api_pid),
-        unit_output(CHAT, core + "[gpu_worker.py:456] Available KV cache memory: 3.25 GiB", clock.tick(),
-                    pid=core_pid),
-        unit_output(CHAT, core + "[core.py:210] init engine (profile, create kv cache, warmup model) took 42.50 "
-                                 "seconds", clock.tick(), pid=core_pid),
-    ]
-
 
 @dataclass
 class Host:
@@ -134,7 +96,7 @@ def build_host(tmp_path: Path, driver: Path, config_path: Path, fdinfo_memory_ke
     clock = Clock(current_boot_id())
     journal_dir = tmp_path / "journal"
     journal_dir.mkdir()
-    write_journal(journal_dir / "system.journal", failed_start(clock, api_pid=10) + good_start(clock, api_pid=20))
+    write_journal(journal_dir / "system.journal", unit_start(CHAT, FAILED, clock) + unit_start(CHAT, STARTED, clock))
     procfs = FakeProcfs(tmp_path / "host")
     for pid, client, memory in ((1000, 1, 2 * GiB), (1001, 2, GiB)):
         process = procfs.add_unit_process(pid, f"/system.slice/{CHAT}")
@@ -390,9 +352,9 @@ def counters_never_decrease(history: list[Samples]) -> None:
 def test_journal_files_changing_under_the_follower_keep_counters_and_new_entries_arrive(host: Host, change: str):
     active = host.journal_dir / "system.journal"
     if change == "vacuumed":  # the failed start in an archived file, the good one in the active file
-        write_journal(active, failed_start(host.clock, api_pid=10))
+        write_journal(active, unit_start(CHAT, FAILED, host.clock))
         rotate_journal(active)
-        write_journal(active, good_start(host.clock, api_pid=20))
+        write_journal(active, unit_start(CHAT, STARTED, host.clock))
     with host.exporter() as exporter:
         history = [scrape_until(exporter, all_reporting, "reported healthy before the change")]
         if change == "deleted":
@@ -406,7 +368,7 @@ def test_journal_files_changing_under_the_follower_keep_counters_and_new_entries
         for during in history:
             assert all_reporting(during), success(during)
 
-        new_entries = good_start(host.clock, api_pid=30)  # the unit restarted: new processes
+        new_entries = unit_start(CHAT, RESTARTED, host.clock)
         if change == "vacuumed":
             append_journal(active, new_entries)
         else:
@@ -543,11 +505,6 @@ def test_sigterm_during_catch_up_of_a_big_journal_exits_cleanly_within_two_secon
 
 # ------------------------------------------------------------------------------------------ HTTP load
 
-def parsed(body: bytes) -> Samples:
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(body.decode()) for sample in family.samples}
-
-
 def test_two_hundred_concurrent_scrapes_are_all_answered_completely(host: Host):
     clients = 200
     with host.exporter() as exporter:
@@ -563,7 +520,8 @@ def test_two_hundred_concurrent_scrapes_are_all_answered_completely(host: Host):
             answers = list(pool.map(scrape, range(clients)))
         assert exporter.process.poll() is None
     assert [status for status, _ in answers] == [200] * clients
-    incomplete = [success(parsed(body)) for _, body in answers if not all_reporting(parsed(body))]
+    parsed = [parse_samples(body.decode()) for _, body in answers]
+    incomplete = [success(samples) for samples in parsed if not all_reporting(samples)]
     assert incomplete == [], f"{len(incomplete)} of {clients} scrapes incomplete, e.g. {incomplete[:3]}"
 
 
@@ -581,7 +539,7 @@ def test_a_slow_client_holding_a_half_sent_request_does_not_stop_others_scraping
             reply = http.client.HTTPResponse(slow)
             reply.begin()
             assert reply.status == 200
-            assert all_reporting(parsed(reply.read()))
+            assert all_reporting(parse_samples(reply.read().decode()))
         finally:
             slow.close()
             silent.close()
@@ -598,20 +556,11 @@ def scrape_answered(exporter: RunningExporter) -> Samples | None:
         return None
 
 
-@pytest.fixture
-def task_limit():
-    try:
-        limit = TaskLimit("xpu-exporter-test", 1)
-    except TaskLimitUnavailable as error:
-        pytest.skip(str(error))
-    with limit:
-        yield limit
-
-
 def test_start_up_with_no_task_to_spare_serves_reports_the_sources_that_need_one_and_recovers(
         host: Host, task_limit: TaskLimit):
     """Under a pids cgroup no thread nor process can be started (EAGAIN): the journal follower, the GPU
     hot-plug watcher, the Level Zero child and its stderr reader. The exporter must serve anyway."""
+    task_limit.set_max(1)
     with host.exporter(command=task_limit.wrap([sys.executable, "-m", "exporter"])) as exporter:
         assert exporter.process.poll() is None, exporter.stderr
         task_limit.set_max(2)  # the exporter and one thread: a connection's, one at a time
@@ -657,23 +606,11 @@ def test_a_level_zero_child_that_cannot_be_executed_fails_only_the_levelzero_col
     assert "cannot start the Level Zero child: [Errno 13] Permission denied" in exporter.stderr
 
 
-class SpawnRecorder(subprocess.Popen):
-    spawned: list[subprocess.Popen] = []
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        SpawnRecorder.spawned.append(self)
-
-
 def test_a_level_zero_child_whose_threads_cannot_start_is_killed_reaped_later_and_retried(
-        fake_driver: Path, config_path: Path, monkeypatch: pytest.MonkeyPatch):
+        level_zero_children: list[subprocess.Popen], config_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The child started, but its stderr reader (and then the reaper of the killed child) cannot: a task limit
     reached between the two, which a cgroup cannot arrange deterministically, so Thread.start is refused here."""
     write_config(config_path, HEALTHY)
-    for name, value in fake_driver_env(fake_driver, config_path).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(SpawnRecorder, "spawned", [])
-    monkeypatch.setattr(levelzero_worker.subprocess, "Popen", SpawnRecorder)
     real_start = threading.Thread.start
 
     def start_refused_for_the_child(thread: threading.Thread) -> None:
@@ -687,7 +624,7 @@ def test_a_level_zero_child_whose_threads_cannot_start_is_killed_reaped_later_an
             refusing.setattr(threading.Thread, "start", start_refused_for_the_child)
             with pytest.raises(LevelZeroUnavailable, match="stderr reader: can't start new thread"):
                 worker.read_memory()
-        (first,) = SpawnRecorder.spawned
+        (first,) = level_zero_children
         assert wait_for(lambda: first.poll() is not None), "the child without a stderr reader was not killed"
 
         def memory_read() -> list | None:
@@ -698,7 +635,7 @@ def test_a_level_zero_child_whose_threads_cannot_start_is_killed_reaped_later_an
 
         devices = wait_for(memory_read, timeout=RECOVERY_S)
         assert [device.identity.pci_address for device in devices] == [DEVICE_A, DEVICE_B]
-        assert len(SpawnRecorder.spawned) == 2
+        assert len(level_zero_children) == 2
         assert first.stdout.closed, "the killed child was never reaped"
     finally:
         worker.close()

@@ -34,7 +34,6 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collector import Sources
 from exporter.collectors.journal import JournalCollector, unit_metrics
@@ -52,8 +51,10 @@ from exporter.systemd import (MESSAGE_ID_SPAWN_FAILED, MESSAGE_ID_UNIT_FAILURE_R
 from exporter.sources.levelzero import DeviceIdentity, MemoryModule, MemoryModuleProperties
 from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
+from scrapes import parse_samples, sample
 from test_fdinfo import DEPRECATED_MEMORY_KEYS, I915_61, I915_612, NOT_DRM, XE_DOC
 from test_vllm_grammar import BARE_MESSAGES, ENVELOPES, EXACT_LINES, NOISE_LINES
+from vllmlogs import VllmRun, chat_runs, engine_start_lines
 
 FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -301,29 +302,16 @@ PID1_RECORDS = {  # systemd 252's texts (see tests/journalgen.py); the fold read
     MESSAGE_ID_SPAWN_FAILED: "{unit}: Failed at step EXEC spawning /usr/bin/vllm: No such file or directory",
     "": "{unit}: something PID 1 said without a MESSAGE_ID",
 }
-API = "(APIServer pid=10) INFO 12-02 10:00:00 [api_server.py:1873] "
-CORE = "(EngineCore pid=11) INFO 12-02 10:00:20 [gpu_worker.py:456] "
-KV_TOO_SMALL = ("ValueError: To serve at least one request with the model's max seq len (131072), (3.36 GiB KV cache "
-                "is needed, which is larger than the available KV cache memory (2.13 GiB). Try increasing "
-                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
-GOOD_START = (
-    API + "vLLM API server version 0.24.0",
-    API + "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 131072, 'gpu_memory_utilization': 0.75}",
-    CORE + "Available KV cache memory: 3.25 GiB",
-    "(EngineCore pid=11) INFO 12-02 10:00:21 [kv_cache_utils.py:1286] GPU KV cache size: 47,328 tokens",
-    "(EngineCore pid=11) INFO 12-02 10:00:21 [kv_cache_utils.py:1290] Maximum concurrency for 131,072 tokens per "
-    "request: 0.36x",
-    "(EngineCore pid=11) INFO 12-02 10:00:40 [core.py:210] init engine (profile, create kv cache, warmup model) "
-    "took 42.50 seconds",
-)
-FAILED_START = (
-    API + "vLLM API server version 0.24.0",
-    API + "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 131072, 'gpu_memory_utilization': 0.75}",
-    f"(EngineCore pid=11) ERROR 12-02 10:00:30 [core.py:708] {KV_TOO_SMALL}",
-    f"(EngineCore pid=11) {KV_TOO_SMALL}",
-    "(APIServer pid=10) RuntimeError: Engine core initialization failed. See root cause above. Failed core "
-    "proc(s): {}",
-)
+
+
+def read_lines(run: VllmRun) -> tuple[str, ...]:
+    """The lines of a realistic start (tests/vllmlogs.py) that the vLLM grammar reads: what whole starts are
+    made of (the noise between them is left to the other strategies)."""
+    return tuple(line.message for line in engine_start_lines(run, began_at=0.0)
+                 if vllm.parse_line(line.message) is not None)
+
+
+FAILED_START, GOOD_START = map(read_lines, chat_runs())
 
 # (unit, message, MESSAGE_ID or None for a line the unit printed, _PID); timestamps come when entries are made
 Written = tuple[str, str, str | None, int | None]
@@ -473,9 +461,7 @@ def exposed(collectors: list, sources: Sources) -> dict[tuple[str, tuple], float
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, sources))
     generate_openmetrics(registry)
-    return {(metric_sample.name, tuple(sorted(metric_sample.labels.items()))): metric_sample.value
-            for family in text_string_to_metric_families(generate_latest(registry).decode())
-            for metric_sample in family.samples}
+    return parse_samples(generate_latest(registry).decode())
 
 
 @settings(FUZZ, max_examples=100)
@@ -499,9 +485,5 @@ def test_collectors_fed_absurd_numbers_are_exposed_within_bounds_and_succeed(wri
             assert 0 <= value <= len(fdinfos) * 4 * MAX_BYTES, (name, labels, value)
         if name == "xpu_unattributed_memory_bytes":
             assert 0 <= value <= DEVICE_TOTAL, (name, labels, value)
-    assert sample_of(samples, "xpu_exporter_collector_success", collector="journal") == 1
-    assert sample_of(samples, "xpu_exporter_collector_success", collector="processes") == 1
-
-
-def sample_of(samples: dict, name: str, **labels: str) -> float | None:
-    return samples.get((name, tuple(sorted(labels.items()))))
+    assert sample(samples, "xpu_exporter_collector_success", collector="journal") == 1
+    assert sample(samples, "xpu_exporter_collector_success", collector="processes") == 1

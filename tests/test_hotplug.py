@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from exporterproc import REPO, sample, wait_for
+from exporterproc import REPO
 from fakesysfs import FakeGpu, FakeSysfs, SysfsNamespace
 from fakeze import A770, B580, FakeConfig, fake_driver_env, write_config
+from polling import wait_for
+from scrapes import parse_samples, sample
 
 A770_SYSFS = FakeGpu("0000:03:00.0", card=1, render=128)
 B580_SYSFS = FakeGpu("0000:83:00.0", card=2, render=129, driver="xe", device_id=0xE20B, bridges=("0000:80:01.0",))
@@ -30,8 +31,7 @@ for _ in range(200):
 def scrape(ns: SysfsNamespace) -> dict:
     text = ns.run([sys.executable, "-c", SCRAPE], timeout=30).stdout
     assert text, ns.output()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return parse_samples(text)
 
 
 def device_info(samples: dict) -> dict[str, tuple[str, str]]:

@@ -4,51 +4,20 @@ bad input, unreadable journals."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
-from exporterproc import RunningExporter, sample, series, wait_for
+from exporterproc import RunningExporter
 from journalgen import (Clock, append_journal, random_boot_id, unit_failed, unit_output, unit_process_exited,
                         unit_starting, write_journal)
+from polling import wait_for
+from scrapes import sample, series
+from vllmlogs import chat_runs, unit_start
 
 CHAT = "vllm-xpu-chat.service"
 API = "(APIServer pid=10) INFO 12-02 10:00:00 [api_server.py:1873] "
 CORE = "(EngineCore pid=11) INFO 12-02 10:00:20 [gpu_worker.py:456] "
-CAUSE = ("ValueError: To serve at least one request with the model's max seq len (131072), (3.36 GiB KV cache is "
-         "needed, which is larger than the available KV cache memory (2.13 GiB). Based on the available memory, "
-         "the estimated maximum model length is 46528. Try increasing `gpu_memory_utilization` or decreasing "
-         "`max_model_len` when initializing the engine.")
 ONLY_JOURNAL = ("--no-collector.levelzero", "--no-collector.processes")
-
-
-def failed_start(unit: str, clock: Clock, pid: int = 11) -> list:
-    return [
-        unit_starting(unit, clock.tick()),
-        unit_output(unit, API + "vLLM API server version 0.24.0", clock.tick(), pid=pid),
-        unit_output(unit, API + "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 131072, "
-                               "'gpu_memory_utilization': 0.75, 'max_num_seqs': 3}", clock.tick(), pid=pid),
-        unit_output(unit, f"(EngineCore pid={pid}) ERROR 12-02 10:00:30 [core.py:708] {CAUSE}", clock.tick(),
-                    pid=pid),
-        unit_output(unit, f"(EngineCore pid={pid}) {CAUSE}", clock.tick(), pid=pid),
-        unit_output(unit, "(APIServer pid=10) RuntimeError: Engine core initialization failed. See root cause "
-                          "above. Failed core proc(s): {}", clock.tick(), pid=pid),
-        unit_process_exited(unit, clock.tick()),
-        unit_failed(unit, clock.tick()),
-    ]
-
-
-def good_start(unit: str, clock: Clock, pid: int = 21) -> list:
-    return [
-        unit_starting(unit, clock.tick()),
-        unit_output(unit, API + "vLLM API server version 0.24.0", clock.tick(), pid=pid),
-        unit_output(unit, API + "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 131072, "
-                               "'gpu_memory_utilization': 0.75, 'max_num_seqs': 3}", clock.tick(), pid=pid),
-        unit_output(unit, CORE + "Available KV cache memory: 3.25 GiB", clock.tick(), pid=pid),
-        unit_output(unit, "(EngineCore pid=21) INFO 12-02 10:00:21 [kv_cache_utils.py:1286] GPU KV cache size: "
-                          "47,328 tokens", clock.tick(), pid=pid),
-        unit_output(unit, "(EngineCore pid=21) INFO 12-02 10:00:21 [kv_cache_utils.py:1290] Maximum concurrency "
-                          "for 131,072 tokens per request: 0.36x", clock.tick(), pid=pid),
-        unit_output(unit, "(EngineCore pid=21) INFO 12-02 10:00:40 [core.py:210] init engine (profile, create kv "
-                          "cache, warmup model) took 42.50 seconds", clock.tick(), pid=pid),
-    ]
+FAILED, STARTED = chat_runs()
 
 
 def unit_samples(samples: dict) -> dict:
@@ -59,20 +28,28 @@ def journal_exporter(*args: str) -> RunningExporter:
     return RunningExporter([*ONLY_JOURNAL, "--journal.boot", "all", *args])
 
 
-def caught_up(exporter: RunningExporter) -> dict:
+def caught_up(exporter: RunningExporter, timeout: float = 10) -> dict:
     return wait_for(lambda: (s := exporter.scrape()) and
-                    sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s)
+                    sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s, timeout=timeout)
+
+
+def journal_directory_appears(directory: Path) -> None:
+    """The journal directory is created at once, holding a journal with CHAT's failed start."""
+    staging = directory.with_name("staging")
+    staging.mkdir()
+    write_journal(staging / "system.journal", unit_start(CHAT, FAILED, Clock(random_boot_id())))
+    shutil.copytree(staging, directory)
 
 
 def test_new_entries_are_followed_and_a_restarted_exporter_agrees(tmp_path):
     clock = Clock(random_boot_id())
-    journal = write_journal(tmp_path / "system.journal", failed_start(CHAT, clock))
+    journal = write_journal(tmp_path / "system.journal", unit_start(CHAT, FAILED, clock))
     with journal_exporter("--journal.file", str(journal)) as exporter:
         first = caught_up(exporter)
         assert sample(first, "xpu_unit_engine_init_failures_total", unit=CHAT, reason="kv_cache_too_small") == 1
         assert sample(first, "xpu_unit_engine_starts_total", unit=CHAT) == 0
 
-        append_journal(journal, good_start(CHAT, clock))
+        append_journal(journal, unit_start(CHAT, STARTED, clock))
         followed = wait_for(lambda: (s := exporter.scrape()) and
                             sample(s, "xpu_unit_engine_starts_total", unit=CHAT) == 1 and s)
         assert followed, exporter.stderr
@@ -88,7 +65,8 @@ def test_new_entries_are_followed_and_a_restarted_exporter_agrees(tmp_path):
 def test_every_reason_of_every_watched_unit_exists_at_zero(tmp_path):
     clock = Clock(random_boot_id())
     units = ["vllm-xpu-embedding.service", "vllm-xpu-stt.service"]
-    journal = write_journal(tmp_path / "j.journal", [entry for unit in units for entry in good_start(unit, clock)])
+    journal = write_journal(tmp_path / "j.journal", 
+                            [entry for unit in units for entry in unit_start(unit, STARTED, clock)])
     with journal_exporter("--journal.file", str(journal)) as exporter:
         samples = caught_up(exporter)
     failures = series(samples, "xpu_unit_engine_init_failures_total")
@@ -102,7 +80,7 @@ def test_every_reason_of_every_watched_unit_exists_at_zero(tmp_path):
 
 def test_unwatched_units_printing_the_same_failure_do_not_count(tmp_path):
     clock = Clock(random_boot_id())
-    journal = write_journal(tmp_path / "j.journal", failed_start("other-llm.service", clock))
+    journal = write_journal(tmp_path / "j.journal", unit_start("other-llm.service", FAILED, clock))
     with journal_exporter("--journal.file", str(journal)) as exporter:
         samples = caught_up(exporter)
     assert unit_samples(samples) == {}
@@ -111,8 +89,8 @@ def test_unwatched_units_printing_the_same_failure_do_not_count(tmp_path):
 def test_entries_of_another_boot_are_not_read(tmp_path):
     this_boot, other_boot = random_boot_id(), random_boot_id()
     journal = write_journal(tmp_path / "j.journal",
-                            failed_start(CHAT, Clock(other_boot)) +
-                            good_start(CHAT, Clock(this_boot, realtime_usec=1_747_100_000_000_000)))
+                            unit_start(CHAT, FAILED, Clock(other_boot)) +
+                            unit_start(CHAT, STARTED, Clock(this_boot, realtime_usec=1_747_100_000_000_000)))
     with RunningExporter([*ONLY_JOURNAL, "--journal.file", str(journal), "--journal.boot", this_boot]) as exporter:
         samples = caught_up(exporter)
     assert sample(samples, "xpu_unit_engine_starts_total", unit=CHAT) == 1
@@ -129,7 +107,7 @@ def test_hostile_messages_are_survived_and_do_not_disturb_counting(tmp_path):
         unit_output(CHAT, "Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 2.0 tokens/s",
                     clock.tick()),
     ]
-    journal = write_journal(tmp_path / "j.journal", hostile + failed_start(CHAT, clock))
+    journal = write_journal(tmp_path / "j.journal", hostile + unit_start(CHAT, FAILED, clock))
     with journal_exporter("--journal.file", str(journal), "--journal.units", "vllm*.service",
                           "--journal.units", "nothing-matches-*.service") as exporter:
         samples = caught_up(exporter)
@@ -145,20 +123,15 @@ def test_a_missing_journal_directory_is_reported_and_recovered_from(tmp_path):
         assert sample(samples, "xpu_exporter_collector_success", collector="journal") == 0
         assert exporter.process.poll() is None
 
-        staging = tmp_path / "staging"
-        staging.mkdir()
-        write_journal(staging / "system.journal", failed_start(CHAT, Clock(random_boot_id())))
-        shutil.copytree(staging, directory)
-        recovered = wait_for(lambda: (s := exporter.scrape()) and
-                             sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s,
-                             timeout=20)
+        journal_directory_appears(directory)
+        recovered = caught_up(exporter, timeout=20)
     assert recovered, exporter.stderr
     assert sample(recovered, "xpu_unit_engine_init_failures_total", unit=CHAT, reason="kv_cache_too_small") == 1
 
 
 def test_a_journal_file_deleted_while_followed_keeps_the_counters(tmp_path):
     clock = Clock(random_boot_id())
-    journal = write_journal(tmp_path / "j.journal", failed_start(CHAT, clock))
+    journal = write_journal(tmp_path / "j.journal", unit_start(CHAT, FAILED, clock))
     with journal_exporter("--journal.file", str(journal)) as exporter:
         caught_up(exporter)
         journal.unlink()
@@ -181,7 +154,8 @@ def test_a_start_that_dies_before_vllm_prints_anything_counts_as_other(tmp_path)
 def test_units_beyond_the_cap_are_dropped_and_counted(tmp_path):
     clock = Clock(random_boot_id())
     units = ["vllm-a.service", "vllm-b.service", "vllm-c.service"]
-    journal = write_journal(tmp_path / "j.journal", [entry for unit in units for entry in good_start(unit, clock)])
+    journal = write_journal(tmp_path / "j.journal", 
+                            [entry for unit in units for entry in unit_start(unit, STARTED, clock)])
     with journal_exporter("--journal.file", str(journal), "--journal.max-units", "2") as exporter:
         samples = caught_up(exporter)
     watched = {dict(labels)["unit"] for labels in series(samples, "xpu_unit_engine_starts_total")}
@@ -192,8 +166,8 @@ def test_units_beyond_the_cap_are_dropped_and_counted(tmp_path):
 
 def test_units_watched_counts_the_units_matching_the_globs_and_not_the_others(tmp_path):
     clock = Clock(random_boot_id())
-    entries = (good_start("vllm-xpu-embedding.service", clock) + failed_start(CHAT, clock) +
-               failed_start("other-llm.service", clock) + good_start("vllm-xpu-stt.service", clock))
+    entries = (unit_start("vllm-xpu-embedding.service", STARTED, clock) + unit_start(CHAT, FAILED, clock) +
+               unit_start("other-llm.service", FAILED, clock) + unit_start("vllm-xpu-stt.service", STARTED, clock))
     journal = write_journal(tmp_path / "j.journal", entries)
     with journal_exporter("--journal.file", str(journal)) as exporter:
         samples = caught_up(exporter)
@@ -202,7 +176,8 @@ def test_units_watched_counts_the_units_matching_the_globs_and_not_the_others(tm
 
 def test_globs_matching_no_unit_give_zero_watched_units_and_a_working_collector(tmp_path):
     clock = Clock(random_boot_id())
-    journal = write_journal(tmp_path / "j.journal", good_start(CHAT, clock) + failed_start("other-llm.service", clock))
+    journal = write_journal(tmp_path / "j.journal",
+                            unit_start(CHAT, STARTED, clock) + unit_start("other-llm.service", FAILED, clock))
     with journal_exporter("--journal.file", str(journal), "--journal.units", "vllm-xpu-chat") as exporter:
         samples = caught_up(exporter)
     assert sample(samples, "xpu_exporter_collector_success", collector="journal") == 1
@@ -214,13 +189,8 @@ def test_units_watched_is_absent_while_the_journal_was_never_read(tmp_path):
     directory = tmp_path / "journal"
     with journal_exporter("--journal.directory", str(directory)) as exporter:
         unreadable = exporter.scrape()
-        staging = tmp_path / "staging"
-        staging.mkdir()
-        write_journal(staging / "system.journal", failed_start(CHAT, Clock(random_boot_id())))
-        shutil.copytree(staging, directory)
-        recovered = wait_for(lambda: (s := exporter.scrape()) and
-                             sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s,
-                             timeout=20)
+        journal_directory_appears(directory)
+        recovered = caught_up(exporter, timeout=20)
     assert sample(unreadable, "xpu_exporter_collector_success", collector="journal") == 0
     assert sample(unreadable, "xpu_exporter_journal_units_watched") is None
     assert recovered, exporter.stderr
@@ -231,13 +201,14 @@ def test_entries_of_units_beyond_the_cap_are_not_read(tmp_path):
     """The cap bounds the work, not only the series: a refused unit's entries are skipped by the reader."""
     clock = Clock(random_boot_id())
     units = [f"vllm-{index:03d}.service" for index in range(200)]
-    journal = write_journal(tmp_path / "j.journal", [entry for unit in units for entry in good_start(unit, clock)])
+    journal = write_journal(tmp_path / "j.journal", 
+                            [entry for unit in units for entry in unit_start(unit, STARTED, clock)])
     with journal_exporter("--journal.file", str(journal), "--journal.max-units", "5") as exporter:
         samples = caught_up(exporter)
     watched = {dict(labels)["unit"] for labels in series(samples, "xpu_unit_engine_starts_total")}
     assert watched == set(units[:5])
     assert sample(samples, "xpu_exporter_journal_units_dropped_total") == 195
-    assert sample(samples, "xpu_exporter_journal_entries_read_total") == 5 * len(good_start(units[0], clock))
+    assert sample(samples, "xpu_exporter_journal_entries_read_total") == 5 * len(unit_start(units[0], STARTED, clock))
 
 
 EMBEDDING = "vllm-xpu-embedding.service"
@@ -246,7 +217,7 @@ EMBEDDING = "vllm-xpu-embedding.service"
 def test_a_setting_of_4000_digits_is_ignored_and_counted_and_metrics_are_served_also_after_a_restart(tmp_path):
     clock = Clock(random_boot_id())
     attack = API + "non-default args: {'model': 'z', 'max_model_len': " + "9" * 4000 + "}"
-    journal = write_journal(tmp_path / "j.journal", good_start(CHAT, clock) + [
+    journal = write_journal(tmp_path / "j.journal", unit_start(CHAT, STARTED, clock) + [
         unit_starting(EMBEDDING, clock.tick()),
         unit_output(EMBEDDING, API + "vLLM API server version 0.24.0", clock.tick(), pid=31),
         unit_output(EMBEDDING, attack, clock.tick(), pid=31),
@@ -300,7 +271,7 @@ ABSURD_STARTS = {
 
 def test_absurd_values_are_ignored_and_counted_and_cost_no_other_series(tmp_path):
     clock = Clock(random_boot_id())
-    entries = good_start(CHAT, clock)
+    entries = unit_start(CHAT, STARTED, clock)
     for pid, (unit, (version, lines)) in enumerate(ABSURD_STARTS.items(), start=100):
         entries += start_printing(unit, clock, version, lines, pid)
     journal = write_journal(tmp_path / "j.journal", entries)

@@ -11,26 +11,25 @@ from pathlib import Path
 import pytest
 
 import journalgen
-from exporterproc import RunningExporter, sample, series, wait_for
+from exporterproc import RunningExporter
+from polling import wait_for
+from scrapes import sample, series
+from sizes import GiB, gib, mib
 from vllmlogs import (
     CHAT,
     EMBEDDING,
-    GIB,
     LEGACY,
-    MIB,
     REASONS,
-    ROLE_ROOT_CAUSE,
     STT,
     UNWATCHED,
     Boot,
+    BootRace,
     Failure,
     Placed,
     Profiling,
     VllmRun,
-    boot_race,
     compose,
     failure_instant,
-    first,
     journal_specs,
     service_runs,
 )
@@ -51,14 +50,6 @@ JOURNAL_METRICS = (
     "xpu_unit_engine_init_duration_seconds",
     "xpu_unit_engine_init_overlaps_total",
 )
-
-
-def gib(value: float) -> int:
-    return round(value * GIB)
-
-
-def mib(value: float) -> int:
-    return round(value * MIB)
 
 
 @dataclass(frozen=True)
@@ -145,12 +136,12 @@ ERA_CASES: dict[str, EraCase] = {
                  round(mib(24480.00) * 0.85 - mib(16011.90)), 36_864, 2.25, 48.3, fails("kv_cache_too_small"))),
     "0.11.0-EngineCore_DP0-bold-colour-ignored-kv-bytes": EraCase(
         (VllmRun("0.11.0", model="Qwen/Qwen3-4B", gpu_memory_utilization=0.8, max_model_len=8192,
-                 kv_cache_memory_bytes=4 * GIB, profiling=Profiling(16225.0, 7695.45, 13200.0),
+                 kv_cache_memory_bytes=4 * GiB, profiling=Profiling(16225.0, 7695.45, 13200.0),
                  failure=Failure("no_kv_cache_memory")),
          VllmRun("0.11.0", model="Qwen/Qwen3-4B", gpu_memory_utilization=0.8, max_model_len=8192,
-                 kv_cache_memory_bytes=4 * GIB, profiling=Profiling(16225.0, 7695.45, 8412.3),
+                 kv_cache_memory_bytes=4 * GiB, profiling=Profiling(16225.0, 7695.45, 8412.3),
                  kv_cache_tokens=31_232, max_concurrency=3.81, init_seconds=27.6)),
-        Expected("0.11.0", "Qwen/Qwen3-4B", 0.8, 8192, None, 4 * GIB, round(mib(16225.00) * 0.8 - mib(8412.30)),
+        Expected("0.11.0", "Qwen/Qwen3-4B", 0.8, 8192, None, 4 * GiB, round(mib(16225.00) * 0.8 - mib(8412.30)),
                  31_232, 3.81, 27.6, fails("no_kv_cache_memory"))),
     "0.13.0-EngineCore_DP0-colour": EraCase(
         (VllmRun("0.13.0", model="mistralai/Mistral-7B-Instruct-v0.3", gpu_memory_utilization=0.9,
@@ -176,11 +167,11 @@ ERA_CASES: dict[str, EraCase] = {
                  fails("insufficient_free_memory"))),
     "0.19.1-EngineCore-kv-cache-memory-bytes": EraCase(
         (VllmRun("0.19.1", model="Qwen/Qwen3-14B", gpu_memory_utilization=0.88, max_model_len=40960, max_num_seqs=4,
-                 kv_cache_memory_bytes=GIB,
+                 kv_cache_memory_bytes=GiB,
                  failure=Failure("kv_cache_too_small", needed_gib=6.25, estimated_max_model_len=6544)),
          VllmRun("0.19.1", model="Qwen/Qwen3-14B", gpu_memory_utilization=0.88, max_model_len=40960, max_num_seqs=4,
-                 kv_cache_memory_bytes=7 * GIB, kv_cache_tokens=45_824, max_concurrency=1.12, init_seconds=63.1)),
-        Expected("0.19.1", "Qwen/Qwen3-14B", 0.88, 40960, 4, 7 * GIB, 7 * GIB, 45_824, 1.12, 63.1,
+                 kv_cache_memory_bytes=7 * GiB, kv_cache_tokens=45_824, max_concurrency=1.12, init_seconds=63.1)),
+        Expected("0.19.1", "Qwen/Qwen3-14B", 0.88, 40960, 4, 7 * GiB, 7 * GiB, 45_824, 1.12, 63.1,
                  fails("kv_cache_too_small"))),
     "0.24.0-EngineCore-compilation": EraCase(
         (VllmRun("0.24.0", model="Qwen/Qwen3-4B-Instruct-2507", max_model_len=32768, kv_cache_gib=-0.37,
@@ -316,44 +307,32 @@ def test_every_era_unit_is_watched_and_nothing_else(eras: tuple[dict, list[Place
 # --- the problem statement's boot race ----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def race():
-    return boot_race()
-
-
-@pytest.fixture(scope="module")
-def race_journal(race, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return journalgen.write_journal(tmp_path_factory.mktemp("race") / "race.journal", journal_specs(race.placed))
-
-
-def race_root_cause_usec(race) -> int:
-    return first([p for p in race.placed if p.boot_id == race.boot_id], CHAT, ROLE_ROOT_CAUSE).realtime_usec
-
-
-def test_boot_race_end_to_end(race, race_journal: Path) -> None:
-    with RunningExporter(exporter_args(race_journal, race.boot_id)) as exporter:
+def test_boot_race_end_to_end(boot_race: BootRace, boot_race_journal: Path) -> None:
+    with RunningExporter(exporter_args(boot_race_journal, boot_race.boot_id)) as exporter:
         samples = journal_ready(exporter)
-    _, restarted = race.chat_runs
+    _, restarted = boot_race.chat_runs
     chat = Expected("0.24.0", "google/gemma-3-4b-it", 0.75, 131072, 3, None, gib(3.25), 136_960, 1.04, 38.5,
                     fails("kv_cache_too_small"), overlaps=1)
-    assert unit_journal_metrics(samples, CHAT) == expected_journal_metrics(chat, race_root_cause_usec(race))
-    embedding, stt = race.embedding_run, race.stt_run
+    assert unit_journal_metrics(samples, CHAT) == expected_journal_metrics(chat, boot_race.chat_failure_usec())
+    embedding, stt = boot_race.embedding_run, boot_race.stt_run
     for unit, run in ((EMBEDDING, embedding), (STT, stt)):
         expected = Expected("0.24.0", run.model, 0.07, run.max_model_len, None, None, gib(run.kv_cache_gib),
                             run.tokens, run.concurrency, run.init_seconds, dict.fromkeys(REASONS, 0), overlaps=1)
         assert unit_journal_metrics(samples, unit) == expected_journal_metrics(expected, None), unit
 
 
-def test_boot_race_unwatched_unit_and_the_other_boot_are_not_reported(race, race_journal: Path) -> None:
-    with RunningExporter(exporter_args(race_journal, race.boot_id)) as exporter:
+def test_boot_race_unwatched_unit_and_the_other_boot_are_not_reported(boot_race: BootRace,
+                                                                      boot_race_journal: Path) -> None:
+    with RunningExporter(exporter_args(boot_race_journal, boot_race.boot_id)) as exporter:
         samples = journal_ready(exporter)
     units = {dict(labels).get("unit") for (name, labels) in samples if name.startswith("xpu_unit_")}
     assert units == {CHAT, EMBEDDING, STT}
     assert UNWATCHED not in units and LEGACY not in units
 
 
-def test_boot_race_with_every_boot_counts_the_other_boots_starts_too(race, race_journal: Path) -> None:
-    with RunningExporter(exporter_args(race_journal, "all")) as exporter:
+def test_boot_race_with_every_boot_counts_the_other_boots_starts_too(boot_race: BootRace,
+                                                                     boot_race_journal: Path) -> None:
+    with RunningExporter(exporter_args(boot_race_journal, "all")) as exporter:
         samples = journal_ready(exporter)
     assert sample(samples, "xpu_unit_engine_starts_total", unit=CHAT) == 2
     assert sample(samples, "xpu_unit_engine_starts_total", unit=LEGACY) == 1
@@ -361,14 +340,11 @@ def test_boot_race_with_every_boot_counts_the_other_boots_starts_too(race, race_
     assert sample(samples, "xpu_unit_engine_init_failures_total", unit=CHAT, reason="kv_cache_too_small") == 1
 
 
-def test_boot_race_followed_live_shows_the_failures_figures_then_the_restarts(race, tmp_path: Path) -> None:
-    restart_usec = min(p.realtime_usec for p in race.placed if p.boot_id == race.boot_id and p.planned.unit == CHAT
-                       and p.planned.message_id == journalgen.MESSAGE_ID_UNIT_STARTING
-                       and p.realtime_usec > race_root_cause_usec(race))
-    before = [p for p in race.placed if p.realtime_usec < restart_usec]
-    after = [p for p in race.placed if p.realtime_usec >= restart_usec]
+def test_boot_race_followed_live_shows_the_failures_figures_then_the_restarts(boot_race: BootRace,
+                                                                              tmp_path: Path) -> None:
+    before, after = boot_race.split_at_chat_restart()
     path = journalgen.write_journal(tmp_path / "live.journal", journal_specs(before))
-    with RunningExporter(exporter_args(path, race.boot_id)) as exporter:
+    with RunningExporter(exporter_args(path, boot_race.boot_id)) as exporter:
         failed = journal_ready(exporter)
         assert unit_journal_metrics(failed, CHAT) == {
             "xpu_unit_engine_info": {("0.24.0", "google/gemma-3-4b-it"): 1.0},
@@ -382,7 +358,7 @@ def test_boot_race_followed_live_shows_the_failures_figures_then_the_restarts(ra
             "xpu_unit_kv_cache_max_concurrency": None,  # the failed init printed none
             "xpu_unit_engine_starts_total": 0,
             "xpu_unit_engine_init_failures_total": fails("kv_cache_too_small"),
-            "xpu_unit_engine_last_failure_timestamp_seconds": pytest.approx(race_root_cause_usec(race) / 1e6, abs=1e-3),
+            "xpu_unit_engine_last_failure_timestamp_seconds": pytest.approx(boot_race.chat_failure_usec() / 1e6, abs=1e-3),
             "xpu_unit_engine_init_duration_seconds": None,
             "xpu_unit_engine_init_overlaps_total": 1,
         }

@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from exporterproc import RunningExporter, sample, wait_for
-from fakeze import (A770, A770_TELEMETRY, B580, B580_TELEMETRY, TELEMETRY_KINDS, GiB, FakeConfig, FakeEngine,
+from exporterproc import RunningExporter
+from fakeze import (A770, A770_TELEMETRY, B580, B580_TELEMETRY, TELEMETRY_KINDS, FakeConfig, FakeEngine,
                     FakeMemoryModule, fake_driver_env, write_config)
+from polling import wait_for
+from scrapes import sample
+from sizes import GiB
 
 GOLDEN = Path(__file__).parent / "golden"
 _DURATION_SAMPLE = re.compile(r"^(xpu_exporter_collector_duration_seconds\{[^}]*\}) \S+$", re.M)

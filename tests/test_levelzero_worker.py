@@ -9,14 +9,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from exporterproc import wait_for
-from fakeze import (A770, A770_TELEMETRY, B580, B580_TELEMETRY, TELEMETRY_KINDS, GiB, MiB, FakeConfig,
-                    fake_driver_env, write_config)
-from exporter.sources import levelzero_worker
+from fakeze import A770, A770_TELEMETRY, B580, B580_TELEMETRY, TELEMETRY_KINDS, FakeConfig, write_config
+from polling import wait_for
+from sizes import GiB, MiB
+
 from exporter.sources.levelzero import (
     DeviceIdentity,
     EnergyCounter,
@@ -41,21 +40,9 @@ A770_IDENTITY = DeviceIdentity("0000:03:00.0", "Intel(R) Arc(TM) A770 Graphics",
                                "10111213-1415-1617-1819-1a1b1c1d1e1f", "1.3.24595")
 
 
-class SpawnRecorder(subprocess.Popen):
-    spawned: list[subprocess.Popen] = []
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        SpawnRecorder.spawned.append(self)
-
-
 @pytest.fixture
-def configure(fake_driver: Path, config_path: Path, monkeypatch: pytest.MonkeyPatch):
+def configure(level_zero_children: list[subprocess.Popen], config_path: Path):
     """Point this process's children at the fake driver; returns a function that sets its config."""
-    for name, value in fake_driver_env(fake_driver, config_path).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(SpawnRecorder, "spawned", [])
-    monkeypatch.setattr(levelzero_worker.subprocess, "Popen", SpawnRecorder)
     return lambda *devices, **options: write_config(config_path, FakeConfig(devices=devices, **options))
 
 
@@ -108,17 +95,17 @@ def test_a_failing_module_enumeration_keeps_the_identity_and_the_errors_function
     assert (a770.modules, a770.states, a770.total, a770.free) == ((), None, None, None)
 
 
-def test_a_lost_device_answers_this_read_and_the_next_one_re_initialises(configure, worker):
+def test_a_lost_device_answers_this_read_and_the_next_one_re_initialises(configure, worker, level_zero_children):
     configure(dataclasses.replace(A770, memory_state_result="ZE_RESULT_ERROR_DEVICE_LOST"))
     (a770,) = worker.read_memory()
     assert (a770.error.function, a770.error.code) == ("zesMemoryGetState", DEVICE_LOST)
     assert worker.state is WorkerState.IDLE
     configure(A770)
     (a770,) = worker.read_memory()
-    assert a770.free == 13 * GiB and len(SpawnRecorder.spawned) == 2
+    assert a770.free == 13 * GiB and len(level_zero_children) == 2
 
 
-def test_a_failed_init_carries_the_function_and_code_says_why_and_backs_off(configure, worker):
+def test_a_failed_init_carries_the_function_and_code_says_why_and_backs_off(configure, worker, level_zero_children):
     configure(A770, init_result="ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS")
     with pytest.raises(LevelZeroUnavailable) as failed:
         worker.read_memory()
@@ -131,7 +118,7 @@ def test_a_failed_init_carries_the_function_and_code_says_why_and_backs_off(conf
     with pytest.raises(LevelZeroUnavailable) as again:
         worker.read_memory()
     assert str(again.value) == str(failed.value) and again.value.error.code == INSUFFICIENT_PERMISSIONS
-    assert len(SpawnRecorder.spawned) == 1, "no new child within the backoff"
+    assert len(level_zero_children) == 1, "no new child within the backoff"
 
 
 def test_a_missing_loader_is_reported_as_such_without_a_driver_hint(configure):
@@ -160,18 +147,18 @@ def test_the_worker_goes_from_idle_through_initialising_to_ready_and_back_to_idl
     assert worker.state is WorkerState.IDLE
 
 
-def test_gpu_changes_mark_the_child_stale_and_the_next_read_restarts_it_once(configure, worker):
+def test_gpu_changes_mark_the_child_stale_and_the_next_read_restarts_it_once(configure, worker, level_zero_children):
     configure(A770)
     assert [device.identity.pci_address for device in worker.read_memory()] == ["0000:03:00.0"]
     configure(A770, B580)
     for action in ("add", "add", "add", "bind"):  # one hot-plug's burst of uevents
         worker.gpu_changed(action, "0000:83:00.0")
-    assert len(SpawnRecorder.spawned) == 1 and worker.state is WorkerState.READY, "the caller's thread starts nothing"
+    assert len(level_zero_children) == 1 and worker.state is WorkerState.READY, "the caller's thread starts nothing"
 
     assert [device.identity.pci_address for device in worker.read_memory()] == ["0000:03:00.0", "0000:83:00.0"]
-    assert len(SpawnRecorder.spawned) == 2
+    assert len(level_zero_children) == 2
     worker.read_memory()
-    assert len(SpawnRecorder.spawned) == 2, "one restart per burst"
+    assert len(level_zero_children) == 2, "one restart per burst"
 
 
 def test_a_gpu_change_does_not_wait_for_a_read_stuck_in_the_driver(configure, worker):
@@ -215,7 +202,7 @@ def test_telemetry_crosses_the_pipe_as_the_bindings_dataclasses_with_the_memory_
     assert b580.telemetry.energy_uj() == 800_000_000 and b580.telemetry.temperatures_celsius()[1] == 52.5
 
 
-def test_a_kind_whose_enumeration_failed_answers_its_error_at_every_read(configure, worker):
+def test_a_kind_whose_enumeration_failed_answers_its_error_at_every_read(configure, worker, level_zero_children):
     configure(dataclasses.replace(A770_TELEMETRY, telemetry_enum_results={"ras": "ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS"}))
     for _ in range(2):
         (a770,) = worker.read_memory()
@@ -224,10 +211,10 @@ def test_a_kind_whose_enumeration_failed_answers_its_error_at_every_read(configu
         assert a770.telemetry.ras.values == ()
         assert a770.telemetry.engine_active_us()[1] == 80_000_000
         assert a770.errors == (a770.telemetry.ras.error,)
-    assert worker.state is WorkerState.READY and len(SpawnRecorder.spawned) == 1
+    assert worker.state is WorkerState.READY and len(level_zero_children) == 1
 
 
-def test_telemetry_is_enumerated_again_only_by_a_new_child(configure, worker):
+def test_telemetry_is_enumerated_again_only_by_a_new_child(configure, worker, level_zero_children):
     configure(A770_TELEMETRY)
     worker.read_memory()
     doubled = tuple(dataclasses.replace(engine, active_us=2 * engine.active_us) for engine in A770_TELEMETRY.engines)
@@ -238,7 +225,7 @@ def test_telemetry_is_enumerated_again_only_by_a_new_child(configure, worker):
     assert same_child.telemetry.engine_active_us()[1] == 160_000_000
     worker.gpu_changed("change", "0000:03:00.0")
     (new_child,) = worker.read_memory()
-    assert len(SpawnRecorder.spawned) == 2
+    assert len(level_zero_children) == 2
     assert {error.function for error in new_child.errors} == {
         "zesDeviceEnumEngineGroups", "zesDeviceGetCardPowerDomain", "zesDeviceEnumTemperatureSensors",
         "zesDeviceEnumFrequencyDomains", "zesDeviceEnumRasErrorSets"}

@@ -20,10 +20,13 @@ from pathlib import Path
 import pytest
 
 from exporter.cli import parse_options
-from exporterproc import RunningExporter, sample, wait_for
+from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, xe_fdinfo
-from fakeze import A770, GiB, FakeConfig, fake_driver_env, write_config
+from fakeze import A770, FakeConfig, fake_driver_env, write_config
 from journalgen import Clock, random_boot_id, unit_output, unit_starting, write_journal
+from polling import wait_for
+from scrapes import sample
+from sizes import GiB
 
 REPO = Path(__file__).resolve().parents[1]
 UNIT = REPO / "packaging" / "vllm-xpu-exporter.service"

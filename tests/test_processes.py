@@ -9,10 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from exporterproc import RunningExporter, sample, series, wait_for
+from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, xe_fdinfo
-from fakeze import A770, B580, GiB, MiB, FakeConfig, FakeMemoryModule, FakeProcess, fake_driver_env, write_config
-from journalgen import Clock, random_boot_id, unit_output, unit_starting, write_journal
+from fakeze import A770, B580, FakeConfig, FakeMemoryModule, FakeProcess, fake_driver_env, write_config
+from journalgen import Clock, random_boot_id, write_journal
+from polling import wait_for
+from scrapes import sample, series
+from sizes import GiB, MiB
+from vllmlogs import VllmRun, unit_start
 
 DEVICE = "0000:03:00.0"
 TOTAL = 16 * GiB
@@ -21,15 +25,12 @@ UTILISATION = {CHAT: 0.75, EMBEDDING: 0.07, STT: 0.07}
 
 
 def settings_journal(path: Path, utilisation_of: dict[str, float] = UTILISATION) -> Path:
-    """Each unit's start as vLLM 0.24 prints it: version and non-default args."""
+    """Each unit's start as vLLM 0.24 prints it, with the unit's gpu_memory_utilization among its non-default
+    args."""
     clock = Clock(random_boot_id())
     entries = []
     for unit, utilisation in utilisation_of.items():
-        entries += [unit_starting(unit, clock.tick()),
-                    unit_output(unit, "(APIServer pid=9) INFO 12-02 10:00:00 [api_server.py:1873] vLLM API server "
-                                      "version 0.24.0", clock.tick()),
-                    unit_output(unit, "(APIServer pid=9) INFO 12-02 10:00:00 [utils.py:326] non-default args: "
-                                      f"{{'model': 'm', 'gpu_memory_utilization': {utilisation}}}", clock.tick())]
+        entries += unit_start(unit, VllmRun("0.24.0", model="m", gpu_memory_utilization=utilisation), clock)
     return write_journal(path, entries)
 
 

@@ -12,10 +12,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.collector import Collector, ScrapeContext, Sources
 from exporter.scrape import ExporterCollector
+from scrapes import parse_samples
 
 
 class Yields(Collector):
@@ -49,9 +49,8 @@ def served(*collectors: Collector) -> dict[str, dict[tuple, float]]:
     registry.register(ExporterCollector(collectors, Sources()))
     generate_openmetrics(registry)
     families: dict[str, dict[tuple, float]] = {}
-    for family in text_string_to_metric_families(generate_latest(registry).decode()):
-        for sample in family.samples:
-            families.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    for (name, labels), value in parse_samples(generate_latest(registry).decode()).items():
+        families.setdefault(name, {})[labels] = value
     return families
 
 

@@ -22,7 +22,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -35,11 +34,13 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from certs import Pki, make_encrypted_key, make_pki, make_self_signed
-from exporterproc import REPO, RunningExporter, wait_for
-from httpclient import basic, request
+from certs import Pki, make_encrypted_key, make_self_signed
+from exporterproc import REPO, RunningExporter
+from httpclient import basic, client_context, curl, request
 from journalgen import Clock, JournalEntrySpec, random_boot_id, unit_output, unit_starting, write_journal
-from taskslimit import TaskLimit, TaskLimitUnavailable, cgroup_of
+from polling import wait_for
+from taskslimit import TaskLimit, cgroup_of
+from webconfigs import basic_auth_users, tls_server_config, write_web_config
 
 NO_COLLECTORS = ("--no-collector.levelzero", "--no-collector.processes", "--no-collector.journal")
 USER = "prometheus"
@@ -47,29 +48,14 @@ PASSWORD = "Sup3r-s3cret-scrape-passw0rd"
 WRONG_PASSWORD = "Wr0ng-guess-of-the-passw0rd"
 # Cost 4: bcrypt's minimum, to keep the tests fast; the exporter accepts any cost.
 PASSWORD_HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
+USERS = basic_auth_users({USER: PASSWORD_HASH})
 OPENMETRICS = "application/openmetrics-text;version=1.0.0"
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-def web_config(directory: Path, text: str) -> Path:
-    path = directory / "web.yml"
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
-def tls_config(pki: Pki, extra: str = "") -> str:
-    return (f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n"
-            + textwrap.indent(textwrap.dedent(extra), "  "))
 
 
 @contextmanager
 def exporter_with(directory: Path, config_text: str, *args: str) -> Iterator[RunningExporter]:
     """The exporter with a web config of the given text (and no collectors unless `args` say otherwise)."""
-    config = web_config(directory, config_text)
+    config = write_web_config(directory, config_text)
     with RunningExporter(["--web.config.file", str(config), *(args or NO_COLLECTORS)]) as exporter:
         yield exporter
 
@@ -85,16 +71,6 @@ def port_of(exporter: RunningExporter) -> int:
     return urlsplit(exporter.base_url).port
 
 
-def client_context(ca: Path, cert: Path | None = None, key: Path | None = None,
-                   maximum: ssl.TLSVersion | None = None) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=str(ca))
-    if cert is not None:
-        context.load_cert_chain(str(cert), str(key))
-    if maximum is not None:
-        context.maximum_version = maximum
-    return context
-
-
 def https_get(exporter: RunningExporter, context: ssl.SSLContext, path: str = "/metrics",
               headers: Mapping[str, str] | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
     return request("localhost", port_of(exporter), path, headers=headers, context=context)
@@ -104,11 +80,6 @@ def http_get(exporter: RunningExporter, path: str = "/metrics",
              headers: Mapping[str, str] | None = None) -> tuple[int, http.client.HTTPMessage, bytes]:
     return request("127.0.0.1", port_of(exporter), path, headers=headers)
 
-
-
-def curl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["curl", "--silent", "--show-error", "--max-time", "10", *args],
-                          capture_output=True, text=True, timeout=30)
 
 
 def assert_serves_metrics(status: int, body: bytes) -> None:
@@ -122,7 +93,7 @@ def assert_serves_metrics(status: int, body: bytes) -> None:
 
 @pytest.fixture(scope="module")
 def tls_exporter(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[RunningExporter]:
-    with exporter_with(tmp_path_factory.mktemp("tls"), tls_config(pki)) as exporter:
+    with exporter_with(tmp_path_factory.mktemp("tls"), tls_server_config(pki)) as exporter:
         yield exporter
 
 
@@ -146,7 +117,7 @@ def test_a_client_that_does_not_know_the_servers_ca_refuses_it_and_the_server_ca
 
 @pytest.fixture(scope="module")
 def mtls_exporter(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[RunningExporter]:
-    config = tls_config(pki, f"client_auth_type: RequireAndVerifyClientCert\nclient_ca_file: {pki.ca_cert}\n")
+    config = tls_server_config(pki, client_auth_type="RequireAndVerifyClientCert")
     with exporter_with(tmp_path_factory.mktemp("mtls"), config) as exporter:
         yield exporter
 
@@ -159,13 +130,13 @@ def test_required_client_certificate_missing_is_refused(mtls_exporter, pki):
 
 
 def test_client_certificate_of_an_unknown_ca_is_refused(mtls_exporter, pki):
-    context = client_context(pki.ca_cert, pki.rogue_client.cert, pki.rogue_client.key)
+    context = client_context(pki.ca_cert, pki.rogue_client)
     with pytest.raises((ssl.SSLError, ConnectionError)):
         https_get(mtls_exporter, context)
 
 
 def test_client_certificate_of_the_trusted_ca_is_admitted(mtls_exporter, pki):
-    status, _, body = https_get(mtls_exporter, client_context(pki.ca_cert, pki.client.cert, pki.client.key))
+    status, _, body = https_get(mtls_exporter, client_context(pki.ca_cert, pki.client))
     assert_serves_metrics(status, body)
     result = curl("--cacert", str(pki.ca_cert), "--cert", str(pki.client.cert), "--key", str(pki.client.key),
                   f"https://localhost:{port_of(mtls_exporter)}/metrics")
@@ -173,7 +144,7 @@ def test_client_certificate_of_the_trusted_ca_is_admitted(mtls_exporter, pki):
 
 
 def test_minimum_tls_version_refuses_older_clients(start, pki):
-    exporter = start(tls_config(pki, "min_version: TLS13\n"))
+    exporter = start(tls_server_config(pki, min_version="TLS13"))
     with pytest.raises(ssl.SSLError):
         https_get(exporter, client_context(pki.ca_cert, maximum=ssl.TLSVersion.TLSv1_2))
     assert_serves_metrics(*https_get(exporter, client_context(pki.ca_cert))[::2])
@@ -206,7 +177,7 @@ def test_garbage_instead_of_a_tls_handshake_does_not_stop_the_server(tls_exporte
 
 @pytest.fixture(scope="module")
 def auth_exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningExporter]:
-    with exporter_with(tmp_path_factory.mktemp("auth"), f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n") as exporter:
+    with exporter_with(tmp_path_factory.mktemp("auth"), USERS) as exporter:
         yield exporter
 
 
@@ -238,9 +209,8 @@ def test_the_right_password_gets_metrics(auth_exporter):
 
 
 def test_basic_auth_over_mutual_tls(start, pki):
-    exporter = start(tls_config(pki, f"client_auth_type: RequireAndVerifyClientCert\nclient_ca_file: {pki.ca_cert}\n")
-                     + f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n")
-    context = client_context(pki.ca_cert, pki.client.cert, pki.client.key)
+    exporter = start(tls_server_config(pki, client_auth_type="RequireAndVerifyClientCert") + USERS)
+    context = client_context(pki.ca_cert, pki.client)
     assert https_get(exporter, context)[0] == 401
     assert https_get(exporter, context, headers=basic(USER, WRONG_PASSWORD))[0] == 401
     assert_serves_metrics(*https_get(exporter, context, headers=basic(USER, PASSWORD))[::2])
@@ -250,7 +220,7 @@ def test_basic_auth_over_mutual_tls(start, pki):
 
 
 def tls_and_auth(pki: Pki) -> str:
-    return tls_config(pki) + f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n"
+    return tls_server_config(pki) + USERS
 
 
 def wait_for_reload_outcome(exporter: RunningExporter, previous_log: str, pki: Pki) -> None:
@@ -274,7 +244,7 @@ def assert_tls_and_auth_hold(exporter: RunningExporter, pki: Pki) -> None:
 def test_truncating_the_web_config_keeps_tls_and_basic_auth(start, tmp_path, pki):
     exporter = start(tls_and_auth(pki))
     log = exporter.stderr
-    (tmp_path / "web.yml").write_text("")  # : > web.yml
+    (tmp_path / "web-config.yml").write_text("")  # : > web.yml
     wait_for_reload_outcome(exporter, log, pki)
     assert_tls_and_auth_hold(exporter, pki)
     assert "level=error" in exporter.stderr and "the file is empty" in exporter.stderr
@@ -285,7 +255,7 @@ def test_rewriting_the_web_config_in_a_loop_never_lets_an_unauthenticated_reques
     for metrics as fast as it can: the file is empty for a moment on every rewrite."""
     good = tls_and_auth(pki)
     exporter = start(good)
-    path = tmp_path / "web.yml"
+    path = tmp_path / "web-config.yml"
     stop = threading.Event()
 
     def rewrite_loop() -> None:
@@ -319,16 +289,16 @@ def test_rewriting_the_web_config_in_a_loop_never_lets_an_unauthenticated_reques
 def test_a_password_replaced_while_a_slow_config_loads_is_applied(start, tmp_path):
     """A config with a costly bcrypt hash takes a while to load; the file is replaced during the load:
     the replacement must be applied (not mistaken for what was loaded), so the old password stops working."""
-    exporter = start(f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n")
-    path = tmp_path / "web.yml"
+    exporter = start(USERS)
+    path = tmp_path / "web-config.yml"
     slow_hash = bcrypt.hashpw(WRONG_PASSWORD.encode(), bcrypt.gensalt(14)).decode()
     new_password = "N3w-passw0rd-after-the-rotation"
     new_hash = bcrypt.hashpw(new_password.encode(), bcrypt.gensalt(4)).decode()
-    path.write_text(f"basic_auth_users:\n  {USER}: '{slow_hash}'\n")
+    path.write_text(basic_auth_users({USER: slow_hash}))
     trigger = threading.Thread(target=lambda: http_get(exporter, headers=basic(USER, PASSWORD)), daemon=True)
     trigger.start()  # the request that notices the change
     time.sleep(0.3)
-    path.write_text(f"basic_auth_users:\n  {USER}: '{new_hash}'\n  someone: '{new_hash}'\n")
+    path.write_text(basic_auth_users({USER: new_hash, "someone": new_hash}))
     assert wait_for(lambda: http_get(exporter, headers=basic(USER, new_password))[0] == 200, timeout=15), \
         exporter.stderr
     assert http_get(exporter, headers=basic(USER, PASSWORD))[0] == 401
@@ -338,10 +308,10 @@ def test_a_password_replaced_while_a_slow_config_loads_is_applied(start, tmp_pat
 def test_a_web_config_change_does_not_hold_up_requests(start, tmp_path):
     """A change used to compute a decoy bcrypt hash of the highest configured cost under the reload lock,
     blocking every request meanwhile (3.4 s at cost 15, 13 s at 17: past Prometheus's scrape timeout)."""
-    exporter = start(f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n")
+    exporter = start(USERS)
     assert http_get(exporter, headers=basic(USER, PASSWORD))[0] == 200
     costly_hash = bcrypt.gensalt(16).decode() + "x" * 31  # well-formed; its password is never tried here
-    (tmp_path / "web.yml").write_text(f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n  operator: '{costly_hash}'\n")
+    (tmp_path / "web-config.yml").write_text(basic_auth_users({USER: PASSWORD_HASH, "operator": costly_hash}))
     slowest = 0.0
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
@@ -377,7 +347,7 @@ def huge_header_request() -> bytes:
 def test_forty_clients_sending_huge_headers_leave_the_peak_rss_under_200_mb(start, pace):
     """Headers are read before authentication: 40 clients at once, each sending 6 MB of headers (all of
     it at once, or 64 KiB every 20 ms so that they are all in flight together)."""
-    exporter = start(f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n")
+    exporter = start(USERS)
     request = huge_header_request()
     go = threading.Barrier(40)
 
@@ -406,23 +376,13 @@ def test_forty_clients_sending_huge_headers_leave_the_peak_rss_under_200_mb(star
     assert "Traceback" not in exporter.stderr
 
 
-@pytest.fixture
-def tasks_limit() -> Iterator[TaskLimit]:
-    """A pids cgroup limited to the unit's TasksMax."""
-    try:
-        limit = TaskLimit("vllm-xpu-exporter-security-test", TASKS_MAX)
-    except TaskLimitUnavailable as error:
-        pytest.skip(str(error))
-    with limit:
-        yield limit
-
-
-def test_idle_and_slowloris_connections_do_not_lock_scrapes_out_under_tasks_max(tasks_limit):
+def test_idle_and_slowloris_connections_do_not_lock_scrapes_out_under_tasks_max(task_limit: TaskLimit):
     """200 idle TCP connections and 100 that send a header line every half second (never finishing their
     request), under TasksMax=64 emulated with a pids cgroup: scrapes keep being answered."""
-    command = tasks_limit.wrap([sys.executable, "-m", "exporter"])
+    task_limit.set_max(TASKS_MAX)
+    command = task_limit.wrap([sys.executable, "-m", "exporter"])
     with RunningExporter(list(NO_COLLECTORS), command=command) as exporter:
-        assert tasks_limit.path.name in cgroup_of(exporter.process.pid)
+        assert task_limit.path.name in cgroup_of(exporter.process.pid)
         port = port_of(exporter)
         idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(200)]
         slow = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(100)]
@@ -450,7 +410,7 @@ def test_idle_and_slowloris_connections_do_not_lock_scrapes_out_under_tasks_max(
                     statuses.append(type(error).__name__)
             assert statuses == [200] * 20, statuses
             assert exporter.process.poll() is None
-            assert tasks_limit.events_max() == 0, "a thread was refused for the task limit"
+            assert task_limit.events_max() == 0, "a thread was refused for the task limit"
         finally:
             stop.set()
             trickler.join(5)
@@ -473,14 +433,14 @@ def invalid_configs(directory: Path, pki: Pki) -> dict[str, str]:
     return {
         "not-yaml": "tls_server_config: [cert_file: {\n",
         "not-a-mapping": "- just\n- a list\n",
-        "unknown-key": f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\nbasic_auth_user: typo\n",
+        "unknown-key": USERS + "basic_auth_user: typo\n",
         "missing-cert-file": f"tls_server_config:\n  cert_file: {directory}/nope.crt\n  key_file: {pki.server.key}\n",
         "cert-without-key": f"tls_server_config:\n  cert_file: {pki.server.cert}\n",
         "key-of-another-cert": f"tls_server_config:\n  cert_file: {other.cert}\n  key_file: {pki.server.key}\n",
         "garbage-key": f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {garbage_key}\n",
         "encrypted-key": f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {encrypted}\n",
-        "unknown-client-auth-type": tls_config(pki, f"client_auth_type: Sometimes\nclient_ca_file: {pki.ca_cert}\n"),
-        "unknown-tls-version": tls_config(pki, "min_version: TLS99\n"),
+        "unknown-client-auth-type": tls_server_config(pki, client_auth_type="Sometimes"),
+        "unknown-tls-version": tls_server_config(pki, min_version="TLS99"),
         "plaintext-password": f"basic_auth_users:\n  {USER}: {PLAINTEXT_PASSWORD}\n",
         "nested-5000-deep": "".join(" " * depth + "k:\n" for depth in range(5000)),
         "flow-nested-5000-deep": "tls_server_config: " + "[" * 5000 + "]" * 5000 + "\n",
@@ -500,7 +460,7 @@ def run_to_exit(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("name", INVALID_CONFIG_NAMES)
 def test_an_invalid_web_config_is_a_one_line_start_up_error_with_status_2(tmp_path, pki, name):
-    config = web_config(tmp_path, invalid_configs(tmp_path, pki)[name])
+    config = write_web_config(tmp_path, invalid_configs(tmp_path, pki)[name])
     result = run_to_exit("--web.config.file", str(config), *NO_COLLECTORS)
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
@@ -520,8 +480,7 @@ def test_an_unreadable_web_config_file_is_a_one_line_start_up_error(tmp_path, pa
 
 def test_a_valid_web_config_is_no_start_up_error(start, pki):
     """The invalid cases above differ from a working configuration by their fault only."""
-    exporter = start(tls_config(pki, f"client_auth_type: RequireAndVerifyClientCert\nclient_ca_file: {pki.ca_cert}\n"
-                                     "min_version: TLS12\n") + f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n")
+    exporter = start(tls_server_config(pki, client_auth_type="RequireAndVerifyClientCert", min_version="TLS12") + USERS)
     assert exporter.process.poll() is None
 
 
@@ -547,18 +506,17 @@ def secrets(pki: Pki) -> list[str]:
 def test_no_secret_reaches_the_logs_at_debug_level(start, pki, log_format):
     """Debug is the most verbose level (every other level logs a subset of it): every request kind that
     touches a secret is made, with every collector on, and the whole of stderr is searched."""
-    exporter = start(tls_config(pki, f"client_auth_type: VerifyClientCertIfGiven\nclient_ca_file: {pki.ca_cert}\n")
-                     + f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n",
+    exporter = start(tls_server_config(pki, client_auth_type="VerifyClientCertIfGiven") + USERS,
                      "--log.level", "debug", "--log.format", log_format)
     trusted = client_context(pki.ca_cert)
     assert https_get(exporter, trusted, headers=basic(USER, PASSWORD))[0] == 200
     assert https_get(exporter, trusted, headers=basic(USER, WRONG_PASSWORD))[0] == 401
     assert https_get(exporter, trusted, headers={"Authorization": f"Basic {PASSWORD}"})[0] == 401
     assert https_get(exporter, trusted, "/nothing-here", basic(USER, PASSWORD))[0] == 404
-    with_client = client_context(pki.ca_cert, pki.client.cert, pki.client.key)
+    with_client = client_context(pki.ca_cert, pki.client)
     assert https_get(exporter, with_client, headers=basic(USER, PASSWORD))[0] == 200
     with pytest.raises((ssl.SSLError, ConnectionError)):
-        https_get(exporter, client_context(pki.ca_cert, pki.rogue_client.cert, pki.rogue_client.key))
+        https_get(exporter, client_context(pki.ca_cert, pki.rogue_client))
     assert http_get(exporter, headers=basic(USER, PASSWORD))[0] == 400
     exporter.stop()
     log = exporter.stderr
@@ -595,7 +553,7 @@ def test_logfmt_escapes_control_characters_like_go_logfmt():
 
 
 def test_metrics_never_contain_the_web_config_secrets(start, pki):
-    exporter = start(tls_config(pki) + f"basic_auth_users:\n  {USER}: '{PASSWORD_HASH}'\n", "--log.level", "debug")
+    exporter = start(tls_server_config(pki) + USERS, "--log.level", "debug")
     _, _, body = https_get(exporter, client_context(pki.ca_cert), headers=basic(USER, PASSWORD))
     text = body.decode()
     assert "xpu_exporter_build_info" in text

@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from taskslimit import TaskLimit, TaskLimitUnavailable
 
 from exporter.sources.udev import is_drm_minor_name, pci_address_from_devpath
-from tests.fakesysfs import (
+from fakesysfs import (
     PCI_CLASS_DISPLAY_OTHER,
     FakeGpu,
     FakeSysfs,
     SysfsNamespace,
     Uevent,
 )
+from taskslimit import TaskLimit
 
 REPO = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -320,7 +320,7 @@ for _ in range(100):
             pass
 
 
-def test_watcher_start_returns_false_with_one_warning_when_no_thread_can_be_started() -> None:
+def test_watcher_start_returns_false_with_one_warning_when_no_thread_can_be_started(task_limit: TaskLimit) -> None:
     """Under a task limit (a pids cgroup, as systemd's TasksMax=) the watcher's thread cannot start (EAGAIN)."""
     script = """
 import json, logging, os, sys
@@ -341,13 +341,8 @@ watcher = DrmWatcher(lambda action, pci: None, context=context, sources=("kernel
 print(json.dumps({"started": watcher.start(), "running": watcher.running, "records": records,
                   "fds_left_open": len(os.listdir("/proc/self/fd")) - open_fds}))
 """
-    try:
-        limit = TaskLimit("xpu-exporter-udev-test", None)
-    except TaskLimitUnavailable as error:
-        pytest.skip(str(error))
-    with limit:
-        result = subprocess.run(limit.wrap([sys.executable, "-c", script, str(limit.path / "pids.max")]),
-                                capture_output=True, text=True, env=ENV, cwd=REPO, timeout=30)
+    result = subprocess.run(task_limit.wrap([sys.executable, "-c", script, str(task_limit.path / "pids.max")]),
+                            capture_output=True, text=True, env=ENV, cwd=REPO, timeout=30)
     assert result.returncode == 0, result.stderr
     (outcome,) = json_lines(result.stdout)
     assert outcome["started"] is False and outcome["running"] is False

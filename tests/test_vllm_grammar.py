@@ -46,23 +46,13 @@ from exporter.parsers.vllm import (
     normalise,
     parse_line,
 )
-
-GIB = 2**30
-MIB = 2**20
+from sizes import GiB, gib, mib
 
 R = FailureReason
 NON_DEFAULT = SettingsSource.NON_DEFAULT_ARGS
 NAMESPACE = SettingsSource.ARGS_NAMESPACE
 BANNER = SettingsSource.SERVER_BANNER
 CYAN, RESET = "\x1b[1;36m", "\x1b[0;0m"
-
-
-def gib(value: float) -> int:
-    return round(value * GIB)
-
-
-def mib(value: float) -> int:
-    return round(value * MIB)
 
 
 # (grammar row, era, exact journal line, expected event)
@@ -866,7 +856,7 @@ def test_kv_bytes_from_real_xpu_profiling_lines_match_the_blocks_vllm_allocated(
 
 
 def test_kv_bytes_from_profiling_is_negative_when_peak_exceeds_the_budget() -> None:
-    assert kv_cache_bytes_from_profiling(16 * GIB, 0.5, 9 * GIB) == -1 * GIB
+    assert kv_cache_bytes_from_profiling(16 * GiB, 0.5, 9 * GiB) == -1 * GiB
 
 
 @pytest.mark.parametrize(

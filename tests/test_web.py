@@ -6,7 +6,6 @@ import os
 import re
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -25,8 +24,10 @@ from prometheus_client.registry import Collector
 from exporter.httpserver import ServerLimits
 from exporter.web import ExporterServer, parse_listen_address
 from exporter.webconfig import WebConfig, load_web_config
-from httpclient import basic, request
-from tests.certs import CLIENT_SAN, KeyPair, Pki, make_pki
+from certs import CLIENT_SAN, Pki
+from httpclient import basic, client_context, curl, request
+from polling import wait_for
+from webconfigs import basic_auth_users, tls_server_config, write_web_config
 
 OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
 PASSWORD = "s3cret-scrape"
@@ -79,15 +80,6 @@ def fetch(server: ExporterServer, path: str = "/metrics", method: str = "GET",
     return request(address, server.server_address[1], path, method=method, headers=headers, context=context,
                    body=body, timeout=timeout)
 
-
-
-def wait_for(predicate, timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 @pytest.fixture(scope="module")
@@ -554,33 +546,17 @@ def test_explicit_ipv4_listen():
 
 # ------------------------------------------------------------------------------------------- TLS
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
 def web_config(directory: Path, text: str) -> WebConfig:
-    path = directory / "web-config.yml"
-    path.write_text(text)
-    return load_web_config(str(path))
+    return load_web_config(str(write_web_config(directory, text)))
 
 
-def tls_config(directory: Path, pki: Pki, extra: str = "") -> WebConfig:
-    return web_config(directory, f"tls_server_config:\n  cert_file: {pki.server.cert}\n"
-                                 f"  key_file: {pki.server.key}\n{extra}")
+def tls_config(directory: Path, pki: Pki, **settings: str) -> WebConfig:
+    return web_config(directory, tls_server_config(pki, **settings))
 
 
 def mtls_config(directory: Path, pki: Pki, client_auth_type: str = "RequireAndVerifyClientCert",
-                extra: str = "") -> WebConfig:
-    return tls_config(directory, pki, f"  client_auth_type: {client_auth_type}\n"
-                                      f"  client_ca_file: {pki.ca_cert}\n{extra}")
-
-
-def client_context(pki: Pki, client: KeyPair | None = None, trusted_ca: Path | None = None) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=str(trusted_ca or pki.ca_cert))
-    if client is not None:
-        context.load_cert_chain(str(client.cert), str(client.key))
-    return context
+                **settings: str) -> WebConfig:
+    return tls_config(directory, pki, client_auth_type=client_auth_type, **settings)
 
 
 def assert_rejected(server: ExporterServer, context: ssl.SSLContext) -> None:
@@ -591,53 +567,53 @@ def assert_rejected(server: ExporterServer, context: ssl.SSLContext) -> None:
 
 def test_tls_scrape_with_a_trusted_server_certificate(tmp_path, pki):
     with running(web_config=tls_config(tmp_path, pki)) as tls_server:
-        status, _, body = fetch(tls_server, context=client_context(pki), host="localhost")
+        status, _, body = fetch(tls_server, context=client_context(pki.ca_cert), host="localhost")
         assert status == 200 and b"sample_memory_bytes" in body
 
 
 def test_tls_over_ipv6(tmp_path, pki):
     with running("[::1]:0", web_config=tls_config(tmp_path, pki)) as tls_server:
-        assert fetch(tls_server, context=client_context(pki), host="::1")[0] == 200
+        assert fetch(tls_server, context=client_context(pki.ca_cert), host="::1")[0] == 200
 
 
 def test_client_that_does_not_trust_the_server_ca_fails_and_the_server_survives(tmp_path, pki, caplog):
     with running(web_config=tls_config(tmp_path, pki)) as tls_server, \
             caplog.at_level(logging.DEBUG, logger="exporter.web"):
         with pytest.raises(ssl.SSLCertVerificationError):
-            fetch(tls_server, context=client_context(pki, trusted_ca=pki.rogue_ca_cert), host="localhost")
+            fetch(tls_server, context=client_context(pki.rogue_ca_cert), host="localhost")
         assert wait_for(lambda: "TLS handshake with 127.0.0.1 failed" in caplog.text)
-        assert fetch(tls_server, context=client_context(pki), host="localhost")[0] == 200
+        assert fetch(tls_server, context=client_context(pki.ca_cert), host="localhost")[0] == 200
 
 
 def test_required_client_certificate_missing_is_rejected(tmp_path, pki):
     with running(web_config=mtls_config(tmp_path, pki)) as tls_server:
-        assert_rejected(tls_server, client_context(pki))
-        assert fetch(tls_server, context=client_context(pki, pki.client), host="localhost")[0] == 200
+        assert_rejected(tls_server, client_context(pki.ca_cert))
+        assert fetch(tls_server, context=client_context(pki.ca_cert, pki.client), host="localhost")[0] == 200
 
 
 def test_client_certificate_from_an_unknown_ca_is_rejected(tmp_path, pki):
     with running(web_config=mtls_config(tmp_path, pki)) as tls_server:
-        assert_rejected(tls_server, client_context(pki, pki.rogue_client))
-        assert fetch(tls_server, context=client_context(pki, pki.client), host="localhost")[0] == 200
+        assert_rejected(tls_server, client_context(pki.ca_cert, pki.rogue_client))
+        assert fetch(tls_server, context=client_context(pki.ca_cert, pki.client), host="localhost")[0] == 200
 
 
 def test_verify_client_cert_if_given_admits_anonymous_clients_but_not_bad_certificates(tmp_path, pki):
     with running(web_config=mtls_config(tmp_path, pki, "VerifyClientCertIfGiven")) as tls_server:
-        assert fetch(tls_server, context=client_context(pki), host="localhost")[0] == 200
-        assert fetch(tls_server, context=client_context(pki, pki.client), host="localhost")[0] == 200
-        assert_rejected(tls_server, client_context(pki, pki.rogue_client))
+        assert fetch(tls_server, context=client_context(pki.ca_cert), host="localhost")[0] == 200
+        assert fetch(tls_server, context=client_context(pki.ca_cert, pki.client), host="localhost")[0] == 200
+        assert_rejected(tls_server, client_context(pki.ca_cert, pki.rogue_client))
 
 
 def test_client_allowed_sans_gate_verified_client_certificates(tmp_path, pki):
     san = CLIENT_SAN.split(":", 1)[1]
     (tmp_path / "allowed").mkdir()
     (tmp_path / "refused").mkdir()
-    allowed = mtls_config(tmp_path / "allowed", pki, extra=f"  client_allowed_sans: [{san}]\n")
-    refused = mtls_config(tmp_path / "refused", pki, extra="  client_allowed_sans: [someone-else.test]\n")
+    allowed = mtls_config(tmp_path / "allowed", pki, client_allowed_sans=f"[{san}]")
+    refused = mtls_config(tmp_path / "refused", pki, client_allowed_sans="[someone-else.test]")
     with running(web_config=allowed) as tls_server:
-        assert fetch(tls_server, context=client_context(pki, pki.client), host="localhost")[0] == 200
+        assert fetch(tls_server, context=client_context(pki.ca_cert, pki.client), host="localhost")[0] == 200
     with running(web_config=refused) as tls_server:
-        assert_rejected(tls_server, client_context(pki, pki.client))
+        assert_rejected(tls_server, client_context(pki.ca_cert, pki.client))
 
 
 def test_plain_http_to_the_tls_port_gets_400_and_the_server_keeps_serving_tls(tmp_path, pki):
@@ -648,7 +624,7 @@ def test_plain_http_to_the_tls_port_gets_400_and_the_server_keeps_serving_tls(tm
         with socket.create_connection(("127.0.0.1", tls_server.server_address[1]), timeout=5) as garbage:
             garbage.sendall(b"\x00\x01\x02\x03")
             assert garbage.recv(100) == b""
-        assert fetch(tls_server, context=client_context(pki), host="localhost")[0] == 200
+        assert fetch(tls_server, context=client_context(pki.ca_cert), host="localhost")[0] == 200
 
 
 def test_a_client_stalling_the_tls_handshake_does_not_block_others(tmp_path, pki):
@@ -656,14 +632,14 @@ def test_a_client_stalling_the_tls_handshake_does_not_block_others(tmp_path, pki
         with socket.create_connection(("127.0.0.1", tls_server.server_address[1]), timeout=5) as stalled:
             stalled.sendall(b"\x16\x03\x01")  # the start of a ClientHello, never finished
             started = time.monotonic()
-            assert fetch(tls_server, context=client_context(pki), host="localhost", timeout=5)[0] == 200
+            assert fetch(tls_server, context=client_context(pki.ca_cert), host="localhost", timeout=5)[0] == 200
             assert time.monotonic() - started < 2
 
 
 # ------------------------------------------------------------------------------------ basic auth, headers
 
 def auth_config(directory: Path, extra: str = "") -> WebConfig:
-    return web_config(directory, f"basic_auth_users:\n  alice: '{PASSWORD_HASH}'\n{extra}")
+    return web_config(directory, basic_auth_users({"alice": PASSWORD_HASH}) + extra)
 
 
 def test_basic_auth_missing_credentials_get_401_with_challenge(tmp_path):
@@ -691,7 +667,7 @@ def test_a_flood_of_wrong_passwords_does_not_hold_up_a_scraper_with_known_creden
     """bcrypt at a high cost keeps a worker busy; wrong passwords beyond two at a time get 429 at once,
     so they cannot take every worker and the scraper (verified before, answered from a cache) gets one."""
     slow_hash = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(12)).decode()  # ~0.25 s a check here
-    with running(web_config=web_config(tmp_path, f"basic_auth_users:\n  alice: '{slow_hash}'\n")) as auth_server:
+    with running(web_config=web_config(tmp_path, basic_auth_users({"alice": slow_hash}))) as auth_server:
         assert fetch(auth_server, headers=basic("alice", PASSWORD))[0] == 200
         stop = threading.Event()
         statuses: list[int] = []
@@ -721,21 +697,14 @@ def test_a_flood_of_wrong_passwords_does_not_hold_up_a_scraper_with_known_creden
 
 def mtls_with_basic_auth_config(tmp_path, pki):
     """A web config requiring a verified client certificate and alice's password."""
-    return web_config(tmp_path, f"""
-tls_server_config:
-  cert_file: {pki.server.cert}
-  key_file: {pki.server.key}
-  client_auth_type: RequireAndVerifyClientCert
-  client_ca_file: {pki.ca_cert}
-basic_auth_users:
-  alice: '{PASSWORD_HASH}'
-""")
+    return web_config(tmp_path, tls_server_config(pki, client_auth_type="RequireAndVerifyClientCert")
+                      + basic_auth_users({"alice": PASSWORD_HASH}))
 
 
 def test_basic_auth_over_tls_with_client_certificate(tmp_path, pki):
     config = mtls_with_basic_auth_config(tmp_path, pki)
     with running(web_config=config) as tls_server:
-        context = client_context(pki, pki.client)
+        context = client_context(pki.ca_cert, pki.client)
         assert fetch(tls_server, context=context, host="localhost")[0] == 401
         assert fetch(tls_server, context=context, host="localhost", headers=basic("alice", PASSWORD))[0] == 200
 
@@ -761,18 +730,13 @@ def test_changes_to_the_web_config_file_apply_once_loaded(tmp_path):
     with running(web_config=config) as auth_server:
         assert fetch(auth_server, headers=basic("alice", PASSWORD))[0] == 200
         path = Path(str(config.source_path))
-        path.write_text(f"basic_auth_users:\n  bob: '{PASSWORD_HASH}'\n")
+        path.write_text(basic_auth_users({"bob": PASSWORD_HASH}))
         os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
         assert wait_for(lambda: fetch(auth_server, headers=basic("bob", PASSWORD))[0] == 200)
         assert fetch(auth_server, headers=basic("alice", PASSWORD))[0] == 401
 
 
 # ----------------------------------------------------------------------------------------------- curl
-
-def curl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["curl", "--silent", "--show-error", "--max-time", "10", *args],
-                          capture_output=True, text=True, timeout=30)
-
 
 def test_curl_over_tls_with_client_certificate_and_basic_auth(tmp_path, pki):
     config = mtls_with_basic_auth_config(tmp_path, pki)

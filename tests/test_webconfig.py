@@ -12,26 +12,18 @@ import pytest
 import exporter.webconfig
 from exporter.webconfig import (PasswordChecksBusy, ReloadingWebConfig, WebConfig, WebConfigError, load_web_config,
                                 parse_web_config)
-from tests.certs import Pki, make_encrypted_key, make_pki, make_self_signed
+from certs import Pki, make_encrypted_key, make_pki, make_self_signed
+from httpclient import authorization
+from polling import wait_for
+from webconfigs import basic_auth_users, tls_server_config, write_web_config
 
 PASSWORD = "correct horse battery staple"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
 def write_config(directory: Path, text: str, name: str = "web-config.yml") -> str:
-    path = directory / name
-    path.write_text(text)
-    return str(path)
-
-
-def basic(user: str, password: str | bytes) -> str:
-    raw = user.encode() + b":" + (password if isinstance(password, bytes) else password.encode())
-    return "Basic " + base64.b64encode(raw).decode()
+    """The config file's path as the exporter is given it: a string."""
+    return str(write_web_config(directory, text, name))
 
 
 def load_error(directory: Path, text: str) -> str:
@@ -161,22 +153,22 @@ def test_rate_limit_interval_zero_disables_the_limiter(tmp_path):
 
 def test_basic_auth_accepts_the_right_password_and_rejects_everything_else(tmp_path):
     config = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n"))
-    assert config.check_basic_auth(basic("alice", PASSWORD))
-    assert config.check_basic_auth("basic " + basic("alice", PASSWORD).split()[1])  # scheme is case-insensitive
-    assert not config.check_basic_auth(basic("alice", "wrong"))
-    assert not config.check_basic_auth(basic("bob", PASSWORD))
+    assert config.check_basic_auth(authorization("alice", PASSWORD))
+    assert config.check_basic_auth("basic " + authorization("alice", PASSWORD).split()[1])  # scheme is case-insensitive
+    assert not config.check_basic_auth(authorization("alice", "wrong"))
+    assert not config.check_basic_auth(authorization("bob", PASSWORD))
     assert not config.check_basic_auth(None)
     assert not config.check_basic_auth("")
     assert not config.check_basic_auth("Bearer abc")
     assert not config.check_basic_auth("Basic not-base64!")
     assert not config.check_basic_auth("Basic " + base64.b64encode(b"no-colon").decode())
-    assert not config.check_basic_auth(basic("alice", PASSWORD + "x" * 80))
+    assert not config.check_basic_auth(authorization("alice", PASSWORD + "x" * 80))
 
 
 def test_htpasswd_2y_hashes_are_accepted(tmp_path):
     hash_2y = "$2y$" + HASH[4:]
     config = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: '{hash_2y}'\n"))
-    assert config.check_basic_auth(basic("alice", PASSWORD))
+    assert config.check_basic_auth(authorization("alice", PASSWORD))
 
 
 def test_a_verified_password_is_cached_and_an_unknown_user_still_costs_a_bcrypt(tmp_path):
@@ -188,10 +180,10 @@ def test_a_verified_password_is_cached_and_an_unknown_user_still_costs_a_bcrypt(
         result = config.check_basic_auth(header)
         return result, time.perf_counter() - start
 
-    first, first_time = timed(basic("alice", PASSWORD))
-    cached, cached_time = timed(basic("alice", PASSWORD))
-    unknown, unknown_time = timed(basic("mallory", PASSWORD))
-    wrong_after_cache, wrong_time = timed(basic("alice", "wrong"))
+    first, first_time = timed(authorization("alice", PASSWORD))
+    cached, cached_time = timed(authorization("alice", PASSWORD))
+    unknown, unknown_time = timed(authorization("mallory", PASSWORD))
+    wrong_after_cache, wrong_time = timed(authorization("alice", "wrong"))
     assert first and cached and not unknown and not wrong_after_cache
     assert cached_time < first_time / 10
     assert unknown_time > first_time / 3
@@ -201,14 +193,14 @@ def test_a_verified_password_is_cached_and_an_unknown_user_still_costs_a_bcrypt(
 def test_at_most_two_requests_run_or_wait_for_bcrypt_and_cached_credentials_never_wait(tmp_path):
     slow_hash = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(12)).decode()  # ~0.25 s a check here
     config = load_web_config(write_config(tmp_path, f"basic_auth_users:\n  alice: '{slow_hash}'\n"))
-    assert config.check_basic_auth(basic("alice", PASSWORD))  # verified once: cached from now on
+    assert config.check_basic_auth(authorization("alice", PASSWORD))  # verified once: cached from now on
     start = threading.Barrier(6)
     outcomes: list[object] = []
 
     def wrong_password() -> None:
         start.wait(5)
         try:
-            outcomes.append(config.check_basic_auth(basic("alice", "wrong")))
+            outcomes.append(config.check_basic_auth(authorization("alice", "wrong")))
         except PasswordChecksBusy as busy:
             outcomes.append(type(busy))
 
@@ -217,7 +209,7 @@ def test_at_most_two_requests_run_or_wait_for_bcrypt_and_cached_credentials_neve
         checker.start()
     time.sleep(0.05)
     started = time.perf_counter()
-    assert config.check_basic_auth(basic("alice", PASSWORD))
+    assert config.check_basic_auth(authorization("alice", PASSWORD))
     assert time.perf_counter() - started < 0.05
     for checker in checkers:
         checker.join(10)
@@ -256,10 +248,10 @@ def test_reloading_config_follows_the_file_and_keeps_the_last_good_one(tmp_path,
     assert reloading.current().basic_auth_users == ("alice",)
 
     rewrite(path, f"basic_auth_users:\n  bob: '{HASH}'\n")
-    assert eventually(lambda: reloading.current().basic_auth_users == ("bob",))
+    assert wait_for(lambda: reloading.current().basic_auth_users == ("bob",))
 
     rewrite(path, "basic_auth_users: [broken\n")
-    assert eventually(lambda: reloading.current() is not None and "cannot be used" in caplog.text)
+    assert wait_for(lambda: reloading.current() is not None and "cannot be used" in caplog.text)
     assert reloading.current().basic_auth_users == ("bob",)
 
 
@@ -274,24 +266,12 @@ def rewrite(path: str, text: str) -> None:
     os.utime(path, ns=(later, later))
 
 
-def eventually(predicate, timeout: float = 10.0) -> bool:
-    """Polls `predicate` (which may trigger a reload) until it holds or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def tls_auth_text(pki: Pki, client_auth: bool = True, users: bool = True, tls: bool = True) -> str:
     text = ""
     if tls:
-        text += f"tls_server_config:\n  cert_file: {pki.server.cert}\n  key_file: {pki.server.key}\n"
-        if client_auth:
-            text += f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {pki.ca_cert}\n"
+        text += tls_server_config(pki, client_auth_type="RequireAndVerifyClientCert" if client_auth else None)
     if users:
-        text += f"basic_auth_users:\n  alice: '{HASH}'\n"
+        text += basic_auth_users({"alice": HASH})
     return text
 
 
@@ -307,8 +287,8 @@ def test_a_truncated_file_keeps_tls_client_certificates_and_basic_auth(tmp_path,
     path = write_config(tmp_path, tls_auth_text(pki))
     reloading = ReloadingWebConfig(load_web_config(path))
     rewrite(path, "")
-    assert eventually(lambda: reloading.current() is not None
-                      and "the file is empty, keeping the previous one" in caplog.text)
+    assert wait_for(lambda: reloading.current() is not None
+                    and "the file is empty, keeping the previous one" in caplog.text)
     assert_protected(reloading.current())
     assert any(record.levelno == logging.ERROR for record in caplog.records if "file is empty" in record.message)
 
@@ -324,11 +304,11 @@ def test_a_reload_never_drops_tls_or_authentication(tmp_path, pki, caplog, what,
     path = write_config(tmp_path, tls_auth_text(pki))
     reloading = ReloadingWebConfig(load_web_config(path))
     rewrite(path, text(pki))
-    assert eventually(lambda: reloading.current() is not None and "keeping the previous one" in caplog.text)
+    assert wait_for(lambda: reloading.current() is not None and "keeping the previous one" in caplog.text)
     assert_protected(reloading.current())
     # Once the file is whole again, its changes apply as usual.
     rewrite(path, tls_auth_text(pki).replace("alice", "bob"))
-    assert eventually(lambda: reloading.current().basic_auth_users == ("bob",))
+    assert wait_for(lambda: reloading.current().basic_auth_users == ("bob",))
     assert reloading.current().ssl_context().verify_mode == ssl.CERT_REQUIRED
 
 
@@ -336,7 +316,7 @@ def test_a_reload_cannot_turn_tls_on_for_a_plain_http_listener(tmp_path, pki, ca
     path = write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n")
     reloading = ReloadingWebConfig(load_web_config(path))
     rewrite(path, tls_auth_text(pki))
-    assert eventually(lambda: reloading.current() is not None and "would turn TLS on" in caplog.text)
+    assert wait_for(lambda: reloading.current() is not None and "would turn TLS on" in caplog.text)
     assert reloading.current().ssl_context() is None
 
 
@@ -345,7 +325,7 @@ def test_a_reload_may_change_certificates_client_ca_and_users(tmp_path, pki):
     path = write_config(tmp_path, tls_auth_text(pki))
     reloading = ReloadingWebConfig(load_web_config(path))
     rewrite(path, tls_auth_text(other).replace("alice", "carol"))
-    assert eventually(lambda: reloading.current().basic_auth_users == ("carol",))
+    assert wait_for(lambda: reloading.current().basic_auth_users == ("carol",))
     assert reloading.current().tls.cert_file == str(other.server.cert)
     assert reloading.current().tls.client_ca_file == str(other.ca_cert)
     # A certificate and key replaced in place (a rotation) are picked up too.
@@ -354,7 +334,7 @@ def test_a_reload_may_change_certificates_client_ca_and_users(tmp_path, pki):
     rewrite(str(other.server.cert), rotated.server.cert.read_text())
     rewrite(str(other.server.key), rotated.server.key.read_text())
     # (The certificate alone does not match the old key: only the whole pair loads, as a new config.)
-    assert eventually(lambda: reloading.current() is not before_rotation)
+    assert wait_for(lambda: reloading.current() is not before_rotation)
 
 
 def test_a_change_made_while_the_file_loads_is_loaded_afterwards(tmp_path, monkeypatch):
@@ -378,7 +358,7 @@ def test_a_change_made_while_the_file_loads_is_loaded_afterwards(tmp_path, monke
     assert read_done.wait(10)
     rewrite(path, f"basic_auth_users:\n  carol: '{HASH}'\n")
     finish.set()
-    assert eventually(lambda: reloading.current().basic_auth_users == ("carol",)), reloading.current()
+    assert wait_for(lambda: reloading.current().basic_auth_users == ("carol",)), reloading.current()
 
 
 def test_requests_are_served_with_the_old_config_while_the_new_one_loads(tmp_path, monkeypatch):
@@ -409,7 +389,7 @@ def test_requests_are_served_with_the_old_config_while_the_new_one_loads(tmp_pat
         assert answers == [("alice",)] * 20
     finally:
         finish.set()
-    assert eventually(lambda: reloading.current().basic_auth_users == ("bob",))
+    assert wait_for(lambda: reloading.current().basic_auth_users == ("bob",))
 
 
 def test_a_config_with_a_costly_bcrypt_hash_loads_without_hashing(tmp_path):
@@ -420,7 +400,7 @@ def test_a_config_with_a_costly_bcrypt_hash_loads_without_hashing(tmp_path):
     started = time.perf_counter()
     config = load_web_config(path)
     assert time.perf_counter() - started < 0.5
-    assert config.check_basic_auth(basic("alice", PASSWORD))
+    assert config.check_basic_auth(authorization("alice", PASSWORD))
 
 
 def test_the_decoy_hash_has_the_highest_configured_cost_and_matches_no_password(tmp_path):

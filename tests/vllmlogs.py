@@ -19,6 +19,8 @@ Layers, each usable alone from a Python shell::
 * `compose(*boots)`: several units' entries interleaved by time into one journal entry list
   (`Placed`), per boot; `journal_specs` turns it into journalgen specs, `tracker_entries` into the
   entries the journal reader hands to `exporter.fold.engine_starts.EngineTracker`.
+* `unit_start(unit, run, clock)`: one start written on a journalgen Clock, after what the test wrote
+  before; `chat_runs()`: a failed and a good start of a chat unit to write with it.
 * `boot_race()`: the problem statement's three-unit boot race on one 16 GiB-class GPU.
 
 What the lines look like, by release (reference /work/shared/reference/vllm-logs.md §2):
@@ -50,9 +52,8 @@ from typing import NamedTuple
 
 import journalgen
 from journalgen import JournalEntrySpec, Moment
+from sizes import GiB, MiB
 
-GIB = 1 << 30
-MIB = 1 << 20
 REASONS = (
     "kv_cache_too_small",
     "no_kv_cache_memory",
@@ -225,7 +226,7 @@ class Profiling:
         return round(self.total_mb - self.peak_mb, 2)
 
     def kv_cache_bytes(self, gpu_memory_utilization: float) -> int:
-        return round(round(self.total_mb * MIB) * gpu_memory_utilization - round(self.peak_mb * MIB))
+        return round(round(self.total_mb * MiB) * gpu_memory_utilization - round(self.peak_mb * MiB))
 
 
 @dataclass(frozen=True)
@@ -333,8 +334,8 @@ class VllmRun:
         if era.profiling_lines:
             return self.profiling.kv_cache_bytes(self.effective_gpu_memory_utilization)
         if self.reserves_kv_cache:
-            return round(round(self.kv_cache_memory_bytes / GIB, 2) * GIB)
-        return round(self.kv_cache_gib * GIB)
+            return round(round(self.kv_cache_memory_bytes / GiB, 2) * GiB)
+        return round(self.kv_cache_gib * GiB)
 
     @property
     def device_blocks(self) -> int:
@@ -342,7 +343,7 @@ class VllmRun:
         if self.gpu_blocks is not None:
             return self.gpu_blocks
         per_block = self.kv_bytes_per_token * self.effective_block_size
-        return max(0, round(self.kv_cache_gib * GIB) // per_block)
+        return max(0, round(self.kv_cache_gib * GiB) // per_block)
 
     @property
     def tokens(self) -> int:
@@ -465,7 +466,7 @@ def startup_summary_message(run: VllmRun) -> str:
     lines, before "init engine ... took") when kv_cache_memory_bytes is not set."""
     utilisation = run.effective_gpu_memory_utilization
     requested = round(run.total_gib * utilisation, 2)
-    kv_gib = round((run.kv_cache_bytes or 0) / GIB, 2)
+    kv_gib = round((run.kv_cache_bytes or 0) / GiB, 2)
     activation, cuda_graph = 0.51, 0.0
     if run.era.release >= (0, 28):
         usage = (f"Actual usage is {round(run.weights_gib + 0.12, 2)} GiB for consumed memory (weights + "
@@ -473,12 +474,12 @@ def startup_summary_message(run: VllmRun) -> str:
     else:
         usage = (f"Actual usage is {run.weights_gib} GiB for weight, {activation} GiB for peak activation, "
                  f"0.12 GiB for non-torch memory, and {cuda_graph} GiB for CUDAGraph memory.")
-    fit = math.floor(kv_gib * GIB * 0.98)
-    full = math.floor((kv_gib + round(run.free_gib_at_start - requested, 2)) * GIB)
+    fit = math.floor(kv_gib * GiB * 0.98)
+    full = math.floor((kv_gib + round(run.free_gib_at_start - requested, 2)) * GiB)
     return (f"Free memory on device ({run.free_gib_at_start}/{run.total_gib} GiB) on startup. Desired GPU "
             f"memory utilization is ({utilisation}, {requested} GiB). {usage} Replace gpu_memory_utilization "
-            f"config with `--kv-cache-memory={fit}` ({round(fit / GIB, 2)} GiB) to fit into requested memory, "
-            f"or `--kv-cache-memory={full}` ({round(full / GIB, 2)} GiB) to fully utilize gpu memory. "
+            f"config with `--kv-cache-memory={fit}` ({round(fit / GiB, 2)} GiB) to fit into requested memory, "
+            f"or `--kv-cache-memory={full}` ({round(full / GiB, 2)} GiB) to fully utilize gpu memory. "
             f"Current kv cache memory in use is {kv_gib} GiB.")
 
 
@@ -804,7 +805,7 @@ def _failure_exception(run: VllmRun, failure: Failure) -> str:
             return "ValueError: " + kv_cache_too_small_v0_message(run.effective_max_model_len, run.tokens)
         available = failure.available_gib
         if available is None:
-            available = round((run.kv_cache_bytes or 0) / GIB, 2)
+            available = round((run.kv_cache_bytes or 0) / GiB, 2)
         return "ValueError: " + kv_cache_too_small_message(
             era, run.effective_max_model_len, failure.needed_gib, available, failure.estimated_max_model_len)
     if reason == "no_kv_cache_memory":
@@ -971,7 +972,7 @@ def _v1_start(out: _Output, failure: Failure | None) -> None:
     elif run.reserves_kv_cache:
         out.log(budget, CORE, "INFO", "gpu_worker.py:276",
                 f"Initial free memory {run.free_gib_at_start} GiB, reserved "
-                f"{round(run.kv_cache_memory_bytes / GIB, 2)} GiB memory for KV Cache as specified by "
+                f"{round(run.kv_cache_memory_bytes / GiB, 2)} GiB memory for KV Cache as specified by "
                 "kv_cache_memory_bytes config and skipped memory profiling. This does not respect the "
                 "gpu_memory_utilization config. Only use kv_cache_memory_bytes config when you want manual "
                 "control of KV cache memory size. If OOM'ed, check the difference of initial free memory "
@@ -1245,6 +1246,13 @@ def first(placed: Iterable[Placed], unit: str, role: str, *, after_usec: int = -
     return next(p for p in placed if p.planned.unit == unit and p.planned.role == role and p.realtime_usec > after_usec)
 
 
+def restart_begins(placed: Iterable[Placed], unit: str, number: int = 2) -> int:
+    """realtime of the unit's number-th "Starting" record (the 2nd: systemd's first restart)."""
+    starting = [p for p in placed if p.planned.unit == unit and p.planned.from_systemd
+                and p.planned.message_id == journalgen.MESSAGE_ID_UNIT_STARTING]
+    return starting[number - 1].realtime_usec
+
+
 def failure_instant(placed: Iterable[Placed], unit: str) -> int:
     """When the unit's first failed start failed: the first print of a recognised root cause, else
     the front end's terminal wrapper, else PID 1's record of the main process's exit."""
@@ -1255,6 +1263,34 @@ def failure_instant(placed: Iterable[Placed], unit: str) -> int:
         except StopIteration:
             continue
     raise ValueError(f"{unit} has no failed start")
+
+
+# ---------------------------------------------------------------------------------------------
+# Starts on a journalgen Clock, for tests that build a journal entry by entry
+# ---------------------------------------------------------------------------------------------
+
+
+def unit_start(unit: str, run: VllmRun, clock: journalgen.Clock, **options: object) -> list[JournalEntrySpec]:
+    """One start of `unit` (`service_start`, with its `options`) as journal entries from `clock`'s next
+    tick on, in `clock`'s boot; the clock ends at the start's last entry, so what the test writes next
+    comes after it."""
+    at = (clock.realtime_usec + clock.step_usec) / 1e6
+    booted_at = (clock.realtime_usec - clock.monotonic_usec) / 1e6
+    placed = compose(Boot(clock.boot_id, booted_at, service_start(unit, run, at, **options).entries))
+    clock.realtime_usec, clock.monotonic_usec = placed[-1].realtime_usec, placed[-1].monotonic_usec
+    return journal_specs(placed)
+
+
+def chat_runs() -> tuple[VllmRun, VllmRun]:
+    """A chat unit's start that fails (kv_cache_too_small: 2.13 GiB available, 3.36 GiB needed) and one
+    that comes up (3.25 GiB, 47,328 tokens, 0.36x, init 42.50 s, a new main pid): vLLM 0.24 serving
+    Qwen3-8B with max_model_len 131072, gpu_memory_utilization 0.75 and max_num_seqs 3."""
+    started = VllmRun("0.24.0", model="Qwen/Qwen3-8B", gpu_memory_utilization=0.75, max_model_len=131072,
+                      max_num_seqs=3, kv_cache_gib=3.25, kv_cache_tokens=47_328, max_concurrency=0.36,
+                      init_seconds=42.5, main_pid=3402)
+    failed = replace(started, kv_cache_gib=2.13, main_pid=3401,
+                     failure=Failure("kv_cache_too_small", needed_gib=3.36, estimated_max_model_len=46528))
+    return failed, started
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1311,30 +1347,49 @@ class BootRace:
         """The race boot's entries of the watched (vllm*.service) units, as the reader selects them."""
         return tracker_entries(self.placed, boot_id=self.boot_id)
 
+    def this_boot(self) -> list[Placed]:
+        """The race boot's entries, of every unit."""
+        return [p for p in self.placed if p.boot_id == self.boot_id]
 
-def boot_race() -> BootRace:
+    def chat_failure_usec(self) -> int:
+        """When chat's init failed: the first print of its root cause."""
+        return first(self.this_boot(), CHAT, ROLE_ROOT_CAUSE).realtime_usec
+
+    def chat_restart_usec(self) -> int:
+        """When systemd began chat's restart: its second "Starting" record of the race boot."""
+        return restart_begins(self.this_boot(), CHAT)
+
+    def split_at_chat_restart(self) -> tuple[list[Placed], list[Placed]]:
+        """The journal before chat's restart (both boots), and from the restart on: to replay it live."""
+        restart = self.chat_restart_usec()
+        return ([p for p in self.placed if p.realtime_usec < restart],
+                [p for p in self.placed if p.realtime_usec >= restart])
+
+
+def boot_race(origin: float = RACE_ORIGIN) -> BootRace:
     """Three units started by systemd in the same second on one GPU: embedding and stt init fine;
     chat fails (kv_cache_too_small, "(2.13 GiB)" available, 3.36 GiB needed), is restarted 10 s after
     its exit and succeeds with 3.25 GiB. Around it: an unwatched unit printing the same failure,
-    request and throughput noise, and a previous boot of the same units (plus one only there)."""
+    request and throughput noise, and a previous boot of the same units (plus one only there), a day
+    earlier. `origin`: when the units start (a recent one makes the failure recent to a live exporter)."""
     chat_failed, chat_restarted = race_chat_runs()
     embedding, stt = race_embedding_run(), race_stt_run()
     race = [
-        *service_runs(CHAT, [chat_failed, chat_restarted], RACE_ORIGIN, job_id=120),
-        *service_runs(EMBEDDING, [embedding], RACE_ORIGIN + 0.001, job_id=121),
-        *service_runs(STT, [stt], RACE_ORIGIN + 0.002, job_id=122),
-        *service_runs(UNWATCHED, [replace(chat_failed, main_pid=2304)], RACE_ORIGIN + 0.003, job_id=123,
+        *service_runs(CHAT, [chat_failed, chat_restarted], origin, job_id=120),
+        *service_runs(EMBEDDING, [embedding], origin + 0.001, job_id=121),
+        *service_runs(STT, [stt], origin + 0.002, job_id=122),
+        *service_runs(UNWATCHED, [replace(chat_failed, main_pid=2304)], origin + 0.003, job_id=123,
                       description="Another LLM"),
     ]
     day = 86_400.0
     previous = [
         *service_runs(CHAT, [replace(chat_restarted, version="0.23.0", kv_cache_gib=4.02, kv_cache_tokens=None,
-                                     max_concurrency=None, main_pid=1301)], RACE_ORIGIN - day, job_id=120),
+                                     max_concurrency=None, main_pid=1301)], origin - day, job_id=120),
         *service_runs(EMBEDDING, [replace(embedding, kv_cache_gib=-0.12, main_pid=1302,
                                           failure=Failure("no_kv_cache_memory")), replace(embedding, main_pid=1302)],
-                      RACE_ORIGIN - day + 0.001, job_id=121),
-        *service_runs(LEGACY, [VllmRun("0.19.1", main_pid=1305)], RACE_ORIGIN - day + 0.005, job_id=125),
+                      origin - day + 0.001, job_id=121),
+        *service_runs(LEGACY, [VllmRun("0.19.1", main_pid=1305)], origin - day + 0.005, job_id=125),
     ]
-    placed = compose(Boot(PREVIOUS_BOOT_ID, RACE_ORIGIN - day - 14.2, tuple(previous)),
-                     Boot(RACE_BOOT_ID, RACE_ORIGIN - 14.2, tuple(race)))
+    placed = compose(Boot(PREVIOUS_BOOT_ID, origin - day - 14.2, tuple(previous)),
+                     Boot(RACE_BOOT_ID, origin - 14.2, tuple(race)))
     return BootRace(tuple(placed), RACE_BOOT_ID, PREVIOUS_BOOT_ID, (chat_failed, chat_restarted), embedding, stt)
