@@ -59,9 +59,9 @@ from vllmlogs import VllmRun, chat_runs, engine_start_lines
 FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
-# One line of either parser takes under 10 ms even at 60 KiB (about 4-7 ms at worst on a 2-core machine); this
-# bound catches super-linear behaviour (a regex that backtracks, a quadratic loop); it is not a benchmark.
-LINE_BUDGET_S = 0.1
+# A hang detector, not a speed target (benchmarks/ measure speed): a regular expression that backtracks
+# catastrophically on these inputs takes minutes, far past this on any machine, however loaded.
+LINE_BUDGET_S = 2.0
 SIXTY_KIB = 60 * 1024
 MAX_MUTATED_CHARS = 70 * 1024
 

@@ -787,10 +787,12 @@ HOSTILE_LINES = {
 
 
 @pytest.mark.parametrize("line", list(HOSTILE_LINES.values()), ids=list(HOSTILE_LINES))
-def test_hostile_line_returns_quickly_without_raising(line: str) -> None:
+def test_hostile_line_returns_without_raising_or_hanging(line: str) -> None:
     started = time.perf_counter()
     parse_line(line)
-    assert time.perf_counter() - started < 0.05
+    # A hang detector, not a speed target (benchmarks/catchup_bench.py measures the grammar's speed):
+    # catastrophic backtracking on a 60 KiB line takes minutes, far past this on any machine.
+    assert time.perf_counter() - started < 2.0
 
 
 def test_non_default_args_longer_than_the_cap_still_yield_the_leading_settings() -> None:
@@ -818,16 +820,6 @@ ANCHORS = sorted({anchor for row in GRAMMAR for anchor in row.anchors})
 @given(st.sampled_from(ANCHORS), st.text(max_size=500))
 def test_text_after_a_template_anchor_never_raises(anchor: str, tail: str) -> None:
     parse_line("ERROR 05-12 10:11:12 [core.py:1] " + anchor + tail)
-
-
-def test_noise_is_parsed_at_catch_up_speed() -> None:
-    lines = NOISE_LINES[:6] * (100_000 // 6)
-    started = time.perf_counter()
-    for line in lines:
-        parse_line(line)
-    # About 0.4 s on the development machine (~250k lines/s); the bound leaves room for slow CI
-    # while still catching a regex that went quadratic or lost the cheap pre-check.
-    assert time.perf_counter() - started < 2.5
 
 
 # --- helpers for the reducer --------------------------------------------------------------------
