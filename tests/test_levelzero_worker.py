@@ -170,7 +170,7 @@ def test_a_gpu_change_does_not_wait_for_a_read_stuck_in_the_driver(configure, wo
         time.sleep(0.5)  # the read is waiting for the hung child, holding the worker
         started = time.monotonic()
         worker.gpu_changed("change", "0000:03:00.0")
-        assert time.monotonic() - started < 0.1
+        assert time.monotonic() - started < 1.0  # waiting for the hung read would take its timeout (4 s)
     finally:
         reader.join()
 
