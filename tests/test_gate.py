@@ -21,6 +21,7 @@ from exporter import gate
 from exporter.fold.engine_starts import EngineTracker
 from exporter.parsers import gate as gate_lines
 from exporter.parsers.gate import GateDecision
+from exporterproc import RunningExporter, sample, wait_for
 from fakeze import A770, B580, GiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
 from journalgen import (Clock, JournalEntrySpec, append_journal, current_boot_id, new_invocation_id, unit_failed,
                         unit_output, unit_process_exited, unit_started, unit_starting, write_journal)
@@ -481,3 +482,34 @@ def test_first_line_warns_when_the_timeout_is_not_below_the_units_timeout_start_
                                    f"{CHAT}'s TimeoutStartSec= (90s)"), run.lines
     code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07", "--timeout", "1m")
     assert code == 0 and not run.saw("TimeoutStartSec"), run.lines
+
+
+# --- the exporter's metrics of the gate's decisions -----------------------------------------------------
+
+def test_the_exporter_counts_the_gates_decisions_it_reads_in_the_units_journal(host: Host) -> None:
+    """The gate's stderr is the unit's journal (written here as journald would, under the gate's pid)."""
+    embedding = new_invocation_id()
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=embedding),
+                *main_started(EMBEDDING, host.clock, embedding, 100)])
+    timed_out = host.start(CHAT, "--gpu-memory-utilization", "0.07", "--timeout", "500ms", "--on-timeout", "fail")
+    held = host.start(STT, "--gpu-memory-utilization", "0.07", "--timeout", "30s")
+    assert timed_out.wait() == 1 and wait_until(lambda: held.saw(f"waiting for {EMBEDDING}")), held.lines
+    host.write(init_completed(EMBEDDING, host.clock, embedding, 100))
+    assert held.wait() == 0
+    for run in (timed_out, held):
+        host.write([unit_starting(run.unit, host.clock.tick(), invocation_id=run.invocation_id),
+                    *(unit_output(run.unit, line, host.clock.tick(), pid=900, comm="vllm-xpu-gate",
+                                  invocation_id=run.invocation_id) for line in run.lines)])
+    with RunningExporter(["--no-collector.levelzero", "--no-collector.processes", "--journal.file",
+                          str(host.journal)]) as exporter:
+        samples = wait_for(lambda: (s := exporter.scrape()) and
+                           sample(s, "xpu_unit_gate_waits_total", unit=STT) == 1 and s)
+        assert samples, exporter.stderr
+    assert {unit: sample(samples, "xpu_unit_gate_waits_total", unit=unit) for unit in (CHAT, STT, EMBEDDING)} == {
+        CHAT: 1, STT: 1, EMBEDDING: 0}
+    assert {unit: sample(samples, "xpu_unit_gate_timeouts_total", unit=unit) for unit in (CHAT, STT)} == {
+        CHAT: 1, STT: 0}
+    for run in (timed_out, held):
+        assert sample(samples, "xpu_unit_gate_wait_seconds_total", unit=run.unit) == pytest.approx(
+            run.decision.seconds)
+    assert sample(samples, "xpu_unit_engine_init_overlaps_total", unit=EMBEDDING) == 0
