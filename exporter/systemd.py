@@ -40,12 +40,13 @@ _TIMESPAN_SECONDS = {"y": 31_557_600.0, "month": 2_629_800.0, "w": 604_800.0, "d
 
 def parse_timespan(text: str) -> float:
     """Seconds in a time span as `systemctl show` prints one (format_timespan(): "1min 30s", "5min",
-    "1h 2min 3.500000s", "infinity" -> inf); ValueError for anything else."""
+    "1h 2min 3.500000s", "infinity" -> inf) or a unit file sets it (a bare number is seconds);
+    ValueError for anything else."""
     text = text.strip()
     if text == "infinity":
         return math.inf
-    if text == "0":
-        return 0.0
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return float(text)
     if not text or _TIMESPAN_PART.sub("", text).strip():
         raise ValueError(f"not a systemd time span: {text!r}")
     return sum(float(number) * _TIMESPAN_SECONDS[unit] for number, unit in _TIMESPAN_PART.findall(text))

@@ -21,6 +21,7 @@ from exporter import gate
 from exporter.fold.engine_starts import EngineTracker
 from exporter.parsers import gate as gate_lines
 from exporter.parsers.gate import GateDecision
+from exporter.systemd import parse_timespan
 from exporterproc import RunningExporter, sample, wait_for
 from fakeze import A770, B580, GiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
 from journalgen import (Clock, JournalEntrySpec, append_journal, current_boot_id, new_invocation_id, unit_failed,
@@ -472,6 +473,19 @@ def test_a_timeout_starts_the_unit_with_a_warning_or_fails_it(host: Host, on_tim
 
 
 # --- systemd --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("1min 30s", 90.0), ("5min", 300.0), ("1h 2min 3.500000s", 3723.5), ("100ms", 0.1), ("690", 690.0),
+    ("infinity", math.inf)])
+def test_time_spans_as_systemctl_shows_them_or_unit_files_set_them(text: str, seconds: float) -> None:
+    assert parse_timespan(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "1 fortnight", "90 s x", "-5s"])
+def test_other_time_spans_are_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_timespan(text)
+
 
 def test_first_line_warns_when_the_timeout_is_not_below_the_units_timeout_start_sec(host: Host) -> None:
     host.write([unit_output("other.service", "unrelated", host.clock.tick())])
