@@ -334,7 +334,8 @@ def test_a_unit_waiting_in_its_own_gate_does_not_hold_another_back(host: Host) -
 
 def test_waits_for_free_memory_with_r_from_the_units_latest_start(host: Host) -> None:
     earlier = new_invocation_id()
-    host.write([*main_started(CHAT, host.clock, earlier, 100, ratio=0.75), *init_failed(CHAT, host.clock, earlier, 100)])
+    host.write([*main_started(CHAT, host.clock, earlier, 100, ratio=0.75),
+                *init_failed(CHAT, host.clock, earlier, 100)])
     host.gpu(free_gib=10.0)
     run = host.start(CHAT)
     assert wait_until(lambda: run.saw("waiting for memory")), run.lines
