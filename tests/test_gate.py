@@ -23,6 +23,7 @@ from exporter.parsers import gate as gate_lines
 from exporter.parsers.gate import GateDecision
 from exporter.systemd import parse_timespan
 from exporterproc import RunningExporter, sample, wait_for
+from fakeprocfs import FakeProcfs, xe_fdinfo
 from fakeze import A770, B580, GiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
 from journalgen import (Clock, JournalEntrySpec, append_journal, current_boot_id, new_invocation_id, unit_failed,
                         unit_output, unit_process_exited, unit_started, unit_starting, write_journal)
@@ -274,6 +275,16 @@ def test_a_unit_known_on_another_gpu_does_not_hold_the_start_back_and_one_of_unk
     assert decision.units == (STT,)  # STT's device is unknown: it counts on every device
     assert gate.decide(CHAT, DEVICE, views, None, {EMBEDDING: {DEVICE}}, None, None).units == (EMBEDDING, STT)
     assert gate.decide(EMBEDDING, DEVICE, views, CHAT, None, None, None).units == (STT, CHAT)  # and the lease holder
+
+
+def test_units_are_on_the_gpus_their_processes_hold_drm_clients_on_or_their_lease_names(tmp_path: Path) -> None:
+    procfs = FakeProcfs(tmp_path)
+    procfs.add_unit_process(100, f"/system.slice/{EMBEDDING}").add_drm_fd(xe_fdinfo(client_id=1, pdev=DEVICE,
+                                                                                  vram0=GiB))
+    procfs.add_unit_process(200, f"/system.slice/{STT}").add_drm_fd(xe_fdinfo(client_id=2, pdev=B580.pci_address))
+    lease = gate.Lease(B580.pci_address, CHAT, "", 0, 1, 1)
+    assert gate.devices_of_units(str(procfs.root), [lease]) == {
+        EMBEDDING: {DEVICE}, STT: {B580.pci_address}, CHAT: {B580.pci_address}}
 
 
 def test_a_lease_ends_when_the_journal_shows_its_invocation_ended_its_unit_is_gone_or_it_times_out() -> None:
