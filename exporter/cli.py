@@ -13,11 +13,12 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 
 from exporter import __version__
 from exporter.collector import Collector, Source, Sources, registered
-from exporter.durations import parse_go_duration
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS
+from exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
+                            check_journal_flags, journal_unit_globs)
 from exporter.logs import FORMATS, LEVELS, setup_logging
 from exporter.scrape import ExporterCollector
-from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection, normalize_boot
+from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection
 from exporter.sources.journal.follower import JournalFollower
 from exporter.sources.levelzero import DEFAULT_LIBRARY
 from exporter.sources.levelzero_worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
@@ -28,7 +29,6 @@ from exporter.webconfig import WebConfigError, load_web_config
 log = logging.getLogger("exporter.main")
 
 DEFAULT_PORT = 10447
-EXIT_USAGE = 2
 
 
 @dataclass(frozen=True)
@@ -51,44 +51,6 @@ class Options:
     log_format: str = "logfmt"
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """Bad input gets one line naming the problem and exit status 2, not the whole usage text."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def parse_duration(value: str) -> float:
-    """A Go duration as the Prometheus tools take them (500ms, 4s, 1m30s), or a bare number of seconds."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parse_go_duration(value)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"duration must be positive, got {value!r}")
-    return seconds
-
-
-def parse_boot(value: str) -> str:
-    try:
-        return normalize_boot(value)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"want a positive whole number, got {value!r}")
-    return number
-
-
 def telemetry_path(value: str) -> str:
     if not value.startswith("/") or any(c.isspace() for c in value):
         raise argparse.ArgumentTypeError(f"invalid path {value!r}: must start with / and contain no spaces")
@@ -104,7 +66,7 @@ def listen_address(value: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(
+    parser = OneLineParser(
         prog="vllm-xpu-exporter",
         description="Prometheus exporter for Intel GPUs (Level Zero) shared by vLLM systemd units: device memory, "
                     "per-unit device memory, KV-cache allocation and engine-init failures from the journal.",
@@ -127,31 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 help=f"enable the {spec.name} collector: {spec.description}")
     # BooleanOptionalAction spells the negation --no-collector.X, exactly the Prometheus form.
 
-    levelzero = parser.add_argument_group("levelzero")
-    levelzero.add_argument("--levelzero.library", dest="levelzero_library", default=DEFAULT_LIBRARY,
-                           metavar="LIBRARY", help="Level Zero loader to dlopen")
-    levelzero.add_argument("--levelzero.timeout", dest="levelzero_timeout", type=parse_duration,
-                           default=DEFAULT_TIMEOUT_S,
-                           metavar="DURATION", help="give up on a Level Zero read after this long (driver hang)")
-
-    journal = parser.add_argument_group("journal")
-    journal.add_argument("--journal.directory", dest="journal_directory", default=None, metavar="DIR",
-                         help="read the journal from this directory instead of the system journal")
-    journal.add_argument("--journal.file", dest="journal_files", action="append", default=[], metavar="FILE",
-                         help="read these journal files instead (repeatable)")
-    journal.add_argument("--journal.units", dest="journal_units", action="append", default=None, metavar="GLOB",
-                         help=f"shell glob of the systemd units whose engine logs are read (repeatable; "
-                              f"default {' '.join(DEFAULT_UNIT_GLOBS)})")
-    journal.add_argument("--journal.max-units", dest="journal_max_units", type=positive_int,
-                         default=DEFAULT_MAX_UNITS,
-                         metavar="N", help="watch at most this many units; further ones are counted in "
-                                           "xpu_exporter_journal_units_dropped_total")
-    journal.add_argument("--journal.boot", dest="journal_boot", type=parse_boot, default="current", metavar="BOOT",
-                         help="current (this kernel's boot), all, or a boot id")
-
-    host = parser.add_argument_group("host")
-    host.add_argument("--path.procfs", dest="procfs", default="/proc", metavar="PATH",
-                      help="where the host's /proc is mounted")
+    add_levelzero_flags(parser)
+    add_journal_flags(parser)
+    add_procfs_flag(parser)
 
     logging_group = parser.add_argument_group("logging")
     logging_group.add_argument("--log.level", dest="log_level", choices=tuple(LEVELS), default="info")
@@ -162,10 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.journal_directory and args.journal_files:
-        parser.error("--journal.directory and --journal.file cannot be used together")
-    if args.journal_units is not None and not all(glob.strip() for glob in args.journal_units):
-        parser.error("argument --journal.units: empty glob")
+    check_journal_flags(parser, args)
     return Options(
         listen_address=args.listen_address,
         telemetry_path=args.telemetry_path,
@@ -175,7 +112,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         levelzero_timeout=args.levelzero_timeout,
         journal_directory=args.journal_directory,
         journal_files=tuple(args.journal_files),
-        journal_units=tuple(args.journal_units or DEFAULT_UNIT_GLOBS),
+        journal_units=journal_unit_globs(args),
         journal_boot=args.journal_boot,
         journal_max_units=args.journal_max_units,
         procfs=args.procfs,

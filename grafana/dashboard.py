@@ -249,6 +249,22 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   (Target(f"xpu_unit_engine_init_overlaps_total{{{UNITS}}}", "{{unit}}"),),
                   "short", [(None, "green"), (1, "orange")], 8, 8, options=LEGEND_LIST,
                   custom={"thresholdsStyle": {"mode": "line"}}, defaults={"min": 0, "decimals": 0}),
+            Panel("timeseries", "Starts held back by the init gate (this boot)",
+                  "Starts of each unit that the init gate (vllm-xpu-gate, an ExecStartPre= command) made wait "
+                  "for another unit's init or for free memory, timeouts included. Gated units' inits should not "
+                  "overlap.",
+                  (Target(f"xpu_unit_gate_waits_total{{{UNITS}}}", "{{unit}}"),),
+                  "short", green_only(), 8, 8, options=LEGEND_LIST, defaults={"min": 0, "decimals": 0}),
+            Panel("timeseries", "Time spent in the init gate (this boot)",
+                  "Seconds each unit's starts spent in the init gate since the host booted.",
+                  (Target(f"xpu_unit_gate_wait_seconds_total{{{UNITS}}}", "{{unit}}"),),
+                  "s", green_only(), 8, 8, options=LEGEND_LIST, defaults={"min": 0}),
+            Panel("timeseries", "Init gate timeouts (this boot)",
+                  "Waits in the init gate that ran out (its --timeout): the unit then started anyway (or failed, "
+                  "with --on-timeout fail) while another init ran or memory was short.",
+                  (Target(f"xpu_unit_gate_timeouts_total{{{UNITS}}}", "{{unit}}"),),
+                  "short", [(None, "green"), (1, "orange")], 8, 8, options=LEGEND_LIST,
+                  custom={"thresholdsStyle": {"mode": "line"}}, defaults={"min": 0, "decimals": 0}),
         )),
         Row("Restart headroom", (
             Panel("timeseries", "Restart headroom",

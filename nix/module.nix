@@ -10,11 +10,15 @@
 #   hardware.graphics.extraPackages = [ pkgs.intel-compute-runtime ];  # Intel's Level Zero GPU driver
 #
 # docs/deployment.md ("NixOS") has the Prometheus side: scrape job, bundled rules and dashboards.
+#
+# The init gate (docs/gate.md) on vLLM units of this host, with or without the exporter:
+#
+#   services.vllm-xpu-exporter.gate.units = [ "vllm-chat" "vllm-embedding.service" ];
 { config, lib, pkgs, utils, ... }:
 
 let
   cfg = config.services.vllm-xpu-exporter;
-  inherit (lib) mkEnableOption mkIf mkOption mkRenamedOptionModule optionals types;
+  inherit (lib) mkAfter mkDefault mkEnableOption mkIf mkOption mkRenamedOptionModule optionalAttrs optionals removeSuffix types;
 
   # IPv6 literals go in brackets: [::1]:10447.
   listenHost = if lib.hasInfix ":" cfg.listenAddress then "[${cfg.listenAddress}]" else cfg.listenAddress;
@@ -28,6 +32,23 @@ let
   # CAP_PERFMON: real device memory usage (without it i915/xe report free == total).
   # CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH: other users' /proc/PID/fd and fdinfo (per-unit memory).
   capabilities = [ "CAP_PERFMON" "CAP_SYS_PTRACE" "CAP_DAC_READ_SEARCH" ];
+
+  # The gate is a gated unit's last ExecStartPre= command, right before its main process, and runs with
+  # full privileges ("+"): it reads the journal and opens the render node whatever the unit's User=.
+  # %n (the unit's name) is a specifier, so it stays outside the escaped arguments.
+  gateFlags =
+    [ "--timeout=${toString cfg.gate.timeoutSec}s" "--on-timeout=${cfg.gate.onTimeout}" ]
+    ++ map (glob: "--journal.units=${glob}") cfg.units
+    ++ cfg.gate.extraFlags;
+  gateCommand = "+${cfg.package}/bin/vllm-xpu-gate --unit=%n " + utils.escapeSystemdExecArgs gateFlags;
+  gatedServices = builtins.listToAttrs (map (unit: {
+    name = removeSuffix ".service" unit;
+    value.serviceConfig = {
+      ExecStartPre = mkAfter [ gateCommand ];
+      # The wait counts against the start: the gate's timeout plus the unit's own start.
+      TimeoutStartSec = mkDefault (cfg.gate.timeoutSec + cfg.gate.startTimeoutSec);
+    };
+  }) cfg.gate.units);
 
   # Options of the module's former name, services.xpu-exporter, kept as aliases with a rename warning.
   formerOptions = [ "enable" "package" "port" "listenAddress" "units" "webConfigFile" "extraFlags" "openFirewall" "user" ];
@@ -102,68 +123,111 @@ in
         (`DynamicUser=yes`, the default).
       '';
     };
+
+    gate = {
+      units = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        example = [ "vllm-chat" "vllm-embedding.service" ];
+        description = ''
+          vLLM units (NixOS service names, `.service` optional) whose engine starts only when no other
+          watched unit (`units`) on its GPU is initialising and enough memory is free: the init gate
+          `vllm-xpu-gate` is added as their last `ExecStartPre=` (docs/gate.md). Works without `enable`.
+        '';
+      };
+
+      timeoutSec = mkOption {
+        type = types.ints.positive;
+        default = 600;
+        description = "Seconds a gated start waits at most (the gate's --timeout).";
+      };
+
+      onTimeout = mkOption {
+        type = types.enum [ "start" "fail" ];
+        default = "start";
+        description = "After timeoutSec: start the unit anyway, or fail its start.";
+      };
+
+      startTimeoutSec = mkOption {
+        type = types.ints.positive;
+        default = 90;
+        description = ''
+          The unit's own start time; a gated unit's `TimeoutStartSec=` is `timeoutSec + startTimeoutSec`
+          (a default: a unit's own `TimeoutStartSec=` wins, and the gate warns if it is too short).
+        '';
+      };
+
+      extraFlags = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        example = [ "--device=0000:03:00.0" "--gpu-memory-utilization=0.75" ];
+        description = "Further flags of every gated unit's gate (`vllm-xpu-gate --help`).";
+      };
+    };
   };
 
-  config = mkIf cfg.enable {
-    networking.firewall.allowedTCPPorts = optionals cfg.openFirewall [ cfg.port ];
+  config = mkIf (cfg.enable || cfg.gate.units != [ ]) {
+    networking.firewall.allowedTCPPorts = optionals (cfg.enable && cfg.openFirewall) [ cfg.port ];
 
-    systemd.services.vllm-xpu-exporter = {
-      description = "Prometheus exporter for Intel GPUs shared by vLLM units (vllm-xpu-exporter)";
-      wantedBy = [ "multi-user.target" ];
-      after = [ "network.target" "systemd-udevd.service" ];
+    systemd.services = gatedServices // optionalAttrs cfg.enable {
+      vllm-xpu-exporter = {
+        description = "Prometheus exporter for Intel GPUs shared by vLLM units (vllm-xpu-exporter)";
+        wantedBy = [ "multi-user.target" ];
+        after = [ "network.target" "systemd-udevd.service" ];
 
-      serviceConfig = {
-        Type = "exec";
-        ExecStart = utils.escapeSystemdExecArgs ([ "${cfg.package}/bin/vllm-xpu-exporter" ] ++ flags);
-        Restart = "on-failure";
-        RestartSec = "5s";
-        RestartPreventExitStatus = 2;
+        serviceConfig = {
+          Type = "exec";
+          ExecStart = utils.escapeSystemdExecArgs ([ "${cfg.package}/bin/vllm-xpu-exporter" ] ++ flags);
+          Restart = "on-failure";
+          RestartSec = "5s";
+          RestartPreventExitStatus = 2;
 
-        SupplementaryGroups = [ "render" "systemd-journal" ];
-        UMask = "0077";
+          SupplementaryGroups = [ "render" "systemd-journal" ];
+          UMask = "0077";
 
-        AmbientCapabilities = capabilities;
-        CapabilityBoundingSet = capabilities;
-        NoNewPrivileges = true;
-        SecureBits = "noroot-locked";
+          AmbientCapabilities = capabilities;
+          CapabilityBoundingSet = capabilities;
+          NoNewPrivileges = true;
+          SecureBits = "noroot-locked";
 
-        ProtectSystem = "strict";
-        ProtectHome = true;
-        InaccessiblePaths = [
-          "-/etc/shadow" "-/etc/gshadow" "-/etc/shadow-" "-/etc/gshadow-" "-/etc/ssh" "-/etc/ssl/private"
-          "-/var/lib/private"
-        ];
-        PrivateTmp = true;
-        PrivateIPC = true;
-        PrivateUsers = false;
-        RemoveIPC = true;
-        PrivateMounts = true;
+          ProtectSystem = "strict";
+          ProtectHome = true;
+          InaccessiblePaths = [
+            "-/etc/shadow" "-/etc/gshadow" "-/etc/shadow-" "-/etc/gshadow-" "-/etc/ssh" "-/etc/ssl/private"
+            "-/var/lib/private"
+          ];
+          PrivateTmp = true;
+          PrivateIPC = true;
+          PrivateUsers = false;
+          RemoveIPC = true;
+          PrivateMounts = true;
 
-        DevicePolicy = "closed";
-        DeviceAllow = [ "char-drm rw" ];
+          DevicePolicy = "closed";
+          DeviceAllow = [ "char-drm rw" ];
 
-        ProtectKernelTunables = true;
-        ProtectKernelModules = true;
-        ProtectKernelLogs = true;
-        ProtectControlGroups = true;
-        ProtectClock = true;
-        ProtectHostname = true;
-        ProtectProc = "default";
-        ProcSubset = "all";
+          ProtectKernelTunables = true;
+          ProtectKernelModules = true;
+          ProtectKernelLogs = true;
+          ProtectControlGroups = true;
+          ProtectClock = true;
+          ProtectHostname = true;
+          ProtectProc = "default";
+          ProcSubset = "all";
 
-        RestrictAddressFamilies = [ "AF_UNIX" "AF_INET" "AF_INET6" "AF_NETLINK" ];
-        RestrictNamespaces = true;
-        RestrictRealtime = true;
-        RestrictSUIDSGID = true;
-        LockPersonality = true;
-        MemoryDenyWriteExecute = true;
-        SystemCallArchitectures = "native";
-        SystemCallFilter = [ "@system-service" "~@privileged" ];
-        SystemCallErrorNumber = "EPERM";
+          RestrictAddressFamilies = [ "AF_UNIX" "AF_INET" "AF_INET6" "AF_NETLINK" ];
+          RestrictNamespaces = true;
+          RestrictRealtime = true;
+          RestrictSUIDSGID = true;
+          LockPersonality = true;
+          MemoryDenyWriteExecute = true;
+          SystemCallArchitectures = "native";
+          SystemCallFilter = [ "@system-service" "~@privileged" ];
+          SystemCallErrorNumber = "EPERM";
 
-        MemoryMax = "512M";
-        TasksMax = 64;
-      } // (if cfg.user == null then { DynamicUser = true; } else { User = cfg.user; });
+          MemoryMax = "512M";
+          TasksMax = 64;
+        } // (if cfg.user == null then { DynamicUser = true; } else { User = cfg.user; });
+      };
     };
   };
 }

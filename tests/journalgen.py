@@ -105,7 +105,15 @@ class Clock:
 
 
 def _invocation_id(unit: str, boot_id: str) -> str:
+    """The default invocation id: one per unit and boot. Real systemd gives every start of a unit its
+    own (a restart gets a new one): pass ``invocation_id=`` (e.g. ``new_invocation_id()``) to the
+    builders of one start to write that; ``invocation_id=""`` writes none."""
     return uuid.uuid5(uuid.NAMESPACE_OID, unit + boot_id).hex
+
+
+def new_invocation_id(rng: random.Random | None = None) -> str:
+    """An invocation id as systemd makes them: 128 random bits as 32 hex digits."""
+    return (rng or random.Random()).getrandbits(128).to_bytes(16, "big").hex()
 
 
 def unit_output(
@@ -118,8 +126,10 @@ def unit_output(
     syslog_identifier: str | None = None,
     message_id: str | None = None,
     extra: Iterable[tuple[str, Value]] = (),
+    invocation_id: str | None = None,
 ) -> JournalEntrySpec:
-    """A line the unit printed on stdout/stderr, as journald stores it (``message=None``: no MESSAGE)."""
+    """A line the unit printed on stdout/stderr, as journald stores it (``message=None``: no MESSAGE).
+    ``pid``: the printing process (an ``ExecStartPre=`` command has its own, the main process another)."""
     fields: list[tuple[str, Value]] = [
         ("_BOOT_ID", at.boot_id),
         ("_MACHINE_ID", MACHINE_ID),
@@ -139,8 +149,10 @@ def unit_output(
         ("_SYSTEMD_CGROUP", f"/system.slice/{unit}"),
         ("_SYSTEMD_UNIT", unit),
         ("_SYSTEMD_SLICE", "system.slice"),
-        ("_SYSTEMD_INVOCATION_ID", _invocation_id(unit, at.boot_id)),
     ]
+    invocation = _invocation_id(unit, at.boot_id) if invocation_id is None else invocation_id
+    if invocation:
+        fields.append(("_SYSTEMD_INVOCATION_ID", invocation))
     if message_id is not None:
         fields.append(("MESSAGE_ID", message_id))
     if message is not None:
@@ -159,8 +171,10 @@ def systemd_record(
     code_func: str,
     code_file: str = "src/core/unit.c",
     extra: Iterable[tuple[str, Value]] = (),
+    invocation_id: str | None = None,
 ) -> JournalEntrySpec:
     """A record PID 1 wrote about ``unit`` (log_unit_struct() in systemd 252)."""
+    invocation = _invocation_id(unit, at.boot_id) if invocation_id is None else invocation_id
     fields: list[tuple[str, Value]] = [
         ("_BOOT_ID", at.boot_id),
         ("_MACHINE_ID", MACHINE_ID),
@@ -183,7 +197,7 @@ def systemd_record(
         ("CODE_FUNC", code_func),
         ("MESSAGE_ID", message_id),
         ("UNIT", unit),
-        ("INVOCATION_ID", _invocation_id(unit, at.boot_id)),
+        *((("INVOCATION_ID", invocation),) if invocation else ()),
         *extra,
         ("MESSAGE", message),
         ("_SOURCE_REALTIME_TIMESTAMP", at.realtime_usec),
@@ -196,36 +210,41 @@ def _status_unit(unit: str, description: str | None) -> str:
     return f"{unit} - {description}" if description else unit
 
 
-def unit_starting(unit: str, at: Moment, *, description: str | None = "vLLM server", job_id: int = 100) -> JournalEntrySpec:
+def unit_starting(unit: str, at: Moment, *, description: str | None = "vLLM server", job_id: int = 100,
+                  invocation_id: str | None = None) -> JournalEntrySpec:
     """'Starting <unit> - <description>...'"""
     return systemd_record(
         unit, f"Starting {_status_unit(unit, description)}...", MESSAGE_ID_UNIT_STARTING, at,
         code_file="src/core/job.c", code_func="job_emit_start_message",
-        extra=(("JOB_ID", job_id), ("JOB_TYPE", "start")),
+        extra=(("JOB_ID", job_id), ("JOB_TYPE", "start")), invocation_id=invocation_id,
     )
 
 
-def unit_started(unit: str, at: Moment, *, description: str | None = "vLLM server", job_id: int = 100) -> JournalEntrySpec:
+def unit_started(unit: str, at: Moment, *, description: str | None = "vLLM server", job_id: int = 100,
+                 invocation_id: str | None = None) -> JournalEntrySpec:
     """'Started <unit> - <description>.'"""
     return systemd_record(
         unit, f"Started {_status_unit(unit, description)}.", MESSAGE_ID_UNIT_STARTED, at,
         code_file="src/core/job.c", code_func="job_emit_done_message",
         extra=(("JOB_ID", job_id), ("JOB_TYPE", "start"), ("JOB_RESULT", "done")),
+        invocation_id=invocation_id,
     )
 
 
-def unit_start_failed(unit: str, at: Moment, *, description: str | None = "vLLM server", job_id: int = 100) -> JournalEntrySpec:
+def unit_start_failed(unit: str, at: Moment, *, description: str | None = "vLLM server", job_id: int = 100,
+                      invocation_id: str | None = None) -> JournalEntrySpec:
     """'Failed to start <unit> - <description>.'"""
     return systemd_record(
         unit, f"Failed to start {_status_unit(unit, description)}.", MESSAGE_ID_UNIT_START_FAILED, at,
         priority=3, code_file="src/core/job.c", code_func="job_emit_done_message",
         extra=(("JOB_ID", job_id), ("JOB_TYPE", "start"), ("JOB_RESULT", "failed")),
+        invocation_id=invocation_id,
     )
 
 
 def unit_process_exited(
     unit: str, at: Moment, *, status: int = 1, code: str = "exited", kind: str = "Main process",
-    command: str = "python3",
+    command: str = "python3", invocation_id: str | None = None,
 ) -> JournalEntrySpec:
     """'<unit>: Main process exited, code=exited, status=1/FAILURE' (code: exited, killed, dumped)."""
     if code == "exited":
@@ -237,31 +256,37 @@ def unit_process_exited(
         unit, f"{unit}: {kind} exited, code={code}, status={status}/{status_name}" + (" (success)" if success else ""),
         MESSAGE_ID_UNIT_PROCESS_EXIT, at, priority=7 if success else 5, code_func="unit_log_process_exit",
         extra=(("COMMAND", command), ("EXIT_CODE", code), ("EXIT_STATUS", status)),
+        invocation_id=invocation_id,
     )
 
 
-def unit_failed(unit: str, at: Moment, *, result: str = "exit-code") -> JournalEntrySpec:
+def unit_failed(unit: str, at: Moment, *, result: str = "exit-code",
+                invocation_id: str | None = None) -> JournalEntrySpec:
     """``<unit>: Failed with result 'exit-code'.``: the unit entered the failed state."""
     return systemd_record(
         unit, f"{unit}: Failed with result '{result}'.", MESSAGE_ID_UNIT_FAILURE_RESULT, at,
-        priority=4, code_func="unit_log_failure", extra=(("UNIT_RESULT", result),),
+        priority=4, code_func="unit_log_failure", extra=(("UNIT_RESULT", result),), invocation_id=invocation_id,
     )
 
 
-def unit_restart_scheduled(unit: str, at: Moment, *, counter: int = 1) -> JournalEntrySpec:
+def unit_restart_scheduled(unit: str, at: Moment, *, counter: int = 1,
+                           invocation_id: str | None = None) -> JournalEntrySpec:
     """'<unit>: Scheduled restart job, restart counter is at N.'"""
     return systemd_record(
         unit, f"{unit}: Scheduled restart job, restart counter is at {counter}.", MESSAGE_ID_UNIT_RESTART_SCHEDULED, at,
         code_file="src/core/service.c", code_func="service_enter_restart", extra=(("N_RESTARTS", counter),),
+        invocation_id=invocation_id,
     )
 
 
-def unit_stopped(unit: str, at: Moment, *, description: str | None = "vLLM server", job_id: int = 101) -> JournalEntrySpec:
+def unit_stopped(unit: str, at: Moment, *, description: str | None = "vLLM server", job_id: int = 101,
+                 invocation_id: str | None = None) -> JournalEntrySpec:
     """'Stopped <unit> - <description>.'"""
     return systemd_record(
         unit, f"Stopped {_status_unit(unit, description)}.", MESSAGE_ID_UNIT_STOPPED, at,
         code_file="src/core/job.c", code_func="job_emit_done_message",
         extra=(("JOB_ID", job_id), ("JOB_TYPE", "stop"), ("JOB_RESULT", "done")),
+        invocation_id=invocation_id,
     )
 
 

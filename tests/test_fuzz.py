@@ -39,6 +39,7 @@ from exporter.collector import Sources
 from exporter.collectors.journal import JournalCollector, unit_metrics
 from exporter.collectors.processes import ProcessesCollector
 from exporter.fold.engine_starts import EngineTracker, UnitView
+from exporter.parsers import gate as gate_lines
 from exporter.parsers import vllm
 from exporter.parsers.fdinfo import MAX_BYTES, DrmClient, device_memory_bytes, parse_fdinfo
 from exporter.scrape import ExporterCollector
@@ -320,9 +321,16 @@ units = st.sampled_from(UNITS)
 pids = st.sampled_from((10, 11, 20, 21, 30, 31, None))  # a few processes, so that restarts reuse none or some
 pid1_record = st.builds(lambda unit, message_id: (unit, PID1_RECORDS[message_id].format(unit=unit), message_id, 1),
                         units, st.sampled_from(sorted(PID1_RECORDS)))
+# the init gate's lines: decisions as it writes them, and a mangled one
+GATE_LINES = (gate_lines.format_released(12.5, ["vllm-a.service", "memory"], 1 << 33, 1 << 30),
+              gate_lines.format_released(0.1, [], None, None),
+              gate_lines.format_timed_out(600.0, ["vllm-b.service"], 1, 2, starting=True),
+              "vllm-xpu-gate: released after 1e309s (waited for nothing; free 1, needed 2)")
 printed_line = st.builds(lambda unit, line, pid: (unit, line, None, pid), units,
                          st.one_of(st.sampled_from(REAL_VLLM_LINES), mutated(REAL_VLLM_LINES),
-                                   renumbered(REAL_VLLM_LINES), number_lines), pids)
+                                   renumbered(REAL_VLLM_LINES), number_lines, st.sampled_from(GATE_LINES)), pids)
+# invocation ids: none (journals without them), or one of a few, so that entries of one start share one
+invocations = st.lists(st.sampled_from(("", "1" * 32, "2" * 32, "3" * 32)), min_size=256, max_size=256)
 
 
 def _whole_start(unit: str, lines: tuple[str, ...], starting: bool, pid: int | None) -> list[Written]:
@@ -343,24 +351,25 @@ journal_stories = st.lists(st.one_of(pid1_record.map(lambda e: [e]), printed_lin
                            max_size=30).map(lambda blocks: [entry for block in blocks for entry in block])
 
 
-def as_entries(written: list[Written], steps: list[int]) -> list[JournalEntry]:
+def as_entries(written: list[Written], steps: list[int], invocation_ids: list[str] | None = None) -> list[JournalEntry]:
     """Journal entries in journal order; realtime mostly rising, sometimes standing or stepping back (entries
     interleaved from several files, a clock set back)."""
     realtime = 1_747_000_000_000_000
     entries = []
-    for (unit, message, message_id, pid), step in zip(written, steps):
+    for (unit, message, message_id, pid), step, invocation in zip(written, steps, invocation_ids or [""] * len(steps)):
         realtime += step
         entries.append(JournalEntry(unit=unit, realtime_usec=realtime, monotonic_usec=None, boot_id=BOOT_ID,
                                     message=message, from_systemd=message_id is not None,
-                                    message_id=message_id or "", pid=pid))
+                                    message_id=message_id or "", pid=pid, invocation_id=invocation))
     return entries
 
 
-Counters = dict[str, tuple[int, dict[str, int], int]]
+Counters = dict[str, tuple[int, dict[str, int], int, tuple[int, float, int]]]
 
 
 def counters(views: list[UnitView]) -> Counters:
-    return {view.unit: (view.starts, dict(view.failures), view.overlaps) for view in views}
+    return {view.unit: (view.starts, dict(view.failures), view.overlaps,
+                        (view.gate_waits, view.gate_wait_seconds, view.gate_timeouts)) for view in views}
 
 
 # The journal's gauges and the bounds (exporter.parsers.vllm.PLAUSIBLE) of the field each one shows.
@@ -392,13 +401,13 @@ def assert_rendered(views: list[UnitView]) -> None:
 
 @settings(FUZZ, max_examples=200)
 @given(journal_stories, st.lists(st.integers(-5_000_000, 60_000_000), min_size=256, max_size=256),
-       st.integers(1, len(UNITS)))
+       st.integers(1, len(UNITS)), invocations)
 def test_engine_tracker_never_raises_and_its_counters_never_decrease(written: list[Written], steps: list[int],
-                                                                     max_units: int):
+                                                                     max_units: int, invocation_ids: list[str]):
     tracker = EngineTracker(max_units)
     before: Counters = {}
     dropped = 0
-    for entry in as_entries(written, steps):
+    for entry in as_entries(written, steps, invocation_ids):
         tracker.add(entry)
         tracker.settle(entry.realtime_usec)  # as a scrape sees it while following
         views = list(tracker.views())
@@ -406,10 +415,12 @@ def test_engine_tracker_never_raises_and_its_counters_never_decrease(written: li
         assert len(now) <= max_units and not tracker.dropped_units & set(now)
         assert len(tracker.dropped_units) >= dropped
         dropped = len(tracker.dropped_units)
-        for unit, (starts, failures, overlaps) in now.items():
+        for unit, (starts, failures, overlaps, gate) in now.items():
             assert set(failures) == set(vllm.FailureReason) and min(failures.values()) >= 0
-            old_starts, old_failures, old_overlaps = before.get(unit, (0, dict.fromkeys(vllm.FailureReason, 0), 0))
+            old_starts, old_failures, old_overlaps, old_gate = before.get(
+                unit, (0, dict.fromkeys(vllm.FailureReason, 0), 0, (0, 0.0, 0)))
             assert starts >= old_starts and overlaps >= old_overlaps, (unit, entry)
+            assert all(value >= old for value, old in zip(gate, old_gate)), (unit, entry)
             assert all(failures[reason] >= old_failures[reason] for reason in vllm.FailureReason), (unit, entry)
         assert set(before) <= set(now), "a watched unit disappeared"
         before = now

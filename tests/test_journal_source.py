@@ -29,6 +29,7 @@ from journalgen import (
     JournalEntrySpec,
     append_journal,
     current_boot_id,
+    new_invocation_id,
     random_boot_id,
     rotate_journal,
     systemd_record,
@@ -157,6 +158,26 @@ def test_timestamps_boot_id_and_pid_come_from_the_entry(tmp_path: Path, clock: C
         (entry,) = read_all(reader)
     assert (entry.realtime_usec, entry.monotonic_usec, entry.boot_id, entry.pid) == (
         at.realtime_usec, at.monotonic_usec, current_boot_id(), 31337)
+
+
+@pytest.mark.usefixtures("match_mode")
+def test_invocation_id_comes_from_systemd_invocation_id_of_output_and_invocation_id_of_pid1_records(
+        tmp_path: Path, clock: Clock) -> None:
+    unit = "vllm-chat.service"
+    first, second = new_invocation_id(), new_invocation_id()
+    write_journal(tmp_path / "a.journal", [
+        unit_starting(unit, clock.tick(), invocation_id=first),
+        unit_output(unit, "first start", clock.tick(), invocation_id=first),
+        unit_started(unit, clock.tick(), invocation_id=second),
+        unit_output(unit, "second start", clock.tick(), invocation_id=second),
+        unit_output(unit, "no invocation id", clock.tick(), invocation_id=""),
+    ])
+    with reader_for(tmp_path) as reader:
+        entries = read_all(reader)
+    assert [(e.message, e.invocation_id) for e in entries] == [
+        ("Starting vllm-chat.service - vLLM server...", first), ("first start", first),
+        ("Started vllm-chat.service - vLLM server.", second), ("second start", second),
+        ("no invocation id", "")]
 
 
 @pytest.fixture

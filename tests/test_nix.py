@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter import __version__
+from exporter import __version__, gate
 from exporter.cli import parse_options
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,6 +26,8 @@ MODULE = REPO / "nix" / "module.nix"
 PACKAGE = REPO / "nix" / "package.nix"
 UNIT = REPO / "packaging" / "vllm-xpu-exporter.service"
 STORE_PATH = "/nix/store/00000000000000000000000000000000-vllm-xpu-exporter"
+# Options that never had the former name services.xpu-exporter.
+OPTIONS_ADDED_AFTER_THE_RENAME = {"gate"}
 # No build users on this machine; evaluation needs none.
 NIX_ENV = {**os.environ, "NIX_CONFIG": "build-users-group ="}
 
@@ -35,7 +37,14 @@ STAND_IN_LIB = """
     mkOption = attrs: attrs // { _type = "option"; };
     mkIf = condition: content: if condition then content else { };
     mkRenamedOptionModule = from: to: { _type = "renamedOptionModule"; inherit from to; };
+    mkOrder = priority: content: { _type = "order"; inherit priority content; };
+    mkAfter = mkOrder 1500;
+    mkDefault = content: { _type = "override"; priority = 1000; inherit content; };
     optionals = condition: list: if condition then list else [ ];
+    optionalAttrs = condition: attrs: if condition then attrs else { };
+    removeSuffix = suffix: text:
+      let n = builtins.stringLength suffix; m = builtins.stringLength text; in
+      if m >= n && builtins.substring (m - n) n text == suffix then builtins.substring 0 (m - n) text else text;
     literalExpression = text: { _type = "literalExpression"; inherit text; };
     hasInfix = infix: content:
       let
@@ -45,6 +54,7 @@ STAND_IN_LIB = """
     types = {
       bool = "bool"; package = "package"; port = "port"; str = "str";
       listOf = type: "listOf"; nonEmptyListOf = type: "nonEmptyListOf"; nullOr = type: "nullOr";
+      enum = values: "enum"; ints.positive = "ints.positive";
     };
     cleanSource = path: "source";
     makeLibraryPath = packages: builtins.concatStringsSep ":" (map (package: "${package}/lib") packages);
@@ -62,8 +72,13 @@ let
     (map (arg: builtins.replaceStrings [ "%%" "$" ] [ "%%%%" "$$" ] (builtins.toJSON (toString arg))) args);
   pkgs.callPackage = path: args: { outPath = "%(store)s"; };
   evaluated = import %(module)s { inherit config lib pkgs utils; };
-  config.services.vllm-xpu-exporter =
-    builtins.mapAttrs (name: option: option.default) evaluated.options.services.vllm-xpu-exporter // overrides;
+  # The options' defaults (option sets nested, as gate.*), with the overrides merged in recursively.
+  defaults = options: builtins.mapAttrs
+    (name: option: if option._type or null == "option" then option.default else defaults option) options;
+  merge = base: top: base // builtins.mapAttrs
+    (name: value: if builtins.isAttrs value && builtins.isAttrs (base.${name} or null) then merge base.${name} value
+                  else value) top;
+  config.services.vllm-xpu-exporter = merge (defaults evaluated.options.services.vllm-xpu-exporter) overrides;
 in {
   config = evaluated.config;
   renames = { imports = evaluated.imports; options = builtins.attrNames evaluated.options.services.vllm-xpu-exporter; };
@@ -193,12 +208,50 @@ def test_module_runs_as_a_named_user_instead_of_a_dynamic_one_when_given(tmp_pat
     assert service_config(tmp_path)["DynamicUser"] is True
 
 
-def test_every_option_keeps_its_former_name_as_a_renamed_alias(tmp_path):
+def test_every_option_of_the_former_name_keeps_it_as_a_renamed_alias(tmp_path):
     renames = evaluate_module(tmp_path, part="renames")
     assert renames["options"], "the module declares no options"
     assert sorted((rename["from"], rename["to"]) for rename in renames["imports"]) == sorted(
         (["services", "xpu-exporter", option], ["services", "vllm-xpu-exporter", option])
-        for option in renames["options"])
+        for option in renames["options"] if option not in OPTIONS_ADDED_AFTER_THE_RENAME)
+
+
+def gate_arguments(command: str, unit: str) -> list[str]:
+    """The gate's argv of an ExecStartPre= line, as systemd runs it for `unit` ("+": full privileges)."""
+    assert command.startswith("+")
+    argv = shlex.split(command[1:].replace("%n", unit).replace("%%", "%").replace("$$", "$"))
+    assert argv[0] == f"{STORE_PATH}/bin/vllm-xpu-gate"
+    return argv[1:]
+
+
+def test_gate_units_get_the_gate_as_last_exec_start_pre_and_a_start_timeout_covering_it(tmp_path):
+    config = evaluate_module(tmp_path, """{
+      enable = true; units = [ "vllm-*.service" "llm@*.service" ];
+      gate = { units = [ "vllm-chat" "vllm-embedding.service" ]; timeoutSec = 300; onTimeout = "fail";
+               extraFlags = [ "--gpu-memory-utilization=0.75" ]; };
+    }""")
+    services = config["systemd"]["services"]
+    assert sorted(services) == ["vllm-chat", "vllm-embedding", "vllm-xpu-exporter"]
+    for name in ("vllm-chat", "vllm-embedding"):
+        service = services[name]["serviceConfig"]
+        assert service["ExecStartPre"]["_type"] == "order" and service["ExecStartPre"]["priority"] == 1500  # mkAfter
+        (command,) = service["ExecStartPre"]["content"]
+        options = gate.parse_options(gate_arguments(command, f"{name}.service"), environ={})
+        assert (options.unit, options.timeout, options.start_on_timeout, options.gpu_memory_utilization) == (
+            f"{name}.service", 300.0, False, 0.75)
+        assert options.selection.unit_globs == ("vllm-*.service", "llm@*.service", f"{name}.service")
+        assert service["TimeoutStartSec"] == {"_type": "override", "priority": 1000, "content": 300 + 90}  # mkDefault
+
+
+def test_gate_defaults_wait_ten_minutes_then_start_and_need_no_exporter(tmp_path):
+    config = evaluate_module(tmp_path, '{ gate.units = [ "vllm-chat.service" ]; }')
+    assert sorted(config["systemd"]["services"]) == ["vllm-chat"]
+    assert config["networking"]["firewall"]["allowedTCPPorts"] == []
+    service = config["systemd"]["services"]["vllm-chat"]["serviceConfig"]
+    options = gate.parse_options(gate_arguments(service["ExecStartPre"]["content"][0], "vllm-chat.service"),
+                                 environ={})
+    assert (options.timeout, options.start_on_timeout) == (600.0, True)
+    assert service["TimeoutStartSec"]["content"] == 690
 
 
 def test_disabled_module_adds_nothing(tmp_path):

@@ -1,5 +1,6 @@
 """The systemd unit (packaging/vllm-xpu-exporter.service): systemd 252 accepts it, its exposure stays below
-3.0, it grants what the exporter needs and nothing else, and the exporter works inside its limits.
+3.0, it grants what the exporter needs and nothing else, and the exporter works inside its limits. The
+init gate's drop-in (packaging/vllm-xpu-gate.conf): systemd 252 reads and accepts it on a vLLM unit.
 
 What is run for real here: `systemd-analyze verify` and `security --offline=true` (systemd 252), the
 exporter under systemd 252's MemoryDenyWriteExecute= seccomp filter (rebuilt below, instruction for
@@ -19,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from exporter import gate
 from exporter.cli import parse_options
+from exporter.systemd import parse_timespan
 from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, xe_fdinfo
 from fakeze import A770, FakeConfig, fake_driver_env, write_config
@@ -32,6 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 UNIT = REPO / "packaging" / "vllm-xpu-exporter.service"
 DEFAULTS = REPO / "packaging" / "vllm-xpu-exporter.default"
 EXEC_START = "/opt/vllm-xpu-exporter/bin/vllm-xpu-exporter"
+GATE_DROP_IN = REPO / "packaging" / "vllm-xpu-gate.conf"
+GATE = "/opt/vllm-xpu-exporter/bin/vllm-xpu-gate"
 EXPOSURE_LIMIT = 3.0
 CAP_BITS = {"CAP_DAC_READ_SEARCH": 2, "CAP_SYS_PTRACE": 19, "CAP_PERFMON": 38}
 
@@ -66,9 +71,9 @@ def installed_unit(tmp_path: Path) -> Path:
     return unit
 
 
-def analyze(*args: str) -> subprocess.CompletedProcess[str]:
+def analyze(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["systemd-analyze", *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "SYSTEMD_LOG_COLOR": "0", "SYSTEMD_COLORS": "0"})
+                          env={**os.environ, "SYSTEMD_LOG_COLOR": "0", "SYSTEMD_COLORS": "0", **(env or {})})
 
 
 def test_systemd_analyze_verify_accepts_the_unit(installed_unit):
@@ -97,6 +102,40 @@ def test_security_exposure_is_below_three(installed_unit, record_property):
                     "ProtectKernelTunables=", "ProtectKernelModules=", "ProtectControlGroups=",
                     "CapabilityBoundingSet=~CAP_SYS_ADMIN", "RestrictAddressFamilies=~AF_PACKET"):
         assert setting in satisfied, f"{setting} not satisfied:\n{result.stdout}"
+
+
+def gated_unit(tmp_path: Path, drop_in: str) -> Path:
+    """A vLLM unit of its own user with the gate's drop-in, as installed (the gate is a real program)."""
+    program = tmp_path / "vllm-xpu-gate"
+    program.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m exporter.gate \"$@\"\n")
+    program.chmod(0o755)
+    (tmp_path / "vllm-chat.service").write_text(
+        "[Unit]\nDescription=vLLM chat\n[Service]\nExecStart=/bin/true\nDynamicUser=yes\n")
+    (tmp_path / "vllm-chat.service.d").mkdir()
+    assert GATE in drop_in
+    (tmp_path / "vllm-chat.service.d" / "vllm-xpu-gate.conf").write_text(drop_in.replace(GATE, str(program)))
+    return tmp_path / "vllm-chat.service"
+
+
+def test_systemd_analyze_verify_reads_and_accepts_the_gate_drop_in(tmp_path):
+    for name, drop_in in (("good", GATE_DROP_IN.read_text()),
+                          ("misspelt", GATE_DROP_IN.read_text().replace("TimeoutStartSec=", "TimeoutStartSecs="))):
+        (tmp_path / name).mkdir()
+        result = analyze("verify", str(gated_unit(tmp_path / name, drop_in)),
+                         env={"SYSTEMD_UNIT_PATH": f"{tmp_path / name}:"})  # ":": and the default path
+        if name == "good":
+            assert result.returncode == 0 and result.stdout + result.stderr == "", result.stdout + result.stderr
+        else:  # so the drop-in was read
+            assert "TimeoutStartSecs" in result.stdout + result.stderr
+
+
+def test_gate_drop_in_runs_the_gate_privileged_for_its_unit_within_the_units_start_timeout():
+    settings = unit_settings(GATE_DROP_IN.read_text())
+    command = one(settings, "ExecStartPre")
+    assert command.startswith(f"+{GATE} ")  # "+": full privileges whatever the unit's user
+    options = gate.parse_options(shlex.split(command[1:].replace("%n", "vllm-chat.service"))[1:], environ={})
+    assert (options.unit, options.start_on_timeout) == ("vllm-chat.service", True)
+    assert parse_timespan(one(settings, "TimeoutStartSec")) >= options.timeout + 90  # + systemd's default start
 
 
 def test_unit_grants_exactly_the_three_capabilities_as_ambient_and_bounding_set():

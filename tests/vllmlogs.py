@@ -45,6 +45,7 @@ import fnmatch
 import math
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -1061,6 +1062,7 @@ class Planned:
     message_id: str = ""
     role: str = ""
     build: Callable[[Moment], JournalEntrySpec] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    invocation_id: str = ""
 
     @property
     def from_systemd(self) -> bool:
@@ -1069,17 +1071,34 @@ class Planned:
 
 def _systemd(at: float, unit: str, build: Callable[[Moment], JournalEntrySpec], role: str = "") -> Planned:
     spec = build(_PLACEHOLDER)
-    return Planned(at, unit, str(spec.field_value("MESSAGE")), 1, str(spec.field_value("MESSAGE_ID")), role, build)
+    return Planned(at, unit, str(spec.field_value("MESSAGE")), 1, str(spec.field_value("MESSAGE_ID")), role, build,
+                   str(spec.field_value("INVOCATION_ID")))
 
 
-def _unit_stopping(unit: str, at: Moment, *, description: str | None = "vLLM server", job_id: int = 101) -> JournalEntrySpec:
+def _unit_stopping(unit: str, at: Moment, *, description: str | None = "vLLM server", job_id: int = 101,
+                   invocation_id: str | None = None) -> JournalEntrySpec:
     """'Stopping <unit> - <description>...' (systemd 252, job_emit_start_message for JOB_STOP)."""
     name = f"{unit} - {description}" if description else unit
     return journalgen.systemd_record(
         unit, f"Stopping {name}...", journalgen.MESSAGE_ID_UNIT_STOPPING, at,
         code_file="src/core/job.c", code_func="job_emit_start_message",
-        extra=(("JOB_ID", job_id), ("JOB_TYPE", "stop")),
+        extra=(("JOB_ID", job_id), ("JOB_TYPE", "stop")), invocation_id=invocation_id,
     )
+
+
+def start_invocation_id(unit: str, at: float, job_id: int) -> str:
+    """The invocation id of the start of `unit` at `at` (every start has its own, as systemd gives them)."""
+    return uuid.uuid5(uuid.NAMESPACE_OID, f"{unit}/{at!r}/{job_id}").hex
+
+
+class _Invocation:
+    """journalgen's builders of one start: each entry carries the start's invocation id."""
+
+    def __init__(self, invocation_id: str) -> None:
+        self._invocation_id = invocation_id
+
+    def __getattr__(self, name: str) -> Callable[..., JournalEntrySpec]:
+        return partial(getattr(journalgen, name), invocation_id=self._invocation_id)
 
 
 @dataclass(frozen=True)
@@ -1102,9 +1121,11 @@ def service_start(unit: str, run: VllmRun, at: float, *, job_id: int = 100, rest
     stored after PID 1's "Main process exited" / "Failed with result" records. The failed run's
     lines printed `late_after` seconds or more into the run land `late_delay` seconds after them
     (with systemd's default RestartSec=100ms, possibly after the restart's "Starting")."""
+    invocation = start_invocation_id(unit, at, job_id)
+    of_start = _Invocation(invocation)
     entries = [
-        _systemd(at, unit, partial(journalgen.unit_starting, unit, description=description, job_id=job_id)),
-        _systemd(at + 0.002, unit, partial(journalgen.unit_started, unit, description=description, job_id=job_id)),
+        _systemd(at, unit, partial(of_start.unit_starting, unit, description=description, job_id=job_id)),
+        _systemd(at + 0.002, unit, partial(of_start.unit_started, unit, description=description, job_id=job_id)),
     ]
     began = at + 0.004
     lines = engine_start_lines(run, began)
@@ -1115,22 +1136,24 @@ def service_start(unit: str, run: VllmRun, at: float, *, job_id: int = 100, rest
         late = [line for line in lines if line.offset >= late_after]
     for line in lines[:len(lines) - len(late)]:
         entries.append(Planned(began + line.offset, unit, line.message, line.pid, "", line.role,
-                               partial(journalgen.unit_output, unit, line.message, pid=line.pid)))
+                               partial(of_start.unit_output, unit, line.message, pid=line.pid), invocation))
     if stop_after is not None:
         stopping = began + stop_after
-        entries.append(_systemd(stopping, unit, partial(_unit_stopping, unit, description=description, job_id=job_id + 1)))
+        entries.append(_systemd(stopping, unit, partial(_unit_stopping, unit, description=description,
+                                                        job_id=job_id + 1, invocation_id=invocation)))
         if run.era.v1:
             # The engine core exits on SIGTERM; the front end, still waiting for it, reports it.
             out = _Output(run, began)
             out.raw(stop_after + 0.3, API, _frames_text(run.era, _v1_api_frames(run.era), _v1_terminal_message(run.era, failed=False)))
             for line in out.lines:
                 entries.append(Planned(began + line.offset, unit, line.message, line.pid, "", "",
-                                       partial(journalgen.unit_output, unit, line.message, pid=line.pid)))
+                                       partial(of_start.unit_output, unit, line.message, pid=line.pid),
+                                       invocation))
         exited = stopping + 0.6
         entries += [
-            _systemd(exited, unit, partial(journalgen.unit_process_exited, unit, status=1), ROLE_PROCESS_EXIT),
-            _systemd(exited + 0.001, unit, partial(journalgen.unit_failed, unit)),
-            _systemd(exited + 0.002, unit, partial(journalgen.unit_stopped, unit, description=description, job_id=job_id + 1)),
+            _systemd(exited, unit, partial(of_start.unit_process_exited, unit, status=1), ROLE_PROCESS_EXIT),
+            _systemd(exited + 0.001, unit, partial(of_start.unit_failed, unit)),
+            _systemd(exited + 0.002, unit, partial(of_start.unit_stopped, unit, description=description, job_id=job_id + 1)),
         ]
         return ServiceStart(tuple(entries), exited, None)
     if run.failure is None:
@@ -1139,19 +1162,19 @@ def service_start(unit: str, run: VllmRun, at: float, *, job_id: int = 100, rest
     exited = began + last + (0.3 if lines else 0.002)
     status = 203 if run.failure.exec_failed else 1
     entries += [
-        _systemd(exited, unit, partial(journalgen.unit_process_exited, unit, status=status), ROLE_PROCESS_EXIT),
+        _systemd(exited, unit, partial(of_start.unit_process_exited, unit, status=status), ROLE_PROCESS_EXIT),
         _systemd(exited + 0.001, unit,
-                 partial(journalgen.unit_failed, unit, result="exit-code")),
+                 partial(of_start.unit_failed, unit, result="exit-code")),
     ]
     for index, line in enumerate(late):
         entries.append(Planned(exited + late_delay + index * 1e-6, unit, line.message, line.pid, "", line.role,
-                               partial(journalgen.unit_output, unit, line.message, pid=line.pid)))
+                               partial(of_start.unit_output, unit, line.message, pid=line.pid), invocation))
     if restart_counter is None:
         return ServiceStart(tuple(entries), exited, None)
     restart = exited + restart_sec
     entries += [
-        _systemd(restart, unit, partial(journalgen.unit_restart_scheduled, unit, counter=restart_counter)),
-        _systemd(restart + 0.001, unit, partial(journalgen.unit_stopped, unit, description=description, job_id=job_id)),
+        _systemd(restart, unit, partial(of_start.unit_restart_scheduled, unit, counter=restart_counter)),
+        _systemd(restart + 0.001, unit, partial(of_start.unit_stopped, unit, description=description, job_id=job_id)),
     ]
     return ServiceStart(tuple(entries), exited, restart + 0.002)
 
@@ -1227,6 +1250,7 @@ class TrackerEntry:
     from_systemd: bool
     message_id: str
     pid: int  # _PID: the unit's main process, or 1
+    invocation_id: str = ""  # _SYSTEMD_INVOCATION_ID / INVOCATION_ID; '' for journals without it
 
 
 def tracker_entries(placed: Iterable[Placed], *, boot_id: str | None = None,
@@ -1234,7 +1258,7 @@ def tracker_entries(placed: Iterable[Placed], *, boot_id: str | None = None,
     """The entries the journal reader hands over: watched units only, of one boot (None: all)."""
     return [
         TrackerEntry(p.planned.unit, p.realtime_usec, p.planned.message, p.planned.from_systemd, p.planned.message_id,
-                     p.planned.pid)
+                     p.planned.pid, p.planned.invocation_id)
         for p in placed
         if (boot_id is None or p.boot_id == boot_id)
         and any(fnmatch.fnmatchcase(p.planned.unit, glob) for glob in unit_globs)

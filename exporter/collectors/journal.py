@@ -72,11 +72,21 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
     overlaps = CounterMetricFamily("xpu_unit_engine_init_overlaps_total",
                                    "Engine inits of this unit that ran while another watched unit's init ran.",
                                    labels=["unit"])
+    gate_waits = CounterMetricFamily("xpu_unit_gate_waits_total",
+                                     "Starts of this unit the init gate (vllm-xpu-gate) held back.", labels=["unit"])
+    gate_wait_seconds = CounterMetricFamily("xpu_unit_gate_wait_seconds_total",
+                                            "Time this unit's starts spent in the init gate.", labels=["unit"])
+    gate_timeouts = CounterMetricFamily("xpu_unit_gate_timeouts_total",
+                                        "Waits of this unit in the init gate that ran out (--timeout).",
+                                        labels=["unit"])
 
     for view in views:
         unit = [view.unit]
         starts.add_metric(unit, view.starts)
         overlaps.add_metric(unit, view.overlaps)
+        gate_waits.add_metric(unit, view.gate_waits)
+        gate_wait_seconds.add_metric(unit, view.gate_wait_seconds)
+        gate_timeouts.add_metric(unit, view.gate_timeouts)
         for reason in FailureReason:
             failures.add_metric([view.unit, reason.value], view.failures[reason])
         if view.last_failure_usec is not None:
@@ -97,7 +107,7 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
         _add(required, unit, latest.effective_required_bytes)
         _add(concurrency, unit, latest.max_concurrency)
     yield from (info, utilisation, max_model_len, max_num_seqs, budget, kv_bytes, kv_tokens, required, concurrency,
-                starts, failures, last_failure, duration, overlaps)
+                starts, failures, last_failure, duration, overlaps, gate_waits, gate_wait_seconds, gate_timeouts)
 
 
 def _add(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:

@@ -205,7 +205,7 @@ class LevelZeroCollector(Collector):
         log.info("device %s: no %s (%s); %s absent", pci, what, why, metrics + (" are" if " and " in metrics else " is"))
 
     def _untrusted(self, device: DeviceMemory) -> bool:
-        untrusted = all(state.free == state.size for state in device.local_states)
+        untrusted = not device.accounting_trusted
         pci = device.identity.pci_address
         if untrusted and pci not in self._untrusted_logged:
             self._untrusted_logged.add(pci)

@@ -1,11 +1,16 @@
 """Engine starts of watched units, folded from their journal: what each start printed, how it ended,
 and whether it overlapped another unit's init.
 
-Input is the journal in journal order: the unit's own lines (parsed by `exporter.parsers.vllm`) and
-PID 1's records about it.
+Input is the journal in journal order: the unit's own lines (parsed by `exporter.parsers.vllm`; the
+lines of the init gate `vllm-xpu-gate`, by `exporter.parsers.gate`) and PID 1's records about it.
 
-A *start* opens on systemd's "Starting <unit>" record, or on the first vLLM line when no start is
-open (journals without PID 1's records). It ends
+A *start* is one invocation of the unit. Every record of one start carries the same invocation id
+(`_SYSTEMD_INVOCATION_ID` on the unit's output, `INVOCATION_ID` on PID 1's records; a restart gets a
+new one): where the journal has it, it says which start an entry belongs to. A start opens on
+systemd's "Starting <unit>" record, on its "Started" record when no start of that invocation is open
+(a `Type=simple` unit logs only "Started"), or on the first vLLM line of an invocation not seen yet
+(`Type=exec` units' first lines can be stored before "Starting"; journals without PID 1's records).
+Without invocation ids, a vLLM line opens a start only when none is open. A start ends
 - successfully on the init-complete line ("init engine ... took", or uvicorn's "Application startup
   complete" for releases that print no duration);
 - as a failure on the first root cause vLLM printed (counted at once, by reason; the copies vLLM
@@ -29,8 +34,15 @@ cause stored within the grace time that the follower read only after a scrape ha
 `other` (the follower lagging the journal by more than the grace time) counts as `other` live and as
 its cause when read again.
 
-An init runs from its start until its first KV-cache line, its init-complete line or its failure;
-an init that runs while another watched unit's init runs overlaps, and both are counted once.
+A start's *init* begins when the unit's main process starts: at systemd's "Started" record or the
+start's first vLLM line, whichever comes first. Before that the start may run `ExecStartPre=`
+commands, the gate among them: systemd logs "Starting" before they run, they print under their own
+`_PID`, and a unit waiting in its gate is not initialising. The gate's lines (`vllm-xpu-gate: ...`)
+never begin an init; its decisions count per unit (gate waits, seconds, timeouts).
+For the overlap counter an init runs until its first KV-cache line, its init-complete line or its
+failure; an init that runs while another watched unit's init runs overlaps, and both are counted once.
+For the gate a unit is initialising from the same beginning until its init completes or fails
+(`UnitView.initialising_since_usec`): vLLM still allocates during warm-up after the KV-cache line.
 
 A line whose figures are out of the grammar's plausible bounds (`vllm.ImplausibleValue`) is ignored,
 as if it had not been printed, and counted in `EngineTracker.rejected_lines`; the first of each unit
@@ -45,11 +57,12 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
 
-from exporter.parsers import vllm
+from exporter.parsers import gate, vllm
 from exporter.parsers.vllm import FailureReason
 from exporter.systemd import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
-                              MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_STARTING,
-                              MESSAGE_ID_UNIT_STOPPING)
+                              MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_STARTED,
+                              MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED, MESSAGE_ID_UNIT_STOPPING,
+                              MESSAGE_ID_UNIT_SUCCESS)
 
 DEFAULT_MAX_UNITS = 64
 # journald stores a dying process's last lines and PID 1's record of its exit in no defined order
@@ -62,6 +75,11 @@ V0_DEFAULT_BLOCK_SIZE = 16
 # PID 1's records that mean the unit's process is gone: an open start has failed.
 MESSAGE_IDS_START_ENDED = frozenset({MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_PROCESS_EXIT,
                                      MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_RESTART_SCHEDULED})
+# PID 1's records after which the start's processes are gone, whatever its outcome.
+MESSAGE_IDS_PROCESS_GONE = MESSAGE_IDS_START_ENDED | {MESSAGE_ID_UNIT_STOPPED, MESSAGE_ID_UNIT_SUCCESS}
+# Starts remembered per unit by invocation id: lines of older ones are dropped, and the gate asks
+# whether a lease's invocation has ended.
+REMEMBERED_INVOCATIONS = 16
 
 
 class Outcome(StrEnum):
@@ -81,6 +99,7 @@ class Entry(Protocol):
     from_systemd: bool
     message_id: str
     pid: int | None
+    invocation_id: str  # '' when the entry has none
 
 
 @dataclass(eq=False)
@@ -105,10 +124,14 @@ class Start:
     profiled_peak_bytes: int | None = None
     init_duration_seconds: float | None = None
     pid: int | None = None  # the main process (journald's _PID of the unit's output)
+    invocation_id: str = ""  # systemd's invocation id of the start; '' when the journal has none
+    announced: bool = False  # systemd's "Starting" record of this start was read
+    main_began_usec: int | None = None  # the main process started: the init began (None: not yet)
+    process_gone: bool = False  # PID 1 said the start's processes are gone (exited, failed, stopped)
     outcome: Outcome | None = None  # None while initialising
     pending_since_usec: int | None = None  # failed per systemd; counted once its cause is known or late
     late_line_usec: int | None = None  # when a line of this start last came after its end
-    initialising: bool = True  # the overlap window: until the first KV line, init done or failure
+    initialising: bool = False  # the overlap window: from main_began_usec to the first KV line, done or failure
     overlapped: bool = False
 
     def awaits_late_lines(self, now_usec: int) -> bool:
@@ -164,10 +187,29 @@ class UnitView:
     overlaps: int
     latest: Start | None  # the latest start that printed anything
     last_success: Start | None
+    current: Start | None = None  # the latest start, printed or not
+    invocations_ended: Mapping[str, bool] = field(default_factory=dict)  # recent invocation id -> has ended
+    gate_waits: int = 0  # starts the gate held back (timeouts included)
+    gate_wait_seconds: float = 0.0  # seconds of every gate decision
+    gate_timeouts: int = 0
 
     @property
     def gpu_memory_utilization(self) -> float | None:
         return self.latest.effective_gpu_memory_utilization if self.latest else None
+
+    @property
+    def initialising_since_usec(self) -> int | None:
+        """When the init of the unit's current start began, while it has neither completed nor failed;
+        None when the unit is not initialising (also while it waits in its gate)."""
+        current = self.current
+        if current is None or current.outcome is not None:
+            return None
+        return current.main_began_usec
+
+    def invocation_ended(self, invocation_id: str) -> bool | None:
+        """Whether that start of the unit has ended (init done or failed, stopped, or a later start
+        began); None when the journal has not shown it (yet)."""
+        return self.invocations_ended.get(invocation_id)
 
 
 @dataclass
@@ -181,11 +223,18 @@ class _Unit:
     previous: Start | None = None  # the start before current: its late lines are routed by pid
     latest: Start | None = None
     last_success: Start | None = None
+    invocations: dict[str, Start] = field(default_factory=dict)  # the latest REMEMBERED_INVOCATIONS starts
+    gate_waits: int = 0
+    gate_wait_seconds: float = 0.0
+    gate_timeouts: int = 0
 
     def view(self) -> UnitView:
         copy = (lambda start: replace(start) if start else None)
+        ended = {invocation: start is not self.current or start.outcome is not None
+                 for invocation, start in self.invocations.items()}
         return UnitView(self.name, self.starts, dict(self.failures), self.last_failure_usec, self.overlaps,
-                        copy(self.latest), copy(self.last_success))
+                        copy(self.latest), copy(self.last_success), copy(self.current), ended,
+                        self.gate_waits, self.gate_wait_seconds, self.gate_timeouts)
 
 
 class EngineTracker:
@@ -224,6 +273,9 @@ class EngineTracker:
         if entry.from_systemd:
             self._systemd_record(unit, entry)
             return
+        if gate.is_gate_line(entry.message):
+            self._gate_line(unit, entry.message)
+            return
         event = vllm.parse_line(entry.message)
         if event is None:
             return
@@ -231,24 +283,18 @@ class EngineTracker:
             self.rejected_lines += 1
             self.first_rejections.setdefault(unit.name, event)
             return
-        pid = entry.pid
-        late = unit.previous
-        if late is not None and pid is not None and late.pid == pid != unit.current.pid and \
-                late.awaits_late_lines(entry.realtime_usec):
-            # the restart's "Starting" was stored before the failed process's last lines
-            self._late_line(unit, late, event, entry.realtime_usec)
+        start = self._start_of_line(unit, entry, event)
+        if start is None:
             return
-        start = unit.current
-        if start is None or (start.outcome is not None and (pid is None or start.pid != pid)
-                             and _opens_a_start(event)):
-            start = self._open(unit, entry.realtime_usec)
         if start.outcome is not None:
             self._late_line(unit, start, event, entry.realtime_usec)
             return
+        pid = entry.pid
         if start.pid is None:
             start.pid = pid
             if unit.previous is not None and unit.previous.pending_since_usec is not None:
                 self._count(unit, unit.previous, FailureReason.OTHER, unit.previous.pending_since_usec)
+        self._main_began(unit, start, entry.realtime_usec)
         start.printed = True
         unit.latest = start
         _record(start, event)
@@ -290,15 +336,86 @@ class EngineTracker:
             unit = self._units[name] = _Unit(name)
         return unit
 
+    def _start_of_line(self, unit: _Unit, entry: Entry, event: vllm.Event) -> Start | None:
+        """The start a vLLM line belongs to, opened if the line begins one; None when the line was taken
+        as a late line of the previous start, or belongs to an older one (dropped)."""
+        pid = entry.pid
+        late = unit.previous
+        current = unit.current
+        if late is not None and pid is not None and late.pid == pid and current is not None and \
+                current.pid != pid and late.awaits_late_lines(entry.realtime_usec):
+            # the restart's "Starting" was stored before the failed process's last lines
+            self._late_line(unit, late, event, entry.realtime_usec)
+            return None
+        invocation = entry.invocation_id
+        if invocation:
+            known = unit.invocations.get(invocation)
+            if known is not None:
+                if known is current:
+                    return current
+                if known is late and late.awaits_late_lines(entry.realtime_usec):
+                    self._late_line(unit, late, event, entry.realtime_usec)
+                return None
+            if current is not None and current.outcome is None and not current.invocation_id:
+                self._name_invocation(unit, current, invocation)
+                return current
+            return self._open(unit, entry.realtime_usec, invocation)
+        if current is None or (current.outcome is not None and (pid is None or current.pid != pid)
+                               and _opens_a_start(event)):
+            return self._open(unit, entry.realtime_usec, "")
+        return current
+
     def _systemd_record(self, unit: _Unit, entry: Entry) -> None:
         start = unit.current
-        if entry.message_id == MESSAGE_ID_UNIT_STARTING:
-            self._open(unit, entry.realtime_usec)
-        elif start is not None and start.outcome is None:
-            if entry.message_id in MESSAGE_IDS_START_ENDED:
-                self._end(start, Outcome.FAILED, entry.realtime_usec, pending=True)
-            elif entry.message_id == MESSAGE_ID_UNIT_STOPPING:
-                self._end(start, Outcome.STOPPED, entry.realtime_usec)
+        invocation = entry.invocation_id
+        message_id = entry.message_id
+        same = start is not None and bool(invocation) and start.invocation_id == invocation
+        if message_id == MESSAGE_ID_UNIT_STARTING:
+            if same and not start.announced:
+                start.announced = True  # its first lines were stored before the record (Type=exec)
+                return
+            if invocation and invocation in unit.invocations and not same:
+                return  # a record of an older start
+            self._open(unit, entry.realtime_usec, invocation).announced = True
+        elif message_id == MESSAGE_ID_UNIT_STARTED:
+            if same or (start is not None and start.outcome is None and not (invocation and start.invocation_id)):
+                if start.outcome is None:
+                    if invocation and not start.invocation_id:
+                        self._name_invocation(unit, start, invocation)
+                    self._main_began(unit, start, entry.realtime_usec)
+                return
+            if invocation and invocation in unit.invocations:
+                return  # a record of an older start
+            if invocation or start is None or start.process_gone:
+                # Type=simple: "Started" is the first record of a start; the main process runs
+                self._main_began(unit, self._open(unit, entry.realtime_usec, invocation), entry.realtime_usec)
+        else:
+            if invocation and not same:
+                older = unit.invocations.get(invocation)
+                if older is not None and message_id in MESSAGE_IDS_PROCESS_GONE:
+                    older.process_gone = True
+                if older is not None or start is None or start.invocation_id:
+                    return  # about another start than the current one
+            if start is None:
+                return
+            if message_id in MESSAGE_IDS_PROCESS_GONE:
+                start.process_gone = True
+            if start.outcome is None:
+                if message_id in MESSAGE_IDS_START_ENDED:
+                    self._end(start, Outcome.FAILED, entry.realtime_usec, pending=True)
+                elif message_id == MESSAGE_ID_UNIT_STOPPING:
+                    self._end(start, Outcome.STOPPED, entry.realtime_usec)
+
+    def _gate_line(self, unit: _Unit, message: str) -> None:
+        """A line of the unit's init gate (an ExecStartPre= process): its decisions count per unit."""
+        decision = gate.parse_line(message)
+        if decision is None:
+            return
+        unit.gate_wait_seconds += decision.seconds
+        if decision.held_back or decision.timed_out:
+            unit.gate_waits += 1
+        if decision.timed_out:
+            unit.gate_timeouts += 1
 
     def _late_line(self, unit: _Unit, start: Start, event: vllm.Event, when_usec: int) -> None:
         """A line of a start that already ended: copies of its cause, wrappers, runtime lines; or its root
@@ -312,7 +429,8 @@ class EngineTracker:
         elif isinstance(event, vllm.FailureWrapper) and event.terminal:
             self._count(unit, start, FailureReason.OTHER, when_usec)
 
-    def _open(self, unit: _Unit, when_usec: int) -> Start:
+    def _open(self, unit: _Unit, when_usec: int, invocation: str) -> Start:
+        """A new start of the unit; its init begins later (`_main_began`)."""
         previous = unit.current
         if previous is not None and previous.outcome is None:
             self._end(previous, Outcome.FAILED, when_usec, pending=True)
@@ -320,7 +438,24 @@ class EngineTracker:
             self._count(unit, unit.previous, FailureReason.OTHER, unit.previous.pending_since_usec)
         unit.previous = previous
         start = unit.current = Start(began_usec=when_usec)
-        if self._initialising:  # other units' inits: this unit's was ended above
+        if invocation:
+            self._name_invocation(unit, start, invocation)
+        return start
+
+    @staticmethod
+    def _name_invocation(unit: _Unit, start: Start, invocation: str) -> None:
+        start.invocation_id = invocation
+        unit.invocations[invocation] = start
+        if len(unit.invocations) > REMEMBERED_INVOCATIONS:
+            del unit.invocations[next(iter(unit.invocations))]
+
+    def _main_began(self, unit: _Unit, start: Start, when_usec: int) -> None:
+        """The start's main process runs: its init begins, and with it the overlap window."""
+        if start.main_began_usec is not None or start.outcome is not None:
+            return
+        start.main_began_usec = when_usec
+        start.initialising = True
+        if self._initialising:  # other units' inits: this unit's earlier start has ended
             self._overlapped(unit, start)
             for other_start, other in self._awaiting_overlap.items():
                 self._overlapped(other, other_start)
@@ -328,7 +463,6 @@ class EngineTracker:
         else:
             self._awaiting_overlap[start] = unit
         self._initialising[start] = unit
-        return start
 
     def _settle_unit(self, unit: _Unit, now_usec: int) -> None:
         """Count as `other` the failed starts whose root cause has not turned up within the grace time."""

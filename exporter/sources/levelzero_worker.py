@@ -245,6 +245,13 @@ class DeviceMemory:
         local = self.local_states
         return sum(state.free for state in local) if local else None
 
+    @property
+    def accounting_trusted(self) -> bool:
+        """False when the driver cannot report real usage: free == total on every device-local module
+        (i915/xe without CAP_PERFMON), or no module state was read."""
+        local = self.local_states
+        return bool(local) and not all(state.free == state.size for state in local)
+
 
 @dataclass(frozen=True)
 class DeviceProcesses:

@@ -1,0 +1,106 @@
+"""Flags the exporter and the init gate (`vllm-xpu-gate`) share, defined once: Level Zero, the journal and
+the host's procfs, with the argument types they use. Both command lines add them with the functions
+below, so a flag has one spelling, one default and one check wherever it is given."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from exporter.durations import parse_go_duration
+from exporter.fold.engine_starts import DEFAULT_MAX_UNITS
+from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection, normalize_boot
+from exporter.sources.levelzero import DEFAULT_LIBRARY
+from exporter.sources.levelzero_worker import DEFAULT_TIMEOUT_S
+
+EXIT_USAGE = 2
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Bad input gets one line naming the problem and exit status 2, not the whole usage text."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def parse_duration(value: str) -> float:
+    """A Go duration as the Prometheus tools take them (500ms, 4s, 1m30s), or a bare number of seconds."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parse_go_duration(value)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"duration must be positive, got {value!r}")
+    return seconds
+
+
+def parse_boot(value: str) -> str:
+    try:
+        return normalize_boot(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"want a positive whole number, got {value!r}")
+    return number
+
+
+def add_levelzero_flags(parser: argparse.ArgumentParser) -> None:
+    """--levelzero.library, --levelzero.timeout (dest levelzero_library, levelzero_timeout)."""
+    levelzero = parser.add_argument_group("levelzero")
+    levelzero.add_argument("--levelzero.library", dest="levelzero_library", default=DEFAULT_LIBRARY,
+                           metavar="LIBRARY", help="Level Zero loader to dlopen")
+    levelzero.add_argument("--levelzero.timeout", dest="levelzero_timeout", type=parse_duration,
+                           default=DEFAULT_TIMEOUT_S,
+                           metavar="DURATION", help="give up on a Level Zero read after this long (driver hang)")
+
+
+def add_journal_flags(parser: argparse.ArgumentParser) -> None:
+    """--journal.directory, .file, .units, .max-units, .boot; check them with `journal_selection`."""
+    journal = parser.add_argument_group("journal")
+    journal.add_argument("--journal.directory", dest="journal_directory", default=None, metavar="DIR",
+                         help="read the journal from this directory instead of the system journal")
+    journal.add_argument("--journal.file", dest="journal_files", action="append", default=[], metavar="FILE",
+                         help="read these journal files instead (repeatable)")
+    journal.add_argument("--journal.units", dest="journal_units", action="append", default=None, metavar="GLOB",
+                         help=f"shell glob of the systemd units whose engine logs are read (repeatable; "
+                              f"default {' '.join(DEFAULT_UNIT_GLOBS)})")
+    journal.add_argument("--journal.max-units", dest="journal_max_units", type=positive_int,
+                         default=DEFAULT_MAX_UNITS,
+                         metavar="N", help="watch at most this many units; further ones are counted in "
+                                           "xpu_exporter_journal_units_dropped_total")
+    journal.add_argument("--journal.boot", dest="journal_boot", type=parse_boot, default="current", metavar="BOOT",
+                         help="current (this kernel's boot), all, or a boot id")
+
+
+def check_journal_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The checks that involve more than one journal flag (parser.error: exit 2 with one line)."""
+    if args.journal_directory and args.journal_files:
+        parser.error("--journal.directory and --journal.file cannot be used together")
+    if args.journal_units is not None and not all(glob.strip() for glob in args.journal_units):
+        parser.error("argument --journal.units: empty glob")
+
+
+def journal_unit_globs(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(args.journal_units or DEFAULT_UNIT_GLOBS)
+
+
+def journal_selection(args: argparse.Namespace, extra_units: Sequence[str] = ()) -> JournalSelection:
+    """The journal the flags select; `extra_units` are watched besides the globs."""
+    return JournalSelection(directory=args.journal_directory, files=tuple(args.journal_files),
+                            unit_globs=(*journal_unit_globs(args), *extra_units), boot=args.journal_boot)
+
+
+def add_procfs_flag(parser: argparse.ArgumentParser) -> None:
+    host = parser.add_argument_group("host")
+    host.add_argument("--path.procfs", dest="procfs", default="/proc", metavar="PATH",
+                      help="where the host's /proc is mounted")

@@ -1,0 +1,623 @@
+"""`vllm-xpu-gate`: an `ExecStartPre=` gate that lets a vLLM unit's engine start only when no other watched
+unit on the same GPU is initialising and enough device memory is free, and otherwise waits.
+
+    ExecStartPre=+/opt/vllm-xpu-exporter/bin/vllm-xpu-gate --unit %n --timeout 10m
+
+It reads the same journal through the same fold as the exporter (`JournalFollower` over
+`exporter.fold.engine_starts`) to know which watched units are initialising (main process started, init
+neither completed nor failed; a unit waiting in its own gate is not), and Level Zero, in a child
+(`LevelZeroWorker`), for free and total memory. It needs no running exporter.
+
+Decision, per device: release (exit 0) once no other watched unit on the device is initialising, no other
+unit holds the device's lease, and free memory is at least ceil(R x total), R from
+--gpu-memory-utilization or what the unit's latest start printed (unknown R: only inits are waited for).
+Two gates never release together: each decides holding an flock on `<lease dir>/<device>.lock`, and a
+release writes `<lease dir>/<device>.lease` naming the unit and its invocation id ($INVOCATION_ID, which
+systemd sets for ExecStartPre= commands). The lease holds from release until that invocation's init
+completes or fails in the journal, the unit's process is gone (the journal or systemctl says so), or the
+lease times out (--lease-timeout); a stale lease never blocks anyone, and a unit's own lease never blocks
+it. On hosts with several GPUs a unit counts on the devices its processes hold DRM clients on (procfs) or
+its lease names; a unit whose device is unknown counts on every device.
+
+A gate that cannot read the journal or Level Zero, or whose device reports untrusted memory accounting,
+says so and releases at once: it never strands a unit. After --timeout it exits 0 with a warning
+(--on-timeout start, the default) or 1 (fail). Bad flags exit 2 with one line. Every line it writes
+(stderr: the unit's journal) begins with "vllm-xpu-gate: "; the decision lines are written and read by
+`exporter.parsers.gate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TextIO
+
+from exporter import __version__
+from exporter.durations import parse_go_duration
+from exporter.flags import (OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
+                            check_journal_flags, journal_selection)
+from exporter.fold.engine_starts import UnitView
+from exporter.parsers import gate as gate_lines
+from exporter.pci import normalise_pci_address
+from exporter.sources import procfs
+from exporter.sources.journal import JournalSelection
+from exporter.sources.journal.follower import STILL_READING, JournalFollower, JournalState
+from exporter.sources.levelzero_worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState
+from exporter.systemd import parse_timespan
+
+PROG = "vllm-xpu-gate"
+EXIT_RELEASED = 0
+EXIT_TIMED_OUT = 1  # --on-timeout fail
+EXIT_USAGE = 2
+DEFAULT_TIMEOUT = "10m"
+DEFAULT_LEASE_TIMEOUT = "10m"
+DEFAULT_LEASE_DIRECTORY = "/run/vllm-xpu-gate"
+DEFAULT_POLL_INTERVAL = "500ms"
+SYSTEMCTL_TIMEOUT_S = 5.0
+# systemd's states of a unit whose processes are gone.
+UNIT_GONE_ACTIVE_STATES = frozenset({"inactive", "failed"})
+UNIT_GONE_SUB_STATES = frozenset({"auto-restart", "dead", "failed"})
+
+
+# ----------------------------------------------------------------------------------------- flags
+
+@dataclass(frozen=True)
+class GateOptions:
+    unit: str
+    device: str | None
+    gpu_memory_utilization: float | None
+    timeout: float
+    start_on_timeout: bool
+    selection: JournalSelection
+    journal_max_units: int
+    levelzero_library: str
+    levelzero_timeout: float
+    procfs: str
+    lease_directory: str
+    lease_timeout: float
+    poll_interval: float
+    invocation_id: str  # $INVOCATION_ID; '' when not run by systemd
+
+
+def unit_name(value: str) -> str:
+    if not value or any(character.isspace() or character == "/" for character in value):
+        raise argparse.ArgumentTypeError(f"not a unit name: {value!r}")
+    return value
+
+
+def pci_address(value: str) -> str:
+    address = normalise_pci_address(value)
+    if address is None:
+        raise argparse.ArgumentTypeError(f"not a PCI address: {value!r} (e.g. 0000:03:00.0)")
+    return address
+
+
+def ratio(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not 0 < number <= 1:
+        raise argparse.ArgumentTypeError(f"want a number above 0 and at most 1, got {value!r}")
+    return number
+
+
+def go_duration(value: str) -> float:
+    """A Go duration (10m, 1m30s, 500ms), 0 or more."""
+    try:
+        return parse_go_duration(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def positive_go_duration(value: str) -> float:
+    seconds = go_duration(value)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"duration must be positive, got {value!r}")
+    return seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog=PROG,
+        description="ExecStartPre= gate for vLLM units: wait until no other watched unit on the GPU is "
+                    "initialising and enough memory is free (see docs/gate.md).")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument("--unit", required=True, type=unit_name, metavar="UNIT",
+                        help="the gated unit (%%n in the unit file)")
+    parser.add_argument("--device", type=pci_address, default=None, metavar="BDF",
+                        help="PCI address of the unit's GPU (default: the only GPU; required with several)")
+    parser.add_argument("--gpu-memory-utilization", dest="gpu_memory_utilization", type=ratio, default=None,
+                        metavar="R", help="free memory needed is ceil(R x total) (default: what the unit's latest "
+                                          "start printed)")
+    parser.add_argument("--timeout", type=go_duration, default=go_duration(DEFAULT_TIMEOUT), metavar="DURATION",
+                        help=f"give up waiting after this long (Go duration; default {DEFAULT_TIMEOUT})")
+    parser.add_argument("--on-timeout", dest="on_timeout", choices=("start", "fail"), default="start",
+                        help="after --timeout: let the unit start (exit 0, the default) or fail its start (exit 1)")
+    parser.add_argument("--lease-directory", dest="lease_directory", default=DEFAULT_LEASE_DIRECTORY,
+                        metavar="DIR", help=f"where the per-device lock and lease files are, made by the gate "
+                                             f"(default {DEFAULT_LEASE_DIRECTORY})")
+    parser.add_argument("--lease-timeout", dest="lease_timeout", type=positive_go_duration,
+                        default=positive_go_duration(DEFAULT_LEASE_TIMEOUT), metavar="DURATION",
+                        help=f"a lease the journal never shows ending stops holding after this long "
+                             f"(default {DEFAULT_LEASE_TIMEOUT})")
+    parser.add_argument("--poll-interval", dest="poll_interval", type=positive_go_duration,
+                        default=positive_go_duration(DEFAULT_POLL_INTERVAL), metavar="DURATION",
+                        help=f"how often a waiting gate looks again (default {DEFAULT_POLL_INTERVAL})")
+    add_journal_flags(parser)
+    add_levelzero_flags(parser)
+    add_procfs_flag(parser)
+    return parser
+
+
+def parse_options(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> GateOptions:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_journal_flags(parser, args)
+    return GateOptions(
+        unit=args.unit,
+        device=args.device,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        timeout=args.timeout,
+        start_on_timeout=args.on_timeout == "start",
+        # the unit itself is read whatever the globs: its latest start says its gpu_memory_utilization
+        selection=journal_selection(args, extra_units=(args.unit,)),
+        journal_max_units=args.journal_max_units,
+        levelzero_library=args.levelzero_library,
+        levelzero_timeout=args.levelzero_timeout,
+        procfs=args.procfs,
+        lease_directory=args.lease_directory,
+        lease_timeout=args.lease_timeout,
+        poll_interval=args.poll_interval,
+        invocation_id=environ.get("INVOCATION_ID", "").strip(),
+    )
+
+
+# ---------------------------------------------------------------------------------------- output
+
+class Output:
+    """Lines on stderr (the unit's journal), each beginning with "vllm-xpu-gate: "."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def say(self, text: str) -> None:
+        self._stream.write(gate_lines.PREFIX + " ".join(text.splitlines()) + "\n")
+        self._stream.flush()
+
+    def warn(self, text: str) -> None:
+        self.say(f"warning: {text}")
+
+    def line(self, line: str) -> None:
+        """A line formatted by exporter.parsers.gate (prefix included)."""
+        self._stream.write(line + "\n")
+        self._stream.flush()
+
+
+class _PrefixedFormatter(logging.Formatter):
+    """The sources' log records (the journal follower's warnings) as gate lines: one line, prefixed."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{gate_lines.PREFIX}{record.levelname.lower()}: " + " ".join(record.getMessage().splitlines())
+
+
+# ---------------------------------------------------------------------------------------- systemd
+
+def systemctl_show(unit: str, *properties: str) -> dict[str, str] | None:
+    """`systemctl show -p ... unit` as a dict; None when there is no systemctl or it cannot answer."""
+    systemctl = shutil.which("systemctl")
+    if systemctl is None:
+        return None
+    try:
+        completed = subprocess.run([systemctl, "show", *(f"--property={name}" for name in properties), "--", unit],
+                                   capture_output=True, text=True, timeout=SYSTEMCTL_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if completed.returncode != 0:
+        return None
+    values = dict(line.partition("=")[::2] for line in completed.stdout.splitlines() if "=" in line)
+    return values if all(name in values for name in properties) else None
+
+
+def unit_start_timeout(unit: str) -> float | None:
+    """The unit's TimeoutStartSec= in seconds (inf: none); None when systemctl cannot say."""
+    shown = systemctl_show(unit, "TimeoutStartUSec")
+    if shown is None:
+        return None
+    try:
+        return parse_timespan(shown["TimeoutStartUSec"])
+    except ValueError:
+        return None
+
+
+def unit_gone(unit: str, invocation_id: str) -> bool | None:
+    """Whether that invocation of the unit has no process any more per systemd (stopped, failed, waiting
+    to restart, or a later invocation runs); None when systemctl cannot say."""
+    shown = systemctl_show(unit, "ActiveState", "SubState", "InvocationID")
+    if shown is None:
+        return None
+    if invocation_id and shown["InvocationID"] and shown["InvocationID"] != invocation_id:
+        return True
+    return shown["ActiveState"] in UNIT_GONE_ACTIVE_STATES or shown["SubState"] in UNIT_GONE_SUB_STATES
+
+
+# ---------------------------------------------------------------------------------------- leases
+
+@dataclass(frozen=True)
+class Lease:
+    """A device's lease: the unit released last and its invocation, until when it holds at most."""
+
+    device: str
+    unit: str
+    invocation_id: str
+    granted_usec: int  # wall clock, as the journal's realtime
+    expires_usec: int
+    gate_pid: int
+
+    @classmethod
+    def read(cls, path: Path) -> Lease | None:
+        """The lease in the file, or None when there is none (missing, or not a lease: ignored)."""
+        try:
+            data = json.loads(path.read_text())
+            return cls(str(data["device"]), str(data["unit"]), str(data["invocation_id"]), int(data["granted_usec"]),
+                       int(data["expires_usec"]), int(data["gate_pid"]))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+    def write(self, path: Path) -> None:
+        """Atomically (a reader sees the old lease or the new one, never part of one)."""
+        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(descriptor, "w") as file:
+                json.dump(asdict(self), file)
+            os.chmod(temporary, 0o644)
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+
+
+def lease_ended(lease: Lease, views: Mapping[str, UnitView], now_usec: int,
+                gone: Callable[[str, str], bool | None] = unit_gone) -> str | None:
+    """Why the lease no longer holds, or None while it does."""
+    if now_usec >= lease.expires_usec:
+        return "timed out"
+    view = views.get(lease.unit)
+    if view is not None:
+        if lease.invocation_id:
+            if view.invocation_ended(lease.invocation_id):
+                return "its init ended"
+        elif view.current is not None and view.current.began_usec >= lease.granted_usec and \
+                view.current.outcome is not None:
+            return "its init ended"
+    if gone(lease.unit, lease.invocation_id):
+        return "its unit is not running"
+    return None
+
+
+class LeaseDirectory:
+    """`<directory>/<device>.lock` (flock: one gate decides at a time) and `<device>.lease`."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = Path(directory)
+
+    def prepare(self) -> None:
+        """Make the directory (mode 0755) if it does not exist; OSError if it cannot be used."""
+        self.path.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if not os.access(self.path, os.W_OK | os.X_OK):
+            raise PermissionError(f"{self.path} is not writable")
+
+    @contextlib.contextmanager
+    def locked(self, device: str, deadline: float) -> Iterator[bool]:
+        """Hold the device's lock; yields False when it could not be had before `deadline`."""
+        descriptor = os.open(self.path / f"{device}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            while True:
+                try:
+                    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        yield False
+                        return
+                    time.sleep(0.02)
+            yield True
+        finally:
+            os.close(descriptor)  # releases the lock
+
+    def lease(self, device: str) -> Lease | None:
+        return Lease.read(self.path / f"{device}.lease")
+
+    def leases(self) -> list[Lease]:
+        try:
+            paths = sorted(self.path.glob("*.lease"))
+        except OSError:
+            return []
+        return [lease for lease in map(Lease.read, paths) if lease is not None]
+
+    def grant(self, lease: Lease) -> None:
+        lease.write(self.path / f"{lease.device}.lease")
+
+
+# ---------------------------------------------------------------------------------------- decision
+
+@dataclass(frozen=True)
+class Decision:
+    """What holds the start back now: units (initialising, or holding the lease) and memory."""
+
+    units: tuple[str, ...]
+    memory_short: bool
+    free_bytes: int | None
+    needed_bytes: int | None
+
+    @property
+    def release(self) -> bool:
+        return not self.units and not self.memory_short
+
+    @property
+    def waiting_for(self) -> tuple[str, ...]:
+        return self.units + ((gate_lines.MEMORY,) if self.memory_short else ())
+
+
+def decide(unit: str, device: str, views: Sequence[UnitView], lease_holder: str | None,
+           devices_of_units: Mapping[str, set[str]] | None, memory: DeviceMemory | None,
+           gpu_memory_utilization: float | None) -> Decision:
+    """The decision for `unit` on `device`. `devices_of_units`: the devices each unit is known to use
+    (None: one GPU, every unit is on it); a unit not in it counts on every device."""
+    initialising = sorted((view.initialising_since_usec, view.unit) for view in views
+                          if view.unit != unit and view.initialising_since_usec is not None
+                          and device in (devices_of_units or {}).get(view.unit, {device}))
+    units = [name for _, name in initialising]
+    if lease_holder is not None and lease_holder != unit and lease_holder not in units:
+        units.append(lease_holder)
+    free = memory.free if memory is not None else None
+    total = memory.total if memory is not None else None
+    needed = math.ceil(gpu_memory_utilization * total) if gpu_memory_utilization and total else None
+    return Decision(tuple(units), needed is not None and free is not None and free < needed, free, needed)
+
+
+def devices_of_units(procfs_root: str, leases: Sequence[Lease]) -> dict[str, set[str]]:
+    """unit -> the GPUs its processes hold DRM clients on (DRM fdinfo), and the device of its lease."""
+    devices: dict[str, set[str]] = {}
+    try:
+        scan = procfs.scan_drm_clients(procfs_root)
+    except procfs.ProcfsUnavailable:
+        scan = None
+    for device, units in (scan.memory_by_device_unit.items() if scan else ()):
+        for name in units:
+            devices.setdefault(name, set()).add(device)
+    for lease in leases:
+        devices.setdefault(lease.unit, set()).add(lease.device)
+    return devices
+
+
+# ---------------------------------------------------------------------------------------- the gate
+
+class Unavailable(Exception):
+    """A source the decision needs cannot be read: the gate releases at once (the message says why)."""
+
+
+class Gate:
+    def __init__(self, options: GateOptions, output: Output) -> None:
+        self.options = options
+        self.output = output
+        self.began = time.monotonic()
+        self.deadline = self.began + options.timeout
+        self.journal = JournalFollower(options.selection, options.journal_max_units)
+        self.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout)
+        self.leases: LeaseDirectory | None = LeaseDirectory(options.lease_directory)
+        self.device: str | None = options.device
+        self.gpus: list[str] = []  # every GPU's PCI address
+        self.waited_for: dict[str, None] = {}  # in the order first met
+        self.last: Decision | None = None
+
+    def run(self) -> int:
+        self.journal.start()
+        self.levelzero.start()
+        try:
+            return self._run()
+        finally:
+            self.journal.stop(timeout=1.0)
+            self.levelzero.close()
+
+    def _run(self) -> int:
+        try:
+            self.leases.prepare()
+        except OSError as error:
+            self.output.warn(f"cannot use the lease directory {self.options.lease_directory} ({error}): deciding "
+                             f"without a lock or lease, so another gate may release at the same time")
+            self.leases = None
+        try:
+            state = self._journal_read()
+            devices = self._first_memory_reading()
+        except Unavailable as unavailable:
+            self.output.warn(f"{unavailable}: releasing at once")
+            return self._release(None)
+        memory = self._choose_device(devices)
+        if memory is None:
+            return EXIT_USAGE
+        if not memory.accounting_trusted:
+            self.output.warn(f"device {self.device} reports free == total memory (untrusted memory accounting: the "
+                             f"gate needs root or CAP_PERFMON, e.g. ExecStartPre=+...): releasing at once")
+            return self._release(None)
+        ratio = self.options.gpu_memory_utilization
+        own = next((view for view in state.views if view.unit == self.options.unit), None)
+        if ratio is None and own is not None:
+            ratio = own.gpu_memory_utilization
+        if ratio is None:
+            self.output.say(f"no gpu_memory_utilization known for {self.options.unit} (none given, none in the "
+                            f"journal): waiting only for other units' inits")
+        while True:
+            try:
+                decision, released = self._decide_and_maybe_release(ratio)
+            except Unavailable as unavailable:
+                self.output.warn(f"{unavailable}: releasing at once")
+                return self._release(None)
+            if released:
+                return EXIT_RELEASED
+            if decision is not None:
+                self._note_wait(decision)
+            if time.monotonic() >= self.deadline:
+                return self._time_out()
+            time.sleep(min(self.options.poll_interval, max(0.0, self.deadline - time.monotonic())))
+
+    # --- sources ---------------------------------------------------------------------------------
+
+    def _journal_read(self) -> JournalState:
+        """The fold once the journal has been read up to now; Unavailable if it cannot be read."""
+        while True:
+            state = self.journal.state()
+            if state.error is None:
+                return state
+            if state.error != STILL_READING:
+                raise Unavailable(f"cannot read the journal ({state.error})")
+            if time.monotonic() >= self.deadline:
+                raise Unavailable(f"the journal was not read within --timeout ({self.options.timeout:g}s)")
+            time.sleep(0.02)
+
+    def _first_memory_reading(self) -> list[DeviceMemory]:
+        """Level Zero's first reading (its child initialises first); Unavailable if it cannot be read."""
+        while True:
+            try:
+                return self.levelzero.read_memory()
+            except LevelZeroUnavailable as error:
+                initialising = self.levelzero.state in (WorkerState.INITIALISING, WorkerState.READY)
+                if not initialising or time.monotonic() >= self.deadline:
+                    raise Unavailable(f"cannot read Level Zero ({error})") from None
+                time.sleep(0.05)
+
+    def _memory(self) -> DeviceMemory:
+        try:
+            devices = self.levelzero.read_memory()
+        except LevelZeroUnavailable as error:
+            raise Unavailable(f"cannot read Level Zero ({error})") from None
+        memory = next((reading for reading in devices if reading.identity.pci_address == self.device), None)
+        if memory is None or memory.free is None or memory.total is None:
+            error = memory.error if memory is not None else "the GPU is gone"
+            raise Unavailable(f"cannot read the memory of {self.device} ({error})")
+        return memory
+
+    def _choose_device(self, devices: list[DeviceMemory]) -> DeviceMemory | None:
+        """The gated GPU's reading; None (after one line) when --device is missing or names no GPU."""
+        addresses = self.gpus = [reading.identity.pci_address for reading in devices]
+        if self.device is None:
+            if len(devices) != 1:
+                self.output.say(f"error: {len(devices)} GPUs ({', '.join(addresses) or 'none'}): --device is "
+                                f"required" if devices else "error: Level Zero reports no GPU")
+                return None
+            self.device = addresses[0]
+        memory = next((reading for reading in devices if reading.identity.pci_address == self.device), None)
+        if memory is None:
+            self.output.say(f"error: --device {self.device}: no such GPU (GPUs: {', '.join(addresses) or 'none'})")
+        return memory
+
+    # --- deciding --------------------------------------------------------------------------------
+
+    def _decide_and_maybe_release(self, ratio: float | None) -> tuple[Decision | None, bool]:
+        assert self.device is not None
+        if self.leases is None:
+            decision = self._decision(ratio, lease=None)
+            if decision.release:
+                self._release(decision)
+            return decision, decision.release
+        with self.leases.locked(self.device, self.deadline) as locked:
+            if not locked:
+                return None, False
+            decision = self._decision(ratio, self.leases.lease(self.device))
+            if decision.release:
+                self.leases.grant(Lease(self.device, self.options.unit, self.options.invocation_id, now_usec(),
+                                        now_usec() + round(self.options.lease_timeout * 1e6), os.getpid()))
+                self._release(decision)
+            return decision, decision.release
+
+    def _decision(self, ratio: float | None, lease: Lease | None) -> Decision:
+        state = self.journal.state()
+        if state.error is not None:
+            raise Unavailable(f"cannot read the journal now ({state.error})")
+        views = {view.unit: view for view in state.views}
+        holder = None
+        if lease is not None and lease.unit != self.options.unit and lease_ended(lease, views, now_usec()) is None:
+            holder = lease.unit
+        memory = self._memory()
+        devices = None
+        if len(self.gpus) > 1:
+            leases = self.leases.leases() if self.leases is not None else []
+            live = [other for other in leases if lease_ended(other, views, now_usec()) is None]
+            devices = devices_of_units(self.options.procfs, live)
+        return decide(self.options.unit, self.device, state.views, holder, devices, memory, ratio)
+
+    def _note_wait(self, decision: Decision) -> None:
+        for reason in decision.waiting_for:
+            self.waited_for.setdefault(reason, None)
+        if self.last is None or decision.waiting_for != self.last.waiting_for:
+            self.output.say(f"waiting for {','.join(decision.waiting_for)} "
+                            f"(free {_figure(decision.free_bytes)}, needed {_figure(decision.needed_bytes)})")
+        self.last = decision
+
+    def _release(self, decision: Decision | None) -> int:
+        figures = decision or self.last
+        self.output.line(gate_lines.format_released(
+            time.monotonic() - self.began, list(self.waited_for),
+            figures.free_bytes if figures else None, figures.needed_bytes if figures else None))
+        return EXIT_RELEASED
+
+    def _time_out(self) -> int:
+        waiting = self.last.waiting_for if self.last is not None else ()
+        starting = self.options.start_on_timeout
+        if starting and self.leases is not None and self.device is not None:
+            with self.leases.locked(self.device, time.monotonic() + 1.0) as locked:
+                if locked:  # it starts anyway: the next gate waits for its init like any other
+                    self.leases.grant(Lease(self.device, self.options.unit, self.options.invocation_id, now_usec(),
+                                            now_usec() + round(self.options.lease_timeout * 1e6), os.getpid()))
+        self.output.line(gate_lines.format_timed_out(
+            time.monotonic() - self.began, waiting or list(self.waited_for),
+            self.last.free_bytes if self.last else None, self.last.needed_bytes if self.last else None, starting))
+        return EXIT_RELEASED if starting else EXIT_TIMED_OUT
+
+
+def _figure(value: int | None) -> str:
+    return gate_lines.UNKNOWN if value is None else str(value)
+
+
+def now_usec() -> int:
+    return time.time_ns() // 1000
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_options(argv)
+    output = Output(sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_PrefixedFormatter())
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
+    began = time.monotonic()
+    unit_timeout = unit_start_timeout(options.unit)
+    if unit_timeout is not None and options.timeout >= unit_timeout:
+        output.warn(f"--timeout {options.timeout:g}s is not below {options.unit}'s TimeoutStartSec= "
+                    f"({unit_timeout:g}s): systemd may kill the start while the gate waits; set TimeoutStartSec= to "
+                    f"the gate's timeout plus the unit's own start (see the drop-in in docs/gate.md)")
+    try:
+        return Gate(options, output).run()
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # never strand a unit on a bug of the gate
+        output.warn(f"the gate failed ({type(error).__name__}: {error}): releasing")
+        output.line(gate_lines.format_released(time.monotonic() - began, [], None, None))
+        return EXIT_RELEASED
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

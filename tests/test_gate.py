@@ -1,0 +1,543 @@
+"""vllm-xpu-gate as real processes: the real Level Zero loader over the fake driver (tests/fakeze.py), real
+journal files (tests/journalgen.py) written and appended to while gates wait, a lease directory of its own,
+and a PATH with a fake systemctl or none. A few checks of the pure parts (flags, the decision, leases)
+run in process."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from exporter import gate
+from exporter.fold.engine_starts import EngineTracker
+from exporter.parsers import gate as gate_lines
+from exporter.parsers.gate import GateDecision
+from exporter.systemd import parse_timespan
+from exporterproc import RunningExporter
+from polling import wait_for
+from scrapes import sample
+from fakeprocfs import FakeProcfs, xe_fdinfo
+from fakeze import A770, B580, GiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
+from journalgen import (Clock, JournalEntrySpec, append_journal, current_boot_id, new_invocation_id, unit_failed,
+                        unit_output, unit_process_exited, unit_started, unit_starting, write_journal)
+
+REPO = Path(__file__).resolve().parents[1]
+CHAT = "vllm-xpu-chat.service"
+EMBEDDING = "vllm-xpu-embedding.service"
+STT = "vllm-xpu-stt.service"
+DEVICE = A770.pci_address
+TOTAL = 16 * GiB
+API = "(APIServer pid={pid}) INFO 12-02 10:00:00 [api_server.py:1873] "
+CORE = "(EngineCore pid={pid}) INFO 12-02 10:00:20 [gpu_worker.py:456] "
+CAUSE = ("ValueError: To serve at least one request with the model's max seq len (131072), (3.36 GiB KV cache is "
+         "needed, which is larger than the available KV cache memory (2.13 GiB).")
+
+
+def needed(ratio: float) -> int:
+    return math.ceil(ratio * TOTAL)
+
+
+# --- journal entries of a unit's start -------------------------------------------------------------
+
+def main_started(unit: str, clock: Clock, invocation: str, pid: int, ratio: float = 0.07) -> list[JournalEntrySpec]:
+    """PID 1's "Started" and the engine's first lines: the unit is initialising."""
+    api = API.format(pid=pid)
+    return [unit_started(unit, clock.tick(), invocation_id=invocation),
+            unit_output(unit, api + "vLLM API server version 0.24.0", clock.tick(), pid=pid, invocation_id=invocation),
+            unit_output(unit, api + f"non-default args: {{'model': 'm', 'gpu_memory_utilization': {ratio}}}",
+                        clock.tick(), pid=pid, invocation_id=invocation)]
+
+
+def init_completed(unit: str, clock: Clock, invocation: str, pid: int) -> list[JournalEntrySpec]:
+    core = CORE.format(pid=pid + 1)
+    return [unit_output(unit, core + "Available KV cache memory: 1.25 GiB", clock.tick(), pid=pid,
+                        invocation_id=invocation),
+            unit_output(unit, core + "init engine (profile, create kv cache, warmup model) took 20.50 seconds",
+                        clock.tick(), pid=pid, invocation_id=invocation)]
+
+
+def init_failed(unit: str, clock: Clock, invocation: str, pid: int) -> list[JournalEntrySpec]:
+    return [unit_output(unit, f"(EngineCore pid={pid + 1}) ERROR 12-02 10:00:30 [core.py:708] {CAUSE}", clock.tick(),
+                        pid=pid, invocation_id=invocation),
+            unit_process_exited(unit, clock.tick(), invocation_id=invocation),
+            unit_failed(unit, clock.tick(), invocation_id=invocation)]
+
+
+def killed(unit: str, clock: Clock, invocation: str) -> list[JournalEntrySpec]:
+    return [unit_process_exited(unit, clock.tick(), code="killed", status=9, invocation_id=invocation),
+            unit_failed(unit, clock.tick(), result="signal", invocation_id=invocation)]
+
+
+# --- gates as processes ------------------------------------------------------------------------------
+
+@dataclass
+class GateRun:
+    unit: str
+    invocation_id: str
+    process: subprocess.Popen[bytes]
+    began: float = field(default_factory=time.monotonic)
+    lines: list[str] = field(default_factory=list)
+    ended: float | None = None
+
+    def __post_init__(self) -> None:
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for raw in self.process.stderr:
+            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+        self.process.wait()
+        self.ended = time.monotonic()
+
+    def wait(self, timeout: float = 30) -> int:
+        code = self.process.wait(timeout)
+        self._reader.join(5)
+        return code
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    @property
+    def decision(self) -> GateDecision | None:
+        decisions = [parsed for line in self.lines if (parsed := gate_lines.parse_line(line)) is not None]
+        assert len(decisions) <= 1, self.lines
+        return decisions[0] if decisions else None
+
+    def saw(self, text: str) -> bool:
+        return any(text in line for line in self.lines)
+
+    def stop(self) -> None:
+        if self.running:
+            self.process.kill()
+        self.wait()
+
+
+@dataclass
+class Host:
+    """One GPU (the fake driver), the journal file, the lease directory, and a PATH for the gates."""
+
+    tmp: Path
+    driver: Path
+    clock: Clock
+    runs: list[GateRun] = field(default_factory=list)
+
+    @property
+    def journal(self) -> Path:
+        return self.tmp / "system.journal"
+
+    @property
+    def leases(self) -> Path:
+        return self.tmp / "run" / "vllm-xpu-gate"
+
+    @property
+    def bin(self) -> Path:
+        path = self.tmp / "bin"
+        path.mkdir(exist_ok=True)
+        return path
+
+    def gpu(self, free_gib: float = 13.0, *devices: object, size: int = TOTAL) -> None:
+        device = dataclasses.replace(A770, memory=(FakeMemoryModule(size=size, free=round(free_gib * GiB)),))
+        write_config(self.tmp / "fake_ze.conf", FakeConfig(devices=(device, *devices)))
+
+    def write(self, entries: Sequence[JournalEntrySpec]) -> None:
+        if self.journal.exists():
+            append_journal(self.journal, entries)
+        else:
+            write_journal(self.journal, entries)
+
+    def systemctl(self, **properties: str) -> None:
+        """A fake systemctl whose `show` prints these properties."""
+        script = self.bin / "systemctl"
+        quoted = " ".join(f"'{name}={value}'" for name, value in properties.items())
+        script.write_text(f"#!/bin/sh\nprintf '%s\\n' {quoted}\n")
+        script.chmod(0o755)
+
+    def start(self, unit: str, *args: str, invocation_id: str | None = None,
+              journal: Sequence[str] | None = None) -> GateRun:
+        invocation = new_invocation_id() if invocation_id is None else invocation_id
+        env = {**fake_driver_env(self.driver, self.tmp / "fake_ze.conf"), "PYTHONPATH": str(REPO),
+               "PATH": str(self.bin), "INVOCATION_ID": invocation, "LANG": "C.UTF-8"}
+        journal_args = journal if journal is not None else ["--journal.file", str(self.journal)]
+        command = [sys.executable, "-m", "exporter.gate", "--unit", unit, *journal_args,
+                   "--lease-directory", str(self.leases), "--poll-interval", "50ms", *args]
+        run = GateRun(unit, invocation, subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                         stderr=subprocess.PIPE, env=env, cwd=self.tmp))
+        self.runs.append(run)
+        return run
+
+    def run(self, unit: str, *args: str, **kwargs: object) -> tuple[int, GateRun]:
+        gate_run = self.start(unit, *args, **kwargs)
+        return gate_run.wait(), gate_run
+
+
+@pytest.fixture
+def host(tmp_path: Path, fake_driver: Path):
+    host = Host(tmp_path, fake_driver, Clock(current_boot_id(), realtime_usec=time.time_ns() // 1000 - 60_000_000))
+    host.gpu()
+    yield host
+    for run in host.runs:
+        run.stop()
+    for run in host.runs:
+        assert all(line.startswith("vllm-xpu-gate: ") for line in run.lines), run.lines
+
+
+def wait_until(predicate, timeout: float = 20.0, interval: float = 0.02):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()) and time.monotonic() < deadline:
+        time.sleep(interval)
+    return value
+
+
+# --- flags ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [
+    [],
+    ["--unit", ""],
+    ["--unit", "vllm a.service"],
+    ["--unit", CHAT, "--device", "card0"],
+    ["--unit", CHAT, "--gpu-memory-utilization", "0"],
+    ["--unit", CHAT, "--gpu-memory-utilization", "1.5"],
+    ["--unit", CHAT, "--gpu-memory-utilization", "nan"],
+    ["--unit", CHAT, "--timeout", "10"],
+    ["--unit", CHAT, "--timeout", "-1m"],
+    ["--unit", CHAT, "--on-timeout", "later"],
+    ["--unit", CHAT, "--lease-timeout", "0"],
+    ["--unit", CHAT, "--journal.directory", "/a", "--journal.file", "/b"],
+    ["--unit", CHAT, "--journal.boot", "yesterday"],
+    ["--unit", CHAT, "--no-such-flag"],
+], ids=lambda argv: " ".join(argv) or "no flags")
+def test_bad_flags_exit_2_with_one_prefixed_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        gate.parse_options(argv, environ={})
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vllm-xpu-gate: error: "), lines
+
+
+def test_flags_take_go_durations_the_exporters_journal_and_levelzero_flags_and_the_invocation_id() -> None:
+    options = gate.parse_options(["--unit", CHAT, "--device", "0000:03:00.0", "--gpu-memory-utilization", "0.75",
+                                  "--timeout", "1m30s", "--on-timeout", "fail", "--journal.directory", "/j",
+                                  "--journal.units", "llm-*.service", "--journal.boot", "all",
+                                  "--levelzero.library", "libze.so", "--levelzero.timeout", "2s"],
+                                 environ={"INVOCATION_ID": "0123456789abcdef0123456789abcdef"})
+    assert (options.unit, options.device, options.gpu_memory_utilization, options.timeout) == (
+        CHAT, "0000:03:00.0", 0.75, 90.0)
+    assert not options.start_on_timeout
+    assert (options.selection.directory, options.selection.boot) == ("/j", "all")
+    assert options.selection.unit_globs == ("llm-*.service", CHAT)  # its own unit is always read
+    assert (options.levelzero_library, options.levelzero_timeout) == ("libze.so", 2.0)
+    assert options.invocation_id == "0123456789abcdef0123456789abcdef"
+    defaults = gate.parse_options(["--unit", CHAT], environ={})
+    assert (defaults.timeout, defaults.start_on_timeout, defaults.lease_directory, defaults.invocation_id) == (
+        600.0, True, "/run/vllm-xpu-gate", "")
+    assert defaults.selection.unit_globs == ("vllm*.service", CHAT)
+
+
+# --- the decision, in process ------------------------------------------------------------------------
+
+def views_of(entries: Sequence[JournalEntrySpec]):
+    """The fold of entries built by journalgen, without a journal file (fields as the reader decodes them)."""
+    @dataclass(frozen=True)
+    class Entry:
+        unit: str
+        realtime_usec: int
+        message: str
+        from_systemd: bool
+        message_id: str
+        pid: int | None
+        invocation_id: str
+
+    tracker = EngineTracker()
+    for spec in entries:
+        from_systemd = spec.field_value("_PID") == 1
+        unit = spec.field_value("UNIT" if from_systemd else "_SYSTEMD_UNIT")
+        invocation = spec.field_value("INVOCATION_ID" if from_systemd else "_SYSTEMD_INVOCATION_ID")
+        tracker.add(Entry(str(unit), spec.realtime_usec, str(spec.field_value("MESSAGE") or ""), from_systemd,
+                          str(spec.field_value("MESSAGE_ID") or ""), int(spec.field_value("_PID")), str(invocation)))
+    return list(tracker.views())
+
+
+def test_a_unit_known_on_another_gpu_does_not_hold_the_start_back_and_one_of_unknown_device_does() -> None:
+    clock = Clock(current_boot_id())
+    views = views_of([*main_started(EMBEDDING, clock, new_invocation_id(), 100),
+                      *main_started(STT, clock, new_invocation_id(), 200)])
+    other_gpu = {EMBEDDING: {B580.pci_address}}
+    decision = gate.decide(CHAT, DEVICE, views, None, other_gpu, None, None)
+    assert decision.units == (STT,)  # STT's device is unknown: it counts on every device
+    assert gate.decide(CHAT, DEVICE, views, None, {EMBEDDING: {DEVICE}}, None, None).units == (EMBEDDING, STT)
+    assert gate.decide(EMBEDDING, DEVICE, views, CHAT, None, None, None).units == (STT, CHAT)  # and the lease holder
+
+
+def test_units_are_on_the_gpus_their_processes_hold_drm_clients_on_or_their_lease_names(tmp_path: Path) -> None:
+    procfs = FakeProcfs(tmp_path)
+    procfs.add_unit_process(100, f"/system.slice/{EMBEDDING}").add_drm_fd(xe_fdinfo(client_id=1, pdev=DEVICE,
+                                                                                  vram0=GiB))
+    procfs.add_unit_process(200, f"/system.slice/{STT}").add_drm_fd(xe_fdinfo(client_id=2, pdev=B580.pci_address))
+    lease = gate.Lease(B580.pci_address, CHAT, "", 0, 1, 1)
+    assert gate.devices_of_units(str(procfs.root), [lease]) == {
+        EMBEDDING: {DEVICE}, STT: {B580.pci_address}, CHAT: {B580.pci_address}}
+
+
+def test_a_lease_ends_when_the_journal_shows_its_invocation_ended_its_unit_is_gone_or_it_times_out() -> None:
+    clock = Clock(current_boot_id(), realtime_usec=time.time_ns() // 1000)
+    invocation = new_invocation_id()
+    now = time.time_ns() // 1000
+    lease = gate.Lease(DEVICE, CHAT, invocation, now, now + 60_000_000, 1)
+    running = {view.unit: view for view in views_of([unit_starting(CHAT, clock.tick(), invocation_id=invocation),
+                                                     *main_started(CHAT, clock, invocation, 100)])}
+    assert gate.lease_ended(lease, {}, now, gone=lambda unit, invocation: None) is None  # not in the journal yet
+    assert gate.lease_ended(lease, running, now, gone=lambda unit, invocation: None) is None
+    assert gate.lease_ended(lease, running, now, gone=lambda unit, invocation: True) == "its unit is not running"
+    assert gate.lease_ended(lease, running, now + 60_000_000, gone=lambda unit, invocation: None) == "timed out"
+    for ending in (init_completed, init_failed):
+        ended = {view.unit: view for view in views_of([
+            unit_starting(CHAT, clock.tick(), invocation_id=invocation), *main_started(CHAT, clock, invocation, 100),
+            *ending(CHAT, clock, invocation, 100)])}
+        assert gate.lease_ended(lease, ended, now, gone=lambda unit, invocation: None) == "its init ended"
+
+
+# --- releasing and waiting ---------------------------------------------------------------------------
+
+def test_nothing_initialising_and_enough_memory_releases_at_once_and_leases_the_device(host: Host) -> None:
+    done = new_invocation_id()
+    host.write([*main_started(EMBEDDING, host.clock, done, 100), *init_completed(EMBEDDING, host.clock, done, 100)])
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.75", invocation_id="c" * 32)
+    assert code == 0, run.lines
+    assert run.decision == GateDecision(False, run.decision.seconds, (), 13 * GiB, needed(0.75)), run.lines
+    assert run.lines[-1].startswith("vllm-xpu-gate: released after ")
+    lease = gate.Lease.read(host.leases / f"{DEVICE}.lease")
+    assert (lease.unit, lease.invocation_id, lease.device) == (CHAT, "c" * 32, DEVICE)
+    assert oct(host.leases.stat().st_mode & 0o777) == "0o755"
+
+
+@pytest.mark.parametrize("ending", [init_completed, init_failed], ids=["completes", "fails"])
+def test_waits_while_another_unit_initialises_and_releases_when_its_init_ends(host: Host, ending) -> None:
+    other = new_invocation_id()
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=other),
+                *main_started(EMBEDDING, host.clock, other, 100)])
+    run = host.start(CHAT, "--gpu-memory-utilization", "0.75")
+    assert wait_until(lambda: run.saw(f"waiting for {EMBEDDING}")), run.lines
+    time.sleep(0.5)
+    assert run.running, run.lines
+    host.write(ending(EMBEDDING, host.clock, other, 100))
+    assert run.wait() == 0, run.lines
+    assert run.decision.waited_for == (EMBEDDING,) and not run.decision.timed_out
+    assert run.decision.seconds >= 0.5
+
+
+def test_a_unit_waiting_in_its_own_gate_does_not_hold_another_back(host: Host) -> None:
+    waiting = new_invocation_id()
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=waiting),
+                unit_output(EMBEDDING, "vllm-xpu-gate: waiting for vllm-xpu-stt.service (free 1, needed 2)",
+                            host.clock.tick(), pid=90, invocation_id=waiting)])
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.5")
+    assert code == 0 and run.decision.waited_for == (), run.lines
+
+
+def test_waits_for_free_memory_with_r_from_the_units_latest_start(host: Host) -> None:
+    earlier = new_invocation_id()
+    host.write([*main_started(CHAT, host.clock, earlier, 100, ratio=0.75),
+                *init_failed(CHAT, host.clock, earlier, 100)])
+    host.gpu(free_gib=10.0)
+    run = host.start(CHAT)
+    assert wait_until(lambda: run.saw("waiting for memory")), run.lines
+    assert run.saw(f"needed {needed(0.75)}")
+    host.gpu(free_gib=14.0)
+    assert run.wait() == 0, run.lines
+    assert run.decision.waited_for == (gate_lines.MEMORY,)
+    assert (run.decision.free_bytes, run.decision.needed_bytes) == (14 * GiB, needed(0.75))
+
+
+def test_with_no_r_known_it_waits_only_for_inits_and_says_so(host: Host) -> None:
+    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
+    host.gpu(free_gib=0.5)
+    code, run = host.run(CHAT)
+    assert code == 0, run.lines
+    assert run.saw(f"no gpu_memory_utilization known for {CHAT}")
+    assert (run.decision.waited_for, run.decision.needed_bytes) == ((), None)
+
+
+# --- never strand a unit -----------------------------------------------------------------------------
+
+def test_journal_that_cannot_be_read_releases_at_once_with_a_warning(host: Host) -> None:
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.75",
+                         journal=["--journal.directory", str(host.tmp / "missing")])
+    assert code == 0, run.lines
+    assert run.saw("warning: cannot read the journal (journal directory") and run.saw("releasing at once")
+    assert run.decision.waited_for == () and run.decision.seconds < 10
+
+
+def test_level_zero_that_cannot_be_read_releases_at_once_with_a_warning(host: Host) -> None:
+    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.75", "--levelzero.library", "/nonexistent/libze.so")
+    assert code == 0, run.lines
+    assert run.saw("warning: cannot read Level Zero (") and run.saw("releasing at once")
+    assert (run.decision.free_bytes, run.decision.needed_bytes) == (None, None)
+
+
+def test_untrusted_memory_accounting_releases_at_once_with_a_warning(host: Host) -> None:
+    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
+    host.gpu(free_gib=16.0)
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.75")
+    assert code == 0, run.lines
+    assert run.saw("untrusted memory accounting") and run.saw("releasing at once")
+
+
+def test_several_gpus_need_device_and_a_device_that_is_not_there_is_a_one_line_error(host: Host) -> None:
+    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
+    host.gpu(13.0, B580)
+    code, run = host.run(CHAT)
+    assert code == 2 and [line for line in run.lines] == [
+        f"vllm-xpu-gate: error: 2 GPUs ({DEVICE}, {B580.pci_address}): --device is required"]
+    code, run = host.run(CHAT, "--device", "0000:99:00.0")
+    assert code == 2 and len(run.lines) == 1 and "no such GPU" in run.lines[0]
+    code, run = host.run(CHAT, "--device", B580.pci_address, "--gpu-memory-utilization", "0.5")
+    assert code == 0 and run.decision.free_bytes == 11 * GiB, run.lines
+
+
+# --- leases ------------------------------------------------------------------------------------------
+
+def test_three_gated_units_started_together_release_one_after_another(host: Host) -> None:
+    """All three print "Starting" at once and their gates start together; each release is followed by that
+    unit's init (written to the journal a second later), and only its end releases the next gate."""
+    units = (CHAT, EMBEDDING, STT)
+    invocations = {unit: new_invocation_id() for unit in units}
+    host.write([unit_starting(unit, host.clock.tick(), invocation_id=invocations[unit]) for unit in units])
+    runs = {unit: host.start(unit, "--gpu-memory-utilization", "0.07", "--timeout", "60s", "--lease-timeout", "60s",
+                             invocation_id=invocations[unit]) for unit in units}
+    released: list[str] = []
+    for round_number in range(3):
+        assert wait_until(lambda: len([run for run in runs.values() if not run.running]) > round_number, 30), \
+            {unit: run.lines for unit, run in runs.items()}
+        done = [unit for unit, run in runs.items() if not run.running and unit not in released]
+        assert len(done) == 1, f"released together: {done}"
+        unit = done[0]
+        assert runs[unit].wait() == 0
+        released.append(unit)
+        time.sleep(1.0)  # its init runs: nobody else is released meanwhile
+        assert sum(not run.running for run in runs.values()) == round_number + 1
+        pid = 1000 * (round_number + 1)
+        host.write([*main_started(unit, host.clock, invocations[unit], pid),
+                    *init_completed(unit, host.clock, invocations[unit], pid)])
+    assert sorted(released) == sorted(units)
+    assert runs[released[0]].decision.waited_for == ()
+    assert released[0] in runs[released[1]].decision.waited_for
+    assert released[1] in runs[released[2]].decision.waited_for
+
+
+def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_when_the_journal_shows_the_kill(host: Host) -> None:
+    holder = new_invocation_id()
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=holder)])
+    code, first = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07", "--lease-timeout", "60s",
+                           invocation_id=holder)
+    assert code == 0, first.lines
+    host.write(main_started(EMBEDDING, host.clock, holder, 100))
+    run = host.start(CHAT, "--gpu-memory-utilization", "0.07")
+    assert wait_until(lambda: run.saw(f"waiting for {EMBEDDING}")), run.lines
+    host.write(killed(EMBEDDING, host.clock, holder))
+    assert run.wait() == 0, run.lines
+    assert run.decision.waited_for == (EMBEDDING,)
+
+
+def test_a_lease_whose_holder_never_shows_in_the_journal_holds_until_it_times_out(host: Host) -> None:
+    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
+    code, first = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07", "--lease-timeout", "2s")
+    assert code == 0, first.lines
+    lease = gate.Lease.read(host.leases / f"{DEVICE}.lease")
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07")
+    assert code == 0, run.lines
+    assert time.time_ns() // 1000 >= lease.expires_usec
+    assert run.decision.waited_for == (EMBEDDING,)
+
+
+def test_a_stale_lease_of_a_gone_unit_or_of_ones_own_unit_blocks_nobody(host: Host) -> None:
+    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
+    code, first = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07", "--lease-timeout", "60s")
+    assert code == 0, first.lines
+    code, own = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")  # its restart: its own lease
+    assert code == 0 and own.decision.waited_for == (), own.lines
+    host.systemctl(TimeoutStartUSec="infinity", ActiveState="failed", SubState="failed",
+                   InvocationID=first.invocation_id)
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07")  # systemd says the holder is gone
+    assert code == 0 and run.decision.waited_for == (), run.lines
+
+
+@pytest.mark.parametrize(("on_timeout", "exit_code", "outcome"), [
+    ("start", 0, "starting anyway"), ("fail", 1, "failing the start")])
+def test_a_timeout_starts_the_unit_with_a_warning_or_fails_it(host: Host, on_timeout: str, exit_code: int,
+                                                              outcome: str) -> None:
+    other = new_invocation_id()
+    host.write([*main_started(EMBEDDING, host.clock, other, 100)])
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.75", "--timeout", "1s", "--on-timeout", on_timeout)
+    assert code == exit_code, run.lines
+    assert run.lines[-1].startswith("vllm-xpu-gate: timed out after ") and run.lines[-1].endswith(outcome)
+    assert run.decision.timed_out and run.decision.waited_for == (EMBEDDING,)
+    assert 1.0 <= run.decision.seconds < 10
+
+
+# --- systemd --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("1min 30s", 90.0), ("5min", 300.0), ("1h 2min 3.500000s", 3723.5), ("100ms", 0.1), ("690", 690.0),
+    ("infinity", math.inf)])
+def test_time_spans_as_systemctl_shows_them_or_unit_files_set_them(text: str, seconds: float) -> None:
+    assert parse_timespan(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "1 fortnight", "90 s x", "-5s"])
+def test_other_time_spans_are_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_timespan(text)
+
+
+def test_first_line_warns_when_the_timeout_is_not_below_the_units_timeout_start_sec(host: Host) -> None:
+    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
+    host.systemctl(TimeoutStartUSec="1min 30s", ActiveState="activating", SubState="start-pre", InvocationID="")
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07", "--timeout", "10m")
+    assert code == 0, run.lines
+    assert run.lines[0].startswith("vllm-xpu-gate: warning: --timeout 600s is not below "
+                                   f"{CHAT}'s TimeoutStartSec= (90s)"), run.lines
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07", "--timeout", "1m")
+    assert code == 0 and not run.saw("TimeoutStartSec"), run.lines
+
+
+# --- the exporter's metrics of the gate's decisions -----------------------------------------------------
+
+def test_the_exporter_counts_the_gates_decisions_it_reads_in_the_units_journal(host: Host) -> None:
+    """The gate's stderr is the unit's journal (written here as journald would, under the gate's pid)."""
+    embedding = new_invocation_id()
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=embedding),
+                *main_started(EMBEDDING, host.clock, embedding, 100)])
+    timed_out = host.start(CHAT, "--gpu-memory-utilization", "0.07", "--timeout", "500ms", "--on-timeout", "fail")
+    held = host.start(STT, "--gpu-memory-utilization", "0.07", "--timeout", "30s")
+    assert timed_out.wait() == 1 and wait_until(lambda: held.saw(f"waiting for {EMBEDDING}")), held.lines
+    host.write(init_completed(EMBEDDING, host.clock, embedding, 100))
+    assert held.wait() == 0
+    for run in (timed_out, held):
+        host.write([unit_starting(run.unit, host.clock.tick(), invocation_id=run.invocation_id),
+                    *(unit_output(run.unit, line, host.clock.tick(), pid=900, comm="vllm-xpu-gate",
+                                  invocation_id=run.invocation_id) for line in run.lines)])
+    with RunningExporter(["--no-collector.levelzero", "--no-collector.processes", "--journal.file",
+                          str(host.journal)]) as exporter:
+        samples = wait_for(lambda: (s := exporter.scrape()) and
+                           sample(s, "xpu_unit_gate_waits_total", unit=STT) == 1 and s)
+        assert samples, exporter.stderr
+    assert {unit: sample(samples, "xpu_unit_gate_waits_total", unit=unit) for unit in (CHAT, STT, EMBEDDING)} == {
+        CHAT: 1, STT: 1, EMBEDDING: 0}
+    assert {unit: sample(samples, "xpu_unit_gate_timeouts_total", unit=unit) for unit in (CHAT, STT)} == {
+        CHAT: 1, STT: 0}
+    for run in (timed_out, held):
+        assert sample(samples, "xpu_unit_gate_wait_seconds_total", unit=run.unit) == pytest.approx(
+            run.decision.seconds)
+    assert sample(samples, "xpu_unit_engine_init_overlaps_total", unit=EMBEDDING) == 0
