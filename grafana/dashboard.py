@@ -49,7 +49,7 @@ class Target:
 
 @dataclass(frozen=True)
 class Panel:
-    kind: str  # timeseries, stat, bargauge, table
+    kind: str  # timeseries, stat, bargauge, table, state-timeline
     title: str
     description: str
     targets: Sequence[Target]
@@ -99,6 +99,8 @@ STAT_OPTIONS: Json = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", 
                       "orientation": "auto"}
 BARGAUGE_OPTIONS: Json = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
                           "displayMode": "gradient", "orientation": "horizontal", "showUnfilled": True}
+STATE_TIMELINE_OPTIONS: Json = {"showValue": "never", "mergeValues": True, "alignValue": "left", "rowHeight": 0.8,
+                                **LEGEND_LIST}
 
 def number(text: str) -> int | float:
     """A knob's number as the JSON shows it: 0, not 0.0."""
@@ -118,6 +120,10 @@ def duration_text(duration: str) -> str:
             count = int(seconds // size)
             return f"{count} {name}{'' if count == 1 else 's'}"
     return f"{seconds:g} seconds"
+
+
+def fixed_colour(colour: str) -> Json:
+    return {"mode": "fixed", "fixedColor": colour}
 
 
 def bytes_text(count: float) -> str:
@@ -180,6 +186,86 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   (Target(f"xpu_device_info{{{DEVICE}}}", "{{name}} (driver {{driver_version}})"),),
                   "none", [(None, "blue")], 4, 4,
                   options={**STAT_OPTIONS, "textMode": "name", "colorMode": "none"}),
+        )),
+        Row("Device telemetry", (
+            Panel("timeseries", "Engine busy by group",
+                  "Fraction of time each engine group of the device was busy (rate of "
+                  "xpu_engine_active_seconds_total). The groups overlap: all covers every engine, 3d_render_compute "
+                  "covers render and compute. Needs CAP_SYS_ADMIN (or root): without it the panel is empty.",
+                  (Target(f"rate(xpu_engine_active_seconds_total{{{DEVICE}}}[$__rate_interval])", "{{engine}}"),),
+                  "percentunit", green_only(), 12, 8, options=LEGEND_TABLE,
+                  custom={"lineInterpolation": "linear"}, defaults={"min": 0, "max": 1}),
+            Panel("timeseries", "Power",
+                  "The card's power draw (the package's where the driver has no card power domain): the rate of "
+                  "xpu_energy_joules_total. Some drivers serve it to root only.",
+                  (Target(f"rate(xpu_energy_joules_total{{{DEVICE}}}[$__rate_interval])", "power"),),
+                  "watt", green_only(), 6, 8, options=LEGEND_LIST,
+                  custom={"lineInterpolation": "linear"}, defaults={"min": 0}),
+            Panel("timeseries", "Temperature",
+                  "Temperature per sensor (global, gpu, memory: those the driver has; some drivers serve them to "
+                  f"root only). XpuDeviceTemperatureHigh fires when a sensor the rules compare "
+                  f"({knobs['temperatureSensorSelector']}) stays above {number(knobs['temperatureHighCelsius'])} °C "
+                  f"for {duration_text(knobs['temperatureHighFor'])} (red line).",
+                  (Target(f"xpu_temperature_celsius{{{DEVICE}}}", "{{sensor}}"),),
+                  "celsius", [(None, "green"), (number(knobs["temperatureHighCelsius"]), "red")], 6, 8,
+                  options=LEGEND_LIST, custom={"thresholdsStyle": {"mode": "line"}, "lineInterpolation": "linear"}),
+            Panel("timeseries", "Frequency",
+                  "Actual frequency of each frequency domain (gpu, memory, media); the throttle reasons panel says "
+                  "what holds it down.",
+                  (Target(f"xpu_frequency_hertz{{{DEVICE}}}", "{{domain}}"),),
+                  "hertz", green_only(), 8, 8, options=LEGEND_LIST,
+                  custom={"lineInterpolation": "linear"}, defaults={"min": 0}),
+            Panel("state-timeline", "Throttle reasons",
+                  "The reasons the driver holds each frequency domain down for, while it does; empty: no throttling "
+                  f"in the time range. Red: the reasons XpuDeviceThrottled fires for after "
+                  f"{duration_text(knobs['deviceThrottledFor'])} ({knobs['deviceThrottledReasons'].replace('|', ', ')}). "
+                  "Orange: the others, e.g. the power and current limits a busy GPU reaches by design "
+                  "(average_power, burst_power, current) or a lower frequency range (software_range, hardware_range).",
+                  (Target(f"xpu_frequency_throttled{{{DEVICE}}} == 1", "{{domain}} {{reason}}"),),
+                  "none", [(None, "orange")], 8, 8, options=STATE_TIMELINE_OPTIONS,
+                  custom={"fillOpacity": 80, "lineWidth": 0},
+                  defaults={"mappings": value_mapping({1: ("throttled", "orange")})},
+                  overrides=(by_name_regex(f" ({knobs['deviceThrottledReasons']})$",
+                                           {"mappings": value_mapping({1: ("throttled", "red")})}),)),
+            Panel("timeseries", "Memory bandwidth",
+                  "Bytes per second read from and written to the device's local memory (rates of "
+                  "xpu_memory_read_bytes_total and xpu_memory_write_bytes_total).",
+                  (Target(f"rate(xpu_memory_read_bytes_total{{{DEVICE}}}[$__rate_interval])", "read"),
+                   Target(f"rate(xpu_memory_write_bytes_total{{{DEVICE}}}[$__rate_interval])", "write")),
+                  "Bps", green_only(), 8, 8, options=LEGEND_LIST,
+                  custom={"lineInterpolation": "linear"}, defaults={"min": 0}),
+            Panel("timeseries", "RAS errors",
+                  "Hardware errors the device counted, per severity and category, in each interval. "
+                  "XpuDeviceUncorrectableErrors fires on any uncorrectable one and stays for "
+                  f"{duration_text(knobs['deviceUncorrectableErrorsWindow'])}. Reading RAS counters needs root: "
+                  "without it the panel is empty.",
+                  (Target(f"sum by (severity, category) (increase(xpu_ras_errors_total{{{DEVICE}}}[$__rate_interval]))",
+                          "{{severity}} {{category}}"),),
+                  "short", green_only(), 16, 8, options=LEGEND_TABLE,
+                  custom={"drawStyle": "bars", "fillOpacity": 80}, defaults={"min": 0},
+                  overrides=(by_name_regex("^uncorrectable ", {"color": fixed_colour("red")}),
+                             by_name_regex("^correctable ", {"color": fixed_colour("orange")}))),
+            Panel("stat", "RAS errors since the driver loaded",
+                  "Hardware errors the device counted since its driver loaded, per severity (also those from "
+                  "before Prometheus first scraped it, which no alert reports). Needs root.",
+                  (Target(f"sum by (severity) (xpu_ras_errors_total{{{DEVICE}}})", "{{severity}}"),),
+                  "short", [(None, "green"), (1, "orange")], 8, 4,
+                  options={**STAT_OPTIONS, "textMode": "value_and_name"}, defaults={"decimals": 0},
+                  overrides=({"matcher": {"id": "byName", "options": "uncorrectable"},
+                              "properties": [{"id": "thresholds", "value": {"mode": "absolute", "steps": [
+                                  {"value": None, "color": "green"}, {"value": 1, "color": "red"}]}}]},)),
+            Panel("stat", "Memory health",
+                  "The device memory's health as the driver reports it: ok; degraded (too many correctable errors, "
+                  "reset the device); critical (memory banks left out); replace. unknown: the driver does not report "
+                  "it, as upstream i915 and xe mostly do not. XpuMemoryUnhealthy fires on degraded, critical or "
+                  f"replace after {duration_text(knobs['memoryUnhealthyFor'])}.",
+                  (Target(f"xpu_memory_health{{{DEVICE}}} == 1", "{{state}}"),),
+                  "none", [(None, "blue")], 8, 4,
+                  options={**STAT_OPTIONS, "textMode": "name"},
+                  overrides=tuple({"matcher": {"id": "byName", "options": state},
+                                   "properties": [{"id": "color", "value": fixed_colour(colour)}]}
+                                  for state, colour in (("ok", "green"), ("unknown", "blue"), ("degraded", "orange"),
+                                                        ("critical", "red"), ("replace", "red")))),
         )),
         Row("KV cache per unit", (
             Panel("timeseries", "KV cache against the need of one max-length request",
@@ -431,11 +517,12 @@ def dashboard(overrides: Mapping[str, str] = ()) -> Json:
             {"type": "panel", "id": "stat", "name": "Stat", "version": ""},
             {"type": "panel", "id": "bargauge", "name": "Bar gauge", "version": ""},
             {"type": "panel", "id": "table", "name": "Table", "version": ""},
+            {"type": "panel", "id": "state-timeline", "name": "State timeline", "version": ""},
         ],
         "uid": "vllm-xpu-exporter",
         "title": "Intel XPU memory and vLLM units",
-        "description": "Device memory per systemd unit, vLLM KV cache, engine-init failures and restart headroom "
-                       "on Intel GPUs, from vllm-xpu-exporter.",
+        "description": "Device memory per systemd unit, device telemetry, vLLM KV cache, engine-init failures and "
+                       "restart headroom on Intel GPUs, from vllm-xpu-exporter.",
         "tags": ["xpu", "intel-gpu", "vllm", "vllm-xpu-exporter"],
         "editable": True,
         "graphTooltip": 1,

@@ -32,6 +32,8 @@ DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
 DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 SECONDS_PER_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 SEVERITIES = ("critical", "warning", "info")
+# The `reason` values of xpu_frequency_throttled (CONTRACT.md).
+THROTTLE_REASONS = ("average_power", "burst_power", "current", "thermal", "psu", "software_range", "hardware_range")
 TEMPLATE_NOTE = "#%"  # a template line that is not rendered
 NUMBER = re.compile(r"^-?\d+(?:\.\d+)?(?:e[+-]?\d+)?$")
 
@@ -61,7 +63,8 @@ def duration_seconds(duration: str) -> float:
 
 
 def validate(name: str, value: str) -> None:
-    """Refuse a value the knob cannot take (by the knob's name: *For/*Window, *Severity, *Ratio, *Bytes)."""
+    """Refuse a value the knob cannot take (by the knob's name: *For/*Window, *Severity, *Ratio, *Bytes,
+    *Celsius, *Reasons, *Selector)."""
     if name.endswith(("For", "Window")):
         duration_seconds(value)
     elif name.endswith("Severity"):
@@ -73,6 +76,14 @@ def validate(name: str, value: str) -> None:
     elif name.endswith("Bytes"):
         if not NUMBER.match(value):
             raise RenderError(f"{name}: a number of bytes, got {value!r}")
+    elif name.endswith("Celsius"):
+        if not NUMBER.match(value):
+            raise RenderError(f"{name}: a number of degrees Celsius, got {value!r}")
+    elif name.endswith("Reasons"):
+        unknown = [reason for reason in value.split("|") if reason not in THROTTLE_REASONS]
+        if unknown:
+            raise RenderError(f"{name}: throttle reasons joined by |, of {', '.join(THROTTLE_REASONS)}; "
+                              f"not a throttle reason: {', '.join(map(repr, unknown))}")
     elif name.endswith("Selector") or name == "selector":
         if not value.strip() or "{" in value or "}" in value:
             raise RenderError(f"{name}: label matchers without braces, e.g. job=\"vllm-xpu-exporter\", got {value!r}")

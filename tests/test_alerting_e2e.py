@@ -4,8 +4,11 @@ Debian's Alertmanager routing to a webhook receiver in this test.
 
 The race is replayed live in two phases. Phase 1: the three units started together, chat's engine
 failed (kv_cache_too_small: 2.13 GiB available, 3.36 GiB needed) and chat is down. Phase 2: chat's
-lone restart succeeded and holds its memory. The rules are a test copy rendered with the state alerts'
-`for:` at 0s, so what would fire after minutes fires at once; everything else is as shipped.
+lone restart succeeded and holds its memory. The GPU carries every kind of device telemetry: its clock
+is throttled by its thermal limit (an alert) and its sustained power limit (no alert), and in phase 2
+it counts a second uncorrectable RAS error (an alert; the first, counted before Prometheus started, is
+none). The rules are a test copy rendered with the state alerts' `for:` at 0s, so what would fire after
+minutes fires at once; everything else is as shipped.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import pytest
 import journalgen
 from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, xe_fdinfo
-from fakeze import A770, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
+from fakeze import (A770_TELEMETRY, ZES_RAS_ERROR_TYPE_UNCORRECTABLE, FakeConfig, FakeMemoryModule, FakeRas,
+                    fake_driver_env, write_config)
 from polling import wait_for
 from promql import (REPO, alerting_rules, dashboard_queries, load_dashboard, metric_names,
                     recorded_names, variable_queries)
@@ -45,7 +49,7 @@ JOB = "vllm-xpu-exporter"
 # The alerts whose `for:` the test copy sets to 0s: every alert this scenario could raise by mistake.
 STATE_ALERT_DURATIONS = ("kvCacheTooSmallFor", "kvCacheBelowMaxNumSeqsFor", "restartHeadroomFor",
                          "memoryNearlyFullFor", "memoryAccountingUntrustedFor", "unattributedMemoryFor",
-                         "noUnitsWatchedFor")
+                         "noUnitsWatchedFor", "memoryUnhealthyFor", "deviceThrottledFor", "temperatureHighFor")
 RATE_INTERVAL = "4s"  # Grafana's $__rate_interval for a 1 s scrape interval: 4 x scrape interval
 SETTLE = 30  # seconds any state may take to show up (a deadline, not an expectation)
 
@@ -56,9 +60,17 @@ INIT_FAILED_ADVICE = (
     "unit files) so they initialise one after the other. Journal: journalctl -b -u vllm-xpu-chat.service")
 
 
-def device_with(used: int) -> FakeConfig:
-    return FakeConfig(devices=(dataclasses.replace(A770, memory=(FakeMemoryModule(size=TOTAL, free=TOTAL - used),),
-                                                   processes=()),))
+# A770_TELEMETRY's uncorrectable RAS set counted one reset before the exporter started.
+UNCORRECTABLE_RESETS_BEFORE = A770_TELEMETRY.ras[1].categories[0]
+
+
+def device_with(used: int, uncorrectable_resets: int = UNCORRECTABLE_RESETS_BEFORE) -> FakeConfig:
+    """The A770 with every kind of telemetry, `used` bytes of its memory used and this many uncorrectable resets."""
+    correctable, uncorrectable = A770_TELEMETRY.ras
+    assert uncorrectable.type == ZES_RAS_ERROR_TYPE_UNCORRECTABLE
+    memory = dataclasses.replace(A770_TELEMETRY.memory[0], size=TOTAL, free=TOTAL - used)
+    ras = (correctable, FakeRas(uncorrectable.type, (uncorrectable_resets, *uncorrectable.categories[1:])))
+    return FakeConfig(devices=(dataclasses.replace(A770_TELEMETRY, memory=(memory,), processes=(), ras=ras),))
 
 
 def go_time(seconds: float) -> str:
@@ -133,7 +145,7 @@ def stack(fake_driver: Path, tmp_path_factory: pytest.TempPathFactory):
         phase1 = steady_firing(prometheus, {
             ("XpuUnitEngineInitFailed", CHAT), ("XpuUnitKvCacheTooSmall", CHAT),
             ("XpuUnitEngineInitsOverlapped", CHAT), ("XpuUnitEngineInitsOverlapped", EMBEDDING),
-            ("XpuUnitEngineInitsOverlapped", STT)})
+            ("XpuUnitEngineInitsOverlapped", STT), ("XpuDeviceThrottled", DEVICE)})
         wait_for(lambda: any(alert["labels"]["alertname"] == "XpuUnitEngineInitFailed"
                              for alert in webhook.alerts()), SETTLE)
 
@@ -141,16 +153,20 @@ def stack(fake_driver: Path, tmp_path_factory: pytest.TempPathFactory):
         journalgen.append_journal(journal, journal_specs(from_restart))
         chat = procfs.add_unit_process(100, f"/system.slice/{CHAT}")
         chat.add_drm_fd(xe_fdinfo(client_id=100, vram0=CHAT_HOLDS))
-        write_config(config, device_with(sum(HELD.values()) + CHAT_HOLDS + UNATTRIBUTED))
+        write_config(config, device_with(sum(HELD.values()) + CHAT_HOLDS + UNATTRIBUTED,
+                                         uncorrectable_resets=UNCORRECTABLE_RESETS_BEFORE + 1))
         restarted = wait_for(lambda: (s := exporter.scrape()) and
                              sample(s, "xpu_unit_engine_starts_total", unit=CHAT) == 1 and
-                             sample(s, "xpu_unit_memory_bytes", device=DEVICE, unit=CHAT) == CHAT_HOLDS and s,
+                             sample(s, "xpu_unit_memory_bytes", device=DEVICE, unit=CHAT) == CHAT_HOLDS and
+                             sample(s, "xpu_ras_errors_total", device=DEVICE, severity="uncorrectable",
+                                    category="reset") == UNCORRECTABLE_RESETS_BEFORE + 1 and s,
                              timeout=SETTLE)
         assert restarted, exporter.stderr
         phase2 = steady_firing(prometheus, {
             ("XpuUnitEngineInitFailed", CHAT), ("XpuUnitKvCacheBelowMaxNumSeqs", CHAT),
             ("XpuUnitEngineInitsOverlapped", CHAT), ("XpuUnitEngineInitsOverlapped", EMBEDDING),
-            ("XpuUnitEngineInitsOverlapped", STT)})
+            ("XpuUnitEngineInitsOverlapped", STT), ("XpuDeviceThrottled", DEVICE),
+            ("XpuDeviceUncorrectableErrors", DEVICE)})
         # a rate over the dashboard's window needs that many seconds of scrapes after the change
         wait_for(lambda: time.time() - started > 6, SETTLE)
         yield Stack(exporter, prometheus, alertmanager, webhook, race, instance, started, phase1, phase2)
@@ -180,8 +196,11 @@ def test_init_failure_of_chat_reaches_the_webhook_with_its_labels_and_the_failur
 
 def test_only_the_alerts_the_race_explains_fire_before_and_after_the_restart(stack: Stack):
     overlapped = {("XpuUnitEngineInitsOverlapped", unit) for unit in (CHAT, EMBEDDING, STT)}
-    assert stack.phase1_firing == {("XpuUnitEngineInitFailed", CHAT), ("XpuUnitKvCacheTooSmall", CHAT)} | overlapped
-    assert stack.phase2_firing == {("XpuUnitEngineInitFailed", CHAT), ("XpuUnitKvCacheBelowMaxNumSeqs", CHAT)} | overlapped
+    throttled = {("XpuDeviceThrottled", DEVICE)}
+    assert stack.phase1_firing == {("XpuUnitEngineInitFailed", CHAT), ("XpuUnitKvCacheTooSmall", CHAT)} | \
+        overlapped | throttled
+    assert stack.phase2_firing == {("XpuUnitEngineInitFailed", CHAT), ("XpuUnitKvCacheBelowMaxNumSeqs", CHAT),
+                                   ("XpuDeviceUncorrectableErrors", DEVICE)} | overlapped | throttled
     assert not any(alert["labels"].get("unit") == UNWATCHED for alert in stack.webhook.alerts())
 
 
@@ -195,6 +214,30 @@ def test_the_kv_alert_resolves_when_the_lone_restart_fits_a_request(stack: Stack
     assert info["annotations"]["description"].startswith(
         f"The KV cache of {CHAT} on {stack.instance} holds 1.04 requests of max_model_len at once, fewer than "
         "its max_num_seqs of 3")
+
+
+def test_device_alerts_reach_the_webhook_for_the_thermal_throttle_and_the_new_uncorrectable_error(stack: Stack):
+    throttled = wait_for(lambda: [alert for alert in stack.webhook.alerts()
+                                  if alert["labels"]["alertname"] == "XpuDeviceThrottled"], SETTLE)
+    assert throttled, stack.alertmanager.log()
+    # thermal only: the sustained power limit the GPU is also at is where a busy GPU runs by design
+    assert sample(stack.exporter.scrape(), "xpu_frequency_throttled", device=DEVICE, domain="gpu",
+                  reason="average_power") == 1
+    assert all(alert["labels"] == {"alertname": "XpuDeviceThrottled", "severity": "warning", "job": JOB,
+                                   "instance": stack.instance, "device": DEVICE, "domain": "gpu", "reason": "thermal"}
+               for alert in throttled), [alert["labels"] for alert in throttled]
+    assert throttled[0]["annotations"]["description"].startswith(
+        f"The gpu clock of device {DEVICE} on {stack.instance} has been throttled for 0s, reason thermal, now at "
+        "2.1GHz; temperatures: global 71.5 °C, gpu 68 °C, memory 74 °C.")
+    errors = wait_for(lambda: [alert for alert in stack.webhook.alerts()
+                               if alert["labels"]["alertname"] == "XpuDeviceUncorrectableErrors"], SETTLE)
+    assert errors, stack.alertmanager.log()
+    assert all(alert["labels"] == {"alertname": "XpuDeviceUncorrectableErrors", "severity": "critical", "job": JOB,
+                                   "instance": stack.instance, "device": DEVICE, "category": "reset"}
+               for alert in errors), [alert["labels"] for alert in errors]
+    assert errors[0]["annotations"]["description"].startswith(
+        f"Device {DEVICE} on {stack.instance} counted uncorrectable reset errors in the last 1h "
+        f"({UNCORRECTABLE_RESETS_BEFORE + 1} since the driver loaded).")
 
 
 def grafana_regex(values: list[str]) -> str:

@@ -22,7 +22,7 @@ import dashboard as builder  # noqa: E402  (grafana/dashboard.py and rules/rende
 import render  # noqa: E402
 
 OPERATOR_DOC = REPO / "docs" / "alerts-and-dashboard.md"
-ROWS = ["Device memory", "KV cache per unit", "Engine inits", "Restart headroom", "Exporter"]
+ROWS = ["Device memory", "Device telemetry", "KV cache per unit", "Engine inits", "Restart headroom", "Exporter"]
 
 
 def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
@@ -101,6 +101,24 @@ def test_rows_hold_the_panels_the_operators_need():
         {"xpu_unit_memory_bytes"}, {"xpu_unattributed_memory_bytes"}, {"xpu_memory_total_bytes"}]
     total_override = stacked["fieldConfig"]["overrides"][0]
     assert {"id": "custom.stacking", "value": {"mode": "none", "group": "A"}} in total_override["properties"]
+    telemetry = {panel["title"]: panel for panel in rows["Device telemetry"]}
+    for title, expected, unit in [
+        ("Engine busy by group", ["rate(xpu_engine_active_seconds_total"], "percentunit"),
+        ("Power", ["rate(xpu_energy_joules_total"], "watt"),
+        ("Temperature", ["xpu_temperature_celsius"], "celsius"),
+        ("Frequency", ["xpu_frequency_hertz"], "hertz"),
+        ("Throttle reasons", ["xpu_frequency_throttled"], "none"),
+        ("Memory bandwidth", ["rate(xpu_memory_read_bytes_total", "rate(xpu_memory_write_bytes_total"], "Bps"),
+        ("RAS errors", ["sum by (severity, category) (increase(xpu_ras_errors_total"], "short"),
+        ("RAS errors since the driver loaded", ["sum by (severity) (xpu_ras_errors_total"], "short"),
+        ("Memory health", ["xpu_memory_health"], "none"),
+    ]:
+        assert [expr.startswith(start) for expr, start in zip(exprs(telemetry[title]), expected)] == \
+            [True] * len(expected), title
+        assert telemetry[title]["fieldConfig"]["defaults"]["unit"] == unit, title
+    engines = telemetry["Engine busy by group"]["fieldConfig"]["defaults"]
+    assert (engines["min"], engines["max"]) == (0, 1)
+    assert telemetry["Throttle reasons"]["type"] == "state-timeline"
     kv = " ".join(expr for panel in rows["KV cache per unit"] for expr in exprs(panel))
     for name in ("xpu_unit_kv_cache_bytes", "xpu_unit_kv_cache_required_bytes", "xpu_unit_kv_cache_max_concurrency"):
         assert name in kv
@@ -136,6 +154,7 @@ THRESHOLD_PANELS = [
     ("Unattributed memory", "unattributedMemoryRatio", "above", "orange"),
     ("Restart headroom", "restartHeadroomThresholdBytes", "below", "red"),
     ("Restart headroom now", "restartHeadroomThresholdBytes", "below", "red"),
+    ("Temperature", "temperatureHighCelsius", "above", "red"),
 ]
 # Panels whose description says when an alert fires: (panel, the knob of that alert's duration).
 DURATION_PANELS = [
@@ -145,12 +164,19 @@ DURATION_PANELS = [
     ("Exporter up", "exporterDownFor"),
     ("Units watched", "noUnitsWatchedFor"),
     ("Collector success", "collectorFailingFor"),
+    ("Temperature", "temperatureHighFor"),
+    ("Throttle reasons", "deviceThrottledFor"),
+    ("RAS errors", "deviceUncorrectableErrorsWindow"),
+    ("Memory health", "memoryUnhealthyFor"),
 ]
 # Not the defaults, and not one another.
 OVERRIDES = {"memoryNearlyFullFreeRatio": "0.125", "unattributedMemoryRatio": "0.3",
              "restartHeadroomThresholdBytes": "1073741824", "memoryNearlyFullFor": "7m",
              "unattributedMemoryFor": "2h", "restartHeadroomFor": "11m", "exporterDownFor": "90s",
-             "noUnitsWatchedFor": "3h", "collectorFailingFor": "13m"}
+             "noUnitsWatchedFor": "3h", "collectorFailingFor": "13m", "temperatureHighCelsius": "87.5",
+             "temperatureHighFor": "4m", "deviceThrottledFor": "17m", "deviceUncorrectableErrorsWindow": "6h",
+             "memoryUnhealthyFor": "9m", "deviceThrottledReasons": "average_power|thermal",
+             "temperatureSensorSelector": 'sensor=~"gpu|memory"'}
 
 
 def colour_at(panel: dict, value: float) -> str:
@@ -176,6 +202,24 @@ def assert_panels_follow_the_knobs(dashboard: dict, knobs: dict[str, str]) -> No
     free, unattributed = panels["Free device memory"], panels["Unattributed memory"]
     assert f"below {builder.percent(knobs['memoryNearlyFullFreeRatio'])} for" in free["description"]
     assert f"above {builder.percent(knobs['unattributedMemoryRatio'])} for" in unattributed["description"]
+    temperature = panels["Temperature"]["description"]
+    assert f"({knobs['temperatureSensorSelector']}) stays above {builder.number(knobs['temperatureHighCelsius'])} °C for" \
+        in temperature
+    assert_throttle_reasons_in_red_are_the_alerts(panels["Throttle reasons"], knobs["deviceThrottledReasons"].split("|"))
+
+
+def assert_throttle_reasons_in_red_are_the_alerts(panel: dict, alerting: list[str]) -> None:
+    """The state timeline colours a series ("<domain> <reason>") red when XpuDeviceThrottled fires for its reason."""
+    def colour(name: str) -> str:
+        mappings = panel["fieldConfig"]["defaults"]["mappings"]
+        for override in panel["fieldConfig"]["overrides"]:
+            if re.search(override["matcher"]["options"], name):
+                mappings = next(prop["value"] for prop in override["properties"] if prop["id"] == "mappings")
+        return mappings[0]["options"]["1"]["color"]
+    for reason in render.THROTTLE_REASONS:
+        for domain in ("gpu", "memory", "media"):
+            assert colour(f"{domain} {reason}") == ("red" if reason in alerting else "orange"), (domain, reason)
+    assert all(reason in panel["description"] for reason in alerting)
 
 
 def test_thresholds_and_durations_match_the_alerts_knobs():
@@ -240,6 +284,12 @@ def test_panels_fit_the_grid_without_overlapping():
 def test_dashboard_uses_only_metrics_the_exporter_serves():
     unknown = dashboard_metric_names(load_dashboard()) - documented_metrics(README) - {"up"}
     assert unknown == set()
+
+
+def test_the_readme_lists_the_dashboard_rows_in_order():
+    listing = re.search(r"^Dashboard panels, by row:\n\n(.+?)\n\n", README.read_text(), re.M | re.S)
+    assert listing, "the README lists no dashboard rows"
+    assert re.findall(r"^- ([A-Z][\w ]+):", listing.group(1), re.M) == ROWS
 
 
 def test_the_operator_doc_lists_every_panel_in_its_row():

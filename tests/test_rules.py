@@ -315,6 +315,54 @@ def test_overridden_threshold_duration_severity_and_selector_change_what_fires(t
         assert rule["annotations"]["runbook_url"] == f"https://runbooks.example/xpu.md#{rule['alert'].lower()}"
 
 
+# The device alerts' own knobs overridden: the sustained power limit counts as a throttle reason, the
+# memory sensor is compared too, above 100 °C. 03 runs at its power limit, its GPU at 97 °C (under the
+# overridden threshold), its memory at 101 °C.
+DEVICE_KNOBS_TEST = """\
+rule_files: [rules.yaml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'xpu_frequency_throttled{instance="a:1",job="vllm-xpu-exporter",device="0000:03:00.0",domain="gpu",reason="average_power"}'
+        values: '1x30'
+      - series: 'xpu_frequency_throttled{instance="a:1",job="vllm-xpu-exporter",device="0000:03:00.0",domain="gpu",reason="thermal"}'
+        values: '0x30'
+      - series: 'xpu_temperature_celsius{instance="a:1",job="vllm-xpu-exporter",device="0000:03:00.0",sensor="gpu"}'
+        values: '97x30'
+      - series: 'xpu_temperature_celsius{instance="a:1",job="vllm-xpu-exporter",device="0000:03:00.0",sensor="memory"}'
+        values: '101x30'
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: XpuDeviceThrottled
+        exp_alerts:
+          - exp_labels: {severity: info, instance: "a:1", job: vllm-xpu-exporter, device: "0000:03:00.0", domain: gpu, reason: average_power}
+            exp_annotations:
+              summary: "A GPU's clock is held down for thermal or power reasons."
+              description: "The gpu clock of device 0000:03:00.0 on a:1 has been throttled for 5m, reason average_power; temperatures: gpu 97 °C, memory 101 °C. The units on it run slower than they could.\\nThe card runs at its average_power limit. A busy GPU reaches its power and current limits by design; a software or hardware range means a lower frequency range was set."
+              runbook_url: "https://github.com/vllm-xpu-exporter/vllm-xpu-exporter/blob/main/docs/runbook.md#xpudevicethrottled"
+      - eval_time: 5m
+        alertname: XpuDeviceTemperatureHigh
+        exp_alerts:
+          - exp_labels: {severity: warning, instance: "a:1", job: vllm-xpu-exporter, device: "0000:03:00.0", sensor: memory}
+            exp_annotations:
+              summary: "A GPU runs hot."
+              description: "The memory temperature of device 0000:03:00.0 on a:1 has been above 100 °C for 5m, now 101 °C. Near its junction limit the card slows down and, past it, shuts down. Check the card's fans and airflow, dust, the room or rack temperature and hot cards next to it."
+              runbook_url: "https://github.com/vllm-xpu-exporter/vllm-xpu-exporter/blob/main/docs/runbook.md#xpudevicetemperaturehigh"
+"""
+
+
+def test_overridden_throttle_reasons_and_temperature_sensors_and_threshold_change_what_fires(tmp_path):
+    overrides = {"deviceThrottledReasons": "average_power|thermal", "deviceThrottledFor": "5m",
+                 "deviceThrottledSeverity": "info", "temperatureSensorSelector": 'sensor=~"gpu|memory"',
+                 "temperatureHighCelsius": "100", "temperatureHighFor": "5m"}
+    (tmp_path / "rules.yaml").write_text(render.render(overrides))
+    (tmp_path / "device-knobs.test.yaml").write_text(DEVICE_KNOBS_TEST)
+    assert promtool("check", "rules", str(tmp_path / "rules.yaml")).returncode == 0
+    result = promtool("test", "rules", str(tmp_path / "device-knobs.test.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 # Two exporters of job "gpu" whose journal collectors watch no unit for 90 minutes; b:1 is a host
 # without vLLM units. The test expects the instances listed in `firing` to have the alert at 90 minutes.
 NO_UNITS_TEST = """\
@@ -380,6 +428,10 @@ def test_the_command_line_renders_values_files_and_assignments(tmp_path):
     ("exporterDownSeverity", "page", "severity must be one of"),
     ("memoryNearlyFullFreeRatio", "5", "a ratio is a number from 0 to 1"),
     ("restartHeadroomThresholdBytes", "1GiB", "a number of bytes"),
+    ("temperatureHighCelsius", "95C", "a number of degrees Celsius"),
+    ("deviceThrottledReasons", "thermal|hot", "not a throttle reason: 'hot'"),
+    ("deviceThrottledReasons", "thermal|", "not a throttle reason: ''"),
+    ("temperatureSensorSelector", 'sensor="gpu"}', "label matchers without braces"),
     ("selector", '{job="x"}', "label matchers without braces"),
     ("unitsExpectedSelector", "", "label matchers without braces"),
 ])
@@ -415,6 +467,13 @@ def test_the_operator_doc_lists_every_alert_with_its_severities():
     for name, severities in listed.items():
         assert set(severities.split(" / ")) == {rule["labels"]["severity"] for rule in alerting_rules()
                                                  if rule["alert"] == name}, name
+
+
+def test_the_readme_lists_every_alert():
+    listing = re.search(r"^Alerts:\n\n(.+?)\n\n", README.read_text(), re.M | re.S)
+    assert listing, "the README lists no alerts"
+    listed = re.findall(r"`(Xpu\w+)`", listing.group(1))
+    assert sorted(listed) == sorted(alert_names())
 
 
 def test_the_operator_doc_alertmanager_example_is_valid(tmp_path):
