@@ -21,6 +21,7 @@ kernel's drm-usage-stats documentation and drivers (see /work/shared/reference/l
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,6 +170,17 @@ class FakeProcess:
         for index in range(count):
             adders[index % len(adders)]()
 
+    def close_fd(self, fd: int) -> None:
+        """The process closes fd `fd`: its fd and fdinfo entries go."""
+        (self.path / "fd" / str(fd)).unlink()
+        (self.path / "fdinfo" / str(fd)).unlink()
+        self.fds.remove(fd)
+
+    def reopen_drm_fd(self, fd: int, fdinfo: str) -> None:
+        """The process closes fd `fd` and opens a DRM device again, which gets the same number (the
+        lowest free one): the fdinfo entry says what the fd now is."""
+        (self.path / "fdinfo" / str(fd)).write_text(fdinfo)
+
     def add_drm_fd_without_fdinfo(self, minor: int = RENDER_MINOR) -> int:
         """A DRM fd closed between listing fd/ and reading fdinfo/ (vanished)."""
         fd = self._new_fd()
@@ -249,6 +261,11 @@ class FakeProcfs:
     def add_unit_process(self, pid: int, unit_path: str) -> FakeProcess:
         """A process in cgroup v2 path `unit_path`, e.g. `/system.slice/vllm-a.service`."""
         return self.add_process(pid, v2_cgroup(unit_path))
+
+    def remove_process(self, pid: int) -> None:
+        """The process exits: its directory goes (and its pid may be used again by add_process)."""
+        shutil.rmtree(self.root / str(pid))
+        del self.processes[pid]
 
     def add_vanished_process(self, pid: int) -> None:
         """A pid directory whose fd/ is already gone: the process exited mid-scan (ENOENT)."""

@@ -40,12 +40,14 @@ class ProcessesCollector(Collector):
     description = "per-unit device memory from processes"
 
     def __init__(self, procfs_root: str = "/proc", journal: JournalFollower | None = None) -> None:
-        self._procfs = procfs_root
         self._scanner = procfs.DrmClientScanner(procfs_root)
         self._journal = journal
         self._lock = threading.Lock()
         self._last_device_of_unit: dict[str, str] = {}
         self._warned_unreadable = False
+
+    def stop(self) -> None:
+        self._scanner.close()
 
     def collect(self, scrape: Scrape) -> Iterator[Metric]:
         problems: list[str] = []
@@ -119,7 +121,7 @@ class ProcessesCollector(Collector):
     def _attribute(self, reading: DeviceProcesses) -> Attribution:
         by_unit: dict[str, int] = {}
         for process in reading.processes:
-            unit = procfs.unit_of_pid(self._procfs, process.pid)
+            unit = self._scanner.unit_of(process.pid)
             if unit is not None:
                 by_unit[unit] = by_unit.get(unit, 0) + process.mem_size
         return Attribution(LEVELZERO, by_unit, sum(p.mem_size for p in reading.processes))
