@@ -28,9 +28,10 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client.exposition import gzip_accepted
 
 from exporter import __version__
+from exporter.exposition import choose_encoder
 from exporter.webconfig import ReloadingWebConfig, WebConfig
 
 logger = logging.getLogger("exporter.web")
