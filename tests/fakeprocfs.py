@@ -12,7 +12,9 @@ Unreadable entries: the tests run as root, which chmod 000 cannot stop, so unrea
 with errors root does get, raised at once and never blocking: a directory where the fdinfo or cgroup
 file should be (EISDIR on read), a regular file where the fd directory should be (ENOTDIR). Vanished
 entries (a process exiting mid-scan): an fd entry without its fdinfo, an fd whose link dangles, a pid
-directory without an fd directory, a missing cgroup file (all ENOENT, as from a real /proc).
+directory without an fd directory, a missing cgroup file (all ENOENT, as from a real /proc). Between
+scans (`close_fd`, `remove_process`) a closed fd's fdinfo is emptied before it goes: a reader that kept
+it open reads no DRM fd, where /proc fails the read.
 
 Also the fdinfo texts the kernels print (`xe_fdinfo`, `i915_fdinfo`, `i915_61_fdinfo`), taken from the
 kernel's drm-usage-stats documentation and drivers (see /work/shared/reference/level-zero.md §4).
@@ -171,8 +173,10 @@ class FakeProcess:
             adders[index % len(adders)]()
 
     def close_fd(self, fd: int) -> None:
-        """The process closes fd `fd`: its fd and fdinfo entries go."""
+        """The process closes fd `fd`: its fd and fdinfo entries go (see `FakeProcfs.remove_process`
+        for what a reader that kept the fdinfo file open sees)."""
         (self.path / "fd" / str(fd)).unlink()
+        _empty(self.path / "fdinfo" / str(fd))
         (self.path / "fdinfo" / str(fd)).unlink()
         self.fds.remove(fd)
 
@@ -263,8 +267,15 @@ class FakeProcfs:
         return self.add_process(pid, v2_cgroup(unit_path))
 
     def remove_process(self, pid: int) -> None:
-        """The process exits: its directory goes (and its pid may be used again by add_process)."""
-        shutil.rmtree(self.root / str(pid))
+        """The process exits: its directory goes (and its pid may be used again by add_process).
+
+        A kept-open /proc/PID/fdinfo/N fails to read once fd N is closed or the process has exited
+        (it belongs to the process, not to the pid); a removed file here would read back as before. So
+        its fdinfo files are emptied first: a reader that kept one open reads no DRM fd there."""
+        directory = self.root / str(pid)
+        for fdinfo in (directory / "fdinfo").iterdir():
+            _empty(fdinfo)
+        shutil.rmtree(directory)
         del self.processes[pid]
 
     def add_vanished_process(self, pid: int) -> None:
@@ -277,3 +288,8 @@ class FakeProcfs:
         path.mkdir()
         (path / "fd").write_text("")
         (path / "cgroup").write_text(v2_cgroup("/"))
+
+
+def _empty(fdinfo: Path) -> None:
+    if fdinfo.is_file():
+        fdinfo.write_text("")

@@ -102,10 +102,10 @@ class DrmClientScanner:
     text again on each such read. Nothing read is trusted across scans: an open /proc/PID/fdinfo/N
     belongs to the process it was opened in, not to the pid, so once that process has exited (its pid
     reused or not) or closed fd N, the read fails (ENOENT); when N has been reused for another file,
-    the text says so (no `drm-driver`, or a `drm-client-id` and `drm-pdev` of its own); and on a tree
-    that is not procfs (a copy, a test fixture), a file removed since is caught by its link count. Any
-    of these walks the process again at once, as if it were new, so a scan sees what a full scan
-    would. A process's unit (its cgroup file) is read once per walk.
+    the text says so (no `drm-driver`, or a `drm-client-id` and `drm-pdev` of its own). Any of these
+    walks the process again at once, as if it were new, so a scan sees what a full scan would. (A tree
+    that is not procfs cannot fail a read of a removed file: tests/fakeprocfs.py empties a closed fd's
+    fdinfo instead, which reads as no DRM fd.) A process's unit (its cgroup file) is read once per walk.
     Thread-safe (scans are serial).
     """
 
@@ -179,6 +179,7 @@ class DrmClientScanner:
             scan.failed(pid, error)
             return
         by_client: dict[Hashable, _DrmFd] = {}
+        clients = []
         try:
             for fd, minor in drm_fds:
                 try:
@@ -194,26 +195,25 @@ class DrmClientScanner:
                 if client is None:
                     os.close(handle)
                     continue
-                scan.add(pid, fd, minor, client)
-                identity = _identity(client, minor)
-                known = by_client.get(identity) if client.client_id is not None else None
+                drm_fd = _DrmFd(pid, fd, minor, client)
+                known = by_client.get(drm_fd.key)
                 if known is not None:
                     # Another fd of a client already read (dup'd): the same kernel object, the same figures.
-                    known.duplicates += 1
+                    known.fds += 1
                     os.close(handle)
                     continue
-                drm_fd = _DrmFd(fd, minor, identity)
                 if self._held < self._max_held:
                     self._held += 1
                     drm_fd.handle = handle
-                    # procfs files have no size: the kernel writes their text as they are read.
-                    drm_fd.stored = os.fstat(handle).st_size > 0
                 else:
                     os.close(handle)
-                by_client[identity] = drm_fd
+                by_client[drm_fd.key] = drm_fd
                 process.drm_fds.append(drm_fd)
+                clients.append(client)
         finally:
             os.close(fdinfo_dir)
+        for drm_fd, client in zip(process.drm_fds, clients):
+            scan.add(pid, drm_fd, client)
 
     def _read(self, scan: _Scan, pid: int, process: _Process) -> bool:
         """Read the known DRM clients of a process that is not due for a walk into `scan`; False, with
@@ -224,23 +224,21 @@ class DrmClientScanner:
             try:
                 if handle < 0:
                     text = read_text(f"{self.procfs}/{pid}/fdinfo/{drm_fd.fd}", MAX_FDINFO_BYTES)
-                elif drm_fd.stored and os.fstat(handle).st_nlink == 0:
-                    return False  # removed: what a closed fd's fdinfo is on a tree that is not procfs
                 else:
                     data = os.pread(handle, FIRST_READ_BYTES, 0)
                     text = (data.decode("utf-8", "replace") if len(data) < FIRST_READ_BYTES
                             else read_open_file(handle, MAX_FDINFO_BYTES))
                 client = parse_fdinfo(text)
                 # Not a DRM fd any more, or another client's: fd N was closed and opened again.
-                if client is None or _identity(client, drm_fd.minor) != drm_fd.identity:
+                if client is None or client.client_id != drm_fd.client_id or client.pdev != drm_fd.pdev:
                     return False
                 if client.pdev is None and not _same_device(self.procfs, pid, drm_fd):
                     return False
             except OSError:
                 return False
-            clients.append((drm_fd, client))
-        for drm_fd, client in clients:
-            scan.add(pid, drm_fd.fd, drm_fd.minor, client, 1 + drm_fd.duplicates)
+            clients.append(client)
+        for drm_fd, client in zip(process.drm_fds, clients):
+            scan.add(pid, drm_fd, client)
         return True
 
     def _release(self, process: _Process) -> None:
@@ -249,11 +247,6 @@ class DrmClientScanner:
                 os.close(drm_fd.handle)
                 self._held -= 1
         process.drm_fds = []
-
-
-def _identity(client: DrmClient, minor: int) -> tuple[str, int | None]:
-    """Which client an fd holds: its device (`drm-pdev`, else the fd's device minor) and `drm-client-id`."""
-    return client.pdev or f"{DRM_MAJOR}:{minor}", client.client_id
 
 
 def default_max_held_fds() -> int:
@@ -391,19 +384,20 @@ def read_open_file(fd: int, limit: int) -> str:
 
 class _DrmFd:
     """A DRM client of a process as its walk found it: the fd read for it, its fdinfo file kept open
-    (`handle`; -1 when not kept open), and how many more fds of the process hold the same client.
-    `stored`: the fdinfo file has a size, so it is a stored file (a test fixture, a copy) and not procfs,
-    whose files are pinned to their process and fd: a removed one would still read back."""
+    (`handle`; -1 when not kept open), and how many fds of the process hold the client (dup'd fds)."""
 
-    __slots__ = ("fd", "minor", "identity", "handle", "stored", "duplicates")
+    __slots__ = ("fd", "minor", "pdev", "client_id", "device", "key", "handle", "fds")
 
-    def __init__(self, fd: str, minor: int, identity: tuple[str, int | None]) -> None:
+    def __init__(self, pid: int, fd: str, minor: int, client: DrmClient) -> None:
         self.fd = fd
         self.minor = minor
-        self.identity = identity  # see _identity
+        self.pdev = client.pdev
+        self.client_id = client.client_id
+        self.device = client.pdev or f"{DRM_MAJOR}:{minor}"
+        # drm-client-id is unique per device (i915 on 6.1) or globally (6.2+); without one, each fd counts.
+        self.key: Hashable = (self.device, self.client_id) if self.client_id is not None else (self.device, pid, fd)
         self.handle = -1
-        self.stored = False
-        self.duplicates = 0
+        self.fds = 1
 
 
 _UNREAD = object()
@@ -477,19 +471,17 @@ class _Scan:
             os.close(fd_dir)
         return drm_fds
 
-    def add(self, pid: int, fd: str, minor: int, client: DrmClient, fds: int = 1) -> None:
-        """A client read through `fd` (and `fds` - 1 more fds of the process that hold it too)."""
-        self.drm_fds += fds
-        device = client.pdev or f"{DRM_MAJOR}:{minor}"  # as _identity
-        # drm-client-id is unique per device (i915 on 6.1) or globally (6.2+); without one, each fd counts.
-        key: Hashable = (device, client.client_id) if client.client_id is not None else (device, pid, fd)
+    def add(self, pid: int, drm_fd: _DrmFd, client: DrmClient) -> None:
+        """A client of process `pid`, read through `drm_fd`."""
+        self.drm_fds += drm_fd.fds
+        device = drm_fd.device
         if device not in self.drivers:
             self.drivers[device] = client.driver
-        if not self.memory_keys_seen and client.memory:
+        if client.memory:
             self.memory_keys_seen = True
         # Pids are scanned in ascending order, so the first holder seen is the lowest pid.
-        if key not in self.clients:
-            self.clients[key] = (device, pid, client.device_memory)
+        if drm_fd.key not in self.clients:
+            self.clients[drm_fd.key] = (device, pid, client.device_memory)
 
     def result(self, processes: int, known: dict[int, _Process]) -> ScanResult:
         memory_by_device_pid: dict[str, dict[int, int]] = {}
