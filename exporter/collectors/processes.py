@@ -139,11 +139,16 @@ class ProcessesCollector(Collector):
                                      "free memory vLLM (0.16+) demands at start; negative: a restart now would fail.",
                                      labels=["device", "unit"])
         # Only devices whose free memory was read: no rest or headroom from a figure that is not known.
-        memory = {d.identity.pci_address: d for d in devices if d.total is not None and d.free is not None}
+        memory: dict[str, tuple[int, int]] = {}  # device -> (total, free), each summed over its modules once
+        for device in devices:
+            total, free = device.total, device.free
+            if total is not None and free is not None:
+                memory[device.identity.pci_address] = (total, free)
         for pci, attribution in attributions.items():
             if pci not in memory:
                 continue
-            used = memory[pci].total - memory[pci].free
+            total, free = memory[pci]
+            used = total - free
             unattributed.add_metric([pci], max(0, used - attribution.total))
             overcounted.add_metric([pci], 1 if attribution.total > used else 0)
         gpus = [d.identity.pci_address for d in devices]
@@ -151,8 +156,9 @@ class ProcessesCollector(Collector):
             pci = self._device_of(unit, attributions, gpus)
             if pci not in memory:
                 continue
+            total, free = memory[pci]
             own = attributions[pci].by_unit.get(unit, 0) if pci in attributions else 0
-            headroom.add_metric([pci, unit], memory[pci].free + own - math.ceil(utilisation * memory[pci].total))
+            headroom.add_metric([pci, unit], free + own - math.ceil(utilisation * total))
         yield from (unattributed, overcounted, headroom)
 
     def _watched_settings(self, scrape: Scrape) -> list[tuple[str, float]]:
