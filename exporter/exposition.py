@@ -23,6 +23,7 @@ from prometheus_client import exposition as client_exposition
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import exposition as client_openmetrics
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 # Names every escaping scheme but "dots" leaves as they are, in both formats. Not `:` (OpenMetrics with
@@ -100,13 +101,7 @@ def _text_family(output: list[str], family: Metric, label_pairs: dict[tuple[str,
     documentation = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
     output.append(f"# HELP {name}{suffix} {documentation}\n# TYPE {name}{suffix} {kind}\n")
     # Samples the text format moves into a gauge family of their own: prometheus_client's business.
-    moved = (name + "_created", name + "_gsum", name + "_gcount")
-    for sample in family.samples:
-        sample_name = sample.name
-        if (sample_name in moved or sample.timestamp is not None or sample.exemplar is not None
-                or sample.native_histogram is not None):
-            raise _NotPlain(sample_name)
-        output.append(_sample_line(_plain(sample_name), sample.labels, sample.value, label_pairs))
+    _write_samples(output, family.samples, label_pairs, (name + "_created", name + "_gsum", name + "_gcount"))
 
 
 def _openmetrics_family(output: list[str], family: Metric, label_pairs: dict[tuple[str, str], str]) -> None:
@@ -115,22 +110,38 @@ def _openmetrics_family(output: list[str], family: Metric, label_pairs: dict[tup
     output.append(f"# HELP {name} {documentation}\n# TYPE {name} {family.type}\n")
     if family.unit:
         output.append(f"# UNIT {name} {family.unit}\n")
-    for sample in family.samples:
+    _write_samples(output, family.samples, label_pairs, ())
+
+
+def _write_samples(output: list[str], samples: list[Sample], label_pairs: dict[tuple[str, str], str],
+                   moved: tuple[str, ...]) -> None:
+    append = output.append
+    names: set[str] = set()  # sample names of the family found plain
+    for sample in samples:
+        name = sample.name
+        if name not in names:
+            if name in moved:
+                raise _NotPlain(name)
+            names.add(_plain(name))
         if sample.timestamp is not None or sample.exemplar is not None or sample.native_histogram is not None:
-            raise _NotPlain(sample.name)
-        output.append(_sample_line(_plain(sample.name), sample.labels, sample.value, label_pairs))
+            raise _NotPlain(name)
+        value = sample.value
+        text = f"{value}.0" if value.__class__ is int and -1_000_000 < value < 1_000_000 else _go_float(value)
+        labels = sample.labels
+        if not labels:
+            append(f"{name} {text}\n")
+        elif len(labels) == 1:
+            (label,) = labels.items()
+            append(f"{name}{{{label_pairs.get(label) or _label_pair(label, label_pairs)}}} {text}\n")
+        else:
+            pairs = ",".join([label_pairs.get(label) or _label_pair(label, label_pairs)
+                              for label in sorted(labels.items())])
+            append(f"{name}{{{pairs}}} {text}\n")
 
 
-def _sample_line(name: str, labels: dict[str, str], value: float, label_pairs: dict[tuple[str, str], str]) -> str:
-    if not labels:
-        return f"{name} {_go_float(value)}\n"
-    pairs = []
-    for label in sorted(labels.items()):
-        pair = label_pairs.get(label)
-        if pair is None:
-            pair = label_pairs[label] = f'{_plain_label(label[0])}="{_escape(label[1])}"'
-        pairs.append(pair)
-    return f"{name}{{{','.join(pairs)}}} {_go_float(value)}\n"
+def _label_pair(label: tuple[str, str], label_pairs: dict[tuple[str, str], str]) -> str:
+    pair = label_pairs[label] = f'{_plain_label(label[0])}="{_escape(label[1])}"'
+    return pair
 
 
 def _go_float(value: float) -> str:
