@@ -94,12 +94,13 @@ class DrmClientScanner:
     Finding the DRM fds means a stat of each fd of each process: most of a scan on a busy host. The
     scanner walks a process's fd table when it first sees the process, then again after 0.5 to 1.5
     times `rescan_seconds` (spread by pid, so that walks do not all fall on one scrape); in between
-    it reads only the fdinfo of the DRM fds it found, which is what changes. A DRM fd that a known
-    process opens shows up within 1.5 × `rescan_seconds`; one it closes, at once.
+    it reads only the fdinfo of the DRM clients it found, which is what changes: through one fd per
+    client (a client's dup'd fds say the same). A DRM fd that a known process opens shows up within
+    1.5 × `rescan_seconds`; one it closes, at once.
 
-    The fdinfo files of the DRM fds stay open between scans (at most `max_held_fds`, by default a
-    quarter of the soft RLIMIT_NOFILE) and are re-read with pread at offset 0: the kernel generates the
-    text again on each such read. Nothing read is trusted across scans: an open /proc/PID/fdinfo/N
+    The fdinfo files read stay open between scans (at most `max_held_fds`, by default a quarter of the
+    soft RLIMIT_NOFILE; they count in process_open_fds) and are re-read with pread at offset 0: the
+    kernel generates the text again on each such read. Nothing read is trusted across scans: an open /proc/PID/fdinfo/N
     belongs to the process it was opened in, not to the pid, so once that process has exited (its pid
     reused or not) or closed fd N, the read fails (ENOENT); when N has been reused for another file,
     the text says so (no `drm-driver`, or a `drm-client-id` and `drm-pdev` of its own). Any of these
