@@ -1,7 +1,7 @@
 """Where a scrape's time goes: py-spy samples the real exporter process while it is scraped in a loop.
 
     pip install py-spy
-    python benchmarks/profile_scrape.py [--host large] [--seconds 20] [--out /tmp/scrape.txt]
+    python benchmarks/profile_scrape.py [--host large] [--seconds 20] [--gil] [--out /tmp/scrape.txt]
 
 Prints the functions with the most samples (own time and with callees); `--out` keeps py-spy's raw
 collapsed stacks (flamegraph.pl / speedscope read them).
@@ -57,6 +57,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--gil", action="store_true",
+                        help="sample only while a thread holds the GIL: Python's own time, not its waits")
     args = parser.parse_args()
     # pip puts py-spy beside the interpreter, which need not be on PATH (.venv/bin/python benchmarks/...).
     py_spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or shutil.which("py-spy")
@@ -77,7 +79,8 @@ def main() -> int:
             thread.start()
             out = args.out or Path(workdir) / "collapsed.txt"
             subprocess.run([py_spy, "record", "--pid", str(host.pid), "--duration", str(args.seconds),
-                            "--rate", str(args.rate), "--format", "raw", "--nonblocking", "--output", str(out)],
+                            "--rate", str(args.rate), "--format", "raw", "--nonblocking", "--output", str(out),
+                            *(["--gil"] if args.gil else [])],
                            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             stop.set()
             thread.join()

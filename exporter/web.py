@@ -23,9 +23,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 
 from exporter import __version__
+from exporter.exposition import choose_encoder
 from exporter.httpserver import ConnectionServer, Request, Response, ServerLimits, render_response
 from exporter.webconfig import PasswordChecksBusy, ReloadingWebConfig, WebConfig
 

@@ -12,7 +12,9 @@ Unreadable entries: the tests run as root, which chmod 000 cannot stop, so unrea
 with errors root does get, raised at once and never blocking: a directory where the fdinfo or cgroup
 file should be (EISDIR on read), a regular file where the fd directory should be (ENOTDIR). Vanished
 entries (a process exiting mid-scan): an fd entry without its fdinfo, an fd whose link dangles, a pid
-directory without an fd directory, a missing cgroup file (all ENOENT, as from a real /proc).
+directory without an fd directory, a missing cgroup file (all ENOENT, as from a real /proc). Between
+scans (`close_fd`, `remove_process`) a closed fd's fdinfo is emptied before it goes: a reader that kept
+it open reads no DRM fd, where /proc fails the read.
 
 Also the fdinfo texts the kernels print (`xe_fdinfo`, `i915_fdinfo`, `i915_61_fdinfo`), taken from the
 kernel's drm-usage-stats documentation and drivers (see /work/shared/reference/level-zero.md §4).
@@ -21,6 +23,7 @@ kernel's drm-usage-stats documentation and drivers (see /work/shared/reference/l
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,6 +172,19 @@ class FakeProcess:
         for index in range(count):
             adders[index % len(adders)]()
 
+    def close_fd(self, fd: int) -> None:
+        """The process closes fd `fd`: its fd and fdinfo entries go (see `FakeProcfs.remove_process`
+        for what a reader that kept the fdinfo file open sees)."""
+        (self.path / "fd" / str(fd)).unlink()
+        _empty(self.path / "fdinfo" / str(fd))
+        (self.path / "fdinfo" / str(fd)).unlink()
+        self.fds.remove(fd)
+
+    def reopen_drm_fd(self, fd: int, fdinfo: str) -> None:
+        """The process closes fd `fd` and opens a DRM device again, which gets the same number (the
+        lowest free one): the fdinfo entry says what the fd now is."""
+        (self.path / "fdinfo" / str(fd)).write_text(fdinfo)
+
     def add_drm_fd_without_fdinfo(self, minor: int = RENDER_MINOR) -> int:
         """A DRM fd closed between listing fd/ and reading fdinfo/ (vanished)."""
         fd = self._new_fd()
@@ -250,6 +266,18 @@ class FakeProcfs:
         """A process in cgroup v2 path `unit_path`, e.g. `/system.slice/vllm-a.service`."""
         return self.add_process(pid, v2_cgroup(unit_path))
 
+    def remove_process(self, pid: int) -> None:
+        """The process exits: its directory goes (and its pid may be used again by add_process).
+
+        A kept-open /proc/PID/fdinfo/N fails to read once fd N is closed or the process has exited
+        (it belongs to the process, not to the pid); a removed file here would read back as before. So
+        its fdinfo files are emptied first: a reader that kept one open reads no DRM fd there."""
+        directory = self.root / str(pid)
+        for fdinfo in (directory / "fdinfo").iterdir():
+            _empty(fdinfo)
+        shutil.rmtree(directory)
+        del self.processes[pid]
+
     def add_vanished_process(self, pid: int) -> None:
         """A pid directory whose fd/ is already gone: the process exited mid-scan (ENOENT)."""
         (self.root / str(pid)).mkdir()
@@ -260,3 +288,8 @@ class FakeProcfs:
         path.mkdir()
         (path / "fd").write_text("")
         (path / "cgroup").write_text(v2_cgroup("/"))
+
+
+def _empty(fdinfo: Path) -> None:
+    if fdinfo.is_file():
+        fdinfo.write_text("")

@@ -27,7 +27,7 @@ import pytest
 import journalgen
 from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, xe_fdinfo
-from fakeze import (A770_TELEMETRY, ZES_RAS_ERROR_TYPE_UNCORRECTABLE, FakeConfig, FakeMemoryModule, FakeRas,
+from fakeze import (A770_TELEMETRY, ZES_RAS_ERROR_TYPE_UNCORRECTABLE, FakeConfig, FakeRas,
                     fake_driver_env, write_config)
 from polling import wait_for
 from promql import (REPO, alerting_rules, dashboard_queries, load_dashboard, metric_names,

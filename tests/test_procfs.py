@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -17,6 +19,7 @@ from exporter.sources.procfs import (
     DrmClientScanner,
     ProcfsUnavailable,
     ScanResult,
+    read_open_file,
     scan_drm_clients,
     systemd_cgroup_path,
     unit_of_cgroup_file,
@@ -417,3 +420,181 @@ def test_scanner_reads_a_known_process_unit_again_at_its_next_walk(tmp_path):
     assert scanner.scan().unit_by_pid == {10: "vllm-a.service"}
     clock.now += 15
     assert scanner.scan().unit_by_pid == {10: "vllm-b.service"}
+
+
+def test_scanner_stops_counting_a_drm_fd_closed_between_its_walks_at_once(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    process = procfs.add_unit_process(10, "/system.slice/vllm-a.service")
+    process.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
+    closing = process.add_drm_fd(xe_fdinfo(client_id=2, vram0=2 * MiB))
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), clock=clock)
+    assert scanner.scan().memory_by_device[GPU] == 3 * MiB
+    process.close_fd(closing)
+    clock.now += 1
+    assert scanner.scan() == scan_drm_clients(str(procfs.root))
+    assert scanner.scan().memory_by_device[GPU] == 1 * MiB
+    scanner.close()
+
+
+def test_scanner_walks_a_reused_pid_again_at_once_with_its_new_unit(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    procfs.add_unit_process(10, "/system.slice/vllm-a.service").add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock)
+    assert scanner.scan().unit_by_pid == {10: "vllm-a.service"}
+    procfs.remove_process(10)
+    procfs.add_unit_process(10, "/system.slice/vllm-b.service").add_drm_fd(xe_fdinfo(client_id=5, vram0=7 * MiB))
+    clock.now += 1
+    result = scanner.scan()
+    assert result.unit_by_pid == {10: "vllm-b.service"}
+    assert result.memory_by_device_unit == {GPU: {"vllm-b.service": 7 * MiB}}
+    scanner.close()
+
+
+def test_scanner_walks_a_process_again_when_a_known_fd_now_holds_another_client(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    process = procfs.add_unit_process(10, "/system.slice/vllm-a.service")
+    first = process.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
+    process.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))  # the same client through a dup'd fd
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), clock=clock)
+    assert (scanner.scan().clients, scanner.scan().drm_fds) == (1, 2)
+    process.reopen_drm_fd(first, xe_fdinfo(client_id=3, vram0=4 * MiB))
+    clock.now += 1
+    result = scanner.scan()
+    assert result == scan_drm_clients(str(procfs.root))
+    assert (result.clients, result.memory_by_device[GPU]) == (2, 5 * MiB)
+    scanner.close()
+
+
+def test_scanner_counts_unreadable_processes_on_every_scan_not_only_at_their_walks(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    procfs.add_unreadable_process(50)
+    procfs.add_unit_process(60, CODE).add_drm_fd_with_unreadable_fdinfo()
+    procfs.add_unit_process(100, CHAT).add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock)
+    assert scanner.scan().unreadable == 2
+    clock.now += 1
+    assert scanner.scan().unreadable == 2
+    scanner.close()
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_scanner_keeps_at_most_max_held_fds_open_and_reads_the_other_fdinfo_files_anew(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    processes = [procfs.add_unit_process(pid, CHAT) for pid in (10, 11, 12)]
+    fds = [process.add_drm_fd(xe_fdinfo(client_id=process.pid, vram0=1 * MiB)) for process in processes]
+    before = open_fds()
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), clock=clock, max_held_fds=2)
+    assert scanner.scan().memory_by_device[GPU] == 3 * MiB
+    assert open_fds() == before + 2
+    for process, fd in zip(processes, fds):
+        process.reopen_drm_fd(fd, xe_fdinfo(client_id=process.pid, vram0=2 * MiB))
+    clock.now += 1
+    assert scanner.scan().memory_by_device[GPU] == 6 * MiB
+    procfs.remove_process(10)
+    clock.now += 1
+    assert scanner.scan().memory_by_device[GPU] == 4 * MiB
+    assert open_fds() == before + 1
+    scanner.close()
+    assert open_fds() == before
+
+
+def test_scanner_unit_of_a_drm_holder_is_read_at_its_walks_and_of_any_other_pid_at_once(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    holder = procfs.add_unit_process(10, "/system.slice/vllm-a.service")
+    holder.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
+    other = procfs.add_unit_process(20, "/system.slice/other-a.service")
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock)
+    scanner.scan()
+    (holder.path / "cgroup").write_text(v2_cgroup("/system.slice/vllm-b.service"))
+    (other.path / "cgroup").write_text(v2_cgroup("/system.slice/other-b.service"))
+    clock.now += 1
+    scanner.scan()
+    assert (scanner.unit_of(10), scanner.unit_of(20), scanner.unit_of(99)) == ("vllm-a.service", "other-b.service",
+                                                                                None)
+    clock.now += 15
+    scanner.scan()
+    assert scanner.unit_of(10) == "vllm-b.service"
+    scanner.close()
+
+
+FD_HOLDER = """
+import os, sys
+os.dup2(os.open(sys.argv[1], os.O_RDONLY), 7)
+for step in ("opened", "moved", "closed"):
+    print(step, flush=True)
+    sys.stdin.readline()
+    if step == "opened":
+        os.lseek(7, 100, os.SEEK_SET)
+    elif step == "moved":
+        os.close(7)
+"""
+
+
+def test_an_open_fdinfo_file_of_real_proc_is_written_afresh_per_read_and_fails_once_its_fd_is_gone(tmp_path):
+    """What DrmClientScanner relies on: a kept-open /proc/PID/fdinfo/N read at offset 0 gives the text of
+    now, and fails (ENOENT) once the process has closed fd N or exited."""
+    target = tmp_path / "file"
+    target.write_bytes(b"x" * 200)
+    child = subprocess.Popen([sys.executable, "-c", FD_HOLDER, str(target)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "opened\n"
+        closed_fd = os.open(f"/proc/{child.pid}/fdinfo/7", os.O_RDONLY)
+        exited = os.open(f"/proc/{child.pid}/fdinfo/0", os.O_RDONLY)
+        assert read_open_file(closed_fd, 4096).startswith("pos:\t0\n")
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "moved\n"
+        assert read_open_file(closed_fd, 4096).startswith("pos:\t100\n")
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "closed\n"
+        with pytest.raises(FileNotFoundError):
+            read_open_file(closed_fd, 4096)
+        read_open_file(exited, 4096)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        child.wait(10)
+        with pytest.raises(FileNotFoundError):
+            read_open_file(exited, 4096)
+    finally:
+        child.kill()
+        child.wait()
+        for fd in (closed_fd, exited):
+            os.close(fd)
+
+
+def test_scanner_forgets_every_process_while_its_procfs_root_is_gone(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    procfs.add_unit_process(10, "/system.slice/vllm-a.service").add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
+    before = open_fds()
+    scanner = DrmClientScanner(str(procfs.root))
+    assert scanner.unit_of(10) == "vllm-a.service"
+    scanner.scan()
+    procfs.root.rename(tmp_path / "away")
+    with pytest.raises(ProcfsUnavailable):
+        scanner.scan()
+    assert scanner.unit_of(10) is None
+    assert open_fds() == before
+
+
+def test_scanner_keeps_clients_of_one_id_on_two_devices_without_pdev_apart(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    process = procfs.add_unit_process(10, CHAT)
+    process.add_drm_fd(xe_fdinfo(client_id=1, pdev=None, vram0=1 * MiB))
+    process.add_drm_fd(xe_fdinfo(client_id=1, pdev=None, vram0=2 * MiB), minor=CARD_MINOR)
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), clock=clock)
+    scanner.scan()
+    clock.now += 1
+    assert scanner.scan().memory_by_device == {"226:128": 1 * MiB, "226:0": 2 * MiB}
+    scanner.close()

@@ -42,11 +42,13 @@ class ProcessesCollector(Collector):
     def __init__(self, procfs_root: str = "/proc", reports_levelzero: bool = False) -> None:
         """`reports_levelzero`: the levelzero collector is disabled, so a Level Zero failure that costs this
         collector its unattributed rest and headroom is reported here, or nowhere."""
-        self._procfs = procfs_root
         self._reports_levelzero = reports_levelzero
         self._scanner = procfs.DrmClientScanner(procfs_root)
         self._last_device_of_unit: dict[str, str] = {}
         self._warned_unreadable = False
+
+    def stop(self) -> None:
+        self._scanner.close()
 
     def collect(self, context: ScrapeContext) -> Iterator[Metric]:
         problems: list[str] = []
@@ -133,7 +135,7 @@ class ProcessesCollector(Collector):
     def _attribute(self, reading: DeviceProcesses) -> Attribution:
         by_unit: dict[str, int] = {}
         for process in reading.processes:
-            unit = procfs.unit_of_pid(self._procfs, process.pid)
+            unit = self._scanner.unit_of(process.pid)
             if unit is not None:
                 by_unit[unit] = by_unit.get(unit, 0) + process.mem_size
         return Attribution(LEVELZERO, by_unit, sum(p.mem_size for p in reading.processes))
@@ -151,11 +153,16 @@ class ProcessesCollector(Collector):
                                      "free memory vLLM (0.16+) demands at start; negative: a restart now would fail.",
                                      labels=["device", "unit"])
         # Only devices whose free memory was read: no rest or headroom from a figure that is not known.
-        memory = {d.identity.pci_address: d for d in devices if d.total is not None and d.free is not None}
+        memory: dict[str, tuple[int, int]] = {}  # device -> (total, free), each summed over its modules once
+        for device in devices:
+            total, free = device.total, device.free
+            if total is not None and free is not None:
+                memory[device.identity.pci_address] = (total, free)
         for pci, attribution in attributions.items():
             if pci not in memory:
                 continue
-            used = memory[pci].total - memory[pci].free
+            total, free = memory[pci]
+            used = total - free
             unattributed.add_metric([pci], max(0, used - attribution.total))
             overcounted.add_metric([pci], 1 if attribution.total > used else 0)
         gpus = [d.identity.pci_address for d in devices]
@@ -163,8 +170,9 @@ class ProcessesCollector(Collector):
             pci = self._device_of(unit, attributions, gpus)
             if pci not in memory:
                 continue
+            total, free = memory[pci]
             own = attributions[pci].by_unit.get(unit, 0) if pci in attributions else 0
-            headroom.add_metric([pci, unit], memory[pci].free + own - math.ceil(utilisation * memory[pci].total))
+            headroom.add_metric([pci, unit], free + own - math.ceil(utilisation * total))
         yield from (unattributed, overcounted, headroom)
 
     def _watched_settings(self, context: ScrapeContext) -> list[tuple[str, float]]:

@@ -40,10 +40,12 @@ DEVICE_LOCAL_REGION_PREFIXES = ("vram", "local")  # xe, i915
 
 # drm-<kind>-<region> -> field of RegionMemory. "purgeable" and "active" are not kept.
 MEMORY_KINDS = {"total": "total", "shared": "shared", "resident": "resident", "memory": "resident"}
-# The lines parse_fdinfo looks at: identity and memory keys, whole lines of at most MAX_LINE_CHARS.
+# The lines parse_fdinfo looks at: identity and memory keys (not xe's engine counters
+# `drm-total-cycles-<engine>`), whole lines of at most MAX_LINE_CHARS. Matched in "\n" + text: a literal
+# first character lets the regex engine jump from line to line (twice as fast as `^` with MULTILINE).
 _LINES_OF_INTEREST = re.compile(
-    r"^drm-(?:driver:|pdev:|client-id:|total-|shared-|resident-|memory-)[^\n]{0,%d}$" % (MAX_LINE_CHARS - 14),
-    re.MULTILINE)
+    r"\ndrm-(?:driver:|pdev:|client-id:|total-(?!cycles-)|shared-|resident-|memory-)[^\n]{0,%d}$"
+    % (MAX_LINE_CHARS - 14), re.MULTILINE)
 # One such line split into its parts: identity keys, and memory keys with a well-formed size (not xe's
 # engine counter `drm-total-cycles-<engine>`, which shares the `drm-total-` prefix). No nested repetition.
 _LINE = re.compile(
@@ -72,11 +74,17 @@ class DrmClient:
     client_id: int | None
     memory: Mapping[str, RegionMemory]  # region name -> sizes; empty when the kernel prints no memory keys
 
+    @functools.cached_property
+    def device_memory(self) -> int:
+        """`device_memory_bytes(self)`, worked out once: parse_fdinfo returns the same client for the same
+        lines, read after read."""
+        return device_memory_bytes(self)
+
 
 def parse_fdinfo(text: str) -> DrmClient | None:
     """Parse one fdinfo file; None when it is not a DRM client's (no `drm-driver` key)."""
     # A busy client's fdinfo changes on every read (engine counters), the lines read here seldom do.
-    return _parse_lines(tuple(_LINES_OF_INTEREST.findall(text)))
+    return _parse_lines(tuple(_LINES_OF_INTEREST.findall("\n" + text)))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -87,7 +95,7 @@ def _parse_lines(lines: tuple[str, ...]) -> DrmClient | None:
     sizes: dict[str, dict[str, int]] = {}
     deprecated_resident: dict[str, int] = {}
     for line in lines:
-        match = _LINE.fullmatch(line)
+        match = _LINE.fullmatch(line, 1)  # after the "\n" the line was matched with
         if match is None:
             continue
         ident, kind = match["ident"], match["kind"]

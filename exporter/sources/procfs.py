@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import stat
 import sys
 import threading
@@ -22,12 +23,14 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from exporter.parsers.fdinfo import DrmClient, device_memory_bytes, has_memory_keys, parse_fdinfo
+from exporter.parsers.fdinfo import DrmClient, parse_fdinfo
 
 DRM_MAJOR = 226
 # A DRM fdinfo is ~1-2 KiB and a cgroup file a few hundred bytes; anything bigger is not what we expect.
 MAX_FDINFO_BYTES = 64 * 1024
 MAX_CGROUP_BYTES = 64 * 1024
+# One read takes a whole fdinfo or cgroup file; a bigger one takes more.
+FIRST_READ_BYTES = 4096
 # Unit types whose cgroups hold processes. Slices only group other units, so a process's unit is never a slice.
 PROCESS_UNIT_SUFFIXES = (".service", ".scope", ".socket", ".mount", ".swap")
 # A process that exits mid-scan makes its /proc entries fail with these; that is normal, not an error.
@@ -60,7 +63,9 @@ class ScanResult:
     # device -> `drm-driver` (i915, xe, ...).
     driver_by_device: dict[str, str] = field(default_factory=dict)
     clients: int = 0  # distinct DRM clients
-    drm_fds: int = 0  # DRM fds whose fdinfo was parsed (several may share one client)
+    # DRM fds whose client was read (several may share one client: a process's fds of one client are
+    # found at its walk, and the client is read through one of them)
+    drm_fds: int = 0
     processes: int = 0  # process directories found
     # Processes not fully examined because a read failed: permission denied (the exporter lacks
     # CAP_SYS_PTRACE/CAP_DAC_READ_SEARCH) or any other error than the process or fd having gone.
@@ -75,51 +80,187 @@ class ScanResult:
 
 def scan_drm_clients(procfs: str = "/proc") -> ScanResult:
     """Scan every process under `procfs` for DRM clients; see `ScanResult`."""
-    pids = list_pids(procfs)
-    scan = _Scan(procfs)
-    for pid in pids:
-        scan.process(pid, scan.drm_fds_of(pid))
-    return scan.result(len(pids))
+    scanner = DrmClientScanner(procfs, max_held_fds=0)
+    try:
+        return scanner.scan()
+    finally:
+        scanner.close()
 
 
 class DrmClientScanner:
-    """`scan_drm_clients` for every scrape, without walking every fd of every process each time.
+    """`scan_drm_clients` for every scrape, without walking every fd of every process each time, and
+    re-reading the DRM fds' fdinfo through files it keeps open.
 
     Finding the DRM fds means a stat of each fd of each process: most of a scan on a busy host. The
-    scanner remembers which fds of a process are DRM fds. A process it has not seen is walked at once;
-    a known one again after 0.5 to 1.5 times `rescan_seconds` (spread by pid, so that walks do not all
-    fall on one scrape); in between only its DRM fds' fdinfo is read, which is what changes (its unit,
-    from its cgroup file, is read again at its next walk too). So a DRM fd that an already known
-    process opens shows up within 1.5 × `rescan_seconds`. Thread-safe (scans are serial).
+    scanner walks a process's fd table when it first sees the process, then again after 0.5 to 1.5
+    times `rescan_seconds` (spread by pid, so that walks do not all fall on one scrape); in between
+    it reads only the fdinfo of the DRM clients it found, which is what changes: through one fd per
+    client (a client's dup'd fds say the same). A DRM fd that a known process opens shows up within
+    1.5 × `rescan_seconds`; one it closes, at once.
+
+    The fdinfo files read stay open between scans (at most `max_held_fds`, by default a quarter of the
+    soft RLIMIT_NOFILE; they count in process_open_fds) and are re-read with pread at offset 0: the
+    kernel generates the text again on each such read. Nothing read is trusted across scans: an open /proc/PID/fdinfo/N
+    belongs to the process it was opened in, not to the pid, so once that process has exited (its pid
+    reused or not) or closed fd N, the read fails (ENOENT); when N has been reused for another file,
+    the text says so (no `drm-driver`, or a `drm-client-id` and `drm-pdev` of its own). Any of these
+    walks the process again at once, as if it were new, so a scan sees what a full scan would. (A tree
+    that is not procfs cannot fail a read of a removed file: tests/fakeprocfs.py empties a closed fd's
+    fdinfo instead, which reads as no DRM fd.) A process's unit (its cgroup file) is read once per walk.
+    Thread-safe (scans are serial).
     """
 
     def __init__(self, procfs: str = "/proc", rescan_seconds: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_held_fds: int | None = None) -> None:
         self.procfs = procfs
         self.rescan_seconds = rescan_seconds
         self._clock = clock
+        self._max_held = default_max_held_fds() if max_held_fds is None else max_held_fds
+        self._held = 0
         self._lock = threading.Lock()
-        self._drm_fds: dict[int, tuple[float, list[tuple[str, int]]]] = {}  # pid -> (walk due, DRM fds)
-        self._units: dict[int, str | None] = {}  # pid -> unit, read again at the pid's next walk
+        self._processes: dict[int, _Process] = {}
 
     def scan(self) -> ScanResult:
         with self._lock:
-            pids = list_pids(self.procfs)
+            try:
+                pids = list_pids(self.procfs)
+            except ProcfsUnavailable:
+                self._release_all()  # nothing known of any process holds any more
+                raise
             now = self._clock()
-            scan = _Scan(self.procfs, self._units)
-            known: dict[int, tuple[float, list[tuple[str, int]]]] = {}
-            for pid in pids:
-                due, drm_fds = self._drm_fds.get(pid, (now, []))
-                if now >= due:
-                    drm_fds = scan.drm_fds_of(pid)
-                    due = now + self.rescan_seconds * (0.5 + (pid % 16) / 16)
-                    self._units.pop(pid, None)
-                known[pid] = (due, drm_fds)
-                scan.process(pid, drm_fds)
-            self._drm_fds = known
-            result = scan.result(len(pids))
-            self._units = dict(result.unit_by_pid)
-            return result
+            scan = _Scan(self.procfs)
+            previous, self._processes = self._processes, {}
+            try:
+                for pid in pids:
+                    process = previous.pop(pid, None)
+                    if process is None or now >= process.walk_due or not self._read(scan, pid, process):
+                        process = self._walk(scan, pid, process, now)
+                    elif process.unreadable:
+                        scan.unreadable.add(pid)  # as at its walk: a process that could not be read still cannot
+                    self._processes[pid] = process
+            finally:
+                for gone in previous.values():
+                    self._release(gone)
+            return scan.result(len(pids), self._processes)
+
+    def unit_of(self, pid: int) -> str | None:
+        """The systemd unit of `pid` (see `unit_of_cgroup_path`): for a process holding DRM fds, as read
+        at its last walk (for that very process: see the class); for any other pid, read now."""
+        with self._lock:
+            process = self._processes.get(pid)
+            if process is None or not process.drm_fds:
+                return unit_of_pid(self.procfs, pid)
+            return process.unit_of(self.procfs, pid, None)
+
+    def close(self) -> None:
+        """Close the fdinfo files kept open; the next scan walks every process again."""
+        with self._lock:
+            self._release_all()
+
+    def _release_all(self) -> None:
+        for process in self._processes.values():
+            self._release(process)
+        self._processes = {}
+
+    def _walk(self, scan: _Scan, pid: int, previous: _Process | None, now: float) -> _Process:
+        if previous is not None:
+            self._release(previous)
+        process = _Process(now + self.rescan_seconds * (0.5 + (pid % 16) / 16))
+        drm_fds = scan.drm_fds_of(pid)
+        if drm_fds:
+            self._open_fdinfo(scan, pid, process, drm_fds)
+        if pid in scan.unreadable:
+            process.unreadable = True
+        return process
+
+    def _open_fdinfo(self, scan: _Scan, pid: int, process: _Process, drm_fds: list[tuple[str, int]]) -> None:
+        try:
+            fdinfo_dir = os.open(f"{self.procfs}/{pid}/fdinfo", OPEN_DIRECTORY)
+        except OSError as error:
+            scan.failed(pid, error)
+            return
+        by_client: dict[Hashable, _DrmFd] = {}
+        clients = []
+        try:
+            for fd, minor in drm_fds:
+                try:
+                    handle = os.open(fd, OPEN_FILE, dir_fd=fdinfo_dir)
+                except OSError as error:
+                    scan.failed(pid, error)
+                    continue
+                try:
+                    client = parse_fdinfo(read_open_file(handle, MAX_FDINFO_BYTES))
+                except OSError as error:
+                    scan.failed(pid, error)
+                    client = None
+                if client is None:
+                    os.close(handle)
+                    continue
+                drm_fd = _DrmFd(pid, fd, minor, client)
+                known = by_client.get(drm_fd.key)
+                if known is not None:
+                    # Another fd of a client already read (dup'd): the same kernel object, the same figures.
+                    known.fds += 1
+                    os.close(handle)
+                    continue
+                if self._held < self._max_held:
+                    self._held += 1
+                    drm_fd.handle = handle
+                else:
+                    os.close(handle)
+                by_client[drm_fd.key] = drm_fd
+                process.drm_fds.append(drm_fd)
+                clients.append(client)
+        finally:
+            os.close(fdinfo_dir)
+        for drm_fd, client in zip(process.drm_fds, clients):
+            scan.add(pid, drm_fd, client)
+
+    def _read(self, scan: _Scan, pid: int, process: _Process) -> bool:
+        """Read the known DRM clients of a process that is not due for a walk into `scan`; False, with
+        nothing added, when any of their fds is not what it was (the process is walked again then)."""
+        clients = []
+        for drm_fd in process.drm_fds:
+            handle = drm_fd.handle
+            try:
+                if handle < 0:
+                    text = read_text(f"{self.procfs}/{pid}/fdinfo/{drm_fd.fd}", MAX_FDINFO_BYTES)
+                else:
+                    data = os.pread(handle, FIRST_READ_BYTES, 0)
+                    text = (data.decode("utf-8", "replace") if len(data) < FIRST_READ_BYTES
+                            else read_open_file(handle, MAX_FDINFO_BYTES))
+                client = parse_fdinfo(text)
+                # Not a DRM fd any more, or another client's: fd N was closed and opened again.
+                if client is None or client.client_id != drm_fd.client_id or client.pdev != drm_fd.pdev:
+                    return False
+                if client.pdev is None and not _same_device(self.procfs, pid, drm_fd):
+                    return False
+            except OSError:
+                return False
+            clients.append(client)
+        for drm_fd, client in zip(process.drm_fds, clients):
+            scan.add(pid, drm_fd, client)
+        return True
+
+    def _release(self, process: _Process) -> None:
+        for drm_fd in process.drm_fds:
+            if drm_fd.handle >= 0:
+                os.close(drm_fd.handle)
+                self._held -= 1
+        process.drm_fds = []
+
+
+def default_max_held_fds() -> int:
+    """A quarter of the soft limit on open files: the rest stays for connections and journal files."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 1024 if soft == resource.RLIM_INFINITY else soft // 4
+
+
+def _same_device(procfs: str, pid: int, drm_fd: _DrmFd) -> bool:
+    """For a client without `drm-pdev`, keyed by its device minor: whether fd N still is that device."""
+    target = os.stat(f"{procfs}/{pid}/fd/{drm_fd.fd}")
+    return (stat.S_ISCHR(target.st_mode) and os.major(target.st_rdev) == DRM_MAJOR
+            and os.minor(target.st_rdev) == drm_fd.minor)
 
 
 def list_pids(procfs: str) -> list[int]:
@@ -138,9 +279,14 @@ def unit_of_pid(procfs: str, pid: int) -> str | None:
     """The systemd unit of a process (see `unit_of_cgroup_path`); None when it is in the root cgroup or
     its cgroup file cannot be read (the process vanished, or permission denied)."""
     try:
-        return unit_of_cgroup_file(read_text(f"{procfs}/{pid}/cgroup", MAX_CGROUP_BYTES))
+        return read_unit(procfs, pid)
     except OSError:
         return None
+
+
+def read_unit(procfs: str, pid: int) -> str | None:
+    """`unit_of_pid`, raising the OSError of an unreadable cgroup file."""
+    return unit_of_cgroup_file(read_text(f"{procfs}/{pid}/cgroup", MAX_CGROUP_BYTES))
 
 
 def unit_of_cgroup_file(text: str) -> str | None:
@@ -214,33 +360,80 @@ def read_text(path: str, limit: int, dir_fd: int | None = None) -> str:
     """At most `limit` bytes of a file, decoded leniently (process names may be any bytes)."""
     fd = os.open(path, OPEN_FILE, dir_fd=dir_fd)
     try:
-        chunks: list[bytes] = []
-        size = 0
+        return read_open_file(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def read_open_file(fd: int, limit: int) -> str:
+    """At most `limit` bytes from the start of an open file (pread: the file offset is not used), decoded
+    leniently. Procfs files are generated again by each read at offset 0."""
+    first = min(limit, FIRST_READ_BYTES)
+    data = os.pread(fd, first, 0)
+    if len(data) == first:
+        chunks = [data]
+        size = len(data)
         while size < limit:
-            chunk = os.read(fd, limit - size)
+            chunk = os.pread(fd, limit - size, size)
             if not chunk:
                 break
             chunks.append(chunk)
             size += len(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode("utf-8", "replace")
+        data = b"".join(chunks)
+    return data.decode("utf-8", "replace")
 
 
-@dataclass(frozen=True)
-class _HeldClient:
-    device: str
-    pid: int
-    device_memory: int
+class _DrmFd:
+    """A DRM client of a process as its walk found it: the fd read for it, its fdinfo file kept open
+    (`handle`; -1 when not kept open), and how many fds of the process hold the client (dup'd fds)."""
+
+    __slots__ = ("fd", "minor", "pdev", "client_id", "device", "key", "handle", "fds")
+
+    def __init__(self, pid: int, fd: str, minor: int, client: DrmClient) -> None:
+        self.fd = fd
+        self.minor = minor
+        self.pdev = client.pdev
+        self.client_id = client.client_id
+        self.device = client.pdev or f"{DRM_MAJOR}:{minor}"
+        # drm-client-id is unique per device (i915 on 6.1) or globally (6.2+); without one, each fd counts.
+        self.key: Hashable = (self.device, self.client_id) if self.client_id is not None else (self.device, pid, fd)
+        self.handle = -1
+        self.fds = 1
+
+
+_UNREAD = object()
+
+
+class _Process:
+    """What a DrmClientScanner knows of one process between two walks of its fd table."""
+
+    __slots__ = ("walk_due", "drm_fds", "unreadable", "_unit")
+
+    def __init__(self, walk_due: float) -> None:
+        self.walk_due = walk_due
+        self.drm_fds: list[_DrmFd] = []
+        self.unreadable = False  # a read failed at the walk for another reason than the process or fd going
+        self._unit: object = _UNREAD
+
+    def unit_of(self, procfs: str, pid: int, scan: _Scan | None) -> str | None:
+        """The process's unit, read once per walk; a failure is counted in `scan` when it happens."""
+        if self._unit is _UNREAD:
+            try:
+                self._unit = read_unit(procfs, pid)
+            except OSError as error:
+                self._unit = None
+                if scan is not None:
+                    scan.failed(pid, error)
+                    self.unreadable = self.unreadable or pid in scan.unreadable
+        return self._unit  # type: ignore[return-value]
 
 
 class _Scan:
-    """The state of one scan; only `scan_drm_clients` uses it."""
+    """The state of one scan of a DrmClientScanner."""
 
-    def __init__(self, procfs: str, known_units: dict[int, str | None] | None = None) -> None:
+    def __init__(self, procfs: str) -> None:
         self.procfs = procfs
-        self.known_units = known_units or {}
-        self.clients: dict[Hashable, _HeldClient] = {}
+        self.clients: dict[Hashable, tuple[str, int, int]] = {}  # client -> (device, lowest pid, device memory)
         self.drivers: dict[str, str] = {}
         self.drm_fds = 0
         self.memory_keys_seen = False
@@ -249,27 +442,6 @@ class _Scan:
 
     def failed(self, pid: int, error: OSError) -> None:
         (self.vanished if error.errno in VANISHED_ERRNOS else self.unreadable).add(pid)
-
-    def process(self, pid: int, drm_fds: list[tuple[str, int]]) -> None:
-        if not drm_fds:
-            return
-        try:
-            fdinfo_dir = os.open(f"{self.procfs}/{pid}/fdinfo", OPEN_DIRECTORY)
-        except OSError as error:
-            self.failed(pid, error)
-            return
-        try:
-            for fd, minor in drm_fds:
-                try:
-                    text = read_text(fd, MAX_FDINFO_BYTES, dir_fd=fdinfo_dir)
-                except OSError as error:
-                    self.failed(pid, error)
-                    continue
-                client = parse_fdinfo(text)
-                if client is not None:
-                    self.add(pid, fd, minor, client)
-        finally:
-            os.close(fdinfo_dir)
 
     def drm_fds_of(self, pid: int) -> list[tuple[str, int]]:
         """(fd, device minor) of the process's fds that are DRM character devices."""
@@ -300,32 +472,25 @@ class _Scan:
             os.close(fd_dir)
         return drm_fds
 
-    def add(self, pid: int, fd: str, minor: int, client: DrmClient) -> None:
-        self.drm_fds += 1
-        device = client.pdev or f"{DRM_MAJOR}:{minor}"
-        # drm-client-id is unique per device (i915 on 6.1) or globally (6.2+); without one, each fd counts.
-        key: Hashable = (device, client.client_id) if client.client_id is not None else (device, pid, fd)
-        self.drivers.setdefault(device, client.driver)
-        self.memory_keys_seen = self.memory_keys_seen or has_memory_keys(client)
+    def add(self, pid: int, drm_fd: _DrmFd, client: DrmClient) -> None:
+        """A client of process `pid`, read through `drm_fd`."""
+        self.drm_fds += drm_fd.fds
+        device = drm_fd.device
+        if device not in self.drivers:
+            self.drivers[device] = client.driver
+        if client.memory:
+            self.memory_keys_seen = True
         # Pids are scanned in ascending order, so the first holder seen is the lowest pid.
-        if key not in self.clients:
-            self.clients[key] = _HeldClient(device, pid, device_memory_bytes(client))
+        if drm_fd.key not in self.clients:
+            self.clients[drm_fd.key] = (device, pid, client.device_memory)
 
-    def unit_of(self, pid: int) -> str | None:
-        if pid in self.known_units:
-            return self.known_units[pid]
-        try:
-            return unit_of_cgroup_file(read_text(f"{self.procfs}/{pid}/cgroup", MAX_CGROUP_BYTES))
-        except OSError as error:
-            self.failed(pid, error)
-            return None
-
-    def result(self, processes: int) -> ScanResult:
+    def result(self, processes: int, known: dict[int, _Process]) -> ScanResult:
         memory_by_device_pid: dict[str, dict[int, int]] = {}
-        for held in self.clients.values():
-            by_pid = memory_by_device_pid.setdefault(held.device, {})
-            by_pid[held.pid] = by_pid.get(held.pid, 0) + held.device_memory
-        unit_by_pid = {pid: self.unit_of(pid) for pid in sorted({held.pid for held in self.clients.values()})}
+        for device, pid, bytes_ in self.clients.values():
+            by_pid = memory_by_device_pid.setdefault(device, {})
+            by_pid[pid] = by_pid.get(pid, 0) + bytes_
+        unit_by_pid = {pid: known[pid].unit_of(self.procfs, pid, self)
+                       for pid in sorted({pid for _, pid, _ in self.clients.values()})}
         memory_by_device_unit: dict[str, dict[str, int]] = {}
         memory_by_device: dict[str, int] = {}
         for device, by_pid in memory_by_device_pid.items():

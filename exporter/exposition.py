@@ -1,0 +1,173 @@
+"""/metrics in the Prometheus text format and in OpenMetrics: the bytes prometheus_client writes, sooner.
+
+prometheus_client's encoders spend more time per sample than building the sample took: they format
+with `str.format`, validate and escape every name of every sample (in OpenMetrics with underscore
+escaping, one character at a time) and turn every value into a float and back into text. Here a
+label pair is escaped once per scrape however many samples carry it, and an integer value is written
+without the float round trip. `choose_encoder` picks the encoder prometheus_client picks for
+the request's Accept header; for the text format and OpenMetrics with names escaped with underscores
+or left as they are (what Prometheus asks for) it returns one of the encoders here instead, which
+write the same bytes for every family whose metric, sample and label names need no escaping and whose
+samples carry no timestamp, exemplar or native histogram (every family the exporter serves). Any
+other family is written by prometheus_client's own encoder, family by family, so the output is
+always byte for byte prometheus_client's (tests/test_exposition.py compares them).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterable
+
+from prometheus_client import exposition as client_exposition
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics import exposition as client_openmetrics
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
+
+# Names every escaping scheme but "dots" leaves as they are, in both formats. Not `:` (OpenMetrics with
+# underscores escapes sample names as label names) and no label name starting with `__` (reserved:
+# quoted with allow-utf-8).
+_PLAIN_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+_PLAIN_LABEL_NAME = re.compile(r"(?!__)[a-zA-Z_][a-zA-Z0-9_]*")
+_SCHEMES_KEEPING_PLAIN_NAMES = (client_openmetrics.UNDERSCORES, client_openmetrics.ALLOWUTF8)
+# Integers below 2**53 are floats exactly, and repr writes them without an exponent (it does from 1e16).
+_EXACT_INT = 1 << 53
+# The text format's renaming of OpenMetrics types, as prometheus_client's generate_latest does it.
+_TEXT_TYPES = {"counter": ("_total", "counter"), "info": ("_info", "gauge"), "stateset": ("", "gauge"),
+               "gaugehistogram": ("", "histogram"), "unknown": ("", "untyped")}
+
+Encoder = Callable[[Collector], bytes]
+
+
+def choose_encoder(accept_header: str | None) -> tuple[Encoder, str]:
+    """prometheus_client's `choose_encoder`, with this module's encoders where they apply."""
+    encoder, content_type = client_exposition.choose_encoder(accept_header or "")
+    func, keywords = encoder, {}
+    if isinstance(encoder, functools.partial) and not encoder.args:
+        func, keywords = encoder.func, encoder.keywords
+    if keywords.get("escaping", client_openmetrics.UNDERSCORES) not in _SCHEMES_KEEPING_PLAIN_NAMES:
+        return encoder, content_type
+    if func is client_exposition.generate_latest and set(keywords) <= {"escaping"}:
+        return functools.partial(generate_text, fallback=encoder), content_type
+    if func is client_openmetrics.generate_latest and set(keywords) <= {"escaping", "version"}:
+        return functools.partial(generate_openmetrics, fallback=encoder), content_type
+    return encoder, content_type
+
+
+def generate_text(registry: Collector, fallback: Encoder = client_exposition.generate_latest) -> bytes:
+    """The text format (0.0.4) of the registry's families; `fallback` writes those this module does not."""
+    return _generate(registry, _text_family, fallback, "")
+
+
+def generate_openmetrics(registry: Collector,
+                         fallback: Encoder = client_openmetrics.generate_latest) -> bytes:
+    """OpenMetrics text of the registry's families; `fallback` writes those this module does not."""
+    return _generate(registry, _openmetrics_family, fallback, "# EOF\n")
+
+
+class _NotPlain(Exception):
+    """A family this module leaves to prometheus_client."""
+
+
+class _OneFamily:
+    def __init__(self, family: Metric) -> None:
+        self._family = family
+
+    def collect(self) -> Iterable[Metric]:
+        return [self._family]
+
+
+def _generate(registry: Collector, write_family: Callable[[list[str], Metric, dict], None], fallback: Encoder,
+              trailer: str) -> bytes:
+    output: list[str] = []
+    label_pairs: dict[tuple[str, str], str] = {}  # (name, value) -> name="escaped value", for this call
+    for family in registry.collect():
+        mark = len(output)
+        try:
+            write_family(output, family, label_pairs)
+        except Exception:  # written by prometheus_client instead, which also raises what it raises
+            del output[mark:]
+            text = fallback(_OneFamily(family)).decode("utf-8")
+            output.append(text[:len(text) - len(trailer)] if trailer else text)
+    output.append(trailer)
+    return "".join(output).encode("utf-8")
+
+
+def _text_family(output: list[str], family: Metric, label_pairs: dict[tuple[str, str], str]) -> None:
+    name = _plain(family.name)
+    suffix, kind = _TEXT_TYPES.get(family.type, ("", family.type))
+    documentation = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+    output.append(f"# HELP {name}{suffix} {documentation}\n# TYPE {name}{suffix} {kind}\n")
+    # Samples the text format moves into a gauge family of their own: prometheus_client's business.
+    _write_samples(output, family.samples, label_pairs, (name + "_created", name + "_gsum", name + "_gcount"))
+
+
+def _openmetrics_family(output: list[str], family: Metric, label_pairs: dict[tuple[str, str], str]) -> None:
+    name = _plain(family.name)
+    documentation = _escape(family.documentation)
+    output.append(f"# HELP {name} {documentation}\n# TYPE {name} {family.type}\n")
+    if family.unit:
+        output.append(f"# UNIT {name} {family.unit}\n")
+    _write_samples(output, family.samples, label_pairs, ())
+
+
+def _write_samples(output: list[str], samples: list[Sample], label_pairs: dict[tuple[str, str], str],
+                   moved: tuple[str, ...]) -> None:
+    append = output.append
+    names: set[str] = set()  # sample names of the family found plain
+    for sample in samples:
+        name = sample.name
+        if name not in names:
+            if name in moved:
+                raise _NotPlain(name)
+            names.add(_plain(name))
+        if sample.timestamp is not None or sample.exemplar is not None or sample.native_histogram is not None:
+            raise _NotPlain(name)
+        value = sample.value
+        text = f"{value}.0" if value.__class__ is int and -1_000_000 < value < 1_000_000 else _go_float(value)
+        labels = sample.labels
+        if not labels:
+            append(f"{name} {text}\n")
+        elif len(labels) == 1:
+            (label,) = labels.items()
+            append(f"{name}{{{label_pairs.get(label) or _label_pair(label, label_pairs)}}} {text}\n")
+        else:
+            pairs = ",".join([label_pairs.get(label) or _label_pair(label, label_pairs)
+                              for label in sorted(labels.items())])
+            append(f"{name}{{{pairs}}} {text}\n")
+
+
+def _label_pair(label: tuple[str, str], label_pairs: dict[tuple[str, str], str]) -> str:
+    pair = label_pairs[label] = f'{_plain_label(label[0])}="{_escape(label[1])}"'
+    return pair
+
+
+def _go_float(value: float) -> str:
+    """prometheus_client's floatToGoString, without its float round trip for integers (byte sizes,
+    counts) that a float holds exactly."""
+    if value.__class__ is int and -_EXACT_INT < value < _EXACT_INT:
+        if value < 1_000_000:
+            return f"{value}.0"
+        digits = str(value)  # what repr(float(value)) holds before its ".0"; Go writes it with an exponent
+        return f"{(digits[0] + '.' + digits[1:]).rstrip('0.')}e+{len(digits) - 1:02d}"
+    return floatToGoString(value)
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain(name: str) -> str:
+    if _PLAIN_NAME.fullmatch(name) is None:
+        raise _NotPlain(name)
+    return name
+
+
+@functools.lru_cache(maxsize=4096)
+def _plain_label(name: str) -> str:
+    if _PLAIN_LABEL_NAME.fullmatch(name) is None:
+        raise _NotPlain(name)
+    return name
