@@ -56,15 +56,17 @@ def serving_units(events: Path) -> set[str]:
 
 def race_boot(shared: Path, *, exec_start_pre: Sequence[str] = (), unit_type: str = "simple",
               restart_sec: float = 1.0, time_scale: float = 0.1, settle_timeout: float = SETTLE_TIMEOUT,
-              units: Mapping[str, Engine] = RACE_UNITS) -> BootOutcome:
-    """Boot once with `units` enabled and report what the journal shows once they all serve."""
+              units: Mapping[str, Engine] = RACE_UNITS, extra_service: Sequence[str] = ()) -> BootOutcome:
+    """Boot once with `units` enabled and report what the journal shows once they all serve.
+    `extra_service`: more [Service] lines for every unit (Environment= for a gate, ...)."""
     shared = Path(shared)
     config, events = shared / "ze.conf", shared / "events.jsonl"
     SharedDevice.create(config, SIXTEEN_GIB_GPU)
     events.unlink(missing_ok=True)
     files = {f"/etc/systemd/system/{name}": unit_file(
         engine, device_config=path_inside(shared, config), unit_type=unit_type, exec_start_pre=exec_start_pre,
-        restart_sec=restart_sec, time_scale=time_scale, events=path_inside(shared, events), requests=0)
+        restart_sec=restart_sec, time_scale=time_scale, events=path_inside(shared, events), requests=0,
+        extra_service=extra_service)
         for name, engine in units.items()}
     with RealSystemd(shared, files=files, enable=list(units)) as machine:
         deadline = time.monotonic() + settle_timeout

@@ -49,6 +49,11 @@ FIXTURE_FIELDS = ("__REALTIME_TIMESTAMP", "_TRANSPORT", "_PID", "_COMM", "_SYSTE
                   "EXIT_STATUS", "UNIT_RESULT", "N_RESTARTS")
 
 
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("booting a real systemd needs root (tests/run runs as root)")
+
+
 def unit_name(role: str, variant: str) -> str:
     return f"vllm-{role}-{variant}.service"
 
@@ -59,6 +64,7 @@ def variant_glob(variant: str) -> str:
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory, fake_driver: Path) -> Path:
+    require_root()
     directory = tmp_path_factory.mktemp("realsystemd")
     shutil.copy(fake_driver, directory / fake_driver.name)
     return directory
@@ -291,7 +297,9 @@ def test_exporter_counts_equal_what_the_real_journal_shows(scenario: Scenario, f
         "the scenario: embedding's first init saw chat's weights arrive"
     assert expected[unit_name("big", variant)].failures == {"insufficient_free_memory": 1}
     assert expected[unit_name("long", variant)].failures == {"kv_cache_too_small": 1}
-    assert {unit: counts.overlaps for unit, counts in expected.items()} == dict(zip(units, (1, 1, 0, 1, 1)))
+    overlaps = {unit.split("-")[1]: counts.overlaps for unit, counts in expected.items()}
+    assert overlaps["chat"] >= 1 and overlaps["embedding"] >= 1 and overlaps["stt"] == 0, overlaps
+    assert overlaps["big"] == overlaps["long"] == 1, overlaps
     with run_exporter(scenario.machine, fake_driver, scenario.config(variant), variant_glob(variant)) as exporter:
         assert scrape_until_equal(exporter, expected) == expected
 
@@ -356,6 +364,7 @@ def test_three_units_started_together_at_boot_race_for_memory(tmp_path: Path):
     """chat 0.75, embedding 0.07 and stt 0.07 of a 16 GiB GPU, enabled and started by systemd at boot
     with Restart=on-failure: inits fail (their profiling charges them with the others' memory) and
     overlap, and the restarts bring every unit up. benchmarks/boot_race.py measures it over 20 boots."""
+    require_root()
     outcomes = [race_boot(tmp_path) for _ in range(RACE_BOOTS)]
     for outcome in outcomes:
         assert outcome.settled, f"not every unit came up: {outcome.counts}"
