@@ -245,9 +245,13 @@ class SharedDevice:
     def _write(self, ledger: dict) -> None:
         write_config(self.config_path, FakeConfig(devices=(_device_with_shares(ledger),)))
         descriptor, temporary = tempfile.mkstemp(dir=self.ledger_path.parent, prefix=f".{self.ledger_path.name}.")
-        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-            json.dump(ledger, file)
-        os.replace(temporary, self.ledger_path)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+                json.dump(ledger, file)
+            os.replace(temporary, self.ledger_path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
 
 
 def _pid_namespace() -> str:

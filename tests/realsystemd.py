@@ -213,7 +213,7 @@ class RealSystemd:
         self._stage(staging)
         hierarchies = host_hierarchies()
         remove_stale_cgroups(hierarchies)
-        if not any(h.options == "cgroup2" for h in hierarchies) and not any("name=systemd" in h.options for h in hierarchies):
+        if not any(h.options in ("cgroup2", "none,name=systemd") for h in hierarchies):
             raise BootError(f"no cgroup hierarchy systemd can use under {CGROUP_ROOT}")
         Path(f"{staging}.cgroups").write_text(
             "".join(f"{h.mountpoint.name} {h.options}\n" for h in hierarchies))
@@ -349,11 +349,6 @@ class RealSystemd:
             raise subprocess.CalledProcessError(completed.returncode, argv, completed.stdout, completed.stderr)
         return completed
 
-    def popen(self, *argv: str, env: Mapping[str, str] | None = None, **kwargs) -> subprocess.Popen:
-        """Start a long-running command inside (e.g. an exporter); the caller ends it."""
-        environment = {**os.environ, **(env or {})}
-        return subprocess.Popen(["nsenter", "-t", str(self.pid1), "-a", "--", *argv], env=environment, **kwargs)
-
     def host_path(self, inside: str | Path) -> Path:
         """A path inside the namespace as the host reaches it (through PID 1's root)."""
         return Path(f"/proc/{self.pid1}/root") / str(inside).lstrip("/")
@@ -384,9 +379,6 @@ class RealSystemd:
 
     def stop(self, *units: str) -> None:
         self.systemctl("stop", *units)
-
-    def reset_failed(self, *units: str) -> None:
-        self.systemctl("reset-failed", *units, check=False)
 
     def show(self, unit: str, prop: str) -> str:
         return self.systemctl("show", "-p", prop, "--value", unit).stdout.strip()

@@ -9,6 +9,7 @@ and read by its own exporter. The boot-race test boots on its own, a few times.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -93,7 +94,10 @@ def _wait(condition, what: str, timeout: float = STEP_TIMEOUT) -> None:
 class Scenario:
     """Per variant, on its own 16 GiB fake GPU: chat and embedding started together (embedding's
     profiling sees chat's weights arrive and fails; systemd restarts it 4 s later, alone), then stt
-    alone, then `big` and `long` together (both fail), then `broken` alone."""
+    alone, then `big`, `long` and `broken` one after the other (each fails). Only starts that begin
+    together overlap: with Type=simple the fold's init begins at the first vLLM line, not when the main
+    process starts (test_an_init_begins_when_the_main_process_starts), so an overlap decided within
+    that delay would make the comparison a coin toss."""
 
     ROLES = ("chat", "embedding", "stt", "big", "long", "broken")
 
@@ -131,8 +135,8 @@ class Scenario:
         self.write()
         self._step(["chat", "embedding"], lambda roles: self._serving(roles))
         self._step(["stt"], lambda roles: self._serving(["chat", "embedding", *roles]))
-        self._step(["big", "long"], lambda roles: self._failed(roles))
-        self._step(["broken"], lambda roles: self._failed(roles))
+        for role in ("big", "long", "broken"):
+            self._step([role], lambda roles: self._failed(roles))
 
     def _step(self, roles: list[str], done) -> None:
         self.machine.start(*[unit_name(role, variant) for variant in VARIANTS for role in roles])
@@ -299,7 +303,7 @@ def test_exporter_counts_equal_what_the_real_journal_shows(scenario: Scenario, f
     assert expected[unit_name("long", variant)].failures == {"kv_cache_too_small": 1}
     overlaps = {unit.split("-")[1]: counts.overlaps for unit, counts in expected.items()}
     assert overlaps["chat"] >= 1 and overlaps["embedding"] >= 1 and overlaps["stt"] == 0, overlaps
-    assert overlaps["big"] == overlaps["long"] == 1, overlaps
+    assert overlaps["big"] == overlaps["long"] == 0, overlaps
     with run_exporter(scenario.machine, fake_driver, scenario.config(variant), variant_glob(variant)) as exporter:
         assert scrape_until_equal(exporter, expected) == expected
 
@@ -352,6 +356,38 @@ def test_a_unit_waiting_in_its_exec_start_pre_is_not_initialising(machine: RealS
     if expected != {unit: journalfacts.UnitCounts(1, {}, 0) for unit in units}:
         pytest.fail(f"the journal should show two successful starts that do not overlap: {expected}")
     with run_exporter(machine, fake_driver, config, "vllm-*-waits.service") as exporter:
+        assert scrape_until_equal(exporter, expected, timeout=5) == expected
+
+
+SIMPLE_START_GAP = ("known gap: with Type=simple systemd writes no 'Starting', and the fold opens a start at the "
+                    "first vLLM line, seconds after the main process started (vLLM's imports), so an init that "
+                    "ends meanwhile is not seen to overlap")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=SIMPLE_START_GAP)
+def test_an_init_begins_when_the_main_process_starts(machine: RealSystemd, shared: Path, fake_driver: Path):
+    """Type=simple units started together: `quick` reaches its KV cache while `slow` (3 s of imports
+    before vLLM's first line) has not printed yet. Both main processes were initialising together."""
+    directory = shared / "simple-start"
+    directory.mkdir()
+    config = directory / "ze.conf"
+    SharedDevice.create(config, SIXTEEN_GIB_GPU)
+    quick = Engine("quick", 0.07, 512, 0.06, 10.0, kv_bytes_per_token=36864, activation_gib=0.05, block_size=16)
+    slow = dataclasses.replace(quick, role="slow", import_seconds=30.0)
+    common = dict(device_config=machine.inside(config), time_scale=TIME_SCALE,
+                  events=machine.inside(directory / "events.jsonl"), requests=0)
+    units = ["vllm-quick-imports.service", "vllm-slow-imports.service"]
+    machine.write_unit(units[0], unit_file(quick, **common))
+    machine.write_unit(units[1], unit_file(slow, **common))
+    machine.daemon_reload()
+    machine.start(*units)
+    _wait(lambda: {e["unit"] for e in _events(directory / "events.jsonl") if e["event"] == "serving"} == set(units),
+          "both units serving")
+    machine.sync_journal()
+    expected = journalfacts.counts(machine.journal(*units), units)
+    if expected != {unit: journalfacts.UnitCounts(1, {}, 1) for unit in units}:
+        pytest.fail(f"the journal should show two successful starts that overlap: {expected}")
+    with run_exporter(machine, fake_driver, config, "vllm-*-imports.service") as exporter:
         assert scrape_until_equal(exporter, expected, timeout=5) == expected
 
 

@@ -6,7 +6,8 @@ Zero driver's config) the way vLLM's memory accounting does, so that units start
     ExecStart=/usr/bin/python3 /path/tests/vllmunit.py --name %n --device-config /realsystemd/ze.conf \\
               --gpu-memory-utilization 0.75 --max-model-len 131072 --weights-gib 7.87 --init-seconds 40
 
-What happens, at vllmlogs' offsets (seconds after the process started) times --time-scale:
+What happens, at vllmlogs' offsets (seconds after the process started, plus --import-seconds) times
+--time-scale:
 * 6.6, init_device: requested = ceil(R x total). If free < requested: vLLM's "Free memory on device
   ... is less than desired GPU memory utilization" failure (insufficient_free_memory). Otherwise this
   free memory is the profiling baseline.
@@ -36,7 +37,6 @@ import argparse
 import json
 import math
 import os
-import random
 import signal
 import sys
 import time
@@ -47,7 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fakeze import FakeDevice, FakeMemoryModule, GiB, SharedDevice  # noqa: E402
-from vllmlogs import Failure, UnitLine, VllmRun, engine_start_lines  # noqa: E402
+from vllmlogs import Failure, UnitLine, VllmRun, engine_start_lines, release  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 SIXTEEN_GIB_GPU = FakeDevice("0000:03:00.0", name="Intel(R) Arc(TM) A770 Graphics", uuid=bytes(range(0x10, 0x20)),
@@ -112,13 +112,15 @@ class Engine:
     block_size: int | None = None
     model: str = "Qwen/Qwen3-1.7B"
     version: str = "0.24.0"
+    import_seconds: float = 0.0
 
     def argv(self) -> list[str]:
         argv = ["--version", self.version, "--model", self.model,
-                "--gpu-memory-utilization", str(self.gpu_memory_utilization), "--max-model-len", str(self.max_model_len),
+                "--gpu-memory-utilization", str(self.gpu_memory_utilization),
+                "--max-model-len", str(self.max_model_len),
                 "--weights-gib", str(self.weights_gib), "--init-seconds", str(self.init_seconds),
                 "--kv-bytes-per-token", str(self.kv_bytes_per_token), "--activation-gib", str(self.activation_gib),
-                "--non-torch-gib", str(self.non_torch_gib)]
+                "--non-torch-gib", str(self.non_torch_gib), "--import-seconds", str(self.import_seconds)]
         return argv + (["--block-size", str(self.block_size)] if self.block_size is not None else [])
 
 
@@ -194,9 +196,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--activation-gib", type=float, default=0.51)
     parser.add_argument("--non-torch-gib", type=float, default=0.12)
     parser.add_argument("--init-seconds", type=float, default=30.0, help="vLLM's init time before compression")
+    parser.add_argument("--import-seconds", type=float, default=0.0,
+                        help="more time before vLLM's first line (its imports), before compression")
     parser.add_argument("--time-scale", type=float, default=0.1, help="real seconds per replayed second")
-    parser.add_argument("--jitter", type=float, default=0.0,
-                        help="vary --init-seconds by up to this fraction, at random (per process)")
     parser.add_argument("--requests", type=int, default=2, help="request log cycles once serving")
     parser.add_argument("--events", type=Path, default=None, help="append JSON lines of decisions here")
     args = parser.parse_args(argv)
@@ -204,6 +206,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--gpu-memory-utilization must be in (0, 1]")
     if args.time_scale <= 0:
         parser.error("--time-scale must be positive")
+    if release(args.version) < (0, 16):
+        parser.error("--version: the replay models vLLM 0.16 and later (XPU shares the CUDA memory accounting)")
     return args
 
 
@@ -213,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     device = SharedDevice(args.device_config)
     events = _EventLog(args.events, args.name)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    init_seconds = args.init_seconds * (1 + random.uniform(-args.jitter, args.jitter))
+    init_seconds = args.init_seconds
     total = device.total
     run = VllmRun(args.version, model=args.model, gpu_memory_utilization=args.gpu_memory_utilization,
                   max_model_len=args.max_model_len, kv_bytes_per_token=args.kv_bytes_per_token,
@@ -222,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     weights, activation = round(args.weights_gib * GiB), round(args.activation_gib * GiB)
     non_torch = round(args.non_torch_gib * GiB)
     requested = math.ceil(args.gpu_memory_utilization * total)
-    replay = Replay(run, began, began_at, args.time_scale)
+    delay = args.import_seconds * args.time_scale
+    replay = Replay(run, began + delay, began_at + delay, args.time_scale)
     events.write("started", init_seconds=init_seconds)
     try:
         replay.until(INIT_DEVICE_AT)
