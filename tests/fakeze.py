@@ -15,10 +15,13 @@ in a fresh process, never in the pytest process itself.
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
@@ -265,6 +268,143 @@ def write_config(path: Path, config: FakeConfig) -> None:
         raise
 
 
+class SharedDevice:
+    """One fake GPU whose memory several processes take and give back, as vLLM engines do: each
+    holder's share (by name, with its pid) is kept in a ledger beside the driver's config, and every
+    change rewrites the config so that free = total - sum of the shares, each holder listed as a
+    process with its share.
+
+    The ledger (`<config>.ledger.json`) is read and written under an exclusive flock of
+    `<config>.lock`: the config itself is replaced by rename on every write, so it cannot carry the
+    lock. Shares of processes that died without giving their memory back (killed) are dropped at
+    the next change, as the kernel driver frees a dead process's memory; only processes of the
+    caller's pid namespace can be checked, so each share records its namespace.
+
+        device = SharedDevice.create(config_path, A770_16G)     # the test, once
+        SharedDevice(config_path).hold("vllm-chat.service", 8 * GiB)  # a replayed engine
+    """
+
+    def __init__(self, config_path: Path) -> None:
+        self.config_path = Path(config_path)
+        self.ledger_path = self.config_path.with_name(self.config_path.name + ".ledger.json")
+        self.lock_path = self.config_path.with_name(self.config_path.name + ".lock")
+
+    @classmethod
+    def create(cls, config_path: Path, device: FakeDevice) -> SharedDevice:
+        """Start a ledger for `device` (its first memory module is the shared memory; its `free` and
+        `processes` are replaced by the shares), with nothing held."""
+        if not device.memory:
+            raise ValueError("the device needs a memory module")
+        shared = cls(config_path)
+        shared.lock_path.touch()
+        with shared._locked():
+            shared._write({"device": _device_to_json(device), "held": {}})
+        return shared
+
+    @property
+    def total(self) -> int:
+        return self._read()["device"]["memory"][0]["size"]
+
+    def free(self) -> int:
+        with self._locked():
+            return _free(self._current())
+
+    def held(self) -> dict[str, int]:
+        """Bytes held, by holder."""
+        with self._locked():
+            return {name: share["bytes"] for name, share in self._current()["held"].items()}
+
+    def hold(self, holder: str, nbytes: int, pid: int | None = None) -> int:
+        """Set `holder`'s share to `nbytes` (0 gives it all back); returns the free memory after."""
+        with self._locked():
+            ledger = self._current()
+            if nbytes > 0:
+                ledger["held"][holder] = {"bytes": int(nbytes), "pid": os.getpid() if pid is None else pid,
+                                          "pid_namespace": _pid_namespace()}
+            else:
+                ledger["held"].pop(holder, None)
+            self._write(ledger)
+            return _free(ledger)
+
+    def release(self, holder: str) -> int:
+        return self.hold(holder, 0)
+
+    def device(self) -> FakeDevice:
+        with self._locked():
+            return _device_with_shares(self._read())
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _read(self) -> dict:
+        return json.loads(self.ledger_path.read_text())
+
+    def _current(self) -> dict:
+        """The ledger without the shares of dead processes (written back when there were some)."""
+        ledger = self._read()
+        if _drop_dead_holders(ledger):
+            self._write(ledger)
+        return ledger
+
+    def _write(self, ledger: dict) -> None:
+        write_config(self.config_path, FakeConfig(devices=(_device_with_shares(ledger),)))
+        descriptor, temporary = tempfile.mkstemp(dir=self.ledger_path.parent, prefix=f".{self.ledger_path.name}.")
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+                json.dump(ledger, file)
+            os.replace(temporary, self.ledger_path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+
+
+def _pid_namespace() -> str:
+    return os.readlink("/proc/self/ns/pid")
+
+
+def _drop_dead_holders(ledger: dict) -> bool:
+    namespace = _pid_namespace()
+    dead = [name for name, share in ledger["held"].items()
+            if share["pid_namespace"] == namespace and not Path(f"/proc/{share['pid']}").exists()]
+    for name in dead:
+        del ledger["held"][name]
+    return bool(dead)
+
+
+def _free(ledger: dict) -> int:
+    return max(0, ledger["device"]["memory"][0]["size"] - sum(share["bytes"] for share in ledger["held"].values()))
+
+
+def _device_with_shares(ledger: dict) -> FakeDevice:
+    device = _device_from_json(ledger["device"])
+    memory = replace(device.memory[0], free=_free(ledger))
+    processes = tuple(FakeProcess(pid=share["pid"], mem_size=share["bytes"]) for share in ledger["held"].values())
+    return replace(device, memory=(memory, *device.memory[1:]), processes=processes)
+
+
+def _device_to_json(device: FakeDevice) -> dict:
+    fields = {name: getattr(device, name) for name in ("pci_address", "name", "driver_version", "device_id",
+                                                       "device_type")}
+    fields["uuid"] = device.uuid.hex() if device.uuid is not None else None
+    fields["memory"] = [{"size": module.size, "device_local": module.device_local} for module in device.memory]
+    return fields
+
+
+def _device_from_json(fields: dict) -> FakeDevice:
+    memory = tuple(FakeMemoryModule(size=module["size"], free=module["size"], device_local=module["device_local"])
+                   for module in fields["memory"])
+    uuid = bytes.fromhex(fields["uuid"]) if fields["uuid"] is not None else None
+    return FakeDevice(pci_address=fields["pci_address"], name=fields["name"], uuid=uuid,
+                      driver_version=fields["driver_version"], device_id=fields["device_id"],
+                      device_type=fields["device_type"], memory=memory)
+
+
 def build_fake_driver(directory: Path) -> Path:
     """Compile fake_ze.c into directory/libze_fake.so with gcc; returns its absolute path."""
     output = Path(directory).resolve() / FAKE_DRIVER_NAME
@@ -379,6 +519,7 @@ __all__ = [
     "FakeRas",
     "FakeTemperature",
     "GiB",
+    "SharedDevice",
     "MiB",
     "build_fake_driver",
     "default_uuid",

@@ -1,0 +1,83 @@
+"""The boot race over repeated boots of a real systemd: how often the issue's three units fail their
+engine init when systemd starts them together.
+
+    python benchmarks/boot_race.py              # 20 boots, about 13 s each (as root)
+    python benchmarks/boot_race.py --boots 5
+
+Each boot is a fresh systemd 252 as PID 1 of private namespaces (tests/realsystemd.py) with chat
+(0.75), embedding (0.07) and stt (0.07) of one 16 GiB fake GPU enabled in multi-user.target
+(tests/bootrace.py): replayed vLLM 0.24 engines that take memory the way vLLM accounts it
+(tests/vllmunit.py), Restart=on-failure, RestartSec=1 (10 s before the replay's compression). A boot
+ends when every unit serves; its failed inits and overlapping inits are read from its journal
+(tests/journalfacts.py). Prints one line per boot, then the totals of each configuration.
+
+A configuration is a name and the ExecStartPre= commands put before each unit's engine
+(`configurations()`); today there is one, "without gate".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from bootrace import BootOutcome, race_boot  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Configuration:
+    name: str
+    exec_start_pre: Sequence[str] = ()
+
+
+def configurations(args: argparse.Namespace) -> list[Configuration]:
+    return [Configuration("without gate")]
+
+
+def run(configuration: Configuration, boots: int, time_scale: float) -> list[BootOutcome]:
+    outcomes = []
+    with tempfile.TemporaryDirectory(prefix="boot-race-") as shared:
+        for boot in range(1, boots + 1):
+            outcome = race_boot(Path(shared), exec_start_pre=configuration.exec_start_pre, time_scale=time_scale)
+            outcomes.append(outcome)
+            failed = {unit.removeprefix("vllm-xpu-").removesuffix(".service"): dict(counts.failures)
+                      for unit, counts in outcome.counts.items() if counts.failures}
+            print(f"{configuration.name}: boot {boot:2d}: {outcome.failures} init failures, {outcome.overlaps} "
+                  f"overlapping inits, all serving after {outcome.seconds:.1f} s"
+                  + ("" if outcome.settled else " (NOT SETTLED)") + (f"  {failed}" if failed else ""), flush=True)
+    return outcomes
+
+
+def summary(configuration: Configuration, outcomes: Sequence[BootOutcome]) -> str:
+    with_failures = sum(outcome.failures > 0 for outcome in outcomes)
+    return (f"{configuration.name}: {len(outcomes)} boots, {with_failures} with init failures, "
+            f"{sum(o.failures for o in outcomes)} init failures, {sum(o.overlaps for o in outcomes)} overlapping "
+            f"inits, {sum(not o.settled for o in outcomes)} not settled")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--boots", type=int, default=20)
+    parser.add_argument("--time-scale", type=float, default=0.1, help="real seconds per replayed vLLM second")
+    args = parser.parse_args(argv)
+    if args.boots < 1:
+        parser.error("--boots must be at least 1")
+    began = time.monotonic()
+    results = [(configuration, run(configuration, args.boots, args.time_scale))
+               for configuration in configurations(args)]
+    print()
+    for configuration, outcomes in results:
+        print(summary(configuration, outcomes))
+    print(f"({time.monotonic() - began:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The issue's boot race on a real systemd: three replayed vLLM units (chat 0.75, embedding 0.07, stt
+0.07 of one 16 GiB GPU; tests/vllmunit.py) enabled in multi-user.target, so systemd starts them
+together at boot, each with Restart=on-failure. One boot is booted, left to settle (every unit
+serving) and read back from its journal (tests/journalfacts.py).
+
+    outcome = race_boot(shared_dir)              # one boot, ~10 s
+    outcome.failures, outcome.overlaps, outcome.counts["vllm-xpu-chat.service"]
+
+`exec_start_pre` puts commands before each unit's engine (a gate, when there is one).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import journalfacts
+from fakeze import SharedDevice
+from realsystemd import RealSystemd, path_inside
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, unit_file
+
+RACE_UNITS: Mapping[str, Engine] = {
+    "vllm-xpu-chat.service": CHAT,
+    "vllm-xpu-embedding.service": EMBEDDING,
+    "vllm-xpu-stt.service": STT,
+}
+SETTLE_TIMEOUT = 45.0
+
+
+@dataclass(frozen=True)
+class BootOutcome:
+    counts: Mapping[str, journalfacts.UnitCounts]  # per unit, as the journal shows it
+    settled: bool  # every unit was serving before the timeout
+    seconds: float  # from boot until every unit served (or the timeout)
+    entries: Sequence[Mapping[str, object]]  # the units' journal (journalctl -o json)
+
+    @property
+    def failures(self) -> int:
+        return sum(sum(unit.failures.values()) for unit in self.counts.values())
+
+    @property
+    def overlaps(self) -> int:
+        return sum(unit.overlaps for unit in self.counts.values())
+
+
+def serving_units(events: Path) -> set[str]:
+    """Units whose replayed engine has reached serving (vllmunit's --events)."""
+    if not events.exists():
+        return set()
+    records = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    return {record["unit"] for record in records if record["event"] == "serving"}
+
+
+def race_boot(shared: Path, *, exec_start_pre: Sequence[str] = (), unit_type: str = "simple",
+              restart_sec: float = 1.0, time_scale: float = 0.1, settle_timeout: float = SETTLE_TIMEOUT,
+              units: Mapping[str, Engine] = RACE_UNITS, extra_service: Sequence[str] = ()) -> BootOutcome:
+    """Boot once with `units` enabled and report what the journal shows once they all serve.
+    `extra_service`: more [Service] lines for every unit (Environment= for a gate, ...)."""
+    shared = Path(shared)
+    config, events = shared / "ze.conf", shared / "events.jsonl"
+    SharedDevice.create(config, SIXTEEN_GIB_GPU)
+    events.unlink(missing_ok=True)
+    files = {f"/etc/systemd/system/{name}": unit_file(
+        engine, device_config=path_inside(shared, config), unit_type=unit_type, exec_start_pre=exec_start_pre,
+        restart_sec=restart_sec, time_scale=time_scale, events=path_inside(shared, events), requests=0,
+        extra_service=extra_service)
+        for name, engine in units.items()}
+    with RealSystemd(shared, files=files, enable=list(units)) as machine:
+        deadline = time.monotonic() + settle_timeout
+        while serving_units(events) != set(units) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        settled = serving_units(events) == set(units)
+        seconds = time.time() - machine.booted_at
+        machine.sync_journal()
+        entries = machine.journal(*units)
+    return BootOutcome(journalfacts.counts(entries, units), settled, seconds, entries)
+
+
+__all__ = ["BootOutcome", "RACE_UNITS", "race_boot", "serving_units"]

@@ -1,0 +1,134 @@
+"""What a real journal shows about the starts of vLLM units, read straight from `journalctl -o json`
+entries (tests/realsystemd.py), independently of the exporter's reader and fold: the yardstick the
+exporter's counters are held against.
+
+A start is one invocation of a unit: systemd gives every record of it, PID 1's (`INVOCATION_ID`) and
+the unit's output (`_SYSTEMD_INVOCATION_ID`), the same id, and a restart a new one.
+* Its init begins when its main process starts: PID 1's "Started" record (for `Type=simple` and
+  `Type=exec` systemd writes it once the main process is forked / exec'd, after any
+  `ExecStartPre=`); without one, at its first output line.
+* Its init ends (for overlaps) at its first KV-cache line, its init-complete line or its failure,
+  else at PID 1's record of the main process's exit; an init that has not ended runs on.
+* It succeeded if it printed vLLM's init-complete line; it failed if its process exited before, for
+  the reason of the first root cause it printed (vLLM's texts), `other` without one.
+* Two inits overlap when their spans intersect; each start that overlaps another unit's counts once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from realsystemd import journal_field
+
+MESSAGE_ID_STARTED = "39f53479d3a045ac8e11786248231fbf"
+MESSAGE_ID_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
+MESSAGE_ID_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
+
+INIT_DONE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took|Application startup complete")
+KV_LINE = re.compile(r"Available KV cache memory: |KV cache size: [\d,]+ tokens")
+ROOT_CAUSES = (  # the first print of each reason, as vLLM words it
+    ("no_kv_cache_memory", re.compile(r"Error: No available memory for the cache blocks")),
+    ("kv_cache_too_small", re.compile(r"Error: (To serve at least one request with the|The model's max seq len)")),
+    ("insufficient_free_memory", re.compile(r"Error: Free memory on device.* on startup is less than desired GPU")),
+    ("device_out_of_memory", re.compile(r"XPU out of memory|UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY")),
+    ("memory_query_unsupported", re.compile(r"doesn't support querying the available free memory")),
+)
+WRAPPER = re.compile(r"Engine core initialization failed|Engine process failed to start")
+
+
+@dataclass
+class Start:
+    unit: str
+    invocation: str
+    began_usec: int | None = None  # PID 1's "Started", else the first output line
+    first_line_usec: int | None = None
+    init_ended_usec: int | None = None
+    exited_usec: int | None = None
+    outcome: str = "initialising"  # "ok", "failed" or "initialising"
+    reason: str | None = None
+    ended: bool = False  # its outcome is settled: later lines (copies of the cause, requests) do not count
+
+    @property
+    def init_span(self) -> tuple[int, float]:
+        begin = self.began_usec if self.began_usec is not None else self.first_line_usec
+        end = self.init_ended_usec if self.init_ended_usec is not None else self.exited_usec
+        return begin, float("inf") if end is None else end
+
+
+def starts(entries: Iterable[Mapping[str, object]]) -> list[Start]:
+    """Every start the entries show, in order of appearance."""
+    by_invocation: dict[str, Start] = {}
+    for entry in sorted(entries, key=lambda e: int(e["__REALTIME_TIMESTAMP"])):
+        at = int(entry["__REALTIME_TIMESTAMP"])
+        from_pid1 = journal_field(entry, "_PID") == "1"
+        invocation = journal_field(entry, "INVOCATION_ID" if from_pid1 else "_SYSTEMD_INVOCATION_ID")
+        unit = journal_field(entry, "UNIT" if from_pid1 else "_SYSTEMD_UNIT")
+        if not invocation or not unit:
+            continue
+        start = by_invocation.setdefault(invocation, Start(unit, invocation))
+        if from_pid1:
+            message_id = journal_field(entry, "MESSAGE_ID")
+            if message_id == MESSAGE_ID_STARTED and start.began_usec is None:
+                start.began_usec = at
+            elif message_id == MESSAGE_ID_PROCESS_EXIT and start.exited_usec is None:
+                start.exited_usec = at
+                if not start.ended:
+                    start.outcome, start.reason, start.ended = "failed", "other", True
+            continue
+        if start.first_line_usec is None:
+            start.first_line_usec = at
+        if start.ended:
+            if start.outcome == "failed" and start.reason == "other":
+                reason = _root_cause(journal_field(entry, "MESSAGE") or "")
+                start.reason = reason or start.reason  # the cause stored after PID 1's exit record
+            continue
+        message = journal_field(entry, "MESSAGE") or ""
+        reason = _root_cause(message)
+        if (KV_LINE.search(message) or INIT_DONE.search(message) or reason or WRAPPER.search(message)) \
+                and start.init_ended_usec is None:
+            start.init_ended_usec = at
+        if reason:
+            start.outcome, start.reason, start.ended = "failed", reason, True
+        elif WRAPPER.search(message):
+            start.outcome, start.reason, start.ended = "failed", "other", True
+        elif INIT_DONE.search(message):
+            start.outcome, start.ended = "ok", True
+    return list(by_invocation.values())
+
+
+def _root_cause(message: str) -> str | None:
+    return next((reason for reason, pattern in ROOT_CAUSES if pattern.search(message)), None)
+
+
+@dataclass(frozen=True)
+class UnitCounts:
+    starts: int
+    failures: Mapping[str, int]  # by reason; only reasons that occurred
+    overlaps: int
+
+
+def counts(entries: Iterable[Mapping[str, object]], units: Iterable[str]) -> dict[str, UnitCounts]:
+    """Per unit of `units`: successful starts, failures by reason and overlapped inits, as the journal
+    shows them (overlaps among `units` only)."""
+    wanted = set(units)
+    found = [start for start in starts(entries) if start.unit in wanted]
+    overlapped = {start.invocation for start in found
+                  if any(other.unit != start.unit and _intersect(start.init_span, other.init_span) for other in found)}
+    result = {}
+    for unit in sorted(wanted):
+        mine = [start for start in found if start.unit == unit]
+        result[unit] = UnitCounts(
+            starts=sum(start.outcome == "ok" for start in mine),
+            failures=dict(Counter(start.reason for start in mine if start.outcome == "failed")),
+            overlaps=sum(start.invocation in overlapped for start in mine))
+    return result
+
+
+def _intersect(a: tuple[int, float], b: tuple[int, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+__all__ = ["Start", "UnitCounts", "counts", "starts"]

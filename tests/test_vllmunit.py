@@ -1,0 +1,151 @@
+"""The replayed vLLM engine of the real-systemd tests (tests/vllmunit.py) and the shared fake GPU it
+takes memory on (fakeze.SharedDevice), run as plain processes: vLLM's accounting (requested = ceil(R x
+total), the start-up check, KV = requested - weights - activation - non-torch increase, other
+processes' memory charged as non-torch), vLLM's own failure lines, memory given back on exit."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import vllmunit
+from exporter.parsers import vllm
+from fakeze import GiB, SharedDevice
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, VllmRun
+
+SCRIPT = Path(vllmunit.__file__)
+
+
+@pytest.fixture
+def device(tmp_path: Path) -> SharedDevice:
+    return SharedDevice.create(tmp_path / "ze.conf", SIXTEEN_GIB_GPU)
+
+
+def start_engine(device: SharedDevice, tmp_path: Path, engine=CHAT, time_scale: float = 0.01,
+                 name: str = "vllm-chat.service") -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SCRIPT), "--name", name, "--device-config", str(device.config_path),
+                             *engine.argv(), "--time-scale", str(time_scale), "--requests", "0",
+                             "--events", str(tmp_path / "events.jsonl")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def events(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for_event(tmp_path: Path, event: str, timeout: float = 10) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [record for record in events(tmp_path) if record["event"] == event]
+        if found:
+            return found[0]
+        time.sleep(0.005)
+    raise AssertionError(f"no {event!r} event within {timeout} s: {events(tmp_path)}")
+
+
+def failure_causes(output: str) -> list[vllm.FailureCause]:
+    parsed = (vllm.parse_line(line) for line in output.splitlines())
+    return [event for event in parsed if isinstance(event, vllm.FailureCause)]
+
+
+def test_an_engine_alone_gets_its_kv_cache_holds_its_requested_memory_and_gives_it_back(device, tmp_path):
+    engine = start_engine(device, tmp_path)
+    try:
+        wait_for_event(tmp_path, "serving")
+        requested = math.ceil(0.75 * 16 * GiB)
+        assert device.held() == {"vllm-chat.service": requested}
+        assert device.free() == 16 * GiB - requested
+    finally:
+        engine.send_signal(signal.SIGTERM)
+        output, _ = engine.communicate(timeout=10)
+    assert engine.returncode == 0
+    assert device.held() == {}
+    assert "Available KV cache memory: 3.5 GiB" in output  # 12 - 7.87 - 0.51 - 0.12
+    assert "init engine (profile, create kv cache, warmup model) took 40.00 s" in output
+
+
+def test_memory_another_process_takes_during_profiling_is_charged_to_the_engine(device, tmp_path):
+    """1 GiB taken by someone else between the engine's start-up snapshot and its profiling moment
+    leaves it 2.5 GiB of KV cache, under the 3.25 GiB 131072 tokens need: vLLM's kv_cache_too_small."""
+    engine = start_engine(device, tmp_path, time_scale=0.03)
+    wait_for_event(tmp_path, "baseline")
+    device.hold("intruder", GiB)
+    output, _ = engine.communicate(timeout=10)
+    assert engine.returncode == 1
+    assert device.held() == {"intruder": GiB}
+    profiled = wait_for_event(tmp_path, "profiled")
+    assert profiled["others"] == GiB and profiled["kv_bytes"] == round(2.5 * GiB)
+    causes = set(failure_causes(output))
+    assert [(cause.reason, cause.needed_bytes, cause.available_bytes) for cause in causes] == \
+        [(vllm.FailureReason.KV_CACHE_TOO_SMALL, round(3.25 * GiB), round(2.5 * GiB))]
+    assert ("ValueError: To serve at least one request with the model's max seq len (131072), (3.25 GiB KV cache is "
+            "needed, which is larger than the available KV cache memory (2.5 GiB). Based on the available memory, "
+            "the estimated maximum model length is 100800. Try increasing `gpu_memory_utilization`") in output
+
+
+def test_an_engine_that_cannot_have_its_requested_memory_at_start_fails_at_once(device, tmp_path):
+    device.hold("other", 5 * GiB)
+    engine = start_engine(device, tmp_path)
+    output, _ = engine.communicate(timeout=10)
+    assert engine.returncode == 1
+    assert device.held() == {"other": 5 * GiB}
+    assert "ValueError: Free memory on device xpu:0 (11.0/16.0 GiB) on startup is less than desired GPU memory " \
+           "utilization (0.75, 12.0 GiB)." in output
+    assert [cause.reason for cause in set(failure_causes(output))] == [vllm.FailureReason.INSUFFICIENT_FREE_MEMORY]
+    assert [record["event"] for record in events(tmp_path)] == ["started", "baseline", "failed"]
+
+
+@pytest.mark.parametrize(("others_gib", "reason"), [
+    (0.0, None),
+    (0.2, None),  # 3.3 GiB left, 3.25 needed
+    (1.0, "kv_cache_too_small"),
+    (4.0, "no_kv_cache_memory"),  # -0.5 GiB: vLLM says there is no memory for the cache blocks
+])
+def test_profiling_outcome_follows_vllm(others_gib, reason):
+    run = VllmRun("0.24.0", gpu_memory_utilization=0.75, max_model_len=131072, kv_bytes_per_token=26624)
+    requested = 12 * GiB
+    weights, activation, non_torch = round(7.87 * GiB), round(0.51 * GiB), round(0.12 * GiB)
+    outcome = vllmunit.profiled_outcome(run, requested, weights, activation, non_torch + round(others_gib * GiB))
+    assert outcome.kv_cache_gib == pytest.approx(3.5 - others_gib)
+    assert (outcome.failure.reason if outcome.failure else None) == reason
+
+
+def test_one_request_needs_whole_blocks():
+    assert vllmunit.needed_kv_bytes(131072, 64, 26624) == round(3.25 * GiB)
+    assert vllmunit.needed_kv_bytes(500, 16, 36864) == 512 * 36864
+    assert vllmunit.estimated_max_model_len(round(2.5 * GiB), 64, 26624) == 100800
+
+
+def test_shared_device_free_memory_is_total_minus_the_shares_and_the_driver_config_lists_them(device, tmp_path):
+    chat, embedding = os.getpid(), os.getppid()  # live processes: a dead holder's share is dropped
+    device.hold("vllm-chat.service", 8 * GiB, pid=chat)
+    device.hold("vllm-embedding.service", GiB, pid=embedding)
+    assert device.free() == 7 * GiB
+    config = device.config_path.read_text().splitlines()
+    assert f"memory device {16 * GiB} {7 * GiB} health=1" in config
+    assert f"process {chat} {8 * GiB} 0 2" in config and f"process {embedding} {GiB} 0 2" in config
+    device.release("vllm-chat.service")
+    assert device.held() == {"vllm-embedding.service": GiB}
+
+
+def test_the_share_of_a_process_killed_without_giving_it_back_is_dropped(device, tmp_path):
+    """As the kernel driver frees a dead process's memory: a replayed engine SIGKILLed mid-init."""
+    engine = start_engine(device, tmp_path, engine=EMBEDDING, time_scale=0.05, name="vllm-embedding.service")
+    wait_for_event(tmp_path, "baseline")
+    deadline = time.monotonic() + 10
+    while not device.held() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert device.held()
+    engine.kill()
+    engine.wait()
+    assert device.held() == {}
+    assert device.free() == 16 * GiB

@@ -1,0 +1,289 @@
+"""A replayed vLLM engine (0.16 or later) for a systemd unit's ExecStart: it prints what vLLM prints
+during an engine start (tests/vllmlogs.py) on a compressed clock, and takes and gives back device
+memory on a fake GPU shared with the other units (fakeze.SharedDevice, which rewrites the fake Level
+Zero driver's config) the way vLLM's memory accounting does, so that units started together race.
+
+    ExecStart=/usr/bin/python3 /path/tests/vllmunit.py --name %n --device-config /realsystemd/ze.conf \\
+              --gpu-memory-utilization 0.75 --max-model-len 131072 --weights-gib 7.87 --init-seconds 40
+
+What happens, at vllmlogs' offsets (seconds after the process started, plus --import-seconds) times
+--time-scale:
+* 6.6, init_device: requested = ceil(R x total). If free < requested: vLLM's "Free memory on device
+  ... is less than desired GPU memory utilization" failure (insufficient_free_memory). Otherwise this
+  free memory is the profiling baseline.
+* 6.6 .. 6.6 + 0.3 x init: the weights are loaded, in four steps.
+* then profiling: non-torch buffers (--non-torch-gib), then the activation peak (--activation-gib).
+* 6.1 + 0.6 x init, the profiling moment: vLLM counts every byte that left the device since the
+  baseline and is not its own torch memory as its own non-torch memory, so memory other processes
+  took meanwhile is charged to it:
+      KV = requested - (weights + activation peak + non-torch increase)
+  then frees the activation. KV <= 0: "No available memory for the cache blocks"; KV below what one
+  request of --max-model-len needs (ceil(len / block) x block x --kv-bytes-per-token): vLLM's
+  kv_cache_too_small message. A failed engine prints vLLM's failure output, gives all its memory
+  back and exits 1.
+* 0.4 later the KV cache is allocated; during warm-up the activation memory is taken again; at
+  6.1 + init the init completes and the engine serves, holding its memory until SIGTERM.
+
+`--events FILE` appends one JSON line per decision (baseline, profiling, outcome) for tests.
+Only the standard library and the helpers beside this file: it runs under the system Python.
+
+For the tests' side: `Engine` (a replayed engine's settings; CHAT, EMBEDDING and STT are the issue's
+three units on a 16 GiB GPU, SIXTEEN_GIB_GPU) and `unit_file()` (its systemd unit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fakeze import FakeDevice, FakeMemoryModule, GiB, SharedDevice  # noqa: E402
+from vllmlogs import Failure, UnitLine, VllmRun, engine_start_lines, release  # noqa: E402
+
+SCRIPT = Path(__file__).resolve()
+SIXTEEN_GIB_GPU = FakeDevice("0000:03:00.0", name="Intel(R) Arc(TM) A770 Graphics", uuid=bytes(range(0x10, 0x20)),
+                             driver_version="1.3.24595", memory=(FakeMemoryModule(size=16 * GiB, free=16 * GiB),))
+INIT_DEVICE_AT = 6.6  # vllmlogs: the line after init_device (or its failure)
+WEIGHT_STEPS = 4
+
+
+def load_end(run: VllmRun) -> float:
+    return INIT_DEVICE_AT + 0.3 * run.init_seconds
+
+
+def profiling_moment(run: VllmRun) -> float:
+    return 6.1 + 0.6 * run.init_seconds  # the "Available KV cache memory" line
+
+
+def kv_allocated_at(run: VllmRun) -> float:
+    return profiling_moment(run) + 0.4  # the KV-cache size lines
+
+
+def init_done_at(run: VllmRun) -> float:
+    return 6.1 + run.init_seconds
+
+
+def needed_kv_bytes(max_model_len: int, block_size: int, kv_bytes_per_token: int) -> int:
+    """What one request of max_model_len needs (vLLM's max_memory_usage_bytes: whole blocks)."""
+    return math.ceil(max_model_len / block_size) * block_size * kv_bytes_per_token
+
+
+def estimated_max_model_len(kv_bytes: int, block_size: int, kv_bytes_per_token: int) -> int:
+    """The longest max_model_len whose whole blocks fit (vLLM's estimate_max_model_len)."""
+    return max(0, kv_bytes // (block_size * kv_bytes_per_token) * block_size)
+
+
+def profiled_outcome(run: VllmRun, requested: int, weights: int, activation: int, non_torch_increase: int) -> VllmRun:
+    """The run as vLLM ends it at the profiling moment: its KV bytes, and the failure if they do not do."""
+    kv_bytes = requested - (weights + activation + non_torch_increase)
+    run = replace(run, kv_cache_gib=kv_bytes / GiB)
+    if kv_bytes <= 0:
+        return replace(run, failure=Failure("no_kv_cache_memory"))
+    block = run.effective_block_size
+    needed = needed_kv_bytes(run.effective_max_model_len, block, run.kv_bytes_per_token)
+    if kv_bytes < needed:
+        estimate = estimated_max_model_len(kv_bytes, block, run.kv_bytes_per_token)
+        return replace(run, failure=Failure("kv_cache_too_small", needed_gib=needed / GiB,
+                                            estimated_max_model_len=estimate or None))
+    return run
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A replayed engine's settings (vllmunit's command line)."""
+
+    role: str
+    gpu_memory_utilization: float
+    max_model_len: int
+    weights_gib: float
+    init_seconds: float
+    kv_bytes_per_token: int = 114688
+    activation_gib: float = 0.51
+    non_torch_gib: float = 0.12
+    block_size: int | None = None
+    model: str = "Qwen/Qwen3-1.7B"
+    version: str = "0.24.0"
+    import_seconds: float = 0.0
+
+    def argv(self) -> list[str]:
+        argv = ["--version", self.version, "--model", self.model,
+                "--gpu-memory-utilization", str(self.gpu_memory_utilization),
+                "--max-model-len", str(self.max_model_len),
+                "--weights-gib", str(self.weights_gib), "--init-seconds", str(self.init_seconds),
+                "--kv-bytes-per-token", str(self.kv_bytes_per_token), "--activation-gib", str(self.activation_gib),
+                "--non-torch-gib", str(self.non_torch_gib), "--import-seconds", str(self.import_seconds)]
+        return argv + (["--block-size", str(self.block_size)] if self.block_size is not None else [])
+
+
+# The issue's three units on one 16 GiB GPU. Alone, chat's KV cache is 12 - 7.87 - 0.51 - 0.12 = 3.5 GiB
+# against 3.25 GiB needed for 131072 tokens; the small ones have ~0.9 and ~0.45 GiB for short contexts.
+CHAT = Engine("chat", 0.75, 131072, 7.87, 40.0, kv_bytes_per_token=26624, model="google/gemma-3-4b-it")
+EMBEDDING = Engine("embedding", 0.07, 512, 0.06, 24.0, kv_bytes_per_token=36864, activation_gib=0.05, block_size=16,
+                   model="BAAI/bge-small-en-v1.5")
+STT = Engine("stt", 0.07, 448, 0.45, 28.0, kv_bytes_per_token=73728, activation_gib=0.1, model="openai/whisper-small")
+
+
+def unit_file(engine: Engine, *, device_config: Path, unit_type: str = "simple", exec_start_pre: Sequence[str] = (),
+              restart: str = "on-failure", restart_sec: float = 1.0, time_scale: float = 0.1,
+              events: Path | None = None, python: str = sys.executable, requests: int = 2,
+              description: str | None = None, extra_service: Sequence[str] = ()) -> str:
+    """The systemd unit of a replayed engine; paths as the unit sees them (inside the namespace)."""
+    argv = [python, str(SCRIPT), "--name", "%n", "--device-config", str(device_config), *engine.argv(),
+            "--time-scale", str(time_scale), "--requests", str(requests)]
+    if events is not None:
+        argv += ["--events", str(events)]
+    service = [f"Type={unit_type}", *[f"ExecStartPre={command}" for command in exec_start_pre],
+               "ExecStart=" + " ".join(argv), f"Restart={restart}", f"RestartSec={restart_sec}", *extra_service]
+    # No start limit: restarts every RestartSec would hit the default 5 starts in 10 s on this clock.
+    return "\n".join(["[Unit]", f"Description={description or f'vLLM {engine.role} (replayed)'}",
+                      "StartLimitIntervalSec=0", "", "[Service]", *service, "", "[Install]",
+                      "WantedBy=multi-user.target", ""])
+
+
+class Replay:
+    """Prints a run's lines at their offsets times `scale` after `began` (time.monotonic)."""
+
+    def __init__(self, run: VllmRun, began_monotonic: float, began_at: float, scale: float) -> None:
+        self.began = began_monotonic
+        self.began_at = began_at
+        self.scale = scale
+        self.lines: list[UnitLine] = engine_start_lines(run, began_at)
+        self.printed = 0
+
+    def sleep_until(self, offset: float) -> None:
+        delay = self.began + offset * self.scale - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def until(self, offset: float) -> None:
+        """Print the lines before `offset`, each at its time, then wait for `offset`."""
+        while self.printed < len(self.lines) and self.lines[self.printed].offset < offset:
+            line = self.lines[self.printed]
+            self.sleep_until(line.offset)
+            print(line.message, flush=True)
+            self.printed += 1
+        if offset != math.inf:
+            self.sleep_until(offset)
+
+    def switch(self, run: VllmRun) -> None:
+        """Continue with what `run` prints (the outcome is known now); what was printed stays."""
+        lines = engine_start_lines(run, self.began_at)
+        if [line.message for line in lines[:self.printed]] != [line.message for line in self.lines[:self.printed]]:
+            raise RuntimeError("vllmunit: the outcome changed lines already printed")
+        self.lines = lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--name", required=True, help="the unit (%%n): its share of the device's memory")
+    parser.add_argument("--device-config", required=True, type=Path, help="the fake driver's config (SharedDevice)")
+    parser.add_argument("--version", default="0.24.0")
+    parser.add_argument("--model", default="Qwen/Qwen3-1.7B")
+    parser.add_argument("--gpu-memory-utilization", type=float, required=True)
+    parser.add_argument("--max-model-len", type=int, required=True)
+    parser.add_argument("--kv-bytes-per-token", type=int, default=114688)
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--weights-gib", type=float, required=True)
+    parser.add_argument("--activation-gib", type=float, default=0.51)
+    parser.add_argument("--non-torch-gib", type=float, default=0.12)
+    parser.add_argument("--init-seconds", type=float, default=30.0, help="vLLM's init time before compression")
+    parser.add_argument("--import-seconds", type=float, default=0.0,
+                        help="more time before vLLM's first line (its imports), before compression")
+    parser.add_argument("--time-scale", type=float, default=0.1, help="real seconds per replayed second")
+    parser.add_argument("--requests", type=int, default=2, help="request log cycles once serving")
+    parser.add_argument("--events", type=Path, default=None, help="append JSON lines of decisions here")
+    args = parser.parse_args(argv)
+    if not 0 < args.gpu_memory_utilization <= 1:
+        parser.error("--gpu-memory-utilization must be in (0, 1]")
+    if args.time_scale <= 0:
+        parser.error("--time-scale must be positive")
+    if release(args.version) < (0, 16):
+        parser.error("--version: the replay models vLLM 0.16 and later (XPU shares the CUDA memory accounting)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    began, began_at = time.monotonic(), time.time()
+    args = parse_args(argv)
+    device = SharedDevice(args.device_config)
+    events = _EventLog(args.events, args.name)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    init_seconds = args.init_seconds
+    total = device.total
+    run = VllmRun(args.version, model=args.model, gpu_memory_utilization=args.gpu_memory_utilization,
+                  max_model_len=args.max_model_len, kv_bytes_per_token=args.kv_bytes_per_token,
+                  block_size=args.block_size, total_gib=round(total / GiB, 2), weights_gib=args.weights_gib,
+                  init_seconds=round(init_seconds, 2), main_pid=os.getpid(), requests=args.requests)
+    weights, activation = round(args.weights_gib * GiB), round(args.activation_gib * GiB)
+    non_torch = round(args.non_torch_gib * GiB)
+    requested = math.ceil(args.gpu_memory_utilization * total)
+    delay = args.import_seconds * args.time_scale
+    replay = Replay(run, began + delay, began_at + delay, args.time_scale)
+    events.write("started", init_seconds=init_seconds)
+    try:
+        replay.until(INIT_DEVICE_AT)
+        baseline = device.free()
+        events.write("baseline", free=baseline, requested=requested)
+        if baseline < requested:
+            replay.switch(replace(run, free_gib_at_start=baseline / GiB, failure=Failure(
+                "insufficient_free_memory", free_gib=baseline / GiB, total_gib=total / GiB)))
+            replay.until(math.inf)
+            events.write("failed", reason="insufficient_free_memory")
+            return 1
+        run = replace(run, free_gib_at_start=round(baseline / GiB, 2))
+        step = (load_end(run) - INIT_DEVICE_AT) / WEIGHT_STEPS
+        for index in range(1, WEIGHT_STEPS + 1):
+            replay.until(INIT_DEVICE_AT + index * step)
+            device.hold(args.name, weights * index // WEIGHT_STEPS)
+        device.hold(args.name, weights + non_torch)
+        replay.until((load_end(run) + profiling_moment(run)) / 2)
+        device.hold(args.name, weights + non_torch + activation)
+        replay.until(profiling_moment(run))
+        free_now = device.free()
+        others = (baseline - free_now) - (weights + non_torch + activation)
+        run = profiled_outcome(run, requested, weights, activation, non_torch + others)
+        device.hold(args.name, weights + non_torch)
+        kv_bytes = round(run.kv_cache_gib * GiB)
+        events.write("profiled", free=free_now, others=others, kv_bytes=kv_bytes)
+        replay.switch(run)
+        if run.failure is not None:
+            replay.until(math.inf)
+            events.write("failed", reason=run.failure.reason)
+            return 1
+        replay.until(kv_allocated_at(run))
+        device.hold(args.name, weights + non_torch + kv_bytes)
+        replay.until((kv_allocated_at(run) + init_done_at(run)) / 2)
+        device.hold(args.name, weights + non_torch + kv_bytes + activation)
+        replay.until(math.inf)
+        events.write("serving")
+        while True:
+            signal.pause()
+    finally:
+        device.release(args.name)
+
+
+class _EventLog:
+    def __init__(self, path: Path | None, unit: str) -> None:
+        self.path = path
+        self.unit = unit
+
+    def write(self, event: str, **fields: object) -> None:
+        if self.path is None:
+            return
+        record = {"unit": self.unit, "pid": os.getpid(), "invocation": os.environ.get("INVOCATION_ID", ""),
+                  "event": event, "at": time.time(), **fields}
+        with open(self.path, "a", encoding="utf-8") as file:
+            file.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
