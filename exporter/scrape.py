@@ -126,13 +126,21 @@ def _drop_unexposable(families: list[Metric]) -> str | None:
 
 
 def _exposable(value: object, labels: dict[str, str]) -> bool:
-    try:
-        if not math.isfinite(float(value)):  # type: ignore[arg-type]
+    kind = type(value)
+    if kind is float:  # most samples: no conversion
+        if not math.isfinite(value):  # type: ignore[arg-type]
             return False
-    except (TypeError, ValueError, OverflowError):  # an int of 309+ digits overflows a float
-        return False
-    return all(isinstance(text, str) and (text.isascii() or _utf8_encodable(text))
-               for label in labels.items() for text in label)
+    else:
+        try:
+            if not math.isfinite(float(value)):  # type: ignore[arg-type]
+                return False
+        except (TypeError, ValueError, OverflowError):  # an int of 309+ digits overflows a float
+            return False
+    # Label names are the collectors' own identifiers; values come from sources and can be anything.
+    for text in labels.values():
+        if not (type(text) is str and (text.isascii() or _utf8_encodable(text))):
+            return False
+    return True
 
 
 def _utf8_encodable(text: str) -> bool:
