@@ -135,6 +135,9 @@ def bytes_text(count: float) -> str:
     return f"{count:g} TiB"
 
 
+# The kernel's per-client engine keys (i915, then xe): each engine's units stack on their own.
+UNIT_ENGINE_KEYS = ("render", "copy", "video", "video-enhance", "compute", "rcs", "bcs", "vcs", "vecs", "ccs")
+
 # The fraction of one max-length request the latest start's KV cache holds, as the rules compute it.
 MAX_LENGTH_REQUESTS = (f"xpu_unit_kv_cache_bytes{{{UNITS}}} / xpu_unit_kv_cache_required_bytes{{{UNITS}}}"
                        f" or xpu_unit_kv_cache_max_concurrency{{{UNITS}}}")
@@ -266,6 +269,20 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                                    "properties": [{"id": "color", "value": fixed_colour(colour)}]}
                                   for state, colour in (("ok", "green"), ("unknown", "blue"), ("degraded", "orange"),
                                                         ("critical", "red"), ("replace", "red")))),
+            Panel("timeseries", "Engine busy by unit",
+                  "Fraction of time each systemd unit kept each engine of the device busy (recording rule "
+                  "unit:xpu_unit_engine_busy:ratio, from the DRM fdinfo of the unit's processes: busy time on i915, "
+                  "cycles per GPU cycle on xe), stacked per engine: a stack is the engine's busy share of the units. "
+                  "The engine names are the kernel's keys (render, copy, video, video-enhance, compute on i915; "
+                  "rcs, bcs, vcs, vecs, ccs on xe). When a process of a unit exits, the unit's counters drop and "
+                  "the next minutes read too high. Needs the exporter to read other users' fdinfo (CAP_SYS_PTRACE).",
+                  (Target(f"unit:xpu_unit_engine_busy:ratio{{{DEVICE},unit=~\"$unit\"}}", "{{unit}} {{engine}}"),),
+                  "percentunit", green_only(), 24, 8, options=LEGEND_TABLE,
+                  custom={"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 40,
+                          "lineInterpolation": "linear"},
+                  defaults={"min": 0},
+                  overrides=tuple(by_name_regex(f" {engine}$", {"custom.stacking": {"mode": "normal", "group": engine}})
+                                  for engine in UNIT_ENGINE_KEYS)),
         )),
         Row("KV cache per unit", (
             Panel("timeseries", "KV cache against the need of one max-length request",

@@ -65,9 +65,15 @@ def fdinfo_head(driver: str, pdev: str | None, client_id: int | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+XE_ENGINES = ("rcs", "bcs", "vcs", "vecs", "ccs")
+I915_ENGINES = ("render", "copy", "video", "video-enhance", "compute")
+
+
 def xe_fdinfo(client_id: int | None = 1, pdev: str | None = "0000:03:00.0", vram0: int = 0,
-              unit: str = "KiB", shared_vram0: int = 0, system: int = 0, gtt: int = 0) -> str:
-    """An xe (kernel 6.8+) fdinfo: regions system, gtt, vram0, stolen; engines as drm-cycles."""
+              unit: str = "KiB", shared_vram0: int = 0, system: int = 0, gtt: int = 0,
+              cycles: dict[str, int] | None = None, total_cycles: int = 7655183225) -> str:
+    """An xe (kernel 6.8+) fdinfo: regions system, gtt, vram0, stolen; engines as drm-cycles (`cycles`
+    per engine, 28257900 for those not given) and drm-total-cycles (`total_cycles` for every engine)."""
     text = fdinfo_head("xe", pdev, client_id)
     regions = {"system": (system, 0), "gtt": (gtt, 0), "vram0": (vram0, shared_vram0), "stolen": (0, 0)}
     for region, (total, shared) in regions.items():
@@ -77,18 +83,23 @@ def xe_fdinfo(client_id: int | None = 1, pdev: str | None = "0000:03:00.0", vram
                  f"drm-resident-{region}:\t{size_text(total, unit)}\n")
         if region == "system":
             text += "drm-purgeable-system:\t0\n"
-    for engine in ("rcs", "bcs", "vcs", "vecs", "ccs"):
-        text += f"drm-cycles-{engine}:\t28257900\ndrm-total-cycles-{engine}:\t7655183225\n"
+    for engine in XE_ENGINES:
+        busy = (cycles or {}).get(engine, 28257900)
+        text += f"drm-cycles-{engine}:\t{busy}\ndrm-total-cycles-{engine}:\t{total_cycles}\n"
     text += "drm-engine-capacity-vcs:\t2\n"
     return text
 
 
 def i915_fdinfo(client_id: int | None = 1, pdev: str | None = "0000:03:00.0", local0: int = 0,
-                unit: str = "KiB", system0: int = 0, resident_local0: int | None = None) -> str:
-    """An i915 fdinfo of kernel 6.8+ (6.12): regions system0, local0, stolen-system0, stolen-local0."""
+                unit: str = "KiB", system0: int = 0, resident_local0: int | None = None,
+                busy_ns: dict[str, int] | None = None, capacity: dict[str, int] | None = None) -> str:
+    """An i915 fdinfo of kernel 6.8+ (6.12): regions system0, local0, stolen-system0, stolen-local0;
+    drm-engine-<engine> (`busy_ns`, 0 for engines not given), drm-engine-capacity-<engine> as given."""
     text = fdinfo_head("i915", pdev, client_id)
-    for engine in ("render", "copy", "video", "video-enhance", "compute"):
-        text += f"drm-engine-{engine}:\t0 ns\n"
+    for engine in I915_ENGINES:
+        text += f"drm-engine-{engine}:\t{(busy_ns or {}).get(engine, 0)} ns\n"
+    for engine, count in (capacity or {}).items():
+        text += f"drm-engine-capacity-{engine}:\t{count}\n"
     regions = {"system0": system0, "local0": local0, "stolen-system0": 0, "stolen-local0": 0}
     for region, total in regions.items():
         resident = resident_local0 if region == "local0" and resident_local0 is not None else total

@@ -148,6 +148,11 @@ def stack(fake_driver: Path, tmp_path_factory: pytest.TempPathFactory):
             ("XpuUnitEngineInitsOverlapped", STT), ("XpuDeviceThrottled", DEVICE)})
         wait_for(lambda: any(alert["labels"]["alertname"] == "XpuUnitEngineInitFailed"
                              for alert in webhook.alerts()), SETTLE)
+        # The units' engines get busy: their fdinfo engine counters advance (Engine busy by unit).
+        for pid, (unit, held) in enumerate(HELD.items(), start=200):
+            process = procfs.processes[pid]
+            (process.path / "fdinfo" / str(process.fds[0])).write_text(
+                xe_fdinfo(client_id=pid, vram0=held, cycles={"ccs": 28257900 + 1000}, total_cycles=7655183225 + 4000))
 
         # Phase 2: chat's lone restart, as the journal, /proc and the driver see it.
         journalgen.append_journal(journal, journal_specs(from_restart))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from promql import (README, REPO, alerting_rules, dashboard_metric_names, dashboard_panels, dashboard_queries,
-                    documented_metrics, load_dashboard, metric_names, variable_queries)
+                    documented_metrics, load_dashboard, metric_names, recorded_names, variable_queries)
 
 sys.path.insert(0, str(REPO / "rules"))
 sys.path.insert(0, str(REPO / "grafana"))
@@ -116,6 +116,13 @@ def test_rows_hold_the_panels_the_operators_need():
         assert [expr.startswith(start) for expr, start in zip(exprs(telemetry[title]), expected)] == \
             [True] * len(expected), title
         assert telemetry[title]["fieldConfig"]["defaults"]["unit"] == unit, title
+    by_unit = telemetry["Engine busy by unit"]
+    assert [metric_names(expr) for expr in exprs(by_unit)] == [{"unit:xpu_unit_engine_busy:ratio"}]
+    assert by_unit["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    # each engine's units stack on their own: a stack is one engine's busy share
+    stacking_groups = {override["matcher"]["options"]: override["properties"][0]["value"]["group"]
+                       for override in by_unit["fieldConfig"]["overrides"]}
+    assert stacking_groups[" ccs$"] == "ccs" and stacking_groups[" video$"] != stacking_groups[" video-enhance$"]
     engines = telemetry["Engine busy by group"]["fieldConfig"]["defaults"]
     assert (engines["min"], engines["max"]) == (0, 1)
     assert telemetry["Throttle reasons"]["type"] == "state-timeline"
@@ -282,7 +289,7 @@ def test_panels_fit_the_grid_without_overlapping():
 
 
 def test_dashboard_uses_only_metrics_the_exporter_serves():
-    unknown = dashboard_metric_names(load_dashboard()) - documented_metrics(README) - {"up"}
+    unknown = dashboard_metric_names(load_dashboard()) - documented_metrics(README) - recorded_names() - {"up"}
     assert unknown == set()
 
 

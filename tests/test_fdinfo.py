@@ -12,9 +12,11 @@ from exporter.parsers.fdinfo import (
     MAX_BYTES,
     MAX_LINE_CHARS,
     DrmClient,
+    EngineUse,
     RegionMemory,
     device_memory_bytes,
     has_memory_keys,
+    parse_engine_use,
     parse_fdinfo,
     parse_size,
 )
@@ -168,6 +170,34 @@ def test_xe_total_cycles_keys_are_engine_counters_not_memory():
     assert not any(region.startswith("cycles") for region in client.memory)
 
 
+def test_xe_engine_use_is_cycles_and_total_cycles_by_engine_key():
+    assert parse_engine_use(XE_DOC) == EngineUse(
+        busy_seconds={},
+        cycles={"rcs": 28257900, "bcs": 0, "ccs": 9843211},
+        total_cycles={"rcs": 7655183225, "bcs": 7655183225, "ccs": 7655183225})
+
+
+def test_i915_busy_time_is_seconds_divided_by_the_engine_capacity_when_given():
+    use = parse_engine_use(I915_61)
+    assert use.busy_seconds == {"render": 9.288864723, "copy": 2.035071108, "video": 0.0,
+                                "video-enhance": 0.0, "compute": 0.0}
+    assert (use.cycles, use.total_cycles) == ({}, {})
+    halved = parse_engine_use("drm-driver:\ti915\ndrm-engine-video:\t3000000000 ns\n"
+                              "drm-engine-capacity-video:\t2\n")
+    assert halved.busy_seconds == {"video": 1.5}
+
+
+def test_malformed_engine_lines_are_skipped_and_the_rest_is_read():
+    use = parse_engine_use("drm-driver:\ti915\ndrm-engine-render:\tlots ns\ndrm-engine-copy:\t-5 ns\n"
+                           "drm-cycles-rcs:\t" + "9" * 21 + "\ndrm-engine-capacity-copy:\t0\n"
+                           "drm-engine-video:\t7 ms\ndrm-engine-compute:\t2000000000 ns\n")
+    assert use == EngineUse(busy_seconds={"compute": 2.0}, cycles={}, total_cycles={})
+
+
+def test_memory_only_fdinfo_has_no_engine_use():
+    assert parse_engine_use(DEPRECATED_MEMORY_KEYS) == EngineUse({}, {}, {})
+
+
 def test_resident_key_wins_over_its_deprecated_alias():
     client = parse_fdinfo("drm-driver:\txe\ndrm-memory-vram0:\t1 MiB\ndrm-resident-vram0:\t2 MiB\n")
     assert client.memory["vram0"] == RegionMemory(resident=2 * MiB)
@@ -244,6 +274,9 @@ def test_huge_input_parses_in_linear_time():
 
 fdinfo_lines = st.one_of(
     st.text(max_size=80),
+    st.builds(lambda kind, engine, value: f"drm-{kind}-{engine}:\t{value}",
+              st.sampled_from(["engine", "engine-capacity", "cycles", "total-cycles"]),
+              st.text(max_size=12), st.text(max_size=24)),
     st.builds(lambda kind, region, value: f"drm-{kind}-{region}:\t{value}",
               st.sampled_from(["total", "shared", "resident", "memory", "active", "purgeable", "total-cycles"]),
               st.text(max_size=12), st.text(max_size=24)),
@@ -261,3 +294,6 @@ def test_parse_fdinfo_never_raises_and_sizes_are_non_negative(lines: list[str]):
         assert device_memory_bytes(client) >= 0
         for sizes in client.memory.values():
             assert all(size is None or 0 <= size <= MAX_BYTES for size in (sizes.total, sizes.resident, sizes.shared))
+    use = parse_engine_use("\n".join(lines))
+    assert all(value >= 0 for counters in (use.busy_seconds, use.cycles, use.total_cycles)
+               for value in counters.values())

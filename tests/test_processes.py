@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from exporterproc import RunningExporter
-from fakeprocfs import FakeProcfs, i915_61_fdinfo, xe_fdinfo
+from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
 from fakeze import A770, B580, FakeConfig, FakeMemoryModule, FakeProcess, fake_driver_env, write_config
 from journalgen import Clock, random_boot_id, write_journal
 from polling import wait_for
@@ -234,3 +234,34 @@ def test_without_the_levelzero_collector_this_one_reports_the_level_zero_failure
     assert sample(samples, "xpu_unit_memory_bytes", device=DEVICE, unit=CHAT) == expected[CHAT]
     assert series(samples, "xpu_unattributed_memory_bytes") == {}
     assert reported in stderr and "collector processes failed" in stderr
+
+
+def test_engine_use_per_unit_device_and_engine_key_of_both_drivers_and_a_client_closed_between_scrapes(
+        tmp_path, fake_driver, config_path):
+    procfs = FakeProcfs(tmp_path)
+    other = B580.pci_address
+    chat = procfs.add_unit_process(100, f"/system.slice/{CHAT}")
+    chat.add_drm_fd(xe_fdinfo(client_id=1, cycles={"ccs": 700}, total_cycles=9000))
+    closing = chat.add_drm_fd(xe_fdinfo(client_id=2, cycles={"ccs": 300}, total_cycles=9100))
+    procfs.add_unit_process(101, f"/system.slice/{CHAT}").add_drm_fd(
+        i915_fdinfo(client_id=5, pdev=other, busy_ns={"compute": 3 * 10**9, "video": 4 * 10**9},
+                    capacity={"video": 2}))
+    procfs.add_unit_process(200, f"/system.slice/{EMBEDDING}").add_drm_fd(
+        xe_fdinfo(client_id=3, cycles={"ccs": 50}, total_cycles=8000))
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, 2 * GiB, other_devices=(B580,)) as exporter:
+        before = wait_for(lambda: (s := exporter.scrape()) and series(s, "xpu_unit_engine_cycles_total") and s)
+        chat.close_fd(closing)
+        after = exporter.scrape()
+    for samples, chat_ccs in ((before, 1000), (after, 700)):
+        assert sample(samples, "xpu_unit_engine_cycles_total", device=DEVICE, unit=CHAT, engine="ccs") == chat_ccs
+        assert sample(samples, "xpu_unit_engine_cycles_total", device=DEVICE, unit=EMBEDDING, engine="ccs") == 50
+        assert sample(samples, "xpu_unit_engine_total_cycles_total", device=DEVICE, unit=EMBEDDING,
+                      engine="ccs") == 8000
+        assert sample(samples, "xpu_unit_engine_busy_seconds_total", device=other, unit=CHAT, engine="compute") == 3
+        assert sample(samples, "xpu_unit_engine_busy_seconds_total", device=other, unit=CHAT, engine="video") == 2
+        assert sample(samples, "xpu_unit_engine_cycles_total", device=other, unit=CHAT, engine="ccs") is None
+        assert sample(samples, "xpu_unit_engine_busy_seconds_total", device=DEVICE, unit=CHAT, engine="ccs") is None
+    assert sample(before, "xpu_unit_engine_total_cycles_total", device=DEVICE, unit=CHAT, engine="ccs") == 9100
+    assert sample(after, "xpu_unit_engine_total_cycles_total", device=DEVICE, unit=CHAT, engine="ccs") == 9000
+    engines = {dict(labels)["engine"] for labels in series(after, "xpu_unit_engine_cycles_total")}
+    assert engines == {"rcs", "bcs", "vcs", "vecs", "ccs"}

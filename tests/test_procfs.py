@@ -19,6 +19,7 @@ from exporter.sources.procfs import (
     DrmClientScanner,
     ProcfsUnavailable,
     ScanResult,
+    UnitEngineUse,
     read_open_file,
     scan_drm_clients,
     systemd_cgroup_path,
@@ -33,6 +34,7 @@ from fakeprocfs import (
     i915_61_fdinfo,
     i915_fdinfo,
     v1_cgroup,
+    XE_ENGINES,
     v2_cgroup,
     xe_fdinfo,
 )
@@ -597,4 +599,77 @@ def test_scanner_keeps_clients_of_one_id_on_two_devices_without_pdev_apart(tmp_p
     scanner.scan()
     clock.now += 1
     assert scanner.scan().memory_by_device == {"226:128": 1 * MiB, "226:0": 2 * MiB}
+    scanner.close()
+
+
+# --- per-unit engine use ------------------------------------------------------------------------
+
+def test_xe_cycles_are_summed_over_a_unit_s_clients_once_each_and_total_cycles_are_the_largest(tree: FakeProcfs):
+    api = tree.add_unit_process(100, CHAT)
+    engine = tree.add_unit_process(101, CHAT)
+    shared = xe_fdinfo(client_id=7, cycles={"ccs": 1000}, total_cycles=50_000)
+    for process in (api, engine, engine):  # one client: two fds of one process, one of another
+        process.add_drm_fd(shared)
+    engine.add_drm_fd(xe_fdinfo(client_id=8, cycles={"ccs": 300, "rcs": 5}, total_cycles=50_100))
+    tree.add_unit_process(300, CODE).add_drm_fd(xe_fdinfo(client_id=9, cycles={"ccs": 40}, total_cycles=49_000))
+    use = scan(tree).engines_by_device_unit[GPU]
+    assert use["vllm-xpu-chat.service"].cycles["ccs"] == 1300
+    assert use["vllm-xpu-chat.service"].cycles["rcs"] == 5 + 28257900  # client 7 prints the default for rcs
+    assert use["vllm-xpu-chat.service"].total_cycles == dict.fromkeys(XE_ENGINES, 50_100)
+    assert use["vllm-xpu-chat.service"].busy_seconds == {}
+    assert use["vllm-xpu-code.service"] == UnitEngineUse(
+        cycles={**dict.fromkeys(XE_ENGINES, 28257900), "ccs": 40}, total_cycles=dict.fromkeys(XE_ENGINES, 49_000))
+
+
+def test_a_client_shared_across_units_counts_for_the_lowest_pid_s_unit_only(tree: FakeProcfs):
+    tree.add_unit_process(300, CODE).add_drm_fd(xe_fdinfo(client_id=7, cycles={"ccs": 1000}))
+    tree.add_unit_process(200, CHAT).add_drm_fd(xe_fdinfo(client_id=7, cycles={"ccs": 1000}))
+    use = scan(tree).engines_by_device_unit[GPU]
+    assert list(use) == ["vllm-xpu-chat.service"]
+    assert use["vllm-xpu-chat.service"].cycles["ccs"] == 1000
+
+
+def test_i915_busy_seconds_are_summed_over_clients_each_divided_by_its_capacity(tree: FakeProcfs):
+    process = tree.add_unit_process(100, CHAT)
+    process.add_drm_fd(i915_fdinfo(client_id=1, busy_ns={"render": 2_000_000_000, "video": 4_000_000_000},
+                                   capacity={"video": 2}))
+    process.add_drm_fd(i915_fdinfo(client_id=2, busy_ns={"render": 500_000_000, "video": 1_000_000_000}))
+    tree.add_process(400, v2_cgroup("/")).add_drm_fd(i915_fdinfo(client_id=3, busy_ns={"render": 10**12}))
+    use = scan(tree).engines_by_device_unit
+    assert use == {GPU: {"vllm-xpu-chat.service": UnitEngineUse(
+        busy_seconds={"render": 2.5, "copy": 0.0, "video": 3.0, "video-enhance": 0.0, "compute": 0.0})}}
+
+
+def test_a_unit_s_counters_drop_by_the_share_of_a_client_closed_between_two_scans(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    process = procfs.add_unit_process(10, CHAT)
+    kept = process.add_drm_fd(xe_fdinfo(client_id=1, cycles={"ccs": 100}, total_cycles=1000))
+    closing = process.add_drm_fd(xe_fdinfo(client_id=2, cycles={"ccs": 60}, total_cycles=1001))
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), clock=clock)
+    assert scanner.scan().engines_by_device_unit[GPU]["vllm-xpu-chat.service"].cycles["ccs"] == 160
+    process.close_fd(closing)
+    (process.path / "fdinfo" / str(kept)).write_text(xe_fdinfo(client_id=1, cycles={"ccs": 120}, total_cycles=2000))
+    clock.now += 1
+    use = scanner.scan().engines_by_device_unit[GPU]["vllm-xpu-chat.service"]
+    assert (use.cycles["ccs"], use.total_cycles["ccs"]) == (120, 2000)
+    scanner.close()
+
+
+def test_a_running_unit_s_engine_counters_are_in_every_scan_across_walks_and_rereads(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    process = procfs.add_unit_process(10, CHAT)
+    fds = [process.add_drm_fd(i915_fdinfo(client_id=client, busy_ns={"compute": 0})) for client in (1, 2)]
+    process.add_other_fds(3)
+    clock = ManualClock()
+    # one fdinfo file kept open, the other read by path: both ways of reading
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock, max_held_fds=1)
+    seen = []
+    for step in range(1, 40):
+        for client, fd in enumerate(fds, 1):
+            (process.path / "fdinfo" / str(fd)).write_text(
+                i915_fdinfo(client_id=client, busy_ns={"compute": step * 10**9}))
+        clock.now += 1.5  # several walks of the process in between
+        seen.append(scanner.scan().engines_by_device_unit[GPU]["vllm-xpu-chat.service"].busy_seconds["compute"])
+    assert seen == [2.0 * step for step in range(1, 40)]
     scanner.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from exporterproc import REPO, RunningExporter
-from fakeprocfs import FakeProcfs, xe_fdinfo
+from fakeprocfs import FakeProcfs, i915_fdinfo, xe_fdinfo
 from fakeze import A770_TELEMETRY, FakeConfig, fake_driver_env, write_config
 from journalgen import JournalEntrySpec, random_boot_id, write_journal
 from polling import wait_for
@@ -35,6 +35,8 @@ def test_readme_documents_exactly_the_metrics_the_exporter_serves(tmp_path, fake
     write_config(config_path, FakeConfig(devices=(A770_TELEMETRY,)))
     procfs = FakeProcfs(tmp_path)
     procfs.add_unit_process(100, f"/system.slice/{CHAT}").add_drm_fd(xe_fdinfo(client_id=1, vram0=2 * GiB))
+    # an i915 client (of an integrated GPU), whose engine counters are busy time, not xe's cycles
+    procfs.add_unit_process(200, f"/system.slice/{EMBEDDING}").add_drm_fd(i915_fdinfo(client_id=2, pdev="0000:00:02.0"))
     journal = write_journal(tmp_path / "units.journal", every_kind_of_start())
     with RunningExporter(["--path.procfs", str(procfs.root), "--journal.file", str(journal),
                           "--journal.boot", "all"], env=fake_driver_env(fake_driver, config_path)) as exporter:

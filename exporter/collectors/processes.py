@@ -2,6 +2,10 @@
 
 Per device, the first source that works: DRM fdinfo under --path.procfs (each DRM client counted once),
 else Level Zero's process list (zesDeviceProcessesGetState; upstream i915 does not support it).
+
+Per unit and device, also the engine counters of the fdinfo read (busy seconds, xe's cycles and total
+cycles). They are sums over the unit's live DRM clients: when a process exits or closes a client, its
+share goes with it and the unit's counter goes down, which rate() treats as a counter reset.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from exporter.sources import procfs
@@ -79,10 +83,35 @@ class ProcessesCollector(Collector):
                 unit_memory.add_metric([pci, unit], held)
         yield source
         yield unit_memory
+        yield from self._engine_use(scan)
         if devices is not None:
             yield from self._against_device_memory(devices, attributions, self._watched_settings(context))
         if problems:
             raise CollectionError("; ".join(problems))
+
+    @staticmethod
+    def _engine_use(scan: procfs.ScanResult | None) -> Iterator[Metric]:
+        busy = CounterMetricFamily(
+            "xpu_unit_engine_busy_seconds",
+            "Engine busy time of the unit's DRM clients (drm-engine-<engine>, divided by the engine class's "
+            "capacity); goes down when a client closes.", labels=["device", "unit", "engine"])
+        cycles = CounterMetricFamily(
+            "xpu_unit_engine_cycles", "GPU cycles the unit's DRM clients kept the engine busy (xe's drm-cycles); "
+            "goes down when a client closes.", labels=["device", "unit", "engine"])
+        total_cycles = CounterMetricFamily(
+            "xpu_unit_engine_total_cycles", "The GPU clock the cycles count against (xe's drm-total-cycles), the "
+            "largest of the unit's DRM clients.", labels=["device", "unit", "engine"])
+        for device, by_unit in sorted((scan.engines_by_device_unit if scan else {}).items()):
+            if device.startswith(f"{procfs.DRM_MAJOR}:"):
+                continue  # not a PCI GPU (see collect)
+            for unit, use in sorted(by_unit.items()):
+                for engine, seconds in sorted(use.busy_seconds.items()):
+                    busy.add_metric([device, unit, engine], seconds)
+                for engine, count in sorted(use.cycles.items()):
+                    cycles.add_metric([device, unit, engine], count)
+                for engine, count in sorted(use.total_cycles.items()):
+                    total_cycles.add_metric([device, unit, engine], count)
+        yield from (busy, cycles, total_cycles)
 
     def _scan(self, problems: list[str]) -> procfs.ScanResult | None:
         try:

@@ -16,6 +16,12 @@ GiB would otherwise be 10**29 bytes). One anchored regular expression picks the 
 interest (an xe fdinfo is mostly engine counters), another without nested repetition splits each of
 them; lines over `MAX_LINE_CHARS` are skipped, so the time is linear in the text. The parse of the
 picked lines is cached: they seldom change between reads, while the engine counters always do.
+
+Engine keys (`parse_engine_use`, read on every read, uncached): `drm-engine-<engine>: <uint> ns` (busy
+time; i915 and most drivers), `drm-engine-capacity-<engine>: <uint>` (how many engines of the class the
+busy time is counted over), and xe's `drm-cycles-<engine>` / `drm-total-cycles-<engine>`. `<engine>`
+is the driver's own key (`render`, `copy`, `video`, `video-enhance`, `compute` on i915; `rcs`, `bcs`,
+`vcs`, `vecs`, `ccs` on xe).
 """
 
 from __future__ import annotations
@@ -54,6 +60,23 @@ _LINE = re.compile(
     r"|(?P<kind>total|shared|resident|memory)-(?!cycles-)(?P<region>[^:\s]{1,64}):"
     r"[ \t]*(?P<number>\d{1,%d})(?:[ \t]+(?P<unit>KiB|MiB|GiB|kB|B))?"
     r")[ \t]*" % (MAX_LINE_CHARS, MAX_UINT_DIGITS))
+
+# The engine lines: `drm-engine-<engine>: <uint> ns`, `drm-engine-capacity-<engine>: <uint>`,
+# `drm-cycles-<engine>: <uint>`, `drm-total-cycles-<engine>: <uint>`. Capacity lines match as engine
+# `capacity-<engine>`; the unit (` ns`) is optional so they do. Linear: no nested repetition.
+_ENGINE_LINE = re.compile(
+    r"\ndrm-(engine|cycles|total-cycles)-([^:\s]{1,64}):[ \t]*(\d{1,%d})(?:[ \t]+ns)?[ \t]*$"
+    % MAX_UINT_DIGITS, re.MULTILINE)
+_CAPACITY_PREFIX = "capacity-"
+
+
+@dataclass(frozen=True)
+class EngineUse:
+    """The engine counters of one DRM client, by the driver's engine key; empty when it prints none."""
+
+    busy_seconds: Mapping[str, float]  # drm-engine-<engine> / drm-engine-capacity-<engine> (1 when not given)
+    cycles: Mapping[str, int]  # xe's drm-cycles-<engine>
+    total_cycles: Mapping[str, int]  # xe's drm-total-cycles-<engine>
 
 
 @dataclass(frozen=True)
@@ -120,6 +143,26 @@ def _parse_lines(lines: tuple[str, ...]) -> DrmClient | None:
         sizes.setdefault(region, {}).setdefault("resident", size)
     memory = MappingProxyType({region: RegionMemory(**fields) for region, fields in sizes.items()})
     return DrmClient(driver=driver, pdev=pdev, client_id=client_id, memory=memory)
+
+
+def parse_engine_use(text: str) -> EngineUse:
+    """The engine counters of one fdinfo file (see the module's docstring); malformed lines are skipped."""
+    busy_ns: dict[str, int] = {}
+    capacity: dict[str, int] = {}
+    cycles: dict[str, int] = {}
+    total_cycles: dict[str, int] = {}
+    for kind, engine, number in _ENGINE_LINE.findall("\n" + text):
+        if kind == "engine":
+            if engine.startswith(_CAPACITY_PREFIX):
+                capacity[engine[len(_CAPACITY_PREFIX):]] = int(number)
+            else:
+                busy_ns[engine] = int(number)
+        elif kind == "cycles":
+            cycles[engine] = int(number)
+        else:
+            total_cycles[engine] = int(number)
+    busy_seconds = {engine: ns / 1e9 / (capacity.get(engine) or 1) for engine, ns in busy_ns.items()}
+    return EngineUse(busy_seconds=busy_seconds, cycles=cycles, total_cycles=total_cycles)
 
 
 def device_memory_bytes(client: DrmClient) -> int:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from exporter.parsers.fdinfo import DrmClient, parse_fdinfo
+from exporter.parsers.fdinfo import DrmClient, EngineUse, parse_engine_use, parse_fdinfo
 
 DRM_MAJOR = 226
 # A DRM fdinfo is ~1-2 KiB and a cgroup file a few hundred bytes; anything bigger is not what we expect.
@@ -45,6 +45,25 @@ class ProcfsUnavailable(Exception):
     """The procfs root itself cannot be used (missing, not a directory, unreadable, or not a proc filesystem)."""
 
 
+@dataclass
+class UnitEngineUse:
+    """The engine counters of a unit's DRM clients on one device, by the driver's engine key: busy
+    seconds and cycles summed over the clients, total cycles the largest of them. A client that goes
+    takes its share with it, so a sum can go down when a process exits or closes a client."""
+
+    busy_seconds: dict[str, float] = field(default_factory=dict)
+    cycles: dict[str, int] = field(default_factory=dict)
+    total_cycles: dict[str, int] = field(default_factory=dict)
+
+    def add(self, use: EngineUse) -> None:
+        for engine, seconds in use.busy_seconds.items():
+            self.busy_seconds[engine] = self.busy_seconds.get(engine, 0.0) + seconds
+        for engine, cycles in use.cycles.items():
+            self.cycles[engine] = self.cycles.get(engine, 0) + cycles
+        for engine, total in use.total_cycles.items():
+            self.total_cycles[engine] = max(total, self.total_cycles.get(engine, 0))
+
+
 @dataclass(frozen=True)
 class ScanResult:
     """One pass over all processes. `device` keys are PCI addresses (`0000:03:00.0`) taken from
@@ -60,6 +79,9 @@ class ScanResult:
     memory_by_device_pid: dict[str, dict[int, int]] = field(default_factory=dict)
     # pid -> systemd unit, for every pid in memory_by_device_pid; None: root cgroup or cgroup file unreadable.
     unit_by_pid: dict[int, str | None] = field(default_factory=dict)
+    # device -> unit -> engine counters of the unit's clients (each client once, as for memory); a unit
+    # whose clients print no engine keys has an empty UnitEngineUse.
+    engines_by_device_unit: dict[str, dict[str, UnitEngineUse]] = field(default_factory=dict)
     # device -> `drm-driver` (i915, xe, ...).
     driver_by_device: dict[str, str] = field(default_factory=dict)
     clients: int = 0  # distinct DRM clients
@@ -189,7 +211,8 @@ class DrmClientScanner:
                     scan.failed(pid, error)
                     continue
                 try:
-                    client = parse_fdinfo(read_open_file(handle, MAX_FDINFO_BYTES))
+                    text = read_open_file(handle, MAX_FDINFO_BYTES)
+                    client = parse_fdinfo(text)
                 except OSError as error:
                     scan.failed(pid, error)
                     client = None
@@ -210,11 +233,11 @@ class DrmClientScanner:
                     os.close(handle)
                 by_client[drm_fd.key] = drm_fd
                 process.drm_fds.append(drm_fd)
-                clients.append(client)
+                clients.append((client, text))
         finally:
             os.close(fdinfo_dir)
-        for drm_fd, client in zip(process.drm_fds, clients):
-            scan.add(pid, drm_fd, client)
+        for drm_fd, (client, text) in zip(process.drm_fds, clients):
+            scan.add(pid, drm_fd, client, text)
 
     def _read(self, scan: _Scan, pid: int, process: _Process) -> bool:
         """Read the known DRM clients of a process that is not due for a walk into `scan`; False, with
@@ -237,9 +260,9 @@ class DrmClientScanner:
                     return False
             except OSError:
                 return False
-            clients.append(client)
-        for drm_fd, client in zip(process.drm_fds, clients):
-            scan.add(pid, drm_fd, client)
+            clients.append((client, text))
+        for drm_fd, (client, text) in zip(process.drm_fds, clients):
+            scan.add(pid, drm_fd, client, text)
         return True
 
     def _release(self, process: _Process) -> None:
@@ -433,7 +456,8 @@ class _Scan:
 
     def __init__(self, procfs: str) -> None:
         self.procfs = procfs
-        self.clients: dict[Hashable, tuple[str, int, int]] = {}  # client -> (device, lowest pid, device memory)
+        # client -> (device, lowest pid, device memory, engine counters)
+        self.clients: dict[Hashable, tuple[str, int, int, EngineUse]] = {}
         self.drivers: dict[str, str] = {}
         self.drm_fds = 0
         self.memory_keys_seen = False
@@ -472,8 +496,8 @@ class _Scan:
             os.close(fd_dir)
         return drm_fds
 
-    def add(self, pid: int, drm_fd: _DrmFd, client: DrmClient) -> None:
-        """A client of process `pid`, read through `drm_fd`."""
+    def add(self, pid: int, drm_fd: _DrmFd, client: DrmClient, text: str) -> None:
+        """A client of process `pid`, read through `drm_fd` (`text`: what the read gave)."""
         self.drm_fds += drm_fd.fds
         device = drm_fd.device
         if device not in self.drivers:
@@ -482,15 +506,20 @@ class _Scan:
             self.memory_keys_seen = True
         # Pids are scanned in ascending order, so the first holder seen is the lowest pid.
         if drm_fd.key not in self.clients:
-            self.clients[drm_fd.key] = (device, pid, client.device_memory)
+            self.clients[drm_fd.key] = (device, pid, client.device_memory, parse_engine_use(text))
 
     def result(self, processes: int, known: dict[int, _Process]) -> ScanResult:
         memory_by_device_pid: dict[str, dict[int, int]] = {}
-        for device, pid, bytes_ in self.clients.values():
+        for device, pid, bytes_, _ in self.clients.values():
             by_pid = memory_by_device_pid.setdefault(device, {})
             by_pid[pid] = by_pid.get(pid, 0) + bytes_
         unit_by_pid = {pid: known[pid].unit_of(self.procfs, pid, self)
-                       for pid in sorted({pid for _, pid, _ in self.clients.values()})}
+                       for pid in sorted({pid for _, pid, _, _ in self.clients.values()})}
+        engines_by_device_unit: dict[str, dict[str, UnitEngineUse]] = {}
+        for device, pid, _, use in self.clients.values():
+            unit = unit_by_pid[pid]
+            if unit is not None:
+                engines_by_device_unit.setdefault(device, {}).setdefault(unit, UnitEngineUse()).add(use)
         memory_by_device_unit: dict[str, dict[str, int]] = {}
         memory_by_device: dict[str, int] = {}
         for device, by_pid in memory_by_device_pid.items():
@@ -504,6 +533,7 @@ class _Scan:
             memory_by_device_unit=memory_by_device_unit,
             memory_by_device=memory_by_device,
             memory_by_device_pid=memory_by_device_pid,
+            engines_by_device_unit=engines_by_device_unit,
             unit_by_pid=unit_by_pid,
             driver_by_device=dict(self.drivers),
             clients=len(self.clients),
