@@ -28,6 +28,9 @@ RACE_UNITS: Mapping[str, Engine] = {
     "vllm-xpu-stt.service": STT,
 }
 SETTLE_TIMEOUT = 45.0
+# In use on the idle GPU (the driver's own): a real GPU never reports free == total to root, and the
+# gate takes free == total for untrusted accounting (and releases at once).
+IDLE_RESERVED = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ def race_boot(shared: Path, *, exec_start_pre: Sequence[str] = (), unit_type: st
     `extra_service`: more [Service] lines for every unit (Environment= for a gate, ...)."""
     shared = Path(shared)
     config, events = shared / "ze.conf", shared / "events.jsonl"
-    SharedDevice.create(config, SIXTEEN_GIB_GPU)
+    SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
     events.unlink(missing_ok=True)
     files = {f"/etc/systemd/system/{name}": unit_file(
         engine, device_config=path_inside(shared, config), unit_type=unit_type, exec_start_pre=exec_start_pre,
