@@ -101,3 +101,31 @@ def test_three_gated_units_started_together_at_boot_neither_fail_nor_overlap(sha
         for unit, count in seen["waits"].items():
             if count:
                 assert seen["waited_seconds"].get((("unit", unit),), 0) > 0, f"{unit}: no time waited"
+
+
+def test_a_chat_restart_while_the_others_serve_is_not_delayed(shared: Path, fake_driver: Path):
+    """Once all three serve, `systemctl restart` of chat: its gate finds no init running and no live
+    lease (the last holder's init completed), so it releases at once; chat serves again without a
+    failure."""
+    chat = "vllm-xpu-chat.service"
+    seen: dict[str, object] = {}
+
+    def restart_chat(machine: RealSystemd) -> None:
+        events = shared / "events.jsonl"
+        machine.systemctl("restart", "--no-block", chat)
+        deadline = time.monotonic() + RESTART_TIMEOUT
+        while sum(record["unit"] == chat for record in _serving(events)) < 2:
+            assert time.monotonic() < deadline, "chat did not serve again after its restart"
+            time.sleep(0.1)
+        machine.sync_journal()
+        seen["entries"] = machine.journal(*RACE_UNITS)
+
+    outcome = gated_boot(shared, fake_driver, while_up=restart_chat)
+    assert outcome.settled and outcome.failures == 0, outcome.counts
+    restarted = decisions(seen["entries"], chat)
+    assert len(restarted) == 2, f"one gate decision per start of chat: {restarted}"
+    _, seconds, waited = restarted[-1]
+    assert waited == () and seconds < 1.0, f"the restart's gate: {restarted[-1]}"
+    counts = journalfacts.counts(seen["entries"], list(RACE_UNITS))
+    assert counts[chat].starts == 2 and not counts[chat].failures, counts
+    assert sum(unit.overlaps for unit in counts.values()) == 0, counts
