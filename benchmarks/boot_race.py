@@ -1,8 +1,10 @@
 """The boot race over repeated boots of a real systemd: how often the issue's three units fail their
 engine init when systemd starts them together.
 
-    python benchmarks/boot_race.py              # 20 boots, about 13 s each (as root)
+    python benchmarks/boot_race.py              # 20 boots without and 20 with the gate, ~15 s each (as root)
     python benchmarks/boot_race.py --boots 5
+    python benchmarks/boot_race.py --gate       # only the gated units
+    python benchmarks/boot_race.py --no-gate    # only the ungated ones
 
 Each boot is a fresh systemd 252 as PID 1 of private namespaces (tests/realsystemd.py) with chat
 (0.75), embedding (0.07) and stt (0.07) of one 16 GiB fake GPU enabled in multi-user.target
@@ -12,7 +14,8 @@ ends when every unit serves; its failed inits and overlapping inits are read fro
 (tests/journalfacts.py). Prints one line per boot, then the totals of each configuration.
 
 A configuration is a name and the ExecStartPre= commands put before each unit's engine
-(`configurations()`); today there is one, "without gate".
+(`configurations()`): "without gate", and "with gate" (`ExecStartPre=+vllm-xpu-gate --unit %n ...`, the
+console script of the Python running this, reading the namespace's journal and the same fake GPU).
 """
 
 from __future__ import annotations
@@ -28,24 +31,32 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from bootrace import BootOutcome, race_boot  # noqa: E402
+from bootrace import BootOutcome, gate_command, gate_environment, race_boot  # noqa: E402
+from fakeze import build_fake_driver  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Configuration:
     name: str
     exec_start_pre: Sequence[str] = ()
+    gated: bool = False
 
 
 def configurations(args: argparse.Namespace) -> list[Configuration]:
-    return [Configuration("without gate")]
+    ungated = Configuration("without gate")
+    gated = Configuration("with gate", (gate_command(),), gated=True)
+    return {None: [ungated, gated], True: [gated], False: [ungated]}[args.gate]
 
 
 def run(configuration: Configuration, boots: int, time_scale: float) -> list[BootOutcome]:
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="boot-race-") as shared:
+        extra_service: list[str] = []
+        if configuration.gated:  # the gate's Level Zero child loads the fake driver, from inside the namespace
+            extra_service = gate_environment(Path(shared), build_fake_driver(Path(shared)))
         for boot in range(1, boots + 1):
-            outcome = race_boot(Path(shared), exec_start_pre=configuration.exec_start_pre, time_scale=time_scale)
+            outcome = race_boot(Path(shared), exec_start_pre=configuration.exec_start_pre, time_scale=time_scale,
+                                extra_service=extra_service)
             outcomes.append(outcome)
             failed = {unit.removeprefix("vllm-xpu-").removesuffix(".service"): dict(counts.failures)
                       for unit, counts in outcome.counts.items() if counts.failures}
@@ -65,6 +76,8 @@ def summary(configuration: Configuration, outcomes: Sequence[BootOutcome]) -> st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--boots", type=int, default=20)
+    parser.add_argument("--gate", action=argparse.BooleanOptionalAction, default=None,
+                        help="only the gated units (--gate) or only the ungated ones (--no-gate); default both")
     parser.add_argument("--time-scale", type=float, default=0.1, help="real seconds per replayed vLLM second")
     args = parser.parse_args(argv)
     if args.boots < 1:

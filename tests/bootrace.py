@@ -12,8 +12,9 @@ serving) and read back from its journal (tests/journalfacts.py).
 from __future__ import annotations
 
 import json
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,25 @@ RACE_UNITS: Mapping[str, Engine] = {
     "vllm-xpu-stt.service": STT,
 }
 SETTLE_TIMEOUT = 45.0
+# In use on the idle GPU (the driver's own): a real GPU never reports free == total to root, and the
+# gate takes free == total for untrusted accounting (and releases at once).
+IDLE_RESERVED = 256 * 1024 * 1024
+
+
+def gate_command(*, timeout: str = "60s", poll_interval: str = "100ms", extra: Sequence[str] = ()) -> str:
+    """The ExecStartPre= of `vllm-xpu-gate` (the console script beside this Python, run with "+") reading
+    the namespace's journal (Storage=volatile)."""
+    script = Path(sys.executable).with_name("vllm-xpu-gate")
+    return " ".join(["+" + str(script), "--unit", "%n", "--journal.directory", "/run/log/journal",
+                     "--timeout", timeout, "--poll-interval", poll_interval, *extra])
+
+
+def gate_environment(shared: Path, fake_driver: Path) -> list[str]:
+    """[Service] lines that make the gate's Level Zero child load the fake driver (a copy in `shared`)
+    with the race's device config: the gate sees the GPU the replayed engines take memory from."""
+    driver = path_inside(shared, fake_driver)
+    config = path_inside(shared, Path(shared) / "ze.conf")
+    return [f"Environment=ZE_ENABLE_ALT_DRIVERS={driver} FAKE_ZE_CONFIG={config} ZES_ENABLE_SYSMAN=1"]
 
 
 @dataclass(frozen=True)
@@ -56,12 +76,14 @@ def serving_units(events: Path) -> set[str]:
 
 def race_boot(shared: Path, *, exec_start_pre: Sequence[str] = (), unit_type: str = "simple",
               restart_sec: float = 1.0, time_scale: float = 0.1, settle_timeout: float = SETTLE_TIMEOUT,
-              units: Mapping[str, Engine] = RACE_UNITS, extra_service: Sequence[str] = ()) -> BootOutcome:
+              units: Mapping[str, Engine] = RACE_UNITS, extra_service: Sequence[str] = (),
+              while_up: Callable[[RealSystemd], None] | None = None) -> BootOutcome:
     """Boot once with `units` enabled and report what the journal shows once they all serve.
-    `extra_service`: more [Service] lines for every unit (Environment= for a gate, ...)."""
+    `extra_service`: more [Service] lines for every unit (Environment= for a gate, ...); `while_up`
+    is called with the machine once the units serve, before it shuts down."""
     shared = Path(shared)
     config, events = shared / "ze.conf", shared / "events.jsonl"
-    SharedDevice.create(config, SIXTEEN_GIB_GPU)
+    SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
     events.unlink(missing_ok=True)
     files = {f"/etc/systemd/system/{name}": unit_file(
         engine, device_config=path_inside(shared, config), unit_type=unit_type, exec_start_pre=exec_start_pre,
@@ -76,7 +98,10 @@ def race_boot(shared: Path, *, exec_start_pre: Sequence[str] = (), unit_type: st
         seconds = time.time() - machine.booted_at
         machine.sync_journal()
         entries = machine.journal(*units)
+        if while_up is not None:
+            while_up(machine)
     return BootOutcome(journalfacts.counts(entries, units), settled, seconds, entries)
 
 
-__all__ = ["BootOutcome", "RACE_UNITS", "race_boot", "serving_units"]
+__all__ = ["BootOutcome", "IDLE_RESERVED", "RACE_UNITS", "gate_command", "gate_environment", "race_boot",
+           "serving_units"]

@@ -290,15 +290,16 @@ class SharedDevice:
         self.lock_path = self.config_path.with_name(self.config_path.name + ".lock")
 
     @classmethod
-    def create(cls, config_path: Path, device: FakeDevice) -> SharedDevice:
+    def create(cls, config_path: Path, device: FakeDevice, reserved: int = 0) -> SharedDevice:
         """Start a ledger for `device` (its first memory module is the shared memory; its `free` and
-        `processes` are replaced by the shares), with nothing held."""
+        `processes` are replaced by the shares), with nothing held. `reserved`: bytes in use with
+        nothing running (a real GPU's driver keeps some; free == total reads as untrusted accounting)."""
         if not device.memory:
             raise ValueError("the device needs a memory module")
         shared = cls(config_path)
         shared.lock_path.touch()
         with shared._locked():
-            shared._write({"device": _device_to_json(device), "held": {}})
+            shared._write({"device": _device_to_json(device), "held": {}, "reserved": int(reserved)})
         return shared
 
     @property
@@ -378,7 +379,8 @@ def _drop_dead_holders(ledger: dict) -> bool:
 
 
 def _free(ledger: dict) -> int:
-    return max(0, ledger["device"]["memory"][0]["size"] - sum(share["bytes"] for share in ledger["held"].values()))
+    held = sum(share["bytes"] for share in ledger["held"].values())
+    return max(0, ledger["device"]["memory"][0]["size"] - ledger.get("reserved", 0) - held)
 
 
 def _device_with_shares(ledger: dict) -> FakeDevice:
