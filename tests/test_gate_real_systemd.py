@@ -13,7 +13,6 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ import journalfacts
 from bootrace import RACE_UNITS, BootOutcome, gate_command, gate_environment, race_boot
 from realsystemd import RealSystemd, journal_field
 from scrapes import series
-from test_real_systemd import exporter_counts, require_root, run_exporter, scrape_until_equal
+from test_real_systemd import require_root, run_exporter, scrape_until_equal
 
 GATED_BOOTS = 2
 RESTART_TIMEOUT = 20.0
