@@ -36,6 +36,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -88,6 +89,12 @@ while read -r mountpoint options; do
 done < "$staging.cgroups"
 mount -t tmpfs -o mode=0755 run "$new/run"
 mount -t tmpfs -o mode=1777 tmp "$new/tmp"
+# The host paths the units run from (the checkout, its virtual environment) when the fresh /run or /tmp
+# above would hide them: a checkout under /tmp is common (CI clones anywhere).
+while read -r path; do
+    mkdir -p "$new$path"
+    mount --bind "$path" "$new$path"
+done < "$staging.visible"
 mkdir -p "$new$shared_inside"
 mount --bind "$shared" "$new$shared_inside"
 cp -a "$staging/." "$new/"
@@ -112,6 +119,16 @@ if [ "$root_type" != overlayfs ]; then
 fi
 exec env -i container=realsystemd-test /lib/systemd/systemd --system "$@"
 """
+
+
+def hidden_host_paths() -> list[str]:
+    """The checkout and the interpreter's environments, where the namespace's fresh /run and /tmp would
+    hide them from the units (which run the checkout's code with this interpreter)."""
+    checkout = Path(__file__).resolve().parents[1]
+    candidates = {str(checkout), sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent)}
+    hidden = [path for path in candidates if path.startswith(("/tmp/", "/run/"))]
+    # A path inside another one is bound with it.
+    return sorted(path for path in hidden if not any(path.startswith(other + "/") for other in hidden))
 
 
 class BootError(RuntimeError):
@@ -217,6 +234,7 @@ class RealSystemd:
             raise BootError(f"no cgroup hierarchy systemd can use under {CGROUP_ROOT}")
         Path(f"{staging}.cgroups").write_text(
             "".join(f"{h.mountpoint.name} {h.options}\n" for h in hierarchies))
+        Path(f"{staging}.visible").write_text("".join(f"{path}\n" for path in hidden_host_paths()))
         name = f"realsystemd-{os.getpid()}-{run_dir.name.rsplit('-', 1)[-1]}"
         for hierarchy in hierarchies:
             cgroup = hierarchy.mountpoint / hierarchy.own_path.lstrip("/") / name
