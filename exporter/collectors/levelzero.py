@@ -131,10 +131,10 @@ class LevelZeroCollector(Collector):
             raise CollectionError("; ".join(failures))
 
     def _telemetry(self, devices: list[DeviceMemory], failures: list[str]) -> Iterator[Metric]:
-        engine = CounterMetricFamily("xpu_engine_active_seconds",
+        engine = CounterMetricFamily("xpu_engine_active_seconds_total",
                                      "Busy time of the engine group (every engine of its kind, zesEngineGetActivity).",
                                      labels=["device", "engine"])
-        energy = CounterMetricFamily("xpu_energy_joules",
+        energy = CounterMetricFamily("xpu_energy_joules_total",
                                      "Energy of the card's (else the package's) power domain (zesPowerGetEnergyCounter).",
                                      labels=["device"])
         temperature = GaugeMetricFamily("xpu_temperature_celsius", "Temperature of the sensor (the maximum it covers).",
@@ -144,11 +144,11 @@ class LevelZeroCollector(Collector):
         throttled = GaugeMetricFamily("xpu_frequency_throttled",
                                       "1 while the driver reports the domain's frequency limited for the reason, else 0.",
                                       labels=["device", "domain", "reason"])
-        read = CounterMetricFamily("xpu_memory_read_bytes", "Bytes read from device-local memory (zesMemoryGetBandwidth).",
+        read = CounterMetricFamily("xpu_memory_read_bytes_total", "Bytes read from device-local memory (zesMemoryGetBandwidth).",
                                    labels=["device"])
-        write = CounterMetricFamily("xpu_memory_write_bytes",
+        write = CounterMetricFamily("xpu_memory_write_bytes_total",
                                     "Bytes written to device-local memory (zesMemoryGetBandwidth).", labels=["device"])
-        ras = CounterMetricFamily("xpu_ras_errors", "RAS errors of the severity and category since the driver loaded.",
+        ras = CounterMetricFamily("xpu_ras_errors_total", "RAS errors of the severity and category since the driver loaded.",
                                   labels=["device", "severity", "category"])
         for device in devices:
             pci = device.identity.pci_address

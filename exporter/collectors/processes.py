@@ -5,7 +5,8 @@ else Level Zero's process list (zesDeviceProcessesGetState; upstream i915 does n
 
 Per unit and device, also the engine counters of the fdinfo read (busy seconds, xe's cycles and total
 cycles). They are sums over the unit's live DRM clients: when a process exits or closes a client, its
-share goes with it and the unit's counter goes down, which rate() treats as a counter reset.
+share goes with it and the unit's counter goes down, which rate() treats as a counter reset. The
+recording rule unit:xpu_unit_engine_busy:ratio (rules/) joins the two drivers' counters into one ratio.
 """
 
 from __future__ import annotations
@@ -92,14 +93,14 @@ class ProcessesCollector(Collector):
     @staticmethod
     def _engine_use(scan: procfs.ScanResult | None) -> Iterator[Metric]:
         busy = CounterMetricFamily(
-            "xpu_unit_engine_busy_seconds",
+            "xpu_unit_engine_busy_seconds_total",
             "Engine busy time of the unit's DRM clients (drm-engine-<engine>, divided by the engine class's "
             "capacity); goes down when a client closes.", labels=["device", "unit", "engine"])
         cycles = CounterMetricFamily(
-            "xpu_unit_engine_cycles", "GPU cycles the unit's DRM clients kept the engine busy (xe's drm-cycles); "
+            "xpu_unit_engine_cycles_total", "GPU cycles the unit's DRM clients kept the engine busy (xe's drm-cycles); "
             "goes down when a client closes.", labels=["device", "unit", "engine"])
         total_cycles = CounterMetricFamily(
-            "xpu_unit_engine_total_cycles", "The GPU clock the cycles count against (xe's drm-total-cycles), the "
+            "xpu_unit_engine_total_cycles_total", "The GPU clock the cycles count against (xe's drm-total-cycles), the "
             "largest of the unit's DRM clients.", labels=["device", "unit", "engine"])
         for device, by_unit in sorted((scan.engines_by_device_unit if scan else {}).items()):
             if device.startswith(f"{procfs.DRM_MAJOR}:"):
