@@ -26,6 +26,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from exporter.families import RowFamily
+
 # Names every escaping scheme but "dots" leaves as they are, in both formats. Not `:` (OpenMetrics with
 # underscores escapes sample names as label names) and no label name starting with `__` (reserved:
 # quoted with allow-utf-8).
@@ -100,8 +102,11 @@ def _text_family(output: list[str], family: Metric, label_pairs: dict[tuple[str,
     suffix, kind = _TEXT_TYPES.get(family.type, ("", family.type))
     documentation = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
     output.append(f"# HELP {name}{suffix} {documentation}\n# TYPE {name}{suffix} {kind}\n")
-    # Samples the text format moves into a gauge family of their own: prometheus_client's business.
-    _write_samples(output, family.samples, label_pairs, (name + "_created", name + "_gsum", name + "_gcount"))
+    if isinstance(family, RowFamily):
+        _write_rows(output, family)
+    else:
+        # Samples the text format moves into a gauge family of their own: prometheus_client's business.
+        _write_samples(output, family.samples, label_pairs, (name + "_created", name + "_gsum", name + "_gcount"))
 
 
 def _openmetrics_family(output: list[str], family: Metric, label_pairs: dict[tuple[str, str], str]) -> None:
@@ -110,7 +115,28 @@ def _openmetrics_family(output: list[str], family: Metric, label_pairs: dict[tup
     output.append(f"# HELP {name} {documentation}\n# TYPE {name} {family.type}\n")
     if family.unit:
         output.append(f"# UNIT {name} {family.unit}\n")
-    _write_samples(output, family.samples, label_pairs, ())
+    if isinstance(family, RowFamily):
+        _write_rows(output, family)
+    else:
+        _write_samples(output, family.samples, label_pairs, ())
+
+
+def _write_rows(output: list[str], family: RowFamily) -> None:
+    append = output.append
+    name, label_names = _plain(family.sample_name), family.label_names
+    for values, value in family.rows:
+        text = f"{value}.0" if value.__class__ is int and -1_000_000 < value < 1_000_000 else _go_float(value)
+        append(f"{_series(name, label_names, values)} {text}\n")
+
+
+@functools.lru_cache(maxsize=16_384)
+def _series(name: str, label_names: tuple[str, ...], values: tuple[str, ...]) -> str:
+    """`name{label="value",...}`, labels sorted by name, as prometheus_client writes them; kept across
+    scrapes (a host's series seldom change; their values are not kept)."""
+    if not label_names:
+        return name
+    pairs = ",".join([f'{_plain_label(label)}="{_escape(value)}"' for label, value in sorted(zip(label_names, values))])
+    return f"{name}{{{pairs}}}"
 
 
 def _write_samples(output: list[str], samples: list[Sample], label_pairs: dict[tuple[str, str], str],

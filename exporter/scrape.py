@@ -11,13 +11,16 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
+from operator import itemgetter
 
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 
 from exporter import __version__
 from exporter.collector import CollectionError, Collector, ScrapeContext, Sources
+from exporter.families import GaugeFamily, Row, RowFamily
 from exporter.sources.levelzero_worker import LevelZeroUnavailable
 
 log = logging.getLogger("exporter.scrape")
@@ -63,13 +66,13 @@ class ExporterCollector(PrometheusCollector):
         return iter(flight.families)
 
     def _scrape(self) -> list[Metric]:
-        build_info = GaugeMetricFamily("xpu_exporter_build_info", "vllm-xpu-exporter's version.", labels=["version"])
+        build_info = GaugeFamily("xpu_exporter_build_info", "vllm-xpu-exporter's version.", labels=["version"])
         build_info.add_metric([__version__], 1)
         families: list[Metric] = [build_info]
 
-        success = GaugeMetricFamily("xpu_exporter_collector_success",
+        success = GaugeFamily("xpu_exporter_collector_success",
                                     "1 when the collector's last run worked, else 0.", labels=["collector"])
-        duration = GaugeMetricFamily("xpu_exporter_collector_duration_seconds",
+        duration = GaugeFamily("xpu_exporter_collector_duration_seconds",
                                      "How long the collector's last run took.", labels=["collector"])
         context = ScrapeContext(self._sources)
         errors: dict[str, str | None] = {}
@@ -116,31 +119,49 @@ def _drop_unexposable(families: list[Metric]) -> str | None:
     cost their own collector (marked failed) and never the whole scrape; say what was dropped."""
     dropped: list[str] = []
     for family in families:
-        kept = [sample for sample in family.samples if _exposable(sample.value, sample.labels)]
-        if len(kept) != len(family.samples):
-            dropped.append(f"{len(family.samples) - len(kept)} samples of {family.name}")
+        if isinstance(family, RowFamily):
+            rows = family.rows
+            if _rows_exposable(rows):
+                continue
+            kept_rows = [row for row in rows if _number_exposable(row[1]) and _texts_exposable(row[0])]
+            if len(kept_rows) != len(rows):
+                dropped.append(f"{len(rows) - len(kept_rows)} samples of {family.name}")
+                family.rows = kept_rows
+            continue
+        samples = family.samples
+        kept = [sample for sample in samples
+                if _number_exposable(sample.value) and _texts_exposable(sample.labels.values())]
+        if len(kept) != len(samples):
+            dropped.append(f"{len(samples) - len(kept)} samples of {family.name}")
             family.samples = kept
     if not dropped:
         return None
     return "dropped " + ", ".join(dropped) + ": value not a finite number or label not UTF-8"
 
 
-def _exposable(value: object, labels: dict[str, str]) -> bool:
-    kind = type(value)
-    if kind is float:  # most samples: no conversion
-        if not math.isfinite(value):  # type: ignore[arg-type]
-            return False
-    else:
-        try:
-            if not math.isfinite(float(value)):  # type: ignore[arg-type]
-                return False
-        except (TypeError, ValueError, OverflowError):  # an int of 309+ digits overflows a float
-            return False
-    # Label names are the collectors' own identifiers; values come from sources and can be anything.
-    for text in labels.values():
-        if not (type(text) is str and (text.isascii() or _utf8_encodable(text))):
-            return False
-    return True
+def _rows_exposable(rows: list[Row]) -> bool:
+    """Whether every row is, checked in a few C loops; False also when some row might not be (the
+    sum overflowed, a label is not ASCII): then each row is checked."""
+    try:
+        # No sum of finite numbers is nan or infinite, and any sum with one of them is.
+        return (math.isfinite(sum(map(itemgetter(1), rows)))
+                and "".join(chain.from_iterable(map(itemgetter(0), rows))).isascii())
+    except (TypeError, ValueError, OverflowError):  # a value or label of the wrong type; an int too big
+        return False
+
+
+def _number_exposable(value: object) -> bool:
+    if type(value) is float:
+        return math.isfinite(value)
+    try:
+        return math.isfinite(float(value))  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):  # an int of 309+ digits overflows a float
+        return False
+
+
+def _texts_exposable(texts: Iterable[object]) -> bool:
+    """Label values come from sources and can be anything: str and UTF-8, else not exposable."""
+    return all(type(text) is str and (text.isascii() or _utf8_encodable(text)) for text in texts)
 
 
 def _utf8_encodable(text: str) -> bool:

@@ -14,19 +14,30 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
 from exporter.collector import Collector, ScrapeContext, Sources
+from exporter.families import GaugeFamily
 from exporter.scrape import ExporterCollector
 from scrapes import parse_samples
 
 
-class Yields(Collector):
-    """A collector whose one family holds the given (label value, value) samples."""
+# The exporter's collectors build exporter.families' row families; any other collector prometheus_client's.
+FAMILY_KINDS = {"row family": GaugeFamily, "prometheus_client family": GaugeMetricFamily}
 
-    def __init__(self, name: str, samples: list[tuple[str, object]]) -> None:
+
+@pytest.fixture(params=FAMILY_KINDS.values(), ids=FAMILY_KINDS.keys())
+def gauge_family(request: pytest.FixtureRequest) -> type:
+    return request.param
+
+
+class Yields(Collector):
+    """A collector whose one family (of class `kind`) holds the given (label value, value) samples."""
+
+    def __init__(self, name: str, samples: list[tuple[str, object]], kind: type = GaugeFamily) -> None:
         self.name = name
         self._samples = samples
+        self._kind = kind
 
     def collect(self, context: ScrapeContext) -> Iterator[Metric]:
-        family = GaugeMetricFamily(f"test_{self.name}_value", "A test gauge.", labels=["unit"])
+        family = self._kind(f"test_{self.name}_value", "A test gauge.", labels=["unit"])
         for unit, value in self._samples:
             family.add_metric([unit], value)  # type: ignore[arg-type]
         yield family
@@ -55,8 +66,9 @@ def served(*collectors: Collector) -> dict[str, dict[tuple, float]]:
 
 
 @pytest.mark.parametrize("value", list(NOT_FINITE_NUMBERS.values()), ids=list(NOT_FINITE_NUMBERS))
-def test_a_value_that_is_not_a_finite_number_costs_only_its_sample_and_marks_its_collector_failed(value: object):
-    families = served(Yields("bad", [("good.service", 1), ("bad.service", value)]),
+def test_a_value_that_is_not_a_finite_number_costs_only_its_sample_and_marks_its_collector_failed(
+        value: object, gauge_family: type):
+    families = served(Yields("bad", [("good.service", 1), ("bad.service", value)], gauge_family),
                       Yields("other", [("good.service", 2)]))
     assert families["test_bad_value"] == {(("unit", "good.service"),): 1.0}
     assert families["test_other_value"] == {(("unit", "good.service"),): 2.0}
@@ -64,17 +76,35 @@ def test_a_value_that_is_not_a_finite_number_costs_only_its_sample_and_marks_its
     assert success == {(("collector", "bad"),): 0.0, (("collector", "other"),): 1.0}
 
 
-def test_a_label_value_that_is_not_utf8_encodable_costs_only_its_sample_and_marks_its_collector_failed():
-    families = served(Yields("bad", [("good.service", 1), ("lone-surrogate-\udcff.service", 3)]),
+def test_a_label_value_that_is_not_utf8_encodable_costs_only_its_sample_and_marks_its_collector_failed(
+        gauge_family: type):
+    families = served(Yields("bad", [("good.service", 1), ("lone-surrogate-\udcff.service", 3)], gauge_family),
                       Yields("other", [("good.service", 2)]))
     assert families["test_bad_value"] == {(("unit", "good.service"),): 1.0}
     assert families["test_other_value"] == {(("unit", "good.service"),): 2.0}
     assert families["xpu_exporter_collector_success"][(("collector", "bad"),)] == 0.0
 
 
-def test_exposable_values_of_every_numeric_type_are_served_unchanged():
-    families = served(Yields("fine", [("int.service", 2**53), ("float.service", -0.25), ("bool.service", True)]))
+def test_exposable_values_of_every_numeric_type_are_served_unchanged(gauge_family: type):
+    families = served(Yields("fine", [("int.service", 2**53), ("float.service", -0.25), ("bool.service", True)],
+                             gauge_family))
     assert families["test_fine_value"] == {(("unit", "int.service"),): 2.0**53,
                                            (("unit", "float.service"),): -0.25,
                                            (("unit", "bool.service"),): 1.0}
+    assert families["xpu_exporter_collector_success"] == {(("collector", "fine"),): 1.0}
+
+
+@pytest.mark.parametrize("label", [5, ["list.service"], None], ids=["int", "unhashable", "none"])
+def test_a_label_value_that_is_not_text_costs_only_its_sample_and_marks_its_collector_failed(
+        label: object, gauge_family: type):
+    families = served(Yields("bad", [("good.service", 1), (label, 3)], gauge_family))  # type: ignore[list-item]
+    assert families["test_bad_value"] == {(("unit", "good.service"),): 1.0}
+    assert families["xpu_exporter_collector_success"][(("collector", "bad"),)] == 0.0
+
+
+def test_a_label_value_that_is_utf8_but_not_ascii_is_served(gauge_family: type):
+    families = served(Yields("fine", [("café.service", 1), ("big.service", 1e308), ("bigger.service", 1e308)],
+                             gauge_family))
+    assert families["test_fine_value"] == {(("unit", "café.service"),): 1.0, (("unit", "big.service"),): 1e308,
+                                           (("unit", "bigger.service"),): 1e308}
     assert families["xpu_exporter_collector_success"] == {(("collector", "fine"),): 1.0}

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 
 from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
+from exporter.families import CounterFamily, GaugeFamily
 from exporter.fold.engine_starts import UnitView
 from exporter.parsers.vllm import FailureReason
 
@@ -23,17 +24,17 @@ class JournalCollector(Collector):
         state = context.journal_state()
         if state is None:
             raise CollectionError("the journal is not read")
-        yield CounterMetricFamily("xpu_exporter_journal_entries_read_total",
+        yield CounterFamily("xpu_exporter_journal_entries_read_total",
                                   "Journal entries of watched units the exporter has read.", value=state.entries_read)
-        yield CounterMetricFamily("xpu_exporter_journal_units_dropped_total",
+        yield CounterFamily("xpu_exporter_journal_units_dropped_total",
                                   "Units matching --journal.units that are not watched because of "
                                   "--journal.max-units.", value=state.dropped_units)
         if state.watched_units is not None:  # unknown before the first read: 0 would say the globs match nothing
-            yield GaugeMetricFamily("xpu_exporter_journal_units_watched",
+            yield GaugeFamily("xpu_exporter_journal_units_watched",
                                     "Units matching --journal.units seen in the selected boot's journal or with GPU "
                                     "processes now, at most --journal.max-units; 0: the globs match nothing.",
                                     value=state.watched_units)
-        yield CounterMetricFamily("xpu_exporter_journal_values_rejected_total",
+        yield CounterFamily("xpu_exporter_journal_values_rejected_total",
                                   "Lines of watched units ignored because a value in them is out of range or "
                                   "not a number.", value=state.values_rejected)
         yield from unit_metrics(state.views)
@@ -47,8 +48,8 @@ def _journal_collector(options: Options, sources: Sources) -> JournalCollector:
 
 
 def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
-    def gauge(name: str, documentation: str, extra_labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, documentation, labels=["unit", *extra_labels])
+    def gauge(name: str, documentation: str, extra_labels: tuple[str, ...] = ()) -> GaugeFamily:
+        return GaugeFamily(name, documentation, labels=["unit", *extra_labels])
 
     info = gauge("xpu_unit_engine_info", "The unit's latest engine start: vLLM version and model.",
                  ("vllm_version", "model"))
@@ -64,19 +65,19 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
                      "KV-cache memory needed to serve one request of the maximum model length.")
     concurrency = gauge("xpu_unit_kv_cache_max_concurrency",
                         "Requests of the maximum model length that fit in the KV cache at once.")
-    starts = CounterMetricFamily("xpu_unit_engine_starts_total", "Engine inits that succeeded.", labels=["unit"])
-    failures = CounterMetricFamily("xpu_unit_engine_init_failures_total", "Engine inits that failed, by reason.",
+    starts = CounterFamily("xpu_unit_engine_starts_total", "Engine inits that succeeded.", labels=["unit"])
+    failures = CounterFamily("xpu_unit_engine_init_failures_total", "Engine inits that failed, by reason.",
                                    labels=["unit", "reason"])
     last_failure = gauge("xpu_unit_engine_last_failure_timestamp_seconds", "Time of the latest failed engine init.")
     duration = gauge("xpu_unit_engine_init_duration_seconds", "Duration of the latest successful engine init.")
-    overlaps = CounterMetricFamily("xpu_unit_engine_init_overlaps_total",
+    overlaps = CounterFamily("xpu_unit_engine_init_overlaps_total",
                                    "Engine inits of this unit that ran while another watched unit's init ran.",
                                    labels=["unit"])
-    gate_waits = CounterMetricFamily("xpu_unit_gate_waits_total",
+    gate_waits = CounterFamily("xpu_unit_gate_waits_total",
                                      "Starts of this unit the init gate (vllm-xpu-gate) held back.", labels=["unit"])
-    gate_wait_seconds = CounterMetricFamily("xpu_unit_gate_wait_seconds_total",
+    gate_wait_seconds = CounterFamily("xpu_unit_gate_wait_seconds_total",
                                             "Time this unit's starts spent in the init gate.", labels=["unit"])
-    gate_timeouts = CounterMetricFamily("xpu_unit_gate_timeouts_total",
+    gate_timeouts = CounterFamily("xpu_unit_gate_timeouts_total",
                                         "Waits of this unit in the init gate that ran out (--timeout).",
                                         labels=["unit"])
 
@@ -110,6 +111,6 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
                 starts, failures, last_failure, duration, overlaps, gate_waits, gate_wait_seconds, gate_timeouts)
 
 
-def _add(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:
+def _add(family: GaugeFamily, labels: list[str], value: float | None) -> None:
     if value is not None:
         family.add_metric(labels, value)

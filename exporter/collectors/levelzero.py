@@ -14,9 +14,10 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 
 from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
+from exporter.families import CounterFamily, GaugeFamily
 from exporter.sources import levelzero as ze
 from exporter.sources import udev
 from exporter.sources.levelzero_worker import DeviceMemory, DeviceTelemetry
@@ -91,19 +92,19 @@ class LevelZeroCollector(Collector):
 
     def collect(self, context: ScrapeContext) -> Iterator[Metric]:
         devices = context.device_memory()
-        info = GaugeMetricFamily("xpu_device_info", "GPU identity; card and render_node from udev, empty when unknown.",
+        info = GaugeFamily("xpu_device_info", "GPU identity; card and render_node from udev, empty when unknown.",
                                  labels=["device", "name", "uuid", "driver_version", "card", "render_node"])
-        total = GaugeMetricFamily("xpu_memory_total_bytes",
+        total = GaugeFamily("xpu_memory_total_bytes",
                                   "Device-local memory size, summed over the device's local memory modules.",
                                   labels=["device"])
-        free = GaugeMetricFamily("xpu_memory_free_bytes", "Free device-local memory, as the driver reports it.",
+        free = GaugeFamily("xpu_memory_free_bytes", "Free device-local memory, as the driver reports it.",
                                  labels=["device"])
-        used = GaugeMetricFamily("xpu_memory_used_bytes", "Device-local memory in use: total minus free.",
+        used = GaugeFamily("xpu_memory_used_bytes", "Device-local memory in use: total minus free.",
                                  labels=["device"])
-        trusted = GaugeMetricFamily("xpu_memory_accounting_trusted",
+        trusted = GaugeFamily("xpu_memory_accounting_trusted",
                                     "0 when the driver cannot report real usage (free == total on every module: "
                                     "the exporter lacks CAP_PERFMON), else 1.", labels=["device"])
-        health = GaugeMetricFamily("xpu_memory_health",
+        health = GaugeFamily("xpu_memory_health",
                                    "1 for the device-local memory's health state (the worst of its modules), else 0.",
                                    labels=["device", "state"])
         failures = []
@@ -131,24 +132,24 @@ class LevelZeroCollector(Collector):
             raise CollectionError("; ".join(failures))
 
     def _telemetry(self, devices: list[DeviceMemory], failures: list[str]) -> Iterator[Metric]:
-        engine = CounterMetricFamily("xpu_engine_active_seconds_total",
+        engine = CounterFamily("xpu_engine_active_seconds_total",
                                      "Busy time of the engine group (every engine of its kind, zesEngineGetActivity).",
                                      labels=["device", "engine"])
-        energy = CounterMetricFamily("xpu_energy_joules_total",
+        energy = CounterFamily("xpu_energy_joules_total",
                                      "Energy of the card's (else the package's) power domain (zesPowerGetEnergyCounter).",
                                      labels=["device"])
-        temperature = GaugeMetricFamily("xpu_temperature_celsius", "Temperature of the sensor (the maximum it covers).",
+        temperature = GaugeFamily("xpu_temperature_celsius", "Temperature of the sensor (the maximum it covers).",
                                         labels=["device", "sensor"])
-        frequency = GaugeMetricFamily("xpu_frequency_hertz", "Actual frequency of the domain.",
+        frequency = GaugeFamily("xpu_frequency_hertz", "Actual frequency of the domain.",
                                       labels=["device", "domain"])
-        throttled = GaugeMetricFamily("xpu_frequency_throttled",
+        throttled = GaugeFamily("xpu_frequency_throttled",
                                       "1 while the driver reports the domain's frequency limited for the reason, else 0.",
                                       labels=["device", "domain", "reason"])
-        read = CounterMetricFamily("xpu_memory_read_bytes_total", "Bytes read from device-local memory (zesMemoryGetBandwidth).",
+        read = CounterFamily("xpu_memory_read_bytes_total", "Bytes read from device-local memory (zesMemoryGetBandwidth).",
                                    labels=["device"])
-        write = CounterMetricFamily("xpu_memory_write_bytes_total",
+        write = CounterFamily("xpu_memory_write_bytes_total",
                                     "Bytes written to device-local memory (zesMemoryGetBandwidth).", labels=["device"])
-        ras = CounterMetricFamily("xpu_ras_errors_total", "RAS errors of the severity and category since the driver loaded.",
+        ras = CounterFamily("xpu_ras_errors_total", "RAS errors of the severity and category since the driver loaded.",
                                   labels=["device", "severity", "category"])
         for device in devices:
             pci = device.identity.pci_address

@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import Metric
 
 from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
+from exporter.families import CounterFamily, GaugeFamily
 from exporter.sources import procfs
 from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
 
@@ -72,10 +73,10 @@ class ProcessesCollector(Collector):
             else:
                 attributions[pci] = attribution
 
-        source = GaugeMetricFamily("xpu_memory_attribution_info",
+        source = GaugeFamily("xpu_memory_attribution_info",
                                    "Which source attributes the device's memory to processes: fdinfo or levelzero.",
                                    labels=["device", "source"])
-        unit_memory = GaugeMetricFamily("xpu_unit_memory_bytes", "Device memory held by all processes of the unit.",
+        unit_memory = GaugeFamily("xpu_unit_memory_bytes", "Device memory held by all processes of the unit.",
                                         labels=["device", "unit"])
         context.watch_units(unit for attribution in attributions.values() for unit in attribution.by_unit)
         for pci, attribution in attributions.items():
@@ -92,14 +93,14 @@ class ProcessesCollector(Collector):
 
     @staticmethod
     def _engine_use(scan: procfs.ScanResult | None) -> Iterator[Metric]:
-        busy = CounterMetricFamily(
+        busy = CounterFamily(
             "xpu_unit_engine_busy_seconds_total",
             "Engine busy time of the unit's DRM clients (drm-engine-<engine>, divided by the engine class's "
             "capacity); goes down when a client closes.", labels=["device", "unit", "engine"])
-        cycles = CounterMetricFamily(
+        cycles = CounterFamily(
             "xpu_unit_engine_cycles_total", "GPU cycles the unit's DRM clients kept the engine busy (xe's drm-cycles); "
             "goes down when a client closes.", labels=["device", "unit", "engine"])
-        total_cycles = CounterMetricFamily(
+        total_cycles = CounterFamily(
             "xpu_unit_engine_total_cycles_total", "The GPU clock the cycles count against (xe's drm-total-cycles), the "
             "largest of the unit's DRM clients.", labels=["device", "unit", "engine"])
         for device, by_unit in sorted((scan.engines_by_device_unit if scan else {}).items()):
@@ -172,13 +173,13 @@ class ProcessesCollector(Collector):
 
     def _against_device_memory(self, devices: list[DeviceMemory], attributions: dict[str, Attribution],
                                watched: list[tuple[str, float]]) -> Iterator[Metric]:
-        unattributed = GaugeMetricFamily("xpu_unattributed_memory_bytes",
+        unattributed = GaugeFamily("xpu_unattributed_memory_bytes",
                                          "Used device memory that no process accounts for (never negative).",
                                          labels=["device"])
-        overcounted = GaugeMetricFamily("xpu_memory_attribution_overcounted",
+        overcounted = GaugeFamily("xpu_memory_attribution_overcounted",
                                         "1 when the processes' memory adds up to more than the device's used "
                                         "memory (the unattributed rest is then clamped at 0).", labels=["device"])
-        headroom = GaugeMetricFamily("xpu_unit_restart_headroom_bytes",
+        headroom = GaugeFamily("xpu_unit_restart_headroom_bytes",
                                      "free + the unit's own memory - ceil(gpu_memory_utilization x total): the "
                                      "free memory vLLM (0.16+) demands at start; negative: a restart now would fail.",
                                      labels=["device", "unit"])
