@@ -23,7 +23,7 @@ from exporter.sources.levelzero_worker import LevelZeroUnavailable
 if TYPE_CHECKING:
     from exporter.cli import Options
     from exporter.sources.journal.follower import JournalFollower, JournalState
-    from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroWorker
+    from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroWorker, PendingRead
     from exporter.sources.udev import DrmNodeNames
 
 T = TypeVar("T")
@@ -90,8 +90,17 @@ class ScrapeContext:
         self._sources = sources
         self._memo: dict[str, tuple[object, BaseException | None]] = {}
 
+    def request_device_memory(self) -> None:
+        """Ask Level Zero for the devices' memory now, when it is in use: its child works while the
+        collectors that read other sources run, and device_memory() waits only for the rest."""
+        if self._sources.levelzero is not None:
+            try:
+                self._memory_request()
+            except LevelZeroUnavailable:
+                pass  # remembered: device_memory() raises it for each collector that reads it
+
     def device_memory(self) -> list[DeviceMemory]:
-        return self._once("device_memory", lambda: self._levelzero().read_memory())
+        return self._once("device_memory", lambda: self._memory_request().result())
 
     def device_processes(self) -> list[DeviceProcesses]:
         return self._once("device_processes", lambda: self._levelzero().read_processes())
@@ -106,6 +115,9 @@ class ScrapeContext:
         has seen them."""
         if self._sources.journal is not None:
             self._sources.journal.watch(set(units))
+
+    def _memory_request(self) -> PendingRead[DeviceMemory]:
+        return self._once("memory_request", lambda: self._levelzero().request_memory())
 
     def _levelzero(self) -> LevelZeroWorker:
         if self._sources.levelzero is None:

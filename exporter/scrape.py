@@ -75,6 +75,7 @@ class ExporterCollector(PrometheusCollector):
         duration = GaugeFamily("xpu_exporter_collector_duration_seconds",
                                      "How long the collector's last run took.", labels=["collector"])
         context = ScrapeContext(self._sources)
+        context.request_device_memory()
         errors: dict[str, str | None] = {}
         for collector in self._collectors:
             started = time.perf_counter()

@@ -21,7 +21,7 @@ def test_every_registered_collector_has_its_enable_and_disable_flags_and_nothing
     flags = {option for action in build_parser()._actions for option in action.option_strings
              if option.startswith(("--collector.", "--no-collector."))}
     names = [spec.name for spec in registered()]
-    assert names == ["levelzero", "processes", "journal"]
+    assert names == ["journal", "processes", "levelzero"]
     assert flags == {f"--{prefix}collector.{name}" for name in names for prefix in ("", "no-")}
 
 

@@ -4,6 +4,7 @@ pipe (the binding's dataclasses, a LevelZeroError's function and code), the work
 from __future__ import annotations
 
 import dataclasses
+import select
 import subprocess
 import threading
 import time
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fakeze import A770, A770_TELEMETRY, B580, B580_TELEMETRY, TELEMETRY_KINDS, FakeConfig, write_config
+from fakeze import (A770, A770_TELEMETRY, B580, B580_TELEMETRY, TELEMETRY_KINDS, FakeConfig, FakeMemoryModule,
+                    write_config)
 from polling import wait_for
 from sizes import GiB, MiB
 
@@ -74,6 +76,29 @@ def test_readings_are_the_bindings_own_dataclasses_rebuilt_in_the_parent(configu
     processes = {reading.identity.pci_address: reading.processes for reading in worker.read_processes()}
     assert processes["0000:03:00.0"] == (ProcessMemory(1000, 2 * GiB, 0, 2), ProcessMemory(1001, GiB, 64 * MiB, 2))
     assert processes["0000:83:00.0"] == (ProcessMemory(2000, GiB, 0, 0x22),), "the engines cross the pipe too"
+
+
+def test_a_request_is_answered_when_its_result_is_read_and_the_same_answer_every_time_after(configure, worker):
+    configure(A770)
+    pending = worker.request_memory()
+    configure(dataclasses.replace(A770, memory=(FakeMemoryModule(size=16 * GiB, free=5 * GiB),)))
+    (first,) = pending.result()
+    assert pending.result() == [first]
+    assert first.free in (13 * GiB, 5 * GiB)  # the child may have answered before the change
+    (now,) = worker.read_memory()
+    assert now.free == 5 * GiB
+
+
+def test_an_answer_never_read_is_not_taken_for_the_next_requests(configure, worker):
+    configure(A770)
+    worker.read_memory()
+    unread = worker.request_memory()
+    assert wait_for(lambda: select.select([worker._child.stdout], [], [], 0)[0])  # the child has answered
+    configure(dataclasses.replace(A770, memory=(FakeMemoryModule(size=16 * GiB, free=5 * GiB),)))
+    (now,) = worker.read_memory()
+    assert now.free == 5 * GiB
+    with pytest.raises(LevelZeroUnavailable):
+        unread.result()
 
 
 def test_a_failing_memory_state_keeps_the_sizes_and_the_errors_function_and_code(configure, worker):

@@ -108,3 +108,38 @@ def test_a_label_value_that_is_utf8_but_not_ascii_is_served(gauge_family: type):
     assert families["test_fine_value"] == {(("unit", "café.service"),): 1.0, (("unit", "big.service"),): 1e308,
                                            (("unit", "bigger.service"),): 1e308}
     assert families["xpu_exporter_collector_success"] == {(("collector", "fine"),): 1.0}
+
+
+class RecordingLevelZero:
+    """A Level Zero source that records when it is asked and when its answer is read."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def request_memory(self) -> RecordingLevelZero:
+        self.log.append("Level Zero asked")
+        return self
+
+    def result(self) -> list:
+        self.log.append("Level Zero answer read")
+        return []
+
+
+class Logs(Collector):
+    def __init__(self, name: str, log: list[str], reads_device_memory: bool = False) -> None:
+        self.name, self._log, self._reads = name, log, reads_device_memory
+
+    def collect(self, context: ScrapeContext) -> Iterator[Metric]:
+        self._log.append(f"{self.name} ran")
+        if self._reads:
+            context.device_memory()
+        return iter(())
+
+
+def test_a_scrape_asks_level_zero_first_and_reads_its_answer_when_a_collector_needs_it():
+    log: list[str] = []
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector([Logs("journal", log), Logs("levelzero", log, reads_device_memory=True)],
+                                        Sources(levelzero=RecordingLevelZero(log))))  # type: ignore[arg-type]
+    generate_latest(registry)
+    assert log == ["Level Zero asked", "journal ran", "levelzero ran", "Level Zero answer read"]

@@ -433,6 +433,7 @@ class LevelZeroWorker:
         self._backoff = BACKOFF_FIRST_S
         self._stale = threading.Event()  # set from any thread; the next read replaces the child
         self._unreaped: list[subprocess.Popen[bytes]] = []  # killed children no reaper thread could wait for
+        self._pending: PendingRead[Any] | None = None  # READY: the request the child is answering
 
     @property
     def state(self) -> WorkerState:
@@ -463,20 +464,32 @@ class LevelZeroWorker:
                  pci_address or "unknown")
 
     def read_memory(self) -> list[DeviceMemory]:
-        return self._request("memory", _memory_from_wire)
+        return self.request_memory().result()
 
     def read_processes(self) -> list[DeviceProcesses]:
-        return self._request("processes", _processes_from_wire)
+        return self._request("processes", _processes_from_wire).result()
+
+    def request_memory(self) -> PendingRead[DeviceMemory]:
+        """Ask the child for every device's memory and telemetry now, and read the answer later (its
+        `result()`): the child works while the caller does something else."""
+        return self._request("memory", _memory_from_wire)
 
     def close(self) -> None:
         with self._lock:
             self._stop_child()
 
-    def _request(self, what: str, from_wire: Callable[[DeviceIdentity, dict[str, Any]], Reading]) -> list[Reading]:
-        """One answer of the child, within `timeout` all told (the child's init and its answer). Reads come
-        one scrape at a time (exporter.scrape); the lock orders them against start() and close()."""
+    def _request(self, what: str, from_wire: Callable[[DeviceIdentity, dict[str, Any]], Reading]
+                 ) -> PendingRead[Reading]:
+        """Send one request; its answer must come within `timeout` all told (the child's init and its
+        answer). Reads come one scrape at a time (exporter.scrape); the lock orders them against start()
+        and close()."""
         with self._lock:
             deadline = time.monotonic() + self.timeout
+            if self._pending is not None:
+                try:
+                    self._answer(self._pending)  # an answer nobody read would be taken for the next one's
+                except LevelZeroUnavailable:
+                    pass  # the child is given up: _ready() below says why
             if self._stale.is_set():
                 self._stale.clear()  # cleared first: an event from now on makes one more restart
                 self._stop_child()
@@ -492,19 +505,27 @@ class LevelZeroWorker:
                 self._child.stdin.flush()
             except OSError as error:
                 self._fail(f"Level Zero child is gone: {error}")
-            answer = self._receive(deadline)
-            if answer is None:
-                self._fail(f"Level Zero did not answer within {self.timeout:g}s (driver hang?)")
-            try:
-                readings = [from_wire(self._devices[reading["pci_address"]], reading)
-                            for reading in answer["devices"]]
-            except (KeyError, TypeError, ValueError) as error:
-                self._fail(f"Level Zero child sent a malformed answer ({type(error).__name__}: {error})")
-            if any(error.code in RESTART_CODES for reading in readings for error in reading.errors):
-                # Answer this scrape with what there is; the next one re-initialises.
-                self._stop_child()
-            self._backoff = BACKOFF_FIRST_S
-            return readings
+            self._pending = PendingRead(self, from_wire, deadline)
+            return self._pending
+
+    def _answer(self, pending: PendingRead[Reading]) -> list[Reading]:
+        """The answer to `pending`, the request in flight (lock held)."""
+        if pending is not self._pending:
+            raise LevelZeroUnavailable("Level Zero was restarted before it answered")
+        self._pending = None
+        answer = self._receive(pending.deadline)
+        if answer is None:
+            self._fail(f"Level Zero did not answer within {self.timeout:g}s (driver hang?)")
+        try:
+            readings = [pending.from_wire(self._devices[reading["pci_address"]], reading)
+                        for reading in answer["devices"]]
+        except (KeyError, TypeError, ValueError) as error:
+            self._fail(f"Level Zero child sent a malformed answer ({type(error).__name__}: {error})")
+        if any(error.code in RESTART_CODES for reading in readings for error in reading.errors):
+            # Answer this scrape with what there is; the next one re-initialises.
+            self._stop_child()
+        self._backoff = BACKOFF_FIRST_S
+        return readings
 
     def _ready(self, deadline: float) -> None:
         """Bring the child to READY, or raise LevelZeroUnavailable saying why it is not."""
@@ -594,7 +615,7 @@ class LevelZeroWorker:
     def _stop_child(self) -> None:
         """Back to IDLE: the child (if any) is killed, and the next read starts a new one."""
         child, self._child = self._child, None
-        self._devices = {}
+        self._devices, self._pending = {}, None
         self._state, self._failure = WorkerState.IDLE, None
         if child is None:
             return
@@ -611,6 +632,29 @@ class LevelZeroWorker:
             if child.poll() is not None:
                 self._unreaped.remove(child)
                 _close_streams(child)
+
+
+class PendingRead(Generic[Reading]):
+    """A request the Level Zero child is answering; `result()` waits for the answer (or raises
+    LevelZeroUnavailable) the first time and gives the same answer every time after."""
+
+    def __init__(self, worker: LevelZeroWorker, from_wire: Callable[[DeviceIdentity, dict[str, Any]], Reading],
+                 deadline: float) -> None:
+        self._worker = worker
+        self.from_wire = from_wire
+        self.deadline = deadline
+        self._outcome: list[Reading] | LevelZeroUnavailable | None = None
+
+    def result(self) -> list[Reading]:
+        if self._outcome is None:
+            with self._worker._lock:
+                try:
+                    self._outcome = self._worker._answer(self)
+                except LevelZeroUnavailable as error:
+                    self._outcome = error
+        if isinstance(self._outcome, LevelZeroUnavailable):
+            raise self._outcome
+        return self._outcome
 
 
 def _drain_stderr(child: subprocess.Popen[bytes]) -> None:
