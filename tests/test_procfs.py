@@ -91,7 +91,8 @@ def test_unit_of_cgroup_path(path: str, unit: str | None):
 @pytest.mark.parametrize(("path", "unit", "unit_path"), [
     ("/system.slice/vllm-xpu-chat.service", "vllm-xpu-chat.service", "/system.slice/vllm-xpu-chat.service"),
     ("/system.slice/foo.service/payload/deeper", "foo.service", "/system.slice/foo.service"),
-    ("/system.slice/system-vllm.slice/vllm@a.service", "vllm@a.service", "/system.slice/system-vllm.slice/vllm@a.service"),
+    ("/system.slice/system-vllm.slice/vllm@a.service", "vllm@a.service",
+     "/system.slice/system-vllm.slice/vllm@a.service"),
     ("/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service/sub", "vllm.service",
      "/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service"),
     ("/user.slice/user-1000.slice/user@1000.service/not-a-unit", "user@1000.service",

@@ -140,7 +140,8 @@ class DmemReader:
         """cgroup path -> the dmem.current file of its directory in the tree (None: no such directory)."""
         now = self._clock()
         located: dict[str, _Located] = {}
-        due: dict[str, tuple[str, ...]] = {}  # paths from another namespace to look for -> their elements after the `..`s
+        # paths from another cgroup namespace to look for -> their elements after the `..`s
+        due: dict[str, tuple[str, ...]] = {}
         for path in paths:
             known = self._located.get(path)
             if known is not None and (known.directory is not None or now < known.retry_at):
