@@ -16,11 +16,12 @@ from exporter import __version__
 from exporter.collector import Collector, Source, Sources, registered
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS
 from exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
-                            check_journal_flags, journal_unit_globs)
+                            add_sysfs_flag, check_journal_flags, journal_unit_globs)
 from exporter.logs import FORMATS, LEVELS, setup_logging
 from exporter.scrape import ExporterCollector
 from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection
 from exporter.sources.journal.follower import JournalFollower
+from exporter.sources.dmem import DEFAULT_SYSFS
 from exporter.sources.levelzero import DEFAULT_LIBRARY
 from exporter.sources.levelzero_worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
 from exporter.sources.udev import DrmNodeNames
@@ -48,6 +49,7 @@ class Options:
     journal_boot: str = "current"
     journal_max_units: int = DEFAULT_MAX_UNITS
     procfs: str = "/proc"
+    sysfs: str = DEFAULT_SYSFS
     log_level: str = "info"
     log_format: str = "logfmt"
 
@@ -92,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_levelzero_flags(parser)
     add_journal_flags(parser)
-    add_procfs_flag(parser)
+    add_sysfs_flag(add_procfs_flag(parser))
 
     logging_group = parser.add_argument_group("logging")
     logging_group.add_argument("--log.level", dest="log_level", choices=tuple(LEVELS), default="info")
@@ -117,6 +119,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         journal_boot=args.journal_boot,
         journal_max_units=args.journal_max_units,
         procfs=args.procfs,
+        sysfs=args.sysfs,
         log_level=args.log_level,
         log_format=args.log_format,
     )

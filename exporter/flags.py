@@ -1,5 +1,5 @@
 """Flags the exporter and the init gate (`vllm-xpu-gate`) share, defined once: Level Zero, the journal and
-the host's procfs, with the argument types they use. Both command lines add them with the functions
+the host's procfs (and the host's sysfs, which only the exporter reads), with the argument types they use. Both command lines add them with the functions
 below, so a flag has one spelling, one default and one check wherever it is given."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from exporter.durations import parse_go_duration
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS
+from exporter.sources.dmem import CGROUP_TREE, DEFAULT_SYSFS
 from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection, normalize_boot
 from exporter.sources.levelzero import DEFAULT_LIBRARY
 from exporter.sources.levelzero_worker import DEFAULT_TIMEOUT_S
@@ -100,7 +101,15 @@ def journal_selection(args: argparse.Namespace, extra_units: Sequence[str] = ())
                             unit_globs=(*journal_unit_globs(args), *extra_units), boot=args.journal_boot)
 
 
-def add_procfs_flag(parser: argparse.ArgumentParser) -> None:
+def add_procfs_flag(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """--path.procfs (dest procfs); returns the group of the host's paths."""
     host = parser.add_argument_group("host")
     host.add_argument("--path.procfs", dest="procfs", default="/proc", metavar="PATH",
                       help="where the host's /proc is mounted")
+    return host
+
+
+def add_sysfs_flag(host: argparse._ArgumentGroup) -> None:
+    """--path.sysfs (dest sysfs), in the group `add_procfs_flag` returns."""
+    host.add_argument("--path.sysfs", dest="sysfs", default=DEFAULT_SYSFS, metavar="PATH",
+                      help=f"where the host's /sys is mounted (the cgroup tree is PATH/{CGROUP_TREE})")

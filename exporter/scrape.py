@@ -71,9 +71,9 @@ class ExporterCollector(PrometheusCollector):
         families: list[Metric] = [build_info]
 
         success = GaugeFamily("xpu_exporter_collector_success",
-                                    "1 when the collector's last run worked, else 0.", labels=["collector"])
+                              "1 when the collector's last run worked, else 0.", labels=["collector"])
         duration = GaugeFamily("xpu_exporter_collector_duration_seconds",
-                                     "How long the collector's last run took.", labels=["collector"])
+                               "How long the collector's last run took.", labels=["collector"])
         context = ScrapeContext(self._sources)
         context.request_device_memory()
         errors: dict[str, str | None] = {}

@@ -293,12 +293,13 @@ class FakeProcfs:
         """A pid directory whose fd/ is already gone: the process exited mid-scan (ENOENT)."""
         (self.root / str(pid)).mkdir()
 
-    def add_unreadable_process(self, pid: int) -> None:
-        """A pid whose fd table cannot be read: `fd` is a regular file (ENOTDIR), as EACCES is to a non-root reader."""
+    def add_unreadable_process(self, pid: int, cgroup: str | None = None) -> None:
+        """A pid whose fd table cannot be read: `fd` is a regular file (ENOTDIR), as EACCES is to a non-root
+        reader. Its cgroup file (world-readable in /proc) says `cgroup` (default: the root cgroup)."""
         path = self.root / str(pid)
         path.mkdir()
         (path / "fd").write_text("")
-        (path / "cgroup").write_text(v2_cgroup("/"))
+        (path / "cgroup").write_text(cgroup if cgroup is not None else v2_cgroup("/"))
 
 
 def _empty(fdinfo: Path) -> None:

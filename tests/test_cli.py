@@ -13,7 +13,7 @@ CONTRACT_FLAGS = ["--web.listen-address", "--web.telemetry-path", "--web.config.
                   "--collector.levelzero", "--no-collector.levelzero", "--collector.processes",
                   "--no-collector.processes", "--collector.journal", "--no-collector.journal",
                   "--levelzero.library", "--journal.directory", "--journal.file", "--journal.units",
-                  "--journal.boot", "--path.procfs", "--log.level", "--log.format"]
+                  "--journal.boot", "--path.procfs", "--path.sysfs", "--log.level", "--log.format"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -32,6 +32,7 @@ def test_defaults_match_the_contract():
     assert settings.journal_boot == "current"
     assert settings.journal_files == ()
     assert settings.procfs == "/proc"
+    assert settings.sysfs == "/sys"
     assert (settings.log_level, settings.log_format) == ("info", "logfmt")
 
 
@@ -42,7 +43,7 @@ def test_every_contract_flag_parses_in_both_spellings():
         "--journal.file", "a.journal", "--journal.file=b.journal",
         "--journal.units", "vllm-xpu-*.service", "--journal.units=other.service",
         "--journal.boot", "0123456789ABCDEF0123456789abcdef", "--path.procfs", "/host/proc",
-        "--log.level", "debug", "--log.format", "json", "--levelzero.timeout", "1500ms"])
+        "--path.sysfs=/host/sys", "--log.level", "debug", "--log.format", "json", "--levelzero.timeout", "1500ms"])
     assert settings.listen_address == "[::1]:9999"
     assert settings.telemetry_path == "/m"
     assert settings.collectors == {"levelzero"}
@@ -51,6 +52,7 @@ def test_every_contract_flag_parses_in_both_spellings():
     assert settings.journal_units == ("vllm-xpu-*.service", "other.service")
     assert settings.journal_boot == "0123456789abcdef0123456789abcdef"
     assert settings.procfs == "/host/proc"
+    assert settings.sysfs == "/host/sys"
     assert (settings.log_level, settings.log_format) == ("debug", "json")
     assert settings.levelzero_timeout == 1.5
 
@@ -108,6 +110,7 @@ def test_version_flag_prints_the_package_version():
     (["--journal.directory", "/var/log/journal", "--journal.file", "a.journal"], "--journal.file"),
     (["--journal.units", ""], "--journal.units"),
     (["--journal.max-units", "0"], "--journal.max-units"),
+    (["--path.sysfs"], "--path.sysfs"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_the_problem(args, named):
     result = run_cli(*args)

@@ -243,11 +243,13 @@ def test_compose_exporter_runs_unprivileged_with_only_the_three_capabilities():
     assert len(exporter["group_add"]) == 2 and all(":?" in group for group in exporter["group_add"])
 
 
-def test_compose_exporter_reads_the_hosts_proc_and_journal_read_only():
+def test_compose_exporter_reads_the_hosts_proc_cgroup_tree_and_journal_read_only():
     exporter = compose()["services"]["vllm-xpu-exporter"]
     mounts = {target: (source, options) for source, target, options in bind_mounts(exporter)}
     assert mounts["/host/proc"] == ("/proc", "ro")
     assert "--path.procfs=/host/proc" in exporter["command"]
+    assert mounts["/host/sys/fs/cgroup"] == ("/sys/fs/cgroup", "ro")
+    assert "--path.sysfs=/host/sys" in exporter["command"]
     for path in ("/var/log/journal", "/run/log/journal", "/etc/machine-id"):
         assert mounts[path] == (path, "ro")
 

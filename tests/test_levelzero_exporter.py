@@ -119,17 +119,9 @@ REASONS = ("average_power", "burst_power", "current", "thermal", "psu", "softwar
 HEALTH_STATES = ("ok", "degraded", "critical", "replace", "unknown")
 
 
-def test_every_telemetry_metric_of_two_devices_has_the_drivers_values_in_base_units(fake_driver, config_path,
-                                                                                   update_golden):
-    with start(fake_driver, config_path, FakeConfig(devices=(A770_TELEMETRY, B580_TELEMETRY))) as exporter:
-        text = exporter.scrape_text()
-        samples = exporter.scrape()
-        stderr = exporter.stderr
-    check_golden("telemetry_two_devices", text, update_golden)
-    assert sample(samples, "xpu_exporter_collector_success", collector="levelzero") == 1
-    for device in (A770_PCI, B580_PCI):
-        assert device_families(samples, device) == set(DEVICE_FAMILIES) | TELEMETRY_FAMILIES
-
+def assert_configured_telemetry(samples: dict) -> None:
+    """Every telemetry metric of A770_TELEMETRY (A770_PCI) and B580_TELEMETRY (B580_PCI) has the values the
+    fake driver was configured with, in base units."""
     engines = {"all": (90, 30), "compute": (80, 25), "render": (5, 1), "media": (2, 3), "copy": (12.5, 4),
                "3d": (0.25, 0.1), "3d_render_compute": (85, 26)}
     for engine, expected in engines.items():
@@ -167,6 +159,20 @@ def test_every_telemetry_metric_of_two_devices_has_the_drivers_values_in_base_un
         (A770_PCI, "correctable", "driver"): 1, (A770_PCI, "correctable", "compute"): 5,
         (A770_PCI, "correctable", "cache"): 2, (A770_PCI, "uncorrectable", "reset"): 1,
         (B580_PCI, "correctable", "programming"): 3, (B580_PCI, "correctable", "non_compute"): 1}
+
+
+def test_every_telemetry_metric_of_two_devices_has_the_drivers_values_in_base_units(fake_driver, config_path,
+                                                                                   update_golden):
+    with start(fake_driver, config_path, FakeConfig(devices=(A770_TELEMETRY, B580_TELEMETRY))) as exporter:
+        text = exporter.scrape_text()
+        samples = exporter.scrape()
+        stderr = exporter.stderr
+    check_golden("telemetry_two_devices", text, update_golden)
+    assert sample(samples, "xpu_exporter_collector_success", collector="levelzero") == 1
+    for device in (A770_PCI, B580_PCI):
+        assert device_families(samples, device) == set(DEVICE_FAMILIES) | TELEMETRY_FAMILIES
+
+    assert_configured_telemetry(samples)
     assert "level=info" not in stderr.split("listening on", 1)[1], "nothing unavailable to log"
 
 

@@ -23,6 +23,7 @@ from exporter.sources.procfs import (
     read_open_file,
     scan_drm_clients,
     systemd_cgroup_path,
+    unit_cgroup_of_path,
     unit_of_cgroup_file,
     unit_of_cgroup_path,
     unit_of_pid,
@@ -87,6 +88,28 @@ def test_unit_of_cgroup_path(path: str, unit: str | None):
     assert unit_of_cgroup_path(path) == unit
 
 
+@pytest.mark.parametrize(("path", "unit", "unit_path"), [
+    ("/system.slice/vllm-xpu-chat.service", "vllm-xpu-chat.service", "/system.slice/vllm-xpu-chat.service"),
+    ("/system.slice/foo.service/payload/deeper", "foo.service", "/system.slice/foo.service"),
+    ("/system.slice/system-vllm.slice/vllm@a.service", "vllm@a.service",
+     "/system.slice/system-vllm.slice/vllm@a.service"),
+    ("/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service/sub", "vllm.service",
+     "/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service"),
+    ("/user.slice/user-1000.slice/user@1000.service/not-a-unit", "user@1000.service",
+     "/user.slice/user-1000.slice/user@1000.service"),
+    ("/docker/4f2a9c", "4f2a9c", "/docker/4f2a9c"),
+    ("/../system.slice/vllm-xpu-chat.service", "vllm-xpu-chat.service", "/../system.slice/vllm-xpu-chat.service"),
+    ("/../../system.slice/foo.service/payload", "foo.service", "/../../system.slice/foo.service"),
+    ("//system.slice/./_cpu.service/", "cpu.service", "/system.slice/_cpu.service"),
+], ids=lambda value: repr(value))
+def test_unit_cgroup_is_the_path_cut_after_the_units_element_keeping_its_climb_out_of_the_namespace(
+        path: str, unit: str, unit_path: str):
+    unit_cgroup = unit_cgroup_of_path(path)
+    assert unit_cgroup is not None
+    assert (unit_cgroup.unit, unit_cgroup.path) == (unit, unit_path)
+    assert unit_of_cgroup_path(path) == unit
+
+
 @pytest.mark.parametrize(("text", "path"), [
     (v2_cgroup(CHAT), CHAT),
     (v1_cgroup(CHAT), CHAT),
@@ -118,6 +141,33 @@ def test_unit_of_pid_reads_the_process_cgroup_file(tree: FakeProcfs):
 
 
 # --- whole scans -----------------------------------------------------------------------------------
+
+def test_scan_gives_the_cgroups_of_drm_holders_units_and_of_processes_it_could_not_read(tree: FakeProcfs):
+    tree.add_unit_process(100, CHAT + "/payload").add_drm_fd(xe_fdinfo(client_id=1, vram0=MiB))
+    tree.add_process(101, "0::/../system.slice/vllm-xpu-chat.service\n").add_drm_fd(xe_fdinfo(client_id=2))
+    tree.add_unit_process(200, CODE).add_other_fds(3)  # readable, no DRM client: not asked about
+    tree.add_unreadable_process(300, v2_cgroup("/system.slice/vllm-xpu-stt.service"))
+    tree.add_unreadable_process(301)  # root cgroup: no unit
+    result = scan(tree)
+    assert result.unreadable == 2
+    assert result.unit_cgroups == {
+        "vllm-xpu-chat.service": frozenset({CHAT, "/../system.slice/vllm-xpu-chat.service"}),
+        "vllm-xpu-stt.service": frozenset({"/system.slice/vllm-xpu-stt.service"}),
+    }
+    assert result.unit_by_pid == {100: "vllm-xpu-chat.service", 101: "vllm-xpu-chat.service"}
+
+
+def test_scanner_reads_an_unreadable_processs_cgroup_once_per_walk(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    procfs.add_unreadable_process(300, v2_cgroup("/system.slice/vllm-a.service"))
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock)
+    assert set(scanner.scan().unit_cgroups) == {"vllm-a.service"}
+    (procfs.root / "300" / "cgroup").write_text(v2_cgroup("/system.slice/vllm-b.service"))
+    clock.now += 1
+    assert set(scanner.scan().unit_cgroups) == {"vllm-a.service"}, "read at the walk, not at every scan"
+    clock.now += 30
+    assert set(scanner.scan().unit_cgroups) == {"vllm-b.service"}
 
 def test_duplicated_fds_of_one_client_count_once(tree: FakeProcfs):
     process = tree.add_unit_process(100, CHAT)

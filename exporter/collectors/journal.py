@@ -25,18 +25,18 @@ class JournalCollector(Collector):
         if state is None:
             raise CollectionError("the journal is not read")
         yield CounterFamily("xpu_exporter_journal_entries_read_total",
-                                  "Journal entries of watched units the exporter has read.", value=state.entries_read)
+                            "Journal entries of watched units the exporter has read.", value=state.entries_read)
         yield CounterFamily("xpu_exporter_journal_units_dropped_total",
-                                  "Units matching --journal.units that are not watched because of "
-                                  "--journal.max-units.", value=state.dropped_units)
+                            "Units matching --journal.units that are not watched because of "
+                            "--journal.max-units.", value=state.dropped_units)
         if state.watched_units is not None:  # unknown before the first read: 0 would say the globs match nothing
             yield GaugeFamily("xpu_exporter_journal_units_watched",
-                                    "Units matching --journal.units seen in the selected boot's journal or with GPU "
-                                    "processes now, at most --journal.max-units; 0: the globs match nothing.",
-                                    value=state.watched_units)
+                              "Units matching --journal.units seen in the selected boot's journal or with GPU "
+                              "processes now, at most --journal.max-units; 0: the globs match nothing.",
+                              value=state.watched_units)
         yield CounterFamily("xpu_exporter_journal_values_rejected_total",
-                                  "Lines of watched units ignored because a value in them is out of range or "
-                                  "not a number.", value=state.values_rejected)
+                            "Lines of watched units ignored because a value in them is out of range or "
+                            "not a number.", value=state.values_rejected)
         yield from unit_metrics(state.views)
         if state.error:
             raise CollectionError(state.error)
@@ -67,19 +67,19 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
                         "Requests of the maximum model length that fit in the KV cache at once.")
     starts = CounterFamily("xpu_unit_engine_starts_total", "Engine inits that succeeded.", labels=["unit"])
     failures = CounterFamily("xpu_unit_engine_init_failures_total", "Engine inits that failed, by reason.",
-                                   labels=["unit", "reason"])
+                             labels=["unit", "reason"])
     last_failure = gauge("xpu_unit_engine_last_failure_timestamp_seconds", "Time of the latest failed engine init.")
     duration = gauge("xpu_unit_engine_init_duration_seconds", "Duration of the latest successful engine init.")
     overlaps = CounterFamily("xpu_unit_engine_init_overlaps_total",
-                                   "Engine inits of this unit that ran while another watched unit's init ran.",
-                                   labels=["unit"])
+                             "Engine inits of this unit that ran while another watched unit's init ran.",
+                             labels=["unit"])
     gate_waits = CounterFamily("xpu_unit_gate_waits_total",
-                                     "Starts of this unit the init gate (vllm-xpu-gate) held back.", labels=["unit"])
+                               "Starts of this unit the init gate (vllm-xpu-gate) held back.", labels=["unit"])
     gate_wait_seconds = CounterFamily("xpu_unit_gate_wait_seconds_total",
-                                            "Time this unit's starts spent in the init gate.", labels=["unit"])
+                                      "Time this unit's starts spent in the init gate.", labels=["unit"])
     gate_timeouts = CounterFamily("xpu_unit_gate_timeouts_total",
-                                        "Waits of this unit in the init gate that ran out (--timeout).",
-                                        labels=["unit"])
+                                  "Waits of this unit in the init gate that ran out (--timeout).",
+                                  labels=["unit"])
 
     for view in views:
         unit = [view.unit]

@@ -93,20 +93,20 @@ class LevelZeroCollector(Collector):
     def collect(self, context: ScrapeContext) -> Iterator[Metric]:
         devices = context.device_memory()
         info = GaugeFamily("xpu_device_info", "GPU identity; card and render_node from udev, empty when unknown.",
-                                 labels=["device", "name", "uuid", "driver_version", "card", "render_node"])
+                           labels=["device", "name", "uuid", "driver_version", "card", "render_node"])
         total = GaugeFamily("xpu_memory_total_bytes",
-                                  "Device-local memory size, summed over the device's local memory modules.",
-                                  labels=["device"])
+                            "Device-local memory size, summed over the device's local memory modules.",
+                            labels=["device"])
         free = GaugeFamily("xpu_memory_free_bytes", "Free device-local memory, as the driver reports it.",
-                                 labels=["device"])
+                           labels=["device"])
         used = GaugeFamily("xpu_memory_used_bytes", "Device-local memory in use: total minus free.",
-                                 labels=["device"])
+                           labels=["device"])
         trusted = GaugeFamily("xpu_memory_accounting_trusted",
-                                    "0 when the driver cannot report real usage (free == total on every module: "
-                                    "the exporter lacks CAP_PERFMON), else 1.", labels=["device"])
+                              "0 when the driver cannot report real usage (free == total on every module: "
+                              "the exporter lacks CAP_PERFMON), else 1.", labels=["device"])
         health = GaugeFamily("xpu_memory_health",
-                                   "1 for the device-local memory's health state (the worst of its modules), else 0.",
-                                   labels=["device", "state"])
+                             "1 for the device-local memory's health state (the worst of its modules), else 0.",
+                             labels=["device", "state"])
         failures = []
         for device in devices:
             pci = device.identity.pci_address
@@ -133,24 +133,24 @@ class LevelZeroCollector(Collector):
 
     def _telemetry(self, devices: list[DeviceMemory], failures: list[str]) -> Iterator[Metric]:
         engine = CounterFamily("xpu_engine_active_seconds_total",
-                                     "Busy time of the engine group (every engine of its kind, zesEngineGetActivity).",
-                                     labels=["device", "engine"])
+                               "Busy time of the engine group (every engine of its kind, zesEngineGetActivity).",
+                               labels=["device", "engine"])
         energy = CounterFamily("xpu_energy_joules_total",
-                                     "Energy of the card's (else the package's) power domain (zesPowerGetEnergyCounter).",
-                                     labels=["device"])
+                               "Energy of the card's (else the package's) power domain (zesPowerGetEnergyCounter).",
+                               labels=["device"])
         temperature = GaugeFamily("xpu_temperature_celsius", "Temperature of the sensor (the maximum it covers).",
-                                        labels=["device", "sensor"])
+                                  labels=["device", "sensor"])
         frequency = GaugeFamily("xpu_frequency_hertz", "Actual frequency of the domain.",
-                                      labels=["device", "domain"])
+                                labels=["device", "domain"])
         throttled = GaugeFamily("xpu_frequency_throttled",
-                                      "1 while the driver reports the domain's frequency limited for the reason, else 0.",
-                                      labels=["device", "domain", "reason"])
+                                "1 while the driver reports the domain's frequency limited for the reason, else 0.",
+                                labels=["device", "domain", "reason"])
         read = CounterFamily("xpu_memory_read_bytes_total", "Bytes read from device-local memory (zesMemoryGetBandwidth).",
-                                   labels=["device"])
+                             labels=["device"])
         write = CounterFamily("xpu_memory_write_bytes_total",
-                                    "Bytes written to device-local memory (zesMemoryGetBandwidth).", labels=["device"])
+                              "Bytes written to device-local memory (zesMemoryGetBandwidth).", labels=["device"])
         ras = CounterFamily("xpu_ras_errors_total", "RAS errors of the severity and category since the driver loaded.",
-                                  labels=["device", "severity", "category"])
+                            labels=["device", "severity", "category"])
         for device in devices:
             pci = device.identity.pci_address
             telemetry = device.telemetry  # a failed kind has no values, so it gives no series

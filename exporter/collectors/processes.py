@@ -1,7 +1,17 @@
 """Device memory per systemd unit, the unattributed rest, and whether a unit could restart now.
 
 Per device, the first source that works: DRM fdinfo under --path.procfs (each DRM client counted once),
-else Level Zero's process list (zesDeviceProcessesGetState; upstream i915 does not support it).
+else Level Zero's process list (zesDeviceProcessesGetState; upstream i915 does not support it). Per unit
+and device, the kernel's dmem cgroup controller wins over both: when the unit's cgroup has dmem.current
+and it lists the device's VRAM regions, the unit's memory on the device is their sum (a region listed
+with 0 is 0 bytes from dmem); a dmem.current that lists no region of the device (its driver registers
+none: i915) leaves the unit to the device's other source. The units asked about dmem are those whose
+processes hold DRM clients, those of Level Zero's process list when it is read, and those of processes
+whose fds the exporter may not read (no CAP_SYS_PTRACE: their cgroup file is world-readable, and dmem
+needs no ptrace); a unit known only from dmem is reported on a device where it holds memory (> 0).
+`xpu_memory_attribution_info` has one series per source that attributed a unit on the device; the
+unattributed rest is used - the units' memory, whatever its source, - what the other source counts for
+processes outside any unit.
 
 Per unit and device, also the engine counters of the fdinfo read (busy seconds, xe's cycles and total
 cycles). They are sums over the unit's live DRM clients: when a process exits or closes a client, its
@@ -13,15 +23,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 
 from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from exporter.families import CounterFamily, GaugeFamily
-from exporter.sources import procfs
+from exporter.sources import dmem, procfs
 from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
 
 if TYPE_CHECKING:
@@ -29,6 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("exporter.processes")
 
+DMEM = "dmem"
 FDINFO = "fdinfo"
 LEVELZERO = "levelzero"
 
@@ -40,16 +51,51 @@ class Attribution:
     source: str
     by_unit: dict[str, int]
     total: int  # all clients of the device, with or without a unit
+    # unit -> its cgroup paths, for the units this source found (Level Zero's: their pids' cgroup files)
+    unit_cgroups: dict[str, set[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DeviceAttribution:
+    """Who holds a device's memory, per unit from whichever source served the unit."""
+
+    sources: tuple[str, ...]  # those that attributed memory on the device, sorted
+    by_unit: dict[str, int]
+    total: int  # the units' memory and what the device's other source counts for processes outside any unit
+
+
+def attribute_device(fallback: Attribution | None, dmem_of_unit: dict[str, int], holders: set[str]
+                     ) -> DeviceAttribution | None:
+    """One device's attribution: `fallback` (fdinfo, else Level Zero) per unit, except the units in
+    `dmem_of_unit` (unit -> bytes of the device's VRAM regions in its dmem.current). A unit that only dmem
+    knows is reported when it holds memory on the device, or when it is one of `holders` (units whose
+    processes hold DRM clients on the device). None when neither dmem nor the fallback served the device."""
+    if fallback is None and not dmem_of_unit:
+        return None
+    by_unit: dict[str, int] = {}
+    source_of: dict[str, str] = {}
+    if fallback is not None:
+        by_unit.update(fallback.by_unit)
+        source_of.update((unit, fallback.source) for unit in fallback.by_unit)
+    for unit, held in dmem_of_unit.items():
+        if held > 0 or unit in by_unit or unit in holders:
+            by_unit[unit] = held
+            source_of[unit] = DMEM
+    outside_units = fallback.total - sum(fallback.by_unit.values()) if fallback is not None else 0
+    sources = set(source_of.values()) or {fallback.source if fallback is not None else DMEM}
+    return DeviceAttribution(tuple(sorted(sources)), by_unit, sum(by_unit.values()) + outside_units)
 
 
 class ProcessesCollector(Collector):
     name = "processes"
 
-    def __init__(self, procfs_root: str = "/proc", reports_levelzero: bool = False) -> None:
+    def __init__(self, procfs_root: str = "/proc", reports_levelzero: bool = False,
+                 sysfs_root: str = dmem.DEFAULT_SYSFS) -> None:
         """`reports_levelzero`: the levelzero collector is disabled, so a Level Zero failure that costs this
         collector its unattributed rest and headroom is reported here, or nowhere."""
         self._reports_levelzero = reports_levelzero
         self._scanner = procfs.DrmClientScanner(procfs_root)
+        self._dmem = dmem.DmemReader(sysfs_root)
         self._last_device_of_unit: dict[str, str] = {}
         self._warned_unreadable = False
 
@@ -64,23 +110,33 @@ class ProcessesCollector(Collector):
         pci_addresses = sorted({d.identity.pci_address for d in devices or ()} |
                                {device for device in (scan.memory_by_device if scan else ())
                                 if not device.startswith(f"{procfs.DRM_MAJOR}:")})
-        attributions: dict[str, Attribution] = {}
-        for pci in pci_addresses:
-            attribution = self._from_fdinfo(scan, pci) or self._from_levelzero(context, pci)
+        fallbacks = {pci: self._from_fdinfo(scan, pci) or self._from_levelzero(context, pci)
+                     for pci in pci_addresses}
+        dmem_by_unit = self._read_dmem(scan, fallbacks.values(), problems)
+        # a GPU that neither Level Zero nor fdinfo sees, where dmem says a unit holds memory
+        for pci in sorted({pci for by_device in dmem_by_unit.values() for pci, held in by_device.items() if held}
+                          - set(fallbacks)):
+            fallbacks[pci] = self._from_fdinfo(scan, pci) or self._from_levelzero(context, pci)
+        attributions: dict[str, DeviceAttribution] = {}
+        for pci, fallback in sorted(fallbacks.items()):
+            holders = set(scan.memory_by_device_unit.get(pci, ())) if scan is not None else set()
+            dmem_of_unit = {unit: by_device[pci] for unit, by_device in dmem_by_unit.items() if pci in by_device}
+            attribution = attribute_device(fallback, dmem_of_unit, holders)
             if attribution is None:
-                problems.append(f"{pci}: no per-process source works (fdinfo has no memory figures for it and "
-                                f"Level Zero's process list failed)")
+                problems.append(f"{pci}: no per-process source works (no unit's dmem.current lists it, fdinfo has "
+                                f"no memory figures for it and Level Zero's process list failed)")
             else:
                 attributions[pci] = attribution
 
         source = GaugeFamily("xpu_memory_attribution_info",
-                                   "Which source attributes the device's memory to processes: fdinfo or levelzero.",
-                                   labels=["device", "source"])
+                             "Which sources attribute the device's memory to units: dmem, fdinfo or levelzero.",
+                             labels=["device", "source"])
         unit_memory = GaugeFamily("xpu_unit_memory_bytes", "Device memory held by all processes of the unit.",
-                                        labels=["device", "unit"])
+                                  labels=["device", "unit"])
         context.watch_units(unit for attribution in attributions.values() for unit in attribution.by_unit)
         for pci, attribution in attributions.items():
-            source.add_metric([pci, attribution.source], 1)
+            for name in attribution.sources:
+                source.add_metric([pci, name], 1)
             for unit, held in sorted(attribution.by_unit.items()):
                 unit_memory.add_metric([pci, unit], held)
         yield source
@@ -127,6 +183,22 @@ class ProcessesCollector(Collector):
                         "CAP_DAC_READ_SEARCH (or run it as root) to see every GPU process", scan.unreadable)
         return scan
 
+    def _read_dmem(self, scan: procfs.ScanResult | None, fallbacks: Iterable[Attribution | None],
+                   problems: list[str]) -> dict[str, dict[str, int]]:
+        """unit -> device -> bytes from dmem, for the units of DRM clients, of processes the scan could not
+        read and of Level Zero's process list."""
+        unit_cgroups: dict[str, set[str]] = {}
+        for unit, paths in (scan.unit_cgroups if scan is not None else {}).items():
+            unit_cgroups.setdefault(unit, set()).update(paths)
+        for fallback in fallbacks:
+            for unit, paths in (fallback.unit_cgroups if fallback is not None else {}).items():
+                unit_cgroups.setdefault(unit, set()).update(paths)
+        if not unit_cgroups:
+            return {}
+        reading = self._dmem.read(unit_cgroups)
+        problems.extend(reading.problems)
+        return reading.by_unit
+
     def _device_memory(self, context: ScrapeContext, problems: list[str]) -> list[DeviceMemory] | None:
         """The devices' memory, or None when Level Zero cannot say; without it (or without a device's free
         memory) there is no unattributed rest and no headroom. The levelzero collector reports why, unless
@@ -165,24 +237,26 @@ class ProcessesCollector(Collector):
 
     def _attribute(self, reading: DeviceProcesses) -> Attribution:
         by_unit: dict[str, int] = {}
+        unit_cgroups: dict[str, set[str]] = {}
         for process in reading.processes:
-            unit = self._scanner.unit_of(process.pid)
-            if unit is not None:
-                by_unit[unit] = by_unit.get(unit, 0) + process.mem_size
-        return Attribution(LEVELZERO, by_unit, sum(p.mem_size for p in reading.processes))
+            unit_cgroup = self._scanner.unit_cgroup_of(process.pid)
+            if unit_cgroup is not None:
+                by_unit[unit_cgroup.unit] = by_unit.get(unit_cgroup.unit, 0) + process.mem_size
+                unit_cgroups.setdefault(unit_cgroup.unit, set()).add(unit_cgroup.path)
+        return Attribution(LEVELZERO, by_unit, sum(p.mem_size for p in reading.processes), unit_cgroups)
 
-    def _against_device_memory(self, devices: list[DeviceMemory], attributions: dict[str, Attribution],
+    def _against_device_memory(self, devices: list[DeviceMemory], attributions: dict[str, DeviceAttribution],
                                watched: list[tuple[str, float]]) -> Iterator[Metric]:
         unattributed = GaugeFamily("xpu_unattributed_memory_bytes",
-                                         "Used device memory that no process accounts for (never negative).",
-                                         labels=["device"])
+                                   "Used device memory that no process accounts for (never negative).",
+                                   labels=["device"])
         overcounted = GaugeFamily("xpu_memory_attribution_overcounted",
-                                        "1 when the processes' memory adds up to more than the device's used "
-                                        "memory (the unattributed rest is then clamped at 0).", labels=["device"])
+                                  "1 when the processes' memory adds up to more than the device's used "
+                                  "memory (the unattributed rest is then clamped at 0).", labels=["device"])
         headroom = GaugeFamily("xpu_unit_restart_headroom_bytes",
-                                     "free + the unit's own memory - ceil(gpu_memory_utilization x total): the "
-                                     "free memory vLLM (0.16+) demands at start; negative: a restart now would fail.",
-                                     labels=["device", "unit"])
+                               "free + the unit's own memory - ceil(gpu_memory_utilization x total): the "
+                               "free memory vLLM (0.16+) demands at start; negative: a restart now would fail.",
+                               labels=["device", "unit"])
         # Only devices whose free memory was read: no rest or headroom from a figure that is not known.
         memory: dict[str, tuple[int, int]] = {}  # device -> (total, free), each summed over its modules once
         for device in devices:
@@ -214,7 +288,7 @@ class ProcessesCollector(Collector):
         return [(view.unit, view.gpu_memory_utilization) for view in state.views
                 if view.gpu_memory_utilization is not None]
 
-    def _device_of(self, unit: str, attributions: dict[str, Attribution], gpus: list[str]) -> str | None:
+    def _device_of(self, unit: str, attributions: dict[str, DeviceAttribution], gpus: list[str]) -> str | None:
         """The GPU the unit holds (or last held) memory on; on a one-GPU host, that GPU."""
         for pci, attribution in attributions.items():
             if attribution.by_unit.get(unit):
@@ -227,4 +301,5 @@ class ProcessesCollector(Collector):
 
 @register("processes", "per-unit device memory from processes", needs=[Source.LEVELZERO])
 def _processes_collector(options: Options, sources: Sources) -> ProcessesCollector:
-    return ProcessesCollector(options.procfs, reports_levelzero="levelzero" not in options.collectors)
+    return ProcessesCollector(options.procfs, reports_levelzero="levelzero" not in options.collectors,
+                              sysfs_root=options.sysfs)

@@ -6,7 +6,9 @@ Every function takes the procfs root (`/proc`, or the host's /proc mounted into 
 Only an unusable root raises `ProcfsUnavailable`.
 
 Reading other users' `/proc/PID/fd` and `/proc/PID/fdinfo` needs root, or CAP_SYS_PTRACE plus
-CAP_DAC_READ_SEARCH; without them those processes are counted in `ScanResult.unreadable`.
+CAP_DAC_READ_SEARCH; without them those processes are counted in `ScanResult.unreadable`. Their
+`/proc/PID/cgroup` is world-readable, so their units are still known (`ScanResult.unit_cgroups`): the
+dmem cgroup controller (`exporter.sources.dmem`) can tell those units' device memory without ptrace.
 
 From a shell: `python -m exporter.sources.procfs [/proc]` prints one scan.
 """
@@ -79,6 +81,9 @@ class ScanResult:
     memory_by_device_pid: dict[str, dict[int, int]] = field(default_factory=dict)
     # pid -> systemd unit, for every pid in memory_by_device_pid; None: root cgroup or cgroup file unreadable.
     unit_by_pid: dict[int, str | None] = field(default_factory=dict)
+    # unit -> the unit's cgroup paths (`UnitCgroup.path`), for the units of the pids in unit_by_pid and of
+    # the processes that could not be read (`unreadable`; their cgroup file is read once per walk).
+    unit_cgroups: dict[str, frozenset[str]] = field(default_factory=dict)
     # device -> unit -> engine counters of the unit's clients (each client once, as for memory); a unit
     # whose clients print no engine keys has an empty UnitEngineUse.
     engines_by_device_unit: dict[str, dict[str, UnitEngineUse]] = field(default_factory=dict)
@@ -168,11 +173,19 @@ class DrmClientScanner:
     def unit_of(self, pid: int) -> str | None:
         """The systemd unit of `pid` (see `unit_of_cgroup_path`): for a process holding DRM fds, as read
         at its last walk (for that very process: see the class); for any other pid, read now."""
+        unit_cgroup = self.unit_cgroup_of(pid)
+        return None if unit_cgroup is None else unit_cgroup.unit
+
+    def unit_cgroup_of(self, pid: int) -> UnitCgroup | None:
+        """`unit_of` with the unit's cgroup path."""
         with self._lock:
             process = self._processes.get(pid)
             if process is None or not process.drm_fds:
-                return unit_of_pid(self.procfs, pid)
-            return process.unit_of(self.procfs, pid, None)
+                try:
+                    return read_unit_cgroup(self.procfs, pid)
+                except OSError:
+                    return None
+            return process.unit_cgroup(self.procfs, pid, None)
 
     def close(self) -> None:
         """Close the fdinfo files kept open; the next scan walks every process again."""
@@ -309,7 +322,14 @@ def unit_of_pid(procfs: str, pid: int) -> str | None:
 
 def read_unit(procfs: str, pid: int) -> str | None:
     """`unit_of_pid`, raising the OSError of an unreadable cgroup file."""
-    return unit_of_cgroup_file(read_text(f"{procfs}/{pid}/cgroup", MAX_CGROUP_BYTES))
+    unit_cgroup = read_unit_cgroup(procfs, pid)
+    return None if unit_cgroup is None else unit_cgroup.unit
+
+
+def read_unit_cgroup(procfs: str, pid: int) -> UnitCgroup | None:
+    """`read_unit` with the unit's cgroup path."""
+    path = systemd_cgroup_path(read_text(f"{procfs}/{pid}/cgroup", MAX_CGROUP_BYTES))
+    return None if path is None else unit_cgroup_of_path(path)
 
 
 def unit_of_cgroup_file(text: str) -> str | None:
@@ -355,28 +375,52 @@ def unit_of_cgroup_path(path: str) -> str | None:
     `..` elements (paths seen from inside another cgroup namespace) are skipped, and systemd's cgroup
     escaping (a leading `_`, as in `_cpu.service`) is undone.
     """
-    elements = [element for element in path.strip().split("/") if element not in ("", ".", "..")]
+    unit_cgroup = unit_cgroup_of_path(path)
+    return None if unit_cgroup is None else unit_cgroup.unit
+
+
+@dataclass(frozen=True)
+class UnitCgroup:
+    """A process's systemd unit (`unit_of_cgroup_path`) and the unit's own cgroup: `path` is the process's
+    cgroup path cut after the unit's element (`/system.slice/foo.service/payload` ->
+    `/system.slice/foo.service`), as /proc/PID/cgroup gives it, so relative to the reader's cgroup
+    namespace: it begins with `..` elements when the process is outside that namespace."""
+
+    unit: str
+    path: str
+
+
+def unit_cgroup_of_path(path: str) -> UnitCgroup | None:
+    """`unit_of_cgroup_path` with the unit's cgroup path (see `UnitCgroup`)."""
+    elements = [element for element in path.strip().split("/") if element not in ("", ".")]
+    ups = elements.count("..")
+    if ups:
+        elements = [element for element in elements if element != ".."]
     if not elements:
         return None
-    unit, below = _first_unit(elements)
-    if unit is None:
-        return elements[-1]
-    if unit.startswith("user@") and unit.endswith(".service"):
-        user_unit, _ = _first_unit(below)
-        if user_unit is not None:
-            return user_unit
-    return unit
+    index = _first_unit(elements, 0)
+    if index is None:
+        index = len(elements) - 1  # outside any unit: the cgroup's last element
+        unit = elements[index]
+    else:
+        if elements[index].startswith("user@") and elements[index].endswith(".service"):
+            user_index = _first_unit(elements, index + 1)
+            if user_index is not None:
+                index = user_index
+        unit = elements[index][1:] if elements[index].startswith("_") else elements[index]
+    return UnitCgroup(unit, "/" + "/".join([".."] * ups + elements[:index + 1]))
 
 
-def _first_unit(elements: list[str]) -> tuple[str | None, list[str]]:
-    """The first element after the leading slices, if it names a unit, and the elements below it."""
-    for index, element in enumerate(elements):
+def _first_unit(elements: list[str], start: int) -> int | None:
+    """The index of the first element from `start` on after the leading slices, if it names a unit."""
+    for index in range(start, len(elements)):
+        element = elements[index]
         if element.endswith(".slice"):
             continue
         if element.endswith(PROCESS_UNIT_SUFFIXES):
-            return (element[1:] if element.startswith("_") else element), elements[index + 1:]
-        return None, []
-    return None, []
+            return index
+        return None
+    return None
 
 
 def read_text(path: str, limit: int, dir_fd: int | None = None) -> str:
@@ -438,11 +482,12 @@ class _Process:
         self.unreadable = False  # a read failed at the walk for another reason than the process or fd going
         self._unit: object = _UNREAD
 
-    def unit_of(self, procfs: str, pid: int, scan: _Scan | None) -> str | None:
-        """The process's unit, read once per walk; a failure is counted in `scan` when it happens."""
+    def unit_cgroup(self, procfs: str, pid: int, scan: _Scan | None) -> UnitCgroup | None:
+        """The process's unit and its cgroup, read once per walk; a failure is counted in `scan` when it
+        happens."""
         if self._unit is _UNREAD:
             try:
-                self._unit = read_unit(procfs, pid)
+                self._unit = read_unit_cgroup(procfs, pid)
             except OSError as error:
                 self._unit = None
                 if scan is not None:
@@ -513,8 +558,18 @@ class _Scan:
         for device, pid, bytes_, _ in self.clients.values():
             by_pid = memory_by_device_pid.setdefault(device, {})
             by_pid[pid] = by_pid.get(pid, 0) + bytes_
-        unit_by_pid = {pid: known[pid].unit_of(self.procfs, pid, self)
-                       for pid in sorted({pid for _, pid, _, _ in self.clients.values()})}
+        unit_cgroups: dict[str, set[str]] = {}
+        unit_by_pid: dict[int, str | None] = {}
+        for pid in sorted({pid for _, pid, _, _ in self.clients.values()}):
+            unit_cgroup = known[pid].unit_cgroup(self.procfs, pid, self)
+            unit_by_pid[pid] = None if unit_cgroup is None else unit_cgroup.unit
+            if unit_cgroup is not None:
+                unit_cgroups.setdefault(unit_cgroup.unit, set()).add(unit_cgroup.path)
+        for pid in self.unreadable:
+            process = known.get(pid)
+            unit_cgroup = None if process is None else process.unit_cgroup(self.procfs, pid, None)
+            if unit_cgroup is not None:
+                unit_cgroups.setdefault(unit_cgroup.unit, set()).add(unit_cgroup.path)
         engines_by_device_unit: dict[str, dict[str, UnitEngineUse]] = {}
         for device, pid, _, use in self.clients.values():
             unit = unit_by_pid[pid]
@@ -535,6 +590,7 @@ class _Scan:
             memory_by_device_pid=memory_by_device_pid,
             engines_by_device_unit=engines_by_device_unit,
             unit_by_pid=unit_by_pid,
+            unit_cgroups={unit: frozenset(paths) for unit, paths in unit_cgroups.items()},
             driver_by_device=dict(self.drivers),
             clients=len(self.clients),
             drm_fds=self.drm_fds,
