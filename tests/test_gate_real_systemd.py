@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import shutil
 import time
@@ -20,7 +21,7 @@ from typing import NamedTuple
 import pytest
 
 import journalfacts
-from bootrace import (IDLE_RESERVED, RACE_UNITS, BootOutcome, gate_command, gate_environment, race_boot,
+from bootrace import (IDLE_RESERVED, RACE_UNITS, BootOutcome, gate_command, gate_environment, gated, race_boot,
                       serving_units)
 from fakeze import SharedDevice
 from realsystemd import RealSystemd, journal_field, path_inside
@@ -31,7 +32,8 @@ from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, unit_file
 GATED_BOOTS = 2
 RESTART_TIMEOUT = 20.0
 DECISION = re.compile(r"^vllm-xpu-gate: (?P<kind>released|timed out) after (?P<seconds>[\d.]+)s "
-                      r"\((?:waited|waiting) for (?P<waited>[^;]+);")
+                      r"\((?:waited|waiting) for (?P<waited>[^;]+); free (?P<free>\d+|unknown), "
+                      r"needed (?P<needed>\d+|unknown)\)")
 
 
 class GateDecision(NamedTuple):
@@ -42,6 +44,8 @@ class GateDecision(NamedTuple):
     released: bool  # False: timed out
     seconds: float
     waited: tuple[str, ...]  # () for "nothing"
+    free: int | None  # None: unknown
+    needed: int | None
 
 
 def decisions(entries, unit: str) -> list[GateDecision]:
@@ -55,8 +59,13 @@ def decisions(entries, unit: str) -> list[GateDecision]:
             waited = tuple(match["waited"].split(","))
             found.append(GateDecision(journal_field(entry, "_SYSTEMD_INVOCATION_ID"),
                                       int(entry["__REALTIME_TIMESTAMP"]), match["kind"] == "released",
-                                      float(match["seconds"]), () if waited == ("nothing",) else waited))
+                                      float(match["seconds"]), () if waited == ("nothing",) else waited,
+                                      _bytes(match["free"]), _bytes(match["needed"])))
     return found
+
+
+def _bytes(figure: str) -> int | None:
+    return None if figure == "unknown" else int(figure)
 
 
 def _events(events: Path) -> list[dict]:
@@ -77,15 +86,16 @@ def shared(tmp_path: Path, fake_driver: Path) -> Path:
 
 
 def gated_boot(shared: Path, fake_driver: Path, while_up=None) -> BootOutcome:
-    return race_boot(shared, exec_start_pre=[gate_command()],
+    return race_boot(shared, exec_start_pre=gated,
                      extra_service=gate_environment(shared, shared / fake_driver.name), while_up=while_up)
 
 
 def test_three_gated_units_started_together_at_boot_neither_fail_nor_overlap(shared: Path, fake_driver: Path):
     """Each boot: every unit serves after one start, no init failed, no two inits overlapped (the
-    journal read directly), the gates released one after another (at least two waited), and the
-    exporter on that journal counts the same starts, failures and overlaps, and one gate wait per
-    start whose decision line says it waited."""
+    journal read directly), the gates released one after another (at least two waited), each having
+    checked memory with the unit's R (--gpu-memory-utilization: a fresh journal has no earlier start)
+    against the GPU's real idle usage, and the exporter on that journal counts the same starts,
+    failures and overlaps, and one gate wait per start whose decision line says it waited."""
     units = list(RACE_UNITS)
     seen: dict[str, object] = {}
 
@@ -116,6 +126,10 @@ def test_three_gated_units_started_together_at_boot_neither_fail_nor_overlap(sha
         assert all(len(found) == 1 for found in per_unit.values()), f"one gate decision per start: {per_unit}"
         assert sum(bool(found[0].waited) for found in per_unit.values()) >= 2, \
             f"the gates released together: {per_unit}"
+        for unit, (found,) in per_unit.items():
+            needed = math.ceil(RACE_UNITS[unit].gpu_memory_utilization * SIXTEEN_GIB_GPU.memory[0].size)
+            assert found.needed == needed and needed <= found.free < SIXTEEN_GIB_GPU.memory[0].size, \
+                f"{unit}: memory not checked with its R: {found}"
         assert seen["counts"] == seen["expected"], f"boot {boot}: exporter {seen['counts']} != journal"
         assert seen["gate_waits"] == seen["waits"], f"boot {boot}: gate waits {seen['gate_waits']}"
         for unit, count in seen["waits"].items():
@@ -202,3 +216,34 @@ def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_after_the_lease_en
     counts = journalfacts.counts(entries, [chat, embedding])
     assert counts[embedding].starts == 1 and not counts[embedding].failures, counts
     assert counts[chat].failures == {"other": 1} and counts[embedding].overlaps == 0, counts
+
+
+def test_a_gated_start_waits_for_memory_another_process_holds(shared: Path, fake_driver: Path):
+    """Embedding's gate with --gpu-memory-utilization 0.07 needs ceil(0.07 x 16 GiB) free. A process of
+    no watched unit (the test, through the fake GPU) holds all but half of that: the gate waits for
+    `memory` alone (no init runs) and the engine does not start, where ungated it would fail vLLM's
+    free-memory check. Once the memory is given back the gate releases, its decision line says it
+    waited for memory and shows free >= needed, and embedding's init completes."""
+    embedding = "vllm-xpu-embedding.service"
+    config, events = shared / "ze.conf", shared / "events.jsonl"
+    device = SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
+    needed = math.ceil(EMBEDDING.gpu_memory_utilization * device.total)
+    device.hold("other-process", device.free() - needed // 2)
+    files = {f"/etc/systemd/system/{embedding}": unit_file(
+        EMBEDDING, device_config=path_inside(shared, config), events=path_inside(shared, events), requests=0,
+        exec_start_pre=gated(EMBEDDING), extra_service=gate_environment(shared, shared / fake_driver.name))}
+    with RealSystemd(shared, files=files) as machine:
+        machine.start(embedding)
+        _wait_until(lambda: any(line.startswith("vllm-xpu-gate: waiting for memory ")
+                                for line in _gate_lines(machine, embedding)), "embedding's gate to wait for memory")
+        assert not _events(events), "the engine started while its gate waited for memory"
+        device.release("other-process")
+        _wait_until(lambda: embedding in serving_units(events), "embedding to serve")
+        machine.sync_journal()
+        entries = machine.journal(embedding)
+
+    (decision,) = decisions(entries, embedding)
+    assert decision.released and decision.waited == ("memory",), decision
+    assert decision.needed == needed and decision.free >= needed, decision
+    (start,) = journalfacts.starts(entries)
+    assert decision.at_usec < start.began_usec and start.outcome == "ok", start
