@@ -14,8 +14,9 @@ ends when every unit serves; its failed inits and overlapping inits are read fro
 (tests/journalfacts.py). Prints one line per boot, then the totals of each configuration.
 
 A configuration is a name and the ExecStartPre= commands put before each unit's engine
-(`configurations()`): "without gate", and "with gate" (`ExecStartPre=+vllm-xpu-gate --unit %n ...`, the
-console script of the Python running this, reading the namespace's journal and the same fake GPU).
+(`configurations()`): "without gate", and "with gate" (`ExecStartPre=+vllm-xpu-gate --unit %n
+--gpu-memory-utilization R ...` with each unit's R, the console script of the Python running this, reading
+the namespace's journal and the same fake GPU).
 """
 
 from __future__ import annotations
@@ -24,28 +25,29 @@ import argparse
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from bootrace import BootOutcome, gate_command, gate_environment, race_boot  # noqa: E402
+from bootrace import BootOutcome, gate_environment, gated, race_boot  # noqa: E402
 from fakeze import build_fake_driver  # noqa: E402
+from vllmunit import Engine  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Configuration:
     name: str
-    exec_start_pre: Sequence[str] = ()
+    exec_start_pre: Sequence[str] | Callable[[Engine], Sequence[str]] = ()
     gated: bool = False
 
 
 def configurations(args: argparse.Namespace) -> list[Configuration]:
-    ungated = Configuration("without gate")
-    gated = Configuration("with gate", (gate_command(),), gated=True)
-    return {None: [ungated, gated], True: [gated], False: [ungated]}[args.gate]
+    without = Configuration("without gate")
+    with_gate = Configuration("with gate", gated, gated=True)
+    return {None: [without, with_gate], True: [with_gate], False: [without]}[args.gate]
 
 
 def run(configuration: Configuration, boots: int, time_scale: float) -> list[BootOutcome]:

@@ -6,7 +6,8 @@ serving) and read back from its journal (tests/journalfacts.py).
     outcome = race_boot(shared_dir)              # one boot, ~10 s
     outcome.failures, outcome.overlaps, outcome.counts["vllm-xpu-chat.service"]
 
-`exec_start_pre` puts commands before each unit's engine (a gate, when there is one).
+`exec_start_pre` puts commands before each unit's engine (a gate, when there is one): the same for
+every unit, or a function of the unit's engine (`gated`: the gate with the unit's R).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ def gate_command(*, timeout: str = "60s", poll_interval: str = "100ms", extra: S
                      "--timeout", timeout, "--poll-interval", poll_interval, *extra])
 
 
+def gated(engine: Engine) -> list[str]:
+    """The ExecStartPre= of a gated race unit: the gate with the unit's own R, as docs/gate.md's drop-in
+    advises, so the memory condition (free >= ceil(R x total)) is checked from the first start on (a
+    fresh journal has no earlier start to take R from)."""
+    return [gate_command(extra=["--gpu-memory-utilization", str(engine.gpu_memory_utilization)])]
+
+
 def gate_environment(shared: Path, fake_driver: Path) -> list[str]:
     """[Service] lines that make the gate's Level Zero child load the fake driver (a copy in `shared`)
     with the race's device config: the gate sees the GPU the replayed engines take memory from."""
@@ -74,10 +82,10 @@ def serving_units(events: Path) -> set[str]:
     return {record["unit"] for record in records if record["event"] == "serving"}
 
 
-def race_boot(shared: Path, *, exec_start_pre: Sequence[str] = (), unit_type: str = "simple",
-              restart_sec: float = 1.0, time_scale: float = 0.1, settle_timeout: float = SETTLE_TIMEOUT,
-              units: Mapping[str, Engine] = RACE_UNITS, extra_service: Sequence[str] = (),
-              while_up: Callable[[RealSystemd], None] | None = None) -> BootOutcome:
+def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine], Sequence[str]] = (),
+              unit_type: str = "simple", restart_sec: float = 1.0, time_scale: float = 0.1,
+              settle_timeout: float = SETTLE_TIMEOUT, units: Mapping[str, Engine] = RACE_UNITS,
+              extra_service: Sequence[str] = (), while_up: Callable[[RealSystemd], None] | None = None) -> BootOutcome:
     """Boot once with `units` enabled and report what the journal shows once they all serve.
     `extra_service`: more [Service] lines for every unit (Environment= for a gate, ...); `while_up`
     is called with the machine once the units serve, before it shuts down."""
@@ -86,7 +94,8 @@ def race_boot(shared: Path, *, exec_start_pre: Sequence[str] = (), unit_type: st
     SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
     events.unlink(missing_ok=True)
     files = {f"/etc/systemd/system/{name}": unit_file(
-        engine, device_config=path_inside(shared, config), unit_type=unit_type, exec_start_pre=exec_start_pre,
+        engine, device_config=path_inside(shared, config), unit_type=unit_type,
+        exec_start_pre=exec_start_pre(engine) if callable(exec_start_pre) else exec_start_pre,
         restart_sec=restart_sec, time_scale=time_scale, events=path_inside(shared, events), requests=0,
         extra_service=extra_service)
         for name, engine in units.items()}
@@ -103,5 +112,5 @@ def race_boot(shared: Path, *, exec_start_pre: Sequence[str] = (), unit_type: st
     return BootOutcome(journalfacts.counts(entries, units), settled, seconds, entries)
 
 
-__all__ = ["BootOutcome", "IDLE_RESERVED", "RACE_UNITS", "gate_command", "gate_environment", "race_boot",
-           "serving_units"]
+__all__ = ["BootOutcome", "IDLE_RESERVED", "RACE_UNITS", "gate_command", "gate_environment", "gated",
+           "race_boot", "serving_units"]

@@ -9,28 +9,47 @@ benchmarks/boot_race.py compares both over 20 boots).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import re
 import shutil
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 import journalfacts
-from bootrace import RACE_UNITS, BootOutcome, gate_command, gate_environment, race_boot
-from realsystemd import RealSystemd, journal_field
+from bootrace import (IDLE_RESERVED, RACE_UNITS, BootOutcome, gate_command, gate_environment, gated, race_boot,
+                      serving_units)
+from fakeze import SharedDevice
+from realsystemd import RealSystemd, journal_field, path_inside
 from scrapes import series
 from test_real_systemd import require_root, run_exporter, scrape_until_equal
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, unit_file
 
 GATED_BOOTS = 2
 RESTART_TIMEOUT = 20.0
-DECISION = re.compile(r"^vllm-xpu-gate: (?:released|timed out) after (?P<seconds>[\d.]+)s \((?:waited|waiting) for "
-                      r"(?P<waited>[^;]+);")
+DECISION = re.compile(r"^vllm-xpu-gate: (?P<kind>released|timed out) after (?P<seconds>[\d.]+)s "
+                      r"\((?:waited|waiting) for (?P<waited>[^;]+); free (?P<free>\d+|unknown), "
+                      r"needed (?P<needed>\d+|unknown)\)")
 
 
-def decisions(entries, unit: str) -> list[tuple[str, float, tuple[str, ...]]]:
-    """(invocation, seconds, waited for) of each of the unit's gate decision lines, in journal order."""
+class GateDecision(NamedTuple):
+    """One gate decision line of a unit's start, as the journal stored it."""
+
+    invocation: str
+    at_usec: int  # the journal's realtime of the line
+    released: bool  # False: timed out
+    seconds: float
+    waited: tuple[str, ...]  # () for "nothing"
+    free: int | None  # None: unknown
+    needed: int | None
+
+
+def decisions(entries, unit: str) -> list[GateDecision]:
+    """Each of the unit's gate decision lines, in journal order."""
     found = []
     for entry in sorted(entries, key=lambda e: int(e["__REALTIME_TIMESTAMP"])):
         if journal_field(entry, "_SYSTEMD_UNIT") != unit:
@@ -38,15 +57,25 @@ def decisions(entries, unit: str) -> list[tuple[str, float, tuple[str, ...]]]:
         match = DECISION.match(journal_field(entry, "MESSAGE") or "")
         if match:
             waited = tuple(match["waited"].split(","))
-            found.append((journal_field(entry, "_SYSTEMD_INVOCATION_ID"), float(match["seconds"]),
-                          () if waited == ("nothing",) else waited))
+            found.append(GateDecision(journal_field(entry, "_SYSTEMD_INVOCATION_ID"),
+                                      int(entry["__REALTIME_TIMESTAMP"]), match["kind"] == "released",
+                                      float(match["seconds"]), () if waited == ("nothing",) else waited,
+                                      _bytes(match["free"]), _bytes(match["needed"])))
     return found
 
 
-def _serving(events: Path) -> list[dict]:
+def _bytes(figure: str) -> int | None:
+    return None if figure == "unknown" else int(figure)
+
+
+def _events(events: Path) -> list[dict]:
     if not events.exists():
         return []
-    return [record for record in map(json.loads, events.read_text().splitlines()) if record["event"] == "serving"]
+    return [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+
+
+def _serving(events: Path) -> list[dict]:
+    return [record for record in _events(events) if record["event"] == "serving"]
 
 
 @pytest.fixture
@@ -57,15 +86,16 @@ def shared(tmp_path: Path, fake_driver: Path) -> Path:
 
 
 def gated_boot(shared: Path, fake_driver: Path, while_up=None) -> BootOutcome:
-    return race_boot(shared, exec_start_pre=[gate_command()],
+    return race_boot(shared, exec_start_pre=gated,
                      extra_service=gate_environment(shared, shared / fake_driver.name), while_up=while_up)
 
 
 def test_three_gated_units_started_together_at_boot_neither_fail_nor_overlap(shared: Path, fake_driver: Path):
     """Each boot: every unit serves after one start, no init failed, no two inits overlapped (the
-    journal read directly), the gates released one after another (at least two waited), and the
-    exporter on that journal counts the same starts, failures and overlaps, and one gate wait per
-    start whose decision line says it waited."""
+    journal read directly), the gates released one after another (at least two waited), each having
+    checked memory with the unit's R (--gpu-memory-utilization: a fresh journal has no earlier start)
+    against the GPU's real idle usage, and the exporter on that journal counts the same starts,
+    failures and overlaps, and one gate wait per start whose decision line says it waited."""
     units = list(RACE_UNITS)
     seen: dict[str, object] = {}
 
@@ -73,7 +103,7 @@ def test_three_gated_units_started_together_at_boot_neither_fail_nor_overlap(sha
         machine.sync_journal()
         entries = machine.journal(*units)
         expected = journalfacts.counts(entries, units)
-        waits = {unit: sum(bool(waited) for _, _, waited in decisions(entries, unit)) for unit in units}
+        waits = {unit: sum(bool(found.waited) for found in decisions(entries, unit)) for unit in units}
         with run_exporter(machine, fake_driver, shared / "ze.conf", "vllm-xpu-*.service") as exporter:
             seen["counts"] = scrape_until_equal(exporter, expected)
             deadline = time.monotonic() + 5
@@ -94,7 +124,12 @@ def test_three_gated_units_started_together_at_boot_neither_fail_nor_overlap(sha
         assert all(counts.starts == 1 for counts in outcome.counts.values()), outcome.counts
         per_unit = {unit: decisions(outcome.entries, unit) for unit in units}
         assert all(len(found) == 1 for found in per_unit.values()), f"one gate decision per start: {per_unit}"
-        assert sum(bool(found[0][2]) for found in per_unit.values()) >= 2, f"the gates released together: {per_unit}"
+        assert sum(bool(found[0].waited) for found in per_unit.values()) >= 2, \
+            f"the gates released together: {per_unit}"
+        for unit, (found,) in per_unit.items():
+            needed = math.ceil(RACE_UNITS[unit].gpu_memory_utilization * SIXTEEN_GIB_GPU.memory[0].size)
+            assert found.needed == needed and needed <= found.free < SIXTEEN_GIB_GPU.memory[0].size, \
+                f"{unit}: memory not checked with its R: {found}"
         assert seen["counts"] == seen["expected"], f"boot {boot}: exporter {seen['counts']} != journal"
         assert seen["gate_waits"] == seen["waits"], f"boot {boot}: gate waits {seen['gate_waits']}"
         for unit, count in seen["waits"].items():
@@ -123,8 +158,92 @@ def test_a_chat_restart_while_the_others_serve_is_not_delayed(shared: Path, fake
     assert outcome.settled and outcome.failures == 0, outcome.counts
     restarted = decisions(seen["entries"], chat)
     assert len(restarted) == 2, f"one gate decision per start of chat: {restarted}"
-    _, seconds, waited = restarted[-1]
-    assert waited == () and seconds < 1.0, f"the restart's gate: {restarted[-1]}"
+    assert restarted[-1].waited == () and restarted[-1].seconds < 1.0, f"the restart's gate: {restarted[-1]}"
     counts = journalfacts.counts(seen["entries"], list(RACE_UNITS))
     assert counts[chat].starts == 2 and not counts[chat].failures, counts
     assert sum(unit.overlaps for unit in counts.values()) == 0, counts
+
+
+def _gate_lines(machine: RealSystemd, unit: str) -> list[str]:
+    messages = (journal_field(entry, "MESSAGE") or "" for entry in machine.journal(unit))
+    return [message for message in messages if message.startswith("vllm-xpu-gate: ")]
+
+
+def _wait_until(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_after_the_lease_ends(shared: Path, fake_driver: Path):
+    """Chat's gate releases and chat holds the lease through a long init; embedding's gate waits for it.
+    Chat's main process is SIGKILLed mid-init: its exit in the journal (and systemd's failed state) ends
+    the lease, so embedding's gate releases within seconds of the exit, far below the gate's
+    --lease-timeout and --timeout, and embedding's init completes. Chat has Restart=no, so the
+    released start is embedding's and not chat's restart."""
+    chat, embedding = "vllm-xpu-chat.service", "vllm-xpu-embedding.service"
+    config, events = shared / "ze.conf", shared / "events.jsonl"
+    SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
+    gate = [gate_command(extra=["--lease-timeout", "5m"])]
+    common = dict(device_config=path_inside(shared, config), events=path_inside(shared, events), requests=0,
+                  exec_start_pre=gate, extra_service=gate_environment(shared, shared / fake_driver.name))
+    long_chat = dataclasses.replace(CHAT, init_seconds=400.0)  # 40 s on the replay's clock: killed long before
+    files = {f"/etc/systemd/system/{chat}": unit_file(long_chat, restart="no", **common),
+             f"/etc/systemd/system/{embedding}": unit_file(EMBEDDING, **common)}
+    with RealSystemd(shared, files=files) as machine:
+        machine.start(chat)
+        _wait_until(lambda: any(record["unit"] == chat and record["event"] == "started"
+                                for record in _events(events)), "chat's engine to start")
+        machine.start(embedding)
+        _wait_until(lambda: any(line.startswith(f"vllm-xpu-gate: waiting for {chat}")
+                                for line in _gate_lines(machine, embedding)), "embedding's gate to wait for chat")
+        machine.systemctl("kill", "--kill-whom=main", "--signal=KILL", chat)
+        _wait_until(lambda: embedding in serving_units(events), "embedding to serve")
+        machine.sync_journal()
+        entries = machine.journal(chat, embedding)
+
+    (chat_start,) = [start for start in journalfacts.starts(entries) if start.unit == chat]
+    assert chat_start.outcome == "failed" and chat_start.exited_usec is not None, chat_start
+    assert chat_start.init_ended_usec is None, f"chat was not killed mid-init: {chat_start}"
+    (chat_gate,) = decisions(entries, chat)
+    assert chat_gate.released and chat_gate.at_usec < chat_start.began_usec
+    (embedding_gate,) = decisions(entries, embedding)
+    assert embedding_gate.released and chat in embedding_gate.waited, embedding_gate
+    assert embedding_gate.at_usec > chat_start.exited_usec, "embedding's gate released before chat's kill"
+    assert embedding_gate.at_usec - chat_start.exited_usec < 5_000_000, \
+        f"embedding released {(embedding_gate.at_usec - chat_start.exited_usec) / 1e6:.1f} s after chat's exit"
+    counts = journalfacts.counts(entries, [chat, embedding])
+    assert counts[embedding].starts == 1 and not counts[embedding].failures, counts
+    assert counts[chat].failures == {"other": 1} and counts[embedding].overlaps == 0, counts
+
+
+def test_a_gated_start_waits_for_memory_another_process_holds(shared: Path, fake_driver: Path):
+    """Embedding's gate with --gpu-memory-utilization 0.07 needs ceil(0.07 x 16 GiB) free. A process of
+    no watched unit (the test, through the fake GPU) holds all but half of that: the gate waits for
+    `memory` alone (no init runs) and the engine does not start, where ungated it would fail vLLM's
+    free-memory check. Once the memory is given back the gate releases, its decision line says it
+    waited for memory and shows free >= needed, and embedding's init completes."""
+    embedding = "vllm-xpu-embedding.service"
+    config, events = shared / "ze.conf", shared / "events.jsonl"
+    device = SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
+    needed = math.ceil(EMBEDDING.gpu_memory_utilization * device.total)
+    device.hold("other-process", device.free() - needed // 2)
+    files = {f"/etc/systemd/system/{embedding}": unit_file(
+        EMBEDDING, device_config=path_inside(shared, config), events=path_inside(shared, events), requests=0,
+        exec_start_pre=gated(EMBEDDING), extra_service=gate_environment(shared, shared / fake_driver.name))}
+    with RealSystemd(shared, files=files) as machine:
+        machine.start(embedding)
+        _wait_until(lambda: any(line.startswith("vllm-xpu-gate: waiting for memory ")
+                                for line in _gate_lines(machine, embedding)), "embedding's gate to wait for memory")
+        assert not _events(events), "the engine started while its gate waited for memory"
+        device.release("other-process")
+        _wait_until(lambda: embedding in serving_units(events), "embedding to serve")
+        machine.sync_journal()
+        entries = machine.journal(embedding)
+
+    (decision,) = decisions(entries, embedding)
+    assert decision.released and decision.waited == ("memory",), decision
+    assert decision.needed == needed and decision.free >= needed, decision
+    (start,) = journalfacts.starts(entries)
+    assert decision.at_usec < start.began_usec and start.outcome == "ok", start
