@@ -36,6 +36,7 @@ _PLAIN_LABEL_NAME = re.compile(r"(?!__)[a-zA-Z_][a-zA-Z0-9_]*")
 _SCHEMES_KEEPING_PLAIN_NAMES = (client_openmetrics.UNDERSCORES, client_openmetrics.ALLOWUTF8)
 # Integers below 2**53 are floats exactly, and repr writes them without an exponent (it does from 1e16).
 _EXACT_INT = 1 << 53
+_MAX_SERIES_PER_FAMILY = 4096
 # The text format's renaming of OpenMetrics types, as prometheus_client's generate_latest does it.
 _TEXT_TYPES = {"counter": ("_total", "counter"), "info": ("_info", "gauge"), "stateset": ("", "gauge"),
                "gaugehistogram": ("", "histogram"), "unknown": ("", "untyped")}
@@ -124,19 +125,27 @@ def _openmetrics_family(output: list[str], family: Metric, label_pairs: dict[tup
 def _write_rows(output: list[str], family: RowFamily) -> None:
     append = output.append
     name, label_names = _plain(family.sample_name), family.label_names
+    series = _series_of(name, label_names)
     for values, value in family.rows:
         text = f"{value}.0" if value.__class__ is int and -1_000_000 < value < 1_000_000 else _go_float(value)
-        append(f"{_series(name, label_names, values)} {text}\n")
+        append(f"{series.get(values) or _new_series(series, name, label_names, values)} {text}\n")
 
 
-@functools.lru_cache(maxsize=16_384)
-def _series(name: str, label_names: tuple[str, ...], values: tuple[str, ...]) -> str:
-    """`name{label="value",...}`, labels sorted by name, as prometheus_client writes them; kept across
-    scrapes (a host's series seldom change; their values are not kept)."""
-    if not label_names:
-        return name
+@functools.lru_cache(maxsize=1024)
+def _series_of(name: str, label_names: tuple[str, ...]) -> dict[tuple[str, ...], str]:
+    """label values -> `name{label="value",...}` of one family, kept across scrapes: a host's series
+    seldom change (their values are not kept)."""
+    return {}
+
+
+def _new_series(series: dict[tuple[str, ...], str], name: str, label_names: tuple[str, ...],
+                values: tuple[str, ...]) -> str:
+    """`name{label="value",...}`, labels sorted by name, as prometheus_client writes them."""
+    if len(series) >= _MAX_SERIES_PER_FAMILY:
+        series.clear()  # series come and go (units, devices): keep the ones of now
     pairs = ",".join([f'{_plain_label(label)}="{_escape(value)}"' for label, value in sorted(zip(label_names, values))])
-    return f"{name}{{{pairs}}}"
+    written = series[values] = f"{name}{{{pairs}}}" if label_names else name
+    return written
 
 
 def _write_samples(output: list[str], samples: list[Sample], label_pairs: dict[tuple[str, str], str],

@@ -115,6 +115,15 @@ def test_a_row_familys_labels_are_written_in_name_order_as_prometheus_client_wri
     assert b'requests_total{b="2",m="3",z="1"} 4.0' in generate_text(registry, fallback=refuse)
 
 
+def test_a_row_family_with_more_series_than_are_kept_is_written_right_every_time():
+    family = GaugeFamily("xpu_many", "Help.", labels=["unit", "device"])
+    for index in range(10_000):
+        family.add_metric([f"u{index}.service", "0000:03:00.0"], index)
+    registry = Families([family])
+    expected = client_exposition.generate_latest(registry)
+    assert [generate_text(registry, fallback=refuse) for _ in range(2)] == [expected, expected]
+
+
 @pytest.mark.parametrize("accept", ACCEPT_HEADERS.values(), ids=ACCEPT_HEADERS.keys())
 def test_the_server_answers_with_the_bytes_and_content_type_of_prometheus_client(accept: str):
     registry = golden_families("two_devices.prom")
