@@ -641,3 +641,28 @@ def test_derived_kv_tokens_and_required_bytes_out_of_bounds_are_absent() -> None
                         CORE_LINE + "Maximum concurrency for 131,072 tokens per request: 0.000000000000001x",
                         CORE_LINE + "init engine (profile, create kv cache, warmup model) took 42.50 seconds"]
     assert fold(start_entries(tiny_concurrency))[UNIT].latest.effective_required_bytes is None
+
+
+def test_a_view_keeps_what_it_showed_while_the_fold_goes_on(boot_race: BootRace) -> None:
+    entries = list(boot_race.entries())
+    tracker = EngineTracker()
+    tracker.extend(entries[:len(entries) // 2])
+    before = {view.unit: view for view in tracker.views()}
+    shown = {unit: [dataclasses.asdict(start) for start in (view.latest, view.current) if start is not None]
+             for unit, view in before.items()}
+    tracker.extend(entries[len(entries) // 2:])
+    tracker.settle(now_usec())
+    assert {unit: [dataclasses.asdict(start) for start in (view.latest, view.current) if start is not None]
+            for unit, view in before.items()} == shown
+    assert fold(entries)[CHAT].latest != before[CHAT].latest
+
+
+def test_a_starts_snapshot_equals_it_field_by_field_and_holds_only_immutable_values(boot_race: BootRace) -> None:
+    for view in fold(boot_race.entries()).values():
+        start = view.last_success
+        assert start is not None
+        copy = start.snapshot()
+        assert copy is not start
+        assert dataclasses.asdict(copy) == dataclasses.asdict(start)
+        for field in dataclasses.fields(start):
+            hash(getattr(start, field.name))  # an unhashable (mutable) field would need a deep copy
