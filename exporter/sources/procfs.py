@@ -135,6 +135,12 @@ class DrmClientScanner:
     walks the process again at once, as if it were new, so a scan sees what a full scan would. (A tree
     that is not procfs cannot fail a read of a removed file: tests/fakeprocfs.py empties a closed fd's
     fdinfo instead, which reads as no DRM fd.) A process's unit (its cgroup file) is read once per walk.
+
+    Each read is parsed afresh, through the layout of the client's fdinfo (`FdinfoLayout`, learnt at
+    the walk, or kept from the walk before when it still matches): one regex match instead of the two
+    general passes over the text. A read the layout does not match is parsed the general way, and so
+    are the client's reads until the process's next walk. The engine counters of a unit's clients read
+    with one layout are summed together (`unit_engine_use`).
     Thread-safe (scans are serial).
     """
 
@@ -266,7 +272,12 @@ class DrmClientScanner:
                     data = os.pread(handle, FIRST_READ_BYTES, 0)
                     if len(data) == FIRST_READ_BYTES:
                         data = read_open_bytes(handle, MAX_FDINFO_BYTES)
-                client, reading, drm_fd.layout = _parse(data, drm_fd.layout, learn=False)
+                layout = drm_fd.layout
+                read = None if layout is None else layout.read(data)
+                if read is None:
+                    client, reading, drm_fd.layout = _parse(data, None, learn=False)
+                else:
+                    client, reading = read[0], (layout, read[1])
                 # Not a DRM fd any more, or another client's: fd N was closed and opened again.
                 if client is None or client.client_id != drm_fd.client_id or client.pdev != drm_fd.pdev:
                     return False
@@ -571,14 +582,15 @@ class _Scan:
 
     def result(self, processes: int, known: dict[int, _Process]) -> ScanResult:
         memory_by_device_pid: dict[str, dict[int, int]] = {}
-        for device, pid, bytes_, _ in self.clients.values():
+        unit_by_pid: dict[int, str | None] = {}  # in ascending pids: clients are added in the order of the scan
+        readings: dict[str, dict[str, list[Reading]]] = {}
+        for device, pid, bytes_, reading in self.clients.values():
             by_pid = memory_by_device_pid.setdefault(device, {})
             by_pid[pid] = by_pid.get(pid, 0) + bytes_
-        unit_by_pid = {pid: known[pid].unit_of(self.procfs, pid, self)
-                       for pid in sorted({pid for _, pid, _, _ in self.clients.values()})}
-        readings: dict[str, dict[str, list[Reading]]] = {}
-        for device, pid, _, reading in self.clients.values():
-            unit = unit_by_pid[pid]
+            if pid in unit_by_pid:
+                unit = unit_by_pid[pid]
+            else:
+                unit = unit_by_pid[pid] = known[pid].unit_of(self.procfs, pid, self)
             if unit is not None:
                 readings.setdefault(device, {}).setdefault(unit, []).append(reading)
         engines_by_device_unit = {device: {unit: unit_engine_use(unit_readings) for unit, unit_readings in by_unit.items()}
