@@ -98,7 +98,8 @@ class EngineUse:
 
 # The engine counters of one or more clients (EngineUse's busy seconds, cycles, total cycles), each as
 # (engine, the values of the clients in their order) pairs.
-EngineColumns = tuple[list[tuple[str, Iterable[float]]], list[tuple[str, Iterable[int]]], list[tuple[str, Iterable[int]]]]
+EngineColumns = tuple[list[tuple[str, Iterable[float]]], list[tuple[str, Iterable[int]]],
+                      list[tuple[str, Iterable[int]]]]
 
 
 @dataclass(frozen=True)

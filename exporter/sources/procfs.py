@@ -593,8 +593,9 @@ class _Scan:
                 unit = unit_by_pid[pid] = known[pid].unit_of(self.procfs, pid, self)
             if unit is not None:
                 readings.setdefault(device, {}).setdefault(unit, []).append(reading)
-        engines_by_device_unit = {device: {unit: unit_engine_use(unit_readings) for unit, unit_readings in by_unit.items()}
-                                  for device, by_unit in readings.items()}
+        engines_by_device_unit = {
+            device: {unit: unit_engine_use(unit_readings) for unit, unit_readings in by_unit.items()}
+            for device, by_unit in readings.items()}
         memory_by_device_unit: dict[str, dict[str, int]] = {}
         memory_by_device: dict[str, int] = {}
         for device, by_pid in memory_by_device_pid.items():
