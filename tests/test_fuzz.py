@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import get_args
 
 from hypothesis import HealthCheck, given, settings
@@ -458,10 +459,12 @@ class FixedLevelZero:
         self._identities = [DeviceIdentity(pdev, "Intel(R) Arc(TM) A770 Graphics", "0" * 32, "1.6.0")
                             for pdev in sorted({client.pdev for client in clients if client and client.pdev})]
 
-    def read_memory(self) -> list[DeviceMemory]:
-        return [DeviceMemory(identity, (MemoryModuleProperties(0, True, DEVICE_TOTAL),),
-                             (MemoryModule(True, DEVICE_TOTAL, DEVICE_TOTAL // 2, 1),), None)
-                for identity in self._identities]
+    def request_memory(self) -> SimpleNamespace:
+        """What LevelZeroWorker.request_memory returns: the answer, by its result()."""
+        memory = [DeviceMemory(identity, (MemoryModuleProperties(0, True, DEVICE_TOTAL),),
+                               (MemoryModule(True, DEVICE_TOTAL, DEVICE_TOTAL // 2, 1),), None)
+                  for identity in self._identities]
+        return SimpleNamespace(result=lambda: memory)
 
     def read_processes(self) -> list[DeviceProcesses]:
         return [DeviceProcesses(identity, (), None) for identity in self._identities]

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from exporter.parsers.fdinfo import parse_engine_use
+from exporter.sources import procfs as procfs_source
 from exporter.sources.procfs import (
     DrmClientScanner,
     ProcfsUnavailable,
@@ -722,4 +724,69 @@ def test_a_running_unit_s_engine_counters_are_in_every_scan_across_walks_and_rer
         clock.now += 1.5  # several walks of the process in between
         seen.append(scanner.scan().engines_by_device_unit[GPU]["vllm-xpu-chat.service"].busy_seconds["compute"])
     assert seen == [2.0 * step for step in range(1, 40)]
+    scanner.close()
+
+
+def test_scans_between_walks_read_each_client_through_its_layout_not_the_general_parsers(tmp_path, monkeypatch):
+    procfs = FakeProcfs(tmp_path)
+    process = procfs.add_unit_process(10, CHAT)
+    fds = [process.add_drm_fd(xe_fdinfo(client_id=client, cycles={"ccs": 100})) for client in (1, 2)]
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), clock=clock, max_held_fds=1)
+    scanner.scan()
+    general = []
+    for name in ("parse_fdinfo", "parse_engine_use"):
+        parser = getattr(procfs_source, name)
+        monkeypatch.setattr(procfs_source, name, lambda text, parser=parser: general.append(text) or parser(text))
+    for step in range(1, 4):
+        for client, fd in enumerate(fds, 1):
+            (process.path / "fdinfo" / str(fd)).write_text(
+                xe_fdinfo(client_id=client, vram0=step * MiB, cycles={"ccs": 100 * step}, total_cycles=1000 * step))
+        clock.now += 1
+        result = scanner.scan()
+        use = result.engines_by_device_unit[GPU]["vllm-xpu-chat.service"]
+        assert (use.cycles["ccs"], use.total_cycles["ccs"]) == (200 * step, 1000 * step)
+        assert result.memory_by_device == {GPU: 2 * step * MiB}
+    assert general == []
+    scanner.close()
+
+
+@pytest.mark.parametrize("changed", [
+    xe_fdinfo(client_id=1, cycles={"ccs": 500}) + "drm-cycles-xcs:\t5\n",  # a line more
+    xe_fdinfo(client_id=1, cycles={"ccs": 500}).replace("drm-cycles-rcs:\t28257900", "drm-cycles-rcs:\tlots"),
+    xe_fdinfo(client_id=1, cycles={"ccs": 500}).replace("drm-cycles-rcs:\t28257900\n", ""),  # a line less
+], ids=["engine-line-added", "engine-line-malformed", "engine-line-removed"])
+def test_a_client_whose_lines_change_between_walks_is_read_as_a_full_scan_reads_it(tmp_path, changed: str):
+    procfs = FakeProcfs(tmp_path)
+    process = procfs.add_unit_process(10, CHAT)
+    fd = process.add_drm_fd(xe_fdinfo(client_id=1, cycles={"ccs": 100}))
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock)
+    scanner.scan()
+    (process.path / "fdinfo" / str(fd)).write_text(changed)
+    for _ in range(3):  # the read after the change, one more before the walk, one after it
+        clock.now += 4
+        assert scanner.scan().engines_by_device_unit == scan(procfs).engines_by_device_unit
+    use = scan(procfs).engines_by_device_unit[GPU]["vllm-xpu-chat.service"]
+    assert use.cycles["ccs"] == 500
+    scanner.close()
+
+
+def test_a_unit_s_busy_seconds_are_summed_in_client_order_whatever_the_layouts_of_its_clients(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    # figures whose float sum in another order (by layout, or two clients summed first) differs
+    texts = [i915_fdinfo(client_id=1, busy_ns={"video": 9943819748}, capacity={"video": 3}),
+             i915_fdinfo(client_id=2, busy_ns={"video": 5559652891}),
+             i915_fdinfo(client_id=3, busy_ns={"video": 6185563631}, capacity={"video": 3}),
+             i915_fdinfo(client_id=4, busy_ns={"video": 1858884110}, capacity={"video": 3})]
+    for pid, text in enumerate(texts, 10):  # clients in the order of their pids
+        procfs.add_unit_process(pid, CHAT).add_drm_fd(text)
+    expected = 0.0
+    for text in texts:
+        expected += parse_engine_use(text).busy_seconds["video"]
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), clock=clock)
+    for _ in range(3):  # the walk, then reads through the clients' layouts
+        clock.now += 1
+        assert scanner.scan().engines_by_device_unit[GPU]["vllm-xpu-chat.service"].busy_seconds["video"] == expected
     scanner.close()

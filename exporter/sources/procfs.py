@@ -16,6 +16,9 @@ From a shell: `python -m exporter.sources.procfs [/proc]` prints one scan.
 from __future__ import annotations
 
 import errno
+import functools
+import itertools
+import operator
 import os
 import resource
 import stat
@@ -25,7 +28,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from exporter.parsers.fdinfo import DrmClient, EngineUse, parse_engine_use, parse_fdinfo
+from exporter.parsers.fdinfo import DrmClient, EngineColumns, FdinfoLayout, parse_engine_use, parse_fdinfo
 
 DRM_MAJOR = 226
 # A DRM fdinfo is ~1-2 KiB and a cgroup file a few hundred bytes; anything bigger is not what we expect.
@@ -57,13 +60,16 @@ class UnitEngineUse:
     cycles: dict[str, int] = field(default_factory=dict)
     total_cycles: dict[str, int] = field(default_factory=dict)
 
-    def add(self, use: EngineUse) -> None:
-        for engine, seconds in use.busy_seconds.items():
-            self.busy_seconds[engine] = self.busy_seconds.get(engine, 0.0) + seconds
-        for engine, cycles in use.cycles.items():
-            self.cycles[engine] = self.cycles.get(engine, 0) + cycles
-        for engine, total in use.total_cycles.items():
-            self.total_cycles[engine] = max(total, self.total_cycles.get(engine, 0))
+    def add(self, columns: EngineColumns) -> None:
+        """Add the counters of one or more clients (`EngineUse.columns()`, `FdinfoLayout.engine_columns`);
+        busy seconds are summed in the clients' order."""
+        busy_seconds, cycles, total_cycles = columns
+        for engine, seconds in busy_seconds:
+            self.busy_seconds[engine] = functools.reduce(operator.add, seconds, self.busy_seconds.get(engine, 0.0))
+        for engine, counts in cycles:
+            self.cycles[engine] = self.cycles.get(engine, 0) + sum(counts)
+        for engine, counts in total_cycles:
+            self.total_cycles[engine] = max(self.total_cycles.get(engine, 0), *counts)
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,12 @@ class DrmClientScanner:
     walks the process again at once, as if it were new, so a scan sees what a full scan would. (A tree
     that is not procfs cannot fail a read of a removed file: tests/fakeprocfs.py empties a closed fd's
     fdinfo instead, which reads as no DRM fd.) A process's unit (its cgroup file) is read once per walk.
+
+    Each read is parsed afresh, through the layout of the client's fdinfo (`FdinfoLayout`, learnt at
+    the walk, or kept from the walk before when it still matches): one regex match instead of the two
+    general passes over the text. A read the layout does not match is parsed the general way, and so
+    are the client's reads until the process's next walk. The engine counters of a unit's clients read
+    with one layout are summed together (`unit_engine_use`).
     Thread-safe (scans are serial).
     """
 
@@ -146,6 +158,7 @@ class DrmClientScanner:
         self._held = 0
         self._lock = threading.Lock()
         self._processes: dict[int, _Process] = {}
+        self._last_layout: FdinfoLayout | None = None  # the layout a new client's fdinfo most likely has
 
     def scan(self) -> ScanResult:
         with self._lock:
@@ -199,16 +212,18 @@ class DrmClientScanner:
 
     def _walk(self, scan: _Scan, pid: int, previous: _Process | None, now: float) -> _Process:
         if previous is not None:
-            self._release(previous)
+            self._release(previous)  # keeps its drm_fds' layouts, to try first
         process = _Process(now + self.rescan_seconds * (0.5 + (pid % 16) / 16))
         drm_fds = scan.drm_fds_of(pid)
         if drm_fds:
-            self._open_fdinfo(scan, pid, process, drm_fds)
+            layouts = {drm_fd.fd: drm_fd.layout for drm_fd in previous.drm_fds} if previous is not None else {}
+            self._open_fdinfo(scan, pid, process, drm_fds, layouts)
         if pid in scan.unreadable:
             process.unreadable = True
         return process
 
-    def _open_fdinfo(self, scan: _Scan, pid: int, process: _Process, drm_fds: list[tuple[str, int]]) -> None:
+    def _open_fdinfo(self, scan: _Scan, pid: int, process: _Process, drm_fds: list[tuple[str, int]],
+                     layouts: dict[str, FdinfoLayout | None]) -> None:
         try:
             fdinfo_dir = os.open(f"{self.procfs}/{pid}/fdinfo", OPEN_DIRECTORY)
         except OSError as error:
@@ -224,15 +239,20 @@ class DrmClientScanner:
                     scan.failed(pid, error)
                     continue
                 try:
-                    text = read_open_file(handle, MAX_FDINFO_BYTES)
-                    client = parse_fdinfo(text)
+                    data = read_open_bytes(handle, MAX_FDINFO_BYTES)
                 except OSError as error:
                     scan.failed(pid, error)
-                    client = None
+                    os.close(handle)
+                    continue
+                layout = layouts.get(fd) or self._last_layout
+                client, reading, layout = _parse(data, layout, learn=True)
                 if client is None:
                     os.close(handle)
                     continue
                 drm_fd = _DrmFd(pid, fd, minor, client)
+                drm_fd.layout = layout
+                if layout is not None:
+                    self._last_layout = layout
                 known = by_client.get(drm_fd.key)
                 if known is not None:
                     # Another fd of a client already read (dup'd): the same kernel object, the same figures.
@@ -246,11 +266,11 @@ class DrmClientScanner:
                     os.close(handle)
                 by_client[drm_fd.key] = drm_fd
                 process.drm_fds.append(drm_fd)
-                clients.append((client, text))
+                clients.append((client, reading))
         finally:
             os.close(fdinfo_dir)
-        for drm_fd, (client, text) in zip(process.drm_fds, clients):
-            scan.add(pid, drm_fd, client, text)
+        for drm_fd, (client, reading) in zip(process.drm_fds, clients):
+            scan.add(pid, drm_fd, client, reading)
 
     def _read(self, scan: _Scan, pid: int, process: _Process) -> bool:
         """Read the known DRM clients of a process that is not due for a walk into `scan`; False, with
@@ -260,12 +280,17 @@ class DrmClientScanner:
             handle = drm_fd.handle
             try:
                 if handle < 0:
-                    text = read_text(f"{self.procfs}/{pid}/fdinfo/{drm_fd.fd}", MAX_FDINFO_BYTES)
+                    data = read_bytes(f"{self.procfs}/{pid}/fdinfo/{drm_fd.fd}", MAX_FDINFO_BYTES)
                 else:
                     data = os.pread(handle, FIRST_READ_BYTES, 0)
-                    text = (data.decode("utf-8", "replace") if len(data) < FIRST_READ_BYTES
-                            else read_open_file(handle, MAX_FDINFO_BYTES))
-                client = parse_fdinfo(text)
+                    if len(data) == FIRST_READ_BYTES:
+                        data = read_open_bytes(handle, MAX_FDINFO_BYTES)
+                layout = drm_fd.layout
+                read = None if layout is None else layout.read(data)
+                if read is None:
+                    client, reading, drm_fd.layout = _parse(data, None, learn=False)
+                else:
+                    client, reading = read[0], (layout, read[1])
                 # Not a DRM fd any more, or another client's: fd N was closed and opened again.
                 if client is None or client.client_id != drm_fd.client_id or client.pdev != drm_fd.pdev:
                     return False
@@ -273,17 +298,52 @@ class DrmClientScanner:
                     return False
             except OSError:
                 return False
-            clients.append((client, text))
-        for drm_fd, (client, text) in zip(process.drm_fds, clients):
-            scan.add(pid, drm_fd, client, text)
+            clients.append((client, reading))
+        for drm_fd, (client, reading) in zip(process.drm_fds, clients):
+            scan.add(pid, drm_fd, client, reading)
         return True
 
     def _release(self, process: _Process) -> None:
         for drm_fd in process.drm_fds:
             if drm_fd.handle >= 0:
                 os.close(drm_fd.handle)
+                drm_fd.handle = -1
                 self._held -= 1
-        process.drm_fds = []
+
+
+# One read of a client's fdinfo: its layout's `match` of the bytes, or the text when no layout matched.
+Reading = tuple[FdinfoLayout, tuple[bytes, ...]] | str
+
+
+def _parse(data: bytes, layout: FdinfoLayout | None, learn: bool
+           ) -> tuple[DrmClient | None, Reading, FdinfoLayout | None]:
+    """The client one read of an fdinfo file shows, the read for its engine counters (`unit_engine_use`),
+    and the layout to try on the next read: `layout` when it matched; else the layout of this read if
+    `learn` (a walk: layouts are learnt at most once per walk) and it is a DRM client's, else None."""
+    if layout is not None:
+        read = layout.read(data)
+        if read is not None:
+            return read[0], (layout, read[1]), layout
+    text = data.decode("utf-8", "replace")
+    client = parse_fdinfo(text)
+    return client, text, FdinfoLayout.learn(text) if learn and client is not None else None
+
+
+def unit_engine_use(readings: list[Reading]) -> UnitEngineUse:
+    """The engine counters of a unit's clients on one device, from one read of each (see `_parse`)."""
+    use = UnitEngineUse()
+    # Clients read with one layout are added together, in the clients' order.
+    for layout, batch in itertools.groupby(readings, key=_layout_of):
+        if layout is None:
+            for text in batch:
+                use.add(parse_engine_use(text).columns())  # type: ignore[arg-type]
+        else:
+            use.add(layout.engine_columns([parts for _, parts in batch]))  # type: ignore[misc]
+    return use
+
+
+def _layout_of(reading: Reading) -> FdinfoLayout | None:
+    return None if isinstance(reading, str) else reading[0]
 
 
 def default_max_held_fds() -> int:
@@ -425,9 +485,14 @@ def _first_unit(elements: list[str], start: int) -> int | None:
 
 def read_text(path: str, limit: int, dir_fd: int | None = None) -> str:
     """At most `limit` bytes of a file, decoded leniently (process names may be any bytes)."""
+    return read_bytes(path, limit, dir_fd).decode("utf-8", "replace")
+
+
+def read_bytes(path: str, limit: int, dir_fd: int | None = None) -> bytes:
+    """At most `limit` bytes of a file."""
     fd = os.open(path, OPEN_FILE, dir_fd=dir_fd)
     try:
-        return read_open_file(fd, limit)
+        return read_open_bytes(fd, limit)
     finally:
         os.close(fd)
 
@@ -435,6 +500,11 @@ def read_text(path: str, limit: int, dir_fd: int | None = None) -> str:
 def read_open_file(fd: int, limit: int) -> str:
     """At most `limit` bytes from the start of an open file (pread: the file offset is not used), decoded
     leniently. Procfs files are generated again by each read at offset 0."""
+    return read_open_bytes(fd, limit).decode("utf-8", "replace")
+
+
+def read_open_bytes(fd: int, limit: int) -> bytes:
+    """`read_open_file`, not decoded."""
     first = min(limit, FIRST_READ_BYTES)
     data = os.pread(fd, first, 0)
     if len(data) == first:
@@ -447,14 +517,15 @@ def read_open_file(fd: int, limit: int) -> str:
             chunks.append(chunk)
             size += len(chunk)
         data = b"".join(chunks)
-    return data.decode("utf-8", "replace")
+    return data
 
 
 class _DrmFd:
     """A DRM client of a process as its walk found it: the fd read for it, its fdinfo file kept open
-    (`handle`; -1 when not kept open), and how many fds of the process hold the client (dup'd fds)."""
+    (`handle`; -1 when not kept open), how many fds of the process hold the client (dup'd fds), and the
+    layout its fdinfo had (None: read the general way until the next walk)."""
 
-    __slots__ = ("fd", "minor", "pdev", "client_id", "device", "key", "handle", "fds")
+    __slots__ = ("fd", "minor", "pdev", "client_id", "device", "key", "handle", "fds", "layout")
 
     def __init__(self, pid: int, fd: str, minor: int, client: DrmClient) -> None:
         self.fd = fd
@@ -466,6 +537,7 @@ class _DrmFd:
         self.key: Hashable = (self.device, self.client_id) if self.client_id is not None else (self.device, pid, fd)
         self.handle = -1
         self.fds = 1
+        self.layout: FdinfoLayout | None = None
 
 
 _UNREAD = object()
@@ -501,8 +573,8 @@ class _Scan:
 
     def __init__(self, procfs: str) -> None:
         self.procfs = procfs
-        # client -> (device, lowest pid, device memory, engine counters)
-        self.clients: dict[Hashable, tuple[str, int, int, EngineUse]] = {}
+        # client -> (device, lowest pid, device memory, the read of its engine counters)
+        self.clients: dict[Hashable, tuple[str, int, int, Reading]] = {}
         self.drivers: dict[str, str] = {}
         self.drm_fds = 0
         self.memory_keys_seen = False
@@ -541,8 +613,8 @@ class _Scan:
             os.close(fd_dir)
         return drm_fds
 
-    def add(self, pid: int, drm_fd: _DrmFd, client: DrmClient, text: str) -> None:
-        """A client of process `pid`, read through `drm_fd` (`text`: what the read gave)."""
+    def add(self, pid: int, drm_fd: _DrmFd, client: DrmClient, reading: Reading) -> None:
+        """A client of process `pid`, read through `drm_fd` (`reading`: see `_parse`)."""
         self.drm_fds += drm_fd.fds
         device = drm_fd.device
         if device not in self.drivers:
@@ -551,30 +623,33 @@ class _Scan:
             self.memory_keys_seen = True
         # Pids are scanned in ascending order, so the first holder seen is the lowest pid.
         if drm_fd.key not in self.clients:
-            self.clients[drm_fd.key] = (device, pid, client.device_memory, parse_engine_use(text))
+            self.clients[drm_fd.key] = (device, pid, client.device_memory, reading)
 
     def result(self, processes: int, known: dict[int, _Process]) -> ScanResult:
         memory_by_device_pid: dict[str, dict[int, int]] = {}
-        for device, pid, bytes_, _ in self.clients.values():
+        unit_by_pid: dict[int, str | None] = {}  # in ascending pids: clients are added in the order of the scan
+        unit_cgroups: dict[str, set[str]] = {}
+        readings: dict[str, dict[str, list[Reading]]] = {}
+        for device, pid, bytes_, reading in self.clients.values():
             by_pid = memory_by_device_pid.setdefault(device, {})
             by_pid[pid] = by_pid.get(pid, 0) + bytes_
-        unit_cgroups: dict[str, set[str]] = {}
-        unit_by_pid: dict[int, str | None] = {}
-        for pid in sorted({pid for _, pid, _, _ in self.clients.values()}):
-            unit_cgroup = known[pid].unit_cgroup(self.procfs, pid, self)
-            unit_by_pid[pid] = None if unit_cgroup is None else unit_cgroup.unit
-            if unit_cgroup is not None:
-                unit_cgroups.setdefault(unit_cgroup.unit, set()).add(unit_cgroup.path)
+            if pid in unit_by_pid:
+                unit = unit_by_pid[pid]
+            else:
+                unit_cgroup = known[pid].unit_cgroup(self.procfs, pid, self)
+                unit = unit_by_pid[pid] = None if unit_cgroup is None else unit_cgroup.unit
+                if unit_cgroup is not None:
+                    unit_cgroups.setdefault(unit_cgroup.unit, set()).add(unit_cgroup.path)
+            if unit is not None:
+                readings.setdefault(device, {}).setdefault(unit, []).append(reading)
         for pid in self.unreadable:
             process = known.get(pid)
             unit_cgroup = None if process is None else process.unit_cgroup(self.procfs, pid, None)
             if unit_cgroup is not None:
                 unit_cgroups.setdefault(unit_cgroup.unit, set()).add(unit_cgroup.path)
-        engines_by_device_unit: dict[str, dict[str, UnitEngineUse]] = {}
-        for device, pid, _, use in self.clients.values():
-            unit = unit_by_pid[pid]
-            if unit is not None:
-                engines_by_device_unit.setdefault(device, {}).setdefault(unit, UnitEngineUse()).add(use)
+        engines_by_device_unit = {
+            device: {unit: unit_engine_use(unit_readings) for unit, unit_readings in by_unit.items()}
+            for device, by_unit in readings.items()}
         memory_by_device_unit: dict[str, dict[str, int]] = {}
         memory_by_device: dict[str, int] = {}
         for device, by_pid in memory_by_device_pid.items():
