@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,6 +178,9 @@ class FakeProcess:
         self._fdinfo(fd, "pos:\t0\nflags:\t0100002\nmnt_id:\t24\nino:\t5\n")
         return fd
 
+    def set_started(self, seconds_ago: float) -> None:
+        _write_stat(self.path, self.pid, seconds_ago)
+
     def add_other_fds(self, count: int) -> None:
         """`count` non-DRM fds, a mix of regular files, pipes and /dev/null."""
         adders = (self.add_file_fd, self.add_pipe_fd, self.add_null_fd)
@@ -263,19 +267,21 @@ class FakeProcfs:
             os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(major, minor))
         return node
 
-    def add_process(self, pid: int, cgroup: str | None = None) -> FakeProcess:
-        """A process directory with empty fd/ and fdinfo/ and this cgroup file text (default: root cgroup)."""
+    def add_process(self, pid: int, cgroup: str | None = None, started_seconds_ago: float = 3600.0) -> FakeProcess:
+        """A process directory with empty fd/ and fdinfo/, this cgroup file text (default: root cgroup),
+        and a stat file saying it started `started_seconds_ago` (default: an hour: a settled process)."""
         process = FakeProcess(self, pid)
         (process.path / "fd").mkdir(parents=True)
         (process.path / "fdinfo").mkdir()
         (process.path / "cgroup").write_text(cgroup if cgroup is not None else v2_cgroup("/"))
         (process.path / "comm").write_text(f"process-{pid}\n")
+        process.set_started(started_seconds_ago)
         self.processes[pid] = process
         return process
 
-    def add_unit_process(self, pid: int, unit_path: str) -> FakeProcess:
+    def add_unit_process(self, pid: int, unit_path: str, started_seconds_ago: float = 3600.0) -> FakeProcess:
         """A process in cgroup v2 path `unit_path`, e.g. `/system.slice/vllm-a.service`."""
-        return self.add_process(pid, v2_cgroup(unit_path))
+        return self.add_process(pid, v2_cgroup(unit_path), started_seconds_ago)
 
     def remove_process(self, pid: int) -> None:
         """The process exits: its directory goes (and its pid may be used again by add_process).
@@ -300,6 +306,16 @@ class FakeProcfs:
         path.mkdir()
         (path / "fd").write_text("")
         (path / "cgroup").write_text(cgroup if cgroup is not None else v2_cgroup("/"))
+        _write_stat(path, pid, 3600.0)  # world-readable in /proc, like the cgroup file
+
+
+def _write_stat(path: Path, pid: int, seconds_ago: float) -> None:
+    """/proc/PID/stat with the start time (field 22, clock ticks after boot) `seconds_ago`, at most the
+    machine's uptime; the command name has a space and a `)` in it, as a hostile one may."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    start = max(0, round((time.clock_gettime(time.CLOCK_BOOTTIME) - seconds_ago) * ticks))
+    fields = ["S", "1", str(pid), str(pid), "0", "-1", "4194304", *["0"] * 12, str(start), *["0"] * 32]
+    (path / "stat").write_text(f"{pid} (vllm) x) {' '.join(fields)}\n")
 
 
 def _empty(fdinfo: Path) -> None:

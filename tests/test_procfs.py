@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -22,6 +23,7 @@ from exporter.sources.procfs import (
     ProcfsUnavailable,
     ScanResult,
     UnitEngineUse,
+    process_age_seconds,
     read_open_file,
     scan_drm_clients,
     systemd_cgroup_path,
@@ -163,7 +165,7 @@ def test_scanner_reads_an_unreadable_processs_cgroup_once_per_walk(tmp_path):
     procfs = FakeProcfs(tmp_path)
     procfs.add_unreadable_process(300, v2_cgroup("/system.slice/vllm-a.service"))
     clock = ManualClock()
-    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock)
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, young_seconds=0, clock=clock)
     assert set(scanner.scan().unit_cgroups) == {"vllm-a.service"}
     (procfs.root / "300" / "cgroup").write_text(v2_cgroup("/system.slice/vllm-b.service"))
     clock.now += 1
@@ -438,7 +440,7 @@ def test_scanner_sees_new_processes_at_once_and_new_fds_of_known_ones_after_the_
     known = procfs.add_unit_process(10, "/system.slice/vllm-a.service")
     known.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
     clock = ManualClock()
-    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock)
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, young_seconds=0, clock=clock)
     assert scanner.scan().memory_by_device["0000:03:00.0"] == 1 << 20
 
     procfs.add_unit_process(20, "/system.slice/vllm-b.service").add_drm_fd(xe_fdinfo(client_id=2, vram0=2 << 20))
@@ -448,6 +450,58 @@ def test_scanner_sees_new_processes_at_once_and_new_fds_of_known_ones_after_the_
 
     clock.now += 15  # walks are spread over 0.5 to 1.5 times the rescan time
     assert scanner.scan().memory_by_device["0000:03:00.0"] == 7 << 20
+
+
+def test_a_young_process_is_walked_at_every_scan_and_a_settled_one_after_the_rescan_time(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    young = procfs.add_unit_process(10, "/system.slice/vllm-a.service", started_seconds_ago=5)
+    settled = procfs.add_unit_process(20, "/system.slice/vllm-b.service", started_seconds_ago=3600)
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=60, young_seconds=60, clock=clock)
+    assert scanner.scan().memory_by_device == {}
+
+    clock.now += 15  # the young one opens the GPU after its imports; the settled one opens it too
+    young.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
+    settled.add_drm_fd(xe_fdinfo(client_id=2, vram0=2 << 20))
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": 1 << 20}, "the settled one is not walked yet"
+
+    clock.now += 90  # walks of settled processes are spread over 30 to 90 s
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": 3 << 20}
+
+
+def test_a_new_process_under_a_reused_pid_is_young_whatever_the_old_ones_age(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    old = procfs.add_unit_process(10, "/system.slice/vllm-a.service", started_seconds_ago=3600)
+    old.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=60, young_seconds=60, clock=clock)
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": 1 << 20}
+    procfs.remove_process(10)
+    new = procfs.add_unit_process(10, "/system.slice/vllm-a.service", started_seconds_ago=1)
+    clock.now += 1
+    assert scanner.scan().memory_by_device == {}
+    new.add_drm_fd(xe_fdinfo(client_id=2, vram0=2 << 20))
+    clock.now += 1
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": 2 << 20}
+
+
+@pytest.mark.parametrize("stat", ["", "10 (vllm) S 1", "10 (vllm) S " + "x " * 30], ids=["empty", "short", "garbage"])
+def test_a_process_whose_age_cannot_be_read_is_walked_at_every_scan(tmp_path, stat: str):
+    procfs = FakeProcfs(tmp_path)
+    process = procfs.add_unit_process(10, "/system.slice/vllm-a.service")
+    (process.path / "stat").write_text(stat)
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=60, young_seconds=60, clock=clock)
+    assert scanner.scan().memory_by_device == {}
+    process.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
+    clock.now += 1
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": 1 << 20}
+
+
+def test_the_age_of_a_real_process_is_read_from_real_proc():
+    age = process_age_seconds("/proc", os.getpid())
+    assert age is not None and 0 <= age < time.clock_gettime(time.CLOCK_BOOTTIME)
+    assert process_age_seconds("/proc", os.getpid()) >= age
 
 
 def test_scanner_rereads_the_memory_of_known_drm_fds_on_every_scan(tmp_path):
@@ -467,7 +521,7 @@ def test_scanner_reads_a_known_process_unit_again_at_its_next_walk(tmp_path):
     process = procfs.add_unit_process(10, "/system.slice/vllm-a.service")
     process.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
     clock = ManualClock()
-    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock)
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, young_seconds=0, clock=clock)
     assert scanner.scan().unit_by_pid == {10: "vllm-a.service"}
     (process.path / "cgroup").write_text(v2_cgroup("/system.slice/vllm-b.service"))
     clock.now += 1
@@ -495,7 +549,7 @@ def test_scanner_walks_a_reused_pid_again_at_once_with_its_new_unit(tmp_path):
     procfs = FakeProcfs(tmp_path)
     procfs.add_unit_process(10, "/system.slice/vllm-a.service").add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
     clock = ManualClock()
-    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock)
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, young_seconds=0, clock=clock)
     assert scanner.scan().unit_by_pid == {10: "vllm-a.service"}
     procfs.remove_process(10)
     procfs.add_unit_process(10, "/system.slice/vllm-b.service").add_drm_fd(xe_fdinfo(client_id=5, vram0=7 * MiB))
@@ -528,7 +582,7 @@ def test_scanner_counts_unreadable_processes_on_every_scan_not_only_at_their_wal
     procfs.add_unit_process(60, CODE).add_drm_fd_with_unreadable_fdinfo()
     procfs.add_unit_process(100, CHAT).add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
     clock = ManualClock()
-    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock)
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, young_seconds=0, clock=clock)
     assert scanner.scan().unreadable == 2
     clock.now += 1
     assert scanner.scan().unreadable == 2
@@ -566,7 +620,7 @@ def test_scanner_unit_of_a_drm_holder_is_read_at_its_walks_and_of_any_other_pid_
     holder.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
     other = procfs.add_unit_process(20, "/system.slice/other-a.service")
     clock = ManualClock()
-    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock)
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, young_seconds=0, clock=clock)
     scanner.scan()
     (holder.path / "cgroup").write_text(v2_cgroup("/system.slice/vllm-b.service"))
     (other.path / "cgroup").write_text(v2_cgroup("/system.slice/other-b.service"))
@@ -715,7 +769,7 @@ def test_a_running_unit_s_engine_counters_are_in_every_scan_across_walks_and_rer
     process.add_other_fds(3)
     clock = ManualClock()
     # one fdinfo file kept open, the other read by path: both ways of reading
-    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock, max_held_fds=1)
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, young_seconds=0, clock=clock, max_held_fds=1)
     seen = []
     for step in range(1, 40):
         for client, fd in enumerate(fds, 1):
@@ -761,7 +815,7 @@ def test_a_client_whose_lines_change_between_walks_is_read_as_a_full_scan_reads_
     process = procfs.add_unit_process(10, CHAT)
     fd = process.add_drm_fd(xe_fdinfo(client_id=1, cycles={"ccs": 100}))
     clock = ManualClock()
-    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, clock=clock)
+    scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, young_seconds=0, clock=clock)
     scanner.scan()
     (process.path / "fdinfo" / str(fd)).write_text(changed)
     for _ in range(3):  # the read after the change, one more before the walk, one after it

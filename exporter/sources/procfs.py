@@ -34,6 +34,10 @@ DRM_MAJOR = 226
 # A DRM fdinfo is ~1-2 KiB and a cgroup file a few hundred bytes; anything bigger is not what we expect.
 MAX_FDINFO_BYTES = 64 * 1024
 MAX_CGROUP_BYTES = 64 * 1024
+MAX_STAT_BYTES = 4096
+# /proc/PID/stat: field 22, starttime (in clock ticks after boot), is the 20th after the `(comm)` field.
+STAT_STARTTIME_AFTER_COMM = 19
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # One read takes a whole fdinfo or cgroup file; a bigger one takes more.
 FIRST_READ_BYTES = 4096
 # Unit types whose cgroups hold processes. Slices only group other units, so a process's unit is never a slice.
@@ -125,11 +129,13 @@ class DrmClientScanner:
     re-reading the DRM fds' fdinfo through files it keeps open.
 
     Finding the DRM fds means a stat of each fd of each process: most of a scan on a busy host. The
-    scanner walks a process's fd table when it first sees the process, then again after 0.5 to 1.5
-    times `rescan_seconds` (spread by pid, so that walks do not all fall on one scrape); in between
+    scanner walks a process's fd table at every scan while the process is younger than `young_seconds`
+    (a vLLM process opens the GPU some seconds after it starts, after its imports), then after 0.5 to 1.5 times
+    `rescan_seconds` (spread by pid, so that walks do not all fall on one scrape; at a 15 s scrape
+    interval a settled process is walked at every fourth scrape or so, not at every one); in between
     it reads only the fdinfo of the DRM clients it found, which is what changes: through one fd per
-    client (a client's dup'd fds say the same). A DRM fd that a known process opens shows up within
-    1.5 × `rescan_seconds`; one it closes, at once.
+    client (a client's dup'd fds say the same). A DRM fd that a young process opens shows up at the
+    next scan, one that a settled process opens within 1.5 × `rescan_seconds`; one it closes, at once.
 
     The fdinfo files read stay open between scans (at most `max_held_fds`, by default a quarter of the
     soft RLIMIT_NOFILE; they count in process_open_fds) and are re-read with pread at offset 0: the
@@ -149,10 +155,11 @@ class DrmClientScanner:
     Thread-safe (scans are serial).
     """
 
-    def __init__(self, procfs: str = "/proc", rescan_seconds: float = 10.0,
+    def __init__(self, procfs: str = "/proc", rescan_seconds: float = 60.0, young_seconds: float = 60.0,
                  clock: Callable[[], float] = time.monotonic, max_held_fds: int | None = None) -> None:
         self.procfs = procfs
         self.rescan_seconds = rescan_seconds
+        self.young_seconds = young_seconds
         self._clock = clock
         self._max_held = default_max_held_fds() if max_held_fds is None else max_held_fds
         self._held = 0
@@ -213,7 +220,12 @@ class DrmClientScanner:
     def _walk(self, scan: _Scan, pid: int, previous: _Process | None, now: float) -> _Process:
         if previous is not None:
             self._release(previous)  # keeps its drm_fds' layouts, to try first
-        process = _Process(now + self.rescan_seconds * (0.5 + (pid % 16) / 16))
+        age = process_age_seconds(self.procfs, pid)
+        if age is None or age < self.young_seconds:
+            walk_due = now  # starting up: it may open the GPU any moment (or its age is unknown)
+        else:
+            walk_due = now + self.rescan_seconds * (0.5 + (pid % 16) / 16)
+        process = _Process(walk_due)
         drm_fds = scan.drm_fds_of(pid)
         if drm_fds:
             layouts = {drm_fd.fd: drm_fd.layout for drm_fd in previous.drm_fds} if previous is not None else {}
@@ -481,6 +493,18 @@ def _first_unit(elements: list[str], start: int) -> int | None:
             return index
         return None
     return None
+
+
+def process_age_seconds(procfs: str, pid: int) -> float | None:
+    """How long ago the process started (`starttime` of /proc/PID/stat against CLOCK_BOOTTIME, the
+    clock it counts in); None when its stat file cannot be read or parsed."""
+    try:
+        text = read_text(f"{procfs}/{pid}/stat", MAX_STAT_BYTES)
+        # The fields after the command name, which is in parentheses and may hold any character.
+        start_ticks = int(text[text.rindex(")") + 2:].split()[STAT_STARTTIME_AFTER_COMM])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / CLOCK_TICKS
 
 
 def read_text(path: str, limit: int, dir_fd: int | None = None) -> str:
