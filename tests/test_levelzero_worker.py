@@ -33,7 +33,7 @@ from exporter.sources.levelzero import (
     Temperature,
 )
 from exporter.sources.levelzero_worker import (DeviceMemory, DeviceTelemetry, LevelZeroUnavailable, LevelZeroWorker,
-                                               TelemetryReading, WorkerState)
+                                               TelemetryReading, WorkerState, _to_wire)
 
 UNSUPPORTED_FEATURE = 0x78000003
 DEVICE_LOST = 0x70000001
@@ -225,6 +225,22 @@ def test_telemetry_crosses_the_pipe_as_the_bindings_dataclasses_with_the_memory_
                                     RasErrors(1, False, 0, (1, 0, 0, 0, 0, 0, 0)))
     assert all(kind.error is None for kind in telemetry.kinds().values())
     assert b580.telemetry.energy_uj() == 800_000_000 and b580.telemetry.temperatures_celsius()[1] == 52.5
+
+
+def test_every_reading_crosses_the_pipe_as_asdict_would_write_it(configure, worker):
+    configure(A770_TELEMETRY, B580_TELEMETRY)
+    readings = worker.read_memory()
+    values = [reading.identity for reading in readings]
+    for reading in readings:
+        values += [*reading.modules, *reading.states]
+        for kind in reading.telemetry.kinds().values():
+            values += kind.values
+    values += [process for reading in worker.read_processes() for process in reading.processes]
+    assert {type(value).__name__ for value in values} >= {
+        "DeviceIdentity", "MemoryModuleProperties", "MemoryModule", "EngineActivity", "EnergyCounter", "Temperature",
+        "Frequency", "MemoryBandwidth", "RasErrors", "ProcessMemory"}
+    for value in values:
+        assert _to_wire(value) == dataclasses.asdict(value)
 
 
 def test_a_kind_whose_enumeration_failed_answers_its_error_at_every_read(configure, worker, level_zero_children):

@@ -3,7 +3,7 @@
 Why a child: Debian's loader segfaults on any call after a failed zeInit (a failed init is final for
 the process), a driver call can hang in the kernel, and the loader loads its drivers once per process,
 so a re-plugged or re-bound GPU needs a fresh process. The child speaks JSON lines on stdin/stdout, and
-what crosses is the binding's own dataclasses as dicts (`dataclasses.asdict`), which the parent rebuilds:
+what crosses is the binding's own dataclasses as dicts (`_to_wire`), which the parent rebuilds:
 
     child -> {"ready": true, "devices": [DeviceIdentity, ...]}            once, after init
              {"ready": false, "error": ERROR}                             then exits
@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, NoReturn, TypeVar
 
@@ -269,6 +269,13 @@ Reading = TypeVar("Reading", DeviceMemory, DeviceProcesses)
 
 # ---------------------------------------------------------------------------------------- wire format
 
+def _to_wire(value: Any) -> dict[str, Any]:
+    """`dataclasses.asdict` of the binding's readings, which are flat (no dataclass, list or dict in a
+    field: tests/test_levelzero_worker.py checks every one), for a fraction of its cost: asdict copies
+    every field recursively, which was three quarters of the child's time per scrape."""
+    return dict(vars(value))
+
+
 def _error_to_wire(error: LevelZeroError) -> dict[str, Any]:
     if isinstance(error, LoaderUnavailable):
         return {"function": error.function, "code": error.code, "library": error.library, "reason": error.reason}
@@ -348,7 +355,7 @@ def _enumerate_telemetry(device: Device) -> Components:
 
 def _read_kind(read: Callable[[], list[Any]]) -> dict[str, Any]:
     try:
-        return {"values": [asdict(value) for value in read()], "error": None}
+        return {"values": [_to_wire(value) for value in read()], "error": None}
     except LevelZeroError as error:
         return {"values": None, "error": _error_to_wire(error)}
 
@@ -358,8 +365,8 @@ def _read_memory(device: Device, components: Components) -> dict[str, Any]:
     modules: list[MemoryModuleProperties] = []
     try:
         modules = device.memory_modules()
-        reading["modules"] = [asdict(module) for module in modules]  # the sizes stand if a state fails next
-        reading["states"] = [asdict(device.memory_state(module)) for module in modules]
+        reading["modules"] = [_to_wire(module) for module in modules]  # the sizes stand if a state fails next
+        reading["states"] = [_to_wire(device.memory_state(module)) for module in modules]
     except LevelZeroError as error:
         reading["error"] = _error_to_wire(error)
     telemetry = {"memory_bandwidth": _read_kind(
@@ -377,7 +384,7 @@ def _read_memory(device: Device, components: Components) -> dict[str, Any]:
 def _read_processes(device: Device, components: Components) -> dict[str, Any]:
     reading: dict[str, Any] = {"processes": None, "error": None}
     try:
-        reading["processes"] = [asdict(process) for process in device.processes()]
+        reading["processes"] = [_to_wire(process) for process in device.processes()]
     except LevelZeroError as error:
         reading["error"] = _error_to_wire(error)
     return reading
@@ -403,7 +410,7 @@ def _child_main(library: str) -> int:
         send({"ready": False, "error": _error_to_wire(error)})
         return 0
     components = [_enumerate_telemetry(device) for device in devices]  # once per init, not per request
-    send({"ready": True, "devices": [asdict(identity) for identity in identities]})
+    send({"ready": True, "devices": [_to_wire(identity) for identity in identities]})
 
     for request in sys.stdin:
         read = _READERS.get(request.strip())
