@@ -144,7 +144,7 @@ def _rows_exposable(rows: list[Row]) -> bool:
     """Whether every row is, checked in a few C loops; False also when some row might not be (the
     sum overflowed, a label is not ASCII): then each row is checked."""
     try:
-        # No sum of finite numbers is nan or infinite, and any sum with one of them is.
+        # A sum with a nan or an infinity in it is not finite, so a finite sum has none.
         return (math.isfinite(sum(map(itemgetter(1), rows)))
                 and "".join(chain.from_iterable(map(itemgetter(0), rows))).isascii())
     except (TypeError, ValueError, OverflowError):  # a value or label of the wrong type; an int too big
