@@ -26,7 +26,6 @@ import selectors
 import socket
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,6 +39,7 @@ from measure import Scraper, percentile, status_kib  # noqa: E402
 from scrape_bench import wait_ready  # noqa: E402
 
 from fakeze import build_fake_driver  # noqa: E402
+from httpclient import send_huge_headers  # noqa: E402
 from taskslimit import TaskLimit  # noqa: E402
 
 TASKS_MAX = 64
@@ -220,38 +220,12 @@ def bench_attack(driver: Path, scrapes: int, log=print) -> AttackResult:
                         attacker_connects=connects.value, threads=threads, tasks_peak=peak, tasks_refused=refused)
 
 
-def huge_header_request() -> bytes:
-    lines = b"".join(b"X-Padding-%03d: " % number + b"a" * 65_000 + b"\r\n" for number in range(95))
-    return b"GET /metrics HTTP/1.1\r\nHost: exporter\r\n" + lines + b"\r\n"
-
-
 def bench_headers(driver: Path, pace: str, log=print) -> HeaderResult:
     log(f"peak RSS, {HEADER_CLIENTS} clients sending 6 MB of headers {pace}, TasksMax={TASKS_MAX}, small host ...")
-    request = huge_header_request()
     with limited_small_host(driver) as (host, _limit):
         address, port = address_of(host)
         rss_before = status_kib(host.pid, "VmRSS") / 1024
-        go = threading.Barrier(HEADER_CLIENTS)
-
-        def client() -> None:
-            with socket.create_connection((address, port), timeout=20) as sock:
-                go.wait(10)
-                try:
-                    if pace == "at once":
-                        sock.sendall(request)
-                    else:
-                        for offset in range(0, len(request), 65536):
-                            sock.sendall(request[offset:offset + 65536])
-                            time.sleep(0.02)
-                    sock.recv(65536)
-                except OSError:
-                    pass
-
-        clients = [threading.Thread(target=client) for _ in range(HEADER_CLIENTS)]
-        for thread in clients:
-            thread.start()
-        for thread in clients:
-            thread.join(60)
+        send_huge_headers(address, port, HEADER_CLIENTS, slowly=pace != "at once")
         peak = status_kib(host.pid, "VmHWM") / 1024
         check = Scraper(host.exporter.base_url)
         check.get()

@@ -1,12 +1,16 @@
 """HTTP(S) requests the way a scraper makes them, for the tests of the web layer and its security:
-one request, TLS client contexts, basic-auth headers, and curl."""
+one request, TLS client contexts, basic-auth headers, and curl; and clients that send huge headers
+(tests/test_security.py and benchmarks/hostile_bench.py)."""
 
 from __future__ import annotations
 
 import base64
 import http.client
+import socket
 import ssl
 import subprocess
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -55,3 +59,37 @@ def basic(user: str, password: str | bytes) -> dict[str, str]:
 def curl(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["curl", "--silent", "--show-error", "--max-time", "10", *args],
                           capture_output=True, text=True, timeout=30)
+
+
+def huge_header_request() -> bytes:
+    """A request with 95 header lines of 65,000 bytes (6 MB), each under the old 64 KiB line limit."""
+    lines = b"".join(b"X-Padding-%03d: " % number + b"a" * 65_000 + b"\r\n" for number in range(95))
+    return b"GET /metrics HTTP/1.1\r\nHost: exporter\r\n" + lines + b"\r\n"
+
+
+def send_huge_headers(host: str, port: int, clients: int, slowly: bool) -> None:
+    """`clients` connections that start together and each send `huge_header_request()`: all of it at
+    once, or (`slowly`) 64 KiB every 20 ms so that they are all in flight together; returns when every
+    client has had its answer or been refused (within a minute)."""
+    request = huge_header_request()
+    go = threading.Barrier(clients)
+
+    def attack() -> None:
+        with socket.create_connection((host, port), timeout=20) as sock:
+            go.wait(10)
+            try:
+                if slowly:
+                    for offset in range(0, len(request), 65536):
+                        sock.sendall(request[offset:offset + 65536])
+                        time.sleep(0.02)
+                else:
+                    sock.sendall(request)
+                sock.recv(65536)
+            except OSError:
+                pass  # refused part-way: the exporter stopped reading
+
+    threads = [threading.Thread(target=attack, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)

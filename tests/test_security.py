@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from certs import Pki, make_encrypted_key, make_self_signed
 from exporterproc import REPO, RunningExporter
-from httpclient import basic, client_context, curl, request
+from httpclient import basic, client_context, curl, request, send_huge_headers
 from journalgen import Clock, JournalEntrySpec, random_boot_id, unit_output, unit_starting, write_journal
 from polling import wait_for
 from taskslimit import TaskLimit, cgroup_of
@@ -337,39 +337,12 @@ def peak_rss_mb(pid: int) -> float:
     raise AssertionError("no VmHWM in /proc/PID/status")
 
 
-def huge_header_request() -> bytes:
-    """A request with 95 header lines of 65,000 bytes (6 MB), each under the old 64 KiB line limit."""
-    lines = b"".join(b"X-Padding-%03d: " % number + b"a" * 65_000 + b"\r\n" for number in range(95))
-    return b"GET /metrics HTTP/1.1\r\nHost: exporter\r\n" + lines + b"\r\n"
-
-
 @pytest.mark.parametrize("pace", ["at-once", "slowly"])
 def test_forty_clients_sending_huge_headers_leave_the_peak_rss_under_200_mb(start, pace):
     """Headers are read before authentication: 40 clients at once, each sending 6 MB of headers (all of
     it at once, or 64 KiB every 20 ms so that they are all in flight together)."""
     exporter = start(USERS)
-    request = huge_header_request()
-    go = threading.Barrier(40)
-
-    def attack() -> None:
-        with socket.create_connection(("127.0.0.1", port_of(exporter)), timeout=20) as sock:
-            go.wait(10)
-            try:
-                if pace == "at-once":
-                    sock.sendall(request)
-                else:
-                    for offset in range(0, len(request), 65536):
-                        sock.sendall(request[offset:offset + 65536])
-                        time.sleep(0.02)
-                sock.recv(65536)
-            except OSError:
-                pass  # refused part-way: the exporter stopped reading
-
-    clients = [threading.Thread(target=attack, daemon=True) for _ in range(40)]
-    for client in clients:
-        client.start()
-    for client in clients:
-        client.join(60)
+    send_huge_headers("127.0.0.1", port_of(exporter), clients=40, slowly=pace == "slowly")
     peak = peak_rss_mb(exporter.process.pid)
     assert peak < PEAK_RSS_LIMIT_MB, f"peak RSS {peak:.0f} MB"
     assert_serves_metrics(*http_get(exporter, headers=basic(USER, PASSWORD))[::2])
