@@ -18,10 +18,8 @@ from exporter.parsers.fdinfo import (
     FdinfoLayout,
     RegionMemory,
     device_memory_bytes,
-    has_memory_keys,
     parse_engine_use,
     parse_fdinfo,
-    parse_size,
 )
 from fakeprocfs import i915_fdinfo, xe_fdinfo
 
@@ -164,9 +162,9 @@ def test_fd_without_drm_driver_is_not_a_drm_client():
 
 
 def test_kernel_61_i915_has_no_memory_keys_and_6_12_has():
-    assert not has_memory_keys(parse_fdinfo(I915_61))
-    assert has_memory_keys(parse_fdinfo(I915_612))
-    assert has_memory_keys(parse_fdinfo(XE_DOC))
+    assert not parse_fdinfo(I915_61).memory
+    assert parse_fdinfo(I915_612).memory
+    assert parse_fdinfo(XE_DOC).memory
 
 
 def test_xe_total_cycles_keys_are_engine_counters_not_memory():
@@ -230,8 +228,10 @@ def test_device_memory_counts_only_vram_and_local_regions(text: str, expected: i
     ("1048577 GiB", None), ("18446744073709551615", None), ("", None), ("KiB", None), ("12 TiB", None), ("-5", None), ("1.5 MiB", None), ("twelve", None),
     ("0x10", None), ("١٢", None), ("1 MiB extra", None), ("123456789012345678901", None),
 ], ids=lambda value: repr(value))
-def test_parse_size_units(text: str, expected: int | None):
-    assert parse_size(text) == expected
+def test_a_size_is_read_in_its_unit_and_a_malformed_or_implausible_one_is_skipped(text: str, expected: int | None):
+    client = parse_fdinfo(f"drm-driver:\txe\ndrm-pdev:\t0000:03:00.0\ndrm-client-id:\t1\ndrm-total-vram0:\t{text}\n")
+    region = client.memory.get("vram0")
+    assert (region.total if region is not None else None) == expected
 
 
 def test_malformed_lines_are_skipped_and_the_rest_is_parsed():
@@ -453,3 +453,8 @@ def test_a_layout_never_reads_a_text_otherwise_than_the_general_parsers(lines: l
     later = data.draw(changed_lines(lines))
     read = layout_parse(layout, later)
     assert read is None or read == general_parse(later)
+
+
+def test_engine_counters_in_other_than_ascii_digits_are_skipped():
+    use = parse_engine_use("drm-cycles-rcs:\t\u0661\u0662\ndrm-total-cycles-rcs:\t7\ndrm-engine-render:\t\u0663 ns\n")
+    assert (use.cycles, use.total_cycles, use.busy_seconds) == ({}, {"rcs": 7}, {})

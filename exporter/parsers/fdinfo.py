@@ -69,14 +69,14 @@ _LINE = re.compile(
     r"drm-(?:"
     r"(?P<ident>driver|pdev|client-id):[ \t]*(?P<value>[^\n]{0,%d}?)"
     r"|(?P<kind>total|shared|resident|memory)-(?!cycles-)(?P<region>[^:\s]{1,64}):"
-    r"[ \t]*(?P<number>\d{1,%d})(?:[ \t]+(?P<unit>KiB|MiB|GiB|kB|B))?"
+    r"[ \t]*(?P<number>[0-9]{1,%d})(?:[ \t]+(?P<unit>KiB|MiB|GiB|kB|B))?"
     r")[ \t]*" % (MAX_LINE_CHARS, MAX_UINT_DIGITS))
 
 # The engine lines: `drm-engine-<engine>: <uint> ns`, `drm-engine-capacity-<engine>: <uint>`,
 # `drm-cycles-<engine>: <uint>`, `drm-total-cycles-<engine>: <uint>`. Capacity lines match as engine
 # `capacity-<engine>`; the unit (` ns`) is optional so they do. Linear: no nested repetition.
 _ENGINE_LINE = re.compile(
-    r"\ndrm-(engine|cycles|total-cycles)-([^:\s]{1,64}):[ \t]*(\d{1,%d})(?:[ \t]+ns)?[ \t]*$"
+    r"\ndrm-(engine|cycles|total-cycles)-([^:\s]{1,64}):[ \t]*([0-9]{1,%d})(?:[ \t]+ns)?[ \t]*$"
     % MAX_UINT_DIGITS, re.MULTILINE)
 _CAPACITY_PREFIX = "capacity-"
 
@@ -337,24 +337,8 @@ def device_memory_bytes(client: DrmClient) -> int:
     return bytes_
 
 
-def has_memory_keys(client: DrmClient) -> bool:
-    """True when the kernel prints per-client memory at all (i915 on kernel 6.1 does not)."""
-    return bool(client.memory)
-
-
 def parse_uint(text: str) -> int | None:
     """A decimal unsigned integer of at most 20 ASCII digits, else None."""
     if not text or len(text) > MAX_UINT_DIGITS or not (text.isascii() and text.isdigit()):
         return None
     return int(text)
-
-
-def parse_size(text: str) -> int | None:
-    """`<uint>`, `<uint> KiB`, `<uint> MiB` (also `GiB`, `kB`) in bytes; None when malformed or over
-    `MAX_BYTES`."""
-    number, _, unit = text.partition(" ")
-    multiplier = UNIT_BYTES.get(unit.strip())
-    value = parse_uint(number)
-    if multiplier is None or value is None or value * multiplier > MAX_BYTES:
-        return None
-    return value * multiplier
