@@ -52,8 +52,12 @@ class Start:
     ended: bool = False  # its outcome is settled: later lines (copies of the cause, requests) do not count
 
     @property
-    def init_span(self) -> tuple[int, float]:
+    def init_span(self) -> tuple[int, float] | None:
+        """(begin, end) of the engine init; None for a start whose process never ran (no "Started", no
+        line of its own: e.g. stopped while its ExecStartPre= ran)."""
         begin = self.began_usec if self.began_usec is not None else self.first_line_usec
+        if begin is None:
+            return None
         end = self.init_ended_usec if self.init_ended_usec is not None else self.exited_usec
         return begin, float("inf") if end is None else end
 
@@ -127,7 +131,9 @@ def counts(entries: Iterable[Mapping[str, object]], units: Iterable[str]) -> dic
     return result
 
 
-def _intersect(a: tuple[int, float], b: tuple[int, float]) -> bool:
+def _intersect(a: tuple[int, float] | None, b: tuple[int, float] | None) -> bool:
+    if a is None or b is None:
+        return False
     return a[0] < b[1] and b[0] < a[1]
 
 
