@@ -324,6 +324,18 @@ def test_a_start_that_dies_before_vllm_prints_counts_as_other(scenario: Scenario
         assert scrape_until_equal(exporter, expected) == expected
 
 
+def _start_until_serving(machine: RealSystemd, directory: Path,
+                         units: list[str]) -> dict[str, journalfacts.UnitCounts]:
+    """Start the units written into `machine` together, wait until every one serves, and return what the
+    journal shows of them (journalfacts)."""
+    machine.daemon_reload()
+    machine.start(*units)
+    _wait(lambda: {e["unit"] for e in _events(directory / "events.jsonl") if e["event"] == "serving"} == set(units),
+          "every unit serving")
+    machine.sync_journal()
+    return journalfacts.counts(machine.journal(*units), units)
+
+
 def test_a_unit_waiting_in_its_exec_start_pre_is_not_initialising(machine: RealSystemd, shared: Path,
                                                                    fake_driver: Path):
     """`first` initialises and reaches its KV cache while `second` waits 3 s in its ExecStartPre=: their
@@ -339,12 +351,7 @@ def test_a_unit_waiting_in_its_exec_start_pre_is_not_initialising(machine: RealS
     machine.write_unit(units[0], unit_file(small, **common))
     machine.write_unit(units[1], unit_file(small, exec_start_pre=["/bin/sh -c 'echo waiting for the GPU; sleep 3'"],
                                            **common))
-    machine.daemon_reload()
-    machine.start(*units)
-    _wait(lambda: {e["unit"] for e in _events(directory / "events.jsonl") if e["event"] == "serving"} == set(units),
-          "both units serving")
-    machine.sync_journal()
-    expected = journalfacts.counts(machine.journal(*units), units)
+    expected = _start_until_serving(machine, directory, units)
     if expected != {unit: journalfacts.UnitCounts(1, {}, 0) for unit in units}:
         pytest.fail(f"the journal should show two successful starts that do not overlap: {expected}")
     with run_exporter(machine, fake_driver, config, "vllm-*-waits.service") as exporter:
@@ -365,12 +372,7 @@ def test_an_init_begins_when_the_main_process_starts(machine: RealSystemd, share
     units = ["vllm-quick-imports.service", "vllm-slow-imports.service"]
     machine.write_unit(units[0], unit_file(quick, **common))
     machine.write_unit(units[1], unit_file(slow, **common))
-    machine.daemon_reload()
-    machine.start(*units)
-    _wait(lambda: {e["unit"] for e in _events(directory / "events.jsonl") if e["event"] == "serving"} == set(units),
-          "both units serving")
-    machine.sync_journal()
-    expected = journalfacts.counts(machine.journal(*units), units)
+    expected = _start_until_serving(machine, directory, units)
     if expected != {unit: journalfacts.UnitCounts(1, {}, 1) for unit in units}:
         pytest.fail(f"the journal should show two successful starts that overlap: {expected}")
     with run_exporter(machine, fake_driver, config, "vllm-*-imports.service") as exporter:
