@@ -2,13 +2,20 @@
 connection, and the CPU time the exporter process spends per scrape (utime+stime from /proc/PID/stat
 before and after the scrapes; its Level Zero child, which does the driver calls, reported apart).
 
-    python benchmarks/scrape_bench.py [--host small|large] [--scrapes 1000]
+    python benchmarks/scrape_bench.py [--host small|large] [--scrapes 1000] [--baseline REV [--runs N]]
+
+With `--baseline REV` the exporter of git revision REV of this repository (its `exporter/` package,
+with this tree's interpreter and packages) scrapes the same host too, in turn with this tree's, N
+times each, and the CPU per scrape of the two is given as a ratio: the one figure of a scrape that
+holds still on a machine whose speed moves between runs (docs/benchmarks.md, "Re-measured later the
+same day"). REV's scrapes are not checked for what REV does not serve.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -17,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hosts import SHAPES, TELEMETRY_FAMILIES, HostShape, bench_host, in_memory_directory, unit_name  # noqa: E402
+from hosts import (REPO, SHAPES, TELEMETRY_FAMILIES, HostShape, bench_host, in_memory_directory,  # noqa: E402
+                   unit_name)
 from measure import Scraper, children, cpu_seconds, median, percentile, sample_value  # noqa: E402
 
 from fakeze import build_fake_driver  # noqa: E402
@@ -69,14 +77,21 @@ def check_body(shape: HostShape, body: bytes) -> None:
             raise RuntimeError(f"not every device has {family}")
 
 
-def bench_scrapes(shape: HostShape, driver: Path, scrapes: int, log=print) -> ScrapeResult:
+def bench_scrapes(shape: HostShape, driver: Path, scrapes: int, log=print,
+                  baseline: Path | None = None) -> ScrapeResult:
+    """`scrapes` timed scrapes of this tree's exporter, or of the one whose package is under `baseline`
+    (see `export_exporter`)."""
+    # `env -C` runs `python -m exporter` (and its Level Zero child, started the same way) from there.
+    command = None if baseline is None else ["env", "-C", str(baseline), sys.executable, "-m", "exporter"]
+    check = check_body if baseline is None else lambda shape, body: None
     with tempfile.TemporaryDirectory(prefix=f"bench-{shape.name}-", dir=in_memory_directory()) as workdir:
-        log(f"scrape, {shape.name} host ({shape.describe()}): building and starting the exporter ...")
-        with bench_host(shape, Path(workdir), driver) as host:
+        log(f"scrape, {shape.name} host ({shape.describe()}): building and starting the exporter"
+            f"{'' if baseline is None else ' of the baseline'} ...")
+        with bench_host(shape, Path(workdir), driver, exporter_command=command) as host:
             scraper = Scraper(host.exporter.base_url)
             try:
                 body = wait_ready(scraper)
-                check_body(shape, body)
+                check(shape, body)
                 for _ in range(WARM_UP_SCRAPES):
                     scraper.get()
                 child_pids = children(host.pid)
@@ -90,7 +105,7 @@ def bench_scrapes(shape: HostShape, driver: Path, scrapes: int, log=print) -> Sc
                     bodies.append(body)
                 cpu_after = cpu_seconds(host.pid)
                 child_after = sum(cpu_seconds(pid) for pid in child_pids)
-                check_body(shape, body)
+                check(shape, body)
                 if sorted(children(host.pid)) != sorted(child_pids):
                     raise RuntimeError("the Level Zero child was restarted during the scrapes")
             finally:
@@ -120,15 +135,53 @@ def report(result: ScrapeResult, log=print) -> None:
         ", ".join(f"{name} {ms:.2f} ms" for name, ms in result.collector_ms.items()))
 
 
+def export_exporter(revision: str, into: Path) -> None:
+    """The `exporter/` package of git revision `revision` of this repository, written under `into`."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", revision, "exporter"],
+                             capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"scrape_bench: no exporter/ at revision {revision!r}: "
+                         f"{archive.stderr.decode(errors='replace').strip()}")
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+
+
+def compare(shape: HostShape, driver: Path, scrapes: int, revision: str, baseline: Path, runs: int,
+            log=print) -> None:
+    """This tree's exporter and the baseline's over one host, in turn, `runs` times each; the ratio of their
+    median CPU per scrape."""
+    ours, theirs = [], []
+    for _ in range(runs):
+        ours.append(bench_scrapes(shape, driver, scrapes, log=log))
+        report(ours[-1], log=log)
+        theirs.append(bench_scrapes(shape, driver, scrapes, log=log, baseline=baseline))
+        report(theirs[-1], log=log)
+    ours_ms = median([result.exporter_cpu_ms for result in ours])
+    theirs_ms = median([result.exporter_cpu_ms for result in theirs])
+    log(f"  exporter CPU per scrape, {shape.name} host: this tree {ours_ms:.2f} ms, {revision} {theirs_ms:.2f} ms "
+        f"(medians of {runs}); ratio {ours_ms / theirs_ms:.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", choices=tuple(SHAPES), action="append")
     parser.add_argument("--scrapes", type=int, default=1000)
+    parser.add_argument("--baseline", metavar="REV", help="also scrape the exporter of this git revision, in turn")
+    parser.add_argument("--runs", type=int, default=2, help="with --baseline: runs of each exporter per host")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     with tempfile.TemporaryDirectory(prefix="bench-fakeze-") as build:
         driver = build_fake_driver(Path(build))
+        baseline = None
+        if args.baseline is not None:
+            baseline = Path(build) / "baseline"
+            baseline.mkdir()
+            export_exporter(args.baseline, baseline)
         for name in args.host or tuple(SHAPES):
-            report(bench_scrapes(SHAPES[name], driver, args.scrapes))
+            if baseline is None:
+                report(bench_scrapes(SHAPES[name], driver, args.scrapes))
+            else:
+                compare(SHAPES[name], driver, args.scrapes, args.baseline, baseline, args.runs)
     return 0
 
 
