@@ -10,6 +10,7 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     exporterproc the exporter as a process; fakeze, fakeprocfs, fakesysfs: what it reads
     journalgen   journal files; vllmlogs: what vLLM units print (realistic starts, the boot race)
     promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids cgroups
+    noskip       the hooks that fail a skipped test
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 import journalgen
 from certs import Pki, make_pki
 from fakeze import build_fake_driver, fake_driver_env
+from noskip import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks: a skip fails)
 from taskslimit import TaskLimit, TaskLimitUnavailable
 from vllmlogs import BootRace, boot_race as make_boot_race, journal_specs
 
@@ -66,12 +68,12 @@ def level_zero_children(fake_driver: Path, config_path: Path,
 
 @pytest.fixture
 def task_limit() -> Iterator[TaskLimit]:
-    """A pids cgroup for this test (taskslimit.py), without a limit until the test sets one; the test is
-    skipped where none can be made (not root, no pids controller)."""
+    """A pids cgroup for this test (taskslimit.py), without a limit until the test sets one; the test fails
+    where none can be made (not root, no pids controller)."""
     try:
         limit = TaskLimit("xpu-exporter-test", None)
     except TaskLimitUnavailable as error:
-        pytest.skip(str(error))
+        pytest.fail(f"no pids cgroup for the test: {error} (tests/run runs as root)")
     with limit:
         yield limit
 

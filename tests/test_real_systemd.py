@@ -53,7 +53,7 @@ FIXTURE_FIELDS = ("__REALTIME_TIMESTAMP", "_TRANSPORT", "_PID", "_COMM", "_SYSTE
 
 def require_root() -> None:
     if os.geteuid() != 0:
-        pytest.skip("booting a real systemd needs root (tests/run runs as root)")
+        pytest.fail("booting a real systemd needs root (tests/run runs as root)")
 
 
 def unit_name(role: str, variant: str) -> str:
