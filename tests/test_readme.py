@@ -1,16 +1,23 @@
-"""The README's metric tables are kept true: they name exactly what the exporter serves when every
-collector has something to say."""
+"""The README is kept true: its metric tables name exactly what the exporter serves when every collector
+has something to say, and its quick start's two commands work (CI runs the test command, no other)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import shutil
+import signal
+import subprocess
+from typing import Any
 
 from exporterproc import REPO, RunningExporter
 from fakeprocfs import FakeProcfs, i915_fdinfo, xe_fdinfo
 from fakeze import A770_TELEMETRY, FakeConfig, fake_driver_env, write_config
+from httpclient import request
 from journalgen import JournalEntrySpec, random_boot_id, write_journal
 from polling import wait_for
-from scrapes import sample
+from scrapes import parse_samples, sample
 from sizes import GiB
 from vllmlogs import Boot, VllmRun, chat_runs, compose, journal_specs, service_start
 
@@ -45,3 +52,67 @@ def test_readme_documents_exactly_the_metrics_the_exporter_serves(tmp_path, fake
                            sample(s, "xpu_exporter_collector_success", collector="processes") == 1 and s)
     served = {name for name, _ in samples}
     assert documented == served
+
+
+def quick_start_commands() -> dict[str, str]:
+    """The README quick start's commands, by the sentence that introduces each ("Run the exporter",
+    "Run the tests")."""
+    quick_start = (REPO / "README.md").read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    commands = {}
+    for intro, command in re.findall(r"^(Run the \w+)[^\n]*\n(?:[^\n]+\n)*?\n    (\S[^\n]*)\n", quick_start, re.M):
+        commands[intro] = command
+    return commands
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    commands = quick_start_commands()
+    assert commands.keys() == {"Run the exporter", "Run the tests"}
+    ci_commands = [line for line in (REPO / ".ci/run").read_text().splitlines()
+                   if line.strip() and not line.startswith("#") and not line.startswith(("set ", "cd "))]
+    assert ci_commands == [f"exec {commands['Run the tests']}"]
+
+
+def test_the_readme_run_command_serves_metrics_from_a_fresh_copy_without_gpu_or_vllm(tmp_path):
+    """The newcomer's first command, as written, in a copy of the tree without .venv: it installs the
+    project, starts the exporter on the default port and serves, saying Level Zero failed (this machine
+    has the loader but no GPU driver) and the journal collector worked (no vLLM unit is watched)."""
+    tree = tmp_path / "tree"
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (REPO / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, tree / name)
+    command = quick_start_commands()["Run the exporter"]
+    run = subprocess.Popen(["bash", "-c", command], cwd=tree, start_new_session=True,
+                           env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        served = wait_for(lambda: _scrape_default_port(), timeout=240, interval=0.5)
+        assert served, f"nothing served on :{DEFAULT_PORT}: {_stop(run)}"
+        headers, body = served
+        assert headers["Server"].startswith("vllm-xpu-exporter/")
+        samples = parse_samples(body.decode())
+        assert sample(samples, "xpu_exporter_collector_success", collector="levelzero") == 0
+        assert sample(samples, "xpu_exporter_collector_success", collector="journal") == 1
+    finally:
+        _stop(run)
+
+
+DEFAULT_PORT = 10447
+
+
+def _scrape_default_port() -> tuple[Any, bytes] | None:
+    try:
+        status, headers, body = request("127.0.0.1", DEFAULT_PORT, timeout=5)
+    except OSError:
+        return None
+    return (headers, body) if status == 200 else None
+
+
+def _stop(run: subprocess.Popen[bytes]) -> str:
+    """Stops the command's processes (pip's or the exporter); the end of what they printed."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(run.pid, signal.SIGTERM)
+    output, _ = run.communicate(timeout=30)
+    return output.decode(errors="replace")[-3000:]
