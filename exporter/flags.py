@@ -66,7 +66,7 @@ def add_levelzero_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_journal_flags(parser: argparse.ArgumentParser) -> None:
-    """--journal.directory, .file, .units, .max-units, .boot; check them with `journal_selection`."""
+    """--journal.directory, .file, .units, .max-units, .boot; check them with `check_journal_flags`."""
     journal = parser.add_argument_group("journal")
     journal.add_argument("--journal.directory", dest="journal_directory", default=None, metavar="DIR",
                          help="read the journal from this directory instead of the system journal")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import math
@@ -47,7 +48,7 @@ from typing import TextIO
 
 from exporter import __version__
 from exporter.durations import parse_go_duration
-from exporter.flags import (OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
+from exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
                             check_journal_flags, journal_selection)
 from exporter.fold.engine_starts import UnitView
 from exporter.parsers import gate as gate_lines
@@ -61,7 +62,6 @@ from exporter.systemd import parse_timespan
 PROG = "vllm-xpu-gate"
 EXIT_RELEASED = 0
 EXIT_TIMED_OUT = 1  # --on-timeout fail
-EXIT_USAGE = 2
 DEFAULT_TIMEOUT = "10m"
 DEFAULT_LEASE_TIMEOUT = "10m"
 DEFAULT_LEASE_DIRECTORY = "/run/vllm-xpu-gate"
@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gpu-memory-utilization", dest="gpu_memory_utilization", type=ratio, default=None,
                         metavar="R", help="free memory needed is ceil(R x total) (default: what the unit's latest "
                                           "start printed)")
-    parser.add_argument("--timeout", type=go_duration, default=go_duration(DEFAULT_TIMEOUT), metavar="DURATION",
+    parser.add_argument("--timeout", type=go_duration, default=DEFAULT_TIMEOUT, metavar="DURATION",
                         help=f"give up waiting after this long (Go duration; default {DEFAULT_TIMEOUT})")
     parser.add_argument("--on-timeout", dest="on_timeout", choices=("start", "fail"), default="start",
                         help="after --timeout: let the unit start (exit 0, the default) or fail its start (exit 1)")
@@ -151,11 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="DIR", help=f"where the per-device lock and lease files are, made by the gate "
                                              f"(default {DEFAULT_LEASE_DIRECTORY})")
     parser.add_argument("--lease-timeout", dest="lease_timeout", type=positive_go_duration,
-                        default=positive_go_duration(DEFAULT_LEASE_TIMEOUT), metavar="DURATION",
+                        default=DEFAULT_LEASE_TIMEOUT, metavar="DURATION",
                         help=f"a lease the journal never shows ending stops holding after this long "
                              f"(default {DEFAULT_LEASE_TIMEOUT})")
     parser.add_argument("--poll-interval", dest="poll_interval", type=positive_go_duration,
-                        default=positive_go_duration(DEFAULT_POLL_INTERVAL), metavar="DURATION",
+                        default=DEFAULT_POLL_INTERVAL, metavar="DURATION",
                         help=f"how often a waiting gate looks again (default {DEFAULT_POLL_INTERVAL})")
     add_journal_flags(parser)
     add_levelzero_flags(parser)
@@ -539,8 +539,7 @@ class Gate:
                 return None, False
             decision = self._decision(ratio, self.leases.lease(self.device))
             if decision.release:
-                self.leases.grant(Lease(self.device, self.options.unit, self.options.invocation_id, now_usec(),
-                                        now_usec() + round(self.options.lease_timeout * 1e6), os.getpid()))
+                self._grant_lease()
                 self._release(decision)
             return decision, decision.release
 
@@ -549,14 +548,16 @@ class Gate:
         if state.error is not None:
             raise Unavailable(f"cannot read the journal now ({state.error})")
         views = {view.unit: view for view in state.views}
+        gone = functools.cache(unit_gone)  # the device's lease is among all the leases: one systemctl each
         holder = None
-        if lease is not None and lease.unit != self.options.unit and lease_ended(lease, views, now_usec()) is None:
+        if lease is not None and lease.unit != self.options.unit and \
+                lease_ended(lease, views, now_usec(), gone) is None:
             holder = lease.unit
         memory = self._memory()
         devices = None
         if len(self.gpus) > 1:
             leases = self.leases.leases() if self.leases is not None else []
-            live = [other for other in leases if lease_ended(other, views, now_usec()) is None]
+            live = [other for other in leases if lease_ended(other, views, now_usec(), gone) is None]
             devices = devices_of_units(self.options.procfs, live)
         return decide(self.options.unit, self.device, state.views, holder, devices, memory, ratio)
 
@@ -565,8 +566,14 @@ class Gate:
             self.waited_for.setdefault(reason, None)
         if self.last is None or decision.waiting_for != self.last.waiting_for:
             self.output.say(f"waiting for {','.join(decision.waiting_for)} "
-                            f"(free {_figure(decision.free_bytes)}, needed {_figure(decision.needed_bytes)})")
+                            f"({gate_lines.figures(decision.free_bytes, decision.needed_bytes)})")
         self.last = decision
+
+    def _grant_lease(self) -> None:
+        assert self.leases is not None and self.device is not None
+        now = now_usec()
+        self.leases.grant(Lease(self.device, self.options.unit, self.options.invocation_id, now,
+                                now + round(self.options.lease_timeout * 1e6), os.getpid()))
 
     def _release(self, decision: Decision | None) -> int:
         figures = decision or self.last
@@ -581,16 +588,11 @@ class Gate:
         if starting and self.leases is not None and self.device is not None:
             with self.leases.locked(self.device, time.monotonic() + 1.0) as locked:
                 if locked:  # it starts anyway: the next gate waits for its init like any other
-                    self.leases.grant(Lease(self.device, self.options.unit, self.options.invocation_id, now_usec(),
-                                            now_usec() + round(self.options.lease_timeout * 1e6), os.getpid()))
+                    self._grant_lease()
         self.output.line(gate_lines.format_timed_out(
             time.monotonic() - self.began, waiting or list(self.waited_for),
             self.last.free_bytes if self.last else None, self.last.needed_bytes if self.last else None, starting))
         return EXIT_RELEASED if starting else EXIT_TIMED_OUT
-
-
-def _figure(value: int | None) -> str:
-    return gate_lines.UNKNOWN if value is None else str(value)
 
 
 def now_usec() -> int:

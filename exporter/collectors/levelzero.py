@@ -116,16 +116,15 @@ class LevelZeroCollector(Collector):
             info.add_metric([pci, device.identity.name, device.identity.uuid, device.identity.driver_version,
                              nodes.card, nodes.render_node], 1)
             # No stale numbers: a figure that could not be read this scrape has no series.
-            device_total, device_free, device_health = device.total, device.free, device.health
-            if device_total is not None:
-                total.add_metric([pci], device_total)
-            if device_total is not None and device_free is not None:
-                free.add_metric([pci], device_free)
-                used.add_metric([pci], device_total - device_free)
+            if device.total is not None:
+                total.add_metric([pci], device.total)
+            if device.total is not None and device.free is not None:
+                free.add_metric([pci], device.free)
+                used.add_metric([pci], device.total - device.free)
                 trusted.add_metric([pci], 0 if self._untrusted(device) else 1)
-            if device_health is not None:
+            if device.health is not None:
                 for state, value in HEALTH_STATES.items():
-                    health.add_metric([pci, state], 1 if device_health == value else 0)
+                    health.add_metric([pci, state], 1 if device.health == value else 0)
         yield from (info, total, free, used, trusted, health)
         yield from self._telemetry(devices, failures)
         if failures:

@@ -258,7 +258,7 @@ class ProcessesCollector(Collector):
                                "free memory vLLM (0.16+) demands at start; negative: a restart now would fail.",
                                labels=["device", "unit"])
         # Only devices whose free memory was read: no rest or headroom from a figure that is not known.
-        memory: dict[str, tuple[int, int]] = {}  # device -> (total, free), each summed over its modules once
+        memory: dict[str, tuple[int, int]] = {}  # device -> (total, free)
         for device in devices:
             total, free = device.total, device.free
             if total is not None and free is not None:

@@ -19,13 +19,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# The vLLM grammar's bounds: anything in the unit can print a gate-like line.
+from exporter.parsers.vllm import MAX_BYTES, MAX_SECONDS
+
 PREFIX = "vllm-xpu-gate: "
 NOTHING = "nothing"
 MEMORY = "memory"
 UNKNOWN = "unknown"
-# The same bounds as the vLLM grammar's (exporter.parsers.vllm.PLAUSIBLE): anything in the unit can print.
-MAX_SECONDS = 7 * 24 * 3600
-MAX_BYTES = 1 << 50
 MAX_LINE_CHARS = 4096
 
 
@@ -89,21 +89,21 @@ def parse_line(message: str) -> GateDecision | None:
 def format_released(seconds: float, waited_for: Sequence[str], free_bytes: int | None,
                     needed_bytes: int | None) -> str:
     return (f"{PREFIX}released after {seconds:.2f}s (waited for {_waited(waited_for)}; "
-            f"{_figures(free_bytes, needed_bytes)})")
+            f"{figures(free_bytes, needed_bytes)})")
 
 
 def format_timed_out(seconds: float, waiting_for: Sequence[str], free_bytes: int | None, needed_bytes: int | None,
                      starting: bool) -> str:
     outcome = "starting anyway" if starting else "failing the start"
     return (f"{PREFIX}timed out after {seconds:.2f}s (waiting for {_waited(waiting_for)}; "
-            f"{_figures(free_bytes, needed_bytes)}); {outcome}")
+            f"{figures(free_bytes, needed_bytes)}); {outcome}")
 
 
 def _waited(names: Sequence[str]) -> str:
     return ",".join(names) if names else NOTHING
 
 
-def _figures(free_bytes: int | None, needed_bytes: int | None) -> str:
+def figures(free_bytes: int | None, needed_bytes: int | None) -> str:
     show = (lambda value: UNKNOWN if value is None else str(value))
     return f"free {show(free_bytes)}, needed {show(needed_bytes)}"
 

@@ -34,6 +34,7 @@ modules the memory reading has just enumerated.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import logging
 import os
@@ -203,7 +204,8 @@ class DeviceMemory:
 
     `modules` are the modules' properties (empty when they could not be enumerated; their handles are
     the child's). `states` has the state of each module, or is None when a state could not be read.
-    `telemetry` comes with the same answer of the child."""
+    `telemetry` comes with the same answer of the child. The figures summed over the modules are worked
+    out once, when first asked for."""
 
     identity: DeviceIdentity
     modules: tuple[MemoryModuleProperties, ...]
@@ -217,7 +219,7 @@ class DeviceMemory:
         errors = [kind.error for kind in self.telemetry.kinds().values()]
         return tuple(error for error in (self.error, *errors) if error is not None)
 
-    @property
+    @functools.cached_property
     def health(self) -> int | None:
         """The worst zes_mem_health_t of the device-local modules; None unless their states were read."""
         local = self.local_states
@@ -226,11 +228,11 @@ class DeviceMemory:
         return max((state.health for state in local),
                    key=lambda health: _HEALTH_ORDER.index(health) if health in _HEALTH_ORDER else 1)
 
-    @property
+    @functools.cached_property
     def local_states(self) -> tuple[MemoryModule, ...]:
         return tuple(state for state in self.states or () if state.device_local)
 
-    @property
+    @functools.cached_property
     def total(self) -> int | None:
         """Device-local memory size; None when no device-local module is known."""
         if self.states is not None:
@@ -239,13 +241,13 @@ class DeviceMemory:
             sizes = [module.physical_size for module in self.modules if module.device_local]
         return sum(sizes) if sizes else None
 
-    @property
+    @functools.cached_property
     def free(self) -> int | None:
         """Free device-local memory; None unless the state of every device-local module was read."""
         local = self.local_states
         return sum(state.free for state in local) if local else None
 
-    @property
+    @functools.cached_property
     def accounting_trusted(self) -> bool:
         """False when the driver cannot report real usage: free == total on every device-local module
         (i915/xe without CAP_PERFMON), or no module state was read."""
