@@ -18,6 +18,9 @@ from polling import wait_for
 from scrapes import sample
 from sizes import GiB
 
+from exporter.collectors import levelzero as levelzero_collector
+from exporter.sources import levelzero as ze
+
 GOLDEN = Path(__file__).parent / "golden"
 _DURATION_SAMPLE = re.compile(r"^(xpu_exporter_collector_duration_seconds\{[^}]*\}) \S+$", re.M)
 _PROCESS_AND_PYTHON_LINE = re.compile(r"^(?:# (?:HELP|TYPE) )?(?:process|python)_.*\n", re.M)
@@ -451,3 +454,11 @@ def test_golden_files_pass_promtool_check_metrics(golden):
                             capture_output=True)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
+
+
+def test_the_components_the_child_reads_are_exactly_those_the_collector_names():
+    # A kind named by the collector but not read by the child would silently never be served, and one
+    # read but not named would cost a driver call every scrape for nothing.
+    assert set(levelzero_collector.ENGINES) == ze.ENGINE_GROUPS_ALL
+    assert set(levelzero_collector.SENSORS) == ze.TEMPERATURE_SENSORS
+    assert set(levelzero_collector.DOMAINS) == ze.FREQUENCY_DOMAINS

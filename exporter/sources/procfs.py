@@ -117,7 +117,7 @@ class ScanResult:
 
 def scan_drm_clients(procfs: str = "/proc") -> ScanResult:
     """Scan every process under `procfs` for DRM clients; see `ScanResult`."""
-    scanner = DrmClientScanner(procfs, max_held_fds=0)
+    scanner = DrmClientScanner(procfs, young_seconds=0, max_held_fds=0)  # once: no process's age matters
     try:
         return scanner.scan()
     finally:
@@ -220,8 +220,8 @@ class DrmClientScanner:
     def _walk(self, scan: _Scan, pid: int, previous: _Process | None, now: float) -> _Process:
         if previous is not None:
             self._release(previous)  # keeps its drm_fds' layouts, to try first
-        age = process_age_seconds(self.procfs, pid)
-        if age is None or age < self.young_seconds:
+        if self.young_seconds > 0 and ((age := process_age_seconds(self.procfs, pid)) is None
+                                       or age < self.young_seconds):
             walk_due = now  # starting up: it may open the GPU any moment (or its age is unknown)
         else:
             walk_due = now + self.rescan_seconds * (0.5 + (pid % 16) / 16)
@@ -294,15 +294,8 @@ class DrmClientScanner:
                 if handle < 0:
                     data = read_bytes(f"{self.procfs}/{pid}/fdinfo/{drm_fd.fd}", MAX_FDINFO_BYTES)
                 else:
-                    data = os.pread(handle, FIRST_READ_BYTES, 0)
-                    if len(data) == FIRST_READ_BYTES:
-                        data = read_open_bytes(handle, MAX_FDINFO_BYTES)
-                layout = drm_fd.layout
-                read = None if layout is None else layout.read(data)
-                if read is None:
-                    client, reading, drm_fd.layout = _parse(data, None, learn=False)
-                else:
-                    client, reading = read[0], (layout, read[1])
+                    data = read_open_bytes(handle, MAX_FDINFO_BYTES)
+                client, reading, drm_fd.layout = _parse(data, drm_fd.layout, learn=False)
                 # Not a DRM fd any more, or another client's: fd N was closed and opened again.
                 if client is None or client.client_id != drm_fd.client_id or client.pdev != drm_fd.pdev:
                     return False
@@ -387,19 +380,15 @@ def unit_of_pid(procfs: str, pid: int) -> str | None:
     """The systemd unit of a process (see `unit_of_cgroup_path`); None when it is in the root cgroup or
     its cgroup file cannot be read (the process vanished, or permission denied)."""
     try:
-        return read_unit(procfs, pid)
+        unit_cgroup = read_unit_cgroup(procfs, pid)
     except OSError:
         return None
-
-
-def read_unit(procfs: str, pid: int) -> str | None:
-    """`unit_of_pid`, raising the OSError of an unreadable cgroup file."""
-    unit_cgroup = read_unit_cgroup(procfs, pid)
     return None if unit_cgroup is None else unit_cgroup.unit
 
 
 def read_unit_cgroup(procfs: str, pid: int) -> UnitCgroup | None:
-    """`read_unit` with the unit's cgroup path."""
+    """The unit of a process and its cgroup path (see `unit_cgroup_of_path`), raising the OSError of an
+    unreadable cgroup file."""
     path = systemd_cgroup_path(read_text(f"{procfs}/{pid}/cgroup", MAX_CGROUP_BYTES))
     return None if path is None else unit_cgroup_of_path(path)
 
@@ -507,14 +496,14 @@ def process_age_seconds(procfs: str, pid: int) -> float | None:
     return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / CLOCK_TICKS
 
 
-def read_text(path: str, limit: int, dir_fd: int | None = None) -> str:
+def read_text(path: str, limit: int) -> str:
     """At most `limit` bytes of a file, decoded leniently (process names may be any bytes)."""
-    return read_bytes(path, limit, dir_fd).decode("utf-8", "replace")
+    return read_bytes(path, limit).decode("utf-8", "replace")
 
 
-def read_bytes(path: str, limit: int, dir_fd: int | None = None) -> bytes:
+def read_bytes(path: str, limit: int) -> bytes:
     """At most `limit` bytes of a file."""
-    fd = os.open(path, OPEN_FILE, dir_fd=dir_fd)
+    fd = os.open(path, OPEN_FILE)
     try:
         return read_open_bytes(fd, limit)
     finally:
