@@ -128,8 +128,9 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
 def build_sources(options: Options, needs: set[Source]) -> Sources:
     """The shared sources the enabled collectors need, not started."""
     sources = Sources()
-    if Source.LEVELZERO in needs:
-        sources.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout)
+    if needs & {Source.LEVELZERO, Source.LEVELZERO_TELEMETRY}:
+        sources.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout,
+                                            telemetry=Source.LEVELZERO_TELEMETRY in needs)
         sources.drm_nodes = DrmNodeNames()
         sources.drm_nodes.subscribe(sources.levelzero.gpu_changed)  # a GPU plugged, removed or re-bound: re-init
     if Source.JOURNAL in needs:

@@ -54,6 +54,7 @@ class Source(StrEnum):
     """The shared sources a collector can need."""
 
     LEVELZERO = "levelzero"
+    LEVELZERO_TELEMETRY = "levelzero telemetry"  # Level Zero, with the telemetry read on every request
     JOURNAL = "journal"
 
 

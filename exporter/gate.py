@@ -418,7 +418,7 @@ class Gate:
         self.began = time.monotonic()
         self.deadline = self.began + options.timeout
         self.journal = JournalFollower(options.selection, options.journal_max_units)
-        self.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout)
+        self.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout, telemetry=False)
         self.leases: LeaseDirectory | None = LeaseDirectory(options.lease_directory)
         self.device: str | None = options.device
         self.gpus: list[str] = []  # every GPU's PCI address

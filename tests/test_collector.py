@@ -34,9 +34,16 @@ def test_sources_are_built_only_for_what_the_enabled_collectors_need():
     options = parse_options(["--no-collector.journal"])
     needs = {need for spec in registered() if spec.name in options.collectors for need in spec.needs}
     sources = build_sources(options, needs)
-    assert needs == {Source.LEVELZERO}
-    assert sources.levelzero is not None and sources.journal is None
+    assert needs == {Source.LEVELZERO, Source.LEVELZERO_TELEMETRY}
+    assert sources.levelzero is not None and sources.levelzero.telemetry and sources.journal is None
     assert build_sources(options, set()) == Sources()
+
+
+def test_level_zero_telemetry_is_read_only_for_the_levelzero_collector():
+    options = parse_options(["--no-collector.levelzero"])
+    needs = {need for spec in registered() if spec.name in options.collectors for need in spec.needs}
+    sources = build_sources(options, needs)
+    assert sources.levelzero is not None and not sources.levelzero.telemetry
 
 
 class Counting(Collector):

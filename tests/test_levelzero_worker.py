@@ -63,6 +63,18 @@ def read_memory(worker: LevelZeroWorker) -> list | None:
         return None
 
 
+def test_a_worker_without_telemetry_reads_memory_and_no_telemetry_kind(configure):
+    configure(A770_TELEMETRY)
+    worker = LevelZeroWorker(timeout=2.0, telemetry=False)
+    try:
+        (device,) = worker.read_memory()
+    finally:
+        worker.close()
+    assert (device.total, device.free, device.error) == (16 * GiB, 13 * GiB, None)
+    assert device.telemetry == DeviceTelemetry()
+    assert device.errors == ()
+
+
 def test_readings_are_the_bindings_own_dataclasses_rebuilt_in_the_parent(configure, worker):
     configure(A770, B580)
     (a770, b580) = worker.read_memory()

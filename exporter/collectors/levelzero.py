@@ -214,7 +214,7 @@ class LevelZeroCollector(Collector):
         return untrusted
 
 
-@register("levelzero", "device identity, memory and telemetry from Level Zero", needs=[Source.LEVELZERO])
+@register("levelzero", "device identity, memory and telemetry from Level Zero", needs=[Source.LEVELZERO_TELEMETRY])
 def _levelzero_collector(options: Options, sources: Sources) -> LevelZeroCollector:
     assert sources.drm_nodes is not None, "built with Level Zero"
     return LevelZeroCollector(sources.drm_nodes)

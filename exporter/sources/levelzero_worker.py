@@ -302,10 +302,9 @@ _TELEMETRY_FROM_WIRE: dict[str, Callable[[dict[str, Any]], Any]] = {
 
 def _memory_from_wire(identity: DeviceIdentity, reading: dict[str, Any]) -> DeviceMemory:
     states = reading["states"]
-    telemetry = DeviceTelemetry(**{
-        kind: TelemetryReading(tuple(map(from_wire, reading["telemetry"][kind]["values"] or ())),
-                               _reading_error(reading["telemetry"][kind]))
-        for kind, from_wire in _TELEMETRY_FROM_WIRE.items()})
+    telemetry = DeviceTelemetry(**{  # a worker without telemetry is sent none: every kind stays empty
+        kind: TelemetryReading(tuple(map(from_wire, wire["values"] or ())), _reading_error(wire))
+        for kind, from_wire in _TELEMETRY_FROM_WIRE.items() if (wire := reading["telemetry"].get(kind))})
     return DeviceMemory(identity,
                         tuple(MemoryModuleProperties(**module) for module in reading["modules"] or ()),
                         None if states is None else tuple(MemoryModule(**state) for state in states),
@@ -342,6 +341,7 @@ _TELEMETRY: dict[str, tuple[Callable[[Device], list[Any]], Callable[[Device, Any
 }
 
 Components = dict[str, "list[Any] | LevelZeroError"]
+NO_TELEMETRY = "--no-telemetry"  # the child's flag for a worker without telemetry
 
 
 def _enumerate_telemetry(device: Device) -> Components:
@@ -362,7 +362,8 @@ def _read_kind(read: Callable[[], list[Any]]) -> dict[str, Any]:
         return {"values": None, "error": _error_to_wire(error)}
 
 
-def _read_memory(device: Device, components: Components) -> dict[str, Any]:
+def _read_memory(device: Device, components: Components | None) -> dict[str, Any]:
+    """The device's memory, and with `components` (None: the worker reads no telemetry) its telemetry."""
     reading: dict[str, Any] = {"modules": None, "states": None, "error": None}
     modules: list[MemoryModuleProperties] = []
     try:
@@ -371,19 +372,21 @@ def _read_memory(device: Device, components: Components) -> dict[str, Any]:
         reading["states"] = [_to_wire(device.memory_state(module)) for module in modules]
     except LevelZeroError as error:
         reading["error"] = _error_to_wire(error)
-    telemetry = {"memory_bandwidth": _read_kind(
-        lambda: [device.memory_bandwidth(module) for module in modules if module.device_local])}
+    reading["telemetry"] = telemetry = {}
+    if components is None:
+        return reading
+    telemetry["memory_bandwidth"] = _read_kind(
+        lambda: [device.memory_bandwidth(module) for module in modules if module.device_local])
     for kind, (_, read_one) in _TELEMETRY.items():
         found = components[kind]
         if isinstance(found, LevelZeroError):
             telemetry[kind] = {"values": None, "error": _error_to_wire(found)}
         else:
             telemetry[kind] = _read_kind(lambda: [read_one(device, component) for component in found])
-    reading["telemetry"] = telemetry
     return reading
 
 
-def _read_processes(device: Device, components: Components) -> dict[str, Any]:
+def _read_processes(device: Device, components: Components | None) -> dict[str, Any]:
     reading: dict[str, Any] = {"processes": None, "error": None}
     try:
         reading["processes"] = [_to_wire(process) for process in device.processes()]
@@ -392,11 +395,11 @@ def _read_processes(device: Device, components: Components) -> dict[str, Any]:
     return reading
 
 
-_READERS: dict[str, Callable[[Device, Components], dict[str, Any]]] = {
+_READERS: dict[str, Callable[[Device, Components | None], dict[str, Any]]] = {
     "memory": _read_memory, "processes": _read_processes}
 
 
-def _child_main(library: str) -> int:
+def _child_main(library: str, telemetry: bool = True) -> int:
     out = sys.stdout
 
     def send(message: dict[str, Any]) -> None:
@@ -411,7 +414,8 @@ def _child_main(library: str) -> int:
     except LevelZeroError as error:
         send({"ready": False, "error": _error_to_wire(error)})
         return 0
-    components = [_enumerate_telemetry(device) for device in devices]  # once per init, not per request
+    # Enumerated once per init, not per request.
+    components = [_enumerate_telemetry(device) if telemetry else None for device in devices]
     send({"ready": True, "devices": [_to_wire(identity) for identity in identities]})
 
     for request in sys.stdin:
@@ -428,9 +432,11 @@ def _child_main(library: str) -> int:
 class LevelZeroWorker:
     """Parent-side handle on the Level Zero child. Thread-safe; every read is bounded by `timeout`."""
 
-    def __init__(self, library: str = DEFAULT_LIBRARY, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, library: str = DEFAULT_LIBRARY, timeout: float = DEFAULT_TIMEOUT_S,
+                 telemetry: bool = True) -> None:
         self.library = library
         self.timeout = timeout
+        self.telemetry = telemetry  # False: memory readings come without telemetry (every kind empty)
         self._lock = threading.Lock()
         self._state = WorkerState.IDLE
         self._child: subprocess.Popen[bytes] | None = None  # INITIALISING, READY
@@ -574,7 +580,8 @@ class LevelZeroWorker:
         self._reap_finished()
         try:
             child = subprocess.Popen(
-                [sys.executable, "-m", "exporter.sources.levelzero_worker", self.library],
+                [sys.executable, "-m", "exporter.sources.levelzero_worker", self.library,
+                 *([] if self.telemetry else [NO_TELEMETRY])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                 start_new_session=True)
         except OSError as error:
@@ -693,4 +700,4 @@ def _describe_exit(child: subprocess.Popen[bytes]) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(_child_main(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_LIBRARY))
+    raise SystemExit(_child_main(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_LIBRARY, NO_TELEMETRY not in sys.argv))
