@@ -7,10 +7,11 @@
 
 Every panel gets a unit and thresholds; every query goes through the `datasource` variable, whose
 default is the data source picked at import (`__inputs` DS_PROMETHEUS), so no data source uid is
-written down. Queries use only metrics the exporter serves (and `up`), so the dashboard works
-without the bundled recording rules. The thresholds and durations of the alerts that panels show are
-the rules' knobs (rules/template/config.yaml, read by rules/render.py); `--values` and `--set` take the
-same overrides as rules/render.py. Usable from a shell: `dashboard(overrides)` returns the dict.
+written down. Queries use the metrics the exporter serves (and `up`); only the *Engine busy by unit*
+panel needs a recording rule of rules/vllm-xpu-exporter.yaml (`unit:xpu_unit_engine_busy:ratio`, which
+joins the two drivers' counters), so the other panels work without the bundled rules. The thresholds
+and durations of the alerts that panels show are the rules' knobs (rules/template/config.yaml, read by
+rules/render.py); `--values` and `--set` take the same overrides as rules/render.py. Usable from a shell: `dashboard(overrides)` returns the dict.
 """
 
 from __future__ import annotations
