@@ -7,10 +7,11 @@
 
 Every panel gets a unit and thresholds; every query goes through the `datasource` variable, whose
 default is the data source picked at import (`__inputs` DS_PROMETHEUS), so no data source uid is
-written down. Queries use only metrics the exporter serves (and `up`), so the dashboard works
-without the bundled recording rules. The thresholds and durations of the alerts that panels show are
-the rules' knobs (rules/template/config.yaml, read by rules/render.py); `--values` and `--set` take the
-same overrides as rules/render.py. Usable from a shell: `dashboard(overrides)` returns the dict.
+written down. Queries use the metrics the exporter serves (and `up`); only the *Engine busy by unit*
+panel needs a recording rule of rules/vllm-xpu-exporter.yaml (`unit:xpu_unit_engine_busy:ratio`, which
+joins the two drivers' counters), so the other panels work without the bundled rules. The thresholds
+and durations of the alerts that panels show are the rules' knobs (rules/template/config.yaml, read by
+rules/render.py); `--values` and `--set` take the same overrides as rules/render.py. Usable from a shell: `dashboard(overrides)` returns the dict.
 """
 
 from __future__ import annotations
@@ -80,9 +81,21 @@ def value_mapping(states: dict[int, tuple[str, str]]) -> list[Json]:
                          for index, (value, (text, colour)) in enumerate(states.items())}}]
 
 
-def by_name_regex(pattern: str, properties: dict[str, Any]) -> Json:
-    return {"matcher": {"id": "byRegexp", "options": pattern},
+def override(matcher: str, options: str, properties: dict[str, Any]) -> Json:
+    return {"matcher": {"id": matcher, "options": options},
             "properties": [{"id": key, "value": value} for key, value in properties.items()]}
+
+
+def by_name(name: str, properties: dict[str, Any]) -> Json:
+    return override("byName", name, properties)
+
+
+def by_name_regex(pattern: str, properties: dict[str, Any]) -> Json:
+    return override("byRegexp", pattern, properties)
+
+
+def thresholds_json(thresholds: Sequence[tuple[float | None, str]]) -> Json:
+    return {"mode": "absolute", "steps": [{"value": value, "color": colour} for value, colour in thresholds]}
 
 
 TIMESERIES_CUSTOM: Json = {
@@ -143,8 +156,26 @@ MAX_LENGTH_REQUESTS = (f"xpu_unit_kv_cache_bytes{{{UNITS}}} / xpu_unit_kv_cache_
                        f" or xpu_unit_kv_cache_max_concurrency{{{UNITS}}}")
 
 
+def line_graph(title: str, description: str, targets: Sequence[Target], unit: str, width: int,
+               height: int) -> Panel:
+    """A graph of a rate or gauge that only shows, from 0: straight lines, a list legend, no thresholds."""
+    return Panel("timeseries", title, description, targets, unit, green_only(), width, height,
+                 options=LEGEND_LIST, custom={"lineInterpolation": "linear"}, defaults={"min": 0})
+
+
+def boot_count_graph(title: str, description: str, target: Target, colour_from_one: str | None = None) -> Panel:
+    """A counter of this boot's events, in whole numbers from 0; with `colour_from_one`, a threshold line
+    at 1 in that colour: any such event is worth a look."""
+    thresholds = [(None, "green"), (1, colour_from_one)] if colour_from_one else green_only()
+    custom = {"thresholdsStyle": {"mode": "line"}} if colour_from_one else {}
+    return Panel("timeseries", title, description, (target,), "short", thresholds, 8, 8, options=LEGEND_LIST,
+                 custom=custom, defaults={"min": 0, "decimals": 0})
+
+
 def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
     """The panels, with the thresholds and durations of the alerts they show taken from the rules' knobs."""
+    headroom_threshold = number(knobs["restartHeadroomThresholdBytes"])
+    headroom_thresholds = [(None, "red"), (headroom_threshold, "green")]
     return (
         Row("Device memory", (
             Panel("timeseries", "Device memory by unit",
@@ -160,8 +191,8 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   overrides=(by_name_regex("^total$", {"custom.stacking": {"mode": "none", "group": "A"},
                                                        "custom.fillOpacity": 0,
                                                        "custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
-                                                       "color": {"mode": "fixed", "fixedColor": "red"}}),
-                             by_name_regex("^unattributed$", {"color": {"mode": "fixed", "fixedColor": "#8e8e8e"}}))),
+                                                       "color": fixed_colour("red")}),
+                             by_name_regex("^unattributed$", {"color": fixed_colour("#8e8e8e")}))),
             Panel("stat", "Free device memory",
                   "Free device memory as a fraction of the total. The XpuMemoryNearlyFull alert fires below "
                   f"{percent(knobs['memoryNearlyFullFreeRatio'])} for {duration_text(knobs['memoryNearlyFullFor'])}.",
@@ -198,12 +229,11 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   (Target(f"rate(xpu_engine_active_seconds_total{{{DEVICE}}}[$__rate_interval])", "{{engine}}"),),
                   "percentunit", green_only(), 12, 8, options=LEGEND_TABLE,
                   custom={"lineInterpolation": "linear"}, defaults={"min": 0, "max": 1}),
-            Panel("timeseries", "Power",
-                  "The card's power draw (the package's where the driver has no card power domain): the rate of "
-                  "xpu_energy_joules_total. Some drivers serve it to root only.",
-                  (Target(f"rate(xpu_energy_joules_total{{{DEVICE}}}[$__rate_interval])", "power"),),
-                  "watt", green_only(), 6, 8, options=LEGEND_LIST,
-                  custom={"lineInterpolation": "linear"}, defaults={"min": 0}),
+            line_graph("Power",
+                       "The card's power draw (the package's where the driver has no card power domain): the rate "
+                       "of xpu_energy_joules_total. Some drivers serve it to root only.",
+                       (Target(f"rate(xpu_energy_joules_total{{{DEVICE}}}[$__rate_interval])", "power"),),
+                       "watt", 6, 8),
             Panel("timeseries", "Temperature",
                   "Temperature per sensor (global, gpu, memory: those the driver has; some drivers serve them to "
                   f"root only). XpuDeviceTemperatureHigh fires when a sensor the rules compare "
@@ -212,12 +242,11 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   (Target(f"xpu_temperature_celsius{{{DEVICE}}}", "{{sensor}}"),),
                   "celsius", [(None, "green"), (number(knobs["temperatureHighCelsius"]), "red")], 6, 8,
                   options=LEGEND_LIST, custom={"thresholdsStyle": {"mode": "line"}, "lineInterpolation": "linear"}),
-            Panel("timeseries", "Frequency",
-                  "Actual frequency of each frequency domain (gpu, memory, media); the throttle reasons panel says "
-                  "what holds it down.",
-                  (Target(f"xpu_frequency_hertz{{{DEVICE}}}", "{{domain}}"),),
-                  "hertz", green_only(), 8, 8, options=LEGEND_LIST,
-                  custom={"lineInterpolation": "linear"}, defaults={"min": 0}),
+            line_graph("Frequency",
+                       "Actual frequency of each frequency domain (gpu, memory, media); the throttle reasons panel "
+                       "says what holds it down.",
+                       (Target(f"xpu_frequency_hertz{{{DEVICE}}}", "{{domain}}"),),
+                       "hertz", 8, 8),
             Panel("state-timeline", "Throttle reasons",
                   "The reasons the driver holds each frequency domain down for, while it does; empty: no throttling "
                   f"in the time range. Red: the reasons XpuDeviceThrottled fires for after "
@@ -230,13 +259,12 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   defaults={"mappings": value_mapping({1: ("throttled", "orange")})},
                   overrides=(by_name_regex(f" ({knobs['deviceThrottledReasons']})$",
                                            {"mappings": value_mapping({1: ("throttled", "red")})}),)),
-            Panel("timeseries", "Memory bandwidth",
-                  "Bytes per second read from and written to the device's local memory (rates of "
-                  "xpu_memory_read_bytes_total and xpu_memory_write_bytes_total).",
-                  (Target(f"rate(xpu_memory_read_bytes_total{{{DEVICE}}}[$__rate_interval])", "read"),
-                   Target(f"rate(xpu_memory_write_bytes_total{{{DEVICE}}}[$__rate_interval])", "write")),
-                  "Bps", green_only(), 8, 8, options=LEGEND_LIST,
-                  custom={"lineInterpolation": "linear"}, defaults={"min": 0}),
+            line_graph("Memory bandwidth",
+                       "Bytes per second read from and written to the device's local memory (rates of "
+                       "xpu_memory_read_bytes_total and xpu_memory_write_bytes_total).",
+                       (Target(f"rate(xpu_memory_read_bytes_total{{{DEVICE}}}[$__rate_interval])", "read"),
+                        Target(f"rate(xpu_memory_write_bytes_total{{{DEVICE}}}[$__rate_interval])", "write")),
+                       "Bps", 8, 8),
             Panel("timeseries", "RAS errors",
                   "Hardware errors the device counted, per severity and category, in each interval. "
                   "XpuDeviceUncorrectableErrors fires on any uncorrectable one and stays for "
@@ -254,9 +282,8 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   (Target(f"sum by (severity) (xpu_ras_errors_total{{{DEVICE}}})", "{{severity}}"),),
                   "short", [(None, "green"), (1, "orange")], 8, 4,
                   options={**STAT_OPTIONS, "textMode": "value_and_name"}, defaults={"decimals": 0},
-                  overrides=({"matcher": {"id": "byName", "options": "uncorrectable"},
-                              "properties": [{"id": "thresholds", "value": {"mode": "absolute", "steps": [
-                                  {"value": None, "color": "green"}, {"value": 1, "color": "red"}]}}]},)),
+                  overrides=(by_name("uncorrectable",
+                                     {"thresholds": thresholds_json([(None, "green"), (1, "red")])}),)),
             Panel("stat", "Memory health",
                   "The device memory's health as the driver reports it: ok; degraded (too many correctable errors, "
                   "reset the device); critical (memory banks left out); replace. unknown: the driver does not report "
@@ -265,8 +292,7 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   (Target(f"xpu_memory_health{{{DEVICE}}} == 1", "{{state}}"),),
                   "none", [(None, "blue")], 8, 4,
                   options={**STAT_OPTIONS, "textMode": "name"},
-                  overrides=tuple({"matcher": {"id": "byName", "options": state},
-                                   "properties": [{"id": "color", "value": fixed_colour(colour)}]}
+                  overrides=tuple(by_name(state, {"color": fixed_colour(colour)})
                                   for state, colour in (("ok", "green"), ("unknown", "blue"), ("degraded", "orange"),
                                                         ("critical", "red"), ("replace", "red")))),
             Panel("timeseries", "Engine busy by unit",
@@ -314,14 +340,9 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                    Target(f"max by (unit) (xpu_unit_kv_cache_tokens{{{UNITS}}})", instant=True, table=True)),
                   "none", green_only(), 6, 8,
                   options={"showHeader": True, "cellHeight": "sm"},
-                  overrides=(
-                      {"matcher": {"id": "byName", "options": "gpu_memory_utilization"},
-                       "properties": [{"id": "unit", "value": "percentunit"}]},
-                      {"matcher": {"id": "byName", "options": "max_model_len"},
-                       "properties": [{"id": "unit", "value": "short"}]},
-                      {"matcher": {"id": "byName", "options": "KV cache tokens"},
-                       "properties": [{"id": "unit", "value": "short"}]},
-                  ),
+                  overrides=(by_name("gpu_memory_utilization", {"unit": "percentunit"}),
+                             by_name("max_model_len", {"unit": "short"}),
+                             by_name("KV cache tokens", {"unit": "short"})),
                   # one row per unit: the queries share only `unit` (and the evaluation time)
                   transformations=(
                       {"id": "merge", "options": {}},
@@ -333,59 +354,54 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   )),
         )),
         Row("Engine inits", (
-            Panel("timeseries", "Successful engine starts (this boot)",
-                  "Engine inits that succeeded since the host booted, per unit, read from the journal. "
-                  "Failed inits are marked on every graph (annotation \"Engine init failures\").",
-                  (Target(f"xpu_unit_engine_starts_total{{{UNITS}}}", "{{unit}}"),),
-                  "short", green_only(), 8, 8, options=LEGEND_LIST, defaults={"min": 0, "decimals": 0}),
-            Panel("timeseries", "Engine init failures by reason (this boot)",
-                  "Engine inits that failed since the host booted, per unit and reason (kv_cache_too_small, "
-                  "no_kv_cache_memory, insufficient_free_memory, device_out_of_memory, memory_query_unsupported, "
-                  "other). Only units and reasons with failures are shown.",
-                  (Target(f"sum by (unit, reason) (xpu_unit_engine_init_failures_total{{{UNITS}}}) > 0",
-                          "{{unit}} {{reason}}"),),
-                  "short", [(None, "green"), (1, "red")], 8, 8, options=LEGEND_LIST,
-                  custom={"thresholdsStyle": {"mode": "line"}}, defaults={"min": 0, "decimals": 0}),
-            Panel("timeseries", "Overlapping engine inits (this boot)",
-                  "Inits of each unit that ran while another unit was initialising on the same host: the boot "
-                  "race. The unit that initialises last sees memory the others are about to take.",
-                  (Target(f"xpu_unit_engine_init_overlaps_total{{{UNITS}}}", "{{unit}}"),),
-                  "short", [(None, "green"), (1, "orange")], 8, 8, options=LEGEND_LIST,
-                  custom={"thresholdsStyle": {"mode": "line"}}, defaults={"min": 0, "decimals": 0}),
-            Panel("timeseries", "Starts held back by the init gate (this boot)",
-                  "Starts of each unit that the init gate (vllm-xpu-gate, an ExecStartPre= command) made wait "
-                  "for another unit's init or for free memory, timeouts included. Gated units' inits should not "
-                  "overlap.",
-                  (Target(f"xpu_unit_gate_waits_total{{{UNITS}}}", "{{unit}}"),),
-                  "short", green_only(), 8, 8, options=LEGEND_LIST, defaults={"min": 0, "decimals": 0}),
+            boot_count_graph("Successful engine starts (this boot)",
+                             "Engine inits that succeeded since the host booted, per unit, read from the journal. "
+                             "Failed inits are marked on every graph (annotation \"Engine init failures\").",
+                             Target(f"xpu_unit_engine_starts_total{{{UNITS}}}", "{{unit}}")),
+            boot_count_graph("Engine init failures by reason (this boot)",
+                             "Engine inits that failed since the host booted, per unit and reason (kv_cache_too_small, "
+                             "no_kv_cache_memory, insufficient_free_memory, device_out_of_memory, "
+                             "memory_query_unsupported, other). Only units and reasons with failures are shown.",
+                             Target(f"sum by (unit, reason) (xpu_unit_engine_init_failures_total{{{UNITS}}}) > 0",
+                                    "{{unit}} {{reason}}"),
+                             colour_from_one="red"),
+            boot_count_graph("Overlapping engine inits (this boot)",
+                             "Inits of each unit that ran while another unit was initialising on the same host: the "
+                             "boot race. The unit that initialises last sees memory the others are about to take.",
+                             Target(f"xpu_unit_engine_init_overlaps_total{{{UNITS}}}", "{{unit}}"),
+                             colour_from_one="orange"),
+            boot_count_graph("Starts held back by the init gate (this boot)",
+                             "Starts of each unit that the init gate (vllm-xpu-gate, an ExecStartPre= command) made "
+                             "wait for another unit's init or for free memory, timeouts included. Gated units' inits "
+                             "should not overlap.",
+                             Target(f"xpu_unit_gate_waits_total{{{UNITS}}}", "{{unit}}")),
             Panel("timeseries", "Time spent in the init gate (this boot)",
                   "Seconds each unit's starts spent in the init gate since the host booted.",
                   (Target(f"xpu_unit_gate_wait_seconds_total{{{UNITS}}}", "{{unit}}"),),
                   "s", green_only(), 8, 8, options=LEGEND_LIST, defaults={"min": 0}),
-            Panel("timeseries", "Init gate timeouts (this boot)",
-                  "Waits in the init gate that ran out (its --timeout): the unit then started anyway (or failed, "
-                  "with --on-timeout fail) while another init ran or memory was short.",
-                  (Target(f"xpu_unit_gate_timeouts_total{{{UNITS}}}", "{{unit}}"),),
-                  "short", [(None, "green"), (1, "orange")], 8, 8, options=LEGEND_LIST,
-                  custom={"thresholdsStyle": {"mode": "line"}}, defaults={"min": 0, "decimals": 0}),
+            boot_count_graph("Init gate timeouts (this boot)",
+                             "Waits in the init gate that ran out (its --timeout): the unit then started anyway (or "
+                             "failed, with --on-timeout fail) while another init ran or memory was short.",
+                             Target(f"xpu_unit_gate_timeouts_total{{{UNITS}}}", "{{unit}}"),
+                             colour_from_one="orange"),
         )),
         Row("Restart headroom", (
             Panel("timeseries", "Restart headroom",
                   "Free memory plus the unit's own, less what its gpu_memory_utilization demands at start "
                   "(vLLM 0.16 and later refuse to start without it). Below 0 a restart now would fail; "
                   "XpuUnitRestartHeadroomNegative fires below "
-                  f"{bytes_text(number(knobs['restartHeadroomThresholdBytes']))} for "
+                  f"{bytes_text(headroom_threshold)} for "
                   f"{duration_text(knobs['restartHeadroomFor'])} (red).",
                   (Target(f"xpu_unit_restart_headroom_bytes{{{UNITS}}}", "{{unit}} on {{device}}"),),
-                  "bytes", [(None, "red"), (number(knobs["restartHeadroomThresholdBytes"]), "green")], 16, 8,
+                  "bytes", headroom_thresholds, 16, 8,
                   options=LEGEND_TABLE,
                   custom={"thresholdsStyle": {"mode": "line+area"}, "fillOpacity": 0}),
             Panel("bargauge", "Restart headroom now",
                   "Each unit's restart headroom at the end of the time range; red: below "
-                  f"{bytes_text(number(knobs['restartHeadroomThresholdBytes']))}, where "
+                  f"{bytes_text(headroom_threshold)}, where "
                   "XpuUnitRestartHeadroomNegative fires.",
                   (Target(f"xpu_unit_restart_headroom_bytes{{{UNITS}}}", "{{unit}}", instant=True),),
-                  "bytes", [(None, "red"), (number(knobs["restartHeadroomThresholdBytes"]), "green")], 8, 8,
+                  "bytes", headroom_thresholds, 8, 8,
                   options=BARGAUGE_OPTIONS),
         )),
         Row("Exporter", (
@@ -419,13 +435,12 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   (Target(f"xpu_exporter_collector_duration_seconds{{{EXPORTER}}}", "{{collector}}"),),
                   "s", [(None, "green"), (4, "orange"), (10, "red")], 6, 6, options=LEGEND_LIST,
                   custom={"thresholdsStyle": {"mode": "dashed"}, "lineInterpolation": "linear"}, defaults={"min": 0}),
-            Panel("timeseries", "Journal entries read",
-                  "Journal entries of watched units the exporter reads per second: a burst while it catches up "
-                  "on the boot, then the units' new output.",
-                  (Target(f"rate(xpu_exporter_journal_entries_read_total{{{EXPORTER}}}[$__rate_interval])",
-                          "entries read"),),
-                  "cps", green_only(), 6, 6, options=LEGEND_LIST,
-                  custom={"lineInterpolation": "linear"}, defaults={"min": 0}),
+            line_graph("Journal entries read",
+                       "Journal entries of watched units the exporter reads per second: a burst while it catches "
+                       "up on the boot, then the units' new output.",
+                       (Target(f"rate(xpu_exporter_journal_entries_read_total{{{EXPORTER}}}[$__rate_interval])",
+                               "entries read"),),
+                       "cps", 6, 6),
         )),
     )
 
@@ -472,7 +487,6 @@ def target_json(target: Target, ref_id: str) -> Json:
 
 def panel_json(panel: Panel, panel_id: int, x: int, y: int) -> Json:
     custom = {**TIMESERIES_CUSTOM, **panel.custom} if panel.kind == "timeseries" else dict(panel.custom)
-    steps = [{"value": value, "color": colour} for value, colour in panel.thresholds]
     return {
         "id": panel_id, "type": panel.kind, "title": panel.title, "description": panel.description,
         "datasource": DATASOURCE, "gridPos": {"h": panel.height, "w": panel.width, "x": x, "y": y},
@@ -480,7 +494,7 @@ def panel_json(panel: Panel, panel_id: int, x: int, y: int) -> Json:
         "fieldConfig": {
             "defaults": {"unit": panel.unit, "color": {"mode": "palette-classic" if panel.kind == "timeseries"
                                                         else "thresholds"},
-                         "thresholds": {"mode": "absolute", "steps": steps}, "custom": custom, **panel.defaults},
+                         "thresholds": thresholds_json(panel.thresholds), "custom": custom, **panel.defaults},
             "overrides": list(panel.overrides),
         },
         "options": dict(panel.options),

@@ -23,9 +23,12 @@ let
   # IPv6 literals go in brackets: [::1]:10447.
   listenHost = if lib.hasInfix ":" cfg.listenAddress then "[${cfg.listenAddress}]" else cfg.listenAddress;
 
+  # The exporter and the gate read the same units from the journal.
+  journalUnitFlags = map (glob: "--journal.units=${glob}") cfg.units;
+
   flags =
     [ "--web.listen-address=${listenHost}:${toString cfg.port}" ]
-    ++ map (glob: "--journal.units=${glob}") cfg.units
+    ++ journalUnitFlags
     ++ optionals (cfg.webConfigFile != null) [ "--web.config.file=${cfg.webConfigFile}" ]
     ++ cfg.extraFlags;
 
@@ -38,7 +41,7 @@ let
   # %n (the unit's name) is a specifier, so it stays outside the escaped arguments.
   gateFlags =
     [ "--timeout=${toString cfg.gate.timeoutSec}s" "--on-timeout=${cfg.gate.onTimeout}" ]
-    ++ map (glob: "--journal.units=${glob}") cfg.units
+    ++ journalUnitFlags
     ++ cfg.gate.extraFlags;
   gateCommand = "+${cfg.package}/bin/vllm-xpu-gate --unit=%n " + utils.escapeSystemdExecArgs gateFlags;
   gatedServices = builtins.listToAttrs (map (unit: {

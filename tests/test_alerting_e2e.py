@@ -56,8 +56,9 @@ SETTLE = 30  # seconds any state may take to show up (a deadline, not an expecta
 INIT_FAILED_ADVICE = (
     "Give the KV cache room for one max-length request: raise gpu_memory_utilization, or set "
     "kv_cache_memory_bytes to at least the needed figure, or lower max_model_len. If the unit starts fine "
-    "alone, it lost a race with other units initialising on the same GPU: order their starts (After= in the "
-    "unit files) so they initialise one after the other. Journal: journalctl -b -u vllm-xpu-chat.service")
+    "alone, it lost a race with other units initialising on the same GPU: gate their starts with vllm-xpu-gate "
+    "(docs/gate.md), or order them (After= in the unit files), so they initialise one after the other. "
+    "Journal: journalctl -b -u vllm-xpu-chat.service")
 
 
 # A770_TELEMETRY's uncorrectable RAS set counted one reset before the exporter started.
