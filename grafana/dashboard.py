@@ -11,7 +11,8 @@ written down. Queries use the metrics the exporter serves (and `up`); only the *
 panel needs a recording rule of rules/vllm-xpu-exporter.yaml (`unit:xpu_unit_engine_busy:ratio`, which
 joins the two drivers' counters), so the other panels work without the bundled rules. The thresholds
 and durations of the alerts that panels show are the rules' knobs (rules/template/config.yaml, read by
-rules/render.py); `--values` and `--set` take the same overrides as rules/render.py. Usable from a shell: `dashboard(overrides)` returns the dict.
+rules/render.py); `--values` and `--set` take the same overrides as rules/render.py. Usable from a
+shell: `dashboard(overrides)` returns the dict.
 """
 
 from __future__ import annotations
