@@ -21,6 +21,7 @@ from pathlib import Path
 
 import journalfacts
 from fakeze import SharedDevice
+from polling import wait_for
 from realsystemd import RealSystemd, path_inside
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, unit_file
 
@@ -100,10 +101,7 @@ def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine]
         extra_service=extra_service)
         for name, engine in units.items()}
     with RealSystemd(shared, files=files, enable=list(units)) as machine:
-        deadline = time.monotonic() + settle_timeout
-        while serving_units(events) != set(units) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        settled = serving_units(events) == set(units)
+        settled = wait_for(lambda: serving_units(events) == set(units), timeout=settle_timeout, interval=0.1)
         seconds = time.time() - machine.booted_at
         machine.sync_journal()
         entries = machine.journal(*units)

@@ -23,6 +23,7 @@ import pytest
 import journalfacts
 from bootrace import race_boot
 from exporterproc import RunningExporter
+from polling import wait_for
 from scrapes import series
 from fakeze import SharedDevice, fake_driver_env
 from realsystemd import CGROUP_ROOT, RealSystemd, host_hierarchies, journal_field
@@ -84,14 +85,6 @@ def _events(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _wait(condition, what: str, timeout: float = STEP_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
-
-
 class Scenario:
     """Per variant, on its own 16 GiB fake GPU: chat and embedding started together (embedding's
     profiling sees chat's weights arrive and fails; systemd restarts it 4 s later, alone), then stt
@@ -141,7 +134,8 @@ class Scenario:
 
     def _step(self, roles: list[str], done) -> None:
         self.machine.start(*[unit_name(role, variant) for variant in VARIANTS for role in roles])
-        _wait(lambda: done(roles), f"{', '.join(roles)} of every variant")
+        assert wait_for(lambda: done(roles), timeout=STEP_TIMEOUT, interval=0.1), \
+            f"timed out after {STEP_TIMEOUT} s waiting for {', '.join(roles)} of every variant"
 
     def _serving(self, roles: list[str]) -> bool:
         return all({unit_name(role, variant) for role in roles}
@@ -330,8 +324,9 @@ def _start_until_serving(machine: RealSystemd, directory: Path,
     journal shows of them (journalfacts)."""
     machine.daemon_reload()
     machine.start(*units)
-    _wait(lambda: {e["unit"] for e in _events(directory / "events.jsonl") if e["event"] == "serving"} == set(units),
-          "every unit serving")
+    assert wait_for(lambda: {e["unit"] for e in _events(directory / "events.jsonl") if e["event"] == "serving"}
+                    == set(units), timeout=STEP_TIMEOUT, interval=0.1), \
+        f"timed out after {STEP_TIMEOUT} s waiting for every unit serving"
     machine.sync_journal()
     return journalfacts.counts(machine.journal(*units), units)
 
