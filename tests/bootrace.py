@@ -12,7 +12,6 @@ every unit, or a function of the unit's engine (`gated`: the gate with the unit'
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +22,7 @@ import journalfacts
 from fakeze import SharedDevice
 from polling import wait_for
 from realsystemd import RealSystemd, path_inside
-from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, unit_file
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, serving_units, unit_file
 
 RACE_UNITS: Mapping[str, Engine] = {
     "vllm-xpu-chat.service": CHAT,
@@ -75,14 +74,6 @@ class BootOutcome:
         return sum(unit.overlaps for unit in self.counts.values())
 
 
-def serving_units(events: Path) -> set[str]:
-    """Units whose replayed engine has reached serving (vllmunit's --events)."""
-    if not events.exists():
-        return set()
-    records = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
-    return {record["unit"] for record in records if record["event"] == "serving"}
-
-
 def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine], Sequence[str]] = (),
               unit_type: str = "simple", restart_sec: float = 1.0, time_scale: float = 0.1,
               settle_timeout: float = SETTLE_TIMEOUT, units: Mapping[str, Engine] = RACE_UNITS,
@@ -111,4 +102,4 @@ def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine]
 
 
 __all__ = ["BootOutcome", "IDLE_RESERVED", "RACE_UNITS", "gate_command", "gate_environment", "gated",
-           "race_boot", "serving_units"]
+           "race_boot"]

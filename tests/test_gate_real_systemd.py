@@ -10,7 +10,6 @@ benchmarks/boot_race.py compares both over 20 boots).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 import shutil
@@ -20,14 +19,13 @@ from typing import NamedTuple
 import pytest
 
 import journalfacts
-from bootrace import (IDLE_RESERVED, RACE_UNITS, BootOutcome, gate_command, gate_environment, gated, race_boot,
-                      serving_units)
+from bootrace import IDLE_RESERVED, RACE_UNITS, BootOutcome, gate_command, gate_environment, gated, race_boot
 from fakeze import SharedDevice
 from polling import wait_for
 from realsystemd import RealSystemd, journal_field, path_inside
 from scrapes import series
 from test_real_systemd import require_root, run_exporter, scrape_until_equal
-from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, unit_file
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, read_events, serving_units, unit_file
 
 GATED_BOOTS = 2
 RESTART_TIMEOUT = 20.0
@@ -67,16 +65,6 @@ def decisions(entries, unit: str) -> list[GateDecision]:
 
 def _bytes(figure: str) -> int | None:
     return None if figure == "unknown" else int(figure)
-
-
-def _events(events: Path) -> list[dict]:
-    if not events.exists():
-        return []
-    return [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
-
-
-def _serving(events: Path) -> list[dict]:
-    return [record for record in _events(events) if record["event"] == "serving"]
 
 
 @pytest.fixture
@@ -147,7 +135,8 @@ def test_a_chat_restart_while_the_others_serve_is_not_delayed(shared: Path, fake
     def restart_chat(machine: RealSystemd) -> None:
         events = shared / "events.jsonl"
         machine.systemctl("restart", "--no-block", chat)
-        assert wait_for(lambda: sum(record["unit"] == chat for record in _serving(events)) >= 2,
+        assert wait_for(lambda: sum(record["unit"] == chat and record["event"] == "serving"
+                                    for record in read_events(events)) >= 2,
                         timeout=RESTART_TIMEOUT, interval=0.1), "chat did not serve again after its restart"
         machine.sync_journal()
         seen["entries"] = machine.journal(*RACE_UNITS)
@@ -185,7 +174,7 @@ def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_after_the_lease_en
     with RealSystemd(shared, files=files) as machine:
         machine.start(chat)
         assert wait_for(lambda: any(record["unit"] == chat and record["event"] == "started"
-                                    for record in _events(events)), timeout=STEP_TIMEOUT, interval=0.2), \
+                                    for record in read_events(events)), timeout=STEP_TIMEOUT, interval=0.2), \
             f"timed out after {STEP_TIMEOUT} s waiting for chat's engine to start"
         machine.start(embedding)
         assert wait_for(lambda: any(line.startswith(f"vllm-xpu-gate: waiting for {chat}")
@@ -231,7 +220,7 @@ def test_a_gated_start_waits_for_memory_another_process_holds(shared: Path, fake
         assert wait_for(lambda: any(line.startswith("vllm-xpu-gate: waiting for memory ")
                                     for line in _gate_lines(machine, embedding)), timeout=STEP_TIMEOUT, interval=0.2), \
             f"timed out after {STEP_TIMEOUT} s waiting for embedding's gate to wait for memory"
-        assert not _events(events), "the engine started while its gate waited for memory"
+        assert not read_events(events), "the engine started while its gate waited for memory"
         device.release("other-process")
         assert wait_for(lambda: embedding in serving_units(events), timeout=STEP_TIMEOUT, interval=0.2), \
             f"timed out after {STEP_TIMEOUT} s waiting for embedding to serve"

@@ -27,7 +27,7 @@ from polling import wait_for
 from scrapes import series
 from fakeze import SharedDevice, fake_driver_env
 from realsystemd import CGROUP_ROOT, RealSystemd, host_hierarchies, journal_field
-from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, unit_file
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, serving_units, unit_file
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real-systemd"
 TIME_SCALE = 0.1
@@ -77,12 +77,6 @@ def shared(tmp_path_factory: pytest.TempPathFactory, fake_driver: Path) -> Path:
 def machine(shared: Path) -> Iterator[RealSystemd]:
     with RealSystemd(shared) as booted:
         yield booted
-
-
-def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 class Scenario:
@@ -138,8 +132,7 @@ class Scenario:
             f"timed out after {STEP_TIMEOUT} s waiting for {', '.join(roles)} of every variant"
 
     def _serving(self, roles: list[str]) -> bool:
-        return all({unit_name(role, variant) for role in roles}
-                   <= {e["unit"] for e in _events(self.events(variant)) if e["event"] == "serving"}
+        return all({unit_name(role, variant) for role in roles} <= serving_units(self.events(variant))
                    for variant in VARIANTS)
 
     def _failed(self, roles: list[str]) -> bool:
@@ -324,8 +317,8 @@ def _start_until_serving(machine: RealSystemd, directory: Path,
     journal shows of them (journalfacts)."""
     machine.daemon_reload()
     machine.start(*units)
-    assert wait_for(lambda: {e["unit"] for e in _events(directory / "events.jsonl") if e["event"] == "serving"}
-                    == set(units), timeout=STEP_TIMEOUT, interval=0.1), \
+    assert wait_for(lambda: serving_units(directory / "events.jsonl") == set(units), timeout=STEP_TIMEOUT,
+                    interval=0.1), \
         f"timed out after {STEP_TIMEOUT} s waiting for every unit serving"
     machine.sync_journal()
     return journalfacts.counts(machine.journal(*units), units)

@@ -5,7 +5,6 @@ processes' memory charged as non-torch), vLLM's own failure lines, memory given 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -38,8 +37,7 @@ def start_engine(device: SharedDevice, tmp_path: Path, engine=CHAT, time_scale: 
 
 
 def events(tmp_path: Path) -> list[dict]:
-    path = tmp_path / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return vllmunit.read_events(tmp_path / "events.jsonl")
 
 
 def wait_for_event(tmp_path: Path, event: str, timeout: float = 10) -> dict:

@@ -28,7 +28,8 @@ What happens, at vllmlogs' offsets (seconds after the process started, plus --im
 Only the standard library and the helpers beside this file: it runs under the system Python.
 
 For the tests' side: `Engine` (a replayed engine's settings; CHAT, EMBEDDING and STT are the issue's
-three units on a 16 GiB GPU, SIXTEEN_GIB_GPU) and `unit_file()` (its systemd unit).
+three units on a 16 GiB GPU, SIXTEEN_GIB_GPU), `unit_file()` (its systemd unit) and `read_events()` /
+`serving_units()` (what the engines wrote to --events).
 """
 
 from __future__ import annotations
@@ -283,6 +284,18 @@ class _EventLog:
                   "event": event, "at": time.time(), **fields}
         with open(self.path, "a", encoding="utf-8") as file:
             file.write(json.dumps(record) + "\n")
+
+
+def read_events(path: Path) -> list[dict]:
+    """The records the engines appended to their --events file, in order ([] before the first)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def serving_units(events: Path) -> set[str]:
+    """Units whose replayed engine has reached serving."""
+    return {record["unit"] for record in read_events(events) if record["event"] == "serving"}
 
 
 if __name__ == "__main__":
