@@ -43,6 +43,7 @@ from fakeprocfs import (
     v2_cgroup,
     xe_fdinfo,
 )
+from polling import ManualClock
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -414,14 +415,6 @@ def test_real_proc_scans_and_its_totals_are_consistent():
 def test_unit_of_pid_on_real_proc_matches_own_cgroup_file():
     expected = unit_of_cgroup_file(Path("/proc/self/cgroup").read_text())
     assert unit_of_pid("/proc", os.getpid()) == expected
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_scanner_agrees_with_a_full_scan(tmp_path):
