@@ -29,6 +29,7 @@ from fakeprocfs import FakeProcfs, xe_fdinfo
 from fakeze import A770, B580, GiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
 from journalgen import (Clock, JournalEntrySpec, append_journal, current_boot_id, new_invocation_id, unit_failed,
                         unit_output, unit_process_exited, unit_started, unit_starting, write_journal)
+from vllmlogs import TrackerEntry
 
 REPO = Path(__file__).resolve().parents[1]
 CHAT = "vllm-xpu-chat.service"
@@ -241,22 +242,12 @@ def test_flags_take_go_durations_the_exporters_journal_and_levelzero_flags_and_t
 
 def views_of(entries: Sequence[JournalEntrySpec]):
     """The fold of entries built by journalgen, without a journal file (fields as the reader decodes them)."""
-    @dataclass(frozen=True)
-    class Entry:
-        unit: str
-        realtime_usec: int
-        message: str
-        from_systemd: bool
-        message_id: str
-        pid: int | None
-        invocation_id: str
-
     tracker = EngineTracker()
     for spec in entries:
         from_systemd = spec.field_value("_PID") == 1
         unit = spec.field_value("UNIT" if from_systemd else "_SYSTEMD_UNIT")
         invocation = spec.field_value("INVOCATION_ID" if from_systemd else "_SYSTEMD_INVOCATION_ID")
-        tracker.add(Entry(str(unit), spec.realtime_usec, str(spec.field_value("MESSAGE") or ""), from_systemd,
+        tracker.add(TrackerEntry(str(unit), spec.realtime_usec, str(spec.field_value("MESSAGE") or ""), from_systemd,
                           str(spec.field_value("MESSAGE_ID") or ""), int(spec.field_value("_PID")), str(invocation)))
     return list(tracker.views())
 
