@@ -431,18 +431,18 @@ def test_scanner_agrees_with_a_full_scan(tmp_path):
 def test_scanner_sees_new_processes_at_once_and_new_fds_of_known_ones_after_the_rescan_time(tmp_path):
     procfs = FakeProcfs(tmp_path)
     known = procfs.add_unit_process(10, "/system.slice/vllm-a.service")
-    known.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
+    known.add_drm_fd(xe_fdinfo(client_id=1, vram0=MiB))
     clock = ManualClock()
     scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, young_seconds=0, clock=clock)
-    assert scanner.scan().memory_by_device["0000:03:00.0"] == 1 << 20
+    assert scanner.scan().memory_by_device["0000:03:00.0"] == MiB
 
-    procfs.add_unit_process(20, "/system.slice/vllm-b.service").add_drm_fd(xe_fdinfo(client_id=2, vram0=2 << 20))
-    known.add_drm_fd(xe_fdinfo(client_id=3, vram0=4 << 20))
+    procfs.add_unit_process(20, "/system.slice/vllm-b.service").add_drm_fd(xe_fdinfo(client_id=2, vram0=2 * MiB))
+    known.add_drm_fd(xe_fdinfo(client_id=3, vram0=4 * MiB))
     clock.now += 1
-    assert scanner.scan().memory_by_device["0000:03:00.0"] == 3 << 20  # the new process, not the new fd
+    assert scanner.scan().memory_by_device["0000:03:00.0"] == 3 * MiB  # the new process, not the new fd
 
     clock.now += 15  # walks are spread over 0.5 to 1.5 times the rescan time
-    assert scanner.scan().memory_by_device["0000:03:00.0"] == 7 << 20
+    assert scanner.scan().memory_by_device["0000:03:00.0"] == 7 * MiB
 
 
 def test_a_young_process_is_walked_at_every_scan_and_a_settled_one_after_the_rescan_time(tmp_path):
@@ -454,28 +454,28 @@ def test_a_young_process_is_walked_at_every_scan_and_a_settled_one_after_the_res
     assert scanner.scan().memory_by_device == {}
 
     clock.now += 15  # the young one opens the GPU after its imports; the settled one opens it too
-    young.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
-    settled.add_drm_fd(xe_fdinfo(client_id=2, vram0=2 << 20))
-    assert scanner.scan().memory_by_device == {"0000:03:00.0": 1 << 20}, "the settled one is not walked yet"
+    young.add_drm_fd(xe_fdinfo(client_id=1, vram0=MiB))
+    settled.add_drm_fd(xe_fdinfo(client_id=2, vram0=2 * MiB))
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": MiB}, "the settled one is not walked yet"
 
     clock.now += 90  # walks of settled processes are spread over 30 to 90 s
-    assert scanner.scan().memory_by_device == {"0000:03:00.0": 3 << 20}
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": 3 * MiB}
 
 
 def test_a_new_process_under_a_reused_pid_is_young_whatever_the_old_ones_age(tmp_path):
     procfs = FakeProcfs(tmp_path)
     old = procfs.add_unit_process(10, "/system.slice/vllm-a.service", started_seconds_ago=3600)
-    old.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
+    old.add_drm_fd(xe_fdinfo(client_id=1, vram0=MiB))
     clock = ManualClock()
     scanner = DrmClientScanner(str(procfs.root), rescan_seconds=60, young_seconds=60, clock=clock)
-    assert scanner.scan().memory_by_device == {"0000:03:00.0": 1 << 20}
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": MiB}
     procfs.remove_process(10)
     new = procfs.add_unit_process(10, "/system.slice/vllm-a.service", started_seconds_ago=1)
     clock.now += 1
     assert scanner.scan().memory_by_device == {}
-    new.add_drm_fd(xe_fdinfo(client_id=2, vram0=2 << 20))
+    new.add_drm_fd(xe_fdinfo(client_id=2, vram0=2 * MiB))
     clock.now += 1
-    assert scanner.scan().memory_by_device == {"0000:03:00.0": 2 << 20}
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": 2 * MiB}
 
 
 @pytest.mark.parametrize("stat", ["", "10 (vllm) S 1", "10 (vllm) S " + "x " * 30], ids=["empty", "short", "garbage"])
@@ -486,9 +486,9 @@ def test_a_process_whose_age_cannot_be_read_is_walked_at_every_scan(tmp_path, st
     clock = ManualClock()
     scanner = DrmClientScanner(str(procfs.root), rescan_seconds=60, young_seconds=60, clock=clock)
     assert scanner.scan().memory_by_device == {}
-    process.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
+    process.add_drm_fd(xe_fdinfo(client_id=1, vram0=MiB))
     clock.now += 1
-    assert scanner.scan().memory_by_device == {"0000:03:00.0": 1 << 20}
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": MiB}
 
 
 def test_the_age_of_a_real_process_is_read_from_real_proc():
