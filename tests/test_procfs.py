@@ -39,6 +39,7 @@ from fakeprocfs import (
     i915_61_fdinfo,
     i915_fdinfo,
     v1_cgroup,
+    XE_DEFAULT_CYCLES,
     XE_ENGINES,
     v2_cgroup,
     xe_fdinfo,
@@ -713,11 +714,11 @@ def test_xe_cycles_are_summed_over_a_unit_s_clients_once_each_and_total_cycles_a
     tree.add_unit_process(300, CODE).add_drm_fd(xe_fdinfo(client_id=9, cycles={"ccs": 40}, total_cycles=49_000))
     use = scan(tree).engines_by_device_unit[GPU]
     assert use["vllm-xpu-chat.service"].cycles["ccs"] == 1300
-    assert use["vllm-xpu-chat.service"].cycles["rcs"] == 5 + 28257900  # client 7 prints the default for rcs
+    assert use["vllm-xpu-chat.service"].cycles["rcs"] == 5 + XE_DEFAULT_CYCLES  # client 7 prints the default for rcs
     assert use["vllm-xpu-chat.service"].total_cycles == dict.fromkeys(XE_ENGINES, 50_100)
     assert use["vllm-xpu-chat.service"].busy_seconds == {}
     assert use["vllm-xpu-code.service"] == UnitEngineUse(
-        cycles={**dict.fromkeys(XE_ENGINES, 28257900), "ccs": 40}, total_cycles=dict.fromkeys(XE_ENGINES, 49_000))
+        cycles={**dict.fromkeys(XE_ENGINES, XE_DEFAULT_CYCLES), "ccs": 40}, total_cycles=dict.fromkeys(XE_ENGINES, 49_000))
 
 
 def test_a_client_shared_across_units_counts_for_the_lowest_pid_s_unit_only(tree: FakeProcfs):
@@ -800,8 +801,8 @@ def test_scans_between_walks_read_each_client_through_its_layout_not_the_general
 
 @pytest.mark.parametrize("changed", [
     xe_fdinfo(client_id=1, cycles={"ccs": 500}) + "drm-cycles-xcs:\t5\n",  # a line more
-    xe_fdinfo(client_id=1, cycles={"ccs": 500}).replace("drm-cycles-rcs:\t28257900", "drm-cycles-rcs:\tlots"),
-    xe_fdinfo(client_id=1, cycles={"ccs": 500}).replace("drm-cycles-rcs:\t28257900\n", ""),  # a line less
+    xe_fdinfo(client_id=1, cycles={"ccs": 500}).replace(f"drm-cycles-rcs:\t{XE_DEFAULT_CYCLES}", "drm-cycles-rcs:\tlots"),
+    xe_fdinfo(client_id=1, cycles={"ccs": 500}).replace(f"drm-cycles-rcs:\t{XE_DEFAULT_CYCLES}\n", ""),  # a line less
 ], ids=["engine-line-added", "engine-line-malformed", "engine-line-removed"])
 def test_a_client_whose_lines_change_between_walks_is_read_as_a_full_scan_reads_it(tmp_path, changed: str):
     procfs = FakeProcfs(tmp_path)
