@@ -26,6 +26,8 @@ from exporterproc import RunningExporter
 from polling import wait_for
 from scrapes import series
 from fakeze import SharedDevice, fake_driver_env
+from journalgen import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_RESTART_SCHEDULED,
+                        MESSAGE_ID_UNIT_STARTED, MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED)
 from realsystemd import CGROUP_ROOT, RealSystemd, host_hierarchies, journal_field
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, serving_units, unit_file
 
@@ -207,21 +209,21 @@ def check_what_systemd_writes(entries: list[dict], unit: str, unit_type: str, pr
     for invocation in invocations:
         mine = [row for row in rows if row[2] == invocation]
         pid1 = [message_id for kind, message_id, _ in mine if kind == "pid1"]
-        starting = journalfacts.MESSAGE_ID_STARTING in pid1
+        starting = MESSAGE_ID_UNIT_STARTING in pid1
         assert starting == (unit_type == "exec" or pre), f"{unit}: 'Starting' logged: {starting}"
-        assert journalfacts.MESSAGE_ID_STARTED in pid1
+        assert MESSAGE_ID_UNIT_STARTED in pid1
         main_pids = {pid for kind, pid, _ in mine if kind == "main"}
         pre_pids = {pid for kind, pid, _ in mine if kind == "pre"}
         assert len(main_pids) == 1, f"{unit}: the main process's lines carry one _PID: {main_pids}"
         assert len(pre_pids) == (1 if pre else 0) and not pre_pids & main_pids
         if pre:
             kinds = [kind if kind != "pid1" else message_id for kind, message_id, _ in mine]
-            assert kinds.index(journalfacts.MESSAGE_ID_STARTED) > kinds.index("pre"), \
+            assert kinds.index(MESSAGE_ID_UNIT_STARTED) > kinds.index("pre"), \
                 f"{unit}: the pre-start command ran before 'Started'"
-            assert kinds.index(journalfacts.MESSAGE_ID_STARTING) < kinds.index(journalfacts.MESSAGE_ID_STARTED)
+            assert kinds.index(MESSAGE_ID_UNIT_STARTING) < kinds.index(MESSAGE_ID_UNIT_STARTED)
     first = [message_id for kind, message_id, invocation in rows if kind == "pid1" and invocation == invocations[0]]
-    assert first[-4:] == [journalfacts.MESSAGE_ID_PROCESS_EXIT, "d9b373ed55a64feb8242e02dbe79a49c",
-                          "5eb03494b6584870a536b337290809b3", "9d1aaa27d60140bd96365438aad20286"], \
+    assert first[-4:] == [MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_FAILURE_RESULT,
+                          MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_STOPPED], \
         f"{unit}: exit, failed, scheduled restart, stopped close the failed start (all its invocation id)"
 
 
