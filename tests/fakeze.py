@@ -330,10 +330,6 @@ class SharedDevice:
     def release(self, holder: str) -> int:
         return self.hold(holder, 0)
 
-    def device(self) -> FakeDevice:
-        with self._locked():
-            return _device_with_shares(self._read())
-
     @contextmanager
     def _locked(self) -> Iterator[None]:
         with open(self.lock_path, "a") as lock:
