@@ -280,7 +280,7 @@ class SharedDevice:
     the next change, as the kernel driver frees a dead process's memory; only processes of the
     caller's pid namespace can be checked, so each share records its namespace.
 
-        device = SharedDevice.create(config_path, A770_16G)     # the test, once
+        device = SharedDevice.create(config_path, A770)     # the test, once
         SharedDevice(config_path).hold("vllm-chat.service", 8 * GiB)  # a replayed engine
     """
 

@@ -47,12 +47,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fakeze import FakeDevice, FakeMemoryModule, GiB, SharedDevice  # noqa: E402
+from fakeze import A770, GiB, SharedDevice  # noqa: E402
 from vllmlogs import Failure, UnitLine, VllmRun, engine_start_lines, release  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
-SIXTEEN_GIB_GPU = FakeDevice("0000:03:00.0", name="Intel(R) Arc(TM) A770 Graphics", uuid=bytes(range(0x10, 0x20)),
-                             driver_version="1.3.24595", memory=(FakeMemoryModule(size=16 * GiB, free=16 * GiB),))
+SIXTEEN_GIB_GPU = A770  # its 16 GiB module; SharedDevice.create replaces its free memory and processes by the shares
 INIT_DEVICE_AT = 6.6  # vllmlogs: the line after init_device (or its failure)
 WEIGHT_STEPS = 4
 
