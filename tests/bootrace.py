@@ -12,7 +12,6 @@ every unit, or a function of the unit's engine (`gated`: the gate with the unit'
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -21,8 +20,9 @@ from pathlib import Path
 
 import journalfacts
 from fakeze import SharedDevice
+from polling import wait_for
 from realsystemd import RealSystemd, path_inside
-from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, unit_file
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, serving_units, unit_file
 
 RACE_UNITS: Mapping[str, Engine] = {
     "vllm-xpu-chat.service": CHAT,
@@ -74,19 +74,10 @@ class BootOutcome:
         return sum(unit.overlaps for unit in self.counts.values())
 
 
-def serving_units(events: Path) -> set[str]:
-    """Units whose replayed engine has reached serving (vllmunit's --events)."""
-    if not events.exists():
-        return set()
-    records = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
-    return {record["unit"] for record in records if record["event"] == "serving"}
-
-
 def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine], Sequence[str]] = (),
-              unit_type: str = "simple", restart_sec: float = 1.0, time_scale: float = 0.1,
-              settle_timeout: float = SETTLE_TIMEOUT, units: Mapping[str, Engine] = RACE_UNITS,
-              extra_service: Sequence[str] = (), while_up: Callable[[RealSystemd], None] | None = None) -> BootOutcome:
-    """Boot once with `units` enabled and report what the journal shows once they all serve.
+              time_scale: float = 0.1, extra_service: Sequence[str] = (),
+              while_up: Callable[[RealSystemd], None] | None = None) -> BootOutcome:
+    """Boot once with RACE_UNITS enabled and report what the journal shows once they all serve.
     `extra_service`: more [Service] lines for every unit (Environment= for a gate, ...); `while_up`
     is called with the machine once the units serve, before it shuts down."""
     shared = Path(shared)
@@ -94,23 +85,19 @@ def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine]
     SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
     events.unlink(missing_ok=True)
     files = {f"/etc/systemd/system/{name}": unit_file(
-        engine, device_config=path_inside(shared, config), unit_type=unit_type,
+        engine, device_config=path_inside(shared, config),
         exec_start_pre=exec_start_pre(engine) if callable(exec_start_pre) else exec_start_pre,
-        restart_sec=restart_sec, time_scale=time_scale, events=path_inside(shared, events), requests=0,
-        extra_service=extra_service)
-        for name, engine in units.items()}
-    with RealSystemd(shared, files=files, enable=list(units)) as machine:
-        deadline = time.monotonic() + settle_timeout
-        while serving_units(events) != set(units) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        settled = serving_units(events) == set(units)
+        time_scale=time_scale, events=path_inside(shared, events), requests=0, extra_service=extra_service)
+        for name, engine in RACE_UNITS.items()}
+    with RealSystemd(shared, files=files, enable=list(RACE_UNITS)) as machine:
+        settled = wait_for(lambda: serving_units(events) == set(RACE_UNITS), timeout=SETTLE_TIMEOUT, interval=0.1)
         seconds = time.time() - machine.booted_at
         machine.sync_journal()
-        entries = machine.journal(*units)
+        entries = machine.journal(*RACE_UNITS)
         if while_up is not None:
             while_up(machine)
-    return BootOutcome(journalfacts.counts(entries, units), settled, seconds, entries)
+    return BootOutcome(journalfacts.counts(entries, RACE_UNITS), settled, seconds, entries)
 
 
 __all__ = ["BootOutcome", "IDLE_RESERVED", "RACE_UNITS", "gate_command", "gate_environment", "gated",
-           "race_boot", "serving_units"]
+           "race_boot"]

@@ -67,14 +67,16 @@ def fdinfo_head(driver: str, pdev: str | None, client_id: int | None) -> str:
 
 
 XE_ENGINES = ("rcs", "bcs", "vcs", "vecs", "ccs")
+XE_DEFAULT_CYCLES = 28257900  # xe_fdinfo's drm-cycles of an engine whose cycles are not given
+XE_DEFAULT_TOTAL_CYCLES = 7655183225  # xe_fdinfo's drm-total-cycles when total_cycles is not given
 I915_ENGINES = ("render", "copy", "video", "video-enhance", "compute")
 
 
 def xe_fdinfo(client_id: int | None = 1, pdev: str | None = "0000:03:00.0", vram0: int = 0,
               unit: str = "KiB", shared_vram0: int = 0, system: int = 0, gtt: int = 0,
-              cycles: dict[str, int] | None = None, total_cycles: int = 7655183225) -> str:
+              cycles: dict[str, int] | None = None, total_cycles: int = XE_DEFAULT_TOTAL_CYCLES) -> str:
     """An xe (kernel 6.8+) fdinfo: regions system, gtt, vram0, stolen; engines as drm-cycles (`cycles`
-    per engine, 28257900 for those not given) and drm-total-cycles (`total_cycles` for every engine)."""
+    per engine, XE_DEFAULT_CYCLES for those not given) and drm-total-cycles (`total_cycles` for every engine)."""
     text = fdinfo_head("xe", pdev, client_id)
     regions = {"system": (system, 0), "gtt": (gtt, 0), "vram0": (vram0, shared_vram0), "stolen": (0, 0)}
     for region, (total, shared) in regions.items():
@@ -85,7 +87,7 @@ def xe_fdinfo(client_id: int | None = 1, pdev: str | None = "0000:03:00.0", vram
         if region == "system":
             text += "drm-purgeable-system:\t0\n"
     for engine in XE_ENGINES:
-        busy = (cycles or {}).get(engine, 28257900)
+        busy = (cycles or {}).get(engine, XE_DEFAULT_CYCLES)
         text += f"drm-cycles-{engine}:\t{busy}\ndrm-total-cycles-{engine}:\t{total_cycles}\n"
     text += "drm-engine-capacity-vcs:\t2\n"
     return text

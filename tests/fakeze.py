@@ -280,7 +280,7 @@ class SharedDevice:
     the next change, as the kernel driver frees a dead process's memory; only processes of the
     caller's pid namespace can be checked, so each share records its namespace.
 
-        device = SharedDevice.create(config_path, A770_16G)     # the test, once
+        device = SharedDevice.create(config_path, A770)     # the test, once
         SharedDevice(config_path).hold("vllm-chat.service", 8 * GiB)  # a replayed engine
     """
 
@@ -329,10 +329,6 @@ class SharedDevice:
 
     def release(self, holder: str) -> int:
         return self.hold(holder, 0)
-
-    def device(self) -> FakeDevice:
-        with self._locked():
-            return _device_with_shares(self._read())
 
     @contextmanager
     def _locked(self) -> Iterator[None]:

@@ -21,11 +21,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from journalgen import MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_STARTED
 from realsystemd import journal_field
-
-MESSAGE_ID_STARTED = "39f53479d3a045ac8e11786248231fbf"
-MESSAGE_ID_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
-MESSAGE_ID_PROCESS_EXIT = "98e322203f7a4ed290d09fe03c09fe15"
 
 INIT_DONE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took|Application startup complete")
 KV_LINE = re.compile(r"Available KV cache memory: |KV cache size: [\d,]+ tokens")
@@ -75,9 +72,9 @@ def starts(entries: Iterable[Mapping[str, object]]) -> list[Start]:
         start = by_invocation.setdefault(invocation, Start(unit, invocation))
         if from_pid1:
             message_id = journal_field(entry, "MESSAGE_ID")
-            if message_id == MESSAGE_ID_STARTED and start.began_usec is None:
+            if message_id == MESSAGE_ID_UNIT_STARTED and start.began_usec is None:
                 start.began_usec = at
-            elif message_id == MESSAGE_ID_PROCESS_EXIT and start.exited_usec is None:
+            elif message_id == MESSAGE_ID_UNIT_PROCESS_EXIT and start.exited_usec is None:
                 start.exited_usec = at
                 if not start.ended:
                     start.outcome, start.reason, start.ended = "failed", "other", True

@@ -231,17 +231,6 @@ def unit_started(unit: str, at: Moment, *, description: str | None = "vLLM serve
     )
 
 
-def unit_start_failed(unit: str, at: Moment, *, description: str | None = "vLLM server", job_id: int = 100,
-                      invocation_id: str | None = None) -> JournalEntrySpec:
-    """'Failed to start <unit> - <description>.'"""
-    return systemd_record(
-        unit, f"Failed to start {_status_unit(unit, description)}.", MESSAGE_ID_UNIT_START_FAILED, at,
-        priority=3, code_file="src/core/job.c", code_func="job_emit_done_message",
-        extra=(("JOB_ID", job_id), ("JOB_TYPE", "start"), ("JOB_RESULT", "failed")),
-        invocation_id=invocation_id,
-    )
-
-
 def unit_process_exited(
     unit: str, at: Moment, *, status: int = 1, code: str = "exited", kind: str = "Main process",
     command: str = "python3", invocation_id: str | None = None,

@@ -18,3 +18,13 @@ def wait_for(predicate: Callable[[], T], timeout: float = 10, interval: float = 
         if value or time.monotonic() > deadline:
             return value
         time.sleep(interval)
+
+
+class ManualClock:
+    """A clock (time.monotonic's stand-in) that stands still until a test sets `now`."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now

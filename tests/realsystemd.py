@@ -187,16 +187,13 @@ def _parent_death_signal() -> None:
 class RealSystemd:
     """A booted systemd as PID 1 of private namespaces; see the module docstring."""
 
-    def __init__(self, shared: Path, *, files: Mapping[str, str] | None = None, enable: Sequence[str] = (),
-                 masks: Sequence[str] = (), boot_timeout: float = BOOT_TIMEOUT) -> None:
+    def __init__(self, shared: Path, *, files: Mapping[str, str] | None = None, enable: Sequence[str] = ()) -> None:
         """`shared`: a host directory bound read-write at SHARED_INSIDE. `files`: path inside ->
         text, written into the root before systemd starts (unit files, drop-ins). `enable`: units
         under /etc/systemd/system to link into multi-user.target.wants, so they start at boot."""
         self.shared = Path(shared).resolve()
         self.files = dict(files or {})
         self.enable = tuple(enable)
-        self.masks = tuple(masks)
-        self.boot_timeout = boot_timeout
         self.pid1: int | None = None
         self.booted_at = 0.0
         self._launcher: subprocess.Popen | None = None
@@ -244,7 +241,7 @@ class RealSystemd:
                 if (cgroup / inherited).exists():
                     (cgroup / inherited).write_text((cgroup.parent / inherited).read_text())
         (run_dir / "rootfs").mkdir()
-        masks = [*MASKED_UNITS, *image_enabled_units(), *self.masks]
+        masks = [*MASKED_UNITS, *image_enabled_units()]
         kernel_args = [f"systemd.mask={unit}" for unit in dict.fromkeys(masks)]
         cgroups = list(self._cgroups)
 
@@ -275,7 +272,7 @@ class RealSystemd:
             (wants / unit).symlink_to(f"/etc/systemd/system/{unit}")
 
     def _wait_until_running(self) -> None:
-        deadline = time.monotonic() + self.boot_timeout
+        deadline = time.monotonic() + BOOT_TIMEOUT
         while self.pid1 is None:
             self._check_launcher()
             children = Path(f"/proc/{self._launcher.pid}/task/{self._launcher.pid}/children")
@@ -286,7 +283,7 @@ class RealSystemd:
             if pids and _comm(int(pids[0])) == "systemd":
                 self.pid1 = int(pids[0])
             elif time.monotonic() > deadline:
-                raise BootError(f"systemd was not started within {self.boot_timeout} s:\n{self.console}")
+                raise BootError(f"systemd was not started within {BOOT_TIMEOUT} s:\n{self.console}")
             else:
                 time.sleep(0.02)
         state = ""
@@ -296,7 +293,7 @@ class RealSystemd:
             if state in ("running", "degraded"):
                 return
             time.sleep(0.05)
-        raise BootError(f"systemd did not finish booting within {self.boot_timeout} s (state {state!r}):\n"
+        raise BootError(f"systemd did not finish booting within {BOOT_TIMEOUT} s (state {state!r}):\n"
                         f"{self.console}")
 
     def _check_launcher(self) -> None:
@@ -340,11 +337,6 @@ class RealSystemd:
             self._run_dir = None
         if errors:
             raise OSError("cgroups left behind: " + "; ".join(errors))
-
-    def reboot(self) -> RealSystemd:
-        """A fresh boot: new namespaces, an empty overlay, an empty journal."""
-        self.shutdown()
-        return self.boot()
 
     def __enter__(self) -> RealSystemd:
         return self.boot()
@@ -394,12 +386,6 @@ class RealSystemd:
         """Start the units in one call (one transaction each, queued together); without `block` return
         once the jobs are queued."""
         self.systemctl("start", *([] if block else ["--no-block"]), *units)
-
-    def stop(self, *units: str) -> None:
-        self.systemctl("stop", *units)
-
-    def show(self, unit: str, prop: str) -> str:
-        return self.systemctl("show", "-p", prop, "--value", unit).stdout.strip()
 
     def journal(self, *units: str, args: Iterable[str] = ()) -> list[dict[str, object]]:
         """The journal as `journalctl -o json` gives it, one dict per entry; `units`: only their entries

@@ -26,7 +26,7 @@ import pytest
 
 import journalgen
 from exporterproc import RunningExporter
-from fakeprocfs import FakeProcfs, xe_fdinfo
+from fakeprocfs import XE_DEFAULT_CYCLES, XE_DEFAULT_TOTAL_CYCLES, FakeProcfs, xe_fdinfo
 from fakeze import (A770_TELEMETRY, ZES_RAS_ERROR_TYPE_UNCORRECTABLE, FakeConfig, FakeRas,
                     fake_driver_env, write_config)
 from polling import wait_for
@@ -153,7 +153,8 @@ def stack(fake_driver: Path, tmp_path_factory: pytest.TempPathFactory):
         for pid, (unit, held) in enumerate(HELD.items(), start=200):
             process = procfs.processes[pid]
             (process.path / "fdinfo" / str(process.fds[0])).write_text(
-                xe_fdinfo(client_id=pid, vram0=held, cycles={"ccs": 28257900 + 1000}, total_cycles=7655183225 + 4000))
+                xe_fdinfo(client_id=pid, vram0=held, cycles={"ccs": XE_DEFAULT_CYCLES + 1000},
+                          total_cycles=XE_DEFAULT_TOTAL_CYCLES + 4000))
 
         # Phase 2: chat's lone restart, as the journal, /proc and the driver see it.
         journalgen.append_journal(journal, journal_specs(from_restart))

@@ -8,7 +8,7 @@ import dataclasses
 
 from exporterproc import RunningExporter
 from fakecgroup import FakeCgroupTree, xe_regions
-from fakeprocfs import XE_ENGINES, FakeProcfs, i915_fdinfo, xe_fdinfo
+from fakeprocfs import XE_DEFAULT_CYCLES, XE_ENGINES, FakeProcfs, i915_fdinfo, xe_fdinfo
 from fakeze import A770_TELEMETRY, B580_TELEMETRY, FakeConfig, fake_driver_env, write_config
 from polling import wait_for
 from scrapes import sample, series
@@ -19,7 +19,6 @@ from test_processes import CHAT, EMBEDDING, STT
 UNIT_FAMILIES = {"xpu_unit_engine_busy_seconds_total", "xpu_unit_engine_cycles_total",
                  "xpu_unit_engine_total_cycles_total", "xpu_memory_attribution_info"}
 DEVICE_TELEMETRY_FAMILIES = TELEMETRY_FAMILIES | {"xpu_memory_health"}
-XE_IDLE_CYCLES = 28257900  # what xe_fdinfo gives an engine whose cycles are not set
 
 
 def with_used(device, used: int):
@@ -62,7 +61,7 @@ def test_one_scrape_shows_every_device_telemetry_and_per_unit_engine_and_memory_
     for unit, clients, ccs in ((CHAT, 2, 700 + 300), (STT, 1, 50)):
         for engine in XE_ENGINES:
             expected_cycles[(("device", A770_PCI), ("engine", engine), ("unit", unit))] = \
-                ccs if engine == "ccs" else clients * XE_IDLE_CYCLES
+                ccs if engine == "ccs" else clients * XE_DEFAULT_CYCLES
     assert series(samples, "xpu_unit_engine_cycles_total") == expected_cycles
     assert sample(samples, "xpu_unit_engine_total_cycles_total", device=A770_PCI, unit=CHAT, engine="ccs") == 9100
     assert sample(samples, "xpu_unit_engine_total_cycles_total", device=A770_PCI, unit=STT, engine="ccs") == 8000

@@ -26,11 +26,11 @@ from exporter.sources.journal import JournalEntry, JournalReader, JournalSelecti
 from journalgen import (Clock, JournalEntrySpec, Moment, current_boot_id, new_invocation_id, unit_failed,
                         unit_output, unit_process_exited, unit_restart_scheduled, unit_started, unit_starting,
                         unit_stopped, write_journal)
+from sizes import GiB
 
 CHAT = "vllm-xpu-chat.service"
 EMBEDDING = "vllm-xpu-embedding.service"
 STT = "vllm-xpu-stt.service"
-GIB = 1 << 30
 API = "(APIServer pid={pid}) INFO 12-02 10:00:00 [api_server.py:1873] "
 CORE = "(EngineCore pid={pid}) INFO 12-02 10:00:20 [gpu_worker.py:456] "
 CAUSE = ("ValueError: To serve at least one request with the model's max seq len (131072), (3.36 GiB KV cache is "
@@ -231,8 +231,8 @@ def test_three_units_whose_inits_run_together_each_overlap_once(tmp_path: Path, 
 
 def test_gate_decisions_count_waits_seconds_and_timeouts_per_unit_and_other_gate_lines_nothing(
         tmp_path: Path, clock: Clock) -> None:
-    held = gate.format_released(12.5, [EMBEDDING, gate.MEMORY], 8 * GIB, 12 * GIB)
-    not_held = gate.format_released(0.25, [], 16 * GIB, 12 * GIB)
+    held = gate.format_released(12.5, [EMBEDDING, gate.MEMORY], 8 * GiB, 12 * GiB)
+    not_held = gate.format_released(0.25, [], 16 * GiB, 12 * GiB)
     timed_out = gate.format_timed_out(600.0, [EMBEDDING], None, None, starting=True)
     first = one_start(CHAT, clock, "simple", True, pid=4000, gate_lines=("vllm-xpu-gate: waiting for "
                                                                         f"{EMBEDDING} (initialising)", held))

@@ -29,6 +29,7 @@ from fakeprocfs import FakeProcfs, xe_fdinfo
 from fakeze import A770, B580, GiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
 from journalgen import (Clock, JournalEntrySpec, append_journal, current_boot_id, new_invocation_id, unit_failed,
                         unit_output, unit_process_exited, unit_started, unit_starting, write_journal)
+from vllmlogs import TrackerEntry
 
 REPO = Path(__file__).resolve().parents[1]
 CHAT = "vllm-xpu-chat.service"
@@ -192,13 +193,6 @@ def host(tmp_path: Path, fake_driver: Path):
         assert all(line.startswith("vllm-xpu-gate: ") for line in run.lines), run.lines
 
 
-def wait_until(predicate, timeout: float = 20.0, interval: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()) and time.monotonic() < deadline:
-        time.sleep(interval)
-    return value
-
-
 # --- flags ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("argv", [
@@ -248,22 +242,12 @@ def test_flags_take_go_durations_the_exporters_journal_and_levelzero_flags_and_t
 
 def views_of(entries: Sequence[JournalEntrySpec]):
     """The fold of entries built by journalgen, without a journal file (fields as the reader decodes them)."""
-    @dataclass(frozen=True)
-    class Entry:
-        unit: str
-        realtime_usec: int
-        message: str
-        from_systemd: bool
-        message_id: str
-        pid: int | None
-        invocation_id: str
-
     tracker = EngineTracker()
     for spec in entries:
         from_systemd = spec.field_value("_PID") == 1
         unit = spec.field_value("UNIT" if from_systemd else "_SYSTEMD_UNIT")
         invocation = spec.field_value("INVOCATION_ID" if from_systemd else "_SYSTEMD_INVOCATION_ID")
-        tracker.add(Entry(str(unit), spec.realtime_usec, str(spec.field_value("MESSAGE") or ""), from_systemd,
+        tracker.add(TrackerEntry(str(unit), spec.realtime_usec, str(spec.field_value("MESSAGE") or ""), from_systemd,
                           str(spec.field_value("MESSAGE_ID") or ""), int(spec.field_value("_PID")), str(invocation)))
     return list(tracker.views())
 
@@ -327,7 +311,7 @@ def test_waits_while_another_unit_initialises_and_releases_when_its_init_ends(ho
     host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=other),
                 *main_started(EMBEDDING, host.clock, other, 100)])
     run = host.start(CHAT, "--gpu-memory-utilization", "0.75")
-    assert wait_until(lambda: run.saw(f"waiting for {EMBEDDING}")), run.lines
+    assert wait_for(lambda: run.saw(f"waiting for {EMBEDDING}"), timeout=20), run.lines
     time.sleep(0.5)
     assert run.running, run.lines
     host.write(ending(EMBEDDING, host.clock, other, 100))
@@ -351,7 +335,7 @@ def test_waits_for_free_memory_with_r_from_the_units_latest_start(host: Host) ->
                 *init_failed(CHAT, host.clock, earlier, 100)])
     host.gpu(free_gib=10.0)
     run = host.start(CHAT)
-    assert wait_until(lambda: run.saw("waiting for memory")), run.lines
+    assert wait_for(lambda: run.saw("waiting for memory"), timeout=20), run.lines
     assert run.saw(f"needed {needed(0.75)}")
     host.gpu(free_gib=14.0)
     assert run.wait() == 0, run.lines
@@ -418,7 +402,7 @@ def test_three_gated_units_started_together_release_one_after_another(host: Host
                              invocation_id=invocations[unit]) for unit in units}
     released: list[str] = []
     for round_number in range(3):
-        assert wait_until(lambda: len([run for run in runs.values() if not run.running]) > round_number, 30), \
+        assert wait_for(lambda: len([run for run in runs.values() if not run.running]) > round_number, timeout=30), \
             {unit: run.lines for unit, run in runs.items()}
         done = [unit for unit, run in runs.items() if not run.running and unit not in released]
         assert len(done) == 1, f"released together: {done}"
@@ -444,7 +428,7 @@ def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_when_the_journal_s
     assert code == 0, first.lines
     host.write(main_started(EMBEDDING, host.clock, holder, 100))
     run = host.start(CHAT, "--gpu-memory-utilization", "0.07")
-    assert wait_until(lambda: run.saw(f"waiting for {EMBEDDING}")), run.lines
+    assert wait_for(lambda: run.saw(f"waiting for {EMBEDDING}"), timeout=20), run.lines
     host.write(killed(EMBEDDING, host.clock, holder))
     assert run.wait() == 0, run.lines
     assert run.decision.waited_for == (EMBEDDING,)
@@ -521,7 +505,7 @@ def test_the_exporter_counts_the_gates_decisions_it_reads_in_the_units_journal(h
                 *main_started(EMBEDDING, host.clock, embedding, 100)])
     timed_out = host.start(CHAT, "--gpu-memory-utilization", "0.07", "--timeout", "500ms", "--on-timeout", "fail")
     held = host.start(STT, "--gpu-memory-utilization", "0.07", "--timeout", "30s")
-    assert timed_out.wait() == 1 and wait_until(lambda: held.saw(f"waiting for {EMBEDDING}")), held.lines
+    assert timed_out.wait() == 1 and wait_for(lambda: held.saw(f"waiting for {EMBEDDING}"), timeout=20), held.lines
     host.write(init_completed(EMBEDDING, host.clock, embedding, 100))
     assert held.wait() == 0
     for run in (timed_out, held):

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 
 from exporter.parsers.gate import (GateDecision, format_released, format_timed_out, is_gate_line, parse_line)
-
-GIB = 1 << 30
+from sizes import GiB
 
 
 @pytest.mark.parametrize(("line", "decision"), [
-    (format_released(0.04, [], 13 * GIB, 12 * GIB), GateDecision(False, 0.04, (), 13 * GIB, 12 * GIB)),
-    (format_released(12.3, ["vllm-chat.service", "memory"], 8 * GIB, None),
-     GateDecision(False, 12.3, ("vllm-chat.service", "memory"), 8 * GIB, None)),
+    (format_released(0.04, [], 13 * GiB, 12 * GiB), GateDecision(False, 0.04, (), 13 * GiB, 12 * GiB)),
+    (format_released(12.3, ["vllm-chat.service", "memory"], 8 * GiB, None),
+     GateDecision(False, 12.3, ("vllm-chat.service", "memory"), 8 * GiB, None)),
     (format_timed_out(600, ["vllm-chat.service"], None, None, starting=True),
      GateDecision(True, 600.0, ("vllm-chat.service",), None, None)),
     (format_timed_out(1.5, [], 1, 2, starting=False), GateDecision(True, 1.5, (), 1, 2)),

@@ -10,27 +10,26 @@ benchmarks/boot_race.py compares both over 20 boots).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
 import journalfacts
-from bootrace import (IDLE_RESERVED, RACE_UNITS, BootOutcome, gate_command, gate_environment, gated, race_boot,
-                      serving_units)
+from bootrace import IDLE_RESERVED, RACE_UNITS, BootOutcome, gate_command, gate_environment, gated, race_boot
 from fakeze import SharedDevice
+from polling import wait_for
 from realsystemd import RealSystemd, journal_field, path_inside
 from scrapes import series
 from test_real_systemd import require_root, run_exporter, scrape_until_equal
-from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, unit_file
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, read_events, serving_units, unit_file
 
 GATED_BOOTS = 2
 RESTART_TIMEOUT = 20.0
+STEP_TIMEOUT = 30.0
 DECISION = re.compile(r"^vllm-xpu-gate: (?P<kind>released|timed out) after (?P<seconds>[\d.]+)s "
                       r"\((?:waited|waiting) for (?P<waited>[^;]+); free (?P<free>\d+|unknown), "
                       r"needed (?P<needed>\d+|unknown)\)")
@@ -68,16 +67,6 @@ def _bytes(figure: str) -> int | None:
     return None if figure == "unknown" else int(figure)
 
 
-def _events(events: Path) -> list[dict]:
-    if not events.exists():
-        return []
-    return [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
-
-
-def _serving(events: Path) -> list[dict]:
-    return [record for record in _events(events) if record["event"] == "serving"]
-
-
 @pytest.fixture
 def shared(tmp_path: Path, fake_driver: Path) -> Path:
     require_root()
@@ -104,18 +93,17 @@ def test_three_gated_units_started_together_at_boot_neither_fail_nor_overlap(sha
         entries = machine.journal(*units)
         expected = journalfacts.counts(entries, units)
         waits = {unit: sum(bool(found.waited) for found in decisions(entries, unit)) for unit in units}
+
+        def gate_waits(samples) -> dict[str, int]:
+            return {unit: int(series(samples, "xpu_unit_gate_waits_total").get((("unit", unit),), 0))
+                    for unit in units}
+
         with run_exporter(machine, fake_driver, shared / "ze.conf", "vllm-xpu-*.service") as exporter:
             seen["counts"] = scrape_until_equal(exporter, expected)
-            deadline = time.monotonic() + 5
-            while True:
-                samples = exporter.scrape()
-                gate_waits = {unit: int(series(samples, "xpu_unit_gate_waits_total").get((("unit", unit),), 0))
-                              for unit in units}
-                if gate_waits == waits or time.monotonic() > deadline:
-                    break
-                time.sleep(0.25)
-            waited_seconds = series(samples, "xpu_unit_gate_wait_seconds_total")
-        seen.update(expected=expected, waits=waits, gate_waits=gate_waits, waited_seconds=waited_seconds)
+            wait_for(lambda: gate_waits(exporter.scrape()) == waits, timeout=5, interval=0.25)
+            samples = exporter.scrape()
+        seen.update(expected=expected, waits=waits, gate_waits=gate_waits(samples),
+                    waited_seconds=series(samples, "xpu_unit_gate_wait_seconds_total"))
 
     for boot in range(GATED_BOOTS):
         outcome = gated_boot(shared, fake_driver, while_up=check_exporter)
@@ -147,10 +135,9 @@ def test_a_chat_restart_while_the_others_serve_is_not_delayed(shared: Path, fake
     def restart_chat(machine: RealSystemd) -> None:
         events = shared / "events.jsonl"
         machine.systemctl("restart", "--no-block", chat)
-        deadline = time.monotonic() + RESTART_TIMEOUT
-        while sum(record["unit"] == chat for record in _serving(events)) < 2:
-            assert time.monotonic() < deadline, "chat did not serve again after its restart"
-            time.sleep(0.1)
+        assert wait_for(lambda: sum(record["unit"] == chat and record["event"] == "serving"
+                                    for record in read_events(events)) >= 2,
+                        timeout=RESTART_TIMEOUT, interval=0.1), "chat did not serve again after its restart"
         machine.sync_journal()
         seen["entries"] = machine.journal(*RACE_UNITS)
 
@@ -167,13 +154,6 @@ def test_a_chat_restart_while_the_others_serve_is_not_delayed(shared: Path, fake
 def _gate_lines(machine: RealSystemd, unit: str) -> list[str]:
     messages = (journal_field(entry, "MESSAGE") or "" for entry in machine.journal(unit))
     return [message for message in messages if message.startswith("vllm-xpu-gate: ")]
-
-
-def _wait_until(condition, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.2)
 
 
 def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_after_the_lease_ends(shared: Path, fake_driver: Path):
@@ -193,13 +173,16 @@ def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_after_the_lease_en
              f"/etc/systemd/system/{embedding}": unit_file(EMBEDDING, **common)}
     with RealSystemd(shared, files=files) as machine:
         machine.start(chat)
-        _wait_until(lambda: any(record["unit"] == chat and record["event"] == "started"
-                                for record in _events(events)), "chat's engine to start")
+        assert wait_for(lambda: any(record["unit"] == chat and record["event"] == "started"
+                                    for record in read_events(events)), timeout=STEP_TIMEOUT, interval=0.2), \
+            f"timed out after {STEP_TIMEOUT} s waiting for chat's engine to start"
         machine.start(embedding)
-        _wait_until(lambda: any(line.startswith(f"vllm-xpu-gate: waiting for {chat}")
-                                for line in _gate_lines(machine, embedding)), "embedding's gate to wait for chat")
+        assert wait_for(lambda: any(line.startswith(f"vllm-xpu-gate: waiting for {chat}")
+                                    for line in _gate_lines(machine, embedding)), timeout=STEP_TIMEOUT, interval=0.2), \
+            f"timed out after {STEP_TIMEOUT} s waiting for embedding's gate to wait for chat"
         machine.systemctl("kill", "--kill-whom=main", "--signal=KILL", chat)
-        _wait_until(lambda: embedding in serving_units(events), "embedding to serve")
+        assert wait_for(lambda: embedding in serving_units(events), timeout=STEP_TIMEOUT, interval=0.2), \
+            f"timed out after {STEP_TIMEOUT} s waiting for embedding to serve"
         machine.sync_journal()
         entries = machine.journal(chat, embedding)
 
@@ -234,11 +217,13 @@ def test_a_gated_start_waits_for_memory_another_process_holds(shared: Path, fake
         exec_start_pre=gated(EMBEDDING), extra_service=gate_environment(shared, shared / fake_driver.name))}
     with RealSystemd(shared, files=files) as machine:
         machine.start(embedding)
-        _wait_until(lambda: any(line.startswith("vllm-xpu-gate: waiting for memory ")
-                                for line in _gate_lines(machine, embedding)), "embedding's gate to wait for memory")
-        assert not _events(events), "the engine started while its gate waited for memory"
+        assert wait_for(lambda: any(line.startswith("vllm-xpu-gate: waiting for memory ")
+                                    for line in _gate_lines(machine, embedding)), timeout=STEP_TIMEOUT, interval=0.2), \
+            f"timed out after {STEP_TIMEOUT} s waiting for embedding's gate to wait for memory"
+        assert not read_events(events), "the engine started while its gate waited for memory"
         device.release("other-process")
-        _wait_until(lambda: embedding in serving_units(events), "embedding to serve")
+        assert wait_for(lambda: embedding in serving_units(events), timeout=STEP_TIMEOUT, interval=0.2), \
+            f"timed out after {STEP_TIMEOUT} s waiting for embedding to serve"
         machine.sync_journal()
         entries = machine.journal(embedding)
 

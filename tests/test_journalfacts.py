@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import journalfacts
-from journalfacts import MESSAGE_ID_PROCESS_EXIT, MESSAGE_ID_STARTED
+from journalgen import MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_STARTED
 
 
 def pid1(unit: str, invocation: str, at: int, message_id: str) -> dict[str, str]:
@@ -17,9 +17,9 @@ def output(unit: str, invocation: str, at: int, message: str) -> dict[str, str]:
 
 
 def test_a_start_whose_process_never_ran_fails_and_overlaps_nothing():
-    entries = [pid1("a.service", "a1", 1_000, MESSAGE_ID_STARTED),
+    entries = [pid1("a.service", "a1", 1_000, MESSAGE_ID_UNIT_STARTED),
                output("a.service", "a1", 1_100, "INFO loading"),
-               pid1("b.service", "b1", 1_200, MESSAGE_ID_PROCESS_EXIT),  # its ExecStartPre= could not run
+               pid1("b.service", "b1", 1_200, MESSAGE_ID_UNIT_PROCESS_EXIT),  # its ExecStartPre= could not run
                output("a.service", "a1", 9_000, "INFO Application startup complete.")]
     counts = journalfacts.counts(entries, ["a.service", "b.service"])
     assert counts["a.service"] == journalfacts.UnitCounts(starts=1, failures={}, overlaps=0)
@@ -27,8 +27,8 @@ def test_a_start_whose_process_never_ran_fails_and_overlaps_nothing():
 
 
 def test_inits_of_two_units_that_run_at_once_overlap():
-    entries = [pid1("a.service", "a1", 1_000, MESSAGE_ID_STARTED),
-               pid1("b.service", "b1", 1_500, MESSAGE_ID_STARTED),
+    entries = [pid1("a.service", "a1", 1_000, MESSAGE_ID_UNIT_STARTED),
+               pid1("b.service", "b1", 1_500, MESSAGE_ID_UNIT_STARTED),
                output("a.service", "a1", 2_000, "INFO Application startup complete."),
                output("b.service", "b1", 3_000, "INFO Application startup complete.")]
     counts = journalfacts.counts(entries, ["a.service", "b.service"])

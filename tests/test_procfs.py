@@ -39,10 +39,12 @@ from fakeprocfs import (
     i915_61_fdinfo,
     i915_fdinfo,
     v1_cgroup,
+    XE_DEFAULT_CYCLES,
     XE_ENGINES,
     v2_cgroup,
     xe_fdinfo,
 )
+from polling import ManualClock
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -416,14 +418,6 @@ def test_unit_of_pid_on_real_proc_matches_own_cgroup_file():
     assert unit_of_pid("/proc", os.getpid()) == expected
 
 
-class ManualClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_scanner_agrees_with_a_full_scan(tmp_path):
     procfs = FakeProcfs(tmp_path)
     for pid in (10, 11, 12):
@@ -438,18 +432,18 @@ def test_scanner_agrees_with_a_full_scan(tmp_path):
 def test_scanner_sees_new_processes_at_once_and_new_fds_of_known_ones_after_the_rescan_time(tmp_path):
     procfs = FakeProcfs(tmp_path)
     known = procfs.add_unit_process(10, "/system.slice/vllm-a.service")
-    known.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
+    known.add_drm_fd(xe_fdinfo(client_id=1, vram0=MiB))
     clock = ManualClock()
     scanner = DrmClientScanner(str(procfs.root), rescan_seconds=10, young_seconds=0, clock=clock)
-    assert scanner.scan().memory_by_device["0000:03:00.0"] == 1 << 20
+    assert scanner.scan().memory_by_device["0000:03:00.0"] == MiB
 
-    procfs.add_unit_process(20, "/system.slice/vllm-b.service").add_drm_fd(xe_fdinfo(client_id=2, vram0=2 << 20))
-    known.add_drm_fd(xe_fdinfo(client_id=3, vram0=4 << 20))
+    procfs.add_unit_process(20, "/system.slice/vllm-b.service").add_drm_fd(xe_fdinfo(client_id=2, vram0=2 * MiB))
+    known.add_drm_fd(xe_fdinfo(client_id=3, vram0=4 * MiB))
     clock.now += 1
-    assert scanner.scan().memory_by_device["0000:03:00.0"] == 3 << 20  # the new process, not the new fd
+    assert scanner.scan().memory_by_device["0000:03:00.0"] == 3 * MiB  # the new process, not the new fd
 
     clock.now += 15  # walks are spread over 0.5 to 1.5 times the rescan time
-    assert scanner.scan().memory_by_device["0000:03:00.0"] == 7 << 20
+    assert scanner.scan().memory_by_device["0000:03:00.0"] == 7 * MiB
 
 
 def test_a_young_process_is_walked_at_every_scan_and_a_settled_one_after_the_rescan_time(tmp_path):
@@ -461,28 +455,28 @@ def test_a_young_process_is_walked_at_every_scan_and_a_settled_one_after_the_res
     assert scanner.scan().memory_by_device == {}
 
     clock.now += 15  # the young one opens the GPU after its imports; the settled one opens it too
-    young.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
-    settled.add_drm_fd(xe_fdinfo(client_id=2, vram0=2 << 20))
-    assert scanner.scan().memory_by_device == {"0000:03:00.0": 1 << 20}, "the settled one is not walked yet"
+    young.add_drm_fd(xe_fdinfo(client_id=1, vram0=MiB))
+    settled.add_drm_fd(xe_fdinfo(client_id=2, vram0=2 * MiB))
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": MiB}, "the settled one is not walked yet"
 
     clock.now += 90  # walks of settled processes are spread over 30 to 90 s
-    assert scanner.scan().memory_by_device == {"0000:03:00.0": 3 << 20}
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": 3 * MiB}
 
 
 def test_a_new_process_under_a_reused_pid_is_young_whatever_the_old_ones_age(tmp_path):
     procfs = FakeProcfs(tmp_path)
     old = procfs.add_unit_process(10, "/system.slice/vllm-a.service", started_seconds_ago=3600)
-    old.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
+    old.add_drm_fd(xe_fdinfo(client_id=1, vram0=MiB))
     clock = ManualClock()
     scanner = DrmClientScanner(str(procfs.root), rescan_seconds=60, young_seconds=60, clock=clock)
-    assert scanner.scan().memory_by_device == {"0000:03:00.0": 1 << 20}
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": MiB}
     procfs.remove_process(10)
     new = procfs.add_unit_process(10, "/system.slice/vllm-a.service", started_seconds_ago=1)
     clock.now += 1
     assert scanner.scan().memory_by_device == {}
-    new.add_drm_fd(xe_fdinfo(client_id=2, vram0=2 << 20))
+    new.add_drm_fd(xe_fdinfo(client_id=2, vram0=2 * MiB))
     clock.now += 1
-    assert scanner.scan().memory_by_device == {"0000:03:00.0": 2 << 20}
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": 2 * MiB}
 
 
 @pytest.mark.parametrize("stat", ["", "10 (vllm) S 1", "10 (vllm) S " + "x " * 30], ids=["empty", "short", "garbage"])
@@ -493,9 +487,9 @@ def test_a_process_whose_age_cannot_be_read_is_walked_at_every_scan(tmp_path, st
     clock = ManualClock()
     scanner = DrmClientScanner(str(procfs.root), rescan_seconds=60, young_seconds=60, clock=clock)
     assert scanner.scan().memory_by_device == {}
-    process.add_drm_fd(xe_fdinfo(client_id=1, vram0=1 << 20))
+    process.add_drm_fd(xe_fdinfo(client_id=1, vram0=MiB))
     clock.now += 1
-    assert scanner.scan().memory_by_device == {"0000:03:00.0": 1 << 20}
+    assert scanner.scan().memory_by_device == {"0000:03:00.0": MiB}
 
 
 def test_the_age_of_a_real_process_is_read_from_real_proc():
@@ -720,11 +714,11 @@ def test_xe_cycles_are_summed_over_a_unit_s_clients_once_each_and_total_cycles_a
     tree.add_unit_process(300, CODE).add_drm_fd(xe_fdinfo(client_id=9, cycles={"ccs": 40}, total_cycles=49_000))
     use = scan(tree).engines_by_device_unit[GPU]
     assert use["vllm-xpu-chat.service"].cycles["ccs"] == 1300
-    assert use["vllm-xpu-chat.service"].cycles["rcs"] == 5 + 28257900  # client 7 prints the default for rcs
+    assert use["vllm-xpu-chat.service"].cycles["rcs"] == 5 + XE_DEFAULT_CYCLES  # client 7 prints the default for rcs
     assert use["vllm-xpu-chat.service"].total_cycles == dict.fromkeys(XE_ENGINES, 50_100)
     assert use["vllm-xpu-chat.service"].busy_seconds == {}
     assert use["vllm-xpu-code.service"] == UnitEngineUse(
-        cycles={**dict.fromkeys(XE_ENGINES, 28257900), "ccs": 40}, total_cycles=dict.fromkeys(XE_ENGINES, 49_000))
+        cycles={**dict.fromkeys(XE_ENGINES, XE_DEFAULT_CYCLES), "ccs": 40}, total_cycles=dict.fromkeys(XE_ENGINES, 49_000))
 
 
 def test_a_client_shared_across_units_counts_for_the_lowest_pid_s_unit_only(tree: FakeProcfs):
@@ -807,8 +801,8 @@ def test_scans_between_walks_read_each_client_through_its_layout_not_the_general
 
 @pytest.mark.parametrize("changed", [
     xe_fdinfo(client_id=1, cycles={"ccs": 500}) + "drm-cycles-xcs:\t5\n",  # a line more
-    xe_fdinfo(client_id=1, cycles={"ccs": 500}).replace("drm-cycles-rcs:\t28257900", "drm-cycles-rcs:\tlots"),
-    xe_fdinfo(client_id=1, cycles={"ccs": 500}).replace("drm-cycles-rcs:\t28257900\n", ""),  # a line less
+    xe_fdinfo(client_id=1, cycles={"ccs": 500}).replace(f"drm-cycles-rcs:\t{XE_DEFAULT_CYCLES}", "drm-cycles-rcs:\tlots"),
+    xe_fdinfo(client_id=1, cycles={"ccs": 500}).replace(f"drm-cycles-rcs:\t{XE_DEFAULT_CYCLES}\n", ""),  # a line less
 ], ids=["engine-line-added", "engine-line-malformed", "engine-line-removed"])
 def test_a_client_whose_lines_change_between_walks_is_read_as_a_full_scan_reads_it(tmp_path, changed: str):
     procfs = FakeProcfs(tmp_path)

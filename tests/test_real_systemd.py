@@ -23,10 +23,13 @@ import pytest
 import journalfacts
 from bootrace import race_boot
 from exporterproc import RunningExporter
+from polling import wait_for
 from scrapes import series
 from fakeze import SharedDevice, fake_driver_env
+from journalgen import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_RESTART_SCHEDULED,
+                        MESSAGE_ID_UNIT_STARTED, MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED)
 from realsystemd import CGROUP_ROOT, RealSystemd, host_hierarchies, journal_field
-from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, unit_file
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, serving_units, unit_file
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real-systemd"
 TIME_SCALE = 0.1
@@ -78,20 +81,6 @@ def machine(shared: Path) -> Iterator[RealSystemd]:
         yield booted
 
 
-def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _wait(condition, what: str, timeout: float = STEP_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
-
-
 class Scenario:
     """Per variant, on its own 16 GiB fake GPU: chat and embedding started together (embedding's
     profiling sees chat's weights arrive and fails; systemd restarts it 4 s later, alone), then stt
@@ -141,11 +130,11 @@ class Scenario:
 
     def _step(self, roles: list[str], done) -> None:
         self.machine.start(*[unit_name(role, variant) for variant in VARIANTS for role in roles])
-        _wait(lambda: done(roles), f"{', '.join(roles)} of every variant")
+        assert wait_for(lambda: done(roles), timeout=STEP_TIMEOUT, interval=0.1), \
+            f"timed out after {STEP_TIMEOUT} s waiting for {', '.join(roles)} of every variant"
 
     def _serving(self, roles: list[str]) -> bool:
-        return all({unit_name(role, variant) for role in roles}
-                   <= {e["unit"] for e in _events(self.events(variant)) if e["event"] == "serving"}
+        return all({unit_name(role, variant) for role in roles} <= serving_units(self.events(variant))
                    for variant in VARIANTS)
 
     def _failed(self, roles: list[str]) -> bool:
@@ -220,21 +209,21 @@ def check_what_systemd_writes(entries: list[dict], unit: str, unit_type: str, pr
     for invocation in invocations:
         mine = [row for row in rows if row[2] == invocation]
         pid1 = [message_id for kind, message_id, _ in mine if kind == "pid1"]
-        starting = journalfacts.MESSAGE_ID_STARTING in pid1
+        starting = MESSAGE_ID_UNIT_STARTING in pid1
         assert starting == (unit_type == "exec" or pre), f"{unit}: 'Starting' logged: {starting}"
-        assert journalfacts.MESSAGE_ID_STARTED in pid1
+        assert MESSAGE_ID_UNIT_STARTED in pid1
         main_pids = {pid for kind, pid, _ in mine if kind == "main"}
         pre_pids = {pid for kind, pid, _ in mine if kind == "pre"}
         assert len(main_pids) == 1, f"{unit}: the main process's lines carry one _PID: {main_pids}"
         assert len(pre_pids) == (1 if pre else 0) and not pre_pids & main_pids
         if pre:
             kinds = [kind if kind != "pid1" else message_id for kind, message_id, _ in mine]
-            assert kinds.index(journalfacts.MESSAGE_ID_STARTED) > kinds.index("pre"), \
+            assert kinds.index(MESSAGE_ID_UNIT_STARTED) > kinds.index("pre"), \
                 f"{unit}: the pre-start command ran before 'Started'"
-            assert kinds.index(journalfacts.MESSAGE_ID_STARTING) < kinds.index(journalfacts.MESSAGE_ID_STARTED)
+            assert kinds.index(MESSAGE_ID_UNIT_STARTING) < kinds.index(MESSAGE_ID_UNIT_STARTED)
     first = [message_id for kind, message_id, invocation in rows if kind == "pid1" and invocation == invocations[0]]
-    assert first[-4:] == [journalfacts.MESSAGE_ID_PROCESS_EXIT, "d9b373ed55a64feb8242e02dbe79a49c",
-                          "5eb03494b6584870a536b337290809b3", "9d1aaa27d60140bd96365438aad20286"], \
+    assert first[-4:] == [MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_FAILURE_RESULT,
+                          MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_STOPPED], \
         f"{unit}: exit, failed, scheduled restart, stopped close the failed start (all its invocation id)"
 
 
@@ -330,8 +319,9 @@ def _start_until_serving(machine: RealSystemd, directory: Path,
     journal shows of them (journalfacts)."""
     machine.daemon_reload()
     machine.start(*units)
-    _wait(lambda: {e["unit"] for e in _events(directory / "events.jsonl") if e["event"] == "serving"} == set(units),
-          "every unit serving")
+    assert wait_for(lambda: serving_units(directory / "events.jsonl") == set(units), timeout=STEP_TIMEOUT,
+                    interval=0.1), \
+        f"timed out after {STEP_TIMEOUT} s waiting for every unit serving"
     machine.sync_journal()
     return journalfacts.counts(machine.journal(*units), units)
 

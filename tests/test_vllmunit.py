@@ -5,13 +5,11 @@ processes' memory charged as non-torch), vLLM's own failure lines, memory given 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ import pytest
 import vllmunit
 from exporter.parsers import vllm
 from fakeze import GiB, SharedDevice
+from polling import wait_for
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, VllmRun
 
 SCRIPT = Path(vllmunit.__file__)
@@ -38,18 +37,13 @@ def start_engine(device: SharedDevice, tmp_path: Path, engine=CHAT, time_scale: 
 
 
 def events(tmp_path: Path) -> list[dict]:
-    path = tmp_path / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return vllmunit.read_events(tmp_path / "events.jsonl")
 
 
 def wait_for_event(tmp_path: Path, event: str, timeout: float = 10) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [record for record in events(tmp_path) if record["event"] == event]
-        if found:
-            return found[0]
-        time.sleep(0.005)
-    raise AssertionError(f"no {event!r} event within {timeout} s: {events(tmp_path)}")
+    found = wait_for(lambda: [record for record in events(tmp_path) if record["event"] == event], timeout, 0.005)
+    assert found, f"no {event!r} event within {timeout} s: {events(tmp_path)}"
+    return found[0]
 
 
 def failure_causes(output: str) -> list[vllm.FailureCause]:
@@ -141,10 +135,7 @@ def test_the_share_of_a_process_killed_without_giving_it_back_is_dropped(device,
     """As the kernel driver frees a dead process's memory: a replayed engine SIGKILLed mid-init."""
     engine = start_engine(device, tmp_path, engine=EMBEDDING, time_scale=0.05, name="vllm-embedding.service")
     wait_for_event(tmp_path, "baseline")
-    deadline = time.monotonic() + 10
-    while not device.held() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert device.held()
+    assert wait_for(device.held, timeout=10, interval=0.01)
     engine.kill()
     engine.wait()
     assert device.held() == {}

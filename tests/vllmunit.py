@@ -28,7 +28,8 @@ What happens, at vllmlogs' offsets (seconds after the process started, plus --im
 Only the standard library and the helpers beside this file: it runs under the system Python.
 
 For the tests' side: `Engine` (a replayed engine's settings; CHAT, EMBEDDING and STT are the issue's
-three units on a 16 GiB GPU, SIXTEEN_GIB_GPU) and `unit_file()` (its systemd unit).
+three units on a 16 GiB GPU, SIXTEEN_GIB_GPU), `unit_file()` (its systemd unit) and `read_events()` /
+`serving_units()` (what the engines wrote to --events).
 """
 
 from __future__ import annotations
@@ -46,12 +47,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fakeze import FakeDevice, FakeMemoryModule, GiB, SharedDevice  # noqa: E402
+from fakeze import A770, GiB, SharedDevice  # noqa: E402
 from vllmlogs import Failure, UnitLine, VllmRun, engine_start_lines, release  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
-SIXTEEN_GIB_GPU = FakeDevice("0000:03:00.0", name="Intel(R) Arc(TM) A770 Graphics", uuid=bytes(range(0x10, 0x20)),
-                             driver_version="1.3.24595", memory=(FakeMemoryModule(size=16 * GiB, free=16 * GiB),))
+SIXTEEN_GIB_GPU = A770  # its 16 GiB module; SharedDevice.create replaces its free memory and processes by the shares
 INIT_DEVICE_AT = 6.6  # vllmlogs: the line after init_device (or its failure)
 WEIGHT_STEPS = 4
 
@@ -283,6 +283,18 @@ class _EventLog:
                   "event": event, "at": time.time(), **fields}
         with open(self.path, "a", encoding="utf-8") as file:
             file.write(json.dumps(record) + "\n")
+
+
+def read_events(path: Path) -> list[dict]:
+    """The records the engines appended to their --events file, in order ([] before the first)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def serving_units(events: Path) -> set[str]:
+    """Units whose replayed engine has reached serving."""
+    return {record["unit"] for record in read_events(events) if record["event"] == "serving"}
 
 
 if __name__ == "__main__":
