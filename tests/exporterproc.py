@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -27,29 +28,51 @@ class RunningExporter:
         argv = list(command or [sys.executable, "-m", "exporter"]) + ["--web.listen-address", listen, *args]
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
                                         cwd=REPO)
-        self._stderr: list[str] = []
+        self._stderr = bytearray()
         self._stderr_lock = threading.Lock()
+        os.set_blocking(self.process.stderr.fileno(), False)
         self._listening = threading.Event()
         self.base_url = ""
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        threading.Thread(target=self._follow_stderr, daemon=True).start()
         if not self._listening.wait(15):
             self.stop()
             raise RuntimeError(f"exporter did not start listening:\n{self.stderr}")
 
-    def _read_stderr(self) -> None:
-        for raw in self.process.stderr:
-            line = raw.decode(errors="replace")
+    def _drain_stderr(self) -> bool:
+        """Move what the pipe holds into the buffer; False at end of file. Called with the lock held, by the
+        follower thread and by every read of `stderr`, so that a line the exporter wrote before it answered a
+        request is always there when the test reads `stderr` after the answer."""
+        fd = self.process.stderr.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                return True
+            except OSError:  # the pipe was closed by stop()
+                return False
+            if not chunk:
+                return False
+            self._stderr += chunk
+            if not self._listening.is_set():
+                match = _LISTENING.search(self._stderr.decode(errors="replace"))
+                if match:
+                    self.base_url = match.group(1)
+                    self._listening.set()
+
+    def _follow_stderr(self) -> None:
+        poller = select.poll()
+        poller.register(self.process.stderr.fileno(), select.POLLIN)
+        while True:
+            poller.poll()
             with self._stderr_lock:
-                self._stderr.append(line)
-            match = _LISTENING.search(line)
-            if match and not self._listening.is_set():
-                self.base_url = match.group(1)
-                self._listening.set()
+                if not self._drain_stderr():
+                    return
 
     @property
     def stderr(self) -> str:
         with self._stderr_lock:
-            return "".join(self._stderr)
+            self._drain_stderr()
+            return self._stderr.decode(errors="replace")
 
     def get(self, path: str = "/metrics", headers: Mapping[str, str] | None = None,
             timeout: float = 15) -> tuple[int, dict[str, str], bytes]:
