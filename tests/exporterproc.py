@@ -48,8 +48,6 @@ class RunningExporter:
                 chunk = os.read(fd, 65536)
             except BlockingIOError:
                 return True
-            except OSError:  # the pipe was closed by stop()
-                return False
             if not chunk:
                 return False
             self._stderr += chunk
