@@ -1,6 +1,7 @@
 """Flags the exporter and the init gate (`vllm-xpu-gate`) share, defined once: Level Zero, the journal and
-the host's procfs (and the host's sysfs, which only the exporter reads), with the argument types they use. Both command lines add them with the functions
-below, so a flag has one spelling, one default and one check wherever it is given."""
+the host's procfs (and the host's sysfs, which only the exporter reads), with the argument types they use.
+Both command lines add them with the functions below, so a flag has one spelling, one default and one check
+wherever it is given."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import pytest
 from exporter.parsers.dmem import DmemFormatError, parse_dmem_current, vram_by_device
 from exporter.sources import dmem
 from exporter.sources.dmem import DmemReader
+from exporterproc import RunningExporter
 from fakecgroup import FakeCgroupTree, dmem_current, xe_regions
 from fakeprocfs import FakeProcfs, i915_fdinfo, v2_cgroup, xe_fdinfo
 from fakeze import A770, B580
@@ -167,6 +168,12 @@ def test_paths_that_name_no_cgroup_below_the_root_are_not_read(cgroups):
 
 # --- the processes collector ----------------------------------------------------------------------------
 
+def start_with_dmem(tmp_path: Path, fake_driver: Path, config_path: Path, procfs: FakeProcfs,
+                    cgroups: FakeCgroupTree, used: int, device=A770, **options) -> RunningExporter:
+    """test_processes.start_exporter, with `cgroups` as the host's sysfs."""
+    return start_exporter(tmp_path, fake_driver, config_path, procfs, used, device, "--path.sysfs",
+                          str(cgroups.sysfs), **options)
+
 def sources_of(samples: dict, device: str) -> set[str]:
     return {dict(labels)["source"] for labels in series(samples, "xpu_memory_attribution_info")
             if dict(labels)["device"] == device}
@@ -189,7 +196,7 @@ def test_one_device_with_units_from_dmem_and_fdinfo(tmp_path, fake_driver, confi
     procfs.add_process(300, cgroup_of(STT)).add_drm_fd(xe_fdinfo(client_id=3, vram0=512 * MiB))
     cgroups.add_cgroup(f"/system.slice/{STT}", {})
     used = 10 * GiB + GiB + 2 * GiB
-    with start_exporter(tmp_path, fake_driver, config_path, procfs, used, A770, "--path.sysfs", str(cgroups.sysfs)) as exporter:
+    with start_with_dmem(tmp_path, fake_driver, config_path, procfs, cgroups, used) as exporter:
         samples = settled(exporter)
     held = {CHAT: 10 * GiB, EMBEDDING: GiB, STT: 0}
     assert {dict(labels)["unit"]: value for labels, value in series(samples, "xpu_unit_memory_bytes").items()} == held
@@ -207,7 +214,7 @@ def test_a_unit_whose_dmem_current_goes_falls_back_to_fdinfo_and_comes_back(tmp_
     cgroups = FakeCgroupTree(tmp_path, CAPACITY)
     procfs.add_unit_process(100, f"/system.slice/{CHAT}").add_drm_fd(xe_fdinfo(client_id=1, vram0=6 * GiB))
     cgroups.add_cgroup(f"/system.slice/{CHAT}", xe_regions(DEVICE, vram0=7 * GiB))
-    with start_exporter(tmp_path, fake_driver, config_path, procfs, 8 * GiB, A770, "--path.sysfs", str(cgroups.sysfs)) as exporter:
+    with start_with_dmem(tmp_path, fake_driver, config_path, procfs, cgroups, 8 * GiB) as exporter:
         scrapes = [settled(exporter)]
         cgroups.remove_dmem(f"/system.slice/{CHAT}")
         scrapes.append(exporter.scrape())
@@ -228,7 +235,7 @@ def test_a_hostile_dmem_current_is_reported_and_its_unit_falls_back_to_fdinfo(tm
     cgroups.write_dmem_text(f"/system.slice/{CHAT}", b"drm/0000:03:00.0/vram0 18446744073709551615\n\xff\xfe\n")
     procfs.add_unit_process(200, f"/system.slice/{EMBEDDING}").add_drm_fd(xe_fdinfo(client_id=2, vram0=GiB))
     cgroups.add_cgroup(f"/system.slice/{EMBEDDING}", xe_regions(DEVICE, vram0=2 * GiB))
-    with start_exporter(tmp_path, fake_driver, config_path, procfs, 8 * GiB, A770, "--path.sysfs", str(cgroups.sysfs)) as exporter:
+    with start_with_dmem(tmp_path, fake_driver, config_path, procfs, cgroups, 8 * GiB) as exporter:
         samples = wait_for(lambda: (s := exporter.scrape()) and
                            sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s)
         stderr = exporter.stderr
@@ -255,9 +262,9 @@ def test_without_ptrace_dmem_gives_the_memory_of_units_whose_fds_cannot_be_read(
     procfs.add_unreadable_process(300, v2_cgroup(f"/system.slice/{STT}"))  # on the other GPU
     cgroups.add_cgroup(f"/system.slice/{STT}", xe_regions(OTHER, vram0=GiB))
     no_process_list = {"processes_result": "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE"}
-    with start_exporter(tmp_path, fake_driver, config_path, procfs, 6 * GiB,
-                        dataclasses.replace(A770, **no_process_list), "--path.sysfs", str(cgroups.sysfs),
-                        other_devices=(dataclasses.replace(B580, **no_process_list),)) as exporter:
+    with start_with_dmem(tmp_path, fake_driver, config_path, procfs, cgroups, 6 * GiB,
+                         dataclasses.replace(A770, **no_process_list),
+                         other_devices=(dataclasses.replace(B580, **no_process_list),)) as exporter:
         samples = settled(exporter)
         stderr = exporter.stderr
     assert series(samples, "xpu_unit_memory_bytes") == {
@@ -276,8 +283,8 @@ def test_a_dmem_current_that_lists_no_region_of_the_device_leaves_the_unit_to_fd
     chat.add_drm_fd(xe_fdinfo(client_id=1, vram0=GiB))
     chat.add_drm_fd(i915_fdinfo(client_id=2, pdev=OTHER, local0=3 * GiB))
     cgroups.add_cgroup(f"/system.slice/{CHAT}", xe_regions(DEVICE, vram0=2 * GiB))
-    with start_exporter(tmp_path, fake_driver, config_path, procfs, 2 * GiB, A770, "--path.sysfs", str(cgroups.sysfs),
-                        other_devices=(B580,)) as exporter:
+    with start_with_dmem(tmp_path, fake_driver, config_path, procfs, cgroups, 2 * GiB,
+                         other_devices=(B580,)) as exporter:
         samples = settled(exporter)
     assert sample(samples, "xpu_unit_memory_bytes", device=DEVICE, unit=CHAT) == 2 * GiB
     assert sample(samples, "xpu_unit_memory_bytes", device=OTHER, unit=CHAT) == 3 * GiB
