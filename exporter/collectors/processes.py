@@ -110,13 +110,12 @@ class ProcessesCollector(Collector):
         pci_addresses = sorted({d.identity.pci_address for d in devices or ()} |
                                {device for device in (scan.memory_by_device if scan else ())
                                 if not device.startswith(f"{procfs.DRM_MAJOR}:")})
-        fallbacks = {pci: self._from_fdinfo(scan, pci) or self._from_levelzero(context, pci)
-                     for pci in pci_addresses}
+        fallbacks = {pci: self._fallback(scan, context, pci) for pci in pci_addresses}
         dmem_by_unit = self._read_dmem(scan, fallbacks.values(), problems)
         # a GPU that neither Level Zero nor fdinfo sees, where dmem says a unit holds memory
         for pci in sorted({pci for by_device in dmem_by_unit.values() for pci, held in by_device.items() if held}
                           - set(fallbacks)):
-            fallbacks[pci] = self._from_fdinfo(scan, pci) or self._from_levelzero(context, pci)
+            fallbacks[pci] = self._fallback(scan, context, pci)
         attributions: dict[str, DeviceAttribution] = {}
         for pci, fallback in sorted(fallbacks.items()):
             holders = set(scan.memory_by_device_unit.get(pci, ())) if scan is not None else set()
@@ -188,10 +187,10 @@ class ProcessesCollector(Collector):
         """unit -> device -> bytes from dmem, for the units of DRM clients, of processes the scan could not
         read and of Level Zero's process list."""
         unit_cgroups: dict[str, set[str]] = {}
-        for unit, paths in (scan.unit_cgroups if scan is not None else {}).items():
-            unit_cgroups.setdefault(unit, set()).update(paths)
-        for fallback in fallbacks:
-            for unit, paths in (fallback.unit_cgroups if fallback is not None else {}).items():
+        found = [scan.unit_cgroups if scan is not None else {},
+                 *(fallback.unit_cgroups for fallback in fallbacks if fallback is not None)]
+        for cgroups_of_unit in found:
+            for unit, paths in cgroups_of_unit.items():
                 unit_cgroups.setdefault(unit, set()).update(paths)
         if not unit_cgroups:
             return {}
@@ -212,6 +211,10 @@ class ProcessesCollector(Collector):
         if self._reports_levelzero:
             problems.extend(f"{device.identity.pci_address}: {device.error}" for device in devices if device.error)
         return devices
+
+    def _fallback(self, scan: procfs.ScanResult | None, context: ScrapeContext, pci: str) -> Attribution | None:
+        """The device's source for the units dmem does not serve: fdinfo, else Level Zero's process list."""
+        return self._from_fdinfo(scan, pci) or self._from_levelzero(context, pci)
 
     @staticmethod
     def _from_fdinfo(scan: procfs.ScanResult | None, pci: str) -> Attribution | None:
