@@ -24,7 +24,7 @@ from exporter.sources.procfs import (
     ScanResult,
     UnitEngineUse,
     process_age_seconds,
-    read_open_file,
+    read_open_bytes,
     scan_drm_clients,
     systemd_cgroup_path,
     unit_cgroup_of_path,
@@ -652,22 +652,22 @@ def test_an_open_fdinfo_file_of_real_proc_is_written_afresh_per_read_and_fails_o
         assert child.stdout.readline() == "opened\n"
         closed_fd = os.open(f"/proc/{child.pid}/fdinfo/7", os.O_RDONLY)
         exited = os.open(f"/proc/{child.pid}/fdinfo/0", os.O_RDONLY)
-        assert read_open_file(closed_fd, 4096).startswith("pos:\t0\n")
+        assert read_open_bytes(closed_fd, 4096).startswith(b"pos:\t0\n")
         child.stdin.write("\n")
         child.stdin.flush()
         assert child.stdout.readline() == "moved\n"
-        assert read_open_file(closed_fd, 4096).startswith("pos:\t100\n")
+        assert read_open_bytes(closed_fd, 4096).startswith(b"pos:\t100\n")
         child.stdin.write("\n")
         child.stdin.flush()
         assert child.stdout.readline() == "closed\n"
         with pytest.raises(FileNotFoundError):
-            read_open_file(closed_fd, 4096)
-        read_open_file(exited, 4096)
+            read_open_bytes(closed_fd, 4096)
+        read_open_bytes(exited, 4096)
         child.stdin.write("\n")
         child.stdin.flush()
         child.wait(10)
         with pytest.raises(FileNotFoundError):
-            read_open_file(exited, 4096)
+            read_open_bytes(exited, 4096)
     finally:
         child.kill()
         child.wait()

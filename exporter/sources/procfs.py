@@ -510,14 +510,9 @@ def read_bytes(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
-def read_open_file(fd: int, limit: int) -> str:
-    """At most `limit` bytes from the start of an open file (pread: the file offset is not used), decoded
-    leniently. Procfs files are generated again by each read at offset 0."""
-    return read_open_bytes(fd, limit).decode("utf-8", "replace")
-
-
 def read_open_bytes(fd: int, limit: int) -> bytes:
-    """`read_open_file`, not decoded."""
+    """At most `limit` bytes from the start of an open file (pread: the file offset is not used). Procfs
+    files are generated again by each read at offset 0."""
     first = min(limit, FIRST_READ_BYTES)
     data = os.pread(fd, first, 0)
     if len(data) == first:
