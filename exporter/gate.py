@@ -36,12 +36,12 @@ import json
 import logging
 import math
 import os
-import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
@@ -62,11 +62,17 @@ from exporter.systemd import parse_timespan
 PROG = "vllm-xpu-gate"
 EXIT_RELEASED = 0
 EXIT_TIMED_OUT = 1  # --on-timeout fail
+EXIT_TERMINATED = 128 + signal.SIGTERM
 DEFAULT_TIMEOUT = "10m"
 DEFAULT_LEASE_TIMEOUT = "10m"
 DEFAULT_LEASE_DIRECTORY = "/run/vllm-xpu-gate"
 DEFAULT_POLL_INTERVAL = "500ms"
 SYSTEMCTL_TIMEOUT_S = 5.0
+# Where systemctl is, by absolute path: the gate runs as root with the gated unit's environment, whose PATH
+# its user may have put a directory of their own into.
+SYSTEMCTL_LOCATIONS = ("/usr/bin/systemctl", "/bin/systemctl", "/run/current-system/sw/bin/systemctl")
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+KEPT_FROM_THE_UNITS_ENVIRONMENT = frozenset({"INVOCATION_ID", "LANG", "LC_ALL", "LC_CTYPE"})
 # systemd's states of a unit whose processes are gone.
 UNIT_GONE_ACTIVE_STATES = frozenset({"inactive", "failed"})
 UNIT_GONE_SUB_STATES = frozenset({"auto-restart", "dead", "failed"})
@@ -89,7 +95,7 @@ class GateOptions:
     lease_directory: str
     lease_timeout: float
     poll_interval: float
-    invocation_id: str  # $INVOCATION_ID; '' when not run by systemd
+    systemctl: str
 
 
 def unit_name(value: str) -> str:
@@ -157,13 +163,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--poll-interval", dest="poll_interval", type=positive_go_duration,
                         default=DEFAULT_POLL_INTERVAL, metavar="DURATION",
                         help=f"how often a waiting gate looks again (default {DEFAULT_POLL_INTERVAL})")
+    parser.add_argument("--systemctl", type=absolute_path, default=default_systemctl(), metavar="PATH",
+                        help=f"the systemctl to ask about units' states (default: the first of "
+                             f"{', '.join(SYSTEMCTL_LOCATIONS)} that exists; never one from $PATH)")
     add_journal_flags(parser)
     add_levelzero_flags(parser)
     add_procfs_flag(parser)
     return parser
 
 
-def parse_options(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> GateOptions:
+def default_systemctl() -> str:
+    return next((path for path in SYSTEMCTL_LOCATIONS if os.path.exists(path)), SYSTEMCTL_LOCATIONS[0])
+
+
+def absolute_path(value: str) -> str:
+    if not os.path.isabs(value):
+        raise argparse.ArgumentTypeError(f"want an absolute path, got {value!r}")
+    return value
+
+
+def parse_options(argv: Sequence[str] | None = None) -> GateOptions:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
@@ -182,7 +201,7 @@ def parse_options(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
         lease_directory=args.lease_directory,
         lease_timeout=args.lease_timeout,
         poll_interval=args.poll_interval,
-        invocation_id=environ.get("INVOCATION_ID", "").strip(),
+        systemctl=args.systemctl,
     )
 
 
@@ -216,11 +235,8 @@ class _PrefixedFormatter(logging.Formatter):
 
 # ---------------------------------------------------------------------------------------- systemd
 
-def systemctl_show(unit: str, *properties: str) -> dict[str, str] | None:
-    """`systemctl show -p ... unit` as a dict; None when there is no systemctl or it cannot answer."""
-    systemctl = shutil.which("systemctl")
-    if systemctl is None:
-        return None
+def systemctl_show(systemctl: str, unit: str, *properties: str) -> dict[str, str] | None:
+    """`systemctl show -p ... unit` as a dict; None when systemctl cannot answer."""
     try:
         completed = subprocess.run([systemctl, "show", *(f"--property={name}" for name in properties), "--", unit],
                                    capture_output=True, text=True, timeout=SYSTEMCTL_TIMEOUT_S, check=False)
@@ -232,9 +248,9 @@ def systemctl_show(unit: str, *properties: str) -> dict[str, str] | None:
     return values if all(name in values for name in properties) else None
 
 
-def unit_start_timeout(unit: str) -> float | None:
+def unit_start_timeout(systemctl: str, unit: str) -> float | None:
     """The unit's TimeoutStartSec= in seconds (inf: none); None when systemctl cannot say."""
-    shown = systemctl_show(unit, "TimeoutStartUSec")
+    shown = systemctl_show(systemctl, unit, "TimeoutStartUSec")
     if shown is None:
         return None
     try:
@@ -243,10 +259,20 @@ def unit_start_timeout(unit: str) -> float | None:
         return None
 
 
-def unit_gone(unit: str, invocation_id: str) -> bool | None:
+def current_invocation(systemctl: str, unit: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The unit's current invocation id as systemd says it ('' when unknown). $INVOCATION_ID, which
+    systemd sets for ExecStartPre= commands, only when systemctl cannot answer: an `EnvironmentFile=`
+    of the unit can override it."""
+    shown = systemctl_show(systemctl, unit, "InvocationID")
+    if shown is not None and shown["InvocationID"]:
+        return shown["InvocationID"]
+    return environ.get("INVOCATION_ID", "").strip()
+
+
+def unit_gone(systemctl: str, unit: str, invocation_id: str) -> bool | None:
     """Whether that invocation of the unit has no process any more per systemd (stopped, failed, waiting
     to restart, or a later invocation runs); None when systemctl cannot say."""
-    shown = systemctl_show(unit, "ActiveState", "SubState", "InvocationID")
+    shown = systemctl_show(systemctl, unit, "ActiveState", "SubState", "InvocationID")
     if shown is None:
         return None
     if invocation_id and shown["InvocationID"] and shown["InvocationID"] != invocation_id:
@@ -292,7 +318,7 @@ class Lease:
 
 
 def lease_ended(lease: Lease, views: Mapping[str, UnitView], now_usec: int,
-                gone: Callable[[str, str], bool | None] = unit_gone) -> str | None:
+                gone: Callable[[str, str], bool | None]) -> str | None:
     """Why the lease no longer holds, or None while it does."""
     if now_usec >= lease.expires_usec:
         return "timed out"
@@ -490,13 +516,15 @@ class Gate:
             time.sleep(0.02)
 
     def _first_memory_reading(self) -> list[DeviceMemory]:
-        """Level Zero's first reading (its child initialises first); Unavailable if it cannot be read."""
+        """Level Zero's first reading (its child initialises first, within --levelzero.timeout: a hung
+        driver init does not hold the start); Unavailable if it cannot be read."""
+        deadline = min(self.deadline, time.monotonic() + self.options.levelzero_timeout)
         while True:
             try:
                 return self.levelzero.read_memory()
             except LevelZeroUnavailable as error:
                 initialising = self.levelzero.state in (WorkerState.INITIALISING, WorkerState.READY)
-                if not initialising or time.monotonic() >= self.deadline:
+                if not initialising or time.monotonic() >= deadline:
                     raise Unavailable(f"cannot read Level Zero ({error})") from None
                 time.sleep(0.05)
 
@@ -548,7 +576,8 @@ class Gate:
         if state.error is not None:
             raise Unavailable(f"cannot read the journal now ({state.error})")
         views = {view.unit: view for view in state.views}
-        gone = functools.cache(unit_gone)  # the device's lease is among all the leases: one systemctl each
+        # the device's lease is among all the leases: one systemctl each
+        gone = functools.cache(functools.partial(unit_gone, self.options.systemctl))
         holder = None
         if lease is not None and lease.unit != self.options.unit and \
                 lease_ended(lease, views, now_usec(), gone) is None:
@@ -572,7 +601,8 @@ class Gate:
     def _grant_lease(self) -> None:
         assert self.leases is not None and self.device is not None
         now = now_usec()
-        self.leases.grant(Lease(self.device, self.options.unit, self.options.invocation_id, now,
+        invocation = current_invocation(self.options.systemctl, self.options.unit)
+        self.leases.grant(Lease(self.device, self.options.unit, invocation, now,
                                 now + round(self.options.lease_timeout * 1e6), os.getpid()))
 
     def _release(self, decision: Decision | None) -> int:
@@ -599,20 +629,63 @@ def now_usec() -> int:
     return time.time_ns() // 1000
 
 
+def distrust_environment(environ: MutableMapping[str, str], isolated: bool) -> bool:
+    """Started isolated (`python -I`, as the packaged drop-in starts the gate after `env -i`), the gate's
+    environment is what its root-owned command line set. Otherwise it is the gated unit's, which the unit's
+    user may write (an `EnvironmentFile=` of theirs): keep none of it for what the gate runs (Level Zero's
+    child, systemctl) but the invocation id and the locale, and give PATH the system's directories.
+    Whether the environment was the unit's."""
+    if isolated:
+        return False
+    for name in [name for name in environ if name not in KEPT_FROM_THE_UNITS_ENVIRONMENT]:
+        del environ[name]
+    environ["PATH"] = SYSTEM_PATH
+    return True
+
+
+class Stopped(BaseException):
+    """SIGTERM: systemd stops the unit while its gate waits (or someone else killed the gate)."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the gate is already on its way out
+    raise Stopped
+
+
+def stopped(options: GateOptions, output: Output) -> int:
+    """Exit 0 when systemd is stopping the unit (a stop is no failure: the unit ends inactive, and its
+    engine does not start); otherwise the start fails, as it would have with the gate killed."""
+    shown = systemctl_show(options.systemctl, options.unit, "ActiveState")
+    if shown is not None and shown["ActiveState"] == "deactivating":
+        output.say(f"{options.unit} is being stopped: not starting it")
+        return EXIT_RELEASED
+    output.say("terminated by SIGTERM while deciding: failing the start")
+    return EXIT_TERMINATED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nothing to reload; a hang-up is no reason to stop deciding
+    signal.signal(signal.SIGTERM, _stop)
+    untrusted_environment = distrust_environment(os.environ, isolated=bool(sys.flags.isolated))
     options = parse_options(argv)
     output = Output(sys.stderr)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_PrefixedFormatter())
     logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
+    if untrusted_environment:
+        output.warn("started with the unit's environment (not by the packaged drop-in: `env -i` and `python -I`): "
+                    "none of it is passed on, but what it made this interpreter load as root is not undone; "
+                    "see docs/gate.md, Installing")
     began = time.monotonic()
-    unit_timeout = unit_start_timeout(options.unit)
-    if unit_timeout is not None and options.timeout >= unit_timeout:
-        output.warn(f"--timeout {options.timeout:g}s is not below {options.unit}'s TimeoutStartSec= "
-                    f"({unit_timeout:g}s): systemd may kill the start while the gate waits; set TimeoutStartSec= to "
-                    f"the gate's timeout plus the unit's own start (see the drop-in in docs/gate.md)")
     try:
+        unit_timeout = unit_start_timeout(options.systemctl, options.unit)
+        if unit_timeout is not None and options.timeout >= unit_timeout:
+            output.warn(f"--timeout {options.timeout:g}s is not below {options.unit}'s TimeoutStartSec= "
+                        f"({unit_timeout:g}s): systemd may kill the start while the gate waits; set TimeoutStartSec= "
+                        f"to the gate's timeout plus the unit's own start (see the drop-in in docs/gate.md)")
         return Gate(options, output).run()
+    except Stopped:
+        return stopped(options, output)
     except KeyboardInterrupt:
         return 130
     except Exception as error:  # never strand a unit on a bug of the gate

@@ -170,8 +170,10 @@ class Host:
         env = {**fake_driver_env(self.driver, self.tmp / "fake_ze.conf"), "PYTHONPATH": str(REPO),
                "PATH": str(self.bin), "INVOCATION_ID": invocation, "LANG": "C.UTF-8"}
         journal_args = journal if journal is not None else ["--journal.file", str(self.journal)]
-        command = [sys.executable, "-m", "exporter.gate", "--unit", unit, *journal_args,
-                   "--lease-directory", str(self.leases), "--poll-interval", "50ms", *args]
+        # isolated, as the packaged drop-in starts it: the gate keeps the environment it is given
+        command = [sys.executable, "-I", "-m", "exporter.gate", "--unit", unit, *journal_args,
+                   "--lease-directory", str(self.leases), "--poll-interval", "50ms",
+                   "--systemctl", str(self.bin / "systemctl"), *args]
         run = GateRun(unit, invocation, subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                                          stderr=subprocess.PIPE, env=env, cwd=self.tmp))
         self.runs.append(run)
@@ -213,28 +215,28 @@ def host(tmp_path: Path, fake_driver: Path):
 ], ids=lambda argv: " ".join(argv) or "no flags")
 def test_bad_flags_exit_2_with_one_prefixed_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        gate.parse_options(argv, environ={})
+        gate.parse_options(argv)
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("vllm-xpu-gate: error: "), lines
 
 
-def test_flags_take_go_durations_the_exporters_journal_and_levelzero_flags_and_the_invocation_id() -> None:
+def test_flags_take_go_durations_the_exporters_journal_and_levelzero_flags_and_systemctl() -> None:
     options = gate.parse_options(["--unit", CHAT, "--device", "0000:03:00.0", "--gpu-memory-utilization", "0.75",
                                   "--timeout", "1m30s", "--on-timeout", "fail", "--journal.directory", "/j",
                                   "--journal.units", "llm-*.service", "--journal.boot", "all",
-                                  "--levelzero.library", "libze.so", "--levelzero.timeout", "2s"],
-                                 environ={"INVOCATION_ID": "0123456789abcdef0123456789abcdef"})
+                                  "--levelzero.library", "libze.so", "--levelzero.timeout", "2s",
+                                  "--systemctl", "/sbin/systemctl"])
     assert (options.unit, options.device, options.gpu_memory_utilization, options.timeout) == (
         CHAT, "0000:03:00.0", 0.75, 90.0)
     assert not options.start_on_timeout
     assert (options.selection.directory, options.selection.boot) == ("/j", "all")
     assert options.selection.unit_globs == ("llm-*.service", CHAT)  # its own unit is always read
     assert (options.levelzero_library, options.levelzero_timeout) == ("libze.so", 2.0)
-    assert options.invocation_id == "0123456789abcdef0123456789abcdef"
-    defaults = gate.parse_options(["--unit", CHAT], environ={})
-    assert (defaults.timeout, defaults.start_on_timeout, defaults.lease_directory, defaults.invocation_id) == (
-        600.0, True, "/run/vllm-xpu-gate", "")
+    assert options.systemctl == "/sbin/systemctl"
+    defaults = gate.parse_options(["--unit", CHAT])
+    assert (defaults.timeout, defaults.start_on_timeout, defaults.lease_directory, defaults.systemctl) == (
+        600.0, True, "/run/vllm-xpu-gate", "/usr/bin/systemctl")
     assert defaults.selection.unit_globs == ("vllm*.service", CHAT)
 
 

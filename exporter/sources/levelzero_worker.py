@@ -583,7 +583,9 @@ class LevelZeroWorker:
                 [sys.executable, "-m", "exporter.sources.levelzero_worker", self.library,
                  *([] if self.telemetry else [NO_TELEMETRY])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                start_new_session=True)
+                # `-m` puts the working directory first on the child's sys.path: the gate's is the gated
+                # unit's WorkingDirectory=, which may be its user's
+                cwd="/", start_new_session=True)
         except OSError as error:
             self._fail(f"cannot start the Level Zero child: {error}")
         self._child, self._buffer = child, b""
