@@ -16,6 +16,7 @@ from exporter.sources.levelzero import DEFAULT_LIBRARY
 from exporter.sources.levelzero_worker import DEFAULT_TIMEOUT_S
 
 EXIT_USAGE = 2
+MAX_LEVELZERO_TIMEOUT_S = 86400.0  # a driver call a day long is a hang by any measure
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -36,6 +37,15 @@ def parse_duration(value: str) -> float:
             raise argparse.ArgumentTypeError(str(error)) from None
     if not seconds > 0 or seconds == float("inf"):
         raise argparse.ArgumentTypeError(f"duration must be positive, got {value!r}")
+    return seconds
+
+
+def levelzero_timeout(value: str) -> float:
+    """`parse_duration`, at most MAX_LEVELZERO_TIMEOUT_S: a read waits in select(), which refuses a timeout
+    as large as 1e300 s (every read would fail)."""
+    seconds = parse_duration(value)
+    if seconds > MAX_LEVELZERO_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"at most 24h, got {value!r}")
     return seconds
 
 
@@ -61,9 +71,9 @@ def add_levelzero_flags(parser: argparse.ArgumentParser) -> None:
     levelzero = parser.add_argument_group("levelzero")
     levelzero.add_argument("--levelzero.library", dest="levelzero_library", default=DEFAULT_LIBRARY,
                            metavar="LIBRARY", help="Level Zero loader to dlopen")
-    levelzero.add_argument("--levelzero.timeout", dest="levelzero_timeout", type=parse_duration,
-                           default=DEFAULT_TIMEOUT_S,
-                           metavar="DURATION", help="give up on a Level Zero read after this long (driver hang)")
+    levelzero.add_argument("--levelzero.timeout", dest="levelzero_timeout", type=levelzero_timeout,
+                           default=DEFAULT_TIMEOUT_S, metavar="DURATION",
+                           help="give up on a Level Zero read after this long (driver hang; at most 24h)")
 
 
 def add_journal_flags(parser: argparse.ArgumentParser) -> None:

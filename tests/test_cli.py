@@ -105,6 +105,8 @@ def test_version_flag_prints_the_package_version():
     (["--journal.boot", "yesterday"], "--journal.boot"),
     (["--levelzero.timeout", "soon"], "--levelzero.timeout"),
     (["--levelzero.timeout", "0s"], "--levelzero.timeout"),
+    (["--levelzero.timeout", "1e300"], "--levelzero.timeout"),  # select() overflows: every scrape failed
+    (["--levelzero.timeout", "25h"], "--levelzero.timeout"),
     (["--collector.gpu"], "--collector.gpu"),
     (["--web.config.file", "/nonexistent/web.yml"], "--web.config.file"),
     (["--journal.directory", "/var/log/journal", "--journal.file", "a.journal"], "--journal.file"),
