@@ -67,12 +67,16 @@ DEFAULT_TIMEOUT = "10m"
 DEFAULT_LEASE_TIMEOUT = "10m"
 DEFAULT_LEASE_DIRECTORY = "/run/vllm-xpu-gate"
 DEFAULT_POLL_INTERVAL = "500ms"
+# --timeout, --lease-timeout, --poll-interval: a week is past any start, and far larger durations overflow
+# time.sleep() and the lease's microseconds at run time.
+MAX_DURATION_S = 7 * 24 * 3600.0
 SYSTEMCTL_TIMEOUT_S = 5.0
 # Where systemctl is, by absolute path: the gate runs as root with the gated unit's environment, whose PATH
 # its user may have put a directory of their own into.
 SYSTEMCTL_LOCATIONS = ("/usr/bin/systemctl", "/bin/systemctl", "/run/current-system/sw/bin/systemctl")
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 KEPT_FROM_THE_UNITS_ENVIRONMENT = frozenset({"INVOCATION_ID", "LANG", "LC_ALL", "LC_CTYPE"})
+SET_BY_SYSTEMD_FOR_EVERY_COMMAND = frozenset({"JOURNAL_STREAM", "SYSTEMD_EXEC_PID"})
 # systemd's states of a unit whose processes are gone.
 UNIT_GONE_ACTIVE_STATES = frozenset({"inactive", "failed"})
 UNIT_GONE_SUB_STATES = frozenset({"auto-restart", "dead", "failed"})
@@ -122,11 +126,14 @@ def ratio(value: str) -> float:
 
 
 def go_duration(value: str) -> float:
-    """A Go duration (10m, 1m30s, 500ms), 0 or more."""
+    """A Go duration (10m, 1m30s, 500ms), 0 or more, at most MAX_DURATION_S."""
     try:
-        return parse_go_duration(value)
+        seconds = parse_go_duration(value)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+    if seconds > MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"at most 168h (7 days), got {value!r}")
+    return seconds
 
 
 def positive_go_duration(value: str) -> float:
@@ -153,9 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"give up waiting after this long (Go duration; default {DEFAULT_TIMEOUT})")
     parser.add_argument("--on-timeout", dest="on_timeout", choices=("start", "fail"), default="start",
                         help="after --timeout: let the unit start (exit 0, the default) or fail its start (exit 1)")
-    parser.add_argument("--lease-directory", dest="lease_directory", default=DEFAULT_LEASE_DIRECTORY,
-                        metavar="DIR", help=f"where the per-device lock and lease files are, made by the gate "
-                                             f"(default {DEFAULT_LEASE_DIRECTORY})")
+    parser.add_argument("--lease-directory", dest="lease_directory", type=absolute_path,
+                        default=DEFAULT_LEASE_DIRECTORY, metavar="DIR",
+                        help=f"absolute path of the directory of the per-device lock and lease files, made by the "
+                             f"gate and root's alone (default {DEFAULT_LEASE_DIRECTORY})")
     parser.add_argument("--lease-timeout", dest="lease_timeout", type=positive_go_duration,
                         default=DEFAULT_LEASE_TIMEOUT, metavar="DURATION",
                         help=f"a lease the journal never shows ending stops holding after this long "
@@ -629,13 +637,14 @@ def now_usec() -> int:
     return time.time_ns() // 1000
 
 
-def distrust_environment(environ: MutableMapping[str, str], isolated: bool) -> bool:
-    """Started isolated (`python -I`, as the packaged drop-in starts the gate after `env -i`), the gate's
-    environment is what its root-owned command line set. Otherwise it is the gated unit's, which the unit's
-    user may write (an `EnvironmentFile=` of theirs): keep none of it for what the gate runs (Level Zero's
-    child, systemctl) but the invocation id and the locale, and give PATH the system's directories.
+def distrust_environment(environ: MutableMapping[str, str]) -> bool:
+    """Started by systemd directly (the variables it gives every command of a unit are there), the gate has
+    the gated unit's environment, which the unit's user may write (an `EnvironmentFile=` of theirs): keep
+    none of it for what the gate runs (Level Zero's child, systemctl) but the invocation id and the locale,
+    and give PATH the system's directories. The packaged drop-in starts the gate through a static `env -i`,
+    so its environment is only what that root-owned command line sets, and is kept.
     Whether the environment was the unit's."""
-    if isolated:
+    if not SET_BY_SYSTEMD_FOR_EVERY_COMMAND & environ.keys():
         return False
     for name in [name for name in environ if name not in KEPT_FROM_THE_UNITS_ENVIRONMENT]:
         del environ[name]
@@ -666,16 +675,16 @@ def stopped(options: GateOptions, output: Output) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nothing to reload; a hang-up is no reason to stop deciding
     signal.signal(signal.SIGTERM, _stop)
-    untrusted_environment = distrust_environment(os.environ, isolated=bool(sys.flags.isolated))
+    untrusted_environment = distrust_environment(os.environ)
     options = parse_options(argv)
     output = Output(sys.stderr)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_PrefixedFormatter())
     logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
     if untrusted_environment:
-        output.warn("started with the unit's environment (not by the packaged drop-in: `env -i` and `python -I`): "
-                    "none of it is passed on, but what it made this interpreter load as root is not undone; "
-                    "see docs/gate.md, Installing")
+        output.warn("started with the unit's environment, not through the packaged drop-in's static `env -i`: "
+                    "none of it is passed on, but what it made this interpreter load as root is not undone "
+                    "(docs/gate.md, Installing)")
     began = time.monotonic()
     try:
         unit_timeout = unit_start_timeout(options.systemctl, options.unit)

@@ -38,12 +38,16 @@ let
 
   # The gate is a gated unit's last ExecStartPre= command, right before its main process, and runs with
   # full privileges ("+"): it reads the journal and opens the render node whatever the unit's User=.
+  # As root with the unit's environment, which the unit's user may write: a static env (no LD_PRELOAD or
+  # LD_LIBRARY_PATH reaches it) clears it before anything else is loaded, and systemctl is named by path.
   # %n (the unit's name) is a specifier, so it stays outside the escaped arguments.
   gateFlags =
-    [ "--timeout=${toString cfg.gate.timeoutSec}s" "--on-timeout=${cfg.gate.onTimeout}" ]
+    [ "--timeout=${toString cfg.gate.timeoutSec}s" "--on-timeout=${cfg.gate.onTimeout}"
+      "--systemctl=${pkgs.systemd}/bin/systemctl" ]
     ++ journalUnitFlags
     ++ cfg.gate.extraFlags;
-  gateCommand = "+${cfg.package}/bin/vllm-xpu-gate --unit=%n " + utils.escapeSystemdExecArgs gateFlags;
+  gateCommand = "+${pkgs.pkgsStatic.busybox}/bin/busybox env -i ${cfg.package}/bin/vllm-xpu-gate --unit=%n "
+    + utils.escapeSystemdExecArgs gateFlags;
   gatedServices = builtins.listToAttrs (map (unit: {
     name = removeSuffix ".service" unit;
     value.serviceConfig = {

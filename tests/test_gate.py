@@ -170,8 +170,7 @@ class Host:
         env = {**fake_driver_env(self.driver, self.tmp / "fake_ze.conf"), "PYTHONPATH": str(REPO),
                "PATH": str(self.bin), "INVOCATION_ID": invocation, "LANG": "C.UTF-8"}
         journal_args = journal if journal is not None else ["--journal.file", str(self.journal)]
-        # isolated, as the packaged drop-in starts it: the gate keeps the environment it is given
-        command = [sys.executable, "-I", "-m", "exporter.gate", "--unit", unit, *journal_args,
+        command = [sys.executable, "-m", "exporter.gate", "--unit", unit, *journal_args,
                    "--lease-directory", str(self.leases), "--poll-interval", "50ms",
                    "--systemctl", str(self.bin / "systemctl"), *args]
         run = GateRun(unit, invocation, subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -26,6 +26,8 @@ MODULE = REPO / "nix" / "module.nix"
 PACKAGE = REPO / "nix" / "package.nix"
 UNIT = REPO / "packaging" / "vllm-xpu-exporter.service"
 STORE_PATH = "/nix/store/00000000000000000000000000000000-vllm-xpu-exporter"
+SYSTEMD_STORE_PATH = "/nix/store/11111111111111111111111111111111-systemd"
+BUSYBOX_STORE_PATH = "/nix/store/22222222222222222222222222222222-busybox-static"
 # Options that never had the former name services.xpu-exporter.
 OPTIONS_ADDED_AFTER_THE_RENAME = {"gate"}
 # No build users on this machine; evaluation needs none.
@@ -71,6 +73,8 @@ let
   utils.escapeSystemdExecArgs = args: builtins.concatStringsSep " "
     (map (arg: builtins.replaceStrings [ "%%" "$" ] [ "%%%%" "$$" ] (builtins.toJSON (toString arg))) args);
   pkgs.callPackage = path: args: { outPath = "%(store)s"; };
+  pkgs.systemd = { outPath = "%(systemd)s"; };
+  pkgs.pkgsStatic.busybox = { outPath = "%(busybox)s"; };
   evaluated = import %(module)s { inherit config lib pkgs utils; };
   # The options' defaults (option sets nested, as gate.*), with the overrides merged in recursively.
   defaults = options: builtins.mapAttrs
@@ -103,7 +107,8 @@ def nix(*args: str) -> subprocess.CompletedProcess[str]:
 
 def evaluate_module(tmp_path: Path, overrides: str = "{ enable = true; }", part: str = "config") -> dict:
     harness = tmp_path / "module-harness.nix"
-    harness.write_text(MODULE_HARNESS % {"lib": STAND_IN_LIB, "store": STORE_PATH, "module": MODULE})
+    harness.write_text(MODULE_HARNESS % {"lib": STAND_IN_LIB, "store": STORE_PATH, "systemd": SYSTEMD_STORE_PATH,
+                                         "busybox": BUSYBOX_STORE_PATH, "module": MODULE})
     result = nix("--eval", "--strict", "--json", str(harness), "--arg", "overrides", overrides,
                  "--argstr", "part", part)
     assert result.returncode == 0, result.stderr
@@ -217,11 +222,13 @@ def test_every_option_of_the_former_name_keeps_it_as_a_renamed_alias(tmp_path):
 
 
 def gate_arguments(command: str, unit: str) -> list[str]:
-    """The gate's argv of an ExecStartPre= line, as systemd runs it for `unit` ("+": full privileges)."""
+    """The gate's argv of an ExecStartPre= line, as systemd runs it for `unit` ("+": full privileges),
+    after the static `env -i` that clears the unit's environment."""
     assert command.startswith("+")
     argv = shlex.split(command[1:].replace("%n", unit).replace("%%", "%").replace("$$", "$"))
-    assert argv[0] == f"{STORE_PATH}/bin/vllm-xpu-gate"
-    return argv[1:]
+    assert argv[:4] == [f"{BUSYBOX_STORE_PATH}/bin/busybox", "env", "-i", f"{STORE_PATH}/bin/vllm-xpu-gate"]
+    assert f"--systemctl={SYSTEMD_STORE_PATH}/bin/systemctl" in argv  # never one from the unit's PATH
+    return argv[4:]
 
 
 def test_gate_units_get_the_gate_as_last_exec_start_pre_and_a_start_timeout_covering_it(tmp_path):
@@ -236,7 +243,7 @@ def test_gate_units_get_the_gate_as_last_exec_start_pre_and_a_start_timeout_cove
         service = services[name]["serviceConfig"]
         assert service["ExecStartPre"]["_type"] == "order" and service["ExecStartPre"]["priority"] == 1500  # mkAfter
         (command,) = service["ExecStartPre"]["content"]
-        options = gate.parse_options(gate_arguments(command, f"{name}.service"), environ={})
+        options = gate.parse_options(gate_arguments(command, f"{name}.service"))
         assert (options.unit, options.timeout, options.start_on_timeout, options.gpu_memory_utilization) == (
             f"{name}.service", 300.0, False, 0.75)
         assert options.selection.unit_globs == ("vllm-*.service", "llm@*.service", f"{name}.service")
@@ -248,8 +255,7 @@ def test_gate_defaults_wait_ten_minutes_then_start_and_need_no_exporter(tmp_path
     assert sorted(config["systemd"]["services"]) == ["vllm-chat"]
     assert config["networking"]["firewall"]["allowedTCPPorts"] == []
     service = config["systemd"]["services"]["vllm-chat"]["serviceConfig"]
-    options = gate.parse_options(gate_arguments(service["ExecStartPre"]["content"][0], "vllm-chat.service"),
-                                 environ={})
+    options = gate.parse_options(gate_arguments(service["ExecStartPre"]["content"][0], "vllm-chat.service"))
     assert (options.timeout, options.start_on_timeout) == (600.0, True)
     assert service["TimeoutStartSec"]["content"] == 690
 

@@ -37,6 +37,7 @@ DEFAULTS = REPO / "packaging" / "vllm-xpu-exporter.default"
 EXEC_START = "/opt/vllm-xpu-exporter/bin/vllm-xpu-exporter"
 GATE_DROP_IN = REPO / "packaging" / "vllm-xpu-gate.conf"
 GATE = "/opt/vllm-xpu-exporter/bin/vllm-xpu-gate"
+GATE_LAUNCHER = "/bin/busybox env -i"
 EXPOSURE_LIMIT = 3.0
 CAP_BITS = {"CAP_DAC_READ_SEARCH": 2, "CAP_SYS_PTRACE": 19, "CAP_PERFMON": 38}
 
@@ -132,10 +133,21 @@ def test_systemd_analyze_verify_reads_and_accepts_the_gate_drop_in(tmp_path):
 def test_gate_drop_in_runs_the_gate_privileged_for_its_unit_within_the_units_start_timeout():
     settings = unit_settings(GATE_DROP_IN.read_text())
     command = one(settings, "ExecStartPre")
-    assert command.startswith(f"+{GATE} ")  # "+": full privileges whatever the unit's user
-    options = gate.parse_options(shlex.split(command[1:].replace("%n", "vllm-chat.service"))[1:], environ={})
+    # "+": full privileges whatever the unit's user, so the unit's environment is cleared first
+    assert command.startswith(f"+{GATE_LAUNCHER} {GATE} ")
+    options = gate.parse_options(shlex.split(command[1:].replace("%n", "vllm-chat.service"))[4:])
     assert (options.unit, options.start_on_timeout) == ("vllm-chat.service", True)
     assert parse_timespan(one(settings, "TimeoutStartSec")) >= options.timeout + 90  # + systemd's default start
+
+
+def test_the_gate_launcher_is_a_static_program_no_loader_variable_reaches():
+    """LD_PRELOAD and LD_LIBRARY_PATH of the unit's environment act on the first program the "+" command
+    runs, as root: only a program without a dynamic loader (no PT_INTERP) is safe there."""
+    launcher = GATE_LAUNCHER.split()[0]
+    headers = subprocess.run(["readelf", "--program-headers", "--wide", launcher], capture_output=True, text=True,
+                             check=True).stdout
+    assert "Elf file type is EXEC" in headers or "Elf file type is DYN" in headers, headers
+    assert "INTERP" not in headers, f"{launcher} is dynamically linked:\n{headers}"
 
 
 def test_unit_grants_exactly_the_three_capabilities_as_ambient_and_bounding_set():
