@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,10 +165,11 @@ class Host:
         script.chmod(0o755)
 
     def start(self, unit: str, *args: str, invocation_id: str | None = None,
-              journal: Sequence[str] | None = None) -> GateRun:
+              journal: Sequence[str] | None = None, environment: Mapping[str, str] | None = None) -> GateRun:
+        """`environment`: more variables (or others) than the fake driver's and the invocation id."""
         invocation = new_invocation_id() if invocation_id is None else invocation_id
         env = {**fake_driver_env(self.driver, self.tmp / "fake_ze.conf"), "PYTHONPATH": str(REPO),
-               "PATH": str(self.bin), "INVOCATION_ID": invocation, "LANG": "C.UTF-8"}
+               "PATH": str(self.bin), "INVOCATION_ID": invocation, "LANG": "C.UTF-8", **(environment or {})}
         journal_args = journal if journal is not None else ["--journal.file", str(self.journal)]
         command = [sys.executable, "-m", "exporter.gate", "--unit", unit, *journal_args,
                    "--lease-directory", str(self.leases), "--poll-interval", "50ms",
