@@ -36,15 +36,16 @@ import json
 import logging
 import math
 import os
+import secrets
 import signal
+import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TextIO
+from typing import ClassVar, TextIO
 
 from exporter import __version__
 from exporter.durations import parse_go_duration
@@ -220,6 +221,7 @@ class Output:
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
+        self._warned: set[str] = set()
 
     def say(self, text: str) -> None:
         self._stream.write(gate_lines.PREFIX + " ".join(text.splitlines()) + "\n")
@@ -227,6 +229,12 @@ class Output:
 
     def warn(self, text: str) -> None:
         self.say(f"warning: {text}")
+
+    def warn_once(self, text: str) -> None:
+        """`warn`, unless the same text was already written: a state that lasts is said once, not each poll."""
+        if text not in self._warned:
+            self._warned.add(text)
+            self.warn(text)
 
     def line(self, line: str) -> None:
         """A line formatted by exporter.parsers.gate (prefix included)."""
@@ -290,6 +298,27 @@ def unit_gone(systemctl: str, unit: str, invocation_id: str) -> bool | None:
 
 # ---------------------------------------------------------------------------------------- leases
 
+LEASE_DIRECTORY_MODE = 0o700
+LEASE_FILE_MODE = 0o600
+MAX_LEASE_BYTES = 64 * 1024
+# Whatever is planted as a lock or lease, root opening it must not follow it elsewhere (a symlink) nor wait
+# on it (a FIFO); `open_regular` then refuses anything but a regular file.
+OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def open_regular(name: str | Path, flags: int, dir_fd: int | None = None) -> int:
+    """A descriptor of the regular file `name` (made 0600 with O_CREAT); OSError for anything else."""
+    descriptor = os.open(name, flags | OPEN_FLAGS, LEASE_FILE_MODE, dir_fd=dir_fd)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise OSError(f"{name} is not a regular file")
+    return descriptor
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is no lease's figure")
+
+
 @dataclass(frozen=True)
 class Lease:
     """A device's lease: the unit released last and its invocation, until when it holds at most."""
@@ -302,34 +331,51 @@ class Lease:
     gate_pid: int
 
     @classmethod
-    def read(cls, path: Path) -> Lease | None:
-        """The lease in the file, or None when there is none (missing, or not a lease: ignored)."""
+    def read(cls, path: str | Path, dir_fd: int | None = None) -> Lease | None:
+        """The lease in the file, None when there is no file; OSError when it is not a regular file,
+        ValueError when it holds no lease (too big, not JSON, other fields)."""
         try:
-            data = json.loads(path.read_text())
-            return cls(str(data["device"]), str(data["unit"]), str(data["invocation_id"]), int(data["granted_usec"]),
-                       int(data["expires_usec"]), int(data["gate_pid"]))
-        except (OSError, ValueError, TypeError, KeyError):
+            descriptor = open_regular(path, os.O_RDONLY, dir_fd)
+        except FileNotFoundError:
             return None
+        with os.fdopen(descriptor, "rb") as file:
+            content = file.read(MAX_LEASE_BYTES + 1)
+        if len(content) > MAX_LEASE_BYTES:
+            raise ValueError(f"larger than {MAX_LEASE_BYTES} bytes")
+        return cls.parse(content)
 
-    def write(self, path: Path) -> None:
-        """Atomically (a reader sees the old lease or the new one, never part of one)."""
-        descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    @classmethod
+    def parse(cls, content: bytes) -> Lease:
+        """The lease `write` wrote; ValueError for anything else."""
         try:
-            with os.fdopen(descriptor, "w") as file:
-                json.dump(asdict(self), file)
-            os.chmod(temporary, 0o644)
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
+            data = json.loads(content, parse_constant=_refuse_constant)
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
+        # each field has the type its annotation names: a float, a bool or null is no lease's
+        if not isinstance(data, dict) or any(type(data.get(field.name)).__name__ != field.type
+                                             for field in fields(cls)):
+            raise ValueError(f"not a lease's fields ({', '.join(field.name for field in fields(cls))})")
+        return cls(**{field.name: data[field.name] for field in fields(cls)})
 
 
-def lease_ended(lease: Lease, views: Mapping[str, UnitView], now_usec: int,
+@dataclass(frozen=True)
+class UnreadableLease:
+    """A lease file the gate cannot read (not a regular file, too big, not a lease). It may be a gate's
+    lease gone wrong, so it holds, for an unknown holder, until the file is --lease-timeout old."""
+
+    device: str
+    reason: str
+    expires_usec: int  # the file's modification time plus --lease-timeout
+    unit: ClassVar[str] = gate_lines.UNREADABLE_LEASE
+
+
+def lease_ended(lease: Lease | UnreadableLease, views: Mapping[str, UnitView], now_usec: int,
                 gone: Callable[[str, str], bool | None]) -> str | None:
     """Why the lease no longer holds, or None while it does."""
     if now_usec >= lease.expires_usec:
         return "timed out"
+    if isinstance(lease, UnreadableLease):
+        return None  # no unit the journal or systemd could say anything about
     view = views.get(lease.unit)
     if view is not None:
         if lease.invocation_id:
@@ -343,22 +389,55 @@ def lease_ended(lease: Lease, views: Mapping[str, UnitView], now_usec: int,
     return None
 
 
+def directory_refused(status: os.stat_result) -> str | None:
+    """Why a lease directory (its lstat) is not the gate's user's alone, or None when it is."""
+    if not stat.S_ISDIR(status.st_mode):
+        return "not a directory (a symlink to one neither)"
+    if status.st_uid != os.geteuid():
+        return f"owned by uid {status.st_uid}, not by the gate's user (uid {os.geteuid()})"
+    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by others (mode {stat.S_IMODE(status.st_mode):04o})"
+    return None
+
+
 class LeaseDirectory:
-    """`<directory>/<device>.lock` (flock: one gate decides at a time) and `<device>.lease`."""
+    """`<directory>/<device>.lock` (flock: one gate decides at a time) and `<device>.lease`, root's alone:
+    the directory is 0700 and its files 0600, so no one else can hold a lock, or plant or read a lease.
+    Every file is opened in the directory opened once (`prepare`), never by a path through it."""
 
     def __init__(self, directory: str) -> None:
         self.path = Path(directory)
+        self._descriptor: int | None = None
 
     def prepare(self) -> None:
-        """Make the directory (mode 0755) if it does not exist; OSError if it cannot be used."""
-        self.path.mkdir(mode=0o755, parents=True, exist_ok=True)
+        """Make the directory (0700) if it does not exist, and open it; OSError (saying why) if it cannot be
+        used or is not the gate's user's alone."""
+        with contextlib.suppress(FileExistsError):
+            self.path.mkdir(mode=LEASE_DIRECTORY_MODE, parents=True)
+        status = os.lstat(self.path)
+        refused = directory_refused(status)
+        if refused is not None:
+            raise PermissionError(refused)
         if not os.access(self.path, os.W_OK | os.X_OK):
-            raise PermissionError(f"{self.path} is not writable")
+            raise PermissionError("not writable")
+        descriptor = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS)
+        if not os.path.samestat(os.fstat(descriptor), status):
+            os.close(descriptor)
+            raise PermissionError("replaced while the gate checked it")
+        if stat.S_IMODE(status.st_mode) & ~LEASE_DIRECTORY_MODE:
+            os.fchmod(descriptor, LEASE_DIRECTORY_MODE)  # narrowed: earlier versions made it 0755
+        self._descriptor = descriptor
+
+    def close(self) -> None:
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
 
     @contextlib.contextmanager
     def locked(self, device: str, deadline: float) -> Iterator[bool]:
-        """Hold the device's lock; yields False when it could not be had before `deadline`."""
-        descriptor = os.open(self.path / f"{device}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        """Hold the device's lock; yields False when it could not be had before `deadline`. OSError when the
+        lock is not a regular file."""
+        descriptor = open_regular(f"{device}.lock", os.O_RDWR | os.O_CREAT, self._descriptor)
         try:
             while True:
                 try:
@@ -373,18 +452,47 @@ class LeaseDirectory:
         finally:
             os.close(descriptor)  # releases the lock
 
-    def lease(self, device: str) -> Lease | None:
-        return Lease.read(self.path / f"{device}.lease")
+    def lease(self, device: str, lease_timeout: float) -> Lease | UnreadableLease | None:
+        """The device's lease, None when there is none; one that cannot be read holds until its file is
+        `lease_timeout` old."""
+        name = f"{device}.lease"
+        try:
+            return Lease.read(name, self._descriptor)
+        except (OSError, ValueError) as error:
+            try:
+                modified = os.stat(name, dir_fd=self._descriptor, follow_symlinks=False)
+            except FileNotFoundError:
+                return None  # removed meanwhile
+            return UnreadableLease(device, str(error), modified.st_mtime_ns // 1000 + round(lease_timeout * 1e6))
 
     def leases(self) -> list[Lease]:
+        """Every device's lease that can be read."""
         try:
-            paths = sorted(self.path.glob("*.lease"))
+            names = sorted(name for name in os.listdir(self._descriptor) if name.endswith(".lease"))
         except OSError:
             return []
-        return [lease for lease in map(Lease.read, paths) if lease is not None]
+        leases = []
+        for name in names:
+            with contextlib.suppress(OSError, ValueError):
+                if (lease := Lease.read(name, self._descriptor)) is not None:
+                    leases.append(lease)
+        return leases
 
     def grant(self, lease: Lease) -> None:
-        lease.write(self.path / f"{lease.device}.lease")
+        """Write the lease as a new file (0600) renamed over the device's: a reader sees the old lease or the
+        new one, never part of one."""
+        name = f"{lease.device}.lease"
+        temporary = f".{name}.{secrets.token_hex(8)}.tmp"
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, LEASE_FILE_MODE,
+                             dir_fd=self._descriptor)
+        try:
+            with os.fdopen(descriptor, "w") as file:
+                json.dump(asdict(lease), file)
+            os.replace(temporary, name, src_dir_fd=self._descriptor, dst_dir_fd=self._descriptor)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=self._descriptor)
+            raise
 
 
 # ---------------------------------------------------------------------------------------- decision
@@ -467,14 +575,14 @@ class Gate:
         finally:
             self.journal.stop(timeout=1.0)
             self.levelzero.close()
+            if self.leases is not None:
+                self.leases.close()
 
     def _run(self) -> int:
         try:
             self.leases.prepare()
         except OSError as error:
-            self.output.warn(f"cannot use the lease directory {self.options.lease_directory} ({error}): deciding "
-                             f"without a lock or lease, so another gate may release at the same time")
-            self.leases = None
+            self._stop_using_lease_directory(error)
         try:
             state = self._journal_read()
             devices = self._first_memory_reading()
@@ -570,16 +678,40 @@ class Gate:
             if decision.release:
                 self._release(decision)
             return decision, decision.release
-        with self.leases.locked(self.device, self.deadline) as locked:
+        try:
+            return self._decide_holding_the_lock(ratio)
+        except OSError as error:  # nothing but the lock and the lease raises it there
+            self._stop_using_lease_directory(error)
+            return self._decide_and_maybe_release(ratio)
+
+    def _decide_holding_the_lock(self, ratio: float | None) -> tuple[Decision | None, bool]:
+        assert self.leases is not None and self.device is not None
+        with self.leases.locked(self.device, min(self.deadline, time.monotonic() + self.options.poll_interval)) \
+                as locked:
             if not locked:
+                self.output.warn_once(f"the lock {self.leases.path / f'{self.device}.lock'} is held by another "
+                                      f"process (another gate deciding, or one that should not hold it): trying "
+                                      f"again every --poll-interval until --timeout")
                 return None, False
-            decision = self._decision(ratio, self.leases.lease(self.device))
+            lease = self.leases.lease(self.device, self.options.lease_timeout)
+            if isinstance(lease, UnreadableLease):
+                self.output.warn_once(f"the lease {self.leases.path / f'{self.device}.lease'} cannot be read "
+                                      f"({lease.reason}): it holds for an unknown holder "
+                                      f"({gate_lines.UNREADABLE_LEASE}) until the file is --lease-timeout old")
+            decision = self._decision(ratio, lease)
             if decision.release:
                 self._grant_lease()
                 self._release(decision)
             return decision, decision.release
 
-    def _decision(self, ratio: float | None, lease: Lease | None) -> Decision:
+    def _stop_using_lease_directory(self, error: OSError) -> None:
+        self.output.warn(f"cannot use the lease directory {self.options.lease_directory} ({error}): deciding "
+                         f"without a lock or lease, so another gate may release at the same time")
+        if self.leases is not None:
+            self.leases.close()
+        self.leases = None
+
+    def _decision(self, ratio: float | None, lease: Lease | UnreadableLease | None) -> Decision:
         state = self.journal.state()
         if state.error is not None:
             raise Unavailable(f"cannot read the journal now ({state.error})")
@@ -624,9 +756,12 @@ class Gate:
         waiting = self.last.waiting_for if self.last is not None else ()
         starting = self.options.start_on_timeout
         if starting and self.leases is not None and self.device is not None:
-            with self.leases.locked(self.device, time.monotonic() + 1.0) as locked:
-                if locked:  # it starts anyway: the next gate waits for its init like any other
-                    self._grant_lease()
+            try:
+                with self.leases.locked(self.device, time.monotonic() + 1.0) as locked:
+                    if locked:  # it starts anyway: the next gate waits for its init like any other
+                        self._grant_lease()
+            except OSError as error:
+                self._stop_using_lease_directory(error)
         self.output.line(gate_lines.format_timed_out(
             time.monotonic() - self.began, waiting or list(self.waited_for),
             self.last.free_bytes if self.last else None, self.last.needed_bytes if self.last else None, starting))

@@ -6,12 +6,16 @@ run in process."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import json
 import math
+import os
+import stat
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -304,7 +308,7 @@ def test_nothing_initialising_and_enough_memory_releases_at_once_and_leases_the_
     assert run.lines[-1].startswith("vllm-xpu-gate: released after ")
     lease = gate.Lease.read(host.leases / f"{DEVICE}.lease")
     assert (lease.unit, lease.invocation_id, lease.device) == (CHAT, "c" * 32, DEVICE)
-    assert oct(host.leases.stat().st_mode & 0o777) == "0o755"
+    assert oct(host.leases.stat().st_mode & 0o777) == "0o700"
 
 
 @pytest.mark.parametrize("ending", [init_completed, init_failed], ids=["completes", "fails"])
@@ -527,3 +531,173 @@ def test_the_exporter_counts_the_gates_decisions_it_reads_in_the_units_journal(h
         assert sample(samples, "xpu_unit_gate_wait_seconds_total", unit=run.unit) == pytest.approx(
             run.decision.seconds)
     assert sample(samples, "xpu_unit_engine_init_overlaps_total", unit=EMBEDDING) == 0
+
+
+# --- the lease directory is root's alone ---------------------------------------------------------------
+
+LEASE_FIELDS = {"device": DEVICE, "unit": EMBEDDING, "invocation_id": "", "granted_usec": 1, "gate_pid": 1}
+
+
+@pytest.mark.parametrize("argv", [
+    ["--timeout", "169h"],
+    ["--timeout", "1" + "0" * 400 + "h"],  # infinite seconds
+    ["--lease-timeout", "1" + "0" * 400 + "h"],  # round(inf * 1e6) failed every release
+    ["--poll-interval", "100000000h"],  # time.sleep() overflowed
+    ["--levelzero.timeout", "1e300"],
+    ["--lease-directory", ""],
+    ["--lease-directory", "run/vllm-xpu-gate"],  # the lock in the unit's working directory
+], ids=lambda argv: " ".join(argv)[:40])
+def test_durations_that_would_fail_at_run_time_and_a_relative_lease_directory_exit_2_at_parse_time(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        gate.parse_options(["--unit", CHAT, *argv])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"vllm-xpu-gate: error: argument {argv[0]}"), lines
+    week = gate.parse_options(["--unit", CHAT, "--timeout", "168h", "--lease-timeout", "168h"])
+    assert (week.timeout, week.lease_timeout) == (gate.MAX_DURATION_S, gate.MAX_DURATION_S)
+
+
+@pytest.mark.parametrize("existing_mode", [None, 0o755], ids=["made", "an earlier version's"])
+def test_the_lease_directory_is_0700_and_its_lock_and_lease_are_made_0600(tmp_path: Path,
+                                                                          existing_mode: int | None) -> None:
+    path = tmp_path / "run" / "vllm-xpu-gate"
+    if existing_mode is not None:
+        path.mkdir(parents=True)
+        path.chmod(existing_mode)
+    previous_umask = os.umask(0)  # the modes are the gate's, not the umask's
+    directory = gate.LeaseDirectory(str(path))
+    try:
+        directory.prepare()
+        with directory.locked(DEVICE, time.monotonic()) as locked:
+            assert locked
+            directory.grant(gate.Lease(DEVICE, CHAT, "", 0, 1, 1))
+    finally:
+        os.umask(previous_umask)
+        directory.close()
+    modes = {name: stat.S_IMODE(os.lstat(path / name).st_mode) for name in (".", f"{DEVICE}.lock", f"{DEVICE}.lease")}
+    assert modes == {".": 0o700, f"{DEVICE}.lock": 0o600, f"{DEVICE}.lease": 0o600}
+    assert sorted(os.listdir(path)) == [f"{DEVICE}.lease", f"{DEVICE}.lock"]  # no temporary file left
+
+
+def test_a_lock_held_by_another_process_is_reported_on_one_line(host: Host) -> None:
+    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
+    host.leases.mkdir(mode=0o700, parents=True)
+    lock = host.leases / f"{DEVICE}.lock"
+    with open(lock, "w") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07", "--timeout", "1s")
+    assert code == 0 and run.decision.timed_out, run.lines
+    held = [line for line in run.lines if "is held by another process" in line]
+    assert len(held) == 1 and held[0].startswith(f"vllm-xpu-gate: warning: the lock {lock} is held by another "
+                                                 f"process"), run.lines
+
+
+def owned_by_nobody(path: Path) -> None:
+    path.mkdir(mode=0o700)
+    os.chown(path, 65534, 65534)
+
+
+def writable_by(mode: int) -> Callable[[Path], None]:
+    def make(path: Path) -> None:
+        path.mkdir()
+        path.chmod(mode)
+    return make
+
+
+def symlink_to_a_directory(path: Path) -> None:
+    target = path.parent / "elsewhere"
+    target.mkdir(mode=0o700)
+    path.symlink_to(target)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+@pytest.mark.parametrize("make", [owned_by_nobody, writable_by(0o777), writable_by(0o770), symlink_to_a_directory],
+                         ids=["owned by another user", "mode 0777", "mode 0770", "a symlink to a directory"])
+def test_a_lease_directory_that_is_not_the_gates_users_alone_is_refused_on_one_line(
+        host: Host, make: Callable[[Path], None]) -> None:
+    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
+    host.leases.parent.mkdir(parents=True)
+    make(host.leases)
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07")
+    assert code == 0 and run.decision is not None and not run.decision.timed_out, run.lines
+    refused = [line for line in run.lines if "cannot use the lease directory" in line]
+    assert len(refused) == 1 and "deciding without a lock or lease" in refused[0], run.lines
+    assert os.listdir(host.leases) == []  # neither lock nor lease written in it
+
+
+def test_a_symlink_planted_as_the_lock_creates_nothing_where_it_points(host: Host) -> None:
+    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
+    host.leases.mkdir(mode=0o700, parents=True)
+    target = host.tmp / "target"
+    (host.leases / f"{DEVICE}.lock").symlink_to(target)
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07")
+    assert code == 0 and not run.decision.timed_out, run.lines
+    assert not target.exists()
+    assert sum("cannot use the lease directory" in line for line in run.lines) == 1, run.lines
+
+
+def plant_symlink_elsewhere(lease: Path) -> None:
+    lease.symlink_to(lease.parent.parent / "target")
+
+
+@pytest.mark.parametrize("plant", [plant_symlink_elsewhere, os.mkfifo, lambda lease: lease.symlink_to("/dev/zero")],
+                         ids=["symlink elsewhere", "FIFO", "symlink to /dev/zero"])
+def test_a_lease_that_is_not_a_regular_file_is_never_followed_waited_on_or_read(host: Host, plant) -> None:
+    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
+    host.leases.mkdir(mode=0o700, parents=True)
+    plant(host.leases / f"{DEVICE}.lease")
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07", "--timeout", "1s")
+    assert code == 0, run.lines
+    assert run.decision.timed_out and run.decision.waited_for == (gate_lines.UNREADABLE_LEASE,), run.lines
+    assert run.decision.seconds < 10
+    assert not (host.tmp / "target").exists()
+    assert gate.Lease.read(host.leases / f"{DEVICE}.lease").unit == CHAT  # replaced by its lease: it starts
+
+
+@pytest.mark.parametrize("content", [
+    json.dumps(LEASE_FIELDS)[:-1] + ', "expires_usec": Infinity}',  # int(inf): OverflowError
+    json.dumps(LEASE_FIELDS)[:-1] + ', "expires_usec": NaN}',
+    "[" * 100_000,  # RecursionError
+    "not json",
+    json.dumps({"unit": EMBEDDING}),
+    json.dumps({**LEASE_FIELDS, "expires_usec": 1.5}),
+    json.dumps({**LEASE_FIELDS, "expires_usec": 2}) + " " * (64 * 1024),  # too big
+], ids=["Infinity", "NaN", "deep nesting", "not JSON", "missing fields", "a float", "over 64 KiB"])
+def test_a_lease_that_cannot_be_read_holds_for_an_unknown_holder_until_its_file_is_lease_timeout_old(
+        tmp_path: Path, content: str) -> None:
+    directory = gate.LeaseDirectory(str(tmp_path / "leases"))
+    directory.prepare()
+    try:
+        assert directory.lease(DEVICE, 60.0) is None  # no file: no lease
+        path = tmp_path / "leases" / f"{DEVICE}.lease"
+        path.write_text(content)
+        modified_usec = path.stat().st_mtime_ns // 1000
+        lease = directory.lease(DEVICE, 60.0)
+        assert directory.leases() == []
+    finally:
+        directory.close()
+    assert isinstance(lease, gate.UnreadableLease) and lease.unit == gate_lines.UNREADABLE_LEASE, lease
+    assert lease.expires_usec == modified_usec + 60_000_000
+    never_asked = lambda unit, invocation: pytest.fail("systemd asked about an unknown holder")  # noqa: E731
+    assert gate.lease_ended(lease, {}, lease.expires_usec - 1, never_asked) is None
+    assert gate.lease_ended(lease, {}, lease.expires_usec, never_asked) == "timed out"
+
+
+def test_an_unreadable_lease_holds_beside_initialising_units_and_ends_when_it_is_lease_timeout_old(
+        host: Host) -> None:
+    other = new_invocation_id()
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=other),
+                *main_started(EMBEDDING, host.clock, other, 100)])
+    host.leases.mkdir(mode=0o700, parents=True)
+    lease = host.leases / f"{DEVICE}.lease"
+    lease.write_text(json.dumps(LEASE_FIELDS)[:-1] + ', "expires_usec": Infinity}')
+    written = time.time()
+    run = host.start(CHAT, "--gpu-memory-utilization", "0.07", "--lease-timeout", "4s")
+    assert wait_for(lambda: run.saw(f"waiting for {EMBEDDING},{gate_lines.UNREADABLE_LEASE} "), timeout=20), run.lines
+    assert sum("cannot be read" in line for line in run.lines) == 1, run.lines
+    host.write(init_completed(EMBEDDING, host.clock, other, 100))
+    assert run.wait() == 0, run.lines
+    assert run.decision.waited_for == (EMBEDDING, gate_lines.UNREADABLE_LEASE) and not run.decision.timed_out
+    assert time.time() - written >= 4.0  # the lease file's age passed --lease-timeout
+    assert gate.Lease.read(lease).unit == CHAT

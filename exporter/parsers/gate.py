@@ -7,8 +7,9 @@ run of the gate; the journal fold turns them into the gate metrics:
     vllm-xpu-gate: released after 12.30s (waited for vllm-chat.service,memory; free 8589934592, needed 1202590843)
     vllm-xpu-gate: timed out after 600.00s (waiting for vllm-chat.service; free 8589934592, needed unknown); starting anyway
 
-"waited for" lists what held the start back: the units whose init ran (or whose lease was held) and
-`memory` when free memory was short; `nothing` when the gate did not hold the start back. Byte figures
+"waited for" lists what held the start back: the units whose init ran (or whose lease was held),
+`unreadable-lease` when the device's lease file could not be read (its holder is unknown), and `memory`
+when free memory was short; `nothing` when the gate did not hold the start back. Byte figures
 are `unknown` when the gate could not know them (no Level Zero reading, no gpu_memory_utilization).
 Every other line (warnings, progress) starts with the prefix too and is a `GateLine` without a decision.
 """
@@ -25,6 +26,7 @@ from exporter.parsers.vllm import MAX_BYTES, MAX_SECONDS
 PREFIX = "vllm-xpu-gate: "
 NOTHING = "nothing"
 MEMORY = "memory"
+UNREADABLE_LEASE = "unreadable-lease"  # the holder of a lease file the gate cannot read
 UNKNOWN = "unknown"
 MAX_LINE_CHARS = 4096
 
@@ -35,7 +37,7 @@ class GateDecision:
 
     timed_out: bool
     seconds: float
-    waited_for: tuple[str, ...]  # unit names, and MEMORY
+    waited_for: tuple[str, ...]  # unit names, UNREADABLE_LEASE and MEMORY
     free_bytes: int | None
     needed_bytes: int | None
 
