@@ -44,6 +44,28 @@ failure; an init that runs while another watched unit's init runs overlaps, and 
 For the gate a unit is initialising from the same beginning until its init completes or fails
 (`UnitView.initialising_since_usec`): vLLM still allocates during warm-up after the KV-cache line.
 
+*Engine units and possible inits.* The `--journal.units` globs may match units that run no vLLM engine
+(the exporter's own unit, a `vllm-proxy.service`); such a unit must not hold gated starts back, count
+overlaps or count failures. A unit is an *engine unit* once a start of it printed a vLLM line (one
+`exporter.parsers.vllm` recognises); it is *known not to be one* once a start of it printed a line
+`exporter.parsers.services` recognises (the exporter's start-up line) before any vLLM line, or ran
+longer than the engine grace (`--journal.engine-grace`, ENGINE_GRACE_USEC by default) after its main
+process began without printing one; otherwise it is not known yet (`Start.engine`). A start of an
+engine unit is an engine start, as above. A start of a unit known not to be one is no init at all: it
+never initialises, overlaps nothing and its failure counts nothing. A start of a unit not known yet is
+a *possible init*: for the gate it is initialising from its main process's start until the first of
+- its first vLLM line: it is an engine start from then on, whose init began when its main process
+  began; its overlaps are judged from then, retroactively (every init that ran since counts);
+- a line of `exporter.parsers.services`: not an engine, its window ends at once;
+- the engine grace after its main process began, judged like the late-lines grace by the time of the
+  next entry read or `settle(now_usec)`: not an engine. A vLLM line it prints later still makes it an
+  engine start, whose init then begins at that line;
+- its end (exit, failure, stop).
+A possible init overlaps nothing while it is possible. Its failure counts as for an engine start
+(`other` without a cause): a start that dies before its first line, within the grace, may be an engine
+that broke before printing (an import error, a missing binary), as a unit's first start after an
+upgrade can; one that outlived the grace without a vLLM line, or printed the exporter's line, does not.
+
 A line whose figures are out of the grammar's plausible bounds (`vllm.ImplausibleValue`) is ignored,
 as if it had not been printed, and counted in `EngineTracker.rejected_lines`; the first of each unit
 is kept in `first_rejections` for the log.
@@ -53,11 +75,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from itertools import chain
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from exporter.parsers import gate, vllm
+from exporter.parsers import gate, services, vllm
 from exporter.parsers.vllm import FailureReason
 from exporter.systemd import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
                               MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_STARTED,
@@ -77,6 +100,9 @@ MESSAGE_IDS_START_ENDED = frozenset({MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UN
                                      MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_RESTART_SCHEDULED})
 # PID 1's records after which the start's processes are gone, whatever its outcome.
 MESSAGE_IDS_PROCESS_GONE = MESSAGE_IDS_START_ENDED | {MESSAGE_ID_UNIT_STOPPED, MESSAGE_ID_UNIT_SUCCESS}
+# How long a start of a unit not known to run vLLM is taken as a possible engine init (holds the gate)
+# after its main process began, unless it prints a vLLM line (--journal.engine-grace).
+ENGINE_GRACE_USEC = 60_000_000
 # Starts remembered per unit by invocation id: lines of older ones are dropped, and the gate asks
 # whether a lease's invocation has ended.
 REMEMBERED_INVOCATIONS = 16
@@ -133,6 +159,7 @@ class Start:
     late_line_usec: int | None = None  # when a line of this start last came after its end
     initialising: bool = False  # the overlap window: from main_began_usec to the first KV line, done or failure
     overlapped: bool = False
+    engine: bool | None = None  # runs a vLLM engine; None: not known yet (a possible init), False: does not
 
     def snapshot(self) -> Start:
         """A copy that the fold's later changes to this start do not reach. Every field holds an
@@ -208,9 +235,10 @@ class UnitView:
     @property
     def initialising_since_usec(self) -> int | None:
         """When the init of the unit's current start began, while it has neither completed nor failed;
-        None when the unit is not initialising (also while it waits in its gate)."""
+        None when the unit is not initialising (also while it waits in its gate, and when the start is
+        known not to run a vLLM engine: a possible init's window has ended)."""
         current = self.current
-        if current is None or current.outcome is not None:
+        if current is None or current.outcome is not None or current.engine is False:
             return None
         return current.main_began_usec
 
@@ -235,6 +263,7 @@ class _Unit:
     gate_waits: int = 0
     gate_wait_seconds: float = 0.0
     gate_timeouts: int = 0
+    engine: bool | None = None  # a start printed a vLLM line; False: known to run something else
 
     def view(self) -> UnitView:
         copy = (lambda start: start.snapshot() if start else None)
@@ -245,6 +274,17 @@ class _Unit:
                         self.gate_waits, self.gate_wait_seconds, self.gate_timeouts)
 
 
+@dataclass(frozen=True)
+class _PossibleInit:
+    """What judging a possible init's overlaps from its main process's start needs, should it turn out
+    to be an engine start."""
+
+    unit: _Unit
+    began_entry: int  # the number of the entry at which its main process began (EngineTracker._entries_folded)
+    windows_opened_before: int  # overlap windows opened before it began (EngineTracker._windows_opened)
+    met_an_init: bool  # another unit's overlap window was open when it began
+
+
 class EngineTracker:
     """Folds journal entries of watched units into per-unit engine state. Not thread-safe: `add`,
     `extend`, `settle`, `watch` and `admit` change it, `views` only reads; the journal follower calls
@@ -253,14 +293,22 @@ class EngineTracker:
     At most `max_units` units are watched (the first ones met); entries of further units are dropped
     and the units counted in `dropped_units`, so a glob that matches too much cannot blow up the series."""
 
-    def __init__(self, max_units: int = DEFAULT_MAX_UNITS) -> None:
+    def __init__(self, max_units: int = DEFAULT_MAX_UNITS, engine_grace_usec: int = ENGINE_GRACE_USEC) -> None:
         self._units: dict[str, _Unit] = {}
         self.max_units = max_units
+        self.engine_grace_usec = engine_grace_usec
         self.dropped_units: set[str] = set()
         # Starts in their overlap window, and those of them not overlapped yet: opening a start costs
         # the starts it newly overlaps, not one look at every unit.
         self._initialising: dict[Start, _Unit] = {}
         self._awaiting_overlap: dict[Start, _Unit] = {}
+        # Possible inits (module docstring), in the order their main processes began; and the overlap
+        # windows that ended not overlapped while one was pending, with the number of the entry that ended
+        # them: a possible init found to be an engine start overlaps those that ended after it began.
+        self._possible_inits: dict[Start, _PossibleInit] = {}
+        self._unpaired_ended: dict[Start, tuple[_Unit, int]] = {}
+        self._entries_folded = 0
+        self._windows_opened = 0
         self.rejected_lines = 0  # lines of watched units ignored for an implausible value
         self.first_rejections: dict[str, vllm.ImplausibleValue] = {}
 
@@ -277,14 +325,16 @@ class EngineTracker:
         unit = self._unit(entry.unit)
         if unit is None:
             return
+        self._entries_folded += 1
         self._settle_unit(unit, entry.realtime_usec)
+        self._end_possible_inits_past_grace(entry.realtime_usec)
         if entry.from_systemd:
             self._systemd_record(unit, entry)
             return
         if gate.is_gate_line(entry.message):
             self._gate_line(unit, entry.message)
             return
-        event = vllm.parse_line(entry.message)
+        event = vllm.parse_line(entry.message) or services.parse_line(entry.message)
         if event is None:
             return
         if isinstance(event, vllm.ImplausibleValue):
@@ -302,6 +352,13 @@ class EngineTracker:
             start.pid = pid
             if unit.previous is not None and unit.previous.pending_since_usec is not None:
                 self._count(unit, unit.previous, FailureReason.OTHER, unit.previous.pending_since_usec)
+        if isinstance(event, services.NotAnEngine):
+            if start.engine is None:
+                self._not_an_engine(unit, start)
+            self._main_began(unit, start, entry.realtime_usec)
+            return
+        if not start.engine:
+            self._engine_found(unit, start)
         self._main_began(unit, start, entry.realtime_usec)
         start.printed = True
         unit.latest = start
@@ -325,9 +382,11 @@ class EngineTracker:
 
     def settle(self, now_usec: int) -> None:
         """Count as `other` the failed starts whose root cause has not turned up within the grace time
-        before `now_usec` (the wall clock of a scrape, when following)."""
+        before `now_usec` (the wall clock of a scrape, when following), and end the possible inits whose
+        engine grace has passed."""
         for unit in self._units.values():
             self._settle_unit(unit, now_usec)
+        self._end_possible_inits_past_grace(now_usec)
 
     def views(self) -> Iterator[UnitView]:
         """Every watched unit's counters and latest starts, by unit name; changes nothing (a failed start
@@ -445,7 +504,7 @@ class EngineTracker:
         if unit.previous is not None and unit.previous.pending_since_usec is not None:
             self._count(unit, unit.previous, FailureReason.OTHER, unit.previous.pending_since_usec)
         unit.previous = previous
-        start = unit.current = Start(began_usec=when_usec)
+        start = unit.current = Start(began_usec=when_usec, engine=unit.engine)
         if invocation:
             self._name_invocation(unit, start, invocation)
         return start
@@ -458,19 +517,78 @@ class EngineTracker:
             del unit.invocations[next(iter(unit.invocations))]
 
     def _main_began(self, unit: _Unit, start: Start, when_usec: int) -> None:
-        """The start's main process runs: its init begins, and with it the overlap window."""
+        """The start's main process runs: an engine start's init begins, and with it the overlap window; a
+        start not known to run vLLM becomes a possible init."""
         if start.main_began_usec is not None or start.outcome is not None:
             return
         start.main_began_usec = when_usec
+        if start.engine:
+            self._open_overlap_window(unit, start)
+        elif start.engine is None:
+            self._possible_inits[start] = _PossibleInit(unit, self._entries_folded, self._windows_opened,
+                                                        bool(self._initialising))
+
+    def _open_overlap_window(self, unit: _Unit, start: Start, possible: _PossibleInit | None = None) -> None:
+        """The start's overlap window opens: it overlaps the inits running now and, when it was a possible
+        init until now, every init whose window was open since its main process began."""
         start.initialising = True
-        if self._initialising:  # other units' inits: this unit's earlier start has ended
+        ended_since: list[tuple[Start, _Unit]] = []
+        overlapping = bool(self._initialising)  # other units' inits: this unit's earlier start has ended
+        if possible is not None:
+            ended_since = [(other_start, other) for other_start, (other, ended_entry) in self._unpaired_ended.items()
+                           if ended_entry > possible.began_entry]
+            overlapping = overlapping or possible.met_an_init or self._windows_opened > possible.windows_opened_before
+        if overlapping:
             self._overlapped(unit, start)
-            for other_start, other in self._awaiting_overlap.items():
+            for other_start, other in chain(self._awaiting_overlap.items(), ended_since):
                 self._overlapped(other, other_start)
             self._awaiting_overlap.clear()
+            for other_start, _ in ended_since:
+                del self._unpaired_ended[other_start]
         else:
             self._awaiting_overlap[start] = unit
         self._initialising[start] = unit
+        self._windows_opened += 1
+
+    def _engine_found(self, unit: _Unit, start: Start) -> None:
+        """The start printed its first vLLM line: an engine start, and its unit an engine unit. A possible
+        init's init began with its main process; a start whose possible window had ended (or of a unit
+        known not to run vLLM) begins its init now (`_main_began` follows)."""
+        unit.engine = start.engine = True
+        possible = self._possible_inits.pop(start, None)
+        if possible is not None:
+            self._open_overlap_window(unit, start, possible)
+            self._forget_unpaired_windows()
+        else:
+            start.main_began_usec = None
+
+    def _not_an_engine(self, unit: _Unit, start: Start) -> None:
+        """The start runs no vLLM engine (a services line, or the engine grace passed): its possible window
+        ends, and its unit is known not to be an engine unit (unless a start of it printed a vLLM line)."""
+        start.engine = False
+        if unit.engine is None:
+            unit.engine = False
+        if self._possible_inits.pop(start, None) is not None:
+            self._forget_unpaired_windows()
+
+    def _end_possible_inits_past_grace(self, now_usec: int) -> None:
+        while self._possible_inits:
+            start, possible = next(iter(self._possible_inits.items()))
+            if now_usec - start.main_began_usec <= self.engine_grace_usec:
+                return
+            self._not_an_engine(possible.unit, start)
+
+    def _forget_unpaired_windows(self) -> None:
+        """Drop the ended windows that no pending possible init began before."""
+        if not self._possible_inits:
+            self._unpaired_ended.clear()
+            return
+        earliest = next(iter(self._possible_inits.values())).began_entry
+        while self._unpaired_ended:
+            oldest = next(iter(self._unpaired_ended))
+            if self._unpaired_ended[oldest][1] > earliest:
+                return
+            del self._unpaired_ended[oldest]
 
     def _settle_unit(self, unit: _Unit, now_usec: int) -> None:
         """Count as `other` the failed starts whose root cause has not turned up within the grace time."""
@@ -487,15 +605,19 @@ class EngineTracker:
 
     def _end(self, start: Start, outcome: Outcome, when_usec: int, pending: bool = False) -> None:
         """End a start. A failure systemd reports (exit, failed state) is pending until its cause is known:
-        the process's last lines may still come."""
+        the process's last lines may still come; a start known to run no vLLM engine never counts one."""
         start.outcome = outcome
         self._stop_initialising(start)
-        start.pending_since_usec = when_usec if pending else None
+        if self._possible_inits.pop(start, None) is not None:
+            self._forget_unpaired_windows()
+        start.pending_since_usec = when_usec if pending and start.engine is not False else None
 
     def _stop_initialising(self, start: Start) -> None:
         start.initialising = False
         self._initialising.pop(start, None)
-        self._awaiting_overlap.pop(start, None)
+        unit = self._awaiting_overlap.pop(start, None)
+        if unit is not None and self._possible_inits:
+            self._unpaired_ended[start] = (unit, self._entries_folded)
 
     @staticmethod
     def _count(unit: _Unit, start: Start, reason: FailureReason, when_usec: int) -> None:
@@ -506,7 +628,7 @@ class EngineTracker:
 
 def _opens_a_start(event: vllm.Event) -> bool:
     """Lines printed only at the beginning of a start (for journals without systemd's records)."""
-    return isinstance(event, (vllm.ServerVersion, vllm.EngineConfig, vllm.Settings))
+    return isinstance(event, (vllm.ServerVersion, vllm.EngineConfig, vllm.Settings, services.NotAnEngine))
 
 
 def _record(start: Start, event: vllm.Event) -> None:
