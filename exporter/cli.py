@@ -8,18 +8,18 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from exporter import __version__
 from exporter.collector import Collector, Source, Sources, registered
-from exporter.fold.engine_starts import DEFAULT_MAX_UNITS
+from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
 from exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
-                            add_sysfs_flag, check_journal_flags, journal_unit_globs)
+                            add_sysfs_flag, check_journal_flags, journal_engine_grace_usec, journal_unit_globs)
 from exporter.logs import FORMATS, LEVELS, setup_logging
 from exporter.scrape import ExporterCollector
-from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection
+from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection, read_own_service_unit
 from exporter.sources.journal.follower import JournalFollower
 from exporter.sources.dmem import DEFAULT_SYSFS
 from exporter.sources.levelzero import DEFAULT_LIBRARY
@@ -48,6 +48,7 @@ class Options:
     journal_units: tuple[str, ...] = DEFAULT_UNIT_GLOBS
     journal_boot: str = "current"
     journal_max_units: int = DEFAULT_MAX_UNITS
+    journal_engine_grace_usec: int = ENGINE_GRACE_USEC
     procfs: str = "/proc"
     sysfs: str = DEFAULT_SYSFS
     log_level: str = "info"
@@ -118,6 +119,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         journal_units=journal_unit_globs(args),
         journal_boot=args.journal_boot,
         journal_max_units=args.journal_max_units,
+        journal_engine_grace_usec=journal_engine_grace_usec(args),
         procfs=args.procfs,
         sysfs=args.sysfs,
         log_level=args.log_level,
@@ -134,10 +136,25 @@ def build_sources(options: Options, needs: set[Source]) -> Sources:
         sources.drm_nodes = DrmNodeNames()
         sources.drm_nodes.subscribe(sources.levelzero.gpu_changed)  # a GPU plugged, removed or re-bound: re-init
     if Source.JOURNAL in needs:
-        sources.journal = JournalFollower(JournalSelection(
-            directory=options.journal_directory, files=options.journal_files, unit_globs=options.journal_units,
-            boot=options.journal_boot), options.journal_max_units)
+        sources.journal = JournalFollower(exporter_journal_selection(options), options.journal_max_units)
     return sources
+
+
+def exporter_journal_selection(options: Options, own_unit: str | None = None) -> JournalSelection:
+    """The journal the options select, without the exporter's own unit (`own_unit`, else the service of
+    /proc/self/cgroup): the default glob vllm*.service matches vllm-xpu-exporter.service, and its starts
+    are no engine's."""
+    selection = JournalSelection(
+        directory=options.journal_directory, files=options.journal_files, unit_globs=options.journal_units,
+        boot=options.journal_boot, engine_grace_usec=options.journal_engine_grace_usec)
+    own_unit = own_unit or read_own_service_unit()
+    if own_unit is None:
+        return selection
+    if selection.matches_unit(own_unit):
+        log.info("not watching the exporter's own unit %s, which --journal.units matches", own_unit)
+    else:
+        log.debug("the exporter runs in %s, which is never watched", own_unit)
+    return replace(selection, excluded_units=(own_unit,))
 
 
 def build_registry(options: Options) -> tuple[CollectorRegistry, Sources, list[Collector]]:

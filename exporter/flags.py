@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Sequence
 
 from exporter.durations import parse_go_duration
-from exporter.fold.engine_starts import DEFAULT_MAX_UNITS
+from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
 from exporter.sources.dmem import CGROUP_TREE, DEFAULT_SYSFS
 from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection, normalize_boot
 from exporter.sources.levelzero import DEFAULT_LIBRARY
@@ -77,7 +77,8 @@ def add_levelzero_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_journal_flags(parser: argparse.ArgumentParser) -> None:
-    """--journal.directory, .file, .units, .max-units, .boot; check them with `check_journal_flags`."""
+    """--journal.directory, .file, .units, .max-units, .boot, .engine-grace; check them with
+    `check_journal_flags`."""
     journal = parser.add_argument_group("journal")
     journal.add_argument("--journal.directory", dest="journal_directory", default=None, metavar="DIR",
                          help="read the journal from this directory instead of the system journal")
@@ -92,6 +93,11 @@ def add_journal_flags(parser: argparse.ArgumentParser) -> None:
                                            "xpu_exporter_journal_units_dropped_total")
     journal.add_argument("--journal.boot", dest="journal_boot", type=parse_boot, default="current", metavar="BOOT",
                          help="current (this kernel's boot), all, or a boot id")
+    journal.add_argument("--journal.engine-grace", dest="journal_engine_grace", type=parse_duration,
+                         default=ENGINE_GRACE_USEC / 1e6, metavar="DURATION",
+                         help="a start of a watched unit that has printed no vLLM line yet counts as an engine "
+                              "init (holds gated starts back) at most this long after its main process began, "
+                              "unless it prints one (a proxy, the exporter itself)")
 
 
 def check_journal_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -106,10 +112,16 @@ def journal_unit_globs(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(args.journal_units or DEFAULT_UNIT_GLOBS)
 
 
-def journal_selection(args: argparse.Namespace, extra_units: Sequence[str] = ()) -> JournalSelection:
-    """The journal the flags select; `extra_units` are watched besides the globs."""
+def journal_engine_grace_usec(args: argparse.Namespace) -> int:
+    return round(args.journal_engine_grace * 1e6)
+
+
+def journal_selection(args: argparse.Namespace, extra_units: Sequence[str] = (),
+                      excluded_units: Sequence[str] = ()) -> JournalSelection:
+    """The journal the flags select; `extra_units` are watched besides the globs, `excluded_units` never."""
     return JournalSelection(directory=args.journal_directory, files=tuple(args.journal_files),
-                            unit_globs=(*journal_unit_globs(args), *extra_units), boot=args.journal_boot)
+                            unit_globs=(*journal_unit_globs(args), *extra_units), boot=args.journal_boot,
+                            excluded_units=tuple(excluded_units), engine_grace_usec=journal_engine_grace_usec(args))
 
 
 def add_procfs_flag(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:

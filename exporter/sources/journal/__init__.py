@@ -17,6 +17,8 @@ from exporter.sources.journal.reader import (
     JournalSelection,
     current_boot_id,
     normalize_boot,
+    own_service_unit,
+    read_own_service_unit,
 )
 
 __all__ = [
@@ -27,4 +29,6 @@ __all__ = [
     "JournalSelection",
     "current_boot_id",
     "normalize_boot",
+    "own_service_unit",
+    "read_own_service_unit",
 ]

@@ -103,7 +103,7 @@ class JournalFollower:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            tracker = EngineTracker(self.max_units)
+            tracker = EngineTracker(self.max_units, self.selection.engine_grace_usec)
             try:
                 # Units beyond the cap are refused when first met: the reader skips their entries.
                 with JournalReader(self.selection, admit=partial(self._admit, tracker)) as reader:

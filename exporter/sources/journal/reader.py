@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from exporter.fold.engine_starts import ENGINE_GRACE_USEC
 from exporter.sources.journal.binding import (
     LIBSYSTEMD,
     SD_JOURNAL_LOCAL_ONLY,
@@ -41,8 +42,10 @@ from exporter.sources.journal.binding import (
     JournalError,
     LibSystemd,
 )
+from exporter.sources.procfs import unit_of_cgroup_file
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+OWN_CGROUP_PATH = "/proc/self/cgroup"
 DEFAULT_UNIT_GLOBS = ("vllm*.service",)
 SYSTEM_JOURNAL_DIRECTORIES = ("/run/log/journal", "/var/log/journal")
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
@@ -89,18 +92,26 @@ class JournalSelection:
     - ``files``: read exactly these journal files (exclusive with ``directory``).
     - neither: the local system journal (``SD_JOURNAL_LOCAL_ONLY | SD_JOURNAL_SYSTEM``).
     - ``unit_globs``: shell globs of the watched units' names.
+    - ``excluded_units``: units never watched, whatever the globs say: the exporter's own unit
+      (``own_service_unit``), which the default glob ``vllm*.service`` matches.
     - ``boot``: ``"current"`` (this kernel's boot id), ``"all"``, or a boot id (32 hex digits or
       the dashed UUID form; normalised to 32 lower-case hex digits).
+    - ``engine_grace_usec``: how long a start of a watched unit not known to run vLLM is taken as a
+      possible engine init (``exporter.fold.engine_starts``; ``--journal.engine-grace``). The reader
+      does not use it; the journal follower folds the selected entries with it.
     """
 
     directory: str | None = None
     files: Sequence[str] = ()
     unit_globs: Sequence[str] = DEFAULT_UNIT_GLOBS
     boot: str = "current"
+    excluded_units: Sequence[str] = ()
+    engine_grace_usec: int = ENGINE_GRACE_USEC
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", tuple(self.files))
         object.__setattr__(self, "unit_globs", tuple(self.unit_globs))
+        object.__setattr__(self, "excluded_units", frozenset(self.excluded_units))
         if self.directory is not None and self.files:
             raise ValueError("a journal directory and journal files cannot both be given")
         if not self.unit_globs or any(not glob for glob in self.unit_globs):
@@ -108,7 +119,24 @@ class JournalSelection:
         object.__setattr__(self, "boot", normalize_boot(self.boot))
 
     def matches_unit(self, unit: str) -> bool:
-        return any(fnmatch.fnmatchcase(unit, glob) for glob in self.unit_globs)
+        return unit not in self.excluded_units and any(fnmatch.fnmatchcase(unit, glob) for glob in self.unit_globs)
+
+
+def own_service_unit(cgroup_file_text: str) -> str | None:
+    """The service unit a process runs in, from the text of its ``/proc/self/cgroup`` (cgroup v1 or v2;
+    inside a cgroup namespace the path may begin with ``..``: ``0::/../system.slice/x.service``); None
+    when it runs in no service (a login session's scope, a container's own cgroup, the root)."""
+    unit = unit_of_cgroup_file(cgroup_file_text)
+    return unit if unit is not None and unit.endswith(".service") else None
+
+
+def read_own_service_unit(path: str = OWN_CGROUP_PATH) -> str | None:
+    """``own_service_unit`` of this process; None also when its cgroup file cannot be read."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return None
+    return own_service_unit(text)
 
 
 def normalize_boot(boot: str) -> str:
