@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.fold import engine_starts
 from exporter.fold.engine_starts import EngineTracker, Outcome, UnitView
 from exporter.parsers import gate
 from exporter.sources.journal import JournalEntry, JournalReader, JournalSelection
@@ -265,3 +266,117 @@ def test_a_gate_killed_while_waiting_ends_the_start_as_an_other_failure_and_neve
     assert view.current.outcome is Outcome.FAILED and view.invocation_ended(invocation) is True
     assert view.current.main_began_usec is None
     assert {reason.value: count for reason, count in view.failures.items() if count} == {"other": 1}
+
+
+# --- units that run no vLLM engine (issue 19) ---------------------------------------------------------------
+
+PROXY = "vllm-proxy.service"
+EXPORTER = "vllm-xpu-exporter.service"
+EXPORTER_LISTENING = ('ts=2026-12-02T10:00:00.000Z level=info source=main msg="vllm-xpu-exporter 0.9.0 listening on '
+                      'http://[::]:10447/metrics (collectors: journal,levelzero,processes)"')
+GRACE_USEC = engine_starts.ENGINE_GRACE_USEC
+
+
+def fold_until(tmp_path: Path, entries: list[JournalEntrySpec], *now_usecs: int) -> list[dict[str, UnitView]]:
+    """The views a scrape sees at each of `now_usecs` (ascending), the entries up to then read."""
+    read = read_journal(tmp_path, entries)
+    tracker = EngineTracker()
+    views = []
+    folded = 0
+    for now in now_usecs:
+        while folded < len(read) and read[folded].realtime_usec <= now:
+            tracker.add(read[folded])
+            folded += 1
+        tracker.settle(now)
+        views.append({view.unit: view for view in tracker.views()})
+    return views
+
+
+def clock_at(clock: Clock, realtime_usec: int) -> Clock:
+    """A clock of the same boot at `realtime_usec` (its monotonic time to match)."""
+    return Clock(clock.boot_id, realtime_usec, realtime_usec - (clock.realtime_usec - clock.monotonic_usec))
+
+
+def non_engine_start(unit: str, clock: Clock, lines: tuple[str, ...], *, pid: int, exit_after_usec: int | None = None,
+                     status: int = 1) -> Recorded:
+    """A Type=simple start of a unit that prints `lines` (no vLLM line); its main process exits with
+    `status` `exit_after_usec` after "Started" (None: it keeps running)."""
+    invocation = new_invocation_id()
+    started = clock.tick()
+    entries = [unit_started(unit, started, invocation_id=invocation)]
+    entries += [unit_output(unit, line, clock.tick(), pid=pid, invocation_id=invocation) for line in lines]
+    if exit_after_usec is not None:
+        clock.realtime_usec, clock.monotonic_usec = started.realtime_usec, started.monotonic_usec
+        entries += [unit_process_exited(unit, clock.tick(exit_after_usec), code="killed", status=status,
+                                        invocation_id=invocation),
+                    unit_failed(unit, clock.tick(), result="signal", invocation_id=invocation)]
+    return Recorded(entries, invocation, started.realtime_usec, started.realtime_usec, 0, None)
+
+
+def test_a_proxy_beside_two_vllm_units_overlaps_nothing_fails_nothing_and_holds_the_gate_only_for_the_grace(
+        tmp_path: Path, clock: Clock) -> None:
+    proxy = non_engine_start(PROXY, clock, ("proxy: listening on :8000",), pid=3000,
+                             exit_after_usec=GRACE_USEC + 30_000_000, status=11)
+    chat_clock = clock_at(clock, proxy.main_began_usec + 1_000_000)
+    embedding_clock = clock_at(clock, proxy.main_began_usec + 1_000_500)
+    chat = one_start(CHAT, chat_clock, "simple", False, pid=4000, init_usec=20_000_000)
+    embedding = one_start(EMBEDDING, embedding_clock, "simple", False, pid=5000, init_usec=20_000_000)
+    entries = interleave(proxy.entries, chat.entries, embedding.entries)
+    within, after = fold_until(tmp_path, entries, proxy.main_began_usec + GRACE_USEC,
+                               proxy.main_began_usec + GRACE_USEC + 1)
+    assert within[PROXY].initialising_since_usec == proxy.main_began_usec  # a possible init holds the gate
+    assert after[PROXY].initialising_since_usec is None
+    views = fold(tmp_path, entries)
+    assert {unit: view.overlaps for unit, view in views.items()} == {PROXY: 0, CHAT: 1, EMBEDDING: 1}
+    assert {unit: sum(view.failures.values()) for unit, view in views.items()} == {PROXY: 0, CHAT: 0, EMBEDDING: 0}
+    assert views[PROXY].latest is None and views[PROXY].current.engine is False
+
+
+def test_the_exporters_start_up_line_ends_its_window_at_once_and_its_crash_counts_no_failure(
+        tmp_path: Path, clock: Clock) -> None:
+    exporter = non_engine_start(EXPORTER, clock, (EXPORTER_LISTENING,), pid=3000, exit_after_usec=5_000_000)
+    chat = one_start(CHAT, clock_at(clock, exporter.main_began_usec + 2_000_000), "simple", False, pid=4000)
+    entries = interleave(exporter.entries, chat.entries)
+    listening_usec = exporter.main_began_usec + 1000
+    (at_once,) = fold_until(tmp_path, entries, listening_usec)
+    assert at_once[EXPORTER].initialising_since_usec is None
+    views = fold(tmp_path, entries)
+    assert (views[EXPORTER].overlaps, views[CHAT].overlaps) == (0, 0)
+    assert sum(views[EXPORTER].failures.values()) == 0 and views[EXPORTER].current.outcome is Outcome.FAILED
+
+
+def test_a_first_vllm_line_within_the_grace_makes_a_possible_init_an_engine_start_overlapping_from_its_main_start(
+        tmp_path: Path, clock: Clock) -> None:
+    """The unit downloads its model for 10 s, printing no vLLM line; chat's whole init runs meanwhile."""
+    slow = non_engine_start(STT, clock, ("downloading Qwen/Qwen3-8B ...",), pid=3000)
+    chat = one_start(CHAT, clock_at(clock, slow.main_began_usec + 1_000_000), "simple", False, pid=4000,
+                     init_usec=3_000_000)
+    first_vllm_line = unit_output(STT, API.format(pid=3000) + "vLLM API server version 0.24.0",
+                                  clock_at(clock, slow.main_began_usec + 10_000_000).tick(0), pid=3000,
+                                  invocation_id=slow.invocation_id)
+    entries = interleave(slow.entries, chat.entries, [first_vllm_line])
+    before, after = fold_until(tmp_path, entries, first_vllm_line.realtime_usec - 1, first_vllm_line.realtime_usec)
+    assert (before[STT].overlaps, before[CHAT].overlaps) == (0, 0)  # a possible init overlaps nothing
+    assert (after[STT].overlaps, after[CHAT].overlaps) == (1, 1)
+    assert after[STT].initialising_since_usec == slow.main_began_usec
+    assert after[STT].current.engine is True
+
+
+def test_a_first_vllm_line_after_the_grace_begins_the_init_at_that_line(tmp_path: Path, clock: Clock) -> None:
+    slow = non_engine_start(STT, clock, ("downloading Qwen/Qwen3-8B ...",), pid=3000)
+    late = slow.main_began_usec + GRACE_USEC + 10_000_000
+    first_vllm_line = unit_output(STT, API.format(pid=3000) + "vLLM API server version 0.24.0",
+                                  clock_at(clock, late).tick(0), pid=3000, invocation_id=slow.invocation_id)
+    (view,) = fold_until(tmp_path, [*slow.entries, first_vllm_line], late)
+    assert view[STT].initialising_since_usec == late and view[STT].current.engine is True
+
+
+def test_a_known_engine_units_start_that_dies_unprinted_after_the_grace_still_counts_other(
+        tmp_path: Path, clock: Clock) -> None:
+    """Today's behaviour for units with history: an engine unit's start is an engine start from "Started"."""
+    served = one_start(CHAT, clock, "simple", False, pid=4000)
+    hung = non_engine_start(CHAT, clock, (), pid=5000, exit_after_usec=GRACE_USEC + 60_000_000, status=9)
+    views = fold_until(tmp_path, [*served.entries, *hung.entries], hung.main_began_usec + GRACE_USEC + 1,
+                       round(time.time() * 1e6))
+    assert views[0][CHAT].initialising_since_usec == hung.main_began_usec
+    assert {reason.value: count for reason, count in views[1][CHAT].failures.items() if count} == {"other": 1}
