@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from exporter import __version__
-from exporter.cli import DEFAULT_PORT, parse_options
+from exporter.cli import DEFAULT_PORT, exporter_journal_selection, parse_options
 from exporter.sources.journal import normalize_boot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,3 +127,29 @@ def test_bad_input_exits_2_with_one_line_naming_the_problem(args, named):
                                                ("250us", 0.00025), ("2.5", 2.5)])
 def test_levelzero_timeout_takes_go_durations_and_bare_seconds(text, seconds):
     assert parse_options(["--levelzero.timeout", text]).levelzero_timeout == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(("text", "usec"), [("60s", 60_000_000), ("2m", 120_000_000), ("90", 90_000_000)])
+def test_journal_engine_grace_is_a_duration_the_exporter_and_the_gate_both_take(text, usec):
+    from exporter.gate import parse_options as parse_gate_options
+    assert parse_options(["--journal.engine-grace", text]).journal_engine_grace_usec == usec
+    assert parse_gate_options(["--unit", "vllm-chat.service", "--journal.engine-grace", text]) \
+        .selection.engine_grace_usec == usec
+    assert parse_options([]).journal_engine_grace_usec == 60_000_000
+
+
+@pytest.mark.parametrize("text", ["soon", "0s", "-5s"])
+def test_a_bad_journal_engine_grace_exits_2_with_one_line(text):
+    result = run_cli("--journal.engine-grace", text)
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "--journal.engine-grace" in result.stderr
+
+
+def test_the_exporter_never_watches_its_own_unit_and_says_so_once(caplog):
+    options = parse_options(["--journal.engine-grace", "5s"])
+    with caplog.at_level("DEBUG", logger="exporter.main"):
+        selection = exporter_journal_selection(options, own_unit="vllm-xpu-exporter.service")
+    assert selection.excluded_units == {"vllm-xpu-exporter.service"} and selection.engine_grace_usec == 5_000_000
+    assert not selection.matches_unit("vllm-xpu-exporter.service")
+    assert [record.getMessage() for record in caplog.records] == [
+        "not watching the exporter's own unit vllm-xpu-exporter.service, which --journal.units matches"]

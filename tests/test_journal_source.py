@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.cli import exporter_journal_selection, parse_options
 from exporter.sources.journal import JournalEntry, JournalError, JournalReader, JournalSelection, normalize_boot
 from exporter.sources.journal import reader as journal_source
 from exporter.sources.journal.binding import LIBSYSTEMD, LibSystemd
@@ -739,3 +740,46 @@ def test_a_slow_unit_query_is_not_repeated_on_every_journal_change_and_new_units
                               unit_output("vllm-a.service", "a6", clock.tick())])
         assert messages(follow_until(reader, 2, timeout_s=20.0)) == ["a6", "n0"]
         assert read_all(reader) == []
+
+
+# --- the exporter's own unit (issue 19) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("cgroup_file", "unit"), [
+    ("0::/system.slice/vllm-xpu-exporter.service\n", "vllm-xpu-exporter.service"),
+    ("0::/../system.slice/vllm-xpu-exporter.service\n", "vllm-xpu-exporter.service"),  # inside a cgroup namespace
+    ("0::/../../system.slice/vllm-xpu-exporter.service\n", "vllm-xpu-exporter.service"),
+    ("0::/system.slice/vllm-xpu-exporter.service/payload\n", "vllm-xpu-exporter.service"),
+    ("12:name=systemd:/system.slice/vllm-xpu-exporter.service\n11:cpu,cpuacct:/\n0::/\n", "vllm-xpu-exporter.service"),
+    ("0::/user.slice/user-1000.slice/session-3.scope\n", None),  # run from a shell
+    ("0::/docker/0123456789abcdef\n", None),  # a container's own cgroup: no unit
+    ("0::/\n", None),  # the root of a private cgroup namespace
+    ("", None),
+])
+def test_own_service_unit_is_the_service_of_the_cgroup_file(cgroup_file: str, unit: str | None) -> None:
+    assert journal_source.own_service_unit(cgroup_file) == unit
+
+
+def test_own_service_unit_of_an_unreadable_cgroup_file_is_none(tmp_path: Path) -> None:
+    (tmp_path / "cgroup").write_text("0::/system.slice/vllm-xpu-exporter.service\n")
+    assert journal_source.read_own_service_unit(str(tmp_path / "cgroup")) == "vllm-xpu-exporter.service"
+    assert journal_source.read_own_service_unit(str(tmp_path / "missing")) is None
+
+
+@pytest.mark.usefixtures("match_mode")
+def test_the_exporters_own_unit_is_never_selected_whatever_the_globs(tmp_path: Path, clock: Clock) -> None:
+    own = "vllm-xpu-exporter.service"
+    write_journal(tmp_path / "a.journal", [
+        unit_started(own, clock.tick()),
+        unit_output(own, 'ts=2026-12-02T10:00:00.000Z level=info source=main msg="vllm-xpu-exporter 0.9.0 listening '
+                         'on http://[::]:10447/metrics (collectors: journal)"', clock.tick()),
+        unit_started("vllm-chat.service", clock.tick()),
+        unit_output("vllm-chat.service", "Available KV cache memory: 10.5 GiB", clock.tick()),
+        unit_process_exited(own, clock.tick(), status=1),
+    ])
+    selection = exporter_journal_selection(parse_options(["--journal.directory", str(tmp_path)]), own_unit=own)
+    assert not selection.matches_unit(own) and selection.matches_unit("vllm-chat.service")
+    with JournalReader(selection) as reader:
+        assert [(entry.unit, entry.from_systemd) for entry in read_all(reader)] == [
+            ("vllm-chat.service", True), ("vllm-chat.service", False)]
+        assert reader.units == {"vllm-chat.service"}

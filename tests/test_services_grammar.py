@@ -1,0 +1,33 @@
+"""exporter.parsers.services: the lines that say a watched unit runs no vLLM engine, read from what the
+programs really print."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.parsers import services, vllm
+from exporterproc import RunningExporter
+from vllmlogs import ERA_VERSIONS, REASONS, Failure, VllmRun, engine_start_lines
+
+NO_COLLECTORS = ["--no-collector.levelzero", "--no-collector.processes", "--no-collector.journal"]
+
+
+@pytest.mark.parametrize("log_format", ["logfmt", "json"])
+def test_the_exporters_start_up_line_says_it_is_no_engine_and_none_of_its_lines_is_a_vllm_line(log_format):
+    with RunningExporter([*NO_COLLECTORS, "--log.format", log_format]) as exporter:
+        lines = exporter.stderr.splitlines()
+    recognised = [services.parse_line(line) for line in lines]
+    assert services.NotAnEngine("vllm-xpu-exporter", "exporter_listening") in recognised, lines
+    assert [line for line in lines if vllm.parse_line(line) is not None] == []
+
+
+def test_no_line_of_any_vllm_start_is_taken_for_another_service():
+    runs = [VllmRun(version) for version in ERA_VERSIONS]
+    runs += [VllmRun("0.24.0", failure=Failure(reason)) for reason in REASONS if reason != "other"]
+    lines = [line.message for run in runs for line in engine_start_lines(run, 0.0)]
+    assert lines and [line for line in lines if services.parse_line(line) is not None] == []
+
+
+def test_the_start_up_line_quoted_elsewhere_in_a_line_is_not_taken():
+    assert services.parse_line("GET /?q=vllm-xpu-exporter 1.0 listening on http://x HTTP/1.1") is None
+    assert services.parse_line("x" * services.MAX_LINE_CHARS + 'msg="vllm-xpu-exporter 1 listening on http://') is None
