@@ -12,6 +12,15 @@ the unit's output (`_SYSTEMD_INVOCATION_ID`), the same id, and a restart a new o
 * It succeeded if it printed vLLM's init-complete line; it failed if its process exited before, for
   the reason of the first root cause it printed (vLLM's texts), `other` without one.
 * Two inits overlap when their spans intersect; each start that overlaps another unit's counts once.
+* Only engines initialise. A unit runs an engine once a start of it printed a vLLM line (vLLM's
+  logger header, or one of the lines above); it is known to run something else once a start of it,
+  before that, printed the exporter's start-up line ("vllm-xpu-exporter V listening on ...") or ran
+  ENGINE_GRACE_USEC past its beginning without a vLLM line. A start of an engine unit is an engine
+  start, as above. A start of a unit not known either way is one if it prints a vLLM line: from its
+  beginning if that line came within ENGINE_GRACE_USEC of it and no exporter line came first, else from
+  that line. A start that prints none has no init span (overlaps nothing) and fails (`other`) only if
+  its unit is not known to run something else, it printed no exporter line, and its process exited
+  within ENGINE_GRACE_USEC of its beginning (an engine that broke before printing: an import error).
 """
 
 from __future__ import annotations
@@ -34,29 +43,53 @@ ROOT_CAUSES = (  # the first print of each reason, as vLLM words it
     ("memory_query_unsupported", re.compile(r"doesn't support querying the available free memory")),
 )
 WRAPPER = re.compile(r"Engine core initialization failed|Engine process failed to start")
+VLLM_LOGGER = re.compile(r"^(?:\(\w+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d ")
+EXPORTER_LISTENING = re.compile(r"vllm-xpu-exporter \S+ listening on https?://")
+ENGINE_GRACE_USEC = 60_000_000  # --journal.engine-grace's default
+GATE_PREFIX = "vllm-xpu-gate: "
 
 
 @dataclass
 class Start:
     unit: str
     invocation: str
-    began_usec: int | None = None  # PID 1's "Started", else the first output line
-    first_line_usec: int | None = None
+    began_usec: int | None = None  # PID 1's "Started"
+    first_line_usec: int | None = None  # its first output line but the gate's
     init_ended_usec: int | None = None
     exited_usec: int | None = None
     outcome: str = "initialising"  # "ok", "failed" or "initialising"
     reason: str | None = None
     ended: bool = False  # its outcome is settled: later lines (copies of the cause, requests) do not count
+    first_vllm_line_usec: int | None = None
+    exporter_line_usec: int | None = None  # the exporter's start-up line, printed before any vLLM line
+    engine: bool | None = None  # set by `starts`: an engine start (None: its unit was not known either way)
+    init_began_usec: int | None = None  # set by `starts` for an engine start
+
+    @property
+    def beginning_usec(self) -> int | None:
+        """PID 1's "Started", else its first output line; None for a start whose process never ran (no
+        "Started", no line of its own: e.g. stopped while its ExecStartPre= ran)."""
+        return self.began_usec if self.began_usec is not None else self.first_line_usec
 
     @property
     def init_span(self) -> tuple[int, float] | None:
-        """(begin, end) of the engine init; None for a start whose process never ran (no "Started", no
-        line of its own: e.g. stopped while its ExecStartPre= ran)."""
-        begin = self.began_usec if self.began_usec is not None else self.first_line_usec
-        if begin is None:
+        """(begin, end) of the engine init; None for a start that is no engine start, or whose process
+        never ran."""
+        if not self.engine or self.init_began_usec is None:
             return None
         end = self.init_ended_usec if self.init_ended_usec is not None else self.exited_usec
-        return begin, float("inf") if end is None else end
+        return self.init_began_usec, float("inf") if end is None else end
+
+    @property
+    def counts_a_failure(self) -> bool:
+        if self.outcome != "failed":
+            return False
+        if self.engine:
+            return True
+        if self.engine is False or self.exporter_line_usec is not None:
+            return False
+        beginning = self.beginning_usec
+        return beginning is None or self.exited_usec is None or self.exited_usec - beginning <= ENGINE_GRACE_USEC
 
 
 def starts(entries: Iterable[Mapping[str, object]]) -> list[Start]:
@@ -79,14 +112,21 @@ def starts(entries: Iterable[Mapping[str, object]]) -> list[Start]:
                 if not start.ended:
                     start.outcome, start.reason, start.ended = "failed", "other", True
             continue
+        message = journal_field(entry, "MESSAGE") or ""
+        if message.startswith(GATE_PREFIX):
+            continue  # the gate, an ExecStartPre= command: not the start's main process
         if start.first_line_usec is None:
             start.first_line_usec = at
+        if start.first_vllm_line_usec is None:
+            if _is_vllm_line(message):
+                start.first_vllm_line_usec = at
+            elif start.exporter_line_usec is None and EXPORTER_LISTENING.search(message):
+                start.exporter_line_usec = at
         if start.ended:
             if start.outcome == "failed" and start.reason == "other":
                 reason = _root_cause(journal_field(entry, "MESSAGE") or "")
                 start.reason = reason or start.reason  # the cause stored after PID 1's exit record
             continue
-        message = journal_field(entry, "MESSAGE") or ""
         reason = _root_cause(message)
         if (KV_LINE.search(message) or INIT_DONE.search(message) or reason or WRAPPER.search(message)) \
                 and start.init_ended_usec is None:
@@ -97,7 +137,37 @@ def starts(entries: Iterable[Mapping[str, object]]) -> list[Start]:
             start.outcome, start.reason, start.ended = "failed", "other", True
         elif INIT_DONE.search(message):
             start.outcome, start.ended = "ok", True
-    return list(by_invocation.values())
+    found = list(by_invocation.values())
+    _judge_engines(found)
+    return found
+
+
+def _judge_engines(found: list[Start]) -> None:
+    """Which starts are engine starts, and when their inits began: unit by unit, start after start."""
+    known: dict[str, bool] = {}
+    for start in sorted(found, key=lambda start: start.beginning_usec or 0):
+        unit_runs_an_engine = known.get(start.unit)
+        beginning = start.beginning_usec
+        vllm_line = start.first_vllm_line_usec
+        if unit_runs_an_engine:
+            start.engine, start.init_began_usec = True, beginning
+        elif vllm_line is not None:
+            within_grace = unit_runs_an_engine is None and start.exporter_line_usec is None and \
+                beginning is not None and vllm_line - beginning <= ENGINE_GRACE_USEC
+            start.engine, start.init_began_usec = True, beginning if within_grace else vllm_line
+        else:
+            start.engine = unit_runs_an_engine
+        if start.engine:
+            known[start.unit] = True
+        elif unit_runs_an_engine is None and (start.exporter_line_usec is not None or (
+                beginning is not None and (start.exited_usec is None or
+                                           start.exited_usec - beginning > ENGINE_GRACE_USEC))):
+            known[start.unit] = False
+
+
+def _is_vllm_line(message: str) -> bool:
+    return bool(VLLM_LOGGER.match(message) or INIT_DONE.search(message) or KV_LINE.search(message)
+                or _root_cause(message) or WRAPPER.search(message))
 
 
 def _root_cause(message: str) -> str | None:
@@ -123,7 +193,7 @@ def counts(entries: Iterable[Mapping[str, object]], units: Iterable[str]) -> dic
         mine = [start for start in found if start.unit == unit]
         result[unit] = UnitCounts(
             starts=sum(start.outcome == "ok" for start in mine),
-            failures=dict(Counter(start.reason for start in mine if start.outcome == "failed")),
+            failures=dict(Counter(start.reason for start in mine if start.counts_a_failure)),
             overlaps=sum(start.invocation in overlapped for start in mine))
     return result
 
