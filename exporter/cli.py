@@ -16,7 +16,8 @@ from exporter import __version__
 from exporter.collector import Collector, Source, Sources, registered
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
 from exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
-                            add_sysfs_flag, check_journal_flags, journal_engine_grace_usec, journal_unit_globs)
+                            add_sysfs_flag, check_journal_flags, journal_engine_grace_usec, journal_unit_globs,
+                            positive_int)
 from exporter.logs import FORMATS, LEVELS, setup_logging
 from exporter.scrape import ExporterCollector
 from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection, read_own_service_unit
@@ -48,6 +49,7 @@ class Options:
     journal_units: tuple[str, ...] = DEFAULT_UNIT_GLOBS
     journal_boot: str = "current"
     journal_max_units: int = DEFAULT_MAX_UNITS
+    processes_max_units: int = DEFAULT_MAX_UNITS
     journal_engine_grace_usec: int = ENGINE_GRACE_USEC
     procfs: str = "/proc"
     sysfs: str = DEFAULT_SYSFS
@@ -92,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 default=spec.enabled_by_default, action=argparse.BooleanOptionalAction,
                                 help=f"enable the {spec.name} collector: {spec.description}")
     # BooleanOptionalAction spells the negation --no-collector.X, exactly the Prometheus form.
+    collectors.add_argument("--collector.processes.max-units", dest="processes_max_units", type=positive_int,
+                            default=DEFAULT_MAX_UNITS, metavar="N",
+                            help="at most this many units have per-unit series from processes (units the journal "
+                                 "watches first, then those holding the most memory); the memory of the others is "
+                                 "counted unattributed, their number in xpu_exporter_processes_units_dropped")
 
     add_levelzero_flags(parser)
     add_journal_flags(parser)
@@ -119,6 +126,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         journal_units=journal_unit_globs(args),
         journal_boot=args.journal_boot,
         journal_max_units=args.journal_max_units,
+        processes_max_units=args.processes_max_units,
         journal_engine_grace_usec=journal_engine_grace_usec(args),
         procfs=args.procfs,
         sysfs=args.sysfs,

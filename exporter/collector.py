@@ -111,6 +111,14 @@ class ScrapeContext:
         journal = self._sources.journal
         return None if journal is None else self._once("journal_state", journal.state)
 
+    def journal_matches(self, units: Iterable[str]) -> set[str]:
+        """Those of `units` the journal watches when they have GPU processes (they match its `--journal.units`
+        globs and are not the exporter's own unit); none when the journal is not read."""
+        journal = self._sources.journal
+        if journal is None:
+            return set()
+        return {unit for unit in units if journal.selection.matches_unit(unit)}
+
     def watch_units(self, units: Iterable[str]) -> None:
         """Units that hold GPU memory now: the journal watches those matching its globs even before it
         has seen them."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from exporter.collectors.processes import choose_units
 from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
 from fakeze import A770, B580, FakeConfig, FakeMemoryModule, FakeProcess, fake_driver_env, write_config
@@ -265,3 +266,85 @@ def test_engine_use_per_unit_device_and_engine_key_of_both_drivers_and_a_client_
     assert sample(after, "xpu_unit_engine_total_cycles_total", device=DEVICE, unit=CHAT, engine="ccs") == 9000
     engines = {dict(labels)["engine"] for labels in series(after, "xpu_unit_engine_cycles_total")}
     assert engines == {"rcs", "bcs", "vcs", "vecs", "ccs"}
+
+
+def scopes_host(procfs: FakeProcfs, scopes: int) -> dict[str, int]:
+    """The three vLLM units holding little (1 MiB each) and `scopes` transient scopes, each a process with a
+    DRM client holding (1 + index % 100) x 64 KiB; returns each unit's memory."""
+    held = {}
+    for pid, unit in ((100, CHAT), (200, EMBEDDING), (300, STT)):
+        procfs.add_unit_process(pid, f"/system.slice/{unit}").add_drm_fd(xe_fdinfo(client_id=pid, vram0=MiB))
+        held[unit] = MiB
+    for index in range(scopes):
+        unit = f"run-u{index}.scope"
+        memory = (1 + index % 100) * 64 * 1024
+        procfs.add_unit_process(10_000 + index, f"/system.slice/{unit}").add_drm_fd(
+            xe_fdinfo(client_id=10_000 + index, vram0=memory))
+        held[unit] = memory
+    return held
+
+
+def test_thousands_of_scopes_holding_drm_clients_make_at_most_max_units_series(tmp_path, fake_driver, config_path):
+    """Issue 19: 3,000 scopes each with a DRM client made 3,002 series. At most --collector.processes.max-units
+    (default 64) units have series: the watched vLLM units first, then the largest; the rest is unattributed,
+    so the units' series and the rest still add up to used, and the dropped units are counted."""
+    procfs = FakeProcfs(tmp_path)
+    held = scopes_host(procfs, 3000)
+    unattributed = 512 * MiB
+    used = sum(held.values()) + unattributed
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, used) as exporter:
+        first = settled(exporter)
+        second = exporter.scrape()
+    for samples in (first, second):
+        memory = {dict(labels)["unit"]: value for labels, value in series(samples, "xpu_unit_memory_bytes").items()}
+        assert len(memory) == 64
+        assert {CHAT, EMBEDDING, STT} <= set(memory)  # watched first, though they hold the least
+        # then the 61 scopes holding the most: 30 of 6400 KiB, 30 of 6336 KiB, one of 6272 KiB (by name)
+        largest = sorted((unit for unit in held if unit.endswith(".scope")), key=lambda unit: (-held[unit], unit))
+        assert set(memory) - {CHAT, EMBEDDING, STT} == set(largest[:61])
+        assert largest[60] == "run-u1097.scope" and held[largest[60]] == 98 * 64 * 1024
+        assert all(memory[unit] == held[unit] for unit in memory)
+        assert sample(samples, "xpu_exporter_processes_units_dropped") == 3003 - 64
+        rest = sample(samples, "xpu_unattributed_memory_bytes", device=DEVICE)
+        assert rest == used - sum(memory.values())
+        assert rest + sum(memory.values()) == used
+        assert sample(samples, "xpu_memory_attribution_overcounted", device=DEVICE) == 0
+        assert sample(samples, "xpu_exporter_collector_success", collector="processes") == 1
+        assert len([name for name, _ in samples if name.startswith("xpu_unit_engine_cycles_total")]) == 64 * 5
+    assert series(first, "xpu_unit_memory_bytes") == series(second, "xpu_unit_memory_bytes")
+
+
+def test_a_lower_max_units_and_no_unit_dropped_under_it(tmp_path, fake_driver, config_path):
+    procfs = FakeProcfs(tmp_path)
+    held = scopes_host(procfs, 10)
+    used = sum(held.values()) + GiB
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, used,
+                        A770, "--collector.processes.max-units", "5") as exporter:
+        capped = settled(exporter)
+    memory = {dict(labels)["unit"]: value for labels, value in series(capped, "xpu_unit_memory_bytes").items()}
+    # the three watched units, then the two largest scopes (run-u9: 640 KiB, run-u8: 576 KiB)
+    assert set(memory) == {CHAT, EMBEDDING, STT, "run-u9.scope", "run-u8.scope"}
+    assert sample(capped, "xpu_exporter_processes_units_dropped") == 8
+    assert sample(capped, "xpu_unattributed_memory_bytes", device=DEVICE) == used - sum(memory.values())
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, used) as exporter:
+        all_units = settled(exporter)
+    assert len(series(all_units, "xpu_unit_memory_bytes")) == 13
+    assert sample(all_units, "xpu_exporter_processes_units_dropped") == 0
+    assert sample(all_units, "xpu_unattributed_memory_bytes", device=DEVICE) == GiB
+
+
+def test_which_units_keep_series_watched_first_then_largest_and_no_flapping_near_the_cut():
+    held = {"vllm-a.service": 1, "big.scope": 100, "mid.scope": 50, "small.scope": 10, "b.scope": 10, "a.scope": 10}
+    assert choose_units(held, set(), set(), 10) == set(held)
+    kept = choose_units(held, {"vllm-a.service"}, set(), 3)
+    assert kept == {"vllm-a.service", "big.scope", "mid.scope"}
+    # mid.scope shrinks a little below a newcomer: it keeps its place (a kept unit counts double) ...
+    held |= {"mid.scope": 40, "new.scope": 60}
+    assert choose_units(held, {"vllm-a.service"}, kept, 3) == kept
+    # ... until the newcomer holds more than twice as much
+    held["new.scope"] = 81
+    assert choose_units(held, {"vllm-a.service"}, kept, 3) == {"vllm-a.service", "big.scope", "new.scope"}
+    # ties: the unit kept before, then by name
+    ties = {"c.scope": 0, "b.scope": 0, "a.scope": 0}
+    assert choose_units(ties, set(), set(), 2) == {"a.scope", "b.scope"}
+    assert choose_units(ties, set(), {"c.scope"}, 2) == {"a.scope", "c.scope"}

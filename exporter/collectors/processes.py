@@ -17,13 +17,21 @@ Per unit and device, also the engine counters of the fdinfo read (busy seconds, 
 cycles). They are sums over the unit's live DRM clients: when a process exits or closes a client, its
 share goes with it and the unit's counter goes down, which rate() treats as a counter reset. The
 recording rule unit:xpu_unit_engine_busy:ratio (rules/) joins the two drivers' counters into one ratio.
+
+At most --collector.processes.max-units units (default 64, as --journal.max-units) have series of their own
+(`choose_units`: units the journal watches first, then those holding the most device memory, a unit kept at
+the previous scrape counting double so that units of about the same size do not swap places at every
+scrape); the memory of the others is counted in their device's unattributed rest (so the units' series and
+the rest still add up to used), their engine counters are dropped, and how many they are is the gauge
+xpu_exporter_processes_units_dropped. Desktop sessions, containers or batch jobs each in a scope of their own
+can hold DRM clients by the thousand: without the cap each would be a series on every device.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -31,6 +39,7 @@ from prometheus_client.metrics_core import Metric
 
 from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from exporter.families import CounterFamily, GaugeFamily
+from exporter.fold.engine_starts import DEFAULT_MAX_UNITS
 from exporter.sources import dmem, procfs
 from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
 
@@ -42,6 +51,8 @@ log = logging.getLogger("exporter.processes")
 DMEM = "dmem"
 FDINFO = "fdinfo"
 LEVELZERO = "levelzero"
+# A unit that had series at the previous scrape ranks as if it held this many times its memory.
+KEPT_UNIT_WEIGHT = 2
 
 
 @dataclass(frozen=True)
@@ -86,14 +97,34 @@ def attribute_device(fallback: Attribution | None, dmem_of_unit: dict[str, int],
     return DeviceAttribution(tuple(sorted(sources)), by_unit, sum(by_unit.values()) + outside_units)
 
 
+def choose_units(held: Mapping[str, int], preferred: set[str], kept_before: set[str], max_units: int) -> set[str]:
+    """The units of `held` (unit -> device memory over all devices) that keep series of their own: all of
+    them when they are at most `max_units`, else `max_units` of them: the `preferred` ones (the journal's
+    watched units) first, then those holding the most memory, where a unit of `kept_before` (kept at the
+    previous scrape) counts KEPT_UNIT_WEIGHT times its memory and wins a tie; then by name. Deterministic,
+    and a unit whose memory wobbles near the cut keeps its place instead of flapping."""
+    if len(held) <= max_units:
+        return set(held)
+
+    def rank(unit: str) -> tuple[bool, int, bool, str]:
+        kept = unit in kept_before
+        return unit not in preferred, -held[unit] * (KEPT_UNIT_WEIGHT if kept else 1), not kept, unit
+
+    return set(sorted(held, key=rank)[:max_units])
+
+
 class ProcessesCollector(Collector):
     name = "processes"
 
     def __init__(self, procfs_root: str = "/proc", reports_levelzero: bool = False,
-                 sysfs_root: str = dmem.DEFAULT_SYSFS) -> None:
+                 sysfs_root: str = dmem.DEFAULT_SYSFS, max_units: int = DEFAULT_MAX_UNITS) -> None:
         """`reports_levelzero`: the levelzero collector is disabled, so a Level Zero failure that costs this
-        collector its unattributed rest and headroom is reported here, or nowhere."""
+        collector its unattributed rest and headroom is reported here, or nowhere. `max_units`: at most this
+        many units have series of their own (see choose_units)."""
         self._reports_levelzero = reports_levelzero
+        self._max_units = max_units
+        self._kept_units: set[str] = set()
+        self._warned_dropped = False
         self._scanner = procfs.DrmClientScanner(procfs_root)
         self._dmem = dmem.DmemReader(sysfs_root)
         self._last_device_of_unit: dict[str, str] = {}
@@ -133,21 +164,49 @@ class ProcessesCollector(Collector):
         unit_memory = GaugeFamily("xpu_unit_memory_bytes", "Device memory held by all processes of the unit.",
                                   labels=["device", "unit"])
         context.watch_units(unit for attribution in attributions.values() for unit in attribution.by_unit)
+        kept, dropped = self._choose_units(context, attributions, scan)
         for pci, attribution in attributions.items():
             for name in attribution.sources:
                 source.add_metric([pci, name], 1)
             for unit, held in sorted(attribution.by_unit.items()):
-                unit_memory.add_metric([pci, unit], held)
+                if unit in kept:
+                    unit_memory.add_metric([pci, unit], held)
         yield source
         yield unit_memory
-        yield from self._engine_use(scan)
+        yield from self._engine_use(scan, kept)
+        yield GaugeFamily("xpu_exporter_processes_units_dropped",
+                          "Units holding GPU memory or DRM clients at this scrape that have no series of their own "
+                          "because of --collector.processes.max-units (their memory is in the unattributed rest).",
+                          value=dropped)
         if devices is not None:
-            yield from self._against_device_memory(devices, attributions, self._watched_settings(context))
+            yield from self._against_device_memory(devices, attributions, self._watched_settings(context), kept)
         if problems:
             raise CollectionError("; ".join(problems))
 
+    def _choose_units(self, context: ScrapeContext, attributions: dict[str, DeviceAttribution],
+                      scan: procfs.ScanResult | None) -> tuple[set[str], int]:
+        """The units that keep series of their own at this scrape (choose_units), and how many do not."""
+        held: dict[str, int] = {}
+        for attribution in attributions.values():
+            for unit, memory in attribution.by_unit.items():
+                held[unit] = held.get(unit, 0) + memory
+        for device, by_unit in (scan.engines_by_device_unit if scan else {}).items():
+            if not device.startswith(f"{procfs.DRM_MAJOR}:"):
+                for unit in by_unit:
+                    held.setdefault(unit, 0)
+        kept = choose_units(held, context.journal_matches(held) if len(held) > self._max_units else set(),
+                            self._kept_units, self._max_units)
+        self._kept_units = kept
+        dropped = len(held) - len(kept)
+        if dropped and not self._warned_dropped:
+            self._warned_dropped = True
+            log.warning("%d units hold GPU memory or DRM clients, more than --collector.processes.max-units=%d: "
+                        "%d of them have no series of their own, their memory is counted unattributed",
+                        len(held), self._max_units, dropped)
+        return kept, dropped
+
     @staticmethod
-    def _engine_use(scan: procfs.ScanResult | None) -> Iterator[Metric]:
+    def _engine_use(scan: procfs.ScanResult | None, kept: set[str]) -> Iterator[Metric]:
         busy = CounterFamily(
             "xpu_unit_engine_busy_seconds_total",
             "Engine busy time of the unit's DRM clients (drm-engine-<engine>, divided by the engine class's "
@@ -162,6 +221,8 @@ class ProcessesCollector(Collector):
             if device.startswith(f"{procfs.DRM_MAJOR}:"):
                 continue  # not a PCI GPU (see collect)
             for unit, use in sorted(by_unit.items()):
+                if unit not in kept:
+                    continue
                 for engine, seconds in sorted(use.busy_seconds.items()):
                     busy.add_metric([device, unit, engine], seconds)
                 for engine, count in sorted(use.cycles.items()):
@@ -249,7 +310,7 @@ class ProcessesCollector(Collector):
         return Attribution(LEVELZERO, by_unit, sum(p.mem_size for p in reading.processes), unit_cgroups)
 
     def _against_device_memory(self, devices: list[DeviceMemory], attributions: dict[str, DeviceAttribution],
-                               watched: list[tuple[str, float]]) -> Iterator[Metric]:
+                               watched: list[tuple[str, float]], kept: set[str]) -> Iterator[Metric]:
         unattributed = GaugeFamily("xpu_unattributed_memory_bytes",
                                    "Used device memory that no process accounts for (never negative).",
                                    labels=["device"])
@@ -271,7 +332,9 @@ class ProcessesCollector(Collector):
                 continue
             total, free = memory[pci]
             used = total - free
-            unattributed.add_metric([pci], max(0, used - attribution.total))
+            # the memory of units without series of their own (max-units) is part of the unattributed rest
+            attributed = attribution.total - sum(held for unit, held in attribution.by_unit.items() if unit not in kept)
+            unattributed.add_metric([pci], max(0, used - attributed))
             overcounted.add_metric([pci], 1 if attribution.total > used else 0)
         gpus = [d.identity.pci_address for d in devices]
         for unit, utilisation in watched:
@@ -305,4 +368,4 @@ class ProcessesCollector(Collector):
 @register("processes", "per-unit device memory from processes", needs=[Source.LEVELZERO])
 def _processes_collector(options: Options, sources: Sources) -> ProcessesCollector:
     return ProcessesCollector(options.procfs, reports_levelzero="levelzero" not in options.collectors,
-                              sysfs_root=options.sysfs)
+                              sysfs_root=options.sysfs, max_units=options.processes_max_units)
