@@ -75,9 +75,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import chain
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import chain
 from typing import Protocol
 
 from exporter.parsers import gate, services, vllm
