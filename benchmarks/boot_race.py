@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from bootrace import BootOutcome, gate_environment, gated, race_boot  # noqa: E402
+from bootrace import BootOutcome, gate_environment, gated_with, race_boot  # noqa: E402
 from fakeze import build_fake_driver  # noqa: E402
 from vllmunit import Engine  # noqa: E402
 
@@ -46,19 +46,18 @@ class Configuration:
 
 def configurations(args: argparse.Namespace) -> list[Configuration]:
     without = Configuration("without gate")
-    with_gate = Configuration("with gate", gated, gated=True)
+    with_gate = Configuration("with gate", gated=True)  # gated_with the fake driver, once it is built
     return {None: [without, with_gate], True: [with_gate], False: [without]}[args.gate]
 
 
 def run(configuration: Configuration, boots: int, time_scale: float) -> list[BootOutcome]:
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="boot-race-") as shared:
-        extra_service: list[str] = []
+        exec_start_pre = configuration.exec_start_pre
         if configuration.gated:  # the gate's Level Zero child loads the fake driver, from inside the namespace
-            extra_service = gate_environment(Path(shared), build_fake_driver(Path(shared)))
+            exec_start_pre = gated_with(gate_environment(Path(shared), build_fake_driver(Path(shared))))
         for boot in range(1, boots + 1):
-            outcome = race_boot(Path(shared), exec_start_pre=configuration.exec_start_pre, time_scale=time_scale,
-                                extra_service=extra_service)
+            outcome = race_boot(Path(shared), exec_start_pre=exec_start_pre, time_scale=time_scale)
             outcomes.append(outcome)
             failed = {unit.removeprefix("vllm-xpu-").removesuffix(".service"): dict(counts.failures)
                       for unit, counts in outcome.counts.items() if counts.failures}

@@ -7,7 +7,8 @@ serving) and read back from its journal (tests/journalfacts.py).
     outcome.failures, outcome.overlaps, outcome.counts["vllm-xpu-chat.service"]
 
 `exec_start_pre` puts commands before each unit's engine (a gate, when there is one): the same for
-every unit, or a function of the unit's engine (`gated`: the gate with the unit's R).
+every unit, or a function of the unit's engine (`gated_with(gate_environment(...))`: the gate with the
+unit's R, run through `env -i` as the packaged drop-in runs it, seeing the fake GPU).
 """
 
 from __future__ import annotations
@@ -35,27 +36,42 @@ SETTLE_TIMEOUT = 45.0
 IDLE_RESERVED = 256 * 1024 * 1024
 
 
-def gate_command(*, timeout: str = "60s", poll_interval: str = "100ms", extra: Sequence[str] = ()) -> str:
-    """The ExecStartPre= of `vllm-xpu-gate` (the console script beside this Python, run with "+") reading
-    the namespace's journal (Storage=volatile)."""
+GATE_LAUNCHER = "/bin/busybox"  # busybox-static, as packaging/vllm-xpu-gate.conf runs the gate
+
+
+def gate_command(*, environment: Sequence[str] = (), timeout: str = "60s", poll_interval: str = "100ms",
+                 extra: Sequence[str] = ()) -> str:
+    """The ExecStartPre= of `vllm-xpu-gate` (the console script beside this Python) run the packaged
+    drop-in's way, "+/bin/busybox env -i NAME=VALUE... vllm-xpu-gate --unit %n ...": the unit's
+    environment cleared, the gate's own `environment` (NAME=VALUE words, e.g. gate_environment's) set
+    on the root-owned command line; reading the namespace's journal (Storage=volatile)."""
     script = Path(sys.executable).with_name("vllm-xpu-gate")
-    return " ".join(["+" + str(script), "--unit", "%n", "--journal.directory", "/run/log/journal",
-                     "--timeout", timeout, "--poll-interval", poll_interval, *extra])
+    return " ".join(["+" + GATE_LAUNCHER, "env", "-i", *environment, str(script), "--unit", "%n",
+                     "--journal.directory", "/run/log/journal", "--timeout", timeout,
+                     "--poll-interval", poll_interval, *extra])
 
 
-def gated(engine: Engine) -> list[str]:
+def gated(engine: Engine, environment: Sequence[str] = ()) -> list[str]:
     """The ExecStartPre= of a gated race unit: the gate with the unit's own R, as docs/gate.md's drop-in
     advises, so the memory condition (free >= ceil(R x total)) is checked from the first start on (a
-    fresh journal has no earlier start to take R from)."""
-    return [gate_command(extra=["--gpu-memory-utilization", str(engine.gpu_memory_utilization)])]
+    fresh journal has no earlier start to take R from). `environment`: the gate's (gate_command)."""
+    return [gate_command(environment=environment,
+                         extra=["--gpu-memory-utilization", str(engine.gpu_memory_utilization)])]
 
 
 def gate_environment(shared: Path, fake_driver: Path) -> list[str]:
-    """[Service] lines that make the gate's Level Zero child load the fake driver (a copy in `shared`)
-    with the race's device config: the gate sees the GPU the replayed engines take memory from."""
+    """The gate's NAME=VALUE words (gate_command's `environment`) that make its Level Zero child load
+    the fake driver (a copy in `shared`) with the race's device config: the gate sees the GPU the
+    replayed engines take memory from. On the command line after `env -i`, not the unit's
+    Environment=, which the launcher clears."""
     driver = path_inside(shared, fake_driver)
     config = path_inside(shared, Path(shared) / "ze.conf")
-    return [f"Environment=ZE_ENABLE_ALT_DRIVERS={driver} FAKE_ZE_CONFIG={config} ZES_ENABLE_SYSMAN=1"]
+    return [f"ZE_ENABLE_ALT_DRIVERS={driver}", f"FAKE_ZE_CONFIG={config}", "ZES_ENABLE_SYSMAN=1"]
+
+
+def gated_with(environment: Sequence[str]) -> Callable[[Engine], list[str]]:
+    """race_boot's `exec_start_pre` for gated units whose gates have `environment` (gate_environment)."""
+    return lambda engine: gated(engine, environment)
 
 
 @dataclass(frozen=True)
@@ -78,7 +94,7 @@ def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine]
               time_scale: float = 0.1, extra_service: Sequence[str] = (),
               while_up: Callable[[RealSystemd], None] | None = None) -> BootOutcome:
     """Boot once with RACE_UNITS enabled and report what the journal shows once they all serve.
-    `extra_service`: more [Service] lines for every unit (Environment= for a gate, ...); `while_up`
+    `extra_service`: more [Service] lines for every unit; `while_up`
     is called with the machine once the units serve, before it shuts down."""
     shared = Path(shared)
     config, events = shared / "ze.conf", shared / "events.jsonl"
@@ -99,5 +115,5 @@ def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine]
     return BootOutcome(journalfacts.counts(entries, RACE_UNITS), settled, seconds, entries)
 
 
-__all__ = ["BootOutcome", "IDLE_RESERVED", "RACE_UNITS", "gate_command", "gate_environment", "gated",
-           "race_boot"]
+__all__ = ["BootOutcome", "GATE_LAUNCHER", "IDLE_RESERVED", "RACE_UNITS", "gate_command", "gate_environment",
+           "gated", "gated_with", "race_boot"]

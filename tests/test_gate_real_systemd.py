@@ -1,8 +1,9 @@
 """The init gate (`vllm-xpu-gate`, docs/gate.md) on a real systemd 252 booted as PID 1 of private
 namespaces (tests/realsystemd.py): the issue's three replayed vLLM units (chat 0.75, embedding 0.07,
-stt 0.07 of one 16 GiB fake GPU, Restart=on-failure; tests/bootrace.py), each gated by
-`ExecStartPre=+vllm-xpu-gate --unit %n ...` run inside the namespace (its journal, its
-/run/vllm-xpu-gate), with the fake Level Zero driver seeing the GPU the engines take memory from.
+stt 0.07 of one 16 GiB fake GPU, Restart=on-failure; tests/bootrace.py), each gated the packaged
+drop-in's way, `ExecStartPre=+/bin/busybox env -i ... vllm-xpu-gate --unit %n ...`, run inside the
+namespace (its journal, its /run/vllm-xpu-gate), with the fake Level Zero driver (its variables on the
+gate's command line, after `env -i`) seeing the GPU the engines take memory from.
 Without the gate the same boot fails and overlaps inits (test_real_systemd.py's race test;
 benchmarks/boot_race.py compares both over 20 boots).
 """
@@ -19,7 +20,8 @@ from typing import NamedTuple
 import pytest
 
 import journalfacts
-from bootrace import IDLE_RESERVED, RACE_UNITS, BootOutcome, gate_command, gate_environment, gated, race_boot
+from bootrace import (IDLE_RESERVED, RACE_UNITS, BootOutcome, gate_command, gate_environment, gated, gated_with,
+                      race_boot)
 from fakeze import SharedDevice
 from polling import wait_for
 from realsystemd import RealSystemd, journal_field, path_inside
@@ -75,8 +77,8 @@ def shared(tmp_path: Path, fake_driver: Path) -> Path:
 
 
 def gated_boot(shared: Path, fake_driver: Path, while_up=None) -> BootOutcome:
-    return race_boot(shared, exec_start_pre=gated,
-                     extra_service=gate_environment(shared, shared / fake_driver.name), while_up=while_up)
+    return race_boot(shared, exec_start_pre=gated_with(gate_environment(shared, shared / fake_driver.name)),
+                     while_up=while_up)
 
 
 def test_three_gated_units_started_together_at_boot_neither_fail_nor_overlap(shared: Path, fake_driver: Path):
@@ -165,9 +167,10 @@ def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_after_the_lease_en
     chat, embedding = "vllm-xpu-chat.service", "vllm-xpu-embedding.service"
     config, events = shared / "ze.conf", shared / "events.jsonl"
     SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
-    gate = [gate_command(extra=["--lease-timeout", "5m"])]
+    gate = [gate_command(environment=gate_environment(shared, shared / fake_driver.name),
+                         extra=["--lease-timeout", "5m"])]
     common = dict(device_config=path_inside(shared, config), events=path_inside(shared, events), requests=0,
-                  exec_start_pre=gate, extra_service=gate_environment(shared, shared / fake_driver.name))
+                  exec_start_pre=gate)
     long_chat = dataclasses.replace(CHAT, init_seconds=400.0)  # 40 s on the replay's clock: killed long before
     files = {f"/etc/systemd/system/{chat}": unit_file(long_chat, restart="no", **common),
              f"/etc/systemd/system/{embedding}": unit_file(EMBEDDING, **common)}
@@ -214,7 +217,7 @@ def test_a_gated_start_waits_for_memory_another_process_holds(shared: Path, fake
     device.hold("other-process", device.free() - needed // 2)
     files = {f"/etc/systemd/system/{embedding}": unit_file(
         EMBEDDING, device_config=path_inside(shared, config), events=path_inside(shared, events), requests=0,
-        exec_start_pre=gated(EMBEDDING), extra_service=gate_environment(shared, shared / fake_driver.name))}
+        exec_start_pre=gated(EMBEDDING, gate_environment(shared, shared / fake_driver.name)))}
     with RealSystemd(shared, files=files) as machine:
         machine.start(embedding)
         assert wait_for(lambda: any(line.startswith("vllm-xpu-gate: waiting for memory ")
