@@ -94,7 +94,7 @@ def add_journal_flags(parser: argparse.ArgumentParser) -> None:
     journal.add_argument("--journal.boot", dest="journal_boot", type=parse_boot, default="current", metavar="BOOT",
                          help="current (this kernel's boot), all, or a boot id")
     journal.add_argument("--journal.engine-grace", dest="journal_engine_grace", type=parse_duration,
-                         default=ENGINE_GRACE_USEC / 1e6, metavar="DURATION",
+                         default=f"{ENGINE_GRACE_USEC // 1_000_000}s", metavar="DURATION",
                          help="a start of a watched unit that has printed no vLLM line yet counts as an engine "
                               "init (holds gated starts back) at most this long after its main process began, "
                               "unless it prints one (a proxy, the exporter itself)")

@@ -293,10 +293,10 @@ class EngineTracker:
     At most `max_units` units are watched (the first ones met); entries of further units are dropped
     and the units counted in `dropped_units`, so a glob that matches too much cannot blow up the series."""
 
-    def __init__(self, max_units: int = DEFAULT_MAX_UNITS, engine_grace_usec: int = ENGINE_GRACE_USEC) -> None:
+    def __init__(self, max_units: int = DEFAULT_MAX_UNITS, engine_grace_usec: int | None = None) -> None:
         self._units: dict[str, _Unit] = {}
         self.max_units = max_units
-        self.engine_grace_usec = engine_grace_usec
+        self.engine_grace_usec = ENGINE_GRACE_USEC if engine_grace_usec is None else engine_grace_usec
         self.dropped_units: set[str] = set()
         # Starts in their overlap window, and those of them not overlapped yet: opening a start costs
         # the starts it newly overlaps, not one look at every unit.

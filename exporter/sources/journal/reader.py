@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from exporter.fold.engine_starts import ENGINE_GRACE_USEC
 from exporter.sources.journal.binding import (
     LIBSYSTEMD,
     SD_JOURNAL_LOCAL_ONLY,
@@ -97,8 +96,8 @@ class JournalSelection:
     - ``boot``: ``"current"`` (this kernel's boot id), ``"all"``, or a boot id (32 hex digits or
       the dashed UUID form; normalised to 32 lower-case hex digits).
     - ``engine_grace_usec``: how long a start of a watched unit not known to run vLLM is taken as a
-      possible engine init (``exporter.fold.engine_starts``; ``--journal.engine-grace``). The reader
-      does not use it; the journal follower folds the selected entries with it.
+      possible engine init (``exporter.fold.engine_starts``; ``--journal.engine-grace``); None: the
+      fold's default. The reader does not use it; the journal follower folds the selected entries with it.
     """
 
     directory: str | None = None
@@ -106,7 +105,7 @@ class JournalSelection:
     unit_globs: Sequence[str] = DEFAULT_UNIT_GLOBS
     boot: str = "current"
     excluded_units: Sequence[str] = ()
-    engine_grace_usec: int = ENGINE_GRACE_USEC
+    engine_grace_usec: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", tuple(self.files))
