@@ -40,14 +40,18 @@ GATE_LAUNCHER = "/bin/busybox"  # busybox-static, as packaging/vllm-xpu-gate.con
 
 
 def gate_command(*, environment: Sequence[str] = (), timeout: str = "60s", poll_interval: str = "100ms",
-                 extra: Sequence[str] = ()) -> str:
+                 extra: Sequence[str] = (), launcher: bool = True) -> str:
     """The ExecStartPre= of `vllm-xpu-gate` (the console script beside this Python) run the packaged
     drop-in's way, "+/bin/busybox env -i NAME=VALUE... vllm-xpu-gate --unit %n ...": the unit's
     environment cleared, the gate's own `environment` (NAME=VALUE words, e.g. gate_environment's) set
-    on the root-owned command line; reading the namespace's journal (Storage=volatile)."""
+    on the root-owned command line; reading the namespace's journal (Storage=volatile).
+    `launcher=False`: "+vllm-xpu-gate ..." started by systemd directly, with the unit's environment (an
+    older drop-in's way; no `environment` then)."""
     script = Path(sys.executable).with_name("vllm-xpu-gate")
-    return " ".join(["+" + GATE_LAUNCHER, "env", "-i", *environment, str(script), "--unit", "%n",
-                     "--journal.directory", "/run/log/journal", "--timeout", timeout,
+    if not launcher and environment:
+        raise ValueError("without the launcher the gate has the unit's environment: no command line sets one")
+    start = ["+" + GATE_LAUNCHER, "env", "-i", *environment, str(script)] if launcher else ["+" + str(script)]
+    return " ".join([*start, "--unit", "%n", "--journal.directory", "/run/log/journal", "--timeout", timeout,
                      "--poll-interval", poll_interval, *extra])
 
 
