@@ -1,4 +1,5 @@
-"""Command line: flags in the style of the Prometheus Go exporters, then serve until SIGTERM/SIGINT."""
+"""Command line: flags in the style of the Prometheus Go exporters, then serve until SIGTERM/SIGINT; SIGHUP
+re-reads the web config file."""
 
 from __future__ import annotations
 
@@ -181,6 +182,9 @@ def build_registry(options: Options) -> tuple[CollectorRegistry, Sources, list[C
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # SIGHUP (systemctl reload) never kills the exporter: ignored until the server can reload on it (before
+    # any child is started, so no child inherits the ignoring).
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     options = parse_options(argv)
     setup_logging(options.log_level, options.log_format)
 
@@ -204,8 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("received %s, shutting down", signal.Signals(signum).name)
         server.stop_serving()
 
+    def reload(_signum: int, _frame: object) -> None:
+        server.request_reload("SIGHUP")  # no lock, no log here: the serving thread does it
+
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGHUP, reload)
 
     sources.start()
     for collector in collectors:

@@ -245,6 +245,7 @@ class ConnectionServer:
         self._proven: dict[int, _Connection] = {}
         self._buffered = 0  # bytes of request heads held by all connections
         self._completed: collections.deque[tuple[_Connection, Response]] = collections.deque()
+        self._soon: collections.deque[Callable[[], None]] = collections.deque()  # call_soon's callbacks
         self._jobs: queue.SimpleQueue[tuple[_Connection, Request] | None] = queue.SimpleQueue()
         self._workers: list[threading.Thread] = []
         self._stopping = False
@@ -265,6 +266,7 @@ class ConnectionServer:
                         self._drain_waker()
                     else:
                         self._guarded(self._on_event, key.data, mask)
+                self._run_soon()
                 self._finish_completed()
                 now = time.monotonic()
                 if now >= next_sweep:
@@ -305,6 +307,22 @@ class ConnectionServer:
             self._workers.append(worker)
         if not self._workers:
             logger.error("no HTTP worker thread could be started: requests are handled on the accepting thread")
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        """Runs `callback` on the loop's thread, between events, soon. Takes no lock and starts no thread,
+        so it is safe in a signal handler (which may interrupt the loop's thread anywhere); a callback asked
+        for before serve_forever runs when it starts."""
+        self._soon.append(callback)
+        self._wake()
+
+    def _run_soon(self) -> None:
+        while self._soon:
+            callback = self._soon.popleft()
+            try:
+                callback()
+            except Exception as error:  # a callback's failure must not stop the server
+                logger.error("error in a deferred call: %s", type(error).__name__)
+                logger.debug("error in a deferred call", exc_info=True)
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:

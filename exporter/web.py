@@ -178,6 +178,13 @@ class _Site:
     def web_config(self) -> WebConfig | None:
         return self._web_config.current() if self._web_config is not None else None
 
+    def reload_web_config(self, occasion: str) -> None:
+        """Re-reads the web config file now (ReloadingWebConfig.reload); one log line either way."""
+        if self._web_config is None:
+            logger.info("received %s: no --web.config.file, nothing to reload", occasion)
+        else:
+            self._web_config.reload(occasion)
+
     def tls_for_new_connection(self) -> tuple[ssl.SSLContext, Callable[[Any], bool]] | None:
         config = self.web_config()
         context = config.ssl_context() if config is not None else None
@@ -281,6 +288,7 @@ class ExporterServer:
         host, port = parse_listen_address(listen_address)
         listening_socket = _listening_socket(host, port)
         site = _Site(telemetry_path, registry, web_config, landing_page_title)
+        self._site = site
         self._server_address = listening_socket.getsockname()
         self._connections = ConnectionServer(listening_socket, _Handler(site),
                                              tls=site.tls_for_new_connection if site.tls else None,
@@ -305,6 +313,12 @@ class ExporterServer:
                 return
             self._serving = True
         self._connections.serve_forever(poll_interval)
+
+    def request_reload(self, occasion: str = "SIGHUP") -> None:
+        """Re-reads the web config file soon, on the serving thread: safe in a signal handler (no lock, no
+        thread). A config that does not load or would change what the listener promised is refused, the
+        previous one stays in force; one line is logged either way."""
+        self._connections.call_soon(lambda: self._site.reload_web_config(occasion))
 
     def stop_serving(self) -> None:
         """Makes serve_forever return soon, without waiting: safe in a signal handler of the thread that

@@ -737,6 +737,8 @@ class ReloadingWebConfig:
     is an empty file (a file being rewritten is empty for a moment) or one that does not load. A refused
     config keeps the previous one in force and is logged once as an error, so a certificate rotation
     that is half done never takes the exporter down nor opens it.
+
+    `reload()` (SIGHUP, `systemctl reload`) loads the file at once, changed or not, with the same checks.
     """
 
     def __init__(self, config: WebConfig) -> None:
@@ -744,8 +746,29 @@ class ReloadingWebConfig:
         self._start = config
         self._fingerprint: Mapping[str, FileState] = config.fingerprint
         self._lock = threading.Lock()
+        self._apply_lock = threading.Lock()  # one load applies at a time: a request's, or reload()'s
         self._reloading = False
         self._start_failure_logged = False
+
+    def reload(self, occasion: str = "SIGHUP") -> bool:
+        """Loads the file now, whether it changed or not, and applies it as a change would be (the same
+        refusals); True when the new config is in force. Exactly one line says what happened: info when
+        it is in force, else an error, and the previous config stays. Waits for a load that a request
+        started, if one is running."""
+        path = self._config.source_path
+        if path is None:
+            logger.info("received %s: the web config was not read from a file, nothing to reload", occasion)
+            return False
+        with self._apply_lock:
+            before = self._config
+            try:
+                self._fingerprint = self._load_once(path, f"re-read on {occasion}", f" on {occasion}")
+            except Exception as error:  # a bug must not take the exporter down on a reload
+                logger.error("web config re-read on %s failed, keeping the previous one: %s", occasion,
+                             type(error).__name__)
+                logger.debug("web config reload failed", exc_info=True)
+                return False
+            return self._config is not before
 
     def current(self) -> WebConfig:
         config = self._config
@@ -770,7 +793,8 @@ class ReloadingWebConfig:
     def _reload(self, path: str) -> None:
         try:
             for _attempt in range(_RELOAD_ATTEMPTS):
-                self._fingerprint = self._load_once(path)
+                with self._apply_lock:
+                    self._fingerprint = self._load_once(path)
                 if not self._changed(self._fingerprint):
                     break
                 # A file changed while it was being read: read it again.
@@ -786,21 +810,22 @@ class ReloadingWebConfig:
     def _changed(fingerprint: Mapping[str, FileState]) -> bool:
         return _file_fingerprint(tuple(fingerprint)) != fingerprint
 
-    def _load_once(self, path: str) -> Mapping[str, FileState]:
-        """Loads the file and applies it if allowed; returns the fingerprint to watch from now on, of the
-        files as they were before they were read."""
+    def _load_once(self, path: str, what: str = "changed", done: str = "") -> Mapping[str, FileState]:
+        """Loads the file and applies it if allowed, with one log line (`what` happened to the file; `done`
+        ends the success line); returns the fingerprint to watch from now on, of the files as they were
+        before they were read."""
         kept = self._config.fingerprint
         before = _file_fingerprint((path,))
         try:
             config = load_web_config(path)
         except WebConfigError as error:
-            logger.error("web config changed but cannot be used, keeping the previous one: %s", error)
+            logger.error("web config %s but cannot be used, keeping the previous one: %s", what, error)
             return {**kept, **before}
         refusal = self._refusal(config)
         if refusal is not None:
-            logger.error("web config changed but %s, keeping the previous one: %s", refusal, path)
+            logger.error("web config %s but %s, keeping the previous one: %s", what, refusal, path)
             return {**kept, **config.fingerprint}
-        logger.info("web config reloaded from %s", path)
+        logger.info("web config reloaded from %s%s", path, done)
         self._config = config
         return config.fingerprint
 
