@@ -185,6 +185,7 @@ in
         serviceConfig = {
           Type = "exec";
           ExecStart = utils.escapeSystemdExecArgs ([ "${cfg.package}/bin/vllm-xpu-exporter" ] ++ flags);
+          ExecReload = "${pkgs.coreutils}/bin/kill -HUP $MAINPID";
           Restart = "on-failure";
           RestartSec = "5s";
           RestartPreventExitStatus = 2;

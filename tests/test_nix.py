@@ -28,6 +28,7 @@ UNIT = REPO / "packaging" / "vllm-xpu-exporter.service"
 STORE_PATH = "/nix/store/00000000000000000000000000000000-vllm-xpu-exporter"
 SYSTEMD_STORE_PATH = "/nix/store/11111111111111111111111111111111-systemd"
 BUSYBOX_STORE_PATH = "/nix/store/22222222222222222222222222222222-busybox-static"
+COREUTILS_STORE_PATH = "/nix/store/33333333333333333333333333333333-coreutils"
 # Options that never had the former name services.xpu-exporter.
 OPTIONS_ADDED_AFTER_THE_RENAME = {"gate"}
 # No build users on this machine; evaluation needs none.
@@ -75,6 +76,7 @@ let
   pkgs.callPackage = path: args: { outPath = "%(store)s"; };
   pkgs.systemd = { outPath = "%(systemd)s"; };
   pkgs.pkgsStatic.busybox = { outPath = "%(busybox)s"; };
+  pkgs.coreutils = { outPath = "%(coreutils)s"; };
   evaluated = import %(module)s { inherit config lib pkgs utils; };
   # The options' defaults (option sets nested, as gate.*), with the overrides merged in recursively.
   defaults = options: builtins.mapAttrs
@@ -108,7 +110,8 @@ def nix(*args: str) -> subprocess.CompletedProcess[str]:
 def evaluate_module(tmp_path: Path, overrides: str = "{ enable = true; }", part: str = "config") -> dict:
     harness = tmp_path / "module-harness.nix"
     harness.write_text(MODULE_HARNESS % {"lib": STAND_IN_LIB, "store": STORE_PATH, "systemd": SYSTEMD_STORE_PATH,
-                                         "busybox": BUSYBOX_STORE_PATH, "module": MODULE})
+                                         "busybox": BUSYBOX_STORE_PATH, "coreutils": COREUTILS_STORE_PATH,
+                                         "module": MODULE})
     result = nix("--eval", "--strict", "--json", str(harness), "--arg", "overrides", overrides,
                  "--argstr", "part", part)
     assert result.returncode == 0, result.stderr
@@ -155,10 +158,13 @@ def test_parse_reports_a_syntax_error(tmp_path):
 def test_module_produces_the_hardened_unit_of_packaging(tmp_path):
     module = service_config(tmp_path)
     unit = unit_sections(UNIT.read_text())["Service"]
-    # The module passes flags directly, without /etc/default/vllm-xpu-exporter.
+    # The module passes flags directly, without /etc/default/vllm-xpu-exporter; NixOS has no /bin/kill.
     expected = {key: tokens(values) for key, values in unit.items() if key not in ("ExecStart", "EnvironmentFile")}
+    expected["ExecReload"] = [tokens(unit["ExecReload"])[0].replace("/bin/kill", f"{COREUTILS_STORE_PATH}/bin/kill"),
+                              *tokens(unit["ExecReload"])[1:]]
     produced = {key: tokens(value) for key, value in module.items() if key != "ExecStart"}
     assert produced == expected
+    assert produced["ExecReload"] == [f"{COREUTILS_STORE_PATH}/bin/kill", "-HUP", "$MAINPID"]  # systemctl reload
 
 
 def test_module_orders_the_service_like_the_unit(tmp_path):
