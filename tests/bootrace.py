@@ -13,16 +13,19 @@ unit's R, run through `env -i` as the packaged drop-in runs it, seeing the fake 
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import journalfacts
 from fakeze import SharedDevice
 from polling import wait_for
 from realsystemd import RealSystemd, path_inside
+from scrapes import Samples, parse_samples
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, serving_units, unit_file
 
 RACE_UNITS: Mapping[str, Engine] = {
@@ -78,6 +81,75 @@ def gated_with(environment: Sequence[str]) -> Callable[[Engine], list[str]]:
     return lambda engine: gated(engine, environment)
 
 
+REPO = Path(__file__).resolve().parents[1]
+EXPORTER_UNIT = "vllm-xpu-exporter.service"
+PACKAGED_PREFIX = "/opt/vllm-xpu-exporter/bin/"
+PACKAGED_LISTEN = "--web.listen-address=:10447"
+
+
+@dataclass(frozen=True)
+class PackagedExporter:
+    """packaging/vllm-xpu-exporter.service installed as /etc/systemd/system/vllm-xpu-exporter.service
+    (race_boot's `exporter`: enabled beside the race units), adapted only where the namespace needs it:
+    * ExecStart= runs this interpreter's `vllm-xpu-exporter` console script (the unit's
+      /opt/vllm-xpu-exporter/bin/ replaced by the text);
+    * /etc/default/vllm-xpu-exporter is the packaged one's flags (the default globs, vllm*.service), on
+      127.0.0.1:<a free port> instead of :10447 (the namespace shares the host's network: a fixed port
+      collides with other tests), plus --journal.directory=/run/log/journal (the namespace's journal is
+      volatile), plus the fake Level Zero driver's variables (gate_environment's words);
+    * a drop-in only when the interpreter or the checkout lies under /root or /home (ProtectHome=yes
+      hides them: ProtectHome=tmpfs with BindReadOnlyPaths= of those trees, the documented way to show
+      selected directories) or under /tmp (PrivateTmp=yes hides the bound checkout: BindReadOnlyPaths=).
+    Every other hardening setting stays as packaged (DynamicUser=, capabilities, ProtectSystem=strict,
+    system call filter, MemoryDenyWriteExecute= ...)."""
+
+    port: int
+    files: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def scrape(self, timeout: float = 5.0) -> Samples:
+        """The exporter's metrics ({} while it does not answer)."""
+        try:
+            with urllib.request.urlopen(self.url, timeout=timeout) as response:
+                return parse_samples(response.read().decode())
+        except OSError:
+            return {}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def packaged_exporter(shared: Path, fake_driver: Path, port: int | None = None) -> PackagedExporter:
+    """The packaged exporter unit for race_boot (PackagedExporter); `fake_driver`: a copy in `shared`."""
+    port = free_port() if port is None else port
+    unit = (REPO / "packaging/vllm-xpu-exporter.service").read_text()
+    if PACKAGED_PREFIX not in unit:
+        raise ValueError(f"packaging/vllm-xpu-exporter.service runs no {PACKAGED_PREFIX}")
+    unit = unit.replace(PACKAGED_PREFIX, f"{Path(sys.executable).parent}/")
+    defaults = (REPO / "packaging/vllm-xpu-exporter.default").read_text()
+    if PACKAGED_LISTEN not in defaults:
+        raise ValueError(f"packaging/vllm-xpu-exporter.default has no {PACKAGED_LISTEN}")
+    defaults = defaults.replace(PACKAGED_LISTEN, f"--web.listen-address=127.0.0.1:{port} "
+                                                 "--journal.directory=/run/log/journal")
+    defaults += "".join(f"{word}\n" for word in gate_environment(shared, fake_driver))
+    files = {f"/etc/systemd/system/{EXPORTER_UNIT}": unit, "/etc/default/vllm-xpu-exporter": defaults}
+    trees = {str(REPO), sys.prefix, sys.base_prefix}
+    hidden = sorted(tree for tree in trees if tree.startswith(("/root/", "/home/", "/tmp/")))
+    hidden = [tree for tree in hidden if not any(tree.startswith(other + "/") for other in hidden)]
+    if hidden:
+        home = any(tree.startswith(("/root/", "/home/")) for tree in hidden)
+        files[f"/etc/systemd/system/{EXPORTER_UNIT}.d/realsystemd.conf"] = "\n".join(
+            ["[Service]", *(["ProtectHome=tmpfs"] if home else []),
+             "BindReadOnlyPaths=" + " ".join(hidden), ""])
+    return PackagedExporter(port, files)
+
+
 @dataclass(frozen=True)
 class BootOutcome:
     counts: Mapping[str, journalfacts.UnitCounts]  # per unit, as the journal shows it
@@ -95,11 +167,12 @@ class BootOutcome:
 
 
 def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine], Sequence[str]] = (),
-              time_scale: float = 0.1, extra_service: Sequence[str] = (),
+              time_scale: float = 0.1, extra_service: Sequence[str] = (), exporter: PackagedExporter | None = None,
               while_up: Callable[[RealSystemd], None] | None = None) -> BootOutcome:
     """Boot once with RACE_UNITS enabled and report what the journal shows once they all serve.
-    `extra_service`: more [Service] lines for every unit; `while_up`
-    is called with the machine once the units serve, before it shuts down."""
+    `extra_service`: more [Service] lines for every unit; `exporter`: the packaged exporter unit
+    (packaged_exporter) enabled beside them; `while_up` is called with the machine once the units serve,
+    before it shuts down."""
     shared = Path(shared)
     config, events = shared / "ze.conf", shared / "events.jsonl"
     SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
@@ -109,7 +182,11 @@ def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine]
         exec_start_pre=exec_start_pre(engine) if callable(exec_start_pre) else exec_start_pre,
         time_scale=time_scale, events=path_inside(shared, events), requests=0, extra_service=extra_service)
         for name, engine in RACE_UNITS.items()}
-    with RealSystemd(shared, files=files, enable=list(RACE_UNITS)) as machine:
+    enable = list(RACE_UNITS)
+    if exporter is not None:
+        files.update(exporter.files)
+        enable.append(EXPORTER_UNIT)
+    with RealSystemd(shared, files=files, enable=enable) as machine:
         settled = wait_for(lambda: serving_units(events) == set(RACE_UNITS), timeout=SETTLE_TIMEOUT, interval=0.1)
         seconds = time.time() - machine.booted_at
         machine.sync_journal()
@@ -119,5 +196,5 @@ def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine]
     return BootOutcome(journalfacts.counts(entries, RACE_UNITS), settled, seconds, entries)
 
 
-__all__ = ["BootOutcome", "GATE_LAUNCHER", "IDLE_RESERVED", "RACE_UNITS", "gate_command", "gate_environment",
+__all__ = ["BootOutcome", "EXPORTER_UNIT", "GATE_LAUNCHER", "PackagedExporter", "packaged_exporter", "IDLE_RESERVED", "RACE_UNITS", "gate_command", "gate_environment",
            "gated", "gated_with", "race_boot"]
