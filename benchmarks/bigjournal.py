@@ -10,6 +10,12 @@ printed twice, the wrapper, the process's exit, the unit's failure, a scheduled 
 serving prints request logs and throughput lines, i.e. mostly noise to the grammar. Starts of
 different units interleave, so inits overlap. The mix is printed by ``describe()``.
 
+``invocations=True`` (``--invocations``) gives every start its own invocation id, as systemd does (a
+restart gets a new one: ``_SYSTEMD_INVOCATION_ID`` on the unit's output, ``INVOCATION_ID`` on PID 1's
+records); the default journal keeps one id per unit and boot, as it was first generated (the catch-up
+figures of record were measured on it). Both journals hold the same entries otherwise: the ids come from
+a random generator of their own.
+
 Journals are cached under ``$XDG_CACHE_HOME/vllm-xpu-exporter/journal-bench`` (default
 ``~/.cache/vllm-xpu-exporter/journal-bench``), one directory per size; journal-remote rotates at 128 MiB,
 so a big journal is several files: read the directory.
@@ -32,8 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from journalgen import (JOURNAL_REMOTE, MACHINE_ID, HOSTNAME, Clock, JournalEntrySpec, Moment,  # noqa: E402
-                        export_entry, export_field, random_boot_id, unit_failed, unit_output, unit_process_exited,
-                        unit_restart_scheduled, unit_started, unit_starting, write_journal)
+                        export_entry, export_field, new_invocation_id, random_boot_id, unit_failed, unit_output,
+                        unit_process_exited, unit_restart_scheduled, unit_started, unit_starting, write_journal)
 
 GENERATOR_VERSION = 2
 WATCHED_UNITS = ("vllm-chat.service", "vllm-embed.service", "vllm-stt.service", "vllm-rerank.service")
@@ -118,29 +124,47 @@ class _UnitLife:
         return base, base + 1
 
 
-def _record(kind: str, unit: str, at: Moment) -> JournalEntrySpec:
+def _record(kind: str, unit: str, at: Moment, invocation_id: str | None = None) -> JournalEntrySpec:
     if kind == "starting":
-        return unit_starting(unit, at)
+        return unit_starting(unit, at, invocation_id=invocation_id)
     if kind == "exited":
-        return unit_process_exited(unit, at)
+        return unit_process_exited(unit, at, invocation_id=invocation_id)
     if kind == "failed":
-        return unit_failed(unit, at)
-    return unit_restart_scheduled(unit, at)
+        return unit_failed(unit, at, invocation_id=invocation_id)
+    return unit_restart_scheduled(unit, at, invocation_id=invocation_id)
+
+
+def journal_boot_id(seed: int = 1) -> str:
+    """The boot id of the entries of ``journal_stream(..., seed=seed)``."""
+    return random_boot_id(random.Random(seed))
 
 
 def journal_stream(n_entries: int, watched_fraction: float = 0.1, *, seed: int = 1,
-                   mix: Counter | None = None) -> Iterator[bytes]:
-    """Export-format text of the journal; counts what it wrote into ``mix`` if given."""
+                   mix: Counter | None = None, invocations: bool = False) -> Iterator[bytes]:
+    """Export-format text of the journal; counts what it wrote into ``mix`` if given. ``invocations``: a
+    new invocation id for every start (module docstring)."""
     rng = random.Random(seed)
     boot = random_boot_id(rng)
     origin = Moment(0, 0, boot)
     lives = [_UnitLife(unit, index) for index, unit in enumerate(WATCHED_UNITS)]
+    invocation_rng = random.Random(seed + 1_000_003)
+    invocation_of: dict[str, str | None] = {life.unit: None for life in lives}  # None: one id per unit and boot
+
+    def output_block(life: _UnitLife) -> bytes:
+        return b"".join(export_field(k, v) for k, v in unit_output(
+            life.unit, None, origin, pid=life.pids()[0], invocation_id=invocation_of[life.unit]).fields)
+
+    def new_start(life: _UnitLife, fails: bool) -> None:
+        life.pending = start_lines(life.unit, life.pids(), fails=fails)
+        if invocations:
+            invocation_of[life.unit] = new_invocation_id(invocation_rng)
+            static_watched[life.unit] = output_block(life)
+
     # Each unit starts at once; later starts happen when its serving lines run out.
+    static_watched: dict[str, bytes] = {}
     for life in lives:
-        life.pending = start_lines(life.unit, life.pids(), fails=False)
-    static_watched = {life.unit: b"".join(export_field(k, v) for k, v in
-                                          unit_output(life.unit, None, origin, pid=life.pids()[0]).fields)
-                      for life in lives}
+        new_start(life, fails=False)
+        static_watched[life.unit] = output_block(life)
     static_other = [b"".join(export_field(k, v) for k, v in
                              unit_output(unit, None, origin, pid=500 + index, comm=unit.split(".")[0]).fields)
                     for index, unit in enumerate(UNWATCHED_UNITS)]
@@ -169,7 +193,8 @@ def journal_stream(n_entries: int, watched_fraction: float = 0.1, *, seed: int =
                     kind = line[0] if isinstance(line, tuple) else "vllm startup/failure line"
                     mix[f"watched: {kind if kind == 'vllm startup/failure line' else 'PID 1 record'}"] += 1
                 if isinstance(line, tuple):
-                    yield export_entry(_record(line[0], line[1], Moment(realtime, monotonic, boot)))
+                    yield export_entry(_record(line[0], line[1], Moment(realtime, monotonic, boot),
+                                               invocation_of[life.unit]))
                 else:
                     header = b"__REALTIME_TIMESTAMP=%d\n__MONOTONIC_TIMESTAMP=%d\n" % (realtime, monotonic)
                     yield header + static_watched[life.unit] + export_field("MESSAGE", line) + b"\n"
@@ -177,7 +202,7 @@ def journal_stream(n_entries: int, watched_fraction: float = 0.1, *, seed: int =
             life.serving_left -= 1
             if life.serving_left <= 0:
                 life.starts += 1
-                life.pending = start_lines(life.unit, life.pids(), fails=life.starts % FAILED_START_EVERY == 1)
+                new_start(life, fails=life.starts % FAILED_START_EVERY == 1)
             template = serving[draw % len(serving)]
             message = template % (life.pids()[0], a % 60, b, c)
             if mix is not None:
@@ -205,7 +230,8 @@ def describe(n_entries: int, watched_fraction: float = 0.1) -> Counter:
     return mix
 
 
-def write_journal_directory(directory: Path, n_entries: int, watched_fraction: float = 0.1) -> None:
+def write_journal_directory(directory: Path, n_entries: int, watched_fraction: float = 0.1,
+                            invocations: bool = False) -> None:
     """Write the journal into ``directory`` through systemd-journal-remote."""
     output = directory / "bench.journal"
     process = subprocess.Popen([JOURNAL_REMOTE, f"--output={output}", "--split-mode=none", "--compress=yes", "-"],
@@ -213,7 +239,7 @@ def write_journal_directory(directory: Path, n_entries: int, watched_fraction: f
     assert process.stdin is not None and process.stderr is not None
     batch: list[bytes] = []
     try:
-        for chunk in journal_stream(n_entries, watched_fraction):
+        for chunk in journal_stream(n_entries, watched_fraction, invocations=invocations):
             batch.append(chunk)
             if len(batch) >= 4096:
                 process.stdin.write(b"".join(batch))
@@ -227,9 +253,11 @@ def write_journal_directory(directory: Path, n_entries: int, watched_fraction: f
 
 
 def ensure_journal(n_entries: int, watched_fraction: float = 0.1, root: Path | None = None,
-                   log=print) -> Path:
-    """The directory of the cached journal of ``n_entries`` entries, generated if missing."""
-    directory = (root or cache_root()) / f"v{GENERATOR_VERSION}-{n_entries}-{round(watched_fraction * 100)}pct"
+                   log=print, invocations: bool = False) -> Path:
+    """The directory of the cached journal of ``n_entries`` entries, generated if missing; ``invocations``:
+    the journal whose every start has its own invocation id."""
+    directory = (root or cache_root()) / (f"v{GENERATOR_VERSION}-{n_entries}-{round(watched_fraction * 100)}pct"
+                                          + ("-invocations" if invocations else ""))
     marker = directory / "complete"
     if marker.exists():
         return directory
@@ -238,7 +266,7 @@ def ensure_journal(n_entries: int, watched_fraction: float = 0.1, root: Path | N
         old.unlink()
     log(f"generating a {n_entries:,}-entry journal in {directory} (once; cached) ...")
     started = time.perf_counter()
-    write_journal_directory(directory, n_entries, watched_fraction)
+    write_journal_directory(directory, n_entries, watched_fraction, invocations)
     size = sum(p.stat().st_size for p in directory.glob("*.journal*"))
     log(f"  done in {time.perf_counter() - started:.0f} s, {size / 2**20:.0f} MiB")
     marker.write_text(str(n_entries))
@@ -292,9 +320,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("entries", type=int, nargs="+")
     parser.add_argument("--describe", action="store_true", help="print the mix of entries")
+    parser.add_argument("--invocations", action="store_true", help="a new invocation id for every start")
     args = parser.parse_args()
     for n in args.entries:
-        print(ensure_journal(n))
+        print(ensure_journal(n, invocations=args.invocations))
         if args.describe:
             for kind, count in sorted(describe(n).items()):
                 print(f"  {kind:32} {count:9,}")

@@ -97,6 +97,7 @@ class LibSystemd:
         self._add_conjunction = bind("sd_journal_add_conjunction", c_int, handle_p)
         self._flush_matches = bind("sd_journal_flush_matches", None, handle_p)
         self._seek_head = bind("sd_journal_seek_head", c_int, handle_p)
+        self._seek_tail = bind("sd_journal_seek_tail", c_int, handle_p)
         self._seek_cursor = bind("sd_journal_seek_cursor", c_int, handle_p, c_char_p)
         self._get_cursor = bind("sd_journal_get_cursor", c_int, handle_p, ctypes.POINTER(ctypes.c_void_p))
         self._test_cursor = bind("sd_journal_test_cursor", c_int, handle_p, c_char_p)
@@ -164,6 +165,9 @@ class LibSystemd:
 
     def sd_journal_seek_head(self, handle: ctypes.c_void_p) -> None:
         _check(self._seek_head(handle), "sd_journal_seek_head", "seeking to the journal head")
+
+    def sd_journal_seek_tail(self, handle: ctypes.c_void_p) -> None:
+        _check(self._seek_tail(handle), "sd_journal_seek_tail", "seeking to the journal tail")
 
     def sd_journal_seek_cursor(self, handle: ctypes.c_void_p, cursor: bytes) -> None:
         _check(self._seek_cursor(handle, cursor), "sd_journal_seek_cursor", "seeking to the journal cursor")

@@ -4,6 +4,13 @@ The thread owns the reader (an sd_journal handle belongs to one thread): it read
 a fresh EngineTracker, publishes it once caught up, then folds new entries in as they arrive. When the
 journal cannot be read it retries; a reopened journal is read again from the start of the boot into a
 new tracker, swapped in once caught up, so counters never count twice.
+
+With ``latest_invocations`` (the init gate) it reads not the whole boot but each watched unit's latest
+invocations (``JournalReader.read_latest_invocations``): back to one that printed a vLLM line before the
+latest, so the fold knows the unit runs an engine and has its latest printed start (the gated unit's
+gpu_memory_utilization), and whether its current start is initialising and since when, as the whole
+boot would say. Its counters (starts, failures, overlaps) cover only what was read: the exporter reads
+the whole boot.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from functools import partial
 
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, EngineTracker, UnitView
 from exporter.sources.journal.binding import JournalError
-from exporter.sources.journal.reader import DEFAULT_BATCH, JournalReader, JournalSelection
+from exporter.sources.journal.reader import DEFAULT_BATCH, JournalEntry, JournalReader, JournalSelection
 
 log = logging.getLogger("exporter.journal")
 
@@ -36,9 +43,13 @@ class JournalState:
 
 
 class JournalFollower:
-    def __init__(self, selection: JournalSelection, max_units: int = DEFAULT_MAX_UNITS) -> None:
+    def __init__(self, selection: JournalSelection, max_units: int = DEFAULT_MAX_UNITS, *,
+                 latest_invocations: bool = False) -> None:
         self.selection = selection
         self.max_units = max_units
+        self.latest_invocations = latest_invocations
+        self.caught_up_from: str | None = None
+        """What the latest catch-up read: "latest invocations", or "boot" (the whole selected boot)."""
         self._lock = threading.Lock()
         self._starting = threading.Lock()  # concurrent scrapes retry starting the thread once
         self._tracker: EngineTracker | None = None
@@ -121,6 +132,19 @@ class JournalFollower:
         with self._lock:
             for unit in self._units_with_processes:
                 tracker.watch(unit)
+        entries = None
+        if self.latest_invocations:
+            entries = reader.read_latest_invocations(partial(prints_a_vllm_line, tracker.engine_grace_usec),
+                                                     max_units=self.max_units)
+        self.caught_up_from = "boot" if entries is None else "latest invocations"
+        for begin in range(0, len(entries or ()), DEFAULT_BATCH):
+            if self._stop.is_set():
+                return
+            batch = entries[begin:begin + DEFAULT_BATCH]
+            self._count(len(batch))
+            tracker.extend(batch)
+            self._warn_of_rejections(tracker)
+            self._warn_of_unreadable(reader)
         while batch := reader.read_available(DEFAULT_BATCH):
             if self._stop.is_set():
                 return  # stopping: a half-read journal is never published
@@ -173,3 +197,11 @@ class JournalFollower:
     def _set_error(self, error: str) -> None:
         with self._lock:
             self._error = error
+
+
+def prints_a_vllm_line(engine_grace_usec: int, entries: list[JournalEntry]) -> bool:
+    """Whether the fold takes a line of these entries (one invocation of one unit) as vLLM's: the start
+    printed, so its unit runs an engine and its latest printed start is known."""
+    tracker = EngineTracker(1, engine_grace_usec)
+    tracker.extend(entries)
+    return any(view.latest is not None for view in tracker.views())

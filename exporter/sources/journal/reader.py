@@ -49,11 +49,16 @@ DEFAULT_UNIT_GLOBS = ("vllm*.service",)
 SYSTEM_JOURNAL_DIRECTORIES = ("/run/log/journal", "/var/log/journal")
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
 DEFAULT_BATCH = 4096
+MAX_INVOCATIONS_BACK = 8
+"""``JournalReader.read_latest_invocations`` reads at most this many of a unit's latest invocations."""
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _FIELD_SYSTEMD_UNIT = b"_SYSTEMD_UNIT"
 _FIELD_UNIT = b"UNIT"
 _FIELD_MESSAGE = b"MESSAGE"
+_FIELD_PID = b"_PID"
+_FIELD_INVOCATION_ID = b"INVOCATION_ID"
+_FIELD_SYSTEMD_INVOCATION_ID = b"_SYSTEMD_INVOCATION_ID"
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +244,13 @@ class JournalReader:
         its entries (in journal order); a unit it refuses is skipped from then on: its entries are
         not decoded nor returned. That is how a consumer's cap on the number of units (the journal
         follower's ``--journal.max-units``) costs nothing for the units beyond it.
+
+    Starting at the latest invocations
+        ``read_latest_invocations()``, called first after ``open()``, returns only the entries of
+        each watched unit's latest invocations (in journal order) and leaves the reader after the
+        journal's last selected entry, to follow from there: what the init gate needs, without
+        reading the whole boot. ``None`` when the journal does not allow it (see there); the
+        reader then reads from the start of the boot as usual.
 
     Memory: the reader holds the entries of one batch. The journal's mapped pages (see
     ``release_journal_pages``) are dropped every ``RELEASE_PAGES_EVERY`` entries read and when
@@ -494,6 +506,165 @@ class JournalReader:
         self._since_release = since_release
         if last is not None:
             self._last_forward = last
+
+    # --- starting at the latest invocations ----------------------------------------------------
+
+    def read_latest_invocations(
+        self,
+        sufficient: Callable[[list[JournalEntry]], bool],
+        *,
+        max_invocations: int = MAX_INVOCATIONS_BACK,
+        max_units: int | None = None,
+    ) -> list[JournalEntry] | None:
+        """The entries of each watched unit's latest invocations, in journal order; then the reader
+        follows from the journal's last selected entry (``read_available()`` returns what comes after
+        it). Call it first after ``open()``.
+
+        A unit's latest invocation is the one of its last entry (``_SYSTEMD_INVOCATION_ID`` of its
+        output, ``INVOCATION_ID`` of PID 1's records about it). From there the reader steps back an
+        invocation at a time (the unit's entry just before the earlier one's first entry) until it has
+        read, besides the latest, one for which ``sufficient(entries)`` is true (the journal follower:
+        one that printed a vLLM line, so the unit is known to run an engine and its latest printed
+        start is among those read), or the unit's first invocation in the boot. Every entry of a read
+        invocation is returned, also those stored after a later invocation began.
+
+        Returns None, leaving the reader to read from the start of the boot, when that would not give
+        the same as the whole boot: an entry where an invocation id is looked for has none (a journal
+        of systemd before 232, or made by hand); more than ``max_invocations`` of a unit's invocations
+        would be needed; more watched units than ``MATCHED_UNITS_MAX`` or ``max_units`` (the units
+        a cap admits depend on the order they are met in the whole boot); or the boot has no entry of
+        the watched units. Entries of a unit that carry no invocation id among the read invocations'
+        are not read (systemd gives one to every entry of a unit's processes and to PID 1's records of
+        a unit that has started).
+        """
+        lib = self._require_open()
+        if self._has_position or self._backlog:
+            raise RuntimeError("read_latest_invocations() must be called first after open()")
+        handle = self._handle
+        found = self._query_watched_units()
+        if not found or len(found) > self.MATCHED_UNITS_MAX or (max_units is not None and len(found) > max_units):
+            return self._read_whole_boot()
+        self._apply_matches(found)
+        lib.sd_journal_seek_tail(handle)
+        if not lib.sd_journal_previous(handle):
+            return self._read_whole_boot()
+        tail = lib.sd_journal_get_cursor(handle)
+        decode = self._decoder or self._make_decoder()
+        self._decoder = decode
+        selected: list[bytes] = []
+        for raw in sorted(found):
+            invocations = self._latest_invocations_of(raw, found[raw], tail, sufficient, max_invocations, decode)
+            if invocations is None:
+                return self._read_whole_boot()
+            selected += invocations
+        entries = self._invocations_before(found, selected, tail, decode)
+        self._watched = dict(found)
+        self._units_stale = False
+        self._apply_matches(self._watched)
+        self._resume_at(tail, cursor_entry_returned=True)
+        self._has_position = True
+        self._more_pending = True
+        if entries:
+            self._last_forward = entries[-1]
+        self._entries_read += len(entries)
+        return entries
+
+    def _read_whole_boot(self) -> None:
+        """Back to before the first selected entry, as just opened: the next read starts at the boot's start."""
+        lib = self._lib
+        assert lib is not None
+        lib.sd_journal_flush_matches(self._handle)
+        lib.sd_journal_seek_head(self._handle)
+        self._reset_position()
+        return None
+
+    def _latest_invocations_of(
+        self, raw: bytes, name: str, tail: bytes, sufficient: Callable[[list[JournalEntry]], bool],
+        max_invocations: int, decode: Callable[[dict[bytes, str]], JournalEntry | None],
+    ) -> list[bytes] | None:
+        """The unit's invocation ids to read, latest first (read_latest_invocations); None: read the boot."""
+        lib = self._lib
+        assert lib is not None
+        handle = self._handle
+        unit = {raw: name}
+        self._apply_matches(unit)
+        lib.sd_journal_seek_cursor(handle, tail)
+        if not lib.sd_journal_previous(handle):
+            return []  # no entry of the unit in the boot
+        chosen: list[bytes] = []
+        while True:
+            invocation = self._invocation_here(raw)
+            if invocation is None or invocation in chosen:
+                return None
+            chosen.append(invocation)
+            entries = self._invocations_before(unit, [invocation], tail, decode)
+            if not entries:
+                return None  # its entries cannot be read
+            # after the walk back the handle is on the invocation's first entry
+            first = lib.sd_journal_get_cursor(handle)
+            if len(chosen) > 1 and sufficient(entries):
+                return chosen
+            self._apply_matches(unit)
+            lib.sd_journal_seek_cursor(handle, first)
+            while (moved := lib.sd_journal_previous(handle)) and lib.sd_journal_test_cursor(handle, first):
+                pass
+            if not moved:
+                return chosen  # the unit's first invocation in the boot
+            if len(chosen) >= max_invocations:
+                return None
+
+    def _invocation_here(self, raw_unit: bytes) -> bytes | None:
+        """The invocation id of the current entry of the unit (raw bytes); None when it has none."""
+        pid = self._field_here(_FIELD_PID)
+        if pid == b"1" and self._field_here(_FIELD_UNIT) == raw_unit:
+            return self._field_here(_FIELD_INVOCATION_ID) or None
+        return self._field_here(_FIELD_SYSTEMD_INVOCATION_ID) or None
+
+    def _field_here(self, field_name: bytes) -> bytes | None:
+        lib = self._lib
+        assert lib is not None
+        data, size = ctypes.c_void_p(), ctypes.c_size_t()
+        result = lib.raw_get_data(self._handle, field_name, ctypes.byref(data), ctypes.byref(size))
+        if result < 0:
+            if result == -errno.ENOENT:
+                return None
+            raise JournalError.of_result("sd_journal_get_data", result, "reading a journal entry")
+        return ctypes.string_at(data.value, size.value)[len(field_name) + 1:]
+
+    def _invocations_before(self, units: dict[bytes, str], invocations: Sequence[bytes], cursor: bytes,
+                            decode: Callable[[dict[bytes, str]], JournalEntry | None]) -> list[JournalEntry]:
+        """The entries of these invocations of these units up to the one at ``cursor`` (included), in
+        journal order; the handle is left on the earliest one. Matched: (_SYSTEMD_UNIT=u… ∧
+        _SYSTEMD_INVOCATION_ID=i…) ∨ (_PID=1 ∧ UNIT=u… ∧ INVOCATION_ID=i…), and _BOOT_ID=b unless all boots."""
+        lib = self._lib
+        assert lib is not None
+        handle = self._handle
+        if not invocations:
+            return []
+        lib.sd_journal_flush_matches(handle)
+        add = lib.sd_journal_add_match
+        for raw in sorted(units):
+            add(handle, _FIELD_SYSTEMD_UNIT + b"=" + raw)
+        for invocation in sorted(invocations):
+            add(handle, _FIELD_SYSTEMD_INVOCATION_ID + b"=" + invocation)
+        lib.sd_journal_add_disjunction(handle)
+        add(handle, b"_PID=1")
+        for raw in sorted(units):
+            add(handle, _FIELD_UNIT + b"=" + raw)
+        for invocation in sorted(invocations):
+            add(handle, _FIELD_INVOCATION_ID + b"=" + invocation)
+        if self._boot_id is not None:
+            lib.sd_journal_add_conjunction(handle)
+            add(handle, b"_BOOT_ID=" + self._boot_id.encode())
+        lib.sd_journal_seek_cursor(handle, cursor)
+        found: list[JournalEntry] = []
+        previous = lib.sd_journal_previous
+        while previous(handle):
+            entry = decode(units)
+            if entry is not None:
+                found.append(entry)
+        found.reverse()
+        return found
 
     def _make_decoder(self) -> Callable[[dict[bytes, str]], JournalEntry | None]:
         """A function reading the current entry, or None if it belongs to no watched unit.
