@@ -34,6 +34,7 @@ from exporter.parsers.vllm import (
     KvCacheCapacity,
     KvCacheMemory,
     KvMemorySource,
+    MaxModelLenAutoFit,
     ProfilingAfter,
     ProfilingBefore,
     ServerReady,
@@ -313,6 +314,42 @@ EXACT_LINES: list[tuple[str, str, str, object]] = [
     ("kv_cache_blocks", "0.8",
      "INFO 04-07 05:28:10 [executor_base.py:111] # xpu blocks: 8192, # CPU blocks: 2048",
      KvCacheBlocks("xpu", 8192, 2048)),
+    # --- --max-model-len auto: the context fitted to the KV cache (0.14+) ---------------------
+    ("auto_fit_reduced", "0.10.2",  # 0.14-0.15: coloured EngineCore_DP0, 'GPU memory', format_gib
+     "\x1b[0;36m(EngineCore_DP0 pid=3052)\x1b[0;0m INFO 01-20 09:15:02 [kv_cache_utils.py:1443] Auto-fit "
+     "max_model_len: reduced from 40960 to 18176 to fit in available GPU memory (2.5 GiB available for KV "
+     "cache)",
+     MaxModelLenAutoFit(requested_max_model_len=40960, max_model_len=18176, available_bytes=gib(2.5))),
+    ("auto_fit_reduced", "0.18",  # 0.18-0.30
+     "(EngineCore pid=3310) INFO 08-11 13:56:14 [v1/core/kv_cache_utils.py:2567] Auto-fit max_model_len: "
+     "reduced from 131072 to 46528 to fit in available GPU memory (2.13 GiB available for KV cache)",
+     MaxModelLenAutoFit(requested_max_model_len=131072, max_model_len=46528, available_bytes=gib(2.13))),
+    ("auto_fit_reduced", "0.31",  # 0.33: kv_cache_planning.py, the device named
+     "(EngineCore pid=1234) INFO 07-02 11:01:00 [kv_cache_planning.py:1405] Auto-fit max_model_len: "
+     "reduced from 131072 to 46528 to fit in available KV cache memory (2.13 GiB XPU)",
+     MaxModelLenAutoFit(requested_max_model_len=131072, max_model_len=46528, available_bytes=gib(2.13))),
+    ("auto_fit_reduced_034", "0.31",
+     "(EngineCore pid=1234) INFO 07-02 11:01:00 [kv_cache_planning.py:1494] --max-model-len auto reduced "
+     "max_model_len from 131072 to 46528 (2.13 GiB XPU available for the KV cache).",
+     MaxModelLenAutoFit(requested_max_model_len=131072, max_model_len=46528, available_bytes=gib(2.13))),
+    ("auto_fit_reduced_034", "0.31",  # below 8192 tokens: a WARNING with advice
+     "(EngineCore pid=1234) WARNING 07-02 11:01:00 [kv_cache_planning.py:1505] --max-model-len auto "
+     "reduced max_model_len from 40960 to 4096 (0.5 GiB XPU available for the KV cache). Requests longer "
+     "than 4096 tokens will be rejected. Increase `gpu_memory_utilization` or set --max-model-len "
+     "explicitly.",
+     MaxModelLenAutoFit(requested_max_model_len=40960, max_model_len=4096, available_bytes=gib(0.5))),
+    ("auto_fit_full_length", "0.18",
+     "(EngineCore pid=3310) INFO 08-11 13:56:14 [kv_cache_utils.py:2559] Auto-fit max_model_len: full "
+     "model context length 40960 fits in available GPU memory",
+     MaxModelLenAutoFit(requested_max_model_len=40960, max_model_len=40960)),
+    ("auto_fit_full_length", "0.31",
+     "(EngineCore pid=1234) INFO 07-02 11:01:00 [kv_cache_planning.py:1467] Auto-fit max_model_len: full "
+     "model context length 40960 fits in available KV cache memory (7.25 GiB XPU)",
+     MaxModelLenAutoFit(requested_max_model_len=40960, max_model_len=40960, available_bytes=gib(7.25))),
+    ("auto_fit_attention_free", "0.18",
+     "(EngineCore pid=3310) INFO 08-11 13:56:14 [kv_cache_utils.py:2533] Auto-fit max_model_len: "
+     "attention-free model, using derived max_model_len=2048",
+     MaxModelLenAutoFit(requested_max_model_len=2048, max_model_len=2048)),
     # --- init outcome ------------------------------------------------------------------------
     ("init_engine_took", "0.6",
      "INFO 10-15 09:13:07 llm_engine.py:448] init engine (profile, create kv cache, warmup model) "
@@ -455,6 +492,16 @@ EXACT_LINES: list[tuple[str, str, str, object]] = [
      "`gpu_memory_utilization` when initializing the engine (this flag also controls CPU memory "
      "reservation on the CPU backend, despite its name). See "
      "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.",
+     FailureCause(R.NO_KV_CACHE_MEMORY)),
+    ("auto_fit_no_memory", "0.10.2",  # 0.14-0.33 text
+     "\x1b[0;36m(EngineCore_DP0 pid=3052)\x1b[0;0m ERROR 01-20 09:15:02 [core.py:946] ValueError: Cannot "
+     "auto-fit max_model_len: not enough GPU memory available to serve even a single token. Try "
+     "increasing `gpu_memory_utilization`.",
+     FailureCause(R.NO_KV_CACHE_MEMORY)),
+    ("auto_fit_no_memory", "raw",  # 0.34: the hint of "No available memory for the cache blocks"
+     "ValueError: Cannot auto-fit max_model_len: not enough GPU memory available to serve even a single "
+     "token. Try increasing `gpu_memory_utilization` when initializing the engine (this flag also "
+     "controls CPU memory reservation on the CPU backend, despite its name).",
      FailureCause(R.NO_KV_CACHE_MEMORY)),
     # --- insufficient_free_memory ------------------------------------------------------------
     ("insufficient_free_memory", "0.10.1",
@@ -896,7 +943,7 @@ def test_a_setting_no_exposition_can_carry_makes_the_line_implausible(line: str,
 
 def test_every_number_of_every_event_has_plausible_bounds() -> None:
     event_types = [EngineConfig, Settings, KvCacheMemory, ProfilingBefore, ProfilingAfter, KvCacheCapacity,
-                   KvCacheBlocks, EngineInitDone, FailureCause]
+                   KvCacheBlocks, MaxModelLenAutoFit, EngineInitDone, FailureCause]
     numeric = {field.name for cls in event_types for field in dataclasses.fields(cls)
                if {"int", "float"} & set(re.findall(r"\w+", str(field.type)))}
     assert numeric == set(PLAUSIBLE)
@@ -940,6 +987,11 @@ ABSURD_VALUES = {
                              "max_concurrency", "max_concurrency"),
     "concurrency-for-zero-tokens": (CORE + "Maximum concurrency for 0 tokens per request: 3.00x",
                                     "max_concurrency", "max_model_len"),
+    "auto-fit-to-zero-tokens": (CORE + "Auto-fit max_model_len: reduced from 40960 to 0 to fit in available GPU "
+                                       "memory (0.0 GiB available for KV cache)", "auto_fit_reduced", "max_model_len"),
+    "auto-fit-from-2-pow-50-tokens": (CORE + "--max-model-len auto reduced max_model_len from 1125899906842624 to "
+                                             "4096 (0.5 GiB XPU available for the KV cache).",
+                                      "auto_fit_reduced_034", "requested_max_model_len"),
     "v0-blocks-negative": ("INFO 10-15 09:13:00 gpu_executor.py:122] # GPU blocks: -5, # CPU blocks: 2048",
                            "kv_cache_blocks", "device_blocks"),
     "init-duration-negative": (CORE + "init engine (profile, create kv cache, warmup model) took -5.00 seconds",

@@ -62,6 +62,7 @@ __all__ = [
     "KvCacheMemory",
     "KvMemorySource",
     "ImplausibleValue",
+    "MaxModelLenAutoFit",
     "PLAUSIBLE",
     "ProfilingAfter",
     "ProfilingBefore",
@@ -231,6 +232,26 @@ class KvCacheBlocks:
 
 
 @dataclass(frozen=True, slots=True)
+class MaxModelLenAutoFit:
+    """`--max-model-len auto` (max_model_len -1, 0.14+) fitted the context to the KV-cache memory
+    (v1/core/kv_cache_utils.py `_auto_fit_max_model_len`; kv_cache_planning.py from 0.33):
+    "Auto-fit max_model_len: reduced from X to Y to fit in available GPU memory (A GiB available for
+    KV cache)" (0.14-0.30; "... available KV cache memory (A GiB XPU)" 0.33; "--max-model-len auto
+    reduced max_model_len from X to Y (A GiB XPU available for the KV cache)." 0.34), "... full model
+    context length X fits in available GPU memory" ("... KV cache memory (A GiB XPU)" 0.33+) or
+    "... attention-free model, using derived max_model_len=X". `requested_max_model_len` is the model's full length (what
+    was asked), `max_model_len` the length the engine serves; a shrink when the second is smaller."""
+
+    requested_max_model_len: int
+    max_model_len: int
+    available_bytes: int | None = None  # the KV-cache memory it fitted to, when printed
+
+    @property
+    def shrunk(self) -> bool:
+        return self.max_model_len < self.requested_max_model_len
+
+
+@dataclass(frozen=True, slots=True)
 class EngineInitDone:
     """"init engine (profile, create kv cache, warmup model) took X seconds" (V0 0.6.5-0.10, V1 to
     0.19) / "... took X s[ (compilation: C s[ — ...])]" (0.20+). The engine init succeeded."""
@@ -292,6 +313,7 @@ Event = Union[
     ProfilingAfter,
     KvCacheCapacity,
     KvCacheBlocks,
+    MaxModelLenAutoFit,
     EngineInitDone,
     ServerReady,
     FailureCause,
@@ -346,6 +368,7 @@ PLAUSIBLE: Mapping[str, Bounds] = {
     # settings
     "gpu_memory_utilization": Bounds(0, 1, low_open=True),
     "max_model_len": Bounds(1, MAX_TOKENS),
+    "requested_max_model_len": Bounds(1, MAX_TOKENS),
     "max_num_seqs": Bounds(1, 1 << 24),
     "kv_cache_memory_bytes": _BYTES,
     "block_size": Bounds(1, 1 << 20),
@@ -658,6 +681,17 @@ def _kv_blocks(match: re.Match[str]) -> KvCacheBlocks:
     )
 
 
+def _auto_fit(match: re.Match[str]) -> MaxModelLenAutoFit:
+    groups = match.groupdict()
+    requested = _int(match["requested"])
+    effective = groups.get("effective")
+    return MaxModelLenAutoFit(
+        requested_max_model_len=requested,
+        max_model_len=requested if effective is None else _int(effective),
+        available_bytes=_optional_bytes(groups.get("available"), "GiB"),
+    )
+
+
 def _init_done(match: re.Match[str]) -> EngineInitDone:
     return EngineInitDone(float(match["seconds"]), _optional_float(match["compilation"]))
 
@@ -816,6 +850,28 @@ GRAMMAR: tuple[GrammarRow, ...] = (
          ("# ",),
          r"# (?P<device>\w{1,16}) blocks: (?P<blocks>-?\d{1,15}), # CPU blocks: (?P<cpu>-?\d{1,15})",
          _kv_blocks),
+    # --- --max-model-len auto (max_model_len -1): the context fitted to the KV cache ------------
+    _row("auto_fit_reduced", "0.14-0.30 'GPU memory (A GiB available for KV cache)'; "
+         "0.33 'KV cache memory (A GiB XPU)' ('%s GiB' = format_gib)",
+         ("Auto-fit max_model_len: reduced from ",),
+         rf"Auto-fit max_model_len: reduced from (?P<requested>{_INT}) to (?P<effective>{_INT}) to fit in "
+         rf"available (?:GPU|KV cache) memory(?: \((?P<available>{_NUM}) GiB)?",
+         _auto_fit),
+    _row("auto_fit_reduced_034", "0.34 (INFO; WARNING '... Requests longer than Y tokens will be rejected.' "
+         "below 8192)",
+         ("--max-model-len auto reduced max_model_len from ",),
+         rf"--max-model-len auto reduced max_model_len from (?P<requested>{_INT}) to (?P<effective>{_INT})"
+         rf"(?: \((?P<available>{_NUM}) GiB)?",
+         _auto_fit),
+    _row("auto_fit_full_length", "0.14-0.30 'in available GPU memory'; 0.33+ 'in available KV cache memory (A GiB XPU)'",
+         ("Auto-fit max_model_len: full model context length ",),
+         rf"Auto-fit max_model_len: full model context length (?P<requested>{_INT}) fits in available "
+         rf"(?:GPU|KV cache) memory(?: \((?P<available>{_NUM}) GiB)?",
+         _auto_fit),
+    _row("auto_fit_attention_free", "0.14+",
+         ("Auto-fit max_model_len: attention-free model, ",),
+         rf"Auto-fit max_model_len: attention-free model, using derived max_model_len=(?P<requested>{_INT})",
+         _auto_fit),
     # --- init outcome ------------------------------------------------------------------------
     _row("init_engine_took", "'seconds' V0 0.6.5-0.10 and V1 to 0.19; ' s[ (compilation: ...)]' 0.20+",
          ("init engine (profile, create kv cache, warmup model) took ",),
@@ -843,6 +899,13 @@ GRAMMAR: tuple[GrammarRow, ...] = (
     _row("no_kv_cache_memory", "every release (hint text varies)",
          ("No available memory for the cache blocks.",),
          r"No available memory for the cache blocks\.",
+         _cause(FailureReason.NO_KV_CACHE_MEMORY)),
+    # The auto-fit twin of "No available memory for the cache blocks": with max_model_len -1 vLLM fits
+    # the length before its memory check, so a budget without room for one token (<= 0, or under one
+    # block) fails here instead; its only remedy is more memory (no max_model_len is left to lower).
+    _row("auto_fit_no_memory", "0.14+ (max_model_len -1)",
+         ("Cannot auto-fit max_model_len: not enough GPU memory",),
+         r"Cannot auto-fit max_model_len: not enough GPU memory",
          _cause(FailureReason.NO_KV_CACHE_MEMORY)),
     _row("insufficient_free_memory", "no device 0.9.1-0.13 (CUDA); 'device xpu:0' 0.14+ (XPU 0.16+); "
          "external-weights budget 0.32+",
