@@ -666,3 +666,49 @@ def test_a_starts_snapshot_equals_it_field_by_field_and_holds_only_immutable_val
         assert dataclasses.asdict(copy) == dataclasses.asdict(start)
         for field in dataclasses.fields(start):
             hash(getattr(start, field.name))  # an unhashable (mutable) field would need a deep copy
+
+
+# --- --max-model-len auto: the silent shrink (issue 20) -----------------------------------------------
+
+AUTO_FIT_VERSIONS = ("0.14.1", "0.15.1", "0.17.1", "0.24.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
+
+
+@pytest.mark.parametrize("version", AUTO_FIT_VERSIONS)
+def test_auto_fit_that_shrank_the_context_records_the_full_and_the_served_length_and_counts_one_shrink(
+        version: str) -> None:
+    run = VllmRun(version, model_max_len=131072, auto_max_model_len=True, auto_fit_to=46528, kv_cache_gib=2.13,
+                  profiling=Profiling(16225.0, 7695.45, 12000.0))
+    view = fold_placed(one_boot(service_runs(UNIT, [run], ORIGIN)))[UNIT]
+    assert (view.starts, view.failures, view.context_shrinks) == (1, no_failures(), 1)
+    latest = view.latest
+    assert (latest.requested_max_model_len, latest.max_model_len, latest.context_shrunk) == (131072, 46528, True)
+
+
+@pytest.mark.parametrize("version", AUTO_FIT_VERSIONS)
+def test_auto_fit_that_kept_the_full_context_counts_no_shrink(version: str) -> None:
+    run = VllmRun(version, model_max_len=40960, auto_max_model_len=True, kv_cache_gib=7.25)
+    view = fold_placed(one_boot(service_runs(UNIT, [run], ORIGIN)))[UNIT]
+    assert (view.starts, view.context_shrinks) == (1, 0)
+    assert (view.latest.requested_max_model_len, view.latest.max_model_len) == (40960, 40960)
+
+
+def test_without_auto_fit_the_requested_length_is_the_printed_one_and_nothing_shrinks() -> None:
+    view = fold_placed(one_boot(service_runs(UNIT, [VllmRun("0.24.0", max_model_len=32768)], ORIGIN)))[UNIT]
+    assert (view.latest.requested_max_model_len, view.latest.max_model_len, view.context_shrinks) == (32768, 32768, 0)
+
+
+def test_shrinks_count_per_start_and_the_latest_start_decides_the_lengths() -> None:
+    shrunk = VllmRun("0.24.0", model_max_len=131072, auto_max_model_len=True, auto_fit_to=46528, kv_cache_gib=2.13)
+    runs = [shrunk, replace(shrunk, auto_fit_to=20480, kv_cache_gib=0.94), replace(shrunk, auto_fit_to=None)]
+    view = fold_placed(one_boot(*(service_runs(UNIT, [replace(run, main_pid=4000 + index)], ORIGIN + 600.0 * index,
+                                               job_id=100 + 10 * index) for index, run in enumerate(runs))))[UNIT]
+    assert (view.starts, view.context_shrinks) == (3, 2)
+    assert (view.latest.requested_max_model_len, view.latest.max_model_len) == (131072, 131072)
+
+
+def test_auto_fit_without_room_for_one_token_fails_as_no_kv_cache_memory_and_is_no_shrink() -> None:
+    run = VllmRun("0.24.0", model_max_len=131072, auto_max_model_len=True, kv_cache_gib=-0.12,
+                  failure=Failure("no_kv_cache_memory"))
+    view = fold_placed(one_boot(service_runs(UNIT, [run], ORIGIN)))[UNIT]
+    assert view.failures == failures(no_kv_cache_memory=1)
+    assert (view.context_shrinks, view.latest.requested_max_model_len) == (0, 131072)

@@ -284,6 +284,10 @@ class VllmRun:
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None
     model_max_len: int = 40960  # the model's own maximum, used when max_model_len is not given
+    # --max-model-len auto (max_model_len -1, 0.14+): vLLM fits the model's length to the KV cache;
+    # auto_fit_to: the length it fits to (None: the model's full length fits)
+    auto_max_model_len: bool = False
+    auto_fit_to: int | None = None
     max_num_seqs: int | None = None
     kv_cache_memory_bytes: int | None = None
     block_size: int | None = None
@@ -307,9 +311,21 @@ class VllmRun:
     def era(self) -> Era:
         return Era(release(self.version))
 
+    def __post_init__(self) -> None:
+        if self.auto_max_model_len and (self.era.release < (0, 14) or self.max_model_len is not None):
+            raise ValueError("--max-model-len auto is 0.14+ and replaces max_model_len")
+
+    @property
+    def config_max_model_len(self) -> int:
+        """The length the start-up lines print: the given one, else the model's (auto-fit comes later)."""
+        return self.max_model_len or self.model_max_len
+
     @property
     def effective_max_model_len(self) -> int:
-        return self.max_model_len or self.model_max_len
+        """The length the engine serves: auto-fit's when it reduced it."""
+        if self.auto_max_model_len and self.auto_fit_to is not None:
+            return self.auto_fit_to
+        return self.config_max_model_len
 
     @property
     def effective_block_size(self) -> int:
@@ -429,6 +445,43 @@ def no_kv_cache_memory_message(era: Era) -> str:
     return ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
             "initializing the engine (this flag also controls CPU memory reservation on the CPU "
             f"backend, despite its name). See {DOCS_URL} for more details.")
+
+
+def auto_fit_no_memory_message(era: Era) -> str:
+    """--max-model-len auto when not one token fits (raised before the "No available memory" check)."""
+    if era.release < (0, 34):
+        hint = "Try increasing `gpu_memory_utilization`."
+    else:
+        hint = ("Try increasing `gpu_memory_utilization` when initializing the engine (this flag also controls CPU "
+                "memory reservation on the CPU backend, despite its name).")
+    return f"Cannot auto-fit max_model_len: not enough GPU memory available to serve even a single token. {hint}"
+
+
+def auto_fit_line(run: VllmRun) -> tuple[str, str, str]:
+    """(level, file:line, message) of --max-model-len auto's fit (v1/core/kv_cache_utils.py
+    `_auto_fit_max_model_len` 0.14-0.32, kv_cache_planning.py 0.33+), printed after the KV-cache
+    memory line and before the KV-cache size lines."""
+    era = run.era
+    full, fitted = run.config_max_model_len, run.effective_max_model_len
+    memory = str(round((run.kv_cache_bytes or 0) / GiB, 2))  # format_gib
+    where = "kv_cache_planning.py:1405" if era.release >= (0, 33) else "kv_cache_utils.py:1443"
+    if era.release < (0, 32):
+        if fitted >= full:
+            return "INFO", where, f"Auto-fit max_model_len: full model context length {full} fits in available GPU memory"
+        return ("INFO", where, f"Auto-fit max_model_len: reduced from {full} to {fitted} to fit in available GPU "
+                f"memory ({memory} GiB available for KV cache)")
+    device_memory = f"{memory} GiB {era.kv_device}"
+    if fitted >= full:
+        return ("INFO", where, f"Auto-fit max_model_len: full model context length {full} fits in available KV "
+                f"cache memory ({device_memory})")
+    if era.release < (0, 34):
+        return ("INFO", where, f"Auto-fit max_model_len: reduced from {full} to {fitted} to fit in available KV "
+                f"cache memory ({device_memory})")
+    text = f"--max-model-len auto reduced max_model_len from {full} to {fitted} ({device_memory} available for the KV cache)."
+    if fitted >= 8192:  # AUTO_FIT_SHORT_MAX_MODEL_LEN
+        return "INFO", "kv_cache_planning.py:1494", text
+    return ("WARNING", "kv_cache_planning.py:1505", f"{text} Requests longer than {fitted} tokens will be rejected. "
+            "Increase `gpu_memory_utilization` or set --max-model-len explicitly.")
 
 
 def insufficient_free_memory_message(era: Era, free_gib: float, total_gib: float, utilisation: float) -> str:
@@ -721,6 +774,8 @@ def _non_default_args(run: VllmRun) -> str:
     args["model"] = run.model
     if run.max_model_len is not None:
         args["max_model_len"] = run.max_model_len
+    if run.auto_max_model_len:
+        args["max_model_len"] = -1  # engine/arg_utils.py human_readable_int_or_auto("auto")
     if run.block_size is not None:
         args["block_size"] = run.block_size
     if run.gpu_memory_utilization is not None:
@@ -740,7 +795,7 @@ def _engine_config(run: VllmRun) -> str:
         return (f"Initializing a V1 LLM engine ({version}) with config: model={run.model!r}, speculative_config=None, "
                 f"tokenizer={run.model!r}, skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, "
                 "tokenizer_revision=None, trust_remote_code=False, dtype=torch.bfloat16, "
-                f"max_seq_len={run.effective_max_model_len}, download_dir=None, load_format=auto, "
+                f"max_seq_len={run.config_max_model_len}, download_dir=None, load_format=auto, "
                 "tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1, "
                 "disable_custom_all_reduce=True, quantization=None, enforce_eager=True, kv_cache_dtype=auto, "
                 "device_config=xpu, observability_config=ObservabilityConfig(show_hidden_metrics_for_version=None, "
@@ -810,6 +865,8 @@ def _failure_exception(run: VllmRun, failure: Failure) -> str:
         return "ValueError: " + kv_cache_too_small_message(
             era, run.effective_max_model_len, failure.needed_gib, available, failure.estimated_max_model_len)
     if reason == "no_kv_cache_memory":
+        if run.auto_max_model_len:
+            return "ValueError: " + auto_fit_no_memory_message(era)
         return "ValueError: " + no_kv_cache_memory_message(era)
     if reason == "insufficient_free_memory":
         return "ValueError: " + insufficient_free_memory_message(
@@ -941,7 +998,7 @@ def _v1_start(out: _Output, failure: Failure | None) -> None:
     else:
         out.log(1.2, API, "INFO", "api_server.py:1895", f"vLLM API server version {run.version}")
     out.log(1.2, API, "INFO", "utils.py:328", _non_default_args(run))
-    out.log(5.0, API, "INFO", "model.py:1510", f"Using max model len {run.effective_max_model_len}")
+    out.log(5.0, API, "INFO", "model.py:1510", f"Using max model len {run.config_max_model_len}")
     if era.release >= (0, 10):
         out.log(5.9, CORE, "INFO", "core.py:654", "Waiting for init message from front-end.")
     out.log(6.1, CORE, "INFO", "core.py:76", _engine_config(run))
@@ -981,6 +1038,8 @@ def _v1_start(out: _Output, failure: Failure | None) -> None:
                 "update it correspondingly.")
     else:
         out.log(budget, CORE, "INFO", "gpu_worker.py:298", f"Available KV cache memory: {_gib(run.kv_cache_gib, era)} GiB")
+    if run.auto_max_model_len and not (failure is not None and failure.reason == "no_kv_cache_memory"):
+        out.log(budget + 0.3, CORE, *auto_fit_line(run))
     if stage == "kv_config":
         _print_failure(out, budget + 0.4, failure)
         return

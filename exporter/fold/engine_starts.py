@@ -137,7 +137,9 @@ class Start:
     version: str | None = None
     model: str | None = None
     gpu_memory_utilization: float | None = None  # as given; None: the release default
-    max_model_len: int | None = None
+    max_model_len: int | None = None  # the length the engine serves (after --max-model-len auto's fit)
+    auto_fit_requested_max_model_len: int | None = None  # the model's full length, when auto-fit printed it
+    context_shrunk: bool = False  # auto-fit served a shorter context than the model's full length
     max_num_seqs: int | None = None
     kv_cache_memory_bytes: int | None = None
     block_size: int | None = None
@@ -174,6 +176,14 @@ class Start:
         its cause came late just now (the copies vLLM prints follow)."""
         return self.pending_since_usec is not None or (
             self.late_line_usec is not None and now_usec - self.late_line_usec <= LATE_LINES_GRACE_USEC)
+
+    @property
+    def requested_max_model_len(self) -> int | None:
+        """What the start asked for: the model's full length when `--max-model-len auto` fitted it
+        (auto-fit's "reduced from X"), else the maximum model length it printed."""
+        if self.auto_fit_requested_max_model_len is not None:
+            return self.auto_fit_requested_max_model_len
+        return self.max_model_len
 
     @property
     def effective_gpu_memory_utilization(self) -> float | None:
@@ -227,6 +237,7 @@ class UnitView:
     gate_waits: int = 0  # starts the gate held back (timeouts included)
     gate_wait_seconds: float = 0.0  # seconds of every gate decision
     gate_timeouts: int = 0
+    context_shrinks: int = 0  # starts whose --max-model-len auto served a shorter context than asked
 
     @property
     def gpu_memory_utilization(self) -> float | None:
@@ -263,6 +274,7 @@ class _Unit:
     gate_waits: int = 0
     gate_wait_seconds: float = 0.0
     gate_timeouts: int = 0
+    context_shrinks: int = 0
     engine: bool | None = None  # a start printed a vLLM line; False: known to run something else
 
     def view(self) -> UnitView:
@@ -271,7 +283,7 @@ class _Unit:
                  for invocation, start in self.invocations.items()}
         return UnitView(self.name, self.starts, dict(self.failures), self.last_failure_usec, self.overlaps,
                         copy(self.latest), copy(self.last_success), copy(self.current), ended,
-                        self.gate_waits, self.gate_wait_seconds, self.gate_timeouts)
+                        self.gate_waits, self.gate_wait_seconds, self.gate_timeouts, self.context_shrinks)
 
 
 @dataclass(frozen=True)
@@ -363,6 +375,9 @@ class EngineTracker:
         start.printed = True
         unit.latest = start
         _record(start, event)
+        if isinstance(event, vllm.MaxModelLenAutoFit) and event.shrunk and not start.context_shrunk:
+            start.context_shrunk = True
+            unit.context_shrinks += 1
         if isinstance(event, vllm.FailureCause):
             self._end(start, Outcome.FAILED, entry.realtime_usec)
             self._count(unit, start, event.reason, entry.realtime_usec)
@@ -657,6 +672,9 @@ def _record(start: Start, event: vllm.Event) -> None:
             start.kv_cache_tokens = tokens if tokens is not None else start.kv_cache_tokens
             start.max_concurrency = concurrency if concurrency is not None else start.max_concurrency
             start.max_model_len = start.max_model_len or max_model_len
+        case vllm.MaxModelLenAutoFit(requested_max_model_len=requested, max_model_len=max_model_len):
+            start.auto_fit_requested_max_model_len = requested
+            start.max_model_len = max_model_len  # the effective length; earlier lines printed the full one
         case vllm.KvCacheBlocks(device_blocks=blocks):
             start.kv_blocks = blocks
         case vllm.EngineInitDone(duration_seconds=seconds):

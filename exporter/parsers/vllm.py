@@ -236,9 +236,9 @@ class MaxModelLenAutoFit:
     """`--max-model-len auto` (max_model_len -1, 0.14+) fitted the context to the KV-cache memory
     (v1/core/kv_cache_utils.py `_auto_fit_max_model_len`; kv_cache_planning.py from 0.33):
     "Auto-fit max_model_len: reduced from X to Y to fit in available GPU memory (A GiB available for
-    KV cache)" (0.14-0.30; "... available KV cache memory (A GiB XPU)" 0.33; "--max-model-len auto
+    KV cache)" (0.14-0.31; "... available KV cache memory (A GiB XPU)" 0.32-0.33; "--max-model-len auto
     reduced max_model_len from X to Y (A GiB XPU available for the KV cache)." 0.34), "... full model
-    context length X fits in available GPU memory" ("... KV cache memory (A GiB XPU)" 0.33+) or
+    context length X fits in available GPU memory" ("... KV cache memory (A GiB XPU)" 0.32+) or
     "... attention-free model, using derived max_model_len=X". `requested_max_model_len` is the model's full length (what
     was asked), `max_model_len` the length the engine serves; a shrink when the second is smaller."""
 
@@ -851,8 +851,8 @@ GRAMMAR: tuple[GrammarRow, ...] = (
          r"# (?P<device>\w{1,16}) blocks: (?P<blocks>-?\d{1,15}), # CPU blocks: (?P<cpu>-?\d{1,15})",
          _kv_blocks),
     # --- --max-model-len auto (max_model_len -1): the context fitted to the KV cache ------------
-    _row("auto_fit_reduced", "0.14-0.30 'GPU memory (A GiB available for KV cache)'; "
-         "0.33 'KV cache memory (A GiB XPU)' ('%s GiB' = format_gib)",
+    _row("auto_fit_reduced", "0.14-0.31 'GPU memory (A GiB available for KV cache)'; "
+         "0.32-0.33 'KV cache memory (A GiB XPU)' ('%s GiB' = format_gib)",
          ("Auto-fit max_model_len: reduced from ",),
          rf"Auto-fit max_model_len: reduced from (?P<requested>{_INT}) to (?P<effective>{_INT}) to fit in "
          rf"available (?:GPU|KV cache) memory(?: \((?P<available>{_NUM}) GiB)?",
@@ -863,7 +863,7 @@ GRAMMAR: tuple[GrammarRow, ...] = (
          rf"--max-model-len auto reduced max_model_len from (?P<requested>{_INT}) to (?P<effective>{_INT})"
          rf"(?: \((?P<available>{_NUM}) GiB)?",
          _auto_fit),
-    _row("auto_fit_full_length", "0.14-0.30 'in available GPU memory'; 0.33+ 'in available KV cache memory (A GiB XPU)'",
+    _row("auto_fit_full_length", "0.14-0.31 'in available GPU memory'; 0.32+ 'in available KV cache memory (A GiB XPU)'",
          ("Auto-fit max_model_len: full model context length ",),
          rf"Auto-fit max_model_len: full model context length (?P<requested>{_INT}) fits in available "
          rf"(?:GPU|KV cache) memory(?: \((?P<available>{_NUM}) GiB)?",
