@@ -371,3 +371,67 @@ def test_boot_race_followed_live_shows_the_failures_figures_then_the_restarts(bo
     assert sample(restarted, "xpu_unit_kv_cache_tokens", unit=CHAT) == 136_960
     assert sample(restarted, "xpu_unit_engine_init_failures_total", unit=CHAT, reason="kv_cache_too_small") == 1
     assert sample(restarted, "xpu_unit_engine_init_overlaps_total", unit=CHAT) == 1
+
+
+# --- --max-model-len auto: the silent shrink (issue 20) -------------------------------------------
+
+AUTO_FIT_ORIGIN = 1_747_400_000.0
+AUTO_FIT_BOOT_ID = "2b3c4d5e6f7a48b9a0c1d2e3f4a5b6c7"
+# Every release that prints auto-fit's lines (0.14+), one text form each: 'GPU memory' 0.14-0.31, 'KV cache
+# memory (A GiB XPU)' 0.32-0.33, '--max-model-len auto reduced ...' 0.34 (a WARNING below 8192 tokens).
+AUTO_FIT_RUNS = {
+    "0.14.1": VllmRun("0.14.1", model_max_len=131072, auto_max_model_len=True, auto_fit_to=46528,
+                      profiling=Profiling(16225.0, 7695.45, 12000.0)),
+    "0.15.1": VllmRun("0.15.1", model_max_len=40960, auto_max_model_len=True,
+                      profiling=Profiling(16225.0, 3481.2, 4102.65)),
+    "0.17.1": VllmRun("0.17.1", model_max_len=131072, auto_max_model_len=True, auto_fit_to=46528, kv_cache_gib=2.13),
+    "0.24.0": VllmRun("0.24.0", model_max_len=40960, auto_max_model_len=True, auto_fit_to=18176, kv_cache_gib=2.5),
+    "0.31.0": VllmRun("0.31.0", model_max_len=40960, auto_max_model_len=True, kv_cache_gib=7.25),
+    "0.32.0": VllmRun("0.32.0", model_max_len=131072, auto_max_model_len=True, auto_fit_to=46528, kv_cache_gib=2.13),
+    "0.33.0": VllmRun("0.33.0", model_max_len=40960, auto_max_model_len=True, kv_cache_gib=7.25),
+    "0.34.0": VllmRun("0.34.0", model_max_len=40960, auto_max_model_len=True, auto_fit_to=4096, kv_cache_gib=0.5),
+}
+
+
+def auto_fit_unit(version: str) -> str:
+    return f"vllm-auto-{version}.service"
+
+
+@pytest.fixture(scope="module")
+def auto_fit_scrape(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Each release's auto-fit start in its own unit of one real journal, read by one exporter."""
+    planned = []
+    for index, (version, run) in enumerate(AUTO_FIT_RUNS.items()):
+        planned += service_runs(auto_fit_unit(version), [run], AUTO_FIT_ORIGIN + 3600.0 * index, job_id=400 + index)
+    placed = compose(Boot(AUTO_FIT_BOOT_ID, AUTO_FIT_ORIGIN - 20.0, tuple(planned)))
+    path = journalgen.write_journal(tmp_path_factory.mktemp("auto-fit") / "auto.journal", journal_specs(placed))
+    with RunningExporter(exporter_args(path, "all")) as exporter:
+        return journal_ready(exporter)
+
+
+@pytest.mark.parametrize("version", list(AUTO_FIT_RUNS))
+def test_auto_fit_serves_the_requested_and_the_effective_length_and_counts_the_shrink(
+        version: str, auto_fit_scrape: dict) -> None:
+    run, unit = AUTO_FIT_RUNS[version], auto_fit_unit(version)
+    shrunk = run.auto_fit_to is not None
+    assert {
+        "requested": sample(auto_fit_scrape, "xpu_unit_max_model_len_requested_tokens", unit=unit),
+        "effective": sample(auto_fit_scrape, "xpu_unit_max_model_len_tokens", unit=unit),
+        "shrinks": sample(auto_fit_scrape, "xpu_unit_context_shrinks_total", unit=unit),
+        "concurrency_for": sample(auto_fit_scrape, "xpu_unit_kv_cache_max_concurrency", unit=unit),
+        "starts": sample(auto_fit_scrape, "xpu_unit_engine_starts_total", unit=unit),
+    } == {
+        "requested": run.model_max_len,
+        "effective": run.auto_fit_to if shrunk else run.model_max_len,
+        "shrinks": 1 if shrunk else 0,
+        "concurrency_for": run.concurrency,
+        "starts": 1,
+    }
+
+
+def test_every_era_unit_counts_no_shrink_and_requests_what_it_printed(eras: tuple[dict, list[Placed]]) -> None:
+    samples, _ = eras
+    for name, case in ERA_CASES.items():
+        unit = era_unit(name)
+        assert sample(samples, "xpu_unit_context_shrinks_total", unit=unit) == 0, name
+        assert sample(samples, "xpu_unit_max_model_len_requested_tokens", unit=unit) == case.expected.max_model_len, name

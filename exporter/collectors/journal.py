@@ -55,7 +55,11 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
                  ("vllm_version", "model"))
     utilisation = gauge("xpu_unit_gpu_memory_utilization_ratio",
                         "The engine's gpu_memory_utilization (its release's default when not given).")
-    max_model_len = gauge("xpu_unit_max_model_len_tokens", "The engine's maximum model length.")
+    max_model_len = gauge("xpu_unit_max_model_len_tokens",
+                          "The engine's maximum model length (after --max-model-len auto fitted it).")
+    requested_len = gauge("xpu_unit_max_model_len_requested_tokens",
+                          "The maximum model length the engine asked for: the model's full length when "
+                          "--max-model-len auto fitted it, else the length it printed.")
     max_num_seqs = gauge("xpu_unit_max_num_seqs", "The engine's max_num_seqs, when known.")
     budget = gauge("xpu_unit_kv_cache_budget_bytes", "The engine's kv_cache_memory_bytes setting, when set.")
     kv_bytes = gauge("xpu_unit_kv_cache_bytes",
@@ -80,6 +84,9 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
     gate_timeouts = CounterFamily("xpu_unit_gate_timeouts_total",
                                   "Waits of this unit in the init gate that ran out (--timeout).",
                                   labels=["unit"])
+    shrinks = CounterFamily("xpu_unit_context_shrinks_total",
+                            "Starts of this unit whose --max-model-len auto served a shorter context than the "
+                            "model's full length (too little KV-cache memory).", labels=["unit"])
 
     for view in views:
         unit = [view.unit]
@@ -88,6 +95,7 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
         gate_waits.add_metric(unit, view.gate_waits)
         gate_wait_seconds.add_metric(unit, view.gate_wait_seconds)
         gate_timeouts.add_metric(unit, view.gate_timeouts)
+        shrinks.add_metric(unit, view.context_shrinks)
         for reason in FailureReason:
             failures.add_metric([view.unit, reason.value], view.failures[reason])
         if view.last_failure_usec is not None:
@@ -102,13 +110,15 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
             info.add_metric([view.unit, latest.version or "", latest.model or ""], 1)
         _add(utilisation, unit, latest.effective_gpu_memory_utilization)
         _add(max_model_len, unit, latest.max_model_len)
+        _add(requested_len, unit, latest.requested_max_model_len)
         _add(max_num_seqs, unit, latest.max_num_seqs)
         _add(budget, unit, latest.kv_cache_memory_bytes)
         _add(kv_bytes, unit, latest.effective_kv_cache_bytes)
         _add(required, unit, latest.effective_required_bytes)
         _add(concurrency, unit, latest.max_concurrency)
-    yield from (info, utilisation, max_model_len, max_num_seqs, budget, kv_bytes, kv_tokens, required, concurrency,
-                starts, failures, last_failure, duration, overlaps, gate_waits, gate_wait_seconds, gate_timeouts)
+    yield from (info, utilisation, max_model_len, requested_len, max_num_seqs, budget, kv_bytes, kv_tokens, required,
+                concurrency, starts, failures, last_failure, duration, overlaps, gate_waits, gate_wait_seconds,
+                gate_timeouts, shrinks)
 
 
 def _add(family: GaugeFamily, labels: list[str], value: float | None) -> None:
