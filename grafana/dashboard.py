@@ -353,6 +353,17 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                                            "Value #C": "max_model_len", "Value #D": "max_num_seqs",
                                            "Value #E": "KV cache tokens"}}},
                   )),
+            Panel("timeseries", "Maximum model length: asked for and served",
+                  "The maximum model length of each unit's latest engine start: the one it asked for (dashed; the "
+                  "model's full length under --max-model-len auto) and the one it serves. Served below asked: "
+                  "auto-fit shrank the context to the KV-cache memory it found at init (XpuUnitContextShrunk), "
+                  "and longer requests are rejected.",
+                  (Target(f"xpu_unit_max_model_len_requested_tokens{{{UNITS}}}", "{{unit}} asked for"),
+                   Target(f"xpu_unit_max_model_len_tokens{{{UNITS}}}", "{{unit}} served")),
+                  "short", green_only(), 24, 8,
+                  options=LEGEND_TABLE, defaults={"min": 0},
+                  overrides=(by_name_regex("asked for$", {"custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
+                                                          "custom.fillOpacity": 0}),)),
         )),
         Row("Engine inits", (
             boot_count_graph("Successful engine starts (this boot)",
@@ -384,6 +395,12 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                              "Waits in the init gate that ran out (its --timeout): the unit then started anyway (or "
                              "failed, with --on-timeout fail) while another init ran or memory was short.",
                              Target(f"xpu_unit_gate_timeouts_total{{{UNITS}}}", "{{unit}}"),
+                             colour_from_one="orange"),
+            boot_count_graph("Context shrinks (this boot)",
+                             "Starts of each unit whose --max-model-len auto served a shorter context than the "
+                             "model's full length since the host booted: the start succeeded, with too little "
+                             "KV-cache memory at init (often a lost race with another unit's init).",
+                             Target(f"xpu_unit_context_shrinks_total{{{UNITS}}}", "{{unit}}"),
                              colour_from_one="orange"),
         )),
         Row("Restart headroom", (
