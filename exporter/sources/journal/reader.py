@@ -552,12 +552,15 @@ class JournalReader:
         decode = self._decoder or self._make_decoder()
         self._decoder = decode
         selected: list[bytes] = []
+        release_journal_pages(self._madvise)
         for raw in sorted(found):
             invocations = self._latest_invocations_of(raw, found[raw], tail, sufficient, max_invocations, decode)
+            release_journal_pages(self._madvise)  # as the forward read does: the pages are only page cache
             if invocations is None:
                 return self._read_whole_boot()
             selected += invocations
         entries = self._invocations_before(found, selected, tail, decode)
+        release_journal_pages(self._madvise)
         self._watched = dict(found)
         self._units_stale = False
         self._apply_matches(self._watched)
@@ -659,10 +662,13 @@ class JournalReader:
         lib.sd_journal_seek_cursor(handle, cursor)
         found: list[JournalEntry] = []
         previous = lib.sd_journal_previous
+        release_every = self.RELEASE_PAGES_EVERY
         while previous(handle):
             entry = decode(units)
             if entry is not None:
                 found.append(entry)
+                if len(found) % release_every == 0:
+                    release_journal_pages(self._madvise)
         found.reverse()
         return found
 
