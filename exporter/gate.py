@@ -559,7 +559,8 @@ class Gate:
         self.output = output
         self.began = time.monotonic()
         self.deadline = self.began + options.timeout
-        self.journal = JournalFollower(options.selection, options.journal_max_units)
+        # only the watched units' latest invocations, not the whole boot (docs/gate.md, How it decides)
+        self.journal = JournalFollower(options.selection, options.journal_max_units, latest_invocations=True)
         self.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout, telemetry=False)
         self.leases: LeaseDirectory | None = LeaseDirectory(options.lease_directory)
         self.device: str | None = options.device

@@ -4,6 +4,7 @@ journal files written by systemd-journal-remote; journals without invocation ids
 
 from __future__ import annotations
 
+import io
 import random
 import time
 from collections.abc import Iterator
@@ -312,3 +313,18 @@ def test_a_unit_that_needs_more_than_the_bound_of_invocations_makes_it_read_the_
         entries = reader.read_latest_invocations(lambda entries: prints_a_vllm_line(60_000_000, entries),
                                                  max_invocations=MAX_INVOCATIONS_BACK + 1)
         assert entries is not None and len(entries) == chats
+
+
+def test_the_gate_decides_on_the_latest_invocations(followers, boot_id: str, tmp_path: Path) -> None:
+    path, _, _, whole = followers
+    options = gate.parse_options(["--unit", CHAT, "--journal.file", str(path), "--journal.boot", boot_id,
+                                  "--lease-directory", str(tmp_path / "leases")])
+    the_gate = gate.Gate(options, gate.Output(io.StringIO()))
+    the_gate.journal.start()
+    try:
+        state = the_gate._journal_read()
+        assert the_gate.journal.caught_up_from == "latest invocations"
+        assert_same_decisions(state.views, caught_up(whole).views)
+    finally:
+        the_gate.journal.stop()
+        the_gate.levelzero.close()
