@@ -4,7 +4,8 @@ same run.
     python benchmarks/run.py            # the full run (~6 minutes once the journals are cached)
     python benchmarks/run.py --quick    # fewer scrapes, runs and samples; 10 s idle instead of 60 s
 
-Sections (each also runs alone: scrape_bench.py, catchup_bench.py, live_bench.py, hostile_bench.py):
+Sections (each also runs alone: scrape_bench.py, catchup_bench.py, gate_decision_bench.py, live_bench.py,
+hostile_bench.py):
 
 1. scrapes of the real exporter process over the fake Level Zero driver, a fixture procfs and a
    settings journal, at a small host (1 device, 3 units), the large one (8 devices, 64 GPU processes,
@@ -12,6 +13,8 @@ Sections (each also runs alone: scrape_bench.py, catchup_bench.py, live_bench.py
 2. journal catch-up (reader + vLLM grammar + fold) against journalctl on the same 250k- and 1M-entry
    journals (10 % watched), run alternately; and its CPU over 1,000 and 3,000 units × 8 entries, with the
    default --journal.max-units and with a cap above the units (linear: 3,000 units cost 3× 1,000);
+   2b. the init gate's first decision state on the 1M-entry boot (every start its own invocation id): its
+   read of the watched units' latest invocations against the read of the whole boot, alternating;
 3. the exporter over the large host and the 1M-entry journal: catch-up, RSS after it, idle CPU,
    follow latency;
 4. hostile network clients against the exporter over the small host, inside TasksMax=64 (a pids
@@ -39,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import catchup_bench  # noqa: E402
+import gate_decision_bench  # noqa: E402
 import hostile_bench  # noqa: E402
 import live_bench  # noqa: E402
 import scrape_bench  # noqa: E402
@@ -143,6 +147,17 @@ def unit_scaling_rows(result: catchup_bench.UnitScalingResult) -> list[Row]:
     return rows
 
 
+def gate_decision_rows(result: gate_decision_bench.GateDecisionResult) -> list[Row]:
+    size = f"{result.journal_entries // 1000}k"
+    return [
+        Row(f"gate's first decision state, {size} boot, latest invocations ({result.latest.entries_read:,} entries)",
+            f"{result.latest.in_process_s:.3f} s", f"< {gate_decision_bench.TARGET_S:g} s", result.passed),
+        Row(f"gate's first decision state, {size} boot, whole boot ({result.whole.entries_read:,} entries)",
+            f"{result.whole.in_process_s:.3f} s", "", None),
+        Row(f"latest invocations / whole boot, {size}", f"{result.ratio:.3f}", "", None),
+    ]
+
+
 def live_rows(result: live_bench.LiveResult) -> list[Row]:
     size = f"{result.journal_entries // 1000}k"
     return [
@@ -231,6 +246,12 @@ def main() -> int:
             scaling = catchup_bench.bench_unit_scaling(settings.units, settings.catch_up_runs, max_units, log=log)
             catchup_bench.report_unit_scaling(scaling, settings.catch_up_runs, log=log)
             rows += unit_scaling_rows(scaling)
+
+        log("\n== 2b. the init gate's first decision state: latest invocations vs the whole boot, alternating")
+        decision = gate_decision_bench.bench_gate_decision(max(settings.sizes), max(3, settings.catch_up_runs),
+                                                          log=log)
+        gate_decision_bench.report(decision, log=log)
+        rows += gate_decision_rows(decision)
 
         log("\n== 3. the exporter over the large host and the big journal: catch-up, RSS, idle CPU, following")
         live = live_bench.bench_live(max(settings.sizes), settings.idle_seconds, settings.follow_samples, driver,
