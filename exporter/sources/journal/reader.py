@@ -638,7 +638,8 @@ class JournalReader:
                             decode: Callable[[dict[bytes, str]], JournalEntry | None]) -> list[JournalEntry]:
         """The entries of these invocations of these units up to the one at ``cursor`` (included), in
         journal order; the handle is left on the earliest one. Matched: (_SYSTEMD_UNIT=u… ∧
-        _SYSTEMD_INVOCATION_ID=i…) ∨ (_PID=1 ∧ UNIT=u… ∧ INVOCATION_ID=i…), and _BOOT_ID=b unless all boots."""
+        _SYSTEMD_INVOCATION_ID=i…) ∨ (_PID=1 ∧ UNIT=u… ∧ INVOCATION_ID=i…), and _BOOT_ID=b unless all
+        boots."""
         lib = self._lib
         assert lib is not None
         handle = self._handle
