@@ -30,7 +30,6 @@ can hold DRM clients by the thousand: without the cap each would be a series on 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -38,6 +37,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.metrics_core import Metric
 
 from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
+from exporter import memory as memory_rules
 from exporter.families import CounterFamily, GaugeFamily
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS
 from exporter.sources import dmem, procfs
@@ -343,7 +343,7 @@ class ProcessesCollector(Collector):
                 continue
             total, free = memory[pci]
             own = attributions[pci].by_unit.get(unit, 0) if pci in attributions else 0
-            headroom.add_metric([pci, unit], free + own - math.ceil(utilisation * total))
+            headroom.add_metric([pci, unit], memory_rules.restart_headroom_bytes(free, own, total, utilisation))
         yield from (unattributed, overcounted, headroom)
 
     def _watched_settings(self, context: ScrapeContext) -> list[tuple[str, float]]:
