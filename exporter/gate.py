@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import ClassVar, TextIO
 
 from exporter import __version__
+from exporter import memory as memory_rules
 from exporter.durations import parse_go_duration
 from exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
                             check_journal_flags, journal_selection)
@@ -528,7 +529,7 @@ def decide(unit: str, device: str, views: Sequence[UnitView], lease_holder: str 
         units.append(lease_holder)
     free = memory.free if memory is not None else None
     total = memory.total if memory is not None else None
-    needed = math.ceil(gpu_memory_utilization * total) if gpu_memory_utilization and total else None
+    needed = memory_rules.requested_bytes(total, gpu_memory_utilization) if gpu_memory_utilization and total else None
     return Decision(tuple(units), needed is not None and free is not None and free < needed, free, needed)
 
 
