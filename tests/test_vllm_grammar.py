@@ -35,6 +35,8 @@ from exporter.parsers.vllm import (
     KvCacheMemory,
     KvMemorySource,
     MaxModelLenAutoFit,
+    MemoryUsage,
+    ModelWeights,
     ProfilingAfter,
     ProfilingBefore,
     ServerReady,
@@ -262,6 +264,33 @@ EXACT_LINES: list[tuple[str, str, str, object]] = [
      "profiling run, peak memory usage is 9013.40 MB,torch mem is 8204.13 MB, non-torch mem is "
      "128.00 MB, free gpu memory is 15338.60 MB.",
      ProfilingAfter(mib(9013.40), mib(8204.13), mib(128.00), mib(15338.60))),
+    # --- weights and the start-up memory summary (the planner's split of the non-KV memory) ------
+    ("model_loading_took", "0.6",
+     "INFO 10-15 09:12:40 xpu_model_runner.py:410] Loading model weights took 2.4530 GB",
+     ModelWeights(gib(2.4530))),
+    ("model_loading_took", "0.10.1",
+     "(EngineCore_0 pid=207574) INFO 11-06 18:41:08 [gpu_model_runner.py:2018] Model loading took "
+     "12.5533 GiB and 5.050575 seconds",
+     ModelWeights(gib(12.5533))),
+    ("model_loading_took", "0.18",
+     "(EngineCore pid=2301) INFO 05-12 10:11:30 [gpu_model_runner.py:2392] Model loading took 8.58 GiB "
+     "memory and 11.400000 seconds",
+     ModelWeights(gib(8.58))),
+    # 0.26-0.27: weight, peak activation and non-torch apart; opens like the insufficient_free_memory failure
+    ("startup_memory_usage", "0.18",
+     "(EngineCore pid=812) INFO 03-02 09:15:38 [gpu_worker.py:436] Free memory on device (15.42/15.91 GiB) on "
+     "startup. Desired GPU memory utilization is (0.75, 11.93 GiB). Actual usage is 8.58 GiB for weight, 0.51 "
+     "GiB for peak activation, 0.12 GiB for non-torch memory, and 0.0 GiB for CUDAGraph memory. Replace "
+     "gpu_memory_utilization config with `--kv-cache-memory=3420000000` (3.19 GiB) to fit into requested "
+     "memory, or `--kv-cache-memory=7000000000` (6.52 GiB) to fully utilize gpu memory. Current kv cache "
+     "memory in use is 3.25 GiB.",
+     MemoryUsage(gib(0.51), 0, weights_bytes=gib(8.58), non_torch_bytes=gib(0.12))),
+    # 0.28+: weights and non-torch as one "consumed" figure
+    ("startup_memory_usage", "0.31",
+     "(EngineCore pid=812) INFO 03-02 09:15:38 [gpu_worker.py:412] Free memory on device (15.42/15.91 GiB) on "
+     "startup. Desired GPU memory utilization is (0.8, 12.73 GiB). Actual usage is 4.1 GiB for consumed memory "
+     "(weights + non-torch), 0.9 GiB for peak activation, and 0.0 GiB for CUDAGraph memory.",
+     MemoryUsage(gib(0.9), 0, consumed_bytes=gib(4.1))),
     # --- KV-cache capacity -------------------------------------------------------------------
     ("kv_cache_size_tokens", "0.8",
      "INFO 04-07 05:28:10 [kv_cache_utils.py:537] GPU KV cache size: 123,456 tokens",
@@ -755,10 +784,6 @@ def test_failure_reason_values_are_the_contract_labels() -> None:
 
 
 NOISE_LINES = [
-    # 0.26+: the INFO summary of every successful start opens like the insufficient_free_memory failure
-    "(EngineCore pid=812) INFO 03-02 09:15:38 [gpu_worker.py:412] Free memory on device (15.42/15.91 GiB) on "
-    "startup. Desired GPU memory utilization is (0.8, 12.73 GiB). Actual usage is 4.1 GiB for consumed memory "
-    "(weights + non-torch), 0.9 GiB for peak activation, and 0.0 GiB for CUDAGraph memory.",
     'INFO:     127.0.0.1:34658 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
     '(APIServer pid=1) INFO:     10.0.0.7:51234 - "GET /metrics HTTP/1.1" 200 OK',
     "(APIServer pid=1) INFO 05-12 10:11:12 [loggers.py:123] Engine 000: Avg prompt throughput: "
@@ -788,8 +813,6 @@ NOISE_LINES = [
     "(APIServer pid=1) INFO 04-19 10:51:55 [utils.py:299]    ▀▀  ▀▀▀▀▀ ▀▀▀▀▀ ▀     ▀",
     "(APIServer pid=206609) INFO 11-06 18:41:10 [loggers.py:142] Engine 000: vllm cache_config_info "
     "with initialization after num_gpu_blocks is: 1419",
-    "(EngineCore_0 pid=207574) INFO 11-06 18:41:08 [gpu_model_runner.py:2018] Model loading took "
-    "12.5533 GiB and 5.050575 seconds",
     "(APIServer pid=206609) INFO 11-06 18:40:53 [__init__.py:1786] Using max model len 4096",
     "Loading safetensors checkpoint shards: 100% Completed | 2/2 [00:04<00:00,  2.05s/it]",
     "(EngineCore pid=1234) ERROR 07-02 11:05:00 [core.py:1000] EngineCore encountered a fatal error.",
@@ -942,8 +965,8 @@ def test_a_setting_no_exposition_can_carry_makes_the_line_implausible(line: str,
 
 
 def test_every_number_of_every_event_has_plausible_bounds() -> None:
-    event_types = [EngineConfig, Settings, KvCacheMemory, ProfilingBefore, ProfilingAfter, KvCacheCapacity,
-                   KvCacheBlocks, MaxModelLenAutoFit, EngineInitDone, FailureCause]
+    event_types = [EngineConfig, Settings, KvCacheMemory, ProfilingBefore, ProfilingAfter, ModelWeights,
+                   MemoryUsage, KvCacheCapacity, KvCacheBlocks, MaxModelLenAutoFit, EngineInitDone, FailureCause]
     numeric = {field.name for cls in event_types for field in dataclasses.fields(cls)
                if {"int", "float"} & set(re.findall(r"\w+", str(field.type)))}
     assert numeric == set(PLAUSIBLE)

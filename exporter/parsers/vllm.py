@@ -63,6 +63,8 @@ __all__ = [
     "KvMemorySource",
     "ImplausibleValue",
     "MaxModelLenAutoFit",
+    "MemoryUsage",
+    "ModelWeights",
     "PLAUSIBLE",
     "ProfilingAfter",
     "ProfilingBefore",
@@ -209,6 +211,29 @@ class ProfilingAfter:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelWeights:
+    """The device memory of the model's weights: "Model loading took W GiB [memory ]and S seconds" (V1
+    0.8.3+; "%.4f" to 0.13, format_gib after) or V0's "Loading model weights took W GB|GiB"."""
+
+    weights_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryUsage:
+    """The start-up memory summary (gpu_worker.compile_or_warm_up_model; INFO on XPU from 0.26, when no
+    kv_cache_memory_bytes is set): "Free memory on device (F/T GiB) on startup. Desired GPU memory
+    utilization is (U, R GiB). Actual usage is W GiB for weight, A GiB for peak activation, N GiB for
+    non-torch memory, and C GiB for CUDAGraph memory. ..." (0.26-0.27); from 0.28 "X GiB for consumed
+    memory (weights + non-torch), A GiB for peak activation, and C GiB for CUDAGraph memory"."""
+
+    activation_bytes: int
+    cudagraph_bytes: int
+    weights_bytes: int | None = None  # 0.26-0.27
+    non_torch_bytes: int | None = None  # 0.26-0.27
+    consumed_bytes: int | None = None  # weights + non-torch, 0.28+
+
+
+@dataclass(frozen=True, slots=True)
 class KvCacheCapacity:
     """"GPU KV cache size: N tokens" (0.8-0.27, separate line), "Maximum concurrency for L tokens per
     request: Cx" (V0 0.6.3-0.10 and V1 0.8-0.27, separate line), or both on one line
@@ -311,6 +336,8 @@ Event = Union[
     KvCacheMemory,
     ProfilingBefore,
     ProfilingAfter,
+    ModelWeights,
+    MemoryUsage,
     KvCacheCapacity,
     KvCacheBlocks,
     MaxModelLenAutoFit,
@@ -385,6 +412,11 @@ PLAUSIBLE: Mapping[str, Bounds] = {
     "peak_bytes": _BYTES,
     "torch_bytes": _BYTES,
     "non_torch_bytes": _SIGNED_BYTES,
+    # weights and the start-up memory summary (0.26+)
+    "weights_bytes": _BYTES,
+    "activation_bytes": _BYTES,
+    "cudagraph_bytes": _BYTES,
+    "consumed_bytes": _SIGNED_BYTES,
     # KV-cache capacity
     "tokens": _TOKENS,
     "kv_cache_tokens": _TOKENS,
@@ -665,6 +697,20 @@ def _profiling_after(match: re.Match[str]) -> ProfilingAfter:
     )
 
 
+def _model_weights(match: re.Match[str]) -> ModelWeights:
+    return ModelWeights(_bytes(match["weights"], match["unit"]))
+
+
+def _memory_usage(match: re.Match[str]) -> MemoryUsage:
+    return MemoryUsage(
+        activation_bytes=_bytes(match["activation"] or match["activation_c"], "GiB"),
+        cudagraph_bytes=_bytes(match["cudagraph"], "GiB"),
+        weights_bytes=_optional_bytes(match["weights"], "GiB"),
+        non_torch_bytes=_optional_bytes(match["non_torch"], "GiB"),
+        consumed_bytes=_optional_bytes(match["consumed"], "GiB"),
+    )
+
+
 def _kv_capacity(match: re.Match[str]) -> KvCacheCapacity:
     groups = match.groupdict()
     return KvCacheCapacity(
@@ -836,6 +882,22 @@ GRAMMAR: tuple[GrammarRow, ...] = (
          rf"torch mem is (?P<torch>{_NUM}) MB, non-torch mem is (?P<non_torch>{_NUM}) MB, "
          rf"free gpu memory is (?P<free>{_NUM}) MB",
          _profiling_after),
+    _row("model_loading_took", "V1 'GiB and' 0.8.3-0.11.0, 'GiB memory and' 0.11.2+ (%.4f to 0.13, format_gib after); "
+         "V0 'Loading model weights took' GB 0.6-0.8.0, GiB 0.8.3-0.9.2",
+         ("Model loading took ", "Loading model weights took "),
+         rf"(?:Model loading|Loading model weights) took (?P<weights>{_NUM}) ?(?P<unit>GiB|GB)\b",
+         _model_weights),
+    _row("startup_memory_usage", "INFO on XPU 0.26+ (no kv_cache_memory_bytes); 'consumed memory (weights + "
+         "non-torch)' 0.28+",
+         ("Free memory on device",),
+         rf"Free memory on device(?: [^\s(]{{1,64}})? \({_NUM}/{_NUM} GiB\) on startup\. Desired GPU memory "
+         rf"utilization is \([^)]{{0,80}}\)\. Actual usage is (?:"
+         rf"(?P<weights>{_NUM}) GiB for weight, (?P<activation>{_NUM}) GiB for peak activation, "
+         rf"(?P<non_torch>{_NUM}) GiB for non-torch memory|"
+         rf"(?P<consumed>{_NUM}) GiB for consumed memory \(weights \+ non-torch\), "
+         rf"(?P<activation_c>{_NUM}) GiB for peak activation)"
+         rf",? and (?P<cudagraph>{_NUM}) GiB for CUDAGraph memory",
+         _memory_usage),
     _row("kv_cache_size_tokens", "GPU ... 0.8-0.29 (with concurrency 0.28+); XPU/'+ host' 0.30+",
          ("GPU KV cache size: ", "XPU KV cache size: ", "CPU KV cache size: ",
           "GPU + host KV cache size: ", "XPU + host KV cache size: "),
