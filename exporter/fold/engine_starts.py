@@ -150,6 +150,14 @@ class Start:
     required_bytes: int | None = None
     profiled_total_bytes: int | None = None
     profiled_peak_bytes: int | None = None
+    # the non-KV memory, where the release prints it (the planner's footprint): "Model loading took"
+    # (XPU 0.9.2-0.15.1: "model load takes"), and the 0.26+ start-up summary's peak activation and
+    # non-torch (0.28+: weights + non-torch as one consumed figure); XPU 0.9.2-0.15.1's profiling non-torch
+    weights_bytes: int | None = None
+    activation_bytes: int | None = None
+    non_torch_bytes: int | None = None
+    consumed_bytes: int | None = None
+    cudagraph_bytes: int | None = None
     init_duration_seconds: float | None = None
     pid: int | None = None  # the main process (journald's _PID of the unit's output)
     invocation_id: str = ""  # systemd's invocation id of the start; '' when the journal has none
@@ -664,10 +672,20 @@ def _record(start: Start, event: vllm.Event) -> None:
                     setattr(start, name, value)
         case vllm.KvCacheMemory(kv_cache_bytes=kv_cache_bytes):
             start.kv_cache_bytes = kv_cache_bytes
-        case vllm.ProfilingBefore(total_bytes=total_bytes):
+        case vllm.ProfilingBefore(total_bytes=total_bytes, model_load_bytes=model_load_bytes):
             start.profiled_total_bytes = total_bytes
-        case vllm.ProfilingAfter(peak_bytes=peak_bytes):
+            start.weights_bytes = start.weights_bytes or model_load_bytes
+        case vllm.ProfilingAfter(peak_bytes=peak_bytes, non_torch_bytes=non_torch_bytes):
             start.profiled_peak_bytes = peak_bytes
+            start.non_torch_bytes = non_torch_bytes
+        case vllm.ModelWeights(weights_bytes=weights_bytes):
+            start.weights_bytes = weights_bytes
+        case vllm.MemoryUsage():
+            start.activation_bytes = event.activation_bytes
+            start.cudagraph_bytes = event.cudagraph_bytes
+            start.weights_bytes = event.weights_bytes if event.weights_bytes is not None else start.weights_bytes
+            start.non_torch_bytes = event.non_torch_bytes if event.non_torch_bytes is not None else start.non_torch_bytes
+            start.consumed_bytes = event.consumed_bytes
         case vllm.KvCacheCapacity(tokens=tokens, max_model_len=max_model_len, max_concurrency=concurrency):
             start.kv_cache_tokens = tokens if tokens is not None else start.kv_cache_tokens
             start.max_concurrency = concurrency if concurrency is not None else start.max_concurrency

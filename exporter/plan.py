@@ -1,0 +1,543 @@
+"""`vllm-xpu-plan`: size every watched vLLM unit's KV cache so that the units of each GPU fit together.
+
+It reads the journal through the same reader and fold as the exporter and the gate, and the devices'
+total memory from Level Zero (its child process) or `--device-memory BYTES` (offline: one GPU of that
+size). For each engine unit it takes what its latest start printed (weights, peak activation, non-torch
+memory, KV bytes and tokens, block size, lengths, max_num_seqs, vLLM version), works out the KV cache a
+target needs in whole blocks and the unit's footprint (`exporter.memory`), holds each GPU's footprints
+against its total less `--reserve`, and prints the `--kv-cache-memory-bytes` to set per unit: a table,
+JSON, systemd drop-ins or a NixOS snippet. docs/planner.md says how and why.
+
+Exit status: 0 every GPU's units fit; 1 some do not (each GPU, unit and the bytes missing named on
+stderr); 2 usage (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from exporter import __version__
+from exporter import memory as rules
+from exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
+                            check_journal_flags, journal_selection)
+from exporter.fold.engine_starts import Start, UnitView
+from exporter.parsers import vllm
+
+PROG = "vllm-xpu-plan"
+EXIT_FITS = 0
+EXIT_DOES_NOT_FIT = 1
+MiB = 1 << 20
+# The driver's and the runtime's own device memory, which no unit's footprint counts (docs/planner.md).
+DEFAULT_RESERVE = 512 * MiB
+# --kv-cache-memory-bytes: absent before 0.10.2; on XPU the budget takes effect from 0.16.0 (the XPU
+# worker of 0.9.2-0.15.1 never reads it).
+KV_BUDGET_FLAG_SINCE = (0, 10, 2)
+KV_BUDGET_ON_XPU_SINCE = (0, 16)
+# The XPU platform's block size when none is given (V1).
+XPU_DEFAULT_BLOCK_SIZE = 64
+OFFLINE_DEVICE = "offline"
+SYSTEMCTL_LOCATIONS = ("/run/current-system/sw/bin/systemctl", "/usr/bin/systemctl", "/bin/systemctl")
+SYSTEMCTL_TIMEOUT_S = 10.0
+DROP_IN_NAME = "50-vllm-xpu-plan.conf"
+_UTILISATION_FLAG = re.compile(r"\s--gpu[-_]memory[-_]utilization(?:=|\s+)\S+")
+_BUDGET_FLAG = re.compile(r"\s--kv[-_]cache[-_]memory[-_]bytes(?:=|\s+)\S+")
+
+
+def release(version: str) -> tuple[int, ...]:
+    """"0.24.0" -> (0, 24, 0); "0.10.2rc1.dev3+g1" -> (0, 10, 2); () when it starts with no number."""
+    parts: list[int] = []
+    for part in version.strip().lstrip("v").split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+        if digits.group() != part:
+            break
+    return tuple(parts)
+
+
+# ---------------------------------------------------------------------------------------- the plan
+
+@dataclass(frozen=True)
+class Target:
+    """What a unit's KV cache must hold: `tokens`, and how that was chosen."""
+
+    tokens: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class UnitPlan:
+    unit: str
+    device: str
+    version: str
+    target: Target
+    block_size: int
+    kv_bytes_per_token: float
+    footprint: rules.Footprint
+    non_kv_from: str  # where the non-KV figure comes from
+    gpu_memory_utilization: float  # what to set beside the budget: the footprint's share of the device
+    notes: tuple[str, ...] = ()
+
+    @property
+    def kv_cache_memory_bytes(self) -> int:
+        return self.footprint.kv_bytes
+
+
+@dataclass(frozen=True)
+class Unplannable:
+    unit: str
+    device: str | None
+    why: str
+    remedy: str
+
+
+@dataclass
+class DevicePlan:
+    device: str
+    total_bytes: int
+    reserve_bytes: int
+    units: list[UnitPlan] = field(default_factory=list)
+    unplannable: list[Unplannable] = field(default_factory=list)
+
+    @property
+    def fit(self) -> rules.DeviceFit:
+        return rules.device_fit(self.total_bytes, self.reserve_bytes, (u.footprint.total_bytes for u in self.units))
+
+
+@dataclass
+class Plan:
+    devices: list[DevicePlan]
+    unplaced: list[Unplannable]  # units whose GPU is not known
+
+    @property
+    def fits(self) -> bool:
+        return all(device.fit.fits for device in self.devices)
+
+    @property
+    def unplannable(self) -> list[Unplannable]:
+        return [*self.unplaced, *(u for device in self.devices for u in device.unplannable)]
+
+
+@dataclass(frozen=True)
+class TargetRequest:
+    tokens: int | None = None
+    requests: int | None = None
+
+
+def _kv_figures(view: UnitView) -> tuple[Start, int, int] | None:
+    """The start whose KV bytes and tokens are both known (the latest, else the last successful one)."""
+    for start in (view.latest, view.last_success):
+        if start is None:
+            continue
+        kv_bytes, kv_tokens = start.effective_kv_cache_bytes, start.effective_kv_cache_tokens
+        if kv_bytes is not None and kv_tokens and kv_bytes > 0:
+            return start, kv_bytes, kv_tokens
+    return None
+
+
+def _non_kv(start: Start, kv_bytes: int, total_bytes: int) -> tuple[rules.Footprint, str, tuple[str, ...]] | None:
+    """The start's non-KV memory (a footprint with no KV yet), where the figure comes from, and notes."""
+    if start.activation_bytes is not None and start.weights_bytes is not None and start.non_torch_bytes is not None \
+            and start.consumed_bytes is None:
+        return (rules.Footprint.of(start.weights_bytes, start.activation_bytes, start.non_torch_bytes, 0),
+                "printed: weights + peak activation + non-torch", ())
+    if start.activation_bytes is not None and start.consumed_bytes is not None:
+        return (rules.Footprint(start.consumed_bytes + start.activation_bytes, 0, activation_bytes=start.activation_bytes),
+                "printed: consumed (weights + non-torch) + peak activation", ())
+    utilisation = start.effective_gpu_memory_utilization
+    if start.kv_cache_memory_bytes is None and utilisation is not None and start.kv_cache_bytes is not None:
+        non_kv = rules.requested_bytes(total_bytes, utilisation) - kv_bytes
+        note = ("this release prints no split of the non-KV memory: it is ceil(total x gpu_memory_utilization) - "
+                "the KV bytes it printed (weights + peak activation + non-torch as one figure)")
+        return rules.Footprint(non_kv, 0, weights_bytes=start.weights_bytes), "derived: requested - KV", (note,)
+    if start.weights_bytes is not None:
+        note = ("its latest start had --kv-cache-memory-bytes set and printed no activation or non-torch figure: "
+                "only its weights are counted, --reserve has to cover the rest")
+        return rules.Footprint(start.weights_bytes, 0, weights_bytes=start.weights_bytes), "weights only", (note,)
+    return None
+
+
+def _target(unit: str, start: Start, kv_tokens: int, request: TargetRequest | None) -> Target | Unplannable:
+    length = start.requested_max_model_len
+    if request is not None and request.tokens is not None:
+        return Target(request.tokens, f"--tokens {request.tokens}")
+    if request is not None and request.requests is not None:
+        if length is None:
+            return Unplannable(unit, None, "its latest start printed no maximum model length",
+                               "give the target in tokens (--tokens UNIT=N)")
+        return Target(request.requests * length, f"--requests {request.requests} x {length} tokens")
+    if start.max_num_seqs is not None and length is not None:
+        return Target(start.max_num_seqs * length, f"max_num_seqs {start.max_num_seqs} x {length} tokens")
+    return Target(kv_tokens, "max_num_seqs not given: the KV tokens its latest start had")
+
+
+def plan_unit(view: UnitView, device: str, total_bytes: int, request: TargetRequest | None = None) -> UnitPlan | Unplannable:
+    """The plan of one unit on a device of `total_bytes`, or why it cannot be planned."""
+    unit, latest = view.unit, view.latest
+    if latest is None or not latest.version:
+        return Unplannable(unit, device, "its latest start printed no vLLM version",
+                           "let it start once so that the journal holds its start-up lines")
+    version = latest.version
+    if release(version) < KV_BUDGET_ON_XPU_SINCE:
+        missing = "has no --kv-cache-memory-bytes" if release(version) < KV_BUDGET_FLAG_SINCE else \
+            "ignores --kv-cache-memory-bytes on XPU"
+        return Unplannable(unit, device, f"vLLM {version} {missing} (effective on XPU from 0.16.0)",
+                           "upgrade it to vLLM 0.16.0 or later; until then size it with --gpu-memory-utilization")
+    figures = _kv_figures(view)
+    if figures is None:
+        return Unplannable(unit, device, "no start of it printed both its KV-cache bytes and tokens (it never got "
+                                         "past profiling)",
+                           "let it start once with a setting that fits (e.g. alone on the GPU, or a smaller "
+                           "--max-model-len), or give it --kv-cache-memory-bytes by hand")
+    start, kv_bytes, kv_tokens = figures
+    non_kv = _non_kv(start, kv_bytes, total_bytes)
+    if non_kv is None:
+        return Unplannable(unit, device, "its latest start printed neither its weights nor its "
+                                         "gpu_memory_utilization's budget",
+                           "let it start once without --kv-cache-memory-bytes")
+    base, non_kv_from, notes = non_kv
+    target = _target(unit, start, kv_tokens, request)
+    if isinstance(target, Unplannable):
+        return Unplannable(unit, device, target.why, target.remedy)
+    block_size = start.block_size or XPU_DEFAULT_BLOCK_SIZE
+    rate = rules.KvRate(kv_bytes, kv_tokens)
+    kv_needed = rules.kv_bytes_for_tokens(target.tokens, block_size, rate)
+    footprint = rules.Footprint(base.non_kv_bytes, kv_needed, base.weights_bytes, base.activation_bytes,
+                                base.non_torch_bytes)
+    if start is not latest:
+        notes = (*notes, "its latest start printed no KV size: the figures are its last successful start's")
+    return UnitPlan(unit, device, version, target, block_size, rate.bytes_per_token, footprint, non_kv_from,
+                    rules.utilisation_for(footprint.total_bytes, total_bytes), notes)
+
+
+def make_plan(views: Sequence[UnitView], totals: Mapping[str, int], devices_of_units: Mapping[str, set[str]],
+              reserve_bytes: int, requests: Mapping[str, TargetRequest]) -> Plan:
+    """Every engine unit's plan. `totals`: device -> total bytes; a unit goes on the device
+    `devices_of_units` names, or on the only device when there is one."""
+    plans = {device: DevicePlan(device, total, reserve_bytes) for device, total in totals.items()}
+    unplaced: list[Unplannable] = []
+    for view in sorted(views, key=lambda v: v.unit):
+        if view.latest is None or view.latest.engine is False:
+            continue
+        known = sorted(devices_of_units.get(view.unit, set()) & set(totals))
+        if len(totals) == 1:
+            device = next(iter(totals))
+        elif len(known) == 1:
+            device = known[0]
+        else:
+            why = "its GPU is not known (no process of it holds a GPU now)" if not known else \
+                f"it holds memory on several GPUs ({', '.join(known)})"
+            unplaced.append(Unplannable(view.unit, None, why, "plan it alone with --device-memory BYTES"))
+            continue
+        result = plan_unit(view, device, totals[device], requests.get(view.unit))
+        if isinstance(result, Unplannable):
+            plans[device].unplannable.append(result)
+        else:
+            plans[device].units.append(result)
+    return Plan(list(plans.values()), unplaced)
+
+
+# ---------------------------------------------------------------------------------------- the unit's command
+
+def default_systemctl() -> str:
+    return next((path for path in SYSTEMCTL_LOCATIONS if os.path.exists(path)), SYSTEMCTL_LOCATIONS[0])
+
+
+def exec_start_from_cat(text: str) -> str | None:
+    """The unit's effective ExecStart= command line from `systemctl cat UNIT` (the unit file and its
+    drop-ins, in order; an empty ExecStart= resets the list). None unless there is exactly one."""
+    commands: list[str] = []
+    pending: str | None = None
+    for raw in text.splitlines():
+        line = raw.strip() if pending is None else raw
+        if pending is not None:
+            pending += " " + line.strip()
+        elif line.startswith("ExecStart="):
+            pending = line[len("ExecStart="):]
+        else:
+            continue
+        if pending.endswith("\\"):
+            pending = pending[:-1].rstrip()
+            continue
+        value, pending = pending.strip(), None
+        if value:
+            commands.append(value)
+        else:
+            commands.clear()
+    return commands[0] if len(commands) == 1 else None
+
+
+def read_exec_start(systemctl: str, unit: str) -> str | None:
+    """The unit's command as its files write it (specifiers and quoting kept), or None when systemctl
+    cannot say."""
+    try:
+        completed = subprocess.run([systemctl, "cat", "--", unit], capture_output=True, text=True,
+                                   timeout=SYSTEMCTL_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return exec_start_from_cat(completed.stdout) if completed.returncode == 0 else None
+
+
+def planned_command(command: str, plan: UnitPlan) -> str:
+    """The command with the planned flags: any --gpu-memory-utilization / --kv-cache-memory-bytes dropped,
+    then --gpu-memory-utilization (the footprint's share: vLLM and the gate still ask that much free at
+    start) and --kv-cache-memory-bytes appended."""
+    stripped = _BUDGET_FLAG.sub("", _UTILISATION_FLAG.sub("", " " + command)).strip()
+    return f"{stripped} {planned_flags(plan)}"
+
+
+def planned_flags(plan: UnitPlan) -> str:
+    return f"--gpu-memory-utilization {plan.gpu_memory_utilization:g} --kv-cache-memory-bytes {plan.kv_cache_memory_bytes}"
+
+
+# ---------------------------------------------------------------------------------------- output forms
+
+def _gib(value: int) -> str:
+    return f"{value / (1 << 30):.2f} GiB"
+
+
+def render_table(plan: Plan) -> str:
+    lines: list[str] = []
+    for device in plan.devices:
+        fit = device.fit
+        state = "fits" if fit.fits else f"DOES NOT FIT: {fit.missing_bytes} bytes ({_gib(fit.missing_bytes)}) missing"
+        lines.append(f"GPU {device.device}: total {device.total_bytes} ({_gib(device.total_bytes)}), reserve "
+                     f"{device.reserve_bytes}, units {fit.footprint_bytes} ({_gib(fit.footprint_bytes)}), left "
+                     f"{fit.left_bytes} ({_gib(fit.left_bytes)}): {state}")
+        header = ("UNIT", "VLLM", "TARGET TOKENS", "NON-KV BYTES", "KV BYTES", "FOOTPRINT", "GPU UTIL",
+                  "--kv-cache-memory-bytes")
+        rows = [header] + [(u.unit, u.version, str(u.target.tokens), str(u.footprint.non_kv_bytes),
+                            str(u.footprint.kv_bytes), str(u.footprint.total_bytes), f"{u.gpu_memory_utilization:g}",
+                            str(u.kv_cache_memory_bytes)) for u in device.units]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+        for u in device.units:
+            lines.append(f"  {u.unit}: target {u.target.reason}; non-KV {u.non_kv_from}")
+            lines += [f"  {u.unit}: note: {note}" for note in u.notes]
+    for u in plan.unplannable:
+        where = f" (GPU {u.device})" if u.device else ""
+        lines.append(f"not plannable: {u.unit}{where}: {u.why}; {u.remedy}")
+    return "\n".join(lines) + "\n"
+
+
+def render_json(plan: Plan) -> str:
+    def unit(u: UnitPlan) -> dict[str, object]:
+        f = u.footprint
+        return {"unit": u.unit, "vllm_version": u.version, "target_tokens": u.target.tokens,
+                "target": u.target.reason, "block_size": u.block_size, "kv_bytes_per_token": u.kv_bytes_per_token,
+                "weights_bytes": f.weights_bytes, "activation_bytes": f.activation_bytes,
+                "non_torch_bytes": f.non_torch_bytes, "non_kv_bytes": f.non_kv_bytes, "non_kv_from": u.non_kv_from,
+                "kv_cache_memory_bytes": u.kv_cache_memory_bytes, "footprint_bytes": f.total_bytes,
+                "gpu_memory_utilization": u.gpu_memory_utilization, "notes": list(u.notes)}
+
+    def unplannable(u: Unplannable) -> dict[str, object]:
+        return {"unit": u.unit, "device": u.device, "why": u.why, "remedy": u.remedy}
+
+    document = {
+        "fits": plan.fits,
+        "devices": [{"device": d.device, "total_bytes": d.total_bytes, "reserve_bytes": d.reserve_bytes,
+                     "footprint_bytes": d.fit.footprint_bytes, "left_bytes": d.fit.left_bytes, "fits": d.fit.fits,
+                     "missing_bytes": d.fit.missing_bytes, "units": [unit(u) for u in d.units]}
+                    for d in plan.devices],
+        "unplannable": [unplannable(u) for u in plan.unplannable],
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+def drop_in(plan: UnitPlan, command: str | None) -> str:
+    """A drop-in for /etc/systemd/system/UNIT.d/ (or `systemctl edit UNIT`): ExecStart= reset, the unit's
+    command restated with the planned flags. Without the command: the flags to add, commented."""
+    head = [f"# {plan.unit}: written by {PROG} {__version__}: footprint {plan.footprint.total_bytes} bytes "
+            f"(KV {plan.kv_cache_memory_bytes} for {plan.target.tokens} tokens)"]
+    if command is None:
+        return "\n".join([*head, "# the unit's ExecStart= could not be read (systemctl cat): add to its command",
+                          f"#   {planned_flags(plan)}", ""])
+    return "\n".join([*head, "[Service]", "ExecStart=", f"ExecStart={planned_command(command, plan)}", ""])
+
+
+def render_nixos(plan: Plan, commands: Mapping[str, str | None]) -> str:
+    lines = [f"# {PROG} {__version__}: --kv-cache-memory-bytes per unit", "{ lib, ... }:", "{"]
+    for device in plan.devices:
+        for u in device.units:
+            name = u.unit.removesuffix(".service")
+            command = commands.get(u.unit)
+            if command is None:
+                lines.append(f"  # {u.unit}: command not readable; add to its ExecStart: {planned_flags(u)}")
+                continue
+            text = planned_command(command, u).replace("\\", "\\\\").replace('"', '\\"').replace("${", "\\${")
+            lines.append(f'  systemd.services."{name}".serviceConfig.ExecStart = lib.mkForce "{text}";')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------- command line
+
+def byte_count(value: str) -> int:
+    """BYTES: an integer, optionally with a binary unit suffix (KiB, MiB, GiB)."""
+    match = re.fullmatch(r"\s*(\d{1,20})\s*(B|KiB|MiB|GiB|TiB)?\s*", value)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"want a byte count (e.g. 17179869184 or 512MiB), got {value!r}")
+    scale = {"B": 1, None: 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}[match[2]]
+    return int(match[1]) * scale
+
+
+def unit_count(value: str) -> tuple[str, int]:
+    unit, sep, number = value.partition("=")
+    if not sep or not unit.strip() or not number.strip().isdigit() or int(number) <= 0:
+        raise argparse.ArgumentTypeError(f"want UNIT=N with N a positive integer, got {value!r}")
+    unit = unit.strip()
+    return (unit if "." in unit else f"{unit}.service"), int(number)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=PROG, description="Plan every watched vLLM unit's --kv-cache-memory-bytes so that "
+                                                  "the units of each GPU fit (see docs/planner.md).")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument("--device-memory", dest="device_memory", type=byte_count, default=None, metavar="BYTES",
+                        help="plan offline for one GPU of this total memory (default: every GPU Level Zero reports)")
+    parser.add_argument("--reserve", type=byte_count, default=DEFAULT_RESERVE, metavar="BYTES",
+                        help=f"memory of each GPU no unit may plan for: the driver's and runtime's own "
+                             f"(default {DEFAULT_RESERVE // MiB}MiB)")
+    parser.add_argument("--tokens", type=unit_count, action="append", default=[], metavar="UNIT=N",
+                        help="the KV cache of UNIT holds N tokens (default: max_num_seqs x the full model length)")
+    parser.add_argument("--requests", type=unit_count, action="append", default=[], metavar="UNIT=N",
+                        help="the KV cache of UNIT holds N requests of its full model length")
+    parser.add_argument("--format", choices=("table", "json", "systemd", "nixos"), default="table")
+    parser.add_argument("--output-dir", dest="output_dir", default=None, metavar="DIR",
+                        help="with --format systemd: write DIR/UNIT.d/" + DROP_IN_NAME + " per unit")
+    parser.add_argument("--systemctl", default=None, metavar="PATH",
+                        help="the systemctl to read the units' commands with (absolute; default: the first of "
+                             f"{', '.join(SYSTEMCTL_LOCATIONS)} that exists)")
+    add_journal_flags(parser)
+    add_levelzero_flags(parser)
+    add_procfs_flag(parser)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_journal_flags(parser, args)
+    if args.systemctl is not None and not os.path.isabs(args.systemctl):
+        parser.error(f"argument --systemctl: want an absolute path, got {args.systemctl!r}")
+    if args.output_dir is not None and args.format != "systemd":
+        parser.error("--output-dir goes with --format systemd")
+    if args.device_memory is not None and args.device_memory <= args.reserve:
+        parser.error(f"--device-memory {args.device_memory} leaves nothing after --reserve {args.reserve}")
+    both = {unit for unit, _ in args.tokens} & {unit for unit, _ in args.requests}
+    if both:
+        parser.error(f"--tokens and --requests both given for {', '.join(sorted(both))}")
+    return args
+
+
+def read_views(args: argparse.Namespace, timeout: float = 120.0) -> list[UnitView]:
+    from exporter.sources.journal.follower import STILL_READING, JournalFollower
+
+    follower = JournalFollower(journal_selection(args), args.journal_max_units, latest_invocations=True)
+    follower.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            state = follower.state()
+            if state.error is None:
+                return state.views
+            if state.error != STILL_READING or time.monotonic() >= deadline:
+                raise RuntimeError(f"cannot read the journal ({state.error})")
+            time.sleep(0.02)
+    finally:
+        follower.stop(timeout=1.0)
+
+
+def read_totals(args: argparse.Namespace) -> dict[str, int]:
+    from exporter.sources.levelzero_worker import LevelZeroUnavailable, LevelZeroWorker, WorkerState
+
+    worker = LevelZeroWorker(args.levelzero_library, args.levelzero_timeout, telemetry=False)
+    worker.start()
+    try:
+        deadline = time.monotonic() + args.levelzero_timeout
+        while True:
+            try:
+                devices = worker.read_memory()
+                break
+            except LevelZeroUnavailable as error:
+                if worker.state not in (WorkerState.INITIALISING, WorkerState.READY) or time.monotonic() >= deadline:
+                    raise RuntimeError(f"cannot read Level Zero ({error}); plan offline with --device-memory BYTES") \
+                        from None
+                time.sleep(0.05)
+    finally:
+        worker.close()
+    return {d.identity.pci_address: d.total for d in devices if d.total is not None}
+
+
+def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    args = parse_args(argv)
+    try:
+        views = read_views(args)
+        if args.device_memory is not None:
+            totals, placement = {OFFLINE_DEVICE: args.device_memory}, {}
+        else:
+            totals = read_totals(args)
+            if not totals:
+                raise RuntimeError("Level Zero reports no GPU; plan offline with --device-memory BYTES")
+            from exporter.gate import devices_of_units
+            placement = devices_of_units(args.procfs, []) if len(totals) > 1 else {}
+    except RuntimeError as error:
+        stderr.write(f"{PROG}: error: {error}\n")
+        return EXIT_USAGE
+    requests = {unit: TargetRequest(tokens=n) for unit, n in args.tokens}
+    requests.update({unit: TargetRequest(requests=n) for unit, n in args.requests})
+    plan = make_plan(views, totals, placement, args.reserve, requests)
+    unknown = sorted(set(requests) - {u.unit for d in plan.devices for u in d.units})
+    for unit in unknown:
+        stderr.write(f"{PROG}: warning: {unit}: a target was given but the unit was not planned\n")
+    if args.format == "table":
+        stdout.write(render_table(plan))
+    elif args.format == "json":
+        stdout.write(render_json(plan))
+    else:
+        systemctl = args.systemctl or default_systemctl()
+        units = [u for d in plan.devices for u in d.units]
+        commands = {u.unit: read_exec_start(systemctl, u.unit) for u in units}
+        for unit, command in commands.items():
+            if command is None:
+                stderr.write(f"{PROG}: warning: {unit}: its ExecStart= could not be read ({systemctl} cat); "
+                             f"add to its command: {planned_flags(next(u for u in units if u.unit == unit))}\n")
+        if args.format == "nixos":
+            stdout.write(render_nixos(plan, commands))
+        else:
+            for u in units:
+                text = drop_in(u, commands[u.unit])
+                if args.output_dir is not None:
+                    path = Path(args.output_dir) / f"{u.unit}.d" / DROP_IN_NAME
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(text)
+                    stdout.write(f"{path}\n")
+                else:
+                    stdout.write(f"# /etc/systemd/system/{u.unit}.d/{DROP_IN_NAME}\n{text}\n")
+    for u in plan.unplannable:
+        stderr.write(f"{PROG}: {u.unit}: not plannable: {u.why}; {u.remedy}\n")
+    if plan.fits:
+        return EXIT_FITS
+    for device in plan.devices:
+        fit = device.fit
+        if not fit.fits:
+            units = ", ".join(f"{u.unit} {u.footprint.total_bytes}" for u in device.units)
+            stderr.write(f"{PROG}: GPU {device.device} does not fit: {fit.missing_bytes} bytes missing "
+                         f"({units}; total {device.total_bytes}, reserve {device.reserve_bytes})\n")
+    return EXIT_DOES_NOT_FIT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

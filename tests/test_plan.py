@@ -1,0 +1,210 @@
+"""vllm-xpu-plan over journal files written by systemd-journal-remote (tests/journalgen.py) holding the seed
+host's three units as vLLM 0.24 prints them (tests/vllmlogs.py's boot race figures) and a unit on a release
+without --kv-cache-memory-bytes on XPU; offline (--device-memory) on a 16 GiB GPU. The fold's memory fields
+per release, and the drop-in's command editing, in process."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from exporter import plan
+from exporter.fold.engine_starts import EngineTracker
+from journalgen import current_boot_id, write_journal
+from sizes import GiB
+from vllmlogs import (CHAT, EMBEDDING, STT, Boot, VllmRun, compose, journal_specs, race_chat_runs,
+                      race_embedding_run, race_stt_run, service_runs, tracker_entries)
+
+REPO = Path(__file__).resolve().parents[1]
+SIXTEEN_GIB = 17179869184
+LEGACY = "vllm-xpu-legacy.service"
+
+
+def seed_runs() -> dict[str, VllmRun]:
+    _, chat = race_chat_runs()
+    legacy = VllmRun("0.15.1", model="Qwen/Qwen3-1.7B", gpu_memory_utilization=0.1, max_model_len=4096,
+                     max_num_seqs=4, main_pid=2310)
+    return {CHAT: chat, EMBEDDING: race_embedding_run(), STT: race_stt_run(), LEGACY: legacy}
+
+
+def seed_placed(runs: dict[str, VllmRun] | None = None) -> list:
+    runs = runs or seed_runs()
+    boot_at = 1_747_044_600.0
+    planned = []
+    for index, (unit, run) in enumerate(runs.items()):
+        planned += service_runs(unit, [run], boot_at + 60 + index * 0.001, job_id=120 + index)
+    return compose(Boot(current_boot_id(), boot_at, tuple(planned)))
+
+
+@pytest.fixture(scope="module")
+def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("plan") / "system.journal"
+    write_journal(path, journal_specs(seed_placed()))
+    return path
+
+
+def run_plan(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "exporter.plan", "--journal.file", str(journal),
+                           "--device-memory", str(SIXTEEN_GIB), *args],
+                          capture_output=True, text=True, timeout=120, env=env, check=False)
+
+
+# --- the fold gives the planner the non-KV memory -----------------------------------------------------
+
+def latest_starts(runs: dict[str, VllmRun]) -> dict[str, object]:
+    tracker = EngineTracker()
+    tracker.extend(tracker_entries(seed_placed(runs)))
+    return {view.unit: view.latest for view in tracker.views()}
+
+
+def test_the_fold_keeps_the_weights_of_0_24_and_no_split() -> None:
+    start = latest_starts({CHAT: race_chat_runs()[1]})[CHAT]
+    assert start.weights_bytes == round(8.58 * GiB)
+    assert (start.activation_bytes, start.non_torch_bytes, start.consumed_bytes) == (None, None, None)
+
+
+@pytest.mark.parametrize(("version", "split"), [
+    ("0.26.0", {"weights_bytes": round(8.58 * GiB), "activation_bytes": round(0.51 * GiB),
+                "non_torch_bytes": round(0.12 * GiB), "consumed_bytes": None}),
+    ("0.28.0", {"weights_bytes": round(8.58 * GiB), "activation_bytes": round(0.51 * GiB),
+                "non_torch_bytes": None, "consumed_bytes": round(8.70 * GiB)}),
+])
+def test_the_fold_keeps_the_start_up_summary(version: str, split: dict[str, int | None]) -> None:
+    start = latest_starts({CHAT: replace(race_chat_runs()[1], version=version)})[CHAT]
+    assert {name: getattr(start, name) for name in split} == split
+
+
+def test_the_fold_keeps_the_profiling_split_of_0_15() -> None:
+    start = latest_starts({LEGACY: seed_runs()[LEGACY]})[LEGACY]
+    assert start.weights_bytes is not None and start.non_torch_bytes == 128 << 20
+
+
+# --- the plan ------------------------------------------------------------------------------------------
+
+def test_the_seed_host_fits_with_one_full_length_chat_request(journal: Path) -> None:
+    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    [device] = document["devices"]
+    assert device["fits"] and device["total_bytes"] == SIXTEEN_GIB and device["reserve_bytes"] == 512 << 20
+    units = {u["unit"]: u for u in device["units"]}
+    assert set(units) == {CHAT, EMBEDDING, STT}
+    chat = units[CHAT]
+    kv_bytes, kv_tokens = round(3.25 * GiB), 136_960
+    assert chat["target_tokens"] == 131072
+    assert chat["kv_cache_memory_bytes"] == -(-(131072 * kv_bytes) // kv_tokens)  # 2048 whole blocks of 64
+    assert chat["non_kv_bytes"] == 12 * GiB - kv_bytes  # ceil(16 GiB x 0.75) - the KV it printed
+    assert chat["footprint_bytes"] == chat["non_kv_bytes"] + chat["kv_cache_memory_bytes"]
+    assert chat["weights_bytes"] == round(8.58 * GiB)
+    assert device["footprint_bytes"] == sum(u["footprint_bytes"] for u in units.values())
+    assert device["left_bytes"] == SIXTEEN_GIB - (512 << 20) - device["footprint_bytes"] >= 0
+    [legacy] = document["unplannable"]
+    assert legacy["unit"] == LEGACY and "0.15.1" in legacy["why"] and "0.16.0" in legacy["remedy"]
+    assert f"{LEGACY}: not plannable" in result.stderr
+
+
+def test_the_default_target_names_chat_and_the_bytes_missing(journal: Path) -> None:
+    """max_num_seqs 3 x 131072 tokens at ~25 KB a token is ~9.3 GiB of KV: with 8.75 GiB of non-KV memory
+    the chat unit alone exceeds the 16 GiB GPU."""
+    result = run_plan(journal)
+    assert result.returncode == 1, result.stderr
+    assert "DOES NOT FIT" in result.stdout and "max_num_seqs 3 x 131072 tokens" in result.stdout
+    [line] = [line for line in result.stderr.splitlines() if "does not fit" in line]
+    assert "GPU offline" in line and CHAT in line and "bytes missing" in line
+
+
+def test_a_target_that_cannot_fit_exits_1_naming_chat_and_the_bytes_missing(journal: Path) -> None:
+    result = run_plan(journal, "--requests", f"{CHAT}=40", "--format", "json")
+    assert result.returncode == 1
+    [device] = json.loads(result.stdout)["devices"]
+    missing = device["missing_bytes"]
+    assert missing == device["footprint_bytes"] + (512 << 20) - SIXTEEN_GIB > 0
+    assert f"{missing} bytes missing" in result.stderr and CHAT in result.stderr
+
+
+def test_tokens_per_unit_and_the_table(journal: Path) -> None:
+    result = run_plan(journal, "--tokens", "vllm-xpu-chat=65", "--reserve", "1GiB")
+    assert result.returncode == 0, result.stderr
+    assert "reserve 1073741824" in result.stdout and "--tokens 65" in result.stdout
+    assert "derived: requested - KV" in result.stdout
+
+
+def test_systemd_drop_ins_restate_the_command_with_the_budget(journal: Path, tmp_path: Path) -> None:
+    systemctl = tmp_path / "systemctl"
+    systemctl.write_text("#!/bin/sh\n"
+                         "[ \"$3\" = vllm-xpu-chat.service ] || exit 1\n"
+                         "cat <<'EOF'\n# /etc/systemd/system/vllm-xpu-chat.service\n[Service]\n"
+                         "ExecStart=/opt/vllm/bin/vllm serve google/gemma-3-4b-it \\\n"
+                         "    --gpu-memory-utilization 0.75 --max-model-len 131072 --max-num-seqs 3\nEOF\n")
+    systemctl.chmod(0o755)
+    out = tmp_path / "drop-ins"
+    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "systemd", "--output-dir", str(out),
+                      "--systemctl", str(systemctl))
+    assert result.returncode == 0, result.stderr
+    text = (out / f"{CHAT}.d" / plan.DROP_IN_NAME).read_text()
+    exec_lines = [line for line in text.splitlines() if line.startswith("ExecStart=")]
+    assert exec_lines[0] == "ExecStart="
+    command = exec_lines[1]
+    assert command.startswith("ExecStart=/opt/vllm/bin/vllm serve google/gemma-3-4b-it --max-model-len 131072")
+    assert command.count("--gpu-memory-utilization") == 1 and "0.75" not in command
+    assert "--kv-cache-memory-bytes " in command
+    # the units whose command could not be read get the flags to add
+    embedding = (out / f"{EMBEDDING}.d" / plan.DROP_IN_NAME).read_text()
+    assert not any(line.startswith("ExecStart=") for line in embedding.splitlines())
+    assert "--kv-cache-memory-bytes" in embedding
+    assert f"{EMBEDDING}: its ExecStart= could not be read" in result.stderr
+
+
+def test_nixos_snippet(journal: Path) -> None:
+    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "nixos", "--systemctl", "/nonexistent/systemctl")
+    assert result.returncode == 0
+    assert result.stdout.startswith("# vllm-xpu-plan") and "{ lib, ... }:" in result.stdout
+    assert "# vllm-xpu-chat.service: command not readable" in result.stdout
+
+
+@pytest.mark.parametrize("argv", [
+    ["--device-memory", "lots"],
+    ["--tokens", "chat"],
+    ["--requests", "chat=0"],
+    ["--format", "yaml"],
+    ["--output-dir", "/tmp/x"],
+    ["--device-memory", "100", "--reserve", "200"],
+    ["--tokens", "chat=5", "--requests", "chat=2"],
+    ["--systemctl", "systemctl"],
+])
+def test_bad_input_is_one_line_and_exit_2(argv: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "exporter.plan", *argv], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1 and "vllm-xpu-plan: error:" in result.stderr
+
+
+# --- pure parts ----------------------------------------------------------------------------------------
+
+def test_exec_start_from_cat_follows_resets_and_continuations() -> None:
+    text = ("# /etc/systemd/system/u.service\n[Service]\nExecStart=/bin/old --a\n"
+            "# /etc/systemd/system/u.service.d/x.conf\n[Service]\nExecStart=\nExecStart=/bin/new \\\n  --b 1\n")
+    assert plan.exec_start_from_cat(text) == "/bin/new --b 1"
+    assert plan.exec_start_from_cat("ExecStart=/a\nExecStart=/b\n") is None  # two commands: not ours to edit
+
+
+def test_planned_command_replaces_both_flag_spellings() -> None:
+    unit = plan.UnitPlan("u.service", "offline", "0.24.0", plan.Target(10, "t"), 16, 1.0,
+                         plan.rules.Footprint(100, 200), "x", 0.25)
+    command = plan.planned_command("vllm serve m --gpu_memory_utilization=0.9 --kv-cache-memory-bytes 5 --port 1", unit)
+    assert command == "vllm serve m --port 1 --gpu-memory-utilization 0.25 --kv-cache-memory-bytes 200"
+
+
+def test_main_reports_an_unreadable_journal_in_one_line(tmp_path: Path) -> None:
+    err = io.StringIO()
+    code = plan.main(["--journal.directory", str(tmp_path / "none"), "--device-memory", "17179869184"],
+                     stdout=io.StringIO(), stderr=err)
+    assert code in (0, 2)
