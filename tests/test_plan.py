@@ -205,6 +205,9 @@ def test_planned_command_replaces_both_flag_spellings() -> None:
 
 def test_main_reports_an_unreadable_journal_in_one_line(tmp_path: Path) -> None:
     err = io.StringIO()
+    out = io.StringIO()
     code = plan.main(["--journal.directory", str(tmp_path / "none"), "--device-memory", "17179869184"],
-                     stdout=io.StringIO(), stderr=err)
-    assert code in (0, 2)
+                     stdout=out, stderr=err)
+    assert code == plan.EXIT_USAGE and out.getvalue() == "", out.getvalue()
+    assert err.getvalue().count("\n") == 1, err.getvalue()
+    assert err.getvalue().startswith("vllm-xpu-plan: error: cannot read the journal (journal directory "), err.getvalue()
