@@ -53,19 +53,6 @@ _UTILISATION_FLAG = re.compile(r"\s--gpu[-_]memory[-_]utilization(?:=|\s+)\S+")
 _BUDGET_FLAG = re.compile(r"\s--kv[-_]cache[-_]memory[-_]bytes(?:=|\s+)\S+")
 
 
-def release(version: str) -> tuple[int, ...]:
-    """"0.24.0" -> (0, 24, 0); "0.10.2rc1.dev3+g1" -> (0, 10, 2); () when it starts with no number."""
-    parts: list[int] = []
-    for part in version.strip().lstrip("v").split("."):
-        digits = re.match(r"\d+", part)
-        if digits is None:
-            break
-        parts.append(int(digits.group()))
-        if digits.group() != part:
-            break
-    return tuple(parts)
-
-
 # ---------------------------------------------------------------------------------------- the plan
 
 @dataclass(frozen=True)
@@ -189,8 +176,8 @@ def plan_unit(view: UnitView, device: str, total_bytes: int, request: TargetRequ
         return Unplannable(unit, device, "its latest start printed no vLLM version",
                            "let it start once so that the journal holds its start-up lines")
     version = latest.version
-    if release(version) < KV_BUDGET_ON_XPU_SINCE:
-        missing = "has no --kv-cache-memory-bytes" if release(version) < KV_BUDGET_FLAG_SINCE else \
+    if vllm.release(version) < KV_BUDGET_ON_XPU_SINCE:
+        missing = "has no --kv-cache-memory-bytes" if vllm.release(version) < KV_BUDGET_FLAG_SINCE else \
             "ignores --kv-cache-memory-bytes on XPU"
         return Unplannable(unit, device, f"vLLM {version} {missing} (effective on XPU from 0.16.0)",
                            "upgrade it to vLLM 0.16.0 or later; until then size it with --gpu-memory-utilization")

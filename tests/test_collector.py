@@ -18,11 +18,16 @@ from exporter.scrape import ExporterCollector
 
 
 def test_every_registered_collector_has_its_enable_and_disable_flags_and_nothing_else_does():
+    """As node_exporter's: `--[no-]collector.NAME` per registered collector, and a collector's own options
+    (`--collector.NAME.OPTION`) only for a registered one."""
     flags = {option for action in build_parser()._actions for option in action.option_strings
              if option.startswith(("--collector.", "--no-collector."))}
     names = [spec.name for spec in registered()]
     assert names == ["journal", "processes", "levelzero"]
-    assert flags == {f"--{prefix}collector.{name}" for name in names for prefix in ("", "no-")}
+    switches = {flag for flag in flags if flag.count(".") == 1}
+    assert switches == {f"--{prefix}collector.{name}" for name in names for prefix in ("", "no-")}
+    assert {flag.split(".")[1] for flag in flags - switches} <= set(names), flags - switches
+    assert all(flag.startswith("--collector.") for flag in flags - switches), flags - switches
 
 
 def test_collectors_are_enabled_by_their_registered_default_and_disabled_by_their_flag():

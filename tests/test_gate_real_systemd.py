@@ -153,9 +153,23 @@ def test_a_chat_restart_while_the_others_serve_is_not_delayed(shared: Path, fake
     assert sum(unit.overlaps for unit in counts.values()) == 0, counts
 
 
-def _gate_lines(machine: RealSystemd, unit: str) -> list[str]:
+def gate_lines(machine: RealSystemd, unit: str) -> list[str]:
     messages = (journal_field(entry, "MESSAGE") or "" for entry in machine.journal(unit))
     return [message for message in messages if message.startswith("vllm-xpu-gate: ")]
+
+
+def start_chat_then_embedding_waiting_for_it(machine: RealSystemd, events: Path,
+                                            chat: str = "vllm-xpu-chat.service",
+                                            embedding: str = "vllm-xpu-embedding.service") -> None:
+    """Start chat, wait until its engine started, then start embedding and wait until its gate waits for chat."""
+    machine.start(chat)
+    assert wait_for(lambda: any(record["unit"] == chat and record["event"] == "started"
+                                for record in read_events(events)), timeout=STEP_TIMEOUT, interval=0.2), \
+        f"timed out after {STEP_TIMEOUT} s waiting for chat's engine to start"
+    machine.start(embedding)
+    assert wait_for(lambda: any(line.startswith(f"vllm-xpu-gate: waiting for {chat}")
+                                for line in gate_lines(machine, embedding)), timeout=STEP_TIMEOUT, interval=0.2), \
+        f"timed out after {STEP_TIMEOUT} s waiting for embedding's gate to wait for chat"
 
 
 def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_after_the_lease_ends(shared: Path, fake_driver: Path):
@@ -175,14 +189,7 @@ def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_after_the_lease_en
     files = {f"/etc/systemd/system/{chat}": unit_file(long_chat, restart="no", **common),
              f"/etc/systemd/system/{embedding}": unit_file(EMBEDDING, **common)}
     with RealSystemd(shared, files=files) as machine:
-        machine.start(chat)
-        assert wait_for(lambda: any(record["unit"] == chat and record["event"] == "started"
-                                    for record in read_events(events)), timeout=STEP_TIMEOUT, interval=0.2), \
-            f"timed out after {STEP_TIMEOUT} s waiting for chat's engine to start"
-        machine.start(embedding)
-        assert wait_for(lambda: any(line.startswith(f"vllm-xpu-gate: waiting for {chat}")
-                                    for line in _gate_lines(machine, embedding)), timeout=STEP_TIMEOUT, interval=0.2), \
-            f"timed out after {STEP_TIMEOUT} s waiting for embedding's gate to wait for chat"
+        start_chat_then_embedding_waiting_for_it(machine, events)
         machine.systemctl("kill", "--kill-whom=main", "--signal=KILL", chat)
         assert wait_for(lambda: embedding in serving_units(events), timeout=STEP_TIMEOUT, interval=0.2), \
             f"timed out after {STEP_TIMEOUT} s waiting for embedding to serve"
@@ -221,7 +228,7 @@ def test_a_gated_start_waits_for_memory_another_process_holds(shared: Path, fake
     with RealSystemd(shared, files=files) as machine:
         machine.start(embedding)
         assert wait_for(lambda: any(line.startswith("vllm-xpu-gate: waiting for memory ")
-                                    for line in _gate_lines(machine, embedding)), timeout=STEP_TIMEOUT, interval=0.2), \
+                                    for line in gate_lines(machine, embedding)), timeout=STEP_TIMEOUT, interval=0.2), \
             f"timed out after {STEP_TIMEOUT} s waiting for embedding's gate to wait for memory"
         assert not read_events(events), "the engine started while its gate waited for memory"
         device.release("other-process")

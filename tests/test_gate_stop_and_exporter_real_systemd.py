@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from bootrace import (EXPORTER_UNIT, IDLE_RESERVED, RACE_UNITS, gate_command, gate_environment, gated_with, packaged_exporter,
-                      race_boot)
+from bootrace import (EXPORTER_UNIT, IDLE_RESERVED, RACE_UNITS, gate_command, gate_environment, gated_with,
+                      packaged_exporter, race_boot)
 from fakeze import SharedDevice
 from polling import wait_for
 from realsystemd import RealSystemd, journal_field, path_inside
 from scrapes import series
-from test_gate_real_systemd import decisions
+from test_gate_real_systemd import decisions, gate_lines, start_chat_then_embedding_waiting_for_it
 from test_real_systemd import require_root
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, read_events, unit_file
 
@@ -38,11 +38,6 @@ def shared(tmp_path: Path, fake_driver: Path) -> Path:
     return tmp_path
 
 
-def _gate_lines(machine: RealSystemd, unit: str) -> list[str]:
-    messages = (journal_field(entry, "MESSAGE") or "" for entry in machine.journal(unit))
-    return [message for message in messages if message.startswith("vllm-xpu-gate: ")]
-
-
 def stop_while_the_gate_waits(shared: Path, fake_driver: Path, gate: str) -> dict[str, object]:
     """Chat's gate releases and chat holds the lease through a long init; embedding's gate (`gate`, its
     ExecStartPre=) waits for it; then `systemctl stop` embedding. What systemd, the journal and the
@@ -56,21 +51,14 @@ def stop_while_the_gate_waits(shared: Path, fake_driver: Path, gate: str) -> dic
     files = {f"/etc/systemd/system/{chat}": unit_file(long_chat, restart="no", exec_start_pre=[chat_gate], **common),
              f"/etc/systemd/system/{embedding}": unit_file(EMBEDDING, exec_start_pre=[gate], **common)}
     with RealSystemd(shared, files=files) as machine:
-        machine.start(chat)
-        assert wait_for(lambda: any(record["unit"] == chat and record["event"] == "started"
-                                    for record in read_events(events)), timeout=STEP_TIMEOUT, interval=0.2), \
-            f"timed out after {STEP_TIMEOUT} s waiting for chat's engine to start"
-        machine.start(embedding)
-        assert wait_for(lambda: any(line.startswith(f"vllm-xpu-gate: waiting for {chat}")
-                                    for line in _gate_lines(machine, embedding)), timeout=STEP_TIMEOUT, interval=0.2), \
-            f"timed out after {STEP_TIMEOUT} s waiting for embedding's gate to wait for chat"
+        start_chat_then_embedding_waiting_for_it(machine, events)
         began = time.monotonic()
         machine.systemctl("stop", embedding, timeout=STEP_TIMEOUT)
         stop_seconds = time.monotonic() - began
         shown = machine.systemctl("show", "-p", "ActiveState,SubState,Result", embedding).stdout
         state = dict(line.partition("=")[::2] for line in shown.splitlines() if "=" in line)
         machine.sync_journal()
-        lines = _gate_lines(machine, embedding)
+        lines = gate_lines(machine, embedding)
         chat_state = machine.systemctl("is-active", chat, check=False).stdout.strip()
     return {"state": state, "lines": lines, "stop_seconds": stop_seconds, "chat": chat_state,
             "embedding_events": [record for record in read_events(events) if record["unit"] == embedding]}

@@ -52,6 +52,7 @@ from functools import partial
 from typing import NamedTuple
 
 import journalgen
+from exporter.parsers.vllm import release
 from journalgen import JournalEntrySpec, Moment
 from sizes import GiB, MiB
 
@@ -94,20 +95,6 @@ ERA_VERSIONS = (
     "0.33.0",  # prefix in the log format: raw tracebacks unprefixed
     "0.34.0",  # "failed frontend proc(s)", the 0.34 kv_cache_too_small hint
 )
-
-
-def release(version: str) -> tuple[int, ...]:
-    """The numeric release of a vLLM version string: "0.6.3.post1" -> (0, 6, 3), "0.10.1.1" ->
-    (0, 10, 1, 1), "0.22.1rc1.dev26+g4721bb3aa" -> (0, 22, 1)."""
-    parts: list[int] = []
-    for part in version.strip().lstrip("v").split("."):
-        digits = re.match(r"\d+", part)
-        if digits is None:
-            break
-        parts.append(int(digits.group()))
-        if digits.group() != part:
-            break
-    return tuple(parts)
 
 
 def default_gpu_memory_utilization(version: str) -> float:

@@ -1058,3 +1058,17 @@ def parse_line(message: str) -> Event | ImplausibleValue | None:
         implausible = _implausible_field(event)
         return event if implausible is None else ImplausibleValue(row.name, implausible)
     return None
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The numeric release of a vLLM version string: "0.6.3.post1" -> (0, 6, 3), "0.10.1.1" ->
+    (0, 10, 1, 1), "0.22.1rc1.dev26+g4721bb3aa" -> (0, 22, 1)."""
+    parts: list[int] = []
+    for part in version.strip().lstrip("v").split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+        if digits.group() != part:
+            break
+    return tuple(parts)
