@@ -1,7 +1,9 @@
 """`vllm-xpu-gate`: an `ExecStartPre=` gate that lets a vLLM unit's engine start only when no other watched
 unit on the same GPU is initialising and enough device memory is free, and otherwise waits.
 
-    ExecStartPre=+/opt/vllm-xpu-exporter/bin/vllm-xpu-gate --unit %n --timeout 10m
+    ExecStartPre=+/bin/busybox env -i /opt/vllm-xpu-exporter/bin/vllm-xpu-gate --unit %n --timeout 10m
+
+(a static `env -i` first: the gate runs as root, and the unit's environment is its user's; docs/security.md).
 
 It reads the same journal through the same fold as the exporter (`JournalFollower` over
 `exporter.fold.engine_starts`) to know which watched units are initialising (main process started, init
@@ -12,8 +14,8 @@ Decision, per device: release (exit 0) once no other watched unit on the device 
 unit holds the device's lease, and free memory is at least ceil(R x total), R from
 --gpu-memory-utilization or what the unit's latest start printed (unknown R: only inits are waited for).
 Two gates never release together: each decides holding an flock on `<lease dir>/<device>.lock`, and a
-release writes `<lease dir>/<device>.lease` naming the unit and its invocation id ($INVOCATION_ID, which
-systemd sets for ExecStartPre= commands). The lease holds from release until that invocation's init
+release writes `<lease dir>/<device>.lease` naming the unit and its invocation id (systemd's, from
+`systemctl show`; $INVOCATION_ID only when systemctl cannot answer). The lease holds from release until that invocation's init
 completes or fails in the journal, the unit's process is gone (the journal or systemctl says so), or the
 lease times out (--lease-timeout); a stale lease never blocks anyone, and a unit's own lease never blocks
 it. On hosts with several GPUs a unit counts on the devices its processes hold DRM clients on (procfs) or
