@@ -576,10 +576,12 @@ def test_new_unit_after_the_read_position_file_was_vacuumed_is_picked_up_without
         assert messages(read_all(reader)) == ["o0", "o1"]
         old.unlink()
         assert reader.wait(5.0) is True
-        write_journal(tmp_path / "new.journal", [
+        # written beside, then moved in whole: the reader must not see the file half written (n0 without a2)
+        written = write_journal(tmp_path.parent / f"{tmp_path.name}-new.journal", [
             unit_output("vllm-new.service", "n0", clock.tick()),
             unit_output("vllm-a.service", "a2", clock.tick()),
         ])
+        written.rename(tmp_path / "new.journal")
         assert messages(follow_until(reader, 2)) == ["n0", "a2"]
         assert read_all(reader) == []
 

@@ -382,9 +382,9 @@ def test_requests_are_served_with_the_old_config_while_the_new_one_loads(tmp_pat
 
     serving = threading.Thread(target=requests, daemon=True)
     serving.start()
-    serving.join(2)
     try:
-        assert loading.is_set()
+        assert loading.wait(10), "the change did not start a reload"
+        serving.join(2)
         assert not serving.is_alive(), "a request waited for the reload"
         assert answers == [("alice",)] * 20
     finally:
