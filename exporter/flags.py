@@ -6,6 +6,7 @@ wherever it is given."""
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
 from exporter.durations import parse_go_duration
@@ -16,6 +17,7 @@ from exporter.sources.levelzero import DEFAULT_LIBRARY
 from exporter.sources.levelzero_worker import DEFAULT_TIMEOUT_S
 
 EXIT_USAGE = 2
+SYSTEMCTL_LOCATIONS = ("/usr/bin/systemctl", "/bin/systemctl", "/run/current-system/sw/bin/systemctl")
 MAX_LEVELZERO_TIMEOUT_S = 86400.0  # a driver call a day long is a hang by any measure
 
 
@@ -122,6 +124,24 @@ def journal_selection(args: argparse.Namespace, extra_units: Sequence[str] = (),
     return JournalSelection(directory=args.journal_directory, files=tuple(args.journal_files),
                             unit_globs=(*journal_unit_globs(args), *extra_units), boot=args.journal_boot,
                             excluded_units=tuple(excluded_units), engine_grace_usec=journal_engine_grace_usec(args))
+
+
+def absolute_path(value: str) -> str:
+    if not os.path.isabs(value):
+        raise argparse.ArgumentTypeError(f"want an absolute path, got {value!r}")
+    return value
+
+
+def add_systemctl_flag(parser: argparse.ArgumentParser, purpose: str) -> None:
+    """--systemctl (dest systemctl): by absolute path, never looked up in $PATH, which a unit's environment
+    may point into its user's directories (the gate and the planner run as root)."""
+    parser.add_argument("--systemctl", type=absolute_path, default=default_systemctl(), metavar="PATH",
+                        help=f"the systemctl {purpose} (default: the first of {', '.join(SYSTEMCTL_LOCATIONS)} "
+                             f"that exists; never one from $PATH)")
+
+
+def default_systemctl() -> str:
+    return next((path for path in SYSTEMCTL_LOCATIONS if os.path.exists(path)), SYSTEMCTL_LOCATIONS[0])
 
 
 def add_procfs_flag(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:

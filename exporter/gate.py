@@ -52,8 +52,8 @@ from typing import ClassVar, TextIO
 from exporter import __version__
 from exporter import memory as memory_rules
 from exporter.durations import parse_go_duration
-from exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
-                            check_journal_flags, journal_selection)
+from exporter.flags import (EXIT_USAGE, OneLineParser, absolute_path, add_journal_flags, add_levelzero_flags,
+                            add_procfs_flag, add_systemctl_flag, check_journal_flags, journal_selection)
 from exporter.fold.engine_starts import UnitView
 from exporter.parsers import gate as gate_lines
 from exporter.pci import normalise_pci_address
@@ -75,9 +75,6 @@ DEFAULT_POLL_INTERVAL = "500ms"
 # time.sleep() and the lease's microseconds at run time.
 MAX_DURATION_S = 7 * 24 * 3600.0
 SYSTEMCTL_TIMEOUT_S = 5.0
-# Where systemctl is, by absolute path: the gate runs as root with the gated unit's environment, whose PATH
-# its user may have put a directory of their own into.
-SYSTEMCTL_LOCATIONS = ("/usr/bin/systemctl", "/bin/systemctl", "/run/current-system/sw/bin/systemctl")
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 KEPT_FROM_THE_UNITS_ENVIRONMENT = frozenset({"INVOCATION_ID", "LANG", "LC_ALL", "LC_CTYPE"})
 SET_BY_SYSTEMD_FOR_EVERY_COMMAND = frozenset({"JOURNAL_STREAM", "SYSTEMD_EXEC_PID"})
@@ -175,23 +172,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--poll-interval", dest="poll_interval", type=positive_go_duration,
                         default=DEFAULT_POLL_INTERVAL, metavar="DURATION",
                         help=f"how often a waiting gate looks again (default {DEFAULT_POLL_INTERVAL})")
-    parser.add_argument("--systemctl", type=absolute_path, default=default_systemctl(), metavar="PATH",
-                        help=f"the systemctl to ask about units' states (default: the first of "
-                             f"{', '.join(SYSTEMCTL_LOCATIONS)} that exists; never one from $PATH)")
+    add_systemctl_flag(parser, "to ask about units' states")
     add_journal_flags(parser)
     add_levelzero_flags(parser)
     add_procfs_flag(parser)
     return parser
-
-
-def default_systemctl() -> str:
-    return next((path for path in SYSTEMCTL_LOCATIONS if os.path.exists(path)), SYSTEMCTL_LOCATIONS[0])
-
-
-def absolute_path(value: str) -> str:
-    if not os.path.isabs(value):
-        raise argparse.ArgumentTypeError(f"want an absolute path, got {value!r}")
-    return value
 
 
 def parse_options(argv: Sequence[str] | None = None) -> GateOptions:

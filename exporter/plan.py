@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from typing import TextIO
 from exporter import __version__
 from exporter import memory as rules
 from exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
-                            check_journal_flags, journal_selection)
+                            add_systemctl_flag, check_journal_flags, journal_selection)
 from exporter.fold.engine_starts import Start, UnitView
 from exporter.parsers import vllm
 
@@ -46,7 +45,6 @@ KV_BUDGET_ON_XPU_SINCE = (0, 16)
 # The XPU platform's block size when none is given (V1).
 XPU_DEFAULT_BLOCK_SIZE = 64
 OFFLINE_DEVICE = "offline"
-SYSTEMCTL_LOCATIONS = ("/run/current-system/sw/bin/systemctl", "/usr/bin/systemctl", "/bin/systemctl")
 SYSTEMCTL_TIMEOUT_S = 10.0
 DROP_IN_NAME = "50-vllm-xpu-plan.conf"
 _UTILISATION_FLAG = re.compile(r"\s--gpu[-_]memory[-_]utilization(?:=|\s+)\S+")
@@ -237,10 +235,6 @@ def make_plan(views: Sequence[UnitView], totals: Mapping[str, int], devices_of_u
 
 # ---------------------------------------------------------------------------------------- the unit's command
 
-def default_systemctl() -> str:
-    return next((path for path in SYSTEMCTL_LOCATIONS if os.path.exists(path)), SYSTEMCTL_LOCATIONS[0])
-
-
 def exec_start_from_cat(text: str) -> str | None:
     """The unit's effective ExecStart= command line from `systemctl cat UNIT` (the unit file and its
     drop-ins, in order; an empty ExecStart= resets the list). None unless there is exactly one."""
@@ -403,9 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", choices=("table", "json", "systemd", "nixos"), default="table")
     parser.add_argument("--output-dir", dest="output_dir", default=None, metavar="DIR",
                         help="with --format systemd: write DIR/UNIT.d/" + DROP_IN_NAME + " per unit")
-    parser.add_argument("--systemctl", default=None, metavar="PATH",
-                        help="the systemctl to read the units' commands with (absolute; default: the first of "
-                             f"{', '.join(SYSTEMCTL_LOCATIONS)} that exists)")
+    add_systemctl_flag(parser, "to read the units' commands with")
     add_journal_flags(parser)
     add_levelzero_flags(parser)
     add_procfs_flag(parser)
@@ -416,8 +408,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
-    if args.systemctl is not None and not os.path.isabs(args.systemctl):
-        parser.error(f"argument --systemctl: want an absolute path, got {args.systemctl!r}")
     if args.output_dir is not None and args.format != "systemd":
         parser.error("--output-dir goes with --format systemd")
     if args.device_memory is not None and args.device_memory <= args.reserve:
@@ -494,7 +484,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
     elif args.format == "json":
         stdout.write(render_json(plan))
     else:
-        systemctl = args.systemctl or default_systemctl()
+        systemctl = args.systemctl
         units = [u for d in plan.devices for u in d.units]
         commands = {u.unit: read_exec_start(systemctl, u.unit) for u in units}
         for unit, command in commands.items():
