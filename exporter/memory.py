@@ -3,7 +3,8 @@ needs, what a unit holds, whether a GPU's units fit. Pure functions of integers 
 `gpu_memory_utilization` ratio; no I/O.
 
 Shared by the init gate (`exporter.gate.decide`: the free memory a start needs), the restart-headroom figure
-(`exporter.collectors.processes`) and the planner (`exporter.plan`), so the three agree to the byte.
+(`exporter.collectors.processes`) and the plan (`exporter.planning`: the planner and the exporter's planned
+figures), so they agree to the byte.
 
 The rules (reference: /work/shared/reference/vllm-logs.md §5, vLLM 0.16+ on XPU):
 * a start asks for `math.ceil(total * gpu_memory_utilization)` bytes (`v1/worker/utils.py::request_memory`,
@@ -27,6 +28,7 @@ __all__ = [
     "kv_bytes_for_tokens",
     "requested_bytes",
     "restart_headroom_bytes",
+    "tokens_for_kv_bytes",
     "utilisation_for",
 ]
 
@@ -82,6 +84,14 @@ def kv_bytes_for_tokens(tokens: int, block_size: int, rate: KvRate) -> int:
         raise ValueError("tokens must be >= 0 and block_size > 0")
     blocks = -(-tokens // block_size)
     return -(-(blocks * block_size * rate.kv_bytes) // rate.kv_tokens)
+
+
+def tokens_for_kv_bytes(kv_bytes: int, block_size: int, rate: KvRate) -> int:
+    """The tokens a KV cache of `kv_bytes` holds: the whole blocks that fit (kv_bytes_for_tokens of the
+    result is at most `kv_bytes`)."""
+    if kv_bytes < 0 or block_size <= 0:
+        raise ValueError("kv_bytes must be >= 0 and block_size > 0")
+    return kv_bytes * rate.kv_tokens // (block_size * rate.kv_bytes) * block_size
 
 
 @dataclass(frozen=True)

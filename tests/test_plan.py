@@ -1,7 +1,8 @@
 """vllm-xpu-plan over journal files written by systemd-journal-remote (tests/journalgen.py) holding the seed
 host's three units as vLLM 0.24 prints them (tests/vllmlogs.py's boot race figures) and a unit on a release
 without --kv-cache-memory-bytes on XPU; offline (--device-memory) on a 16 GiB GPU. The fold's memory fields
-per release, and the drop-in's command editing, in process."""
+per release, and the drop-in's command editing, in process; and the exporter's planned figures against the
+planner's, to the byte."""
 
 from __future__ import annotations
 
@@ -15,9 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from exporter import plan
+from exporter import memory, plan, planning
 from exporter.fold.engine_starts import EngineTracker
+from exporterproc import RunningExporter
+from fakeprocfs import FakeProcfs
+from fakeze import A770, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
 from journalgen import current_boot_id, write_journal
+from polling import wait_for
+from scrapes import series
 from sizes import GiB
 from vllmlogs import (CHAT, EMBEDDING, STT, Boot, VllmRun, compose, journal_specs, race_chat_runs,
                       race_embedding_run, race_stt_run, service_runs, tracker_entries)
@@ -197,8 +203,8 @@ def test_exec_start_from_cat_follows_resets_and_continuations() -> None:
 
 
 def test_planned_command_replaces_both_flag_spellings() -> None:
-    unit = plan.UnitPlan("u.service", "offline", "0.24.0", plan.Target(10, "t"), 16, 1.0,
-                         plan.rules.Footprint(100, 200), "x", 0.25)
+    unit = planning.UnitPlan("u.service", "offline", "0.24.0", planning.Target(10, "t"), 16, 1.0,
+                         memory.Footprint(100, 200), "x", 0.25)
     command = plan.planned_command("vllm serve m --gpu_memory_utilization=0.9 --kv-cache-memory-bytes 5 --port 1", unit)
     assert command == "vllm serve m --port 1 --gpu-memory-utilization 0.25 --kv-cache-memory-bytes 200"
 
@@ -211,3 +217,53 @@ def test_main_reports_an_unreadable_journal_in_one_line(tmp_path: Path) -> None:
     assert code == plan.EXIT_USAGE and out.getvalue() == "", out.getvalue()
     assert err.getvalue().count("\n") == 1, err.getvalue()
     assert err.getvalue().startswith("vllm-xpu-plan: error: cannot read the journal (journal directory "), err.getvalue()
+
+
+# --- the same figures from the exporter ------------------------------------------------------------------
+
+def planned_series(samples: dict) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    def by_unit(name: str) -> dict[str, float]:
+        return {dict(labels)["unit"]: value for labels, value in series(samples, name).items()}
+    return (by_unit("xpu_unit_memory_footprint_bytes"), by_unit("xpu_unit_kv_cache_planned_bytes"),
+            {dict(labels)["device"]: value for labels, value in series(samples, "xpu_device_units_footprint_bytes").items()})
+
+
+def scrape_planned(journal: Path, tmp_path: Path, fake_driver: Path, config_path: Path) -> dict:
+    """A scrape of the exporter over the journal and the fake driver's 16 GiB GPU, once the plan's figures show."""
+    gpu = replace(A770, memory=(FakeMemoryModule(size=SIXTEEN_GIB, free=SIXTEEN_GIB - GiB),))
+    write_config(config_path, FakeConfig(devices=(gpu,)))
+    procfs = FakeProcfs(tmp_path)
+    with RunningExporter(["--path.procfs", str(procfs.root), "--journal.file", str(journal)],
+                         env=fake_driver_env(fake_driver, config_path)) as exporter:
+        return wait_for(lambda: (s := exporter.scrape()) and series(s, "xpu_device_units_footprint_bytes") and s)
+
+
+def test_the_exporter_shows_the_planners_figures_per_unit_and_gpu(journal: Path, tmp_path: Path, fake_driver: Path,
+                                                                  config_path: Path) -> None:
+    """The planner's default target (max_num_seqs requests of the full length), to the byte: chat's footprint
+    alone passes the GPU's total, which the device sum shows; the unit on 0.15.1 has no plan, so no series."""
+    [device] = json.loads(run_plan(journal, "--format", "json").stdout)["devices"]
+    footprints, planned_kv, device_sums = planned_series(scrape_planned(journal, tmp_path, fake_driver, config_path))
+    assert footprints == {u["unit"]: u["footprint_bytes"] for u in device["units"]}
+    assert planned_kv == {u["unit"]: u["kv_cache_memory_bytes"] for u in device["units"]}
+    assert LEGACY not in footprints
+    assert device_sums == {A770.pci_address: device["footprint_bytes"]}
+    assert device["footprint_bytes"] > SIXTEEN_GIB
+
+
+def test_a_unit_with_a_kv_budget_is_planned_for_what_its_budget_holds(tmp_path: Path, fake_driver: Path,
+                                                                      config_path: Path) -> None:
+    """The plan applied: chat's latest start has --kv-cache-memory-bytes, and the exporter's planned KV is
+    the whole blocks of its budget, not max_num_seqs requests of the full length."""
+    budget = 3_500_000_000
+    runs = {**seed_runs(), CHAT: replace(race_chat_runs()[1], kv_cache_memory_bytes=budget)}
+    del runs[LEGACY]
+    journal = write_journal(tmp_path / "budget.journal", journal_specs(seed_placed(runs)))
+    start = latest_starts(runs)[CHAT]
+    footprints, planned_kv, device_sums = planned_series(scrape_planned(journal, tmp_path, fake_driver, config_path))
+    rate = memory.KvRate(start.effective_kv_cache_bytes, start.effective_kv_cache_tokens)
+    block_bytes = 64 * start.effective_kv_cache_bytes / start.effective_kv_cache_tokens
+    assert budget - block_bytes < planned_kv[CHAT] <= budget
+    assert planned_kv[CHAT] == memory.kv_bytes_for_tokens(memory.tokens_for_kv_bytes(budget, 64, rate), 64, rate)
+    assert footprints[CHAT] == start.weights_bytes + planned_kv[CHAT]  # 0.24 prints only the weights beside a budget
+    assert device_sums == {A770.pci_address: sum(footprints.values())} and sum(footprints.values()) < SIXTEEN_GIB

@@ -25,6 +25,11 @@ scrape); the memory of the others is counted in their device's unattributed rest
 the rest still add up to used), their engine counters are dropped, and how many they are is the gauge
 xpu_exporter_processes_units_dropped. Desktop sessions, containers or batch jobs each in a scope of their own
 can hold DRM clients by the thousand: without the cap each would be a series on every device.
+
+Per watched engine unit on a GPU whose total is known, the plan's figures (exporter.planning, the same as
+vllm-xpu-plan's): its footprint and planned KV cache, and per GPU their sum, so that a GPU whose units cannot
+all run at once shows on the dashboard and alerts. The unit's GPU is the one it holds (or last held) memory
+on, or the only one.
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ from prometheus_client.metrics_core import Metric
 
 from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from exporter import memory as memory_rules
+from exporter import planning
 from exporter.families import CounterFamily, GaugeFamily
-from exporter.fold.engine_starts import DEFAULT_MAX_UNITS
+from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
 from exporter.sources import dmem, procfs
 from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
 
@@ -179,7 +185,9 @@ class ProcessesCollector(Collector):
                           "because of --collector.processes.max-units (their memory is in the unattributed rest).",
                           value=dropped)
         if devices is not None:
-            yield from self._against_device_memory(devices, attributions, self._watched_settings(context), kept)
+            views = self._watched_views(context)
+            yield from self._against_device_memory(devices, attributions, views, kept)
+            yield from self._planned(devices, attributions, views)
         if problems:
             raise CollectionError("; ".join(problems))
 
@@ -310,7 +318,7 @@ class ProcessesCollector(Collector):
         return Attribution(LEVELZERO, by_unit, sum(p.mem_size for p in reading.processes), unit_cgroups)
 
     def _against_device_memory(self, devices: list[DeviceMemory], attributions: dict[str, DeviceAttribution],
-                               watched: list[tuple[str, float]], kept: set[str]) -> Iterator[Metric]:
+                               views: list[UnitView], kept: set[str]) -> Iterator[Metric]:
         unattributed = GaugeFamily("xpu_unattributed_memory_bytes",
                                    "Used device memory that no process accounts for (never negative).",
                                    labels=["device"])
@@ -337,22 +345,55 @@ class ProcessesCollector(Collector):
             unattributed.add_metric([pci], max(0, used - attributed))
             overcounted.add_metric([pci], 1 if attribution.total > used else 0)
         gpus = [d.identity.pci_address for d in devices]
-        for unit, utilisation in watched:
-            pci = self._device_of(unit, attributions, gpus)
-            if pci not in memory:
+        for view in views:
+            utilisation = view.gpu_memory_utilization
+            pci = self._device_of(view.unit, attributions, gpus)
+            if utilisation is None or pci not in memory:
                 continue
             total, free = memory[pci]
-            own = attributions[pci].by_unit.get(unit, 0) if pci in attributions else 0
-            headroom.add_metric([pci, unit], memory_rules.restart_headroom_bytes(free, own, total, utilisation))
+            own = attributions[pci].by_unit.get(view.unit, 0) if pci in attributions else 0
+            headroom.add_metric([pci, view.unit], memory_rules.restart_headroom_bytes(free, own, total, utilisation))
         yield from (unattributed, overcounted, headroom)
 
-    def _watched_settings(self, context: ScrapeContext) -> list[tuple[str, float]]:
-        """(unit, gpu_memory_utilization) of the watched units whose setting is known."""
+    def _planned(self, devices: list[DeviceMemory], attributions: dict[str, DeviceAttribution],
+                 views: list[UnitView]) -> Iterator[Metric]:
+        """The plan's figures (exporter.planning) of each engine unit whose GPU and its total are known: the
+        KV its target needs and its footprint, and per GPU the sum to hold against its total. The target is
+        what the unit's --kv-cache-memory-bytes holds when set, else the planner's default (max_num_seqs
+        requests of the full model length)."""
+        footprint = GaugeFamily("xpu_unit_memory_footprint_bytes",
+                                "What the unit holds on its GPU serving its target: weights + peak activation + "
+                                "non-torch + the planned KV cache (vllm-xpu-plan's figure).", labels=["device", "unit"])
+        planned_kv = GaugeFamily("xpu_unit_kv_cache_planned_bytes",
+                                 "The KV cache the unit's target needs in whole blocks: what its "
+                                 "--kv-cache-memory-bytes holds when set, else max_num_seqs requests of its full "
+                                 "model length.", labels=["device", "unit"])
+        device_footprint = GaugeFamily("xpu_device_units_footprint_bytes",
+                                       "The footprints of the engine units on the device, summed: above "
+                                       "xpu_memory_total_bytes, they cannot all run at once.", labels=["device"])
+        totals = {d.identity.pci_address: d.total for d in devices if d.total is not None}
+        gpus = [d.identity.pci_address for d in devices]
+        summed: dict[str, int] = {}
+        for view in views:
+            if view.latest is None or view.latest.engine is False:
+                continue
+            pci = self._device_of(view.unit, attributions, gpus)
+            if pci not in totals:
+                continue
+            plan = planning.plan_unit(view, pci, totals[pci], planning.budget_target(view))
+            if isinstance(plan, planning.Unplannable):
+                continue
+            footprint.add_metric([pci, view.unit], plan.footprint.total_bytes)
+            planned_kv.add_metric([pci, view.unit], plan.kv_cache_memory_bytes)
+            summed[pci] = summed.get(pci, 0) + plan.footprint.total_bytes
+        for pci, total_footprint in sorted(summed.items()):
+            device_footprint.add_metric([pci], total_footprint)
+        yield from (footprint, planned_kv, device_footprint)
+
+    @staticmethod
+    def _watched_views(context: ScrapeContext) -> list[UnitView]:
         state = context.journal_state()
-        if state is None:
-            return []
-        return [(view.unit, view.gpu_memory_utilization) for view in state.views
-                if view.gpu_memory_utilization is not None]
+        return [] if state is None else state.views
 
     def _device_of(self, unit: str, attributions: dict[str, DeviceAttribution], gpus: list[str]) -> str | None:
         """The GPU the unit holds (or last held) memory on; on a one-GPU host, that GPU."""
