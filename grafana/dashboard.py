@@ -177,6 +177,7 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
     """The panels, with the thresholds and durations of the alerts they show taken from the rules' knobs."""
     headroom_threshold = number(knobs["restartHeadroomThresholdBytes"])
     headroom_thresholds = [(None, "red"), (headroom_threshold, "green")]
+    reserve = number(knobs["unitsDoNotFitReserveBytes"])
     return (
         Row("Device memory", (
             Panel("timeseries", "Device memory by unit",
@@ -421,6 +422,40 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   (Target(f"xpu_unit_restart_headroom_bytes{{{UNITS}}}", "{{unit}}", instant=True),),
                   "bytes", headroom_thresholds, 8, 8,
                   options=BARGAUGE_OPTIONS),
+        )),
+        Row("Plan", (
+            Panel("timeseries", "Units' footprints against the GPU",
+                  "What each engine unit holds serving its target (weights, peak activation, non-torch memory and "
+                  "the KV cache the target needs; vllm-xpu-plan's figures), stacked, against the GPU's total less "
+                  f"{bytes_text(reserve)} for the driver (dashed). Above it, the units cannot all run at once: "
+                  f"XpuDeviceUnitsDoNotFit fires after {duration_text(knobs['unitsDoNotFitFor'])}. A unit's target "
+                  "is what its --kv-cache-memory-bytes holds, else max_num_seqs requests of its full length.",
+                  (Target(f"xpu_unit_memory_footprint_bytes{{{DEVICE}}}", "{{unit}}"),
+                   Target(f"xpu_memory_total_bytes{{{DEVICE}}} - {reserve}", "usable")),
+                  "bytes", green_only(), 16, 8,
+                  options=LEGEND_TABLE,
+                  custom={"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 40},
+                  defaults={"min": 0},
+                  overrides=(by_name_regex("^usable$", {"custom.stacking": {"mode": "none", "group": "A"},
+                                                        "custom.fillOpacity": 0,
+                                                        "custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
+                                                        "color": fixed_colour("red")}),)),
+            Panel("bargauge", "Room left after the units' targets",
+                  "The GPU's total less the driver's share and the units' footprints: below 0 (red), they do not "
+                  "all fit; run vllm-xpu-plan for the --kv-cache-memory-bytes that do.",
+                  (Target(f"xpu_memory_total_bytes{{{DEVICE}}} - {reserve} - xpu_device_units_footprint_bytes{{{DEVICE}}}",
+                          "{{device}}", instant=True),),
+                  "bytes", [(None, "red"), (0, "green")], 8, 8,
+                  options=BARGAUGE_OPTIONS),
+            Panel("timeseries", "Planned and actual KV cache",
+                  "Per unit, the KV cache its target needs (dashed) and the one its latest start got. Actual below "
+                  "planned: the unit serves fewer full-length requests at once than its target.",
+                  (Target(f'xpu_unit_kv_cache_planned_bytes{{{DEVICE},unit=~"$unit"}}', "{{unit}} planned"),
+                   Target(f"xpu_unit_kv_cache_bytes{{{UNITS}}}", "{{unit}} actual")),
+                  "bytes", green_only(), 24, 8,
+                  options=LEGEND_TABLE, defaults={"min": 0},
+                  overrides=(by_name_regex("planned$", {"custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
+                                                        "custom.fillOpacity": 0}),)),
         )),
         Row("Exporter", (
             Panel("stat", "Exporter up",

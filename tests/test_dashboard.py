@@ -22,7 +22,7 @@ import dashboard as builder  # noqa: E402  (grafana/dashboard.py and rules/rende
 import render  # noqa: E402
 
 OPERATOR_DOC = REPO / "docs" / "alerts-and-dashboard.md"
-ROWS = ["Device memory", "Device telemetry", "KV cache per unit", "Engine inits", "Restart headroom", "Exporter"]
+ROWS = ["Device memory", "Device telemetry", "KV cache per unit", "Engine inits", "Restart headroom", "Plan", "Exporter"]
 
 
 def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
@@ -143,6 +143,13 @@ def test_rows_hold_the_panels_the_operators_need():
     assert [annotation["name"] for annotation in annotations] == ["Engine init failures"]
     assert annotations[0]["useValueForTime"] and "xpu_unit_engine_last_failure_timestamp_seconds" in annotations[0]["expr"]
     assert all("xpu_unit_restart_headroom_bytes" in expr for panel in rows["Restart headroom"] for expr in exprs(panel))
+    plan = {panel["title"]: exprs(panel) for panel in rows["Plan"]}
+    assert plan["Units' footprints against the GPU"] == [
+        'xpu_unit_memory_footprint_bytes{instance="$instance",device="$device"}',
+        'xpu_memory_total_bytes{instance="$instance",device="$device"} - 536870912']
+    assert "xpu_device_units_footprint_bytes" in plan["Room left after the units' targets"][0]
+    assert [metric_names(expr) for expr in plan["Planned and actual KV cache"]] == [
+        {"xpu_unit_kv_cache_planned_bytes"}, {"xpu_unit_kv_cache_bytes"}]
     exporter = " ".join(expr for panel in rows["Exporter"] for expr in exprs(panel))
     assert "up{" in exporter and "xpu_exporter_collector_success" in exporter
     assert "xpu_exporter_journal_units_watched" in exporter
