@@ -157,6 +157,25 @@ MAX_LENGTH_REQUESTS = (f"xpu_unit_kv_cache_bytes{{{UNITS}}} / xpu_unit_kv_cache_
                        f" or xpu_unit_kv_cache_max_concurrency{{{UNITS}}}")
 
 
+DASHED_LINE: Json = {"custom.lineStyle": {"fill": "dash", "dash": [10, 10]}, "custom.fillOpacity": 0}
+
+
+def dashed(pattern: str) -> Json:
+    """Series whose display name matches `pattern` drawn as a dashed line without fill: what the others are
+    compared with (a need, a limit, a target)."""
+    return by_name_regex(pattern, DASHED_LINE)
+
+
+def stacked_against(title: str, description: str, targets: Sequence[Target], limit: str,
+                    overrides: Sequence[Json] = ()) -> Panel:
+    """Bytes stacked per series against one unstacked dashed red series, the one named `limit`."""
+    limit_style = by_name_regex(f"^{limit}$", {"custom.stacking": {"mode": "none", "group": "A"}, **DASHED_LINE,
+                                               "color": fixed_colour("red")})
+    return Panel("timeseries", title, description, targets, "bytes", green_only(), 16, 8, options=LEGEND_TABLE,
+                 custom={"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 40}, defaults={"min": 0},
+                 overrides=(limit_style, *overrides))
+
+
 def line_graph(title: str, description: str, targets: Sequence[Target], unit: str, width: int,
                height: int) -> Panel:
     """A graph of a rate or gauge that only shows, from 0: straight lines, a list legend, no thresholds."""
@@ -180,21 +199,13 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
     reserve = number(knobs["unitsDoNotFitReserveBytes"])
     return (
         Row("Device memory", (
-            Panel("timeseries", "Device memory by unit",
-                  "Device memory each systemd unit holds, stacked with the used memory no process accounts for, "
-                  "against the device's total.",
-                  (Target(f"xpu_unit_memory_bytes{{{DEVICE}}}", "{{unit}}"),
-                   Target(f"xpu_unattributed_memory_bytes{{{DEVICE}}}", "unattributed"),
-                   Target(f"xpu_memory_total_bytes{{{DEVICE}}}", "total")),
-                  "bytes", green_only(), 16, 8,
-                  options=LEGEND_TABLE,
-                  custom={"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 40},
-                  defaults={"min": 0},
-                  overrides=(by_name_regex("^total$", {"custom.stacking": {"mode": "none", "group": "A"},
-                                                       "custom.fillOpacity": 0,
-                                                       "custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
-                                                       "color": fixed_colour("red")}),
-                             by_name_regex("^unattributed$", {"color": fixed_colour("#8e8e8e")}))),
+            stacked_against("Device memory by unit",
+                            "Device memory each systemd unit holds, stacked with the used memory no process accounts "
+                            "for, against the device's total.",
+                            (Target(f"xpu_unit_memory_bytes{{{DEVICE}}}", "{{unit}}"),
+                             Target(f"xpu_unattributed_memory_bytes{{{DEVICE}}}", "unattributed"),
+                             Target(f"xpu_memory_total_bytes{{{DEVICE}}}", "total")),
+                            "total", (by_name_regex("^unattributed$", {"color": fixed_colour("#8e8e8e")}),)),
             Panel("stat", "Free device memory",
                   "Free device memory as a fraction of the total. The XpuMemoryNearlyFull alert fires below "
                   f"{percent(knobs['memoryNearlyFullFreeRatio'])} for {duration_text(knobs['memoryNearlyFullFor'])}.",
@@ -321,8 +332,7 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                           "{{unit}} needed for one max-length request")),
                   "bytes", green_only(), 12, 8,
                   options=LEGEND_TABLE, defaults={"min": 0},
-                  overrides=(by_name_regex("needed for one", {"custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
-                                                              "custom.fillOpacity": 0}),)),
+                  overrides=(dashed("needed for one"),)),
             Panel("bargauge", "Max-length requests that fit",
                   "Requests of the maximum model length the latest start's KV cache holds at once. Below 1 the "
                   "engine cannot serve one (XpuUnitKvCacheTooSmall); below max_num_seqs long requests get "
@@ -363,8 +373,7 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                    Target(f"xpu_unit_max_model_len_tokens{{{UNITS}}}", "{{unit}} served")),
                   "short", green_only(), 24, 8,
                   options=LEGEND_TABLE, defaults={"min": 0},
-                  overrides=(by_name_regex("asked for$", {"custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
-                                                          "custom.fillOpacity": 0}),)),
+                  overrides=(dashed("asked for$"),)),
         )),
         Row("Engine inits", (
             boot_count_graph("Successful engine starts (this boot)",
@@ -424,22 +433,16 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   options=BARGAUGE_OPTIONS),
         )),
         Row("Plan", (
-            Panel("timeseries", "Units' footprints against the GPU",
-                  "What each engine unit holds serving its target (weights, peak activation, non-torch memory and "
-                  "the KV cache the target needs; vllm-xpu-plan's figures), stacked, against the GPU's total less "
-                  f"{bytes_text(reserve)} for the driver (dashed). Above it, the units cannot all run at once: "
-                  f"XpuDeviceUnitsDoNotFit fires after {duration_text(knobs['unitsDoNotFitFor'])}. A unit's target "
-                  "is what its --kv-cache-memory-bytes holds, else max_num_seqs requests of its full length.",
-                  (Target(f"xpu_unit_memory_footprint_bytes{{{DEVICE}}}", "{{unit}}"),
-                   Target(f"xpu_memory_total_bytes{{{DEVICE}}} - {reserve}", "usable")),
-                  "bytes", green_only(), 16, 8,
-                  options=LEGEND_TABLE,
-                  custom={"stacking": {"mode": "normal", "group": "A"}, "fillOpacity": 40},
-                  defaults={"min": 0},
-                  overrides=(by_name_regex("^usable$", {"custom.stacking": {"mode": "none", "group": "A"},
-                                                        "custom.fillOpacity": 0,
-                                                        "custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
-                                                        "color": fixed_colour("red")}),)),
+            stacked_against("Units' footprints against the GPU",
+                            "What each engine unit holds serving its target (weights, peak activation, non-torch "
+                            "memory and the KV cache the target needs; vllm-xpu-plan's figures), stacked, against the "
+                            f"GPU's total less {bytes_text(reserve)} for the driver (dashed). Above it, the units "
+                            "cannot all run at once: XpuDeviceUnitsDoNotFit fires after "
+                            f"{duration_text(knobs['unitsDoNotFitFor'])}. A unit's target is what its "
+                            "--kv-cache-memory-bytes holds, else max_num_seqs requests of its full length.",
+                            (Target(f"xpu_unit_memory_footprint_bytes{{{DEVICE}}}", "{{unit}}"),
+                             Target(f"xpu_memory_total_bytes{{{DEVICE}}} - {reserve}", "usable")),
+                            "usable"),
             Panel("bargauge", "Room left after the units' targets",
                   "The GPU's total less the driver's share and the units' footprints: below 0 (red), they do not "
                   "all fit; run vllm-xpu-plan for the --kv-cache-memory-bytes that do.",
@@ -454,8 +457,7 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                    Target(f"xpu_unit_kv_cache_bytes{{{UNITS}}}", "{{unit}} actual")),
                   "bytes", green_only(), 24, 8,
                   options=LEGEND_TABLE, defaults={"min": 0},
-                  overrides=(by_name_regex("planned$", {"custom.lineStyle": {"fill": "dash", "dash": [10, 10]},
-                                                        "custom.fillOpacity": 0}),)),
+                  overrides=(dashed("planned$"),)),
         )),
         Row("Exporter", (
             Panel("stat", "Exporter up",
