@@ -316,6 +316,29 @@ def test_root_cause_stored_after_the_restarts_starting_counts_once_under_its_rea
     assert view.starts == 1
 
 
+NO_KV_MEMORY_CAUSE = ("(EngineCore pid=77) ERROR 12-02 10:00:30 [core.py:708] ValueError: No available memory for "
+                      "the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.")
+FREE_MEMORY_CAUSE = ("(EngineCore pid=77) ERROR 12-02 10:00:30 [core.py:946] ValueError: Free memory on device "
+                     "xpu:0 (3.1/23.86 GiB) on startup is less than desired GPU memory utilization (0.5, 11.93 GiB). "
+                     "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
+
+
+@pytest.mark.parametrize(("causes", "reason"), [
+    ((FREE_MEMORY_CAUSE, NO_KV_MEMORY_CAUSE), "insufficient_free_memory"),
+    ((NO_KV_MEMORY_CAUSE, FREE_MEMORY_CAUSE), "no_kv_cache_memory"),
+], ids=["free-memory-first", "no-kv-memory-first"])
+def test_a_start_printing_two_different_causes_counts_once_under_the_first(causes: tuple[str, str],
+                                                                            reason: str) -> None:
+    # exporter/parsers/vllm.py's docstring: the first cause is the root cause, later ones change nothing.
+    at = round(ORIGIN * 1e6)
+    entries = [TrackerEntry(UNIT, at, "", True, journalgen.MESSAGE_ID_UNIT_STARTING, 1),
+               TrackerEntry(UNIT, at + 1000, API_LINE + "vLLM API server version 0.24.0", False, "", 77)]
+    entries += [TrackerEntry(UNIT, at + 2000 + index, cause, False, "", 77) for index, cause in enumerate(causes)]
+    view = fold(entries)[UNIT]
+    assert view.failures == failures(**{reason: 1})
+    assert view.last_failure_usec == at + 2000
+
+
 # --- stops ------------------------------------------------------------------------------------------
 
 

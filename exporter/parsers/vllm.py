@@ -21,8 +21,10 @@ Duplicates: vLLM prints the root cause of a failed start at least twice (logger.
 header, then the raw multiprocessing copy without one; V0 also logs the exception text itself).
 After normalisation the copies are the same text, so they parse to EQUAL events (`==`, `hash`).
 Deduplication is per start and belongs to the reducer: count a start's failure once, whatever
-number of `FailureCause` events it saw. When a start shows different causes, the last cause
-before the terminal `FailureWrapper` is the root cause (vLLM's own order).
+number of `FailureCause` events it saw. When a start shows different causes, the first one is its
+root cause: the first cause ends the start, and the fold (exporter/fold/engine_starts.py) counts it
+once, under that cause's reason and with its figures; later causes and wrappers of the same start
+change nothing.
 
 Units: vLLM's GiB and the "GB" of 0.7-0.8.0 are 2**30 bytes, its MB are 2**20 bytes. Byte values
 are ints, rounded to the nearest byte from the printed figure (3.36 GiB -> round(3.36 * 2**30)).
