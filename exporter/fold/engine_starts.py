@@ -300,7 +300,7 @@ class _PossibleInit:
     to be an engine start."""
 
     unit: _Unit
-    began_entry: int  # the number of the entry at which its main process began (EngineTracker._entries_folded)
+    began_entry: int  # the number of the entry at which its main process began (EngineTracker._entry_number)
     windows_opened_before: int  # overlap windows opened before it began (EngineTracker._windows_opened)
     met_an_init: bool  # another unit's overlap window was open when it began
 
@@ -327,7 +327,9 @@ class EngineTracker:
         # them: a possible init found to be an engine start overlaps those that ended after it began.
         self._possible_inits: dict[Start, _PossibleInit] = {}
         self._unpaired_ended: dict[Start, tuple[_Unit, int]] = {}
-        self._entries_folded = 0
+        # The number of the entry being folded: orders possible inits against overlap windows. Not the
+        # count of entries read (xpu_exporter_journal_entries_read_total): the journal follower keeps that.
+        self._entry_number = 0
         self._windows_opened = 0
         self.rejected_lines = 0  # lines of watched units ignored for an implausible value
         self.first_rejections: dict[str, vllm.ImplausibleValue] = {}
@@ -345,7 +347,7 @@ class EngineTracker:
         unit = self._unit(entry.unit)
         if unit is None:
             return
-        self._entries_folded += 1
+        self._entry_number += 1
         self._settle_unit(unit, entry.realtime_usec)
         self._end_possible_inits_past_grace(entry.realtime_usec)
         if entry.from_systemd:
@@ -548,7 +550,7 @@ class EngineTracker:
         if start.engine:
             self._open_overlap_window(unit, start)
         elif start.engine is None:
-            self._possible_inits[start] = _PossibleInit(unit, self._entries_folded, self._windows_opened,
+            self._possible_inits[start] = _PossibleInit(unit, self._entry_number, self._windows_opened,
                                                         bool(self._initialising))
 
     def _open_overlap_window(self, unit: _Unit, start: Start, possible: _PossibleInit | None = None) -> None:
@@ -640,7 +642,7 @@ class EngineTracker:
         self._initialising.pop(start, None)
         unit = self._awaiting_overlap.pop(start, None)
         if unit is not None and self._possible_inits:
-            self._unpaired_ended[start] = (unit, self._entries_folded)
+            self._unpaired_ended[start] = (unit, self._entry_number)
 
     @staticmethod
     def _count(unit: _Unit, start: Start, reason: FailureReason, when_usec: int) -> None:

@@ -36,7 +36,7 @@ STILL_READING = "still reading the journal"
 class JournalState:
     views: list[UnitView]
     error: str | None  # why the journal cannot be read now (or is still being read the first time)
-    entries_read: int
+    entries_read: int  # entries folded since the follower started, re-reads included (JournalFollower._fold)
     dropped_units: int  # units not watched because of the cap
     watched_units: int | None  # None until the journal has been read up to now once
     values_rejected: int  # lines ignored for an implausible value (exporter.parsers.vllm.PLAUSIBLE)
@@ -140,18 +140,11 @@ class JournalFollower:
         for begin in range(0, len(entries or ()), DEFAULT_BATCH):
             if self._stop.is_set():
                 return
-            batch = entries[begin:begin + DEFAULT_BATCH]
-            self._count(len(batch))
-            tracker.extend(batch)
-            self._warn_of_rejections(tracker)
-            self._warn_of_unreadable(reader)
+            self._fold(reader, tracker, entries[begin:begin + DEFAULT_BATCH], published=False)
         while batch := reader.read_available(DEFAULT_BATCH):
             if self._stop.is_set():
                 return  # stopping: a half-read journal is never published
-            self._count(len(batch))
-            tracker.extend(batch)
-            self._warn_of_rejections(tracker)
-            self._warn_of_unreadable(reader)
+            self._fold(reader, tracker, batch, published=False)
         with self._lock:
             self._tracker = tracker
             if self._error is not None:
@@ -164,11 +157,23 @@ class JournalFollower:
             if not reader.wait(WAIT_SECONDS):
                 continue
             while batch := reader.read_available(DEFAULT_BATCH):
-                with self._lock:
-                    tracker.extend(batch)
-                    self._entries_read += len(batch)
-                self._warn_of_rejections(tracker)
-                self._warn_of_unreadable(reader)
+                self._fold(reader, tracker, batch, published=True)
+
+    def _fold(self, reader: JournalReader, tracker: EngineTracker, batch: list[JournalEntry], *,
+              published: bool) -> None:
+        """Fold a batch the reader returned, and count it: the one count of entries read
+        (``JournalState.entries_read``, xpu_exporter_journal_entries_read_total), kept across re-reads of
+        the journal, so it counts the entries of a re-read boot again. It grows during the catch-up,
+        before the tracker is published; a published tracker is folded under the lock the scrapes read
+        it with."""
+        with self._lock:
+            self._entries_read += len(batch)
+            if published:
+                tracker.extend(batch)
+        if not published:
+            tracker.extend(batch)
+        self._warn_of_rejections(tracker)
+        self._warn_of_unreadable(reader)
 
     def _warn_of_rejections(self, tracker: EngineTracker) -> None:
         """Once per unit (also across re-reads of the journal): the value is not logged, it may be huge."""
@@ -189,10 +194,6 @@ class JournalFollower:
     def _admit(self, tracker: EngineTracker, unit: str) -> bool:
         with self._lock:
             return tracker.admit(unit)
-
-    def _count(self, entries: int) -> None:
-        with self._lock:
-            self._entries_read += entries
 
     def _set_error(self, error: str) -> None:
         with self._lock:

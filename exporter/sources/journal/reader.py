@@ -282,7 +282,6 @@ class JournalReader:
         self._handle = ctypes.c_void_p()
         self._boot_id: str | None = None
         self._missing_roots: tuple[str, ...] = ()
-        self._entries_read = 0
         self._unreadable_entries = 0
         self.last_unreadable: JournalError | None = None
         """Why the latest entry counted in ``unreadable_entries`` could not be read."""
@@ -310,11 +309,6 @@ class JournalReader:
         self._since_release = 0
 
     # --- lifecycle --------------------------------------------------------------------------
-
-    @property
-    def entries_read(self) -> int:
-        """Entries returned by ``read_available()`` so far, of any watched unit."""
-        return self._entries_read
 
     @property
     def unreadable_entries(self) -> int:
@@ -463,7 +457,6 @@ class JournalReader:
             self._read_forward(out, max_entries)
         else:
             self._more_pending = bool(self._backlog)
-        self._entries_read += len(out)
         if self._since_release and not self._more_pending:
             release_journal_pages(self._madvise)
             self._since_release = 0
@@ -569,7 +562,6 @@ class JournalReader:
         self._more_pending = True
         if entries:
             self._last_forward = entries[-1]
-        self._entries_read += len(entries)
         return entries
 
     def _read_whole_boot(self) -> None:
