@@ -1,10 +1,12 @@
 """The replayed vLLM engine of the real-systemd tests (tests/vllmunit.py) and the shared fake GPU it
 takes memory on (fakeze.SharedDevice), run as plain processes: vLLM's accounting (requested = ceil(R x
 total), the start-up check, KV = requested - weights - activation - non-torch increase, other
-processes' memory charged as non-torch), vLLM's own failure lines, memory given back on exit."""
+processes' memory charged as non-torch; with --kv-cache-memory-bytes the same start-up check but KV =
+the budget, checked against one request), vLLM's own failure lines, memory given back on exit."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -15,9 +17,11 @@ from pathlib import Path
 import pytest
 
 import vllmunit
+from exporter.fold.engine_starts import EngineTracker, Outcome
 from exporter.parsers import vllm
 from fakeze import GiB, SharedDevice
 from polling import wait_for
+from vllmlogs import TrackerEntry
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, VllmRun
 
 SCRIPT = Path(vllmunit.__file__)
@@ -140,3 +144,97 @@ def test_the_share_of_a_process_killed_without_giving_it_back_is_dropped(device,
     engine.wait()
     assert device.held() == {}
     assert device.free() == 16 * GiB
+
+
+# --- --kv-cache-memory-bytes (vLLM 0.16+ on XPU) ------------------------------------------------------
+
+ONE_REQUEST = round(3.25 * GiB)  # chat's 131072 tokens: 2048 blocks of 64 x 26624 bytes
+CHAT_WEIGHTS, CHAT_NON_TORCH, CHAT_ACTIVATION = round(7.87 * GiB), round(0.12 * GiB), round(0.51 * GiB)
+
+
+def test_with_a_budget_the_kv_cache_is_the_budget_even_when_another_process_took_memory_during_profiling(
+        device, tmp_path):
+    """The case that charges the engine 1 GiB without a budget (kv_cache_too_small above): with
+    --kv-cache-memory-bytes vLLM still profiles, but the KV cache is the budget, so what the intruder took
+    is not charged; vLLM prints the budget's line instead of "Available KV cache memory"."""
+    budgeted = dataclasses.replace(CHAT, kv_cache_memory_bytes=ONE_REQUEST)
+    engine = start_engine(device, tmp_path, engine=budgeted, time_scale=0.03)
+    try:
+        wait_for_event(tmp_path, "baseline")
+        device.hold("intruder", GiB)
+        serving = wait_for_event(tmp_path, "serving")
+        assert device.held() == {"intruder": GiB,
+                                 "vllm-chat.service": CHAT_WEIGHTS + CHAT_NON_TORCH + ONE_REQUEST + CHAT_ACTIVATION}
+    finally:
+        engine.send_signal(signal.SIGTERM)
+        output, _ = engine.communicate(timeout=10)
+    profiled = wait_for_event(tmp_path, "profiled")
+    assert profiled["others"] == GiB and profiled["budget"] == ONE_REQUEST
+    assert (serving["kv_bytes"], serving["kv_tokens"]) == (ONE_REQUEST, 131072)
+    assert "Initial free memory 16.0 GiB, reserved 3.25 GiB memory for KV Cache as specified by " \
+           "kv_cache_memory_bytes config and skipped memory profiling." in output
+    assert "Available KV cache memory" not in output and "GPU KV cache size: 131,072 tokens" in output
+    assert "'kv_cache_memory_bytes': 3489660928" in output and not failure_causes(output)
+
+
+def test_a_budget_below_one_request_fails_with_kv_cache_too_small(device, tmp_path):
+    """check_enough_kv_cache_memory holds one request of max_model_len against the budget: 3 GiB < 3.25 GiB."""
+    budgeted = dataclasses.replace(CHAT, kv_cache_memory_bytes=3 * GiB)
+    engine = start_engine(device, tmp_path, engine=budgeted)
+    output, _ = engine.communicate(timeout=10)
+    assert engine.returncode == 1
+    assert device.held() == {}
+    assert [record["event"] for record in events(tmp_path)] == ["started", "baseline", "profiled", "failed"]
+    assert events(tmp_path)[-1]["reason"] == "kv_cache_too_small"
+    assert "reserved 3.0 GiB memory for KV Cache as specified by kv_cache_memory_bytes config" in output
+    causes = set(failure_causes(output))
+    assert [(cause.reason, cause.needed_bytes, cause.available_bytes) for cause in causes] == \
+        [(vllm.FailureReason.KV_CACHE_TOO_SMALL, ONE_REQUEST, 3 * GiB)]
+    assert "which is larger than the available KV cache memory (3.0 GiB). Based on the available memory, the " \
+           "estimated maximum model length is 120960." in output
+
+
+def test_with_a_budget_the_start_still_needs_ceil_r_total_free(device, tmp_path):
+    """init_device's request_memory does not look at the budget: 11 GiB free < ceil(0.75 x 16 GiB) fails."""
+    device.hold("other", 5 * GiB)
+    engine = start_engine(device, tmp_path, engine=dataclasses.replace(CHAT, kv_cache_memory_bytes=ONE_REQUEST))
+    output, _ = engine.communicate(timeout=10)
+    assert engine.returncode == 1
+    assert [cause.reason for cause in set(failure_causes(output))] == [vllm.FailureReason.INSUFFICIENT_FREE_MEMORY]
+    assert [record["event"] for record in events(tmp_path)] == ["started", "baseline", "failed"]
+    assert events(tmp_path)[1]["requested"] == math.ceil(0.75 * 16 * GiB)
+
+
+@pytest.mark.parametrize(("budget", "tokens", "reason"), [
+    (ONE_REQUEST, 131072, None),
+    (ONE_REQUEST + 1703935, 131072, None),  # a block's bytes less one: no further block
+    (round(9.75 * GiB), 3 * 131072, None),
+    (ONE_REQUEST - 1, 131008, "kv_cache_too_small"),
+])
+def test_budgeted_outcome_is_the_budget_in_whole_blocks(budget, tokens, reason):
+    run = VllmRun("0.24.0", gpu_memory_utilization=0.75, max_model_len=131072, kv_bytes_per_token=26624,
+                  kv_cache_memory_bytes=budget)
+    outcome = vllmunit.budgeted_outcome(run, budget)
+    assert (outcome.tokens, outcome.failure.reason if outcome.failure else None) == (tokens, reason)
+
+
+def test_the_exporters_fold_reads_what_a_budgeted_engine_prints(device, tmp_path):
+    """The replay's output with the budget, folded as the journal reader hands it over: the budget, the
+    reserved KV bytes (as printed: GiB with 2 decimals), the tokens and max_num_seqs of a successful start."""
+    budget = round(9.75 * GiB)
+    engine = start_engine(device, tmp_path, engine=dataclasses.replace(CHAT, kv_cache_memory_bytes=budget,
+                                                                       gpu_memory_utilization=0.99))
+    try:
+        wait_for_event(tmp_path, "serving")
+    finally:
+        engine.send_signal(signal.SIGTERM)
+        output, _ = engine.communicate(timeout=10)
+    tracker = EngineTracker()
+    tracker.extend(TrackerEntry("vllm-chat.service", 1_000_000 + index, line, False, "", engine.pid, "invocation-1")
+                   for index, line in enumerate(output.splitlines()))
+    (view,) = tracker.views()
+    latest = view.latest
+    assert latest.outcome is Outcome.OK
+    assert (latest.kv_cache_memory_bytes, latest.effective_kv_cache_bytes, latest.effective_kv_cache_tokens) == \
+        (budget, budget, 3 * 131072)
+    assert latest.max_num_seqs == 3 and latest.requested_max_model_len == 131072

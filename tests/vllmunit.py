@@ -10,22 +10,30 @@ What happens, at vllmlogs' offsets (seconds after the process started, plus --im
 --time-scale:
 * 6.6, init_device: requested = ceil(R x total). If free < requested: vLLM's "Free memory on device
   ... is less than desired GPU memory utilization" failure (insufficient_free_memory). Otherwise this
-  free memory is the profiling baseline.
+  free memory is the profiling baseline. The check is the same with --kv-cache-memory-bytes set.
 * 6.6 .. 6.6 + 0.3 x init: the weights are loaded, in four steps.
-* then profiling: non-torch buffers (--non-torch-gib), then the activation peak (--activation-gib).
+* then profiling (profile_run, which runs with the budget set too): non-torch buffers (--non-torch-gib),
+  then the activation peak (--activation-gib).
 * 6.1 + 0.6 x init, the profiling moment: vLLM counts every byte that left the device since the
   baseline and is not its own torch memory as its own non-torch memory, so memory other processes
   took meanwhile is charged to it:
       KV = requested - (weights + activation peak + non-torch increase)
-  then frees the activation. KV <= 0: "No available memory for the cache blocks"; KV below what one
-  request of --max-model-len needs (ceil(len / block) x block x --kv-bytes-per-token): vLLM's
-  kv_cache_too_small message. A failed engine prints vLLM's failure output, gives all its memory
-  back and exits 1.
-* 0.4 later the KV cache is allocated; during warm-up the activation memory is taken again; at
+  With --kv-cache-memory-bytes N (vLLM 0.16+ on XPU, gpu_worker.determine_available_memory): the
+  profile run still runs, but KV = N whatever the device shows, so nothing other processes took is
+  charged; vLLM prints "Initial free memory F GiB, reserved N GiB memory for KV Cache as specified by
+  kv_cache_memory_bytes config and skipped memory profiling ..." instead of "Available KV cache memory".
+  Then it frees the activation. KV <= 0: "No available memory for the cache blocks"; KV (the budget
+  too) below what one request of --max-model-len needs (ceil(len / block) x block x
+  --kv-bytes-per-token): vLLM's kv_cache_too_small message (check_enough_kv_cache_memory). A failed
+  engine prints vLLM's failure output, gives all its memory back and exits 1.
+* 0.4 later the KV cache is allocated (KV bytes; the budget when set): KV // (block x
+  --kv-bytes-per-token) whole blocks of tokens; during warm-up the activation memory is taken again; at
   6.1 + init the init completes and the engine serves, holding its memory until SIGTERM.
 
-`--events FILE` appends one JSON line per decision (baseline, profiling, outcome) for tests.
-Only the standard library and the helpers beside this file: it runs under the system Python.
+`--events FILE` appends one JSON line per decision (started; baseline: free and requested; profiled:
+free, others, KV bytes and tokens; allocated: free just before the KV cache was taken; serving: KV
+bytes and tokens; failed: reason) for tests. Only the standard library and the helpers beside this
+file: it runs under the system Python.
 
 For the tests' side: `Engine` (a replayed engine's settings; CHAT, EMBEDDING and STT are the issue's
 three units on a 16 GiB GPU, SIXTEEN_GIB_GPU), `unit_file()` (its systemd unit) and `read_events()` /
@@ -97,6 +105,25 @@ def profiled_outcome(run: VllmRun, requested: int, weights: int, activation: int
     return run
 
 
+def kv_tokens(kv_bytes: int, block_size: int, kv_bytes_per_token: int) -> int:
+    """The tokens a KV cache of kv_bytes holds: whole blocks (vLLM's num_blocks x block_size)."""
+    return max(0, kv_bytes // (block_size * kv_bytes_per_token) * block_size)
+
+
+def budgeted_outcome(run: VllmRun, budget: int) -> VllmRun:
+    """The run as vLLM ends it at the profiling moment with --kv-cache-memory-bytes `budget`: the KV cache
+    is the budget (determine_available_memory returns it after the profile run, measuring nothing), and
+    check_enough_kv_cache_memory holds one request of max_model_len against the budget."""
+    block = run.effective_block_size
+    run = replace(run, kv_cache_gib=budget / GiB, kv_cache_tokens=kv_tokens(budget, block, run.kv_bytes_per_token))
+    needed = needed_kv_bytes(run.effective_max_model_len, block, run.kv_bytes_per_token)
+    if budget < needed:
+        estimate = estimated_max_model_len(budget, block, run.kv_bytes_per_token)
+        return replace(run, failure=Failure("kv_cache_too_small", needed_gib=needed / GiB, available_gib=budget / GiB,
+                                            estimated_max_model_len=estimate or None))
+    return run
+
+
 @dataclass(frozen=True)
 class Engine:
     """A replayed engine's settings (vllmunit's command line)."""
@@ -113,6 +140,8 @@ class Engine:
     model: str = "Qwen/Qwen3-1.7B"
     version: str = "0.24.0"
     import_seconds: float = 0.0
+    max_num_seqs: int | None = None
+    kv_cache_memory_bytes: int | None = None  # --kv-cache-memory-bytes: the KV budget
 
     def argv(self) -> list[str]:
         argv = ["--version", self.version, "--model", self.model,
@@ -121,12 +150,16 @@ class Engine:
                 "--weights-gib", str(self.weights_gib), "--init-seconds", str(self.init_seconds),
                 "--kv-bytes-per-token", str(self.kv_bytes_per_token), "--activation-gib", str(self.activation_gib),
                 "--non-torch-gib", str(self.non_torch_gib), "--import-seconds", str(self.import_seconds)]
-        return argv + (["--block-size", str(self.block_size)] if self.block_size is not None else [])
+        optional = (("--block-size", self.block_size), ("--max-num-seqs", self.max_num_seqs),
+                    ("--kv-cache-memory-bytes", self.kv_cache_memory_bytes))
+        return argv + [word for flag, value in optional if value is not None for word in (flag, str(value))]
 
 
 # The issue's three units on one 16 GiB GPU. Alone, chat's KV cache is 12 - 7.87 - 0.51 - 0.12 = 3.5 GiB
-# against 3.25 GiB needed for 131072 tokens; the small ones have ~0.9 and ~0.45 GiB for short contexts.
-CHAT = Engine("chat", 0.75, 131072, 7.87, 40.0, kv_bytes_per_token=26624, model="google/gemma-3-4b-it")
+# against 3.25 GiB needed for 131072 tokens (its max_num_seqs of 3 would need 9.75 GiB); the small ones
+# have ~0.9 and ~0.45 GiB for short contexts.
+CHAT = Engine("chat", 0.75, 131072, 7.87, 40.0, kv_bytes_per_token=26624, model="google/gemma-3-4b-it",
+              max_num_seqs=3)
 EMBEDDING = Engine("embedding", 0.07, 512, 0.06, 24.0, kv_bytes_per_token=36864, activation_gib=0.05, block_size=16,
                    model="BAAI/bge-small-en-v1.5")
 STT = Engine("stt", 0.07, 448, 0.45, 28.0, kv_bytes_per_token=73728, activation_gib=0.1, model="openai/whisper-small")
@@ -192,6 +225,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-model-len", type=int, required=True)
     parser.add_argument("--kv-bytes-per-token", type=int, default=114688)
     parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                        help="the KV budget (vLLM 0.16+ on XPU): KV is this, not requested - non-KV")
     parser.add_argument("--weights-gib", type=float, required=True)
     parser.add_argument("--activation-gib", type=float, default=0.51)
     parser.add_argument("--non-torch-gib", type=float, default=0.12)
@@ -206,6 +242,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--gpu-memory-utilization must be in (0, 1]")
     if args.time_scale <= 0:
         parser.error("--time-scale must be positive")
+    if args.kv_cache_memory_bytes is not None and args.kv_cache_memory_bytes <= 0:
+        parser.error("--kv-cache-memory-bytes must be positive")
     if release(args.version) < (0, 16):
         parser.error("--version: the replay models vLLM 0.16 and later (XPU shares the CUDA memory accounting)")
     return args
@@ -222,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     run = VllmRun(args.version, model=args.model, gpu_memory_utilization=args.gpu_memory_utilization,
                   max_model_len=args.max_model_len, kv_bytes_per_token=args.kv_bytes_per_token,
                   block_size=args.block_size, total_gib=round(total / GiB, 2), weights_gib=args.weights_gib,
-                  init_seconds=round(init_seconds, 2), main_pid=os.getpid(), requests=args.requests)
+                  init_seconds=round(init_seconds, 2), main_pid=os.getpid(), requests=args.requests,
+                  max_num_seqs=args.max_num_seqs, kv_cache_memory_bytes=args.kv_cache_memory_bytes)
     weights, activation = round(args.weights_gib * GiB), round(args.activation_gib * GiB)
     non_torch = round(args.non_torch_gib * GiB)
     requested = math.ceil(args.gpu_memory_utilization * total)
@@ -250,21 +289,27 @@ def main(argv: list[str] | None = None) -> int:
         replay.until(profiling_moment(run))
         free_now = device.free()
         others = (baseline - free_now) - (weights + non_torch + activation)
-        run = profiled_outcome(run, requested, weights, activation, non_torch + others)
+        budget = args.kv_cache_memory_bytes
+        if budget is None:
+            run = profiled_outcome(run, requested, weights, activation, non_torch + others)
+            kv_bytes = round(run.kv_cache_gib * GiB)
+        else:
+            run, kv_bytes = budgeted_outcome(run, budget), budget
         device.hold(args.name, weights + non_torch)
-        kv_bytes = round(run.kv_cache_gib * GiB)
-        events.write("profiled", free=free_now, others=others, kv_bytes=kv_bytes)
+        events.write("profiled", free=free_now, others=others, kv_bytes=kv_bytes, kv_tokens=run.tokens,
+                     budget=budget)
         replay.switch(run)
         if run.failure is not None:
             replay.until(math.inf)
             events.write("failed", reason=run.failure.reason)
             return 1
         replay.until(kv_allocated_at(run))
+        events.write("allocated", free=device.free(), kv_bytes=kv_bytes)
         device.hold(args.name, weights + non_torch + kv_bytes)
         replay.until((kv_allocated_at(run) + init_done_at(run)) / 2)
         device.hold(args.name, weights + non_torch + kv_bytes + activation)
         replay.until(math.inf)
-        events.write("serving")
+        events.write("serving", kv_bytes=kv_bytes, kv_tokens=run.tokens)
         while True:
             signal.pause()
     finally:
