@@ -70,6 +70,35 @@ def generate_openmetrics(registry: Collector,
     return _generate(registry, _openmetrics_family, fallback, "# EOF\n")
 
 
+def restricted(registry: Collector, names: Iterable[str]) -> Collector:
+    """The registry's families restricted to the samples named in `names`: `/metrics?name[]=a&name[]=b`,
+    as prometheus_client's `restricted_registry` serves it. A name is a sample's name as written, so a
+    counter is asked for as `x_total` (`x` matches none of its samples) and a histogram's parts as
+    `h_bucket`, `h_count`, `h_sum`; a family keeps the samples asked for and is left out without any.
+    Unlike prometheus_client (which collects its collectors in no set order and drops a filtered
+    family's unit), the families keep the registry's order and their units."""
+    return _Restricted(registry, frozenset(names))
+
+
+class _Restricted:
+    def __init__(self, registry: Collector, names: frozenset[str]) -> None:
+        self._registry = registry
+        self._names = names
+
+    def collect(self) -> Iterable[Metric]:
+        names = self._names
+        for family in self._registry.collect():
+            if isinstance(family, RowFamily):  # one sample name: all of it or nothing, left as it is
+                if family.sample_name in names:
+                    yield family
+                continue
+            samples = [sample for sample in family.samples if sample.name in names]
+            if samples:
+                kept = Metric(family.name, family.documentation, family.type, family.unit)
+                kept.samples = samples
+                yield kept
+
+
 class _NotPlain(Exception):
     """A family this module leaves to prometheus_client."""
 

@@ -20,12 +20,12 @@ import threading
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry
 
 from exporter import __version__
-from exporter.exposition import choose_encoder
+from exporter.exposition import choose_encoder, restricted
 from exporter.httpserver import ConnectionServer, Request, Response, ServerLimits, render_response
 from exporter.webconfig import PasswordChecksBusy, ReloadingWebConfig, WebConfig
 
@@ -238,8 +238,14 @@ class _Handler:
 
     def _metrics(self, request: Request, config: WebConfig | None) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        registry = self._site.registry
+        # ?name[]=a&name[]=b: only those samples, as prometheus_client's own servers do (an empty value is
+        # no name: parse_qs drops it); other parameters are ignored.
+        names = parse_qs(urlsplit(request.target).query).get("name[]")
+        if names:
+            registry = restricted(registry, names)
         try:
-            body = encoder(self._site.registry)
+            body = encoder(registry)
         except Exception as error:
             logger.error("collecting metrics failed: %s: %s", type(error).__name__, error)
             logger.debug("collecting metrics failed", exc_info=True)

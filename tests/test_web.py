@@ -15,12 +15,14 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import choose_encoder as choose_client_encoder
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import Collector
 
+from exporter.families import CounterFamily, GaugeFamily
 from exporter.httpserver import ServerLimits
 from exporter.web import ExporterServer, parse_listen_address
 from exporter.webconfig import WebConfig, load_web_config
@@ -187,6 +189,107 @@ def test_head_returns_the_headers_of_get_without_a_body(server):
     assert body == b""
     assert headers["Content-Type"] == get_headers["Content-Type"]
     assert int(headers["Content-Length"]) == len(get_body)
+
+
+class FilterCollector(Collector):
+    """Families of every shape /metrics?name[]= restricts: the exporter's row families (exporter.families)
+    and prometheus_client's, a counter with a _created sample and a histogram among them."""
+
+    def collect(self):
+        gauge = GaugeFamily("xpu_rows_bytes", "Row gauge.", labels=["device"])
+        gauge.add_metric(["0000:03:00.0"], 1024)
+        yield gauge
+        yield CounterFamily("xpu_rows_events", "Row counter.", value=7)
+        yield GaugeMetricFamily("client_gauge", "Client gauge.", value=3.5)
+        yield CounterMetricFamily("client_events", "Client counter.", value=2.0, created=1_700_000_000.0)
+        yield HistogramMetricFamily("client_seconds", "Client histogram.", buckets=[("1.0", 1.0), ("+Inf", 3.0)],
+                                    sum_value=4.5)
+
+
+def filter_registry() -> CollectorRegistry:
+    # Described, so that prometheus_client's restricted_registry finds the collector by its names (the
+    # exporter's restriction needs no names: exporter.exposition.restricted).
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(FilterCollector())
+    return registry
+
+
+@pytest.fixture(scope="module")
+def filter_server() -> Iterator[ExporterServer]:
+    with running(registry=filter_registry()) as filtering:
+        yield filtering
+
+
+def name_query(names: list[str]) -> str:
+    return "/metrics?" + "&".join(f"name[]={name}" for name in names)
+
+
+NAME_FILTERS = {
+    "row-gauge": ["xpu_rows_bytes"],
+    "row-counter-by-sample-name": ["xpu_rows_events_total"],
+    "row-counter-by-family-name": ["xpu_rows_events"],
+    "client-counter-total-only": ["client_events_total"],
+    "client-counter-and-created": ["client_events_total", "client_events_created"],
+    "histogram-by-family-name": ["client_seconds"],
+    "histogram-parts": ["client_seconds_bucket", "client_seconds_count"],
+    "several-and-unknown": ["client_gauge", "xpu_rows_bytes", "no_such_metric"],
+    "unknown-only": ["no_such_metric"],
+}
+
+
+@pytest.mark.parametrize("names", NAME_FILTERS.values(), ids=NAME_FILTERS.keys())
+@pytest.mark.parametrize("accept", ["", "text/plain;version=0.0.4", OPENMETRICS_ACCEPT],
+                         ids=["none", "text", "openmetrics"])
+def test_name_filter_serves_what_prometheus_clients_restricted_registry_serves(filter_server, names, accept):
+    status, headers, body = fetch(filter_server, name_query(names), headers={"Accept": accept})
+    encoder, content_type = choose_client_encoder(accept)
+    assert (status, headers["Content-Type"]) == (200, content_type)
+    assert body == encoder(filter_registry().restricted_registry(names))
+
+
+def test_name_filter_keeps_the_samples_named_and_leaves_out_the_families_without_any(filter_server):
+    _, _, body = fetch(filter_server, name_query(["xpu_rows_events_total", "client_seconds_count", "client_gauge",
+                                                  "xpu_rows_events", "no_such_metric"]))
+    families = {family.name: family for family in parse_text(body.decode())}
+    assert set(families) == {"xpu_rows_events", "client_seconds", "client_gauge"}
+    assert [sample.name for sample in families["client_seconds"].samples] == ["client_seconds_count"]
+    assert families["xpu_rows_events"].samples[0].value == 7.0
+
+
+def test_name_filter_with_openmetrics_and_gzip_is_the_filtered_body_compressed(filter_server):
+    query = name_query(["client_events_total", "xpu_rows_bytes"])
+    _, _, plain = fetch(filter_server, query, headers={"Accept": OPENMETRICS_ACCEPT})
+    status, headers, body = fetch(filter_server, query,
+                                  headers={"Accept": OPENMETRICS_ACCEPT, "Accept-Encoding": "gzip"})
+    assert (status, headers["Content-Encoding"]) == (200, "gzip")
+    assert gzip.decompress(body) == plain
+    assert plain.endswith(b"# EOF\n")
+    assert {family.name for family in parse_openmetrics(plain.decode())} == {"client_events", "xpu_rows_bytes"}
+
+
+def test_name_filter_matching_nothing_serves_an_empty_exposition(filter_server):
+    assert fetch(filter_server, name_query(["no_such_metric"]))[::2] == (200, b"")
+    assert fetch(filter_server, name_query(["no_such_metric"]), headers={"Accept": OPENMETRICS_ACCEPT})[::2] == \
+        (200, b"# EOF\n")
+
+
+@pytest.mark.parametrize("query", ["name%5B%5D=client_gauge", "other=1&name[]=client_gauge&name[]=",
+                                   "name[]=client%5Fgauge"])
+def test_name_filter_is_read_as_parse_qs_reads_it(filter_server, query):
+    _, _, body = fetch(filter_server, "/metrics?" + query)
+    assert body == generate_latest(filter_registry().restricted_registry(["client_gauge"]))
+
+
+@pytest.mark.parametrize("query", ["", "?name[]=", "?name=client_gauge", "?names[]=client_gauge"])
+def test_without_a_name_filter_every_family_is_served(filter_server, query):
+    assert fetch(filter_server, "/metrics" + query)[2] == generate_latest(filter_registry())
+
+
+def test_head_with_a_name_filter_has_the_filtered_length(filter_server):
+    query = name_query(["client_gauge"])
+    _, _, body = fetch(filter_server, query)
+    status, headers, head_body = fetch(filter_server, query, method="HEAD")
+    assert (status, head_body, int(headers["Content-Length"])) == (200, b"", len(body))
 
 
 def test_landing_page_links_to_the_telemetry_path():
