@@ -1,5 +1,9 @@
 """Command line: flags in the style of the Prometheus Go exporters, then serve until SIGTERM/SIGINT; SIGHUP
-re-reads the web config file."""
+re-reads the web config file.
+
+The top of the exporter: it imports the collectors (`exporter.collectors` registers them), makes each one's
+`--[no-]collector.NAME` switch and own flags from the registry, gives each its own options (never `Options`
+itself) and builds the enabled ones."""
 
 from __future__ import annotations
 
@@ -8,17 +12,17 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
+import exporter.collectors  # noqa: F401  (registers the bundled collectors)
 from exporter import __version__
 from exporter.collector import Collector, Source, Sources, registered
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
 from exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
-                            add_sysfs_flag, check_journal_flags, journal_engine_grace_usec, journal_unit_globs,
-                            positive_int)
+                            add_sysfs_flag, check_journal_flags, journal_engine_grace_usec, journal_unit_globs)
 from exporter.logs import FORMATS, LEVELS, setup_logging
 from exporter.scrape import ExporterCollector
 from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection, read_own_service_unit
@@ -35,9 +39,14 @@ log = logging.getLogger("exporter.main")
 DEFAULT_PORT = 10447
 
 
+def _default_collector_options() -> Mapping[str, object]:
+    return parse_options([]).collector_options
+
+
 @dataclass(frozen=True)
 class Options:
-    """The command line, parsed."""
+    """The command line, parsed. `collector_options`: each registered collector's own options (what its
+    registration makes of the command line; None for a collector without options), by name."""
 
     listen_address: str = f":{DEFAULT_PORT}"
     telemetry_path: str = "/metrics"
@@ -50,12 +59,12 @@ class Options:
     journal_units: tuple[str, ...] = DEFAULT_UNIT_GLOBS
     journal_boot: str = "current"
     journal_max_units: int = DEFAULT_MAX_UNITS
-    processes_max_units: int = DEFAULT_MAX_UNITS
     journal_engine_grace_usec: int = ENGINE_GRACE_USEC
     procfs: str = "/proc"
     sysfs: str = DEFAULT_SYSFS
     log_level: str = "info"
     log_format: str = "logfmt"
+    collector_options: Mapping[str, object] = field(default_factory=_default_collector_options)
 
 
 def telemetry_path(value: str) -> str:
@@ -95,11 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 default=spec.enabled_by_default, action=argparse.BooleanOptionalAction,
                                 help=f"enable the {spec.name} collector: {spec.description}")
     # BooleanOptionalAction spells the negation --no-collector.X, exactly the Prometheus form.
-    collectors.add_argument("--collector.processes.max-units", dest="processes_max_units", type=positive_int,
-                            default=DEFAULT_MAX_UNITS, metavar="N",
-                            help="at most this many units have per-unit series from processes (units the journal "
-                                 "watches first, then those holding the most memory); the memory of the others is "
-                                 "counted unattributed, their number in xpu_exporter_processes_units_dropped")
+    for spec in registered():
+        spec.add_flags(collectors)  # the collector's own --collector.NAME.OPTION flags, after every switch
 
     add_levelzero_flags(parser)
     add_journal_flags(parser)
@@ -115,11 +121,12 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
+    enabled = frozenset(spec.name for spec in registered() if getattr(args, f"collector_{spec.name}"))
     return Options(
         listen_address=args.listen_address,
         telemetry_path=args.telemetry_path,
         web_config_file=args.web_config_file,
-        collectors=frozenset(spec.name for spec in registered() if getattr(args, f"collector_{spec.name}")),
+        collectors=enabled,
         levelzero_library=args.levelzero_library,
         levelzero_timeout=args.levelzero_timeout,
         journal_directory=args.journal_directory,
@@ -127,12 +134,12 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         journal_units=journal_unit_globs(args),
         journal_boot=args.journal_boot,
         journal_max_units=args.journal_max_units,
-        processes_max_units=args.processes_max_units,
         journal_engine_grace_usec=journal_engine_grace_usec(args),
         procfs=args.procfs,
         sysfs=args.sysfs,
         log_level=args.log_level,
         log_format=args.log_format,
+        collector_options={spec.name: spec.options(args, enabled) for spec in registered()},
     )
 
 
@@ -171,7 +178,7 @@ def build_registry(options: Options) -> tuple[CollectorRegistry, Sources, list[C
     standard process and Python collectors; the sources and collectors are returned not started."""
     enabled = [spec for spec in registered() if spec.name in options.collectors]
     sources = build_sources(options, {need for spec in enabled for need in spec.needs})
-    collectors = [spec.factory(options, sources) for spec in enabled]
+    collectors = [spec.factory(options.collector_options[spec.name], sources) for spec in enabled]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, sources))
     # process_*: the exporter's own process, so its own /proc, never --path.procfs (the host's /proc in a container)

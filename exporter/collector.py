@@ -1,32 +1,37 @@
 """What a collector is, how it registers, and what it may read during a scrape.
 
 A collector is a thin mapping from the readings of shared sources to metric families. Each collector
-module registers itself with `register` (name, description, default on/off, the sources it needs and a
-factory); the command line makes the `--collector.NAME` / `--no-collector.NAME` flags from the registry,
-builds the sources the enabled collectors need once (`Sources`), and starts them. During a scrape a
-collector reads sources only through its `ScrapeContext`, which reads each source at most once per
-scrape, so collectors share readings without ever calling one another.
+module registers itself with `register`: name, description, default on/off, the sources it needs, its own
+flags (`--collector.NAME.OPTION`, added by `add_flags`), how its own options are made from the parsed
+command line (`options`), and a factory that builds it from those options and the sources. A collector
+never sees the whole command line, and this module imports neither the command line nor any collector:
+the command line (`exporter.cli`) imports the collectors (`exporter.collectors`), makes the
+`--collector.NAME` / `--no-collector.NAME` flags and each collector's own from the registry, builds the
+sources the enabled collectors need once (`Sources`), and starts them. During a scrape a collector reads
+sources only through its `ScrapeContext`, which reads each source at most once per scrape, so collectors
+share readings without ever calling one another.
 """
 
 from __future__ import annotations
 
+import argparse
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from prometheus_client.metrics_core import Metric
 
 from exporter.sources.levelzero_worker import LevelZeroUnavailable
 
 if TYPE_CHECKING:
-    from exporter.cli import Options
     from exporter.sources.journal.follower import JournalFollower, JournalState
     from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroWorker, PendingRead
     from exporter.sources.udev import DrmNodeNames
 
 T = TypeVar("T")
+O = TypeVar("O")  # a collector's own options
 
 
 class CollectionError(Exception):
@@ -145,33 +150,54 @@ class ScrapeContext:
         return value  # type: ignore[return-value]
 
 
+Factory = Callable[[O, Sources], Collector]  # the collector, from its own options and the shared sources
+AddFlags = Callable[[argparse._ArgumentGroup], None]  # adds its own flags to the command line's collectors group
+MakeOptions = Callable[[argparse.Namespace, frozenset[str]], O]  # its options: parsed flags, enabled collectors
+
+
+def no_flags(collectors: argparse._ArgumentGroup) -> None:
+    """A collector without flags of its own."""
+
+
+def no_options(args: argparse.Namespace, enabled: frozenset[str]) -> None:
+    """A collector without options: its factory gets None."""
+
+
 @dataclass(frozen=True)
-class CollectorSpec:
+class CollectorSpec(Generic[O]):
+    """A registered collector: what `register` was given."""
+
     name: str
     description: str
     needs: frozenset[Source]
-    factory: Callable[[Options, Sources], Collector]
+    factory: Factory[O]
+    add_flags: AddFlags = no_flags
+    options: MakeOptions[O] = no_options
     enabled_by_default: bool = True
 
 
-_registry: dict[str, CollectorSpec] = {}  # filled as the collector modules are imported
+_registry: dict[str, CollectorSpec[Any]] = {}  # filled as the collector modules are imported
 
 
-def register(name: str, description: str, needs: Iterable[Source] = (), enabled_by_default: bool = True
-             ) -> Callable[[Callable[[Options, Sources], Collector]], Callable[[Options, Sources], Collector]]:
-    """Decorates a collector's factory: `@register("journal", "...", needs=[Source.JOURNAL])`."""
+def register(name: str, description: str, needs: Iterable[Source] = (), enabled_by_default: bool = True, *,
+             add_flags: AddFlags = no_flags, options: MakeOptions[O] = no_options
+             ) -> Callable[[Factory[O]], Factory[O]]:
+    """Decorates a collector's factory: `@register("journal", "...", needs=[Source.JOURNAL])`. A collector with
+    options of its own also gives `add_flags(group)`, which adds its `--collector.NAME.OPTION` flags to the
+    collectors group, and `options(args, enabled)`, which makes its options from the parsed command line and
+    the names of the enabled collectors; its factory then gets those options (else None)."""
 
-    def decorate(factory: Callable[[Options, Sources], Collector]) -> Callable[[Options, Sources], Collector]:
+    def decorate(factory: Factory[O]) -> Factory[O]:
         if name in _registry:
             raise ValueError(f"collector {name!r} is registered twice")
-        _registry[name] = CollectorSpec(name, description, frozenset(needs), factory, enabled_by_default)
+        _registry[name] = CollectorSpec(name, description, frozenset(needs), factory, add_flags, options,
+                                        enabled_by_default)
         return factory
 
     return decorate
 
 
-def registered() -> tuple[CollectorSpec, ...]:
-    """Every registered collector, in the order the collector modules registered them."""
-    import exporter.collectors  # noqa: F401  (imported here, not above: the collector modules import this one)
-
+def registered() -> tuple[CollectorSpec[Any], ...]:
+    """Every registered collector, in the order they registered: those of the collector modules imported so far
+    (importing `exporter.collectors`, as the command line does, registers the bundled ones)."""
     return tuple(_registry.values())

@@ -12,8 +12,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from exporter.cli import build_parser, build_sources, parse_options
+from exporter.cli import Options, build_parser, build_sources, parse_options
 from exporter.collector import Collector, ScrapeContext, Source, Sources, registered
+from exporter.collectors.processes import ProcessesOptions
 from exporter.scrape import ExporterCollector
 
 
@@ -33,6 +34,16 @@ def test_every_registered_collector_has_its_enable_and_disable_flags_and_nothing
 def test_collectors_are_enabled_by_their_registered_default_and_disabled_by_their_flag():
     assert parse_options([]).collectors == {spec.name for spec in registered() if spec.enabled_by_default}
     assert parse_options(["--no-collector.journal"]).collectors == {"levelzero", "processes"}
+
+
+def test_each_collector_gets_only_its_own_options_made_from_the_command_line():
+    options = parse_options(["--no-collector.levelzero", "--collector.processes.max-units", "3",
+                             "--path.procfs", "/host/proc", "--path.sysfs", "/host/sys"])
+    assert options.collector_options == {
+        "journal": None, "levelzero": None,
+        "processes": ProcessesOptions(procfs="/host/proc", sysfs="/host/sys", max_units=3, reports_levelzero=True)}
+    assert parse_options([]).collector_options["processes"] == ProcessesOptions()
+    assert Options().collector_options == parse_options([]).collector_options
 
 
 def test_sources_are_built_only_for_what_the_enabled_collectors_need():
@@ -113,24 +124,74 @@ def test_a_request_after_a_scrape_ended_gets_a_fresh_scrape():
 
 
 def module_imports() -> dict[str, set[str]]:
-    """exporter's modules and the exporter modules each imports at module level (not under TYPE_CHECKING,
-    not inside functions)."""
+    """exporter's modules and the exporter modules each imports anywhere: at module level, under
+    `if TYPE_CHECKING:`, inside functions and methods (the whole tree, not only the module's body); a
+    `from exporter import x` imports the submodule x, a relative import is resolved against the module's
+    package, and importing a submodule imports the packages above it."""
     import ast
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     modules: dict[str, set[str]] = {}
     for path in (root / "exporter").rglob("*.py"):
-        name = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        parts = path.relative_to(root).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_package else parts)
+        package = name if is_package else name.rpartition(".")[0]
         imported: set[str] = set()
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("exporter"):
-                imported |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:  # from . import x, from ..y import z
+                    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    module = f"{base}.{node.module}" if node.module else base
+                else:
+                    module = node.module or ""
+                if module == "exporter" or module.startswith("exporter."):
+                    imported |= {module} | {f"{module}.{alias.name}" for alias in node.names}
             elif isinstance(node, ast.Import):
-                imported |= {alias.name for alias in node.names if alias.name.startswith("exporter")}
-        modules[name] = imported
+                imported |= {alias.name for alias in node.names
+                             if alias.name == "exporter" or alias.name.startswith("exporter.")}
+        # importing exporter.a.b runs exporter/a/__init__.py first (unless it is a package of the importer's own)
+        parents = {other.rsplit(".", depth)[0] for other in imported for depth in range(1, other.count("."))}
+        modules[name] = imported | {parent for parent in parents if not name.startswith(f"{parent}.")}
     return {name: {other for other in imported if other in modules and other != name}
             for name, imported in modules.items()}
+
+
+def import_cycles(imports: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of `imports`: its strongly connected components of more than one module (Tarjan's),
+    each sorted, so that a failure names every module of a circle, not one path through it."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for other in sorted(imports[name]):
+            if other not in index:
+                visit(other)
+                low[name] = min(low[name], low[other])
+            elif other in stack:
+                low[name] = min(low[name], index[other])
+        if low[name] == index[name]:
+            component = []
+            while (member := stack.pop()) != name:
+                component.append(member)
+            component.append(name)
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for name in sorted(imports):
+        if name not in index:
+            visit(name)
+    return sorted(cycles)
+
+
+def test_the_cycle_finder_names_every_module_of_a_circle():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_no_collector_imports_another_and_no_module_imports_in_a_cycle():
@@ -138,14 +199,5 @@ def test_no_collector_imports_another_and_no_module_imports_in_a_cycle():
     for name, imported in imports.items():
         if name.startswith("exporter.collectors."):
             assert not {other for other in imported if other.startswith("exporter.collectors")}, name
-
-    def cycle_from(start: str, path: tuple[str, ...]) -> tuple[str, ...] | None:
-        for other in imports[path[-1]]:
-            if other == start:
-                return (*path, other)
-            if other not in path and (found := cycle_from(start, (*path, other))):
-                return found
-        return None
-
-    for name in imports:
-        assert cycle_from(name, (name,)) is None, cycle_from(name, (name,))
+    cycles = import_cycles(imports)
+    assert not cycles, "modules that import each other in a circle: " + "; ".join(", ".join(c) for c in cycles)

@@ -4,7 +4,6 @@ follower's state (exporter.sources.journal.follower) as metric families."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 
@@ -12,9 +11,6 @@ from exporter.collector import CollectionError, Collector, ScrapeContext, Source
 from exporter.families import CounterFamily, GaugeFamily
 from exporter.fold.engine_starts import UnitView
 from exporter.parsers.vllm import FailureReason
-
-if TYPE_CHECKING:
-    from exporter.cli import Options
 
 
 class JournalCollector(Collector):
@@ -43,7 +39,7 @@ class JournalCollector(Collector):
 
 
 @register("journal", "vLLM engine starts, failures and KV cache from the journal", needs=[Source.JOURNAL])
-def _journal_collector(options: Options, sources: Sources) -> JournalCollector:
+def _journal_collector(options: None, sources: Sources) -> JournalCollector:
     return JournalCollector()
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 
@@ -21,9 +20,6 @@ from exporter.families import CounterFamily, GaugeFamily
 from exporter.sources import levelzero as ze
 from exporter.sources import udev
 from exporter.sources.levelzero_worker import DeviceMemory, DeviceTelemetry
-
-if TYPE_CHECKING:
-    from exporter.cli import Options
 
 log = logging.getLogger("exporter.levelzero")
 
@@ -215,6 +211,6 @@ class LevelZeroCollector(Collector):
 
 
 @register("levelzero", "device identity, memory and telemetry from Level Zero", needs=[Source.LEVELZERO_TELEMETRY])
-def _levelzero_collector(options: Options, sources: Sources) -> LevelZeroCollector:
+def _levelzero_collector(options: None, sources: Sources) -> LevelZeroCollector:
     assert sources.drm_nodes is not None, "built with Level Zero"
     return LevelZeroCollector(sources.drm_nodes)

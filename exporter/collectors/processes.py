@@ -30,14 +30,17 @@ Per watched engine unit on a GPU whose total is known, the plan's figures (expor
 vllm-xpu-plan's): its footprint and planned KV cache, and per GPU their sum, so that a GPU whose units cannot
 all run at once shows on the dashboard and alerts. The unit's GPU is the one it holds (or last held) memory
 on, or the only one.
+
+Its options (`ProcessesOptions`): the host's /proc and /sys (--path.procfs, --path.sysfs), its unit cap
+(--collector.processes.max-units, a flag it adds itself) and whether the levelzero collector is disabled.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 
@@ -45,12 +48,10 @@ from exporter.collector import CollectionError, Collector, ScrapeContext, Source
 from exporter import memory as memory_rules
 from exporter import planning
 from exporter.families import CounterFamily, GaugeFamily
+from exporter.flags import positive_int
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
 from exporter.sources import dmem, procfs
 from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
-
-if TYPE_CHECKING:
-    from exporter.cli import Options
 
 log = logging.getLogger("exporter.processes")
 
@@ -406,7 +407,36 @@ class ProcessesCollector(Collector):
         return gpus[0] if len(gpus) == 1 else None
 
 
-@register("processes", "per-unit device memory from processes", needs=[Source.LEVELZERO])
-def _processes_collector(options: Options, sources: Sources) -> ProcessesCollector:
-    return ProcessesCollector(options.procfs, reports_levelzero="levelzero" not in options.collectors,
-                              sysfs_root=options.sysfs, max_units=options.processes_max_units)
+@dataclass(frozen=True)
+class ProcessesOptions:
+    """The processes collector's options: `procfs` and `sysfs`, where the host's /proc and /sys are
+    (--path.procfs, --path.sysfs); `max_units` (--collector.processes.max-units); `reports_levelzero`: the
+    levelzero collector is disabled (see ProcessesCollector)."""
+
+    procfs: str = "/proc"
+    sysfs: str = dmem.DEFAULT_SYSFS
+    max_units: int = DEFAULT_MAX_UNITS
+    reports_levelzero: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, enabled: frozenset[str]) -> ProcessesOptions:
+        """From the parsed command line (its host paths and this collector's own flag) and the names of the
+        enabled collectors."""
+        return cls(procfs=args.procfs, sysfs=args.sysfs, max_units=args.processes_max_units,
+                   reports_levelzero="levelzero" not in enabled)
+
+
+def add_flags(collectors: argparse._ArgumentGroup) -> None:
+    """--collector.processes.max-units (dest processes_max_units)."""
+    collectors.add_argument("--collector.processes.max-units", dest="processes_max_units", type=positive_int,
+                            default=DEFAULT_MAX_UNITS, metavar="N",
+                            help="at most this many units have per-unit series from processes (units the journal "
+                                 "watches first, then those holding the most memory); the memory of the others is "
+                                 "counted unattributed, their number in xpu_exporter_processes_units_dropped")
+
+
+@register("processes", "per-unit device memory from processes", needs=[Source.LEVELZERO],
+          add_flags=add_flags, options=ProcessesOptions.from_args)
+def _processes_collector(options: ProcessesOptions, sources: Sources) -> ProcessesCollector:
+    return ProcessesCollector(options.procfs, reports_levelzero=options.reports_levelzero,
+                              sysfs_root=options.sysfs, max_units=options.max_units)
