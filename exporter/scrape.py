@@ -3,6 +3,11 @@
 Concurrent requests share the scrape in flight (single flight): a request that arrives while a scrape
 runs waits for it and serves its families, so the collectors and the sources they read see one scrape
 at a time whatever the number of clients.
+
+A collector whose source is still starting (the journal's first read, Level Zero's init: `NO_DATA_YET`)
+reports 0 in `xpu_exporter_collector_success` as for a failure, since its figures are not there; but every
+start goes through that state, so it is logged at info, not as a failure's warning (node_exporter's
+ErrNoData), and its end is not logged as a recovery.
 """
 
 from __future__ import annotations
@@ -21,9 +26,13 @@ from prometheus_client.registry import Collector as PrometheusCollector
 from exporter import __version__
 from exporter.collector import CollectionError, Collector, ScrapeContext, Sources
 from exporter.families import GaugeFamily, Row, RowFamily
-from exporter.sources.levelzero_worker import LevelZeroUnavailable
+from exporter.sources.journal.follower import STILL_READING
+from exporter.sources.levelzero_worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
 
 log = logging.getLogger("exporter.scrape")
+
+# A collector's whole error when its source has no data yet: a state of every start, not a failure.
+NO_DATA_YET = frozenset({STILL_READING, STILL_INITIALISING, JUST_INITIALISED})
 
 
 class _Flight:
@@ -89,14 +98,22 @@ class ExporterCollector(PrometheusCollector):
 
     def _log_transitions(self, errors: dict[str, str | None]) -> None:
         """Log a failure when it starts or changes, and the recovery; never every scrape. Collectors
-        failing for one reason (one source) share one line."""
+        failing for one reason (one source) share one line. No data yet (`NO_DATA_YET`) is logged at info
+        when it begins, and nothing when data comes."""
         previous, self._last_errors = self._last_errors, errors
         started: dict[str, list[str]] = {}
+        waiting: dict[str, list[str]] = {}
         for name, error in errors.items():
-            if error and error != previous.get(name):
-                started.setdefault(error, []).append(name)
-            elif not error and previous.get(name):
-                log.info("collector %s works again", name)
+            before = previous.get(name)
+            if error == before:
+                continue
+            if error is None:
+                if before not in NO_DATA_YET:
+                    log.info("collector %s works again", name)
+            else:
+                (waiting if error in NO_DATA_YET else started).setdefault(error, []).append(name)
+        for error, names in waiting.items():
+            log.info("collector %s has no data yet: %s", ",".join(names), error)
         for error, names in started.items():
             log.warning("collector %s failed: %s", ",".join(names), error)
 

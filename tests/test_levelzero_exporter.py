@@ -332,6 +332,17 @@ def test_without_a_usable_driver_the_exporter_serves_and_says_so(fake_driver, co
     assert expected in warnings[0]
 
 
+def test_a_scrape_while_level_zero_initialises_has_no_data_yet_and_logs_no_warning(fake_driver, config_path):
+    # Every start goes through this: the first scrape can come before zeInit returns (here it never does).
+    with start(fake_driver, config_path, FakeConfig(devices=(A770,), init_hang=True),
+               "--levelzero.timeout", "1s") as exporter:
+        samples = exporter.scrape()
+        assert sample(samples, "xpu_exporter_collector_success", collector="levelzero") == 0
+        assert not device_families(samples, "0000:03:00.0")
+        assert warning_lines(exporter) == []
+        assert info_lines(exporter, "collector levelzero has no data yet: Level Zero is still initialising")
+
+
 @pytest.mark.parametrize("init_result", ["ZE_RESULT_ERROR_UNINITIALIZED", "ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS",
                                          "ZE_RESULT_ERROR_DEPENDENCY_UNAVAILABLE"])
 def test_failing_zeinit_never_crashes_and_logs_one_clear_line(fake_driver, config_path, init_result):

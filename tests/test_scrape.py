@@ -4,6 +4,7 @@ other collectors' series are served."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 
@@ -13,9 +14,11 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from exporter.collector import Collector, ScrapeContext, Sources
+from exporter.collector import CollectionError, Collector, ScrapeContext, Sources
 from exporter.families import GaugeFamily
 from exporter.scrape import ExporterCollector
+from exporter.sources.journal.follower import STILL_READING
+from exporter.sources.levelzero_worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
 from scrapes import parse_samples
 
 
@@ -143,3 +146,67 @@ def test_a_scrape_asks_level_zero_first_and_reads_its_answer_when_a_collector_ne
                                         Sources(levelzero=RecordingLevelZero(log))))  # type: ignore[arg-type]
     generate_latest(registry)
     assert log == ["Level Zero asked", "journal ran", "levelzero ran", "Level Zero answer read"]
+
+
+# --- no data yet: a source still starting --------------------------------------------------------------
+
+
+class Raises(Collector):
+    """A collector that raises the next of `errors` at each scrape (None: works)."""
+
+    def __init__(self, name: str, errors: list[Exception | None]) -> None:
+        self.name, self._errors = name, errors
+
+    def collect(self, context: ScrapeContext) -> Iterator[Metric]:
+        error = self._errors.pop(0)
+        if error is not None:
+            raise error
+        return iter(())
+
+
+# What the journal collector raises during the follower's first read, and what the levelzero collector lets
+# through while the Level Zero child initialises.
+STARTING = {
+    "journal-first-read": CollectionError(STILL_READING),
+    "levelzero-initialising": LevelZeroUnavailable(STILL_INITIALISING),
+    "levelzero-just-initialised": LevelZeroUnavailable(JUST_INITIALISED),
+}
+
+
+def scrapes(collector: Collector, count: int) -> list[float]:
+    """The collector's success at each of `count` scrapes."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector([collector], Sources()))
+    return [parse_samples(generate_latest(registry).decode())[("xpu_exporter_collector_success",
+                                                               (("collector", collector.name),))]
+            for _ in range(count)]
+
+
+def scrape_log(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [(record.levelno, record.getMessage()) for record in caplog.records if record.name == "exporter.scrape"]
+
+
+@pytest.mark.parametrize("error", list(STARTING.values()), ids=list(STARTING))
+def test_a_source_still_starting_reports_0_and_logs_no_data_yet_at_info_not_a_warning(
+        error: Exception, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="exporter.scrape"):
+        assert scrapes(Raises("starting", [error, error, None, None]), 4) == [0, 0, 1, 1]
+    assert scrape_log(caplog) == [(logging.INFO, f"collector starting has no data yet: {error}")]
+
+
+def test_a_failure_after_no_data_yet_warns_and_its_end_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    failed = CollectionError("cannot open the journal: Permission denied")
+    with caplog.at_level(logging.DEBUG, logger="exporter.scrape"):
+        assert scrapes(Raises("journal", [STARTING["journal-first-read"], failed, None]), 3) == [0, 0, 1]
+    assert scrape_log(caplog) == [
+        (logging.INFO, f"collector journal has no data yet: {STILL_READING}"),
+        (logging.WARNING, f"collector journal failed: {failed}"),
+        (logging.INFO, "collector journal works again"),
+    ]
+
+
+def test_a_failure_at_the_first_scrape_is_still_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    failed = LevelZeroUnavailable("Level Zero initialisation failed: zeInit: ZE_RESULT_ERROR_UNINITIALIZED")
+    with caplog.at_level(logging.DEBUG, logger="exporter.scrape"):
+        assert scrapes(Raises("levelzero", [failed]), 1) == [0]
+    assert scrape_log(caplog) == [(logging.WARNING, f"collector levelzero failed: {failed}")]

@@ -87,6 +87,9 @@ BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
 # A lost device needs a fresh zeInit: these per-device errors make the parent restart the child.
 RESTART_CODES = frozenset({ZE_RESULT_ERROR_DEVICE_LOST, ZE_RESULT_ERROR_UNINITIALIZED})
+# Why a read has no answer while a child is starting (within INIT_DEADLINE_S): no data yet, not a failure.
+STILL_INITIALISING = "Level Zero is still initialising"
+JUST_INITIALISED = "Level Zero has just initialised; the next scrape reads it"
 INIT_HINTS = {
     ZE_RESULT_ERROR_UNINITIALIZED: " (no Level Zero GPU driver or no GPU: is Intel's compute runtime installed?)",
     ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS: " (no access to /dev/dri/renderD*: run the exporter in the render group)",
@@ -513,7 +516,7 @@ class LevelZeroWorker:
             self._ready(deadline)
             if not initialised_before and deadline - time.monotonic() < self.timeout / 2:
                 # A slow init used up this scrape's time; reading now could only time out and kill it.
-                raise LevelZeroUnavailable("Level Zero has just initialised; the next scrape reads it")
+                raise LevelZeroUnavailable(JUST_INITIALISED)
             assert self._child is not None and self._child.stdin is not None
             try:
                 self._child.stdin.write(what.encode() + b"\n")
@@ -555,7 +558,7 @@ class LevelZeroWorker:
             ready = self._receive(deadline)
             if ready is None:
                 if time.monotonic() < self._init_deadline:
-                    raise LevelZeroUnavailable("Level Zero is still initialising")
+                    raise LevelZeroUnavailable(STILL_INITIALISING)
                 self._fail(f"Level Zero initialisation did not finish within {INIT_DEADLINE_S:g}s (driver hang?)")
             self._devices = self._devices_in(ready)
             self._state = WorkerState.READY
