@@ -26,7 +26,7 @@ from fakeze import SharedDevice
 from polling import wait_for
 from realsystemd import RealSystemd, path_inside
 from scrapes import Samples, parse_samples
-from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, serving_units, unit_file
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, read_events, serving_units, unit_file
 
 RACE_UNITS: Mapping[str, Engine] = {
     "vllm-xpu-chat.service": CHAT,
@@ -156,6 +156,7 @@ class BootOutcome:
     settled: bool  # every unit was serving before the timeout
     seconds: float  # from boot until every unit served (or the timeout)
     entries: Sequence[Mapping[str, object]]  # the units' journal (journalctl -o json)
+    events: Sequence[Mapping[str, object]] = ()  # what the replayed engines wrote to --events (vllmunit)
 
     @property
     def failures(self) -> int:
@@ -166,35 +167,55 @@ class BootOutcome:
         return sum(unit.overlaps for unit in self.counts.values())
 
 
+def race_unit_files(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine], Sequence[str]] = (),
+                    time_scale: float = 0.1, extra_service: Sequence[str] = ()) -> dict[str, str]:
+    """RACE_UNITS' unit files (path inside -> text): the engines take memory of `shared`/ze.conf and write
+    their events to `shared`/events.jsonl."""
+    shared = Path(shared)
+    return {f"/etc/systemd/system/{name}": unit_file(
+        engine, device_config=path_inside(shared, shared / "ze.conf"),
+        exec_start_pre=exec_start_pre(engine) if callable(exec_start_pre) else exec_start_pre,
+        time_scale=time_scale, events=path_inside(shared, shared / "events.jsonl"), requests=0,
+        extra_service=extra_service)
+        for name, engine in RACE_UNITS.items()}
+
+
+def idle_gpu(shared: Path) -> tuple[Path, Path]:
+    """A fresh 16 GiB fake GPU (`shared`/ze.conf, nothing held but the driver's IDLE_RESERVED) and no
+    events yet (`shared`/events.jsonl): a cold boot's. Returns both paths."""
+    config, events = Path(shared) / "ze.conf", Path(shared) / "events.jsonl"
+    SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
+    events.unlink(missing_ok=True)
+    return config, events
+
+
 def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine], Sequence[str]] = (),
               time_scale: float = 0.1, extra_service: Sequence[str] = (), exporter: PackagedExporter | None = None,
-              while_up: Callable[[RealSystemd], None] | None = None) -> BootOutcome:
+              while_up: Callable[[RealSystemd], None] | None = None,
+              files: Mapping[str, str] | None = None) -> BootOutcome:
     """Boot once with RACE_UNITS enabled and report what the journal shows once they all serve.
     `extra_service`: more [Service] lines for every unit; `exporter`: the packaged exporter unit
     (packaged_exporter) enabled beside them; `while_up` is called with the machine once the units serve,
-    before it shuts down."""
+    before it shuts down; `files`: more files of the machine (path inside -> text), e.g. the units'
+    drop-ins."""
     shared = Path(shared)
-    config, events = shared / "ze.conf", shared / "events.jsonl"
-    SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
-    events.unlink(missing_ok=True)
-    files = {f"/etc/systemd/system/{name}": unit_file(
-        engine, device_config=path_inside(shared, config),
-        exec_start_pre=exec_start_pre(engine) if callable(exec_start_pre) else exec_start_pre,
-        time_scale=time_scale, events=path_inside(shared, events), requests=0, extra_service=extra_service)
-        for name, engine in RACE_UNITS.items()}
+    _, events = idle_gpu(shared)
+    all_files = race_unit_files(shared, exec_start_pre=exec_start_pre, time_scale=time_scale,
+                                extra_service=extra_service)
+    all_files.update(files or {})
     enable = list(RACE_UNITS)
     if exporter is not None:
-        files.update(exporter.files)
+        all_files.update(exporter.files)
         enable.append(EXPORTER_UNIT)
-    with RealSystemd(shared, files=files, enable=enable) as machine:
+    with RealSystemd(shared, files=all_files, enable=enable) as machine:
         settled = wait_for(lambda: serving_units(events) == set(RACE_UNITS), timeout=SETTLE_TIMEOUT, interval=0.1)
         seconds = time.time() - machine.booted_at
         machine.sync_journal()
         entries = machine.journal(*RACE_UNITS)
         if while_up is not None:
             while_up(machine)
-    return BootOutcome(journalfacts.counts(entries, RACE_UNITS), settled, seconds, entries)
+    return BootOutcome(journalfacts.counts(entries, RACE_UNITS), settled, seconds, entries, read_events(events))
 
 
 __all__ = ["BootOutcome", "EXPORTER_UNIT", "GATE_LAUNCHER", "PackagedExporter", "packaged_exporter", "IDLE_RESERVED", "RACE_UNITS", "gate_command", "gate_environment",
-           "gated", "gated_with", "race_boot"]
+           "gated", "gated_with", "idle_gpu", "race_boot", "race_unit_files"]

@@ -1,0 +1,172 @@
+"""The planner's proof on the issue's host: the drop-ins `vllm-xpu-plan` writes, applied with the gate
+off, over repeated cold boots of a real systemd; and a target that cannot fit refused before any boot.
+
+    python benchmarks/planned_boot.py                  # observation and plan, 20 planned boots, 20 without (as root)
+    python benchmarks/planned_boot.py --boots 5
+    python benchmarks/planned_boot.py --no-baseline    # only the planned boots
+
+The host is the boot race's (tests/bootrace.py): chat (0.75, 131072 tokens, max_num_seqs 3), embedding
+(0.07) and stt (0.07) of one 16 GiB fake GPU, replayed vLLM 0.24 engines that take memory the way vLLM
+accounts it and honour --kv-cache-memory-bytes as vLLM 0.16+ does on XPU (tests/vllmunit.py), each a unit
+with Restart=on-failure on a fresh systemd 252 booted as PID 1 of private namespaces
+(tests/realsystemd.py). tests/plannedboot.py does the steps:
+
+1. observation: one boot where the units start one after another, each alone (each succeeds: how an
+   operator first learns the figures);
+2. the planner as shipped on that boot's journal (Level Zero through the fake driver for the GPU's
+   total): the default target (chat's max_num_seqs 3 x 131072 tokens) must exit 1 naming chat and the
+   bytes missing; then `--requests vllm-xpu-chat.service=1` (one full-length request) as systemd drop-ins
+   written into /etc/systemd/system, daemon-reload;
+3. --boots cold boots with those drop-ins, the three units enabled so that systemd starts them together,
+   no gate: a boot counts when every unit started once, without an init failure, serves and its KV cache
+   holds its target (KV bytes >= its planned --kv-cache-memory-bytes, tokens >= its target tokens, from
+   the engines' events); each line also shows the smallest margin of free memory over ceil(R x total) at
+   the boot's start checks and of free memory over the KV bytes at its KV allocations (the totals count
+   boots where either was short);
+4. --baseline (default): as many boots without the drop-ins (the units as they were, ungated), counted
+   the same way (tokens against the same targets).
+
+Prints a line per boot, then both counts. Exit status 0 when both claims hold (the default target
+refused naming chat, every planned boot counted), else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from fakeze import build_fake_driver  # noqa: E402
+from plannedboot import (CHAT, PLANNED_TARGETS, BootVerdict, Observation, UnitVerdict, judge,  # noqa: E402
+                         observe, planned_boot)
+
+GiB = 1 << 30
+MISSING = re.compile(r"does not fit: (?P<bytes>\d+) bytes missing")
+
+
+def gib(value: int | None) -> str:
+    return "-" if value is None else f"{value / GiB:+.2f} GiB"
+
+
+def short(unit: str) -> str:
+    return unit.removeprefix("vllm-xpu-").removesuffix(".service")
+
+
+def default_refused(observation: Observation) -> tuple[bool, str]:
+    """Whether the default target was refused as claimed (exit 1, chat and the bytes missing named),
+    and the line that says so."""
+    run = observation.default
+    lines = run.does_not_fit
+    named = any(CHAT in line and MISSING.search(line) for line in lines)
+    text = lines[0] if lines else (run.stderr.strip() or f"(no output, exit {run.returncode})")
+    return run.returncode == 1 and named, text
+
+
+def describe_observation(observation: Observation) -> None:
+    starts = ", ".join(f"{short(unit)} {counts.starts} start{'s' * (counts.starts != 1)}"
+                       + (f" {dict(counts.failures)}" if counts.failures else "")
+                       for unit, counts in observation.counts.items())
+    print(f"observation (one after another, each alone): {starts}")
+    refused, line = default_refused(observation)
+    chat = next((unit for device in observation.default.document().get("devices", [])
+                 for unit in device["units"] if unit["unit"] == CHAT), None) if observation.default.stdout else None
+    if chat is not None:
+        print(f"default target: chat {chat['target_tokens']} tokens ({chat['target']}): KV "
+              f"{chat['kv_cache_memory_bytes']} bytes + non-KV {chat['non_kv_bytes']} = {chat['footprint_bytes']} "
+              f"({chat['footprint_bytes'] / GiB:.2f} GiB)")
+    print(f"default target: planner exit {observation.default.returncode} before any boot: {line}"
+          + ("" if refused else "  (NOT AS CLAIMED)"))
+    planned = observation.planned
+    print(f"planned ({' '.join(PLANNED_TARGETS)}): planner exit {planned.returncode}; "
+          f"drop-ins written: {len(observation.drop_ins)} (exit {observation.written.returncode})")
+    for unit, target in observation.targets.items():
+        print(f"  {short(unit)}: target {target.tokens} tokens, --kv-cache-memory-bytes {target.kv_bytes}, "
+              f"--gpu-memory-utilization {target.gpu_memory_utilization:g}")
+
+
+def why_not(unit: UnitVerdict) -> str:
+    reasons = [f"{unit.failures} failed inits"] if unit.failures else []
+    reasons += [f"{unit.starts} starts"] if unit.starts != 1 else []
+    reasons += ["not serving"] if not unit.served else []
+    reasons += ["KV below target"] if not unit.holds_target else []
+    return ", ".join(reasons)
+
+
+def boot_line(name: str, number: int, verdict: BootVerdict) -> str:
+    outcome = verdict.outcome
+    units = "; ".join(f"{short(u.unit)} {u.kv_tokens if u.kv_tokens is not None else '-'} tokens"
+                      + ("" if u.served_its_target else f" (NOT ITS TARGET: {why_not(u)})")
+                      for u in verdict.units.values())
+    failed = {short(unit): dict(counts.failures) for unit, counts in outcome.counts.items() if counts.failures}
+    return (f"{name}: boot {number:2d}: {'ok ' if verdict.every_unit_served_its_target else 'NO '} "
+            f"{outcome.failures} init failures, {outcome.overlaps} overlapping inits, all serving after "
+            f"{outcome.seconds:.1f} s" + ("" if outcome.settled else " (NOT SETTLED)")
+            + f"; {units}; min free - requested at a start check {gib(verdict.min_start_margin)}, "
+            f"free - KV at a KV allocation {gib(verdict.min_allocation_margin)}"
+            + (f"  {failed}" if failed else ""))
+
+
+def boots(name: str, shared: Path, observation: Observation, count: int, *, planned: bool,
+          time_scale: float) -> list[BootVerdict]:
+    verdicts = []
+    for number in range(1, count + 1):
+        outcome = planned_boot(shared, observation if planned else None, time_scale=time_scale)
+        verdict = judge(outcome, observation.targets, planned=planned)
+        verdicts.append(verdict)
+        print(boot_line(name, number, verdict), flush=True)
+    return verdicts
+
+
+def summary(name: str, verdicts: Sequence[BootVerdict], what: str) -> str:
+    good = sum(verdict.every_unit_served_its_target for verdict in verdicts)
+    with_failures = sum(verdict.outcome.failures > 0 for verdict in verdicts)
+    return (f"{name}: {good}/{len(verdicts)} cold boots {what}; {with_failures} with init failures, "
+            f"{sum(v.outcome.failures for v in verdicts)} init failures, "
+            f"{sum(v.outcome.overlaps for v in verdicts)} overlapping inits, "
+            f"{sum(not v.start_checks_passed for v in verdicts)} with a start check short of its request, "
+            f"{sum(not v.allocations_fit for v in verdicts)} with a KV cache taken beyond free memory, "
+            f"{sum(not v.outcome.settled for v in verdicts)} not settled")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--boots", type=int, default=20)
+    parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
+                        help="also boot as many times without the drop-ins (default: yes)")
+    parser.add_argument("--time-scale", type=float, default=0.1, help="real seconds per replayed vLLM second")
+    args = parser.parse_args(argv)
+    if args.boots < 1:
+        parser.error("--boots must be at least 1")
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="planned-boot-") as directory:
+        shared = Path(directory)
+        driver = build_fake_driver(shared)
+        observation = observe(shared, driver, time_scale=args.time_scale)
+        describe_observation(observation)
+        if observation.planned.returncode != 0 or len(observation.drop_ins) != len(observation.targets):
+            print(f"the plan with {' '.join(PLANNED_TARGETS)} did not fit or wrote no drop-ins:\n"
+                  f"{observation.planned.stderr}{observation.written.stderr}")
+            return 1
+        what = "every unit started once and its KV cache held its target (gate off)"
+        planned = boots("planned", shared, observation, args.boots, planned=True, time_scale=args.time_scale)
+        baseline = boots("without the drop-ins", shared, observation, args.boots, planned=False,
+                         time_scale=args.time_scale) if args.baseline else []
+    refused, line = default_refused(observation)
+    print()
+    print(f"default target: planner exit {observation.default.returncode} before any boot: {line}")
+    print(summary("planned", planned, what))
+    if baseline:
+        print(summary("without the drop-ins (ungated, unplanned)", baseline, what))
+    print(f"({time.monotonic() - began:.0f} s)")
+    return 0 if refused and all(v.every_unit_served_its_target for v in planned) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

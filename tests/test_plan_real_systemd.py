@@ -1,0 +1,112 @@
+"""The planner (`vllm-xpu-plan`, docs/planner.md) proven on a real systemd 252 booted as PID 1 of private
+namespaces (tests/realsystemd.py), on the issue's host: the boot race's three replayed vLLM units (chat
+0.75 with 131072 tokens and max_num_seqs 3, embedding 0.07, stt 0.07 of one 16 GiB fake GPU,
+Restart=on-failure; tests/bootrace.py), vLLM 0.24 engines that honour --kv-cache-memory-bytes
+(tests/vllmunit.py). tests/plannedboot.py does the steps: the units started one after another, the
+planner as shipped on that journal (the default target refused, one full-length request of chat planned
+as systemd drop-ins and applied), then cold boots with the drop-ins and the gate off.
+benchmarks/planned_boot.py does the same over 20 boots, beside 20 without the drop-ins; here the boots
+are few, and what is asserted is what the plan makes deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bootrace import IDLE_RESERVED, RACE_UNITS
+from exporter.plan import DROP_IN_NAME, exec_start_from_cat
+from fakeze import GiB
+from plannedboot import CHAT, Observation, judge, observe, planned_boot
+from test_real_systemd import require_root
+from vllmunit import SIXTEEN_GIB_GPU
+
+PLANNED_BOOTS = 3
+TOTAL = SIXTEEN_GIB_GPU.memory[0].size
+RESERVE = 512 * 1024 * 1024  # the planner's default --reserve
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    require_root()
+    return tmp_path_factory.mktemp("planned-boot")
+
+
+@pytest.fixture(scope="module")
+def observation(shared: Path, fake_driver: Path) -> Iterator[Observation]:
+    driver = shared / fake_driver.name
+    shutil.copy(fake_driver, driver)
+    yield observe(shared, driver)
+
+
+def test_the_units_started_one_after_another_each_start_once(observation: Observation):
+    """How an operator first learns the figures: each unit alone, so each succeeds."""
+    assert {unit: (counts.starts, dict(counts.failures), counts.overlaps)
+            for unit, counts in observation.counts.items()} == {unit: (1, {}, 0) for unit in RACE_UNITS}
+
+
+def test_the_default_target_does_not_fit_and_the_planner_exits_1_naming_chat_and_the_bytes_missing(
+        observation: Observation):
+    """Chat's max_num_seqs 3 x 131072 tokens: over 9.75 GiB of KV beside its 8.5 GiB of weights, activation
+    and non-torch memory (ceil(0.75 x 16 GiB) less the 3.5 GiB of KV it printed alone) cannot fit 16 GiB:
+    exit 1 before any boot with the budgets, stderr naming the GPU, chat and the bytes missing."""
+    run = observation.default
+    assert run.returncode == 1, run.stderr
+    document = run.document()
+    (device,) = document["devices"]
+    chat = next(unit for unit in device["units"] if unit["unit"] == CHAT)
+    assert chat["target_tokens"] == 3 * 131072 and chat["target"] == "max_num_seqs 3 x 131072 tokens"
+    assert chat["non_kv_bytes"] == math.ceil(0.75 * TOTAL) - round(3.5 * GiB)
+    assert chat["kv_cache_memory_bytes"] >= round(9.75 * GiB)  # 6144 blocks of 64 at the rate it printed
+    assert (device["total_bytes"], device["reserve_bytes"]) == (TOTAL, RESERVE)
+    missing = sum(unit["footprint_bytes"] for unit in device["units"]) - (TOTAL - RESERVE)
+    assert not document["fits"] and device["missing_bytes"] == missing > 0
+    (line,) = run.does_not_fit
+    assert re.search(rf"GPU \S+ does not fit: {missing} bytes missing \(.*{re.escape(CHAT)} "
+                     rf"{chat['footprint_bytes']}\b", line), line
+
+
+def test_the_planned_drop_ins_are_written_and_applied(observation: Observation):
+    """`--requests vllm-xpu-chat.service=1 --format systemd --output-dir /etc/systemd/system`, then
+    daemon-reload: every unit's effective command (`systemctl cat`) is its own with the planned
+    --gpu-memory-utilization and --kv-cache-memory-bytes, and the plan fits."""
+    assert observation.planned.returncode == 0, observation.planned.stderr
+    assert observation.written.returncode == 0, observation.written.stderr
+    targets = observation.targets
+    assert set(targets) == set(RACE_UNITS) and targets[CHAT].tokens == 131072
+    assert set(observation.drop_ins) == {f"/etc/systemd/system/{unit}.d/{DROP_IN_NAME}" for unit in RACE_UNITS}
+    for unit, target in targets.items():
+        cat = observation.cat[unit]
+        assert f"# /etc/systemd/system/{unit}.d/{DROP_IN_NAME}" in cat, cat
+        command = exec_start_from_cat(cat)
+        assert command is not None and command.count("--gpu-memory-utilization") == 1, cat
+        assert command.endswith(f" --gpu-memory-utilization {target.gpu_memory_utilization:g} "
+                                f"--kv-cache-memory-bytes {target.kv_bytes}"), command
+        assert "--name %n" in command and "vllmunit.py" in command, command
+    footprints = sum(math.ceil(target.gpu_memory_utilization * TOTAL) for target in targets.values())
+    assert footprints + IDLE_RESERVED <= TOTAL, "the units' requests do not fit the GPU together"
+
+
+def test_cold_boots_with_the_drop_ins_and_no_gate_every_unit_serves_its_target(shared: Path,
+                                                                               observation: Observation):
+    """Each boot: the three units started together by systemd (their inits overlap: no gate orders them),
+    each once, no init failure, each serving with the plan's budget and its KV cache holding its target;
+    every start check saw at least ceil(R x total) free and every KV cache was taken from free memory."""
+    targets = observation.targets
+    for boot in range(PLANNED_BOOTS):
+        verdict = judge(planned_boot(shared, observation), targets)
+        outcome = verdict.outcome
+        assert outcome.settled, f"boot {boot}: not every unit came up: {outcome.counts}"
+        assert outcome.overlaps >= 2, f"boot {boot}: the units did not start together: {outcome.counts}"
+        for unit, found in verdict.units.items():
+            assert (found.starts, found.failures) == (1, 0), f"boot {boot}: {found}"
+            assert found.budgets == (targets[unit].kv_bytes,), f"boot {boot}: not the plan's budget: {found}"
+            assert found.kv_bytes == targets[unit].kv_bytes and found.kv_tokens >= targets[unit].tokens, \
+                f"boot {boot}: {found}"
+        assert verdict.every_unit_served_its_target, f"boot {boot}: {verdict.units}"
+        assert verdict.start_checks_passed and verdict.allocations_fit, f"boot {boot}: {verdict.units}"
