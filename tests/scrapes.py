@@ -3,12 +3,16 @@ lookups of one sample or of one metric's series."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
 Labels = tuple[tuple[str, str], ...]
 Samples = dict[tuple[str, Labels], float]
+
+_DURATION_SAMPLE = re.compile(r"^(xpu_exporter_collector_duration_seconds\{[^}]*\}) \S+$", re.M)
+_PROCESS_AND_PYTHON_LINE = re.compile(r"^(?:# (?:HELP|TYPE) )?(?:process|python)_.*\n", re.M)
 
 
 def parse_samples(text: str) -> Samples:
@@ -23,3 +27,11 @@ def sample(samples: Mapping, metric: str, **labels: str) -> float | None:
 
 def series(samples: Mapping, metric: str) -> dict[Labels, float]:
     return {labels: value for (name, labels), value in samples.items() if name == metric}
+
+
+def golden_text(text: str) -> str:
+    """A scrape's text as the golden files under tests/golden/ hold it: what varies from run to run goes.
+    The samples of xpu_exporter_collector_duration_seconds are pinned to 0.0; client_python's process_* and
+    python_* families are dropped (they vary by run and by Python; tests/test_exporter_self_metrics.py checks
+    them)."""
+    return _DURATION_SAMPLE.sub(r"\1 0.0", _PROCESS_AND_PYTHON_LINE.sub("", text))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,15 +14,13 @@ from exporterproc import RunningExporter
 from fakeze import (A770, A770_TELEMETRY, B580, B580_TELEMETRY, TELEMETRY_KINDS, FakeConfig, FakeEngine,
                     FakeMemoryModule, fake_driver_env, write_config)
 from polling import wait_for
-from scrapes import sample
+from scrapes import golden_text, sample
 from sizes import GiB
 
 from exporter.collectors import levelzero as levelzero_collector
 from exporter.sources import levelzero as ze
 
 GOLDEN = Path(__file__).parent / "golden"
-_DURATION_SAMPLE = re.compile(r"^(xpu_exporter_collector_duration_seconds\{[^}]*\}) \S+$", re.M)
-_PROCESS_AND_PYTHON_LINE = re.compile(r"^(?:# (?:HELP|TYPE) )?(?:process|python)_.*\n", re.M)
 DEVICE_FAMILIES = ("xpu_device_info", "xpu_memory_total_bytes", "xpu_memory_free_bytes", "xpu_memory_used_bytes",
                    "xpu_memory_accounting_trusted", "xpu_memory_health")
 # The contract's "Device telemetry" section, by the fake driver's kind that serves each metric.
@@ -46,18 +43,12 @@ def start(fake_driver: Path, config_path: Path, config: FakeConfig, *args: str, 
                            env={**fake_driver_env(fake_driver, config_path), **(env or {})}, listen=listen)
 
 
-def normalised(text: str) -> str:
-    """Scrape text for golden comparison: durations pinned, client_python's process_* and python_* families
-    dropped (they vary run to run and by Python; tests/test_exporter_self_metrics.py checks them)."""
-    return _DURATION_SAMPLE.sub(r"\1 0.0", _PROCESS_AND_PYTHON_LINE.sub("", text))
-
-
 def check_golden(name: str, text: str, update: bool) -> None:
     path = GOLDEN / f"{name}.prom"
     if update:
         path.parent.mkdir(exist_ok=True)
-        path.write_text(normalised(text))
-    assert normalised(text) == path.read_text(), f"scrape differs from {path} (regenerate with --update-golden)"
+        path.write_text(golden_text(text))
+    assert golden_text(text) == path.read_text(), f"scrape differs from {path} (regenerate with --update-golden)"
 
 
 def device_series(samples: dict, device: str) -> list:
