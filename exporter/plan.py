@@ -303,6 +303,9 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
                              f"add to its command: {planned_flags(next(u for u in units if u.unit == unit))}\n")
         if args.format == "nixos":
             stdout.write(render_nixos(plan, commands))
+        elif args.output_dir is not None and not plan.fits:
+            # drop-ins of a plan that does not fit would make the units fail at start (R up to 1)
+            stderr.write(f"{PROG}: nothing written to {args.output_dir}: the plan does not fit\n")
         else:
             for u in units:
                 text = drop_in(u, commands[u.unit])

@@ -267,3 +267,12 @@ def test_a_unit_with_a_kv_budget_is_planned_for_what_its_budget_holds(tmp_path: 
     assert planned_kv[CHAT] == memory.kv_bytes_for_tokens(memory.tokens_for_kv_bytes(budget, 64, rate), 64, rate)
     assert footprints[CHAT] == start.weights_bytes + planned_kv[CHAT]  # 0.24 prints only the weights beside a budget
     assert device_sums == {A770.pci_address: sum(footprints.values())} and sum(footprints.values()) < SIXTEEN_GIB
+
+
+def test_a_plan_that_does_not_fit_writes_no_drop_in(journal: Path, tmp_path: Path) -> None:
+    """The default target does not fit: its drop-ins (chat at R 1) would make the units fail at every start."""
+    out = tmp_path / "drop-ins"
+    result = run_plan(journal, "--format", "systemd", "--output-dir", str(out), "--systemctl", "/nonexistent/systemctl")
+    assert result.returncode == 1
+    assert not out.exists()
+    assert f"nothing written to {out}: the plan does not fit" in result.stderr
