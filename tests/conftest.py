@@ -10,7 +10,13 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     exporterproc the exporter as a process; fakeze, fakeprocfs, fakesysfs: what it reads
     journalgen   journal files; vllmlogs: what vLLM units print (realistic starts, the boot race)
     promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids cgroups
-    noskip       the hooks that fail a skipped test
+    noskip       the hooks that fail a skipped test; fastpure: those that fail a `fast` test that is not pure
+
+The `fast` marker (pyproject.toml) marks the pure core: tests that run in-process over pure functions and
+tables, with no subprocess, no real systemd, no network and no compiled fake driver (`pytest -m fast`, about
+10 s). Whole modules carry it as `pytestmark`, tests of mixed modules one by one; the fuzzers (test_fuzz.py,
+the random families of test_exposition.py) are as pure but long property runs, and stay out. A `fast` test
+that starts a process or connects or binds a socket fails (tests/fastpure.py), so the mark stays true.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import pytest
 import journalgen
 from certs import Pki, make_pki
 from fakeze import build_fake_driver, fake_driver_env
+from fastpure import (pytest_runtest_call, pytest_runtest_setup,  # noqa: F401 (hooks: a fast test stays pure)
+                      pytest_runtest_teardown)
 from noskip import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks: a skip fails)
 from taskslimit import TaskLimit, TaskLimitUnavailable
 from vllmlogs import BootRace, boot_race as make_boot_race, journal_specs

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -16,6 +17,8 @@ from exporter.cli import Options, build_parser, build_sources, parse_options
 from exporter.collector import Collector, ScrapeContext, Source, Sources, registered
 from exporter.collectors.processes import ProcessesOptions
 from exporter.scrape import ExporterCollector
+
+pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
 
 
 def test_every_registered_collector_has_its_enable_and_disable_flags_and_nothing_else_does():

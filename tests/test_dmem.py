@@ -34,6 +34,7 @@ def cgroups(tmp_path: Path) -> FakeCgroupTree:
 
 # --- the parser -------------------------------------------------------------------------------------
 
+@pytest.mark.fast
 def test_dmem_current_as_the_kernel_prints_it_gives_each_devices_vram_summed_over_tiles():
     text = ("drm/0000:03:00.0/vram0 1073741824\ndrm/0000:03:00.0/vram1 536870912\ndrm/0000:03:00.0/stolen 8650752\n"
             "drm/0000:83:00.0/vram0 0\ndrm/0000:83:00.0/stolen 0\n")
@@ -42,6 +43,7 @@ def test_dmem_current_as_the_kernel_prints_it_gives_each_devices_vram_summed_ove
     assert vram_by_device(regions) == {DEVICE: GiB + 512 * MiB, OTHER: 0}
 
 
+@pytest.mark.fast
 def test_regions_that_are_not_a_drm_devices_vram_are_not_device_memory():
     regions = parse_dmem_current("drm/0000:03:00.0/stolen 4096\nttm/whatever 4096\ndrm/not-a-pci/vram0 4096\n"
                                  "drm/0000:03:00.0/vramx 4096\ndrm/0000:03:00.0 4096\ndrm/0000:03:00.0/vram0 0\n")
@@ -49,10 +51,12 @@ def test_regions_that_are_not_a_drm_devices_vram_are_not_device_memory():
     assert vram_by_device(parse_dmem_current("")) == {}
 
 
+@pytest.mark.fast
 def test_pci_addresses_of_regions_are_given_in_the_device_labels_spelling():
     assert vram_by_device(parse_dmem_current("drm/0000:AF:00.0/vram0 4096\n")) == {"0000:af:00.0": 4096}
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text, complaint", [
     ("drm/0000:03:00.0/vram0 99999999999999999999\n", "over the plausible"),
     ("drm/0000:03:00.0/vram0 123456789012345678901\n", "is not '<region> <bytes>'"),

@@ -5,8 +5,6 @@ reader hands them over (watched units of the selected boot)."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -46,6 +44,8 @@ from vllmlogs import (
     service_start,
     tracker_entries,
 )
+
+pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
 
 ORIGIN = 1_747_130_000.0
 BOOT_ID = "5d0c8a4e2f1b4c6d9e7f0a1b2c3d4e5f"
@@ -535,20 +535,6 @@ def test_views_change_nothing_and_settle_counts_a_failure_whose_cause_never_came
     tracker.settle(exited + engine_starts.LATE_LINES_GRACE_USEC + 1)
     [view] = tracker.views()
     assert (view.failures, view.last_failure_usec) == (failures(other=1), exited)
-
-
-# --- place in the tree --------------------------------------------------------------------------------
-
-
-def test_the_fold_imports_no_source_and_no_collector() -> None:
-    """The fold sits between the vLLM grammar and the collectors: the journal reader feeds it and the
-    collectors read it, but it needs neither (systemd's MESSAGE_IDs come from exporter.systemd)."""
-    code = ("import json, sys, exporter.fold.engine_starts; "
-            "print(json.dumps(sorted(name for name in sys.modules if name.startswith('exporter'))))")
-    imported = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                         check=True).stdout)
-    assert "exporter.fold.engine_starts" in imported
-    assert not [name for name in imported if name.startswith(("exporter.sources", "exporter.collectors"))], imported
 
 
 # --- cost ---------------------------------------------------------------------------------------------

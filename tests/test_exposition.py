@@ -66,6 +66,7 @@ def refuse(_registry) -> bytes:
     raise AssertionError("a family was left to prometheus_client")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("golden", sorted(path.name for path in GOLDEN.glob("*.prom")))
 @pytest.mark.parametrize("accept", ACCEPT_HEADERS.values(), ids=ACCEPT_HEADERS.keys())
 def test_the_exporters_metrics_are_written_as_prometheus_client_writes_them(golden: str, accept: str):
@@ -76,6 +77,7 @@ def test_the_exporters_metrics_are_written_as_prometheus_client_writes_them(gold
     assert ours(registry) == theirs(registry)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("golden", sorted(path.name for path in GOLDEN.glob("*.prom")))
 def test_every_family_the_exporter_serves_is_written_without_prometheus_client(golden: str):
     registry = golden_families(golden)
@@ -94,6 +96,7 @@ def as_row_family(family: Metric) -> Metric:
     return rows
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("golden", sorted(path.name for path in GOLDEN.glob("*.prom")))
 @pytest.mark.parametrize("accept", ACCEPT_HEADERS.values(), ids=ACCEPT_HEADERS.keys())
 def test_the_exporters_row_families_are_written_as_prometheus_client_writes_them(golden: str, accept: str):
@@ -107,6 +110,7 @@ def test_the_exporters_row_families_are_written_as_prometheus_client_writes_them
     assert generate_text(rows, fallback=refuse) == client_exposition.generate_latest(registry)
 
 
+@pytest.mark.fast
 def test_a_row_familys_labels_are_written_in_name_order_as_prometheus_client_writes_them():
     family = CounterFamily("requests_total", "Help.", labels=["z", "b", "m"])
     family.add_metric(["1", "2", "3"], 4)
@@ -115,6 +119,7 @@ def test_a_row_familys_labels_are_written_in_name_order_as_prometheus_client_wri
     assert b'requests_total{b="2",m="3",z="1"} 4.0' in generate_text(registry, fallback=refuse)
 
 
+@pytest.mark.fast
 def test_a_row_family_with_more_series_than_are_kept_is_written_right_every_time():
     family = GaugeFamily("xpu_many", "Help.", labels=["unit", "device"])
     for index in range(10_000):
@@ -139,6 +144,7 @@ def test_the_server_answers_with_the_bytes_and_content_type_of_prometheus_client
     assert (status, headers["Content-Type"], body) == (200, content_type, encoder(registry))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("accept", ["text/plain;version=1.0.0;escaping=dots",
                                     "application/openmetrics-text;version=1.0.0;escaping=values"])
 def test_escaping_schemes_that_rename_plain_names_are_left_to_prometheus_client(accept: str):
@@ -177,6 +183,7 @@ EDGE_CASES = {
 }
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("accept", ACCEPT_HEADERS.values(), ids=ACCEPT_HEADERS.keys())
 @pytest.mark.parametrize("case", EDGE_CASES.values(), ids=EDGE_CASES.keys())
 def test_families_that_need_escaping_or_cannot_be_written_come_out_as_prometheus_client_has_them(case: Metric,
@@ -187,6 +194,7 @@ def test_families_that_need_escaping_or_cannot_be_written_come_out_as_prometheus
     assert outcome(ours, registry) == outcome(theirs, registry)
 
 
+@pytest.mark.fast
 @settings(derandomize=True, database=None, deadline=None, max_examples=1000)
 @given(st.one_of(st.integers(min_value=-(1 << 60), max_value=1 << 60), st.sampled_from(
     [999_999, 1_000_000, -999_999, -1_000_000, 10 ** 15, 10 ** 16 - 1, 10 ** 16, (1 << 53) - 1, 1 << 53, -(1 << 53),

@@ -9,6 +9,8 @@ from prometheus_client.samples import Sample
 
 from exporter.families import CounterFamily, GaugeFamily
 
+pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
+
 PAIRS = {"gauge": (GaugeFamily, GaugeMetricFamily), "counter": (CounterFamily, CounterMetricFamily)}
 
 

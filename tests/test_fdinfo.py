@@ -23,6 +23,8 @@ from exporter.parsers.fdinfo import (
 )
 from fakeprocfs import i915_fdinfo, xe_fdinfo
 
+pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
+
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30

@@ -13,6 +13,9 @@ A start's init begins when its main process starts; a unit waiting in its gate i
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -380,3 +383,18 @@ def test_a_known_engine_units_start_that_dies_unprinted_after_the_grace_still_co
                        round(time.time() * 1e6))
     assert views[0][CHAT].initialising_since_usec == hung.main_began_usec
     assert {reason.value: count for reason, count in views[1][CHAT].failures.items() if count} == {"other": 1}
+
+
+# --- place in the tree --------------------------------------------------------------------------------
+
+
+def test_the_fold_imports_no_source_and_no_collector() -> None:
+    """The fold sits between the vLLM grammar and the collectors: the journal reader feeds it and the
+    collectors read it, but it needs neither (systemd's MESSAGE_IDs come from exporter.systemd). Asked of a
+    fresh interpreter, a subprocess: hence here, not among tests/test_engines.py's pure ones."""
+    code = ("import json, sys, exporter.fold.engine_starts; "
+            "print(json.dumps(sorted(name for name in sys.modules if name.startswith('exporter'))))")
+    imported = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                         check=True).stdout)
+    assert "exporter.fold.engine_starts" in imported
+    assert not [name for name in imported if name.startswith(("exporter.sources", "exporter.collectors"))], imported

@@ -201,6 +201,7 @@ def host(tmp_path: Path, fake_driver: Path):
 
 # --- flags ------------------------------------------------------------------------------------------
 
+@pytest.mark.fast
 @pytest.mark.parametrize("argv", [
     [],
     ["--unit", ""],
@@ -225,6 +226,7 @@ def test_bad_flags_exit_2_with_one_prefixed_line(argv: list[str], capsys: pytest
     assert len(lines) == 1 and lines[0].startswith("vllm-xpu-gate: error: "), lines
 
 
+@pytest.mark.fast
 def test_flags_take_go_durations_the_exporters_journal_and_levelzero_flags_and_systemctl() -> None:
     options = gate.parse_options(["--unit", CHAT, "--device", "0000:03:00.0", "--gpu-memory-utilization", "0.75",
                                   "--timeout", "1m30s", "--on-timeout", "fail", "--journal.directory", "/j",
@@ -258,6 +260,7 @@ def views_of(entries: Sequence[JournalEntrySpec]):
     return list(tracker.views())
 
 
+@pytest.mark.fast
 def test_a_unit_known_on_another_gpu_does_not_hold_the_start_back_and_one_of_unknown_device_does() -> None:
     clock = Clock(current_boot_id())
     views = views_of([*main_started(EMBEDDING, clock, new_invocation_id(), 100),
@@ -269,6 +272,7 @@ def test_a_unit_known_on_another_gpu_does_not_hold_the_start_back_and_one_of_unk
     assert gate.decide(EMBEDDING, DEVICE, views, CHAT, None, None, None).units == (STT, CHAT)  # and the lease holder
 
 
+@pytest.mark.fast
 def test_units_are_on_the_gpus_their_processes_hold_drm_clients_on_or_their_lease_names(tmp_path: Path) -> None:
     procfs = FakeProcfs(tmp_path)
     procfs.add_unit_process(100, f"/system.slice/{EMBEDDING}").add_drm_fd(xe_fdinfo(client_id=1, pdev=DEVICE,
@@ -279,6 +283,7 @@ def test_units_are_on_the_gpus_their_processes_hold_drm_clients_on_or_their_leas
         EMBEDDING: {DEVICE}, STT: {B580.pci_address}, CHAT: {B580.pci_address}}
 
 
+@pytest.mark.fast
 def test_a_lease_ends_when_the_journal_shows_its_invocation_ended_its_unit_is_gone_or_it_times_out() -> None:
     clock = Clock(current_boot_id(), realtime_usec=time.time_ns() // 1000)
     invocation = new_invocation_id()
@@ -478,6 +483,7 @@ def test_a_timeout_starts_the_unit_with_a_warning_or_fails_it(host: Host, on_tim
 
 # --- systemd --------------------------------------------------------------------------------------
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("text", "seconds"), [
     ("1min 30s", 90.0), ("5min", 300.0), ("1h 2min 3.500000s", 3723.5), ("100ms", 0.1), ("690", 690.0),
     ("infinity", math.inf)])
@@ -485,6 +491,7 @@ def test_time_spans_as_systemctl_shows_them_or_unit_files_set_them(text: str, se
     assert parse_timespan(text) == pytest.approx(seconds)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("text", ["", "1 fortnight", "90 s x", "-5s"])
 def test_other_time_spans_are_refused(text: str) -> None:
     with pytest.raises(ValueError):
@@ -538,6 +545,7 @@ def test_the_exporter_counts_the_gates_decisions_it_reads_in_the_units_journal(h
 LEASE_FIELDS = {"device": DEVICE, "unit": EMBEDDING, "invocation_id": "", "granted_usec": 1, "gate_pid": 1}
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("argv", [
     ["--timeout", "169h"],
     ["--timeout", "1" + "0" * 400 + "h"],  # infinite seconds

@@ -7,6 +7,8 @@ import pytest
 from exporter.parsers.gate import (GateDecision, format_released, format_timed_out, is_gate_line, parse_line)
 from sizes import GiB
 
+pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
+
 
 @pytest.mark.parametrize(("line", "decision"), [
     (format_released(0.04, [], 13 * GiB, 12 * GiB), GateDecision(False, 0.04, (), 13 * GiB, 12 * GiB)),

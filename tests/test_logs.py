@@ -10,6 +10,8 @@ import pytest
 
 from exporter.logs import setup_logging
 
+pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
+
 
 def failing_function() -> None:
     raise ValueError("the config is broken")

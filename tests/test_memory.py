@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from exporter import memory
 from exporter.memory import KvRate
 
+pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
+
 GiB = 1 << 30
 SIXTEEN_GIB = 17179869184
 

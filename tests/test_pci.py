@@ -6,6 +6,8 @@ import pytest
 
 from exporter.pci import format_pci_address, is_sysfs_pci_address, normalise_pci_address
 
+pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
+
 
 def test_format_pci_address_is_lower_case_sysfs_form() -> None:
     assert format_pci_address(0, 0x83, 0, 0) == "0000:83:00.0"

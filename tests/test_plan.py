@@ -71,12 +71,14 @@ def latest_starts(runs: dict[str, VllmRun]) -> dict[str, object]:
     return {view.unit: view.latest for view in tracker.views()}
 
 
+@pytest.mark.fast
 def test_the_fold_keeps_the_weights_of_0_24_and_no_split() -> None:
     start = latest_starts({CHAT: race_chat_runs()[1]})[CHAT]
     assert start.weights_bytes == round(8.58 * GiB)
     assert (start.activation_bytes, start.non_torch_bytes, start.consumed_bytes) == (None, None, None)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("version", "split"), [
     ("0.26.0", {"weights_bytes": round(8.58 * GiB), "activation_bytes": round(0.51 * GiB),
                 "non_torch_bytes": round(0.12 * GiB), "consumed_bytes": None}),
@@ -88,6 +90,7 @@ def test_the_fold_keeps_the_start_up_summary(version: str, split: dict[str, int 
     assert {name: getattr(start, name) for name in split} == split
 
 
+@pytest.mark.fast
 def test_the_fold_keeps_the_profiling_split_of_0_15() -> None:
     start = latest_starts({LEGACY: seed_runs()[LEGACY]})[LEGACY]
     assert start.weights_bytes is not None and start.non_torch_bytes == 128 << 20
@@ -195,6 +198,7 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str]) -> None:
 
 # --- pure parts ----------------------------------------------------------------------------------------
 
+@pytest.mark.fast
 def test_exec_start_from_cat_follows_resets_and_continuations() -> None:
     text = ("# /etc/systemd/system/u.service\n[Service]\nExecStart=/bin/old --a\n"
             "# /etc/systemd/system/u.service.d/x.conf\n[Service]\nExecStart=\nExecStart=/bin/new \\\n  --b 1\n")
@@ -202,6 +206,7 @@ def test_exec_start_from_cat_follows_resets_and_continuations() -> None:
     assert plan.exec_start_from_cat("ExecStart=/a\nExecStart=/b\n") is None  # two commands: not ours to edit
 
 
+@pytest.mark.fast
 def test_planned_command_replaces_both_flag_spellings() -> None:
     unit = planning.UnitPlan("u.service", "offline", "0.24.0", planning.Target(10, "t"), 16, 1.0,
                          memory.Footprint(100, 200), "x", 0.25)
@@ -209,6 +214,7 @@ def test_planned_command_replaces_both_flag_spellings() -> None:
     assert command == "vllm serve m --port 1 --gpu-memory-utilization 0.25 --kv-cache-memory-bytes 200"
 
 
+@pytest.mark.fast
 def test_main_reports_an_unreadable_journal_in_one_line(tmp_path: Path) -> None:
     err = io.StringIO()
     out = io.StringIO()

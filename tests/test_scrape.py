@@ -21,6 +21,8 @@ from exporter.sources.journal.follower import STILL_READING
 from exporter.sources.levelzero_worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
 from scrapes import parse_samples
 
+pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
+
 
 # The exporter's collectors build exporter.families' row families; any other collector prometheus_client's.
 FAMILY_KINDS = {"row family": GaugeFamily, "prometheus_client family": GaugeMetricFamily}

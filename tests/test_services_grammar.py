@@ -21,6 +21,7 @@ def test_the_exporters_start_up_line_says_it_is_no_engine_and_none_of_its_lines_
     assert [line for line in lines if vllm.parse_line(line) is not None] == []
 
 
+@pytest.mark.fast
 def test_no_line_of_any_vllm_start_is_taken_for_another_service():
     runs = [VllmRun(version) for version in ERA_VERSIONS]
     runs += [VllmRun("0.24.0", failure=Failure(reason)) for reason in REASONS if reason != "other"]
@@ -28,6 +29,7 @@ def test_no_line_of_any_vllm_start_is_taken_for_another_service():
     assert lines and [line for line in lines if services.parse_line(line) is not None] == []
 
 
+@pytest.mark.fast
 def test_the_start_up_line_quoted_elsewhere_in_a_line_is_not_taken():
     assert services.parse_line("GET /?q=vllm-xpu-exporter 1.0 listening on http://x HTTP/1.1") is None
     assert services.parse_line("x" * services.MAX_LINE_CHARS + 'msg="vllm-xpu-exporter 1 listening on http://') is None

@@ -51,6 +51,8 @@ from exporter.parsers.vllm import (
 )
 from sizes import GiB, gib, mib
 
+pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
+
 R = FailureReason
 NON_DEFAULT = SettingsSource.NON_DEFAULT_ARGS
 NAMESPACE = SettingsSource.ARGS_NAMESPACE
