@@ -24,8 +24,8 @@ from exporter.scrape import ExporterCollector
 from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection, read_own_service_unit
 from exporter.sources.journal.follower import JournalFollower
 from exporter.sources.dmem import DEFAULT_SYSFS
-from exporter.sources.levelzero import DEFAULT_LIBRARY
-from exporter.sources.levelzero_worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
+from exporter.sources.levelzero.binding import DEFAULT_LIBRARY
+from exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
 from exporter.sources.udev import DrmNodeNames
 from exporter.web import ExporterServer, parse_listen_address
 from exporter.webconfig import WebConfigError, load_web_config

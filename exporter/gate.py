@@ -60,7 +60,7 @@ from exporter.pci import normalise_pci_address
 from exporter.sources import procfs
 from exporter.sources.journal import JournalSelection
 from exporter.sources.journal.follower import STILL_READING, JournalFollower, JournalState
-from exporter.sources.levelzero_worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState
+from exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState
 from exporter.systemd import parse_timespan
 
 PROG = "vllm-xpu-gate"

@@ -247,7 +247,7 @@ def read_views(args: argparse.Namespace, timeout: float = 120.0) -> list[UnitVie
 
 
 def read_totals(args: argparse.Namespace) -> dict[str, int]:
-    from exporter.sources.levelzero_worker import LevelZeroUnavailable, LevelZeroWorker, WorkerState
+    from exporter.sources.levelzero.worker import LevelZeroUnavailable, LevelZeroWorker, WorkerState
 
     worker = LevelZeroWorker(args.levelzero_library, args.levelzero_timeout, telemetry=False)
     worker.start()

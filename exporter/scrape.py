@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector as PrometheusCollector
 from exporter import __version__
 from exporter.collector import CollectionError, Collector, ScrapeContext, Sources
 from exporter.families import GaugeFamily, Row, RowFamily
-from exporter.sources.levelzero_worker import LevelZeroUnavailable
+from exporter.sources.levelzero.worker import LevelZeroUnavailable
 
 log = logging.getLogger("exporter.scrape")
 

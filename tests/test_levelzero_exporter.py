@@ -19,7 +19,7 @@ from scrapes import sample
 from sizes import GiB
 
 from exporter.collectors import levelzero as levelzero_collector
-from exporter.sources import levelzero as ze
+from exporter.sources.levelzero import binding as ze
 
 GOLDEN = Path(__file__).parent / "golden"
 _DURATION_SAMPLE = re.compile(r"^(xpu_exporter_collector_duration_seconds\{[^}]*\}) \S+$", re.M)

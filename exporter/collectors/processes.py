@@ -47,7 +47,7 @@ from exporter import planning
 from exporter.families import CounterFamily, GaugeFamily
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
 from exporter.sources import dmem, procfs
-from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
+from exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
 
 if TYPE_CHECKING:
     from exporter.cli import Options
