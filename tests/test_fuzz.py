@@ -40,7 +40,7 @@ from exporter.collector import Sources
 from exporter.collectors.journal import JournalCollector, unit_metrics
 from exporter.collectors.processes import ProcessesCollector
 from exporter.fold.engine_starts import EngineTracker, UnitView
-from exporter.parsers import gate as gate_lines
+from exporter.gate import lines as gate_lines
 from exporter.parsers import vllm
 from exporter.parsers.fdinfo import MAX_BYTES, DrmClient, device_memory_bytes, parse_fdinfo
 from exporter.scrape import ExporterCollector
