@@ -21,9 +21,9 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import Collector
 
-from exporter.httpserver import ServerLimits
-from exporter.web import ExporterServer, parse_listen_address
-from exporter.webconfig import WebConfig, load_web_config
+from exporter.http.connections import ServerLimits
+from exporter.http.server import ExporterServer, parse_listen_address
+from exporter.http.webconfig import WebConfig, load_web_config
 from certs import CLIENT_SAN, Pki
 from httpclient import basic, client_context, curl, request
 from polling import wait_for
