@@ -23,7 +23,8 @@ from prometheus_client.registry import Collector
 
 from exporter.http.connections import ServerLimits
 from exporter.http.server import ExporterServer, parse_listen_address
-from exporter.http.webconfig import WebConfig, load_web_config
+from exporter.http.loading import load_web_config
+from exporter.http.webconfig import WebConfig
 from certs import CLIENT_SAN, Pki
 from httpclient import basic, client_context, curl, request
 from polling import wait_for

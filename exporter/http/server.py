@@ -27,7 +27,8 @@ from prometheus_client import CollectorRegistry
 from exporter import __version__
 from exporter.http.connections import ConnectionServer, Request, Response, ServerLimits, render_response
 from exporter.http.exposition import choose_encoder
-from exporter.http.webconfig import PasswordChecksBusy, ReloadingWebConfig, WebConfig
+from exporter.http.reloading import ReloadingWebConfig
+from exporter.http.webconfig import PasswordChecksBusy, WebConfig
 
 logger = logging.getLogger("exporter.web")
 
