@@ -488,6 +488,7 @@ def test_invalid_settings_are_rejected_with_a_message_naming_them(tmp_path, text
     "$1$saltsalt$hashhashhashhash",
     "$2y$03$" + "a" * 53,  # cost below bcrypt's minimum of 4
     "$2y$10$" + "a" * 20,
+    "$2y$\u0661\u0660$" + "a" * 53,  # Arabic-Indic digits, which \d took for a cost
 ])
 def test_a_password_that_is_not_a_bcrypt_hash_is_rejected_without_echoing_it(tmp_path, secret):
     message = load_error(tmp_path, f"basic_auth_users:\n  alice: '{secret}'\n")

@@ -37,7 +37,7 @@ _TLS_KEYS = ("cert", "key", "client_ca", "cert_file", "key_file", "client_auth_t
 _HTTP_KEYS = ("http2", "headers")
 _RATE_LIMIT_KEYS = ("interval", "burst")
 
-_BCRYPT_HASH = re.compile(r"\$2[aby]\$(?P<cost>\d\d)\$[./A-Za-z0-9]{53}")
+_BCRYPT_HASH = re.compile(r"\$2[aby]\$(?P<cost>[0-9]{2})\$[./A-Za-z0-9]{53}")
 
 _MAX_YAML_DEPTH = 64  # the format nests 3 deep; PyYAML's composer recurses once per level
 
