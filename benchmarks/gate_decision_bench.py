@@ -72,10 +72,10 @@ class GateDecisionResult:
 
 def child(directory: str, boot: str, mode: str) -> None:
     """In the measured child: the gate's journal read up to its first decision."""
-    from exporter import gate
+    from exporter.gate.cli import parse_options
     from exporter.sources.journal.follower import JournalFollower
 
-    options = gate.parse_options(["--unit", GATED_UNIT, "--journal.directory", directory, "--journal.boot", boot])
+    options = parse_options(["--unit", GATED_UNIT, "--journal.directory", directory, "--journal.boot", boot])
     started = time.perf_counter()
     follower = JournalFollower(options.selection, options.journal_max_units,
                                latest_invocations=mode == "latest invocations")

@@ -23,16 +23,17 @@ from exporter.collector import Collector, Source, Sources, registered
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
 from exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
                             add_sysfs_flag, check_journal_flags, journal_engine_grace_usec, journal_unit_globs)
+from exporter.http.loading import load_web_config
+from exporter.http.server import ExporterServer, parse_listen_address
+from exporter.http.webconfig import WebConfigError
 from exporter.logs import FORMATS, LEVELS, setup_logging
 from exporter.scrape import ExporterCollector
 from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection, read_own_service_unit
 from exporter.sources.journal.follower import JournalFollower
 from exporter.sources.dmem import DEFAULT_SYSFS
-from exporter.sources.levelzero import DEFAULT_LIBRARY
-from exporter.sources.levelzero_worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
+from exporter.sources.levelzero.binding import DEFAULT_LIBRARY
+from exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
 from exporter.sources.udev import DrmNodeNames
-from exporter.web import ExporterServer, parse_listen_address
-from exporter.webconfig import WebConfigError, load_web_config
 
 log = logging.getLogger("exporter.main")
 

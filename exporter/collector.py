@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from prometheus_client.metrics_core import Metric
 
-from exporter.sources.levelzero_worker import LevelZeroUnavailable
+from exporter.sources.levelzero.worker import LevelZeroUnavailable
 
 if TYPE_CHECKING:
     from exporter.sources.journal.follower import JournalFollower, JournalState
-    from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroWorker, PendingRead
+    from exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroWorker, PendingRead
     from exporter.sources.udev import DrmNodeNames
 
 T = TypeVar("T")

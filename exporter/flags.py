@@ -13,8 +13,8 @@ from exporter.durations import parse_go_duration
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
 from exporter.sources.dmem import CGROUP_TREE, DEFAULT_SYSFS
 from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection, normalize_boot
-from exporter.sources.levelzero import DEFAULT_LIBRARY
-from exporter.sources.levelzero_worker import DEFAULT_TIMEOUT_S
+from exporter.sources.levelzero.binding import DEFAULT_LIBRARY
+from exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S
 
 EXIT_USAGE = 2
 SYSTEMCTL_LOCATIONS = ("/usr/bin/systemctl", "/bin/systemctl", "/run/current-system/sw/bin/systemctl")

@@ -2,9 +2,9 @@
 needs, what a unit holds, whether a GPU's units fit. Pure functions of integers (bytes, tokens) and the
 `gpu_memory_utilization` ratio; no I/O.
 
-Shared by the init gate (`exporter.gate.decide`: the free memory a start needs), the restart-headroom figure
-(`exporter.collectors.processes`) and the plan (`exporter.planning`: the planner and the exporter's planned
-figures), so they agree to the byte.
+Shared by the init gate (`exporter.gate.decision.decide`: the free memory a start needs), the
+restart-headroom figure (`exporter.collectors.processes`) and the plan (`exporter.planning`: the planner and
+the exporter's planned figures), so they agree to the byte.
 
 The rules (reference: /work/shared/reference/vllm-logs.md §5, vLLM 0.16+ on XPU):
 * a start asks for `math.ceil(total * gpu_memory_utilization)` bytes (`v1/worker/utils.py::request_memory`,

@@ -247,7 +247,7 @@ def read_views(args: argparse.Namespace, timeout: float = 120.0) -> list[UnitVie
 
 
 def read_totals(args: argparse.Namespace) -> dict[str, int]:
-    from exporter.sources.levelzero_worker import LevelZeroUnavailable, LevelZeroWorker, WorkerState
+    from exporter.sources.levelzero.worker import LevelZeroUnavailable, LevelZeroWorker, WorkerState
 
     worker = LevelZeroWorker(args.levelzero_library, args.levelzero_timeout, telemetry=False)
     worker.start()
@@ -278,7 +278,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
             totals = read_totals(args)
             if not totals:
                 raise RuntimeError("Level Zero reports no GPU; plan offline with --device-memory BYTES")
-            from exporter.gate import devices_of_units
+            from exporter.gate.cli import devices_of_units
             placement = devices_of_units(args.procfs, []) if len(totals) > 1 else {}
     except RuntimeError as error:
         stderr.write(f"{PROG}: error: {error}\n")

@@ -27,7 +27,7 @@ from exporter import __version__
 from exporter.collector import CollectionError, Collector, ScrapeContext, Sources
 from exporter.families import GaugeFamily, Row, RowFamily
 from exporter.sources.journal.follower import STILL_READING
-from exporter.sources.levelzero_worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
+from exporter.sources.levelzero.worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
 
 log = logging.getLogger("exporter.scrape")
 

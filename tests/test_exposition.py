@@ -1,4 +1,4 @@
-"""exporter.exposition writes exactly the bytes prometheus_client's encoders write: for the exporter's own
+"""exporter.http.exposition writes exactly the bytes prometheus_client's encoders write: for the exporter's own
 metrics (the golden scrapes), for every Accept header Prometheus sends, and for random families
 (hypothesis) with names, labels and values that need escaping or that the encoders refuse."""
 
@@ -16,9 +16,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Exemplar
 
-from exporter.exposition import choose_encoder, generate_openmetrics, generate_text
+from exporter.http.exposition import choose_encoder, generate_openmetrics, generate_text
 from exporter.families import CounterFamily, GaugeFamily, RowFamily
-from exporter.web import ExporterServer
+from exporter.http.server import ExporterServer
 from httpclient import request
 
 GOLDEN = Path(__file__).resolve().parent / "golden"

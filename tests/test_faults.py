@@ -41,7 +41,7 @@ from sizes import GiB
 from taskslimit import TaskLimit
 from vllmlogs import chat_runs, unit_start
 
-from exporter.sources.levelzero_worker import LevelZeroUnavailable, LevelZeroWorker
+from exporter.sources.levelzero.worker import LevelZeroUnavailable, LevelZeroWorker
 
 CHAT = "vllm-xpu-chat.service"
 DEVICE_A, DEVICE_B = A770.pci_address, B580.pci_address

@@ -25,7 +25,7 @@ import pytest
 
 from exporter.fold import engine_starts
 from exporter.fold.engine_starts import EngineTracker, Outcome, UnitView
-from exporter.parsers import gate
+from exporter.gate import lines as gate_lines
 from exporter.sources.journal import JournalEntry, JournalReader, JournalSelection
 from journalgen import (Clock, JournalEntrySpec, Moment, current_boot_id, new_invocation_id, unit_failed,
                         unit_output, unit_process_exited, unit_restart_scheduled, unit_started, unit_starting,
@@ -235,9 +235,9 @@ def test_three_units_whose_inits_run_together_each_overlap_once(tmp_path: Path, 
 
 def test_gate_decisions_count_waits_seconds_and_timeouts_per_unit_and_other_gate_lines_nothing(
         tmp_path: Path, clock: Clock) -> None:
-    held = gate.format_released(12.5, [EMBEDDING, gate.MEMORY], 8 * GiB, 12 * GiB)
-    not_held = gate.format_released(0.25, [], 16 * GiB, 12 * GiB)
-    timed_out = gate.format_timed_out(600.0, [EMBEDDING], None, None, starting=True)
+    held = gate_lines.format_released(12.5, [EMBEDDING, gate_lines.MEMORY], 8 * GiB, 12 * GiB)
+    not_held = gate_lines.format_released(0.25, [], 16 * GiB, 12 * GiB)
+    timed_out = gate_lines.format_timed_out(600.0, [EMBEDDING], None, None, starting=True)
     first = one_start(CHAT, clock, "simple", True, pid=4000, gate_lines=("vllm-xpu-gate: waiting for "
                                                                         f"{EMBEDDING} (initialising)", held))
     second = one_start(CHAT, clock, "simple", True, pid=5000, gate_lines=(not_held,))

@@ -40,7 +40,7 @@ from exporter.collector import Sources
 from exporter.collectors.journal import JournalCollector, unit_metrics
 from exporter.collectors.processes import ProcessesCollector
 from exporter.fold.engine_starts import EngineTracker, UnitView
-from exporter.parsers import gate as gate_lines
+from exporter.gate import lines as gate_lines
 from exporter.parsers import vllm
 from exporter.parsers.fdinfo import MAX_BYTES, DrmClient, device_memory_bytes, parse_fdinfo
 from exporter.scrape import ExporterCollector
@@ -50,8 +50,8 @@ from exporter.systemd import (MESSAGE_ID_SPAWN_FAILED, MESSAGE_ID_UNIT_FAILURE_R
                               MESSAGE_ID_UNIT_RESOURCES, MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED,
                               MESSAGE_ID_UNIT_STARTED, MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED,
                               MESSAGE_ID_UNIT_STOPPING, MESSAGE_ID_UNIT_SUCCESS)
-from exporter.sources.levelzero import DeviceIdentity, MemoryModule, MemoryModuleProperties
-from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses
+from exporter.sources.levelzero.binding import DeviceIdentity, MemoryModule, MemoryModuleProperties
+from exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
 from scrapes import parse_samples, sample
 from test_fdinfo import DEPRECATED_MEMORY_KEYS, I915_61, I915_612, NOT_DRM, XE_DOC

@@ -21,10 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter import gate
 from exporter.fold.engine_starts import EngineTracker
-from exporter.parsers import gate as gate_lines
-from exporter.parsers.gate import GateDecision
+from exporter.gate import lines as gate_lines
+from exporter.gate.cli import MAX_DURATION_S, devices_of_units, parse_options
+from exporter.gate.decision import decide
+from exporter.gate.leases import Lease, LeaseDirectory, UnreadableLease, lease_ended
+from exporter.gate.lines import GateDecision
 from exporter.systemd import parse_timespan
 from exporterproc import RunningExporter
 from polling import wait_for
@@ -220,7 +222,7 @@ def host(tmp_path: Path, fake_driver: Path):
 ], ids=lambda argv: " ".join(argv) or "no flags")
 def test_bad_flags_exit_2_with_one_prefixed_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        gate.parse_options(argv)
+        parse_options(argv)
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("vllm-xpu-gate: error: "), lines
@@ -228,11 +230,11 @@ def test_bad_flags_exit_2_with_one_prefixed_line(argv: list[str], capsys: pytest
 
 @pytest.mark.fast
 def test_flags_take_go_durations_the_exporters_journal_and_levelzero_flags_and_systemctl() -> None:
-    options = gate.parse_options(["--unit", CHAT, "--device", "0000:03:00.0", "--gpu-memory-utilization", "0.75",
-                                  "--timeout", "1m30s", "--on-timeout", "fail", "--journal.directory", "/j",
-                                  "--journal.units", "llm-*.service", "--journal.boot", "all",
-                                  "--levelzero.library", "libze.so", "--levelzero.timeout", "2s",
-                                  "--systemctl", "/sbin/systemctl"])
+    options = parse_options(["--unit", CHAT, "--device", "0000:03:00.0", "--gpu-memory-utilization", "0.75",
+                             "--timeout", "1m30s", "--on-timeout", "fail", "--journal.directory", "/j",
+                             "--journal.units", "llm-*.service", "--journal.boot", "all",
+                             "--levelzero.library", "libze.so", "--levelzero.timeout", "2s",
+                             "--systemctl", "/sbin/systemctl"])
     assert (options.unit, options.device, options.gpu_memory_utilization, options.timeout) == (
         CHAT, "0000:03:00.0", 0.75, 90.0)
     assert not options.start_on_timeout
@@ -240,7 +242,7 @@ def test_flags_take_go_durations_the_exporters_journal_and_levelzero_flags_and_s
     assert options.selection.unit_globs == ("llm-*.service", CHAT)  # its own unit is always read
     assert (options.levelzero_library, options.levelzero_timeout) == ("libze.so", 2.0)
     assert options.systemctl == "/sbin/systemctl"
-    defaults = gate.parse_options(["--unit", CHAT])
+    defaults = parse_options(["--unit", CHAT])
     assert (defaults.timeout, defaults.start_on_timeout, defaults.lease_directory, defaults.systemctl) == (
         600.0, True, "/run/vllm-xpu-gate", "/usr/bin/systemctl")
     assert defaults.selection.unit_globs == ("vllm*.service", CHAT)
@@ -266,10 +268,10 @@ def test_a_unit_known_on_another_gpu_does_not_hold_the_start_back_and_one_of_unk
     views = views_of([*main_started(EMBEDDING, clock, new_invocation_id(), 100),
                       *main_started(STT, clock, new_invocation_id(), 200)])
     other_gpu = {EMBEDDING: {B580.pci_address}}
-    decision = gate.decide(CHAT, DEVICE, views, None, other_gpu, None, None)
+    decision = decide(CHAT, DEVICE, views, None, other_gpu, None, None)
     assert decision.units == (STT,)  # STT's device is unknown: it counts on every device
-    assert gate.decide(CHAT, DEVICE, views, None, {EMBEDDING: {DEVICE}}, None, None).units == (EMBEDDING, STT)
-    assert gate.decide(EMBEDDING, DEVICE, views, CHAT, None, None, None).units == (STT, CHAT)  # and the lease holder
+    assert decide(CHAT, DEVICE, views, None, {EMBEDDING: {DEVICE}}, None, None).units == (EMBEDDING, STT)
+    assert decide(EMBEDDING, DEVICE, views, CHAT, None, None, None).units == (STT, CHAT)  # and the lease holder
 
 
 @pytest.mark.fast
@@ -278,8 +280,8 @@ def test_units_are_on_the_gpus_their_processes_hold_drm_clients_on_or_their_leas
     procfs.add_unit_process(100, f"/system.slice/{EMBEDDING}").add_drm_fd(xe_fdinfo(client_id=1, pdev=DEVICE,
                                                                                   vram0=GiB))
     procfs.add_unit_process(200, f"/system.slice/{STT}").add_drm_fd(xe_fdinfo(client_id=2, pdev=B580.pci_address))
-    lease = gate.Lease(B580.pci_address, CHAT, "", 0, 1, 1)
-    assert gate.devices_of_units(str(procfs.root), [lease]) == {
+    lease = Lease(B580.pci_address, CHAT, "", 0, 1, 1)
+    assert devices_of_units(str(procfs.root), [lease]) == {
         EMBEDDING: {DEVICE}, STT: {B580.pci_address}, CHAT: {B580.pci_address}}
 
 
@@ -288,18 +290,18 @@ def test_a_lease_ends_when_the_journal_shows_its_invocation_ended_its_unit_is_go
     clock = Clock(current_boot_id(), realtime_usec=time.time_ns() // 1000)
     invocation = new_invocation_id()
     now = time.time_ns() // 1000
-    lease = gate.Lease(DEVICE, CHAT, invocation, now, now + 60_000_000, 1)
+    lease = Lease(DEVICE, CHAT, invocation, now, now + 60_000_000, 1)
     running = {view.unit: view for view in views_of([unit_starting(CHAT, clock.tick(), invocation_id=invocation),
                                                      *main_started(CHAT, clock, invocation, 100)])}
-    assert gate.lease_ended(lease, {}, now, gone=lambda unit, invocation: None) is None  # not in the journal yet
-    assert gate.lease_ended(lease, running, now, gone=lambda unit, invocation: None) is None
-    assert gate.lease_ended(lease, running, now, gone=lambda unit, invocation: True) == "its unit is not running"
-    assert gate.lease_ended(lease, running, now + 60_000_000, gone=lambda unit, invocation: None) == "timed out"
+    assert lease_ended(lease, {}, now, gone=lambda unit, invocation: None) is None  # not in the journal yet
+    assert lease_ended(lease, running, now, gone=lambda unit, invocation: None) is None
+    assert lease_ended(lease, running, now, gone=lambda unit, invocation: True) == "its unit is not running"
+    assert lease_ended(lease, running, now + 60_000_000, gone=lambda unit, invocation: None) == "timed out"
     for ending in (init_completed, init_failed):
         ended = {view.unit: view for view in views_of([
             unit_starting(CHAT, clock.tick(), invocation_id=invocation), *main_started(CHAT, clock, invocation, 100),
             *ending(CHAT, clock, invocation, 100)])}
-        assert gate.lease_ended(lease, ended, now, gone=lambda unit, invocation: None) == "its init ended"
+        assert lease_ended(lease, ended, now, gone=lambda unit, invocation: None) == "its init ended"
 
 
 # --- releasing and waiting ---------------------------------------------------------------------------
@@ -311,7 +313,7 @@ def test_nothing_initialising_and_enough_memory_releases_at_once_and_leases_the_
     assert code == 0, run.lines
     assert run.decision == GateDecision(False, run.decision.seconds, (), 13 * GiB, needed(0.75)), run.lines
     assert run.lines[-1].startswith("vllm-xpu-gate: released after ")
-    lease = gate.Lease.read(host.leases / f"{DEVICE}.lease")
+    lease = Lease.read(host.leases / f"{DEVICE}.lease")
     assert (lease.unit, lease.invocation_id, lease.device) == (CHAT, "c" * 32, DEVICE)
     assert oct(host.leases.stat().st_mode & 0o777) == "0o700"
 
@@ -449,7 +451,7 @@ def test_a_lease_whose_holder_never_shows_in_the_journal_holds_until_it_times_ou
     host.write([unit_output("other.service", "unrelated", host.clock.tick())])
     code, first = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07", "--lease-timeout", "2s")
     assert code == 0, first.lines
-    lease = gate.Lease.read(host.leases / f"{DEVICE}.lease")
+    lease = Lease.read(host.leases / f"{DEVICE}.lease")
     code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07")
     assert code == 0, run.lines
     assert time.time_ns() // 1000 >= lease.expires_usec
@@ -558,12 +560,12 @@ LEASE_FIELDS = {"device": DEVICE, "unit": EMBEDDING, "invocation_id": "", "grant
 def test_durations_that_would_fail_at_run_time_and_a_relative_lease_directory_exit_2_at_parse_time(
         argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        gate.parse_options(["--unit", CHAT, *argv])
+        parse_options(["--unit", CHAT, *argv])
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"vllm-xpu-gate: error: argument {argv[0]}"), lines
-    week = gate.parse_options(["--unit", CHAT, "--timeout", "168h", "--lease-timeout", "168h"])
-    assert (week.timeout, week.lease_timeout) == (gate.MAX_DURATION_S, gate.MAX_DURATION_S)
+    week = parse_options(["--unit", CHAT, "--timeout", "168h", "--lease-timeout", "168h"])
+    assert (week.timeout, week.lease_timeout) == (MAX_DURATION_S, MAX_DURATION_S)
 
 
 @pytest.mark.parametrize("existing_mode", [None, 0o755], ids=["made", "an earlier version's"])
@@ -574,12 +576,12 @@ def test_the_lease_directory_is_0700_and_its_lock_and_lease_are_made_0600(tmp_pa
         path.mkdir(parents=True)
         path.chmod(existing_mode)
     previous_umask = os.umask(0)  # the modes are the gate's, not the umask's
-    directory = gate.LeaseDirectory(str(path))
+    directory = LeaseDirectory(str(path))
     try:
         directory.prepare()
         with directory.locked(DEVICE, time.monotonic()) as locked:
             assert locked
-            directory.grant(gate.Lease(DEVICE, CHAT, "", 0, 1, 1))
+            directory.grant(Lease(DEVICE, CHAT, "", 0, 1, 1))
     finally:
         os.umask(previous_umask)
         directory.close()
@@ -660,7 +662,7 @@ def test_a_lease_that_is_not_a_regular_file_is_never_followed_waited_on_or_read(
     assert run.decision.timed_out and run.decision.waited_for == (gate_lines.UNREADABLE_LEASE,), run.lines
     assert run.decision.seconds < 10
     assert not (host.tmp / "target").exists()
-    assert gate.Lease.read(host.leases / f"{DEVICE}.lease").unit == CHAT  # replaced by its lease: it starts
+    assert Lease.read(host.leases / f"{DEVICE}.lease").unit == CHAT  # replaced by its lease: it starts
 
 
 @pytest.mark.parametrize("content", [
@@ -674,7 +676,7 @@ def test_a_lease_that_is_not_a_regular_file_is_never_followed_waited_on_or_read(
 ], ids=["Infinity", "NaN", "deep nesting", "not JSON", "missing fields", "a float", "over 64 KiB"])
 def test_a_lease_that_cannot_be_read_holds_for_an_unknown_holder_until_its_file_is_lease_timeout_old(
         tmp_path: Path, content: str) -> None:
-    directory = gate.LeaseDirectory(str(tmp_path / "leases"))
+    directory = LeaseDirectory(str(tmp_path / "leases"))
     directory.prepare()
     try:
         assert directory.lease(DEVICE, 60.0) is None  # no file: no lease
@@ -685,11 +687,11 @@ def test_a_lease_that_cannot_be_read_holds_for_an_unknown_holder_until_its_file_
         assert directory.leases() == []
     finally:
         directory.close()
-    assert isinstance(lease, gate.UnreadableLease) and lease.unit == gate_lines.UNREADABLE_LEASE, lease
+    assert isinstance(lease, UnreadableLease) and lease.unit == gate_lines.UNREADABLE_LEASE, lease
     assert lease.expires_usec == modified_usec + 60_000_000
     never_asked = lambda unit, invocation: pytest.fail("systemd asked about an unknown holder")  # noqa: E731
-    assert gate.lease_ended(lease, {}, lease.expires_usec - 1, never_asked) is None
-    assert gate.lease_ended(lease, {}, lease.expires_usec, never_asked) == "timed out"
+    assert lease_ended(lease, {}, lease.expires_usec - 1, never_asked) is None
+    assert lease_ended(lease, {}, lease.expires_usec, never_asked) == "timed out"
 
 
 def test_an_unreadable_lease_holds_beside_initialising_units_and_ends_when_it_is_lease_timeout_old(
@@ -708,4 +710,4 @@ def test_an_unreadable_lease_holds_beside_initialising_units_and_ends_when_it_is
     assert run.wait() == 0, run.lines
     assert run.decision.waited_for == (EMBEDDING, gate_lines.UNREADABLE_LEASE) and not run.decision.timed_out
     assert time.time() - written >= 4.0  # the lease file's age passed --lease-timeout
-    assert gate.Lease.read(lease).unit == CHAT
+    assert Lease.read(lease).unit == CHAT

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter import gate
 from exporter.fold.engine_starts import UnitView
+from exporter.gate.cli import Gate, Output, parse_options
+from exporter.gate.decision import decide
 from exporter.sources.journal import JournalSelection
 from exporter.sources.journal.follower import JournalFollower, JournalState, prints_a_vllm_line
 from exporter.sources.journal.reader import MAX_INVOCATIONS_BACK, JournalReader
@@ -200,8 +201,8 @@ def assert_same_decisions(latest: list[UnitView], whole: list[UnitView]) -> None
         assert view.invocations_ended.items() <= whole_by_unit[view.unit].invocations_ended.items()
     for unit in whole_by_unit:
         own = {view.unit: view for view in latest}[unit]
-        assert gate.decide(unit, DEVICE, latest, None, None, None, own.gpu_memory_utilization) == \
-            gate.decide(unit, DEVICE, whole, None, None, None, whole_by_unit[unit].gpu_memory_utilization)
+        assert decide(unit, DEVICE, latest, None, None, None, own.gpu_memory_utilization) == \
+            decide(unit, DEVICE, whole, None, None, None, whole_by_unit[unit].gpu_memory_utilization)
 
 
 @pytest.fixture
@@ -237,7 +238,7 @@ def test_the_latest_invocations_give_the_gate_what_the_whole_boot_gives(follower
     assert state[RERANK][0] is None and state[RERANK][2] == "ok" and state[RERANK][4] == 0.92  # 0.24's default
     assert state[EXPORTER][0] is None  # known not to be an engine from its earlier start
     assert state[PROXY][0] is not None  # a possible init, within the engine grace
-    assert gate.decide(CHAT, DEVICE, latest_state.views, None, None, None, 0.75).units == (EMBED, PROXY)
+    assert decide(CHAT, DEVICE, latest_state.views, None, None, None, 0.75).units == (EMBED, PROXY)
 
 
 def test_after_the_latest_invocations_it_follows_the_journal_as_the_whole_boot_does(followers, boot_id: str) -> None:
@@ -317,9 +318,9 @@ def test_a_unit_that_needs_more_than_the_bound_of_invocations_makes_it_read_the_
 
 def test_the_gate_decides_on_the_latest_invocations(followers, boot_id: str, tmp_path: Path) -> None:
     path, _, _, whole = followers
-    options = gate.parse_options(["--unit", CHAT, "--journal.file", str(path), "--journal.boot", boot_id,
-                                  "--lease-directory", str(tmp_path / "leases")])
-    the_gate = gate.Gate(options, gate.Output(io.StringIO()))
+    options = parse_options(["--unit", CHAT, "--journal.file", str(path), "--journal.boot", boot_id,
+                             "--lease-directory", str(tmp_path / "leases")])
+    the_gate = Gate(options, Output(io.StringIO()))
     the_gate.journal.start()
     try:
         state = the_gate._journal_read()

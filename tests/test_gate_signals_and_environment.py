@@ -1,4 +1,4 @@
-"""The gate as a root process of another user's unit (exporter/gate.py, issue 19): what its environment
+"""The gate as a root process of another user's unit (exporter/gate/cli.py, issue 19): what its environment
 may decide, what a stop, a hang-up or a hung Level Zero init do to a waiting gate. Gates run as processes
 over a real journal file and the fake Level Zero driver (the `host` of test_gate.py)."""
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from exporter import gate
+from exporter.gate.cli import EXIT_TERMINATED, SYSTEM_PATH, distrust_environment, go_duration
 from fakeze import FakeConfig, write_config
 from journalgen import new_invocation_id, unit_output, unit_starting
 from polling import wait_for
@@ -22,14 +22,14 @@ PLANTED = {"LD_PRELOAD": "/home/u/evil.so", "LD_LIBRARY_PATH": "/home/u/lib", "P
 def test_an_environment_systemd_handed_over_is_dropped_but_the_invocation_id_and_locale():
     environ = {**PLANTED, "JOURNAL_STREAM": "8:1234", "SYSTEMD_EXEC_PID": "77", "INVOCATION_ID": "ab" * 16,
                "LANG": "C.UTF-8"}
-    assert gate.distrust_environment(environ)
-    assert environ == {"INVOCATION_ID": "ab" * 16, "LANG": "C.UTF-8", "PATH": gate.SYSTEM_PATH}
+    assert distrust_environment(environ)
+    assert environ == {"INVOCATION_ID": "ab" * 16, "LANG": "C.UTF-8", "PATH": SYSTEM_PATH}
 
 
 def test_an_environment_a_static_env_i_set_is_kept_as_the_command_line_wrote_it():
     """The packaged drop-in: `busybox env -i NAME=VALUE... vllm-xpu-gate`; root wrote every variable."""
     environ = {"ZE_ENABLE_ALT_DRIVERS": "/usr/lib/fake.so", "LD_LIBRARY_PATH": "/nix/store/x-level-zero/lib"}
-    assert not gate.distrust_environment(environ)
+    assert not distrust_environment(environ)
     assert environ == {"ZE_ENABLE_ALT_DRIVERS": "/usr/lib/fake.so", "LD_LIBRARY_PATH": "/nix/store/x-level-zero/lib"}
 
 
@@ -74,7 +74,7 @@ def test_a_stop_while_the_gate_waits_ends_it_with_0_so_the_unit_ends_inactive_no
 def test_sigterm_outside_a_stop_fails_the_start(host: Host):
     run = waiting_gate(host, "activating")
     run.process.send_signal(signal.SIGTERM)
-    assert run.wait() == gate.EXIT_TERMINATED, run.lines
+    assert run.wait() == EXIT_TERMINATED, run.lines
     assert run.saw("terminated by SIGTERM") and run.decision is None, run.lines
 
 
@@ -100,4 +100,4 @@ def test_a_hung_level_zero_init_holds_the_start_no_longer_than_the_levelzero_tim
     assert code == 0, run.lines
     assert run.saw("warning: cannot read Level Zero (") and run.saw("releasing at once"), run.lines
     assert (run.decision.free_bytes, run.decision.needed_bytes) == (None, None)
-    assert took < gate.go_duration(levelzero_timeout) + 15, f"held {took:.1f} s"
+    assert took < go_duration(levelzero_timeout) + 15, f"held {took:.1f} s"

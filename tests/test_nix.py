@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter import __version__, gate
+from exporter import __version__
 from exporter.cli import parse_options
+from exporter.gate.cli import parse_options as parse_gate_options
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = REPO / "nix" / "module.nix"
@@ -249,7 +250,7 @@ def test_gate_units_get_the_gate_as_last_exec_start_pre_and_a_start_timeout_cove
         service = services[name]["serviceConfig"]
         assert service["ExecStartPre"]["_type"] == "order" and service["ExecStartPre"]["priority"] == 1500  # mkAfter
         (command,) = service["ExecStartPre"]["content"]
-        options = gate.parse_options(gate_arguments(command, f"{name}.service"))
+        options = parse_gate_options(gate_arguments(command, f"{name}.service"))
         assert (options.unit, options.timeout, options.start_on_timeout, options.gpu_memory_utilization) == (
             f"{name}.service", 300.0, False, 0.75)
         assert options.selection.unit_globs == ("vllm-*.service", "llm@*.service", f"{name}.service")
@@ -261,7 +262,7 @@ def test_gate_defaults_wait_ten_minutes_then_start_and_need_no_exporter(tmp_path
     assert sorted(config["systemd"]["services"]) == ["vllm-chat"]
     assert config["networking"]["firewall"]["allowedTCPPorts"] == []
     service = config["systemd"]["services"]["vllm-chat"]["serviceConfig"]
-    options = gate.parse_options(gate_arguments(service["ExecStartPre"]["content"][0], "vllm-chat.service"))
+    options = parse_gate_options(gate_arguments(service["ExecStartPre"]["content"][0], "vllm-chat.service"))
     assert (options.timeout, options.start_on_timeout) == (600.0, True)
     assert service["TimeoutStartSec"]["content"] == 690
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import gate
 from exporter.cli import parse_options
+from exporter.gate.cli import parse_options as parse_gate_options
 from exporter.systemd import parse_timespan
 from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, xe_fdinfo
@@ -135,7 +135,7 @@ def test_gate_drop_in_runs_the_gate_privileged_for_its_unit_within_the_units_sta
     command = one(settings, "ExecStartPre")
     # "+": full privileges whatever the unit's user, so the unit's environment is cleared first
     assert command.startswith(f"+{GATE_LAUNCHER} {GATE} ")
-    options = gate.parse_options(shlex.split(command[1:].replace("%n", "vllm-chat.service"))[4:])
+    options = parse_gate_options(shlex.split(command[1:].replace("%n", "vllm-chat.service"))[4:])
     assert (options.unit, options.start_on_timeout) == ("vllm-chat.service", True)
     assert parse_timespan(one(settings, "TimeoutStartSec")) >= options.timeout + 90  # + systemd's default start
 

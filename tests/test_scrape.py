@@ -18,7 +18,7 @@ from exporter.collector import CollectionError, Collector, ScrapeContext, Source
 from exporter.families import GaugeFamily
 from exporter.scrape import ExporterCollector
 from exporter.sources.journal.follower import STILL_READING
-from exporter.sources.levelzero_worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
+from exporter.sources.levelzero.worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
 from scrapes import parse_samples
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)

@@ -23,9 +23,10 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from prometheus_client.registry import Collector
 
 from exporter.families import CounterFamily, GaugeFamily
-from exporter.httpserver import ServerLimits
-from exporter.web import ExporterServer, parse_listen_address
-from exporter.webconfig import WebConfig, load_web_config
+from exporter.http.connections import ServerLimits
+from exporter.http.server import ExporterServer, parse_listen_address
+from exporter.http.loading import load_web_config
+from exporter.http.webconfig import WebConfig
 from certs import CLIENT_SAN, Pki
 from httpclient import basic, client_context, curl, request
 from polling import wait_for
@@ -208,7 +209,7 @@ class FilterCollector(Collector):
 
 def filter_registry() -> CollectorRegistry:
     # Described, so that prometheus_client's restricted_registry finds the collector by its names (the
-    # exporter's restriction needs no names: exporter.exposition.restricted).
+    # exporter's restriction needs no names: exporter.http.exposition.restricted).
     registry = CollectorRegistry(auto_describe=True)
     registry.register(FilterCollector())
     return registry

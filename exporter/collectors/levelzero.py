@@ -17,9 +17,9 @@ from prometheus_client.metrics_core import Metric
 
 from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from exporter.families import CounterFamily, GaugeFamily
-from exporter.sources import levelzero as ze
+from exporter.sources.levelzero import binding as ze
 from exporter.sources import udev
-from exporter.sources.levelzero_worker import DeviceMemory, DeviceTelemetry
+from exporter.sources.levelzero.worker import DeviceMemory, DeviceTelemetry
 
 log = logging.getLogger("exporter.levelzero")
 

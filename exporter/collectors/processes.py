@@ -51,7 +51,7 @@ from exporter.families import CounterFamily, GaugeFamily
 from exporter.flags import positive_int
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
 from exporter.sources import dmem, procfs
-from exporter.sources.levelzero_worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
+from exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
 
 log = logging.getLogger("exporter.processes")
 

@@ -2,7 +2,7 @@
 and whether it overlapped another unit's init.
 
 Input is the journal in journal order: the unit's own lines (parsed by `exporter.parsers.vllm`; the
-lines of the init gate `vllm-xpu-gate`, by `exporter.parsers.gate`) and PID 1's records about it.
+lines of the init gate `vllm-xpu-gate`, by `exporter.gate.lines`) and PID 1's records about it.
 
 A *start* is one invocation of the unit. Every record of one start carries the same invocation id
 (`_SYSTEMD_INVOCATION_ID` on the unit's output, `INVOCATION_ID` on PID 1's records; a restart gets a
@@ -80,7 +80,8 @@ from enum import StrEnum
 from itertools import chain
 from typing import Protocol
 
-from exporter.parsers import gate, services, vllm
+from exporter.gate import lines as gate_lines
+from exporter.parsers import services, vllm
 from exporter.parsers.vllm import FailureReason
 from exporter.systemd import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
                               MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_STARTED,
@@ -353,7 +354,7 @@ class EngineTracker:
         if entry.from_systemd:
             self._systemd_record(unit, entry)
             return
-        if gate.is_gate_line(entry.message):
+        if gate_lines.is_gate_line(entry.message):
             self._gate_line(unit, entry.message)
             return
         event = vllm.parse_line(entry.message) or services.parse_line(entry.message)
@@ -500,7 +501,7 @@ class EngineTracker:
 
     def _gate_line(self, unit: _Unit, message: str) -> None:
         """A line of the unit's init gate (an ExecStartPre= process): its decisions count per unit."""
-        decision = gate.parse_line(message)
+        decision = gate_lines.parse_line(message)
         if decision is None:
             return
         unit.gate_wait_seconds += decision.seconds

@@ -7,7 +7,7 @@ needs no privilege (cgroup files are world-readable), where DRM fdinfo needs CAP
 counts memory that no fdinfo shows.
 
 The cgroup tree is `<sysfs>/fs/cgroup` (`--path.sysfs`, default `/sys`). A unit's cgroup path comes
-from `/proc/PID/cgroup` (`exporter.sources.procfs.UnitCgroup`), which is relative to the reader's
+from `/proc/PID/cgroup` (`exporter.parsers.cgroup.UnitCgroup`), which is relative to the reader's
 cgroup namespace:
 
 - on the host (or a container sharing the host's cgroup namespace) it is the directory's path in the

@@ -1,5 +1,6 @@
 """Per-process GPU memory from procfs: which processes hold DRM clients, how much device memory each
-client holds (DRM fdinfo), and which systemd unit each of those processes belongs to (`/proc/PID/cgroup`).
+client holds (DRM fdinfo), and which systemd unit each of those processes belongs to (`/proc/PID/cgroup`,
+read by `exporter.parsers.cgroup`).
 
 Every function takes the procfs root (`/proc`, or the host's /proc mounted into a container, e.g.
 `/host/proc`). Processes and fds come and go during a scan; a single process never makes a scan fail.
@@ -28,6 +29,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
+from exporter.parsers.cgroup import UnitCgroup, systemd_cgroup_path, unit_cgroup_of_path
 from exporter.parsers.fdinfo import DrmClient, EngineColumns, FdinfoLayout, parse_engine_use, parse_fdinfo
 
 DRM_MAJOR = 226
@@ -40,8 +42,6 @@ STAT_STARTTIME_AFTER_COMM = 19
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # One read takes a whole fdinfo or cgroup file; a bigger one takes more.
 FIRST_READ_BYTES = 4096
-# Unit types whose cgroups hold processes. Slices only group other units, so a process's unit is never a slice.
-PROCESS_UNIT_SUFFIXES = (".service", ".scope", ".socket", ".mount", ".swap")
 # A process that exits mid-scan makes its /proc entries fail with these; that is normal, not an error.
 VANISHED_ERRNOS = frozenset({errno.ENOENT, errno.ESRCH})
 DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
@@ -191,8 +191,9 @@ class DrmClientScanner:
             return scan.result(len(pids), self._processes)
 
     def unit_of(self, pid: int) -> str | None:
-        """The systemd unit of `pid` (see `unit_of_cgroup_path`): for a process holding DRM fds, as read
-        at its last walk (for that very process: see the class); for any other pid, read now."""
+        """The systemd unit of `pid` (see `exporter.parsers.cgroup.unit_of_cgroup_path`): for a process
+        holding DRM fds, as read at its last walk (for that very process: see the class); for any other
+        pid, read now."""
         unit_cgroup = self.unit_cgroup_of(pid)
         return None if unit_cgroup is None else unit_cgroup.unit
 
@@ -377,8 +378,8 @@ def list_pids(procfs: str) -> list[int]:
 
 
 def unit_of_pid(procfs: str, pid: int) -> str | None:
-    """The systemd unit of a process (see `unit_of_cgroup_path`); None when it is in the root cgroup or
-    its cgroup file cannot be read (the process vanished, or permission denied)."""
+    """The systemd unit of a process (see `exporter.parsers.cgroup.unit_of_cgroup_path`); None when it is
+    in the root cgroup or its cgroup file cannot be read (the process vanished, or permission denied)."""
     try:
         unit_cgroup = read_unit_cgroup(procfs, pid)
     except OSError:
@@ -391,97 +392,6 @@ def read_unit_cgroup(procfs: str, pid: int) -> UnitCgroup | None:
     unreadable cgroup file."""
     path = systemd_cgroup_path(read_text(f"{procfs}/{pid}/cgroup", MAX_CGROUP_BYTES))
     return None if path is None else unit_cgroup_of_path(path)
-
-
-def unit_of_cgroup_file(text: str) -> str | None:
-    """The systemd unit named by the text of a `/proc/PID/cgroup` file."""
-    path = systemd_cgroup_path(text)
-    return None if path is None else unit_of_cgroup_path(path)
-
-
-def systemd_cgroup_path(text: str) -> str | None:
-    """The cgroup path systemd manages, from a `/proc/PID/cgroup` file: the `name=systemd` line (cgroup
-    v1 and hybrid), else the unified `0::` line (v2). On a v1 host the kernel still prints `0::/`, so
-    a `name=systemd` path wins unless it is the root."""
-    named: str | None = None
-    unified: str | None = None
-    for line in text.splitlines():
-        hierarchy, _, rest = line.partition(":")
-        controllers, colon, path = rest.partition(":")
-        if not colon:
-            continue
-        if controllers == "name=systemd":
-            named = path
-        elif hierarchy == "0" and controllers == "":
-            unified = path
-    if named is not None and named.strip("/") != "":
-        return named
-    return unified if unified is not None else named
-
-
-def unit_of_cgroup_path(path: str) -> str | None:
-    """The systemd unit a process in cgroup `path` belongs to, the way systemd itself reads the path
-    (`cg_path_get_unit`, `cg_path_get_user_unit`): slices are skipped, and the first element below
-    them is the unit.
-
-    - `/system.slice/vllm-xpu-chat.service` -> `vllm-xpu-chat.service`.
-    - Sub-cgroups a unit creates below itself belong to it, whatever their names:
-      `/system.slice/foo.service/payload` -> `foo.service`.
-    - User units: the innermost unit, i.e. the one the user's manager runs, not `user@UID.service`:
-      `/user.slice/user-1000.slice/user@1000.service/app.slice/x.scope` -> `x.scope`. These are user
-      units (`systemctl --user`), so the same unit name run by two users is one name here.
-    - Outside any unit (no unit name below the slices, e.g. `/docker/<id>`, a bare slice): the
-      cgroup's last element. Login sessions are units: `.../user-1000.slice/session-3.scope`.
-    - The root cgroup `/`: None.
-    `..` elements (paths seen from inside another cgroup namespace) are skipped, and systemd's cgroup
-    escaping (a leading `_`, as in `_cpu.service`) is undone.
-    """
-    unit_cgroup = unit_cgroup_of_path(path)
-    return None if unit_cgroup is None else unit_cgroup.unit
-
-
-@dataclass(frozen=True)
-class UnitCgroup:
-    """A process's systemd unit (`unit_of_cgroup_path`) and the unit's own cgroup: `path` is the process's
-    cgroup path cut after the unit's element (`/system.slice/foo.service/payload` ->
-    `/system.slice/foo.service`), as /proc/PID/cgroup gives it, so relative to the reader's cgroup
-    namespace: it begins with `..` elements when the process is outside that namespace."""
-
-    unit: str
-    path: str
-
-
-def unit_cgroup_of_path(path: str) -> UnitCgroup | None:
-    """`unit_of_cgroup_path` with the unit's cgroup path (see `UnitCgroup`)."""
-    elements = [element for element in path.strip().split("/") if element not in ("", ".")]
-    ups = elements.count("..")
-    if ups:
-        elements = [element for element in elements if element != ".."]
-    if not elements:
-        return None
-    index = _first_unit(elements, 0)
-    if index is None:
-        index = len(elements) - 1  # outside any unit: the cgroup's last element
-        unit = elements[index]
-    else:
-        if elements[index].startswith("user@") and elements[index].endswith(".service"):
-            user_index = _first_unit(elements, index + 1)
-            if user_index is not None:
-                index = user_index
-        unit = elements[index][1:] if elements[index].startswith("_") else elements[index]
-    return UnitCgroup(unit, "/" + "/".join([".."] * ups + elements[:index + 1]))
-
-
-def _first_unit(elements: list[str], start: int) -> int | None:
-    """The index of the first element from `start` on after the leading slices, if it names a unit."""
-    for index in range(start, len(elements)):
-        element = elements[index]
-        if element.endswith(".slice"):
-            continue
-        if element.endswith(PROCESS_UNIT_SUFFIXES):
-            return index
-        return None
-    return None
 
 
 def process_age_seconds(procfs: str, pid: int) -> float | None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from exporter.parsers.cgroup import unit_of_cgroup_file
 from exporter.sources.journal.binding import (
     LIBSYSTEMD,
     SD_JOURNAL_LOCAL_ONLY,
@@ -41,7 +42,6 @@ from exporter.sources.journal.binding import (
     JournalError,
     LibSystemd,
 )
-from exporter.sources.procfs import unit_of_cgroup_file
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 OWN_CGROUP_PATH = "/proc/self/cgroup"

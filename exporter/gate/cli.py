@@ -1,67 +1,38 @@
-"""`vllm-xpu-gate`: an `ExecStartPre=` gate that lets a vLLM unit's engine start only when no other watched
-unit on the same GPU is initialising and enough device memory is free, and otherwise waits.
+"""`vllm-xpu-gate`'s command line and main loop (docs/gate.md; how the gate decides: `exporter.gate`).
 
-    ExecStartPre=+/bin/busybox env -i /opt/vllm-xpu-exporter/bin/vllm-xpu-gate --unit %n --timeout 10m
-
-(a static `env -i` first: the gate runs as root, and the unit's environment is its user's; docs/security.md).
-
-It reads the same journal through the same fold as the exporter (`JournalFollower` over
-`exporter.fold.engine_starts`) to know which watched units are initialising (main process started, init
-neither completed nor failed; a unit waiting in its own gate is not), and Level Zero, in a child
-(`LevelZeroWorker`), for free and total memory. It needs no running exporter.
-
-Decision, per device: release (exit 0) once no other watched unit on the device is initialising, no other
-unit holds the device's lease, and free memory is at least ceil(R x total), R from
---gpu-memory-utilization or what the unit's latest start printed (unknown R: only inits are waited for).
-Two gates never release together: each decides holding an flock on `<lease dir>/<device>.lock`, and a
-release writes `<lease dir>/<device>.lease` naming the unit and its invocation id (systemd's, from
-`systemctl show`; $INVOCATION_ID only when systemctl cannot answer). The lease holds from release until that invocation's init
-completes or fails in the journal, the unit's process is gone (the journal or systemctl says so), or the
-lease times out (--lease-timeout); a stale lease never blocks anyone, and a unit's own lease never blocks
-it. On hosts with several GPUs a unit counts on the devices its processes hold DRM clients on (procfs) or
-its lease names; a unit whose device is unknown counts on every device.
-
-A gate that cannot read the journal or Level Zero, or whose device reports untrusted memory accounting,
-says so and releases at once: it never strands a unit. After --timeout it exits 0 with a warning
-(--on-timeout start, the default) or 1 (fail). Bad flags exit 2 with one line. Every line it writes
-(stderr: the unit's journal) begins with "vllm-xpu-gate: "; the decision lines are written and read by
-`exporter.parsers.gate`.
+Its flags (`GateOptions`), the lines it writes (`Output`), `Gate`, which reads the journal and Level Zero,
+decides (`exporter.gate.decision`) holding the device's lock, grants the lease (`exporter.gate.leases`) and
+releases or times out, and `main`: SIGTERM, the unit's environment when it is started without the drop-in's
+`env -i`, and a release on any bug of the gate.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import functools
-import json
 import logging
 import math
 import os
-import secrets
 import signal
-import stat
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
-from typing import ClassVar, TextIO
+from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import TextIO
 
 from exporter import __version__
-from exporter import memory as memory_rules
 from exporter.durations import parse_go_duration
 from exporter.flags import (EXIT_USAGE, OneLineParser, absolute_path, add_journal_flags, add_levelzero_flags,
                             add_procfs_flag, add_systemctl_flag, check_journal_flags, journal_selection)
-from exporter.fold.engine_starts import UnitView
-from exporter.parsers import gate as gate_lines
+from exporter.gate import lines as gate_lines
+from exporter.gate.decision import Decision, decide
+from exporter.gate.leases import Lease, LeaseDirectory, UnreadableLease, lease_ended
+from exporter.gate.systemctl import current_invocation, systemctl_show, unit_gone, unit_start_timeout
 from exporter.pci import normalise_pci_address
 from exporter.sources import procfs
 from exporter.sources.journal import JournalSelection
 from exporter.sources.journal.follower import STILL_READING, JournalFollower, JournalState
-from exporter.sources.levelzero_worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState
-from exporter.systemd import parse_timespan
+from exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState
 
 PROG = "vllm-xpu-gate"
 EXIT_RELEASED = 0
@@ -74,13 +45,9 @@ DEFAULT_POLL_INTERVAL = "500ms"
 # --timeout, --lease-timeout, --poll-interval: a week is past any start, and far larger durations overflow
 # time.sleep() and the lease's microseconds at run time.
 MAX_DURATION_S = 7 * 24 * 3600.0
-SYSTEMCTL_TIMEOUT_S = 5.0
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 KEPT_FROM_THE_UNITS_ENVIRONMENT = frozenset({"INVOCATION_ID", "LANG", "LC_ALL", "LC_CTYPE"})
 SET_BY_SYSTEMD_FOR_EVERY_COMMAND = frozenset({"JOURNAL_STREAM", "SYSTEMD_EXEC_PID"})
-# systemd's states of a unit whose processes are gone.
-UNIT_GONE_ACTIVE_STATES = frozenset({"inactive", "failed"})
-UNIT_GONE_SUB_STATES = frozenset({"auto-restart", "dead", "failed"})
 
 
 # ----------------------------------------------------------------------------------------- flags
@@ -225,7 +192,7 @@ class Output:
             self.warn(text)
 
     def line(self, line: str) -> None:
-        """A line formatted by exporter.parsers.gate (prefix included)."""
+        """A line formatted by exporter.gate.lines (prefix included)."""
         self._stream.write(line + "\n")
         self._stream.flush()
 
@@ -237,288 +204,7 @@ class _PrefixedFormatter(logging.Formatter):
         return f"{gate_lines.PREFIX}{record.levelname.lower()}: " + " ".join(record.getMessage().splitlines())
 
 
-# ---------------------------------------------------------------------------------------- systemd
-
-def systemctl_show(systemctl: str, unit: str, *properties: str) -> dict[str, str] | None:
-    """`systemctl show -p ... unit` as a dict; None when systemctl cannot answer."""
-    try:
-        completed = subprocess.run([systemctl, "show", *(f"--property={name}" for name in properties), "--", unit],
-                                   capture_output=True, text=True, timeout=SYSTEMCTL_TIMEOUT_S, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if completed.returncode != 0:
-        return None
-    values = dict(line.partition("=")[::2] for line in completed.stdout.splitlines() if "=" in line)
-    return values if all(name in values for name in properties) else None
-
-
-def unit_start_timeout(systemctl: str, unit: str) -> float | None:
-    """The unit's TimeoutStartSec= in seconds (inf: none); None when systemctl cannot say."""
-    shown = systemctl_show(systemctl, unit, "TimeoutStartUSec")
-    if shown is None:
-        return None
-    try:
-        return parse_timespan(shown["TimeoutStartUSec"])
-    except ValueError:
-        return None
-
-
-def current_invocation(systemctl: str, unit: str, environ: Mapping[str, str] = os.environ) -> str:
-    """The unit's current invocation id as systemd says it ('' when unknown). $INVOCATION_ID, which
-    systemd sets for ExecStartPre= commands, only when systemctl cannot answer: an `EnvironmentFile=`
-    of the unit can override it."""
-    shown = systemctl_show(systemctl, unit, "InvocationID")
-    if shown is not None and shown["InvocationID"]:
-        return shown["InvocationID"]
-    return environ.get("INVOCATION_ID", "").strip()
-
-
-def unit_gone(systemctl: str, unit: str, invocation_id: str) -> bool | None:
-    """Whether that invocation of the unit has no process any more per systemd (stopped, failed, waiting
-    to restart, or a later invocation runs); None when systemctl cannot say."""
-    shown = systemctl_show(systemctl, unit, "ActiveState", "SubState", "InvocationID")
-    if shown is None:
-        return None
-    if invocation_id and shown["InvocationID"] and shown["InvocationID"] != invocation_id:
-        return True
-    return shown["ActiveState"] in UNIT_GONE_ACTIVE_STATES or shown["SubState"] in UNIT_GONE_SUB_STATES
-
-
-# ---------------------------------------------------------------------------------------- leases
-
-LEASE_DIRECTORY_MODE = 0o700
-LEASE_FILE_MODE = 0o600
-MAX_LEASE_BYTES = 64 * 1024
-# Whatever is planted as a lock or lease, root opening it must not follow it elsewhere (a symlink) nor wait
-# on it (a FIFO); `open_regular` then refuses anything but a regular file.
-OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def open_regular(name: str | Path, flags: int, dir_fd: int | None = None) -> int:
-    """A descriptor of the regular file `name` (made 0600 with O_CREAT); OSError for anything else."""
-    descriptor = os.open(name, flags | OPEN_FLAGS, LEASE_FILE_MODE, dir_fd=dir_fd)
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-        os.close(descriptor)
-        raise OSError(f"{name} is not a regular file")
-    return descriptor
-
-
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is no lease's figure")
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A device's lease: the unit released last and its invocation, until when it holds at most."""
-
-    device: str
-    unit: str
-    invocation_id: str
-    granted_usec: int  # wall clock, as the journal's realtime
-    expires_usec: int
-    gate_pid: int
-
-    @classmethod
-    def read(cls, path: str | Path, dir_fd: int | None = None) -> Lease | None:
-        """The lease in the file, None when there is no file; OSError when it is not a regular file,
-        ValueError when it holds no lease (too big, not JSON, other fields)."""
-        try:
-            descriptor = open_regular(path, os.O_RDONLY, dir_fd)
-        except FileNotFoundError:
-            return None
-        with os.fdopen(descriptor, "rb") as file:
-            content = file.read(MAX_LEASE_BYTES + 1)
-        if len(content) > MAX_LEASE_BYTES:
-            raise ValueError(f"larger than {MAX_LEASE_BYTES} bytes")
-        return cls.parse(content)
-
-    @classmethod
-    def parse(cls, content: bytes) -> Lease:
-        """The lease `write` wrote; ValueError for anything else."""
-        try:
-            data = json.loads(content, parse_constant=_refuse_constant)
-        except RecursionError:
-            raise ValueError("nested too deeply") from None
-        # each field has the type its annotation names: a float, a bool or null is no lease's
-        if not isinstance(data, dict) or any(type(data.get(field.name)).__name__ != field.type
-                                             for field in fields(cls)):
-            raise ValueError(f"not a lease's fields ({', '.join(field.name for field in fields(cls))})")
-        return cls(**{field.name: data[field.name] for field in fields(cls)})
-
-
-@dataclass(frozen=True)
-class UnreadableLease:
-    """A lease file the gate cannot read (not a regular file, too big, not a lease). It may be a gate's
-    lease gone wrong, so it holds, for an unknown holder, until the file is --lease-timeout old."""
-
-    device: str
-    reason: str
-    expires_usec: int  # the file's modification time plus --lease-timeout
-    unit: ClassVar[str] = gate_lines.UNREADABLE_LEASE
-
-
-def lease_ended(lease: Lease | UnreadableLease, views: Mapping[str, UnitView], now_usec: int,
-                gone: Callable[[str, str], bool | None]) -> str | None:
-    """Why the lease no longer holds, or None while it does."""
-    if now_usec >= lease.expires_usec:
-        return "timed out"
-    if isinstance(lease, UnreadableLease):
-        return None  # no unit the journal or systemd could say anything about
-    view = views.get(lease.unit)
-    if view is not None:
-        if lease.invocation_id:
-            if view.invocation_ended(lease.invocation_id):
-                return "its init ended"
-        elif view.current is not None and view.current.began_usec >= lease.granted_usec and \
-                view.current.outcome is not None:
-            return "its init ended"
-    if gone(lease.unit, lease.invocation_id):
-        return "its unit is not running"
-    return None
-
-
-def directory_refused(status: os.stat_result) -> str | None:
-    """Why a lease directory (its lstat) is not the gate's user's alone, or None when it is."""
-    if not stat.S_ISDIR(status.st_mode):
-        return "not a directory (a symlink to one neither)"
-    if status.st_uid != os.geteuid():
-        return f"owned by uid {status.st_uid}, not by the gate's user (uid {os.geteuid()})"
-    if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"writable by others (mode {stat.S_IMODE(status.st_mode):04o})"
-    return None
-
-
-class LeaseDirectory:
-    """`<directory>/<device>.lock` (flock: one gate decides at a time) and `<device>.lease`, root's alone:
-    the directory is 0700 and its files 0600, so no one else can hold a lock, or plant or read a lease.
-    Every file is opened in the directory opened once (`prepare`), never by a path through it."""
-
-    def __init__(self, directory: str) -> None:
-        self.path = Path(directory)
-        self._descriptor: int | None = None
-
-    def prepare(self) -> None:
-        """Make the directory (0700) if it does not exist, and open it; OSError (saying why) if it cannot be
-        used or is not the gate's user's alone."""
-        with contextlib.suppress(FileExistsError):
-            self.path.mkdir(mode=LEASE_DIRECTORY_MODE, parents=True)
-        status = os.lstat(self.path)
-        refused = directory_refused(status)
-        if refused is not None:
-            raise PermissionError(refused)
-        if not os.access(self.path, os.W_OK | os.X_OK):
-            raise PermissionError("not writable")
-        descriptor = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS)
-        if not os.path.samestat(os.fstat(descriptor), status):
-            os.close(descriptor)
-            raise PermissionError("replaced while the gate checked it")
-        if stat.S_IMODE(status.st_mode) & ~LEASE_DIRECTORY_MODE:
-            os.fchmod(descriptor, LEASE_DIRECTORY_MODE)  # narrowed: earlier versions made it 0755
-        self._descriptor = descriptor
-
-    def close(self) -> None:
-        if self._descriptor is not None:
-            os.close(self._descriptor)
-            self._descriptor = None
-
-    @contextlib.contextmanager
-    def locked(self, device: str, deadline: float) -> Iterator[bool]:
-        """Hold the device's lock; yields False when it could not be had before `deadline`. OSError when the
-        lock is not a regular file."""
-        descriptor = open_regular(f"{device}.lock", os.O_RDWR | os.O_CREAT, self._descriptor)
-        try:
-            while True:
-                try:
-                    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        yield False
-                        return
-                    time.sleep(0.02)
-            yield True
-        finally:
-            os.close(descriptor)  # releases the lock
-
-    def lease(self, device: str, lease_timeout: float) -> Lease | UnreadableLease | None:
-        """The device's lease, None when there is none; one that cannot be read holds until its file is
-        `lease_timeout` old."""
-        name = f"{device}.lease"
-        try:
-            return Lease.read(name, self._descriptor)
-        except (OSError, ValueError) as error:
-            try:
-                modified = os.stat(name, dir_fd=self._descriptor, follow_symlinks=False)
-            except FileNotFoundError:
-                return None  # removed meanwhile
-            return UnreadableLease(device, str(error), modified.st_mtime_ns // 1000 + round(lease_timeout * 1e6))
-
-    def leases(self) -> list[Lease]:
-        """Every device's lease that can be read."""
-        try:
-            names = sorted(name for name in os.listdir(self._descriptor) if name.endswith(".lease"))
-        except OSError:
-            return []
-        leases = []
-        for name in names:
-            with contextlib.suppress(OSError, ValueError):
-                if (lease := Lease.read(name, self._descriptor)) is not None:
-                    leases.append(lease)
-        return leases
-
-    def grant(self, lease: Lease) -> None:
-        """Write the lease as a new file (0600) renamed over the device's: a reader sees the old lease or the
-        new one, never part of one."""
-        name = f"{lease.device}.lease"
-        temporary = f".{name}.{secrets.token_hex(8)}.tmp"
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, LEASE_FILE_MODE,
-                             dir_fd=self._descriptor)
-        try:
-            with os.fdopen(descriptor, "w") as file:
-                json.dump(asdict(lease), file)
-            os.replace(temporary, name, src_dir_fd=self._descriptor, dst_dir_fd=self._descriptor)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary, dir_fd=self._descriptor)
-            raise
-
-
-# ---------------------------------------------------------------------------------------- decision
-
-@dataclass(frozen=True)
-class Decision:
-    """What holds the start back now: units (initialising, or holding the lease) and memory."""
-
-    units: tuple[str, ...]
-    memory_short: bool
-    free_bytes: int | None
-    needed_bytes: int | None
-
-    @property
-    def release(self) -> bool:
-        return not self.units and not self.memory_short
-
-    @property
-    def waiting_for(self) -> tuple[str, ...]:
-        return self.units + ((gate_lines.MEMORY,) if self.memory_short else ())
-
-
-def decide(unit: str, device: str, views: Sequence[UnitView], lease_holder: str | None,
-           devices_of_units: Mapping[str, set[str]] | None, memory: DeviceMemory | None,
-           gpu_memory_utilization: float | None) -> Decision:
-    """The decision for `unit` on `device`. `devices_of_units`: the devices each unit is known to use
-    (None: one GPU, every unit is on it); a unit not in it counts on every device."""
-    initialising = sorted((view.initialising_since_usec, view.unit) for view in views
-                          if view.unit != unit and view.initialising_since_usec is not None
-                          and device in (devices_of_units or {}).get(view.unit, {device}))
-    units = [name for _, name in initialising]
-    if lease_holder is not None and lease_holder != unit and lease_holder not in units:
-        units.append(lease_holder)
-    free = memory.free if memory is not None else None
-    total = memory.total if memory is not None else None
-    needed = memory_rules.requested_bytes(total, gpu_memory_utilization) if gpu_memory_utilization and total else None
-    return Decision(tuple(units), needed is not None and free is not None and free < needed, free, needed)
-
+# ---------------------------------------------------------------------------------------- the gate
 
 def devices_of_units(procfs_root: str, leases: Sequence[Lease]) -> dict[str, set[str]]:
     """unit -> the GPUs its processes hold DRM clients on (DRM fdinfo), and the device of its lease."""
@@ -534,8 +220,6 @@ def devices_of_units(procfs_root: str, leases: Sequence[Lease]) -> dict[str, set
         devices.setdefault(lease.unit, set()).add(lease.device)
     return devices
 
-
-# ---------------------------------------------------------------------------------------- the gate
 
 class Unavailable(Exception):
     """A source the decision needs cannot be read: the gate releases at once (the message says why)."""
@@ -825,7 +509,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         output.warn(f"the gate failed ({type(error).__name__}: {error}): releasing")
         output.line(gate_lines.format_released(time.monotonic() - began, [], None, None))
         return EXIT_RELEASED
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -28,7 +28,7 @@ that error every time (a new child, after a GPU change or a lost device, enumera
 reading is all or nothing: its values, or the first error. Memory bandwidth is read from the device-local
 modules the memory reading has just enumerated.
 
-`python -m exporter.sources.levelzero_worker LIBRARY` runs the child side.
+`python -m exporter.sources.levelzero.worker LIBRARY` runs the child side.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, NoReturn, TypeVar
 
-from exporter.sources.levelzero import (
+from exporter.sources.levelzero.binding import (
     DEFAULT_LIBRARY,
     ENGINE_GROUPS_ALL,
     FREQUENCY_DOMAINS,
@@ -577,13 +577,13 @@ class LevelZeroWorker:
         self._fail(f"Level Zero initialisation failed: {error}{hint}", error)
 
     def _spawn(self) -> None:
-        package_root = str(Path(__file__).resolve().parents[2])
+        package_root = str(Path(__file__).resolve().parents[3])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         self._reap_finished()
         try:
             child = subprocess.Popen(
-                [sys.executable, "-m", "exporter.sources.levelzero_worker", self.library,
+                [sys.executable, "-m", "exporter.sources.levelzero.worker", self.library,
                  *([] if self.telemetry else [NO_TELEMETRY])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                 # `-m` puts the working directory first on the child's sys.path: the gate's is the gated

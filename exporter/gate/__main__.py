@@ -1,0 +1,3 @@
+from exporter.gate.cli import main
+
+raise SystemExit(main())
