@@ -4,10 +4,21 @@
 `unit_of_cgroup_path` and `unit_cgroup_of_path` read the unit from that path the way systemd does; and
 `unit_of_cgroup_file` does both. The sources read the files: `exporter.sources.procfs` other processes'
 (`read_unit_cgroup`), the journal reader the exporter's own.
+
+A container's cgroup also says which engine runs it, its id and, under Kubernetes, its pod's uid
+(`container_of_cgroup_path`, `UnitCgroup.container`): Docker with the systemd cgroup driver
+(`/system.slice/docker-<id>.scope`) or cgroupfs (`/docker/<id>`), Podman (`/machine.slice/libpod-<id>.scope`,
+rootless below `user@UID.service`, cgroupfs `/libpod_parent/libpod-<id>`), and the containers of pods
+(kubelet with the systemd driver: `/kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid>.slice/
+cri-containerd-<id>.scope`, `crio-<id>.scope` or `docker-<id>.scope`, no QoS slice for guaranteed pods;
+cgroupfs: `/kubepods/<qos>/pod<uid>/<id>`). Conmon's scopes (`libpod-conmon-<id>.scope`,
+`crio-conmon-<id>.scope`) are not the container. A container that systemd runs as a service (Podman's
+quadlets: `/system.slice/x.service/libpod-payload-<id>`) is that service: the unit wins.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # Unit types whose cgroups hold processes. Slices only group other units, so a process's unit is never a slice.
@@ -52,7 +63,8 @@ def unit_of_cgroup_path(path: str) -> str | None:
       `/user.slice/user-1000.slice/user@1000.service/app.slice/x.scope` -> `x.scope`. These are user
       units (`systemctl --user`), so the same unit name run by two users is one name here.
     - Outside any unit (no unit name below the slices, e.g. `/docker/<id>`, a bare slice): the
-      cgroup's last element. Login sessions are units: `.../user-1000.slice/session-3.scope`.
+      cgroup's last element, or a cgroupfs container's own directory when the process is below it
+      (`/docker/<id>/sub` -> `<id>`). Login sessions are units: `.../user-1000.slice/session-3.scope`.
     - The root cgroup `/`: None.
     `..` elements (paths seen from inside another cgroup namespace) are skipped, and systemd's cgroup
     escaping (a leading `_`, as in `_cpu.service`) is undone.
@@ -61,15 +73,49 @@ def unit_of_cgroup_path(path: str) -> str | None:
     return None if unit_cgroup is None else unit_cgroup.unit
 
 
+# Container engines, as the cgroup names them.
+DOCKER = "docker"
+PODMAN = "podman"
+CONTAINERD = "containerd"
+CRIO = "crio"
+
+_ID = r"([0-9a-f]{64})"
+# A container's own cgroup element, by engine: systemd scopes, then cgroupfs leaves (Podman's, CRI-O's).
+_CONTAINER_ELEMENTS = (
+    (re.compile(rf"docker-{_ID}\.scope"), DOCKER),
+    (re.compile(rf"libpod-{_ID}(?:\.scope)?"), PODMAN),
+    (re.compile(rf"cri-containerd-{_ID}\.scope"), CONTAINERD),
+    (re.compile(rf"crio-{_ID}(?:\.scope)?"), CRIO),
+)
+_BARE_ID = re.compile(_ID)
+# A pod's cgroup: kubepods[-<qos>]-pod<uid>.slice (systemd driver; `_` for the uid's `-`, and a prefix
+# when the kubelet's cgroup root is not the top: kind's `kubelet-kubepods-...`), or pod<uid> (cgroupfs).
+# Static pods' uids are a hash without dashes.
+_POD_SLICE = re.compile(r"(?:[a-z0-9_.-]*-)?kubepods(?:-burstable|-besteffort)?-pod([0-9a-f][0-9a-f_]{0,63})\.slice")
+_POD_DIRECTORY = re.compile(r"pod([0-9a-f][0-9a-f-]{0,63})")
+
+
+@dataclass(frozen=True)
+class ContainerCgroup:
+    """A container as its cgroup names it: the `engine` that runs it (DOCKER, PODMAN, CONTAINERD, CRIO), its
+    id (64 lower-case hex digits) and, for a pod's container, the pod's uid (as the API shows it: with `-`)."""
+
+    engine: str
+    id: str
+    pod_uid: str | None = None
+
+
 @dataclass(frozen=True)
 class UnitCgroup:
     """A process's systemd unit (`unit_of_cgroup_path`) and the unit's own cgroup: `path` is the process's
     cgroup path cut after the unit's element (`/system.slice/foo.service/payload` ->
     `/system.slice/foo.service`), as /proc/PID/cgroup gives it, so relative to the reader's cgroup
-    namespace: it begins with `..` elements when the process is outside that namespace."""
+    namespace: it begins with `..` elements when the process is outside that namespace. `container`: the
+    container whose cgroup that is (its scope, or its cgroupfs directory), else None."""
 
     unit: str
     path: str
+    container: ContainerCgroup | None = None
 
 
 def unit_cgroup_of_path(path: str) -> UnitCgroup | None:
@@ -80,9 +126,14 @@ def unit_cgroup_of_path(path: str) -> UnitCgroup | None:
         elements = [element for element in elements if element != ".."]
     if not elements:
         return None
+    container = None
     index = _first_unit(elements, 0)
     if index is None:
-        index = len(elements) - 1  # outside any unit: the cgroup's last element
+        found = _cgroupfs_container(elements)
+        if found is None:
+            index = len(elements) - 1  # outside any unit: the cgroup's last element
+        else:
+            index, container = found
         unit = elements[index]
     else:
         if elements[index].startswith("user@") and elements[index].endswith(".service"):
@@ -90,7 +141,51 @@ def unit_cgroup_of_path(path: str) -> UnitCgroup | None:
             if user_index is not None:
                 index = user_index
         unit = elements[index][1:] if elements[index].startswith("_") else elements[index]
-    return UnitCgroup(unit, "/" + "/".join([".."] * ups + elements[:index + 1]))
+        container = _container_scope(elements, index)
+    return UnitCgroup(unit, "/" + "/".join([".."] * ups + elements[:index + 1]), container)
+
+
+def container_of_cgroup_path(path: str) -> ContainerCgroup | None:
+    """The container a process in cgroup `path` runs in (see the module's docstring), else None."""
+    unit_cgroup = unit_cgroup_of_path(path)
+    return None if unit_cgroup is None else unit_cgroup.container
+
+
+def _container_scope(elements: list[str], index: int) -> ContainerCgroup | None:
+    """The container whose systemd scope `elements[index]` is, with its pod's uid when the slice above is
+    a pod's."""
+    element = elements[index]
+    if not element.endswith(".scope"):
+        return None
+    for pattern, engine in _CONTAINER_ELEMENTS:
+        match = pattern.fullmatch(element)
+        if match is not None:
+            pod = _POD_SLICE.fullmatch(elements[index - 1]) if index > 0 else None
+            pod_uid = None if pod is None else pod.group(1).replace("_", "-")
+            if pod_uid is None and engine in (CONTAINERD, CRIO):
+                return None  # CRI runtimes' containers are pods' containers
+            return ContainerCgroup(engine, match.group(1), pod_uid)
+    return None
+
+
+def _cgroupfs_container(elements: list[str]) -> tuple[int, ContainerCgroup] | None:
+    """The first container directory of a cgroupfs path (outside any systemd unit), and its index:
+    `docker/<id>`, `libpod_parent/libpod-<id>`, `kubepods[/<qos>]/pod<uid>/<id>` (containerd, Docker) or
+    `.../pod<uid>/crio-<id>` (CRI-O)."""
+    for index in range(1, len(elements)):
+        parent, element = elements[index - 1], elements[index]
+        if parent == "docker" and (match := _BARE_ID.fullmatch(element)):
+            return index, ContainerCgroup(DOCKER, match.group(1))
+        if parent == "libpod_parent" and (match := _CONTAINER_ELEMENTS[1][0].fullmatch(element)):
+            return index, ContainerCgroup(PODMAN, match.group(1))
+        pod = _POD_DIRECTORY.fullmatch(parent)
+        if pod is None or not any(e == "kubepods" or e.endswith("kubepods") for e in elements[:index - 1]):
+            continue
+        if match := _BARE_ID.fullmatch(element):
+            return index, ContainerCgroup(CONTAINERD, match.group(1), pod.group(1))  # or dockershim: alike here
+        if match := _CONTAINER_ELEMENTS[3][0].fullmatch(element):
+            return index, ContainerCgroup(CRIO, match.group(1), pod.group(1))
+    return None
 
 
 def _first_unit(elements: list[str], start: int) -> int | None:
