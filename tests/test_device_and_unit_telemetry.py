@@ -13,7 +13,7 @@ from fakeze import A770_TELEMETRY, B580_TELEMETRY, FakeConfig, fake_driver_env, 
 from polling import wait_for
 from scrapes import sample, series
 from sizes import GiB
-from test_levelzero_exporter import A770_PCI, B580_PCI, TELEMETRY_FAMILIES, assert_configured_telemetry
+from test_collectors_levelzero import A770_PCI, B580_PCI, TELEMETRY_FAMILIES, assert_configured_telemetry
 from test_processes import CHAT, EMBEDDING, STT
 
 UNIT_FAMILIES = {"xpu_unit_engine_busy_seconds_total", "xpu_unit_engine_cycles_total",

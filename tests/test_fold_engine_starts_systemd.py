@@ -391,7 +391,7 @@ def test_a_known_engine_units_start_that_dies_unprinted_after_the_grace_still_co
 def test_the_fold_imports_no_source_and_no_collector() -> None:
     """The fold sits between the vLLM grammar and the collectors: the journal reader feeds it and the
     collectors read it, but it needs neither (systemd's MESSAGE_IDs come from exporter.systemd). Asked of a
-    fresh interpreter, a subprocess: hence here, not among tests/test_engines.py's pure ones."""
+    fresh interpreter, a subprocess: hence here, not among tests/test_fold_engine_starts.py's pure ones."""
     code = ("import json, sys, exporter.fold.engine_starts; "
             "print(json.dumps(sorted(name for name in sys.modules if name.startswith('exporter'))))")
     imported = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

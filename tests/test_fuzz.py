@@ -54,8 +54,8 @@ from exporter.sources.levelzero.binding import DeviceIdentity, MemoryModule, Mem
 from exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
 from scrapes import parse_samples, sample
-from test_fdinfo import DEPRECATED_MEMORY_KEYS, I915_61, I915_612, NOT_DRM, XE_DOC
-from test_vllm_grammar import BARE_MESSAGES, ENVELOPES, EXACT_LINES, NOISE_LINES
+from test_parsers_fdinfo import DEPRECATED_MEMORY_KEYS, I915_61, I915_612, NOT_DRM, XE_DOC
+from test_parsers_vllm import BARE_MESSAGES, ENVELOPES, EXACT_LINES, NOISE_LINES
 from vllmlogs import VllmRun, chat_runs, engine_start_lines
 
 FUZZ = settings(derandomize=True, database=None, deadline=None, print_blob=False,

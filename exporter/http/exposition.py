@@ -10,7 +10,7 @@ or left as they are (what Prometheus asks for) it returns one of the encoders he
 write the same bytes for every family whose metric, sample and label names need no escaping and whose
 samples carry no timestamp, exemplar or native histogram (every family the exporter serves). Any
 other family is written by prometheus_client's own encoder, family by family, so the output is
-always byte for byte prometheus_client's (tests/test_exposition.py compares them).
+always byte for byte prometheus_client's (tests/test_http_exposition.py compares them).
 """
 
 from __future__ import annotations

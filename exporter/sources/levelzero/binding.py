@@ -1,8 +1,8 @@
 """Level Zero (oneAPI) Sysman bindings over ctypes, in the style of NVML's Python binding.
 
 The ctypes Structures mirror the headers of Debian 12's libze-dev 1.8.12 (spec 1.4,
-``/usr/include/level_zero``) field by field; ``tests/test_levelzero_layout.py`` compiles
-against those headers and fails on any drift. :class:`LoaderLibrary` has one thin method
+``/usr/include/level_zero``) field by field;
+``tests/test_sources_levelzero_binding_layout.py`` compiles against those headers and fails on any drift. :class:`LoaderLibrary` has one thin method
 per C entry point, named after it, and turns every result other than ZE_RESULT_SUCCESS
 into :class:`LevelZeroError`. :class:`LevelZero` and :class:`Device` are the public
 entry points::
