@@ -21,6 +21,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=30)
 
 
+@pytest.mark.fast
 def test_defaults_match_the_contract():
     settings = parse_options([])
     assert settings.listen_address == f":{DEFAULT_PORT}"
@@ -36,6 +37,7 @@ def test_defaults_match_the_contract():
     assert (settings.log_level, settings.log_format) == ("info", "logfmt")
 
 
+@pytest.mark.fast
 def test_every_contract_flag_parses_in_both_spellings():
     settings = parse_options([
         "--web.listen-address=[::1]:9999", "--web.telemetry-path", "/m", "--no-collector.journal",
@@ -57,22 +59,26 @@ def test_every_contract_flag_parses_in_both_spellings():
     assert settings.levelzero_timeout == 1.5
 
 
+@pytest.mark.fast
 def test_journal_directory_parses():
     assert parse_options(["--journal.directory", "/host/var/log/journal"]).journal_directory == \
         "/host/var/log/journal"
 
 
+@pytest.mark.fast
 def test_boot_id_in_dashed_uuid_form_is_normalised():
     assert parse_options(["--journal.boot", "01234567-89ab-cdef-0123-456789abcdef"]).journal_boot == \
         "0123456789abcdef0123456789abcdef"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("boot", ["current", "ALL", " all ", "0123456789ABCDEF0123456789abcdef",
                                   "01234567-89ab-cdef-0123-456789abcdef"])
 def test_journal_boot_is_normalised_by_the_journal_sources_normaliser(boot):
     assert parse_options(["--journal.boot", boot]).journal_boot == normalize_boot(boot)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("boot", ["yesterday", "0123-456789abcdef0123456789abcdef", "0123456789abcdef"])
 def test_journal_boot_the_journal_source_refuses_is_refused_at_the_command_line(boot):
     with pytest.raises(ValueError):
@@ -123,12 +129,14 @@ def test_bad_input_exits_2_with_one_line_naming_the_problem(args, named):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("text", "seconds"), [("4s", 4.0), ("500ms", 0.5), ("1m30s", 90.0), ("1.5h", 5400.0),
                                                ("250us", 0.00025), ("2.5", 2.5)])
 def test_levelzero_timeout_takes_go_durations_and_bare_seconds(text, seconds):
     assert parse_options(["--levelzero.timeout", text]).levelzero_timeout == pytest.approx(seconds)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("text", "usec"), [("60s", 60_000_000), ("2m", 120_000_000), ("90", 90_000_000)])
 def test_journal_engine_grace_is_a_duration_the_exporter_and_the_gate_both_take(text, usec):
     from exporter.gate.cli import parse_options as parse_gate_options
@@ -145,6 +153,7 @@ def test_a_bad_journal_engine_grace_exits_2_with_one_line(text):
     assert "--journal.engine-grace" in result.stderr
 
 
+@pytest.mark.fast
 def test_the_exporter_never_watches_its_own_unit_and_says_so_once(caplog):
     options = parse_options(["--journal.engine-grace", "5s"])
     with caplog.at_level("DEBUG", logger="exporter.main"):
