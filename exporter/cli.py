@@ -21,14 +21,17 @@ import exporter.collectors  # noqa: F401  (registers the bundled collectors)
 from exporter import __version__
 from exporter.collector import Collector, Source, Sources, registered
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
-from exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
-                            add_sysfs_flag, check_journal_flags, journal_engine_grace_usec, journal_unit_globs)
+from exporter.flags import (EXIT_USAGE, OneLineParser, add_container_flags, add_journal_containers_flag,
+                            add_journal_flags, add_levelzero_flags, add_procfs_flag, add_sysfs_flag,
+                            check_journal_flags, journal_container_globs, journal_engine_grace_usec,
+                            journal_unit_globs)
 from exporter.http.loading import load_web_config
 from exporter.http.server import ExporterServer, parse_listen_address
 from exporter.http.webconfig import WebConfigError
 from exporter.logs import FORMATS, LEVELS, setup_logging
 from exporter.scrape import ExporterCollector
-from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection, read_own_service_unit
+from exporter.sources.journal import (DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, JournalSelection,
+                                     read_own_service_unit)
 from exporter.sources.journal.follower import JournalFollower
 from exporter.sources.dmem import DEFAULT_SYSFS
 from exporter.sources.levelzero.binding import DEFAULT_LIBRARY
@@ -58,6 +61,7 @@ class Options:
     journal_directory: str | None = None
     journal_files: tuple[str, ...] = ()
     journal_units: tuple[str, ...] = DEFAULT_UNIT_GLOBS
+    journal_containers: tuple[str, ...] = DEFAULT_CONTAINER_GLOBS
     journal_boot: str = "current"
     journal_max_units: int = DEFAULT_MAX_UNITS
     journal_engine_grace_usec: int = ENGINE_GRACE_USEC
@@ -109,8 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
         spec.add_flags(collectors)  # the collector's own --collector.NAME.OPTION flags, after every switch
 
     add_levelzero_flags(parser)
-    add_journal_flags(parser)
-    add_sysfs_flag(add_procfs_flag(parser))
+    add_journal_containers_flag(add_journal_flags(parser))
+    host = add_procfs_flag(parser)
+    add_sysfs_flag(host)
+    add_container_flags(host)
 
     logging_group = parser.add_argument_group("logging")
     logging_group.add_argument("--log.level", dest="log_level", choices=tuple(LEVELS), default="info")
@@ -133,6 +139,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         journal_directory=args.journal_directory,
         journal_files=tuple(args.journal_files),
         journal_units=journal_unit_globs(args),
+        journal_containers=journal_container_globs(args),
         journal_boot=args.journal_boot,
         journal_max_units=args.journal_max_units,
         journal_engine_grace_usec=journal_engine_grace_usec(args),
@@ -163,7 +170,8 @@ def exporter_journal_selection(options: Options, own_unit: str | None = None) ->
     are no engine's."""
     selection = JournalSelection(
         directory=options.journal_directory, files=options.journal_files, unit_globs=options.journal_units,
-        boot=options.journal_boot, engine_grace_usec=options.journal_engine_grace_usec)
+        container_globs=options.journal_containers, boot=options.journal_boot,
+        engine_grace_usec=options.journal_engine_grace_usec)
     own_unit = own_unit or read_own_service_unit()
     if own_unit is None:
         return selection

@@ -10,9 +10,12 @@ import os
 from collections.abc import Sequence
 
 from exporter.durations import parse_go_duration
+from exporter.sources.containers import (
+    DEFAULT_CONTAINER_LOGS, DEFAULT_DOCKER_ROOT, DEFAULT_POD_LOGS, DEFAULT_PODMAN_STORAGE, distinct,
+)
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
 from exporter.sources.dmem import CGROUP_TREE, DEFAULT_SYSFS
-from exporter.sources.journal import DEFAULT_UNIT_GLOBS, JournalSelection, normalize_boot
+from exporter.sources.journal import DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, JournalSelection, normalize_boot
 from exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S
 
@@ -78,9 +81,9 @@ def add_levelzero_flags(parser: argparse.ArgumentParser) -> None:
                            help="give up on a Level Zero read after this long (driver hang; at most 24h)")
 
 
-def add_journal_flags(parser: argparse.ArgumentParser) -> None:
+def add_journal_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """--journal.directory, .file, .units, .max-units, .boot, .engine-grace; check them with
-    `check_journal_flags`."""
+    `check_journal_flags`. Returns the journal group."""
     journal = parser.add_argument_group("journal")
     journal.add_argument("--journal.directory", dest="journal_directory", default=None, metavar="DIR",
                          help="read the journal from this directory instead of the system journal")
@@ -100,6 +103,19 @@ def add_journal_flags(parser: argparse.ArgumentParser) -> None:
                          help="a start of a watched unit that has printed no vLLM line yet counts as an engine "
                               "init (holds gated starts back) at most this long after its main process began, "
                               "unless it prints one (a proxy, the exporter itself)")
+    return journal
+
+
+def add_journal_containers_flag(journal: argparse._ArgumentGroup) -> None:
+    """--journal.containers (dest journal_containers; the exporter's only), in the group `add_journal_flags`
+    returns; read it with `journal_container_globs`."""
+    journal.add_argument("--journal.containers", dest="journal_containers", action="append", default=None,
+                         metavar="GLOB",
+                         help=f"shell glob of the containers whose engine logs are read: from the journal (Docker's "
+                              f"and Podman's journald log driver) and the --logs.* directories; matched against "
+                              f"the container's name, or its key (docker/NAME, podman/NAME, "
+                              f"k8s/NAMESPACE/POD/CONTAINER) when it has a '/' (repeatable; default "
+                              f"{' '.join(DEFAULT_CONTAINER_GLOBS)}; an empty one alone: no container)")
 
 
 def check_journal_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -112,6 +128,13 @@ def check_journal_flags(parser: argparse.ArgumentParser, args: argparse.Namespac
 
 def journal_unit_globs(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(args.journal_units or DEFAULT_UNIT_GLOBS)
+
+
+def journal_container_globs(args: argparse.Namespace) -> tuple[str, ...]:
+    """The --journal.containers globs: the default when none is given; none when only empty ones are."""
+    if args.journal_containers is None:
+        return DEFAULT_CONTAINER_GLOBS
+    return tuple(glob for glob in args.journal_containers if glob.strip())
 
 
 def journal_engine_grace_usec(args: argparse.Namespace) -> int:
@@ -156,3 +179,32 @@ def add_sysfs_flag(host: argparse._ArgumentGroup) -> None:
     """--path.sysfs (dest sysfs), in the group `add_procfs_flag` returns."""
     host.add_argument("--path.sysfs", dest="sysfs", default=DEFAULT_SYSFS, metavar="PATH",
                       help=f"where the host's /sys is mounted (the cgroup tree is PATH/{CGROUP_TREE})")
+
+
+def add_container_flags(host: argparse._ArgumentGroup) -> None:
+    """--path.docker, --path.podman (both repeatable), --path.pods, --path.container-logs (dest docker_roots,
+    podman_storages, pod_logs, container_logs): where the container engines' state is, for containers' names
+    (exporter.sources.containers), in the group `add_procfs_flag` returns. Read them with `container_paths`."""
+    host.add_argument("--path.docker", dest="docker_roots", action="append", default=None, type=absolute_path,
+                      metavar="PATH", help=f"Docker's data root: names of Docker containers from "
+                                           f"PATH/containers/ID/config.v2.json (repeatable, e.g. for rootless "
+                                           f"Docker; default {DEFAULT_DOCKER_ROOT})")
+    host.add_argument("--path.podman", dest="podman_storages", action="append", default=None, type=absolute_path,
+                      metavar="PATH", help=f"a Podman storage (graphroot): names of Podman containers from "
+                                           f"PATH/<driver>-containers/containers.json (repeatable: add rootless "
+                                           f"users' ~/.local/share/containers/storage; default "
+                                           f"{DEFAULT_PODMAN_STORAGE})")
+    host.add_argument("--path.pods", dest="pod_logs", type=absolute_path, default=DEFAULT_POD_LOGS, metavar="PATH",
+                      help="the kubelet's pod log directories (NAMESPACE_POD_UID/CONTAINER/): pods' names by uid")
+    host.add_argument("--path.container-logs", dest="container_logs", type=absolute_path,
+                      default=DEFAULT_CONTAINER_LOGS, metavar="PATH",
+                      help="the kubelet's container log symlinks (POD_NAMESPACE_CONTAINER-ID.log): names of "
+                           "pods' containers by id")
+
+
+def container_paths(args: argparse.Namespace) -> dict[str, object]:
+    """The container flags as ContainerNames' keyword arguments (docker_roots, podman_storages, pod_logs,
+    container_logs), defaults filled in."""
+    return {"docker_roots": distinct(args.docker_roots or (DEFAULT_DOCKER_ROOT,)),
+            "podman_storages": distinct(args.podman_storages or (DEFAULT_PODMAN_STORAGE,)),
+            "pod_logs": args.pod_logs, "container_logs": args.container_logs}

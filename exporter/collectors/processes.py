@@ -48,9 +48,11 @@ from exporter.collector import CollectionError, Collector, ScrapeContext, Source
 from exporter import memory as memory_rules
 from exporter import planning
 from exporter.families import CounterFamily, GaugeFamily
-from exporter.flags import positive_int
+from exporter.flags import container_paths, positive_int
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
-from exporter.sources import dmem, procfs
+from exporter.parsers.cgroup import ContainerCgroup, unit_cgroup_of_path
+from exporter.sources import containers, dmem, procfs
+from exporter.sources.containers import ContainerNames, Workload
 from exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
 
 log = logging.getLogger("exporter.processes")
@@ -120,20 +122,95 @@ def choose_units(held: Mapping[str, int], preferred: set[str], kept_before: set[
     return set(sorted(held, key=rank)[:max_units])
 
 
+def workloads_of(unit_cgroups: Mapping[str, Iterable[str]], names: ContainerNames) -> dict[str, Workload]:
+    """unit (a cgroup leaf, `UnitCgroup.unit`) -> its workload: a systemd unit keeps its name; a container's
+    cgroup (`UnitCgroup.container`, read again from the unit's cgroup paths) gets the key of its names
+    (`docker/<name>`, `podman/<name>`, `k8s/<namespace>/<pod>/<container>`) when `names` finds them, else keeps
+    the leaf. Whatever the state on disk holds, never raises: a failure keeps the leaf."""
+    workloads: dict[str, Workload] = {}
+    for unit, paths in unit_cgroups.items():
+        container: ContainerCgroup | None = None
+        for path in sorted(paths):
+            unit_cgroup = unit_cgroup_of_path(path)
+            if unit_cgroup is not None and unit_cgroup.container is not None:
+                container = unit_cgroup.container
+                break
+        try:
+            workloads[unit] = names.workload(unit, container)
+        except Exception:  # noqa: BLE001 (untrusted files on disk must never cost a scrape)
+            log.debug("no workload for %s", unit, exc_info=True)
+            workloads[unit] = Workload(unit)
+    return workloads
+
+
+def rename_attribution(attribution: DeviceAttribution, workloads: Mapping[str, Workload]) -> DeviceAttribution:
+    """The attribution by workload (`Workload.unit`): units of one workload add up."""
+    by_unit: dict[str, int] = {}
+    for unit, held in attribution.by_unit.items():
+        key = workloads[unit].unit if unit in workloads else unit
+        by_unit[key] = by_unit.get(key, 0) + held
+    return DeviceAttribution(attribution.sources, by_unit, attribution.total)
+
+
+def rename_engine_use(engines: Mapping[str, Mapping[str, procfs.UnitEngineUse]], workloads: Mapping[str, Workload]
+                      ) -> dict[str, dict[str, procfs.UnitEngineUse]]:
+    """device -> workload -> engine counters: those of the units of one workload added up as the clients of
+    one unit are (busy seconds and cycles summed, total cycles the largest)."""
+    renamed: dict[str, dict[str, procfs.UnitEngineUse]] = {}
+    for device, by_unit in engines.items():
+        by_workload = renamed.setdefault(device, {})
+        for unit, use in by_unit.items():
+            key = workloads[unit].unit if unit in workloads else unit
+            known = by_workload.get(key)
+            by_workload[key] = use if known is None else _added(known, use)
+    return renamed
+
+
+def _added(one: procfs.UnitEngineUse, other: procfs.UnitEngineUse) -> procfs.UnitEngineUse:
+    use = procfs.UnitEngineUse(dict(one.busy_seconds), dict(one.cycles), dict(one.total_cycles))
+    for engine, seconds in other.busy_seconds.items():
+        use.busy_seconds[engine] = use.busy_seconds.get(engine, 0.0) + seconds
+    for engine, count in other.cycles.items():
+        use.cycles[engine] = use.cycles.get(engine, 0) + count
+    for engine, count in other.total_cycles.items():
+        use.total_cycles[engine] = max(use.total_cycles.get(engine, 0), count)
+    return use
+
+
+def workload_info(workloads: Mapping[str, Workload], kept: set[str]) -> GaugeFamily:
+    """xpu_workload_info: one series per unit with series of its own at this scrape (`kept`), = 1, with what
+    is known of it; of several units of one workload (a restarted pod's old and new container, both still
+    holding the GPU), the first by leaf."""
+    info = GaugeFamily("xpu_workload_info",
+                       "Who the unit label names: kind (systemd, docker, podman, k8s), the container's id, name and "
+                       "Compose project and service, the pod's namespace, name and uid (empty where they do not "
+                       "apply or are not known); one series per unit with per-unit series, to join on unit.",
+                       labels=list(containers.INFO_LABELS))
+    by_key: dict[str, Workload] = {}
+    for unit in sorted(workloads):
+        by_key.setdefault(workloads[unit].unit, workloads[unit])
+    for unit in sorted(kept):
+        info.add_metric(by_key.get(unit, Workload(unit)).labels(), 1)
+    return info
+
+
 class ProcessesCollector(Collector):
     name = "processes"
 
     def __init__(self, procfs_root: str = "/proc", reports_levelzero: bool = False,
-                 sysfs_root: str = dmem.DEFAULT_SYSFS, max_units: int = DEFAULT_MAX_UNITS) -> None:
+                 sysfs_root: str = dmem.DEFAULT_SYSFS, max_units: int = DEFAULT_MAX_UNITS,
+                 names: ContainerNames | None = None) -> None:
         """`reports_levelzero`: the levelzero collector is disabled, so a Level Zero failure that costs this
         collector its unattributed rest and headroom is reported here, or nowhere. `max_units`: at most this
-        many units have series of their own (see choose_units)."""
+        many units have series of their own (see choose_units). `names`: where containers' names are read
+        (default: the engines' standard locations)."""
         self._reports_levelzero = reports_levelzero
         self._max_units = max_units
         self._kept_units: set[str] = set()
         self._warned_dropped = False
         self._scanner = procfs.DrmClientScanner(procfs_root)
         self._dmem = dmem.DmemReader(sysfs_root)
+        self._names = names if names is not None else ContainerNames()
         self._last_device_of_unit: dict[str, str] = {}
         self._warned_unreadable = False
 
@@ -164,6 +241,10 @@ class ProcessesCollector(Collector):
                                 f"no memory figures for it and Level Zero's process list failed)")
             else:
                 attributions[pci] = attribution
+        # From here on a unit is a workload: containers by their names (see workloads_of)
+        workloads = self._workloads(scan, fallbacks.values())
+        attributions = {pci: rename_attribution(attribution, workloads) for pci, attribution in attributions.items()}
+        engines = rename_engine_use(scan.engines_by_device_unit if scan is not None else {}, workloads)
 
         source = GaugeFamily("xpu_memory_attribution_info",
                              "Which sources attribute the device's memory to units: dmem, fdinfo or levelzero.",
@@ -171,7 +252,7 @@ class ProcessesCollector(Collector):
         unit_memory = GaugeFamily("xpu_unit_memory_bytes", "Device memory held by all processes of the unit.",
                                   labels=["device", "unit"])
         context.watch_units(unit for attribution in attributions.values() for unit in attribution.by_unit)
-        kept, dropped = self._choose_units(context, attributions, scan)
+        kept, dropped = self._choose_units(context, attributions, engines)
         for pci, attribution in attributions.items():
             for name in attribution.sources:
                 source.add_metric([pci, name], 1)
@@ -180,7 +261,8 @@ class ProcessesCollector(Collector):
                     unit_memory.add_metric([pci, unit], held)
         yield source
         yield unit_memory
-        yield from self._engine_use(scan, kept)
+        yield from self._engine_use(engines, kept)
+        yield workload_info(workloads, kept)
         yield GaugeFamily("xpu_exporter_processes_units_dropped",
                           "Units holding GPU memory or DRM clients at this scrape that have no series of their own "
                           "because of --collector.processes.max-units (their memory is in the unattributed rest).",
@@ -193,13 +275,13 @@ class ProcessesCollector(Collector):
             raise CollectionError("; ".join(problems))
 
     def _choose_units(self, context: ScrapeContext, attributions: dict[str, DeviceAttribution],
-                      scan: procfs.ScanResult | None) -> tuple[set[str], int]:
+                      engines: Mapping[str, Mapping[str, procfs.UnitEngineUse]]) -> tuple[set[str], int]:
         """The units that keep series of their own at this scrape (choose_units), and how many do not."""
         held: dict[str, int] = {}
         for attribution in attributions.values():
             for unit, memory in attribution.by_unit.items():
                 held[unit] = held.get(unit, 0) + memory
-        for device, by_unit in (scan.engines_by_device_unit if scan else {}).items():
+        for device, by_unit in engines.items():
             if not device.startswith(f"{procfs.DRM_MAJOR}:"):
                 for unit in by_unit:
                     held.setdefault(unit, 0)
@@ -215,7 +297,7 @@ class ProcessesCollector(Collector):
         return kept, dropped
 
     @staticmethod
-    def _engine_use(scan: procfs.ScanResult | None, kept: set[str]) -> Iterator[Metric]:
+    def _engine_use(engines: Mapping[str, Mapping[str, procfs.UnitEngineUse]], kept: set[str]) -> Iterator[Metric]:
         busy = CounterFamily(
             "xpu_unit_engine_busy_seconds_total",
             "Engine busy time of the unit's DRM clients (drm-engine-<engine>, divided by the engine class's "
@@ -226,7 +308,7 @@ class ProcessesCollector(Collector):
         total_cycles = CounterFamily(
             "xpu_unit_engine_total_cycles_total", "The GPU clock the cycles count against (xe's drm-total-cycles), the "
             "largest of the unit's DRM clients.", labels=["device", "unit", "engine"])
-        for device, by_unit in sorted((scan.engines_by_device_unit if scan else {}).items()):
+        for device, by_unit in sorted(engines.items()):
             if device.startswith(f"{procfs.DRM_MAJOR}:"):
                 continue  # not a PCI GPU (see collect)
             for unit, use in sorted(by_unit.items()):
@@ -239,6 +321,18 @@ class ProcessesCollector(Collector):
                 for engine, count in sorted(use.total_cycles.items()):
                     total_cycles.add_metric([device, unit, engine], count)
         yield from (busy, cycles, total_cycles)
+
+    def _workloads(self, scan: procfs.ScanResult | None, fallbacks: Iterable[Attribution | None]
+                   ) -> dict[str, Workload]:
+        """The workload of each unit the scan and the fallbacks found (their cgroup leaves), by the
+        containers their cgroups name (workloads_of)."""
+        unit_cgroups: dict[str, set[str]] = {}
+        found = [scan.unit_cgroups if scan is not None else {},
+                 *(fallback.unit_cgroups for fallback in fallbacks if fallback is not None)]
+        for cgroups_of_unit in found:
+            for unit, paths in cgroups_of_unit.items():
+                unit_cgroups.setdefault(unit, set()).update(paths)
+        return workloads_of(unit_cgroups, self._names)
 
     def _scan(self, problems: list[str]) -> procfs.ScanResult | None:
         try:
@@ -411,19 +505,24 @@ class ProcessesCollector(Collector):
 class ProcessesOptions:
     """The processes collector's options: `procfs` and `sysfs`, where the host's /proc and /sys are
     (--path.procfs, --path.sysfs); `max_units` (--collector.processes.max-units); `reports_levelzero`: the
-    levelzero collector is disabled (see ProcessesCollector)."""
+    levelzero collector is disabled (see ProcessesCollector); where the container engines' state is, for
+    containers' names (--path.docker, --path.podman, --path.pods, --path.container-logs)."""
 
     procfs: str = "/proc"
     sysfs: str = dmem.DEFAULT_SYSFS
     max_units: int = DEFAULT_MAX_UNITS
     reports_levelzero: bool = False
+    docker_roots: tuple[str, ...] = (containers.DEFAULT_DOCKER_ROOT,)
+    podman_storages: tuple[str, ...] = (containers.DEFAULT_PODMAN_STORAGE,)
+    pod_logs: str = containers.DEFAULT_POD_LOGS
+    container_logs: str = containers.DEFAULT_CONTAINER_LOGS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, enabled: frozenset[str]) -> ProcessesOptions:
         """From the parsed command line (its host paths and this collector's own flag) and the names of the
         enabled collectors."""
         return cls(procfs=args.procfs, sysfs=args.sysfs, max_units=args.processes_max_units,
-                   reports_levelzero="levelzero" not in enabled)
+                   reports_levelzero="levelzero" not in enabled, **container_paths(args))  # type: ignore[arg-type]
 
 
 def add_flags(collectors: argparse._ArgumentGroup) -> None:
@@ -438,5 +537,6 @@ def add_flags(collectors: argparse._ArgumentGroup) -> None:
 @register("processes", "per-unit device memory from processes", needs=[Source.LEVELZERO],
           add_flags=add_flags, options=ProcessesOptions.from_args)
 def _processes_collector(options: ProcessesOptions, sources: Sources) -> ProcessesCollector:
+    names = ContainerNames(options.docker_roots, options.podman_storages, options.pod_logs, options.container_logs)
     return ProcessesCollector(options.procfs, reports_levelzero=options.reports_levelzero,
-                              sysfs_root=options.sysfs, max_units=options.max_units)
+                              sysfs_root=options.sysfs, max_units=options.max_units, names=names)

@@ -1,0 +1,392 @@
+"""The names of the containers that hold the GPU, read-only from the engines' state on disk: no Docker socket,
+no API, no gRPC.
+
+A process's cgroup says which engine runs its container, the container's id and, for a pod's container, the
+pod's uid (`exporter.parsers.cgroup.ContainerCgroup`). `ContainerNames.workload` turns that into a `Workload`:
+the `unit` label value (`exporter.parsers.workloads`: `docker/<name>`, `podman/<name>`,
+`k8s/<namespace>/<pod>/<container>`) and the details of `xpu_workload_info`. The names come from:
+
+- Docker: `<root>/containers/<id>/config.v2.json` (root `--path.docker`, default /var/lib/docker): `Name`
+  (`/<name>`), and the labels Compose sets, `Config.Labels["com.docker.compose.project"]` and
+  `["com.docker.compose.service"]`.
+- Podman: `<storage>/<driver>-containers/containers.json` and `volatile-containers.json` (storage
+  `--path.podman`, repeatable, default /var/lib/containers/storage; a rootless user's is
+  ~/.local/share/containers/storage): the containers/storage library's list, `[{"id": ..., "names": [...]}]`.
+- Kubernetes: the kubelet's container log symlinks `<pod>_<namespace>_<container>-<id>.log`
+  (`--path.container-logs`, default /var/log/containers), whose target `.../<namespace>_<pod>_<uid>/<container>/
+  N.log` also names the pod's uid; failing that, the pod log directories `<namespace>_<pod>_<uid>/<container>/`
+  (`--path.pods`, default /var/log/pods) name the pod by its uid, and the container when the pod has only one.
+
+Those files are untrusted input (a container's name and labels are chosen by whoever runs it; a path flag may
+point anywhere): a file that is missing, not a regular file, larger than its bound, unreadable, not JSON or
+not of the expected shape, or a name the engine itself would refuse, gives no name, never an exception, and
+the workload keeps its cgroup leaf as `unit`. What is found is kept per container for REFRESH_SECONDS (a
+renamed Docker container shows its new name within that), at most MAX_CACHED containers; a container not
+found is looked up again after the same time.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import re
+import stat
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import astuple, dataclass
+
+from exporter.parsers.cgroup import DOCKER, PODMAN, ContainerCgroup
+from exporter.parsers.workloads import (
+    KIND_DOCKER, KIND_KUBERNETES, KIND_PODMAN, KIND_SYSTEMD, docker_key, kubernetes_key, podman_key,
+)
+
+log = logging.getLogger("exporter.containers")
+
+DEFAULT_DOCKER_ROOT = "/var/lib/docker"
+DEFAULT_PODMAN_STORAGE = "/var/lib/containers/storage"
+DEFAULT_POD_LOGS = "/var/log/pods"
+DEFAULT_CONTAINER_LOGS = "/var/log/containers"
+
+# A config.v2.json is a few KiB (its environment and labels); a containers.json about 1 KiB a container.
+MAX_DOCKER_CONFIG_BYTES = 4 << 20
+MAX_PODMAN_LIST_BYTES = 16 << 20
+MAX_DIRECTORY_ENTRIES = 65536  # of a log directory: a node runs at most a few hundred containers
+MAX_PODMAN_DRIVERS = 8  # <driver>-containers directories of one storage (overlay, vfs, btrfs, ...)
+REFRESH_SECONDS = 60.0
+MAX_CACHED = 4096
+
+COMPOSE_PROJECT = "com.docker.compose.project"
+COMPOSE_SERVICE = "com.docker.compose.service"
+# Compose's project names are [a-z0-9][a-z0-9_-]*, its service names [a-zA-Z0-9._-]+; these labels can be
+# set by hand to anything, so anything else is left out.
+_LABEL_VALUE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,252}")
+_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
+# <pod>_<namespace>_<container>-<id>.log: none of the names can hold `_`.
+_LOG_LINK = re.compile(r"([^_/]+)_([^_/]+)_([^_/]+)-([0-9a-f]{64})\.log")
+# <namespace>_<pod>_<uid>
+_POD_DIRECTORY = re.compile(r"([^_/]+)_([^_/]+)_([0-9a-f][0-9a-f-]{0,63})")
+
+OPEN_FILE = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO where a file should be must not hang a scrape
+
+# The labels of xpu_workload_info, in the order of Workload's fields.
+INFO_LABELS = ("unit", "kind", "container_id", "container", "compose_project", "compose_service", "namespace",
+               "pod", "pod_uid")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Who holds the GPU: `unit`, the label value of every per-unit series (a systemd unit's name, a
+    container's key, or the cgroup's leaf when a container's names are not found); `kind`: `systemd`,
+    `docker`, `podman` or `k8s` (what the cgroup says, found names or not); the rest as found, empty where
+    they do not apply or are not known."""
+
+    unit: str
+    kind: str = KIND_SYSTEMD
+    container_id: str = ""
+    container: str = ""
+    compose_project: str = ""
+    compose_service: str = ""
+    namespace: str = ""
+    pod: str = ""
+    pod_uid: str = ""
+
+    def labels(self) -> list[str]:
+        """The label values of xpu_workload_info, in INFO_LABELS' order."""
+        return list(astuple(self))
+
+
+@dataclass(frozen=True)
+class _Names:
+    """What the state on disk says of one container (empty: not found)."""
+
+    key: str | None = None
+    container: str = ""
+    compose_project: str = ""
+    compose_service: str = ""
+    namespace: str = ""
+    pod: str = ""
+
+
+_NOT_FOUND = _Names()
+
+
+class ContainerNames:
+    """Names of containers by their cgroup's `ContainerCgroup`, from the engines' state directories (see the
+    module's docstring). Called from scrapes, which are serial; not thread-safe."""
+
+    def __init__(self, docker_roots: Sequence[str] = (DEFAULT_DOCKER_ROOT,),
+                 podman_storages: Sequence[str] = (DEFAULT_PODMAN_STORAGE,),
+                 pod_logs: str = DEFAULT_POD_LOGS, container_logs: str = DEFAULT_CONTAINER_LOGS,
+                 clock: Callable[[], float] = time.monotonic, refresh_seconds: float = REFRESH_SECONDS,
+                 max_cached: int = MAX_CACHED) -> None:
+        self.docker_roots = tuple(docker_roots)
+        self.podman_storages = tuple(podman_storages)
+        self.pod_logs = pod_logs
+        self.container_logs = container_logs
+        self._clock = clock
+        self._refresh = refresh_seconds
+        self._max_cached = max_cached
+        self._cache: OrderedDict[ContainerCgroup, tuple[float, _Names]] = OrderedDict()
+        # file or directory -> (its signature, what it maps); re-read when the signature changes
+        self._lists: dict[str, tuple[tuple[int, ...], dict]] = {}
+        self._reported: set[str] = set()
+
+    def workload(self, unit: str, container: ContainerCgroup | None) -> Workload:
+        """The workload of cgroup leaf `unit` (`UnitCgroup.unit`) and its container (None: a systemd unit
+        or a cgroup that is no container's, which keep their name). Never raises for what is on disk."""
+        if container is None:
+            return Workload(unit)
+        kind = _kind(container)
+        names = self._names(container)
+        return Workload(names.key or unit, kind, container.id, names.container, names.compose_project,
+                        names.compose_service, names.namespace, names.pod, container.pod_uid or "")
+
+    def _names(self, container: ContainerCgroup) -> _Names:
+        now = self._clock()
+        cached = self._cache.get(container)
+        if cached is not None and now < cached[0]:
+            self._cache.move_to_end(container)
+            return cached[1]
+        try:
+            names = self._look_up(container)
+        except (OSError, ValueError, TypeError, RecursionError, MemoryError) as error:  # hostile or broken state
+            log.debug("no names for container %s: %s", container.id, error)
+            names = _NOT_FOUND
+        self._cache[container] = (now + self._refresh, names)
+        self._cache.move_to_end(container)
+        while len(self._cache) > self._max_cached:
+            self._cache.popitem(last=False)
+        return names
+
+    def _look_up(self, container: ContainerCgroup) -> _Names:
+        if container.pod_uid is not None:
+            return self._pod_container(container.id, container.pod_uid)
+        if container.engine == DOCKER:
+            return self._docker(container.id)
+        if container.engine == PODMAN:
+            return self._podman(container.id)
+        return _NOT_FOUND
+
+    def _docker(self, container_id: str) -> _Names:
+        for root in self.docker_roots:
+            path = os.path.join(root, "containers", container_id, "config.v2.json")
+            data = self._read(path, MAX_DOCKER_CONFIG_BYTES, root)
+            if data is None:
+                continue
+            return docker_names(data, container_id)
+        return _NOT_FOUND
+
+    def _podman(self, container_id: str) -> _Names:
+        for storage in self.podman_storages:
+            for path in self._podman_lists(storage):
+                names = self._cached_list(path, storage, self._read_podman_list).get(container_id)
+                if names:
+                    key = podman_key(names)
+                    if key is not None:
+                        return _Names(key, names)
+        return _NOT_FOUND
+
+    def _podman_lists(self, storage: str) -> list[str]:
+        try:
+            with os.scandir(storage) as entries:
+                drivers = sorted(entry.name for entry in entries
+                                 if entry.name.endswith("-containers") and entry.is_dir(follow_symlinks=False))
+        except OSError as error:
+            self._report(storage, storage, error)
+            return []
+        return [os.path.join(storage, driver, name) for driver in drivers[:MAX_PODMAN_DRIVERS]
+                for name in ("containers.json", "volatile-containers.json")]
+
+    def _read_podman_list(self, path: str, storage: str) -> dict[str, str]:
+        data = self._read(path, MAX_PODMAN_LIST_BYTES, storage)
+        return {} if data is None else podman_names(data)
+
+    def _pod_container(self, container_id: str, pod_uid: str) -> _Names:
+        links = self._cached_list(self.container_logs, self.container_logs, self._read_log_links)
+        found = links.get(container_id)
+        if found is not None:
+            namespace, pod, name, uid = found
+            if uid is None or uid == pod_uid:
+                key = kubernetes_key(namespace, pod, name)
+                if key is not None:
+                    return _Names(key, name, namespace=namespace, pod=pod)
+        pod_directory = self._cached_list(self.pod_logs, self.pod_logs, self._read_pod_directories).get(pod_uid)
+        if pod_directory is None:
+            return _NOT_FOUND
+        namespace, pod, directory = pod_directory
+        containers = self._container_directories(os.path.join(self.pod_logs, directory))
+        name = containers[0] if len(containers) == 1 else ""
+        key = kubernetes_key(namespace, pod, name) if name else None
+        return _Names(key, name if key else "", namespace=namespace, pod=pod)
+
+    def _read_log_links(self, directory: str, root: str) -> dict[str, tuple[str, str, str, str | None]]:
+        """container id -> (namespace, pod, container, pod uid or None) from the kubelet's symlinks."""
+        links: dict[str, tuple[str, str, str, str | None]] = {}
+        for name in self._list(directory, root):
+            match = _LOG_LINK.fullmatch(name)
+            if match is None:
+                continue
+            pod, namespace, container, container_id = match.groups()
+            if kubernetes_key(namespace, pod, container) is None:
+                continue
+            links[container_id] = (namespace, pod, container, _uid_of_link(os.path.join(directory, name),
+                                                                          namespace, pod, container))
+        return links
+
+    def _read_pod_directories(self, directory: str, root: str) -> dict[str, tuple[str, str, str]]:
+        """pod uid -> (namespace, pod, directory name) from the kubelet's pod log directories."""
+        pods: dict[str, tuple[str, str, str]] = {}
+        for name in self._list(directory, root):
+            match = _POD_DIRECTORY.fullmatch(name)
+            if match is not None and kubernetes_key(match.group(1), match.group(2), "c") is not None:
+                pods[match.group(3)] = (match.group(1), match.group(2), name)
+        return pods
+
+    def _container_directories(self, directory: str) -> list[str]:
+        names = []
+        try:
+            with os.scandir(directory) as entries:
+                for index, entry in enumerate(entries):
+                    if index >= MAX_DIRECTORY_ENTRIES:
+                        break
+                    if entry.is_dir(follow_symlinks=False) and kubernetes_key("n", "p", entry.name) is not None:
+                        names.append(entry.name)
+        except OSError as error:
+            self._report(self.pod_logs, directory, error)
+        return sorted(names)
+
+    def _list(self, directory: str, root: str) -> list[str]:
+        names = []
+        try:
+            with os.scandir(directory) as entries:
+                for index, entry in enumerate(entries):
+                    if index >= MAX_DIRECTORY_ENTRIES:
+                        log.debug("%s: more than %d entries, the rest not read", directory, MAX_DIRECTORY_ENTRIES)
+                        break
+                    names.append(entry.name)
+        except OSError as error:
+            self._report(root, directory, error)
+        return names
+
+    def _cached_list(self, path: str, root: str, read: Callable[[str, str], dict]) -> dict:
+        """What `read` makes of a file or directory, read again only when its signature (inode, size, change
+        and modification times) changed; {} when it cannot be looked at."""
+        try:
+            info = os.stat(path)
+        except OSError as error:
+            self._report(root, path, error)
+            self._lists.pop(path, None)
+            return {}
+        signature = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        known = self._lists.get(path)
+        if known is not None and known[0] == signature:
+            return known[1]
+        try:
+            mapped = read(path, root)
+        except (OSError, ValueError, TypeError, RecursionError, MemoryError) as error:
+            log.debug("%s: %s", path, error)
+            mapped = {}
+        self._lists[path] = (signature, mapped)
+        return mapped
+
+    def _read(self, path: str, limit: int, root: str) -> bytes | None:
+        """A regular file of at most `limit` bytes, else None."""
+        try:
+            fd = os.open(path, OPEN_FILE)
+        except OSError as error:
+            self._report(root, path, error)
+            return None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+                log.debug("%s: not a regular file of at most %d bytes", path, limit)
+                return None
+            data = os.read(fd, limit + 1)
+        except OSError as error:
+            self._report(root, path, error)
+            return None
+        finally:
+            os.close(fd)
+        return data if len(data) <= limit else None
+
+    def _report(self, root: str, path: str, error: OSError) -> None:
+        """A missing file or directory is normal (an engine not installed, a container gone); a denied one
+        is logged once per state directory (`root`), at info, saying what would let the exporter read it."""
+        if error.errno in (errno.EACCES, errno.EPERM):
+            if root not in self._reported:
+                self._reported.add(root)
+                log.info("container names: cannot read %s (%s); the exporter needs read access to the engines' "
+                         "state (root, or CAP_DAC_READ_SEARCH); the containers keep their cgroup names",
+                         path, error.strerror)
+        else:
+            log.debug("container names: %s: %s", path, error.strerror)
+
+
+def docker_names(data: bytes, container_id: str) -> _Names:
+    """The names in a Docker `config.v2.json` (bytes) of container `container_id`."""
+    document = json.loads(data)
+    if not isinstance(document, dict):
+        return _NOT_FOUND
+    if document.get("ID", container_id) != container_id:
+        return _NOT_FOUND  # another container's file
+    name = document.get("Name")
+    key = docker_key(name) if isinstance(name, str) else None
+    if key is None:
+        return _NOT_FOUND
+    config = document.get("Config")
+    labels = config.get("Labels") if isinstance(config, dict) else None
+    if not isinstance(labels, dict):
+        labels = {}
+    return _Names(key, name.lstrip("/"), _label_value(labels.get(COMPOSE_PROJECT)),
+                  _label_value(labels.get(COMPOSE_SERVICE)))
+
+
+def podman_names(data: bytes) -> dict[str, str]:
+    """container id -> its first name, from a containers/storage `containers.json` (bytes)."""
+    document = json.loads(data)
+    names: dict[str, str] = {}
+    if not isinstance(document, list):
+        return names
+    for entry in document:
+        if not isinstance(entry, dict):
+            continue
+        container_id, entry_names = entry.get("id"), entry.get("names")
+        if not (isinstance(container_id, str) and _CONTAINER_ID.fullmatch(container_id)):
+            continue
+        if isinstance(entry_names, list) and entry_names and isinstance(entry_names[0], str):
+            names[container_id] = entry_names[0]
+    return names
+
+
+def _uid_of_link(path: str, namespace: str, pod: str, container: str) -> str | None:
+    """The pod uid in a log symlink's target `.../<namespace>_<pod>_<uid>/<container>/N.log` (read, not
+    followed: the target is a host path), None when it does not say."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        return None
+    parts = target.rstrip("/").split("/")
+    if len(parts) < 3 or parts[-2] != container:
+        return None
+    match = _POD_DIRECTORY.fullmatch(parts[-3])
+    if match is None or match.group(1) != namespace or match.group(2) != pod:
+        return None
+    return match.group(3)
+
+
+def _label_value(value: object) -> str:
+    return value if isinstance(value, str) and _LABEL_VALUE.fullmatch(value) else ""
+
+
+def _kind(container: ContainerCgroup) -> str:
+    if container.pod_uid is not None:
+        return KIND_KUBERNETES
+    return KIND_PODMAN if container.engine == PODMAN else KIND_DOCKER
+
+
+def distinct(paths: Iterable[str]) -> tuple[str, ...]:
+    """The paths in their order, each once (a flag given twice reads its directory once)."""
+    return tuple(dict.fromkeys(paths))
