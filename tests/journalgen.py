@@ -205,6 +205,84 @@ def systemd_record(
     return JournalEntrySpec(at.realtime_usec, at.monotonic_usec, at.boot_id, tuple(fields))
 
 
+DOCKERD_PID = 812
+
+
+def container_id(name: str, salt: str = "") -> str:
+    """A 64-hex-digit container id, the same for the same name and salt (a recreated container: another salt)."""
+    return (uuid.uuid5(uuid.NAMESPACE_OID, f"{name}/{salt}").hex + uuid.uuid5(uuid.NAMESPACE_URL, f"{name}/{salt}").hex)
+
+
+def container_output(
+    name: str,
+    message: str,
+    at: Moment,
+    *,
+    runtime: str = "docker",
+    container: str | None = None,
+    epoch: str | None = "",
+    conmon_pid: int = 2900,
+    partial: bool = False,
+    stderr: bool = False,
+    image: str = "vllm/vllm-openai-xpu:v0.24.0",
+    systemd_unit: str | None = None,
+    extra: Iterable[tuple[str, Value]] = (),
+) -> JournalEntrySpec:
+    """A line a container printed, as the ``journald`` log driver stores it.
+
+    ``runtime="docker"``: dockerd's daemon/logger/journald (Docker 23+): MESSAGE without its newline,
+    PRIORITY 6 (stdout) or 3 (stderr), CONTAINER_ID (12), CONTAINER_ID_FULL, CONTAINER_NAME,
+    CONTAINER_TAG and SYSLOG_IDENTIFIER (the tag, by default the short id), IMAGE_NAME,
+    CONTAINER_LOG_EPOCH (``epoch``: one per start of the container; '' makes one from the id, None writes
+    none, as Docker before 23), CONTAINER_LOG_ORDINAL, CONTAINER_PARTIAL_MESSAGE=true on a piece of a line
+    cut at 16 KiB; sent by dockerd (``_PID`` dockerd's, ``_SYSTEMD_UNIT=docker.service``).
+    ``runtime="podman"``: conmon's ctr_logging.c: MESSAGE with its newline, CONTAINER_ID_FULL, PRIORITY,
+    CONTAINER_ID, CONTAINER_NAME, SYSLOG_IDENTIFIER (the name), CONTAINER_PARTIAL_MESSAGE=true; sent by
+    the container's conmon (``conmon_pid``: one per start), in ``libpod-conmon-<id>.scope``, or in a
+    quadlet's ``systemd_unit``."""
+    full = container or container_id(name)
+    short = full[:12]
+    priority = 3 if stderr else 6
+    if runtime == "docker":
+        fields: list[tuple[str, Value]] = [
+            ("_BOOT_ID", at.boot_id), ("_MACHINE_ID", MACHINE_ID), ("_HOSTNAME", HOSTNAME),
+            ("PRIORITY", priority), ("_UID", 0), ("_GID", 0), ("_CAP_EFFECTIVE", "1ffffffffff"),
+            ("_TRANSPORT", "journal"), ("_PID", DOCKERD_PID), ("_COMM", "dockerd"), ("_EXE", "/usr/bin/dockerd"),
+            ("_CMDLINE", "/usr/bin/dockerd -H fd:// --containerd=/run/containerd/containerd.sock"),
+            ("_SYSTEMD_CGROUP", "/system.slice/docker.service"), ("_SYSTEMD_UNIT", systemd_unit or "docker.service"),
+            ("_SYSTEMD_SLICE", "system.slice"),
+            ("_SYSTEMD_INVOCATION_ID", uuid.uuid5(uuid.NAMESPACE_OID, "docker.service" + at.boot_id).hex),
+            ("CONTAINER_ID", short), ("CONTAINER_ID_FULL", full), ("CONTAINER_NAME", name),
+            ("CONTAINER_TAG", short), ("SYSLOG_IDENTIFIER", short), ("IMAGE_NAME", image),
+        ]
+        if epoch is not None:
+            fields.append(("CONTAINER_LOG_EPOCH", epoch or uuid.uuid5(uuid.NAMESPACE_OID, full).hex * 2))
+            fields.append(("CONTAINER_LOG_ORDINAL", at.realtime_usec % 1_000_000 + 1))
+        fields.append(("SYSLOG_TIMESTAMP", f"{at.realtime_usec}"))
+        if partial:
+            fields.append(("CONTAINER_PARTIAL_MESSAGE", "true"))
+        fields.append(("MESSAGE", message))
+    elif runtime == "podman":
+        scope = systemd_unit or f"libpod-conmon-{full}.scope"
+        fields = [
+            ("_BOOT_ID", at.boot_id), ("_MACHINE_ID", MACHINE_ID), ("_HOSTNAME", HOSTNAME),
+            ("_UID", 0), ("_GID", 0), ("_CAP_EFFECTIVE", "1ffffffffff"), ("_TRANSPORT", "journal"),
+            ("_PID", conmon_pid), ("_COMM", "conmon"), ("_EXE", "/usr/bin/conmon"),
+            ("_CMDLINE", f"/usr/bin/conmon --api-version 1 -c {full} -u {full} -n {name} --log-driver journald"),
+            ("_SYSTEMD_CGROUP", f"/machine.slice/{scope}" if systemd_unit is None else f"/system.slice/{scope}"),
+            ("_SYSTEMD_UNIT", scope), ("_SYSTEMD_SLICE", "machine.slice" if systemd_unit is None else "system.slice"),
+            ("MESSAGE", message if partial else message + "\n"),
+            ("CONTAINER_ID_FULL", full), ("PRIORITY", priority), ("CONTAINER_ID", short),
+            ("CONTAINER_NAME", name), ("SYSLOG_IDENTIFIER", name),
+        ]
+        if partial:
+            fields.append(("CONTAINER_PARTIAL_MESSAGE", "true"))
+    else:
+        raise ValueError(f"unknown runtime {runtime!r}")
+    fields.extend(extra)
+    return JournalEntrySpec(at.realtime_usec, at.monotonic_usec, at.boot_id, tuple(fields))
+
+
 def _status_unit(unit: str, description: str | None) -> str:
     # StatusUnitFormat=combined, the default since systemd 250.
     return f"{unit} - {description}" if description else unit

@@ -11,6 +11,7 @@ works from a Python shell; the follower is imported from its module (it pulls in
 
 from exporter.sources.journal.binding import JournalError
 from exporter.sources.journal.reader import (
+    DEFAULT_CONTAINER_GLOBS,
     DEFAULT_UNIT_GLOBS,
     JournalEntry,
     JournalReader,
@@ -22,6 +23,7 @@ from exporter.sources.journal.reader import (
 )
 
 __all__ = [
+    "DEFAULT_CONTAINER_GLOBS",
     "DEFAULT_UNIT_GLOBS",
     "JournalEntry",
     "JournalError",

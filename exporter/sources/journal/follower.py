@@ -11,6 +11,9 @@ latest, so the fold knows the unit runs an engine and has its latest printed sta
 gpu_memory_utilization), and whether its current start is initialising and since when, as the whole
 boot would say. Its counters (starts, failures, overlaps) cover only what was read: the exporter reads
 the whole boot.
+
+Containers' lines (the selection's container globs) go through `ContainerRuns` on their way to the fold:
+their pieces joined, each run of a container given an invocation id of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 
+from exporter.fold.container_runs import ContainerRuns
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, EngineTracker, UnitView
 from exporter.sources.journal.binding import JournalError
 from exporter.sources.journal.reader import DEFAULT_BATCH, JournalEntry, JournalReader, JournalSelection
@@ -53,6 +57,7 @@ class JournalFollower:
         self._lock = threading.Lock()
         self._starting = threading.Lock()  # concurrent scrapes retry starting the thread once
         self._tracker: EngineTracker | None = None
+        self._runs = ContainerRuns()  # the containers' runs of the tracker being filled or followed
         self._error: str | None = STILL_READING
         self._entries_read = 0
         self._units_with_processes: set[str] = set()
@@ -102,8 +107,10 @@ class JournalFollower:
 
     def watch(self, units: set[str]) -> None:
         """Units that currently have GPU processes: those matching the globs are watched even when the
-        journal has nothing of them (yet)."""
-        new = {unit for unit in units if self.selection.matches_unit(unit)} - self._units_with_processes
+        journal has nothing of them (yet). Containers (keys with a `/`) are watched once their lines are
+        met: one may log to the journal, another to files."""
+        new = {unit for unit in units if "/" not in unit and self.selection.matches_unit(unit)}
+        new -= self._units_with_processes
         if not new:
             return
         with self._lock:
@@ -115,6 +122,7 @@ class JournalFollower:
     def _run(self) -> None:
         while not self._stop.is_set():
             tracker = EngineTracker(self.max_units, self.selection.engine_grace_usec)
+            self._runs = ContainerRuns()
             try:
                 # Units beyond the cap are refused when first met: the reader skips their entries.
                 with JournalReader(self.selection, admit=partial(self._admit, tracker)) as reader:
@@ -166,12 +174,13 @@ class JournalFollower:
         the journal, so it counts the entries of a re-read boot again. It grows during the catch-up,
         before the tracker is published; a published tracker is folded under the lock the scrapes read
         it with."""
+        lines = list(self._runs.lines(batch)) if self.selection.container_globs else batch
         with self._lock:
             self._entries_read += len(batch)
             if published:
-                tracker.extend(batch)
+                tracker.extend(lines)
         if not published:
-            tracker.extend(batch)
+            tracker.extend(lines)
         self._warn_of_rejections(tracker)
         self._warn_of_unreadable(reader)
 

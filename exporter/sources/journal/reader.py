@@ -12,7 +12,15 @@ like unit names): the entries the unit wrote (``_SYSTEMD_UNIT=<unit>``: its stdo
 syslog and native journal messages) and the records systemd itself (PID 1) wrote about the unit
 (``_PID=1`` and ``UNIT=<unit>``: start job begun/done/failed, process exited, unit failed, restart
 scheduled, stop). User-manager records (``USER_UNIT=``) are not selected: only system units are.
-Both are sd-journal matches, so libsystemd walks its per-value entry indexes instead of every entry.
+
+Containers that log to the journal (Docker's and Podman's ``journald`` log driver) are selected by
+name: the entries whose ``CONTAINER_NAME`` matches one of the container globs (``container_globs``,
+none by default; see ``JournalSelection.matches_container``), unless their ``_SYSTEMD_UNIT`` is a
+watched unit (a Podman quadlet container's conmon runs in its ``.service``, which keeps them). Such an
+entry belongs to the container's key (``exporter.parsers.workloads``): ``podman/<name>`` when conmon
+wrote it (``_COMM=conmon``), else ``docker/<name>`` (dockerd).
+
+All of these are sd-journal matches, so libsystemd walks its per-value entry indexes instead of every entry.
 
 Every failure to read the journal raises ``JournalError`` (``exporter.sources.journal.binding``),
 an OSError that keeps the errno and the failed function's name.
@@ -34,6 +42,7 @@ from pathlib import Path
 from types import TracebackType
 
 from exporter.parsers.cgroup import unit_of_cgroup_file
+from exporter.parsers.workloads import docker_key, podman_key
 from exporter.sources.journal.binding import (
     LIBSYSTEMD,
     SD_JOURNAL_LOCAL_ONLY,
@@ -46,6 +55,8 @@ from exporter.sources.journal.binding import (
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 OWN_CGROUP_PATH = "/proc/self/cgroup"
 DEFAULT_UNIT_GLOBS = ("vllm*.service",)
+DEFAULT_CONTAINER_GLOBS = ("*vllm*",)
+"""The exporter's default container globs (``--journal.containers``); a ``JournalSelection`` has none unless given."""
 SYSTEM_JOURNAL_DIRECTORIES = ("/run/log/journal", "/var/log/journal")
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
 DEFAULT_BATCH = 4096
@@ -59,6 +70,9 @@ _FIELD_MESSAGE = b"MESSAGE"
 _FIELD_PID = b"_PID"
 _FIELD_INVOCATION_ID = b"INVOCATION_ID"
 _FIELD_SYSTEMD_INVOCATION_ID = b"_SYSTEMD_INVOCATION_ID"
+_FIELD_CONTAINER_NAME = b"CONTAINER_NAME"
+CONMON = b"conmon"
+"""``_COMM`` of Podman's container monitor, which writes a Podman container's lines to the journal."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +98,28 @@ class JournalEntry:
     pid: int | None
     invocation_id: str = ""
     """The start's invocation id: ``_SYSTEMD_INVOCATION_ID`` of the unit's output, ``INVOCATION_ID`` of
-    PID 1's records (32 hex digits); '' if absent."""
+    PID 1's records (32 hex digits); '' if absent, and for a container's line until
+    ``exporter.fold.container_runs.ContainerRuns`` gives it its run's."""
+    container_run: str = ""
+    """A container's line (``unit`` is its key, with a ``/``): what the source knows of the container's
+    run: its id (``CONTAINER_ID_FULL``), with Docker's ``CONTAINER_LOG_EPOCH`` (one per start of the
+    container) or the pid of Podman's conmon (one per start); '' for a unit's entry. ``pid`` is then
+    None: the entry's ``_PID`` is dockerd's or conmon's."""
+    partial: bool = False
+    """The line goes on in the container's next line (``CONTAINER_PARTIAL_MESSAGE=true``: the log driver
+    cut a long line)."""
+    stream: str = ""
+    """Which output of the container the line is from, where the source says (``stdout``, ``stderr``)."""
+
+
+Decoder = Callable[[dict[bytes, str], dict[bytes, str]], "JournalEntry | None"]
+"""Reads the current entry: (watched units, watched container names) -> the entry, or None."""
+
+
+class _UnreadableField(Exception):
+    def __init__(self, result: int) -> None:
+        super().__init__(result)
+        self.result = result
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +131,7 @@ class JournalSelection:
     - ``files``: read exactly these journal files (exclusive with ``directory``).
     - neither: the local system journal (``SD_JOURNAL_LOCAL_ONLY | SD_JOURNAL_SYSTEM``).
     - ``unit_globs``: shell globs of the watched units' names.
+    - ``container_globs``: shell globs of the watched containers (``matches_container``); none by default.
     - ``excluded_units``: units never watched, whatever the globs say: the exporter's own unit
       (``own_service_unit``), which the default glob ``vllm*.service`` matches.
     - ``boot``: ``"current"`` (this kernel's boot id), ``"all"``, or a boot id (32 hex digits or
@@ -109,12 +145,16 @@ class JournalSelection:
     files: Sequence[str] = ()
     unit_globs: Sequence[str] = DEFAULT_UNIT_GLOBS
     boot: str = "current"
+    container_globs: Sequence[str] = ()
     excluded_units: Sequence[str] = ()
     engine_grace_usec: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", tuple(self.files))
         object.__setattr__(self, "unit_globs", tuple(self.unit_globs))
+        object.__setattr__(self, "container_globs", tuple(self.container_globs))
+        if any(not glob for glob in self.container_globs):
+            raise ValueError("a container glob is empty")
         object.__setattr__(self, "excluded_units", frozenset(self.excluded_units))
         if self.directory is not None and self.files:
             raise ValueError("a journal directory and journal files cannot both be given")
@@ -123,7 +163,23 @@ class JournalSelection:
         object.__setattr__(self, "boot", normalize_boot(self.boot))
 
     def matches_unit(self, unit: str) -> bool:
+        """Whether a unit is watched; for a container's key (``docker/<name>``, ``podman/<name>``,
+        ``k8s/<namespace>/<pod>/<container>``: a unit name never has a ``/``), ``matches_container``."""
+        if "/" in unit:
+            return self.matches_container(unit, unit.rsplit("/", 1)[1])
         return unit not in self.excluded_units and any(fnmatch.fnmatchcase(unit, glob) for glob in self.unit_globs)
+
+    def matches_container(self, key: str, name: str) -> bool:
+        """Whether a container is watched: a glob without ``/`` is matched against its name (Docker's or
+        Podman's container name; a pod's container name), one with ``/`` against its key
+        (``k8s/inference/*/vllm``, ``docker/*``)."""
+        return any(fnmatch.fnmatchcase(key if "/" in glob else name, glob) for glob in self.container_globs)
+
+    def may_match_container_name(self, name: str) -> bool:
+        """Whether a ``CONTAINER_NAME`` in the journal may be a watched container's, Docker's or Podman's."""
+        return any(fnmatch.fnmatchcase(name, glob) if "/" not in glob else
+                   fnmatch.fnmatchcase(f"docker/{name}", glob) or fnmatch.fnmatchcase(f"podman/{name}", glob)
+                   for glob in self.container_globs)
 
 
 def own_service_unit(cgroup_file_text: str) -> str | None:
@@ -219,7 +275,8 @@ class JournalReader:
         in journal order among themselves), then matches every unit again and seeks back to the
         cursor, skipping the entry at it. Nothing is returned twice and none of a new unit's
         entries is lost; only back-filled entries come after other units' entries that were
-        already returned, although the journal has them earlier.
+        already returned, although the journal has them earlier. Watched containers are found the
+        same way, from the ``CONTAINER_NAME`` values, and back-filled with the new units.
 
         The query walks every distinct unit name in the journal (3,000 names: ~18 ms), and a busy
         journal changes many times a second; so after a query it is not repeated before
@@ -235,9 +292,9 @@ class JournalReader:
     Many units
         sd-journal evaluates an OR of matches by looking each term up for every entry it steps
         to, so the cost of a step grows with the number of terms: 1,000 watched units made a
-        catch-up take 4 s, 3,000 units 50 s. Above ``MATCHED_UNITS_MAX`` watched units the reader
-        matches only the boot and picks the watched units' entries itself (two fields read per
-        entry, a dictionary look-up), so the cost stays linear in the entries of the boot.
+        catch-up take 4 s, 3,000 units 50 s. Above ``MATCHED_UNITS_MAX`` watched units and
+        containers the reader matches only the boot and picks the watched units' entries itself (two
+        fields read per entry, a dictionary look-up), so the cost stays linear in the entries of the boot.
 
     Admission
         ``admit``, when given, is asked once per watched unit, when the reader first meets one of
@@ -290,6 +347,8 @@ class JournalReader:
     def _reset_position(self) -> None:
         self._watched: dict[bytes, str] = {}
         """Watched unit names as found in the journal, raw bytes → str."""
+        self._containers: dict[bytes, str] = {}
+        """``CONTAINER_NAME`` values that may be watched containers' (``may_match_container_name``), raw → str."""
         self._admitted: set[bytes] = set()
         """Watched units met in an entry and admitted: their entries are returned."""
         self._refused: set[bytes] = set()
@@ -305,7 +364,7 @@ class JournalReader:
         """Entries may be readable without waiting (a batch stopped at max_entries, or just opened)."""
         self._backlog: deque[JournalEntry] = deque()
         self._last_forward: JournalEntry | None = None
-        self._decoder: Callable[[dict[bytes, str]], JournalEntry | None] | None = None
+        self._decoder: Decoder | None = None
         self._since_release = 0
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -321,6 +380,11 @@ class JournalReader:
     def units(self) -> frozenset[str]:
         """Unit names matching the globs found in the journal so far (in any boot's entries)."""
         return frozenset(self._watched.values())
+
+    @property
+    def containers(self) -> frozenset[str]:
+        """Container names (``CONTAINER_NAME``) the container globs may match found in the journal so far."""
+        return frozenset(self._containers.values())
 
     @property
     def refused_units(self) -> frozenset[str]:
@@ -453,7 +517,7 @@ class JournalReader:
         out: list[JournalEntry] = []
         while self._backlog and len(out) < max_entries:
             out.append(self._backlog.popleft())
-        if self._watched and len(out) < max_entries:
+        if (self._watched or self._containers) and len(out) < max_entries:
             self._read_forward(out, max_entries)
         else:
             self._more_pending = bool(self._backlog)
@@ -470,11 +534,12 @@ class JournalReader:
         decode = self._decoder or self._make_decoder()
         self._decoder = decode
         watched = self._watched
+        containers = self._containers
         append = out.append
         last: JournalEntry | None = None
         if self._current_unreturned:
             self._current_unreturned = False
-            last = decode(watched)
+            last = decode(watched, containers)
             if last is not None:
                 append(last)
         self._more_pending = True
@@ -488,7 +553,7 @@ class JournalReader:
                 self._more_pending = False
                 break
             self._has_position = True
-            entry = decode(watched)
+            entry = decode(watched, containers)
             if entry is not None:
                 append(entry)
                 last = entry
@@ -534,7 +599,9 @@ class JournalReader:
         if self._has_position or self._backlog:
             raise RuntimeError("read_latest_invocations() must be called first after open()")
         handle = self._handle
-        found = self._query_watched_units()
+        if self.selection.container_globs:
+            return self._read_whole_boot()  # a container's lines carry no invocation id
+        found, _ = self._query_watched_units()
         if not found or len(found) > self.MATCHED_UNITS_MAX or (max_units is not None and len(found) > max_units):
             return self._read_whole_boot()
         self._apply_matches(found)
@@ -575,7 +642,7 @@ class JournalReader:
 
     def _latest_invocations_of(
         self, raw: bytes, name: str, tail: bytes, sufficient: Callable[[list[JournalEntry]], bool],
-        max_invocations: int, decode: Callable[[dict[bytes, str]], JournalEntry | None],
+        max_invocations: int, decode: Decoder,
     ) -> list[bytes] | None:
         """The unit's invocation ids to read, latest first (read_latest_invocations); None: read the boot."""
         lib = self._lib
@@ -627,7 +694,7 @@ class JournalReader:
         return ctypes.string_at(data.value, size.value)[len(field_name) + 1:]
 
     def _invocations_before(self, units: dict[bytes, str], invocations: Sequence[bytes], cursor: bytes,
-                            decode: Callable[[dict[bytes, str]], JournalEntry | None]) -> list[JournalEntry]:
+                            decode: Decoder) -> list[JournalEntry]:
         """The entries of these invocations of these units up to the one at ``cursor`` (included), in
         journal order; the handle is left on the earliest one. Matched: (_SYSTEMD_UNIT=u… ∧
         _SYSTEMD_INVOCATION_ID=i…) ∨ (_PID=1 ∧ UNIT=u… ∧ INVOCATION_ID=i…), and _BOOT_ID=b unless all
@@ -657,7 +724,7 @@ class JournalReader:
         previous = lib.sd_journal_previous
         release_every = self.RELEASE_PAGES_EVERY
         while previous(handle):
-            entry = decode(units)
+            entry = decode(units, {})
             if entry is not None:
                 found.append(entry)
                 if len(found) % release_every == 0:
@@ -665,12 +732,13 @@ class JournalReader:
         found.reverse()
         return found
 
-    def _make_decoder(self) -> Callable[[dict[bytes, str]], JournalEntry | None]:
-        """A function reading the current entry, or None if it belongs to no watched unit.
+    def _make_decoder(self) -> Decoder:
+        """A function reading the current entry, or None if it belongs to no watched unit or container.
 
         The hot path of a catch-up: 7-8 foreign calls per entry (5-6 sd_journal_get_data, the
         two timestamps from the entry header, no cursor), everything it touches is a local. An
-        entry of no watched unit, or of a refused one, costs one or two sd_journal_get_data.
+        entry of no watched unit, or of a refused one, costs one or two sd_journal_get_data (one more,
+        ``CONTAINER_NAME``, while containers are watched); a container's, four or five more.
         Every result is checked: -ENOENT is an absent field; any other error makes the entry
         unreadable, skipped and counted (``unreadable_entries``).
         """
@@ -693,8 +761,45 @@ class JournalReader:
         meet = self._meet
         absent = -errno.ENOENT
         unreadable = self._unreadable
+        selection = self.selection
+        keys: dict[tuple[bytes, bool], str] = {}  # (CONTAINER_NAME, written by conmon) -> key; '' not watched
 
-        def decode(watched: dict[bytes, str]) -> JournalEntry | None:
+        def optional(name: bytes) -> bytes | None:
+            """A field of the current entry, None when absent; _UnreadableField when it cannot be read."""
+            result = get_data(handle, name, data_ref, size_ref)
+            if result >= 0:
+                return string_at(data.value, size.value)[len(name) + 1:]
+            if result == absent:
+                return None
+            raise _UnreadableField(result)
+
+        def container(containers: dict[bytes, str], pid: int | None) -> tuple[str, str, bool] | None:
+            """The watched container's key, run and partial flag of the current entry; None when it is none."""
+            raw_name = optional(_FIELD_CONTAINER_NAME)
+            name = None if raw_name is None else containers.get(raw_name)
+            if name is None:
+                return None
+            by_conmon = optional(b"_COMM") == CONMON
+            key = keys.get((raw_name, by_conmon))
+            if key is None:
+                key = (podman_key if by_conmon else docker_key)(name) or ""
+                if key and not selection.matches_container(key, name):
+                    key = ""
+                keys[raw_name, by_conmon] = key  # at most two per name found by the query
+            if not key:
+                return None
+            raw_key = key.encode()
+            if raw_key not in admitted and not meet(raw_key, key):
+                return None
+            run = (optional(b"CONTAINER_ID_FULL") or optional(b"CONTAINER_ID") or b"").decode("ascii", "replace")
+            if by_conmon:
+                if pid is not None:
+                    run = f"{run}/{pid}"  # one conmon per start of the container
+            elif (epoch := optional(b"CONTAINER_LOG_EPOCH")) is not None:
+                run = f"{run}/{epoch.decode('ascii', 'replace')}"  # one epoch per start (Docker's log driver)
+            return key, run, optional(b"CONTAINER_PARTIAL_MESSAGE") == b"true"
+
+        def decode(watched: dict[bytes, str], containers: dict[bytes, str]) -> JournalEntry | None:
             pid: int | None = None
             if (result := get_data(handle, b"_PID", data_ref, size_ref)) >= 0:
                 text = string_at(data.value, size.value)[5:]
@@ -702,6 +807,8 @@ class JournalReader:
             elif result != absent:
                 return unreadable("sd_journal_get_data", result)
             unit = None
+            run: str | None = None  # a container's entry: its run
+            partial = False
             from_systemd = pid == 1
             if from_systemd:
                 if (result := get_data(handle, b"UNIT", data_ref, size_ref)) >= 0:
@@ -713,12 +820,23 @@ class JournalReader:
                     return unreadable("sd_journal_get_data", result)
             if unit is None:
                 from_systemd = False
-                if (result := get_data(handle, b"_SYSTEMD_UNIT", data_ref, size_ref)) < 0:
-                    return None if result == absent else unreadable("sd_journal_get_data", result)
-                raw_unit = string_at(data.value, size.value)[14:]
-                unit = watched.get(raw_unit)
-                if unit is None or (raw_unit not in admitted and not meet(raw_unit, unit)):
-                    return None
+                if (result := get_data(handle, b"_SYSTEMD_UNIT", data_ref, size_ref)) >= 0:
+                    raw_unit = string_at(data.value, size.value)[14:]
+                    unit = watched.get(raw_unit)
+                    if unit is not None and raw_unit not in admitted and not meet(raw_unit, unit):
+                        return None
+                elif result != absent:
+                    return unreadable("sd_journal_get_data", result)
+                if unit is None:
+                    if not containers:
+                        return None
+                    try:
+                        found = container(containers, pid)
+                    except _UnreadableField as error:
+                        return unreadable("sd_journal_get_data", error.result)
+                    if found is None:
+                        return None
+                    unit, run, partial = found
             if (result := get_data(handle, b"MESSAGE", data_ref, size_ref)) >= 0:
                 length = size.value
                 raw = string_at(data.value, length if length < message_cap else message_cap)
@@ -727,24 +845,29 @@ class JournalReader:
                 message = ""
             else:
                 return unreadable("sd_journal_get_data", result)
-            if (result := get_data(handle, b"MESSAGE_ID", data_ref, size_ref)) >= 0:
-                message_id = string_at(data.value, size.value)[11:].decode("utf-8", "replace")
-            elif result == absent:
-                message_id = ""
+            if run is not None:
+                message_id = invocation = ""
+                if not partial:  # conmon sends the line with its newline; a TTY's output ends in \r\n
+                    message = message.rstrip("\r\n")
             else:
-                return unreadable("sd_journal_get_data", result)
-            invocation_field = b"INVOCATION_ID" if from_systemd else b"_SYSTEMD_INVOCATION_ID"
-            if (result := get_data(handle, invocation_field, data_ref, size_ref)) >= 0:
-                raw_invocation = string_at(data.value, size.value)[len(invocation_field) + 1:]
-                invocation = invocation_ids.get(raw_invocation)
-                if invocation is None:
-                    if len(invocation_ids) >= 4096:  # one per start; bounded all the same
-                        invocation_ids.clear()
-                    invocation = invocation_ids[raw_invocation] = raw_invocation.decode("ascii", "replace")
-            elif result == absent:
-                invocation = ""
-            else:
-                return unreadable("sd_journal_get_data", result)
+                if (result := get_data(handle, b"MESSAGE_ID", data_ref, size_ref)) >= 0:
+                    message_id = string_at(data.value, size.value)[11:].decode("utf-8", "replace")
+                elif result == absent:
+                    message_id = ""
+                else:
+                    return unreadable("sd_journal_get_data", result)
+                invocation_field = b"INVOCATION_ID" if from_systemd else b"_SYSTEMD_INVOCATION_ID"
+                if (result := get_data(handle, invocation_field, data_ref, size_ref)) >= 0:
+                    raw_invocation = string_at(data.value, size.value)[len(invocation_field) + 1:]
+                    invocation = invocation_ids.get(raw_invocation)
+                    if invocation is None:
+                        if len(invocation_ids) >= 4096:  # one per start; bounded all the same
+                            invocation_ids.clear()
+                        invocation = invocation_ids[raw_invocation] = raw_invocation.decode("ascii", "replace")
+                elif result == absent:
+                    invocation = ""
+                else:
+                    return unreadable("sd_journal_get_data", result)
             if (result := get_realtime_usec(handle, usec_ref)) < 0:
                 return unreadable("sd_journal_get_realtime_usec", result)
             realtime = usec.value
@@ -761,6 +884,8 @@ class JournalReader:
                     boot_id = string_at(data.value, size.value)[9:].decode("ascii", "replace")
                 elif result != absent:
                     return unreadable("sd_journal_get_data", result)
+            if run is not None:
+                return entry_type(unit, realtime, monotonic, boot_id, message, False, "", None, "", run, partial)
             return entry_type(unit, realtime, monotonic, boot_id, message, from_systemd, message_id, pid, invocation)
 
         return decode
@@ -785,39 +910,48 @@ class JournalReader:
 
     def _refresh_units(self) -> None:
         self._units_stale = False
-        found = self._query_watched_units()
+        found, found_containers = self._query_watched_units()
         new = {raw: name for raw, name in found.items() if raw not in self._watched}
-        if not new:
+        new_containers = {raw: name for raw, name in found_containers.items() if raw not in self._containers}
+        if not new and not new_containers:
             return
         lib = self._lib
         assert lib is not None
         if not self._has_position:
             # Nothing has been read: the handle is still before the first entry.
             self._watched.update(new)
-            self._apply_matches(self._watched)
+            self._containers.update(new_containers)
+            self._apply_matches(self._watched, self._containers)
             lib.sd_journal_seek_head(self._handle)
             return
         cursor = self._position_cursor()
         cursor_entry_returned = not self._current_unreturned
-        self._backlog.extend(self._entries_before(cursor, new))
+        self._backlog.extend(self._entries_before(cursor, new, new_containers))
         self._watched.update(new)
-        self._apply_matches(self._watched)
+        self._containers.update(new_containers)
+        self._apply_matches(self._watched, self._containers)
         self._resume_at(cursor, cursor_entry_returned)
 
-    def _query_watched_units(self) -> dict[bytes, str]:
+    def _query_watched_units(self) -> tuple[dict[bytes, str], dict[bytes, str]]:
+        """The watched units' names, and the container names the container globs may match, in the journal."""
         lib = self._lib
         assert lib is not None
         began = time.monotonic()
         found: dict[bytes, str] = {}
-        for field_name in (_FIELD_SYSTEMD_UNIT, _FIELD_UNIT):
+        containers: dict[bytes, str] = {}
+        queries = [(_FIELD_SYSTEMD_UNIT, found, self.selection.matches_unit),
+                   (_FIELD_UNIT, found, self.selection.matches_unit)]
+        if self.selection.container_globs:
+            queries.append((_FIELD_CONTAINER_NAME, containers, self.selection.may_match_container_name))
+        for field_name, into, matches in queries:
             lib.sd_journal_query_unique(self._handle, field_name)
             skip = len(field_name) + 1
             try:
                 while (value := lib.sd_journal_enumerate_unique(self._handle)) is not None:
                     raw = value[skip:]
                     name = raw.decode("utf-8", "replace")
-                    if self.selection.matches_unit(name):
-                        found[raw] = name
+                    if matches(name):
+                        into[raw] = name
             except JournalError as error:
                 # Without sd_journal_enumerate_available_unique (systemd < 246), a corrupt file
                 # ends the listing: the values found before it are kept.
@@ -825,27 +959,34 @@ class JournalReader:
                     raise
         ended = time.monotonic()
         self._units_query_due = ended + (ended - began) / self.UNIT_QUERY_SHARE
-        return found
+        return found, containers
 
-    def _apply_matches(self, units: dict[bytes, str]) -> None:
-        """(_SYSTEMD_UNIT=u1 ∨ …) ∨ (_PID=1 ∧ (UNIT=u1 ∨ …)), and _BOOT_ID=b unless all boots.
+    def _apply_matches(self, units: dict[bytes, str], containers: dict[bytes, str] | None = None) -> None:
+        """(_SYSTEMD_UNIT=u1 ∨ …) ∨ (_PID=1 ∧ (UNIT=u1 ∨ …)) ∨ (CONTAINER_NAME=c1 ∨ …), and _BOOT_ID=b
+        unless all boots.
 
         sd_journal_add_match: matches of one field are ORed, of different fields ANDed;
         add_disjunction starts an OR branch, add_conjunction ANDs what follows with it all.
-        Above ``MATCHED_UNITS_MAX`` units, only _BOOT_ID=b (or nothing): the decoder filters.
+        Above ``MATCHED_UNITS_MAX`` units and containers, only _BOOT_ID=b (or nothing): the decoder filters.
         """
         lib = self._lib
         assert lib is not None
         handle = self._handle
+        containers = containers or {}
         lib.sd_journal_flush_matches(handle)
         add = lib.sd_journal_add_match
-        if len(units) <= self.MATCHED_UNITS_MAX:
-            for raw in sorted(units):
-                add(handle, b"_SYSTEMD_UNIT=" + raw)
-            lib.sd_journal_add_disjunction(handle)
-            add(handle, b"_PID=1")
-            for raw in sorted(units):
-                add(handle, b"UNIT=" + raw)
+        if len(units) + len(containers) <= self.MATCHED_UNITS_MAX:
+            if units or not containers:
+                for raw in sorted(units):
+                    add(handle, b"_SYSTEMD_UNIT=" + raw)
+                lib.sd_journal_add_disjunction(handle)
+                add(handle, b"_PID=1")
+                for raw in sorted(units):
+                    add(handle, b"UNIT=" + raw)
+                if containers:
+                    lib.sd_journal_add_disjunction(handle)
+            for raw in sorted(containers):
+                add(handle, _FIELD_CONTAINER_NAME + b"=" + raw)
             if self._boot_id is not None:
                 lib.sd_journal_add_conjunction(handle)
         if self._boot_id is not None:
@@ -872,12 +1013,13 @@ class JournalReader:
             cursor += f";m={last.monotonic_usec:x}"
         return cursor.encode()
 
-    def _entries_before(self, cursor: bytes, units: dict[bytes, str]) -> list[JournalEntry]:
-        """The given units' entries before ``cursor``, in journal order (moves the handle)."""
+    def _entries_before(self, cursor: bytes, units: dict[bytes, str],
+                        containers: dict[bytes, str]) -> list[JournalEntry]:
+        """The given units' and containers' entries before ``cursor``, in journal order (moves the handle)."""
         lib = self._lib
         assert lib is not None
         handle = self._handle
-        self._apply_matches(units)
+        self._apply_matches(units, containers)
         lib.sd_journal_seek_cursor(handle, cursor)
         decode = self._decoder or self._make_decoder()
         self._decoder = decode
@@ -885,7 +1027,7 @@ class JournalReader:
         while lib.sd_journal_previous(handle):
             if lib.sd_journal_test_cursor(handle, cursor):
                 continue
-            entry = decode(units)
+            entry = decode(units, containers)
             if entry is not None:
                 found.append(entry)
         found.reverse()
@@ -913,14 +1055,14 @@ class JournalReader:
         lib.sd_journal_close(self._handle)
         self._handle = ctypes.c_void_p()
         self._open_handle()
-        self._watched = self._query_watched_units()
+        self._watched, self._containers = self._query_watched_units()
         self._units_stale = False
         self._more_pending = True
         self._current_unreturned = False
-        if not self._watched:
+        if not self._watched and not self._containers:
             self._has_position = False
             return
-        self._apply_matches(self._watched)
+        self._apply_matches(self._watched, self._containers)
         if cursor is None:
             return
         self._resume_at(cursor, cursor_entry_returned)
