@@ -200,8 +200,9 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
     return (
         Row("Device memory", (
             stacked_against("Device memory by unit",
-                            "Device memory each systemd unit holds, stacked with the used memory no process accounts "
-                            "for, against the device's total.",
+                            "Device memory each systemd unit or container holds (containers by name: docker/<name>, "
+                            "podman/<name>, k8s/<namespace>/<pod>/<container>), stacked with the used memory no "
+                            "process accounts for, against the device's total.",
                             (Target(f"xpu_unit_memory_bytes{{{DEVICE}}}", "{{unit}}"),
                              Target(f"xpu_unattributed_memory_bytes{{{DEVICE}}}", "unattributed"),
                              Target(f"xpu_memory_total_bytes{{{DEVICE}}}", "total")),
@@ -309,7 +310,7 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                                   for state, colour in (("ok", "green"), ("unknown", "blue"), ("degraded", "orange"),
                                                         ("critical", "red"), ("replace", "red")))),
             Panel("timeseries", "Engine busy by unit",
-                  "Fraction of time each systemd unit kept each engine of the device busy (recording rule "
+                  "Fraction of time each systemd unit or container kept each engine of the device busy (recording rule "
                   "unit:xpu_unit_engine_busy:ratio, from the DRM fdinfo of the unit's processes: busy time on i915, "
                   "cycles per GPU cycle on xe), stacked per engine: a stack is the engine's busy share of the units. "
                   "The engine names are the kernel's keys (render, copy, video, video-enhance, compute on i915; "
@@ -530,7 +531,10 @@ VARIABLES: tuple[Json, ...] = (
      "hide": 0, "refresh": 1, "regex": "", "multi": False, "includeAll": False},
     variable("instance", "Instance", "label_values(xpu_exporter_build_info, instance)"),
     variable("device", "GPU", 'label_values(xpu_memory_total_bytes{instance="$instance"}, device)'),
-    variable("unit", "Unit", 'label_values(xpu_unit_engine_starts_total{instance="$instance"}, unit)', multi=True),
+    # The units the journal watches (running or not) and the containers holding the GPU (by name, issue 22;
+    # kind!="systemd" leaves out the desktop sessions and other units that only hold memory)
+    variable("unit", "Unit", 'label_values({__name__=~"xpu_unit_engine_starts_total|xpu_workload_info",'
+                             'kind!="systemd",instance="$instance"}, unit)', multi=True),
 )
 
 
@@ -607,8 +611,8 @@ def dashboard(overrides: Mapping[str, str] = ()) -> Json:
         ],
         "uid": "vllm-xpu-exporter",
         "title": "Intel XPU memory and vLLM units",
-        "description": "Device memory per systemd unit, device telemetry, vLLM KV cache, engine-init failures and "
-                       "restart headroom on Intel GPUs, from vllm-xpu-exporter.",
+        "description": "Device memory per systemd unit or container, device telemetry, vLLM KV cache, engine-init "
+                       "failures and restart headroom on Intel GPUs, from vllm-xpu-exporter.",
         "tags": ["xpu", "intel-gpu", "vllm", "vllm-xpu-exporter"],
         "editable": True,
         "graphTooltip": 1,

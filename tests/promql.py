@@ -35,18 +35,20 @@ _NUMBER = re.compile(r"(?<![\w:])\d+(?:\.\d+)?(?:e[+-]?\d+)?(?:ms|[smhdwy])*(?![
 _AT = re.compile(r"@\s*(?:start\(\)|end\(\)|[\d.]+(?:e[+-]?\d+)?)", re.I)
 _IDENTIFIER = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _QUERY_IN_TEMPLATE = re.compile(r'printf\s+"([a-zA-Z_:][a-zA-Z0-9_:]*)\{')
+_NAME_MATCHER = re.compile(r'__name__\s*=~?\s*"([^"\\]*)"')
 _LABEL_VALUES = re.compile(r"^label_values\((?:(.*),\s*)?(\w+)\)$")
 
 
 def metric_names(expr: str) -> set[str]:
-    """Names of the series an expression selects."""
+    """Names of the series an expression selects (also those a `__name__` matcher names: `"a"`, `=~"a|b"`)."""
+    names = {name for alternatives in _NAME_MATCHER.findall(expr) for name in alternatives.split("|")
+             if _IDENTIFIER.fullmatch(name)}
     text = _STRING.sub('""', expr)
     text = _MATCHERS.sub("", text)
     text = _RANGE.sub("", text)
     text = _LABEL_LIST.sub(r"\1", text)
     text = _AT.sub("", text)
     text = _NUMBER.sub(" ", text)
-    names = set()
     for match in _IDENTIFIER.finditer(text):
         token = match.group()
         if token.lower() in KEYWORDS or text[match.end():].lstrip().startswith("("):

@@ -57,7 +57,8 @@ def test_a_systemd_unit_keeps_its_name(names):
     assert workload_of(names, "/user.slice/user-1000.slice/session-3.scope") == Workload("session-3.scope")
 
 
-@pytest.mark.parametrize("path", [docker_systemd_path(CID), docker_cgroupfs_path(CID), docker_cgroupfs_path(CID) + "/x"])
+@pytest.mark.parametrize("path", [docker_systemd_path(CID), docker_cgroupfs_path(CID),
+                                  docker_cgroupfs_path(CID) + "/x"])
 def test_docker_container_by_name_with_its_compose_project_and_service(names, state, path):
     state.add_compose(CID, "vllm", "chat")
     assert workload_of(names, path) == Workload("docker/vllm-chat-1", "docker", CID, "vllm-chat-1", "vllm", "chat")
@@ -167,7 +168,8 @@ def test_hostile_docker_config_never_raises_and_gives_no_bad_name(names, state, 
 
 
 def test_hostile_compose_labels_are_left_out(names, state):
-    state.add_docker(CID, "chat", {"com.docker.compose.project": 'x"} evil{a="', "com.docker.compose.service": "a" * 300})
+    state.add_docker(CID, "chat", {"com.docker.compose.project": 'x"} evil{a="',
+                                   "com.docker.compose.service": "a" * 300})
     assert workload_of(names, docker_systemd_path(CID)) == Workload("docker/chat", "docker", CID, "chat")
 
 

@@ -86,6 +86,9 @@ def test_variables_select_instance_device_and_units_from_the_exporters_metrics()
         assert label == name
         assert metric_names(selector) <= served, name
     assert '$instance' in queries["device"][0] and '$instance' in queries["unit"][0]
+    # the watched units, running or not, and the containers holding the GPU (by name: issue 22), not sessions
+    assert metric_names(queries["unit"][0]) == {"xpu_unit_engine_starts_total", "xpu_workload_info"}
+    assert 'kind!="systemd"' in queries["unit"][0]
     variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
     assert variables["unit"]["multi"] and variables["unit"]["includeAll"]
 
