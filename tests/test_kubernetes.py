@@ -1,0 +1,383 @@
+"""deploy/kubernetes/: the kustomize base and its example overlay, rendered with `kubectl kustomize` and validated
+without a cluster: the built-in kinds against Kubernetes' own schemas (kubernetes-validate, strict: an unknown
+field fails), the ServiceMonitor and PrometheusRule against the Prometheus Operator's CRDs
+(tests/fixtures/prometheus-operator/, strict the same way); the PrometheusRule carries exactly the bundled rules
+and the dashboard ConfigMap exactly the bundled dashboard; the DaemonSet has the privileges docs/deployment.md
+names and no others; every flag it passes is one the exporter has.
+
+kubectl is the machine's (tests/run installs Debian's kubernetes-client, kustomize 2.0.3, where there is none);
+the manifests use only kustomize fields that 2.0.3 knows, which test_kustomizations_use_only_kustomize_2_fields
+checks whatever kubectl runs here."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from exporter.cli import build_parser
+from exporter.http.loading import load_web_config
+
+REPO = Path(__file__).resolve().parents[1]
+KUBERNETES = REPO / "deploy" / "kubernetes"
+BASE = KUBERNETES / "base"
+EXAMPLE = KUBERNETES / "overlays" / "example"
+CRDS = Path(__file__).resolve().parent / "fixtures" / "prometheus-operator"
+RULES = REPO / "rules" / "vllm-xpu-exporter.yaml"
+DASHBOARD = REPO / "grafana" / "vllm-xpu-exporter.json"
+
+# The oldest Kubernetes the manifests are for (securityContext.appArmorProfile is 1.30's) and the newest
+# kubernetes-validate has schemas of.
+KUBERNETES_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",
+                ("monitoring.coreos.com/v1", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml"}
+IMAGE_UID = 10447
+# What kustomize 2.0.3 (Debian 12's kubectl 1.20) reads in a kustomization; it rejects directories under
+# `resources` (they go under `bases`) and knows none of `patches`, `labels`, `replacements`, `components`.
+KUSTOMIZE_2_FIELDS = {"apiVersion", "kind", "namespace", "namePrefix", "nameSuffix", "commonLabels",
+                      "commonAnnotations", "resources", "bases", "configMapGenerator", "secretGenerator",
+                      "generatorOptions", "images", "patchesStrategicMerge", "patchesJson6902", "crds", "vars",
+                      "configurations"}
+
+
+@pytest.fixture(scope="module")
+def kubectl() -> str:
+    path = shutil.which("kubectl")
+    assert path, "no kubectl: tests/run installs Debian's kubernetes-client where the machine has none"
+    return path
+
+
+@cache
+def _render(kubectl: str, directory: Path) -> tuple[dict[str, Any], ...]:
+    result = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return tuple(document for document in yaml.safe_load_all(result.stdout) if document)
+
+
+def render(kubectl: str, directory: Path) -> list[dict[str, Any]]:
+    """The objects `kubectl kustomize directory` prints (deep copies: tests may change them)."""
+    return copy.deepcopy(list(_render(kubectl, directory)))
+
+
+def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [document for document in objects if document["kind"] == kind]
+    assert len(found) == 1, f"{len(found)} objects of kind {kind}"
+    return found[0]
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    containers = only(objects, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+# --- the generated copies: exactly the bundled rules and dashboard --------------------------------------
+
+
+def test_the_generated_copies_are_what_render_py_writes():
+    result = subprocess.run([sys.executable, str(KUBERNETES / "render.py"), "--check"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_prometheus_rule_carries_exactly_the_bundled_rules(kubectl):
+    rule = only(render(kubectl, BASE), "PrometheusRule")
+    assert rule["spec"] == {"groups": yaml.safe_load(RULES.read_text())["groups"]}
+    assert set(rule) == {"apiVersion", "kind", "metadata", "spec"}
+
+
+def test_the_dashboard_config_map_is_the_bundled_dashboard_for_grafanas_sidecar(kubectl):
+    dashboard = only(render(kubectl, BASE), "ConfigMap")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["data"] == {DASHBOARD.name: DASHBOARD.read_text()}
+    assert json.loads(dashboard["data"][DASHBOARD.name])["panels"]
+    # kubectl apply (client side) keeps the whole object in an annotation of at most 256 KiB.
+    assert len(DASHBOARD.read_bytes()) < 200 * 1024
+
+
+def test_render_py_check_notices_a_changed_rules_file(tmp_path, monkeypatch):
+    """The identity is checked, not assumed: a rules file one character longer fails --check."""
+    # deploy/kubernetes/render.py is a script, and rules/render.py (test_rules) is a module named render too.
+    spec = importlib.util.spec_from_file_location("kubernetes_render", KUBERNETES / "render.py")
+    kubernetes_render = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kubernetes_render)
+    changed = tmp_path / "rules.yaml"
+    changed.write_text(RULES.read_text().replace("for: 15m", "for: 16m", 1))
+    assert changed.read_text() != RULES.read_text()
+    monkeypatch.setattr(kubernetes_render, "RULES", changed)
+    assert kubernetes_render.main(["--check"]) == 1
+
+
+# --- schemas: Kubernetes' own and the Prometheus Operator's -----------------------------------------------
+
+
+@cache
+def crd_schema(apiversion: str, kind: str) -> dict[str, Any]:
+    """The CRD's openAPIV3Schema for that version, made strict as the API server's field validation is
+    (`kubectl apply --validate=strict`): an object that lists its properties takes no others."""
+    crd = yaml.safe_load((CRDS / CUSTOM_KINDS[(apiversion, kind)]).read_text())
+    group, version = apiversion.split("/")
+    assert crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind
+    (served,) = [entry for entry in crd["spec"]["versions"] if entry["name"] == version]
+    return _strict(served["schema"]["openAPIV3Schema"])
+
+
+def _strict(schema: Any) -> Any:
+    if isinstance(schema, list):
+        return [_strict(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    strict = {key: _strict(value) for key, value in schema.items()}
+    if ("properties" in strict and "additionalProperties" not in strict
+            and not strict.get("x-kubernetes-preserve-unknown-fields")):
+        strict["additionalProperties"] = False
+    return strict
+
+
+def validate(document: dict[str, Any], kubernetes_version: str) -> None:
+    """Raises jsonschema.ValidationError (kubernetes-validate's is one) if the object does not validate."""
+    key = (document["apiVersion"], document["kind"])
+    if key in CUSTOM_KINDS:
+        jsonschema.Draft7Validator(crd_schema(*key)).validate(document)
+        metadata = document["metadata"]
+        assert set(metadata) <= {"name", "namespace", "labels", "annotations"}, metadata
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", metadata["name"]), metadata["name"]
+    else:
+        kubernetes_validate.validate(document, kubernetes_version, strict=True)
+
+
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("directory", [BASE, EXAMPLE], ids=["base", "example"])
+def test_every_rendered_object_validates_against_its_schema(kubectl, directory, kubernetes_version):
+    objects = render(kubectl, directory)
+    assert {document["kind"] for document in objects} >= {"Namespace", "ServiceAccount", "DaemonSet", "Service",
+                                                           "ServiceMonitor", "PrometheusRule", "ConfigMap"}
+    for document in objects:
+        try:
+            validate(document, kubernetes_version)
+        except (jsonschema.ValidationError, kubernetes_validate.utils.SchemaNotFoundError) as error:
+            name = f"{document['kind']}/{document['metadata']['name']}"
+            pytest.fail(f"{name} does not validate for Kubernetes {kubernetes_version}: {error}")
+
+
+@pytest.mark.parametrize(("kind", "change"), [
+    ("DaemonSet", lambda d: d["spec"]["template"]["spec"].update(hostPid=True)),  # a misspelt field
+    ("DaemonSet", lambda d: d["spec"]["template"]["spec"]["containers"][0].update(ports="10447")),
+    ("Service", lambda d: d["spec"]["ports"][0].update(port="metrics")),
+    ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(honorlabels=True)),
+    ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(interval="30 seconds")),
+    ("ServiceMonitor", lambda d: d["spec"].pop("selector")),
+    ("PrometheusRule", lambda d: d["spec"]["groups"][1]["rules"][0].update(For="10m")),
+    ("PrometheusRule", lambda d: d["spec"]["groups"][1]["rules"][0].update({"for": "ten minutes"})),
+    ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].pop("expr")),
+])
+def test_the_validation_refuses_broken_objects(kubectl, kind, change):
+    """The schemas have teeth: a misspelt field, a wrong type, a bad duration or a missing required field
+    fails, in the built-in kinds and the custom resources alike."""
+    document = only(render(kubectl, BASE), kind)
+    validate(document, KUBERNETES_VERSIONS[-1])
+    change(document)
+    with pytest.raises(jsonschema.ValidationError):
+        validate(document, KUBERNETES_VERSIONS[-1])
+
+
+def test_the_vendored_crds_are_the_operators_unchanged():
+    """tests/fixtures/prometheus-operator/README.md gives each file's size and sha256 as copied."""
+    readme = (CRDS / "README.md").read_text()
+    for name in CUSTOM_KINDS.values():
+        data = (CRDS / name).read_bytes()
+        row = next(line for line in readme.splitlines() if line.startswith(f"| `{name}` |"))
+        assert f"| {len(data)} | {hashlib.sha256(data).hexdigest()} |" in row
+
+
+# --- the DaemonSet: least privilege, each for its source ----------------------------------------------
+
+
+def dockerfile_capabilities() -> set[str]:
+    match = re.search(r"setcap ([a-z_,]+)=p ", (REPO / "Dockerfile").read_text())
+    return {cap.removeprefix("cap_").upper() for cap in match[1].split(",")}
+
+
+def test_the_daemonset_runs_unprivileged_with_only_the_images_three_capabilities(kubectl):
+    objects = render(kubectl, BASE)
+    pod = only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    exporter = container(objects)
+    security = exporter["securityContext"]
+    assert security["privileged"] is False
+    assert security["capabilities"] == {"drop": ["ALL"], "add": sorted(dockerfile_capabilities(),
+                                                                       key=["PERFMON", "SYS_PTRACE",
+                                                                            "DAC_READ_SEARCH"].index)}
+    assert security["readOnlyRootFilesystem"] is True
+    # raise-caps (the image's entry point) takes its file capabilities: no_new_privs would refuse them.
+    assert security["allowPrivilegeEscalation"] is True
+    assert security["appArmorProfile"] == {"type": "Unconfined"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == IMAGE_UID
+    assert f"USER {IMAGE_UID}:{IMAGE_UID}" in (REPO / "Dockerfile").read_text()
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["hostPID"] is True
+    assert "hostNetwork" not in pod and "hostIPC" not in pod
+    assert pod["automountServiceAccountToken"] is False
+    assert only(objects, "ServiceAccount")["automountServiceAccountToken"] is False
+    assert not [document for document in objects if document["kind"] in {"Role", "ClusterRole", "RoleBinding",
+                                                                           "ClusterRoleBinding"}]
+
+
+def test_the_gpus_come_from_the_device_plugins_monitoring_resource_not_a_gpu_of_the_workloads(kubectl):
+    exporter = container(render(kubectl, BASE))
+    resources = exporter["resources"]
+    gpu = {name: value for part in resources.values() for name, value in part.items()
+           if name.startswith("gpu.intel.com/")}
+    assert gpu == {"gpu.intel.com/i915_monitoring": 1}
+    assert resources["limits"]["memory"] == "512Mi"
+
+
+def test_every_host_path_is_mounted_read_only_and_none_is_a_device(kubectl):
+    objects = render(kubectl, BASE)
+    pod = only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    host_paths = {volume["name"]: volume["hostPath"] for volume in pod["volumes"] if "hostPath" in volume}
+    mounts = {mount["name"]: mount for mount in container(objects)["volumeMounts"]}
+    assert {name: host_paths[name]["path"] for name in host_paths} == {
+        "proc": "/proc", "cgroup": "/sys/fs/cgroup", "var-log": "/var/log", "run-log-journal": "/run/log/journal",
+        "machine-id": "/etc/machine-id", "docker-containers": "/var/lib/docker/containers",
+        "containers-storage": "/var/lib/containers/storage"}
+    for name in host_paths:
+        assert mounts[name]["readOnly"] is True, name
+    assert not any(path["path"].startswith("/dev") for path in host_paths.values())
+    # A runtime creates a missing hostPath directory: /var/log/journal is not mounted alone, because an
+    # empty one would make a host's volatile journal persistent.
+    assert "/var/log/journal" not in {path["path"] for path in host_paths.values()}
+    assert host_paths["proc"]["type"] == host_paths["cgroup"]["type"] == "Directory"
+    assert host_paths["machine-id"]["type"] == "File"
+
+
+def test_the_exporter_finds_the_hosts_files_where_they_are_mounted(kubectl):
+    """--path.procfs and --path.sysfs point at the mounts; the journal, pod logs and the engines' state sit
+    at the paths the exporter reads by default."""
+    exporter = container(render(kubectl, BASE))
+    mounts = {mount["mountPath"] for mount in exporter["volumeMounts"]}
+    args = dict(arg.split("=", 1) for arg in exporter["args"])
+    assert args["--path.procfs"] in mounts
+    assert args["--path.sysfs"] + "/fs/cgroup" in mounts
+    assert {"/var/log", "/run/log/journal", "/etc/machine-id", "/var/lib/docker/containers",
+            "/var/lib/containers/storage"} <= mounts
+
+
+def exporter_flags() -> set[str]:
+    return {option for action in build_parser()._actions for option in action.option_strings}
+
+
+@pytest.mark.parametrize("directory", [BASE, EXAMPLE], ids=["base", "example"])
+def test_every_flag_passed_is_one_the_exporter_has(kubectl, directory):
+    """A flag the exporter does not know makes it exit 2 at start, on every node."""
+    args = container(render(kubectl, directory))["args"]
+    assert "command" not in container(render(kubectl, directory)), "the image's entry point hands over the capabilities"
+    unknown = [arg for arg in args if arg.split("=", 1)[0] not in exporter_flags()]
+    assert not unknown
+
+
+def test_the_service_and_servicemonitor_reach_the_metrics_port_with_the_rules_job(kubectl):
+    objects = render(kubectl, BASE)
+    (port,) = container(objects)["ports"]
+    assert port == {"name": "metrics", "containerPort": 10447, "protocol": "TCP"}
+    service = only(objects, "Service")
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 10447, "targetPort": "metrics", "protocol": "TCP"}]
+    pod_labels = only(objects, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    monitor = only(objects, "ServiceMonitor")["spec"]
+    assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    assert endpoint["honorLabels"] is True
+    # The job the bundled rules select is the Service's jobLabel label.
+    jobs = set(re.findall(r'job="([^"]+)"', RULES.read_text()))
+    assert jobs == {service["metadata"]["labels"][monitor["jobLabel"]]}
+
+
+def test_the_namespace_allows_what_the_daemonset_needs(kubectl):
+    """hostPID, hostPath volumes and the added capabilities are refused by Pod Security's baseline level."""
+    namespace = only(render(kubectl, BASE), "Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert {document["metadata"].get("namespace") for document in render(kubectl, BASE)
+            if document["kind"] != "Namespace"} == {namespace["metadata"]["name"]}
+
+
+# --- the example overlay --------------------------------------------------------------------------------
+
+
+def decoded(secret: dict[str, Any]) -> dict[str, str]:
+    return {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+
+
+def secrets(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {document["metadata"]["name"]: document for document in objects if document["kind"] == "Secret"}
+
+
+def test_the_example_overlay_renders_node_selection_groups_and_collectors(kubectl):
+    objects = render(kubectl, EXAMPLE)
+    pod = only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] and pod["tolerations"]
+    assert len(pod["securityContext"]["supplementalGroups"]) == 2
+    assert pod["securityContext"]["runAsNonRoot"] is True, "the base's security context is kept"
+    exporter = container(objects)
+    assert exporter["image"].endswith("/vllm-xpu-exporter:" + exporter["image"].rsplit(":", 1)[1])
+    assert {f"--collector.{name}" for name in ("levelzero", "processes", "journal")} <= set(exporter["args"])
+    assert exporter["securityContext"]["capabilities"]["add"], "the base's container security context is kept"
+    namespaces = {document["metadata"].get("namespace") for document in objects if document["kind"] != "Namespace"}
+    assert namespaces == {"vllm-xpu-exporter"}, "the Secrets are where the DaemonSet and ServiceMonitor are"
+
+
+def test_the_example_web_config_loads_and_matches_what_prometheus_sends(kubectl, tmp_path):
+    objects = render(kubectl, EXAMPLE)
+    exporter = container(objects)
+    (config_path,) = [arg.split("=", 1)[1] for arg in exporter["args"] if arg.startswith("--web.config.file=")]
+    mount = next(mount for mount in exporter["volumeMounts"] if config_path.startswith(mount["mountPath"] + "/"))
+    volume = next(volume for volume in only(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
+                  if volume["name"] == mount["name"])
+    web_config = decoded(secrets(objects)[volume["secret"]["secretName"]])
+    file_name = config_path.removeprefix(mount["mountPath"] + "/")
+    (tmp_path / file_name).write_text(web_config[file_name])
+    load_web_config(str(tmp_path / file_name))  # the exporter's own loader: exits 2 at start if this raises
+
+    basic_auth = only(objects, "ServiceMonitor")["spec"]["endpoints"][0]["basicAuth"]
+    sent = {field: decoded(secrets(objects)[reference["name"]])[reference["key"]]
+            for field, reference in basic_auth.items()}
+    users = yaml.safe_load(web_config[file_name])["basic_auth_users"]
+    assert bcrypt.checkpw(sent["password"].encode(), users[sent["username"]].encode())
+
+
+def test_the_example_labels_the_operator_objects_for_prometheus_selectors(kubectl):
+    objects = render(kubectl, EXAMPLE)
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        labels = only(objects, kind)["metadata"]["labels"]
+        assert labels["release"] and labels["app.kubernetes.io/name"] == "vllm-xpu-exporter"
+    assert only(objects, "PrometheusRule")["spec"] == only(render(kubectl, BASE), "PrometheusRule")["spec"]
+
+
+# --- kustomize 2.0.3 (Debian's kubectl) as well as 5 -----------------------------------------------------
+
+
+@pytest.mark.parametrize("path", sorted(KUBERNETES.rglob("kustomization.yaml")), ids=lambda path: str(path.parent.relative_to(KUBERNETES)))
+def test_kustomizations_use_only_kustomize_2_fields(path):
+    kustomization = yaml.safe_load(path.read_text())
+    assert set(kustomization) <= KUSTOMIZE_2_FIELDS, set(kustomization) - KUSTOMIZE_2_FIELDS
+    for resource in kustomization.get("resources", []):
+        assert (path.parent / resource).is_file(), f"{resource}: kustomize 2.0.3 takes directories under bases"
+    for base in kustomization.get("bases", []):
+        assert (path.parent / base / "kustomization.yaml").is_file()
