@@ -123,3 +123,21 @@ def test_no_container(path, unit):
 @pytest.mark.parametrize("text", [v2_cgroup, v1_cgroup, hybrid_cgroup], ids=["v2", "v1", "hybrid"])
 def test_container_scope_in_every_cgroup_file_layout(text):
     assert unit_of_cgroup_file(text(f"/system.slice/docker-{ID}.scope")) == f"docker-{ID}.scope"
+
+
+def test_any_path_gives_a_unit_or_none_and_only_well_formed_containers():
+    """Paths put together from the elements above, and from bytes no engine writes, never raise; a container
+    found always has a 64-hex id, and a pod uid only under kubepods."""
+    import random
+    elements = ["system.slice", "user.slice", "user-1000.slice", "user@1000.service", "machine.slice", "docker",
+                "kubepods", "kubepods.slice", "burstable", f"pod{UID}", f"kubepods-burstable-pod{UID_}.slice",
+                f"docker-{ID}.scope", f"libpod-{ID}.scope", f"libpod-conmon-{ID}.scope", f"cri-containerd-{ID}.scope",
+                f"crio-{ID}", ID, "libpod_parent", "..", ".", "", "x.service", "a\nb", "ä", "0::", ":"]
+    rng = random.Random(22)
+    for _ in range(5000):
+        path = "/" + "/".join(rng.choice(elements) for _ in range(rng.randint(0, 7)))
+        unit_cgroup = unit_cgroup_of_path(path)
+        if unit_cgroup is not None and unit_cgroup.container is not None:
+            assert unit_cgroup.container.id == ID
+            assert unit_cgroup.container.pod_uid in (None, UID)
+            assert unit_cgroup.container.pod_uid is None or "kubepods" in path

@@ -208,7 +208,8 @@ class ContainerNames:
         links = self._cached_list(self.container_logs, self.container_logs, self._read_log_links)
         found = links.get(container_id)
         if found is not None:
-            namespace, pod, name, uid = found
+            namespace, pod, name, link = found
+            uid = _uid_of_link(os.path.join(self.container_logs, link), namespace, pod, name)
             if uid is None or uid == pod_uid:
                 key = kubernetes_key(namespace, pod, name)
                 if key is not None:
@@ -222,9 +223,9 @@ class ContainerNames:
         key = kubernetes_key(namespace, pod, name) if name else None
         return _Names(key, name if key else "", namespace=namespace, pod=pod)
 
-    def _read_log_links(self, directory: str, root: str) -> dict[str, tuple[str, str, str, str | None]]:
-        """container id -> (namespace, pod, container, pod uid or None) from the kubelet's symlinks."""
-        links: dict[str, tuple[str, str, str, str | None]] = {}
+    def _read_log_links(self, directory: str, root: str) -> dict[str, tuple[str, str, str, str]]:
+        """container id -> (namespace, pod, container, the symlink's name) from the kubelet's symlinks."""
+        links: dict[str, tuple[str, str, str, str]] = {}
         for name in self._list(directory, root):
             match = _LOG_LINK.fullmatch(name)
             if match is None:
@@ -232,8 +233,7 @@ class ContainerNames:
             pod, namespace, container, container_id = match.groups()
             if kubernetes_key(namespace, pod, container) is None:
                 continue
-            links[container_id] = (namespace, pod, container, _uid_of_link(os.path.join(directory, name),
-                                                                          namespace, pod, container))
+            links[container_id] = (namespace, pod, container, name)
         return links
 
     def _read_pod_directories(self, directory: str, root: str) -> dict[str, tuple[str, str, str]]:
