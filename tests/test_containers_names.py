@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from exporter.parsers.cgroup import CONTAINERD, CRIO, DOCKER, PODMAN, ContainerCgroup, unit_cgroup_of_path
+from exporter.parsers.cgroup import CONTAINERD, CRIO, DOCKER, ContainerCgroup, unit_cgroup_of_path
 from exporter.sources.containers import (
     MAX_DOCKER_CONFIG_BYTES, MAX_PODMAN_LIST_BYTES, ContainerNames, Workload, docker_names, podman_names,
 )
