@@ -122,18 +122,29 @@ def choose_units(held: Mapping[str, int], preferred: set[str], kept_before: set[
     return set(sorted(held, key=rank)[:max_units])
 
 
-def workloads_of(unit_cgroups: Mapping[str, Iterable[str]], names: ContainerNames) -> dict[str, Workload]:
+def workloads_of(unit_cgroups: Mapping[str, Iterable[str]], names: ContainerNames,
+                 known: dict[str, ContainerCgroup | None] | None = None) -> dict[str, Workload]:
     """unit (a cgroup leaf, `UnitCgroup.unit`) -> its workload: a systemd unit keeps its name; a container's
     cgroup (`UnitCgroup.container`, read again from the unit's cgroup paths) gets the key of its names
     (`docker/<name>`, `podman/<name>`, `k8s/<namespace>/<pod>/<container>`) when `names` finds them, else keeps
-    the leaf. Whatever the state on disk holds, never raises: a failure keeps the leaf."""
+    the leaf. Whatever the state on disk holds, never raises: a failure keeps the leaf. `known`: path ->
+    container of the paths read at the previous call, reused, and replaced by those of this call."""
+    previous = known.copy() if known is not None else {}
+    if known is not None:
+        known.clear()
     workloads: dict[str, Workload] = {}
     for unit, paths in unit_cgroups.items():
         container: ContainerCgroup | None = None
         for path in sorted(paths):
-            unit_cgroup = unit_cgroup_of_path(path)
-            if unit_cgroup is not None and unit_cgroup.container is not None:
-                container = unit_cgroup.container
+            if path in previous:
+                found = previous[path]
+            else:
+                unit_cgroup = unit_cgroup_of_path(path)
+                found = unit_cgroup.container if unit_cgroup is not None else None
+            if known is not None:
+                known[path] = found
+            if found is not None:
+                container = found
                 break
         try:
             workloads[unit] = names.workload(unit, container)
@@ -211,6 +222,7 @@ class ProcessesCollector(Collector):
         self._scanner = procfs.DrmClientScanner(procfs_root)
         self._dmem = dmem.DmemReader(sysfs_root)
         self._names = names if names is not None else ContainerNames()
+        self._containers_of_paths: dict[str, ContainerCgroup | None] = {}  # the last scrape's (workloads_of)
         self._last_device_of_unit: dict[str, str] = {}
         self._warned_unreadable = False
 
@@ -332,7 +344,7 @@ class ProcessesCollector(Collector):
         for cgroups_of_unit in found:
             for unit, paths in cgroups_of_unit.items():
                 unit_cgroups.setdefault(unit, set()).update(paths)
-        return workloads_of(unit_cgroups, self._names)
+        return workloads_of(unit_cgroups, self._names, self._containers_of_paths)
 
     def _scan(self, problems: list[str]) -> procfs.ScanResult | None:
         try:

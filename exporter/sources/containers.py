@@ -36,7 +36,7 @@ import stat
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 from exporter.parsers.cgroup import DOCKER, PODMAN, ContainerCgroup
 from exporter.parsers.workloads import (
@@ -95,7 +95,8 @@ class Workload:
 
     def labels(self) -> list[str]:
         """The label values of xpu_workload_info, in INFO_LABELS' order."""
-        return list(astuple(self))
+        return [self.unit, self.kind, self.container_id, self.container, self.compose_project, self.compose_service,
+                self.namespace, self.pod, self.pod_uid]
 
 
 @dataclass(frozen=True)
