@@ -14,6 +14,7 @@ so in a warning (a skip would fail this suite: tests/noskip.py)."""
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import re
 import shlex
@@ -146,6 +147,20 @@ def test_the_stub_image_compiles_the_driver_as_the_tests_do_and_copies_what_exis
         for source in sources:
             assert (REPO / source).exists(), source
     assert "USER 10448:10448" in dockerfile_instructions(), "not the exporter's user, and not root"
+
+
+def test_the_build_context_keeps_what_the_images_copy():
+    """.dockerignore keeps .venv and the like out of the context of both images, and none of their files."""
+    ignored = [line for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    assert ".venv" in ignored and ".git" in ignored
+    production = [line.split()[1:-1] for line in (REPO / "Dockerfile").read_text().splitlines()
+                  if line.startswith("COPY ") and "--from=" not in line and "--chmod" not in line]
+    production += [[line.split()[-2]] for line in (REPO / "Dockerfile").read_text().splitlines()
+                   if line.startswith("COPY --chmod")]
+    for source in [source for sources, _ in image_copies() for source in sources] + sum(production, []):
+        assert not any(fnmatch.fnmatch(source, pattern) or fnmatch.fnmatch(source.split("/")[0], pattern)
+                       for pattern in ignored), source
 
 
 # --- the stack's commands, without containers -------------------------------------------------------------
