@@ -12,7 +12,7 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
@@ -21,10 +21,10 @@ import exporter.collectors  # noqa: F401  (registers the bundled collectors)
 from exporter import __version__
 from exporter.collector import Collector, Source, Sources, registered
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
-from exporter.flags import (EXIT_USAGE, OneLineParser, add_container_flags, add_journal_containers_flag,
-                            add_journal_flags, add_levelzero_flags, add_procfs_flag, add_sysfs_flag,
-                            check_journal_flags, journal_container_globs, journal_engine_grace_usec,
-                            journal_unit_globs)
+from exporter.flags import (EXIT_USAGE, OneLineParser, add_container_flags, add_container_log_flags,
+                            add_journal_containers_flag, add_journal_flags, add_levelzero_flags, add_procfs_flag,
+                            add_sysfs_flag, check_journal_flags, container_log_directories, journal_container_globs,
+                            journal_engine_grace_usec, journal_unit_globs)
 from exporter.http.loading import load_web_config
 from exporter.http.server import ExporterServer, parse_listen_address
 from exporter.http.webconfig import WebConfigError
@@ -32,7 +32,8 @@ from exporter.logs import FORMATS, LEVELS, setup_logging
 from exporter.scrape import ExporterCollector
 from exporter.sources.journal import (DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, JournalSelection,
                                      read_own_service_unit)
-from exporter.sources.journal.follower import JournalFollower
+from exporter.sources.containerlogs import ContainerLogReader, LogDirectories
+from exporter.sources.journal.follower import STILL_READING_CONTAINER_LOGS, JournalFollower
 from exporter.sources.dmem import DEFAULT_SYSFS
 from exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
@@ -65,6 +66,8 @@ class Options:
     journal_boot: str = "current"
     journal_max_units: int = DEFAULT_MAX_UNITS
     journal_engine_grace_usec: int = ENGINE_GRACE_USEC
+    logs_docker_roots: tuple[str, ...] = ()  # --logs.docker: the --path.docker roots whose containers' logs are read
+    logs_pods: str | None = None  # --logs.pods: the --path.pods whose pods' logs are read
     procfs: str = "/proc"
     sysfs: str = DEFAULT_SYSFS
     log_level: str = "info"
@@ -117,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     host = add_procfs_flag(parser)
     add_sysfs_flag(host)
     add_container_flags(host)
+    add_container_log_flags(parser)
 
     logging_group = parser.add_argument_group("logging")
     logging_group.add_argument("--log.level", dest="log_level", choices=tuple(LEVELS), default="info")
@@ -129,6 +133,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
     enabled = frozenset(spec.name for spec in registered() if getattr(args, f"collector_{spec.name}"))
+    logs_docker_roots, logs_pods = container_log_directories(args)
     return Options(
         listen_address=args.listen_address,
         telemetry_path=args.telemetry_path,
@@ -143,6 +148,8 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         journal_boot=args.journal_boot,
         journal_max_units=args.journal_max_units,
         journal_engine_grace_usec=journal_engine_grace_usec(args),
+        logs_docker_roots=logs_docker_roots,
+        logs_pods=logs_pods,
         procfs=args.procfs,
         sysfs=args.sysfs,
         log_level=args.log_level,
@@ -161,7 +168,24 @@ def build_sources(options: Options, needs: set[Source]) -> Sources:
         sources.drm_nodes.subscribe(sources.levelzero.gpu_changed)  # a GPU plugged, removed or re-bound: re-init
     if Source.JOURNAL in needs:
         sources.journal = JournalFollower(exporter_journal_selection(options), options.journal_max_units)
+        directories = LogDirectories(options.logs_docker_roots, options.logs_pods)
+        if directories:
+            sources.container_logs = container_log_follower(options, directories)
     return sources
+
+
+def container_log_follower(options: Options, directories: LogDirectories) -> JournalFollower:
+    """The containers' log files (--logs.docker, --logs.pods) folded as the journal is, by a follower of their own;
+    the journal collector serves both."""
+    selection = JournalSelection(unit_globs=options.journal_units, container_globs=options.journal_containers,
+                                 boot=options.journal_boot, engine_grace_usec=options.journal_engine_grace_usec)
+
+    def open_reader(selection: JournalSelection, admit: Callable[[str], bool],
+                    forget: Callable[[str], None]) -> ContainerLogReader:
+        return ContainerLogReader(selection, directories, admit=admit, forget=forget)
+
+    return JournalFollower(selection, options.journal_max_units, open_reader=open_reader, source="container logs",
+                           still_reading=STILL_READING_CONTAINER_LOGS)
 
 
 def exporter_journal_selection(options: Options, own_unit: str | None = None) -> JournalSelection:

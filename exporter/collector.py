@@ -70,10 +70,13 @@ class Sources:
     levelzero: LevelZeroWorker | None = None
     drm_nodes: DrmNodeNames | None = None  # with Level Zero: GPU hot-plug events and DRM node names
     journal: JournalFollower | None = None
+    container_logs: JournalFollower | None = None  # with the journal: containers' log files (--logs.*), if any
 
     def start(self) -> None:
         if self.journal is not None:
             self.journal.start()
+        if self.container_logs is not None:
+            self.container_logs.start()
         if self.drm_nodes is not None:
             self.drm_nodes.start()
         if self.levelzero is not None:
@@ -82,6 +85,8 @@ class Sources:
     def stop(self) -> None:
         if self.journal is not None:
             self.journal.stop()
+        if self.container_logs is not None:
+            self.container_logs.stop()
         if self.drm_nodes is not None:
             self.drm_nodes.stop()
         if self.levelzero is not None:
@@ -115,6 +120,11 @@ class ScrapeContext:
         """The journal fold's state, or None when the journal is not read (its collector is disabled)."""
         journal = self._sources.journal
         return None if journal is None else self._once("journal_state", journal.state)
+
+    def container_logs_state(self) -> JournalState | None:
+        """The fold of the containers' log files, or None when none are read (no --logs.*)."""
+        follower = self._sources.container_logs
+        return None if follower is None else self._once("container_logs_state", follower.state)
 
     def journal_matches(self, units: Iterable[str]) -> set[str]:
         """Those of `units` the journal watches when they have GPU processes (they match its `--journal.units`

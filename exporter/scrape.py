@@ -26,13 +26,13 @@ from prometheus_client.registry import Collector as PrometheusCollector
 from exporter import __version__
 from exporter.collector import CollectionError, Collector, ScrapeContext, Sources
 from exporter.families import GaugeFamily, Row, RowFamily
-from exporter.sources.journal.follower import STILL_READING
+from exporter.sources.journal.follower import STILL_READING, STILL_READING_CONTAINER_LOGS
 from exporter.sources.levelzero.worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
 
 log = logging.getLogger("exporter.scrape")
 
 # A collector's whole error when its source has no data yet: a state of every start, not a failure.
-NO_DATA_YET = frozenset({STILL_READING, STILL_INITIALISING, JUST_INITIALISED})
+NO_DATA_YET = frozenset({STILL_READING, STILL_READING_CONTAINER_LOGS, STILL_INITIALISING, JUST_INITIALISED})
 
 
 class _Flight:

@@ -1,5 +1,6 @@
-"""Engine starts, failures and KV cache of the watched units, from their journal: the journal
-follower's state (exporter.sources.journal.follower) as metric families."""
+"""Engine starts, failures and KV cache of the watched units and containers, from their journal and, with
+--logs.docker or --logs.pods, their containers' log files: the followers' states
+(exporter.sources.journal.follower) as metric families, one set for both sources."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from prometheus_client.metrics_core import Metric
 from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from exporter.families import CounterFamily, GaugeFamily
 from exporter.fold.engine_starts import UnitView
+from exporter.sources.journal.follower import STILL_READING, STILL_READING_CONTAINER_LOGS, JournalState
 from exporter.parsers.vllm import FailureReason
 
 
@@ -20,27 +22,58 @@ class JournalCollector(Collector):
         state = context.journal_state()
         if state is None:
             raise CollectionError("the journal is not read")
+        logs = context.container_logs_state()
+        states = [state] if logs is None else [state, logs]
         yield CounterFamily("xpu_exporter_journal_entries_read_total",
                             "Journal entries of watched units the exporter has read.", value=state.entries_read)
         yield CounterFamily("xpu_exporter_journal_units_dropped_total",
-                            "Units matching --journal.units that are not watched because of "
-                            "--journal.max-units.", value=state.dropped_units)
-        if state.watched_units is not None:  # unknown before the first read: 0 would say the globs match nothing
-            yield GaugeFamily("xpu_exporter_journal_units_watched",
-                              "Units matching --journal.units seen in the selected boot's journal or with GPU "
-                              "processes now, at most --journal.max-units; 0: the globs match nothing.",
-                              value=state.watched_units)
+                            "Units and containers matching --journal.units and --journal.containers that are not "
+                            "watched because of --journal.max-units.", value=sum(s.dropped_units for s in states))
+        if all(s.watched_units is not None for s in states):  # unknown before the first read: 0 would say the
+            yield GaugeFamily("xpu_exporter_journal_units_watched",  # globs match nothing
+                              "Units and containers matching --journal.units and --journal.containers seen in the "
+                              "selected boot's journal, the containers' logs or with GPU processes now, at most "
+                              "--journal.max-units (a bound per source); 0: the globs match nothing.",
+                              value=sum(s.watched_units or 0 for s in states))
         yield CounterFamily("xpu_exporter_journal_values_rejected_total",
                             "Lines of watched units ignored because a value in them is out of range or "
-                            "not a number.", value=state.values_rejected)
-        yield from unit_metrics(state.views)
-        if state.error:
-            raise CollectionError(state.error)
+                            "not a number.", value=sum(s.values_rejected for s in states))
+        yield CounterFamily("xpu_exporter_container_log_lines_read_total",
+                            "Records of watched containers' log files the exporter has read (--logs.docker, "
+                            "--logs.pods).", value=logs.entries_read if logs is not None else 0)
+        yield CounterFamily("xpu_exporter_container_log_lines_rejected_total",
+                            "Lines of watched containers' log files skipped: not a record of their file's format, "
+                            "or too long.", value=logs.unreadable if logs is not None else 0)
+        yield from unit_metrics(merged_views(states))
+        error = collection_error(states)
+        if error:
+            raise CollectionError(error)
 
 
 @register("journal", "vLLM engine starts, failures and KV cache from the journal", needs=[Source.JOURNAL])
 def _journal_collector(options: None, sources: Sources) -> JournalCollector:
     return JournalCollector()
+
+
+def merged_views(states: list[JournalState]) -> list[UnitView]:
+    """The units and containers of every source, each once: a container both sources watch (one logs to the
+    journal, files of the same name, or the processes' watch) shows the view that has a start."""
+    views: dict[str, UnitView] = {}
+    for state in states:
+        for view in state.views:
+            known = views.get(view.unit)
+            if known is None or (known.current is None and view.current is not None):
+                views[view.unit] = view
+    return [views[unit] for unit in sorted(views)]
+
+
+def collection_error(states: list[JournalState]) -> str | None:
+    """Why the sources cannot be read now: the failures, else that one is still being read; None when all work."""
+    errors = [state.error for state in states if state.error]
+    failures = [error for error in errors if error not in (STILL_READING, STILL_READING_CONTAINER_LOGS)]
+    if failures:
+        return "; ".join(failures)
+    return errors[0] if errors else None
 
 
 def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:

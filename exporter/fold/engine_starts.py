@@ -339,6 +339,18 @@ class EngineTracker:
         """Make `unit` known (its counters exist at 0) before anything happened to it."""
         self._unit(unit)
 
+    def forget(self, unit: str) -> None:
+        """A unit gone for good (a container removed, with its logs): its counters and starts go, and its
+        place under `max_units` is free. An init of it still open overlaps nothing from now on."""
+        gone = self._units.pop(unit, None)
+        if gone is None:
+            return
+        for starts in (self._initialising, self._awaiting_overlap, self._possible_inits):
+            for start in [start for start, owner in starts.items() if _owner(owner) is gone]:
+                del starts[start]
+        for start in [start for start, (owner, _) in self._unpaired_ended.items() if owner is gone]:
+            del self._unpaired_ended[start]
+
     def admit(self, unit: str) -> bool:
         """Whether `unit`'s entries will be folded: it is watched, or there is room (it is watched now).
         A unit refused is counted in `dropped_units`; its entries need not be read at all."""
@@ -650,6 +662,10 @@ class EngineTracker:
         start.pending_since_usec = None
         unit.failures[reason] += 1
         unit.last_failure_usec = when_usec
+
+
+def _owner(value: _Unit | _PossibleInit) -> _Unit:
+    return value.unit if isinstance(value, _PossibleInit) else value
 
 
 def _opens_a_start(event: vllm.Event) -> bool:

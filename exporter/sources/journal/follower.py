@@ -14,6 +14,11 @@ the whole boot.
 
 Containers' lines (the selection's container globs) go through `ContainerRuns` on their way to the fold:
 their pieces joined, each run of a container given an invocation id of its own.
+
+The same thread and fold follow containers' log files (`exporter.sources.containerlogs`): a follower made
+with `open_reader` gets its entries from the reader that makes (the interface of `JournalReader` it uses:
+open/close, `wait`, `read_available`, `unreadable_entries`, `last_unreadable`), and `source` names it in
+its state and log lines.
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from exporter.fold.container_runs import ContainerRuns
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, EngineTracker, UnitView
-from exporter.sources.journal.binding import JournalError
 from exporter.sources.journal.reader import DEFAULT_BATCH, JournalEntry, JournalReader, JournalSelection
 
 log = logging.getLogger("exporter.journal")
@@ -34,6 +40,10 @@ log = logging.getLogger("exporter.journal")
 RETRY_SECONDS = 2.0
 WAIT_SECONDS = 0.5  # how often the follower looks at its stop flag while the journal is quiet
 STILL_READING = "still reading the journal"
+STILL_READING_CONTAINER_LOGS = "still reading the container logs"
+
+OpenReader = Callable[[JournalSelection, Callable[[str], bool], Callable[[str], None]], Any]
+"""(selection, admit, forget) -> a reader: admit(unit) asks the fold's cap, forget(unit) drops a unit gone for good."""
 
 
 @dataclass(frozen=True)
@@ -44,22 +54,29 @@ class JournalState:
     dropped_units: int  # units not watched because of the cap
     watched_units: int | None  # None until the journal has been read up to now once
     values_rejected: int  # lines ignored for an implausible value (exporter.parsers.vllm.PLAUSIBLE)
+    unreadable: int = 0  # entries the reader skipped as unreadable (container logs: lines not of their format)
 
 
 class JournalFollower:
     def __init__(self, selection: JournalSelection, max_units: int = DEFAULT_MAX_UNITS, *,
-                 latest_invocations: bool = False) -> None:
+                 latest_invocations: bool = False, open_reader: OpenReader | None = None,
+                 source: str = "journal", still_reading: str = STILL_READING) -> None:
         self.selection = selection
         self.max_units = max_units
         self.latest_invocations = latest_invocations
+        self.source = source
+        self.still_reading = still_reading
+        self._open_reader = open_reader or _open_journal
         self.caught_up_from: str | None = None
         """What the latest catch-up read: "latest invocations", or "boot" (the whole selected boot)."""
         self._lock = threading.Lock()
         self._starting = threading.Lock()  # concurrent scrapes retry starting the thread once
         self._tracker: EngineTracker | None = None
         self._runs = ContainerRuns()  # the containers' runs of the tracker being filled or followed
-        self._error: str | None = STILL_READING
+        self._error: str | None = still_reading
         self._entries_read = 0
+        self._unreadable_before = 0  # entries skipped as unreadable by the readers closed since
+        self._reader: Any = None  # the thread's reader (its unreadable count is read by state())
         self._units_with_processes: set[str] = set()
         self._warned_of_rejections: set[str] = set()  # follower thread only
         self._warned_of_unreadable = False  # follower thread only
@@ -70,12 +87,12 @@ class JournalFollower:
     def start(self) -> None:
         """Start following in a thread; if none can be started now (a task limit), the collector reports
         that and state() tries again every RETRY_SECONDS."""
-        thread = threading.Thread(target=self._run, name="journal-follower", daemon=True)
-        self._set_error(STILL_READING)
+        thread = threading.Thread(target=self._run, name=f"{self.source.replace(' ', '-')}-follower", daemon=True)
+        self._set_error(self.still_reading)
         try:
             thread.start()
         except RuntimeError as error:  # "can't start new thread"
-            self._set_error(f"cannot start the journal follower thread: {error}")
+            self._set_error(f"cannot start the {self.source} follower thread: {error}")
             self._start_retry_at = time.monotonic() + RETRY_SECONDS
             return
         self._thread = thread
@@ -100,10 +117,12 @@ class JournalFollower:
             if tracker is not None:
                 tracker.settle(round(time.time() * 1e6))
             views = list(tracker.views()) if tracker is not None else []
+            reader = self._reader
             return JournalState(views=views, error=self._error, entries_read=self._entries_read,
                                 dropped_units=len(tracker.dropped_units) if tracker is not None else 0,
                                 watched_units=len(views) if tracker is not None else None,
-                                values_rejected=tracker.rejected_lines if tracker is not None else 0)
+                                values_rejected=tracker.rejected_lines if tracker is not None else 0,
+                                unreadable=self._unreadable_before + (reader.unreadable_entries if reader else 0))
 
     def watch(self, units: set[str]) -> None:
         """Units that currently have GPU processes: those matching the globs are watched even when the
@@ -125,10 +144,17 @@ class JournalFollower:
             self._runs = ContainerRuns()
             try:
                 # Units beyond the cap are refused when first met: the reader skips their entries.
-                with JournalReader(self.selection, admit=partial(self._admit, tracker)) as reader:
-                    self._catch_up(reader, tracker)
-                    self._follow(reader)
-            except JournalError as error:
+                reader = self._open_reader(self.selection, partial(self._admit, tracker), partial(self._forget, tracker))
+                with reader:
+                    self._reader = reader
+                    try:
+                        self._catch_up(reader, tracker)
+                        self._follow(reader)
+                    finally:
+                        with self._lock:
+                            self._unreadable_before += reader.unreadable_entries
+                            self._reader = None
+            except OSError as error:  # JournalError, ContainerLogError: a message of their own
                 self._set_error(str(error))
                 self._stop.wait(RETRY_SECONDS)
             except Exception as error:  # never let the thread die: the collector would go silent
@@ -156,7 +182,7 @@ class JournalFollower:
         with self._lock:
             self._tracker = tracker
             if self._error is not None:
-                log.info("journal read up to now: %d watched units", sum(1 for _ in tracker.views()))
+                log.info("%s read up to now: %d watched units", self.source, sum(1 for _ in tracker.views()))
             self._error = None
 
     def _follow(self, reader: JournalReader) -> None:
@@ -194,19 +220,32 @@ class JournalFollower:
                             unit, rejection.row, rejection.field)
 
     def _warn_of_unreadable(self, reader: JournalReader) -> None:
-        """Once: entries sd-journal cannot read are skipped (as journalctl skips them), not waited on."""
+        """Once: entries sd-journal cannot read are skipped (as journalctl skips them), not waited on; so are
+        lines of container logs that are not records of their format."""
         if reader.unreadable_entries and not self._warned_of_unreadable:
             self._warned_of_unreadable = True
-            log.warning("skipped a journal entry that cannot be read (%s); such entries are skipped",
+            log.warning("skipped %s that cannot be read (%s); such entries are skipped",
+                        "a journal entry" if self.source == "journal" else f"an entry of the {self.source}",
                         reader.last_unreadable)
 
     def _admit(self, tracker: EngineTracker, unit: str) -> bool:
         with self._lock:
             return tracker.admit(unit)
 
+    def _forget(self, tracker: EngineTracker, unit: str) -> None:
+        """A unit gone for good (a container removed): its series go, its place under the cap is free."""
+        with self._lock:
+            tracker.forget(unit)
+        self._runs.forget(unit)
+
     def _set_error(self, error: str) -> None:
         with self._lock:
             self._error = error
+
+
+def _open_journal(selection: JournalSelection, admit: Callable[[str], bool],
+                  forget: Callable[[str], None]) -> JournalReader:
+    return JournalReader(selection, admit=admit)
 
 
 def prints_a_vllm_line(engine_grace_usec: int, entries: list[JournalEntry]) -> bool:
