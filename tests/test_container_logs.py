@@ -19,6 +19,7 @@ from containerlogs import (RACE_CONTAINERS, RACE_POD_KEYS, ContainerLine, Docker
 from exporter.fold.container_runs import ContainerRuns
 from exporter.fold.engine_starts import EngineTracker
 from exporter.parsers.containerlogs import parse_cri_line, parse_json_file_line, parse_rfc3339_usec
+from exporter.sources import containerlogs as containerlogs_source
 from exporter.sources.containerlogs import MAX_LINE_BYTES, ContainerLogReader, LogDirectories
 from exporter.sources.journal import JournalEntry, JournalSelection
 from exporter.sources.journal.follower import STILL_READING_CONTAINER_LOGS, JournalFollower
@@ -175,6 +176,29 @@ def test_a_line_written_in_two_writes_is_read_once_whole(tmp_path):
         assert read(opened) == []
         chat.append_raw(record[10:])
         assert texts(read(opened)) == ["whole"]
+
+
+def test_much_at_once_is_read_in_bounded_polls_without_waiting(tmp_path, monkeypatch):
+    """A poll reads at most POLL_BYTES of a live file and POLL_ENTRIES of a container found while following;
+    the rest comes at once (wait() does not sleep), in order, each line once."""
+    monkeypatch.setattr(containerlogs_source, "POLL_BYTES", 4096)
+    monkeypatch.setattr(containerlogs_source, "POLL_ENTRIES", 50)
+    host = DockerHost(tmp_path)
+    chat = host.add("vllm-chat")
+    with reader(LogDirectories(docker_roots=(str(tmp_path),)), poll_seconds=3600) as opened:
+        assert read(opened) == []
+        opened._next_poll = 0.0  # the next poll is due now; after it, only what is left makes it read again
+        chat.write([printed("vllm-chat", f"chat {n}", n) for n in range(300)])
+        late = host.add("vllm-late")
+        late.write([printed("vllm-late", f"late {n}", n) for n in range(120)])
+        got: list[JournalEntry] = []
+        while opened.wait(0):
+            batch = opened.read_available(1000)
+            if not batch:
+                break
+            got += batch
+    assert [e.message for e in got if e.unit == "docker/vllm-chat"] == [f"chat {n}" for n in range(300)]
+    assert [e.message for e in got if e.unit == "docker/vllm-late"] == [f"late {n}" for n in range(120)]
 
 
 def test_garbage_and_overlong_lines_are_skipped_and_counted(tmp_path):

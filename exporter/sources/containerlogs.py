@@ -69,6 +69,7 @@ from __future__ import annotations
 import errno
 import gzip
 import heapq
+import itertools
 import logging
 import os
 import re
@@ -93,6 +94,8 @@ VANISHED_RETENTION_SECONDS = 900.0
 MAX_LINE_BYTES = 1 << 20  # a json-file record of a 16 KiB piece is at most ~100 KiB, even all \u escapes
 MAX_DIRECTORY_ENTRIES = 65536
 CHUNK_BYTES = 1 << 16
+POLL_BYTES = 16 << 20  # read of a live file per poll, at most: the rest comes at the next, without waiting
+POLL_ENTRIES = 65536  # records of a container found while following (its history), per poll, at most
 
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 _POD_DIRECTORY = re.compile(r"([^_/]+)_([^_/]+)_([0-9a-f][0-9a-f-]{0,63})")
@@ -148,32 +151,39 @@ class LogFile:
         self._read: set[tuple[int, int]] = set()  # rotated files read whole, by identity
         self.skipped = 0  # lines over MAX_LINE_BYTES, damaged gzip files
         self.unreadable: OSError | None = None  # the latest error opening or reading one of its files
+        self.behind = False  # the last poll stopped at POLL_BYTES: more is there to read now
 
     @property
     def is_open(self) -> bool:
         return self._current is not None or self._draining is not None
 
     def catch_up(self) -> Iterator[bytes]:
-        """Every line there is now: the rotated files oldest first (gzipped too), then the live one, which
-        stays open."""
+        """Every line there is now, a chunk at a time: the rotated files oldest first (gzipped too), then the
+        live one, which stays open."""
         for path in self._rotated():
             if path.endswith(".gz"):
                 yield from self._gzipped(path)
             else:
                 yield from self._plain(path)
-        yield from self._open_live()
+        opened = self._open(self.live)
+        if opened is not None:
+            self._current = opened
+            yield from self._lines(opened)
 
     def poll(self) -> list[bytes]:
         """The lines written since the last read, across rotations; a file new to the reader is read from
         its start (its plain rotated files too)."""
         lines: list[bytes] = []
-        if self._draining is not None:
+        if self._draining is not None:  # the file renamed at the previous poll, read to its end: no limit
             lines += self._drain(self._draining, final=True)
             self._close(self._draining)
             self._draining = None
         current = self._current
+        self.behind = False
         if current is not None:
-            lines += self._drain(current)
+            lines += self._drain(current, limit=POLL_BYTES)
+            if self.behind:
+                return lines  # not at its end: a rotation is looked for once it is
         try:
             info = os.stat(self.live)
         except OSError:
@@ -190,7 +200,7 @@ class LogFile:
         present: set[tuple[int, int]] = set()
         for path in self._rotated():
             if not path.endswith(".gz"):
-                lines += self._plain(path, present)
+                lines += list(self._plain(path, present))
         self._read &= present  # files gone no longer need remembering
         lines += self._open_live()
         return lines
@@ -210,7 +220,7 @@ class LogFile:
         if opened is None:
             return []
         self._current = opened
-        return self._drain(opened)
+        return self._drain(opened, limit=POLL_BYTES)
 
     def _open(self, path: str) -> _Open | None:
         try:
@@ -230,19 +240,20 @@ class LogFile:
             return None
         return _Open(fd, (info.st_dev, info.st_ino))
 
-    def _plain(self, path: str, present: set[tuple[int, int]] | None = None) -> list[bytes]:
-        """A rotated file's lines, unless it was read already (or is open: the one just rotated)."""
+    def _plain(self, path: str, present: set[tuple[int, int]] | None = None) -> Iterator[bytes]:
+        """A rotated file's lines, a chunk at a time, unless it was read already (or is open: the one just
+        rotated)."""
         opened = self._open(path)
         if opened is None:
-            return []
+            return
         try:
             if present is not None:
                 present.add(opened.identity)
             if opened.identity in self._read or any(
                     other is not None and other.identity == opened.identity for other in (self._current, self._draining)):
-                return []
+                return
             self._read.add(opened.identity)
-            return self._drain(opened, final=True)
+            yield from self._lines(opened, final=True)
         finally:
             self._close(opened)
 
@@ -261,10 +272,17 @@ class LogFile:
         finally:
             self._close(opened)
 
-    def _drain(self, opened: _Open, final: bool = False) -> list[bytes]:
-        """The whole lines from `opened`'s position to its end; with `final`, its unfinished last line too."""
+    def _drain(self, opened: _Open, final: bool = False, limit: int | None = None) -> list[bytes]:
+        """The whole lines from `opened`'s position to its end, or of about `limit` bytes (`behind` is then
+        set); with `final`, its unfinished last line too."""
         lines: list[bytes] = []
-        while True:
+        for line in self._lines(opened, final, limit):
+            lines.append(line)
+        return lines
+
+    def _lines(self, opened: _Open, final: bool = False, limit: int | None = None) -> Iterator[bytes]:
+        read = 0
+        while limit is None or read < limit:
             try:
                 chunk = os.read(opened.fd, CHUNK_BYTES)
             except OSError as error:
@@ -273,11 +291,14 @@ class LogFile:
             if not chunk:
                 break
             opened.offset += len(chunk)
-            lines += self._split(opened, chunk)
+            read += len(chunk)
+            yield from self._split(opened, chunk)
+        else:
+            self.behind = True
+            return
         if final and opened.pending and not opened.discarding:
-            lines.append(bytes(opened.pending))
+            yield bytes(opened.pending)
             opened.pending.clear()
-        return lines
 
     def _split(self, opened: _Open, chunk: bytes) -> list[bytes]:
         parts = chunk.split(b"\n")
@@ -364,6 +385,7 @@ class _Container:
     directory: str  # gone: the container is
     streams: dict[str, _Stream] = field(default_factory=dict)  # by live path
     vanished_at: float | None = None
+    catching_up: Iterator[JournalEntry] | None = None  # found while following: its history, read POLL_ENTRIES a poll
 
 
 class ContainerLogReader:
@@ -396,6 +418,7 @@ class ContainerLogReader:
         self._pending: deque[JournalEntry] = deque()
         self._next_poll = 0.0
         self._next_discovery = 0.0
+        self._behind = False  # the last poll left records to read now
         self._unreadable = 0
         self._skipped_before = 0  # lines skipped in files no longer followed
         self.last_unreadable: str | None = None
@@ -443,7 +466,7 @@ class ContainerLogReader:
 
     def wait(self, timeout_s: float) -> bool:
         """Sleep until the next poll is due or `timeout_s` passes; True when records may be there."""
-        if self._pending or not self._caught_up:
+        if self._pending or not self._caught_up or self._behind:
             return True
         remaining = self._next_poll - self._clock()
         if remaining > timeout_s:
@@ -470,7 +493,7 @@ class ContainerLogReader:
             self._caught_up = True
             self._next_poll = self._clock() + self.poll_seconds
             return out
-        if not self._pending and self._clock() >= self._next_poll:
+        if not self._pending and (self._behind or self._clock() >= self._next_poll):
             self._poll()
         while self._pending and len(out) < max_entries:
             out.append(self._pending.popleft())
@@ -479,12 +502,22 @@ class ContainerLogReader:
     def _poll(self) -> None:
         now = self._clock()
         self._next_poll = now + self.poll_seconds
-        new: list[_Container] = []
         if now >= self._next_discovery:
-            new = self._discover()
-        batches = [self._followed(container) for container in list(self._containers.values())
-                   if container not in new]
-        batches += [list(self._catch_up(container)) for container in new]
+            for container in self._discover():
+                container.catching_up = self._catch_up(container)
+        self._behind = False
+        batches = []
+        for container in list(self._containers.values()):
+            if container.catching_up is not None:
+                batch = list(itertools.islice(container.catching_up, POLL_ENTRIES))
+                if len(batch) < POLL_ENTRIES:
+                    container.catching_up = None
+                else:
+                    self._behind = True
+                batches.append(batch)
+            else:
+                batches.append(self._followed(container))
+                self._behind = self._behind or any(stream.file.behind for stream in container.streams.values())
         self._pending.extend(heapq.merge(*batches, key=_time))
         self._forget_vanished(now)
 
