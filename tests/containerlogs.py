@@ -146,6 +146,20 @@ class DockerContainer:
             for line in lines:
                 log.write(b"".join(json_file_records(line, piece_bytes)))
 
+    def set_state(self, *, running: bool, started_usec: int, finished_usec: int | None = None,
+                  stopped: bool = False, exit_code: int = 1) -> None:
+        """What dockerd checkpoints to config.v2.json when the container starts or ends: State.Running,
+        StartedAt, FinishedAt (Go's zero time before it ever ended), ExitCode, and HasBeenManuallyStopped
+        after `docker stop`."""
+        path = self.directory / "config.v2.json"
+        config = json.loads(path.read_text())
+        config["State"] = {"Running": running, "Paused": False, "Restarting": False, "OOMKilled": False,
+                           "Dead": False, "Pid": 4242 if running else 0, "ExitCode": 0 if running else exit_code,
+                           "StartedAt": rfc3339_nano(started_usec),
+                           "FinishedAt": rfc3339_nano(finished_usec) if finished_usec else "0001-01-01T00:00:00Z"}
+        config["HasBeenManuallyStopped"] = stopped
+        path.write_text(json.dumps(config))
+
     def append_raw(self, data: bytes) -> None:
         with self.log.open("ab") as log:
             log.write(data)

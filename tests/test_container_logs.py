@@ -19,6 +19,7 @@ from containerlogs import (RACE_CONTAINERS, RACE_POD_KEYS, ContainerLine, Docker
 from exporter.fold.container_runs import ContainerRuns
 from exporter.fold.engine_starts import EngineTracker
 from exporter.parsers.containerlogs import parse_cri_line, parse_json_file_line, parse_rfc3339_usec
+from exporter.parsers.vllm import FailureReason
 from exporter.sources import containerlogs as containerlogs_source
 from exporter.sources.containerlogs import MAX_LINE_BYTES, ContainerLogReader, LogDirectories
 from exporter.sources.journal import JournalEntry, JournalSelection
@@ -246,6 +247,34 @@ def test_a_removed_container_is_read_to_its_end_then_forgotten(tmp_path):
         recreated.write([printed("vllm-chat", "reborn", 100)])
         assert [(e.unit, e.message, e.container_run) for e in read(opened)] == [
             ("docker/vllm-chat", "reborn", recreated.id)]
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_a_docker_container_that_ends_during_its_init_does_not_stay_initialising(tmp_path, stopped):
+    """Its config.v2.json says it is not running: a run that died without a cause vLLM printed counts as
+    `other` (as a unit's main process exit), one `docker stop` ended as stopped (nothing); its start again
+    is a new run."""
+    version = "(APIServer pid=7) INFO 05-12 10:11:13 [api_server.py:1895] vLLM API server version 0.24.0"
+    chat = DockerHost(tmp_path).add("vllm-chat")
+    chat.set_state(running=True, started_usec=at(0))
+    chat.write([printed("vllm-chat", version, 1), printed("vllm-chat", "Loading weights...", 2)])
+    runs, tracker = ContainerRuns(), EngineTracker()
+    with reader(LogDirectories(docker_roots=(str(tmp_path),))) as opened:
+        tracker.extend(runs.lines(read(opened)))
+        (view,) = tracker.views()
+        assert view.initialising_since_usec == at(1)
+        chat.set_state(running=False, started_usec=at(0), finished_usec=at(3), stopped=stopped, exit_code=137)
+        tracker.extend(runs.lines(read(opened)))
+        assert read(opened) == []  # handed on once
+        tracker.settle(at(3) + 6_000_000)
+        (view,) = tracker.views()
+        assert view.initialising_since_usec is None
+        assert view.failures[FailureReason.OTHER] == (0 if stopped else 1)
+        chat.set_state(running=True, started_usec=at(10))
+        chat.write([printed("vllm-chat", version, 11)])
+        tracker.extend(runs.lines(read(opened)))
+        (view,) = tracker.views()
+        assert view.initialising_since_usec == at(11)
 
 
 def test_containers_beyond_the_cap_are_not_read(tmp_path):

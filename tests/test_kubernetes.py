@@ -1,11 +1,13 @@
 """deploy/kubernetes/: the kustomize base and its example overlay, rendered with `kubectl kustomize` and validated
 without a cluster: the built-in kinds against Kubernetes' own schemas (kubernetes-validate, strict: an unknown
-field fails), the ServiceMonitor and PrometheusRule against the Prometheus Operator's CRDs
-(tests/fixtures/prometheus-operator/, strict the same way); the PrometheusRule carries exactly the bundled rules
+field fails), the ServiceMonitor and PrometheusRule with the Prometheus Operator's models from npm
+(@kubernetes-models/prometheus-operator, pinned in tests/k8s-schemas/, run by its validate.mjs: types, patterns
+such as durations, required fields, and unknown fields as well); the PrometheusRule carries exactly the bundled rules
 and the dashboard ConfigMap exactly the bundled dashboard; the DaemonSet has the privileges docs/deployment.md
 names and no others; every flag it passes is one the exporter has.
 
-kubectl is the machine's (tests/run installs Debian's kubernetes-client, kustomize 2.0.3, where there is none);
+kubectl and node are the machine's (tests/run installs Debian's kubernetes-client, kustomize 2.0.3, and nodejs
+where there are none; it runs `npm ci` in tests/k8s-schemas/ when node_modules is missing or stale);
 the manifests use only kustomize fields that 2.0.3 knows, which test_kustomizations_use_only_kustomize_2_fields
 checks whatever kubectl runs here."""
 
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import hashlib
 import importlib.util
 import json
 import re
@@ -25,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import bcrypt
-import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -37,15 +37,15 @@ REPO = Path(__file__).resolve().parents[1]
 KUBERNETES = REPO / "deploy" / "kubernetes"
 BASE = KUBERNETES / "base"
 EXAMPLE = KUBERNETES / "overlays" / "example"
-CRDS = Path(__file__).resolve().parent / "fixtures" / "prometheus-operator"
+K8S_SCHEMAS = Path(__file__).resolve().parent / "k8s-schemas"
 RULES = REPO / "rules" / "vllm-xpu-exporter.yaml"
 DASHBOARD = REPO / "grafana" / "vllm-xpu-exporter.json"
 
 # The oldest Kubernetes the manifests are for (securityContext.appArmorProfile is 1.30's) and the newest
 # kubernetes-validate has schemas of.
 KUBERNETES_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
-CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",
-                ("monitoring.coreos.com/v1", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml"}
+# The kinds tests/k8s-schemas/validate.mjs has models for.
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
 IMAGE_UID = 10447
 # What kustomize 2.0.3 (Debian 12's kubectl 1.20) reads in a kustomization; it rejects directories under
 # `resources` (they go under `bases`) and knows none of `patches`, `labels`, `replacements`, `components`.
@@ -126,34 +126,49 @@ def test_render_py_check_notices_a_changed_rules_file(tmp_path, monkeypatch):
 # --- schemas: Kubernetes' own and the Prometheus Operator's -----------------------------------------------
 
 
+class OperatorValidationError(Exception):
+    """A ServiceMonitor or PrometheusRule that tests/k8s-schemas/validate.mjs refuses; its errors as it prints them."""
+
+    def __init__(self, name: str, errors: list[dict[str, str]]):
+        super().__init__(f"{name}: " + "; ".join(f"[{e['check']}] {e['path'] or '/'} {e['message']}" for e in errors))
+        self.errors = errors
+
+
 @cache
-def crd_schema(apiversion: str, kind: str) -> dict[str, Any]:
-    """The CRD's openAPIV3Schema for that version, made strict as the API server's field validation is
-    (`kubectl apply --validate=strict`): an object that lists its properties takes no others."""
-    crd = yaml.safe_load((CRDS / CUSTOM_KINDS[(apiversion, kind)]).read_text())
-    group, version = apiversion.split("/")
-    assert crd["spec"]["group"] == group and crd["spec"]["names"]["kind"] == kind
-    (served,) = [entry for entry in crd["spec"]["versions"] if entry["name"] == version]
-    return _strict(served["schema"]["openAPIV3Schema"])
+def node() -> str:
+    """The node that runs validate.mjs, once the packages tests/run installs with `npm ci` are there as pinned."""
+    path = shutil.which("node")
+    assert path, "no node: tests/run installs Debian's nodejs where the machine has none"
+    package = K8S_SCHEMAS / "node_modules" / "@kubernetes-models" / "prometheus-operator" / "package.json"
+    assert package.is_file(), "no tests/k8s-schemas/node_modules: tests/run runs `npm ci` there"
+    pinned = json.loads((K8S_SCHEMAS / "package.json").read_text())["dependencies"]
+    installed = json.loads(package.read_text())["version"]
+    assert pinned == {"@kubernetes-models/prometheus-operator": installed}, f"{installed} installed: run tests/run"
+    return path
 
 
-def _strict(schema: Any) -> Any:
-    if isinstance(schema, list):
-        return [_strict(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    strict = {key: _strict(value) for key, value in schema.items()}
-    if ("properties" in strict and "additionalProperties" not in strict
-            and not strict.get("x-kubernetes-preserve-unknown-fields")):
-        strict["additionalProperties"] = False
-    return strict
+@cache
+def _operator_errors(documents: str) -> tuple[tuple[dict[str, str], ...], ...]:
+    result = subprocess.run([node(), str(K8S_SCHEMAS / "validate.mjs")], input=documents, capture_output=True,
+                            text=True, timeout=120, cwd=K8S_SCHEMAS)
+    assert result.returncode in (0, 1), result.stderr
+    results = json.loads(result.stdout)
+    assert result.returncode == (1 if any(entry["errors"] for entry in results) else 0)
+    return tuple(tuple(entry["errors"]) for entry in results)
+
+
+def operator_errors(documents: list[dict[str, Any]]) -> list[list[dict[str, str]]]:
+    """What validate.mjs finds wrong in each ServiceMonitor or PrometheusRule, in one node run for them all."""
+    return [list(errors) for errors in _operator_errors(json.dumps(documents, sort_keys=True))]
 
 
 def validate(document: dict[str, Any], kubernetes_version: str) -> None:
-    """Raises jsonschema.ValidationError (kubernetes-validate's is one) if the object does not validate."""
-    key = (document["apiVersion"], document["kind"])
-    if key in CUSTOM_KINDS:
-        jsonschema.Draft7Validator(crd_schema(*key)).validate(document)
+    """Raises kubernetes_validate.ValidationError for a built-in kind, OperatorValidationError for the
+    operator's, if the object does not validate."""
+    if (document["apiVersion"], document["kind"]) in CUSTOM_KINDS:
+        (errors,) = operator_errors([document])
+        if errors:
+            raise OperatorValidationError(f"{document['kind']}/{document['metadata']['name']}", errors)
         metadata = document["metadata"]
         assert set(metadata) <= {"name", "namespace", "labels", "annotations"}, metadata
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", metadata["name"]), metadata["name"]
@@ -170,7 +185,8 @@ def test_every_rendered_object_validates_against_its_schema(kubectl, directory, 
     for document in objects:
         try:
             validate(document, kubernetes_version)
-        except (jsonschema.ValidationError, kubernetes_validate.utils.SchemaNotFoundError) as error:
+        except (kubernetes_validate.ValidationError, kubernetes_validate.SchemaNotFoundError,
+                OperatorValidationError) as error:
             name = f"{document['kind']}/{document['metadata']['name']}"
             pytest.fail(f"{name} does not validate for Kubernetes {kubernetes_version}: {error}")
 
@@ -179,30 +195,61 @@ def test_every_rendered_object_validates_against_its_schema(kubectl, directory, 
     ("DaemonSet", lambda d: d["spec"]["template"]["spec"].update(hostPid=True)),  # a misspelt field
     ("DaemonSet", lambda d: d["spec"]["template"]["spec"]["containers"][0].update(ports="10447")),
     ("Service", lambda d: d["spec"]["ports"][0].update(port="metrics")),
-    ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(honorlabels=True)),
-    ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(interval="30 seconds")),
-    ("ServiceMonitor", lambda d: d["spec"].pop("selector")),
-    ("PrometheusRule", lambda d: d["spec"]["groups"][1]["rules"][0].update(For="10m")),
-    ("PrometheusRule", lambda d: d["spec"]["groups"][1]["rules"][0].update({"for": "ten minutes"})),
-    ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].pop("expr")),
 ])
-def test_the_validation_refuses_broken_objects(kubectl, kind, change):
-    """The schemas have teeth: a misspelt field, a wrong type, a bad duration or a missing required field
-    fails, in the built-in kinds and the custom resources alike."""
+def test_the_validation_refuses_broken_built_in_objects(kubectl, kind, change):
+    """Kubernetes' schemas have teeth: a misspelt field or a wrong type fails."""
     document = only(render(kubectl, BASE), kind)
     validate(document, KUBERNETES_VERSIONS[-1])
     change(document)
-    with pytest.raises(jsonschema.ValidationError):
+    with pytest.raises(kubernetes_validate.ValidationError):
         validate(document, KUBERNETES_VERSIONS[-1])
 
 
-def test_the_vendored_crds_are_the_operators_unchanged():
-    """tests/fixtures/prometheus-operator/README.md gives each file's size and sha256 as copied."""
-    readme = (CRDS / "README.md").read_text()
-    for name in CUSTOM_KINDS.values():
-        data = (CRDS / name).read_bytes()
-        row = next(line for line in readme.splitlines() if line.startswith(f"| `{name}` |"))
-        assert f"| {len(data)} | {hashlib.sha256(data).hexdigest()} |" in row
+@pytest.mark.parametrize(("kind", "change", "check", "path", "message"), [
+    # a misspelt field
+    ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(honorlabels=True),
+     "fields", "/spec/endpoints/0", 'unknown field "honorlabels"'),
+    ("PrometheusRule", lambda d: d["spec"]["groups"][1]["rules"][0].update(For="10m"),
+     "fields", "/spec/groups/1/rules/0", 'unknown field "For"'),
+    ("ServiceMonitor", lambda d: d["metadata"].update(lables={"release": "x"}), "fields", "/metadata",
+     'unknown field "lables"'),
+    # a wrong type
+    ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(honorLabels="true"),
+     "schema", "/spec/endpoints/0/honorLabels", "must be boolean"),
+    # a bad duration
+    ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(interval="30 seconds"),
+     "schema", "/spec/endpoints/0/interval", "must match pattern"),
+    ("PrometheusRule", lambda d: d["spec"]["groups"][1]["rules"][0].update({"for": "ten minutes"}),
+     "schema", "/spec/groups/1/rules/0/for", "must match pattern"),
+    # a missing required field
+    ("ServiceMonitor", lambda d: d["spec"].pop("selector"), "schema", "/spec", "required property selector"),
+    ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].pop("expr"),
+     "schema", "/spec/groups/0/rules/0", "required property expr"),
+])
+def test_the_validation_refuses_broken_operator_objects(kubectl, kind, change, check, path, message):
+    """The operator's models have teeth, each check for what it is there for. The package's own validation
+    ("schema": `new ServiceMonitor(object).validate()`) refuses a wrong type, a bad duration and a missing
+    required field, but its schemas, generated from the operator's Go types, have no additionalProperties: it
+    passes a misspelt field. validate.mjs's "fields" check catches that one, from the properties the package's
+    validator knows (see its comment); it looks only into objects the schema lists properties of, so a
+    misspelling inside a free-form map (labels, annotations) is no error for it, nor for the API server."""
+    document = only(render(kubectl, BASE), kind)
+    validate(document, KUBERNETES_VERSIONS[-1])
+    change(document)
+    with pytest.raises(OperatorValidationError) as refused:
+        validate(document, KUBERNETES_VERSIONS[-1])
+    assert [(error["check"], error["path"]) for error in refused.value.errors] == [(check, path)]
+    assert message in refused.value.errors[0]["message"]
+
+
+def test_the_fields_check_looks_into_maps_no_further_than_the_schema():
+    """Keys of a map (labels, annotations, a rule's labels) are the user's: none of them is an unknown field."""
+    rule = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+            "metadata": {"name": "maps", "labels": {"any-label": "x"}, "annotations": {"any/annotation": "y"}},
+            "spec": {"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "up == 0", "for": "5m",
+                                                          "labels": {"severity": "page", "anything": "z"},
+                                                          "annotations": {"summary": "s", "whatever": "w"}}]}]}}
+    assert operator_errors([rule]) == [[]]
 
 
 # --- the DaemonSet: least privilege, each for its source ----------------------------------------------

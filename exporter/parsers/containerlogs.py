@@ -101,3 +101,33 @@ def parse_cri_line(line: bytes, max_chars: int = MAX_TEXT_CHARS) -> LogRecord | 
     if tag == b"F":
         decoded = decoded.rstrip("\r")
     return LogRecord(realtime, stream_name, decoded, tag == b"P")
+
+
+@dataclass(frozen=True, slots=True)
+class DockerExit:
+    """A Docker container's end, from its `config.v2.json`: when its process ended (`State.FinishedAt`),
+    and whether `docker stop` ended it (`HasBeenManuallyStopped`)."""
+
+    realtime_usec: int
+    stopped: bool
+
+
+def docker_exit(data: bytes) -> DockerExit | None:
+    """The end of a Docker container that is not running (`State.Running` false and `FinishedAt` after
+    `StartedAt`), from its `config.v2.json` (bytes); None while it runs, before it ever ended, or for
+    anything that is not such a file."""
+    try:
+        document = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    state = document.get("State") if isinstance(document, dict) else None
+    if not isinstance(state, dict) or state.get("Running") is not False or state.get("Restarting") is True:
+        return None
+    started, finished = state.get("StartedAt"), state.get("FinishedAt")
+    if not (isinstance(started, str) and isinstance(finished, str)):
+        return None
+    started_usec = parse_rfc3339_usec(started.encode("ascii", "replace"))
+    finished_usec = parse_rfc3339_usec(finished.encode("ascii", "replace"))
+    if started_usec is None or finished_usec is None or finished_usec < started_usec:
+        return None
+    return DockerExit(finished_usec, document.get("HasBeenManuallyStopped") is True)

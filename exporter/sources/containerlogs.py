@@ -81,10 +81,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from exporter.parsers.containerlogs import MAX_TEXT_CHARS, LogRecord, parse_cri_line, parse_json_file_line
+from exporter.parsers.containerlogs import (MAX_TEXT_CHARS, LogRecord, docker_exit, parse_cri_line,
+                                            parse_json_file_line)
 from exporter.parsers.workloads import kubernetes_key
 from exporter.sources.containers import MAX_DOCKER_CONFIG_BYTES, docker_names
 from exporter.sources.journal.reader import JournalEntry, JournalSelection
+from exporter.systemd import MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_STOPPING
 
 log = logging.getLogger("exporter.containerlogs")
 
@@ -377,6 +379,9 @@ class _Stream:
     run: str
     parse: Callable[[bytes, int], LogRecord | None]
     order: tuple[int, int] = (0, 0)  # the order of the container's files: restart count, or when created
+    config: str | None = None  # Docker: its config.v2.json, whose State says when the container ended
+    config_signature: tuple[int, int] | None = None  # (mtime, size) of the config last read
+    exit_usec: int | None = None  # the end of the container already handed on
 
 
 @dataclass
@@ -524,6 +529,9 @@ class ContainerLogReader:
     def _catch_up(self, container: _Container) -> Iterator[JournalEntry]:
         for stream in sorted(container.streams.values(), key=lambda s: s.order):
             yield from self._entries(container, stream, stream.file.catch_up())
+            ended = self._ended(container, stream)
+            if ended is not None:
+                yield ended
         self._report(container)
 
     def _followed(self, container: _Container) -> list[JournalEntry]:
@@ -540,8 +548,34 @@ class ContainerLogReader:
                 self._skipped_before += stream.file.skipped
                 del container.streams[stream.file.live]
             entries += self._entries(container, stream, lines)
+            ended = None if gone or stream.file.behind else self._ended(container, stream)
+            if ended is not None:
+                entries.append(ended)
         self._report(container)
         return entries
+
+    def _ended(self, container: _Container, stream: _Stream) -> JournalEntry | None:
+        """A Docker container's end as systemd would record a unit's (its main process exited, or it was
+        stopped), once, when its config.v2.json says it is not running: so a run that died without a
+        cause vLLM printed counts as failed (`other`), and one `docker stop` ended during its init as
+        stopped, and neither stays initialising."""
+        if stream.config is None:
+            return None
+        try:
+            info = os.stat(stream.config)
+        except OSError:
+            return None
+        signature = (info.st_mtime_ns, info.st_size)
+        if signature == stream.config_signature or info.st_size > MAX_DOCKER_CONFIG_BYTES:
+            return None
+        stream.config_signature = signature
+        data = _read_small(stream.config, MAX_DOCKER_CONFIG_BYTES)
+        ended = docker_exit(data) if data else None
+        if ended is None or ended.realtime_usec == stream.exit_usec or ended.realtime_usec < self._since_usec:
+            return None
+        stream.exit_usec = ended.realtime_usec
+        message_id = MESSAGE_ID_UNIT_STOPPING if ended.stopped else MESSAGE_ID_UNIT_PROCESS_EXIT
+        return JournalEntry(container.key, ended.realtime_usec, None, "", "", True, message_id, None, "", stream.run)
 
     def _entries(self, container: _Container, stream: _Stream, lines: Iterable[bytes]) -> Iterator[JournalEntry]:
         parse, since, key, run, cap = stream.parse, self._since_usec, container.key, stream.run, self.max_message_chars
@@ -620,22 +654,12 @@ class ContainerLogReader:
             except OSError:
                 created = 0
             container.streams[live] = _Stream(LogFile(live, partial(docker_rotated, live)), name,
-                                              parse_json_file_line, (0, created))
+                                              parse_json_file_line, (0, created),
+                                              config=os.path.join(container_directory, "config.v2.json"))
 
     def _docker_name(self, container_directory: str, container_id: str) -> tuple[str, str] | None:
         """The container's key and name from its config.v2.json (dockerd writes it before the log)."""
-        path = os.path.join(container_directory, "config.v2.json")
-        try:
-            fd = os.open(path, _OPEN_FLAGS)
-        except OSError:
-            return None
-        try:
-            info = os.fstat(fd)
-            data = os.read(fd, MAX_DOCKER_CONFIG_BYTES + 1) if stat.S_ISREG(info.st_mode) else b""
-        except OSError:
-            data = b""
-        finally:
-            os.close(fd)
+        data = _read_small(os.path.join(container_directory, "config.v2.json"), MAX_DOCKER_CONFIG_BYTES)
         try:
             names = docker_names(data, container_id) if 0 < len(data) <= MAX_DOCKER_CONFIG_BYTES else None
         except (ValueError, RecursionError):
@@ -704,6 +728,23 @@ def partial(function: Callable[[str], list[str]], live: str) -> Callable[[], lis
 
 def _time(entry: JournalEntry) -> int:
     return entry.realtime_usec
+
+
+def _read_small(path: str, limit: int) -> bytes:
+    """A regular file of at most `limit` bytes; b"" when it is not one or cannot be read."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError:
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        data = os.read(fd, limit + 1)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    return data if len(data) <= limit else b""
 
 
 def _list_directory(directory: str) -> list[str]:
