@@ -426,6 +426,7 @@ class ContainerLogReader:
         self._behind = False  # the last poll left records to read now
         self._unreadable = 0
         self._skipped_before = 0  # lines skipped in files no longer followed
+        self._unreadable_total = 0
         self.last_unreadable: str | None = None
         self._reported: set[str] = set()
 
@@ -434,8 +435,11 @@ class ContainerLogReader:
     @property
     def unreadable_entries(self) -> int:
         """Lines skipped: not a record of their file's format, longer than MAX_LINE_BYTES, or in a
-        damaged gzip file."""
-        return self._unreadable + self._skipped_before + sum(
+        damaged gzip file. As of the latest `read_available()` (a plain number: other threads read it)."""
+        return self._unreadable_total
+
+    def _count_unreadable(self) -> None:
+        self._unreadable_total = self._unreadable + self._skipped_before + sum(
             stream.file.skipped for container in self._containers.values() for stream in container.streams.values())
 
     @property
@@ -493,13 +497,16 @@ class ContainerLogReader:
             for entry in self._catching_up:
                 out.append(entry)
                 if len(out) >= max_entries:
-                    return out
-            self._catching_up = None
-            self._caught_up = True
-            self._next_poll = self._clock() + self.poll_seconds
+                    break
+            else:
+                self._catching_up = None
+                self._caught_up = True
+                self._next_poll = self._clock() + self.poll_seconds
+            self._count_unreadable()
             return out
         if not self._pending and (self._behind or self._clock() >= self._next_poll):
             self._poll()
+            self._count_unreadable()
         while self._pending and len(out) < max_entries:
             out.append(self._pending.popleft())
         return out
