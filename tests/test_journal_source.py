@@ -78,6 +78,20 @@ def clock() -> Clock:
     return Clock(current_boot_id())
 
 
+@pytest.fixture
+def unit_query_never_put_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Put off (UNIT_QUERY_SHARE), the query for new units may come after a read that passed a known unit's
+    later entry, and the new unit's entries are then back-filled after it (the documented order of
+    back-filled entries): tests of the order of a new unit's entries never put it off."""
+    monkeypatch.setattr(JournalReader, "UNIT_QUERY_SHARE", 1e9)
+
+
+def write_journal_whole(path: Path, entries: list) -> Path:
+    """A journal file written beside `path`, then moved in whole: a follower never sees it half written."""
+    written = write_journal(path.parent.parent / f"{path.parent.name}-{path.name}", entries)
+    return written.rename(path)
+
+
 @pytest.fixture(params=["unit-matches", "boot-filtered"])
 def match_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Both ways the reader selects entries: sd-journal matches per unit (few units), or the boot's
@@ -341,12 +355,12 @@ def test_following_returns_entries_appended_to_an_open_file(tmp_path: Path) -> N
 
 
 @pytest.mark.usefixtures("match_mode")
-def test_unit_appearing_after_open_is_picked_up(tmp_path: Path) -> None:
+def test_unit_appearing_after_open_is_picked_up(tmp_path: Path, unit_query_never_put_off: None) -> None:
     clock = Clock(current_boot_id())
     write_journal(tmp_path / "a.journal", [unit_output("vllm-a.service", "a1", clock.tick())])
     with reader_for(tmp_path) as reader:
         assert messages(read_all(reader)) == ["a1"]
-        write_journal(tmp_path / "b.journal", [
+        write_journal_whole(tmp_path / "b.journal", [
             unit_starting("vllm-new.service", clock.tick()),
             unit_output("vllm-new.service", "n1", clock.tick()),
             unit_output("vllm-a.service", "a2", clock.tick()),
@@ -566,22 +580,17 @@ def test_machine_id_subdirectories_of_the_directory_are_read(tmp_path: Path, clo
 
 @pytest.mark.usefixtures("match_mode")
 def test_new_unit_after_the_read_position_file_was_vacuumed_is_picked_up_without_repeats(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The unit query is never put off here: put off, a2 may be read before vllm-new is known and
-    # n0 back-filled after it (the documented order of back-filled entries), which is not the point.
-    monkeypatch.setattr(JournalReader, "UNIT_QUERY_SHARE", 1e9)
+        tmp_path: Path, unit_query_never_put_off: None) -> None:
     clock = Clock(current_boot_id())
     old = write_journal(tmp_path / "old.journal", [unit_output("vllm-a.service", f"o{i}", clock.tick()) for i in range(2)])
     with reader_for(tmp_path) as reader:
         assert messages(read_all(reader)) == ["o0", "o1"]
         old.unlink()
         assert reader.wait(5.0) is True
-        # written beside, then moved in whole: the reader must not see the file half written (n0 without a2)
-        written = write_journal(tmp_path.parent / f"{tmp_path.name}-new.journal", [
+        write_journal_whole(tmp_path / "new.journal", [
             unit_output("vllm-new.service", "n0", clock.tick()),
             unit_output("vllm-a.service", "a2", clock.tick()),
         ])
-        written.rename(tmp_path / "new.journal")
         assert messages(follow_until(reader, 2)) == ["n0", "a2"]
         assert read_all(reader) == []
 
