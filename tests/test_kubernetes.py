@@ -315,12 +315,13 @@ def test_every_host_path_is_mounted_read_only_and_none_is_a_device(kubectl):
 
 def test_the_exporter_finds_the_hosts_files_where_they_are_mounted(kubectl):
     """--path.procfs and --path.sysfs point at the mounts; the journal, pod logs and the engines' state sit
-    at the paths the exporter reads by default."""
+    at the paths the exporter reads by default, and the pods' and Docker's log files are read."""
     exporter = container(render(kubectl, BASE))
     mounts = {mount["mountPath"] for mount in exporter["volumeMounts"]}
-    args = dict(arg.split("=", 1) for arg in exporter["args"])
+    args = dict(arg.split("=", 1) for arg in exporter["args"] if "=" in arg)
     assert args["--path.procfs"] in mounts
     assert args["--path.sysfs"] + "/fs/cgroup" in mounts
+    assert {"--logs.pods", "--logs.docker"} <= set(exporter["args"])
     assert {"/var/log", "/run/log/journal", "/etc/machine-id", "/var/lib/docker/containers",
             "/var/lib/containers/storage"} <= mounts
 
