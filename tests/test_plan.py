@@ -65,10 +65,14 @@ def run_plan(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 # --- the fold gives the planner the non-KV memory -----------------------------------------------------
 
-def latest_starts(runs: dict[str, VllmRun]) -> dict[str, object]:
+def unit_views(runs: dict[str, VllmRun]) -> list:
     tracker = EngineTracker()
     tracker.extend(tracker_entries(seed_placed(runs)))
-    return {view.unit: view.latest for view in tracker.views()}
+    return tracker.views()
+
+
+def latest_starts(runs: dict[str, VllmRun]) -> dict[str, object]:
+    return {view.unit: view.latest for view in unit_views(runs)}
 
 
 @pytest.mark.fast
@@ -282,3 +286,22 @@ def test_a_plan_that_does_not_fit_writes_no_drop_in(journal: Path, tmp_path: Pat
     assert result.returncode == 1
     assert not out.exists()
     assert f"nothing written to {out}: the plan does not fit" in result.stderr
+
+
+def test_the_exporters_plan_is_kept_while_its_figures_hold_and_made_again_when_a_start_changes(tmp_path: Path) -> None:
+    """The processes collector keeps a unit's plan between scrapes: the fold hands out fresh snapshots every
+    time, so the plan is kept by the starts' figures, and a start with other figures is planned again."""
+    from exporter.collectors.processes import ProcessesCollector
+
+    collector = ProcessesCollector(str(tmp_path))
+    runs = {CHAT: race_chat_runs()[1]}
+    view = next(v for v in unit_views(runs) if v.unit == CHAT)
+    again = next(v for v in unit_views(runs) if v.unit == CHAT)
+    assert again.latest is not view.latest
+    first = collector._plan(view, "0000:03:00.0", SIXTEEN_GIB)
+    assert collector._plan(again, "0000:03:00.0", SIXTEEN_GIB) is first
+    budgeted = next(v for v in unit_views({CHAT: replace(race_chat_runs()[1], kv_cache_memory_bytes=3_500_000_000)})
+                    if v.unit == CHAT)
+    replanned = collector._plan(budgeted, "0000:03:00.0", SIXTEEN_GIB)
+    assert replanned.kv_cache_memory_bytes < first.kv_cache_memory_bytes
+    assert collector._plan(view, "0000:03:00.0", 2 * SIXTEEN_GIB) is not first  # another total

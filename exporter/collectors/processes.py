@@ -62,6 +62,8 @@ FDINFO = "fdinfo"
 LEVELZERO = "levelzero"
 # A unit that had series at the previous scrape ranks as if it held this many times its memory.
 KEPT_UNIT_WEIGHT = 2
+# Plans kept between scrapes (one per unit and its starts' figures); all dropped at once when full.
+PLANS_KEPT = 1024
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,8 @@ class ProcessesCollector(Collector):
         self._names = names if names is not None else ContainerNames()
         self._containers_of_paths: dict[str, ContainerCgroup | None] = {}  # the last scrape's (workloads_of)
         self._last_device_of_unit: dict[str, str] = {}
+        # a unit's plan by what it is computed from, kept for the next scrape (most scrapes change no start)
+        self._plans: dict[tuple[object, ...], planning.UnitPlan | planning.Unplannable] = {}
         self._warned_unreadable = False
 
     def stop(self) -> None:
@@ -487,7 +491,7 @@ class ProcessesCollector(Collector):
             pci = self._device_of(view.unit, attributions, gpus)
             if pci not in totals:
                 continue
-            plan = planning.plan_unit(view, pci, totals[pci], planning.budget_target(view))
+            plan = self._plan(view, pci, totals[pci])
             if isinstance(plan, planning.Unplannable):
                 continue
             footprint.add_metric([pci, view.unit], plan.footprint.total_bytes)
@@ -496,6 +500,19 @@ class ProcessesCollector(Collector):
         for pci, total_footprint in sorted(summed.items()):
             device_footprint.add_metric([pci], total_footprint)
         yield from (footprint, planned_kv, device_footprint)
+
+    def _plan(self, view: UnitView, pci: str, total: int) -> planning.UnitPlan | planning.Unplannable:
+        """planning.plan_unit, computed again only when what it reads changed: the two starts' figures (the
+        fold hands out fresh snapshots at every scrape, equal by identity only, so by their fields), the
+        GPU and its total."""
+        key = (view.unit, pci, total, _fields(view.latest), _fields(view.last_success))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = planning.plan_unit(view, pci, total, planning.budget_target(view))
+            if len(self._plans) >= PLANS_KEPT:
+                self._plans.clear()
+            self._plans[key] = plan
+        return plan
 
     @staticmethod
     def _watched_views(context: ScrapeContext) -> list[UnitView]:
@@ -552,3 +569,7 @@ def _processes_collector(options: ProcessesOptions, sources: Sources) -> Process
     names = ContainerNames(options.docker_roots, options.podman_storages, options.pod_logs, options.container_logs)
     return ProcessesCollector(options.procfs, reports_levelzero=options.reports_levelzero,
                               sysfs_root=options.sysfs, max_units=options.max_units, names=names)
+
+
+def _fields(start: object | None) -> tuple[object, ...] | None:
+    return None if start is None else tuple(vars(start).values())
