@@ -23,8 +23,8 @@ from exporter.collector import Collector, Source, Sources, registered
 from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
 from exporter.flags import (EXIT_USAGE, OneLineParser, add_container_flags, add_container_log_flags,
                             add_journal_containers_flag, add_journal_flags, add_levelzero_flags, add_procfs_flag,
-                            add_sysfs_flag, check_journal_flags, container_log_directories, journal_container_globs,
-                            journal_engine_grace_usec, journal_unit_globs)
+                            add_sysfs_flag, check_journal_flags, container_log_directories, container_paths,
+                            journal_container_globs, journal_engine_grace_usec, journal_unit_globs)
 from exporter.http.loading import load_web_config
 from exporter.http.server import ExporterServer, parse_listen_address
 from exporter.http.webconfig import WebConfigError
@@ -33,6 +33,7 @@ from exporter.scrape import ExporterCollector
 from exporter.sources.journal import (DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, JournalSelection,
                                      read_own_service_unit)
 from exporter.sources.containerlogs import ContainerLogReader, LogDirectories
+from exporter.sources.containers import DEFAULT_DOCKER_ROOT
 from exporter.sources.journal.follower import STILL_READING_CONTAINER_LOGS, JournalFollower
 from exporter.sources.dmem import DEFAULT_SYSFS
 from exporter.sources.levelzero.binding import DEFAULT_LIBRARY
@@ -66,6 +67,7 @@ class Options:
     journal_boot: str = "current"
     journal_max_units: int = DEFAULT_MAX_UNITS
     journal_engine_grace_usec: int = ENGINE_GRACE_USEC
+    docker_roots: tuple[str, ...] = (DEFAULT_DOCKER_ROOT,)  # --path.docker: also where journald containers end
     logs_docker_roots: tuple[str, ...] = ()  # --logs.docker: the --path.docker roots whose containers' logs are read
     logs_pods: str | None = None  # --logs.pods: the --path.pods whose pods' logs are read
     procfs: str = "/proc"
@@ -148,6 +150,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         journal_boot=args.journal_boot,
         journal_max_units=args.journal_max_units,
         journal_engine_grace_usec=journal_engine_grace_usec(args),
+        docker_roots=container_paths(args)["docker_roots"],  # type: ignore[arg-type]
         logs_docker_roots=logs_docker_roots,
         logs_pods=logs_pods,
         procfs=args.procfs,
@@ -195,7 +198,7 @@ def exporter_journal_selection(options: Options, own_unit: str | None = None) ->
     selection = JournalSelection(
         directory=options.journal_directory, files=options.journal_files, unit_globs=options.journal_units,
         container_globs=options.journal_containers, boot=options.journal_boot,
-        engine_grace_usec=options.journal_engine_grace_usec)
+        engine_grace_usec=options.journal_engine_grace_usec, docker_roots=options.docker_roots)
     own_unit = own_unit or read_own_service_unit()
     if own_unit is None:
         return selection

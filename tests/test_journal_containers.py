@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from containerlogs import RACE_CONTAINERS, container_lines, epoch, journald_specs
+from containerlogs import RACE_CONTAINERS, DockerHost, container_lines, epoch, journald_specs
 from exporter.fold.container_runs import ContainerRuns
 from exporter.fold.engine_starts import EngineTracker, UnitView
 from exporter.parsers.vllm import FailureReason
@@ -41,8 +41,10 @@ def open_reader(path: Path, boot: str = "all", containers=CONTAINERS, units=("vl
     return reader
 
 
-def follow(path: Path, *, containers=CONTAINERS, max_units: int = 64, boot: str = "all") -> list[UnitView]:
-    follower = JournalFollower(JournalSelection(files=[str(path)], container_globs=containers, boot=boot), max_units)
+def follow(path: Path, *, containers=CONTAINERS, max_units: int = 64, boot: str = "all",
+           docker_roots=()) -> list[UnitView]:
+    follower = JournalFollower(JournalSelection(files=[str(path)], container_globs=containers, boot=boot,
+                                                docker_roots=docker_roots), max_units)
     follower.start()
     try:
         state = wait_for(lambda: (s := follower.state()).error is None and s, timeout=20)
@@ -238,6 +240,68 @@ def test_long_lines_cut_by_the_log_driver_are_joined(tmp_path):
     (chat,) = follow(path)
     assert chat.failures[FailureReason.KV_CACHE_TOO_SMALL] == 1
     assert chat.last_failure_usec == lines[cause].realtime_usec  # the first piece's time
+
+
+# --- a Docker container's end: its config.v2.json ------------------------------------------------
+
+
+def silent_death_journal(tmp_path: Path) -> tuple[Path, DockerHost, Clock]:
+    """vllm-chat (journald log driver) begins its init and prints nothing more; vllm-embed's init begins
+    a minute later."""
+    clock = Clock(random_boot_id())
+    path = write_journal(tmp_path / "x.journal", [
+        container_output("vllm-chat", VERSION, clock.tick(), epoch="e1"),
+        container_output("vllm-chat", "Loading weights took 3.1 seconds", clock.tick(), epoch="e1"),
+    ])
+    return path, DockerHost(tmp_path / "docker"), clock
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_a_journald_docker_container_that_dies_in_its_init_does_not_stay_initialising(tmp_path, stopped):
+    """Its config.v2.json (under --path.docker) says it is not running since FinishedAt: its run ends
+    there, `other` (as a unit's main process exit) or, after `docker stop`, stopped; a later container's
+    init does not overlap it."""
+    path, host, clock = silent_death_journal(tmp_path)
+    chat = host.add("vllm-chat", log_driver="journald")
+    began = clock.realtime_usec
+    chat.set_state(running=False, started_usec=began - 10_000_000, finished_usec=clock.tick(1_000_000).realtime_usec,
+                   stopped=stopped, exit_code=137)
+    append_journal(path, [container_output("vllm-embed", VERSION, clock.tick(60_000_000), epoch="e1")])
+    views = {view.unit: view for view in follow(path, docker_roots=(str(host.root),))}
+    assert views["docker/vllm-chat"].initialising_since_usec is None
+    assert views["docker/vllm-chat"].failures.get(FailureReason.OTHER, 0) == (0 if stopped else 1)
+    assert views["docker/vllm-embed"].initialising_since_usec == clock.realtime_usec
+    assert sum(view.overlaps for view in views.values()) == 0
+
+
+def test_without_its_config_a_journald_docker_containers_silent_death_is_not_seen(tmp_path):
+    """No --path.docker (or the container's directory not there): it stays initialising, as before."""
+    path, host, clock = silent_death_journal(tmp_path)
+    append_journal(path, [container_output("vllm-embed", VERSION, clock.tick(60_000_000), epoch="e1")])
+    views = {view.unit: view for view in follow(path, docker_roots=(str(host.root),))}
+    assert views["docker/vllm-chat"].initialising_since_usec is not None
+    assert sum(view.overlaps for view in views.values()) >= 1
+
+
+def test_a_journald_docker_containers_end_is_seen_while_the_journal_is_quiet(tmp_path):
+    """Followed: the end is read at most every DOCKER_END_SECONDS, although no entry comes; read once."""
+    path, host, clock = silent_death_journal(tmp_path)
+    chat = host.add("vllm-chat", log_driver="journald")
+    chat.set_state(running=True, started_usec=clock.realtime_usec - 10_000_000)
+    follower = JournalFollower(JournalSelection(files=[str(path)], container_globs=CONTAINERS, boot="all",
+                                                docker_roots=(str(host.root),)), 64)
+    follower.start()
+    try:
+        state = wait_for(lambda: (s := follower.state()).error is None and s, timeout=20)
+        assert state and state.views[0].initialising_since_usec is not None
+        chat.set_state(running=False, started_usec=clock.realtime_usec - 10_000_000,
+                       finished_usec=clock.tick(1_000_000).realtime_usec)
+        (view,) = wait_for(lambda: (v := follower.state().views) and v[0].initialising_since_usec is None and v)
+        assert view.failures[FailureReason.OTHER] == 1
+        time.sleep(1.5)  # looked at again, unchanged: not handed on twice
+        assert follower.state().views[0].failures[FailureReason.OTHER] == 1
+    finally:
+        follower.stop()
 
 
 # --- the runs of a container (pure) ---------------------------------------------------------

@@ -81,12 +81,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from exporter.parsers.containerlogs import (MAX_TEXT_CHARS, LogRecord, docker_exit, parse_cri_line,
-                                            parse_json_file_line)
+from exporter.parsers.containerlogs import MAX_TEXT_CHARS, LogRecord, parse_cri_line, parse_json_file_line
 from exporter.parsers.workloads import kubernetes_key
-from exporter.sources.containers import MAX_DOCKER_CONFIG_BYTES, docker_names
-from exporter.sources.journal.reader import JournalEntry, JournalSelection
-from exporter.systemd import MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_STOPPING
+from exporter.sources.containers import MAX_DOCKER_CONFIG_BYTES, DockerEnd, docker_names
+from exporter.sources.containers import read_small as _read_small
+from exporter.sources.journal.reader import JournalEntry, JournalSelection, container_end
 
 log = logging.getLogger("exporter.containerlogs")
 
@@ -379,9 +378,7 @@ class _Stream:
     run: str
     parse: Callable[[bytes, int], LogRecord | None]
     order: tuple[int, int] = (0, 0)  # the order of the container's files: restart count, or when created
-    config: str | None = None  # Docker: its config.v2.json, whose State says when the container ended
-    config_signature: tuple[int, int] | None = None  # (mtime, size) of the config last read
-    exit_usec: int | None = None  # the end of the container already handed on
+    end: DockerEnd | None = None  # Docker: its config.v2.json, whose State says when the container ended
 
 
 @dataclass
@@ -566,23 +563,10 @@ class ContainerLogReader:
         stopped), once, when its config.v2.json says it is not running: so a run that died without a
         cause vLLM printed counts as failed (`other`), and one `docker stop` ended during its init as
         stopped, and neither stays initialising."""
-        if stream.config is None:
+        if stream.end is None:
             return None
-        try:
-            info = os.stat(stream.config)
-        except OSError:
-            return None
-        signature = (info.st_mtime_ns, info.st_size)
-        if signature == stream.config_signature or info.st_size > MAX_DOCKER_CONFIG_BYTES:
-            return None
-        stream.config_signature = signature
-        data = _read_small(stream.config, MAX_DOCKER_CONFIG_BYTES)
-        ended = docker_exit(data) if data else None
-        if ended is None or ended.realtime_usec == stream.exit_usec or ended.realtime_usec < self._since_usec:
-            return None
-        stream.exit_usec = ended.realtime_usec
-        message_id = MESSAGE_ID_UNIT_STOPPING if ended.stopped else MESSAGE_ID_UNIT_PROCESS_EXIT
-        return JournalEntry(container.key, ended.realtime_usec, None, "", "", True, message_id, None, "", stream.run)
+        ended = stream.end.ended(self._since_usec)
+        return None if ended is None else container_end(container.key, ended, stream.run)
 
     def _entries(self, container: _Container, stream: _Stream, lines: Iterable[bytes]) -> Iterator[JournalEntry]:
         parse, since, key, run, cap = stream.parse, self._since_usec, container.key, stream.run, self.max_message_chars
@@ -662,7 +646,7 @@ class ContainerLogReader:
                 created = 0
             container.streams[live] = _Stream(LogFile(live, partial(docker_rotated, live)), name,
                                               parse_json_file_line, (0, created),
-                                              config=os.path.join(container_directory, "config.v2.json"))
+                                              end=DockerEnd((os.path.join(container_directory, "config.v2.json"),)))
 
     def _docker_name(self, container_directory: str, container_id: str) -> tuple[str, str] | None:
         """The container's key and name from its config.v2.json (dockerd writes it before the log)."""
@@ -735,23 +719,6 @@ def partial(function: Callable[[str], list[str]], live: str) -> Callable[[], lis
 
 def _time(entry: JournalEntry) -> int:
     return entry.realtime_usec
-
-
-def _read_small(path: str, limit: int) -> bytes:
-    """A regular file of at most `limit` bytes; b"" when it is not one or cannot be read."""
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except OSError:
-        return b""
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return b""
-        data = os.read(fd, limit + 1)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-    return data if len(data) <= limit else b""
 
 
 def _list_directory(directory: str) -> list[str]:

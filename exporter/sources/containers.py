@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from exporter.parsers.cgroup import DOCKER, PODMAN, ContainerCgroup
+from exporter.parsers.containerlogs import DockerExit, docker_exit
 from exporter.parsers.workloads import (
     KIND_DOCKER, KIND_KUBERNETES, KIND_PODMAN, KIND_SYSTEMD, docker_key, kubernetes_key, podman_key,
 )
@@ -324,6 +325,56 @@ class ContainerNames:
                          path, error.strerror)
         else:
             log.debug("container names: %s: %s", path, error.strerror)
+
+
+def read_small(path: str, limit: int) -> bytes:
+    """A regular file of at most `limit` bytes; b"" when it is not one or cannot be read."""
+    try:
+        fd = os.open(path, OPEN_FILE)
+    except OSError:
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        data = os.read(fd, limit + 1)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    return data if len(data) <= limit else b""
+
+
+@dataclass
+class DockerEnd:
+    """A Docker container's end, as its `config.v2.json` says it (dockerd rewrites the file on every start
+    and end of the container): `ended()` is the end not handed on yet, once `State.Running` is false
+    (`exporter.parsers.containerlogs.docker_exit`). The file is read again only when its mtime or size
+    changed; the first of `configs` that exists is read (one per --path.docker root). Used by both sources
+    of what a Docker container printed: its json-file log (`exporter.sources.containerlogs`) and the
+    journal (`exporter.sources.journal.reader`, the journald log driver)."""
+
+    configs: tuple[str, ...]
+    signature: tuple[int, int] | None = None  # (mtime, size) of the config last read
+    exit_usec: int | None = None  # the end already handed on
+
+    def ended(self, since_usec: int = 0) -> DockerExit | None:
+        """The container's end, once, when it is new and not before `since_usec`; else None."""
+        for config in self.configs:
+            try:
+                info = os.stat(config)
+            except OSError:
+                continue
+            signature = (info.st_mtime_ns, info.st_size)
+            if signature == self.signature or info.st_size > MAX_DOCKER_CONFIG_BYTES:
+                return None
+            self.signature = signature
+            data = read_small(config, MAX_DOCKER_CONFIG_BYTES)
+            ended = docker_exit(data) if data else None
+            if ended is None or ended.realtime_usec == self.exit_usec or ended.realtime_usec < since_usec:
+                return None
+            self.exit_usec = ended.realtime_usec
+            return ended
+        return None
 
 
 def docker_names(data: bytes, container_id: str) -> _Names:

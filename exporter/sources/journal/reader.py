@@ -42,7 +42,9 @@ from pathlib import Path
 from types import TracebackType
 
 from exporter.parsers.cgroup import unit_of_cgroup_file
+from exporter.parsers.containerlogs import DockerExit
 from exporter.parsers.workloads import docker_key, podman_key
+from exporter.sources.containers import DockerEnd
 from exporter.sources.journal.binding import (
     LIBSYSTEMD,
     SD_JOURNAL_LOCAL_ONLY,
@@ -51,6 +53,7 @@ from exporter.sources.journal.binding import (
     JournalError,
     LibSystemd,
 )
+from exporter.systemd import MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_STOPPING
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 OWN_CGROUP_PATH = "/proc/self/cgroup"
@@ -61,9 +64,12 @@ SYSTEM_JOURNAL_DIRECTORIES = ("/run/log/journal", "/var/log/journal")
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
 DEFAULT_BATCH = 4096
 MAX_INVOCATIONS_BACK = 8
+DOCKER_END_SECONDS = 1.0
+"""How often, at most, the reader looks at its Docker containers' ``config.v2.json`` for their end."""
 """``JournalReader.read_latest_invocations`` reads at most this many of a unit's latest invocations."""
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
+_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 _FIELD_SYSTEMD_UNIT = b"_SYSTEMD_UNIT"
 _FIELD_UNIT = b"UNIT"
 _FIELD_MESSAGE = b"MESSAGE"
@@ -112,6 +118,25 @@ class JournalEntry:
     """Which output of the container the line is from, where the source says (``stdout``, ``stderr``)."""
 
 
+def container_end(key: str, ended: DockerExit, run: str) -> JournalEntry:
+    """A Docker container's end (``exporter.sources.containers.DockerEnd``) as systemd records a unit's: its
+    main process exited (``other`` unless a cause comes within the grace), or it was stopped (``docker
+    stop``: nothing counts), in the container's run ``run``. Both sources of a Docker container's lines hand
+    it on so: its json-file log and the journal."""
+    message_id = MESSAGE_ID_UNIT_STOPPING if ended.stopped else MESSAGE_ID_UNIT_PROCESS_EXIT
+    return JournalEntry(key, ended.realtime_usec, None, "", "", True, message_id, None, "", run)
+
+
+@dataclass
+class _DockerRun:
+    """A Docker container of the journal (``docker/<name>``): its latest run and where its end is read."""
+
+    run: str
+    container_id: str
+    since_usec: int  # the run's first entry: an end before it is an older run's
+    end: DockerEnd
+
+
 Decoder = Callable[[dict[bytes, str], dict[bytes, str]], "JournalEntry | None"]
 """Reads the current entry: (watched units, watched container names) -> the entry, or None."""
 
@@ -139,6 +164,8 @@ class JournalSelection:
     - ``engine_grace_usec``: how long a start of a watched unit not known to run vLLM is taken as a
       possible engine init (``exporter.fold.engine_starts``; ``--journal.engine-grace``); None: the
       fold's default. The reader does not use it; the journal follower folds the selected entries with it.
+    - ``docker_roots``: Docker data roots (``--path.docker``) whose ``containers/<id>/config.v2.json`` says
+      when a watched Docker container of the journal ended (``JournalReader``: its end); none: not read.
     """
 
     directory: str | None = None
@@ -148,9 +175,11 @@ class JournalSelection:
     container_globs: Sequence[str] = ()
     excluded_units: Sequence[str] = ()
     engine_grace_usec: int | None = None
+    docker_roots: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", tuple(self.files))
+        object.__setattr__(self, "docker_roots", tuple(self.docker_roots))
         object.__setattr__(self, "unit_globs", tuple(self.unit_globs))
         object.__setattr__(self, "container_globs", tuple(self.container_globs))
         if any(not glob for glob in self.container_globs):
@@ -334,6 +363,8 @@ class JournalReader:
         self.max_message_bytes = max_message_bytes
         self._library_name = library
         self._boot_id_path = boot_id_path
+        self._docker_containers = tuple(os.path.join(root, "containers") for root in selection.docker_roots) \
+            if selection.container_globs else ()
         self._lib: LibSystemd | None = None
         self._madvise = libc_madvise()
         self._handle = ctypes.c_void_p()
@@ -366,6 +397,11 @@ class JournalReader:
         self._last_forward: JournalEntry | None = None
         self._decoder: Decoder | None = None
         self._since_release = 0
+        self._docker_runs: dict[str, _DockerRun] = {}
+        """Watched Docker containers returned so far (by key), whose end is looked for (``_with_docker_ends``)."""
+        self._docker_end_due = 0.0
+        self._pending_docker_ends: list[tuple[int, str, DockerExit]] = []
+        """Ends read, not handed on yet (their time, key, end), earliest first."""
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -498,9 +534,16 @@ class JournalReader:
             if remaining <= 0:
                 return True
             timeout_s = min(timeout_s, remaining)
+        if self._docker_runs:  # a look at the Docker containers' end is due
+            remaining = self._docker_end_due - time.monotonic()
+            if remaining <= 0:
+                return True
+            timeout_s = min(timeout_s, remaining)
         result = lib.sd_journal_wait(self._handle, max(0, int(timeout_s * 1_000_000)))
         if result == SD_JOURNAL_NOP:
-            return self._units_stale and time.monotonic() >= self._units_query_due
+            now = time.monotonic()
+            return (self._units_stale and now >= self._units_query_due) or \
+                (bool(self._docker_runs) and now >= self._docker_end_due)
         self._units_stale = True
         self._more_pending = True
         return True
@@ -524,7 +567,65 @@ class JournalReader:
         if self._since_release and not self._more_pending:
             release_journal_pages(self._madvise)
             self._since_release = 0
+        if self._docker_containers:
+            out = self._with_docker_ends(out)
         return out
+
+    def _with_docker_ends(self, entries: list[JournalEntry]) -> list[JournalEntry]:
+        """The entries with the ends of watched Docker containers (journald log driver) among them, as
+        systemd's records of a unit's end are among its lines: a container's end is read from its
+        ``config.v2.json`` (``exporter.sources.containers.DockerEnd``: once its ``State.Running`` is false)
+        when a new run of it is met, and at most every ``DOCKER_END_SECONDS`` once the reader is at the
+        journal's end (a stat of one file a container, read when it changed); never per entry. An end goes
+        before the first entry later than it (reading a boot's history, the container's death comes
+        before the inits that followed it, which then overlap nothing) or, none being later, at the end,
+        in the container's latest run then. So a container that died silently during its init counts as
+        `other` (unless its cause comes within the grace), one ``docker stop`` ended as stopped, and
+        neither stays initialising, as with its json-file log (``exporter.sources.containerlogs``)."""
+        pending = self._pending_docker_ends
+        out: list[JournalEntry] = []
+        for entry in entries:
+            if pending and pending[0][0] < entry.realtime_usec:
+                self._hand_on_docker_ends(out, entry.realtime_usec)
+            run = entry.container_run
+            if run and entry.unit.startswith("docker/"):
+                known = self._docker_runs.get(entry.unit)
+                if known is None or known.run != run:
+                    self._docker_run_met(entry.unit, run, entry.realtime_usec, known)
+            out.append(entry)
+        if not self._more_pending and not self._backlog:
+            if self._docker_runs and time.monotonic() >= self._docker_end_due:
+                self._docker_end_due = time.monotonic() + DOCKER_END_SECONDS
+                for key, known in self._docker_runs.items():
+                    self._look_for_docker_end(key, known)
+            self._hand_on_docker_ends(out, None)
+        return out
+
+    def _docker_run_met(self, key: str, run: str, realtime_usec: int, known: _DockerRun | None) -> None:
+        """A new run of a Docker container (``CONTAINER_ID_FULL``, with its log epoch): its end is looked for."""
+        container_id = run.split("/", 1)[0]
+        if known is not None and known.container_id == container_id:
+            end = known.end  # a new start of the same container: its end is the same file's
+        elif _CONTAINER_ID.fullmatch(container_id):
+            end = DockerEnd(tuple(os.path.join(directory, container_id, "config.v2.json")
+                                  for directory in self._docker_containers))
+        else:
+            end = DockerEnd(())  # no CONTAINER_ID_FULL (only a short id): its end cannot be read
+        known = self._docker_runs[key] = _DockerRun(run, container_id, realtime_usec, end)
+        self._look_for_docker_end(key, known)
+
+    def _look_for_docker_end(self, key: str, known: _DockerRun) -> None:
+        ended = known.end.ended(known.since_usec)
+        if ended is not None:
+            self._pending_docker_ends.append((ended.realtime_usec, key, ended))
+            self._pending_docker_ends.sort(key=lambda pending: pending[0])
+
+    def _hand_on_docker_ends(self, out: list[JournalEntry], before_usec: int | None) -> None:
+        """The pending ends earlier than ``before_usec`` (all: None), each in its container's latest run."""
+        pending = self._pending_docker_ends
+        while pending and (before_usec is None or pending[0][0] < before_usec):
+            _, key, ended = pending.pop(0)
+            out.append(container_end(key, ended, self._docker_runs[key].run))
 
     def _read_forward(self, out: list[JournalEntry], max_entries: int) -> None:
         lib = self._lib
