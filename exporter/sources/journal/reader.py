@@ -20,6 +20,10 @@ watched unit (a Podman quadlet container's conmon runs in its ``.service``, whic
 entry belongs to the container's key (``exporter.parsers.workloads``): ``podman/<name>`` when conmon
 wrote it (``_COMM=conmon``), else ``docker/<name>`` (dockerd).
 
+A Docker container's end is not in the journal: with ``docker_roots`` (``--path.docker``) the reader reads
+it from the container's ``config.v2.json`` (``CONTAINER_ID_FULL``), as the json-file source does, and hands
+it on among the entries as systemd's record of a unit's end (``container_end``; ``_with_docker_ends``).
+
 All of these are sd-journal matches, so libsystemd walks its per-value entry indexes instead of every entry.
 
 Every failure to read the journal raises ``JournalError`` (``exporter.sources.journal.binding``),
