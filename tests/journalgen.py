@@ -283,6 +283,26 @@ def container_output(
     return JournalEntrySpec(at.realtime_usec, at.monotonic_usec, at.boot_id, tuple(fields))
 
 
+def podman_died(name: str, at: Moment, *, container: str | None = None, exit_code: int = 137,
+                unit: str = "session-3.scope") -> JournalEntrySpec:
+    """Podman's event of a container's process ending, as its journald events logger writes it
+    (libpod/events/journal_linux.go: SYSLOG_IDENTIFIER=podman, PODMAN_EVENT=died, PODMAN_TYPE=container,
+    PODMAN_TIME, PODMAN_IMAGE, PODMAN_NAME, PODMAN_ID, PODMAN_EXIT_CODE unless 0), sent by the podman
+    process that saw it end (the cleanup process, in the caller's scope)."""
+    full = container or container_id(name)
+    fields: list[tuple[str, Value]] = [
+        ("_BOOT_ID", at.boot_id), ("_MACHINE_ID", MACHINE_ID), ("_HOSTNAME", HOSTNAME), ("_UID", 0), ("_GID", 0),
+        ("_TRANSPORT", "journal"), ("_PID", 4100), ("_COMM", "podman"), ("_EXE", "/usr/bin/podman"),
+        ("_SYSTEMD_UNIT", unit), ("PRIORITY", 6), ("SYSLOG_IDENTIFIER", "podman"),
+        ("MESSAGE", f"container died {full} (image=vllm/vllm-openai-xpu:v0.24.0, name={name})"),
+        ("PODMAN_EVENT", "died"), ("PODMAN_TYPE", "container"), ("PODMAN_TIME", f"{at.realtime_usec}"),
+        ("PODMAN_IMAGE", "vllm/vllm-openai-xpu:v0.24.0"), ("PODMAN_NAME", name), ("PODMAN_ID", full),
+    ]
+    if exit_code:
+        fields.append(("PODMAN_EXIT_CODE", exit_code))
+    return JournalEntrySpec(at.realtime_usec, at.monotonic_usec, at.boot_id, tuple(fields))
+
+
 def _status_unit(unit: str, description: str | None) -> str:
     # StatusUnitFormat=combined, the default since systemd 250.
     return f"{unit} - {description}" if description else unit

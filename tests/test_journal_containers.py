@@ -17,8 +17,8 @@ from exporter.parsers.vllm import FailureReason
 from exporter.sources.journal import JournalEntry, JournalReader, JournalSelection
 from exporter.sources.journal.follower import JournalFollower
 from exporterproc import RunningExporter
-from journalgen import (Clock, Moment, append_journal, container_id, container_output, random_boot_id, unit_output,
-                        write_journal)
+from journalgen import (Clock, Moment, append_journal, container_id, container_output, podman_died, random_boot_id,
+                        unit_output, write_journal)
 from polling import wait_for
 from scrapes import sample
 from vllmlogs import CHAT, EMBEDDING, STT, boot_race
@@ -302,6 +302,32 @@ def test_a_journald_docker_containers_end_is_seen_while_the_journal_is_quiet(tmp
         assert follower.state().views[0].failures[FailureReason.OTHER] == 1
     finally:
         follower.stop()
+
+
+def test_a_podman_container_that_dies_in_its_init_does_not_stay_initialising(tmp_path):
+    """Podman's "died" event (events logger journald) ends the run it belongs to: `other`, and a later
+    container's init does not overlap it; one of another container of the name (recreated), or of a
+    container not watched, ends nothing."""
+    clock = Clock(random_boot_id())
+    old = container_id("vllm-chat", "old")
+    path = write_journal(tmp_path / "x.journal", [
+        podman_died("vllm-chat", clock.tick(), container=old),  # a container of that name before: no line read
+        container_output("vllm-chat", VERSION, clock.tick(), runtime="podman", conmon_pid=3001),
+        container_output("vllm-chat", "Loading weights took 3.1 seconds", clock.tick(), runtime="podman",
+                         conmon_pid=3001),
+        podman_died("nginx", clock.tick()),
+        podman_died("vllm-chat", clock.tick(), container=old),  # not the run's container
+        podman_died("vllm-chat", clock.tick(1_000_000)),
+        container_output("vllm-embed", VERSION, clock.tick(60_000_000), runtime="podman", conmon_pid=3002),
+    ])
+    with open_reader(path) as reader:
+        ends = [(e.unit, e.container_run) for e in read_all(reader) if e.from_systemd]
+    assert ends == [("podman/vllm-chat", f"{container_id('vllm-chat')}/3001")]
+    views = {view.unit: view for view in follow(path)}
+    assert views["podman/vllm-chat"].initialising_since_usec is None
+    assert views["podman/vllm-chat"].failures[FailureReason.OTHER] == 1
+    assert views["podman/vllm-embed"].initialising_since_usec == clock.realtime_usec
+    assert sum(view.overlaps for view in views.values()) == 0
 
 
 # --- the runs of a container (pure) ---------------------------------------------------------

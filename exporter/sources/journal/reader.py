@@ -18,7 +18,9 @@ name: the entries whose ``CONTAINER_NAME`` matches one of the container globs (`
 none by default; see ``JournalSelection.matches_container``), unless their ``_SYSTEMD_UNIT`` is a
 watched unit (a Podman quadlet container's conmon runs in its ``.service``, which keeps them). Such an
 entry belongs to the container's key (``exporter.parsers.workloads``): ``podman/<name>`` when conmon
-wrote it (``_COMM=conmon``), else ``docker/<name>`` (dockerd).
+wrote it (``_COMM=conmon``), else ``docker/<name>`` (dockerd). Podman's events of a watched container's
+end (``PODMAN_EVENT=died`` and ``PODMAN_NAME=<name>``, its events logger ``journald``) are selected too:
+they end the container's run, as systemd's "Main process exited" record ends a unit's start.
 
 A Docker container's end is not in the journal: with ``docker_roots`` (``--path.docker``) the reader reads
 it from the container's ``config.v2.json`` (``CONTAINER_ID_FULL``), as the json-file source does, and hands
@@ -41,7 +43,7 @@ import stat
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
@@ -81,6 +83,13 @@ _FIELD_PID = b"_PID"
 _FIELD_INVOCATION_ID = b"INVOCATION_ID"
 _FIELD_SYSTEMD_INVOCATION_ID = b"_SYSTEMD_INVOCATION_ID"
 _FIELD_CONTAINER_NAME = b"CONTAINER_NAME"
+_FIELD_PODMAN_EVENT = b"PODMAN_EVENT"
+_FIELD_PODMAN_NAME = b"PODMAN_NAME"
+PODMAN_DIED = b"died"
+"""``PODMAN_EVENT`` of Podman's event of a container's process ending (its events logger ``journald``, the
+default on systemd hosts: ``SYSLOG_IDENTIFIER=podman``, ``PODMAN_TYPE=container``, ``PODMAN_NAME``,
+``PODMAN_ID``, ``PODMAN_EXIT_CODE`` unless 0)."""
+_DIED_RUN = "\0died:"  # the run of a decoded Podman "died" event until _with_container_ends names its run
 CONMON = b"conmon"
 """``_COMM`` of Podman's container monitor, which writes a Podman container's lines to the journal."""
 
@@ -405,6 +414,8 @@ class JournalReader:
         """Watched Docker containers returned so far (by key), whose end is looked for (``_with_docker_ends``)."""
         self._docker_end_due = 0.0
         self._pending_docker_ends: list[tuple[int, str, DockerExit]] = []
+        self._podman_runs: dict[str, str] = {}
+        """The latest run of each watched Podman container returned (its "died" event ends it)."""
         """Ends read, not handed on yet (their time, key, end), earliest first."""
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -571,11 +582,11 @@ class JournalReader:
         if self._since_release and not self._more_pending:
             release_journal_pages(self._madvise)
             self._since_release = 0
-        if self._docker_containers:
-            out = self._with_docker_ends(out)
+        if self.selection.container_globs:
+            out = self._with_container_ends(out)
         return out
 
-    def _with_docker_ends(self, entries: list[JournalEntry]) -> list[JournalEntry]:
+    def _with_container_ends(self, entries: list[JournalEntry]) -> list[JournalEntry]:
         """The entries with the ends of watched Docker containers (journald log driver) among them, as
         systemd's records of a unit's end are among its lines: a container's end is read from its
         ``config.v2.json`` (``exporter.sources.containers.DockerEnd``: once its ``State.Running`` is false)
@@ -585,14 +596,29 @@ class JournalReader:
         before the inits that followed it, which then overlap nothing) or, none being later, at the end,
         in the container's latest run then. So a container that died silently during its init counts as
         `other` (unless its cause comes within the grace), one ``docker stop`` ended as stopped, and
-        neither stays initialising, as with its json-file log (``exporter.sources.containerlogs``)."""
+        neither stays initialising, as with its json-file log (``exporter.sources.containerlogs``).
+        A Podman container's "died" event (``PODMAN_EVENT=died``, selected with its name) is such an end
+        where the journal has it: it goes in the container's latest run when that run is of the event's
+        container (``PODMAN_ID``), else it is dropped (a container none of whose lines was read)."""
         pending = self._pending_docker_ends
+        podman_runs = self._podman_runs
+        docker = bool(self._docker_containers)
         out: list[JournalEntry] = []
         for entry in entries:
             if pending and pending[0][0] < entry.realtime_usec:
                 self._hand_on_docker_ends(out, entry.realtime_usec)
             run = entry.container_run
-            if run and entry.unit.startswith("docker/"):
+            if not run:
+                out.append(entry)
+                continue
+            if entry.from_systemd:  # a Podman container's "died" event: in its latest run, if it is that one's
+                latest = podman_runs.get(entry.unit)
+                if latest is not None and latest.split("/", 1)[0] == run[len(_DIED_RUN):]:
+                    out.append(replace(entry, container_run=latest))
+                continue
+            if entry.unit.startswith("podman/"):
+                podman_runs[entry.unit] = run
+            elif docker and entry.unit.startswith("docker/"):
                 known = self._docker_runs.get(entry.unit)
                 if known is None or known.run != run:
                     self._docker_run_met(entry.unit, run, entry.realtime_usec, known)
@@ -843,7 +869,8 @@ class JournalReader:
         The hot path of a catch-up: 7-8 foreign calls per entry (5-6 sd_journal_get_data, the
         two timestamps from the entry header, no cursor), everything it touches is a local. An
         entry of no watched unit, or of a refused one, costs one or two sd_journal_get_data (one more,
-        ``CONTAINER_NAME``, while containers are watched); a container's, four or five more.
+        ``CONTAINER_NAME``, while containers are watched, and ``PODMAN_EVENT`` when it has none); a
+        container's, four or five more.
         Every result is checked: -ENOENT is an absent field; any other error makes the entry
         unreadable, skipped and counted (``unreadable_entries``).
         """
@@ -879,12 +906,18 @@ class JournalReader:
             raise _UnreadableField(result)
 
         def container(containers: dict[bytes, str], pid: int | None) -> tuple[str, str, bool] | None:
-            """The watched container's key, run and partial flag of the current entry; None when it is none."""
+            """The watched container's key, run and partial flag of the current entry; None when it is none.
+            A Podman "died" event of a watched container: its key, and as run ``_DIED_RUN`` + its id."""
             raw_name = optional(_FIELD_CONTAINER_NAME)
+            died = False
+            if raw_name is None:
+                if optional(_FIELD_PODMAN_EVENT) != PODMAN_DIED or optional(b"PODMAN_TYPE") != b"container":
+                    return None
+                raw_name, died = optional(_FIELD_PODMAN_NAME), True
             name = None if raw_name is None else containers.get(raw_name)
             if name is None:
                 return None
-            by_conmon = optional(b"_COMM") == CONMON
+            by_conmon = died or optional(b"_COMM") == CONMON
             key = keys.get((raw_name, by_conmon))
             if key is None:
                 key = (podman_key if by_conmon else docker_key)(name) or ""
@@ -896,6 +929,8 @@ class JournalReader:
             raw_key = key.encode()
             if raw_key not in admitted and not meet(raw_key, key):
                 return None
+            if died:
+                return key, _DIED_RUN + (optional(b"PODMAN_ID") or b"").decode("ascii", "replace"), False
             run = (optional(b"CONTAINER_ID_FULL") or optional(b"CONTAINER_ID") or b"").decode("ascii", "replace")
             if by_conmon:
                 if pid is not None:
@@ -990,6 +1025,9 @@ class JournalReader:
                 elif result != absent:
                     return unreadable("sd_journal_get_data", result)
             if run is not None:
+                if run.startswith(_DIED_RUN):  # as systemd's record of a unit's main process exit
+                    return entry_type(unit, realtime, monotonic, boot_id, "", True, MESSAGE_ID_UNIT_PROCESS_EXIT,
+                                      None, "", run)
                 return entry_type(unit, realtime, monotonic, boot_id, message, False, "", None, "", run, partial)
             return entry_type(unit, realtime, monotonic, boot_id, message, from_systemd, message_id, pid, invocation)
 
@@ -1092,6 +1130,11 @@ class JournalReader:
                     lib.sd_journal_add_disjunction(handle)
             for raw in sorted(containers):
                 add(handle, _FIELD_CONTAINER_NAME + b"=" + raw)
+            if containers:  # Podman's events of their end
+                lib.sd_journal_add_disjunction(handle)
+                add(handle, _FIELD_PODMAN_EVENT + b"=" + PODMAN_DIED)
+                for raw in sorted(containers):
+                    add(handle, _FIELD_PODMAN_NAME + b"=" + raw)
             if self._boot_id is not None:
                 lib.sd_journal_add_conjunction(handle)
         if self._boot_id is not None:
