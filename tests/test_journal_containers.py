@@ -274,6 +274,20 @@ def test_a_journald_docker_container_that_dies_in_its_init_does_not_stay_initial
     assert sum(view.overlaps for view in views.values()) == 0
 
 
+def test_a_journald_docker_containers_end_goes_to_its_latest_run(tmp_path):
+    """Restarted by Docker (a new log epoch) and dead again: the end FinishedAt is the second run's; the
+    first counted `other` when the second began."""
+    path, host, clock = silent_death_journal(tmp_path)
+    append_journal(path, [container_output("vllm-chat", VERSION, clock.tick(5_000_000), epoch="e2")])
+    chat = host.add("vllm-chat", log_driver="journald")
+    chat.set_state(running=False, started_usec=clock.realtime_usec - 1000,
+                   finished_usec=clock.tick(1_000_000).realtime_usec)
+    (view,) = follow(path, docker_roots=(str(host.root),))
+    assert view.initialising_since_usec is None
+    assert view.failures[FailureReason.OTHER] == 2
+    assert view.last_failure_usec == clock.realtime_usec
+
+
 def test_without_its_config_a_journald_docker_containers_silent_death_is_not_seen(tmp_path):
     """No --path.docker (or the container's directory not there): it stays initialising, as before."""
     path, host, clock = silent_death_journal(tmp_path)
@@ -304,10 +318,14 @@ def test_a_journald_docker_containers_end_is_seen_while_the_journal_is_quiet(tmp
         follower.stop()
 
 
-def test_a_podman_container_that_dies_in_its_init_does_not_stay_initialising(tmp_path):
+@pytest.mark.parametrize("matched", [True, False])
+def test_a_podman_container_that_dies_in_its_init_does_not_stay_initialising(tmp_path, monkeypatch, matched):
     """Podman's "died" event (events logger journald) ends the run it belongs to: `other`, and a later
     container's init does not overlap it; one of another container of the name (recreated), or of a
-    container not watched, ends nothing."""
+    container not watched, ends nothing. Selected by sd-journal matches, or by the reader itself (more
+    than MATCHED_UNITS_MAX units and containers)."""
+    if not matched:
+        monkeypatch.setattr(JournalReader, "MATCHED_UNITS_MAX", 0)
     clock = Clock(random_boot_id())
     old = container_id("vllm-chat", "old")
     path = write_journal(tmp_path / "x.journal", [
