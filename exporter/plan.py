@@ -29,6 +29,7 @@ from exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_le
                             add_systemctl_flag, check_journal_flags, journal_selection)
 from exporter.fold.engine_starts import UnitView
 from exporter.planning import Plan, TargetRequest, UnitPlan, Unplannable, make_plan
+from exporter.sources import procfs
 
 PROG = "vllm-xpu-plan"
 EXIT_FITS = 0
@@ -278,8 +279,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
             totals = read_totals(args)
             if not totals:
                 raise RuntimeError("Level Zero reports no GPU; plan offline with --device-memory BYTES")
-            from exporter.gate.cli import devices_of_units
-            placement = devices_of_units(args.procfs, []) if len(totals) > 1 else {}
+            placement = procfs.devices_of_units(args.procfs) if len(totals) > 1 else {}
     except RuntimeError as error:
         stderr.write(f"{PROG}: error: {error}\n")
         return EXIT_USAGE

@@ -208,14 +208,7 @@ class _PrefixedFormatter(logging.Formatter):
 
 def devices_of_units(procfs_root: str, leases: Sequence[Lease]) -> dict[str, set[str]]:
     """unit -> the GPUs its processes hold DRM clients on (DRM fdinfo), and the device of its lease."""
-    devices: dict[str, set[str]] = {}
-    try:
-        scan = procfs.scan_drm_clients(procfs_root)
-    except procfs.ProcfsUnavailable:
-        scan = None
-    for device, units in (scan.memory_by_device_unit.items() if scan else ()):
-        for name in units:
-            devices.setdefault(name, set()).add(device)
+    devices = procfs.devices_of_units(procfs_root)
     for lease in leases:
         devices.setdefault(lease.unit, set()).add(lease.device)
     return devices

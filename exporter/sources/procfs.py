@@ -124,6 +124,20 @@ def scan_drm_clients(procfs: str = "/proc") -> ScanResult:
         scanner.close()
 
 
+def devices_of_units(procfs: str = "/proc") -> dict[str, set[str]]:
+    """unit -> the GPUs its processes hold DRM clients with memory on, from one scan; {} when `procfs` cannot
+    be scanned (the gate and the planner then know no unit's GPU)."""
+    try:
+        scan = scan_drm_clients(procfs)
+    except ProcfsUnavailable:
+        return {}
+    devices: dict[str, set[str]] = {}
+    for device, units in scan.memory_by_device_unit.items():
+        for unit in units:
+            devices.setdefault(unit, set()).add(device)
+    return devices
+
+
 class DrmClientScanner:
     """`scan_drm_clients` for every scrape, without walking every fd of every process each time, and
     re-reading the DRM fds' fdinfo through files it keeps open.
