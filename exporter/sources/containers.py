@@ -295,24 +295,8 @@ class ContainerNames:
         return mapped
 
     def _read(self, path: str, limit: int, root: str) -> bytes | None:
-        """A regular file of at most `limit` bytes, else None."""
-        try:
-            fd = os.open(path, OPEN_FILE)
-        except OSError as error:
-            self._report(root, path, error)
-            return None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-                log.debug("%s: not a regular file of at most %d bytes", path, limit)
-                return None
-            data = os.read(fd, limit + 1)
-        except OSError as error:
-            self._report(root, path, error)
-            return None
-        finally:
-            os.close(fd)
-        return data if len(data) <= limit else None
+        """A regular file of at most `limit` bytes, else None (a failure to read it reported)."""
+        return read_small(path, limit, lambda error: self._report(root, path, error)) or None
 
     def _report(self, root: str, path: str, error: OSError) -> None:
         """A missing file or directory is normal (an engine not installed, a container gone); a denied one
@@ -327,17 +311,24 @@ class ContainerNames:
             log.debug("container names: %s: %s", path, error.strerror)
 
 
-def read_small(path: str, limit: int) -> bytes:
-    """A regular file of at most `limit` bytes; b"" when it is not one or cannot be read."""
+def read_small(path: str, limit: int, report: Callable[[OSError], None] | None = None) -> bytes:
+    """A regular file of at most `limit` bytes; b"" when it is not one or cannot be read (`report`, when
+    given, is told why it could not)."""
     try:
         fd = os.open(path, OPEN_FILE)
-    except OSError:
+    except OSError as error:
+        if report is not None:
+            report(error)
         return b""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            log.debug("%s: not a regular file of at most %d bytes", path, limit)
             return b""
         data = os.read(fd, limit + 1)
-    except OSError:
+    except OSError as error:
+        if report is not None:
+            report(error)
         return b""
     finally:
         os.close(fd)
