@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 from bigjournal import ENTRIES_PER_UNIT, UNIT_GLOB, ensure_journal, ensure_units_journal  # noqa: E402
 from measure import median, run_child  # noqa: E402
 
-from exporter.fold.engine_starts import DEFAULT_MAX_UNITS  # noqa: E402
+from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS  # noqa: E402
 
 REPO = HERE.parent
 CAUGHT_UP_POLL_S = 0.005
@@ -86,8 +86,8 @@ def count_journalctl(directory: Path) -> int:
 def child_catch_up(directory: str, max_units: int | None = None) -> None:
     """In the measured child: the follower's catch-up, as the exporter runs it."""
     started = time.perf_counter()
-    from exporter.sources.journal import JournalSelection
-    from exporter.sources.journal.follower import JournalFollower
+    from vllm_xpu_exporter.sources.journal import JournalSelection
+    from vllm_xpu_exporter.sources.journal.follower import JournalFollower
 
     cpu_started = time.process_time()
     follower = JournalFollower(JournalSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all"),
@@ -109,7 +109,7 @@ def child_catch_up(directory: str, max_units: int | None = None) -> None:
 def child_read_only(directory: str) -> None:
     """In the measured child: the JournalReader alone, every selected entry decoded, nothing parsed."""
     started = time.perf_counter()
-    from exporter.sources.journal import JournalReader, JournalSelection
+    from vllm_xpu_exporter.sources.journal import JournalReader, JournalSelection
 
     entries = 0
     with JournalReader(JournalSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all")) as reader:

@@ -72,8 +72,8 @@ class GateDecisionResult:
 
 def child(directory: str, boot: str, mode: str) -> None:
     """In the measured child: the gate's journal read up to its first decision."""
-    from exporter.gate.cli import parse_options
-    from exporter.sources.journal.follower import JournalFollower
+    from vllm_xpu_exporter.gate.cli import parse_options
+    from vllm_xpu_exporter.sources.journal.follower import JournalFollower
 
     options = parse_options(["--unit", GATED_UNIT, "--journal.directory", directory, "--journal.boot", boot])
     started = time.perf_counter()

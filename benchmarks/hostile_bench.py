@@ -175,7 +175,7 @@ def limited_small_host(driver: Path) -> Iterator[tuple[BenchHost, TaskLimit]]:
     with TaskLimit("vllm-xpu-exporter-bench", TASKS_MAX) as limit, \
             tempfile.TemporaryDirectory(prefix="bench-hostile-", dir=in_memory_directory()) as workdir, \
             bench_host(SMALL, Path(workdir), driver,
-                       exporter_command=limit.wrap([sys.executable, "-m", "exporter"])) as host:
+                       exporter_command=limit.wrap([sys.executable, "-m", "vllm_xpu_exporter"])) as host:
         yield host, limit
 
 

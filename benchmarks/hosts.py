@@ -186,7 +186,7 @@ def bench_host(shape: HostShape, workdir: Path, driver: Path, extra_journal_file
                exporter_command: Sequence[str] | None = None) -> Iterator[BenchHost]:
     """Build the host under `workdir` (best on a tmpfs, like /proc itself) and run the exporter over it.
     `extra_journal_files` are read too (e.g. a big journal for catch-up, a live one to append to);
-    `exporter_command` replaces `python -m exporter` (e.g. to start it in a cgroup)."""
+    `exporter_command` replaces `python -m vllm_xpu_exporter` (e.g. to start it in a cgroup)."""
     workdir.mkdir(parents=True, exist_ok=True)
     procfs = build_procfs(shape, workdir / "host")
     config = workdir / "fake_ze.conf"

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from exporter.sources.procfs import scan_drm_clients  # noqa: E402
+from vllm_xpu_exporter.sources.procfs import scan_drm_clients  # noqa: E402
 from fakeprocfs import FakeProcfs, xe_fdinfo  # noqa: E402
 
 MiB = 1 << 20

@@ -81,8 +81,10 @@ def bench_scrapes(shape: HostShape, driver: Path, scrapes: int, log=print,
                   baseline: Path | None = None) -> ScrapeResult:
     """`scrapes` timed scrapes of this tree's exporter, or of the one whose package is under `baseline`
     (see `export_exporter`)."""
-    # `env -C` runs `python -m exporter` (and its Level Zero child, started the same way) from there.
-    command = None if baseline is None else ["env", "-C", str(baseline), sys.executable, "-m", "exporter"]
+    # `env -C` runs the package (and its Level Zero child, started the same way) from there: the directory
+    # on sys.path comes before the editable install of this tree.
+    command = None if baseline is None else ["env", "-C", str(baseline), sys.executable, "-m",
+                                             baseline_package(baseline)]
     check = check_body if baseline is None else lambda shape, body: None
     with tempfile.TemporaryDirectory(prefix=f"bench-{shape.name}-", dir=in_memory_directory()) as workdir:
         log(f"scrape, {shape.name} host ({shape.describe()}): building and starting the exporter"
@@ -136,13 +138,21 @@ def report(result: ScrapeResult, log=print) -> None:
 
 
 def export_exporter(revision: str, into: Path) -> None:
-    """The `exporter/` package of git revision `revision` of this repository, written under `into`."""
+    """The `exporter/` folder of git revision `revision` of this repository, written under `into` by the
+    import name that revision uses: `exporter` up to 0.2, `vllm_xpu_exporter` after (the folder is mapped)."""
     archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", revision, "exporter"],
                              capture_output=True)
     if archive.returncode != 0:
         raise SystemExit(f"scrape_bench: no exporter/ at revision {revision!r}: "
                          f"{archive.stderr.decode(errors='replace').strip()}")
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    if "vllm_xpu_exporter" in (into / "exporter" / "__main__.py").read_text():
+        (into / "exporter").rename(into / "vllm_xpu_exporter")
+
+
+def baseline_package(baseline: Path) -> str:
+    """The import name of the package `export_exporter` wrote under `baseline`."""
+    return "vllm_xpu_exporter" if (baseline / "vllm_xpu_exporter").is_dir() else "exporter"
 
 
 def compare(shape: HostShape, driver: Path, scrapes: int, revision: str, baseline: Path, runs: int,

@@ -1,3 +1,3 @@
-from exporter.cli import main
+from vllm_xpu_exporter.cli import main
 
 raise SystemExit(main())

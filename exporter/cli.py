@@ -1,7 +1,7 @@
 """Command line: flags in the style of the Prometheus Go exporters, then serve until SIGTERM/SIGINT; SIGHUP
 re-reads the web config file.
 
-The top of the exporter: it imports the collectors (`exporter.collectors` registers them), makes each one's
+The top of the exporter: it imports the collectors (`vllm_xpu_exporter.collectors` registers them), makes each one's
 `--[no-]collector.NAME` switch and own flags from the registry, gives each its own options (never `Options`
 itself) and builds the enabled ones."""
 
@@ -17,30 +17,30 @@ from dataclasses import dataclass, field, replace
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
-import exporter.collectors  # noqa: F401  (registers the bundled collectors)
-from exporter import __version__
-from exporter.collector import Collector, Source, Sources, registered
-from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
-from exporter.flags import (EXIT_USAGE, OneLineParser, add_container_flags, add_container_log_flags,
+import vllm_xpu_exporter.collectors  # noqa: F401  (registers the bundled collectors)
+from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter.collector import Collector, Source, Sources, registered
+from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
+from vllm_xpu_exporter.flags import (EXIT_USAGE, OneLineParser, add_container_flags, add_container_log_flags,
                             add_journal_containers_flag, add_journal_flags, add_levelzero_flags, add_procfs_flag,
                             add_sysfs_flag, check_journal_flags, container_log_directories, container_paths,
                             journal_container_globs, journal_engine_grace_usec, journal_unit_globs)
-from exporter.http.loading import load_web_config
-from exporter.http.server import ExporterServer, parse_listen_address
-from exporter.http.webconfig import WebConfigError
-from exporter.logs import FORMATS, LEVELS, setup_logging
-from exporter.scrape import ExporterCollector
-from exporter.sources.journal import (DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, JournalSelection,
+from vllm_xpu_exporter.http.loading import load_web_config
+from vllm_xpu_exporter.http.server import ExporterServer, parse_listen_address
+from vllm_xpu_exporter.http.webconfig import WebConfigError
+from vllm_xpu_exporter.logs import FORMATS, LEVELS, setup_logging
+from vllm_xpu_exporter.scrape import ExporterCollector
+from vllm_xpu_exporter.sources.journal import (DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, JournalSelection,
                                      read_own_service_unit)
-from exporter.sources.containerlogs import ContainerLogReader, LogDirectories
-from exporter.sources.containers import DEFAULT_DOCKER_ROOT
-from exporter.sources.journal.follower import STILL_READING_CONTAINER_LOGS, JournalFollower
-from exporter.sources.dmem import DEFAULT_SYSFS
-from exporter.sources.levelzero.binding import DEFAULT_LIBRARY
-from exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
-from exporter.sources.udev import DrmNodeNames
+from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
+from vllm_xpu_exporter.sources.containers import DEFAULT_DOCKER_ROOT
+from vllm_xpu_exporter.sources.journal.follower import STILL_READING_CONTAINER_LOGS, JournalFollower
+from vllm_xpu_exporter.sources.dmem import DEFAULT_SYSFS
+from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
+from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
+from vllm_xpu_exporter.sources.udev import DrmNodeNames
 
-log = logging.getLogger("exporter.main")
+log = logging.getLogger("vllm_xpu_exporter.main")
 
 DEFAULT_PORT = 10447
 

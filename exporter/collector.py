@@ -5,7 +5,7 @@ module registers itself with `register`: name, description, default on/off, the 
 flags (`--collector.NAME.OPTION`, added by `add_flags`), how its own options are made from the parsed
 command line (`options`), and a factory that builds it from those options and the sources. A collector
 never sees the whole command line, and this module imports neither the command line nor any collector:
-the command line (`exporter.cli`) imports the collectors (`exporter.collectors`), makes the
+the command line (`vllm_xpu_exporter.cli`) imports the collectors (`vllm_xpu_exporter.collectors`), makes the
 `--collector.NAME` / `--no-collector.NAME` flags and each collector's own from the registry, builds the
 sources the enabled collectors need once (`Sources`), and starts them. During a scrape a collector reads
 sources only through its `ScrapeContext`, which reads each source at most once per scrape, so collectors
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from prometheus_client.metrics_core import Metric
 
-from exporter.sources.levelzero.worker import LevelZeroUnavailable
+from vllm_xpu_exporter.sources.levelzero.worker import LevelZeroUnavailable
 
 if TYPE_CHECKING:
-    from exporter.sources.journal.follower import JournalFollower, JournalState
-    from exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroWorker, PendingRead
-    from exporter.sources.udev import DrmNodeNames
+    from vllm_xpu_exporter.sources.journal.follower import JournalFollower, JournalState
+    from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroWorker, PendingRead
+    from vllm_xpu_exporter.sources.udev import DrmNodeNames
 
 T = TypeVar("T")
 O = TypeVar("O")  # a collector's own options
@@ -209,5 +209,5 @@ def register(name: str, description: str, needs: Iterable[Source] = (), enabled_
 
 def registered() -> tuple[CollectorSpec[Any], ...]:
     """Every registered collector, in the order they registered: those of the collector modules imported so far
-    (importing `exporter.collectors`, as the command line does, registers the bundled ones)."""
+    (importing `vllm_xpu_exporter.collectors`, as the command line does, registers the bundled ones)."""
     return tuple(_registry.values())

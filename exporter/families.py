@@ -2,8 +2,8 @@
 `CounterMetricFamily`, keeping each series as a row (label values, value).
 
 prometheus_client builds a `Sample` with a label dict for every `add_metric`, and its encoders then
-take every sample's labels apart again. A row costs a tuple; the exposition (exporter.http.exposition)
-writes a series' name and labels once per label values seen, and the scrape (exporter.scrape) checks
+take every sample's labels apart again. A row costs a tuple; the exposition (vllm_xpu_exporter.http.exposition)
+writes a series' name and labels once per label values seen, and the scrape (vllm_xpu_exporter.scrape) checks
 a label value once. To anything else a family is an ordinary prometheus_client family: `samples`
 gives prometheus_client's very samples (built when asked), and setting it sets the rows.
 """

@@ -9,15 +9,15 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from exporter.durations import parse_go_duration
-from exporter.sources.containers import (
+from vllm_xpu_exporter.durations import parse_go_duration
+from vllm_xpu_exporter.sources.containers import (
     DEFAULT_CONTAINER_LOGS, DEFAULT_DOCKER_ROOT, DEFAULT_POD_LOGS, DEFAULT_PODMAN_STORAGE, distinct,
 )
-from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
-from exporter.sources.dmem import CGROUP_TREE, DEFAULT_SYSFS
-from exporter.sources.journal import DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, JournalSelection, normalize_boot
-from exporter.sources.levelzero.binding import DEFAULT_LIBRARY
-from exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S
+from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
+from vllm_xpu_exporter.sources.dmem import CGROUP_TREE, DEFAULT_SYSFS
+from vllm_xpu_exporter.sources.journal import DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, JournalSelection, normalize_boot
+from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
+from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S
 
 EXIT_USAGE = 2
 SYSTEMCTL_LOCATIONS = ("/usr/bin/systemctl", "/bin/systemctl", "/run/current-system/sw/bin/systemctl")
@@ -206,7 +206,7 @@ def add_sysfs_flag(host: argparse._ArgumentGroup) -> None:
 def add_container_flags(host: argparse._ArgumentGroup) -> None:
     """--path.docker, --path.podman (both repeatable), --path.pods, --path.container-logs (dest docker_roots,
     podman_storages, pod_logs, container_logs): where the container engines' state is, for containers' names
-    (exporter.sources.containers), in the group `add_procfs_flag` returns. Read them with `container_paths`."""
+    (vllm_xpu_exporter.sources.containers), in the group `add_procfs_flag` returns. Read them with `container_paths`."""
     host.add_argument("--path.docker", dest="docker_roots", action="append", default=None, type=absolute_path,
                       metavar="PATH", help=f"Docker's data root: names of Docker containers from "
                                            f"PATH/containers/ID/config.v2.json (repeatable, e.g. for rootless "

@@ -25,7 +25,7 @@ def _fields(record: logging.LogRecord) -> dict[str, str]:
     fields = {
         "ts": _timestamp(record),
         "level": _LEVEL_NAMES.get(record.levelno, "info"),
-        "source": record.name.removeprefix("exporter."),
+        "source": record.name.removeprefix("vllm_xpu_exporter."),
         "msg": record.getMessage(),
     }
     if record.exc_info and record.exc_info[1] is not None:

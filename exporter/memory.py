@@ -2,8 +2,8 @@
 needs, what a unit holds, whether a GPU's units fit. Pure functions of integers (bytes, tokens) and the
 `gpu_memory_utilization` ratio; no I/O.
 
-Shared by the init gate (`exporter.gate.decision.decide`: the free memory a start needs), the
-restart-headroom figure (`exporter.collectors.processes`) and the plan (`exporter.planning`: the planner and
+Shared by the init gate (`vllm_xpu_exporter.gate.decision.decide`: the free memory a start needs), the
+restart-headroom figure (`vllm_xpu_exporter.collectors.processes`) and the plan (`vllm_xpu_exporter.planning`: the planner and
 the exporter's planned figures), so they agree to the byte.
 
 The rules (reference: /work/shared/reference/vllm-logs.md §5, vLLM 0.16+ on XPU):

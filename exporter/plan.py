@@ -4,7 +4,7 @@ It reads the journal through the same reader and fold as the exporter and the ga
 total memory from Level Zero (its child process) or `--device-memory BYTES` (offline: one GPU of that
 size). For each engine unit it takes what its latest start printed (weights, peak activation, non-torch
 memory, KV bytes and tokens, block size, lengths, max_num_seqs, vLLM version), works out the KV cache a
-target needs in whole blocks and the unit's footprint (`exporter.memory`), holds each GPU's footprints
+target needs in whole blocks and the unit's footprint (`vllm_xpu_exporter.memory`), holds each GPU's footprints
 against its total less `--reserve`, and prints the `--kv-cache-memory-bytes` to set per unit: a table,
 JSON, systemd drop-ins or a NixOS snippet. docs/planner.md says how and why.
 
@@ -24,12 +24,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from exporter import __version__
-from exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
+from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
                             add_systemctl_flag, check_journal_flags, journal_selection)
-from exporter.fold.engine_starts import UnitView
-from exporter.planning import Plan, TargetRequest, UnitPlan, Unplannable, make_plan
-from exporter.sources import procfs
+from vllm_xpu_exporter.fold.engine_starts import UnitView
+from vllm_xpu_exporter.planning import Plan, TargetRequest, UnitPlan, Unplannable, make_plan
+from vllm_xpu_exporter.sources import procfs
 
 PROG = "vllm-xpu-plan"
 EXIT_FITS = 0
@@ -230,7 +230,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def read_views(args: argparse.Namespace, timeout: float = 120.0) -> list[UnitView]:
-    from exporter.sources.journal.follower import STILL_READING, JournalFollower
+    from vllm_xpu_exporter.sources.journal.follower import STILL_READING, JournalFollower
 
     follower = JournalFollower(journal_selection(args), args.journal_max_units, latest_invocations=True)
     follower.start()
@@ -248,7 +248,7 @@ def read_views(args: argparse.Namespace, timeout: float = 120.0) -> list[UnitVie
 
 
 def read_totals(args: argparse.Namespace) -> dict[str, int]:
-    from exporter.sources.levelzero.worker import LevelZeroUnavailable, LevelZeroWorker, WorkerState
+    from vllm_xpu_exporter.sources.levelzero.worker import LevelZeroUnavailable, LevelZeroWorker, WorkerState
 
     worker = LevelZeroWorker(args.levelzero_library, args.levelzero_timeout, telemetry=False)
     worker.start()

@@ -1,6 +1,6 @@
 """The plan of each vLLM unit on its GPU, from what its latest start printed (its journal view): the KV cache a
 target needs in whole blocks, the unit's footprint, and whether each GPU's units fit. Pure: views and byte
-counts in, plans out. The planner (`vllm-xpu-plan`, exporter.plan) prints it; the processes collector exposes
+counts in, plans out. The planner (`vllm-xpu-plan`, vllm_xpu_exporter.plan) prints it; the processes collector exposes
 its figures per unit and device.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from exporter import memory as rules
-from exporter.fold.engine_starts import Start, UnitView
-from exporter.parsers import vllm
+from vllm_xpu_exporter import memory as rules
+from vllm_xpu_exporter.fold.engine_starts import Start, UnitView
+from vllm_xpu_exporter.parsers import vllm
 
 # --kv-cache-memory-bytes: absent before 0.10.2; on XPU the budget takes effect from 0.16.0 (the XPU
 # worker of 0.9.2-0.15.1 never reads it).

@@ -23,13 +23,13 @@ from operator import itemgetter
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 
-from exporter import __version__
-from exporter.collector import CollectionError, Collector, ScrapeContext, Sources
-from exporter.families import GaugeFamily, Row, RowFamily
-from exporter.sources.journal.follower import STILL_READING, STILL_READING_CONTAINER_LOGS
-from exporter.sources.levelzero.worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
+from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Sources
+from vllm_xpu_exporter.families import GaugeFamily, Row, RowFamily
+from vllm_xpu_exporter.sources.journal.follower import STILL_READING, STILL_READING_CONTAINER_LOGS
+from vllm_xpu_exporter.sources.levelzero.worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
 
-log = logging.getLogger("exporter.scrape")
+log = logging.getLogger("vllm_xpu_exporter.scrape")
 
 # A collector's whole error when its source has no data yet: a state of every start, not a failure.
 NO_DATA_YET = frozenset({STILL_READING, STILL_READING_CONTAINER_LOGS, STILL_INITIALISING, JUST_INITIALISED})

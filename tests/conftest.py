@@ -37,7 +37,7 @@ from noskip import pytest_make_collect_report, pytest_runtest_makereport  # noqa
 from taskslimit import TaskLimit, TaskLimitUnavailable
 from vllmlogs import BootRace, boot_race as make_boot_race, journal_specs
 
-from exporter.sources.levelzero import worker as levelzero_worker
+from vllm_xpu_exporter.sources.levelzero import worker as levelzero_worker
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

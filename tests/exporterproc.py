@@ -25,7 +25,7 @@ class RunningExporter:
         full_env = dict(os.environ)
         full_env["PYTHONPATH"] = str(REPO)
         full_env.update(env or {})
-        argv = list(command or [sys.executable, "-m", "exporter"]) + ["--web.listen-address", listen, *args]
+        argv = list(command or [sys.executable, "-m", "vllm_xpu_exporter"]) + ["--web.listen-address", listen, *args]
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
                                         cwd=REPO)
         self._stderr = bytearray()

@@ -1,5 +1,5 @@
 """Container engines' state on disk, as Docker, Podman (containers/storage) and the kubelet write it, and the
-cgroup paths of their containers, for the container names source (exporter.sources.containers).
+cgroup paths of their containers, for the container names source (vllm_xpu_exporter.sources.containers).
 
     <docker root>/containers/<id>/config.v2.json     Docker (moby's container.Container, saved as JSON):
                                                      "ID", "Name" ("/<name>"), "Config": {"Labels": {...}}

@@ -24,12 +24,16 @@ def module_paths() -> set[str]:
 
 
 def dotted(path: str) -> str:
-    parts = Path(path).with_suffix("").parts
+    """The import name of a file below exporter/, the source folder of the package vllm_xpu_exporter."""
+    parts = ("vllm_xpu_exporter", *Path(path).relative_to("exporter").with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def module_file(name: str) -> Path | None:
-    base = REPO.joinpath(*name.split("."))
+    package, *rest = name.split(".")
+    if package != "vllm_xpu_exporter":
+        return None
+    base = REPO.joinpath("exporter", *rest)
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
             return candidate
@@ -56,9 +60,9 @@ def imported_modules(test_file: Path) -> frozenset[str]:
     found: set[str] = set()
     for node in ast.walk(ast.parse(test_file.read_text())):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == "exporter")
+            found.update(alias.name for alias in node.names if alias.name.split(".")[0] == "vllm_xpu_exporter")
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
-                and node.module.split(".")[0] == "exporter":
+                and node.module.split(".")[0] == "vllm_xpu_exporter":
             for alias in node.names:
                 submodule = f"{node.module}.{alias.name}"
                 if module_file(submodule) is not None:
@@ -142,9 +146,9 @@ def test_every_file_the_map_names_exists_and_imports_the_module_or_runs_it_witho
 
 def test_the_import_reading_follows_submodules_and_reexports(tmp_path):
     test_file = tmp_path / "test_example.py"
-    test_file.write_text("from exporter.sources import dmem\n"
-                         "from exporter.sources.journal import JournalReader\n"
-                         "def f():\n    import exporter.gate.lines\n"
-                         "from exporter import __version__\n")
-    assert imported_modules(test_file) == {"exporter.sources.dmem", "exporter.sources.journal",
-                                           "exporter.sources.journal.reader", "exporter.gate.lines", "exporter"}
+    test_file.write_text("from vllm_xpu_exporter.sources import dmem\n"
+                         "from vllm_xpu_exporter.sources.journal import JournalReader\n"
+                         "def f():\n    import vllm_xpu_exporter.gate.lines\n"
+                         "from vllm_xpu_exporter import __version__\n")
+    assert imported_modules(test_file) == {"vllm_xpu_exporter.sources.dmem", "vllm_xpu_exporter.sources.journal",
+                                           "vllm_xpu_exporter.sources.journal.reader", "vllm_xpu_exporter.gate.lines", "vllm_xpu_exporter"}

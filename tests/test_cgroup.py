@@ -1,11 +1,11 @@
-"""exporter.parsers.cgroup: the systemd unit of a process from its `/proc/PID/cgroup` text (cgroup v1,
+"""vllm_xpu_exporter.parsers.cgroup: the systemd unit of a process from its `/proc/PID/cgroup` text (cgroup v1,
 hybrid and v2 files as tests/fakeprocfs.py writes them), and the unit's cgroup path."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporter.parsers.cgroup import systemd_cgroup_path, unit_cgroup_of_path, unit_of_cgroup_file, unit_of_cgroup_path
+from vllm_xpu_exporter.parsers.cgroup import systemd_cgroup_path, unit_cgroup_of_path, unit_of_cgroup_file, unit_of_cgroup_path
 from fakeprocfs import hybrid_cgroup, v1_cgroup, v2_cgroup
 
 CHAT = "/system.slice/vllm-xpu-chat.service"

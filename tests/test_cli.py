@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter import __version__
-from exporter.cli import DEFAULT_PORT, exporter_journal_selection, parse_options
-from exporter.sources.journal import normalize_boot
+from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter.cli import DEFAULT_PORT, exporter_journal_selection, parse_options
+from vllm_xpu_exporter.sources.journal import normalize_boot
 
 REPO = Path(__file__).resolve().parents[1]
 CONTRACT_FLAGS = ["--web.listen-address", "--web.telemetry-path", "--web.config.file",
@@ -17,7 +17,7 @@ CONTRACT_FLAGS = ["--web.listen-address", "--web.telemetry-path", "--web.config.
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "exporter", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter", *args], capture_output=True, text=True, cwd=REPO,
                           timeout=30)
 
 
@@ -139,7 +139,7 @@ def test_levelzero_timeout_takes_go_durations_and_bare_seconds(text, seconds):
 @pytest.mark.fast
 @pytest.mark.parametrize(("text", "usec"), [("60s", 60_000_000), ("2m", 120_000_000), ("90", 90_000_000)])
 def test_journal_engine_grace_is_a_duration_the_exporter_and_the_gate_both_take(text, usec):
-    from exporter.gate.cli import parse_options as parse_gate_options
+    from vllm_xpu_exporter.gate.cli import parse_options as parse_gate_options
     assert parse_options(["--journal.engine-grace", text]).journal_engine_grace_usec == usec
     assert parse_gate_options(["--unit", "vllm-chat.service", "--journal.engine-grace", text]) \
         .selection.engine_grace_usec == usec
@@ -156,7 +156,7 @@ def test_a_bad_journal_engine_grace_exits_2_with_one_line(text):
 @pytest.mark.fast
 def test_the_exporter_never_watches_its_own_unit_and_says_so_once(caplog):
     options = parse_options(["--journal.engine-grace", "5s"])
-    with caplog.at_level("DEBUG", logger="exporter.main"):
+    with caplog.at_level("DEBUG", logger="vllm_xpu_exporter.main"):
         selection = exporter_journal_selection(options, own_unit="vllm-xpu-exporter.service")
     assert selection.excluded_units == {"vllm-xpu-exporter.service"} and selection.engine_grace_usec == 5_000_000
     assert not selection.matches_unit("vllm-xpu-exporter.service")

@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from exporter.cli import Options, build_parser, build_sources, parse_options
-from exporter.collector import Collector, ScrapeContext, Source, Sources, registered
-from exporter.collectors.processes import ProcessesOptions
-from exporter.scrape import ExporterCollector
+from vllm_xpu_exporter.cli import Options, build_parser, build_sources, parse_options
+from vllm_xpu_exporter.collector import Collector, ScrapeContext, Source, Sources, registered
+from vllm_xpu_exporter.collectors.processes import ProcessesOptions
+from vllm_xpu_exporter.scrape import ExporterCollector
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
 
@@ -127,9 +127,9 @@ def test_a_request_after_a_scrape_ended_gets_a_fresh_scrape():
 
 
 def module_imports() -> dict[str, set[str]]:
-    """exporter's modules and the exporter modules each imports anywhere: at module level, under
+    """The package's modules and the package modules each imports anywhere: at module level, under
     `if TYPE_CHECKING:`, inside functions and methods (the whole tree, not only the module's body); a
-    `from exporter import x` imports the submodule x, a relative import is resolved against the module's
+    `from vllm_xpu_exporter import x` imports the submodule x, a relative import is resolved against the module's
     package, and importing a submodule imports the packages above it."""
     import ast
     from pathlib import Path
@@ -137,7 +137,7 @@ def module_imports() -> dict[str, set[str]]:
     root = Path(__file__).resolve().parents[1]
     modules: dict[str, set[str]] = {}
     for path in (root / "exporter").rglob("*.py"):
-        parts = path.relative_to(root).with_suffix("").parts
+        parts = ("vllm_xpu_exporter", *path.relative_to(root / "exporter").with_suffix("").parts)
         is_package = parts[-1] == "__init__"
         name = ".".join(parts[:-1] if is_package else parts)
         package = name if is_package else name.rpartition(".")[0]
@@ -149,12 +149,12 @@ def module_imports() -> dict[str, set[str]]:
                     module = f"{base}.{node.module}" if node.module else base
                 else:
                     module = node.module or ""
-                if module == "exporter" or module.startswith("exporter."):
+                if module == "vllm_xpu_exporter" or module.startswith("vllm_xpu_exporter."):
                     imported |= {module} | {f"{module}.{alias.name}" for alias in node.names}
             elif isinstance(node, ast.Import):
                 imported |= {alias.name for alias in node.names
-                             if alias.name == "exporter" or alias.name.startswith("exporter.")}
-        # importing exporter.a.b runs exporter/a/__init__.py first (unless it is a package of the importer's own)
+                             if alias.name == "vllm_xpu_exporter" or alias.name.startswith("vllm_xpu_exporter.")}
+        # importing vllm_xpu_exporter.a.b runs exporter/a/__init__.py first (unless it is a package of the importer's own)
         parents = {other.rsplit(".", depth)[0] for other in imported for depth in range(1, other.count("."))}
         modules[name] = imported | {parent for parent in parents if not name.startswith(f"{parent}.")}
     return {name: {other for other in imported if other in modules and other != name}
@@ -200,7 +200,7 @@ def test_the_cycle_finder_names_every_module_of_a_circle():
 def test_no_collector_imports_another_and_no_module_imports_in_a_cycle():
     imports = module_imports()
     for name, imported in imports.items():
-        if name.startswith("exporter.collectors."):
-            assert not {other for other in imported if other.startswith("exporter.collectors")}, name
+        if name.startswith("vllm_xpu_exporter.collectors."):
+            assert not {other for other in imported if other.startswith("vllm_xpu_exporter.collectors")}, name
     cycles = import_cycles(imports)
     assert not cycles, "modules that import each other in a circle: " + "; ".join(", ".join(c) for c in cycles)

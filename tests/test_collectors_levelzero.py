@@ -17,8 +17,8 @@ from polling import wait_for
 from scrapes import golden_text, sample
 from sizes import GiB
 
-from exporter.collectors import levelzero as levelzero_collector
-from exporter.sources.levelzero import binding as ze
+from vllm_xpu_exporter.collectors import levelzero as levelzero_collector
+from vllm_xpu_exporter.sources.levelzero import binding as ze
 
 GOLDEN = Path(__file__).parent / "golden"
 DEVICE_FAMILIES = ("xpu_device_info", "xpu_memory_total_bytes", "xpu_memory_free_bytes", "xpu_memory_used_bytes",

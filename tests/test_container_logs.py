@@ -1,4 +1,4 @@
-"""Containers' log files as a source (exporter.sources.containerlogs): Docker's json-file logs and the
+"""Containers' log files as a source (vllm_xpu_exporter.sources.containerlogs): Docker's json-file logs and the
 kubelet's CRI files, written as dockerd and the kubelet write them, caught up and followed in process
 (rotation, restarts, long lines, vanishing files, hostile lines, the caps), and the seed's boot race as
 three Docker containers and as three pods over the exporter as a process: the same failures, KV figures
@@ -16,14 +16,14 @@ import pytest
 from containerlogs import (RACE_CONTAINERS, RACE_POD_KEYS, ContainerLine, DockerHost, PodLogs, by_name,
                            cri_records, json_file_records, race_lines, rfc3339_nano, write_race_docker,
                            write_race_pods)
-from exporter.fold.container_runs import ContainerRuns
-from exporter.fold.engine_starts import EngineTracker
-from exporter.parsers.containerlogs import parse_cri_line, parse_json_file_line, parse_rfc3339_usec
-from exporter.parsers.vllm import FailureReason
-from exporter.sources import containerlogs as containerlogs_source
-from exporter.sources.containerlogs import MAX_LINE_BYTES, ContainerLogReader, LogDirectories
-from exporter.sources.journal import JournalEntry, JournalSelection
-from exporter.sources.journal.follower import STILL_READING_CONTAINER_LOGS, JournalFollower
+from vllm_xpu_exporter.fold.container_runs import ContainerRuns
+from vllm_xpu_exporter.fold.engine_starts import EngineTracker
+from vllm_xpu_exporter.parsers.containerlogs import parse_cri_line, parse_json_file_line, parse_rfc3339_usec
+from vllm_xpu_exporter.parsers.vllm import FailureReason
+from vllm_xpu_exporter.sources import containerlogs as containerlogs_source
+from vllm_xpu_exporter.sources.containerlogs import MAX_LINE_BYTES, ContainerLogReader, LogDirectories
+from vllm_xpu_exporter.sources.journal import JournalEntry, JournalSelection
+from vllm_xpu_exporter.sources.journal.follower import STILL_READING_CONTAINER_LOGS, JournalFollower
 from exporterproc import RunningExporter
 from journalgen import write_journal
 from polling import ManualClock, wait_for

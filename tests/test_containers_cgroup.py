@@ -1,4 +1,4 @@
-"""exporter.parsers.cgroup: containers and pods' containers from the cgroup paths the engines and the kubelet
+"""vllm_xpu_exporter.parsers.cgroup: containers and pods' containers from the cgroup paths the engines and the kubelet
 make (Docker's systemd and cgroupfs drivers, Podman rootful, rootless and cgroupfs, containerd, CRI-O and
 dockershim under kubepods with either driver), and what is not a container (conmon, quadlet payloads)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.parsers.cgroup import (
+from vllm_xpu_exporter.parsers.cgroup import (
     CONTAINERD, CRIO, DOCKER, PODMAN, ContainerCgroup, container_of_cgroup_path, unit_cgroup_of_path,
     unit_of_cgroup_file,
 )

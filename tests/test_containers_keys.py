@@ -1,11 +1,11 @@
-"""exporter.parsers.workloads: the `unit` keys of containers and pods' containers, shared by the processes
+"""vllm_xpu_exporter.parsers.workloads: the `unit` keys of containers and pods' containers, shared by the processes
 collector and the journal side; names are untrusted, so what the engines would refuse gives no key."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporter.parsers.workloads import (
+from vllm_xpu_exporter.parsers.workloads import (
     KIND_DOCKER, KIND_KUBERNETES, KIND_PODMAN, KIND_SYSTEMD, docker_key, kind_of_key, kubernetes_key, podman_key,
 )
 

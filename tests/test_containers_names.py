@@ -1,4 +1,4 @@
-"""exporter.sources.containers: containers' names from the engines' state on disk (fixture directories as
+"""vllm_xpu_exporter.sources.containers: containers' names from the engines' state on disk (fixture directories as
 Docker, Podman and the kubelet write them, tests/fakecontainers.py), and what a missing, unreadable, huge or
 hostile file gives: no name, the cgroup leaf kept, never an exception."""
 
@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from exporter.parsers.cgroup import CONTAINERD, CRIO, DOCKER, ContainerCgroup, unit_cgroup_of_path
-from exporter.sources.containers import (
+from vllm_xpu_exporter.parsers.cgroup import CONTAINERD, CRIO, DOCKER, ContainerCgroup, unit_cgroup_of_path
+from vllm_xpu_exporter.sources.containers import (
     MAX_DOCKER_CONFIG_BYTES, MAX_PODMAN_LIST_BYTES, ContainerNames, Workload, docker_names, podman_names,
 )
 from fakecontainers import (
@@ -257,7 +257,7 @@ def test_unreadable_state_is_logged_once_and_gives_no_name(names, state, caplog,
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", denied)
-    caplog.set_level("INFO", logger="exporter.containers")
+    caplog.set_level("INFO", logger="vllm_xpu_exporter.containers")
     for seed in ("a", "b", "c"):
         assert workload_of(names, docker_systemd_path(container_id(seed))).unit.startswith("docker-")
     assert len([r for r in caplog.records if "cannot read" in r.getMessage()]) == 1

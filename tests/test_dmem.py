@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.parsers.dmem import DmemFormatError, parse_dmem_current, vram_by_device
-from exporter.sources import dmem
-from exporter.sources.dmem import DmemReader
+from vllm_xpu_exporter.parsers.dmem import DmemFormatError, parse_dmem_current, vram_by_device
+from vllm_xpu_exporter.sources import dmem
+from vllm_xpu_exporter.sources.dmem import DmemReader
 from exporterproc import RunningExporter
 from fakecgroup import FakeCgroupTree, dmem_current, xe_regions
 from fakeprocfs import FakeProcfs, i915_fdinfo, v2_cgroup, xe_fdinfo

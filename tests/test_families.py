@@ -1,4 +1,4 @@
-"""exporter.families: the collectors' row families are, to prometheus_client and to anything reading
+"""vllm_xpu_exporter.families: the collectors' row families are, to prometheus_client and to anything reading
 `samples`, the families prometheus_client builds from the same calls."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.samples import Sample
 
-from exporter.families import CounterFamily, GaugeFamily
+from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
 

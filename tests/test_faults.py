@@ -41,7 +41,7 @@ from sizes import GiB
 from taskslimit import TaskLimit
 from vllmlogs import chat_runs, unit_start
 
-from exporter.sources.levelzero.worker import LevelZeroUnavailable, LevelZeroWorker
+from vllm_xpu_exporter.sources.levelzero.worker import LevelZeroUnavailable, LevelZeroWorker
 
 CHAT = "vllm-xpu-chat.service"
 DEVICE_A, DEVICE_B = A770.pci_address, B580.pci_address
@@ -421,7 +421,7 @@ def without_file_permission_override() -> list[str]:
     user, while the interpreter and packages under root's 0700 home stay readable, as they would not to
     another uid."""
     return ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search", "--",
-            sys.executable, "-m", "exporter"]
+            sys.executable, "-m", "vllm_xpu_exporter"]
 
 
 def chown_tree(root: Path, uid: int, gid: int) -> None:
@@ -561,7 +561,7 @@ def test_start_up_with_no_task_to_spare_serves_reports_the_sources_that_need_one
     """Under a pids cgroup no thread nor process can be started (EAGAIN): the journal follower, the GPU
     hot-plug watcher, the Level Zero child and its stderr reader. The exporter must serve anyway."""
     task_limit.set_max(1)
-    with host.exporter(command=task_limit.wrap([sys.executable, "-m", "exporter"])) as exporter:
+    with host.exporter(command=task_limit.wrap([sys.executable, "-m", "vllm_xpu_exporter"])) as exporter:
         assert exporter.process.poll() is None, exporter.stderr
         task_limit.set_max(2)  # the exporter and one thread: a connection's, one at a time
         limited = wait_for(lambda: (s := scrape_answered(exporter)) and
@@ -593,7 +593,7 @@ def test_a_level_zero_child_that_cannot_be_executed_fails_only_the_levelzero_col
     not_executable.write_text("not a program\n")
     not_executable.chmod(0o644)
     # argv[0] names the file, so Python takes it for sys.executable; its own libraries come from its prefix.
-    command = ["bash", "-c", 'exec -a "$0" "$@"', str(not_executable), str(interpreter), "-m", "exporter"]
+    command = ["bash", "-c", 'exec -a "$0" "$@"', str(not_executable), str(interpreter), "-m", "vllm_xpu_exporter"]
     site_packages = sysconfig.get_paths()["purelib"]
     with host.exporter(command=command, env={"PYTHONPATH": os.pathsep.join([str(REPO), site_packages])}) as exporter:
         during = scrape_until(exporter, fault_holds(LEVELZERO_ONLY), "showed the child that cannot be executed")

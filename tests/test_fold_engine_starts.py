@@ -14,9 +14,9 @@ from itertools import chain
 import pytest
 
 import journalgen
-from exporter.fold import engine_starts
-from exporter.fold.engine_starts import EngineTracker, Outcome, UnitView
-from exporter.parsers.vllm import FailureReason, parse_line
+from vllm_xpu_exporter.fold import engine_starts
+from vllm_xpu_exporter.fold.engine_starts import EngineTracker, Outcome, UnitView
+from vllm_xpu_exporter.parsers.vllm import FailureReason, parse_line
 from sizes import GiB, gib, mib
 from vllmlogs import (
     CHAT,

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.fold import engine_starts
-from exporter.fold.engine_starts import EngineTracker, Outcome, UnitView
-from exporter.gate import lines as gate_lines
-from exporter.sources.journal import JournalEntry, JournalReader, JournalSelection
+from vllm_xpu_exporter.fold import engine_starts
+from vllm_xpu_exporter.fold.engine_starts import EngineTracker, Outcome, UnitView
+from vllm_xpu_exporter.gate import lines as gate_lines
+from vllm_xpu_exporter.sources.journal import JournalEntry, JournalReader, JournalSelection
 from journalgen import (Clock, JournalEntrySpec, Moment, current_boot_id, new_invocation_id, unit_failed,
                         unit_output, unit_process_exited, unit_restart_scheduled, unit_started, unit_starting,
                         unit_stopped, write_journal)
@@ -390,11 +390,11 @@ def test_a_known_engine_units_start_that_dies_unprinted_after_the_grace_still_co
 
 def test_the_fold_imports_no_source_and_no_collector() -> None:
     """The fold sits between the vLLM grammar and the collectors: the journal reader feeds it and the
-    collectors read it, but it needs neither (systemd's MESSAGE_IDs come from exporter.systemd). Asked of a
+    collectors read it, but it needs neither (systemd's MESSAGE_IDs come from vllm_xpu_exporter.systemd). Asked of a
     fresh interpreter, a subprocess: hence here, not among tests/test_fold_engine_starts.py's pure ones."""
-    code = ("import json, sys, exporter.fold.engine_starts; "
-            "print(json.dumps(sorted(name for name in sys.modules if name.startswith('exporter'))))")
+    code = ("import json, sys, vllm_xpu_exporter.fold.engine_starts; "
+            "print(json.dumps(sorted(name for name in sys.modules if name.startswith('vllm_xpu_exporter'))))")
     imported = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                          check=True).stdout)
-    assert "exporter.fold.engine_starts" in imported
-    assert not [name for name in imported if name.startswith(("exporter.sources", "exporter.collectors"))], imported
+    assert "vllm_xpu_exporter.fold.engine_starts" in imported
+    assert not [name for name in imported if name.startswith(("vllm_xpu_exporter.sources", "vllm_xpu_exporter.collectors"))], imported

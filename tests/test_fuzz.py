@@ -1,16 +1,16 @@
 """Fuzzing the pure parsers and the engine fold with hypothesis, on random text and on mutated real input.
 
-- `exporter.parsers.vllm.parse_line` and `exporter.parsers.fdinfo.parse_fdinfo` never raise, take bounded time
+- `vllm_xpu_exporter.parsers.vllm.parse_line` and `vllm_xpu_exporter.parsers.fdinfo.parse_fdinfo` never raise, take bounded time
   per line, and what they return is well formed: on random text, token soups of real vocabulary, and exact
   real lines (the grammar test tables, the fdinfo fixtures) mutated by inserting, deleting and replacing
   characters, duplicating segments, growing numbers, adding unicode, control characters, NULs, or padding to
   60 KiB.
 - Numbers: real lines with every figure replaced by huge (up to 6,000 digits), infinite, NaN, negative and
   oddly written numbers, and whole lines of nothing but such numbers. Every value the parsers return is
-  finite and within its bounds (`exporter.parsers.vllm.PLAUSIBLE`, `exporter.parsers.fdinfo.MAX_BYTES`),
+  finite and within its bounds (`vllm_xpu_exporter.parsers.vllm.PLAUSIBLE`, `vllm_xpu_exporter.parsers.fdinfo.MAX_BYTES`),
   and the journal and processes collectors fed with them are exposed (text and OpenMetrics) without an
   exception, each reporting success, every value within bounds.
-- `exporter.fold.engine_starts.EngineTracker` never raises on random sequences of real-looking journal entries (PID 1's
+- `vllm_xpu_exporter.fold.engine_starts.EngineTracker` never raises on random sequences of real-looking journal entries (PID 1's
   records with every MESSAGE_ID it knows, vLLM lines, whole starts) and its counters never decrease.
 
 Runs are deterministic (derandomized, no example database) and bounded in examples, so the file takes
@@ -36,22 +36,22 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from exporter.collector import Sources
-from exporter.collectors.journal import JournalCollector, unit_metrics
-from exporter.collectors.processes import ProcessesCollector
-from exporter.fold.engine_starts import EngineTracker, UnitView
-from exporter.gate import lines as gate_lines
-from exporter.parsers import vllm
-from exporter.parsers.fdinfo import MAX_BYTES, DrmClient, device_memory_bytes, parse_fdinfo
-from exporter.scrape import ExporterCollector
-from exporter.sources.journal import JournalEntry
-from exporter.sources.journal.follower import JournalState
-from exporter.systemd import (MESSAGE_ID_SPAWN_FAILED, MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
+from vllm_xpu_exporter.collector import Sources
+from vllm_xpu_exporter.collectors.journal import JournalCollector, unit_metrics
+from vllm_xpu_exporter.collectors.processes import ProcessesCollector
+from vllm_xpu_exporter.fold.engine_starts import EngineTracker, UnitView
+from vllm_xpu_exporter.gate import lines as gate_lines
+from vllm_xpu_exporter.parsers import vllm
+from vllm_xpu_exporter.parsers.fdinfo import MAX_BYTES, DrmClient, device_memory_bytes, parse_fdinfo
+from vllm_xpu_exporter.scrape import ExporterCollector
+from vllm_xpu_exporter.sources.journal import JournalEntry
+from vllm_xpu_exporter.sources.journal.follower import JournalState
+from vllm_xpu_exporter.systemd import (MESSAGE_ID_SPAWN_FAILED, MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
                               MESSAGE_ID_UNIT_RESOURCES, MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED,
                               MESSAGE_ID_UNIT_STARTED, MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED,
                               MESSAGE_ID_UNIT_STOPPING, MESSAGE_ID_UNIT_SUCCESS)
-from exporter.sources.levelzero.binding import DeviceIdentity, MemoryModule, MemoryModuleProperties
-from exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses
+from vllm_xpu_exporter.sources.levelzero.binding import DeviceIdentity, MemoryModule, MemoryModuleProperties
+from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
 from scrapes import parse_samples, sample
 from test_parsers_fdinfo import DEPRECATED_MEMORY_KEYS, I915_61, I915_612, NOT_DRM, XE_DOC
@@ -373,7 +373,7 @@ def counters(views: list[UnitView]) -> Counters:
                         (view.gate_waits, view.gate_wait_seconds, view.gate_timeouts)) for view in views}
 
 
-# The journal's gauges and the bounds (exporter.parsers.vllm.PLAUSIBLE) of the field each one shows.
+# The journal's gauges and the bounds (vllm_xpu_exporter.parsers.vllm.PLAUSIBLE) of the field each one shows.
 GAUGE_FIELDS = {
     "xpu_unit_gpu_memory_utilization_ratio": "gpu_memory_utilization",
     "xpu_unit_max_model_len_tokens": "max_model_len",

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter.fold.engine_starts import EngineTracker
-from exporter.gate import lines as gate_lines
-from exporter.gate.cli import MAX_DURATION_S, devices_of_units, parse_options
-from exporter.gate.decision import decide
-from exporter.gate.leases import Lease, LeaseDirectory, UnreadableLease, lease_ended
-from exporter.gate.lines import GateDecision
-from exporter.systemd import parse_timespan
+from vllm_xpu_exporter.fold.engine_starts import EngineTracker
+from vllm_xpu_exporter.gate import lines as gate_lines
+from vllm_xpu_exporter.gate.cli import MAX_DURATION_S, devices_of_units, parse_options
+from vllm_xpu_exporter.gate.decision import decide
+from vllm_xpu_exporter.gate.leases import Lease, LeaseDirectory, UnreadableLease, lease_ended
+from vllm_xpu_exporter.gate.lines import GateDecision
+from vllm_xpu_exporter.systemd import parse_timespan
 from exporterproc import RunningExporter
 from polling import wait_for
 from scrapes import sample
@@ -177,7 +177,7 @@ class Host:
         env = {**fake_driver_env(self.driver, self.tmp / "fake_ze.conf"), "PYTHONPATH": str(REPO),
                "PATH": str(self.bin), "INVOCATION_ID": invocation, "LANG": "C.UTF-8", **(environment or {})}
         journal_args = journal if journal is not None else ["--journal.file", str(self.journal)]
-        command = [sys.executable, "-m", "exporter.gate", "--unit", unit, *journal_args,
+        command = [sys.executable, "-m", "vllm_xpu_exporter.gate", "--unit", unit, *journal_args,
                    "--lease-directory", str(self.leases), "--poll-interval", "50ms",
                    "--systemctl", str(self.bin / "systemctl"), *args]
         run = GateRun(unit, invocation, subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

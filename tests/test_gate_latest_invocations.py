@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from exporter.fold.engine_starts import UnitView
-from exporter.gate.cli import Gate, Output, parse_options
-from exporter.gate.decision import decide
-from exporter.sources.journal import JournalSelection
-from exporter.sources.journal.follower import JournalFollower, JournalState, prints_a_vllm_line
-from exporter.sources.journal.reader import MAX_INVOCATIONS_BACK, JournalReader
+from vllm_xpu_exporter.fold.engine_starts import UnitView
+from vllm_xpu_exporter.gate.cli import Gate, Output, parse_options
+from vllm_xpu_exporter.gate.decision import decide
+from vllm_xpu_exporter.sources.journal import JournalSelection
+from vllm_xpu_exporter.sources.journal.follower import JournalFollower, JournalState, prints_a_vllm_line
+from vllm_xpu_exporter.sources.journal.reader import MAX_INVOCATIONS_BACK, JournalReader
 from journalgen import (Clock, JournalEntrySpec, append_journal, new_invocation_id, random_boot_id, unit_failed,
                         unit_output, unit_process_exited, unit_restart_scheduled, unit_started, unit_starting,
                         unit_stopped, write_journal)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.gate.lines import (GateDecision, format_released, format_timed_out, is_gate_line, parse_line)
+from vllm_xpu_exporter.gate.lines import (GateDecision, format_released, format_timed_out, is_gate_line, parse_line)
 from sizes import GiB
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from exporter.gate.cli import EXIT_TERMINATED, SYSTEM_PATH, distrust_environment, go_duration
+from vllm_xpu_exporter.gate.cli import EXIT_TERMINATED, SYSTEM_PATH, distrust_environment, go_duration
 from fakeze import FakeConfig, write_config
 from journalgen import new_invocation_id, unit_output, unit_starting
 from polling import wait_for

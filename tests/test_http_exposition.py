@@ -1,4 +1,4 @@
-"""exporter.http.exposition writes exactly the bytes prometheus_client's encoders write: for the exporter's own
+"""vllm_xpu_exporter.http.exposition writes exactly the bytes prometheus_client's encoders write: for the exporter's own
 metrics (the golden scrapes), for every Accept header Prometheus sends, and for random families
 (hypothesis) with names, labels and values that need escaping or that the encoders refuse."""
 
@@ -16,9 +16,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Exemplar
 
-from exporter.http.exposition import choose_encoder, generate_openmetrics, generate_text
-from exporter.families import CounterFamily, GaugeFamily, RowFamily
-from exporter.http.server import ExporterServer
+from vllm_xpu_exporter.http.exposition import choose_encoder, generate_openmetrics, generate_text
+from vllm_xpu_exporter.families import CounterFamily, GaugeFamily, RowFamily
+from vllm_xpu_exporter.http.server import ExporterServer
 from httpclient import request
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -86,7 +86,7 @@ def test_every_family_the_exporter_serves_is_written_without_prometheus_client(g
 
 
 def as_row_family(family: Metric) -> Metric:
-    """The golden family as the exporter's collectors build it (exporter.families), where it is one."""
+    """The golden family as the exporter's collectors build it (vllm_xpu_exporter.families), where it is one."""
     kinds = {"gauge": GaugeFamily, "counter": CounterFamily}
     label_names = sorted({name for sample in family.samples for name in sample.labels})
     if family.type not in kinds or any(sample.labels.keys() != set(label_names) for sample in family.samples):

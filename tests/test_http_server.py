@@ -22,11 +22,11 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import Collector
 
-from exporter.families import CounterFamily, GaugeFamily
-from exporter.http.connections import ServerLimits
-from exporter.http.server import ExporterServer, parse_listen_address
-from exporter.http.loading import load_web_config
-from exporter.http.webconfig import WebConfig
+from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
+from vllm_xpu_exporter.http.connections import ServerLimits
+from vllm_xpu_exporter.http.server import ExporterServer, parse_listen_address
+from vllm_xpu_exporter.http.loading import load_web_config
+from vllm_xpu_exporter.http.webconfig import WebConfig
 from certs import CLIENT_SAN, Pki
 from httpclient import basic, client_context, curl, request
 from polling import wait_for
@@ -193,7 +193,7 @@ def test_head_returns_the_headers_of_get_without_a_body(server):
 
 
 class FilterCollector(Collector):
-    """Families of every shape /metrics?name[]= restricts: the exporter's row families (exporter.families)
+    """Families of every shape /metrics?name[]= restricts: the exporter's row families (vllm_xpu_exporter.families)
     and prometheus_client's, a counter with a _created sample and a histogram among them."""
 
     def collect(self):
@@ -209,7 +209,7 @@ class FilterCollector(Collector):
 
 def filter_registry() -> CollectorRegistry:
     # Described, so that prometheus_client's restricted_registry finds the collector by its names (the
-    # exporter's restriction needs no names: exporter.http.exposition.restricted).
+    # exporter's restriction needs no names: vllm_xpu_exporter.http.exposition.restricted).
     registry = CollectorRegistry(auto_describe=True)
     registry.register(FilterCollector())
     return registry
@@ -343,7 +343,7 @@ def test_keep_alive_serves_several_requests_on_one_connection(server):
 def test_collection_error_returns_500_with_one_line_and_is_logged(caplog):
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FailingCollector())
-    with running(registry=registry) as failing, caplog.at_level(logging.ERROR, logger="exporter.web"):
+    with running(registry=registry) as failing, caplog.at_level(logging.ERROR, logger="vllm_xpu_exporter.web"):
         status, headers, body = fetch(failing)
         assert status == 500
         assert body == b"An error has occurred while collecting metrics.\n"
@@ -353,12 +353,12 @@ def test_collection_error_returns_500_with_one_line_and_is_logged(caplog):
 
 
 def test_requests_are_not_logged_to_stderr_but_to_the_debug_logger(server, capfd, caplog):
-    with caplog.at_level(logging.DEBUG, logger="exporter.web"):
+    with caplog.at_level(logging.DEBUG, logger="vllm_xpu_exporter.web"):
         fetch(server, "/metrics?marker=1")
         fetch(server, "/nope")
         assert wait_for(lambda: '"GET /nope HTTP/1.1" 404' in caplog.text)
     assert '"GET /metrics?marker=1 HTTP/1.1" 200' in caplog.text
-    assert all(record.levelno == logging.DEBUG for record in caplog.records if record.name == "exporter.web")
+    assert all(record.levelno == logging.DEBUG for record in caplog.records if record.name == "vllm_xpu_exporter.web")
     assert capfd.readouterr().err == ""
 
 
@@ -682,7 +682,7 @@ def test_tls_over_ipv6(tmp_path, pki):
 
 def test_client_that_does_not_trust_the_server_ca_fails_and_the_server_survives(tmp_path, pki, caplog):
     with running(web_config=tls_config(tmp_path, pki)) as tls_server, \
-            caplog.at_level(logging.DEBUG, logger="exporter.web"):
+            caplog.at_level(logging.DEBUG, logger="vllm_xpu_exporter.web"):
         with pytest.raises(ssl.SSLCertVerificationError):
             fetch(tls_server, context=client_context(pki.rogue_ca_cert), host="localhost")
         assert wait_for(lambda: "TLS handshake with 127.0.0.1 failed" in caplog.text)

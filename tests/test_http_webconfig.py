@@ -9,10 +9,10 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-import exporter.http.reloading
-from exporter.http.loading import load_web_config, parse_web_config
-from exporter.http.reloading import ReloadingWebConfig
-from exporter.http.webconfig import PasswordChecksBusy, WebConfig, WebConfigError
+import vllm_xpu_exporter.http.reloading
+from vllm_xpu_exporter.http.loading import load_web_config, parse_web_config
+from vllm_xpu_exporter.http.reloading import ReloadingWebConfig
+from vllm_xpu_exporter.http.webconfig import PasswordChecksBusy, WebConfig, WebConfigError
 from certs import Pki, make_encrypted_key, make_pki, make_self_signed
 from httpclient import authorization
 from polling import wait_for
@@ -344,7 +344,7 @@ def test_a_change_made_while_the_file_loads_is_loaded_afterwards(tmp_path, monke
     path = write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n")
     reloading = ReloadingWebConfig(load_web_config(path))
     read_done, finish = threading.Event(), threading.Event()
-    real_load = exporter.http.reloading.load_web_config
+    real_load = vllm_xpu_exporter.http.reloading.load_web_config
 
     def slow_load(load_path: str) -> WebConfig:
         config = real_load(load_path)
@@ -353,7 +353,7 @@ def test_a_change_made_while_the_file_loads_is_loaded_afterwards(tmp_path, monke
             finish.wait(10)
         return config
 
-    monkeypatch.setattr(exporter.http.reloading, "load_web_config", slow_load)
+    monkeypatch.setattr(vllm_xpu_exporter.http.reloading, "load_web_config", slow_load)
     rewrite(path, f"basic_auth_users:\n  bob: '{HASH}'\n")
     threading.Thread(target=reloading.current, daemon=True).start()  # whoever notices the change first
     assert read_done.wait(10)
@@ -366,14 +366,14 @@ def test_requests_are_served_with_the_old_config_while_the_new_one_loads(tmp_pat
     path = write_config(tmp_path, f"basic_auth_users:\n  alice: '{HASH}'\n")
     reloading = ReloadingWebConfig(load_web_config(path))
     loading, finish = threading.Event(), threading.Event()
-    real_load = exporter.http.reloading.load_web_config
+    real_load = vllm_xpu_exporter.http.reloading.load_web_config
 
     def slow_load(load_path: str) -> WebConfig:
         loading.set()
         finish.wait(10)
         return real_load(load_path)
 
-    monkeypatch.setattr(exporter.http.reloading, "load_web_config", slow_load)
+    monkeypatch.setattr(vllm_xpu_exporter.http.reloading, "load_web_config", slow_load)
     rewrite(path, f"basic_auth_users:\n  bob: '{HASH}'\n")
     answers: list[tuple[str, ...]] = []
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from containerlogs import RACE_CONTAINERS, DockerHost, container_lines, epoch, journald_specs
-from exporter.fold.container_runs import ContainerRuns
-from exporter.fold.engine_starts import EngineTracker, UnitView
-from exporter.parsers.vllm import FailureReason
-from exporter.sources.journal import JournalEntry, JournalReader, JournalSelection
-from exporter.sources.journal.follower import JournalFollower
+from vllm_xpu_exporter.fold.container_runs import ContainerRuns
+from vllm_xpu_exporter.fold.engine_starts import EngineTracker, UnitView
+from vllm_xpu_exporter.parsers.vllm import FailureReason
+from vllm_xpu_exporter.sources.journal import JournalEntry, JournalReader, JournalSelection
+from vllm_xpu_exporter.sources.journal.follower import JournalFollower
 from exporterproc import RunningExporter
 from journalgen import (Clock, Moment, append_journal, container_id, container_output, podman_died, random_boot_id,
                         unit_output, write_journal)

@@ -1,4 +1,4 @@
-"""exporter.sources.journal against real journal files written by systemd-journal-remote."""
+"""vllm_xpu_exporter.sources.journal against real journal files written by systemd-journal-remote."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import exporter_journal_selection, parse_options
-from exporter.sources.journal import JournalEntry, JournalError, JournalReader, JournalSelection, normalize_boot
-from exporter.sources.journal import reader as journal_source
-from exporter.sources.journal.binding import LIBSYSTEMD, LibSystemd
-from exporter.systemd import (
+from vllm_xpu_exporter.cli import exporter_journal_selection, parse_options
+from vllm_xpu_exporter.sources.journal import JournalEntry, JournalError, JournalReader, JournalSelection, normalize_boot
+from vllm_xpu_exporter.sources.journal import reader as journal_source
+from vllm_xpu_exporter.sources.journal.binding import LIBSYSTEMD, LibSystemd
+from vllm_xpu_exporter.systemd import (
     MESSAGE_ID_UNIT_FAILURE_RESULT,
     MESSAGE_ID_UNIT_PROCESS_EXIT,
     MESSAGE_ID_UNIT_RESTART_SCHEDULED,

@@ -30,8 +30,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from exporter.cli import build_parser
-from exporter.http.loading import load_web_config
+from vllm_xpu_exporter.cli import build_parser
+from vllm_xpu_exporter.http.loading import load_web_config
 
 REPO = Path(__file__).resolve().parents[1]
 KUBERNETES = REPO / "deploy" / "kubernetes"

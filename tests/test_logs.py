@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from exporter.logs import setup_logging
+from vllm_xpu_exporter.logs import setup_logging
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
 
@@ -24,7 +24,7 @@ def logged(level: str, fmt: str, log_at: int) -> str:
     try:
         failing_function()
     except ValueError:
-        logging.getLogger("exporter.test").log(log_at, "it failed", exc_info=True)
+        logging.getLogger("vllm_xpu_exporter.test").log(log_at, "it failed", exc_info=True)
     return stream.getvalue()
 
 

@@ -1,4 +1,4 @@
-"""exporter.memory: vLLM's memory rules, as the gate, the headroom figure and the planner share them."""
+"""vllm_xpu_exporter.memory: vLLM's memory rules, as the gate, the headroom figure and the planner share them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter import memory
-from exporter.memory import KvRate
+from vllm_xpu_exporter import memory
+from vllm_xpu_exporter.memory import KvRate
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
 

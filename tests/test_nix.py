@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter import __version__
-from exporter.cli import parse_options
-from exporter.gate.cli import parse_options as parse_gate_options
+from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter.cli import parse_options
+from vllm_xpu_exporter.gate.cli import parse_options as parse_gate_options
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = REPO / "nix" / "module.nix"

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import parse_options
-from exporter.gate.cli import parse_options as parse_gate_options
-from exporter.systemd import parse_timespan
+from vllm_xpu_exporter.cli import parse_options
+from vllm_xpu_exporter.gate.cli import parse_options as parse_gate_options
+from vllm_xpu_exporter.systemd import parse_timespan
 from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, xe_fdinfo
 from fakeze import A770, FakeConfig, fake_driver_env, write_config
@@ -63,7 +63,7 @@ def installed_unit(tmp_path: Path) -> Path:
     """The unit as installed: systemd-analyze checks that ExecStart's program exists, so it points at a
     real executable here instead of /opt/vllm-xpu-exporter."""
     program = tmp_path / "vllm-xpu-exporter"
-    program.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m exporter \"$@\"\n")
+    program.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m vllm_xpu_exporter \"$@\"\n")
     program.chmod(0o755)
     text = UNIT.read_text()
     assert f"ExecStart={EXEC_START} " in text
@@ -108,7 +108,7 @@ def test_security_exposure_is_below_three(installed_unit, record_property):
 def gated_unit(tmp_path: Path, drop_in: str) -> Path:
     """A vLLM unit of its own user with the gate's drop-in, as installed (the gate is a real program)."""
     program = tmp_path / "vllm-xpu-gate"
-    program.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m exporter.gate \"$@\"\n")
+    program.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m vllm_xpu_exporter.gate \"$@\"\n")
     program.chmod(0o755)
     (tmp_path / "vllm-chat.service").write_text(
         "[Unit]\nDescription=vLLM chat\n[Service]\nExecStart=/bin/true\nDynamicUser=yes\n")
@@ -306,7 +306,7 @@ def test_exporter_collects_everything_under_memory_deny_write_execute(tmp_path, 
     launcher.write_text(MDWE_LAUNCHER)
     with RunningExporter(["--path.procfs", str(procfs.root), "--journal.file", str(journal), "--journal.boot", "all"],
                          env=fake_driver_env(fake_driver, config_path),
-                         command=[sys.executable, str(launcher), "-m", "exporter"]) as exporter:
+                         command=[sys.executable, str(launcher), "-m", "vllm_xpu_exporter"]) as exporter:
         samples = wait_for(lambda: (s := exporter.scrape()) and all(
             sample(s, "xpu_exporter_collector_success", collector=name) == 1
             for name in ("levelzero", "processes", "journal")) and s, timeout=20)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.parsers.fdinfo import (
+from vllm_xpu_exporter.parsers.fdinfo import (
     MAX_BYTES,
     MAX_LAYOUT_LINES,
     MAX_LINE_CHARS,

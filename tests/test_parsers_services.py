@@ -1,11 +1,11 @@
-"""exporter.parsers.services: the lines that say a watched unit runs no vLLM engine, read from what the
+"""vllm_xpu_exporter.parsers.services: the lines that say a watched unit runs no vLLM engine, read from what the
 programs really print."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporter.parsers import services, vllm
+from vllm_xpu_exporter.parsers import services, vllm
 from exporterproc import RunningExporter
 from vllmlogs import ERA_VERSIONS, REASONS, Failure, VllmRun, engine_start_lines
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.parsers.vllm import (
+from vllm_xpu_exporter.parsers.vllm import (
     GRAMMAR,
     MAX_LINE_CHARS,
     PLAUSIBLE,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.pci import format_pci_address, is_sysfs_pci_address, normalise_pci_address
+from vllm_xpu_exporter.pci import format_pci_address, is_sysfs_pci_address, normalise_pci_address
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import memory, plan, planning
-from exporter.fold.engine_starts import EngineTracker
+from vllm_xpu_exporter import memory, plan, planning
+from vllm_xpu_exporter.fold.engine_starts import EngineTracker
 from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs
 from fakeze import A770, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
@@ -58,7 +58,7 @@ def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_plan(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "exporter.plan", "--journal.file", str(journal),
+    return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", "--journal.file", str(journal),
                            "--device-memory", str(SIXTEEN_GIB), *args],
                           capture_output=True, text=True, timeout=120, env=env, check=False)
 
@@ -194,7 +194,7 @@ def test_nixos_snippet(journal: Path) -> None:
     ["--systemctl", "systemctl"],
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-m", "exporter.plan", *argv], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", *argv], capture_output=True, text=True,
                             timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "vllm-xpu-plan: error:" in result.stderr
@@ -291,7 +291,7 @@ def test_a_plan_that_does_not_fit_writes_no_drop_in(journal: Path, tmp_path: Pat
 def test_the_exporters_plan_is_kept_while_its_figures_hold_and_made_again_when_a_start_changes(tmp_path: Path) -> None:
     """The processes collector keeps a unit's plan between scrapes: the fold hands out fresh snapshots every
     time, so the plan is kept by the starts' figures, and a start with other figures is planned again."""
-    from exporter.collectors.processes import ProcessesCollector
+    from vllm_xpu_exporter.collectors.processes import ProcessesCollector
 
     collector = ProcessesCollector(str(tmp_path))
     runs = {CHAT: race_chat_runs()[1]}

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from bootrace import IDLE_RESERVED, RACE_UNITS
-from exporter.plan import DROP_IN_NAME, exec_start_from_cat
+from vllm_xpu_exporter.plan import DROP_IN_NAME, exec_start_from_cat
 from fakeze import GiB
 from plannedboot import CHAT, Observation, judge, observe, planned_boot
 from test_real_systemd import require_root

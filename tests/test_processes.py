@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.collectors.processes import choose_units
+from vllm_xpu_exporter.collectors.processes import choose_units
 from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
 from fakeze import A770, B580, FakeConfig, FakeMemoryModule, FakeProcess, fake_driver_env, write_config

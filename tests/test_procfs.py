@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter.parsers.cgroup import unit_of_cgroup_file
-from exporter.parsers.fdinfo import parse_engine_use
-from exporter.sources import procfs as procfs_source
-from exporter.sources.procfs import (
+from vllm_xpu_exporter.parsers.cgroup import unit_of_cgroup_file
+from vllm_xpu_exporter.parsers.fdinfo import parse_engine_use
+from vllm_xpu_exporter.sources import procfs as procfs_source
+from vllm_xpu_exporter.sources.procfs import (
     DrmClientScanner,
     ProcfsUnavailable,
     ScanResult,

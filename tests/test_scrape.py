@@ -14,17 +14,17 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from exporter.collector import CollectionError, Collector, ScrapeContext, Sources
-from exporter.families import GaugeFamily
-from exporter.scrape import ExporterCollector
-from exporter.sources.journal.follower import STILL_READING
-from exporter.sources.levelzero.worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
+from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Sources
+from vllm_xpu_exporter.families import GaugeFamily
+from vllm_xpu_exporter.scrape import ExporterCollector
+from vllm_xpu_exporter.sources.journal.follower import STILL_READING
+from vllm_xpu_exporter.sources.levelzero.worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
 from scrapes import parse_samples
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
 
 
-# The exporter's collectors build exporter.families' row families; any other collector prometheus_client's.
+# The exporter's collectors build vllm_xpu_exporter.families' row families; any other collector prometheus_client's.
 FAMILY_KINDS = {"row family": GaugeFamily, "prometheus_client family": GaugeMetricFamily}
 
 
@@ -185,20 +185,20 @@ def scrapes(collector: Collector, count: int) -> list[float]:
 
 
 def scrape_log(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
-    return [(record.levelno, record.getMessage()) for record in caplog.records if record.name == "exporter.scrape"]
+    return [(record.levelno, record.getMessage()) for record in caplog.records if record.name == "vllm_xpu_exporter.scrape"]
 
 
 @pytest.mark.parametrize("error", list(STARTING.values()), ids=list(STARTING))
 def test_a_source_still_starting_reports_0_and_logs_no_data_yet_at_info_not_a_warning(
         error: Exception, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="exporter.scrape"):
+    with caplog.at_level(logging.DEBUG, logger="vllm_xpu_exporter.scrape"):
         assert scrapes(Raises("starting", [error, error, None, None]), 4) == [0, 0, 1, 1]
     assert scrape_log(caplog) == [(logging.INFO, f"collector starting has no data yet: {error}")]
 
 
 def test_a_failure_after_no_data_yet_warns_and_its_end_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     failed = CollectionError("cannot open the journal: Permission denied")
-    with caplog.at_level(logging.DEBUG, logger="exporter.scrape"):
+    with caplog.at_level(logging.DEBUG, logger="vllm_xpu_exporter.scrape"):
         assert scrapes(Raises("journal", [STARTING["journal-first-read"], failed, None]), 3) == [0, 0, 1]
     assert scrape_log(caplog) == [
         (logging.INFO, f"collector journal has no data yet: {STILL_READING}"),
@@ -209,6 +209,6 @@ def test_a_failure_after_no_data_yet_warns_and_its_end_is_logged(caplog: pytest.
 
 def test_a_failure_at_the_first_scrape_is_still_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     failed = LevelZeroUnavailable("Level Zero initialisation failed: zeInit: ZE_RESULT_ERROR_UNINITIALIZED")
-    with caplog.at_level(logging.DEBUG, logger="exporter.scrape"):
+    with caplog.at_level(logging.DEBUG, logger="vllm_xpu_exporter.scrape"):
         assert scrapes(Raises("levelzero", [failed]), 1) == [0]
     assert scrape_log(caplog) == [(logging.WARNING, f"collector levelzero failed: {failed}")]

@@ -1,4 +1,4 @@
-"""Security of the exporter as operators run it: a real `python -m exporter` process with a web config
+"""Security of the exporter as operators run it: a real `python -m vllm_xpu_exporter` process with a web config
 file, scraped by real TLS clients (Python's ssl module and curl).
 
 - TLS with a certificate from the trusted CA; a client that does not trust the server's CA; client
@@ -353,7 +353,7 @@ def test_idle_and_slowloris_connections_do_not_lock_scrapes_out_under_tasks_max(
     """200 idle TCP connections and 100 that send a header line every half second (never finishing their
     request), under TasksMax=64 emulated with a pids cgroup: scrapes keep being answered."""
     task_limit.set_max(TASKS_MAX)
-    command = task_limit.wrap([sys.executable, "-m", "exporter"])
+    command = task_limit.wrap([sys.executable, "-m", "vllm_xpu_exporter"])
     with RunningExporter(list(NO_COLLECTORS), command=command) as exporter:
         assert task_limit.path.name in cgroup_of(exporter.process.pid)
         port = port_of(exporter)
@@ -427,7 +427,7 @@ INVALID_CONFIG_NAMES = ["not-yaml", "not-a-mapping", "unknown-key", "missing-cer
 
 
 def run_to_exit(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", "--web.listen-address", "127.0.0.1:0", *args],
+    return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter", "--web.listen-address", "127.0.0.1:0", *args],
                           capture_output=True, text=True, timeout=30, cwd=REPO, env={"PYTHONPATH": str(REPO)})
 
 
@@ -517,8 +517,8 @@ def test_control_bytes_of_a_request_line_reach_the_debug_log_escaped(start):
 
 
 def test_logfmt_escapes_control_characters_like_go_logfmt():
-    from exporter.logs import LogfmtFormatter
-    record = logging.LogRecord("exporter.web", logging.DEBUG, __file__, 1, "%s", ("a\x1bb\rc\nd\te\"f\\g=h i\u2028",), None)
+    from vllm_xpu_exporter.logs import LogfmtFormatter
+    record = logging.LogRecord("vllm_xpu_exporter.web", logging.DEBUG, __file__, 1, "%s", ("a\x1bb\rc\nd\te\"f\\g=h i\u2028",), None)
     line = LogfmtFormatter().format(record)
     assert line.endswith(' msg="a\\u001bb\\rc\\nd\\te\\"f\\\\g=h i\\u2028"'), line
     record.args = ("plain-value",)

@@ -1,4 +1,4 @@
-"""exporter.sources.levelzero.binding against the real Level Zero loader and the fake driver.
+"""vllm_xpu_exporter.sources.levelzero.binding against the real Level Zero loader and the fake driver.
 
 Level Zero initialisation is per process (a failed zeInit is final; the driver decides on
 Sysman at the first zeInit), so every scenario runs in a fresh Python subprocess (a small
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from exporter.sources.levelzero.binding import (
+from vllm_xpu_exporter.sources.levelzero.binding import (
     LevelZeroError,
     LoaderUnavailable,
     format_uuid,
@@ -56,7 +56,7 @@ PRELUDE = """
 import json, os
 from dataclasses import asdict, replace
 from pathlib import Path
-from exporter.sources.levelzero.binding import LevelZero, LevelZeroError
+from vllm_xpu_exporter.sources.levelzero.binding import LevelZero, LevelZeroError
 
 def attempt(call):
     try:
@@ -165,7 +165,7 @@ def test_two_devices_report_exact_identity_memory_and_processes(fake_driver: Pat
 def test_module_command_line_prints_the_devices_as_json(fake_driver: Path, config_path: Path) -> None:
     write_config(config_path, FakeConfig(devices=(A770,)))
     completed = subprocess.run(
-        [sys.executable, "-m", "exporter.sources.levelzero.binding"],
+        [sys.executable, "-m", "vllm_xpu_exporter.sources.levelzero.binding"],
         env=child_env(fake_driver, config_path),
         cwd=REPOSITORY,
         capture_output=True,
@@ -274,7 +274,7 @@ def test_devices_of_every_driver_are_listed(fake_driver: Path, config_path: Path
 
 def test_devices_before_init_raises_not_initialized(fake_driver: Path, config_path: Path) -> None:
     script = """
-    from exporter.sources.levelzero.binding import NotInitialized
+    from vllm_xpu_exporter.sources.levelzero.binding import NotInitialized
     try:
         LevelZero().devices()
         print(json.dumps("no error"))
@@ -346,7 +346,7 @@ def test_missing_loader_library_raises_loader_unavailable_naming_library_and_dlo
     fake_driver: Path, config_path: Path
 ) -> None:
     script = """
-    from exporter.sources.levelzero.binding import LoaderUnavailable
+    from vllm_xpu_exporter.sources.levelzero.binding import LoaderUnavailable
     try:
         LevelZero("/nonexistent/libze_loader.so.1")
     except LoaderUnavailable as error:
@@ -364,7 +364,7 @@ def test_missing_loader_library_raises_loader_unavailable_naming_library_and_dlo
 
 def test_library_that_is_not_a_loader_raises_loader_unavailable(fake_driver: Path, config_path: Path) -> None:
     script = """
-    from exporter.sources.levelzero.binding import LoaderUnavailable
+    from vllm_xpu_exporter.sources.levelzero.binding import LoaderUnavailable
     try:
         LevelZero("libc.so.6")
     except LoaderUnavailable as error:

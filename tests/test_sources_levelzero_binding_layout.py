@@ -1,4 +1,4 @@
-"""The ctypes mirror in exporter.sources.levelzero.binding matches the installed Level Zero headers.
+"""The ctypes mirror in vllm_xpu_exporter.sources.levelzero.binding matches the installed Level Zero headers.
 
 A C program, generated from the module's Structures and ZE_/ZES_ constants, is compiled
 against /usr/include/level_zero (libze-dev) and prints sizeof, every field's offsetof and
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.sources.levelzero import binding as levelzero
+from vllm_xpu_exporter.sources.levelzero import binding as levelzero
 
 CONSTANT_NAME = re.compile(r"^ZES?_[A-Z0-9_]+$")
 

@@ -18,7 +18,7 @@ from fakeze import (A770, A770_TELEMETRY, B580, B580_TELEMETRY, TELEMETRY_KINDS,
 from polling import wait_for
 from sizes import GiB, MiB
 
-from exporter.sources.levelzero.binding import (
+from vllm_xpu_exporter.sources.levelzero.binding import (
     DeviceIdentity,
     EnergyCounter,
     EngineActivity,
@@ -32,7 +32,7 @@ from exporter.sources.levelzero.binding import (
     RasErrors,
     Temperature,
 )
-from exporter.sources.levelzero.worker import (DeviceMemory, DeviceTelemetry, LevelZeroUnavailable, LevelZeroWorker,
+from vllm_xpu_exporter.sources.levelzero.worker import (DeviceMemory, DeviceTelemetry, LevelZeroUnavailable, LevelZeroWorker,
                                                TelemetryReading, WorkerState, _to_wire)
 
 UNSUPPORTED_FEATURE = 0x78000003

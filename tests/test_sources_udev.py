@@ -1,4 +1,4 @@
-"""exporter.sources.udev through the real libudev, over a fake sysfs in private namespaces.
+"""vllm_xpu_exporter.sources.udev through the real libudev, over a fake sysfs in private namespaces.
 
 Each scenario runs a small Python program inside a SysfsNamespace (tests/fakesysfs.py) that prints
 JSON; uevents are sent inside the namespace's own network namespace, so nothing reaches the host.
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from exporter.sources.udev import is_drm_minor_name, pci_address_from_devpath
+from vllm_xpu_exporter.sources.udev import is_drm_minor_name, pci_address_from_devpath
 from fakesysfs import (
     PCI_CLASS_DISPLAY_OTHER,
     FakeGpu,
@@ -40,7 +40,7 @@ HOTPLUGGED = FakeGpu("0000:07:00.0", card=4, render=130, bridges=("0000:00:1e.0"
 
 NODES_SCRIPT = """
 import json
-from exporter.sources.udev import UdevUnavailable, drm_nodes_by_pci
+from vllm_xpu_exporter.sources.udev import UdevUnavailable, drm_nodes_by_pci
 try:
     nodes = drm_nodes_by_pci()
 except UdevUnavailable as error:
@@ -51,7 +51,7 @@ else:
 
 WATCHER_SCRIPT = """
 import json, logging, sys, threading
-from exporter.sources.udev import DrmWatcher, drm_nodes_by_pci
+from vllm_xpu_exporter.sources.udev import DrmWatcher, drm_nodes_by_pci
 
 logging.basicConfig(level=logging.DEBUG, format="log %(levelname)s %(name)s %(message)s")
 sources = tuple(sys.argv[1].split(","))
@@ -74,7 +74,7 @@ threading.Event().wait()
 
 NODE_NAMES_SCRIPT = """
 import json, logging, sys, threading
-from exporter.sources.udev import DrmNodeNames
+from vllm_xpu_exporter.sources.udev import DrmNodeNames
 
 logging.basicConfig(level=logging.DEBUG, format="log %(levelname)s %(name)s %(message)s")
 names = DrmNodeNames()
@@ -276,14 +276,14 @@ def test_watcher_start_returns_false_with_one_warning_when_no_socket_can_be_open
     script = """
 import json, logging, os, resource
 import pyudev
-from exporter.sources.udev import DrmWatcher
+from vllm_xpu_exporter.sources.udev import DrmWatcher
 
 records = []
 class Keep(logging.Handler):
     def emit(self, record):
         records.append((record.levelname, record.getMessage()))
-logging.getLogger("exporter.udev").addHandler(Keep())
-logging.getLogger("exporter.udev").setLevel(logging.DEBUG)
+logging.getLogger("vllm_xpu_exporter.udev").addHandler(Keep())
+logging.getLogger("vllm_xpu_exporter.udev").setLevel(logging.DEBUG)
 context = pyudev.Context()
 highest_fd = max(int(fd) for fd in os.listdir("/proc/self/fd"))
 resource.setrlimit(resource.RLIMIT_NOFILE, (highest_fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
@@ -325,14 +325,14 @@ def test_watcher_start_returns_false_with_one_warning_when_no_thread_can_be_star
     script = """
 import json, logging, os, sys
 import pyudev
-from exporter.sources.udev import DrmWatcher
+from vllm_xpu_exporter.sources.udev import DrmWatcher
 
 records = []
 class Keep(logging.Handler):
     def emit(self, record):
         records.append((record.levelname, record.getMessage()))
-logging.getLogger("exporter.udev").addHandler(Keep())
-logging.getLogger("exporter.udev").setLevel(logging.DEBUG)
+logging.getLogger("vllm_xpu_exporter.udev").addHandler(Keep())
+logging.getLogger("vllm_xpu_exporter.udev").setLevel(logging.DEBUG)
 context = pyudev.Context()  # finding libudev runs ldconfig: before the limit
 open_fds = len(os.listdir("/proc/self/fd"))
 with open(sys.argv[1], "w") as pids_max:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import vllmunit
-from exporter.fold.engine_starts import EngineTracker, Outcome
-from exporter.parsers import vllm
+from vllm_xpu_exporter.fold.engine_starts import EngineTracker, Outcome
+from vllm_xpu_exporter.parsers import vllm
 from fakeze import GiB, SharedDevice
 from polling import wait_for
 from vllmlogs import TrackerEntry

@@ -18,7 +18,7 @@ Layers, each usable alone from a Python shell::
   with journalgen's builders; `service_runs` chains a unit's restarts.
 * `compose(*boots)`: several units' entries interleaved by time into one journal entry list
   (`Placed`), per boot; `journal_specs` turns it into journalgen specs, `tracker_entries` into the
-  entries the journal reader hands to `exporter.fold.engine_starts.EngineTracker`.
+  entries the journal reader hands to `vllm_xpu_exporter.fold.engine_starts.EngineTracker`.
 * `unit_start(unit, run, clock)`: one start written on a journalgen Clock, after what the test wrote
   before; `chat_runs()`: a failed and a good start of a chat unit to write with it.
 * `boot_race()`: the problem statement's three-unit boot race on one 16 GiB-class GPU.
@@ -52,7 +52,7 @@ from functools import partial
 from typing import NamedTuple
 
 import journalgen
-from exporter.parsers.vllm import release
+from vllm_xpu_exporter.parsers.vllm import release
 from journalgen import JournalEntrySpec, Moment
 from sizes import GiB, MiB
 
@@ -1288,7 +1288,7 @@ def journal_specs(placed: Iterable[Placed]) -> list[JournalEntrySpec]:
 
 @dataclass(frozen=True)
 class TrackerEntry:
-    """What exporter.fold.engine_starts.EngineTracker reads of a journal entry."""
+    """What vllm_xpu_exporter.fold.engine_starts.EngineTracker reads of a journal entry."""
 
     unit: str
     realtime_usec: int

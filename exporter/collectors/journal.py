@@ -1,6 +1,6 @@
 """Engine starts, failures and KV cache of the watched units and containers, from their journal and, with
 --logs.docker or --logs.pods, their containers' log files: the followers' states
-(exporter.sources.journal.follower) as metric families, one set for both sources."""
+(vllm_xpu_exporter.sources.journal.follower) as metric families, one set for both sources."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 from prometheus_client.metrics_core import Metric
 
-from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
-from exporter.families import CounterFamily, GaugeFamily
-from exporter.fold.engine_starts import UnitView
-from exporter.sources.journal.follower import STILL_READING, STILL_READING_CONTAINER_LOGS, JournalState
-from exporter.parsers.vllm import FailureReason
+from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
+from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
+from vllm_xpu_exporter.fold.engine_starts import UnitView
+from vllm_xpu_exporter.sources.journal.follower import STILL_READING, STILL_READING_CONTAINER_LOGS, JournalState
+from vllm_xpu_exporter.parsers.vllm import FailureReason
 
 
 class JournalCollector(Collector):

@@ -2,7 +2,7 @@
 
 A thin mapping: it reads Level Zero through the scrape context (one answer of the Level Zero child carries the
 memory and the telemetry), and node names from udev's DrmNodeNames, a source built, wired to the Level Zero
-worker and started with the other sources (exporter.collector).
+worker and started with the other sources (vllm_xpu_exporter.collector).
 
 A telemetry kind the driver does not support, or that needs more privilege than the exporter has, is absent
 and logged once (at info, saying what would enable it); it does not make the collector fail. Any other error
@@ -15,13 +15,13 @@ from collections.abc import Iterator
 
 from prometheus_client.metrics_core import Metric
 
-from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
-from exporter.families import CounterFamily, GaugeFamily
-from exporter.sources.levelzero import binding as ze
-from exporter.sources import udev
-from exporter.sources.levelzero.worker import DeviceMemory, DeviceTelemetry
+from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
+from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
+from vllm_xpu_exporter.sources.levelzero import binding as ze
+from vllm_xpu_exporter.sources import udev
+from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceTelemetry
 
-log = logging.getLogger("exporter.levelzero")
+log = logging.getLogger("vllm_xpu_exporter.levelzero")
 
 ENGINES = {
     ze.ZES_ENGINE_GROUP_ALL: "all",

@@ -26,7 +26,7 @@ the rest still add up to used), their engine counters are dropped, and how many 
 xpu_exporter_processes_units_dropped. Desktop sessions, containers or batch jobs each in a scope of their own
 can hold DRM clients by the thousand: without the cap each would be a series on every device.
 
-Per watched engine unit on a GPU whose total is known, the plan's figures (exporter.planning, the same as
+Per watched engine unit on a GPU whose total is known, the plan's figures (vllm_xpu_exporter.planning, the same as
 vllm-xpu-plan's): its footprint and planned KV cache, and per GPU their sum, so that a GPU whose units cannot
 all run at once shows on the dashboard and alerts. The unit's GPU is the one it holds (or last held) memory
 on, or the only one.
@@ -44,18 +44,18 @@ from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
 
-from exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
-from exporter import memory as memory_rules
-from exporter import planning
-from exporter.families import CounterFamily, GaugeFamily
-from exporter.flags import container_paths, positive_int
-from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
-from exporter.parsers.cgroup import ContainerCgroup, unit_cgroup_of_path
-from exporter.sources import containers, dmem, procfs
-from exporter.sources.containers import ContainerNames, Workload
-from exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
+from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
+from vllm_xpu_exporter import memory as memory_rules
+from vllm_xpu_exporter import planning
+from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
+from vllm_xpu_exporter.flags import container_paths, positive_int
+from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
+from vllm_xpu_exporter.parsers.cgroup import ContainerCgroup, unit_cgroup_of_path
+from vllm_xpu_exporter.sources import containers, dmem, procfs
+from vllm_xpu_exporter.sources.containers import ContainerNames, Workload
+from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
 
-log = logging.getLogger("exporter.processes")
+log = logging.getLogger("vllm_xpu_exporter.processes")
 
 DMEM = "dmem"
 FDINFO = "fdinfo"
@@ -468,7 +468,7 @@ class ProcessesCollector(Collector):
 
     def _planned(self, devices: list[DeviceMemory], attributions: dict[str, DeviceAttribution],
                  views: list[UnitView]) -> Iterator[Metric]:
-        """The plan's figures (exporter.planning) of each engine unit whose GPU and its total are known: the
+        """The plan's figures (vllm_xpu_exporter.planning) of each engine unit whose GPU and its total are known: the
         KV its target needs and its footprint, and per GPU the sum to hold against its total. The target is
         what the unit's --kv-cache-memory-bytes holds when set, else the planner's default (max_num_seqs
         requests of the full model length)."""

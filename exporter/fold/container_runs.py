@@ -1,5 +1,5 @@
 """A container's runs: which start of a container each line it printed belongs to, for the engine-starts
-fold (`exporter.fold.engine_starts`), which takes one start per invocation id.
+fold (`vllm_xpu_exporter.fold.engine_starts`), which takes one start per invocation id.
 
 systemd gives each start of a unit an invocation id and says when its process ended; a container engine
 writes neither into what a container printed. What the sources do know of a container's runs comes with
@@ -33,13 +33,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
-from exporter.parsers import vllm
+from vllm_xpu_exporter.parsers import vllm
 
 DEFAULT_MAX_LINE_CHARS = 64 * 1024
 
 
 class ContainerLine(Protocol):
-    """What the stage reads of an entry (exporter.sources.journal.JournalEntry has it; a dataclass, so
+    """What the stage reads of an entry (vllm_xpu_exporter.sources.journal.JournalEntry has it; a dataclass, so
     `dataclasses.replace` makes the entry handed on)."""
 
     unit: str

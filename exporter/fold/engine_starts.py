@@ -1,8 +1,8 @@
 """Engine starts of watched units, folded from their journal: what each start printed, how it ended,
 and whether it overlapped another unit's init.
 
-Input is the journal in journal order: the unit's own lines (parsed by `exporter.parsers.vllm`; the
-lines of the init gate `vllm-xpu-gate`, by `exporter.gate.lines`) and PID 1's records about it.
+Input is the journal in journal order: the unit's own lines (parsed by `vllm_xpu_exporter.parsers.vllm`; the
+lines of the init gate `vllm-xpu-gate`, by `vllm_xpu_exporter.gate.lines`) and PID 1's records about it.
 
 A *start* is one invocation of the unit. Every record of one start carries the same invocation id
 (`_SYSTEMD_INVOCATION_ID` on the unit's output, `INVOCATION_ID` on PID 1's records; a restart gets a
@@ -47,8 +47,8 @@ For the gate a unit is initialising from the same beginning until its init compl
 *Engine units and possible inits.* The `--journal.units` globs may match units that run no vLLM engine
 (the exporter's own unit, a `vllm-proxy.service`); such a unit must not hold gated starts back, count
 overlaps or count failures. A unit is an *engine unit* once a start of it printed a vLLM line (one
-`exporter.parsers.vllm` recognises); it is *known not to be one* once a start of it printed a line
-`exporter.parsers.services` recognises (the exporter's start-up line) before any vLLM line, or ran
+`vllm_xpu_exporter.parsers.vllm` recognises); it is *known not to be one* once a start of it printed a line
+`vllm_xpu_exporter.parsers.services` recognises (the exporter's start-up line) before any vLLM line, or ran
 longer than the engine grace (`--journal.engine-grace`, ENGINE_GRACE_USEC by default) after its main
 process began without printing one; otherwise it is not known yet (`Start.engine`). A start of an
 engine unit is an engine start, as above. A start of a unit known not to be one is no init at all: it
@@ -56,7 +56,7 @@ never initialises, overlaps nothing and its failure counts nothing. A start of a
 a *possible init*: for the gate it is initialising from its main process's start until the first of
 - its first vLLM line: it is an engine start from then on, whose init began when its main process
   began; its overlaps are judged from then, retroactively (every init that ran since counts);
-- a line of `exporter.parsers.services`: not an engine, its window ends at once;
+- a line of `vllm_xpu_exporter.parsers.services`: not an engine, its window ends at once;
 - the engine grace after its main process began, judged like the late-lines grace by the time of the
   next entry read or `settle(now_usec)`: not an engine. A vLLM line it prints later still makes it an
   engine start, whose init then begins at that line;
@@ -80,10 +80,10 @@ from enum import StrEnum
 from itertools import chain
 from typing import Protocol
 
-from exporter.gate import lines as gate_lines
-from exporter.parsers import services, vllm
-from exporter.parsers.vllm import FailureReason
-from exporter.systemd import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
+from vllm_xpu_exporter.gate import lines as gate_lines
+from vllm_xpu_exporter.parsers import services, vllm
+from vllm_xpu_exporter.parsers.vllm import FailureReason
+from vllm_xpu_exporter.systemd import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
                               MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_STARTED,
                               MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED, MESSAGE_ID_UNIT_STOPPING,
                               MESSAGE_ID_UNIT_SUCCESS)
@@ -118,7 +118,7 @@ class Outcome(StrEnum):
 
 
 class Entry(Protocol):
-    """What the fold needs of a journal entry (exporter.sources.journal.JournalEntry has it)."""
+    """What the fold needs of a journal entry (vllm_xpu_exporter.sources.journal.JournalEntry has it)."""
 
     unit: str
     realtime_usec: int

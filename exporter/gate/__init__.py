@@ -6,7 +6,7 @@ unit on the same GPU is initialising and enough device memory is free, and other
 (a static `env -i` first: the gate runs as root, and the unit's environment is its user's; docs/security.md).
 
 It reads the same journal through the same fold as the exporter (`JournalFollower` over
-`exporter.fold.engine_starts`) to know which watched units are initialising (main process started, init
+`vllm_xpu_exporter.fold.engine_starts`) to know which watched units are initialising (main process started, init
 neither completed nor failed; a unit waiting in its own gate is not), and Level Zero, in a child
 (`LevelZeroWorker`), for free and total memory. It needs no running exporter.
 
@@ -25,16 +25,16 @@ A gate that cannot read the journal or Level Zero, or whose device reports untru
 says so and releases at once: it never strands a unit. After --timeout it exits 0 with a warning
 (--on-timeout start, the default) or 1 (fail). Bad flags exit 2 with one line. Every line it writes
 (stderr: the unit's journal) begins with "vllm-xpu-gate: "; the decision lines are written and read by
-`exporter.gate.lines`.
+`vllm_xpu_exporter.gate.lines`.
 
 The modules, by concern:
 
-- `lines`: the lines the gate writes, which the journal fold (`exporter.fold.engine_starts`) reads back;
+- `lines`: the lines the gate writes, which the journal fold (`vllm_xpu_exporter.fold.engine_starts`) reads back;
 - `decision`: `decide`, the pure decision for a unit on a device;
 - `leases`: the lease directory: the per-device lock and lease files, and when a lease ends;
 - `systemctl`: what the gate asks systemd (a unit's TimeoutStartSec=, invocation id, whether it is gone);
 - `cli`: the flags, `Gate` (the loop that reads the sources, decides, grants the lease, releases or
-  times out) and `main`, the console script's entry point (also `python -m exporter.gate`).
+  times out) and `main`, the console script's entry point (also `python -m vllm_xpu_exporter.gate`).
 
 Nothing is imported here: the fold imports `lines` and must not pull in the gate's program.
 """

@@ -1,3 +1,3 @@
-from exporter.gate.cli import main
+from vllm_xpu_exporter.gate.cli import main
 
 raise SystemExit(main())

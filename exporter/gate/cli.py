@@ -1,7 +1,7 @@
-"""`vllm-xpu-gate`'s command line and main loop (docs/gate.md; how the gate decides: `exporter.gate`).
+"""`vllm-xpu-gate`'s command line and main loop (docs/gate.md; how the gate decides: `vllm_xpu_exporter.gate`).
 
 Its flags (`GateOptions`), the lines it writes (`Output`), `Gate`, which reads the journal and Level Zero,
-decides (`exporter.gate.decision`) holding the device's lock, grants the lease (`exporter.gate.leases`) and
+decides (`vllm_xpu_exporter.gate.decision`) holding the device's lock, grants the lease (`vllm_xpu_exporter.gate.leases`) and
 releases or times out, and `main`: SIGTERM, the unit's environment when it is started without the drop-in's
 `env -i`, and a release on any bug of the gate.
 """
@@ -20,19 +20,19 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from exporter import __version__
-from exporter.durations import parse_go_duration
-from exporter.flags import (EXIT_USAGE, OneLineParser, absolute_path, add_journal_flags, add_levelzero_flags,
+from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter.durations import parse_go_duration
+from vllm_xpu_exporter.flags import (EXIT_USAGE, OneLineParser, absolute_path, add_journal_flags, add_levelzero_flags,
                             add_procfs_flag, add_systemctl_flag, check_journal_flags, journal_selection)
-from exporter.gate import lines as gate_lines
-from exporter.gate.decision import Decision, decide
-from exporter.gate.leases import Lease, LeaseDirectory, UnreadableLease, lease_ended
-from exporter.gate.systemctl import current_invocation, systemctl_show, unit_gone, unit_start_timeout
-from exporter.pci import normalise_pci_address
-from exporter.sources import procfs
-from exporter.sources.journal import JournalSelection
-from exporter.sources.journal.follower import STILL_READING, JournalFollower, JournalState
-from exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState
+from vllm_xpu_exporter.gate import lines as gate_lines
+from vllm_xpu_exporter.gate.decision import Decision, decide
+from vllm_xpu_exporter.gate.leases import Lease, LeaseDirectory, UnreadableLease, lease_ended
+from vllm_xpu_exporter.gate.systemctl import current_invocation, systemctl_show, unit_gone, unit_start_timeout
+from vllm_xpu_exporter.pci import normalise_pci_address
+from vllm_xpu_exporter.sources import procfs
+from vllm_xpu_exporter.sources.journal import JournalSelection
+from vllm_xpu_exporter.sources.journal.follower import STILL_READING, JournalFollower, JournalState
+from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState
 
 PROG = "vllm-xpu-gate"
 EXIT_RELEASED = 0
@@ -192,7 +192,7 @@ class Output:
             self.warn(text)
 
     def line(self, line: str) -> None:
-        """A line formatted by exporter.gate.lines (prefix included)."""
+        """A line formatted by vllm_xpu_exporter.gate.lines (prefix included)."""
         self._stream.write(line + "\n")
         self._stream.flush()
 

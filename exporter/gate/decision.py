@@ -8,12 +8,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from exporter import memory as memory_rules
-from exporter.fold.engine_starts import UnitView
-from exporter.gate import lines as gate_lines
+from vllm_xpu_exporter import memory as memory_rules
+from vllm_xpu_exporter.fold.engine_starts import UnitView
+from vllm_xpu_exporter.gate import lines as gate_lines
 
 if TYPE_CHECKING:
-    from exporter.sources.levelzero.worker import DeviceMemory
+    from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory
 
 
 @dataclass(frozen=True)

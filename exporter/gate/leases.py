@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import ClassVar
 
-from exporter.fold.engine_starts import UnitView
-from exporter.gate import lines as gate_lines
+from vllm_xpu_exporter.fold.engine_starts import UnitView
+from vllm_xpu_exporter.gate import lines as gate_lines
 
 LEASE_DIRECTORY_MODE = 0o700
 LEASE_FILE_MODE = 0o600

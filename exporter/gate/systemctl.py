@@ -8,7 +8,7 @@ import os
 import subprocess
 from collections.abc import Mapping
 
-from exporter.systemd import parse_timespan
+from vllm_xpu_exporter.systemd import parse_timespan
 
 SYSTEMCTL_TIMEOUT_S = 5.0
 # systemd's states of a unit whose processes are gone.

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-logger = logging.getLogger("exporter.web")
+logger = logging.getLogger("vllm_xpu_exporter.web")
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from exporter.families import RowFamily
+from vllm_xpu_exporter.families import RowFamily
 
 # Names every escaping scheme but "dots" leaves as they are, in both formats. Not `:` (OpenMetrics with
 # underscores escapes sample names as label names) and no label name starting with `__` (reserved:

@@ -1,4 +1,4 @@
-"""Reading and validating the web config file (`--web.config.file`, the format: `exporter.http.webconfig`):
+"""Reading and validating the web config file (`--web.config.file`, the format: `vllm_xpu_exporter.http.webconfig`):
 `load_web_config` reads the file as strict YAML (no duplicate keys, bounded nesting), `parse_web_config`
 validates every key and value against what exporter-toolkit accepts and builds the `WebConfig`, its TLS
 context included. A file that cannot be used raises `WebConfigError`: one line naming the problem,
@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
-from exporter.durations import parse_go_duration
-from exporter.http.tls import (CLIENT_AUTH_TYPES, CURVES, TLS12_CIPHER_SUITES, TLS13_CIPHER_SUITES, TLS_VERSIONS,
+from vllm_xpu_exporter.durations import parse_go_duration
+from vllm_xpu_exporter.http.tls import (CLIENT_AUTH_TYPES, CURVES, TLS12_CIPHER_SUITES, TLS13_CIPHER_SUITES, TLS_VERSIONS,
                                UNSUPPORTED_CLIENT_AUTH_TYPES, VERIFY_MODES, build_ssl_context)
-from exporter.http.webconfig import FileState, RateLimit, TLSServerConfig, WebConfig, WebConfigError
+from vllm_xpu_exporter.http.webconfig import FileState, RateLimit, TLSServerConfig, WebConfig, WebConfigError
 
 # The headers exporter-toolkit lets a config set, with their allowed values (None: any value).
 CONFIGURABLE_HEADERS: Mapping[str, tuple[str, ...] | None] = MappingProxyType({

@@ -9,10 +9,10 @@ import logging
 import threading
 from collections.abc import Mapping
 
-from exporter.http.loading import file_fingerprint, load_web_config
-from exporter.http.webconfig import FileState, WebConfig, WebConfigError
+from vllm_xpu_exporter.http.loading import file_fingerprint, load_web_config
+from vllm_xpu_exporter.http.webconfig import FileState, WebConfig, WebConfigError
 
-logger = logging.getLogger("exporter.webconfig")
+logger = logging.getLogger("vllm_xpu_exporter.webconfig")
 
 _RELOAD_ATTEMPTS = 5
 

@@ -1,6 +1,6 @@
 """The exporter's HTTP server: metrics, landing page, health, TLS and basic auth from the web config.
 
-Connections, TLS handshakes and request parsing are `exporter.http.connections`'s (an event loop and a small
+Connections, TLS handshakes and request parsing are `vllm_xpu_exporter.http.connections`'s (an event loop and a small
 fixed pool of workers, with bounded memory and time per client); this module serves the routes.
 
 Access logs go to the `exporter.web` logger at debug level; nothing is written to stderr directly.
@@ -24,13 +24,13 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CollectorRegistry
 
-from exporter import __version__
-from exporter.http.connections import ConnectionServer, Request, Response, ServerLimits, render_response
-from exporter.http.exposition import choose_encoder, restricted
-from exporter.http.reloading import ReloadingWebConfig
-from exporter.http.webconfig import PasswordChecksBusy, WebConfig
+from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter.http.connections import ConnectionServer, Request, Response, ServerLimits, render_response
+from vllm_xpu_exporter.http.exposition import choose_encoder, restricted
+from vllm_xpu_exporter.http.reloading import ReloadingWebConfig
+from vllm_xpu_exporter.http.webconfig import PasswordChecksBusy, WebConfig
 
-logger = logging.getLogger("exporter.web")
+logger = logging.getLogger("vllm_xpu_exporter.web")
 
 HEALTH_PATH = "/-/healthy"
 SERVER_NAME = f"vllm-xpu-exporter/{__version__}"

@@ -1,6 +1,6 @@
 """The web config's TLS (`tls_server_config`): the names it accepts, as Go's crypto/tls spells them (client
 auth types, versions, cipher suites, curves), and `build_ssl_context`, the server-side `ssl.SSLContext` of a
-validated section (the differences from Go that Python's `ssl` module forces: `exporter.http.webconfig`).
+validated section (the differences from Go that Python's `ssl` module forces: `vllm_xpu_exporter.http.webconfig`).
 No private key, inline or in a file, appears in an error message.
 """
 
@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from exporter.http.webconfig import TLSServerConfig, WebConfigError
+from vllm_xpu_exporter.http.webconfig import TLSServerConfig, WebConfigError
 
 CLIENT_AUTH_TYPES = ("NoClientCert", "RequestClientCert", "RequireAnyClientCert", "VerifyClientCertIfGiven",
                      "RequireAndVerifyClientCert")

@@ -1,8 +1,8 @@
 """The exporter-toolkit web configuration file (`--web.config.file`): TLS, basic auth, headers, rate limit.
 
 This module is the config as loaded (`WebConfig`) and its checks of a request (basic auth, client
-certificate SANs, rate limit); `exporter.http.loading` reads and validates the file, `exporter.http.tls`
-builds the TLS context, `exporter.http.reloading` follows the file.
+certificate SANs, rate limit); `vllm_xpu_exporter.http.loading` reads and validates the file, `vllm_xpu_exporter.http.tls`
+builds the TLS context, `vllm_xpu_exporter.http.reloading` follows the file.
 
 The format is the one every Prometheus Go exporter reads (prometheus/exporter-toolkit,
 docs/web-configuration.md), so one file can serve node_exporter and this exporter alike:
@@ -122,7 +122,7 @@ class _TokenBucket:
 
 class WebConfig:
     """A loaded web config. Build it with `load_web_config(path)` or `parse_web_config(document, base_dir)`
-    (`exporter.http.loading`), which validate it and build its TLS context.
+    (`vllm_xpu_exporter.http.loading`), which validate it and build its TLS context.
 
     Thread-safe: the HTTP server calls `check_basic_auth` and `allow_request` from many threads.
     """
@@ -138,7 +138,7 @@ class WebConfig:
         self.empty = empty
         self._users = {user: hashed.encode("ascii") for user, hashed in users.items()}
         # The state of every file this config is read from, taken before the file was read (see
-        # `exporter.http.loading.parse_web_config`).
+        # `vllm_xpu_exporter.http.loading.parse_web_config`).
         self.fingerprint: Mapping[str, FileState] = MappingProxyType(dict(fingerprint or {}))
         self._ssl_context = ssl_context
         # Checked for unknown users so that their answer takes as long as a known user's (no user

@@ -2,7 +2,7 @@
 
 `systemd_cgroup_path` picks the cgroup path systemd manages out of the file (cgroup v1, hybrid or v2);
 `unit_of_cgroup_path` and `unit_cgroup_of_path` read the unit from that path the way systemd does; and
-`unit_of_cgroup_file` does both. The sources read the files: `exporter.sources.procfs` other processes'
+`unit_of_cgroup_file` does both. The sources read the files: `vllm_xpu_exporter.sources.procfs` other processes'
 (`read_unit_cgroup`), the journal reader the exporter's own.
 
 A container's cgroup also says which engine runs it, its id and, under Kubernetes, its pod's uid

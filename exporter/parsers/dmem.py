@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from exporter.parsers.fdinfo import MAX_BYTES, MAX_UINT_DIGITS
-from exporter.pci import normalise_pci_address
+from vllm_xpu_exporter.parsers.fdinfo import MAX_BYTES, MAX_UINT_DIGITS
+from vllm_xpu_exporter.pci import normalise_pci_address
 
 # A real line is well under 100 characters (`drm/` + a PCI address + `/vram0` + 20 digits).
 MAX_LINE_CHARS = 256

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from exporter.pci import normalise_pci_address
+from vllm_xpu_exporter.pci import normalise_pci_address
 
 # A real fdinfo line is well under 200 characters; longer ones are skipped unparsed.
 MAX_LINE_CHARS = 512

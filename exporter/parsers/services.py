@@ -3,7 +3,7 @@ service it names or None out.
 
 `--journal.units` globs such as `vllm*.service` also match units that never print a vLLM line: the
 exporter's own `vllm-xpu-exporter.service`, a `vllm-proxy.service`. A start of a unit that has not
-printed a vLLM line yet is only a *possible* engine init (`exporter.fold.engine_starts`); a line of this
+printed a vLLM line yet is only a *possible* engine init (`vllm_xpu_exporter.fold.engine_starts`); a line of this
 table, printed before any vLLM line, tells at once that the start is not one, so the gate need not
 wait the engine grace for it.
 
@@ -12,7 +12,7 @@ the message varies):
 
 | row | service | the line, as the service writes it |
 |---|---|---|
-| `exporter_listening` | `vllm-xpu-exporter` | `msg="vllm-xpu-exporter 1.4.0 listening on http://[::]:10447/metrics (collectors: ...)"` (logfmt), `"msg": "vllm-xpu-exporter 1.4.0 listening on ..."` (JSON): `exporter.cli.main`'s start-up line |
+| `exporter_listening` | `vllm-xpu-exporter` | `msg="vllm-xpu-exporter 1.4.0 listening on http://[::]:10447/metrics (collectors: ...)"` (logfmt), `"msg": "vllm-xpu-exporter 1.4.0 listening on ..."` (JSON): `vllm_xpu_exporter.cli.main`'s start-up line |
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ log files of the kubelet's pods, read-only, caught up then followed, as journal 
 
 Usable alone from a Python shell::
 
-    >>> from exporter.sources.containerlogs import ContainerLogReader, LogDirectories
-    >>> from exporter.sources.journal import JournalSelection
+    >>> from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
+    >>> from vllm_xpu_exporter.sources.journal import JournalSelection
     >>> selection = JournalSelection(container_globs=["*vllm*"], boot="all")
     >>> with ContainerLogReader(selection, LogDirectories(docker_roots=("/var/lib/docker",))) as reader:
     ...     for entry in reader.read_available(100):
@@ -23,11 +23,11 @@ Where the files are
     (`JournalSelection.matches_container`: its name, or its key for a glob with `/`).
 
 What an entry is
-    One record (`exporter.parsers.containerlogs`): `JournalEntry` with the container's key as `unit`, the
+    One record (`vllm_xpu_exporter.parsers.containerlogs`): `JournalEntry` with the container's key as `unit`, the
     record's own time as `realtime_usec` (the engine's clock, not journald's), its stream, the `partial`
     flag of a piece (a json-file `log` without its newline, a CRI `P`), and as `container_run` the
     container's id (Docker: a restart of the same container keeps its id and its file, and vLLM's first line
-    tells the runs apart, `exporter.fold.container_runs`) or `<pod uid>/<container>/<n>` (one run a file).
+    tells the runs apart, `vllm_xpu_exporter.fold.container_runs`) or `<pod uid>/<container>/<n>` (one run a file).
     With `boot="current"` (the selection's `--journal.boot`) records from before this boot are skipped, as
     the journal reads only the running boot; with `all` or a boot id, every record is read.
 
@@ -81,13 +81,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from exporter.parsers.containerlogs import MAX_TEXT_CHARS, LogRecord, parse_cri_line, parse_json_file_line
-from exporter.parsers.workloads import kubernetes_key
-from exporter.sources.containers import MAX_DOCKER_CONFIG_BYTES, DockerEnd, docker_names
-from exporter.sources.containers import read_small as _read_small
-from exporter.sources.journal.reader import JournalEntry, JournalSelection, container_end
+from vllm_xpu_exporter.parsers.containerlogs import MAX_TEXT_CHARS, LogRecord, parse_cri_line, parse_json_file_line
+from vllm_xpu_exporter.parsers.workloads import kubernetes_key
+from vllm_xpu_exporter.sources.containers import MAX_DOCKER_CONFIG_BYTES, DockerEnd, docker_names
+from vllm_xpu_exporter.sources.containers import read_small as _read_small
+from vllm_xpu_exporter.sources.journal.reader import JournalEntry, JournalSelection, container_end
 
-log = logging.getLogger("exporter.containerlogs")
+log = logging.getLogger("vllm_xpu_exporter.containerlogs")
 
 POLL_SECONDS = 1.0
 DISCOVER_SECONDS = 5.0

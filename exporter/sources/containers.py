@@ -2,8 +2,8 @@
 no API, no gRPC.
 
 A process's cgroup says which engine runs its container, the container's id and, for a pod's container, the
-pod's uid (`exporter.parsers.cgroup.ContainerCgroup`). `ContainerNames.workload` turns that into a `Workload`:
-the `unit` label value (`exporter.parsers.workloads`: `docker/<name>`, `podman/<name>`,
+pod's uid (`vllm_xpu_exporter.parsers.cgroup.ContainerCgroup`). `ContainerNames.workload` turns that into a `Workload`:
+the `unit` label value (`vllm_xpu_exporter.parsers.workloads`: `docker/<name>`, `podman/<name>`,
 `k8s/<namespace>/<pod>/<container>`) and the details of `xpu_workload_info`. The names come from:
 
 - Docker: `<root>/containers/<id>/config.v2.json` (root `--path.docker`, default /var/lib/docker): `Name`
@@ -38,13 +38,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from exporter.parsers.cgroup import DOCKER, PODMAN, ContainerCgroup
-from exporter.parsers.containerlogs import DockerExit, docker_exit
-from exporter.parsers.workloads import (
+from vllm_xpu_exporter.parsers.cgroup import DOCKER, PODMAN, ContainerCgroup
+from vllm_xpu_exporter.parsers.containerlogs import DockerExit, docker_exit
+from vllm_xpu_exporter.parsers.workloads import (
     KIND_DOCKER, KIND_KUBERNETES, KIND_PODMAN, KIND_SYSTEMD, docker_key, kubernetes_key, podman_key,
 )
 
-log = logging.getLogger("exporter.containers")
+log = logging.getLogger("vllm_xpu_exporter.containers")
 
 DEFAULT_DOCKER_ROOT = "/var/lib/docker"
 DEFAULT_PODMAN_STORAGE = "/var/lib/containers/storage"
@@ -339,10 +339,10 @@ def read_small(path: str, limit: int, report: Callable[[OSError], None] | None =
 class DockerEnd:
     """A Docker container's end, as its `config.v2.json` says it (dockerd rewrites the file on every start
     and end of the container): `ended()` is the end not handed on yet, once `State.Running` is false
-    (`exporter.parsers.containerlogs.docker_exit`). The file is read again only when its mtime or size
+    (`vllm_xpu_exporter.parsers.containerlogs.docker_exit`). The file is read again only when its mtime or size
     changed; the first of `configs` that exists is read (one per --path.docker root). Used by both sources
-    of what a Docker container printed: its json-file log (`exporter.sources.containerlogs`) and the
-    journal (`exporter.sources.journal.reader`, the journald log driver)."""
+    of what a Docker container printed: its json-file log (`vllm_xpu_exporter.sources.containerlogs`) and the
+    journal (`vllm_xpu_exporter.sources.journal.reader`, the journald log driver)."""
 
     configs: tuple[str, ...]
     signature: tuple[int, int] | None = None  # (mtime, size) of the config last read

@@ -2,12 +2,12 @@
 
 Where the controller is enabled for a unit's slice (`+dmem` in the slice's `cgroup.subtree_control`),
 the unit's cgroup has `dmem.current`: the device memory its processes (and those of its sub-cgroups)
-have allocated, per region, as the kernel itself accounts it (`exporter.parsers.dmem`). Reading it
+have allocated, per region, as the kernel itself accounts it (`vllm_xpu_exporter.parsers.dmem`). Reading it
 needs no privilege (cgroup files are world-readable), where DRM fdinfo needs CAP_SYS_PTRACE, and it
 counts memory that no fdinfo shows.
 
 The cgroup tree is `<sysfs>/fs/cgroup` (`--path.sysfs`, default `/sys`). A unit's cgroup path comes
-from `/proc/PID/cgroup` (`exporter.parsers.cgroup.UnitCgroup`), which is relative to the reader's
+from `/proc/PID/cgroup` (`vllm_xpu_exporter.parsers.cgroup.UnitCgroup`), which is relative to the reader's
 cgroup namespace:
 
 - on the host (or a container sharing the host's cgroup namespace) it is the directory's path in the
@@ -21,7 +21,7 @@ cgroup namespace:
   after `relocate_seconds`.
 
 `dmem.current` itself is read afresh on every read, one small file per unit (per distinct cgroup
-directory). From a shell: `python -m exporter.sources.dmem /sys CGROUP_PATH...`.
+directory). From a shell: `python -m vllm_xpu_exporter.sources.dmem /sys CGROUP_PATH...`.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from exporter.parsers.dmem import DmemFormatError, parse_dmem_current, vram_by_device
-from exporter.sources.procfs import read_text
+from vllm_xpu_exporter.parsers.dmem import DmemFormatError, parse_dmem_current, vram_by_device
+from vllm_xpu_exporter.sources.procfs import read_text
 
-log = logging.getLogger("exporter.dmem")
+log = logging.getLogger("vllm_xpu_exporter.dmem")
 
 DEFAULT_SYSFS = "/sys"
 CGROUP_TREE = "fs/cgroup"

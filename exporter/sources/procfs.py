@@ -1,6 +1,6 @@
 """Per-process GPU memory from procfs: which processes hold DRM clients, how much device memory each
 client holds (DRM fdinfo), and which systemd unit each of those processes belongs to (`/proc/PID/cgroup`,
-read by `exporter.parsers.cgroup`).
+read by `vllm_xpu_exporter.parsers.cgroup`).
 
 Every function takes the procfs root (`/proc`, or the host's /proc mounted into a container, e.g.
 `/host/proc`). Processes and fds come and go during a scan; a single process never makes a scan fail.
@@ -9,9 +9,9 @@ Only an unusable root raises `ProcfsUnavailable`.
 Reading other users' `/proc/PID/fd` and `/proc/PID/fdinfo` needs root, or CAP_SYS_PTRACE plus
 CAP_DAC_READ_SEARCH; without them those processes are counted in `ScanResult.unreadable`. Their
 `/proc/PID/cgroup` is world-readable, so their units are still known (`ScanResult.unit_cgroups`): the
-dmem cgroup controller (`exporter.sources.dmem`) can tell those units' device memory without ptrace.
+dmem cgroup controller (`vllm_xpu_exporter.sources.dmem`) can tell those units' device memory without ptrace.
 
-From a shell: `python -m exporter.sources.procfs [/proc]` prints one scan.
+From a shell: `python -m vllm_xpu_exporter.sources.procfs [/proc]` prints one scan.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
-from exporter.parsers.cgroup import UnitCgroup, systemd_cgroup_path, unit_cgroup_of_path
-from exporter.parsers.fdinfo import DrmClient, EngineColumns, FdinfoLayout, parse_engine_use, parse_fdinfo
+from vllm_xpu_exporter.parsers.cgroup import UnitCgroup, systemd_cgroup_path, unit_cgroup_of_path
+from vllm_xpu_exporter.parsers.fdinfo import DrmClient, EngineColumns, FdinfoLayout, parse_engine_use, parse_fdinfo
 
 DRM_MAJOR = 226
 # A DRM fdinfo is ~1-2 KiB and a cgroup file a few hundred bytes; anything bigger is not what we expect.
@@ -205,7 +205,7 @@ class DrmClientScanner:
             return scan.result(len(pids), self._processes)
 
     def unit_of(self, pid: int) -> str | None:
-        """The systemd unit of `pid` (see `exporter.parsers.cgroup.unit_of_cgroup_path`): for a process
+        """The systemd unit of `pid` (see `vllm_xpu_exporter.parsers.cgroup.unit_of_cgroup_path`): for a process
         holding DRM fds, as read at its last walk (for that very process: see the class); for any other
         pid, read now."""
         unit_cgroup = self.unit_cgroup_of(pid)
@@ -392,7 +392,7 @@ def list_pids(procfs: str) -> list[int]:
 
 
 def unit_of_pid(procfs: str, pid: int) -> str | None:
-    """The systemd unit of a process (see `exporter.parsers.cgroup.unit_of_cgroup_path`); None when it is
+    """The systemd unit of a process (see `vllm_xpu_exporter.parsers.cgroup.unit_of_cgroup_path`); None when it is
     in the root cgroup or its cgroup file cannot be read (the process vanished, or permission denied)."""
     try:
         unit_cgroup = read_unit_cgroup(procfs, pid)

@@ -2,7 +2,7 @@
 
 Reads sysfs through the real libudev (via pyudev). Usable alone:
 
-    >>> from exporter.sources.udev import drm_nodes_by_pci
+    >>> from vllm_xpu_exporter.sources.udev import drm_nodes_by_pci
     >>> drm_nodes_by_pci()
     {'0000:03:00.0': DrmNodes(card='card1', render_node='renderD128')}
 """
@@ -23,9 +23,9 @@ from typing import Literal
 
 import pyudev
 
-from exporter.pci import is_sysfs_pci_address
+from vllm_xpu_exporter.pci import is_sysfs_pci_address
 
-logger = logging.getLogger("exporter.udev")
+logger = logging.getLogger("vllm_xpu_exporter.udev")
 
 DRM_CLASS_DIR = "/sys/class/drm"
 # libudev (systemd 252) has /sys compiled in; these must exist for it to find any device.

@@ -3,14 +3,14 @@
 - ``binding``: the ctypes binding of libsystemd's sd-journal, and ``JournalError``, the one error raised;
 - ``reader``: ``JournalReader`` reads the selected units' entries (``JournalSelection``) as ``JournalEntry``;
 - ``follower``: ``JournalFollower``, a thread that catches up, then follows, folding the entries into
-  engine starts (``exporter.fold.engine_starts``) and publishing them as ``JournalState``.
+  engine starts (``vllm_xpu_exporter.fold.engine_starts``) and publishing them as ``JournalState``.
 
-The reader's names are re-exported here, so ``from exporter.sources.journal import JournalReader``
+The reader's names are re-exported here, so ``from vllm_xpu_exporter.sources.journal import JournalReader``
 works from a Python shell; the follower is imported from its module (it pulls in the fold).
 """
 
-from exporter.sources.journal.binding import JournalError
-from exporter.sources.journal.reader import (
+from vllm_xpu_exporter.sources.journal.binding import JournalError
+from vllm_xpu_exporter.sources.journal.reader import (
     DEFAULT_CONTAINER_GLOBS,
     DEFAULT_UNIT_GLOBS,
     JournalEntry,

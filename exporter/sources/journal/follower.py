@@ -15,7 +15,7 @@ the whole boot.
 Containers' lines (the selection's container globs) go through `ContainerRuns` on their way to the fold:
 their pieces joined, each run of a container given an invocation id of its own.
 
-The same thread and fold follow containers' log files (`exporter.sources.containerlogs`): a follower made
+The same thread and fold follow containers' log files (`vllm_xpu_exporter.sources.containerlogs`): a follower made
 with `open_reader` gets its entries from the reader that makes (the interface of `JournalReader` it uses:
 open/close, `wait`, `read_available`, `unreadable_entries`, `last_unreadable`), and `source` names it in
 its state and log lines.
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from exporter.fold.container_runs import ContainerRuns
-from exporter.fold.engine_starts import DEFAULT_MAX_UNITS, EngineTracker, UnitView
-from exporter.sources.journal.reader import DEFAULT_BATCH, JournalEntry, JournalReader, JournalSelection
+from vllm_xpu_exporter.fold.container_runs import ContainerRuns
+from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, EngineTracker, UnitView
+from vllm_xpu_exporter.sources.journal.reader import DEFAULT_BATCH, JournalEntry, JournalReader, JournalSelection
 
-log = logging.getLogger("exporter.journal")
+log = logging.getLogger("vllm_xpu_exporter.journal")
 
 RETRY_SECONDS = 2.0
 WAIT_SECONDS = 0.5  # how often the follower looks at its stop flag while the journal is quiet
@@ -53,7 +53,7 @@ class JournalState:
     entries_read: int  # entries folded since the follower started, re-reads included (JournalFollower._fold)
     dropped_units: int  # units not watched because of the cap
     watched_units: int | None  # None until the journal has been read up to now once
-    values_rejected: int  # lines ignored for an implausible value (exporter.parsers.vllm.PLAUSIBLE)
+    values_rejected: int  # lines ignored for an implausible value (vllm_xpu_exporter.parsers.vllm.PLAUSIBLE)
     unreadable: int = 0  # entries the reader skipped as unreadable (container logs: lines not of their format)
 
 

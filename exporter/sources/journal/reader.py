@@ -2,7 +2,7 @@
 
 Usable alone from a Python shell::
 
-    >>> from exporter.sources.journal import JournalReader, JournalSelection
+    >>> from vllm_xpu_exporter.sources.journal import JournalReader, JournalSelection
     >>> with JournalReader(JournalSelection(unit_globs=["vllm*.service"], boot="all")) as reader:
     ...     for entry in reader.read_available(100):
     ...         print(entry.unit, entry.message)
@@ -17,7 +17,7 @@ Containers that log to the journal (Docker's and Podman's ``journald`` log drive
 name: the entries whose ``CONTAINER_NAME`` matches one of the container globs (``container_globs``,
 none by default; see ``JournalSelection.matches_container``), unless their ``_SYSTEMD_UNIT`` is a
 watched unit (a Podman quadlet container's conmon runs in its ``.service``, which keeps them). Such an
-entry belongs to the container's key (``exporter.parsers.workloads``): ``podman/<name>`` when conmon
+entry belongs to the container's key (``vllm_xpu_exporter.parsers.workloads``): ``podman/<name>`` when conmon
 wrote it (``_COMM=conmon``), else ``docker/<name>`` (dockerd). Podman's events of a watched container's
 end (``PODMAN_EVENT=died`` and ``PODMAN_NAME=<name>``, its events logger ``journald``) are selected too:
 they end the container's run, as systemd's "Main process exited" record ends a unit's start.
@@ -28,7 +28,7 @@ it on among the entries as systemd's record of a unit's end (``container_end``; 
 
 All of these are sd-journal matches, so libsystemd walks its per-value entry indexes instead of every entry.
 
-Every failure to read the journal raises ``JournalError`` (``exporter.sources.journal.binding``),
+Every failure to read the journal raises ``JournalError`` (``vllm_xpu_exporter.sources.journal.binding``),
 an OSError that keeps the errno and the failed function's name.
 """
 
@@ -47,11 +47,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
-from exporter.parsers.cgroup import unit_of_cgroup_file
-from exporter.parsers.containerlogs import DockerExit
-from exporter.parsers.workloads import docker_key, podman_key
-from exporter.sources.containers import DockerEnd
-from exporter.sources.journal.binding import (
+from vllm_xpu_exporter.parsers.cgroup import unit_of_cgroup_file
+from vllm_xpu_exporter.parsers.containerlogs import DockerExit
+from vllm_xpu_exporter.parsers.workloads import docker_key, podman_key
+from vllm_xpu_exporter.sources.containers import DockerEnd
+from vllm_xpu_exporter.sources.journal.binding import (
     LIBSYSTEMD,
     SD_JOURNAL_LOCAL_ONLY,
     SD_JOURNAL_NOP,
@@ -59,7 +59,7 @@ from exporter.sources.journal.binding import (
     JournalError,
     LibSystemd,
 )
-from exporter.systemd import MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_STOPPING
+from vllm_xpu_exporter.systemd import MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_STOPPING
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 OWN_CGROUP_PATH = "/proc/self/cgroup"
@@ -118,7 +118,7 @@ class JournalEntry:
     invocation_id: str = ""
     """The start's invocation id: ``_SYSTEMD_INVOCATION_ID`` of the unit's output, ``INVOCATION_ID`` of
     PID 1's records (32 hex digits); '' if absent, and for a container's line until
-    ``exporter.fold.container_runs.ContainerRuns`` gives it its run's."""
+    ``vllm_xpu_exporter.fold.container_runs.ContainerRuns`` gives it its run's."""
     container_run: str = ""
     """A container's line (``unit`` is its key, with a ``/``): what the source knows of the container's
     run: its id (``CONTAINER_ID_FULL``), with Docker's ``CONTAINER_LOG_EPOCH`` (one per start of the
@@ -132,7 +132,7 @@ class JournalEntry:
 
 
 def container_end(key: str, ended: DockerExit, run: str) -> JournalEntry:
-    """A Docker container's end (``exporter.sources.containers.DockerEnd``) as systemd records a unit's: its
+    """A Docker container's end (``vllm_xpu_exporter.sources.containers.DockerEnd``) as systemd records a unit's: its
     main process exited (``other`` unless a cause comes within the grace), or it was stopped (``docker
     stop``: nothing counts), in the container's run ``run``. Both sources of a Docker container's lines hand
     it on so: its json-file log and the journal."""
@@ -175,7 +175,7 @@ class JournalSelection:
     - ``boot``: ``"current"`` (this kernel's boot id), ``"all"``, or a boot id (32 hex digits or
       the dashed UUID form; normalised to 32 lower-case hex digits).
     - ``engine_grace_usec``: how long a start of a watched unit not known to run vLLM is taken as a
-      possible engine init (``exporter.fold.engine_starts``; ``--journal.engine-grace``); None: the
+      possible engine init (``vllm_xpu_exporter.fold.engine_starts``; ``--journal.engine-grace``); None: the
       fold's default. The reader does not use it; the journal follower folds the selected entries with it.
     - ``docker_roots``: Docker data roots (``--path.docker``) whose ``containers/<id>/config.v2.json`` says
       when a watched Docker container of the journal ended (``JournalReader``: its end); none: not read.
@@ -589,14 +589,14 @@ class JournalReader:
     def _with_container_ends(self, entries: list[JournalEntry]) -> list[JournalEntry]:
         """The entries with the ends of watched Docker containers (journald log driver) among them, as
         systemd's records of a unit's end are among its lines: a container's end is read from its
-        ``config.v2.json`` (``exporter.sources.containers.DockerEnd``: once its ``State.Running`` is false)
+        ``config.v2.json`` (``vllm_xpu_exporter.sources.containers.DockerEnd``: once its ``State.Running`` is false)
         when a new run of it is met, and at most every ``DOCKER_END_SECONDS`` once the reader is at the
         journal's end (a stat of one file a container, read when it changed); never per entry. An end goes
         before the first entry later than it (reading a boot's history, the container's death comes
         before the inits that followed it, which then overlap nothing) or, none being later, at the end,
         in the container's latest run then. So a container that died silently during its init counts as
         `other` (unless its cause comes within the grace), one ``docker stop`` ended as stopped, and
-        neither stays initialising, as with its json-file log (``exporter.sources.containerlogs``).
+        neither stays initialising, as with its json-file log (``vllm_xpu_exporter.sources.containerlogs``).
         A Podman container's "died" event (``PODMAN_EVENT=died``, selected with its name) is such an end
         where the journal has it: it goes in the container's latest run when that run is of the event's
         container (``PODMAN_ID``), else it is dropped (a container none of whose lines was read)."""

@@ -5,6 +5,6 @@
 - ``worker``: ``LevelZeroWorker``, the child process that makes every Level Zero call, so that a crashing
   or hanging driver costs a read, never the exporter, and its wire format.
 
-Nothing is imported here: the child (``python -m exporter.sources.levelzero.worker``) loads this package
+Nothing is imported here: the child (``python -m vllm_xpu_exporter.sources.levelzero.worker``) loads this package
 first, and needs only the binding.
 """

@@ -32,7 +32,7 @@ its subclass :class:`LoaderUnavailable` when the loader library cannot be loaded
 the library and the dlopen error). :class:`NotInitialized` (a RuntimeError) is a programming
 error: devices() before init().
 
-Run ``python -m exporter.sources.levelzero.binding [--library PATH]`` to print what the
+Run ``python -m vllm_xpu_exporter.sources.levelzero.binding [--library PATH]`` to print what the
 bindings see as JSON.
 """
 
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Sequence
 
-from exporter.pci import format_pci_address
+from vllm_xpu_exporter.pci import format_pci_address
 
 DEFAULT_LIBRARY = "libze_loader.so.1"
 
@@ -1115,7 +1115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m exporter.sources.levelzero.binding", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m vllm_xpu_exporter.sources.levelzero.binding", description=main.__doc__)
     parser.add_argument("--library", default=DEFAULT_LIBRARY, help="Level Zero loader to dlopen")
     arguments = parser.parse_args(argv)
     try:

@@ -28,7 +28,7 @@ that error every time (a new child, after a GPU change or a lost device, enumera
 reading is all or nothing: its values, or the first error. Memory bandwidth is read from the device-local
 modules the memory reading has just enumerated.
 
-`python -m exporter.sources.levelzero.worker LIBRARY` runs the child side.
+`python -m vllm_xpu_exporter.sources.levelzero.worker LIBRARY` runs the child side.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, NoReturn, TypeVar
 
-from exporter.sources.levelzero.binding import (
+from vllm_xpu_exporter.sources.levelzero.binding import (
     DEFAULT_LIBRARY,
     ENGINE_GROUPS_ALL,
     FREQUENCY_DOMAINS,
@@ -78,7 +78,7 @@ from exporter.sources.levelzero.binding import (
     Temperature,
 )
 
-log = logging.getLogger("exporter.levelzero")
+log = logging.getLogger("vllm_xpu_exporter.levelzero")
 
 # A real driver's zeInit can take seconds; a scrape does not wait for it, the child gets this long.
 INIT_DEADLINE_S = 60.0
@@ -499,7 +499,7 @@ class LevelZeroWorker:
     def _request(self, what: str, from_wire: Callable[[DeviceIdentity, dict[str, Any]], Reading]
                  ) -> PendingRead[Reading]:
         """Send one request; its answer must come within `timeout` all told (the child's init and its
-        answer). Reads come one scrape at a time (exporter.scrape); the lock orders them against start()
+        answer). Reads come one scrape at a time (vllm_xpu_exporter.scrape); the lock orders them against start()
         and close()."""
         with self._lock:
             deadline = time.monotonic() + self.timeout
@@ -583,7 +583,7 @@ class LevelZeroWorker:
         self._reap_finished()
         try:
             child = subprocess.Popen(
-                [sys.executable, "-m", "exporter.sources.levelzero.worker", self.library,
+                [sys.executable, "-m", "vllm_xpu_exporter.sources.levelzero.worker", self.library,
                  *([] if self.telemetry else [NO_TELEMETRY])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                 # `-m` puts the working directory first on the child's sys.path: the gate's is the gated

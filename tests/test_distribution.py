@@ -1,0 +1,61 @@
+"""The distribution as `pip install .` lays it out: one top-level import package, `vllm_xpu_exporter`, built
+from the source folder exporter/ with every package below it, and no `exporter` (a name any other
+distribution could install too). Installed for real, from a copy of the source, into a target directory."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """`pip install --no-deps --target` of a copy of what the distribution is built from (a build in the
+    clone would leave build/ and egg-info behind)."""
+    root = tmp_path_factory.mktemp("distribution")
+    source = root / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (REPO / name).exists():
+            shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "exporter", source / "exporter", ignore=shutil.ignore_patterns("__pycache__"))
+    target = root / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target",
+                    str(target), str(source)], check=True, capture_output=True, timeout=300)
+    return target
+
+
+def test_pip_install_puts_vllm_xpu_exporter_and_no_exporter_package_into_site_packages(installed):
+    top_level = {path.name for path in installed.iterdir()
+                 if path.is_dir() and not path.name.endswith((".dist-info", ".egg-info")) and path.name != "bin"}
+    assert top_level == {"vllm_xpu_exporter"}
+
+
+def test_every_package_below_the_source_folder_is_installed(installed):
+    source_packages = {init.parent.relative_to(REPO / "exporter")
+                       for init in (REPO / "exporter").rglob("__init__.py")}
+    installed_packages = {init.parent.relative_to(installed / "vllm_xpu_exporter")
+                          for init in (installed / "vllm_xpu_exporter").rglob("__init__.py")}
+    assert installed_packages == source_packages
+    source_modules = {path.relative_to(REPO / "exporter") for path in (REPO / "exporter").rglob("*.py")}
+    installed_modules = {path.relative_to(installed / "vllm_xpu_exporter")
+                         for path in (installed / "vllm_xpu_exporter").rglob("*.py")}
+    assert installed_modules == source_modules
+
+
+def test_the_installed_console_scripts_import_the_renamed_package(installed):
+    scripts = {path.name: path.read_text() for path in (installed / "bin").iterdir()}
+    assert {"vllm-xpu-exporter", "vllm-xpu-gate", "vllm-xpu-plan"} <= scripts.keys()
+    assert all("from vllm_xpu_exporter." in text for text in scripts.values())
+    code = "import vllm_xpu_exporter.cli, vllm_xpu_exporter.gate.cli, vllm_xpu_exporter.plan; " \
+           "print(vllm_xpu_exporter.__file__)"
+    imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=installed,
+                              env={"PYTHONPATH": str(installed), "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert imported.returncode == 0, imported.stderr
+    assert Path(imported.stdout.strip()) == installed / "vllm_xpu_exporter" / "__init__.py"
