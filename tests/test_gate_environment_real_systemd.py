@@ -72,7 +72,7 @@ def plant(home: Path, markers_inside: Path, home_inside: Path) -> Path:
     (home / "bin").mkdir(parents=True)
     (home / "py").mkdir()
     (home / "lib").mkdir()
-    (home / "exporter").mkdir()
+    (home / "vllm_xpu_exporter").mkdir()
     source = home / "planted.c"
     source.write_text(PLANTED_C)
 
@@ -89,7 +89,7 @@ def plant(home: Path, markers_inside: Path, home_inside: Path) -> Path:
                          'exec /usr/bin/systemctl "$@"\n')
     systemctl.chmod(0o755)
     (home / "py" / "sitecustomize.py").write_text(python_plant(markers_inside, "PYTHONPATH"))
-    (home / "exporter" / "__init__.py").write_text(python_plant(markers_inside, "WorkingDirectory"))
+    (home / "vllm_xpu_exporter" / "__init__.py").write_text(python_plant(markers_inside, "WorkingDirectory"))
     environment = home / "environment"
     environment.write_text(f"PATH={home_inside}/bin:/usr/bin:/bin\n"
                            f"PYTHONPATH={home_inside}/py\n"
