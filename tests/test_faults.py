@@ -594,8 +594,14 @@ def test_a_level_zero_child_that_cannot_be_executed_fails_only_the_levelzero_col
     not_executable.chmod(0o644)
     # argv[0] names the file, so Python takes it for sys.executable; its own libraries come from its prefix.
     command = ["bash", "-c", 'exec -a "$0" "$@"', str(not_executable), str(interpreter), "-m", "vllm_xpu_exporter"]
+    # The interpreter itself, not the venv's: neither the venv's site-packages nor the editable install's
+    # finder is set up for it, so both come through PYTHONPATH (the package by its import name).
     site_packages = sysconfig.get_paths()["purelib"]
-    with host.exporter(command=command, env={"PYTHONPATH": os.pathsep.join([str(REPO), site_packages])}) as exporter:
+    package_root = tmp_path / "import"
+    package_root.mkdir()
+    (package_root / "vllm_xpu_exporter").symlink_to(REPO / "exporter")
+    with host.exporter(command=command,
+                       env={"PYTHONPATH": os.pathsep.join([str(package_root), site_packages])}) as exporter:
         during = scrape_until(exporter, fault_holds(LEVELZERO_ONLY), "showed the child that cannot be executed")
         assert_isolated(during, LEVELZERO_ONLY, (DEVICE_A, DEVICE_B))
 
