@@ -376,7 +376,7 @@ def test_unit_appearing_after_open_is_picked_up(tmp_path: Path, unit_query_never
         assert reader.units == {"vllm-a.service", "vllm-new.service"}
 
 
-@pytest.mark.usefixtures("match_mode")
+@pytest.mark.usefixtures("match_mode", "unit_query_never_put_off")
 def test_new_unit_entries_behind_the_read_position_are_returned_once(tmp_path: Path) -> None:
     clock = Clock(current_boot_id())
     early = clock.tick()
@@ -384,7 +384,7 @@ def test_new_unit_entries_behind_the_read_position_are_returned_once(tmp_path: P
     with reader_for(tmp_path) as reader:
         assert messages(read_all(reader)) == ["a0", "a1", "a2"]
         # A file holding an entry of a new unit older than everything read so far, then newer ones.
-        write_journal(tmp_path / "b.journal", [
+        write_journal_whole(tmp_path / "b.journal", [
             unit_output("vllm-late.service", "late early", early),
             unit_output("vllm-late.service", "late now", clock.tick()),
             unit_output("vllm-a.service", "a3", clock.tick()),
