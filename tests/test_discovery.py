@@ -9,6 +9,7 @@ import base64
 import dataclasses
 import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -95,3 +96,69 @@ def test_an_https_server_is_scraped_with_https_and_empty_workload_labels_are_lef
         "__meta_vllm_xpu_found_by": "command line", "__meta_vllm_xpu_pid": "7", "__meta_vllm_xpu_transport": "tcp",
         "__scheme__": "https", "container": "vllm", "kind": "k8s", "namespace": "ns", "pod": "pod",
         "unit": "k8s/ns/pod/vllm"}}]
+
+
+def documented_job() -> dict:
+    """The scrape job docs/discovery.md gives."""
+    import re
+
+    import yaml
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "discovery.md").read_text()
+    block = next(block for block in re.findall(r"```yaml\n(.*?)```", text, re.S) if "http_sd_configs" in block)
+    (job,) = yaml.safe_load(block)["scrape_configs"]
+    return job
+
+
+def test_the_documented_scrape_job_is_a_valid_prometheus_configuration(tmp_path):
+    import subprocess
+
+    import yaml
+
+    job = documented_job()
+    assert job["job_name"] == "vllm" and job["http_sd_configs"][0]["url"].endswith("/sd/vllm")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"scrape_configs": [job]}))
+    checked = subprocess.run(["promtool", "check", "config", str(config)], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_prometheus_scrapes_the_discovered_vllm_and_the_rules_join_it_in_bytes(tmp_path, fake_driver, stub):
+    """Debian's Prometheus with the exporter's job and the documented vLLM job: the chat unit's stub vLLM is
+    found through /sd/vllm, and unit:vllm_kv_cache_used:bytes is its usage times the KV bytes of the chat
+    unit's journal ("Available KV cache memory: 3.36 GiB")."""
+    import yaml
+
+    from vllm_xpu_exporter.parsers.vllm import parse_line
+    from journalgen import Clock, random_boot_id, write_journal
+    from promstack import Prometheus
+    from vllmlogs import VllmRun, unit_start
+
+    port = stub.serve()
+    procfs = FakeProcfs(tmp_path / "host")
+    vllm_api_host(procfs, others=30, vram=GiB, chat_port=port)
+    device = dataclasses.replace(A770, memory=(FakeMemoryModule(size=16 * GiB, free=10 * GiB),))
+    config = tmp_path / "fakeze.json"
+    write_config(config, FakeConfig(devices=(device,)))
+    journal = write_journal(tmp_path / "units.journal", unit_start(
+        "vllm-xpu-chat.service", VllmRun("0.24.0", gpu_memory_utilization=0.75, max_num_seqs=3, kv_cache_gib=3.36),
+        Clock(random_boot_id())))
+    kv_bytes = parse_line("Available KV cache memory: 3.36 GiB").kv_cache_bytes
+    rules = Path(__file__).resolve().parent.parent / "rules" / "vllm-xpu-exporter.yaml"
+    with RunningExporter(["--path.procfs", str(procfs.root), "--journal.file", str(journal), "--journal.boot", "all"],
+                         env=fake_driver_env(fake_driver, config)) as exporter:
+        address = exporter.base_url.split("://", 1)[1]
+        prometheus = Prometheus(tmp_path / "prom", [address], [rules], start=False)
+        job = documented_job()
+        job["http_sd_configs"][0].update(url=f"{exporter.base_url}/sd/vllm", refresh_interval="1s")
+        settings = yaml.safe_load(prometheus.config_path.read_text())
+        settings["scrape_configs"].append(job)
+        prometheus.config_path.write_text(yaml.safe_dump(settings))
+        with prometheus:
+            prometheus.start()
+            used = wait_for(lambda: prometheus.query('unit:vllm_kv_cache_used:bytes{unit="vllm-xpu-chat.service"}'),
+                            timeout=60)
+    (sample,) = used
+    assert sample["metric"] == {"__name__": "unit:vllm_kv_cache_used:bytes", "instance": address, "job": "vllm",
+                                "unit": "vllm-xpu-chat.service"}
+    assert float(sample["value"][1]) == kv_bytes * 0.5
