@@ -41,6 +41,7 @@ import argparse
 import ipaddress
 import logging
 import re
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -48,6 +49,7 @@ from prometheus_client.metrics_core import Metric
 
 from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from vllm_xpu_exporter.discovery import Target, VllmTargets
+from vllm_xpu_exporter import freememory
 from vllm_xpu_exporter import memory as memory_rules
 from vllm_xpu_exporter import planning
 from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
@@ -237,6 +239,9 @@ class ProcessesCollector(Collector):
         self._warned_unreadable = False
         self._targets = targets
         self._endpoints = endpoints.EndpointFinder(procfs_root, host_address=sd_host_address)
+        self._readings = freememory.Readings()
+        # (unit, start's began_usec) -> free memory at that start as vLLM and the driver saw it
+        self._free_at_start: dict[tuple[str, int], freememory.FreeAtStart] = {}
 
     def stop(self) -> None:
         self._scanner.close()
@@ -296,6 +301,7 @@ class ProcessesCollector(Collector):
             views = self._watched_views(context)
             yield from self._against_device_memory(devices, attributions, views, kept)
             yield from self._planned(devices, attributions, views)
+            yield self._free_memory_at_start(devices, attributions, views)
         if problems:
             raise CollectionError("; ".join(problems))
 
@@ -521,6 +527,44 @@ class ProcessesCollector(Collector):
         for pci, total_footprint in sorted(summed.items()):
             device_footprint.add_metric([pci], total_footprint)
         yield from (footprint, planned_kv, device_footprint)
+
+    def _free_memory_at_start(self, devices: list[DeviceMemory], attributions: dict[str, DeviceAttribution],
+                              views: list[UnitView]) -> Metric:
+        """The free memory each unit's latest start said it saw, and the driver's at the scrape nearest that
+        line (vllm_xpu_exporter.freememory): this scrape's reading is kept for the lines to come."""
+        family = GaugeFamily("xpu_unit_engine_start_free_memory_bytes",
+                             "Free device memory at the unit's latest engine start: as vLLM printed it (seen_by "
+                             "vllm), Level Zero's free plus the unit's own memory at the scrape nearest that line "
+                             "(levelzero), and the total less the other processes' memory then "
+                             "(total_less_attributed).", labels=["device", "unit", "seen_by"])
+        now_usec = time.time_ns() // 1000
+        for device in devices:
+            pci = device.identity.pci_address
+            if device.total is not None and device.free is not None and pci in attributions:
+                attribution = attributions[pci]
+                self._readings.add(pci, freememory.DeviceReading(now_usec, device.free, device.total,
+                                                                 dict(attribution.by_unit), attribution.total))
+        gpus = [d.identity.pci_address for d in devices]
+        for view in views:
+            start = view.latest
+            if start is None or start.seen_free_bytes is None or start.seen_free_usec is None:
+                continue
+            pci = self._device_of(view.unit, attributions, gpus)
+            if pci is None:
+                continue
+            key = (view.unit, start.began_usec)
+            if key not in self._free_at_start:
+                reading = self._readings.nearest(pci, start.seen_free_usec)
+                if reading is not None:
+                    if len(self._free_at_start) >= PLANS_KEPT:
+                        self._free_at_start.clear()
+                    self._free_at_start[key] = freememory.free_at_start(view.unit, start.seen_free_bytes, reading)
+            compared = self._free_at_start.get(key)
+            family.add_metric([pci, view.unit, "vllm"], start.seen_free_bytes)
+            if compared is not None:
+                family.add_metric([pci, view.unit, "levelzero"], compared.levelzero)
+                family.add_metric([pci, view.unit, "total_less_attributed"], compared.total_less_attributed)
+        return family
 
     def _plan(self, view: UnitView, pci: str, total: int) -> planning.UnitPlan | planning.Unplannable:
         """planning.plan_unit, computed again only when what it reads changed: the two starts' figures (the
