@@ -23,7 +23,7 @@ from fakeprocfs import CONTAINER_ADDRESS, CONTAINER_ID, FakeProcfs, vllm_api_hos
 from fakeze import A770, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
 from polling import wait_for
 from sizes import GiB
-from vllmstub import VllmStub
+from vllmstub import VERSIONS, VllmStub
 from webconfigs import basic_auth_users, write_web_config
 
 import bcrypt
@@ -123,10 +123,12 @@ def test_the_documented_scrape_job_is_a_valid_prometheus_configuration(tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
-def test_prometheus_scrapes_the_discovered_vllm_and_the_rules_join_it_in_bytes(tmp_path, fake_driver, stub):
-    """Debian's Prometheus with the exporter's job and the documented vLLM job: the chat unit's stub vLLM is
-    found through /sd/vllm, and unit:vllm_kv_cache_used:bytes is its usage times the KV bytes of the chat
-    unit's journal ("Available KV cache memory: 3.36 GiB")."""
+@pytest.mark.parametrize("version", VERSIONS)
+def test_prometheus_scrapes_the_discovered_vllm_and_the_rules_join_it_in_bytes(tmp_path, fake_driver, version):
+    """Debian's Prometheus with the exporter's job and the documented vLLM job: the chat unit's stub vLLM (of
+    each release: 0.10 serves both names of the usage gauge) is found through /sd/vllm, and
+    unit:vllm_kv_cache_used:bytes is its usage times the KV bytes of the chat unit's journal ("Available KV
+    cache memory: 3.36 GiB")."""
     import yaml
 
     from vllm_xpu_exporter.parsers.vllm import parse_line
@@ -134,6 +136,8 @@ def test_prometheus_scrapes_the_discovered_vllm_and_the_rules_join_it_in_bytes(t
     from promstack import Prometheus
     from vllmlogs import VllmRun, unit_start
 
+    stub = VllmStub(version, model_name="org/chat")
+    stub.set(running=2, usage=0.5)
     port = stub.serve()
     procfs = FakeProcfs(tmp_path / "host")
     vllm_api_host(procfs, others=30, vram=GiB, chat_port=port)
@@ -158,6 +162,7 @@ def test_prometheus_scrapes_the_discovered_vllm_and_the_rules_join_it_in_bytes(t
             prometheus.start()
             used = wait_for(lambda: prometheus.query('unit:vllm_kv_cache_used:bytes{unit="vllm-xpu-chat.service"}'),
                             timeout=60)
+    stub.close()
     (sample,) = used
     assert sample["metric"] == {"__name__": "unit:vllm_kv_cache_used:bytes", "instance": address, "job": "vllm",
                                 "unit": "vllm-xpu-chat.service"}
