@@ -149,3 +149,17 @@ def test_a_unit_without_an_api_server_is_looked_at_again_when_its_processes_chan
 def test_an_unusable_procfs_raises(tmp_path):
     with pytest.raises(ProcfsUnavailable):
         EndpointFinder(str(tmp_path / "missing")).find([CHAT])
+
+
+def test_a_young_process_read_before_it_joined_its_units_cgroup_is_read_again(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    procfs.add_process(1)
+    api = procfs.add_unit_process(100, "/init.scope", started_seconds_ago=0.5)  # forked, not moved yet
+    api.set_cmdline("vllm", "serve", "m")
+    api.add_socket_fd(procfs.host_net.add_tcp_listener("0.0.0.0", 8000))
+    clock = Clock()
+    finder = EndpointFinder(str(procfs.root), clock=clock)
+    assert finder.find([CHAT]) == {}
+    (api.path / "cgroup").write_text(f"0::{CHAT}\n")
+    clock.now += 1
+    assert finder.find([CHAT])[CHAT].address == "127.0.0.1:8000"

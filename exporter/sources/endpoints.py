@@ -4,8 +4,9 @@ their own network namespace, and their command line as the fallback. Never from 
 
 For a unit's cgroup (the paths `/proc/PID/cgroup` gives, as `vllm_xpu_exporter.parsers.cgroup` reads them):
 
-1. its processes are those whose cgroup file names that path (every pid under --path.procfs is read
-   once, and again after `rescan_seconds`, so a scan costs one directory listing once settled);
+1. its processes are those whose cgroup file names that path (every pid's cgroup file is read once, again
+   while the process is young (it may not have joined its unit's cgroup yet), and then about every ten
+   `rescan_seconds`: a settled host costs one directory listing and a few reads);
 2. the API server is the lowest pid whose command line starts vLLM's OpenAI-compatible server
    (`vllm_xpu_exporter.parsers.sockets.vllm_api_command`): the engine core, its workers and anything
    else in the unit are not, whatever they listen on;
@@ -34,13 +35,16 @@ from dataclasses import dataclass
 from vllm_xpu_exporter.parsers.sockets import (ApiCommand, InetListener, global_ipv6_addresses, inet_listeners,
                                                local_ipv4_addresses, socket_inode, unix_listeners,
                                                vllm_api_command)
-from vllm_xpu_exporter.sources.procfs import ProcfsUnavailable, list_pids, read_bytes, read_text, read_unit_cgroup
+from vllm_xpu_exporter.sources.procfs import (ProcfsUnavailable, list_pids, process_age_seconds, read_bytes, read_text,
+                                              read_unit_cgroup)
 
 MAX_CMDLINE_BYTES = 64 * 1024
 MAX_NET_TABLE_BYTES = 16 * 1024 * 1024  # a host's net/tcp with tens of thousands of sockets
 MAX_SMALL_TABLE_BYTES = 1024 * 1024
 DEFAULT_RESCAN_SECONDS = 60.0
 DEFAULT_HOST_ADDRESS = "127.0.0.1"
+YOUNG_SECONDS = 10.0  # a process younger than this may not have joined its unit's cgroup yet
+SETTLED_RESCAN_FACTOR = 10  # a settled process's cgroup file is read again after ~10 x rescan_seconds
 WILDCARDS = frozenset({"0.0.0.0", "::"})
 
 __all__ = ["Endpoint", "EndpointFinder", "ProcfsUnavailable"]
@@ -102,8 +106,12 @@ class EndpointFinder:
                     unit_cgroup = read_unit_cgroup(self.procfs, pid)
                 except OSError:
                     unit_cgroup = None
+                # A process joins its unit's cgroup before it execs, so its cgroup holds once it runs: read
+                # again at the next call while it is young (forked, maybe not moved yet), else seldom
+                age = process_age_seconds(self.procfs, pid) if known is None else None
+                young = known is None and (age is None or age < YOUNG_SECONDS)
                 known = (None if unit_cgroup is None else unit_cgroup.path,
-                         now + self.rescan_seconds * (0.5 + (pid % 16) / 16))
+                         now if young else now + SETTLED_RESCAN_FACTOR * self.rescan_seconds * (0.5 + (pid % 16) / 16))
             self._cgroup_of[pid] = known
             if known[0] in wanted:
                 members.setdefault(known[0], []).append(pid)
