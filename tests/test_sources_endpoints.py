@@ -163,3 +163,17 @@ def test_a_young_process_read_before_it_joined_its_units_cgroup_is_read_again(tm
     (api.path / "cgroup").write_text(f"0::{CHAT}\n")
     clock.now += 1
     assert finder.find([CHAT])[CHAT].address == "127.0.0.1:8000"
+
+
+def test_a_command_line_cannot_point_the_target_at_another_host(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    procfs.add_process(1)
+    namespace = procfs.add_netns(4026532700, ipv4=("10.88.0.9",))
+    for pid, host in ((100, "192.0.2.77"), (101, "metadata.internal"), (102, "10.88.0.9")):
+        api = procfs.add_unit_process(pid, f"/system.slice/vllm-{pid}.service")
+        api.enter_network_namespace(namespace)
+        api.set_cmdline("vllm", "serve", "m", "--host", host, "--port", "8000")
+        (api.path / "fd").rmdir()
+        (api.path / "fd").write_text("")  # its sockets unreadable: the command line is all there is
+    found = EndpointFinder(str(procfs.root)).find(f"/system.slice/vllm-{pid}.service" for pid in (100, 101, 102))
+    assert addresses(found) == {"/system.slice/vllm-102.service": "10.88.0.9:8000"}

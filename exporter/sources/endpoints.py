@@ -18,7 +18,9 @@ For a unit's cgroup (the paths `/proc/PID/cgroup` gives, as `vllm_xpu_exporter.p
    other (a container's or a pod's, from its `net/fib_trie` or `net/if_inet6`); a loopback address of
    another namespace cannot be reached from outside it and yields no endpoint;
 5. when the sockets say nothing (its fds unreadable without CAP_SYS_PTRACE, or not listening yet), the
-   command line's `--host`/`--port`/`--uds` are used as they are (`found_by` "command line").
+   command line's `--host`/`--port`/`--uds` are used (`found_by` "command line"), a `--host` only when it is
+   an address of the process's own network namespace (loopback, or one its tables list): a command line is
+   the unit's to write, and must not send Prometheus to another host.
 
 What is found for a unit is kept while its API server's pid lives, and looked for again after
 `rescan_seconds`: most calls cost a listing of the pids and a cgroup file read per new pid.
@@ -26,6 +28,7 @@ What is found for a unit is kept while its API server's pid lives, and looked fo
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import threading
 import time
@@ -152,7 +155,9 @@ class EndpointFinder:
                      if (listener := tables.inet(pid, namespace).get(inode)) is not None]
         chosen = _choose(listeners, command)
         if chosen is None:
-            host = command.host if command.host is not None else "0.0.0.0"
+            host = _own_address(command.host, pid, namespace, tables)
+            if host is None:
+                return None
             chosen, found_by = InetListener(host, command.port), "command line"
         else:
             found_by = "socket"
@@ -197,6 +202,25 @@ class EndpointFinder:
         finally:
             os.close(fd_dir)
         return inodes
+
+
+def _own_address(host: str | None, pid: int, namespace: str | None, tables: _Tables) -> str | None:
+    """The command line's --host, when it is an address of the process's own network namespace: every
+    address, `localhost`, a loopback address or one the namespace has. A command line is the unit's to
+    write: it must not send Prometheus to another host's port. None for anything else (another address, a
+    host name)."""
+    if host is None or host in WILDCARDS:
+        return "0.0.0.0"
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+    if address.is_loopback:
+        return str(address)
+    own = tables.ipv4_addresses(pid, namespace) if address.version == 4 else tables.ipv6_addresses(pid, namespace)
+    return str(address) if str(address) in own else None
 
 
 def _choose(listeners: list[InetListener], command: ApiCommand) -> InetListener | None:
