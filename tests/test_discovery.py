@@ -1,5 +1,5 @@
-"""/sd/vllm: the exporter as a process over a fixture procfs (three units, a Docker container in its own
-network namespace, 300 other listeners), the fake Level Zero driver and a stub vLLM server behind the chat
+"""/sd/vllm: the exporter as a process over a fixture procfs (three units, a Docker container and a Kubernetes
+pod each in its own network namespace, 300 other listeners), the fake Level Zero driver and a stub vLLM server behind the chat
 unit's socket: every unit found with its address and labels, behind the web config's basic auth, and the
 target Prometheus is given serves vLLM's /metrics."""
 
@@ -18,8 +18,8 @@ from vllm_xpu_exporter.discovery import Target, render
 from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.endpoints import Endpoint
 from exporterproc import RunningExporter
-from fakecontainers import StateDirectories
-from fakeprocfs import CONTAINER_ADDRESS, CONTAINER_ID, FakeProcfs, vllm_api_host
+from fakecontainers import StateDirectories, container_id, kubepods_systemd_path, pod_uid
+from fakeprocfs import CONTAINER_ADDRESS, CONTAINER_ID, FakeProcfs, vllm_api_host, xe_fdinfo
 from fakeze import A770, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
 from polling import wait_for
 from sizes import GiB
@@ -50,6 +50,18 @@ def test_sd_vllm_lists_every_unit_with_its_address_and_labels(tmp_path, fake_dri
     vllm_api_host(procfs, others=300, vram=GiB, chat_port=port)
     state = StateDirectories(tmp_path / "state")
     state.add_docker(CONTAINER_ID, "vllm-c")
+    # a Kubernetes pod's vLLM, in the pod's network namespace (pod IP 10.244.1.7), on --port 8080
+    uid, cid = pod_uid("vllm-0"), container_id("vllm-0/vllm")
+    state.add_pod_container("llm", "vllm-0", uid, "vllm", cid)
+    pod_net = procfs.add_netns(4026533000, ipv4=("10.244.1.7",))
+    for pid, argv in ((700, ("vllm", "serve", "org/pod-model", "--port", "8080")), (701, ("VLLM::EngineCore",))):
+        process = procfs.add_unit_process(pid, kubepods_systemd_path(uid, cid))
+        process.enter_network_namespace(pod_net)
+        process.set_cmdline(*argv)
+        if pid == 700:
+            process.add_socket_fd(pod_net.add_tcp_listener("0.0.0.0", 8080))
+        else:
+            process.add_drm_fd(xe_fdinfo(client_id=701, vram0=GiB, unit=""))
     device = dataclasses.replace(A770, memory=(FakeMemoryModule(size=16 * GiB, free=10 * GiB),))
     config = tmp_path / "fakeze.json"
     write_config(config, FakeConfig(devices=(device,)))
@@ -66,7 +78,7 @@ def test_sd_vllm_lists_every_unit_with_its_address_and_labels(tmp_path, fake_dri
             status, headers, body = exporter.get("/sd/vllm", headers=auth)
             assert status == 200 and headers["Content-Type"] == "application/json"
             found = json.loads(body)
-            return found if len(found) == 4 else None
+            return found if len(found) == 5 else None
 
         found = wait_for(groups)
     by_unit = {group["labels"]["unit"]: group for group in found}
@@ -82,6 +94,10 @@ def test_sd_vllm_lists_every_unit_with_its_address_and_labels(tmp_path, fake_dri
     assert container["targets"] == [f"{CONTAINER_ADDRESS}:8000"]
     assert {key: container["labels"][key] for key in ("kind", "container", "container_id", "device")} == {
         "kind": "docker", "container": "vllm-c", "container_id": CONTAINER_ID, "device": DEVICE}
+    pod = by_unit["k8s/llm/vllm-0/vllm"]
+    assert pod["targets"] == ["10.244.1.7:8080"]
+    assert {key: pod["labels"][key] for key in ("kind", "namespace", "pod", "pod_uid", "container", "device")} == {
+        "kind": "k8s", "namespace": "llm", "pod": "vllm-0", "pod_uid": uid, "container": "vllm", "device": DEVICE}
     # the target Prometheus would scrape is the stub vLLM behind the chat unit's socket
     with urllib.request.urlopen(f"http://{by_unit['vllm-xpu-chat.service']['targets'][0]}/metrics") as response:
         families = {family.name: family for family in text_string_to_metric_families(response.read().decode())}
