@@ -5,6 +5,7 @@ target Prometheus is given serves vLLM's /metrics."""
 
 from __future__ import annotations
 
+import argparse
 import base64
 import dataclasses
 import json
@@ -15,6 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_xpu_exporter.discovery import Target, render
+from vllm_xpu_exporter.rightsizing import parse_observed
+from vllm_xpu_exporter.sources.prometheus import read_observed
 from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.endpoints import Endpoint
 from exporterproc import RunningExporter
@@ -178,8 +181,13 @@ def test_prometheus_scrapes_the_discovered_vllm_and_the_rules_join_it_in_bytes(t
             prometheus.start()
             used = wait_for(lambda: prometheus.query('unit:vllm_kv_cache_used:bytes{unit="vllm-xpu-chat.service"}'),
                             timeout=60)
+            # vllm-xpu-plan --prometheus asks this Prometheus the same series (rightsizing's queries)
+            observed = wait_for(lambda: parse_observed(read_observed(argparse.Namespace(
+                prometheus=prometheus.url, observed=None, window=120.0,
+                prometheus_selector=f'instance="{address}"'))).get("vllm-xpu-chat.service"), timeout=30)
     stub.close()
     (sample,) = used
+    assert observed and observed[-1].usage == 0.5 and observed[-1].running == 2
     assert sample["metric"] == {"__name__": "unit:vllm_kv_cache_used:bytes", "instance": address, "job": "vllm",
                                 "unit": "vllm-xpu-chat.service"}
     assert float(sample["value"][1]) == kv_bytes * 0.5
