@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 import vllm_xpu_exporter.collectors  # noqa: F401  (registers the bundled collectors)
-from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter import __version__, discovery
 from vllm_xpu_exporter.collector import Collector, Source, Sources, registered
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
 from vllm_xpu_exporter.flags import (EXIT_USAGE, OneLineParser, add_container_flags, add_container_log_flags,
@@ -26,7 +26,7 @@ from vllm_xpu_exporter.flags import (EXIT_USAGE, OneLineParser, add_container_fl
                             add_sysfs_flag, check_journal_flags, container_log_directories, container_paths,
                             journal_container_globs, journal_engine_grace_usec, journal_unit_globs)
 from vllm_xpu_exporter.http.loading import load_web_config
-from vllm_xpu_exporter.http.server import ExporterServer, parse_listen_address
+from vllm_xpu_exporter.http.server import Document, ExporterServer, parse_listen_address
 from vllm_xpu_exporter.http.webconfig import WebConfigError
 from vllm_xpu_exporter.logs import FORMATS, LEVELS, setup_logging
 from vllm_xpu_exporter.scrape import ExporterCollector
@@ -224,6 +224,14 @@ def build_registry(options: Options) -> tuple[CollectorRegistry, Sources, list[C
     return registry, sources, collectors
 
 
+def documents(registry: CollectorRegistry, sources: Sources) -> dict[str, Document]:
+    """The routes besides /metrics: /sd/vllm, the units' vLLM API servers (a scrape first when none is recent)."""
+    def sd_vllm() -> tuple[bytes, str]:
+        return sources.vllm_targets.body(refresh=lambda: list(registry.collect())), discovery.CONTENT_TYPE
+
+    return {discovery.SD_PATH: sd_vllm}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # SIGHUP (systemctl reload) never kills the exporter: ignored until the server can reload on it (before
     # any child is started, so no child inherits the ignoring).
@@ -241,7 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     registry, sources, collectors = build_registry(options)
     try:
-        server = ExporterServer(options.listen_address, options.telemetry_path, registry, web_config)
+        server = ExporterServer(options.listen_address, options.telemetry_path, registry, web_config,
+                                documents=documents(registry, sources))
     except OSError as error:
         print(f"vllm-xpu-exporter: error: cannot listen on {options.listen_address}: {error.strerror or error}",
               file=sys.stderr)

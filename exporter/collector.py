@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from prometheus_client.metrics_core import Metric
 
+from vllm_xpu_exporter.discovery import VllmTargets
 from vllm_xpu_exporter.sources.levelzero.worker import LevelZeroUnavailable
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ class Sources:
     drm_nodes: DrmNodeNames | None = None  # with Level Zero: GPU hot-plug events and DRM node names
     journal: JournalFollower | None = None
     container_logs: JournalFollower | None = None  # with the journal: containers' log files (--logs.*), if any
+    # the units' vLLM API endpoints, published by the processes collector at each scrape, served at /sd/vllm
+    vllm_targets: VllmTargets = field(default_factory=VllmTargets, compare=False)
 
     def start(self) -> None:
         if self.journal is not None:

@@ -24,12 +24,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter import __version__, rightsizing
 from vllm_xpu_exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
                             add_systemctl_flag, check_journal_flags, journal_selection)
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.planning import Plan, TargetRequest, UnitPlan, Unplannable, make_plan
-from vllm_xpu_exporter.sources import procfs
+from vllm_xpu_exporter.sources import procfs, prometheus
 
 PROG = "vllm-xpu-plan"
 EXIT_FITS = 0
@@ -212,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_journal_flags(parser)
     add_levelzero_flags(parser)
     add_procfs_flag(parser)
+    rightsizing.add_flags(parser)
     return parser
 
 
@@ -285,6 +286,15 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         return EXIT_USAGE
     requests = {unit: TargetRequest(tokens=n) for unit, n in args.tokens}
     requests.update({unit: TargetRequest(requests=n) for unit, n in args.requests})
+    if args.prometheus is not None or args.observed is not None:  # right-sizing (docs/discovery.md)
+        try:
+            observed = rightsizing.recommend(views, rightsizing.parse_observed(prometheus.read_observed(args)))
+        except rightsizing.ObservedError as error:
+            stderr.write(f"{PROG}: error: {error}\n")
+            return EXIT_USAGE
+        for r in observed.values():
+            stderr.write(f"{PROG}: {r.unit}: {r.why}: budget {r.kv_bytes} bytes (now {r.current_bytes})\n")
+        requests = {**rightsizing.target_requests(observed), **requests}
     plan = make_plan(views, totals, placement, args.reserve, requests)
     unknown = sorted(set(requests) - {u.unit for d in plan.devices for u in d.units})
     for unit in unknown:

@@ -460,6 +460,35 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   options=LEGEND_TABLE, defaults={"min": 0},
                   overrides=(dashed("planned$"),)),
         )),
+        Row("KV in use", (
+            Panel("timeseries", "KV in use, planned and allocated",
+                  "Per unit, the KV-cache bytes its requests hold now (vLLM's usage times the unit's KV bytes: the "
+                  "recording rule unit:vllm_kv_cache_used:bytes over vLLM's own series, scraped through /sd/vllm), "
+                  "the KV its target needs (planned, dashed) and the KV its latest start got (allocated, dotted). "
+                  "In use near allocated with preemptions: too small (XpuUnitKvCacheTooSmallForLoad); far below "
+                  "allocated for long: oversized (XpuUnitKvCacheOversized).",
+                  (Target(f"unit:vllm_kv_cache_used:bytes{{{UNITS}}}", "{{unit}} in use"),
+                   Target(f'xpu_unit_kv_cache_planned_bytes{{{DEVICE},unit=~"$unit"}}', "{{unit}} planned"),
+                   Target(f"xpu_unit_kv_cache_bytes{{{UNITS}}}", "{{unit}} allocated")),
+                  "bytes", green_only(), 24, 8,
+                  options=LEGEND_TABLE, defaults={"min": 0},
+                  overrides=(dashed("planned$"),)),
+            Panel("timeseries", "KV-cache usage",
+                  "vLLM's KV-cache usage per unit (kv_cache_usage_perc, gpu_cache_usage_perc before 0.11): the "
+                  "blocks running requests hold; blocks kept only for the prefix cache count as free.",
+                  (Target(f"unit:vllm_kv_cache_usage:ratio{{{UNITS}}}", "{{unit}}"),),
+                  "percentunit", [(None, "green"), (0.9, "orange"), (1, "red")], 8, 8,
+                  defaults={"min": 0, "max": 1}),
+            Panel("timeseries", "Preemptions and requests waiting for capacity",
+                  "Per unit, preemptions per second and requests waiting for KV capacity (every waiting request "
+                  "before vLLM's waiting reasons), against those running. Either while fewer than max_num_seqs "
+                  "run: the KV cache is the limit.",
+                  (Target(f"unit:vllm_preemptions:rate5m{{{UNITS}}}", "{{unit}} preemptions/s"),
+                   Target(f"unit:vllm_requests_waiting_for_capacity:sum{{{UNITS}}}", "{{unit}} waiting for capacity"),
+                   Target(f"unit:vllm_requests_running:sum{{{UNITS}}}", "{{unit}} running")),
+                  "short", green_only(), 16, 8,
+                  options=LEGEND_TABLE, defaults={"min": 0}),
+        )),
         Row("Exporter", (
             Panel("stat", "Exporter up",
                   "Whether Prometheus scrapes the exporter (XpuExporterDown fires after "

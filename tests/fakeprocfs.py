@@ -5,6 +5,10 @@
                              exactly as it follows /proc's magic links
     base/proc/PID/fdinfo/N   the fdinfo text
     base/proc/PID/cgroup     the cgroup file (v2 `0::/path`, or v1/hybrid lines)
+    base/proc/PID/cmdline    the arguments, NUL-terminated
+    base/proc/PID/fd/N       also `socket:[INODE]` links (sockets), whose inodes the namespace's tables list
+    base/proc/PID/net        symlink to its network namespace's tables (base/netns/INODE: tcp, tcp6, unix,
+                             fib_trie, if_inet6), the host's unless it entered another; ns/net reads net:[INODE]
     base/proc/self, base/proc/meminfo   non-pid entries a scan must ignore
     base/dev/dri/renderD128  device nodes, made with mknod (needs root, which the tests run as)
 
@@ -22,9 +26,11 @@ kernel's drm-usage-stats documentation and drivers (see /work/shared/reference/l
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import stat
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,13 +251,106 @@ class FakeProcess:
         (self.path / "fd").chmod(0o500)
         (self.path / "fdinfo").chmod(0o500)
 
+    def set_cmdline(self, *argv: str) -> None:
+        """/proc/PID/cmdline: the arguments, each ended by a NUL."""
+        (self.path / "cmdline").write_bytes(b"".join(arg.encode() + b"\0" for arg in argv))
+
+    def add_socket_fd(self, inode: int) -> int:
+        """An fd on socket `inode`: its link reads `socket:[INODE]` (and stat() of it fails, as a
+        dangling link, where /proc would give a socket: neither is a DRM device)."""
+        fd = self._new_fd()
+        os.symlink(f"socket:[{inode}]", self.path / "fd" / str(fd))
+        self._fdinfo(fd, f"pos:\t0\nflags:\t02000002\nmnt_id:\t9\nino:\t{inode}\n")
+        return fd
+
+    def enter_network_namespace(self, namespace: FakeNetns) -> None:
+        """The process's /proc/PID/net and ns/net are those of `namespace`."""
+        for entry in (self.path / "net", self.path / "ns" / "net"):
+            if entry.is_symlink():
+                entry.unlink()
+        (self.path / "ns").mkdir(exist_ok=True)
+        os.symlink(namespace.directory, self.path / "net")
+        os.symlink(f"net:[{namespace.inode}]", self.path / "ns" / "net")
+
     def remove_cgroup(self) -> None:
         """The process exited before its cgroup file was read (ENOENT)."""
         (self.path / "cgroup").unlink(missing_ok=True)
 
 
+def _hex_words(packed: bytes) -> str:
+    """An address as net/tcp prints it: each 32-bit word in the host's byte order, in hexadecimal."""
+    return "".join(f"{int.from_bytes(packed[i:i + 4], sys.byteorder):08X}" for i in range(0, len(packed), 4))
+
+
+class FakeNetns:
+    """A network namespace's /proc/PID/net tables (tcp, tcp6, unix, fib_trie, if_inet6), written again at
+    each change; its processes' `net` links here (`FakeProcess.enter_network_namespace`)."""
+
+    def __init__(self, tree: FakeProcfs, inode: int, ipv4: tuple[str, ...] = (), ipv6: tuple[str, ...] = ()) -> None:
+        self.tree = tree
+        self.inode = inode
+        self.directory = tree.base / "netns" / str(inode)
+        self.directory.mkdir(parents=True)
+        self.ipv4 = ipv4
+        self.ipv6 = ipv6
+        self.tcp: list[tuple[str, int, int, int]] = []  # (address, port, state, inode)
+        self.unix: list[tuple[int, int, str | None]] = []  # (flags, inode, path)
+        self.write()
+
+    def add_tcp_listener(self, address: str, port: int) -> int:
+        """A listening TCP socket (IPv4 or IPv6 by the address); returns its inode."""
+        inode = self.tree.new_inode()
+        self.tcp.append((address, port, 0x0A, inode))
+        self.write()
+        return inode
+
+    def add_tcp_connection(self, address: str, port: int) -> int:
+        """An established TCP connection's socket (state 01), on a local address and port."""
+        inode = self.tree.new_inode()
+        self.tcp.append((address, port, 0x01, inode))
+        self.write()
+        return inode
+
+    def add_unix_listener(self, path: str | None) -> int:
+        inode = self.tree.new_inode()
+        self.unix.append((0x00010000, inode, path))
+        self.write()
+        return inode
+
+    def add_unix_connection(self, path: str | None) -> int:
+        inode = self.tree.new_inode()
+        self.unix.append((0, inode, path))
+        self.write()
+        return inode
+
+    def write(self) -> None:
+        header = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout "
+                  "inode\n")
+        tables = {"tcp": header, "tcp6": header.replace("local_address", "local_address                        ")}
+        counts = {"tcp": 0, "tcp6": 0}
+        for address, port, state, inode in self.tcp:
+            parsed = ipaddress.ip_address(address)
+            table = "tcp6" if parsed.version == 6 else "tcp"
+            zero = "0" * len(_hex_words(parsed.packed))
+            tables[table] += (f"{counts[table]:4d}: {_hex_words(parsed.packed)}:{port:04X} {zero}:0000 {state:02X} "
+                              f"00000000:00000000 00:00000000 00000000     0        0 {inode} 1 0000000000000000 "
+                              f"100 0 0 10 0\n")
+            counts[table] += 1
+        unix = "Num       RefCount Protocol Flags    Type St Inode Path\n"
+        for flags, inode, path in self.unix:
+            unix += f"0000000000000000: 00000002 00000000 {flags:08X} 0001 01 {inode}" + (f" {path}" if path else "") + "\n"
+        fib = "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 0.0.0.0\n        /0 universe UNICAST\n"
+        for address in ("127.0.0.1", *self.ipv4):
+            fib += f"     |-- {address}\n        /32 host LOCAL\n"
+        inet6 = "00000000000000000000000000000001 01 80 10 80       lo\n"
+        inet6 += "".join(f"{ipaddress.IPv6Address(a).packed.hex()} 02 40 00 80     eth0\n" for a in self.ipv6)
+        for name, text in {**tables, "unix": unix, "fib_trie": fib, "if_inet6": inet6}.items():
+            (self.directory / name).write_text(text)
+
+
 class FakeProcfs:
-    """A fake /proc at `base/proc`. `root` is what to pass as the procfs path."""
+    """A fake /proc at `base/proc`. `root` is what to pass as the procfs path. Processes are in the host's
+    network namespace (`host_net`) unless they enter another (`add_netns`)."""
 
     def __init__(self, base: Path) -> None:
         self.base = Path(base)
@@ -261,6 +360,18 @@ class FakeProcfs:
         (self.root / "meminfo").write_text("MemTotal:       16318412 kB\n")
         os.symlink("1", self.root / "self")
         self.processes: dict[int, FakeProcess] = {}
+        self._inodes = 40000
+        self.host_net = FakeNetns(self, 4026531840)
+        self.netns: dict[int, FakeNetns] = {}
+
+    def new_inode(self) -> int:
+        self._inodes += 1
+        return self._inodes
+
+    def add_netns(self, inode: int, ipv4: tuple[str, ...] = (), ipv6: tuple[str, ...] = ()) -> FakeNetns:
+        """Another network namespace (a container's or a pod's) with these addresses of its own."""
+        self.netns[inode] = FakeNetns(self, inode, ipv4, ipv6)
+        return self.netns[inode]
 
     def device_node(self, major: int, minor: int) -> Path:
         """A real character device node major:minor (created once)."""
@@ -278,6 +389,8 @@ class FakeProcfs:
         (process.path / "cgroup").write_text(cgroup if cgroup is not None else v2_cgroup("/"))
         (process.path / "comm").write_text(f"process-{pid}\n")
         process.set_started(started_seconds_ago)
+        process.set_cmdline(f"process-{pid}")
+        process.enter_network_namespace(self.host_net)
         self.processes[pid] = process
         return process
 
@@ -323,3 +436,92 @@ def _write_stat(path: Path, pid: int, seconds_ago: float) -> None:
 def _empty(fdinfo: Path) -> None:
     if fdinfo.is_file():
         fdinfo.write_text("")
+
+
+CHAT_UNIT, EMBEDDING_UNIT, STT_UNIT = "vllm-xpu-chat.service", "vllm-xpu-embedding.service", "vllm-xpu-stt.service"
+CONTAINER_ID = "4f3c2a1b" * 8
+CONTAINER_CGROUP = f"/system.slice/docker-{CONTAINER_ID}.scope"
+CONTAINER_ADDRESS = "172.17.0.2"
+
+
+def vllm_api_host(procfs: FakeProcfs, others: int = 300, vram: int = 1 << 30, chat_port: int = 8001) -> dict[str, str]:
+    """A host running three vLLM units (API servers on IPv4, on IPv6 and on a Unix socket), a vLLM Docker
+    container in a network namespace of its own, a GPU unit that is no vLLM, and `others` listeners of
+    other programs, many on vLLM's ports. Each vLLM's engine core holds `vram` bytes of device memory
+    through an xe DRM client and listens itself (torch.distributed's TCP store, a ZeroMQ socket), as
+    engine cores do. The chat unit's API server listens on 127.0.0.1:`chat_port`. Returns cgroup path -> the endpoint address to be found (empty: none)."""
+    host = procfs.host_net
+    procfs.add_process(1, v2_cgroup("/init.scope")).set_cmdline("/sbin/init")
+    expected = {}
+
+    def engine(pid: int, cgroup: str, client_id: int) -> FakeProcess:
+        process = procfs.add_unit_process(pid, cgroup)
+        process.set_cmdline("VLLM::EngineCore")
+        process.add_drm_fd(xe_fdinfo(client_id=client_id, vram0=vram, unit=""))
+        process.add_socket_fd(process_net(process).add_tcp_listener("127.0.0.1", 29500 + pid))
+        process.add_socket_fd(process_net(process).add_unix_listener(f"/tmp/zmq-{pid}.ipc"))
+        process.add_other_fds(4)
+        return process
+
+    def process_net(process: FakeProcess) -> FakeNetns:
+        inode = int(os.readlink(process.path / "ns" / "net")[5:-1])
+        return host if inode == host.inode else procfs.netns[inode]
+
+    chat = f"/system.slice/{CHAT_UNIT}"
+    api = procfs.add_unit_process(100, chat)
+    api.set_cmdline("/opt/vllm/bin/python3", "/opt/vllm/bin/vllm", "serve", "org/chat", "--host", "127.0.0.1",
+                    "--port", str(chat_port), "--max-num-seqs", "3")
+    api.add_socket_fd(host.add_tcp_listener("127.0.0.1", chat_port))
+    api.add_socket_fd(host.add_tcp_connection("127.0.0.1", chat_port))  # a client's request
+    api.add_other_fds(3)
+    engine(101, chat, 101)
+    expected[chat] = f"127.0.0.1:{chat_port}"
+
+    embedding = f"/system.slice/{EMBEDDING_UNIT}"
+    api = procfs.add_unit_process(200, embedding)
+    api.set_cmdline("python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "org/embed", "--host", "::1",
+                    "--port", "8002")
+    api.add_socket_fd(host.add_tcp_listener("::1", 8002))
+    engine(201, embedding, 201)
+    expected[embedding] = "[::1]:8002"
+
+    stt = f"/system.slice/{STT_UNIT}"
+    api = procfs.add_unit_process(300, stt)
+    api.set_cmdline("/usr/bin/vllm", "serve", "org/stt", "--uds", "/run/vllm/stt.sock")
+    api.add_socket_fd(host.add_unix_listener("/run/vllm/stt.sock"))
+    engine(301, stt, 301)
+    expected[stt] = "/run/vllm/stt.sock"
+
+    container_net = procfs.add_netns(4026532500, ipv4=(CONTAINER_ADDRESS,))
+    api = procfs.add_unit_process(500, CONTAINER_CGROUP)
+    api.enter_network_namespace(container_net)
+    api.set_cmdline("python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "org/container")
+    api.add_socket_fd(container_net.add_tcp_listener("0.0.0.0", 8000))
+    container_engine = procfs.add_unit_process(501, CONTAINER_CGROUP)
+    container_engine.enter_network_namespace(container_net)
+    container_engine.set_cmdline("VLLM::EngineCore")
+    container_engine.add_drm_fd(xe_fdinfo(client_id=501, vram0=vram, unit=""))
+    expected[CONTAINER_CGROUP] = f"{CONTAINER_ADDRESS}:8000"
+    # Docker's proxy publishing the container's port on the host
+    proxy = procfs.add_unit_process(502, "/system.slice/docker.service")
+    proxy.set_cmdline("/usr/bin/docker-proxy", "-proto", "tcp", "-host-ip", "0.0.0.0", "-host-port", "8000")
+    proxy.add_socket_fd(host.add_tcp_listener("0.0.0.0", 8000))
+
+    ollama = "/system.slice/ollama.service"
+    other_gpu = procfs.add_unit_process(600, ollama)
+    other_gpu.set_cmdline("/usr/bin/ollama", "serve")
+    other_gpu.add_drm_fd(xe_fdinfo(client_id=600, vram0=vram, unit=""))
+    other_gpu.add_socket_fd(host.add_tcp_listener("127.0.0.1", 11434))
+    expected[ollama] = ""
+
+    addresses = ("0.0.0.0", "127.0.0.1", "::", "::1", "10.0.0.7")
+    for index in range(others):
+        pid = 1000 + index // 3
+        process = procfs.processes.get(pid) or procfs.add_unit_process(pid, f"/system.slice/other-{index // 3}.service")
+        if index % 3 == 0:
+            process.set_cmdline("/usr/bin/python3", "-m", "http.server", str(8000 + index % 4))
+        if index % 5 == 4:
+            process.add_socket_fd(host.add_unix_listener(f"/run/other-{index}.sock"))
+        else:
+            process.add_socket_fd(host.add_tcp_listener(addresses[index % len(addresses)], 8000 + index % 4))
+    return expected

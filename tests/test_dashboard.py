@@ -22,7 +22,8 @@ import dashboard as builder  # noqa: E402  (grafana/dashboard.py and rules/rende
 import render  # noqa: E402
 
 OPERATOR_DOC = REPO / "docs" / "alerts-and-dashboard.md"
-ROWS = ["Device memory", "Device telemetry", "KV cache per unit", "Engine inits", "Restart headroom", "Plan", "Exporter"]
+ROWS = ["Device memory", "Device telemetry", "KV cache per unit", "Engine inits", "Restart headroom", "Plan",
+        "KV in use", "Exporter"]
 
 
 def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
@@ -153,6 +154,13 @@ def test_rows_hold_the_panels_the_operators_need():
     assert "xpu_device_units_footprint_bytes" in plan["Room left after the units' targets"][0]
     assert [metric_names(expr) for expr in plan["Planned and actual KV cache"]] == [
         {"xpu_unit_kv_cache_planned_bytes"}, {"xpu_unit_kv_cache_bytes"}]
+    in_use = {panel["title"]: exprs(panel) for panel in rows["KV in use"]}
+    # bytes in use (vLLM's usage joined with the unit's KV bytes) beside the KV planned and the KV allocated
+    assert [metric_names(expr) for expr in in_use["KV in use, planned and allocated"]] == [
+        {"unit:vllm_kv_cache_used:bytes"}, {"xpu_unit_kv_cache_planned_bytes"}, {"xpu_unit_kv_cache_bytes"}]
+    assert [metric_names(expr) for expr in in_use["Preemptions and requests waiting for capacity"]] == [
+        {"unit:vllm_preemptions:rate5m"}, {"unit:vllm_requests_waiting_for_capacity:sum"},
+        {"unit:vllm_requests_running:sum"}]
     exporter = " ".join(expr for panel in rows["Exporter"] for expr in exprs(panel))
     assert "up{" in exporter and "xpu_exporter_collector_success" in exporter
     assert "xpu_exporter_journal_units_watched" in exporter

@@ -31,6 +31,7 @@ WORDING_TESTS = REPO / "rules" / "tests" / "alert-annotations.test.yaml"
 BEHAVIOUR_TESTS = [path for path in RULE_TESTS if path != WORDING_TESTS]
 RUNBOOK = REPO / "docs" / "runbook.md"
 OPERATOR_DOC = REPO / "docs" / "alerts-and-dashboard.md"
+DISCOVERY_DOC = REPO / "docs" / "discovery.md"
 ALERT_PREFIX = "Xpu"
 
 
@@ -247,10 +248,16 @@ def alerting_rules_url_anchor(name: str) -> str:
                 if rule["alert"] == name).rsplit("#", 1)[1]
 
 
+def vllm_metric_names() -> set[str]:
+    """vLLM's own families the rules may read: those docs/discovery.md documents, as served."""
+    return set(re.findall(r"`(vllm:[a-z_]+)`", DISCOVERY_DOC.read_text()))
+
+
 def test_rules_use_only_metrics_the_exporter_serves_or_the_rules_record():
     served = documented_metrics(README)
     assert served, "no metric table found in the README"
-    unknown = rules_metric_names() - served - recorded_names() - {"up"}
+    assert {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "vllm:num_preemptions_total"} <= vllm_metric_names()
+    unknown = rules_metric_names() - served - vllm_metric_names() - recorded_names() - {"up"}
     assert unknown == set()
 
 
@@ -262,11 +269,15 @@ def test_every_recording_rule_is_used_by_an_alert_or_the_dashboard():
 
 
 def test_every_expression_selects_with_the_selector_knob():
-    selector = render.load_defaults()["selector"]
+    """The exporter's series with `selector`; vLLM's own (and what the rules record of them, which keeps their
+    job) with `vllmSelector`."""
+    defaults = render.load_defaults()
     for rule in rules():
-        selections = re.findall(r"[a-zA-Z_:][\w:]*\{([^}]*)\}", rule["expr"])
+        selections = re.findall(r"([a-zA-Z_:][\w:]*)\{([^}]*)\}", rule["expr"])
         assert selections, rule
-        assert all(selector in selection for selection in selections), rule
+        for name, selection in selections:
+            vllm = name.startswith(("vllm:", "unit:vllm_"))
+            assert defaults["vllmSelector" if vllm else "selector"] in selection, (rule.get("record", rule.get("alert")), name)
 
 
 OVERRIDE_TEST = """\
@@ -453,6 +464,29 @@ def test_the_knob_list_prints_every_knob_with_its_default():
                             capture_output=True, text=True, check=True)
     listed = dict(line.split("=", 1) for line in result.stdout.splitlines())
     assert listed == render.load_defaults()
+
+
+def test_the_kv_bytes_of_the_usage_cases_are_those_the_journal_grammar_reads():
+    """rules/tests/vllm-usage.test.yaml's KV bytes are the exporter's figures of the journal lines it names, so
+    its used bytes are the journal's KV bytes times vLLM's usage, to the byte."""
+    from vllm_xpu_exporter.parsers.vllm import parse_line
+
+    text = (REPO / "rules" / "tests" / "vllm-usage.test.yaml").read_text()
+    for line, unit in (("Available KV cache memory: 3.36 GiB", "vllm-xpu-chat.service"),
+                       ("Available KV cache memory: 0.75 GiB", "vllm-xpu-embedding.service")):
+        kv_bytes = parse_line(line).kv_cache_bytes
+        assert f'{kv_bytes} bytes' in text
+        values = re.findall(rf"xpu_unit_kv_cache_bytes\{{[^}}]*unit=\"{re.escape(unit)}\"\}}'\n\s+values: '(\d+)x", text)
+        assert values and set(values) == {str(kv_bytes)}, unit
+    case = rule_test_cases(REPO / "rules" / "tests" / "vllm-usage.test.yaml")[0]
+    series = {check["labels"]: check["value"] for check in case["promql_expr_test"][0]["exp_samples"]}
+    usage = {re.search(r'unit="([^"]+)"', item["series"]).group(1): float(item["values"].split("x")[0])
+             for item in case["input_series"] if item["series"].startswith("vllm:")}
+    kv = {re.search(r'unit="([^"]+)"', item["series"]).group(1): int(item["values"].split("x")[0])
+          for item in case["input_series"] if item["series"].startswith("xpu_unit_kv_cache_bytes")}
+    for labels, value in series.items():
+        unit = re.search(r'unit="([^"]+)"', labels).group(1)
+        assert value == kv[unit] * usage[unit]
 
 
 def test_rule_test_files_name_the_bundled_rules():

@@ -38,20 +38,25 @@ Its options (`ProcessesOptions`): the host's /proc and /sys (--path.procfs, --pa
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
+import re
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
 
 from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
+from vllm_xpu_exporter.discovery import Target, VllmTargets
+from vllm_xpu_exporter import freememory
 from vllm_xpu_exporter import memory as memory_rules
 from vllm_xpu_exporter import planning
 from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
 from vllm_xpu_exporter.flags import container_paths, positive_int
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
 from vllm_xpu_exporter.parsers.cgroup import ContainerCgroup, unit_cgroup_of_path
-from vllm_xpu_exporter.sources import containers, dmem, procfs
+from vllm_xpu_exporter.sources import containers, dmem, endpoints, procfs
 from vllm_xpu_exporter.sources.containers import ContainerNames, Workload
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroUnavailable
 
@@ -212,11 +217,14 @@ class ProcessesCollector(Collector):
 
     def __init__(self, procfs_root: str = "/proc", reports_levelzero: bool = False,
                  sysfs_root: str = dmem.DEFAULT_SYSFS, max_units: int = DEFAULT_MAX_UNITS,
-                 names: ContainerNames | None = None) -> None:
+                 names: ContainerNames | None = None, targets: VllmTargets | None = None,
+                 sd_host_address: str = endpoints.DEFAULT_HOST_ADDRESS) -> None:
         """`reports_levelzero`: the levelzero collector is disabled, so a Level Zero failure that costs this
         collector its unattributed rest and headroom is reported here, or nowhere. `max_units`: at most this
         many units have series of their own (see choose_units). `names`: where containers' names are read
-        (default: the engines' standard locations)."""
+        (default: the engines' standard locations). `targets`: where the units' vLLM API endpoints found at each
+        scrape are published (/sd/vllm); `sd_host_address` stands for every address of the host's network
+        namespace there."""
         self._reports_levelzero = reports_levelzero
         self._max_units = max_units
         self._kept_units: set[str] = set()
@@ -229,6 +237,11 @@ class ProcessesCollector(Collector):
         # a unit's plan by what it is computed from, kept for the next scrape (most scrapes change no start)
         self._plans: dict[tuple[object, ...], planning.UnitPlan | planning.Unplannable] = {}
         self._warned_unreadable = False
+        self._targets = targets
+        self._endpoints = endpoints.EndpointFinder(procfs_root, host_address=sd_host_address)
+        self._readings = freememory.Readings()
+        # (unit, start's began_usec) -> free memory at that start as vLLM and the driver saw it
+        self._free_at_start: dict[tuple[str, int], freememory.FreeAtStart] = {}
 
     def stop(self) -> None:
         self._scanner.close()
@@ -279,6 +292,7 @@ class ProcessesCollector(Collector):
         yield unit_memory
         yield from self._engine_use(engines, kept)
         yield workload_info(workloads, kept)
+        self._discover(scan, fallbacks.values(), workloads, attributions, kept, devices)
         yield GaugeFamily("xpu_exporter_processes_units_dropped",
                           "Units holding GPU memory or DRM clients at this scrape that have no series of their own "
                           "because of --collector.processes.max-units (their memory is in the unattributed rest).",
@@ -287,6 +301,7 @@ class ProcessesCollector(Collector):
             views = self._watched_views(context)
             yield from self._against_device_memory(devices, attributions, views, kept)
             yield from self._planned(devices, attributions, views)
+            yield self._free_memory_at_start(devices, attributions, views)
         if problems:
             raise CollectionError("; ".join(problems))
 
@@ -342,13 +357,30 @@ class ProcessesCollector(Collector):
                    ) -> dict[str, Workload]:
         """The workload of each unit the scan and the fallbacks found (their cgroup leaves), by the
         containers their cgroups name (workloads_of)."""
-        unit_cgroups: dict[str, set[str]] = {}
-        found = [scan.unit_cgroups if scan is not None else {},
-                 *(fallback.unit_cgroups for fallback in fallbacks if fallback is not None)]
-        for cgroups_of_unit in found:
-            for unit, paths in cgroups_of_unit.items():
-                unit_cgroups.setdefault(unit, set()).update(paths)
-        return workloads_of(unit_cgroups, self._names, self._containers_of_paths)
+        return workloads_of(_unit_cgroups(scan, fallbacks), self._names, self._containers_of_paths)
+
+    def _discover(self, scan: procfs.ScanResult | None, fallbacks: Iterable[Attribution | None],
+                  workloads: Mapping[str, Workload], attributions: dict[str, DeviceAttribution], kept: set[str],
+                  devices: list[DeviceMemory] | None) -> None:
+        """Publish the vLLM API endpoint of each unit with series of its own (sources.endpoints): the units'
+        cgroups are those their GPU processes are in. A procfs that cannot be read publishes none (the scan
+        has said why)."""
+        if self._targets is None:
+            return
+        paths_of = {leaf: paths for leaf, paths in _unit_cgroups(scan, fallbacks).items()
+                    if (workloads[leaf].unit if leaf in workloads else leaf) in kept}
+        try:
+            found = self._endpoints.find(path for paths in paths_of.values() for path in paths)
+        except procfs.ProcfsUnavailable:
+            found = {}
+        gpus = [d.identity.pci_address for d in devices] if devices is not None else sorted(attributions)
+        targets = []
+        for leaf, paths in sorted(paths_of.items()):
+            endpoint = next((found[path] for path in sorted(paths) if path in found), None)
+            if endpoint is not None:
+                workload = workloads.get(leaf, Workload(leaf))
+                targets.append(Target(endpoint, workload, self._device_of(workload.unit, attributions, gpus)))
+        self._targets.publish(targets)
 
     def _scan(self, problems: list[str]) -> procfs.ScanResult | None:
         try:
@@ -366,12 +398,7 @@ class ProcessesCollector(Collector):
                    problems: list[str]) -> dict[str, dict[str, int]]:
         """unit -> device -> bytes from dmem, for the units of DRM clients, of processes the scan could not
         read and of Level Zero's process list."""
-        unit_cgroups: dict[str, set[str]] = {}
-        found = [scan.unit_cgroups if scan is not None else {},
-                 *(fallback.unit_cgroups for fallback in fallbacks if fallback is not None)]
-        for cgroups_of_unit in found:
-            for unit, paths in cgroups_of_unit.items():
-                unit_cgroups.setdefault(unit, set()).update(paths)
+        unit_cgroups = _unit_cgroups(scan, fallbacks)
         if not unit_cgroups:
             return {}
         reading = self._dmem.read(unit_cgroups)
@@ -501,6 +528,44 @@ class ProcessesCollector(Collector):
             device_footprint.add_metric([pci], total_footprint)
         yield from (footprint, planned_kv, device_footprint)
 
+    def _free_memory_at_start(self, devices: list[DeviceMemory], attributions: dict[str, DeviceAttribution],
+                              views: list[UnitView]) -> Metric:
+        """The free memory each unit's latest start said it saw, and the driver's at the scrape nearest that
+        line (vllm_xpu_exporter.freememory): this scrape's reading is kept for the lines to come."""
+        family = GaugeFamily("xpu_unit_engine_start_free_memory_bytes",
+                             "Free device memory at the unit's latest engine start: as vLLM printed it (seen_by "
+                             "vllm), Level Zero's free plus the unit's own memory at the scrape nearest that line "
+                             "(levelzero), and the total less the other processes' memory then "
+                             "(total_less_attributed).", labels=["device", "unit", "seen_by"])
+        now_usec = time.time_ns() // 1000
+        for device in devices:
+            pci = device.identity.pci_address
+            if device.total is not None and device.free is not None and pci in attributions:
+                attribution = attributions[pci]
+                self._readings.add(pci, freememory.DeviceReading(now_usec, device.free, device.total,
+                                                                 dict(attribution.by_unit), attribution.total))
+        gpus = [d.identity.pci_address for d in devices]
+        for view in views:
+            start = view.latest
+            if start is None or start.seen_free_bytes is None or start.seen_free_usec is None:
+                continue
+            pci = self._device_of(view.unit, attributions, gpus)
+            if pci is None:
+                continue
+            key = (view.unit, start.began_usec)
+            if key not in self._free_at_start:
+                reading = self._readings.nearest(pci, start.seen_free_usec)
+                if reading is not None:
+                    if len(self._free_at_start) >= PLANS_KEPT:
+                        self._free_at_start.clear()
+                    self._free_at_start[key] = freememory.free_at_start(view.unit, start.seen_free_bytes, reading)
+            compared = self._free_at_start.get(key)
+            family.add_metric([pci, view.unit, "vllm"], start.seen_free_bytes)
+            if compared is not None:
+                family.add_metric([pci, view.unit, "levelzero"], compared.levelzero)
+                family.add_metric([pci, view.unit, "total_less_attributed"], compared.total_less_attributed)
+        return family
+
     def _plan(self, view: UnitView, pci: str, total: int) -> planning.UnitPlan | planning.Unplannable:
         """planning.plan_unit, computed again only when what it reads changed: the two starts' figures (the
         fold hands out fresh snapshots at every scrape, equal by identity only, so by their fields), the
@@ -545,22 +610,40 @@ class ProcessesOptions:
     podman_storages: tuple[str, ...] = (containers.DEFAULT_PODMAN_STORAGE,)
     pod_logs: str = containers.DEFAULT_POD_LOGS
     container_logs: str = containers.DEFAULT_CONTAINER_LOGS
+    sd_host_address: str = endpoints.DEFAULT_HOST_ADDRESS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, enabled: frozenset[str]) -> ProcessesOptions:
         """From the parsed command line (its host paths and this collector's own flag) and the names of the
         enabled collectors."""
         return cls(procfs=args.procfs, sysfs=args.sysfs, max_units=args.processes_max_units,
-                   reports_levelzero="levelzero" not in enabled, **container_paths(args))  # type: ignore[arg-type]
+                   reports_levelzero="levelzero" not in enabled, sd_host_address=args.processes_sd_host_address,
+                   **container_paths(args))  # type: ignore[arg-type]
 
 
 def add_flags(collectors: argparse._ArgumentGroup) -> None:
-    """--collector.processes.max-units (dest processes_max_units)."""
+    """--collector.processes.max-units (dest processes_max_units), --collector.processes.sd-host-address."""
     collectors.add_argument("--collector.processes.max-units", dest="processes_max_units", type=positive_int,
                             default=DEFAULT_MAX_UNITS, metavar="N",
                             help="at most this many units have per-unit series from processes (units the journal "
                                  "watches first, then those holding the most memory); the memory of the others is "
                                  "counted unattributed, their number in xpu_exporter_processes_units_dropped")
+    collectors.add_argument("--collector.processes.sd-host-address", dest="processes_sd_host_address",
+                            type=sd_host_address, default=endpoints.DEFAULT_HOST_ADDRESS, metavar="ADDRESS",
+                            help="the address /sd/vllm gives for a vLLM server listening on every address of the "
+                                 "host's network namespace (default %(default)s: Prometheus on the same host)")
+
+
+def sd_host_address(value: str) -> str:
+    """An IP address or host name (no port, no brackets)."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an IP address or host name")
+    return value
 
 
 @register("processes", "per-unit device memory from processes", needs=[Source.LEVELZERO],
@@ -568,7 +651,19 @@ def add_flags(collectors: argparse._ArgumentGroup) -> None:
 def _processes_collector(options: ProcessesOptions, sources: Sources) -> ProcessesCollector:
     names = ContainerNames(options.docker_roots, options.podman_storages, options.pod_logs, options.container_logs)
     return ProcessesCollector(options.procfs, reports_levelzero=options.reports_levelzero,
-                              sysfs_root=options.sysfs, max_units=options.max_units, names=names)
+                              sysfs_root=options.sysfs, max_units=options.max_units, names=names,
+                              targets=sources.vllm_targets, sd_host_address=options.sd_host_address)
+
+
+def _unit_cgroups(scan: procfs.ScanResult | None, fallbacks: Iterable[Attribution | None]) -> dict[str, set[str]]:
+    """unit (cgroup leaf) -> its cgroup paths, from the scan and the fallbacks (Level Zero's processes)."""
+    unit_cgroups: dict[str, set[str]] = {}
+    found = [scan.unit_cgroups if scan is not None else {},
+             *(fallback.unit_cgroups for fallback in fallbacks if fallback is not None)]
+    for cgroups_of_unit in found:
+        for unit, paths in cgroups_of_unit.items():
+            unit_cgroups.setdefault(unit, set()).update(paths)
+    return unit_cgroups
 
 
 def _fields(start: object | None) -> tuple[object, ...] | None:

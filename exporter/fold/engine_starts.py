@@ -160,6 +160,10 @@ class Start:
     consumed_bytes: int | None = None
     cudagraph_bytes: int | None = None
     init_duration_seconds: float | None = None
+    # the free device memory the engine said it saw at its start, and when it printed it (the 0.26+ start-up
+    # summary, the insufficient-free-memory failure, or the reserved-budget line of kv_cache_memory_bytes)
+    seen_free_bytes: int | None = None
+    seen_free_usec: int | None = None
     pid: int | None = None  # the main process (journald's _PID of the unit's output)
     invocation_id: str = ""  # systemd's invocation id of the start; '' when the journal has none
     announced: bool = False  # systemd's "Starting" record of this start was read
@@ -398,6 +402,8 @@ class EngineTracker:
         start.printed = True
         unit.latest = start
         _record(start, event)
+        if start.seen_free_usec is None and start.seen_free_bytes is not None:
+            start.seen_free_usec = entry.realtime_usec
         if isinstance(event, vllm.MaxModelLenAutoFit) and event.shrunk and not start.context_shrunk:
             start.context_shrunk = True
             unit.context_shrinks += 1
@@ -691,6 +697,8 @@ def _record(start: Start, event: vllm.Event) -> None:
                     setattr(start, name, value)
         case vllm.KvCacheMemory(kv_cache_bytes=kv_cache_bytes):
             start.kv_cache_bytes = kv_cache_bytes
+            if start.seen_free_bytes is None:
+                start.seen_free_bytes = event.initial_free_bytes
         case vllm.ProfilingBefore(total_bytes=total_bytes, model_load_bytes=model_load_bytes):
             start.profiled_total_bytes = total_bytes
             start.weights_bytes = start.weights_bytes or model_load_bytes
@@ -705,6 +713,8 @@ def _record(start: Start, event: vllm.Event) -> None:
             start.weights_bytes = event.weights_bytes if event.weights_bytes is not None else start.weights_bytes
             start.non_torch_bytes = event.non_torch_bytes if event.non_torch_bytes is not None else start.non_torch_bytes
             start.consumed_bytes = event.consumed_bytes
+            if start.seen_free_bytes is None:
+                start.seen_free_bytes = event.free_bytes
         case vllm.KvCacheCapacity(tokens=tokens, max_model_len=max_model_len, max_concurrency=concurrency):
             start.kv_cache_tokens = tokens if tokens is not None else start.kv_cache_tokens
             start.max_concurrency = concurrency if concurrency is not None else start.max_concurrency
@@ -718,6 +728,8 @@ def _record(start: Start, event: vllm.Event) -> None:
             start.init_duration_seconds = seconds
         case vllm.FailureCause():
             start.max_model_len = start.max_model_len or event.max_model_len
+            if event.reason is FailureReason.INSUFFICIENT_FREE_MEMORY and start.seen_free_bytes is None:
+                start.seen_free_bytes = event.free_bytes
             if event.available_bytes is not None:
                 start.kv_cache_bytes = event.available_bytes
             if event.needed_bytes is not None:

@@ -38,6 +38,8 @@ _ALLOWED_METHODS = ("GET", "HEAD")
 _HOSTNAME = re.compile(r"(?=.{1,253}\.?$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
 _HEX_LABEL = re.compile(r"0[xX][0-9A-Fa-f]*")
+# A route besides /metrics: path -> what makes its body and content type for each request (e.g. /sd/vllm).
+Document = Callable[[], tuple[bytes, str]]
 _LISTEN_FORMS = "expected host:port, e.g. :9999, 0.0.0.0:9999, 127.0.0.1:9999, [::1]:9999 or localhost:9999"
 
 
@@ -168,9 +170,10 @@ class _Site:
     """What the handlers serve: shared, read-only after construction (the web config reloads itself)."""
 
     def __init__(self, telemetry_path: str, registry: CollectorRegistry, web_config: WebConfig | None,
-                 landing_page_title: str) -> None:
+                 landing_page_title: str, documents: Mapping[str, Document] | None = None) -> None:
         self.telemetry_path = telemetry_path
         self.registry = registry
+        self.documents = dict(documents or {})
         self.landing_page = _landing_page(landing_page_title, telemetry_path)
         # Decided once: a reload may change certificates, never whether the listener speaks TLS.
         self.tls = web_config is not None and web_config.ssl_context() is not None
@@ -229,6 +232,8 @@ class _Handler:
             handler = self._landing_page
         elif url.path == HEALTH_PATH:
             handler = self._healthy
+        elif url.path in site.documents:
+            handler = self._document
         else:
             return self._reply(request, config, HTTPStatus.NOT_FOUND, b"Not found.\n")
         if request.method not in _ALLOWED_METHODS:
@@ -262,6 +267,10 @@ class _Handler:
         return self._reply(request, config, HTTPStatus.OK, self._site.landing_page,
                            content_type="text/html; charset=utf-8")
 
+    def _document(self, request: Request, config: WebConfig | None) -> Response:
+        body, content_type = self._site.documents[urlsplit(request.target).path]()
+        return self._reply(request, config, HTTPStatus.OK, body, content_type=content_type)
+
     def _healthy(self, request: Request, config: WebConfig | None) -> Response:
         return self._reply(request, config, HTTPStatus.OK, b"OK")
 
@@ -289,12 +298,14 @@ class ExporterServer:
 
     def __init__(self, listen_address: str, telemetry_path: str, registry: CollectorRegistry,
                  web_config: WebConfig | None = None, landing_page_title: str = "vllm-xpu-exporter",
-                 limits: ServerLimits | None = None) -> None:
+                 limits: ServerLimits | None = None, documents: Mapping[str, Document] | None = None) -> None:
         if not telemetry_path.startswith("/"):
             raise ValueError(f"invalid telemetry path {telemetry_path!r}: it must start with '/'")
         host, port = parse_listen_address(listen_address)
         listening_socket = _listening_socket(host, port)
-        site = _Site(telemetry_path, registry, web_config, landing_page_title)
+        if documents and telemetry_path in documents:
+            raise ValueError(f"invalid telemetry path {telemetry_path!r}: the exporter serves another document there")
+        site = _Site(telemetry_path, registry, web_config, landing_page_title, documents)
         self._site = site
         self._server_address = listening_socket.getsockname()
         self._connections = ConnectionServer(listening_socket, _Handler(site),

@@ -1,0 +1,153 @@
+"""Right-sizing from the observed load (rightsizing.py), replayed: a recorded preemption trace gets a budget
+that, applied, keeps its usage at most 1 with at most 10 % slack; an idle trace frees memory and the GPU
+still fits; a unit at its max_num_seqs with requests waiting is not KV-limited. And vllm-xpu-plan --observed
+offline, its output and its refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_xpu_exporter import planning
+from vllm_xpu_exporter.fold.engine_starts import EngineTracker
+from vllm_xpu_exporter.rightsizing import (QUERIES, ObservedError, Sample, load_observed, parse_observed,
+                                           recommend, recommend_unit, target_requests)
+from journalgen import current_boot_id, write_journal
+from sizes import GiB
+from vllmlogs import Boot, VllmRun, compose, journal_specs, service_runs, tracker_entries
+
+REPO = Path(__file__).resolve().parents[1]
+CHAT, EMBEDDING = "vllm-xpu-chat.service", "vllm-xpu-embedding.service"
+SIXTEEN_GIB = 16 * GiB
+RUNS = {CHAT: VllmRun("0.24.0", gpu_memory_utilization=0.5, max_model_len=32768, max_num_seqs=4, kv_cache_gib=2.0),
+        EMBEDDING: VllmRun("0.24.0", gpu_memory_utilization=0.3, max_model_len=8192, max_num_seqs=2,
+                           kv_cache_gib=3.36, main_pid=5000)}
+# the preemption trace: requests that want to run (each holding 45 % of chat's KV cache when it runs), a minute apart
+OFFERED = [1, 2, 3, 4, 4, 3, 4, 2, 1, 0, 1, 3, 4, 4, 2]
+PER_REQUEST = 0.45
+
+
+def placed() -> list:
+    boot_at = 1_747_044_600.0
+    entries = []
+    for index, (unit, run) in enumerate(RUNS.items()):
+        entries += service_runs(unit, [run], boot_at + 60 + index * 0.001, job_id=120 + index)
+    return compose(Boot(current_boot_id(), boot_at, tuple(entries)))
+
+
+def views() -> list:
+    tracker = EngineTracker()
+    tracker.extend(tracker_entries(placed()))
+    return list(tracker.views())
+
+
+def matrix(series: dict[str, list[float]]) -> dict:
+    """A query_range answer: per unit, one value a minute."""
+    return {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"unit": unit}, "values": [[1_800_000_000 + 60 * i, repr(float(v))] for i, v in enumerate(values)]}
+        for unit, values in series.items()]}}
+
+
+def preemption_trace() -> dict[str, list[float]]:
+    """chat, KV-limited: two requests fit, the others wait for capacity or are preempted."""
+    running = [min(c, int(1 / PER_REQUEST)) for c in OFFERED]
+    return {"usage": [r * PER_REQUEST for r in running], "running": running,
+            "waiting_for_capacity": [c - r for c, r in zip(OFFERED, running)],
+            "preemptions": [0.05 if c > r else 0.0 for c, r in zip(OFFERED, running)]}
+
+
+def idle_trace() -> dict[str, list[float]]:
+    """embedding, mostly idle: one request now and then, 5 % of its KV cache at most."""
+    return {"usage": [0, 0.05, 0, 0, 0.02, 0], "running": [0, 1, 0, 0, 1, 0], "waiting_for_capacity": [0] * 6,
+            "preemptions": [0] * 6}
+
+
+def answers(traces: dict[str, dict[str, list[float]]]) -> dict:
+    return {name: matrix({unit: trace[name] for unit, trace in traces.items()}) for name in QUERIES}
+
+
+def test_a_preemption_trace_gets_a_budget_that_fits_it_with_at_most_10_percent_slack():
+    unit_views = views()
+    observed = parse_observed(answers({CHAT: preemption_trace(), EMBEDDING: idle_trace()}))
+    (chat,) = [view for view in unit_views if view.unit == CHAT]
+    current = chat.latest.effective_kv_cache_bytes
+    found = recommend(unit_views, observed)
+    assert found[CHAT].kv_limited
+    plan = planning.make_plan(unit_views, {"gpu": SIXTEEN_GIB}, {}, 512 << 20, target_requests(found))
+    (planned,) = [u for d in plan.devices for u in d.units if u.unit == CHAT]
+    budget = planned.kv_cache_memory_bytes
+    demand = [c * PER_REQUEST * current for c in OFFERED]
+    # replayed with the budget applied: every moment's requests fit
+    assert max(need / budget for need in demand) <= 1
+    assert budget <= 1.10 * max(demand)
+    assert plan.fits  # re-checked on the GPU: chat's growth is paid for by idle embedding's shrink
+
+
+def test_an_idle_trace_frees_memory_and_the_gpu_still_fits():
+    unit_views = views()
+    (embedding,) = [view for view in unit_views if view.unit == EMBEDDING]
+    current, required = embedding.latest.effective_kv_cache_bytes, embedding.latest.effective_required_bytes
+    found = recommend(unit_views, parse_observed(answers({EMBEDDING: idle_trace()})))
+    assert not found[EMBEDDING].kv_limited
+    (chat,) = [view for view in unit_views if view.unit == CHAT]
+    as_now = {CHAT: planning.TargetRequest(kv_bytes=chat.latest.effective_kv_cache_bytes),
+              EMBEDDING: planning.TargetRequest(kv_bytes=current)}
+    before = planning.make_plan(unit_views, {"gpu": SIXTEEN_GIB}, {}, 512 << 20, as_now)
+    after = planning.make_plan(unit_views, {"gpu": SIXTEEN_GIB}, {}, 512 << 20, {**as_now, **target_requests(found)})
+    (was,) = [u for d in before.devices for u in d.units if u.unit == EMBEDDING]
+    (now,) = [u for d in after.devices for u in d.units if u.unit == EMBEDDING]
+    assert now.kv_cache_memory_bytes < was.kv_cache_memory_bytes  # it frees memory
+    assert required is not None and found[EMBEDDING].kv_bytes >= required  # never below one max-length request
+    assert after.fits and after.devices[0].fit.footprint_bytes < before.devices[0].fit.footprint_bytes
+
+
+def test_waiting_at_max_num_seqs_is_the_cap_not_the_kv_cache():
+    samples = [Sample(usage=0.6, running=4, waiting_for_capacity=3, preempting=False)] * 5
+    recommendation = recommend_unit(CHAT, samples, 10 * GiB, max_num_seqs=4, required_bytes=GiB)
+    assert not recommendation.kv_limited
+    assert 0.6 * 10 * GiB * 1.05 <= recommendation.kv_bytes <= 0.6 * 10 * GiB * 1.05 + 2  # shrinks to peak + 5 %
+    # below the cap, a request waiting for capacity is the KV cache's doing: it grows to what 4 requests hold
+    limited = recommend_unit(CHAT, [Sample(0.9, 3, 1, False)], 10 * GiB, max_num_seqs=4, required_bytes=GiB)
+    demand = 0.9 * 10 * GiB / 3 * 4
+    assert limited.kv_limited and demand <= limited.kv_bytes <= 1.1 * demand
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[1, 2]", "not a JSON object"),
+    ("{", "not JSON"),
+    (json.dumps({"usage": {}}), "is not a query_range"),
+    (json.dumps({name: matrix({}) for name in QUERIES if name != "running"}), "no 'running' answer"),
+])
+def test_observations_that_cannot_be_read_are_refused(text, message):
+    with pytest.raises(ObservedError, match=message):
+        load_observed(text)
+
+
+def run_plan(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", "--journal.file", str(journal),
+                           "--device-memory", str(SIXTEEN_GIB), *args],
+                          capture_output=True, text=True, timeout=120, env=env, check=False)
+
+
+def test_vllm_xpu_plan_observed_offline_plans_the_recommended_budgets(tmp_path):
+    journal = write_journal(tmp_path / "system.journal", journal_specs(placed()))
+    observed = tmp_path / "observed.json"
+    observed.write_text(json.dumps(answers({CHAT: preemption_trace(), EMBEDDING: idle_trace()})))
+    result = run_plan(journal, "--observed", str(observed), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    expected = recommend(views(), load_observed(observed.read_text()))
+    plan = planning.make_plan(views(), {"offline": SIXTEEN_GIB}, {}, 512 << 20, target_requests(expected))
+    printed = json.loads(result.stdout)
+    budgets = {unit["unit"]: unit["kv_cache_memory_bytes"] for device in printed["devices"] for unit in device["units"]}
+    assert budgets == {u.unit: u.kv_cache_memory_bytes for d in plan.devices for u in d.units}
+    assert f"{CHAT}: KV-limited" in result.stderr and f"{EMBEDDING}: peak" in result.stderr
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    refused = run_plan(journal, "--observed", str(broken))
+    assert refused.returncode == 2 and refused.stdout == "" and len(refused.stderr.strip().splitlines()) == 1
