@@ -11,6 +11,7 @@ from prometheus_client.metrics_core import Metric
 from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
 from vllm_xpu_exporter.fold.engine_starts import UnitView
+from vllm_xpu_exporter.sources.journal.trust import REJECTION_REASONS
 from vllm_xpu_exporter.sources.journal.follower import STILL_READING, STILL_READING_CONTAINER_LOGS, JournalState
 from vllm_xpu_exporter.parsers.vllm import FailureReason
 
@@ -38,6 +39,13 @@ class JournalCollector(Collector):
         yield CounterFamily("xpu_exporter_journal_values_rejected_total",
                             "Lines of watched units ignored because a value in them is out of range or "
                             "not a number.", value=sum(s.values_rejected for s in states))
+        rejected = CounterFamily("xpu_exporter_journal_entries_rejected_total",
+                                 "Journal entries naming a watched container that its engine did not write "
+                                 "(reason container_sender: not dockerd in docker.service nor conmon; "
+                                 "podman_event: a died event not written by podman), ignored.", labels=["reason"])
+        for reason in REJECTION_REASONS:
+            rejected.add_metric([reason], state.rejected.get(reason, 0))
+        yield rejected
         yield CounterFamily("xpu_exporter_container_log_lines_read_total",
                             "Records of watched containers' log files the exporter has read (--logs.docker, "
                             "--logs.pods).", value=logs.entries_read if logs is not None else 0)

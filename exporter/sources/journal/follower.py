@@ -27,7 +27,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -55,6 +56,7 @@ class JournalState:
     watched_units: int | None  # None until the journal has been read up to now once
     values_rejected: int  # lines ignored for an implausible value (vllm_xpu_exporter.parsers.vllm.PLAUSIBLE)
     unreadable: int = 0  # entries the reader skipped as unreadable (container logs: lines not of their format)
+    rejected: dict[str, int] = field(default_factory=dict)  # entries ignored by reason (reader.rejected_entries)
 
 
 class JournalFollower:
@@ -76,6 +78,7 @@ class JournalFollower:
         self._error: str | None = still_reading
         self._entries_read = 0
         self._unreadable_before = 0  # entries skipped as unreadable by the readers closed since
+        self._rejected_before: Counter[str] = Counter()  # entries rejected by the readers closed since
         self._reader: Any = None  # the thread's reader (its unreadable count is read by state())
         self._units_with_processes: set[str] = set()
         self._warned_of_rejections: set[str] = set()  # follower thread only
@@ -122,7 +125,8 @@ class JournalFollower:
                                 dropped_units=len(tracker.dropped_units) if tracker is not None else 0,
                                 watched_units=len(views) if tracker is not None else None,
                                 values_rejected=tracker.rejected_lines if tracker is not None else 0,
-                                unreadable=self._unreadable_before + (reader.unreadable_entries if reader else 0))
+                                unreadable=self._unreadable_before + (reader.unreadable_entries if reader else 0),
+                                rejected=dict(self._rejected_before + Counter(_rejected_by(reader))))
 
     def watch(self, units: set[str]) -> None:
         """Units that currently have GPU processes: those matching the globs are watched even when the
@@ -153,6 +157,7 @@ class JournalFollower:
                     finally:
                         with self._lock:
                             self._unreadable_before += reader.unreadable_entries
+                            self._rejected_before.update(_rejected_by(reader))
                             self._reader = None
             except OSError as error:  # JournalError, ContainerLogError: a message of their own
                 self._set_error(str(error))
@@ -241,6 +246,11 @@ class JournalFollower:
     def _set_error(self, error: str) -> None:
         with self._lock:
             self._error = error
+
+
+def _rejected_by(reader: Any) -> dict[str, int]:
+    """A reader's rejected entries by reason (a reader that rejects nothing has no such count)."""
+    return getattr(reader, "rejected_entries", None) or {} if reader is not None else {}
 
 
 def _open_journal(selection: JournalSelection, admit: Callable[[str], bool],

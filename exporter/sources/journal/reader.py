@@ -17,10 +17,13 @@ Containers that log to the journal (Docker's and Podman's ``journald`` log drive
 name: the entries whose ``CONTAINER_NAME`` matches one of the container globs (``container_globs``,
 none by default; see ``JournalSelection.matches_container``), unless their ``_SYSTEMD_UNIT`` is a
 watched unit (a Podman quadlet container's conmon runs in its ``.service``, which keeps them). Such an
-entry belongs to the container's key (``vllm_xpu_exporter.parsers.workloads``): ``podman/<name>`` when conmon
-wrote it (``_COMM=conmon``), else ``docker/<name>`` (dockerd). Podman's events of a watched container's
-end (``PODMAN_EVENT=died`` and ``PODMAN_NAME=<name>``, its events logger ``journald``) are selected too:
-they end the container's run, as systemd's "Main process exited" record ends a unit's start.
+entry is believed only when the fields journald adds say its engine wrote it (``trust``: dockerd as root in
+docker.service, conmon as root or as a rootless user); it then belongs to the container's key
+(``vllm_xpu_exporter.parsers.workloads``): ``podman/<name>`` when root's conmon wrote it,
+``podman/<name>@uid<N>`` when user N's did, ``docker/<name>`` when dockerd did. Podman's events of a watched
+container's end (``PODMAN_EVENT=died`` and ``PODMAN_NAME=<name>``, its events logger ``journald``), written by
+podman itself, are selected too: they end the container's run, as systemd's "Main process exited" record ends
+a unit's start. Any other entry naming a watched container is ignored and counted in ``rejected_entries``.
 
 A Docker container's end is not in the journal: with ``docker_roots`` (``--path.docker``) the reader reads
 it from the container's ``config.v2.json`` (``CONTAINER_ID_FULL``), as the json-file source does, and hands
@@ -49,8 +52,9 @@ from types import TracebackType
 
 from vllm_xpu_exporter.parsers.cgroup import unit_of_cgroup_file
 from vllm_xpu_exporter.parsers.containerlogs import DockerExit
-from vllm_xpu_exporter.parsers.workloads import docker_key, podman_key
+from vllm_xpu_exporter.parsers.workloads import docker_key, name_of_key, podman_key
 from vllm_xpu_exporter.sources.containers import DockerEnd
+from vllm_xpu_exporter.sources.journal import trust
 from vllm_xpu_exporter.sources.journal.binding import (
     LIBSYSTEMD,
     SD_JOURNAL_LOCAL_ONLY,
@@ -90,8 +94,6 @@ PODMAN_DIED = b"died"
 default on systemd hosts: ``SYSLOG_IDENTIFIER=podman``, ``PODMAN_TYPE=container``, ``PODMAN_NAME``,
 ``PODMAN_ID``, ``PODMAN_EXIT_CODE`` unless 0)."""
 _DIED_RUN = "\0died:"  # the run of a decoded Podman "died" event until _with_container_ends names its run
-CONMON = b"conmon"
-"""``_COMM`` of Podman's container monitor, which writes a Podman container's lines to the journal."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +210,7 @@ class JournalSelection:
         """Whether a unit is watched; for a container's key (``docker/<name>``, ``podman/<name>``,
         ``k8s/<namespace>/<pod>/<container>``: a unit name never has a ``/``), ``matches_container``."""
         if "/" in unit:
-            return self.matches_container(unit, unit.rsplit("/", 1)[1])
+            return self.matches_container(unit, name_of_key(unit))
         return unit not in self.excluded_units and any(fnmatch.fnmatchcase(unit, glob) for glob in self.unit_globs)
 
     def matches_container(self, key: str, name: str) -> bool:
@@ -384,6 +386,7 @@ class JournalReader:
         self._boot_id: str | None = None
         self._missing_roots: tuple[str, ...] = ()
         self._unreadable_entries = 0
+        self._rejected_entries: dict[str, int] = {}
         self.last_unreadable: JournalError | None = None
         """Why the latest entry counted in ``unreadable_entries`` could not be read."""
         self._reset_position()
@@ -426,6 +429,11 @@ class JournalReader:
         field compressed with an algorithm this libsystemd lacks, an I/O error): like journalctl, the
         reader skips such an entry rather than stop at it."""
         return self._unreadable_entries
+
+    @property
+    def rejected_entries(self) -> dict[str, int]:
+        """Entries naming a watched container that its engine did not write (``trust``), by reason: ignored."""
+        return dict(self._rejected_entries)
 
     @property
     def units(self) -> frozenset[str]:
@@ -894,7 +902,8 @@ class JournalReader:
         absent = -errno.ENOENT
         unreadable = self._unreadable
         selection = self.selection
-        keys: dict[tuple[bytes, bool], str] = {}  # (CONTAINER_NAME, written by conmon) -> key; '' not watched
+        keys: dict[tuple[bytes, int | None], str] = {}  # (CONTAINER_NAME, conmon's uid or None) -> key; '' not watched
+        rejected = self._rejected_entries
 
         def optional(name: bytes) -> bytes | None:
             """A field of the current entry, None when absent; _UnreadableField when it cannot be read."""
@@ -905,7 +914,12 @@ class JournalReader:
                 return None
             raise _UnreadableField(result)
 
-        def container(containers: dict[bytes, str], pid: int | None) -> tuple[str, str, bool] | None:
+        def reject(reason: str) -> None:
+            rejected[reason] = rejected.get(reason, 0) + 1
+            return None
+
+        def container(containers: dict[bytes, str], pid: int | None,
+                      systemd_unit: bytes | None) -> tuple[str, str, bool] | None:
             """The watched container's key, run and partial flag of the current entry; None when it is none.
             A Podman "died" event of a watched container: its key, and as run ``_DIED_RUN`` + its id."""
             raw_name = optional(_FIELD_CONTAINER_NAME)
@@ -917,13 +931,25 @@ class JournalReader:
             name = None if raw_name is None else containers.get(raw_name)
             if name is None:
                 return None
-            by_conmon = died or optional(b"_COMM") == CONMON
-            key = keys.get((raw_name, by_conmon))
+            # Believed only from the engine, by the fields journald adds (trust.py).
+            uid, comm, exe = optional(b"_UID"), optional(b"_COMM"), optional(b"_EXE")
+            if died:
+                podman_uid = trust.podman_uid(uid, comm, exe)
+                if podman_uid is None:
+                    return reject(trust.REJECTED_PODMAN_EVENT)
+            else:
+                podman_uid = trust.conmon_uid(uid, comm, exe)
+                if podman_uid is None and not trust.is_dockerd(uid, comm, exe, systemd_unit):
+                    return reject(trust.REJECTED_CONTAINER_SENDER)
+            by_conmon = podman_uid is not None
+            key = keys.get((raw_name, podman_uid))
             if key is None:
-                key = (podman_key if by_conmon else docker_key)(name) or ""
+                key = (podman_key(name, podman_uid) if by_conmon else docker_key(name)) or ""
                 if key and not selection.matches_container(key, name):
                     key = ""
-                keys[raw_name, by_conmon] = key  # at most two per name found by the query
+                if len(keys) >= 4096:  # a few per name found by the query; bounded all the same
+                    keys.clear()
+                keys[raw_name, podman_uid] = key
             if not key:
                 return None
             raw_key = key.encode()
@@ -947,6 +973,7 @@ class JournalReader:
             elif result != absent:
                 return unreadable("sd_journal_get_data", result)
             unit = None
+            raw_unit: bytes | None = None
             run: str | None = None  # a container's entry: its run
             partial = False
             from_systemd = pid == 1
@@ -960,6 +987,7 @@ class JournalReader:
                     return unreadable("sd_journal_get_data", result)
             if unit is None:
                 from_systemd = False
+                raw_unit = None
                 if (result := get_data(handle, b"_SYSTEMD_UNIT", data_ref, size_ref)) >= 0:
                     raw_unit = string_at(data.value, size.value)[14:]
                     unit = watched.get(raw_unit)
@@ -971,7 +999,7 @@ class JournalReader:
                     if not containers:
                         return None
                     try:
-                        found = container(containers, pid)
+                        found = container(containers, pid, raw_unit)
                     except _UnreadableField as error:
                         return unreadable("sd_journal_get_data", error.result)
                     if found is None:
