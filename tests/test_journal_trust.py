@@ -169,3 +169,48 @@ def test_dockerd_is_root_in_docker_service_running_dockerd():
     assert not trust.is_dockerd(b"0", b"dockerd", b"/usr/bin/dockerd", None)
     assert not trust.is_dockerd(None, b"dockerd", b"/usr/bin/dockerd", b"docker.service")
     assert not trust.is_dockerd(b"0", b"containerd", b"/usr/bin/dockerd", b"docker.service")
+
+
+# --- places: units first, idle names forgotten -------------------------------------------------------
+
+ROOTLESS = {"_UID": 1000, "_GID": 1000, "_SYSTEMD_UNIT": "user@1000.service"}
+HOUR_USEC = 3600 * 1_000_000
+
+
+def test_seventy_names_then_a_real_unit_its_series_present(tmp_path):
+    """70 forged container names (nobody), then 70 that a rootless user's own conmon really writes (believed,
+    as that user's): neither takes a systemd unit's place; the real unit started later has its series."""
+    clock = Clock(random_boot_id())
+    path = write_journal(tmp_path / "x.journal", [
+        *(sent_by(container_output(f"vllm-f{n}", VERSION, clock.tick()), **NOBODY) for n in range(70)),
+        *(sent_by(container_output(f"vllm-u{n}", VERSION, clock.tick(), runtime="podman"), **ROOTLESS)
+          for n in range(70)),
+        unit_output("vllm-xpu-chat.service", VERSION, clock.tick()),
+        unit_output("vllm-xpu-chat.service", KV_TOO_SMALL, clock.tick()),
+    ])
+    state = follow(path)
+    views = views_of(state)
+    assert views["vllm-xpu-chat.service"].failures[FailureReason.KV_CACHE_TOO_SMALL] == 1
+    assert sum("@uid1000" in unit for unit in views) == 64
+    assert state.dropped_units == 6
+    assert state.rejected == {trust.REJECTED_CONTAINER_SENDER: 70}
+
+
+def test_names_not_seen_for_an_hour_give_their_place_to_a_new_container(tmp_path):
+    """A flood of 64 names once does not hold the places for ever: an hour later root's real container
+    gets the place of the idlest of them (the flood's series go: counted as forgotten)."""
+    clock = Clock(random_boot_id())
+    path = write_journal(tmp_path / "x.journal", [
+        *(sent_by(container_output(f"vllm-u{n}", VERSION, clock.tick(), runtime="podman"), **ROOTLESS)
+          for n in range(64)),
+        container_output("vllm-chat", VERSION, clock.tick(HOUR_USEC - 64 * 1000 - 1)),  # u0 seen within the hour
+        # u0 idle for an hour now; the reader asks again for a name refused that long ago
+        container_output("vllm-chat", VERSION, clock.tick(JournalReader.ADMIT_AGAIN_USEC)),
+        container_output("vllm-chat", KV_TOO_SMALL, clock.tick()),
+    ])
+    state = follow(path)
+    views = views_of(state)
+    assert views["docker/vllm-chat"].failures[FailureReason.KV_CACHE_TOO_SMALL] == 1
+    assert "podman/vllm-u0@uid1000" not in views and len(views) == 64
+    # chat's first line found no place; u0's own line, folded after u0 gave its place up, finds none either
+    assert state.dropped_units == 2

@@ -43,8 +43,9 @@ WAIT_SECONDS = 0.5  # how often the follower looks at its stop flag while the jo
 STILL_READING = "still reading the journal"
 STILL_READING_CONTAINER_LOGS = "still reading the container logs"
 
-OpenReader = Callable[[JournalSelection, Callable[[str], bool], Callable[[str], None]], Any]
-"""(selection, admit, forget) -> a reader: admit(unit) asks the fold's cap, forget(unit) drops a unit gone for good."""
+OpenReader = Callable[[JournalSelection, Callable[..., bool], Callable[[str], None]], Any]
+"""(selection, admit, forget) -> a reader: admit(unit[, when_usec]) asks the fold's cap (when the name was met,
+if known), forget(unit) drops a unit gone for good."""
 
 
 @dataclass(frozen=True)
@@ -233,9 +234,9 @@ class JournalFollower:
                         "a journal entry" if self.source == "journal" else f"an entry of the {self.source}",
                         reader.last_unreadable)
 
-    def _admit(self, tracker: EngineTracker, unit: str) -> bool:
+    def _admit(self, tracker: EngineTracker, unit: str, when_usec: int | None = None) -> bool:
         with self._lock:
-            return tracker.admit(unit)
+            return tracker.admit(unit, when_usec)
 
     def _forget(self, tracker: EngineTracker, unit: str) -> None:
         """A unit gone for good (a container removed): its series go, its place under the cap is free."""
@@ -253,7 +254,7 @@ def _rejected_by(reader: Any) -> dict[str, int]:
     return getattr(reader, "rejected_entries", None) or {} if reader is not None else {}
 
 
-def _open_journal(selection: JournalSelection, admit: Callable[[str], bool],
+def _open_journal(selection: JournalSelection, admit: Callable[..., bool],
                   forget: Callable[[str], None]) -> JournalReader:
     return JournalReader(selection, admit=admit)
 

@@ -54,7 +54,8 @@ from vllm_xpu_exporter.parsers.cgroup import unit_of_cgroup_file
 from vllm_xpu_exporter.parsers.containerlogs import DockerExit
 from vllm_xpu_exporter.parsers.workloads import docker_key, name_of_key, podman_key
 from vllm_xpu_exporter.sources.containers import DockerEnd
-from vllm_xpu_exporter.sources.journal import trust
+from vllm_xpu_exporter.sources.journal.trust import REJECTED_CONTAINER_SENDER, REJECTED_PODMAN_EVENT, conmon_uid, is_dockerd
+from vllm_xpu_exporter.sources.journal.trust import podman_uid as podman_uid_of
 from vllm_xpu_exporter.sources.journal.binding import (
     LIBSYSTEMD,
     SD_JOURNAL_LOCAL_ONLY,
@@ -341,9 +342,10 @@ class JournalReader:
         fields read per entry, a dictionary look-up), so the cost stays linear in the entries of the boot.
 
     Admission
-        ``admit``, when given, is asked once per watched unit, when the reader first meets one of
-        its entries (in journal order); a unit it refuses is skipped from then on: its entries are
-        not decoded nor returned. That is how a consumer's cap on the number of units (the journal
+        ``admit``, when given, is asked (with the entry's realtime timestamp) once per watched unit,
+        when the reader first meets one of its entries (in journal order); a unit it refuses is skipped
+        (its entries are not decoded nor returned) for the rest of the batch, at most ``ADMIT_AGAIN_USEC``
+        of journal time, then asked again. That is how a consumer's cap on the number of units (the journal
         follower's ``--journal.max-units``) costs nothing for the units beyond it.
 
     Starting at the latest invocations
@@ -359,6 +361,8 @@ class JournalReader:
     """
 
     RELEASE_PAGES_EVERY = 1024
+    ADMIT_AGAIN_USEC = 60_000_000
+    """A refused unit's entries are skipped without asking ``admit`` again for at most this long (journal time)."""
     MATCHED_UNITS_MAX = 64
     UNIT_QUERY_SHARE = 0.01
     """At most this share of the time goes to looking for new units while following."""
@@ -371,7 +375,7 @@ class JournalReader:
         library: str = LIBSYSTEMD,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         boot_id_path: str = BOOT_ID_PATH,
-        admit: Callable[[str], bool] | None = None,
+        admit: Callable[[str, int | None], bool] | None = None,
     ) -> None:
         self.selection = selection
         self._admit = admit
@@ -398,8 +402,12 @@ class JournalReader:
         """``CONTAINER_NAME`` values that may be watched containers' (``may_match_container_name``), raw → str."""
         self._admitted: set[bytes] = set()
         """Watched units met in an entry and admitted: their entries are returned."""
-        self._refused: set[bytes] = set()
-        """Watched units met in an entry and refused by ``admit``: their entries are skipped."""
+        self._refused: dict[bytes, tuple[int, int]] = {}
+        """Watched units met in an entry and refused by ``admit``, with the batch (``_batches``) and the
+        entry's time they were refused at: their entries are skipped for the rest of the batch, up to
+        ``ADMIT_AGAIN_USEC`` later; then ``admit`` is asked again (a place may have been freed:
+        ``vllm_xpu_exporter.fold.engine_starts.IDLE_FORGET_USEC``)."""
+        self._batches = 0
         self._units_stale = True
         self._units_query_due = 0.0
         """time.monotonic() before which the unit names are not queried again."""
@@ -576,6 +584,7 @@ class JournalReader:
         lib = self._require_open()
         if max_entries <= 0:
             return []
+        self._batches += 1
         if lib.sd_journal_process(self._handle) > SD_JOURNAL_NOP:
             self._units_stale = True
         if self._units_stale and time.monotonic() >= self._units_query_due:
@@ -934,13 +943,13 @@ class JournalReader:
             # Believed only from the engine, by the fields journald adds (trust.py).
             uid, comm, exe = optional(b"_UID"), optional(b"_COMM"), optional(b"_EXE")
             if died:
-                podman_uid = trust.podman_uid(uid, comm, exe)
+                podman_uid = podman_uid_of(uid, comm, exe)
                 if podman_uid is None:
-                    return reject(trust.REJECTED_PODMAN_EVENT)
+                    return reject(REJECTED_PODMAN_EVENT)
             else:
-                podman_uid = trust.conmon_uid(uid, comm, exe)
-                if podman_uid is None and not trust.is_dockerd(uid, comm, exe, systemd_unit):
-                    return reject(trust.REJECTED_CONTAINER_SENDER)
+                podman_uid = conmon_uid(uid, comm, exe)
+                if podman_uid is None and not is_dockerd(uid, comm, exe, systemd_unit):
+                    return reject(REJECTED_CONTAINER_SENDER)
             by_conmon = podman_uid is not None
             key = keys.get((raw_name, podman_uid))
             if key is None:
@@ -1071,13 +1080,24 @@ class JournalReader:
 
     def _meet(self, raw: bytes, unit: str) -> bool:
         """An entry of a watched unit not admitted yet (first met, or refused): admit it or not."""
-        if raw in self._refused:
+        when = self._realtime_here()
+        refused = self._refused.get(raw)
+        if refused is not None and refused[0] == self._batches and (
+                when is None or when - refused[1] < self.ADMIT_AGAIN_USEC):
             return False
-        if self._admit is not None and not self._admit(unit):
-            self._refused.add(raw)
+        if self._admit is not None and not self._admit(unit, when):
+            self._refused[raw] = (self._batches, when or 0)
             return False
+        self._refused.pop(raw, None)
         self._admitted.add(raw)
         return True
+
+    def _realtime_here(self) -> int | None:
+        """The current entry's realtime timestamp (None if it cannot be read): when a name was met."""
+        lib = self._lib
+        assert lib is not None
+        usec = ctypes.c_uint64()
+        return usec.value if lib.raw_get_realtime_usec(self._handle, ctypes.byref(usec)) >= 0 else None
 
     def _refresh_units(self) -> None:
         self._units_stale = False
