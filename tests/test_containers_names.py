@@ -69,11 +69,13 @@ def test_docker_container_without_compose(names, state):
     assert workload_of(names, docker_systemd_path(CID)) == Workload("docker/chat", "docker", CID, "chat")
 
 
-@pytest.mark.parametrize("path", [podman_path(CID), podman_rootless_path(CID)])
-def test_podman_container_by_name(names, state, path):
+@pytest.mark.parametrize(("path", "key"), [(podman_path(CID), "podman/chat"),
+                                           (podman_rootless_path(CID), "podman/chat@uid1000")])
+def test_podman_container_by_name(names, state, path, key):
+    """A rootless user's container has the user in its identity: never root's container of the same name."""
     state.add_podman(CID2, "embedding")
     state.add_podman(CID, "chat")
-    assert workload_of(names, path) == Workload("podman/chat", "podman", CID, "chat")
+    assert workload_of(names, path) == Workload(key, "podman", CID, "chat")
 
 
 def test_podman_volatile_list_and_a_second_storage(state, clock, tmp_path):
@@ -83,7 +85,7 @@ def test_podman_volatile_list_and_a_second_storage(state, clock, tmp_path):
     kwargs = state.names_kwargs() | {"podman_storages": (str(state.podman), str(rootless))}
     names = ContainerNames(**kwargs, clock=clock)
     assert workload_of(names, podman_path(CID)).unit == "podman/chat"
-    assert workload_of(names, podman_rootless_path(CID2)).unit == "podman/embedding"
+    assert workload_of(names, podman_rootless_path(CID2)).unit == "podman/embedding@uid1000"
 
 
 @pytest.mark.parametrize("path, runtime", [

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from vllm_xpu_exporter.parsers.cgroup import DOCKER, PODMAN, ContainerCgroup
 from vllm_xpu_exporter.parsers.containerlogs import DockerExit, docker_exit
 from vllm_xpu_exporter.parsers.workloads import (
-    KIND_DOCKER, KIND_KUBERNETES, KIND_PODMAN, KIND_SYSTEMD, docker_key, kubernetes_key, podman_key,
+    KIND_DOCKER, KIND_KUBERNETES, KIND_PODMAN, KIND_SYSTEMD, docker_key, kubernetes_key, podman_key, user_suffix,
 )
 
 log = logging.getLogger("vllm_xpu_exporter.containers")
@@ -143,7 +143,8 @@ class ContainerNames:
             return Workload(unit)
         kind = _kind(container)
         names = self._names(container)
-        return Workload(names.key or unit, kind, container.id, names.container, names.compose_project,
+        key = names.key and names.key + user_suffix(container.uid)  # a rootless user's: never root's
+        return Workload(key or unit, kind, container.id, names.container, names.compose_project,
                         names.compose_service, names.namespace, names.pod, container.pod_uid or "")
 
     def _names(self, container: ContainerCgroup) -> _Names:
