@@ -369,3 +369,22 @@ def test_a_user_unit_of_a_system_units_name_is_a_unit_of_its_own(tmp_path, fake_
     headroom = sample(samples, "xpu_unit_restart_headroom_bytes", device=DEVICE, unit=CHAT)
     assert headroom == (TOTAL - used) + 4 * GiB - math.ceil(0.75 * TOTAL) < 0
     assert {dict(labels)["unit"] for labels in series(samples, "xpu_unit_engine_starts_total")} == {CHAT}
+
+
+def test_seventy_user_units_of_watched_names_do_not_push_a_system_unit_out(tmp_path, fake_driver, config_path):
+    """70 user units vllm-u<n>.service (uid 1000), each holding more than the real unit: they are no watched
+    units (the system glob does not match vllm-u<n>.service@uid1000), so the real unit keeps its memory series
+    and its place in the journal's fold."""
+    procfs = FakeProcfs(tmp_path)
+    system = procfs.add_unit_process(100, f"/system.slice/{CHAT}")
+    system.add_drm_fd(xe_fdinfo(client_id=1, vram0=64 * MiB))
+    for n in range(70):
+        user = procfs.add_unit_process(1000 + n, f"/user.slice/user-1000.slice/user@1000.service/app.slice/"
+                                                 f"vllm-u{n}.service")
+        user.add_drm_fd(xe_fdinfo(client_id=10 + n, vram0=128 * MiB))
+    used = 64 * MiB + 70 * 128 * MiB
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, used, utilisation_of={CHAT: 0.75}) as exporter:
+        samples = settled(exporter)
+    memory = {dict(labels)["unit"]: value for labels, value in series(samples, "xpu_unit_memory_bytes").items()}
+    assert memory[CHAT] == 64 * MiB and len(memory) == 64
+    assert {dict(labels)["unit"] for labels in series(samples, "xpu_unit_engine_starts_total")} == {CHAT}
