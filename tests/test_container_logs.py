@@ -180,10 +180,10 @@ def test_a_line_written_in_two_writes_is_read_once_whole(tmp_path):
 
 
 def test_much_at_once_is_read_in_bounded_polls_without_waiting(tmp_path, monkeypatch):
-    """A poll reads at most POLL_BYTES of a live file and POLL_ENTRIES of a container found while following;
-    the rest comes at once (wait() does not sleep), in order, each line once."""
-    monkeypatch.setattr(containerlogs_source, "POLL_BYTES", 4096)
-    monkeypatch.setattr(containerlogs_source, "POLL_ENTRIES", 50)
+    """A poll reads at most FILE_POLL_BYTES of a file and POLL_BYTES of all files (a container found while
+    following: of its history); the rest comes at once (wait() does not sleep), in order, each line once."""
+    monkeypatch.setattr(containerlogs_source, "FILE_POLL_BYTES", 4096)
+    monkeypatch.setattr(containerlogs_source, "POLL_BYTES", 6000)
     host = DockerHost(tmp_path)
     chat = host.add("vllm-chat")
     with reader(LogDirectories(docker_roots=(str(tmp_path),)), poll_seconds=3600) as opened:

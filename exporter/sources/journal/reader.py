@@ -361,6 +361,9 @@ class JournalReader:
     """
 
     RELEASE_PAGES_EVERY = 1024
+    BATCH_CHARS = 8 << 20
+    """A batch of ``read_available()`` ends once its messages hold this many characters (4096 messages of
+    ``max_message_bytes`` would hold 256 MiB); the rest comes in the next, without waiting."""
     ADMIT_AGAIN_USEC = 60_000_000
     """A refused unit's entries are skipped without asking ``admit`` again for at most this long (journal time)."""
     MATCHED_UNITS_MAX = 64
@@ -693,7 +696,8 @@ class JournalReader:
         self._more_pending = True
         release_every = self.RELEASE_PAGES_EVERY
         since_release = self._since_release
-        while len(out) < max_entries:
+        chars, max_chars = 0, self.BATCH_CHARS
+        while len(out) < max_entries and chars < max_chars:
             result = next_entry(handle)
             if result <= 0:
                 if result < 0:
@@ -705,6 +709,7 @@ class JournalReader:
             if entry is not None:
                 append(entry)
                 last = entry
+                chars += len(entry.message)
                 since_release += 1
                 if since_release >= release_every:
                     release_journal_pages(self._madvise)
