@@ -52,7 +52,7 @@ class JournalCollector(Collector):
         yield CounterFamily("xpu_exporter_container_log_lines_rejected_total",
                             "Lines of watched containers' log files skipped: not a record of their file's format, "
                             "or too long.", value=logs.unreadable if logs is not None else 0)
-        yield from unit_metrics(merged_views(states))
+        yield from unit_metrics(context.engine_views())
         error = collection_error(states)
         if error:
             raise CollectionError(error)
@@ -61,18 +61,6 @@ class JournalCollector(Collector):
 @register("journal", "vLLM engine starts, failures and KV cache from the journal", needs=[Source.JOURNAL])
 def _journal_collector(options: None, sources: Sources) -> JournalCollector:
     return JournalCollector()
-
-
-def merged_views(states: list[JournalState]) -> list[UnitView]:
-    """The units and containers of every source, each once: a container both sources watch (one logs to the
-    journal, files of the same name, or the processes' watch) shows the view that has a start."""
-    views: dict[str, UnitView] = {}
-    for state in states:
-        for view in state.views:
-            known = views.get(view.unit)
-            if known is None or (known.current is None and view.current is not None):
-                views[view.unit] = view
-    return [views[unit] for unit in sorted(views)]
 
 
 def collection_error(states: list[JournalState]) -> str | None:

@@ -520,8 +520,7 @@ class ProcessesCollector(Collector):
 
     @staticmethod
     def _watched_views(context: ScrapeContext) -> list[UnitView]:
-        state = context.journal_state()
-        return [] if state is None else state.views
+        return context.engine_views()
 
     def _device_of(self, unit: str, attributions: dict[str, DeviceAttribution], gpus: list[str]) -> str | None:
         """The GPU the unit holds (or last held) memory on; on a one-GPU host, that GPU."""

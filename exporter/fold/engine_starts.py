@@ -767,3 +767,15 @@ def _record(start: Start, event: vllm.Event) -> None:
                 start.required_bytes = event.needed_bytes
             if event.gpu_memory_utilization is not None and start.gpu_memory_utilization is None:
                 start.gpu_memory_utilization = event.gpu_memory_utilization
+
+
+def merged_views(view_lists: Iterable[Iterable[UnitView]]) -> list[UnitView]:
+    """The units and containers of several folds (the journal's, the container logs'), each once, by name: a
+    container both watch (one logs to the journal, files of the same name) shows the view that has a start."""
+    views: dict[str, UnitView] = {}
+    for view_list in view_lists:
+        for view in view_list:
+            known = views.get(view.unit)
+            if known is None or (known.current is None and view.current is not None):
+                views[view.unit] = view
+    return [views[unit] for unit in sorted(views)]
