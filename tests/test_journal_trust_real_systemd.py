@@ -8,6 +8,7 @@ are believed, root's and uid 1000's Podman containers of one name kept apart."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -26,6 +27,8 @@ VERSION = "(APIServer pid=7) INFO 05-12 10:11:13 [api_server.py:1895] vLLM API s
 KV_TOO_SMALL = ("(EngineCore pid=9) ValueError: To serve at least one request with the model's max seq len "
                 "(131072), 3.36 GiB KV cache is needed, which is larger than the available KV cache memory "
                 "(2.13 GiB).")
+INIT_DONE = ("(EngineCore pid=9) INFO 05-12 10:11:40 [core.py:210] init engine (profile, create kv cache, "
+             "warmup model) took 12.50 s")
 ROOTS_ID = "a" * 64
 USERS_ID = "b" * 64
 # Sends one record to journald's socket, optionally renamed first (prctl PR_SET_NAME), and stays alive a
@@ -38,6 +41,12 @@ if sys.argv[1]:
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 sock.sendto("\n".join(sys.argv[2:]).encode() + b"\n", "/run/systemd/journal/socket")
 time.sleep(0.3)
+"""
+FLOOD = r"""
+import json, socket
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+for fields in json.load(open("/tmp/flood.json")):
+    sock.sendto("\n".join(fields).encode() + b"\n", "/run/systemd/journal/socket")
 """
 PYTHON = os.path.realpath("/usr/bin/python3")  # the Debian interpreter the booted image runs
 
@@ -77,6 +86,12 @@ class Senders:
         self.machine.run("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "logger", "--journald",
                          input="\n".join(fields) + "\n")
 
+    def nobody_flood(self, records: list[list[str]]) -> None:
+        """nobody sends many records at once (one process)."""
+        self.machine.write_file("/tmp/flood.json", json.dumps(records))
+        os.chmod(self.machine.host_path("/tmp/flood.json"), 0o644)
+        self.machine.run("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON, "-c", FLOOD)
+
     def nobody_renamed_conmon(self, fields: list[str]) -> None:
         self.machine.run("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                          PYTHON, "/tmp/send.py", "conmon", *fields)
@@ -105,22 +120,32 @@ def fold(machine: RealSystemd):
 
 def test_forged_container_records_are_ignored_and_the_engines_believed(machine: RealSystemd):
     senders = Senders(machine)
+    forgers = (senders.nobody_logger, senders.nobody_renamed_conmon)
+    # Forged by nobody, as logger and as a process renamed conmon: a failed init of a container that does not
+    # exist, an init that never ends; then 70 forged names.
+    for forge in forgers:
+        forge(container_fields("vllm-ghost", VERSION, "d" * 64))
+        forge(container_fields("vllm-ghost", KV_TOO_SMALL, "d" * 64))
+        forge(container_fields("vllm-never", VERSION, "e" * 64))
+    senders.nobody_flood([container_fields(f"vllm-flood{n}", VERSION, f"{n:064x}") for n in range(70)])
+    # A copy of dockerd run by nobody, and root's dockerd outside docker.service.
+    senders.engine("dockerd", container_fields("vllm-ghost", KV_TOO_SMALL, "d" * 64), uid=65534)
+    senders.engine("dockerd", container_fields("vllm-ghost", KV_TOO_SMALL, "d" * 64))
+    # A real unit starts after the never-ending forged init and the flood: its series are there, and it
+    # overlapped nothing.
+    machine.write_file("/tmp/real-unit.sh", f"echo '{VERSION}'\necho '{INIT_DONE}'\n")
+    machine.write_unit("vllm-xpu-chat.service", "[Service]\nType=oneshot\nExecStart=/bin/sh /tmp/real-unit.sh\n")
+    machine.daemon_reload()
+    machine.systemctl("start", "vllm-xpu-chat.service")
     # The engines: dockerd's failed init of docker/vllm-chat; root's and uid 1000's Podman vllm-embed.
     senders.engine("dockerd", container_fields("vllm-chat", VERSION, "c" * 64), unit="docker.service")
     senders.engine("dockerd", container_fields("vllm-chat", KV_TOO_SMALL, "c" * 64), unit="docker.service")
     senders.engine("conmon", container_fields("vllm-embed", VERSION, ROOTS_ID))
     senders.engine("conmon", container_fields("vllm-embed", VERSION, USERS_ID), uid=1000)
     senders.engine("podman", died_fields("vllm-embed", USERS_ID), uid=1000)
-    # The forgeries: a failed init of a container that does not exist, an init that never ends, a death
-    # of root's real Podman container, by nobody, as logger and as a process renamed conmon.
-    for forge in (senders.nobody_logger, senders.nobody_renamed_conmon):
-        forge(container_fields("vllm-ghost", VERSION, "d" * 64))
-        forge(container_fields("vllm-ghost", KV_TOO_SMALL, "d" * 64))
-        forge(container_fields("vllm-never", VERSION, "e" * 64))
+    # Forged deaths of root's real Podman container (its id is readable in /proc/PID/cgroup).
+    for forge in forgers:
         forge(died_fields("vllm-embed", ROOTS_ID))
-    # A copy of dockerd run by nobody, and root's dockerd outside docker.service.
-    senders.engine("dockerd", container_fields("vllm-ghost", KV_TOO_SMALL, "d" * 64), uid=65534)
-    senders.engine("dockerd", container_fields("vllm-ghost", KV_TOO_SMALL, "d" * 64))
 
     forged = machine.journal(args=["CONTAINER_NAME=vllm-ghost"])
     # A sender chooses its _COMM, not its _UID (logger may be gone before journald reads its _COMM).
@@ -128,9 +153,11 @@ def test_forged_container_records_are_ignored_and_the_engines_believed(machine: 
         ("logger", "65534"), ("conmon", "65534"), ("dockerd", "65534"), ("dockerd", "0")}
 
     state, views = fold(machine)
-    assert sorted(views) == ["docker/vllm-chat", "podman/vllm-embed", "podman/vllm-embed@uid1000"]
+    assert sorted(views) == ["docker/vllm-chat", "podman/vllm-embed", "podman/vllm-embed@uid1000",
+                             "vllm-xpu-chat.service"]
+    assert views["vllm-xpu-chat.service"].starts == 1 and views["vllm-xpu-chat.service"].overlaps == 0
     assert views["docker/vllm-chat"].failures[FailureReason.KV_CACHE_TOO_SMALL] == 1
     assert views["podman/vllm-embed"].failures[FailureReason.OTHER] == 0
     assert views["podman/vllm-embed"].initialising_since_usec is not None
     assert views["podman/vllm-embed@uid1000"].initialising_since_usec is None  # its own podman's death ended it
-    assert state.rejected == {trust.REJECTED_CONTAINER_SENDER: 3 * 2 + 2, trust.REJECTED_PODMAN_EVENT: 2}
+    assert state.rejected == {trust.REJECTED_CONTAINER_SENDER: 3 * 2 + 2 + 70, trust.REJECTED_PODMAN_EVENT: 2}
