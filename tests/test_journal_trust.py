@@ -197,12 +197,12 @@ def test_seventy_names_then_a_real_unit_its_series_present(tmp_path):
 
 
 def test_names_not_seen_for_an_hour_give_their_place_to_a_new_container(tmp_path):
-    """A flood of 64 names once does not hold the places for ever: an hour later root's real container
-    gets the place of the idlest of them (the flood's series go: counted as forgotten)."""
+    """A flood of 64 names once (root's Podman containers: a user's have places of their own) does not hold
+    the places for ever: an hour later another real container gets the place of the idlest of them (the
+    flood's series go: counted as forgotten)."""
     clock = Clock(random_boot_id())
     path = write_journal(tmp_path / "x.journal", [
-        *(sent_by(container_output(f"vllm-u{n}", VERSION, clock.tick(), runtime="podman"), **ROOTLESS)
-          for n in range(64)),
+        *(container_output(f"vllm-u{n}", VERSION, clock.tick(), runtime="podman") for n in range(64)),
         container_output("vllm-chat", VERSION, clock.tick(HOUR_USEC - 64 * 1000 - 1)),  # u0 seen within the hour
         # u0 idle for an hour now; the reader asks again for a name refused that long ago
         container_output("vllm-chat", VERSION, clock.tick(JournalReader.ADMIT_AGAIN_USEC)),
@@ -211,6 +211,23 @@ def test_names_not_seen_for_an_hour_give_their_place_to_a_new_container(tmp_path
     state = follow(path)
     views = views_of(state)
     assert views["docker/vllm-chat"].failures[FailureReason.KV_CACHE_TOO_SMALL] == 1
-    assert "podman/vllm-u0@uid1000" not in views and len(views) == 64
+    assert "podman/vllm-u0" not in views and len(views) == 64
     # chat's first line found no place; u0's own line, folded after u0 gave its place up, finds none either
     assert state.dropped_units == 2
+
+
+def test_a_rootless_users_containers_neither_overlap_nor_displace_the_systems(tmp_path):
+    """uid 1000's own conmon (believed, as that user's) prints 64 inits that never end: root's Docker container
+    started after them still gets a place, and neither it nor a system unit counts an overlap with them."""
+    clock = Clock(random_boot_id())
+    path = write_journal(tmp_path / "x.journal", [
+        *(sent_by(container_output(f"vllm-u{n}", VERSION, clock.tick(), runtime="podman"), **ROOTLESS)
+          for n in range(64)),
+        container_output("vllm-chat", VERSION, clock.tick()),
+        container_output("vllm-chat", KV_TOO_SMALL, clock.tick()),
+        unit_output("vllm-xpu-stt.service", VERSION, clock.tick()),
+    ])
+    views = views_of(follow(path))
+    assert views["docker/vllm-chat"].failures[FailureReason.KV_CACHE_TOO_SMALL] == 1
+    assert views["docker/vllm-chat"].overlaps == 0 and views["vllm-xpu-stt.service"].overlaps == 0
+    assert sum("@uid1000" in unit for unit in views) == 64

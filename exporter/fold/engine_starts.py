@@ -77,12 +77,14 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from heapq import merge
 from itertools import chain
 from typing import Protocol
 
 from vllm_xpu_exporter.gate import lines as gate_lines
 from vllm_xpu_exporter.parsers import services, vllm
 from vllm_xpu_exporter.parsers.vllm import FailureReason
+from vllm_xpu_exporter.parsers.workloads import uid_of_identity
 from vllm_xpu_exporter.systemd import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
                               MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_STARTED,
                               MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED, MESSAGE_ID_UNIT_STOPPING,
@@ -767,6 +769,87 @@ def _record(start: Start, event: vllm.Event) -> None:
                 start.required_bytes = event.needed_bytes
             if event.gpu_memory_utilization is not None and start.gpu_memory_utilization is None:
                 start.gpu_memory_utilization = event.gpu_memory_utilization
+
+
+MAX_OWNERS = 16
+"""Owners (the system, users) with a fold of their own in `OwnedTrackers`; a further user's names are dropped."""
+
+
+class OwnedTrackers:
+    """`EngineTracker`'s interface over one tracker per owner: the system's units and containers, and each
+    user's (identities ending in `@uid<N>`: a user manager's units, rootless containers). A user's inits
+    never overlap the system's (nor another user's), and a user's names never take the system's places
+    under `max_units`: whoever can run a rootless container can make it print an init that never ends, or
+    70 of them. Not thread-safe, as EngineTracker."""
+
+    def __init__(self, max_units: int = DEFAULT_MAX_UNITS, engine_grace_usec: int | None = None) -> None:
+        self.max_units = max_units
+        self.engine_grace_usec = ENGINE_GRACE_USEC if engine_grace_usec is None else engine_grace_usec
+        self._trackers: dict[int, EngineTracker] = {}
+        self._owner_of: dict[str, EngineTracker | None] = {}  # name -> its owner's tracker (a cache)
+        self._dropped: set[str] = set()  # names of owners beyond MAX_OWNERS
+
+    def _tracker(self, unit: str) -> EngineTracker | None:
+        tracker = self._owner_of.get(unit)
+        if tracker is None and unit not in self._owner_of:
+            uid = uid_of_identity(unit)
+            tracker = self._trackers.get(uid)
+            if tracker is None and (uid == 0 or len(self._trackers) < MAX_OWNERS):
+                tracker = self._trackers[uid] = EngineTracker(self.max_units, self.engine_grace_usec)
+            if len(self._owner_of) >= 65536:
+                self._owner_of.clear()
+            self._owner_of[unit] = tracker
+        if tracker is None and len(self._dropped) < MAX_DROPPED_NAMES:
+            self._dropped.add(unit)
+        return tracker
+
+    def admit(self, unit: str, when_usec: int | None = None) -> bool:
+        tracker = self._tracker(unit)
+        return tracker is not None and tracker.admit(unit, when_usec)
+
+    def add(self, entry: Entry) -> None:
+        tracker = self._tracker(entry.unit)
+        if tracker is not None:
+            tracker.add(entry)
+
+    def extend(self, entries: Iterable[Entry]) -> None:
+        for entry in entries:
+            self.add(entry)
+
+    def watch(self, unit: str) -> None:
+        tracker = self._tracker(unit)
+        if tracker is not None:
+            tracker.watch(unit)
+
+    def forget(self, unit: str) -> None:
+        tracker = self._tracker(unit)
+        if tracker is not None:
+            tracker.forget(unit)
+
+    def settle(self, now_usec: int) -> None:
+        for tracker in self._trackers.values():
+            tracker.settle(now_usec)
+
+    def views(self) -> Iterator[UnitView]:
+        """Every owner's views, by unit name."""
+        return merge(*(tracker.views() for tracker in self._trackers.values()), key=lambda view: view.unit)
+
+    @property
+    def dropped_units(self) -> set[str]:
+        return self._dropped.union(*(tracker.dropped_units for tracker in self._trackers.values()))
+
+    @property
+    def forgotten_units(self) -> int:
+        return sum(tracker.forgotten_units for tracker in self._trackers.values())
+
+    @property
+    def rejected_lines(self) -> int:
+        return sum(tracker.rejected_lines for tracker in self._trackers.values())
+
+    @property
+    def first_rejections(self) -> dict[str, vllm.ImplausibleValue]:
+        return {unit: rejection for tracker in self._trackers.values()
+                for unit, rejection in tracker.first_rejections.items()}
 
 
 def merged_views(view_lists: Iterable[Iterable[UnitView]]) -> list[UnitView]:

@@ -1,7 +1,8 @@
 """The journal follower: a source that owns its thread and the journal reader, and publishes the fold.
 
 The thread owns the reader (an sd_journal handle belongs to one thread): it reads the selected boot into
-a fresh EngineTracker, publishes it once caught up, then folds new entries in as they arrive. When the
+a fresh fold (OwnedTrackers: an EngineTracker per owner, the system and each user), publishes it once
+caught up, then folds new entries in as they arrive. When the
 journal cannot be read it retries; a reopened journal is read again from the start of the boot into a
 new tracker, swapped in once caught up, so counters never count twice.
 
@@ -33,7 +34,7 @@ from functools import partial
 from typing import Any
 
 from vllm_xpu_exporter.fold.container_runs import ContainerRuns
-from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, EngineTracker, UnitView
+from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, EngineTracker, OwnedTrackers, UnitView
 from vllm_xpu_exporter.sources.journal.reader import DEFAULT_BATCH, JournalEntry, JournalReader, JournalSelection
 
 log = logging.getLogger("vllm_xpu_exporter.journal")
@@ -74,7 +75,7 @@ class JournalFollower:
         """What the latest catch-up read: "latest invocations", or "boot" (the whole selected boot)."""
         self._lock = threading.Lock()
         self._starting = threading.Lock()  # concurrent scrapes retry starting the thread once
-        self._tracker: EngineTracker | None = None
+        self._tracker: OwnedTrackers | None = None
         self._runs = ContainerRuns()  # the containers' runs of the tracker being filled or followed
         self._error: str | None = still_reading
         self._entries_read = 0
@@ -145,7 +146,7 @@ class JournalFollower:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            tracker = EngineTracker(self.max_units, self.selection.engine_grace_usec)
+            tracker = OwnedTrackers(self.max_units, self.selection.engine_grace_usec)
             self._runs = ContainerRuns()
             try:
                 # Units beyond the cap are refused when first met: the reader skips their entries.
@@ -168,7 +169,7 @@ class JournalFollower:
                 self._set_error(f"{type(error).__name__}: {error}")
                 self._stop.wait(RETRY_SECONDS)
 
-    def _catch_up(self, reader: JournalReader, tracker: EngineTracker) -> None:
+    def _catch_up(self, reader: JournalReader, tracker: OwnedTrackers) -> None:
         with self._lock:
             for unit in self._units_with_processes:
                 tracker.watch(unit)
@@ -199,7 +200,7 @@ class JournalFollower:
             while batch := reader.read_available(DEFAULT_BATCH):
                 self._fold(reader, tracker, batch, published=True)
 
-    def _fold(self, reader: JournalReader, tracker: EngineTracker, batch: list[JournalEntry], *,
+    def _fold(self, reader: JournalReader, tracker: OwnedTrackers, batch: list[JournalEntry], *,
               published: bool) -> None:
         """Fold a batch the reader returned, and count it: the one count of entries read
         (``JournalState.entries_read``, xpu_exporter_journal_entries_read_total), kept across re-reads of
@@ -216,7 +217,7 @@ class JournalFollower:
         self._warn_of_rejections(tracker)
         self._warn_of_unreadable(reader)
 
-    def _warn_of_rejections(self, tracker: EngineTracker) -> None:
+    def _warn_of_rejections(self, tracker: OwnedTrackers) -> None:
         """Once per unit (also across re-reads of the journal): the value is not logged, it may be huge."""
         for unit, rejection in tracker.first_rejections.items():
             if unit not in self._warned_of_rejections:
@@ -234,11 +235,11 @@ class JournalFollower:
                         "a journal entry" if self.source == "journal" else f"an entry of the {self.source}",
                         reader.last_unreadable)
 
-    def _admit(self, tracker: EngineTracker, unit: str, when_usec: int | None = None) -> bool:
+    def _admit(self, tracker: OwnedTrackers, unit: str, when_usec: int | None = None) -> bool:
         with self._lock:
             return tracker.admit(unit, when_usec)
 
-    def _forget(self, tracker: EngineTracker, unit: str) -> None:
+    def _forget(self, tracker: OwnedTrackers, unit: str) -> None:
         """A unit gone for good (a container removed): its series go, its place under the cap is free."""
         with self._lock:
             tracker.forget(unit)
