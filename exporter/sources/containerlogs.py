@@ -207,13 +207,16 @@ class LogFile:
 
     def close(self) -> list[bytes]:
         """The file is gone for good: what is left in its open files; they are closed."""
-        lines: list[bytes] = []
-        for opened in (self._draining, self._current):
+        return list(self.closing())
+
+    def closing(self) -> Iterator[bytes]:
+        """`close()`, lazily: what is left in its open files, each closed once read to its end."""
+        for attribute in ("_draining", "_current"):
+            opened = getattr(self, attribute)
             if opened is not None:
-                lines += self._drain(opened, final=True)
+                yield from self._lines(opened, final=True)
                 self._close(opened)
-        self._draining = self._current = None
-        return lines
+                setattr(self, attribute, None)
 
     def _open_live(self) -> Iterator[bytes]:
         opened = self._open(self.live)
@@ -378,6 +381,7 @@ class _Stream:
     order: tuple[int, int] = (0, 0)  # the order of the container's files: restart count, or when created
     end: DockerEnd | None = None  # Docker: its config.v2.json, whose State says when the container ended
     polling: Iterator[bytes] | None = None  # the file's poll() under way: what a poll's budget left unread
+    closing: bool = False  # the file is gone for good: `polling` reads what is left in its open files
 
 
 @dataclass
@@ -556,18 +560,21 @@ class ContainerLogReader:
                 stream.polling = stream.file.poll()
             lines, done = _take_lines(stream.polling, min(FILE_POLL_BYTES, budget[0]))
             budget[0] -= sum(len(line) + 1 for line in lines)
+            entries += self._entries(container, stream, lines)
             if not done:
                 self._behind = True
-                entries += self._entries(container, stream, lines)
                 continue
             stream.polling = None
-            gone = container.vanished_at is not None or (index + 1 < len(streams) and not os.path.exists(stream.file.live))
-            if gone:
-                lines += stream.file.close()
+            if stream.closing:  # read to the end of its files: it goes
                 self._skipped_before += stream.file.skipped
                 del container.streams[stream.file.live]
-            entries += self._entries(container, stream, lines)
-            ended = None if gone else self._ended(container, stream)
+                continue
+            if container.vanished_at is not None or (index + 1 < len(streams) and not os.path.exists(stream.file.live)):
+                # gone: what is left in its open files is read within the budgets too, then it goes
+                stream.closing, stream.polling = True, stream.file.closing()
+                self._behind = True
+                continue
+            ended = self._ended(container, stream)
             if ended is not None:
                 entries.append(ended)
         self._report(container)
