@@ -80,6 +80,22 @@ def test_podman_container_by_name(names, state, path, key):
     assert workload_of(names, path) == Workload(key, "podman", CID, "chat")
 
 
+def test_a_docker_config_names_only_its_owners_container(state, clock, tmp_path):
+    """A rootless user's Docker data root holding a config.v2.json for root's container's id names it not;
+    the user's own container is named from the user's own file, with the user in its identity."""
+    users = tmp_path / "home/alice/.local/share/docker"
+    for cid, name in ((CID, "vllm-xpu-chat"), (CID2, "mine")):
+        config = users / "containers" / cid / "config.v2.json"
+        config.parent.mkdir(parents=True)
+        config.write_text(json.dumps({"ID": cid, "Name": f"/{name}"}))
+        os.chown(config, 1000, 1000)
+    kwargs = state.names_kwargs() | {"docker_roots": (str(users), str(state.docker))}
+    names = ContainerNames(**kwargs, clock=clock)
+    assert workload_of(names, docker_systemd_path(CID)).unit == f"docker-{CID}.scope"
+    rootless = f"/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{CID2}.scope"
+    assert workload_of(names, rootless).unit == "docker/mine@uid1000"
+
+
 def test_a_list_names_only_its_owners_containers(state, clock, tmp_path):
     """A rootless user's containers.json may list any id: it names none of root's containers, and root's list
     none of a user's (each keeps its cgroup leaf)."""

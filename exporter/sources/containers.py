@@ -179,15 +179,17 @@ class ContainerNames:
         if container.pod_uid is not None:
             return self._pod_container(container.id, container.pod_uid)
         if container.engine == DOCKER:
-            return self._docker(container.id)
+            return self._docker(container.id, container.uid)
         if container.engine == PODMAN:
             return self._podman(container.id, container.uid)
         return _NOT_FOUND
 
-    def _docker(self, container_id: str) -> _Names:
+    def _docker(self, container_id: str, uid: int) -> _Names:
+        """A Docker container's names from a config.v2.json its own user owns (root's dockerd writes root's,
+        a rootless dockerd its user's): another user's data root may hold a file for any id it likes."""
         for root in self.docker_roots:
             path = os.path.join(root, "containers", container_id, "config.v2.json")
-            data = self._read(path, MAX_DOCKER_CONFIG_BYTES, root)
+            data = self._read(path, MAX_DOCKER_CONFIG_BYTES, root, owner=uid)
             if data is None:
                 continue
             return docker_names(data, container_id)
@@ -332,11 +334,11 @@ class ContainerNames:
         self._lists[path] = (signature, mapped)
         return mapped
 
-    def _read(self, path: str, limit: int, root: str) -> bytes | None:
-        """A regular file of at most `limit` bytes, else None (a failure to read it reported, one too large
-        counted)."""
+    def _read(self, path: str, limit: int, root: str, owner: int | None = None) -> bytes | None:
+        """A regular file of at most `limit` bytes (owned by `owner`, if given), else None (a failure to read
+        it reported, one too large counted)."""
         return read_small(path, limit, lambda error: self._report(root, path, error),
-                          lambda: self._cut(path, f"larger than {limit} bytes")) or None
+                          lambda: self._cut(path, f"larger than {limit} bytes"), owner) or None
 
     def _report(self, root: str, path: str, error: OSError) -> None:
         """A missing file or directory is normal (an engine not installed, a container gone); a denied one
@@ -352,9 +354,9 @@ class ContainerNames:
 
 
 def read_small(path: str, limit: int, report: Callable[[OSError], None] | None = None,
-               too_large: Callable[[], None] | None = None) -> bytes:
-    """A regular file of at most `limit` bytes; b"" when it is not one or cannot be read (`report`, when
-    given, is told why it could not; `too_large` that it is over `limit`)."""
+               too_large: Callable[[], None] | None = None, owner: int | None = None) -> bytes:
+    """A regular file of at most `limit` bytes (and of user `owner`, when given); b"" when it is not one or
+    cannot be read (`report`, when given, is told why it could not; `too_large` that it is over `limit`)."""
     try:
         fd = os.open(path, OPEN_FILE)
     except OSError as error:
@@ -363,6 +365,9 @@ def read_small(path: str, limit: int, report: Callable[[OSError], None] | None =
         return b""
     try:
         info = os.fstat(fd)
+        if owner is not None and info.st_uid != owner:
+            log.debug("%s: not owned by uid %d", path, owner)
+            return b""
         if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
             log.debug("%s: not a regular file of at most %d bytes", path, limit)
             if stat.S_ISREG(info.st_mode) and too_large is not None:
