@@ -202,6 +202,21 @@ def test_much_at_once_is_read_in_bounded_polls_without_waiting(tmp_path, monkeyp
     assert [e.message for e in got if e.unit == "docker/vllm-late"] == [f"late {n}" for n in range(120)]
 
 
+def test_a_rootless_dockerds_containers_are_their_users(tmp_path):
+    """A container of a rootless dockerd's data root (its directory owned by uid 1000) is that user's:
+    docker/<name>@uid1000, never root's docker/<name>; its config.v2.json says when it ended only if the
+    user owns it."""
+    root_host, user_host = DockerHost(tmp_path / "root"), DockerHost(tmp_path / "user")
+    root_host.add("vllm-chat").write([printed("vllm-chat", "root's", 1)])
+    users = user_host.add("vllm-chat", salt="user")
+    users.write([printed("vllm-chat", "the user's", 2)])
+    for path in (users.directory, users.directory / "config.v2.json", users.log):
+        os.chown(path, 1000, 1000)
+    with reader(LogDirectories(docker_roots=(str(tmp_path / "root"), str(tmp_path / "user")))) as opened:
+        got = {(e.unit, e.message) for e in read(opened) if not e.from_systemd}
+    assert got == {("docker/vllm-chat", "root's"), ("docker/vllm-chat@uid1000", "the user's")}
+
+
 def test_garbage_and_overlong_lines_are_skipped_and_counted(tmp_path):
     chat = DockerHost(tmp_path).add("vllm-chat")
     chat.write([printed("vllm-chat", "before", 1)])

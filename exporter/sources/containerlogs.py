@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from vllm_xpu_exporter.parsers.containerlogs import MAX_TEXT_CHARS, LogRecord, parse_cri_line, parse_json_file_line
-from vllm_xpu_exporter.parsers.workloads import kubernetes_key
+from vllm_xpu_exporter.parsers.workloads import kubernetes_key, uid_of_identity, user_suffix
 from vllm_xpu_exporter.sources.containers import MAX_DOCKER_CONFIG_BYTES, DockerEnd, docker_names
 from vllm_xpu_exporter.sources.containers import read_small as _read_small
 from vllm_xpu_exporter.sources.journal.reader import JournalEntry, JournalSelection, container_end
@@ -668,18 +668,26 @@ class ContainerLogReader:
                 created = 0
             container.streams[live] = _Stream(LogFile(live, partial(docker_rotated, live)), name,
                                               parse_json_file_line, (0, created),
-                                              end=DockerEnd((os.path.join(container_directory, "config.v2.json"),)))
+                                              end=DockerEnd((os.path.join(container_directory, "config.v2.json"),),
+                                                            owner=uid_of_identity(key)))
 
     def _docker_name(self, container_directory: str, container_id: str) -> tuple[str, str] | None:
-        """The container's key and name from its config.v2.json (dockerd writes it before the log)."""
-        data = _read_small(os.path.join(container_directory, "config.v2.json"), MAX_DOCKER_CONFIG_BYTES)
+        """The container's key and name from its config.v2.json (dockerd writes it before the log), of the
+        user who owns the container's directory: a rootless dockerd's containers are that user's
+        (`docker/<name>@uid<N>`), and only root's dockerd can write into root's data root."""
+        try:
+            owner = os.stat(container_directory).st_uid
+        except OSError:
+            return None
+        data = _read_small(os.path.join(container_directory, "config.v2.json"), MAX_DOCKER_CONFIG_BYTES,
+                           owner=owner)
         try:
             names = docker_names(data, container_id) if 0 < len(data) <= MAX_DOCKER_CONFIG_BYTES else None
         except (ValueError, RecursionError):
             names = None
         if names is None or names.key is None:
             return None
-        return names.key, names.container
+        return names.key + user_suffix(owner), names.container
 
     def _discover_pods(self, directory: str, seen: set[str], new: list[_Container]) -> None:
         for pod_directory in _list_directory(directory):

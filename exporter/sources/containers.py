@@ -393,6 +393,7 @@ class DockerEnd:
     journal (`vllm_xpu_exporter.sources.journal.reader`, the journald log driver)."""
 
     configs: tuple[str, ...]
+    owner: int = 0  # the container's user: a config of another user's is not its (root's dockerd: 0)
     signature: tuple[int, int] | None = None  # (mtime, size) of the config last read
     exit_usec: int | None = None  # the end already handed on
 
@@ -403,11 +404,13 @@ class DockerEnd:
                 info = os.stat(config)
             except OSError:
                 continue
+            if info.st_uid != self.owner:
+                continue
             signature = (info.st_mtime_ns, info.st_size)
             if signature == self.signature or info.st_size > MAX_DOCKER_CONFIG_BYTES:
                 return None
             self.signature = signature
-            data = read_small(config, MAX_DOCKER_CONFIG_BYTES)
+            data = read_small(config, MAX_DOCKER_CONFIG_BYTES, owner=self.owner)
             ended = docker_exit(data) if data else None
             if ended is None or ended.realtime_usec == self.exit_usec or ended.realtime_usec < since_usec:
                 return None
