@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from journalgen import (Clock, JournalEntrySpec, container_id, container_output, podman_died, random_boot_id,
-                        unit_output, write_journal)
+from journalgen import (Clock, JournalEntrySpec, append_journal, container_id, container_output, podman_died,
+                        random_boot_id, unit_output, write_journal)
 from polling import wait_for
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.parsers.vllm import FailureReason
@@ -32,7 +32,8 @@ NOBODY = {"_UID": 65534, "_GID": 65534, "_COMM": "logger", "_EXE": "/usr/bin/log
 def sent_by(spec: JournalEntrySpec, **fields) -> JournalEntrySpec:
     """The entry with the trusted fields journald would have added for another sender."""
     replaced = [(name, fields.pop(name)) if name in fields else (name, value) for name, value in spec.fields]
-    return JournalEntrySpec(spec.realtime_usec, spec.monotonic_usec, spec.boot_id, tuple(replaced + list(fields.items())))
+    return JournalEntrySpec(spec.realtime_usec, spec.monotonic_usec, spec.boot_id,
+                            tuple(replaced + list(fields.items())))
 
 
 def follow(path: Path, *, containers=("*vllm*",)) -> JournalState:
@@ -106,7 +107,7 @@ def test_a_forged_podman_death_ends_no_real_container(tmp_path, sender):
     view = views_of(state)["podman/vllm-chat"]
     assert view.failures[FailureReason.OTHER] == 0
     assert view.initialising_since_usec is not None
-    if sender == "nobody's real podman":  # believed for nobody's own container of that name, none of whose lines were read
+    if sender == "nobody's real podman":  # believed for nobody's own container of that name: none of its lines read
         assert state.rejected == {}
     else:
         assert state.rejected == {trust.REJECTED_PODMAN_EVENT: 1}
@@ -231,3 +232,31 @@ def test_a_rootless_users_containers_neither_overlap_nor_displace_the_systems(tm
     assert views["docker/vllm-chat"].failures[FailureReason.KV_CACHE_TOO_SMALL] == 1
     assert views["docker/vllm-chat"].overlaps == 0 and views["vllm-xpu-stt.service"].overlaps == 0
     assert sum("@uid1000" in unit for unit in views) == 64
+
+
+def test_a_flood_of_container_names_is_not_listed_and_no_real_containers_line_is_missed(tmp_path, monkeypatch):
+    """More container names than CONTAINER_NAMES_MAX in the journal (anyone can write one): the reader stops
+    listing them (no memory, no sd-journal match per name) and picks containers' entries from the boot's
+    itself, so a real container met before, and one met while following, are read whole."""
+    monkeypatch.setattr(JournalReader, "CONTAINER_NAMES_MAX", 8)
+    clock = Clock(random_boot_id())
+    path = write_journal(tmp_path / "x.journal", [
+        *(sent_by(container_output(f"vllm-f{n}", VERSION, clock.tick()), **NOBODY) for n in range(20)),
+        container_output("vllm-chat", VERSION, clock.tick()),
+    ])
+    reader = JournalReader(JournalSelection(files=[str(path)], container_globs=("*vllm*",), boot="all"))
+    with reader:
+        entries = []
+        while batch := reader.read_available(1000):
+            entries += batch
+        assert [(e.unit, e.message) for e in entries] == [("docker/vllm-chat", VERSION)]
+        append_journal(path, [
+            *(sent_by(container_output(f"vllm-g{n}", VERSION, clock.tick()), **NOBODY) for n in range(20)),
+            container_output("vllm-late", VERSION, clock.tick()),
+            container_output("vllm-chat", KV_TOO_SMALL, clock.tick()),
+        ])
+        later = wait_for(lambda: reader.wait(0.1) and reader.read_available(1000), timeout=10)
+        assert [(e.unit, e.message) for e in later] == [("docker/vllm-late", VERSION),
+                                                        ("docker/vllm-chat", KV_TOO_SMALL)]
+        assert len(reader.containers) <= 3  # the cache of the globs' answers: the real names met
+        assert reader.rejected_entries == {trust.REJECTED_CONTAINER_SENDER: 40}

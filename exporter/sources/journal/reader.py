@@ -54,7 +54,8 @@ from vllm_xpu_exporter.parsers.cgroup import unit_of_cgroup_file
 from vllm_xpu_exporter.parsers.containerlogs import DockerExit
 from vllm_xpu_exporter.parsers.workloads import docker_key, name_of_key, podman_key
 from vllm_xpu_exporter.sources.containers import DockerEnd
-from vllm_xpu_exporter.sources.journal.trust import REJECTED_CONTAINER_SENDER, REJECTED_PODMAN_EVENT, conmon_uid, is_dockerd
+from vllm_xpu_exporter.sources.journal.trust import (REJECTED_CONTAINER_SENDER, REJECTED_PODMAN_EVENT, conmon_uid,
+                                                     is_dockerd)
 from vllm_xpu_exporter.sources.journal.trust import podman_uid as podman_uid_of
 from vllm_xpu_exporter.sources.journal.binding import (
     LIBSYSTEMD,
@@ -161,6 +162,40 @@ class _UnreadableField(Exception):
     def __init__(self, result: int) -> None:
         super().__init__(result)
         self.result = result
+
+
+class _GlobbedNames(dict):
+    """The ``CONTAINER_NAME`` values the container globs may match, decided one value at a time as entries are
+    read (a bounded cache of the answers), once the journal holds more than ``CONTAINER_NAMES_MAX`` of them:
+    a flood of names (anyone can write one) then costs neither memory nor sd-journal matches, and no entry
+    of a name met later is missed (the reader reads the boot's entries and filters them itself)."""
+
+    MAX_CACHED = 4096
+
+    def __init__(self, matches: Callable[[str], bool]) -> None:
+        super().__init__()
+        self._matches = matches
+        self._not_matching: set[bytes] = set()
+
+    def get(self, raw: bytes, default: str | None = None) -> str | None:  # type: ignore[override]
+        name = dict.get(self, raw)
+        if name is not None or raw in self._not_matching:
+            return name if name is not None else default
+        decoded = raw.decode("utf-8", "replace")
+        if len(self) >= self.MAX_CACHED or len(self._not_matching) >= self.MAX_CACHED:
+            self.clear()
+            self._not_matching.clear()
+        if self._matches(decoded):
+            self[raw] = decoded
+            return decoded
+        self._not_matching.add(raw)
+        return default
+
+    def __len__(self) -> int:  # always more than sd-journal's matches take: the decoder filters
+        return 1 << 30
+
+    def __contains__(self, raw: object) -> bool:
+        return isinstance(raw, bytes) and self.get(raw) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -367,6 +402,8 @@ class JournalReader:
     ADMIT_AGAIN_USEC = 60_000_000
     """A refused unit's entries are skipped without asking ``admit`` again for at most this long (journal time)."""
     MATCHED_UNITS_MAX = 64
+    CONTAINER_NAMES_MAX = 256
+    """Beyond this many container names the globs may match, the names are not listed: ``_GlobbedNames``."""
     UNIT_QUERY_SHARE = 0.01
     """At most this share of the time goes to looking for new units while following."""
     """Up to this many watched units are sd-journal matches; beyond it the reader filters the boot's entries."""
@@ -1091,6 +1128,8 @@ class JournalReader:
                 when is None or when - refused[1] < self.ADMIT_AGAIN_USEC):
             return False
         if self._admit is not None and not self._admit(unit, when):
+            if len(self._refused) >= 65536:  # one per name refused; bounded all the same
+                self._refused.clear()
             self._refused[raw] = (self._batches, when or 0)
             return False
         self._refused.pop(raw, None)
@@ -1108,8 +1147,15 @@ class JournalReader:
         self._units_stale = False
         found, found_containers = self._query_watched_units()
         new = {raw: name for raw, name in found.items() if raw not in self._watched}
-        new_containers = {raw: name for raw, name in found_containers.items() if raw not in self._containers}
-        if not new and not new_containers:
+        switched = False  # to _GlobbedNames: the decoder picks containers' entries from the boot's from now on
+        if isinstance(found_containers, _GlobbedNames):
+            switched = not isinstance(self._containers, _GlobbedNames)
+            if switched:
+                self._containers = found_containers
+            new_containers: dict[bytes, str] = {}
+        else:
+            new_containers = {raw: name for raw, name in found_containers.items() if raw not in self._containers}
+        if not new and not new_containers and not switched:
             return
         lib = self._lib
         assert lib is not None
@@ -1122,7 +1168,8 @@ class JournalReader:
             return
         cursor = self._position_cursor()
         cursor_entry_returned = not self._current_unreturned
-        self._backlog.extend(self._entries_before(cursor, new, new_containers))
+        if new or new_containers:
+            self._backlog.extend(self._entries_before(cursor, new, new_containers))
         self._watched.update(new)
         self._containers.update(new_containers)
         self._apply_matches(self._watched, self._containers)
@@ -1148,6 +1195,9 @@ class JournalReader:
                     name = raw.decode("utf-8", "replace")
                     if matches(name):
                         into[raw] = name
+                        if into is containers and len(containers) > self.CONTAINER_NAMES_MAX:
+                            containers = _GlobbedNames(self.selection.may_match_container_name)
+                            break
             except JournalError as error:
                 # Without sd_journal_enumerate_available_unique (systemd < 246), a corrupt file
                 # ends the listing: the values found before it are kept.
