@@ -33,16 +33,16 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def write_rotated(root: Path, bomb: bool, compressed_bytes: int | None = None) -> int:
-    """A Docker container whose rotated .1.gz is a bomb (one short record repeated to 256 MiB) or ordinary
-    logs (random throughput lines) up to `compressed_bytes`; and a live line. The .gz's size."""
+def write_rotated(root: Path, bomb: bool, compressed_bytes: int | None = None, inflated_mib: int = 256) -> int:
+    """A Docker container whose rotated .1.gz is a bomb (one short record repeated to `inflated_mib` MiB) or
+    ordinary logs (random throughput lines) up to `compressed_bytes`; and a live line. The .gz's size."""
     container = DockerHost(root).add("vllm-chat")
     rotated = container.directory / f"{container.log.name}.1.gz"
     rng = random.Random(1)
     with gzip.open(rotated, "wb", compresslevel=6) as packed:
         if bomb:
             record = b"".join(json_file_records(ContainerLine(T0, 0, "vllm-chat", "a", 0)))
-            for _ in range(256):
+            for _ in range(inflated_mib):
                 packed.write(record * ((1 << 20) // len(record)))
         else:
             n = 0
@@ -78,9 +78,13 @@ def main() -> None:
         write_rotated(plain_root, bomb=False, compressed_bytes=size)
         bomb = min(read_cpu(bomb_root) for _ in range(repeat))
         plain = min(read_cpu(plain_root) for _ in range(repeat))
+        small_root = Path(directory, "small")  # the issue's: some 255 KiB
+        small_size = write_rotated(small_root, bomb=True, inflated_mib=84)
+        small = min(read_cpu(small_root) for _ in range(repeat))
     print(f"rotated .gz of {size / 1024:.0f} KiB inflating to 256 MiB: {bomb[0]:.2f} s CPU, {bomb[1]} records")
     print(f"baseline, ordinary logs of the same compressed size: {plain[0]:.2f} s CPU, {plain[1]} records")
     print(f"ratio: {bomb[0] / plain[0]:.2f}")
+    print(f"rotated .gz of {small_size / 1024:.0f} KiB inflating to 84 MiB: {small[0]:.2f} s CPU, {small[1]} records")
 
 
 if __name__ == "__main__":
