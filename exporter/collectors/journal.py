@@ -34,8 +34,8 @@ class JournalCollector(Collector):
             yield GaugeFamily("xpu_exporter_journal_units_watched",  # globs match nothing
                               "Units and containers matching --journal.units and --journal.containers seen in the "
                               "selected boot's journal, the containers' logs or with GPU processes now, at most "
-                              "--journal.max-units (a bound per source, owner and kind: units, containers); 0: the globs "
-                              "match nothing.",
+                              "--journal.max-units (a bound per source, owner and kind: units, containers); 0: "
+                              "the globs match nothing.",
                               value=sum(s.watched_units or 0 for s in states))
         yield CounterFamily("xpu_exporter_journal_values_rejected_total",
                             "Lines of watched units ignored because a value in them is out of range or "
