@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from prometheus_client.metrics_core import Metric
 
 from vllm_xpu_exporter.discovery import VllmTargets
+from vllm_xpu_exporter.fold.engine_starts import UnitView, merged_views
 from vllm_xpu_exporter.sources.levelzero.worker import LevelZeroUnavailable
 
 if TYPE_CHECKING:
@@ -128,6 +129,13 @@ class ScrapeContext:
         """The fold of the containers' log files, or None when none are read (no --logs.*)."""
         follower = self._sources.container_logs
         return None if follower is None else self._once("container_logs_state", follower.state)
+
+    def engine_views(self) -> list[UnitView]:
+        """Every watched unit's and container's engine view, from the journal's fold and the container logs'
+        (`merged_views`): one list for every collector, so a container read from log files has the series a
+        unit or a journald container has."""
+        states = [state for state in (self.journal_state(), self.container_logs_state()) if state is not None]
+        return self._once("engine_views", lambda: merged_views(state.views for state in states))
 
     def journal_matches(self, units: Iterable[str]) -> set[str]:
         """Those of `units` the journal watches when they have GPU processes (they match its `--journal.units`

@@ -94,7 +94,7 @@ def add_journal_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
                               f"default {' '.join(DEFAULT_UNIT_GLOBS)})")
     journal.add_argument("--journal.max-units", dest="journal_max_units", type=positive_int,
                          default=DEFAULT_MAX_UNITS,
-                         metavar="N", help="watch at most this many units; further ones are counted in "
+                         metavar="N", help="watch at most this many units, and as many containers; further ones are counted in "
                                            "xpu_exporter_journal_units_dropped_total")
     journal.add_argument("--journal.boot", dest="journal_boot", type=parse_boot, default="current", metavar="BOOT",
                          help="current (this kernel's boot), all, or a boot id")

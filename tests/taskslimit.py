@@ -75,21 +75,26 @@ class TaskLimit:
         return 0
 
     def close(self) -> None:
-        deadline = time.monotonic() + 10
-        while (pids := (self.path / "cgroup.procs").read_text().split()) and time.monotonic() < deadline:
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)
-        self.path.rmdir()
+        remove_cgroup(self.path)
 
     def __enter__(self) -> TaskLimit:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def remove_cgroup(path: Path) -> None:
+    """Kill what is left in the cgroup `path`, then remove it."""
+    deadline = time.monotonic() + 10
+    while (pids := (path / "cgroup.procs").read_text().split()) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    path.rmdir()
 
 
 def cgroup_of(pid: int) -> str:

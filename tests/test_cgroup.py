@@ -20,9 +20,11 @@ CHAT = "/system.slice/vllm-xpu-chat.service"
     ("/system.slice/foo.socket", "foo.socket"),
     ("/system.slice/system-vllm.slice/vllm@a.service", "vllm@a.service"),
     ("/user.slice/user-1000.slice/session-3.scope", "session-3.scope"),
-    ("/user.slice/user-1000.slice/user@1000.service/app.slice/x.scope", "x.scope"),
-    ("/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service", "vllm.service"),
-    ("/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service/sub", "vllm.service"),
+    # a user's manager's units: the user in their identity, never the system unit of the same name
+    ("/user.slice/user-1000.slice/user@1000.service/app.slice/x.scope", "x.scope@uid1000"),
+    ("/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service", "vllm.service@uid1000"),
+    ("/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service/sub", "vllm.service@uid1000"),
+    ("/user.slice/user-0.slice/user@0.service/app.slice/vllm.service", "vllm.service"),  # root's: as root's
     ("/user.slice/user-1000.slice/user@1000.service", "user@1000.service"),
     ("/user.slice/user-1000.slice/user@1000.service/not-a-unit", "user@1000.service"),
     ("/init.scope", "init.scope"),
@@ -45,7 +47,7 @@ def test_unit_of_cgroup_path(path: str, unit: str | None):
     ("/system.slice/foo.service/payload/deeper", "foo.service", "/system.slice/foo.service"),
     ("/system.slice/system-vllm.slice/vllm@a.service", "vllm@a.service",
      "/system.slice/system-vllm.slice/vllm@a.service"),
-    ("/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service/sub", "vllm.service",
+    ("/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service/sub", "vllm.service@uid1000",
      "/user.slice/user-1000.slice/user@1000.service/app.slice/vllm.service"),
     ("/user.slice/user-1000.slice/user@1000.service/not-a-unit", "user@1000.service",
      "/user.slice/user-1000.slice/user@1000.service"),

@@ -180,10 +180,10 @@ def test_a_line_written_in_two_writes_is_read_once_whole(tmp_path):
 
 
 def test_much_at_once_is_read_in_bounded_polls_without_waiting(tmp_path, monkeypatch):
-    """A poll reads at most POLL_BYTES of a live file and POLL_ENTRIES of a container found while following;
-    the rest comes at once (wait() does not sleep), in order, each line once."""
-    monkeypatch.setattr(containerlogs_source, "POLL_BYTES", 4096)
-    monkeypatch.setattr(containerlogs_source, "POLL_ENTRIES", 50)
+    """A poll reads at most FILE_POLL_BYTES of a file and POLL_BYTES of all files (a container found while
+    following: of its history); the rest comes at once (wait() does not sleep), in order, each line once."""
+    monkeypatch.setattr(containerlogs_source, "FILE_POLL_BYTES", 4096)
+    monkeypatch.setattr(containerlogs_source, "POLL_BYTES", 6000)
     host = DockerHost(tmp_path)
     chat = host.add("vllm-chat")
     with reader(LogDirectories(docker_roots=(str(tmp_path),)), poll_seconds=3600) as opened:
@@ -200,6 +200,21 @@ def test_much_at_once_is_read_in_bounded_polls_without_waiting(tmp_path, monkeyp
             got += batch
     assert [e.message for e in got if e.unit == "docker/vllm-chat"] == [f"chat {n}" for n in range(300)]
     assert [e.message for e in got if e.unit == "docker/vllm-late"] == [f"late {n}" for n in range(120)]
+
+
+def test_a_rootless_dockerds_containers_are_their_users(tmp_path):
+    """A container of a rootless dockerd's data root (its directory owned by uid 1000) is that user's:
+    docker/<name>@uid1000, never root's docker/<name>; its config.v2.json says when it ended only if the
+    user owns it."""
+    root_host, user_host = DockerHost(tmp_path / "root"), DockerHost(tmp_path / "user")
+    root_host.add("vllm-chat").write([printed("vllm-chat", "root's", 1)])
+    users = user_host.add("vllm-chat", salt="user")
+    users.write([printed("vllm-chat", "the user's", 2)])
+    for path in (users.directory, users.directory / "config.v2.json", users.log):
+        os.chown(path, 1000, 1000)
+    with reader(LogDirectories(docker_roots=(str(tmp_path / "root"), str(tmp_path / "user")))) as opened:
+        got = {(e.unit, e.message) for e in read(opened) if not e.from_systemd}
+    assert got == {("docker/vllm-chat", "root's"), ("docker/vllm-chat@uid1000", "the user's")}
 
 
 def test_garbage_and_overlong_lines_are_skipped_and_counted(tmp_path):

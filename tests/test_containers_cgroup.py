@@ -31,8 +31,9 @@ STATIC_UID = "5a2e6b0f1c9d8e7a6b5c4d3e2f1a0b9c"  # a static pod's uid: the kubel
     (f"/../../system.slice/docker-{ID}.scope", f"docker-{ID}.scope", f"/../../system.slice/docker-{ID}.scope",
      ContainerCgroup(DOCKER, ID)),
     # rootless Docker (systemd driver, in the user's manager)
-    (f"/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{ID}.scope", f"docker-{ID}.scope",
-     f"/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{ID}.scope", ContainerCgroup(DOCKER, ID)),
+    (f"/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{ID}.scope", f"docker-{ID}.scope@uid1000",
+     f"/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{ID}.scope",
+     ContainerCgroup(DOCKER, ID, uid=1000)),
     # Docker, cgroupfs driver; a process in a sub-cgroup of the container is the container's
     (f"/docker/{ID}", ID, f"/docker/{ID}", ContainerCgroup(DOCKER, ID)),
     (f"/docker/{ID}/payload", ID, f"/docker/{ID}", ContainerCgroup(DOCKER, ID)),
@@ -41,8 +42,9 @@ STATIC_UID = "5a2e6b0f1c9d8e7a6b5c4d3e2f1a0b9c"  # a static pod's uid: the kubel
      ContainerCgroup(PODMAN, ID)),
     (f"/machine.slice/libpod-{ID}.scope/container", f"libpod-{ID}.scope", f"/machine.slice/libpod-{ID}.scope",
      ContainerCgroup(PODMAN, ID)),
-    (f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope", f"libpod-{ID}.scope",
-     f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope", ContainerCgroup(PODMAN, ID)),
+    (f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope", f"libpod-{ID}.scope@uid1000",
+     f"/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{ID}.scope",
+     ContainerCgroup(PODMAN, ID, uid=1000)),
     (f"/machine.slice/machine-libpod_pod_{ID2}.slice/libpod-{ID}.scope", f"libpod-{ID}.scope",
      f"/machine.slice/machine-libpod_pod_{ID2}.slice/libpod-{ID}.scope", ContainerCgroup(PODMAN, ID)),
     (f"/libpod_parent/libpod-{ID}", f"libpod-{ID}", f"/libpod_parent/libpod-{ID}", ContainerCgroup(PODMAN, ID)),
@@ -96,7 +98,7 @@ def test_containers_from_their_cgroup_paths(path, unit, unit_path, container):
     (f"/system.slice/vllm-chat.service/libpod-payload-{ID}", "vllm-chat.service"),
     (f"/system.slice/vllm-chat.service/libpod-{ID}.scope", "vllm-chat.service"),
     (f"/user.slice/user-1000.slice/user@1000.service/app.slice/vllm-chat.service/libpod-payload-{ID}",
-     "vllm-chat.service"),
+     "vllm-chat.service@uid1000"),
     # a CRI runtime's scope outside any pod, ids that are not 64 hex digits, a pod without kubepods above
     (f"/system.slice/cri-containerd-{ID}.scope", f"cri-containerd-{ID}.scope"),
     (f"/system.slice/crio-{ID}.scope", f"crio-{ID}.scope"),

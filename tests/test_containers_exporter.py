@@ -10,6 +10,7 @@ missing or hostile state file keeps the cgroup leaf."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,10 +64,13 @@ def compose(path_of: Callable[[str], str]) -> Callable:
     return make
 
 
-def podman(path_of: Callable[[str], str]) -> Callable:
+def podman(path_of: Callable[[str], str], uid: int = 0) -> Callable:
+    """Root's Podman (`uid` 0), or user `uid`'s rootless one: the user's own list names its containers, and
+    the user is part of their identity."""
     def make(state: StateDirectories, service: str, cid: str) -> tuple[str, str, dict[str, str]]:
-        state.add_podman(cid, f"vllm-{service}")
-        key = f"podman/vllm-{service}"
+        listed = state.add_podman(cid, f"vllm-{service}")
+        os.chown(listed, uid, uid)
+        key = f"podman/vllm-{service}" + (f"@uid{uid}" if uid else "")
         return path_of(cid), key, info(key, "podman", container_id=cid, container=f"vllm-{service}")
     return make
 
@@ -87,7 +91,7 @@ ENGINES = {
     "docker-systemd": compose(docker_systemd_path),
     "docker-cgroupfs": compose(docker_cgroupfs_path),
     "podman": podman(podman_path),
-    "podman-rootless": podman(podman_rootless_path),
+    "podman-rootless": podman(podman_rootless_path, uid=1000),
     "k8s-containerd-systemd": pod(lambda uid, cid: kubepods_systemd_path(uid, cid)),
     "k8s-crio-cgroupfs": pod(lambda uid, cid: kubepods_cgroupfs_path(uid, cid, crio=True, qos=None)),
 }

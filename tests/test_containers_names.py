@@ -69,21 +69,53 @@ def test_docker_container_without_compose(names, state):
     assert workload_of(names, docker_systemd_path(CID)) == Workload("docker/chat", "docker", CID, "chat")
 
 
-@pytest.mark.parametrize("path", [podman_path(CID), podman_rootless_path(CID)])
-def test_podman_container_by_name(names, state, path):
+@pytest.mark.parametrize(("path", "key"), [(podman_path(CID), "podman/chat"),
+                                           (podman_rootless_path(CID), "podman/chat@uid1000")])
+def test_podman_container_by_name(names, state, path, key):
+    """A rootless user's container has the user in its identity: never root's container of the same name."""
     state.add_podman(CID2, "embedding")
-    state.add_podman(CID, "chat")
-    assert workload_of(names, path) == Workload("podman/chat", "podman", CID, "chat")
+    listed = state.add_podman(CID, "chat")
+    if key.endswith("@uid1000"):  # a rootless user's container: named by that user's own list
+        os.chown(listed, 1000, 1000)
+    assert workload_of(names, path) == Workload(key, "podman", CID, "chat")
+
+
+def test_a_docker_config_names_only_its_owners_container(state, clock, tmp_path):
+    """A rootless user's Docker data root holding a config.v2.json for root's container's id names it not;
+    the user's own container is named from the user's own file, with the user in its identity."""
+    users = tmp_path / "home/alice/.local/share/docker"
+    for cid, name in ((CID, "vllm-xpu-chat"), (CID2, "mine")):
+        config = users / "containers" / cid / "config.v2.json"
+        config.parent.mkdir(parents=True)
+        config.write_text(json.dumps({"ID": cid, "Name": f"/{name}"}))
+        os.chown(config, 1000, 1000)
+    kwargs = state.names_kwargs() | {"docker_roots": (str(users), str(state.docker))}
+    names = ContainerNames(**kwargs, clock=clock)
+    assert workload_of(names, docker_systemd_path(CID)).unit == f"docker-{CID}.scope"
+    rootless = f"/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{CID2}.scope"
+    assert workload_of(names, rootless).unit == "docker/mine@uid1000"
+
+
+def test_a_list_names_only_its_owners_containers(state, clock, tmp_path):
+    """A rootless user's containers.json may list any id: it names none of root's containers, and root's list
+    none of a user's (each keeps its cgroup leaf)."""
+    users = tmp_path / "home/alice/.local/share/containers/storage"
+    os.chown(state.add_podman(CID, "vllm-xpu-chat", storage=users), 1000, 1000)  # root's container's id
+    state.add_podman(CID2, "vllm-xpu-embedding")  # root's list naming a user's container
+    kwargs = state.names_kwargs() | {"podman_storages": (str(users), str(state.podman))}
+    names = ContainerNames(**kwargs, clock=clock)
+    assert workload_of(names, podman_path(CID)).unit == f"libpod-{CID}.scope"
+    assert workload_of(names, podman_rootless_path(CID2)).unit == f"libpod-{CID2}.scope@uid1000"
 
 
 def test_podman_volatile_list_and_a_second_storage(state, clock, tmp_path):
     rootless = tmp_path / "home/alice/.local/share/containers/storage"
     state.add_podman(CID, "chat", volatile=True)
-    state.add_podman(CID2, "embedding", storage=rootless)
+    os.chown(state.add_podman(CID2, "embedding", storage=rootless), 1000, 1000)
     kwargs = state.names_kwargs() | {"podman_storages": (str(state.podman), str(rootless))}
     names = ContainerNames(**kwargs, clock=clock)
     assert workload_of(names, podman_path(CID)).unit == "podman/chat"
-    assert workload_of(names, podman_rootless_path(CID2)).unit == "podman/embedding"
+    assert workload_of(names, podman_rootless_path(CID2)).unit == "podman/embedding@uid1000"
 
 
 @pytest.mark.parametrize("path, runtime", [

@@ -407,15 +407,20 @@ def test_engine_tracker_never_raises_and_its_counters_never_decrease(written: li
                                                                      max_units: int, invocation_ids: list[str]):
     tracker = EngineTracker(max_units)
     before: Counters = {}
-    dropped = 0
+    dropped = forgotten = 0
     for entry in as_entries(written, steps, invocation_ids):
         tracker.add(entry)
         tracker.settle(entry.realtime_usec)  # as a scrape sees it while following
         views = list(tracker.views())
         now = counters(views)
-        assert len(now) <= max_units and not tracker.dropped_units & set(now)
+        # A name dropped for want of a place may get one later, once an idle one gave it up (its series go:
+        # a counter reset, as for any series that goes away).
+        assert len(now) <= max_units and (tracker.forgotten_units or not tracker.dropped_units & set(now))
         assert len(tracker.dropped_units) >= dropped
         dropped = len(tracker.dropped_units)
+        if tracker.forgotten_units > forgotten:
+            forgotten = tracker.forgotten_units
+            before = {unit: figures for unit, figures in before.items() if unit in now}
         for unit, (starts, failures, overlaps, gate) in now.items():
             assert set(failures) == set(vllm.FailureReason) and min(failures.values()) >= 0
             old_starts, old_failures, old_overlaps, old_gate = before.get(

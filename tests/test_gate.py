@@ -286,6 +286,18 @@ def test_units_are_on_the_gpus_their_processes_hold_drm_clients_on_or_their_leas
 
 
 @pytest.mark.fast
+def test_a_user_unit_of_a_system_units_name_does_not_move_that_units_gpu(tmp_path: Path) -> None:
+    """uid 1000's user unit vllm-xpu-embedding.service on the B580 is its own identity: the system unit of
+    that name stays on its GPU alone, for the gate and the planner (devices_of_units)."""
+    procfs = FakeProcfs(tmp_path)
+    procfs.add_unit_process(100, f"/system.slice/{EMBEDDING}").add_drm_fd(xe_fdinfo(client_id=1, pdev=DEVICE,
+                                                                                  vram0=GiB))
+    procfs.add_unit_process(300, f"/user.slice/user-1000.slice/user@1000.service/app.slice/{EMBEDDING}").add_drm_fd(
+        xe_fdinfo(client_id=3, pdev=B580.pci_address, vram0=GiB))
+    assert devices_of_units(str(procfs.root), []) == {EMBEDDING: {DEVICE}, f"{EMBEDDING}@uid1000": {B580.pci_address}}
+
+
+@pytest.mark.fast
 def test_a_lease_ends_when_the_journal_shows_its_invocation_ended_its_unit_is_gone_or_it_times_out() -> None:
     clock = Clock(current_boot_id(), realtime_usec=time.time_ns() // 1000)
     invocation = new_invocation_id()

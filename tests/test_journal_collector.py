@@ -199,10 +199,13 @@ def test_units_watched_is_absent_while_the_journal_was_never_read(tmp_path):
 
 def test_entries_of_units_beyond_the_cap_are_not_read(tmp_path):
     """The cap bounds the work, not only the series: a refused unit's entries are skipped by the reader."""
-    clock = Clock(random_boot_id())
+    boot_id = random_boot_id()
     units = [f"vllm-{index:03d}.service" for index in range(200)]
-    journal = write_journal(tmp_path / "j.journal", 
-                            [entry for unit in units for entry in unit_start(unit, STARTED, clock)])
+    # All started together: 200 starts one after the other would last longer than the hour after which an
+    # idle unit gives its place up to a new one. The first five met keep their places.
+    starts = [entry for unit in units for entry in unit_start(unit, STARTED, Clock(boot_id))]
+    journal = write_journal(tmp_path / "j.journal", sorted(starts, key=lambda entry: entry.realtime_usec))
+    clock = Clock(boot_id)
     with journal_exporter("--journal.file", str(journal), "--journal.max-units", "5") as exporter:
         samples = caught_up(exporter)
     watched = {dict(labels)["unit"] for labels in series(samples, "xpu_unit_engine_starts_total")}

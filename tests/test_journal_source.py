@@ -721,7 +721,7 @@ def test_units_refused_by_admit_are_skipped_without_reading_their_messages(
         tmp_path: Path, clock: Clock, counting_libsystemd: type[CountingLibSystemd]) -> None:
     asked: list[str] = []
 
-    def admit_three(unit: str) -> bool:
+    def admit_three(unit: str, when_usec: int | None) -> bool:
         asked.append(unit)
         return len(asked) <= 3
 

@@ -74,8 +74,9 @@ def render(kubectl: str, directory: Path) -> list[dict[str, Any]]:
     return copy.deepcopy(list(_render(kubectl, directory)))
 
 
-def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = [document for document in objects if document["kind"] == kind]
+def only(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [document for document in objects
+             if document["kind"] == kind and name in (None, document["metadata"]["name"])]
     assert len(found) == 1, f"{len(found)} objects of kind {kind}"
     return found[0]
 
@@ -102,7 +103,7 @@ def test_the_prometheus_rule_carries_exactly_the_bundled_rules(kubectl):
 
 
 def test_the_dashboard_config_map_is_the_bundled_dashboard_for_grafanas_sidecar(kubectl):
-    dashboard = only(render(kubectl, BASE), "ConfigMap")
+    dashboard = only(render(kubectl, BASE), "ConfigMap", "vllm-xpu-exporter-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert dashboard["data"] == {DASHBOARD.name: DASHBOARD.read_text()}
     assert json.loads(dashboard["data"][DASHBOARD.name])["panels"]
@@ -277,6 +278,15 @@ def test_the_daemonset_runs_unprivileged_with_only_the_images_three_capabilities
     assert pod["securityContext"]["runAsUser"] == IMAGE_UID
     assert f"USER {IMAGE_UID}:{IMAGE_UID}" in (REPO / "Dockerfile").read_text()
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # The exporter's own: the shipped profile (tests/test_pod_seccomp.py shows what it denies), installed by
+    # the init container from the ConfigMap render.py writes, under the name the container asks for.
+    (installer,) = pod["initContainers"]
+    assert security["seccompProfile"] == {"type": "Localhost", "localhostProfile": "vllm-xpu-exporter.json"}
+    assert installer["command"][-1] == "/host/seccomp/" + security["seccompProfile"]["localhostProfile"]
+    profile = only(objects, "ConfigMap", "vllm-xpu-exporter-seccomp")["data"]
+    assert installer["command"][-2] == "/profile/" + "".join(profile)
+    assert json.loads(profile["seccomp-vllm-xpu-exporter.json"]) == json.loads(
+        (REPO / "deploy/kubernetes/seccomp-vllm-xpu-exporter.json").read_text())
     assert pod["hostPID"] is True
     assert "hostNetwork" not in pod and "hostIPC" not in pod
     assert pod["automountServiceAccountToken"] is False
@@ -302,8 +312,14 @@ def test_every_host_path_is_mounted_read_only_and_none_is_a_device(kubectl):
     assert {name: host_paths[name]["path"] for name in host_paths} == {
         "proc": "/proc", "cgroup": "/sys/fs/cgroup", "var-log": "/var/log", "run-log-journal": "/run/log/journal",
         "machine-id": "/etc/machine-id", "docker-containers": "/var/lib/docker/containers",
-        "containers-storage": "/var/lib/containers/storage"}
-    for name in host_paths:
+        "containers-storage": "/var/lib/containers/storage", "kubelet-seccomp": "/var/lib/kubelet/seccomp"}
+    # The one host path written: the kubelet's seccomp profiles, by the init container alone (cp, no capability)
+    (installer,) = pod["initContainers"]
+    assert [mount["name"] for mount in installer["volumeMounts"] if not mount.get("readOnly")] == ["kubelet-seccomp"]
+    assert installer["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert installer["securityContext"]["allowPrivilegeEscalation"] is False
+    assert "kubelet-seccomp" not in mounts
+    for name in set(host_paths) - {"kubelet-seccomp"}:
         assert mounts[name]["readOnly"] is True, name
     assert not any(path["path"].startswith("/dev") for path in host_paths.values())
     # A runtime creates a missing hostPath directory: /var/log/journal is not mounted alone, because an
@@ -378,6 +394,19 @@ def secrets(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {document["metadata"]["name"]: document for document in objects if document["kind"] == "Secret"}
 
 
+def test_only_prometheus_may_reach_the_metrics_port(kubectl):
+    """The base ships a NetworkPolicy: ingress to the exporter's pods on the metrics port, from pods labelled
+    app.kubernetes.io/name=prometheus only."""
+    objects = render(kubectl, BASE)
+    policy = only(objects, "NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"] == only(objects, "DaemonSet")["spec"]["selector"]["matchLabels"]
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    assert rule["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "prometheus"}}}]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+
+
 def test_the_example_overlay_renders_node_selection_groups_and_collectors(kubectl):
     objects = render(kubectl, EXAMPLE)
     pod = only(objects, "DaemonSet")["spec"]["template"]["spec"]
@@ -387,6 +416,7 @@ def test_the_example_overlay_renders_node_selection_groups_and_collectors(kubect
     exporter = container(objects)
     assert exporter["image"].endswith("/vllm-xpu-exporter:" + exporter["image"].rsplit(":", 1)[1])
     assert {f"--collector.{name}" for name in ("levelzero", "processes", "journal")} <= set(exporter["args"])
+    assert {"--logs.pods", "--logs.docker"} <= set(exporter["args"]), "vLLM pods are found by their logs"
     assert exporter["securityContext"]["capabilities"]["add"], "the base's container security context is kept"
     namespaces = {document["metadata"].get("namespace") for document in objects if document["kind"] != "Namespace"}
     assert namespaces == {"vllm-xpu-exporter"}, "the Secrets are where the DaemonSet and ServiceMonitor are"

@@ -348,3 +348,43 @@ def test_which_units_keep_series_watched_first_then_largest_and_no_flapping_near
     ties = {"c.scope": 0, "b.scope": 0, "a.scope": 0}
     assert choose_units(ties, set(), set(), 2) == {"a.scope", "b.scope"}
     assert choose_units(ties, set(), {"c.scope"}, 2) == {"a.scope", "c.scope"}
+
+
+def test_a_user_unit_of_a_system_units_name_is_a_unit_of_its_own(tmp_path, fake_driver, config_path):
+    """uid 1000's user unit vllm-xpu-chat.service holding 6 GiB neither adds to the system unit of that name
+    (4 GiB) nor turns its negative restart headroom positive: it is vllm-xpu-chat.service@uid1000, and no
+    --journal.units glob of system units matches it."""
+    procfs = FakeProcfs(tmp_path)
+    system = procfs.add_unit_process(100, f"/system.slice/{CHAT}")
+    system.add_drm_fd(xe_fdinfo(client_id=1, vram0=4 * GiB))
+    user = procfs.add_unit_process(
+        500, f"/user.slice/user-1000.slice/user@1000.service/app.slice/{CHAT}")
+    user.add_drm_fd(xe_fdinfo(client_id=2, vram0=6 * GiB))
+    used = 10 * GiB + 512 * MiB
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, used,
+                        utilisation_of={CHAT: 0.75}) as exporter:
+        samples = settled(exporter)
+    units = {dict(labels)["unit"]: value for labels, value in series(samples, "xpu_unit_memory_bytes").items()}
+    assert units == {CHAT: 4 * GiB, f"{CHAT}@uid1000": 6 * GiB}
+    headroom = sample(samples, "xpu_unit_restart_headroom_bytes", device=DEVICE, unit=CHAT)
+    assert headroom == (TOTAL - used) + 4 * GiB - math.ceil(0.75 * TOTAL) < 0
+    assert {dict(labels)["unit"] for labels in series(samples, "xpu_unit_engine_starts_total")} == {CHAT}
+
+
+def test_seventy_user_units_of_watched_names_do_not_push_a_system_unit_out(tmp_path, fake_driver, config_path):
+    """70 user units vllm-u<n>.service (uid 1000), each holding more than the real unit: they are no watched
+    units (the system glob does not match vllm-u<n>.service@uid1000), so the real unit keeps its memory series
+    and its place in the journal's fold."""
+    procfs = FakeProcfs(tmp_path)
+    system = procfs.add_unit_process(100, f"/system.slice/{CHAT}")
+    system.add_drm_fd(xe_fdinfo(client_id=1, vram0=64 * MiB))
+    for n in range(70):
+        user = procfs.add_unit_process(1000 + n, f"/user.slice/user-1000.slice/user@1000.service/app.slice/"
+                                                 f"vllm-u{n}.service")
+        user.add_drm_fd(xe_fdinfo(client_id=10 + n, vram0=128 * MiB))
+    used = 64 * MiB + 70 * 128 * MiB
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, used, utilisation_of={CHAT: 0.75}) as exporter:
+        samples = settled(exporter)
+    memory = {dict(labels)["unit"]: value for labels, value in series(samples, "xpu_unit_memory_bytes").items()}
+    assert memory[CHAT] == 64 * MiB and len(memory) == 64
+    assert {dict(labels)["unit"] for labels in series(samples, "xpu_unit_engine_starts_total")} == {CHAT}

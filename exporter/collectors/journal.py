@@ -11,6 +11,7 @@ from prometheus_client.metrics_core import Metric
 from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
 from vllm_xpu_exporter.fold.engine_starts import UnitView
+from vllm_xpu_exporter.sources.journal.trust import REJECTION_REASONS
 from vllm_xpu_exporter.sources.journal.follower import STILL_READING, STILL_READING_CONTAINER_LOGS, JournalState
 from vllm_xpu_exporter.parsers.vllm import FailureReason
 
@@ -33,18 +34,26 @@ class JournalCollector(Collector):
             yield GaugeFamily("xpu_exporter_journal_units_watched",  # globs match nothing
                               "Units and containers matching --journal.units and --journal.containers seen in the "
                               "selected boot's journal, the containers' logs or with GPU processes now, at most "
-                              "--journal.max-units (a bound per source); 0: the globs match nothing.",
+                              "--journal.max-units (a bound per source, owner and kind: units, containers); 0: "
+                              "the globs match nothing.",
                               value=sum(s.watched_units or 0 for s in states))
         yield CounterFamily("xpu_exporter_journal_values_rejected_total",
                             "Lines of watched units ignored because a value in them is out of range or "
                             "not a number.", value=sum(s.values_rejected for s in states))
+        rejected = CounterFamily("xpu_exporter_journal_entries_rejected_total",
+                                 "Journal entries naming a watched container that its engine did not write "
+                                 "(reason container_sender: not dockerd in docker.service nor conmon; "
+                                 "podman_event: a died event not written by podman), ignored.", labels=["reason"])
+        for reason in REJECTION_REASONS:
+            rejected.add_metric([reason], state.rejected.get(reason, 0))
+        yield rejected
         yield CounterFamily("xpu_exporter_container_log_lines_read_total",
                             "Records of watched containers' log files the exporter has read (--logs.docker, "
                             "--logs.pods).", value=logs.entries_read if logs is not None else 0)
         yield CounterFamily("xpu_exporter_container_log_lines_rejected_total",
                             "Lines of watched containers' log files skipped: not a record of their file's format, "
                             "or too long.", value=logs.unreadable if logs is not None else 0)
-        yield from unit_metrics(merged_views(states))
+        yield from unit_metrics(context.engine_views())
         error = collection_error(states)
         if error:
             raise CollectionError(error)
@@ -53,18 +62,6 @@ class JournalCollector(Collector):
 @register("journal", "vLLM engine starts, failures and KV cache from the journal", needs=[Source.JOURNAL])
 def _journal_collector(options: None, sources: Sources) -> JournalCollector:
     return JournalCollector()
-
-
-def merged_views(states: list[JournalState]) -> list[UnitView]:
-    """The units and containers of every source, each once: a container both sources watch (one logs to the
-    journal, files of the same name, or the processes' watch) shows the view that has a start."""
-    views: dict[str, UnitView] = {}
-    for state in states:
-        for view in state.views:
-            known = views.get(view.unit)
-            if known is None or (known.current is None and view.current is not None):
-                views[view.unit] = view
-    return [views[unit] for unit in sorted(views)]
 
 
 def collection_error(states: list[JournalState]) -> str | None:

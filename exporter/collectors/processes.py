@@ -297,6 +297,10 @@ class ProcessesCollector(Collector):
                           "Units holding GPU memory or DRM clients at this scrape that have no series of their own "
                           "because of --collector.processes.max-units (their memory is in the unattributed rest).",
                           value=dropped)
+        yield CounterFamily("xpu_exporter_container_state_files_cut_total",
+                            "Engine state files (config.v2.json, containers.json) not read for their size: over "
+                            "their bound, or one container's entry over its bound (those containers keep their "
+                            "cgroup names).", value=self._names.cut)
         if devices is not None:
             views = self._watched_views(context)
             yield from self._against_device_memory(devices, attributions, views, kept)
@@ -581,8 +585,7 @@ class ProcessesCollector(Collector):
 
     @staticmethod
     def _watched_views(context: ScrapeContext) -> list[UnitView]:
-        state = context.journal_state()
-        return [] if state is None else state.views
+        return context.engine_views()
 
     def _device_of(self, unit: str, attributions: dict[str, DeviceAttribution], gpus: list[str]) -> str | None:
         """The GPU the unit holds (or last held) memory on; on a one-GPU host, that GPU."""

@@ -77,18 +77,24 @@ import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from heapq import merge
 from itertools import chain
 from typing import Protocol
 
 from vllm_xpu_exporter.gate import lines as gate_lines
 from vllm_xpu_exporter.parsers import services, vllm
 from vllm_xpu_exporter.parsers.vllm import FailureReason
+from vllm_xpu_exporter.parsers.workloads import uid_of_identity
 from vllm_xpu_exporter.systemd import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
                               MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_STARTED,
                               MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED, MESSAGE_ID_UNIT_STOPPING,
                               MESSAGE_ID_UNIT_SUCCESS)
 
 DEFAULT_MAX_UNITS = 64
+# A unit or container with no entry for this long (journal time) gives up its place under the cap when a new
+# one needs it: a flood of names cannot hold the places for ever.
+IDLE_FORGET_USEC = 3600 * 1_000_000
+MAX_DROPPED_NAMES = 65536  # names remembered as dropped (their count); beyond it the count stops growing
 # journald stores a dying process's last lines and PID 1's record of its exit in no defined order
 # (systemd#32716): a start systemd says failed waits this long for its root cause before it counts
 # as `other`.
@@ -289,6 +295,7 @@ class _Unit:
     gate_timeouts: int = 0
     context_shrinks: int = 0
     engine: bool | None = None  # a start printed a vLLM line; False: known to run something else
+    last_seen_usec: int = 0  # the latest entry's time (EngineTracker: who gives up a place first)
 
     def view(self) -> UnitView:
         copy = (lambda start: start.snapshot() if start else None)
@@ -315,14 +322,22 @@ class EngineTracker:
     `extend`, `settle`, `watch` and `admit` change it, `views` only reads; the journal follower calls
     them all under its lock.
 
-    At most `max_units` units are watched (the first ones met); entries of further units are dropped
-    and the units counted in `dropped_units`, so a glob that matches too much cannot blow up the series."""
+    At most `max_units` systemd units and, apart from them, at most `max_units` containers (keys with a `/`)
+    are watched: containers never take a unit's place. Entries of further names are dropped and the names
+    counted in `dropped_units`, so a glob that matches too much cannot blow up the series; but when a new
+    name needs a place and one of its kind has had no entry for `IDLE_FORGET_USEC` (journal time, the latest
+    entry folded), the idlest gives its place up (`forget`, counted in `forgotten_units`),
+    so names that flooded the places once do not hold them for ever."""
 
     def __init__(self, max_units: int = DEFAULT_MAX_UNITS, engine_grace_usec: int | None = None) -> None:
         self._units: dict[str, _Unit] = {}
         self.max_units = max_units
         self.engine_grace_usec = ENGINE_GRACE_USEC if engine_grace_usec is None else engine_grace_usec
         self.dropped_units: set[str] = set()
+        self.forgotten_units = 0  # names that gave their place up for a new one (IDLE_FORGET_USEC)
+        self._containers = 0  # watched names that are containers' keys
+        self._latest_usec = 0  # the latest entry's time: the tracker's clock for idleness
+        self._no_room_before_usec = [0, 0]  # by kind (unit 0, container 1): no name is idle before then
         # Starts in their overlap window, and those of them not overlapped yet: opening a start costs
         # the starts it newly overlaps, not one look at every unit.
         self._initialising: dict[Start, _Unit] = {}
@@ -349,21 +364,29 @@ class EngineTracker:
         gone = self._units.pop(unit, None)
         if gone is None:
             return
+        self._containers -= "/" in unit
         for starts in (self._initialising, self._awaiting_overlap, self._possible_inits):
             for start in [start for start, owner in starts.items() if _owner(owner) is gone]:
                 del starts[start]
         for start in [start for start, (owner, _) in self._unpaired_ended.items() if owner is gone]:
             del self._unpaired_ended[start]
 
-    def admit(self, unit: str) -> bool:
-        """Whether `unit`'s entries will be folded: it is watched, or there is room (it is watched now).
-        A unit refused is counted in `dropped_units`; its entries need not be read at all."""
-        return self._unit(unit) is not None
+    def admit(self, unit: str, when_usec: int | None = None) -> bool:
+        """Whether `unit`'s entries will be folded: it is watched, or there is room (it is watched now), if
+        need be made by forgetting an idle name (`when_usec`: when the name was met, the tracker's clock).
+        A unit refused is counted in `dropped_units`; its entries need not be read until asked again."""
+        if when_usec is not None and when_usec > self._latest_usec:
+            self._latest_usec = when_usec
+        return self._unit(unit, when_usec) is not None
 
     def add(self, entry: Entry) -> None:
-        unit = self._unit(entry.unit)
+        if entry.realtime_usec > self._latest_usec:
+            self._latest_usec = entry.realtime_usec
+        unit = self._unit(entry.unit, entry.realtime_usec)
         if unit is None:
             return
+        if entry.realtime_usec > unit.last_seen_usec:
+            unit.last_seen_usec = entry.realtime_usec
         self._entry_number += 1
         self._settle_unit(unit, entry.realtime_usec)
         self._end_possible_inits_past_grace(entry.realtime_usec)
@@ -438,14 +461,36 @@ class EngineTracker:
         for name in sorted(self._units):
             yield self._units[name].view()
 
-    def _unit(self, name: str) -> _Unit | None:
+    def _unit(self, name: str, now_usec: int | None = None) -> _Unit | None:
+        """The watched unit `name`, watched now if there is room (`now_usec`: when it was met; default the
+        latest entry's time); None when it is dropped."""
         unit = self._units.get(name)
         if unit is None:
-            if len(self._units) >= self.max_units:
-                self.dropped_units.add(name)
+            container = "/" in name
+            now = self._latest_usec if now_usec is None else now_usec
+            watched = self._containers if container else len(self._units) - self._containers
+            if watched >= self.max_units and not self._make_room(container, now):
+                if len(self.dropped_units) < MAX_DROPPED_NAMES:
+                    self.dropped_units.add(name)
                 return None
-            unit = self._units[name] = _Unit(name)
+            unit = self._units[name] = _Unit(name, last_seen_usec=now)
+            self._containers += container
         return unit
+
+    def _make_room(self, container: bool, now: int) -> bool:
+        """Forget the idlest name of the kind if it has had no entry for IDLE_FORGET_USEC (an init it left open
+        for that long is as dead as the rest of it; it overlaps nothing any more). Judged at `now`, when the new
+        name was met: a name forgotten for it and met again in an older entry finds no idle place."""
+        if now < self._no_room_before_usec[container]:
+            return False
+        idlest = min((unit for unit in self._units.values() if ("/" in unit.name) == container),
+                     key=lambda unit: unit.last_seen_usec)
+        if now - idlest.last_seen_usec < IDLE_FORGET_USEC:
+            self._no_room_before_usec[container] = idlest.last_seen_usec + IDLE_FORGET_USEC
+            return False
+        self.forget(idlest.name)
+        self.forgotten_units += 1
+        return True
 
     def _start_of_line(self, unit: _Unit, entry: Entry, event: vllm.Event) -> Start | None:
         """The start a vLLM line belongs to, opened if the line begins one; None when the line was taken
@@ -736,3 +781,96 @@ def _record(start: Start, event: vllm.Event) -> None:
                 start.required_bytes = event.needed_bytes
             if event.gpu_memory_utilization is not None and start.gpu_memory_utilization is None:
                 start.gpu_memory_utilization = event.gpu_memory_utilization
+
+
+MAX_OWNERS = 16
+"""Owners (the system, users) with a fold of their own in `OwnedTrackers`; a further user's names are dropped."""
+
+
+class OwnedTrackers:
+    """`EngineTracker`'s interface over one tracker per owner: the system's units and containers, and each
+    user's (identities ending in `@uid<N>`: a user manager's units, rootless containers). A user's inits
+    never overlap the system's (nor another user's), and a user's names never take the system's places
+    under `max_units`: whoever can run a rootless container can make it print an init that never ends, or
+    70 of them. Not thread-safe, as EngineTracker."""
+
+    def __init__(self, max_units: int = DEFAULT_MAX_UNITS, engine_grace_usec: int | None = None) -> None:
+        self.max_units = max_units
+        self.engine_grace_usec = ENGINE_GRACE_USEC if engine_grace_usec is None else engine_grace_usec
+        self._trackers: dict[int, EngineTracker] = {}
+        self._owner_of: dict[str, EngineTracker | None] = {}  # name -> its owner's tracker (a cache)
+        self._dropped: set[str] = set()  # names of owners beyond MAX_OWNERS
+
+    def _tracker(self, unit: str) -> EngineTracker | None:
+        tracker = self._owner_of.get(unit)
+        if tracker is None and unit not in self._owner_of:
+            uid = uid_of_identity(unit)
+            tracker = self._trackers.get(uid)
+            if tracker is None and (uid == 0 or len(self._trackers) < MAX_OWNERS):
+                tracker = self._trackers[uid] = EngineTracker(self.max_units, self.engine_grace_usec)
+            if len(self._owner_of) >= 65536:
+                self._owner_of.clear()
+            self._owner_of[unit] = tracker
+        if tracker is None and len(self._dropped) < MAX_DROPPED_NAMES:
+            self._dropped.add(unit)
+        return tracker
+
+    def admit(self, unit: str, when_usec: int | None = None) -> bool:
+        tracker = self._tracker(unit)
+        return tracker is not None and tracker.admit(unit, when_usec)
+
+    def add(self, entry: Entry) -> None:
+        tracker = self._tracker(entry.unit)
+        if tracker is not None:
+            tracker.add(entry)
+
+    def extend(self, entries: Iterable[Entry]) -> None:
+        for entry in entries:
+            self.add(entry)
+
+    def watch(self, unit: str) -> None:
+        tracker = self._tracker(unit)
+        if tracker is not None:
+            tracker.watch(unit)
+
+    def forget(self, unit: str) -> None:
+        tracker = self._tracker(unit)
+        if tracker is not None:
+            tracker.forget(unit)
+
+    def settle(self, now_usec: int) -> None:
+        for tracker in self._trackers.values():
+            tracker.settle(now_usec)
+
+    def views(self) -> Iterator[UnitView]:
+        """Every owner's views, by unit name."""
+        return merge(*(tracker.views() for tracker in self._trackers.values()), key=lambda view: view.unit)
+
+    @property
+    def dropped_units(self) -> set[str]:
+        return self._dropped.union(*(tracker.dropped_units for tracker in self._trackers.values()))
+
+    @property
+    def forgotten_units(self) -> int:
+        return sum(tracker.forgotten_units for tracker in self._trackers.values())
+
+    @property
+    def rejected_lines(self) -> int:
+        return sum(tracker.rejected_lines for tracker in self._trackers.values())
+
+    @property
+    def first_rejections(self) -> dict[str, vllm.ImplausibleValue]:
+        return {unit: rejection for tracker in self._trackers.values()
+                for unit, rejection in tracker.first_rejections.items()}
+
+
+def merged_views(view_lists: Iterable[Iterable[UnitView]]) -> list[UnitView]:
+    """The units and containers of several folds (the journal's, the container logs'), each once, by name: a
+    container both watch (one logs to the journal, files of the same name) shows the view that has a start."""
+    views: dict[str, UnitView] = {}
+    for view_list in view_lists:
+        for view in view_list:
+            known = views.get(view.unit)
+            if known is None or (known.current is None and view.current is not None):
+                views[view.unit] = view
+    return [views[unit] for unit in sorted(views)]

@@ -19,7 +19,9 @@ quadlets: `/system.slice/x.service/libpod-payload-<id>`) is that service: the un
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from vllm_xpu_exporter.parsers.workloads import user_unit
 
 # Unit types whose cgroups hold processes. Slices only group other units, so a process's unit is never a slice.
 PROCESS_UNIT_SUFFIXES = (".service", ".scope", ".socket", ".mount", ".swap")
@@ -59,9 +61,11 @@ def unit_of_cgroup_path(path: str) -> str | None:
     - `/system.slice/vllm-xpu-chat.service` -> `vllm-xpu-chat.service`.
     - Sub-cgroups a unit creates below itself belong to it, whatever their names:
       `/system.slice/foo.service/payload` -> `foo.service`.
-    - User units: the innermost unit, i.e. the one the user's manager runs, not `user@UID.service`:
-      `/user.slice/user-1000.slice/user@1000.service/app.slice/x.scope` -> `x.scope`. These are user
-      units (`systemctl --user`), so the same unit name run by two users is one name here.
+    - User units: the innermost unit, i.e. the one the user's manager runs, not `user@UID.service`, with
+      the user in it (`vllm_xpu_exporter.parsers.workloads.user_unit`):
+      `/user.slice/user-1000.slice/user@1000.service/app.slice/x.scope` -> `x.scope@uid1000`. So a user
+      unit is never the system unit of the same name, nor another user's, and the globs of system units
+      (`vllm*.service`) do not match it.
     - Outside any unit (no unit name below the slices, e.g. `/docker/<id>`, a bare slice): the
       cgroup's last element, or a cgroupfs container's own directory when the process is below it
       (`/docker/<id>/sub` -> `<id>`). Login sessions are units: `.../user-1000.slice/session-3.scope`.
@@ -103,6 +107,8 @@ class ContainerCgroup:
     engine: str
     id: str
     pod_uid: str | None = None
+    uid: int = 0
+    """The user whose service manager runs the container (rootless: below `user@<uid>.service`); 0: the system's."""
 
 
 @dataclass(frozen=True)
@@ -136,13 +142,25 @@ def unit_cgroup_of_path(path: str) -> UnitCgroup | None:
             index, container = found
         unit = elements[index]
     else:
+        uid = 0
         if elements[index].startswith("user@") and elements[index].endswith(".service"):
             user_index = _first_unit(elements, index + 1)
             if user_index is not None:
+                uid = _user_manager_uid(elements[index])
                 index = user_index
         unit = elements[index][1:] if elements[index].startswith("_") else elements[index]
         container = _container_scope(elements, index)
+        if uid:
+            unit = user_unit(unit, uid)
+            if container is not None:
+                container = replace(container, uid=uid)
     return UnitCgroup(unit, "/" + "/".join([".."] * ups + elements[:index + 1]), container)
+
+
+def _user_manager_uid(element: str) -> int:
+    """N of `user@N.service` (0 when N is no number: then it is no user's manager)."""
+    uid = element[len("user@"):-len(".service")]
+    return int(uid) if uid.isdigit() and len(uid) <= 10 else 0
 
 
 def container_of_cgroup_path(path: str) -> ContainerCgroup | None:

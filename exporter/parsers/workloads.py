@@ -6,8 +6,13 @@ A systemd unit keeps its own name (`vllm-xpu-chat.service`). A container's key n
 names people know it by:
 
 - Docker: `docker/<name>` (`docker_key`),
-- Podman: `podman/<name>` (`podman_key`),
+- Podman: `podman/<name>` (`podman_key`); a rootless user's container `podman/<name>@uid<N>`,
 - a Kubernetes pod's container: `k8s/<namespace>/<pod>/<container>` (`kubernetes_key`).
+
+A unit of a user's service manager (`systemctl --user`, its cgroup below `user@<N>.service`) is
+`<unit>@uid<N>` (`user_unit`): never the system unit of the same name, and never matched by a glob written for
+system units (`vllm*.service`). A unit name holds at most one `@` and ends in its type's suffix, so no system
+unit is ever named so; and `@` is not in a container name either.
 
 A `/` never occurs in a systemd unit name, so a key can never be mistaken for a unit, and
 `kind_of_key` tells the two apart.
@@ -48,11 +53,38 @@ def docker_key(name: str) -> str | None:
     return f"{KIND_DOCKER}/{name}" if _container_name_ok(name) else None
 
 
-def podman_key(name: str) -> str | None:
-    """`podman/<name>` for a Podman container's name, or None when it is not a name Podman accepts."""
+def podman_key(name: str, uid: int = 0) -> str | None:
+    """`podman/<name>` for a Podman container's name (root's), `podman/<name>@uid<N>` for one of user N's
+    (rootless) Podman, or None when it is not a name Podman accepts."""
     if not isinstance(name, str):
         return None
-    return f"{KIND_PODMAN}/{name}" if _container_name_ok(name) else None
+    return f"{KIND_PODMAN}/{name}{user_suffix(uid)}" if _container_name_ok(name) else None
+
+
+USER_SUFFIX = "@uid"
+
+
+def user_suffix(uid: int | None) -> str:
+    """What ends the identity of a user's unit or rootless container: '' for root's (None, 0)."""
+    return f"{USER_SUFFIX}{uid}" if uid else ""
+
+
+def user_unit(unit: str, uid: int | None) -> str:
+    """The identity of a unit user `uid`'s service manager runs: `<unit>@uid<N>` (the unit itself for 0/None)."""
+    return unit + user_suffix(uid)
+
+
+def name_of_key(key: str) -> str:
+    """A container key's container name (the last element, without a rootless user's suffix)."""
+    name = key.rsplit("/", 1)[-1]
+    base, at, uid = name.rpartition(USER_SUFFIX)
+    return base if at and uid.isdigit() else name
+
+
+def uid_of_identity(unit: str) -> int:
+    """The user a unit or container identity belongs to (its `@uid<N>` suffix); 0: the system's."""
+    _, at, uid = unit.rpartition(USER_SUFFIX)
+    return int(uid) if at and uid.isdigit() else 0
 
 
 def kubernetes_key(namespace: str, pod: str, container: str) -> str | None:

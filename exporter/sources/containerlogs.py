@@ -69,7 +69,6 @@ from __future__ import annotations
 import errno
 import gzip
 import heapq
-import itertools
 import logging
 import os
 import re
@@ -82,7 +81,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from vllm_xpu_exporter.parsers.containerlogs import MAX_TEXT_CHARS, LogRecord, parse_cri_line, parse_json_file_line
-from vllm_xpu_exporter.parsers.workloads import kubernetes_key
+from vllm_xpu_exporter.parsers.workloads import kubernetes_key, uid_of_identity, user_suffix
 from vllm_xpu_exporter.sources.containers import MAX_DOCKER_CONFIG_BYTES, DockerEnd, docker_names
 from vllm_xpu_exporter.sources.containers import read_small as _read_small
 from vllm_xpu_exporter.sources.journal.reader import JournalEntry, JournalSelection, container_end
@@ -95,8 +94,12 @@ VANISHED_RETENTION_SECONDS = 900.0
 MAX_LINE_BYTES = 1 << 20  # a json-file record of a 16 KiB piece is at most ~100 KiB, even all \u escapes
 MAX_DIRECTORY_ENTRIES = 65536
 CHUNK_BYTES = 1 << 16
-POLL_BYTES = 16 << 20  # read of a live file per poll, at most: the rest comes at the next, without waiting
-POLL_ENTRIES = 65536  # records of a container found while following (its history), per poll, at most
+FILE_POLL_BYTES = 1 << 20  # read of one file per poll, at most: the rest comes at the next, without waiting
+POLL_BYTES = 4 << 20  # read of all files per poll, at most (a container found while following: its history)
+BATCH_CHARS = 8 << 20  # text of the records one read_available() returns, at most (and one record)
+MAX_INFLATED_BYTES = 64 << 20  # of one rotated .gz, at most; and at most INFLATE_RATIO times its size
+INFLATE_RATIO = 32  # logs compress 5-20 times; a bomb thousands of times
+MIN_INFLATED_BYTES = 1 << 20  # what a small .gz may always inflate to
 
 _CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 _POD_DIRECTORY = re.compile(r"([^_/]+)_([^_/]+)_([0-9a-f][0-9a-f-]{0,63})")
@@ -150,9 +153,9 @@ class LogFile:
         self._current: _Open | None = None
         self._draining: _Open | None = None
         self._read: set[tuple[int, int]] = set()  # rotated files read whole, by identity
-        self.skipped = 0  # lines over MAX_LINE_BYTES, damaged gzip files
+        self.skipped = 0  # lines over MAX_LINE_BYTES, damaged gzip files, gzip files cut (inflated_cut)
+        self.inflated_cut = 0  # rotated .gz files whose inflated bytes went over their bound: the rest unread
         self.unreadable: OSError | None = None  # the latest error opening or reading one of its files
-        self.behind = False  # the last poll stopped at POLL_BYTES: more is there to read now
 
     @property
     def is_open(self) -> bool:
@@ -171,57 +174,56 @@ class LogFile:
             self._current = opened
             yield from self._lines(opened)
 
-    def poll(self) -> list[bytes]:
+    def poll(self) -> Iterator[bytes]:
         """The lines written since the last read, across rotations; a file new to the reader is read from
-        its start (its plain rotated files too)."""
-        lines: list[bytes] = []
-        if self._draining is not None:  # the file renamed at the previous poll, read to its end: no limit
-            lines += self._drain(self._draining, final=True)
+        its start (its plain rotated files too). Lazily: the caller takes what its budget allows and the
+        rest from the same iterator at its next poll (a file's lines in order, only one chunk's held)."""
+        if self._draining is not None:  # the file renamed at the previous poll, read to its end
+            yield from self._lines(self._draining, final=True)
             self._close(self._draining)
             self._draining = None
         current = self._current
-        self.behind = False
         if current is not None:
-            lines += self._drain(current, limit=POLL_BYTES)
-            if self.behind:
-                return lines  # not at its end: a rotation is looked for once it is
+            yield from self._lines(current)
         try:
             info = os.stat(self.live)
         except OSError:
-            return lines  # renamed and not reopened yet, or gone: the directory says which
+            return  # renamed and not reopened yet, or gone: the directory says which
         if current is not None and (info.st_dev, info.st_ino) == current.identity:
             if info.st_size < current.offset:  # truncated in place: read it again
                 self._close(current)
                 self._current = None
-                lines += self._open_live()
-            return lines
+                yield from self._open_live()
+            return
         if current is not None:  # rotated: read the old one to its end again next time, then the files between
             self._read.add(current.identity)
             self._draining, self._current = current, None
         present: set[tuple[int, int]] = set()
         for path in self._rotated():
             if not path.endswith(".gz"):
-                lines += list(self._plain(path, present))
+                yield from self._plain(path, present)
         self._read &= present  # files gone no longer need remembering
-        lines += self._open_live()
-        return lines
+        yield from self._open_live()
 
     def close(self) -> list[bytes]:
         """The file is gone for good: what is left in its open files; they are closed."""
-        lines: list[bytes] = []
-        for opened in (self._draining, self._current):
-            if opened is not None:
-                lines += self._drain(opened, final=True)
-                self._close(opened)
-        self._draining = self._current = None
-        return lines
+        return list(self.closing())
 
-    def _open_live(self) -> list[bytes]:
+    def closing(self) -> Iterator[bytes]:
+        """`close()`, lazily: what is left in its open files, each closed once read to its end."""
+        for attribute in ("_draining", "_current"):
+            opened = getattr(self, attribute)
+            if opened is not None:
+                yield from self._lines(opened, final=True)
+                self._close(opened)
+                setattr(self, attribute, None)
+
+    def _open_live(self) -> Iterator[bytes]:
         opened = self._open(self.live)
         if opened is None:
-            return []
+            return
         self._current = opened
-        return self._drain(opened, limit=POLL_BYTES)
+        yield from self._lines(opened)
 
     def _open(self, path: str) -> _Open | None:
         try:
@@ -263,8 +265,16 @@ class LogFile:
         if opened is None:
             return
         try:
+            size = os.fstat(opened.fd).st_size
+            # a gzip bomb is cut, not inflated
+            budget = min(MAX_INFLATED_BYTES, max(MIN_INFLATED_BYTES, INFLATE_RATIO * size))
             with os.fdopen(os.dup(opened.fd), "rb") as raw, gzip.GzipFile(fileobj=raw) as stream:
-                while chunk := stream.read(CHUNK_BYTES):
+                while chunk := stream.read(min(CHUNK_BYTES, budget + 1)):
+                    budget -= len(chunk)
+                    if budget < 0:
+                        self.skipped += 1
+                        self.inflated_cut += 1
+                        return
                     yield from self._split(opened, chunk)
             if opened.pending and not opened.discarding:
                 yield bytes(opened.pending)
@@ -273,17 +283,12 @@ class LogFile:
         finally:
             self._close(opened)
 
-    def _drain(self, opened: _Open, final: bool = False, limit: int | None = None) -> list[bytes]:
-        """The whole lines from `opened`'s position to its end, or of about `limit` bytes (`behind` is then
-        set); with `final`, its unfinished last line too."""
-        lines: list[bytes] = []
-        for line in self._lines(opened, final, limit):
-            lines.append(line)
-        return lines
+    def _drain(self, opened: _Open, final: bool = False) -> list[bytes]:
+        """The whole lines from `opened`'s position to its end; with `final`, its unfinished last line too."""
+        return list(self._lines(opened, final))
 
-    def _lines(self, opened: _Open, final: bool = False, limit: int | None = None) -> Iterator[bytes]:
-        read = 0
-        while limit is None or read < limit:
+    def _lines(self, opened: _Open, final: bool = False) -> Iterator[bytes]:
+        while True:
             try:
                 chunk = os.read(opened.fd, CHUNK_BYTES)
             except OSError as error:
@@ -292,11 +297,7 @@ class LogFile:
             if not chunk:
                 break
             opened.offset += len(chunk)
-            read += len(chunk)
             yield from self._split(opened, chunk)
-        else:
-            self.behind = True
-            return
         if final and opened.pending and not opened.discarding:
             yield bytes(opened.pending)
             opened.pending.clear()
@@ -379,6 +380,8 @@ class _Stream:
     parse: Callable[[bytes, int], LogRecord | None]
     order: tuple[int, int] = (0, 0)  # the order of the container's files: restart count, or when created
     end: DockerEnd | None = None  # Docker: its config.v2.json, whose State says when the container ended
+    polling: Iterator[bytes] | None = None  # the file's poll() under way: what a poll's budget left unread
+    closing: bool = False  # the file is gone for good: `polling` reads what is left in its open files
 
 
 @dataclass
@@ -387,7 +390,7 @@ class _Container:
     directory: str  # gone: the container is
     streams: dict[str, _Stream] = field(default_factory=dict)  # by live path
     vanished_at: float | None = None
-    catching_up: Iterator[JournalEntry] | None = None  # found while following: its history, read POLL_ENTRIES a poll
+    catching_up: Iterator[JournalEntry] | None = None  # found while following: its history, a budget a poll
 
 
 class ContainerLogReader:
@@ -421,6 +424,7 @@ class ContainerLogReader:
         self._next_poll = 0.0
         self._next_discovery = 0.0
         self._behind = False  # the last poll left records to read now
+        self._polls = 0  # polls made: which container goes first at the next
         self._unreadable = 0
         self._skipped_before = 0  # lines skipped in files no longer followed
         self._unreadable_total = 0
@@ -491,9 +495,11 @@ class ContainerLogReader:
             if self._catching_up is None:
                 self._catching_up = heapq.merge(*(self._catch_up(c) for c in list(self._containers.values())),
                                                 key=_time)
+            chars = 0
             for entry in self._catching_up:
                 out.append(entry)
-                if len(out) >= max_entries:
+                chars += len(entry.message)
+                if len(out) >= max_entries or chars >= BATCH_CHARS:
                     break
             else:
                 self._catching_up = None
@@ -516,17 +522,21 @@ class ContainerLogReader:
                 container.catching_up = self._catch_up(container)
         self._behind = False
         batches = []
-        for container in list(self._containers.values()):
+        budget = [POLL_BYTES]  # for all files; one at most FILE_POLL_BYTES (the rest at the next poll)
+        containers = list(self._containers.values())
+        first = self._polls % len(containers) if containers else 0  # who goes first (and may use the budget up)
+        self._polls += 1
+        for container in containers[first:] + containers[:first]:
             if container.catching_up is not None:
-                batch = list(itertools.islice(container.catching_up, POLL_ENTRIES))
-                if len(batch) < POLL_ENTRIES:
+                batch = _take_entries(container.catching_up, min(FILE_POLL_BYTES, budget[0]))
+                budget[0] -= sum(len(entry.message) for entry in batch)
+                if batch.done:
                     container.catching_up = None
                 else:
                     self._behind = True
                 batches.append(batch)
             else:
-                batches.append(self._followed(container))
-                self._behind = self._behind or any(stream.file.behind for stream in container.streams.values())
+                batches.append(self._followed(container, budget))
         self._pending.extend(heapq.merge(*batches, key=_time))
         self._forget_vanished(now)
 
@@ -538,21 +548,33 @@ class ContainerLogReader:
                 yield ended
         self._report(container)
 
-    def _followed(self, container: _Container) -> list[JournalEntry]:
-        """What the container's files have new; a file gone for good (the container's directory is gone, or
+    def _followed(self, container: _Container, budget: list[int]) -> list[JournalEntry]:
+        """What the container's files have new, as far as `budget` (bytes left for this poll, spent here) and
+        FILE_POLL_BYTES a file allow; a file gone for good (the container's directory is gone, or
         a later file of the container's exists: the kubelet removed an old restart's) is read to its end and
         closed."""
         entries: list[JournalEntry] = []
         streams = sorted(container.streams.values(), key=lambda s: s.order)
         for index, stream in enumerate(streams):
-            lines = stream.file.poll()
-            gone = container.vanished_at is not None or (index + 1 < len(streams) and not os.path.exists(stream.file.live))
-            if gone:
-                lines += stream.file.close()
+            if stream.polling is None:
+                stream.polling = stream.file.poll()
+            lines, done = _take_lines(stream.polling, min(FILE_POLL_BYTES, budget[0]))
+            budget[0] -= sum(len(line) + 1 for line in lines)
+            entries += self._entries(container, stream, lines)
+            if not done:
+                self._behind = True
+                continue
+            stream.polling = None
+            if stream.closing:  # read to the end of its files: it goes
                 self._skipped_before += stream.file.skipped
                 del container.streams[stream.file.live]
-            entries += self._entries(container, stream, lines)
-            ended = None if gone or stream.file.behind else self._ended(container, stream)
+                continue
+            if container.vanished_at is not None or (index + 1 < len(streams) and not os.path.exists(stream.file.live)):
+                # gone: what is left in its open files is read within the budgets too, then it goes
+                stream.closing, stream.polling = True, stream.file.closing()
+                self._behind = True
+                continue
+            ended = self._ended(container, stream)
             if ended is not None:
                 entries.append(ended)
         self._report(container)
@@ -646,18 +668,26 @@ class ContainerLogReader:
                 created = 0
             container.streams[live] = _Stream(LogFile(live, partial(docker_rotated, live)), name,
                                               parse_json_file_line, (0, created),
-                                              end=DockerEnd((os.path.join(container_directory, "config.v2.json"),)))
+                                              end=DockerEnd((os.path.join(container_directory, "config.v2.json"),),
+                                                            owner=uid_of_identity(key)))
 
     def _docker_name(self, container_directory: str, container_id: str) -> tuple[str, str] | None:
-        """The container's key and name from its config.v2.json (dockerd writes it before the log)."""
-        data = _read_small(os.path.join(container_directory, "config.v2.json"), MAX_DOCKER_CONFIG_BYTES)
+        """The container's key and name from its config.v2.json (dockerd writes it before the log), of the
+        user who owns the container's directory: a rootless dockerd's containers are that user's
+        (`docker/<name>@uid<N>`), and only root's dockerd can write into root's data root."""
+        try:
+            owner = os.stat(container_directory).st_uid
+        except OSError:
+            return None
+        data = _read_small(os.path.join(container_directory, "config.v2.json"), MAX_DOCKER_CONFIG_BYTES,
+                           owner=owner)
         try:
             names = docker_names(data, container_id) if 0 < len(data) <= MAX_DOCKER_CONFIG_BYTES else None
         except (ValueError, RecursionError):
             names = None
         if names is None or names.key is None:
             return None
-        return names.key, names.container
+        return names.key + user_suffix(owner), names.container
 
     def _discover_pods(self, directory: str, seen: set[str], new: list[_Container]) -> None:
         for pod_directory in _list_directory(directory):
@@ -711,6 +741,36 @@ class ContainerLogReader:
                 self._skipped_before += stream.file.skipped
             if self._forget is not None:
                 self._forget(key)
+
+
+class _Taken(list):
+    done = False  # the iterator taken from is exhausted
+
+
+def _take_lines(lines: Iterator[bytes], budget: int) -> tuple[list[bytes], bool]:
+    """Lines of `lines` until `budget` bytes are taken (the line that crosses it included); and whether
+    `lines` is exhausted."""
+    taken: list[bytes] = []
+    while budget > 0:
+        line = next(lines, None)
+        if line is None:
+            return taken, True
+        taken.append(line)
+        budget -= len(line) + 1
+    return taken, False
+
+
+def _take_entries(entries: Iterator[JournalEntry], budget: int) -> _Taken:
+    """Entries of `entries` until `budget` characters of text are taken; `.done` when it is exhausted."""
+    taken = _Taken()
+    while budget > 0:
+        entry = next(entries, None)
+        if entry is None:
+            taken.done = True
+            return taken
+        taken.append(entry)
+        budget -= len(entry.message) + 1
+    return taken
 
 
 def partial(function: Callable[[str], list[str]], live: str) -> Callable[[], list[str]]:

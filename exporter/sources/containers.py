@@ -27,7 +27,9 @@ found is looked up again after the same time.
 
 from __future__ import annotations
 
+import codecs
 import errno
+import io
 import json
 import logging
 import os
@@ -35,13 +37,14 @@ import re
 import stat
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import IO
 
 from vllm_xpu_exporter.parsers.cgroup import DOCKER, PODMAN, ContainerCgroup
 from vllm_xpu_exporter.parsers.containerlogs import DockerExit, docker_exit
 from vllm_xpu_exporter.parsers.workloads import (
-    KIND_DOCKER, KIND_KUBERNETES, KIND_PODMAN, KIND_SYSTEMD, docker_key, kubernetes_key, podman_key,
+    KIND_DOCKER, KIND_KUBERNETES, KIND_PODMAN, KIND_SYSTEMD, docker_key, kubernetes_key, podman_key, user_suffix,
 )
 
 log = logging.getLogger("vllm_xpu_exporter.containers")
@@ -51,9 +54,14 @@ DEFAULT_PODMAN_STORAGE = "/var/lib/containers/storage"
 DEFAULT_POD_LOGS = "/var/log/pods"
 DEFAULT_CONTAINER_LOGS = "/var/log/containers"
 
-# A config.v2.json is a few KiB (its environment and labels); a containers.json about 1 KiB a container.
-MAX_DOCKER_CONFIG_BYTES = 4 << 20
+# A config.v2.json is a few KiB (its environment and labels), parsed whole: 1 MiB of JSON makes at most
+# ~25 MB of Python objects. A containers.json is about 1 KiB a container and is parsed one container at a
+# time (`podman_names_of_file`): its size bounds the CPU, MAX_PODMAN_ENTRY_BYTES and MAX_PODMAN_NAMES the memory.
+MAX_DOCKER_CONFIG_BYTES = 1 << 20
 MAX_PODMAN_LIST_BYTES = 16 << 20
+MAX_PODMAN_ENTRY_BYTES = 64 << 10
+MAX_PODMAN_NAMES = 65536
+STATE_CHUNK_BYTES = 64 << 10
 MAX_DIRECTORY_ENTRIES = 65536  # of a log directory: a node runs at most a few hundred containers
 MAX_PODMAN_DRIVERS = 8  # <driver>-containers directories of one storage (overlay, vfs, btrfs, ...)
 REFRESH_SECONDS = 60.0
@@ -135,6 +143,9 @@ class ContainerNames:
         # file or directory -> (its signature, what it maps); re-read when the signature changes
         self._lists: dict[str, tuple[tuple[int, ...], dict]] = {}
         self._reported: set[str] = set()
+        self.cut = 0
+        """State files not read because they, or one container's entry in them, are over their size bound
+        (`xpu_exporter_container_state_files_cut_total`)."""
 
     def workload(self, unit: str, container: ContainerCgroup | None) -> Workload:
         """The workload of cgroup leaf `unit` (`UnitCgroup.unit`) and its container (None: a systemd unit
@@ -143,7 +154,8 @@ class ContainerNames:
             return Workload(unit)
         kind = _kind(container)
         names = self._names(container)
-        return Workload(names.key or unit, kind, container.id, names.container, names.compose_project,
+        key = names.key and names.key + user_suffix(container.uid)  # a rootless user's: never root's
+        return Workload(key or unit, kind, container.id, names.container, names.compose_project,
                         names.compose_service, names.namespace, names.pod, container.pod_uid or "")
 
     def _names(self, container: ContainerCgroup) -> _Names:
@@ -167,28 +179,33 @@ class ContainerNames:
         if container.pod_uid is not None:
             return self._pod_container(container.id, container.pod_uid)
         if container.engine == DOCKER:
-            return self._docker(container.id)
+            return self._docker(container.id, container.uid)
         if container.engine == PODMAN:
-            return self._podman(container.id)
+            return self._podman(container.id, container.uid)
         return _NOT_FOUND
 
-    def _docker(self, container_id: str) -> _Names:
+    def _docker(self, container_id: str, uid: int) -> _Names:
+        """A Docker container's names from a config.v2.json its own user owns (root's dockerd writes root's,
+        a rootless dockerd its user's): another user's data root may hold a file for any id it likes."""
         for root in self.docker_roots:
             path = os.path.join(root, "containers", container_id, "config.v2.json")
-            data = self._read(path, MAX_DOCKER_CONFIG_BYTES, root)
+            data = self._read(path, MAX_DOCKER_CONFIG_BYTES, root, owner=uid)
             if data is None:
                 continue
             return docker_names(data, container_id)
         return _NOT_FOUND
 
-    def _podman(self, container_id: str) -> _Names:
+    def _podman(self, container_id: str, uid: int) -> _Names:
+        """A Podman container's name from a list its own user owns: root's containers from root's lists, a
+        rootless user's from that user's (another user's list may name any id it likes)."""
         for storage in self.podman_storages:
             for path in self._podman_lists(storage):
-                names = self._cached_list(path, storage, self._read_podman_list).get(container_id)
-                if names:
-                    key = podman_key(names)
+                owner, names = self._cached_list(path, storage, self._read_podman_list) or (None, {})
+                name = names.get(container_id) if owner == uid else None
+                if name:
+                    key = podman_key(name)
                     if key is not None:
-                        return _Names(key, names)
+                        return _Names(key, name)
         return _NOT_FOUND
 
     def _podman_lists(self, storage: str) -> list[str]:
@@ -202,9 +219,32 @@ class ContainerNames:
         return [os.path.join(storage, driver, name) for driver in drivers[:MAX_PODMAN_DRIVERS]
                 for name in ("containers.json", "volatile-containers.json")]
 
-    def _read_podman_list(self, path: str, storage: str) -> dict[str, str]:
-        data = self._read(path, MAX_PODMAN_LIST_BYTES, storage)
-        return {} if data is None else podman_names(data)
+    def _read_podman_list(self, path: str, storage: str) -> tuple[int, dict[str, str]] | None:
+        """(the file's owner, container id -> name), or None when it cannot be read or is cut (counted)."""
+        try:
+            fd = os.open(path, OPEN_FILE)
+        except OSError as error:
+            self._report(storage, path, error)
+            return None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return None
+            if info.st_size > MAX_PODMAN_LIST_BYTES:
+                self._cut(path, f"larger than {MAX_PODMAN_LIST_BYTES} bytes")
+                return None
+            with os.fdopen(os.dup(fd), "rb") as stream:
+                return info.st_uid, podman_names_of_file(stream, MAX_PODMAN_LIST_BYTES)
+        except StateTooLarge as error:
+            self._cut(path, str(error))
+            return None
+        finally:
+            os.close(fd)
+
+    def _cut(self, path: str, why: str) -> None:
+        """A state file not read for its size: counted (`cut`), logged at debug."""
+        self.cut += 1
+        log.debug("container names: %s not read: %s", path, why)
 
     def _pod_container(self, container_id: str, pod_uid: str) -> _Names:
         links = self._cached_list(self.container_logs, self.container_logs, self._read_log_links)
@@ -294,9 +334,11 @@ class ContainerNames:
         self._lists[path] = (signature, mapped)
         return mapped
 
-    def _read(self, path: str, limit: int, root: str) -> bytes | None:
-        """A regular file of at most `limit` bytes, else None (a failure to read it reported)."""
-        return read_small(path, limit, lambda error: self._report(root, path, error)) or None
+    def _read(self, path: str, limit: int, root: str, owner: int | None = None) -> bytes | None:
+        """A regular file of at most `limit` bytes (owned by `owner`, if given), else None (a failure to read
+        it reported, one too large counted)."""
+        return read_small(path, limit, lambda error: self._report(root, path, error),
+                          lambda: self._cut(path, f"larger than {limit} bytes"), owner) or None
 
     def _report(self, root: str, path: str, error: OSError) -> None:
         """A missing file or directory is normal (an engine not installed, a container gone); a denied one
@@ -311,9 +353,10 @@ class ContainerNames:
             log.debug("container names: %s: %s", path, error.strerror)
 
 
-def read_small(path: str, limit: int, report: Callable[[OSError], None] | None = None) -> bytes:
-    """A regular file of at most `limit` bytes; b"" when it is not one or cannot be read (`report`, when
-    given, is told why it could not)."""
+def read_small(path: str, limit: int, report: Callable[[OSError], None] | None = None,
+               too_large: Callable[[], None] | None = None, owner: int | None = None) -> bytes:
+    """A regular file of at most `limit` bytes (and of user `owner`, when given); b"" when it is not one or
+    cannot be read (`report`, when given, is told why it could not; `too_large` that it is over `limit`)."""
     try:
         fd = os.open(path, OPEN_FILE)
     except OSError as error:
@@ -322,8 +365,13 @@ def read_small(path: str, limit: int, report: Callable[[OSError], None] | None =
         return b""
     try:
         info = os.fstat(fd)
+        if owner is not None and info.st_uid != owner:
+            log.debug("%s: not owned by uid %d", path, owner)
+            return b""
         if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
             log.debug("%s: not a regular file of at most %d bytes", path, limit)
+            if stat.S_ISREG(info.st_mode) and too_large is not None:
+                too_large()
             return b""
         data = os.read(fd, limit + 1)
     except OSError as error:
@@ -345,6 +393,7 @@ class DockerEnd:
     journal (`vllm_xpu_exporter.sources.journal.reader`, the journald log driver)."""
 
     configs: tuple[str, ...]
+    owner: int = 0  # the container's user: a config of another user's is not its (root's dockerd: 0)
     signature: tuple[int, int] | None = None  # (mtime, size) of the config last read
     exit_usec: int | None = None  # the end already handed on
 
@@ -355,11 +404,13 @@ class DockerEnd:
                 info = os.stat(config)
             except OSError:
                 continue
+            if info.st_uid != self.owner:
+                continue
             signature = (info.st_mtime_ns, info.st_size)
             if signature == self.signature or info.st_size > MAX_DOCKER_CONFIG_BYTES:
                 return None
             self.signature = signature
-            data = read_small(config, MAX_DOCKER_CONFIG_BYTES)
+            data = read_small(config, MAX_DOCKER_CONFIG_BYTES, owner=self.owner)
             ended = docker_exit(data) if data else None
             if ended is None or ended.realtime_usec == self.exit_usec or ended.realtime_usec < since_usec:
                 return None
@@ -387,21 +438,79 @@ def docker_names(data: bytes, container_id: str) -> _Names:
                   _label_value(labels.get(COMPOSE_SERVICE)))
 
 
+class StateTooLarge(ValueError):
+    """A state file, or one entry of it, is over its size bound."""
+
+
 def podman_names(data: bytes) -> dict[str, str]:
     """container id -> its first name, from a containers/storage `containers.json` (bytes)."""
-    document = json.loads(data)
+    return podman_names_of_file(io.BytesIO(data), len(data))
+
+
+def podman_names_of_file(stream: IO[bytes], limit: int = MAX_PODMAN_LIST_BYTES,
+                         max_entry_bytes: int = MAX_PODMAN_ENTRY_BYTES) -> dict[str, str]:
+    """container id -> its first name, from a containers/storage `containers.json`, parsed one container
+    at a time: at most `limit` bytes read, `max_entry_bytes` of one container's entry held (StateTooLarge
+    beyond either), at most MAX_PODMAN_NAMES names kept; none when it is no JSON array, ValueError when it is
+    one cut short or holding what is not JSON."""
     names: dict[str, str] = {}
-    if not isinstance(document, list):
-        return names
-    for entry in document:
+    for entry in _json_array_items(stream, limit, max_entry_bytes):
         if not isinstance(entry, dict):
             continue
         container_id, entry_names = entry.get("id"), entry.get("names")
         if not (isinstance(container_id, str) and _CONTAINER_ID.fullmatch(container_id)):
             continue
         if isinstance(entry_names, list) and entry_names and isinstance(entry_names[0], str):
-            names[container_id] = entry_names[0]
+            if len(names) < MAX_PODMAN_NAMES or container_id in names:
+                names[container_id] = entry_names[0]
     return names
+
+
+def _json_array_items(stream: IO[bytes], limit: int, max_item_bytes: int) -> Iterator[object]:
+    """The items of the JSON array `stream` holds, one at a time; the text held is at most one item
+    (`max_item_bytes`) and a chunk."""
+    decoder = json.JSONDecoder()
+    text = codecs.getincrementaldecoder("utf-8")()
+    buffer, position, read, begun, at_end = "", 0, 0, False, False
+    while True:
+        if not at_end:
+            chunk = stream.read(STATE_CHUNK_BYTES)
+            read += len(chunk)
+            if read > limit:
+                raise StateTooLarge(f"more than {limit} bytes")
+            at_end = not chunk
+            buffer = buffer[position:] + text.decode(chunk, final=at_end)
+            position = 0
+        while True:
+            while position < len(buffer) and buffer[position] in " \t\r\n":
+                position += 1
+            if position == len(buffer):
+                break
+            if not begun:
+                if buffer[position] != "[":
+                    return  # JSON of another shape (or none): no items
+                begun = True
+                position += 1
+                continue
+            if buffer[position] == "]":
+                return
+            if buffer[position] == ",":
+                position += 1
+                continue
+            try:
+                item, end = decoder.raw_decode(buffer, position)
+            except json.JSONDecodeError:
+                if at_end:
+                    raise ValueError("a JSON array cut short") from None
+                if len(buffer) - position > max_item_bytes:
+                    raise StateTooLarge(f"an entry of more than {max_item_bytes} bytes") from None
+                break  # the item goes on in the next chunk
+            if end - position > max_item_bytes:
+                raise StateTooLarge(f"an entry of more than {max_item_bytes} bytes")
+            position = end
+            yield item
+        if at_end:
+            raise ValueError("a JSON array cut short")
 
 
 def _uid_of_link(path: str, namespace: str, pod: str, container: str) -> str | None:

@@ -1,7 +1,8 @@
 """The journal follower: a source that owns its thread and the journal reader, and publishes the fold.
 
 The thread owns the reader (an sd_journal handle belongs to one thread): it reads the selected boot into
-a fresh EngineTracker, publishes it once caught up, then folds new entries in as they arrive. When the
+a fresh fold (OwnedTrackers: an EngineTracker per owner, the system and each user), publishes it once
+caught up, then folds new entries in as they arrive. When the
 journal cannot be read it retries; a reopened journal is read again from the start of the boot into a
 new tracker, swapped in once caught up, so counters never count twice.
 
@@ -27,12 +28,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from vllm_xpu_exporter.fold.container_runs import ContainerRuns
-from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, EngineTracker, UnitView
+from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, EngineTracker, OwnedTrackers, UnitView
 from vllm_xpu_exporter.sources.journal.reader import DEFAULT_BATCH, JournalEntry, JournalReader, JournalSelection
 
 log = logging.getLogger("vllm_xpu_exporter.journal")
@@ -42,8 +44,9 @@ WAIT_SECONDS = 0.5  # how often the follower looks at its stop flag while the jo
 STILL_READING = "still reading the journal"
 STILL_READING_CONTAINER_LOGS = "still reading the container logs"
 
-OpenReader = Callable[[JournalSelection, Callable[[str], bool], Callable[[str], None]], Any]
-"""(selection, admit, forget) -> a reader: admit(unit) asks the fold's cap, forget(unit) drops a unit gone for good."""
+OpenReader = Callable[[JournalSelection, Callable[..., bool], Callable[[str], None]], Any]
+"""(selection, admit, forget) -> a reader: admit(unit[, when_usec]) asks the fold's cap (when the name was met,
+if known), forget(unit) drops a unit gone for good."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class JournalState:
     watched_units: int | None  # None until the journal has been read up to now once
     values_rejected: int  # lines ignored for an implausible value (vllm_xpu_exporter.parsers.vllm.PLAUSIBLE)
     unreadable: int = 0  # entries the reader skipped as unreadable (container logs: lines not of their format)
+    rejected: dict[str, int] = field(default_factory=dict)  # entries ignored by reason (reader.rejected_entries)
 
 
 class JournalFollower:
@@ -71,11 +75,12 @@ class JournalFollower:
         """What the latest catch-up read: "latest invocations", or "boot" (the whole selected boot)."""
         self._lock = threading.Lock()
         self._starting = threading.Lock()  # concurrent scrapes retry starting the thread once
-        self._tracker: EngineTracker | None = None
+        self._tracker: OwnedTrackers | None = None
         self._runs = ContainerRuns()  # the containers' runs of the tracker being filled or followed
         self._error: str | None = still_reading
         self._entries_read = 0
         self._unreadable_before = 0  # entries skipped as unreadable by the readers closed since
+        self._rejected_before: Counter[str] = Counter()  # entries rejected by the readers closed since
         self._reader: Any = None  # the thread's reader (its unreadable count is read by state())
         self._units_with_processes: set[str] = set()
         self._warned_of_rejections: set[str] = set()  # follower thread only
@@ -122,7 +127,8 @@ class JournalFollower:
                                 dropped_units=len(tracker.dropped_units) if tracker is not None else 0,
                                 watched_units=len(views) if tracker is not None else None,
                                 values_rejected=tracker.rejected_lines if tracker is not None else 0,
-                                unreadable=self._unreadable_before + (reader.unreadable_entries if reader else 0))
+                                unreadable=self._unreadable_before + (reader.unreadable_entries if reader else 0),
+                                rejected=dict(self._rejected_before + Counter(_rejected_by(reader))))
 
     def watch(self, units: set[str]) -> None:
         """Units that currently have GPU processes: those matching the globs are watched even when the
@@ -140,7 +146,7 @@ class JournalFollower:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            tracker = EngineTracker(self.max_units, self.selection.engine_grace_usec)
+            tracker = OwnedTrackers(self.max_units, self.selection.engine_grace_usec)
             self._runs = ContainerRuns()
             try:
                 # Units beyond the cap are refused when first met: the reader skips their entries.
@@ -153,6 +159,7 @@ class JournalFollower:
                     finally:
                         with self._lock:
                             self._unreadable_before += reader.unreadable_entries
+                            self._rejected_before.update(_rejected_by(reader))
                             self._reader = None
             except OSError as error:  # JournalError, ContainerLogError: a message of their own
                 self._set_error(str(error))
@@ -162,7 +169,7 @@ class JournalFollower:
                 self._set_error(f"{type(error).__name__}: {error}")
                 self._stop.wait(RETRY_SECONDS)
 
-    def _catch_up(self, reader: JournalReader, tracker: EngineTracker) -> None:
+    def _catch_up(self, reader: JournalReader, tracker: OwnedTrackers) -> None:
         with self._lock:
             for unit in self._units_with_processes:
                 tracker.watch(unit)
@@ -193,7 +200,7 @@ class JournalFollower:
             while batch := reader.read_available(DEFAULT_BATCH):
                 self._fold(reader, tracker, batch, published=True)
 
-    def _fold(self, reader: JournalReader, tracker: EngineTracker, batch: list[JournalEntry], *,
+    def _fold(self, reader: JournalReader, tracker: OwnedTrackers, batch: list[JournalEntry], *,
               published: bool) -> None:
         """Fold a batch the reader returned, and count it: the one count of entries read
         (``JournalState.entries_read``, xpu_exporter_journal_entries_read_total), kept across re-reads of
@@ -210,7 +217,7 @@ class JournalFollower:
         self._warn_of_rejections(tracker)
         self._warn_of_unreadable(reader)
 
-    def _warn_of_rejections(self, tracker: EngineTracker) -> None:
+    def _warn_of_rejections(self, tracker: OwnedTrackers) -> None:
         """Once per unit (also across re-reads of the journal): the value is not logged, it may be huge."""
         for unit, rejection in tracker.first_rejections.items():
             if unit not in self._warned_of_rejections:
@@ -228,11 +235,11 @@ class JournalFollower:
                         "a journal entry" if self.source == "journal" else f"an entry of the {self.source}",
                         reader.last_unreadable)
 
-    def _admit(self, tracker: EngineTracker, unit: str) -> bool:
+    def _admit(self, tracker: OwnedTrackers, unit: str, when_usec: int | None = None) -> bool:
         with self._lock:
-            return tracker.admit(unit)
+            return tracker.admit(unit, when_usec)
 
-    def _forget(self, tracker: EngineTracker, unit: str) -> None:
+    def _forget(self, tracker: OwnedTrackers, unit: str) -> None:
         """A unit gone for good (a container removed): its series go, its place under the cap is free."""
         with self._lock:
             tracker.forget(unit)
@@ -243,7 +250,12 @@ class JournalFollower:
             self._error = error
 
 
-def _open_journal(selection: JournalSelection, admit: Callable[[str], bool],
+def _rejected_by(reader: Any) -> dict[str, int]:
+    """A reader's rejected entries by reason (a reader that rejects nothing has no such count)."""
+    return getattr(reader, "rejected_entries", None) or {} if reader is not None else {}
+
+
+def _open_journal(selection: JournalSelection, admit: Callable[..., bool],
                   forget: Callable[[str], None]) -> JournalReader:
     return JournalReader(selection, admit=admit)
 

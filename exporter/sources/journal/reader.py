@@ -17,10 +17,13 @@ Containers that log to the journal (Docker's and Podman's ``journald`` log drive
 name: the entries whose ``CONTAINER_NAME`` matches one of the container globs (``container_globs``,
 none by default; see ``JournalSelection.matches_container``), unless their ``_SYSTEMD_UNIT`` is a
 watched unit (a Podman quadlet container's conmon runs in its ``.service``, which keeps them). Such an
-entry belongs to the container's key (``vllm_xpu_exporter.parsers.workloads``): ``podman/<name>`` when conmon
-wrote it (``_COMM=conmon``), else ``docker/<name>`` (dockerd). Podman's events of a watched container's
-end (``PODMAN_EVENT=died`` and ``PODMAN_NAME=<name>``, its events logger ``journald``) are selected too:
-they end the container's run, as systemd's "Main process exited" record ends a unit's start.
+entry is believed only when the fields journald adds say its engine wrote it (``trust``: dockerd as root in
+docker.service, conmon as root or as a rootless user); it then belongs to the container's key
+(``vllm_xpu_exporter.parsers.workloads``): ``podman/<name>`` when root's conmon wrote it,
+``podman/<name>@uid<N>`` when user N's did, ``docker/<name>`` when dockerd did. Podman's events of a watched
+container's end (``PODMAN_EVENT=died`` and ``PODMAN_NAME=<name>``, its events logger ``journald``), written by
+podman itself, are selected too: they end the container's run, as systemd's "Main process exited" record ends
+a unit's start. Any other entry naming a watched container is ignored and counted in ``rejected_entries``.
 
 A Docker container's end is not in the journal: with ``docker_roots`` (``--path.docker``) the reader reads
 it from the container's ``config.v2.json`` (``CONTAINER_ID_FULL``), as the json-file source does, and hands
@@ -49,8 +52,11 @@ from types import TracebackType
 
 from vllm_xpu_exporter.parsers.cgroup import unit_of_cgroup_file
 from vllm_xpu_exporter.parsers.containerlogs import DockerExit
-from vllm_xpu_exporter.parsers.workloads import docker_key, podman_key
+from vllm_xpu_exporter.parsers.workloads import docker_key, name_of_key, podman_key
 from vllm_xpu_exporter.sources.containers import DockerEnd
+from vllm_xpu_exporter.sources.journal.trust import (REJECTED_CONTAINER_SENDER, REJECTED_PODMAN_EVENT, conmon_uid,
+                                                     is_dockerd)
+from vllm_xpu_exporter.sources.journal.trust import podman_uid as podman_uid_of
 from vllm_xpu_exporter.sources.journal.binding import (
     LIBSYSTEMD,
     SD_JOURNAL_LOCAL_ONLY,
@@ -90,8 +96,6 @@ PODMAN_DIED = b"died"
 default on systemd hosts: ``SYSLOG_IDENTIFIER=podman``, ``PODMAN_TYPE=container``, ``PODMAN_NAME``,
 ``PODMAN_ID``, ``PODMAN_EXIT_CODE`` unless 0)."""
 _DIED_RUN = "\0died:"  # the run of a decoded Podman "died" event until _with_container_ends names its run
-CONMON = b"conmon"
-"""``_COMM`` of Podman's container monitor, which writes a Podman container's lines to the journal."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +164,40 @@ class _UnreadableField(Exception):
         self.result = result
 
 
+class _GlobbedNames(dict):
+    """The ``CONTAINER_NAME`` values the container globs may match, decided one value at a time as entries are
+    read (a bounded cache of the answers), once the journal holds more than ``CONTAINER_NAMES_MAX`` of them:
+    a flood of names (anyone can write one) then costs neither memory nor sd-journal matches, and no entry
+    of a name met later is missed (the reader reads the boot's entries and filters them itself)."""
+
+    MAX_CACHED = 4096
+
+    def __init__(self, matches: Callable[[str], bool]) -> None:
+        super().__init__()
+        self._matches = matches
+        self._not_matching: set[bytes] = set()
+
+    def get(self, raw: bytes, default: str | None = None) -> str | None:  # type: ignore[override]
+        name = dict.get(self, raw)
+        if name is not None or raw in self._not_matching:
+            return name if name is not None else default
+        decoded = raw.decode("utf-8", "replace")
+        if len(self) >= self.MAX_CACHED or len(self._not_matching) >= self.MAX_CACHED:
+            self.clear()
+            self._not_matching.clear()
+        if self._matches(decoded):
+            self[raw] = decoded
+            return decoded
+        self._not_matching.add(raw)
+        return default
+
+    def __len__(self) -> int:  # always more than sd-journal's matches take: the decoder filters
+        return 1 << 30
+
+    def __contains__(self, raw: object) -> bool:
+        return isinstance(raw, bytes) and self.get(raw) is not None
+
+
 @dataclass(frozen=True, slots=True)
 class JournalSelection:
     """Which journal to read and which of its entries.
@@ -208,7 +246,7 @@ class JournalSelection:
         """Whether a unit is watched; for a container's key (``docker/<name>``, ``podman/<name>``,
         ``k8s/<namespace>/<pod>/<container>``: a unit name never has a ``/``), ``matches_container``."""
         if "/" in unit:
-            return self.matches_container(unit, unit.rsplit("/", 1)[1])
+            return self.matches_container(unit, name_of_key(unit))
         return unit not in self.excluded_units and any(fnmatch.fnmatchcase(unit, glob) for glob in self.unit_globs)
 
     def matches_container(self, key: str, name: str) -> bool:
@@ -339,9 +377,10 @@ class JournalReader:
         fields read per entry, a dictionary look-up), so the cost stays linear in the entries of the boot.
 
     Admission
-        ``admit``, when given, is asked once per watched unit, when the reader first meets one of
-        its entries (in journal order); a unit it refuses is skipped from then on: its entries are
-        not decoded nor returned. That is how a consumer's cap on the number of units (the journal
+        ``admit``, when given, is asked (with the entry's realtime timestamp) once per watched unit,
+        when the reader first meets one of its entries (in journal order); a unit it refuses is skipped
+        (its entries are not decoded nor returned) for the rest of the batch, at most ``ADMIT_AGAIN_USEC``
+        of journal time, then asked again. That is how a consumer's cap on the number of units (the journal
         follower's ``--journal.max-units``) costs nothing for the units beyond it.
 
     Starting at the latest invocations
@@ -357,7 +396,14 @@ class JournalReader:
     """
 
     RELEASE_PAGES_EVERY = 1024
+    BATCH_CHARS = 8 << 20
+    """A batch of ``read_available()`` ends once its messages hold this many characters (4096 messages of
+    ``max_message_bytes`` would hold 256 MiB); the rest comes in the next, without waiting."""
+    ADMIT_AGAIN_USEC = 60_000_000
+    """A refused unit's entries are skipped without asking ``admit`` again for at most this long (journal time)."""
     MATCHED_UNITS_MAX = 64
+    CONTAINER_NAMES_MAX = 256
+    """Beyond this many container names the globs may match, the names are not listed: ``_GlobbedNames``."""
     UNIT_QUERY_SHARE = 0.01
     """At most this share of the time goes to looking for new units while following."""
     """Up to this many watched units are sd-journal matches; beyond it the reader filters the boot's entries."""
@@ -369,7 +415,7 @@ class JournalReader:
         library: str = LIBSYSTEMD,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         boot_id_path: str = BOOT_ID_PATH,
-        admit: Callable[[str], bool] | None = None,
+        admit: Callable[[str, int | None], bool] | None = None,
     ) -> None:
         self.selection = selection
         self._admit = admit
@@ -384,6 +430,7 @@ class JournalReader:
         self._boot_id: str | None = None
         self._missing_roots: tuple[str, ...] = ()
         self._unreadable_entries = 0
+        self._rejected_entries: dict[str, int] = {}
         self.last_unreadable: JournalError | None = None
         """Why the latest entry counted in ``unreadable_entries`` could not be read."""
         self._reset_position()
@@ -395,8 +442,12 @@ class JournalReader:
         """``CONTAINER_NAME`` values that may be watched containers' (``may_match_container_name``), raw → str."""
         self._admitted: set[bytes] = set()
         """Watched units met in an entry and admitted: their entries are returned."""
-        self._refused: set[bytes] = set()
-        """Watched units met in an entry and refused by ``admit``: their entries are skipped."""
+        self._refused: dict[bytes, tuple[int, int]] = {}
+        """Watched units met in an entry and refused by ``admit``, with the batch (``_batches``) and the
+        entry's time they were refused at: their entries are skipped for the rest of the batch, up to
+        ``ADMIT_AGAIN_USEC`` later; then ``admit`` is asked again (a place may have been freed:
+        ``vllm_xpu_exporter.fold.engine_starts.IDLE_FORGET_USEC``)."""
+        self._batches = 0
         self._units_stale = True
         self._units_query_due = 0.0
         """time.monotonic() before which the unit names are not queried again."""
@@ -426,6 +477,11 @@ class JournalReader:
         field compressed with an algorithm this libsystemd lacks, an I/O error): like journalctl, the
         reader skips such an entry rather than stop at it."""
         return self._unreadable_entries
+
+    @property
+    def rejected_entries(self) -> dict[str, int]:
+        """Entries naming a watched container that its engine did not write (``trust``), by reason: ignored."""
+        return dict(self._rejected_entries)
 
     @property
     def units(self) -> frozenset[str]:
@@ -568,6 +624,7 @@ class JournalReader:
         lib = self._require_open()
         if max_entries <= 0:
             return []
+        self._batches += 1
         if lib.sd_journal_process(self._handle) > SD_JOURNAL_NOP:
             self._units_stale = True
         if self._units_stale and time.monotonic() >= self._units_query_due:
@@ -676,7 +733,8 @@ class JournalReader:
         self._more_pending = True
         release_every = self.RELEASE_PAGES_EVERY
         since_release = self._since_release
-        while len(out) < max_entries:
+        chars, max_chars = 0, self.BATCH_CHARS
+        while len(out) < max_entries and chars < max_chars:
             result = next_entry(handle)
             if result <= 0:
                 if result < 0:
@@ -688,6 +746,7 @@ class JournalReader:
             if entry is not None:
                 append(entry)
                 last = entry
+                chars += len(entry.message)
                 since_release += 1
                 if since_release >= release_every:
                     release_journal_pages(self._madvise)
@@ -894,7 +953,8 @@ class JournalReader:
         absent = -errno.ENOENT
         unreadable = self._unreadable
         selection = self.selection
-        keys: dict[tuple[bytes, bool], str] = {}  # (CONTAINER_NAME, written by conmon) -> key; '' not watched
+        keys: dict[tuple[bytes, int | None], str] = {}  # (CONTAINER_NAME, conmon's uid or None) -> key; '' not watched
+        rejected = self._rejected_entries
 
         def optional(name: bytes) -> bytes | None:
             """A field of the current entry, None when absent; _UnreadableField when it cannot be read."""
@@ -905,7 +965,12 @@ class JournalReader:
                 return None
             raise _UnreadableField(result)
 
-        def container(containers: dict[bytes, str], pid: int | None) -> tuple[str, str, bool] | None:
+        def reject(reason: str) -> None:
+            rejected[reason] = rejected.get(reason, 0) + 1
+            return None
+
+        def container(containers: dict[bytes, str], pid: int | None,
+                      systemd_unit: bytes | None) -> tuple[str, str, bool] | None:
             """The watched container's key, run and partial flag of the current entry; None when it is none.
             A Podman "died" event of a watched container: its key, and as run ``_DIED_RUN`` + its id."""
             raw_name = optional(_FIELD_CONTAINER_NAME)
@@ -917,13 +982,25 @@ class JournalReader:
             name = None if raw_name is None else containers.get(raw_name)
             if name is None:
                 return None
-            by_conmon = died or optional(b"_COMM") == CONMON
-            key = keys.get((raw_name, by_conmon))
+            # Believed only from the engine, by the fields journald adds (trust.py).
+            uid, comm, exe = optional(b"_UID"), optional(b"_COMM"), optional(b"_EXE")
+            if died:
+                podman_uid = podman_uid_of(uid, comm, exe)
+                if podman_uid is None:
+                    return reject(REJECTED_PODMAN_EVENT)
+            else:
+                podman_uid = conmon_uid(uid, comm, exe)
+                if podman_uid is None and not is_dockerd(uid, comm, exe, systemd_unit):
+                    return reject(REJECTED_CONTAINER_SENDER)
+            by_conmon = podman_uid is not None
+            key = keys.get((raw_name, podman_uid))
             if key is None:
-                key = (podman_key if by_conmon else docker_key)(name) or ""
+                key = (podman_key(name, podman_uid) if by_conmon else docker_key(name)) or ""
                 if key and not selection.matches_container(key, name):
                     key = ""
-                keys[raw_name, by_conmon] = key  # at most two per name found by the query
+                if len(keys) >= 4096:  # a few per name found by the query; bounded all the same
+                    keys.clear()
+                keys[raw_name, podman_uid] = key
             if not key:
                 return None
             raw_key = key.encode()
@@ -947,6 +1024,7 @@ class JournalReader:
             elif result != absent:
                 return unreadable("sd_journal_get_data", result)
             unit = None
+            raw_unit: bytes | None = None
             run: str | None = None  # a container's entry: its run
             partial = False
             from_systemd = pid == 1
@@ -960,6 +1038,7 @@ class JournalReader:
                     return unreadable("sd_journal_get_data", result)
             if unit is None:
                 from_systemd = False
+                raw_unit = None
                 if (result := get_data(handle, b"_SYSTEMD_UNIT", data_ref, size_ref)) >= 0:
                     raw_unit = string_at(data.value, size.value)[14:]
                     unit = watched.get(raw_unit)
@@ -971,7 +1050,7 @@ class JournalReader:
                     if not containers:
                         return None
                     try:
-                        found = container(containers, pid)
+                        found = container(containers, pid, raw_unit)
                     except _UnreadableField as error:
                         return unreadable("sd_journal_get_data", error.result)
                     if found is None:
@@ -1043,20 +1122,40 @@ class JournalReader:
 
     def _meet(self, raw: bytes, unit: str) -> bool:
         """An entry of a watched unit not admitted yet (first met, or refused): admit it or not."""
-        if raw in self._refused:
+        when = self._realtime_here()
+        refused = self._refused.get(raw)
+        if refused is not None and refused[0] == self._batches and (
+                when is None or when - refused[1] < self.ADMIT_AGAIN_USEC):
             return False
-        if self._admit is not None and not self._admit(unit):
-            self._refused.add(raw)
+        if self._admit is not None and not self._admit(unit, when):
+            if len(self._refused) >= 65536:  # one per name refused; bounded all the same
+                self._refused.clear()
+            self._refused[raw] = (self._batches, when or 0)
             return False
+        self._refused.pop(raw, None)
         self._admitted.add(raw)
         return True
+
+    def _realtime_here(self) -> int | None:
+        """The current entry's realtime timestamp (None if it cannot be read): when a name was met."""
+        lib = self._lib
+        assert lib is not None
+        usec = ctypes.c_uint64()
+        return usec.value if lib.raw_get_realtime_usec(self._handle, ctypes.byref(usec)) >= 0 else None
 
     def _refresh_units(self) -> None:
         self._units_stale = False
         found, found_containers = self._query_watched_units()
         new = {raw: name for raw, name in found.items() if raw not in self._watched}
-        new_containers = {raw: name for raw, name in found_containers.items() if raw not in self._containers}
-        if not new and not new_containers:
+        switched = False  # to _GlobbedNames: the decoder picks containers' entries from the boot's from now on
+        if isinstance(found_containers, _GlobbedNames):
+            switched = not isinstance(self._containers, _GlobbedNames)
+            if switched:
+                self._containers = found_containers
+            new_containers: dict[bytes, str] = {}
+        else:
+            new_containers = {raw: name for raw, name in found_containers.items() if raw not in self._containers}
+        if not new and not new_containers and not switched:
             return
         lib = self._lib
         assert lib is not None
@@ -1069,7 +1168,8 @@ class JournalReader:
             return
         cursor = self._position_cursor()
         cursor_entry_returned = not self._current_unreturned
-        self._backlog.extend(self._entries_before(cursor, new, new_containers))
+        if new or new_containers:
+            self._backlog.extend(self._entries_before(cursor, new, new_containers))
         self._watched.update(new)
         self._containers.update(new_containers)
         self._apply_matches(self._watched, self._containers)
@@ -1095,6 +1195,9 @@ class JournalReader:
                     name = raw.decode("utf-8", "replace")
                     if matches(name):
                         into[raw] = name
+                        if into is containers and len(containers) > self.CONTAINER_NAMES_MAX:
+                            containers = _GlobbedNames(self.selection.may_match_container_name)
+                            break
             except JournalError as error:
                 # Without sd_journal_enumerate_available_unique (systemd < 246), a corrupt file
                 # ends the listing: the values found before it are kept.
