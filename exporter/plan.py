@@ -8,8 +8,9 @@ target needs in whole blocks and the unit's footprint (`vllm_xpu_exporter.memory
 against its total less `--reserve`, and prints the `--kv-cache-memory-bytes` to set per unit: a table,
 JSON, systemd drop-ins or a NixOS snippet. docs/planner.md says how and why.
 
-Exit status: 0 every GPU's units fit; 1 some do not (each GPU, unit and the bytes missing named on
-stderr); 2 usage (one line).
+Exit status: 0 every GPU's units fit and every engine unit was planned; 1 some do not (each GPU and unit
+named on stderr in GiB, with the largest target that fits); 2 usage (one line); 3 nothing was planned, or a
+unit was left out of the plan (its memory counted at ceil(R x total) where R is known).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
@@ -28,18 +30,24 @@ from vllm_xpu_exporter import __version__
 from vllm_xpu_exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
                             add_systemctl_flag, check_journal_flags, journal_selection)
 from vllm_xpu_exporter.fold.engine_starts import UnitView
-from vllm_xpu_exporter.planning import Plan, TargetRequest, UnitPlan, Unplannable, make_plan
+from vllm_xpu_exporter import memory as rules
+from vllm_xpu_exporter.parsers import vllm
+from vllm_xpu_exporter.planning import (KV_BUDGET_ON_XPU_SINCE, DevicePlan, Plan, TargetRequest, UnitPlan, Unplannable,
+                                        make_plan)
 from vllm_xpu_exporter.sources import procfs
 
 PROG = "vllm-xpu-plan"
 EXIT_FITS = 0
 EXIT_DOES_NOT_FIT = 1
+# nothing was planned, or a unit that holds GPU memory was left out of the plan: the plan is no proof
+EXIT_INCOMPLETE = 3
 MiB = 1 << 20
 # The driver's and the runtime's own device memory, which no unit's footprint counts (docs/planner.md).
 DEFAULT_RESERVE = 512 * MiB
 OFFLINE_DEVICE = "offline"
 SYSTEMCTL_TIMEOUT_S = 10.0
 DROP_IN_NAME = "50-vllm-xpu-plan.conf"
+JSON_SCHEMA_VERSION = 2  # docs/planner.md "JSON output": 2 added the fields of issue 26
 _UTILISATION_FLAG = re.compile(r"\s--gpu[-_]memory[-_]utilization(?:=|\s+)\S+")
 _BUDGET_FLAG = re.compile(r"\s--kv[-_]cache[-_]memory[-_]bytes(?:=|\s+)\S+")
 
@@ -105,7 +113,8 @@ def render_table(plan: Plan) -> str:
         fit = device.fit
         state = "fits" if fit.fits else f"DOES NOT FIT: {fit.missing_bytes} bytes ({_gib(fit.missing_bytes)}) missing"
         lines.append(f"GPU {device.device}: total {device.total_bytes} ({_gib(device.total_bytes)}), reserve "
-                     f"{device.reserve_bytes}, units {fit.footprint_bytes} ({_gib(fit.footprint_bytes)}), left "
+                     f"{device.reserve_bytes}, units {device.planned_bytes} ({_gib(device.planned_bytes)}), left out "
+                     f"{device.left_out_bytes} ({_gib(device.left_out_bytes)}), left "
                      f"{fit.left_bytes} ({_gib(fit.left_bytes)}): {state}")
         header = ("UNIT", "VLLM", "TARGET TOKENS", "NON-KV BYTES", "KV BYTES", "FOOTPRINT", "GPU UTIL",
                   "--kv-cache-memory-bytes")
@@ -115,7 +124,7 @@ def render_table(plan: Plan) -> str:
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
         for u in device.units:
-            lines.append(f"  {u.unit}: target {u.target.reason}; non-KV {u.non_kv_from}")
+            lines.append(f"  {u.unit}: target {u.target.reason}; KV from {u.kv_from}; non-KV {u.non_kv_from}")
             lines += [f"  {u.unit}: note: {note}" for note in u.notes]
     for u in plan.unplannable:
         where = f" (GPU {u.device})" if u.device else ""
@@ -128,18 +137,22 @@ def render_json(plan: Plan) -> str:
         f = u.footprint
         return {"unit": u.unit, "vllm_version": u.version, "target_tokens": u.target.tokens,
                 "target": u.target.reason, "block_size": u.block_size, "kv_bytes_per_token": u.kv_bytes_per_token,
+                "kv_block_bytes": u.kv_blocks.block_bytes if u.kv_blocks else None,
+                "kv_request_bytes": u.kv_blocks.request_bytes if u.kv_blocks else None, "kv_from": u.kv_from,
                 "weights_bytes": f.weights_bytes, "activation_bytes": f.activation_bytes,
                 "non_torch_bytes": f.non_torch_bytes, "non_kv_bytes": f.non_kv_bytes, "non_kv_from": u.non_kv_from,
                 "kv_cache_memory_bytes": u.kv_cache_memory_bytes, "footprint_bytes": f.total_bytes,
                 "gpu_memory_utilization": u.gpu_memory_utilization, "notes": list(u.notes)}
 
     def unplannable(u: Unplannable) -> dict[str, object]:
-        return {"unit": u.unit, "device": u.device, "why": u.why, "remedy": u.remedy}
+        return {"unit": u.unit, "device": u.device, "why": u.why, "remedy": u.remedy, "held_bytes": u.held_bytes}
 
     document = {
+        "schema_version": JSON_SCHEMA_VERSION,
         "fits": plan.fits,
         "devices": [{"device": d.device, "total_bytes": d.total_bytes, "reserve_bytes": d.reserve_bytes,
-                     "footprint_bytes": d.fit.footprint_bytes, "left_bytes": d.fit.left_bytes, "fits": d.fit.fits,
+                     "footprint_bytes": d.planned_bytes, "left_out_bytes": d.left_out_bytes,
+                     "left_bytes": d.fit.left_bytes, "fits": d.fit.fits,
                      "missing_bytes": d.fit.missing_bytes, "units": [unit(u) for u in d.units]}
                     for d in plan.devices],
         "unplannable": [unplannable(u) for u in plan.unplannable],
@@ -268,11 +281,46 @@ def read_totals(args: argparse.Namespace) -> dict[str, int]:
     return {d.identity.pci_address: d.total for d in devices if d.total is not None}
 
 
+def _with_earlier_successes(args: argparse.Namespace, views: list[UnitView]) -> list[UnitView]:
+    """The views of the selected boot, each unit's last successful start (and latest profiled start) taken
+    from every boot the journal holds when the selected boot has none (e.g. right after a failing cold
+    boot): the default target is the KV the unit had when it last started."""
+    missing = [v for v in views if v.last_success is None or v.last_profiled is None]
+    if not missing or args.journal_boot == "all":
+        return views
+    every_boot = {v.unit: v for v in read_views(argparse.Namespace(**{**vars(args), "journal_boot": "all"}))}
+    merged = []
+    for view in views:
+        earlier = every_boot.get(view.unit)
+        if earlier is not None:
+            view = replace(view, last_success=view.last_success or earlier.last_success,
+                           last_profiled=view.last_profiled or earlier.last_profiled)
+        merged.append(view)
+    return merged
+
+
+def _gib_of(value: int) -> str:
+    return f"{value / (1 << 30):.2f} GiB"
+
+
+def _largest_that_fits(device: DevicePlan, unit: UnitPlan) -> str:
+    """The largest --requests / --tokens of `unit` with which its GPU fits, the other units as planned."""
+    kv = unit.kv_blocks
+    budget = unit.kv_cache_memory_bytes - device.fit.missing_bytes
+    if kv is None or kv.max_model_len is None or budget <= 0:
+        return "none: it does not fit even with no KV cache"
+    requests = rules.requests_for_kv_budget(budget, kv)
+    tokens = rules.tokens_for_kv_budget(budget, kv)
+    if tokens < kv.max_model_len:
+        return f"none: not even one request of {kv.max_model_len} tokens ({_gib_of(rules.kv_budget_for_tokens(kv.max_model_len, kv))} of KV) fits"
+    return f"--requests {unit.unit}={requests} or --tokens {unit.unit}={tokens}"
+
+
 def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     args = parse_args(argv)
     try:
-        views = read_views(args)
+        views = _with_earlier_successes(args, read_views(args))
         if args.device_memory is not None:
             totals, placement = {OFFLINE_DEVICE: args.device_memory}, {}
         else:
@@ -283,50 +331,91 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
     except RuntimeError as error:
         stderr.write(f"{PROG}: error: {error}\n")
         return EXIT_USAGE
+    engines = {v.unit for v in views if v.latest is not None and v.latest.engine is not False}
     requests = {unit: TargetRequest(tokens=n) for unit, n in args.tokens}
     requests.update({unit: TargetRequest(requests=n) for unit, n in args.requests})
+    unknown = sorted(set(requests) - engines)
+    if unknown:
+        stderr.write(f"{PROG}: error: {', '.join(unknown)}: no vLLM start of it in the journal (a target was given "
+                     f"for it; the journal holds {', '.join(sorted(engines)) or 'no vLLM unit'})\n")
+        return EXIT_USAGE
+    if not engines:
+        stderr.write(f"{PROG}: nothing planned: the journal holds no vLLM unit's start-up lines (units matched by "
+                     f"--journal.units, boot {args.journal_boot})\n")
+        return EXIT_INCOMPLETE
     plan = make_plan(views, totals, placement, args.reserve, requests)
-    unknown = sorted(set(requests) - {u.unit for d in plan.devices for u in d.units})
-    for unit in unknown:
-        stderr.write(f"{PROG}: warning: {unit}: a target was given but the unit was not planned\n")
+    refused = [u for u in plan.unplannable if u.unit in requests and u.unit in engines and
+               vllm_release_ok(views, u.unit)]
+    if refused:
+        stderr.write(f"{PROG}: error: {refused[0].unit}: {refused[0].why}; {refused[0].remedy}\n")
+        return EXIT_USAGE
     if args.format == "table":
         stdout.write(render_table(plan))
     elif args.format == "json":
         stdout.write(render_json(plan))
     else:
-        systemctl = args.systemctl
-        units = [u for d in plan.devices for u in d.units]
-        commands = {u.unit: read_exec_start(systemctl, u.unit) for u in units}
-        for unit, command in commands.items():
-            if command is None:
-                stderr.write(f"{PROG}: warning: {unit}: its ExecStart= could not be read ({systemctl} cat); "
-                             f"add to its command: {planned_flags(next(u for u in units if u.unit == unit))}\n")
-        if args.format == "nixos":
-            stdout.write(render_nixos(plan, commands))
-        elif args.output_dir is not None and not plan.fits:
-            # drop-ins of a plan that does not fit would make the units fail at start (R up to 1)
-            stderr.write(f"{PROG}: nothing written to {args.output_dir}: the plan does not fit\n")
-        else:
-            for u in units:
-                text = drop_in(u, commands[u.unit])
-                if args.output_dir is not None:
-                    path = Path(args.output_dir) / f"{u.unit}.d" / DROP_IN_NAME
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_text(text)
-                    stdout.write(f"{path}\n")
-                else:
-                    stdout.write(f"# /etc/systemd/system/{u.unit}.d/{DROP_IN_NAME}\n{text}\n")
+        code = _write_units(args, plan, stdout, stderr)
+        if code is not None:
+            return code
     for u in plan.unplannable:
-        stderr.write(f"{PROG}: {u.unit}: not plannable: {u.why}; {u.remedy}\n")
-    if plan.fits:
-        return EXIT_FITS
-    for device in plan.devices:
-        fit = device.fit
-        if not fit.fits:
-            units = ", ".join(f"{u.unit} {u.footprint.total_bytes}" for u in device.units)
-            stderr.write(f"{PROG}: GPU {device.device} does not fit: {fit.missing_bytes} bytes missing "
-                         f"({units}; total {device.total_bytes}, reserve {device.reserve_bytes})\n")
-    return EXIT_DOES_NOT_FIT
+        held = f" (counted at ceil(R x total) = {_gib_of(u.held_bytes)})" if u.held_bytes else \
+            " (its memory is not counted: its gpu_memory_utilization is not known)"
+        stderr.write(f"{PROG}: {u.unit}: not plannable: {u.why}; {u.remedy}{held if u.device else ''}\n")
+    if not plan.fits:
+        for device in plan.devices:
+            fit = device.fit
+            if fit.fits:
+                continue
+            stderr.write(f"{PROG}: GPU {device.device} does not fit: {_gib_of(fit.missing_bytes)} missing "
+                         f"({fit.missing_bytes} bytes; total {_gib_of(device.total_bytes)}, reserve "
+                         f"{_gib_of(device.reserve_bytes)}, left out {_gib_of(device.left_out_bytes)})\n")
+            for u in device.units:
+                stderr.write(f"{PROG}:   {u.unit}: {_gib_of(u.footprint.total_bytes)} (non-KV "
+                             f"{_gib_of(u.footprint.non_kv_bytes)} + KV {_gib_of(u.kv_cache_memory_bytes)} for "
+                             f"{u.target.reason}); largest that fits: {_largest_that_fits(device, u)}\n")
+        return EXIT_DOES_NOT_FIT
+    planned = [u for d in plan.devices for u in d.units]
+    if not planned or plan.unplannable:
+        what = "nothing was planned" if not planned else \
+            f"{len(plan.unplannable)} unit(s) left out of the plan ({', '.join(u.unit for u in plan.unplannable)})"
+        stderr.write(f"{PROG}: incomplete: {what}\n")
+        return EXIT_INCOMPLETE
+    return EXIT_FITS
+
+
+def vllm_release_ok(views: Sequence[UnitView], unit: str) -> bool:
+    """Whether the unit's latest start is of a release the plan covers (a target refused for it is a usage error)."""
+    view = next(v for v in views if v.unit == unit)
+    return bool(view.latest and view.latest.version) and \
+        vllm.release(view.latest.version) >= KV_BUDGET_ON_XPU_SINCE
+
+
+def _write_units(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: TextIO) -> int | None:
+    """--format systemd / nixos: read the commands, write or print. An exit status when it must stop."""
+    systemctl = args.systemctl
+    units = [u for d in plan.devices for u in d.units]
+    commands = {u.unit: read_exec_start(systemctl, u.unit) for u in units}
+    for unit, command in commands.items():
+        if command is None:
+            stderr.write(f"{PROG}: warning: {unit}: its ExecStart= could not be read ({systemctl} cat); "
+                         f"add to its command: {planned_flags(next(u for u in units if u.unit == unit))}\n")
+    if args.format == "nixos":
+        stdout.write(render_nixos(plan, commands))
+        return None
+    if args.output_dir is not None and not plan.fits:
+        # drop-ins of a plan that does not fit would make the units fail at start (R up to 1)
+        stderr.write(f"{PROG}: nothing written to {args.output_dir}: the plan does not fit\n")
+        return None
+    for u in units:
+        text = drop_in(u, commands[u.unit])
+        if args.output_dir is not None:
+            path = Path(args.output_dir) / f"{u.unit}.d" / DROP_IN_NAME
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            stdout.write(f"{path}\n")
+        else:
+            stdout.write(f"# /etc/systemd/system/{u.unit}.d/{DROP_IN_NAME}\n{text}\n")
+    return None
 
 
 if __name__ == "__main__":

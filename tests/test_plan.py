@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -35,7 +36,7 @@ LEGACY = "vllm-xpu-legacy.service"
 
 def seed_runs() -> dict[str, VllmRun]:
     _, chat = race_chat_runs()
-    legacy = VllmRun("0.15.1", model="Qwen/Qwen3-1.7B", gpu_memory_utilization=0.1, max_model_len=4096,
+    legacy = VllmRun("0.15.1", model="Qwen/Qwen3-1.7B", gpu_memory_utilization=0.02, max_model_len=4096,
                      max_num_seqs=4, main_pid=2310)
     return {CHAT: chat, EMBEDDING: race_embedding_run(), STT: race_stt_run(), LEGACY: legacy}
 
@@ -104,8 +105,9 @@ def test_the_fold_keeps_the_profiling_split_of_0_15() -> None:
 
 def test_the_seed_host_fits_with_one_full_length_chat_request(journal: Path) -> None:
     result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "json")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == plan.EXIT_INCOMPLETE, result.stderr  # the unit on 0.15.1 is left out
     document = json.loads(result.stdout)
+    assert document["schema_version"] == plan.JSON_SCHEMA_VERSION
     [device] = document["devices"]
     assert device["fits"] and device["total_bytes"] == SIXTEEN_GIB and device["reserve_bytes"] == 512 << 20
     units = {u["unit"]: u for u in device["units"]}
@@ -113,25 +115,34 @@ def test_the_seed_host_fits_with_one_full_length_chat_request(journal: Path) -> 
     chat = units[CHAT]
     kv_bytes, kv_tokens = round(3.25 * GiB), 136_960
     assert chat["target_tokens"] == 131072
-    assert chat["kv_cache_memory_bytes"] == -(-(131072 * kv_bytes) // kv_tokens)  # 2048 whole blocks of 64
-    assert chat["non_kv_bytes"] == 12 * GiB - kv_bytes  # ceil(16 GiB x 0.75) - the KV it printed
+    # 2048 whole blocks of 64 and the null block, sized from the lowest concurrency "1.04x" can stand for
+    at_the_print = (2048 + 1) * 64 * kv_bytes // kv_tokens
+    assert at_the_print < chat["kv_cache_memory_bytes"] < at_the_print + 48 * (1 << 20)
+    assert "from the concurrency vLLM printed" in chat["target"]
+    # ceil(16 GiB x 0.75) - the least KV "3.25 GiB" can stand for
+    assert chat["non_kv_bytes"] == 12 * GiB - memory.printed_lower_bound(kv_bytes)
     assert chat["footprint_bytes"] == chat["non_kv_bytes"] + chat["kv_cache_memory_bytes"]
     assert chat["weights_bytes"] == round(8.58 * GiB)
     assert device["footprint_bytes"] == sum(u["footprint_bytes"] for u in units.values())
-    assert device["left_bytes"] == SIXTEEN_GIB - (512 << 20) - device["footprint_bytes"] >= 0
+    legacy_held = math.ceil(SIXTEEN_GIB * 0.02)
+    assert device["left_out_bytes"] == legacy_held
+    assert device["left_bytes"] == SIXTEEN_GIB - (512 << 20) - device["footprint_bytes"] - legacy_held >= 0
     [legacy] = document["unplannable"]
     assert legacy["unit"] == LEGACY and "0.15.1" in legacy["why"] and "0.16.0" in legacy["remedy"]
     assert f"{LEGACY}: not plannable" in result.stderr
 
 
-def test_the_default_target_names_chat_and_the_bytes_missing(journal: Path) -> None:
-    """max_num_seqs 3 x 131072 tokens at ~25 KB a token is ~9.3 GiB of KV: with 8.75 GiB of non-KV memory
-    the chat unit alone exceeds the 16 GiB GPU."""
-    result = run_plan(journal)
-    assert result.returncode == 1, result.stderr
-    assert "DOES NOT FIT" in result.stdout and "max_num_seqs 3 x 131072 tokens" in result.stdout
-    [line] = [line for line in result.stderr.splitlines() if "does not fit" in line]
-    assert "GPU offline" in line and CHAT in line and "bytes missing" in line
+def test_the_default_target_is_the_kv_of_the_last_good_start_and_a_left_out_unit_exits_3(journal: Path) -> None:
+    """The default is the KV each unit had when it last started (max_num_seqs 3 x 131072 tokens, ~9.3 GiB of
+    KV, is printed as information only); the unit on 0.15.1 is left out, so the plan proves nothing: 3."""
+    result = run_plan(journal, "--format", "json")
+    assert result.returncode == plan.EXIT_INCOMPLETE, result.stderr
+    [device] = json.loads(result.stdout)["devices"]
+    chat = next(u for u in device["units"] if u["unit"] == CHAT)
+    assert chat["target_tokens"] == 136_960 - 64 and "last successful start" in chat["target"]
+    assert any("max_num_seqs 3 x 131072 tokens would be 393216 tokens" in note for note in chat["notes"])
+    assert abs(chat["kv_cache_memory_bytes"] - round(3.25 * GiB)) < 8 * (1 << 20)
+    assert f"incomplete: 1 unit(s) left out of the plan ({LEGACY})" in result.stderr
 
 
 def test_a_target_that_cannot_fit_exits_1_naming_chat_and_the_bytes_missing(journal: Path) -> None:
@@ -139,15 +150,28 @@ def test_a_target_that_cannot_fit_exits_1_naming_chat_and_the_bytes_missing(jour
     assert result.returncode == 1
     [device] = json.loads(result.stdout)["devices"]
     missing = device["missing_bytes"]
-    assert missing == device["footprint_bytes"] + (512 << 20) - SIXTEEN_GIB > 0
-    assert f"{missing} bytes missing" in result.stderr and CHAT in result.stderr
+    assert missing == device["footprint_bytes"] + device["left_out_bytes"] + (512 << 20) - SIXTEEN_GIB > 0
+    [line] = [line for line in result.stderr.splitlines() if "GPU offline does not fit" in line]
+    assert f"GPU offline does not fit: {missing / GiB:.2f} GiB missing ({missing} bytes" in line
+    [chat] = [line for line in result.stderr.splitlines() if f"  {CHAT}: " in line]
+    assert "--requests 40 x 131072 tokens" in chat and f"largest that fits: --requests {CHAT}=" in chat
 
 
 def test_tokens_per_unit_and_the_table(journal: Path) -> None:
-    result = run_plan(journal, "--tokens", "vllm-xpu-chat=65", "--reserve", "1GiB")
-    assert result.returncode == 0, result.stderr
-    assert "reserve 1073741824" in result.stdout and "--tokens 65" in result.stdout
+    result = run_plan(journal, "--tokens", "vllm-xpu-chat=140000", "--reserve", "1GiB")
+    assert result.returncode == plan.EXIT_INCOMPLETE, result.stderr
+    assert "reserve 1073741824" in result.stdout and "--tokens 140000" in result.stdout
     assert "derived: requested - KV" in result.stdout
+
+
+@pytest.mark.parametrize(("argv", "reason"), [
+    (["--tokens", "vllm-xpu-chat=65"], "--tokens 65 is below one request of its maximum model length (131072"),
+    (["--requests", "vllm-xpu-nope=1"], "vllm-xpu-nope.service: no vLLM start of it in the journal"),
+])
+def test_a_target_that_cannot_be_planned_is_a_one_line_usage_error(journal: Path, argv: list[str], reason: str) -> None:
+    result = run_plan(journal, *argv)
+    assert result.returncode == plan.EXIT_USAGE and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and reason in result.stderr, result.stderr
 
 
 def test_systemd_drop_ins_restate_the_command_with_the_budget(journal: Path, tmp_path: Path) -> None:
@@ -161,7 +185,7 @@ def test_systemd_drop_ins_restate_the_command_with_the_budget(journal: Path, tmp
     out = tmp_path / "drop-ins"
     result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "systemd", "--output-dir", str(out),
                       "--systemctl", str(systemctl))
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == plan.EXIT_INCOMPLETE, result.stderr
     text = (out / f"{CHAT}.d" / plan.DROP_IN_NAME).read_text()
     exec_lines = [line for line in text.splitlines() if line.startswith("ExecStart=")]
     assert exec_lines[0] == "ExecStart="
@@ -178,7 +202,7 @@ def test_systemd_drop_ins_restate_the_command_with_the_budget(journal: Path, tmp
 
 def test_nixos_snippet(journal: Path) -> None:
     result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "nixos", "--systemctl", "/nonexistent/systemctl")
-    assert result.returncode == 0
+    assert result.returncode == plan.EXIT_INCOMPLETE
     assert result.stdout.startswith("# vllm-xpu-plan") and "{ lib, ... }:" in result.stdout
     assert "# vllm-xpu-chat.service: command not readable" in result.stdout
 
@@ -250,39 +274,36 @@ def scrape_planned(journal: Path, tmp_path: Path, fake_driver: Path, config_path
 
 def test_the_exporter_shows_the_planners_figures_per_unit_and_gpu(journal: Path, tmp_path: Path, fake_driver: Path,
                                                                   config_path: Path) -> None:
-    """The planner's default target (max_num_seqs requests of the full length), to the byte: chat's footprint
-    alone passes the GPU's total, which the device sum shows; the unit on 0.15.1 has no plan, so no series."""
+    """The planner's default target (the KV of the last successful start), to the byte; the unit on 0.15.1
+    has no plan, so no series."""
     [device] = json.loads(run_plan(journal, "--format", "json").stdout)["devices"]
     footprints, planned_kv, device_sums = planned_series(scrape_planned(journal, tmp_path, fake_driver, config_path))
     assert footprints == {u["unit"]: u["footprint_bytes"] for u in device["units"]}
     assert planned_kv == {u["unit"]: u["kv_cache_memory_bytes"] for u in device["units"]}
     assert LEGACY not in footprints
     assert device_sums == {A770.pci_address: device["footprint_bytes"]}
-    assert device["footprint_bytes"] > SIXTEEN_GIB
 
 
 def test_a_unit_with_a_kv_budget_is_planned_for_what_its_budget_holds(tmp_path: Path, fake_driver: Path,
                                                                       config_path: Path) -> None:
     """The plan applied: chat's latest start has --kv-cache-memory-bytes, and the exporter's planned KV is
-    the whole blocks of its budget, not max_num_seqs requests of the full length."""
+    its budget, to the byte."""
     budget = 3_500_000_000
     runs = {**seed_runs(), CHAT: replace(race_chat_runs()[1], kv_cache_memory_bytes=budget)}
     del runs[LEGACY]
     journal = write_journal(tmp_path / "budget.journal", journal_specs(seed_placed(runs)))
     start = latest_starts(runs)[CHAT]
     footprints, planned_kv, device_sums = planned_series(scrape_planned(journal, tmp_path, fake_driver, config_path))
-    rate = memory.KvRate(start.effective_kv_cache_bytes, start.effective_kv_cache_tokens)
-    block_bytes = 64 * start.effective_kv_cache_bytes / start.effective_kv_cache_tokens
-    assert budget - block_bytes < planned_kv[CHAT] <= budget
-    assert planned_kv[CHAT] == memory.kv_bytes_for_tokens(memory.tokens_for_kv_bytes(budget, 64, rate), 64, rate)
-    assert footprints[CHAT] == start.weights_bytes + planned_kv[CHAT]  # 0.24 prints only the weights beside a budget
+    assert planned_kv[CHAT] == budget
+    # 0.24 prints only the weights beside a budget, and no start of it ran without one
+    assert footprints[CHAT] == memory.printed_upper_bound(start.weights_bytes) + budget
     assert device_sums == {A770.pci_address: sum(footprints.values())} and sum(footprints.values()) < SIXTEEN_GIB
 
 
 def test_a_plan_that_does_not_fit_writes_no_drop_in(journal: Path, tmp_path: Path) -> None:
-    """The default target does not fit: its drop-ins (chat at R 1) would make the units fail at every start."""
+    """Three full-length chat requests do not fit: their drop-ins would make the units fail at every start."""
     out = tmp_path / "drop-ins"
-    result = run_plan(journal, "--format", "systemd", "--output-dir", str(out), "--systemctl", "/nonexistent/systemctl")
+    result = run_plan(journal, "--requests", f"{CHAT}=3", "--format", "systemd", "--output-dir", str(out), "--systemctl", "/nonexistent/systemctl")
     assert result.returncode == 1
     assert not out.exists()
     assert f"nothing written to {out}: the plan does not fit" in result.stderr
@@ -303,5 +324,5 @@ def test_the_exporters_plan_is_kept_while_its_figures_hold_and_made_again_when_a
     budgeted = next(v for v in unit_views({CHAT: replace(race_chat_runs()[1], kv_cache_memory_bytes=3_500_000_000)})
                     if v.unit == CHAT)
     replanned = collector._plan(budgeted, "0000:03:00.0", SIXTEEN_GIB)
-    assert replanned.kv_cache_memory_bytes < first.kv_cache_memory_bytes
+    assert replanned.kv_cache_memory_bytes == 3_500_000_000 != first.kv_cache_memory_bytes
     assert collector._plan(view, "0000:03:00.0", 2 * SIXTEEN_GIB) is not first  # another total

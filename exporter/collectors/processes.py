@@ -502,10 +502,10 @@ class ProcessesCollector(Collector):
         yield from (footprint, planned_kv, device_footprint)
 
     def _plan(self, view: UnitView, pci: str, total: int) -> planning.UnitPlan | planning.Unplannable:
-        """planning.plan_unit, computed again only when what it reads changed: the two starts' figures (the
+        """planning.plan_unit, computed again only when what it reads changed: the starts' figures (the
         fold hands out fresh snapshots at every scrape, equal by identity only, so by their fields), the
         GPU and its total."""
-        key = (view.unit, pci, total, _fields(view.latest), _fields(view.last_success))
+        key = (view.unit, pci, total, _fields(view.latest), _fields(view.last_success), _fields(view.last_profiled))
         plan = self._plans.get(key)
         if plan is None:
             plan = planning.plan_unit(view, pci, total, planning.budget_target(view))

@@ -247,6 +247,9 @@ class UnitView:
     gate_wait_seconds: float = 0.0  # seconds of every gate decision
     gate_timeouts: int = 0
     context_shrinks: int = 0  # starts whose --max-model-len auto served a shorter context than asked
+    # the latest start that sized its KV cache from gpu_memory_utilization (no --kv-cache-memory-bytes)
+    # and printed it: its non-KV memory is known, which a start with a budget does not print
+    last_profiled: Start | None = None
 
     @property
     def gpu_memory_utilization(self) -> float | None:
@@ -279,6 +282,7 @@ class _Unit:
     previous: Start | None = None  # the start before current: its late lines are routed by pid
     latest: Start | None = None
     last_success: Start | None = None
+    last_profiled: Start | None = None
     invocations: dict[str, Start] = field(default_factory=dict)  # the latest REMEMBERED_INVOCATIONS starts
     gate_waits: int = 0
     gate_wait_seconds: float = 0.0
@@ -292,7 +296,8 @@ class _Unit:
                  for invocation, start in self.invocations.items()}
         return UnitView(self.name, self.starts, dict(self.failures), self.last_failure_usec, self.overlaps,
                         copy(self.latest), copy(self.last_success), copy(self.current), ended,
-                        self.gate_waits, self.gate_wait_seconds, self.gate_timeouts, self.context_shrinks)
+                        self.gate_waits, self.gate_wait_seconds, self.gate_timeouts, self.context_shrinks,
+                        copy(self.last_profiled))
 
 
 @dataclass(frozen=True)
@@ -413,6 +418,9 @@ class EngineTracker:
             unit.last_success = start
         elif isinstance(event, (vllm.KvCacheMemory, vllm.KvCacheCapacity, vllm.KvCacheBlocks)):
             self._stop_initialising(start)
+        if isinstance(event, (vllm.KvCacheMemory, vllm.MemoryUsage)) and start.kv_cache_memory_bytes is None \
+                and start.kv_cache_bytes is not None:
+            unit.last_profiled = start
 
     def extend(self, entries: Iterable[Entry]) -> None:
         for entry in entries:
