@@ -33,7 +33,7 @@ from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter import memory as rules
 from vllm_xpu_exporter.parsers import vllm
 from vllm_xpu_exporter.planning import (KV_BUDGET_ON_XPU_SINCE, DevicePlan, Plan, TargetRequest, UnitPlan, Unplannable,
-                                        make_plan)
+                                        make_plan, printed_totals)
 from vllm_xpu_exporter.sources import procfs
 
 PROG = "vllm-xpu-plan"
@@ -299,6 +299,16 @@ def _with_earlier_successes(args: argparse.Namespace, views: list[UnitView]) -> 
     return merged
 
 
+def _agreed_total(printed: Mapping[str, int]) -> int | None:
+    """The device total every unit's starts printed (within the print's rounding), at its least; None when
+    none printed one or they disagree (several GPUs)."""
+    if not printed:
+        return None
+    low = max(rules.printed_lower_bound(total) for total in printed.values())
+    high = min(rules.printed_upper_bound(total) for total in printed.values())
+    return low if low <= high else None
+
+
 def _gib_of(value: int) -> str:
     return f"{value / (1 << 30):.2f} GiB"
 
@@ -321,10 +331,26 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
     args = parse_args(argv)
     try:
         views = _with_earlier_successes(args, read_views(args))
+        printed = printed_totals(views)
         if args.device_memory is not None:
             totals, placement = {OFFLINE_DEVICE: args.device_memory}, {}
+            other = sorted(unit for unit, total in printed.items()
+                           if not rules.printed_lower_bound(total) <= args.device_memory <= rules.printed_upper_bound(total))
+            if other:
+                stderr.write(f"{PROG}: warning: --device-memory {args.device_memory} ({_gib_of(args.device_memory)}) is "
+                             f"not the total the starts of {', '.join(other)} printed "
+                             f"({_gib_of(printed[other[0]])}): planning for another device size (their non-KV figures "
+                             f"are their starts' own)\n")
         else:
-            totals = read_totals(args)
+            try:
+                totals = read_totals(args)
+            except RuntimeError:
+                total = _agreed_total(printed)
+                if total is None:
+                    raise
+                stderr.write(f"{PROG}: warning: Level Zero cannot be read: planning for the total the starts printed, "
+                             f"{_gib_of(total)} (the least it can stand for)\n")
+                totals = {OFFLINE_DEVICE: total}
             if not totals:
                 raise RuntimeError("Level Zero reports no GPU; plan offline with --device-memory BYTES")
             placement = procfs.devices_of_units(args.procfs) if len(totals) > 1 else {}

@@ -145,6 +145,17 @@ def _profiled(view: UnitView) -> Start | None:
     return max(candidates, key=lambda s: (s.outcome is Outcome.OK, s.began_usec)) if candidates else None
 
 
+def _printed_total(view: UnitView) -> int | None:
+    """The device total the unit's starts printed (2 decimals of GiB), the latest that printed one."""
+    starts = [s for s in (view.latest, view.last_success, view.last_profiled) if s is not None and s.device_total_bytes]
+    return max(starts, key=lambda s: s.began_usec).device_total_bytes if starts else view.device_total_bytes
+
+
+def printed_totals(views: Sequence[UnitView]) -> dict[str, int]:
+    """unit -> the device total its starts printed, for the units that printed one."""
+    return {v.unit: total for v in views if (total := _printed_total(v)) is not None}
+
+
 def _non_kv(view: UnitView, total_bytes: int) -> tuple[rules.Footprint, str, tuple[str, ...]] | None:
     """The unit's non-KV memory (a footprint with no KV yet) from the latest start that printed it, at the
     upper end of what was printed, where the figure comes from, and notes. CUDA-graph memory (0.34 on XPU
@@ -169,10 +180,15 @@ def _non_kv(view: UnitView, total_bytes: int) -> tuple[rules.Footprint, str, tup
                     "printed: weights + peak activation + non-torch + CUDA graphs" + where, ())
         utilisation = start.effective_gpu_memory_utilization
         if utilisation is not None:
-            non_kv = rules.requested_bytes(total_bytes, utilisation) - rules.printed_lower_bound(start.kv_cache_bytes)
+            printed_total = _printed_total(view)
+            ran_on = rules.printed_upper_bound(printed_total) if printed_total else total_bytes
+            non_kv = rules.requested_bytes(ran_on, utilisation) - rules.printed_lower_bound(start.kv_cache_bytes)
+            if non_kv <= 0:
+                return None
             note = ("this release prints no split of the non-KV memory: it is ceil(total x gpu_memory_utilization) - "
-                    "the KV bytes it printed (weights + peak activation + non-torch as one figure), for a device "
-                    "of the total planned for")
+                    "the KV bytes it printed (weights + peak activation + non-torch as one figure), with the total "
+                    + (f"its starts printed ({printed_total / rules.GiB:.2f} GiB)" if printed_total else
+                       "planned for: right only if its starts ran on a device of that size"))
             return rules.Footprint(non_kv, 0, weights_bytes=start.weights_bytes), "derived: requested - KV" + where, \
                 (note,)
     weights = next((s.weights_bytes for s in (latest, view.last_success) if s is not None and s.weights_bytes), None)
@@ -197,9 +213,11 @@ def _target(unit: str, view: UnitView, start: Start, kv: rules.KvBlocks,
                                            f"length ({length} tokens), which vLLM refuses to start with",
                                f"give at least --tokens {unit}={length}")
         reason = f"--tokens {request.tokens}"
-        if kv.max_model_len is not None and request.tokens > kv.max_model_len and start.max_concurrency:
-            reason += (" (extrapolated from the bytes per token of its latest start: a model whose KV is not "
-                       "linear in tokens may need more; --requests is sized from the concurrency vLLM printed)")
+        held = start.effective_kv_cache_tokens or 0
+        if request.tokens > held:
+            reason += (f" (extrapolated beyond the {held} tokens its start held, at the bytes per token it showed: a "
+                       "model whose KV is not linear in tokens may need more; --requests is sized from the "
+                       "concurrency vLLM printed)")
         return Target(request.tokens, reason), rules.kv_budget_for_tokens(request.tokens, kv)
     if length is None:
         return Unplannable(unit, None, "its latest start printed no maximum model length",

@@ -286,13 +286,13 @@ EXACT_LINES: list[tuple[str, str, str, object]] = [
      "gpu_memory_utilization config with `--kv-cache-memory=3420000000` (3.19 GiB) to fit into requested "
      "memory, or `--kv-cache-memory=7000000000` (6.52 GiB) to fully utilize gpu memory. Current kv cache "
      "memory in use is 3.25 GiB.",
-     MemoryUsage(gib(0.51), 0, weights_bytes=gib(8.58), non_torch_bytes=gib(0.12))),
+     MemoryUsage(gib(0.51), 0, weights_bytes=gib(8.58), non_torch_bytes=gib(0.12), total_bytes=gib(15.91))),
     # 0.28+: weights and non-torch as one "consumed" figure
     ("startup_memory_usage", "0.31",
      "(EngineCore pid=812) INFO 03-02 09:15:38 [gpu_worker.py:412] Free memory on device (15.42/15.91 GiB) on "
      "startup. Desired GPU memory utilization is (0.8, 12.73 GiB). Actual usage is 4.1 GiB for consumed memory "
      "(weights + non-torch), 0.9 GiB for peak activation, and 0.0 GiB for CUDAGraph memory.",
-     MemoryUsage(gib(0.9), 0, consumed_bytes=gib(4.1))),
+     MemoryUsage(gib(0.9), 0, consumed_bytes=gib(4.1), total_bytes=gib(15.91))),
     # --- KV-cache capacity -------------------------------------------------------------------
     ("kv_cache_size_tokens", "0.8",
      "INFO 04-07 05:28:10 [kv_cache_utils.py:537] GPU KV cache size: 123,456 tokens",

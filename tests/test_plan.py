@@ -26,7 +26,7 @@ from journalgen import current_boot_id, write_journal
 from polling import wait_for
 from scrapes import series
 from sizes import GiB
-from vllmlogs import (CHAT, EMBEDDING, STT, Boot, VllmRun, compose, journal_specs, race_chat_runs,
+from vllmlogs import (CHAT, EMBEDDING, STT, Boot, Failure, VllmRun, compose, journal_specs, race_chat_runs,
                       race_embedding_run, race_stt_run, service_runs, tracker_entries)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -326,3 +326,114 @@ def test_the_exporters_plan_is_kept_while_its_figures_hold_and_made_again_when_a
     replanned = collector._plan(budgeted, "0000:03:00.0", SIXTEEN_GIB)
     assert replanned.kv_cache_memory_bytes == 3_500_000_000 != first.kv_cache_memory_bytes
     assert collector._plan(view, "0000:03:00.0", 2 * SIXTEEN_GIB) is not first  # another total
+
+
+# --- the budget's figures (issue 26) ---------------------------------------------------------------------
+
+def views_of(unit_runs: dict[str, list[VllmRun]]) -> dict[str, object]:
+    """Each unit's runs, each started anew (by hand) a while after the one before."""
+    boot_at = 1_747_044_600.0
+    planned = []
+    for index, (unit, runs) in enumerate(unit_runs.items()):
+        for number, run in enumerate(runs):
+            planned += service_runs(unit, [run], boot_at + 60 + number * 600 + index * 0.001, job_id=120 + index + 10 * number)
+    tracker = EngineTracker()
+    tracker.extend(tracker_entries(compose(Boot(current_boot_id(), boot_at, tuple(planned)))))
+    return {view.unit: view for view in tracker.views()}
+
+
+def chat_plan(runs: list[VllmRun], total: int = SIXTEEN_GIB, **target: int) -> planning.UnitPlan:
+    result = planning.plan_unit(views_of({CHAT: runs})[CHAT], "offline", total,
+                                planning.TargetRequest(**target) if target else None)
+    assert isinstance(result, planning.UnitPlan), result
+    return result
+
+
+@pytest.mark.fast
+def test_cuda_graph_memory_of_0_34_is_counted_in_the_non_kv_memory() -> None:
+    restarted = replace(race_chat_runs()[1], version="0.34.0")
+    without = chat_plan([restarted], requests=1)
+    with_graphs = chat_plan([replace(restarted, cudagraph_gib=0.35)], requests=1)
+    assert "CUDA graphs" in with_graphs.non_kv_from
+    assert with_graphs.footprint.non_kv_bytes - without.footprint.non_kv_bytes == memory.printed_upper_bound(round(0.35 * GiB))
+    assert with_graphs.kv_cache_memory_bytes == without.kv_cache_memory_bytes
+
+
+@pytest.mark.fast
+def test_re_planning_after_a_plan_is_applied_keeps_the_non_kv_memory_and_reads_the_exact_budget() -> None:
+    """The latest start ran with --kv-cache-memory-bytes (no summary, a rounded "reserved" line): the non-KV
+    memory is the earlier start's (not the weights alone), the KV figures the exact budget's."""
+    profiled = replace(race_chat_runs()[1], version="0.28.0")
+    budget = 3_400_000_123
+    applied = replace(profiled, kv_cache_memory_bytes=budget, kv_cache_tokens=budget // (64 * 24576) * 64,
+                      main_pid=2401)
+    before = chat_plan([profiled], requests=1)
+    after = chat_plan([profiled, applied], requests=1)
+    assert after.footprint.non_kv_bytes == before.footprint.non_kv_bytes
+    assert "earlier start" in after.non_kv_from and "weights only" not in after.non_kv_from
+    assert after.kv_from == "its --kv-cache-memory-bytes (exact)"
+    assert after.kv_blocks.block_bytes == budget * 64 // applied.kv_cache_tokens
+
+
+@pytest.mark.fast
+def test_tokens_beyond_what_the_start_held_say_they_extrapolate() -> None:
+    held = race_chat_runs()[1].kv_cache_tokens
+    assert "extrapolated beyond the 136960 tokens" in chat_plan([race_chat_runs()[1]], tokens=held + 64).target.reason
+    assert "extrapolated" not in chat_plan([race_chat_runs()[1]], tokens=held).target.reason
+
+
+@pytest.mark.fast
+def test_the_derived_non_kv_memory_uses_the_total_the_starts_printed_for_another_device_size() -> None:
+    """0.24 prints no split: non-KV = ceil(total x R) - KV, with the total of the device the start ran on
+    (printed by its free-memory failure), not the size planned for: right for a 12 GiB plan too."""
+    failed = replace(race_chat_runs()[1], failure=Failure("insufficient_free_memory", free_gib=3.1, total_gib=15.91),
+                     main_pid=2300)
+    runs = [failed, race_chat_runs()[1]]
+    on_16 = chat_plan(runs, requests=1)
+    on_12 = chat_plan(runs, total=12 * GiB, requests=1)
+    assert on_12.footprint.non_kv_bytes == on_16.footprint.non_kv_bytes
+    ran_on = memory.printed_upper_bound(round(15.91 * GiB))
+    assert on_16.footprint.non_kv_bytes == math.ceil(ran_on * 0.75) - memory.printed_lower_bound(round(3.25 * GiB))
+    # without a printed total the figure is the planned size's, and the plan says so
+    alone = chat_plan([race_chat_runs()[1]], total=12 * GiB, requests=1)
+    assert any("right only if its starts ran on a device of that size" in note for note in alone.notes)
+
+
+@pytest.mark.fast
+def test_a_derived_non_kv_memory_at_or_below_zero_is_not_planned() -> None:
+    result = planning.plan_unit(views_of({CHAT: [race_chat_runs()[1]]})[CHAT], "offline", 4 * GiB,
+                                planning.TargetRequest(requests=1))
+    assert isinstance(result, planning.Unplannable)
+
+
+def test_device_memory_other_than_the_printed_total_is_said(tmp_path: Path) -> None:
+    runs = {CHAT: replace(race_chat_runs()[1], version="0.28.0", total_gib=15.11)}
+    journal = write_journal(tmp_path / "a770.journal", journal_specs(seed_placed(runs)))
+    result = run_plan(journal, "--requests", f"{CHAT}=1")
+    assert result.returncode == 0, result.stderr
+    assert (f"--device-memory {SIXTEEN_GIB} (16.00 GiB) is not the total the starts of {CHAT} printed (15.11 GiB)"
+            in result.stderr)
+    # without Level Zero and without --device-memory: the total the starts printed, at its least
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", "--journal.file", str(journal),
+                             "--levelzero.library", str(tmp_path / "no-libze_loader.so.1"), "--format", "json"],
+                            capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    [device] = json.loads(result.stdout)["devices"]
+    assert device["total_bytes"] == memory.printed_lower_bound(round(15.11 * GiB))
+    assert "Level Zero cannot be read: planning for the total the starts printed" in result.stderr
+
+
+def test_a_journal_without_vllm_lines_plans_nothing_and_exits_3(tmp_path: Path) -> None:
+    journal = write_journal(tmp_path / "empty.journal",
+                            journal_specs(compose(Boot(current_boot_id(), 1_747_044_600.0, ()))))
+    result = run_plan(journal)
+    assert result.returncode == plan.EXIT_INCOMPLETE
+    assert len(result.stderr.splitlines()) == 1 and "nothing planned" in result.stderr
+
+
+def test_only_units_before_0_16_exit_3(tmp_path: Path) -> None:
+    journal = write_journal(tmp_path / "legacy.journal", journal_specs(seed_placed({LEGACY: seed_runs()[LEGACY]})))
+    result = run_plan(journal)
+    assert result.returncode == plan.EXIT_INCOMPLETE
+    assert "incomplete: nothing was planned" in result.stderr

@@ -159,6 +159,7 @@ class Start:
     non_torch_bytes: int | None = None
     consumed_bytes: int | None = None
     cudagraph_bytes: int | None = None
+    device_total_bytes: int | None = None  # the device's total memory as the start printed it (2 decimals of GiB)
     init_duration_seconds: float | None = None
     pid: int | None = None  # the main process (journald's _PID of the unit's output)
     invocation_id: str = ""  # systemd's invocation id of the start; '' when the journal has none
@@ -250,6 +251,7 @@ class UnitView:
     # the latest start that sized its KV cache from gpu_memory_utilization (no --kv-cache-memory-bytes)
     # and printed it: its non-KV memory is known, which a start with a budget does not print
     last_profiled: Start | None = None
+    device_total_bytes: int | None = None  # the device total a start of it printed last (2 decimals of GiB)
 
     @property
     def gpu_memory_utilization(self) -> float | None:
@@ -283,6 +285,7 @@ class _Unit:
     latest: Start | None = None
     last_success: Start | None = None
     last_profiled: Start | None = None
+    device_total_bytes: int | None = None
     invocations: dict[str, Start] = field(default_factory=dict)  # the latest REMEMBERED_INVOCATIONS starts
     gate_waits: int = 0
     gate_wait_seconds: float = 0.0
@@ -297,7 +300,7 @@ class _Unit:
         return UnitView(self.name, self.starts, dict(self.failures), self.last_failure_usec, self.overlaps,
                         copy(self.latest), copy(self.last_success), copy(self.current), ended,
                         self.gate_waits, self.gate_wait_seconds, self.gate_timeouts, self.context_shrinks,
-                        copy(self.last_profiled))
+                        copy(self.last_profiled), self.device_total_bytes)
 
 
 @dataclass(frozen=True)
@@ -418,6 +421,8 @@ class EngineTracker:
             unit.last_success = start
         elif isinstance(event, (vllm.KvCacheMemory, vllm.KvCacheCapacity, vllm.KvCacheBlocks)):
             self._stop_initialising(start)
+        if start.device_total_bytes:
+            unit.device_total_bytes = start.device_total_bytes
         if isinstance(event, (vllm.KvCacheMemory, vllm.MemoryUsage)) and start.kv_cache_memory_bytes is None \
                 and start.kv_cache_bytes is not None:
             unit.last_profiled = start
@@ -713,6 +718,7 @@ def _record(start: Start, event: vllm.Event) -> None:
             start.weights_bytes = event.weights_bytes if event.weights_bytes is not None else start.weights_bytes
             start.non_torch_bytes = event.non_torch_bytes if event.non_torch_bytes is not None else start.non_torch_bytes
             start.consumed_bytes = event.consumed_bytes
+            start.device_total_bytes = event.total_bytes or start.device_total_bytes
         case vllm.KvCacheCapacity(tokens=tokens, max_model_len=max_model_len, max_concurrency=concurrency):
             start.kv_cache_tokens = tokens if tokens is not None else start.kv_cache_tokens
             start.max_concurrency = concurrency if concurrency is not None else start.max_concurrency
@@ -726,6 +732,7 @@ def _record(start: Start, event: vllm.Event) -> None:
             start.init_duration_seconds = seconds
         case vllm.FailureCause():
             start.max_model_len = start.max_model_len or event.max_model_len
+            start.device_total_bytes = event.total_bytes or start.device_total_bytes
             if event.available_bytes is not None:
                 start.kv_cache_bytes = event.available_bytes
             if event.needed_bytes is not None:

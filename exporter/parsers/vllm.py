@@ -233,6 +233,7 @@ class MemoryUsage:
     weights_bytes: int | None = None  # 0.26-0.27
     non_torch_bytes: int | None = None  # 0.26-0.27
     consumed_bytes: int | None = None  # weights + non-torch, 0.28+
+    total_bytes: int | None = None  # the device's total memory ("F/T GiB"), 2 decimals
 
 
 @dataclass(frozen=True, slots=True)
@@ -710,6 +711,7 @@ def _memory_usage(match: re.Match[str]) -> MemoryUsage:
         weights_bytes=_optional_bytes(match["weights"], "GiB"),
         non_torch_bytes=_optional_bytes(match["non_torch"], "GiB"),
         consumed_bytes=_optional_bytes(match["consumed"], "GiB"),
+        total_bytes=_optional_bytes(match["total"], "GiB"),
     )
 
 
@@ -892,7 +894,7 @@ GRAMMAR: tuple[GrammarRow, ...] = (
     _row("startup_memory_usage", "INFO on XPU 0.26+ (no kv_cache_memory_bytes); 'consumed memory (weights + "
          "non-torch)' 0.28+",
          ("Free memory on device",),
-         rf"Free memory on device(?: [^\s(]{{1,64}})? \({_NUM}/{_NUM} GiB\) on startup\. Desired GPU memory "
+         rf"Free memory on device(?: [^\s(]{{1,64}})? \({_NUM}/(?P<total>{_NUM}) GiB\) on startup\. Desired GPU memory "
          rf"utilization is \([^)]{{0,80}}\)\. Actual usage is (?:"
          rf"(?P<weights>{_NUM}) GiB for weight, (?P<activation>{_NUM}) GiB for peak activation, "
          rf"(?P<non_torch>{_NUM}) GiB for non-torch memory|"
