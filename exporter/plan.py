@@ -16,17 +16,21 @@ unit was left out of the plan (its memory counted at ceil(R x total) where R is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter import __version__, unitfile
 from vllm_xpu_exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
                             add_systemctl_flag, check_journal_flags, journal_selection)
 from vllm_xpu_exporter.fold.engine_starts import UnitView
@@ -35,6 +39,7 @@ from vllm_xpu_exporter.parsers import vllm
 from vllm_xpu_exporter.planning import (KV_BUDGET_ON_XPU_SINCE, DevicePlan, Plan, TargetRequest, UnitPlan, Unplannable,
                                         make_plan, printed_totals)
 from vllm_xpu_exporter.sources import procfs
+from vllm_xpu_exporter.unitfile import NotEditable, exec_start_from_cat
 
 PROG = "vllm-xpu-plan"
 EXIT_FITS = 0
@@ -46,55 +51,37 @@ MiB = 1 << 20
 DEFAULT_RESERVE = 512 * MiB
 OFFLINE_DEVICE = "offline"
 SYSTEMCTL_TIMEOUT_S = 10.0
-DROP_IN_NAME = "50-vllm-xpu-plan.conf"
+# systemd applies a unit's drop-ins in the lexical order of their file names, across all its .d directories:
+# "zz-" sorts after `systemctl edit`'s override.conf and the usual NN- names, so the plan's ExecStart= wins
+DROP_IN_NAME = "zz-vllm-xpu-plan.conf"
 JSON_SCHEMA_VERSION = 2  # docs/planner.md "JSON output": 2 added the fields of issue 26
-_UTILISATION_FLAG = re.compile(r"\s--gpu[-_]memory[-_]utilization(?:=|\s+)\S+")
-_BUDGET_FLAG = re.compile(r"\s--kv[-_]cache[-_]memory[-_]bytes(?:=|\s+)\S+")
 
 
 # ---------------------------------------------------------------------------------------- the unit's command
 
-def exec_start_from_cat(text: str) -> str | None:
-    """The unit's effective ExecStart= command line from `systemctl cat UNIT` (the unit file and its
-    drop-ins, in order; an empty ExecStart= resets the list). None unless there is exactly one."""
-    commands: list[str] = []
-    pending: str | None = None
-    for raw in text.splitlines():
-        line = raw.strip() if pending is None else raw
-        if pending is not None:
-            pending += " " + line.strip()
-        elif line.startswith("ExecStart="):
-            pending = line[len("ExecStart="):]
-        else:
-            continue
-        if pending.endswith("\\"):
-            pending = pending[:-1].rstrip()
-            continue
-        value, pending = pending.strip(), None
-        if value:
-            commands.append(value)
-        else:
-            commands.clear()
-    return commands[0] if len(commands) == 1 else None
-
-
-def read_exec_start(systemctl: str, unit: str) -> str | None:
-    """The unit's command as its files write it (specifiers and quoting kept), or None when systemctl
-    cannot say."""
+def read_unit(systemctl: str, unit: str) -> str | None:
+    """`systemctl cat UNIT`: the unit file and its drop-ins as written (specifiers and quoting kept), or
+    None when systemctl cannot say."""
     try:
         completed = subprocess.run([systemctl, "cat", "--", unit], capture_output=True, text=True,
                                    timeout=SYSTEMCTL_TIMEOUT_S, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    return exec_start_from_cat(completed.stdout) if completed.returncode == 0 else None
+    return completed.stdout if completed.returncode == 0 else None
+
+
+def read_exec_start(systemctl: str, unit: str) -> str | None:
+    """The unit's one ExecStart= command as its files write it, or None when systemctl cannot say."""
+    text = read_unit(systemctl, unit)
+    return exec_start_from_cat(text) if text is not None else None
 
 
 def planned_command(command: str, plan: UnitPlan) -> str:
-    """The command with the planned flags: any --gpu-memory-utilization / --kv-cache-memory-bytes dropped,
-    then --gpu-memory-utilization (the footprint's share: vLLM and the gate still ask that much free at
-    start) and --kv-cache-memory-bytes appended."""
-    stripped = _BUDGET_FLAG.sub("", _UTILISATION_FLAG.sub("", " " + command)).strip()
-    return f"{stripped} {planned_flags(plan)}"
+    """The command with the planned flags: its own --gpu-memory-utilization / --kv-cache-memory-bytes
+    words dropped, then --gpu-memory-utilization (the footprint's share: vLLM and the gate still ask that
+    much free at start) and --kv-cache-memory-bytes appended. Raises unitfile.NotEditable for a command
+    whose vLLM flags a drop-in cannot reach."""
+    return unitfile.planned_command(command, tuple(planned_flags(plan).split()))
 
 
 def planned_flags(plan: UnitPlan) -> str:
@@ -160,30 +147,82 @@ def render_json(plan: Plan) -> str:
     return json.dumps(document, indent=2) + "\n"
 
 
-def drop_in(plan: UnitPlan, command: str | None) -> str:
+def drop_in(plan: UnitPlan, command: str) -> str:
     """A drop-in for /etc/systemd/system/UNIT.d/ (or `systemctl edit UNIT`): ExecStart= reset, the unit's
-    command restated with the planned flags. Without the command: the flags to add, commented."""
-    head = [f"# {plan.unit}: written by {PROG} {__version__}: footprint {plan.footprint.total_bytes} bytes "
-            f"(KV {plan.kv_cache_memory_bytes} for {plan.target.tokens} tokens)"]
-    if command is None:
-        return "\n".join([*head, "# the unit's ExecStart= could not be read (systemctl cat): add to its command",
-                          f"#   {planned_flags(plan)}", ""])
-    return "\n".join([*head, "[Service]", "ExecStart=", f"ExecStart={planned_command(command, plan)}", ""])
+    command restated with the planned flags. Raises NotEditable for a command a drop-in cannot fix."""
+    head = f"# {plan.unit}: written by {PROG} {__version__}: footprint {plan.footprint.total_bytes} bytes " \
+           f"(KV {plan.kv_cache_memory_bytes} for {plan.target.tokens} tokens)"
+    return "\n".join([head, "[Service]", "ExecStart=", f"ExecStart={planned_command(command, plan)}", ""])
 
 
-def render_nixos(plan: Plan, commands: Mapping[str, str | None]) -> str:
-    lines = [f"# {PROG} {__version__}: --kv-cache-memory-bytes per unit", "{ lib, ... }:", "{"]
+def render_nixos(plan: Plan) -> str:
+    """Per-unit values for a NixOS module that has such options, an attribute set to import (docs/planner.md
+    "NixOS" says how to pass them to a module that only takes extra arguments). No command is restated: the
+    module keeps writing the unit's command, so nothing freezes today's store paths."""
+    lines = [f"# {PROG} {__version__}: per vLLM unit, the KV budget and the gpu_memory_utilization beside it",
+             "{"]
     for device in plan.devices:
         for u in device.units:
-            name = u.unit.removesuffix(".service")
-            command = commands.get(u.unit)
-            if command is None:
-                lines.append(f"  # {u.unit}: command not readable; add to its ExecStart: {planned_flags(u)}")
-                continue
-            text = planned_command(command, u).replace("\\", "\\\\").replace('"', '\\"').replace("${", "\\${")
-            lines.append(f'  systemd.services."{name}".serviceConfig.ExecStart = lib.mkForce "{text}";')
+            name = u.unit.removesuffix(".service").replace("\\", "\\\\").replace('"', '\\"').replace("${", "\\${")
+            lines.append(f'  "{name}" = {{ kvCacheMemoryBytes = {u.kv_cache_memory_bytes}; '
+                         f'gpuMemoryUtilization = {u.gpu_memory_utilization:g}; }};')
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def systemd_analyze_beside(systemctl: str) -> str | None:
+    """The systemd-analyze of the same systemd as `systemctl` (never one from $PATH), if installed."""
+    candidate = Path(systemctl).with_name("systemd-analyze")
+    return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
+
+
+def verify_drop_in(analyze: str, unit: str, unit_text: str, drop_in_text: str) -> str | None:
+    """`systemd-analyze verify` on the unit as it will load with the drop-in (its files as `systemctl cat`
+    shows them, in order, then the drop-in, which sorts last): None when it loads, else what it said."""
+    with tempfile.TemporaryDirectory(prefix="vllm-xpu-plan-") as directory:
+        path = Path(directory) / unit
+        path.write_text(f"{unit_text.rstrip()}\n# {DROP_IN_NAME}\n{drop_in_text}")
+        try:
+            completed = subprocess.run([analyze, "verify", "--man=no", "--recursive-errors=no", str(path)],
+                                       capture_output=True, text=True, timeout=SYSTEMCTL_TIMEOUT_S * 3, check=False)
+        except (OSError, subprocess.SubprocessError) as error:
+            return f"systemd-analyze verify could not run ({error})"
+    if completed.returncode == 0:
+        return None
+    said = " ".join((completed.stderr or completed.stdout).split()).replace(directory, "")
+    return f"systemd-analyze verify refuses it: {said}"
+
+
+def write_atomically(directory: Path, name: str, text: str) -> Path:
+    """DIR/NAME holds `text` or what it held before, never a part: a temporary file in the same directory,
+    synced, renamed over it. Symlinks are refused (the directory, and the file where it exists): the planner
+    writes where it was told, not where a link points."""
+    if directory.is_symlink():
+        raise OSError(f"{directory} is a symlink: not written")
+    directory.mkdir(parents=True, exist_ok=True)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        try:
+            if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                raise OSError(f"{directory / name} is a symlink: not written")
+        except FileNotFoundError:
+            pass
+        temporary = f".{name}.{os.getpid()}.tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "w") as stream:
+                stream.write(text)
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=dir_fd)
+            raise
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return directory / name
 
 
 # ---------------------------------------------------------------------------------------- command line
@@ -417,31 +456,57 @@ def vllm_release_ok(views: Sequence[UnitView], unit: str) -> bool:
 
 
 def _write_units(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: TextIO) -> int | None:
-    """--format systemd / nixos: read the commands, write or print. An exit status when it must stop."""
-    systemctl = args.systemctl
+    """--format systemd / nixos: read the units' commands, check every drop-in, then print or write them.
+    All or nothing: a unit whose drop-in cannot be made (its command unreadable or out of reach, or
+    systemd-analyze refusing it) stops the writing with a reason per unit (exit 3). An exit status when
+    it must stop."""
     units = [u for d in plan.devices for u in d.units]
-    commands = {u.unit: read_exec_start(systemctl, u.unit) for u in units}
-    for unit, command in commands.items():
-        if command is None:
-            stderr.write(f"{PROG}: warning: {unit}: its ExecStart= could not be read ({systemctl} cat); "
-                         f"add to its command: {planned_flags(next(u for u in units if u.unit == unit))}\n")
     if args.format == "nixos":
-        stdout.write(render_nixos(plan, commands))
+        stdout.write(render_nixos(plan))
         return None
     if args.output_dir is not None and not plan.fits:
         # drop-ins of a plan that does not fit would make the units fail at start (R up to 1)
         stderr.write(f"{PROG}: nothing written to {args.output_dir}: the plan does not fit\n")
         return None
+    systemctl = args.systemctl
+    analyze = systemd_analyze_beside(systemctl)
+    texts: dict[str, str] = {}
+    refused: list[str] = []
     for u in units:
-        text = drop_in(u, commands[u.unit])
+        unit_text = read_unit(systemctl, u.unit)
+        command = exec_start_from_cat(unit_text) if unit_text is not None else None
+        if command is None:
+            refused.append(f"{u.unit}: its one ExecStart= could not be read ({systemctl} cat); add to its command: "
+                           f"{planned_flags(u)}")
+            continue
+        try:
+            text = drop_in(u, command)
+        except NotEditable as error:
+            refused.append(f"{u.unit}: {error}")
+            continue
+        problem = verify_drop_in(analyze, u.unit, unit_text, text) if analyze else None
+        if problem is not None:
+            refused.append(f"{u.unit}: {problem}")
+            continue
+        texts[u.unit] = text
+    if analyze is None:
+        stderr.write(f"{PROG}: warning: no systemd-analyze beside {systemctl}: the drop-ins are not verified\n")
+    for reason in refused:
+        stderr.write(f"{PROG}: not applicable: {reason}\n")
+    if refused and args.output_dir is not None:
+        stderr.write(f"{PROG}: nothing written to {args.output_dir}: {len(refused)} unit(s) cannot take the plan\n")
+        return EXIT_INCOMPLETE
+    for unit, text in texts.items():
         if args.output_dir is not None:
-            path = Path(args.output_dir) / f"{u.unit}.d" / DROP_IN_NAME
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            try:
+                path = write_atomically(Path(args.output_dir) / f"{unit}.d", DROP_IN_NAME, text)
+            except OSError as error:
+                stderr.write(f"{PROG}: error: {unit}: {error}\n")
+                return EXIT_USAGE
             stdout.write(f"{path}\n")
         else:
-            stdout.write(f"# /etc/systemd/system/{u.unit}.d/{DROP_IN_NAME}\n{text}\n")
-    return None
+            stdout.write(f"# /etc/systemd/system/{unit}.d/{DROP_IN_NAME}\n{text}\n")
+    return EXIT_INCOMPLETE if refused else None
 
 
 if __name__ == "__main__":

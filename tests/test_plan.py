@@ -174,37 +174,124 @@ def test_a_target_that_cannot_be_planned_is_a_one_line_usage_error(journal: Path
     assert len(result.stderr.splitlines()) == 1 and reason in result.stderr, result.stderr
 
 
-def test_systemd_drop_ins_restate_the_command_with_the_budget(journal: Path, tmp_path: Path) -> None:
-    systemctl = tmp_path / "systemctl"
-    systemctl.write_text("#!/bin/sh\n"
-                         "[ \"$3\" = vllm-xpu-chat.service ] || exit 1\n"
-                         "cat <<'EOF'\n# /etc/systemd/system/vllm-xpu-chat.service\n[Service]\n"
-                         "ExecStart=/opt/vllm/bin/vllm serve google/gemma-3-4b-it \\\n"
-                         "    --gpu-memory-utilization 0.75 --max-model-len 131072 --max-num-seqs 3\nEOF\n")
+def fake_systemctl(tmp_path: Path, commands: dict[str, str], analyze: bool = True) -> Path:
+    """A systemctl whose `cat` shows each unit's file with its ExecStart=, beside the real systemd-analyze
+    (the planner runs the one beside its systemctl)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    vllm = bin_dir / "vllm"
+    vllm.write_text("#!/bin/sh\n")
+    vllm.chmod(0o755)
+    cases = "".join(f"  {unit}) cat <<'EOF'\n# /etc/systemd/system/{unit}\n[Unit]\nDescription=vLLM\n[Service]\n"
+                    f"ExecStart={command.format(vllm=vllm)}\nEOF\n  ;;\n" for unit, command in commands.items())
+    systemctl = bin_dir / "systemctl"
+    systemctl.write_text(f"#!/bin/sh\ncase \"$3\" in\n{cases}  *) exit 1 ;;\nesac\n")
     systemctl.chmod(0o755)
+    if analyze:
+        (bin_dir / "systemd-analyze").symlink_to("/usr/bin/systemd-analyze")
+    return systemctl
+
+
+SEED_COMMANDS = {
+    CHAT: "{vllm} serve google/gemma-3-4b-it \\\n#  --enforce-eager \\\n"
+          "    --gpu-memory-utilization 0.75 --max-model-len 131072 --max-num-seqs 3",
+    EMBEDDING: "{vllm} serve BAAI/bge-small-en-v1.5 --gpu-memory-utilization 0.07 --max-model-len 512",
+    STT: "{vllm} serve openai/whisper-small --gpu-memory-utilization=0.07",
+}
+
+
+def test_systemd_drop_ins_restate_the_command_with_the_budget_and_pass_systemd_analyze(journal: Path,
+                                                                                      tmp_path: Path) -> None:
+    systemctl = fake_systemctl(tmp_path, SEED_COMMANDS)
     out = tmp_path / "drop-ins"
     result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "systemd", "--output-dir", str(out),
                       "--systemctl", str(systemctl))
-    assert result.returncode == plan.EXIT_INCOMPLETE, result.stderr
+    assert result.returncode == plan.EXIT_INCOMPLETE, result.stderr  # the unit on 0.15.1 is left out
+    assert "not verified" not in result.stderr and "not applicable" not in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{unit}.d" for unit in (CHAT, EMBEDDING, STT))
     text = (out / f"{CHAT}.d" / plan.DROP_IN_NAME).read_text()
     exec_lines = [line for line in text.splitlines() if line.startswith("ExecStart=")]
     assert exec_lines[0] == "ExecStart="
     command = exec_lines[1]
-    assert command.startswith("ExecStart=/opt/vllm/bin/vllm serve google/gemma-3-4b-it --max-model-len 131072")
-    assert command.count("--gpu-memory-utilization") == 1 and "0.75" not in command
+    assert command.startswith(f"ExecStart={tmp_path}/bin/vllm serve google/gemma-3-4b-it --max-model-len 131072")
+    assert command.count("--gpu-memory-utilization") == 1 and "0.75" not in command and "eager" not in command
     assert "--kv-cache-memory-bytes " in command
-    # the units whose command could not be read get the flags to add
-    embedding = (out / f"{EMBEDDING}.d" / plan.DROP_IN_NAME).read_text()
-    assert not any(line.startswith("ExecStart=") for line in embedding.splitlines())
-    assert "--kv-cache-memory-bytes" in embedding
-    assert f"{EMBEDDING}: its ExecStart= could not be read" in result.stderr
+    assert not [p for p in (out / f"{CHAT}.d").iterdir() if p.name != plan.DROP_IN_NAME]  # no temporary left
 
 
-def test_nixos_snippet(journal: Path) -> None:
-    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "nixos", "--systemctl", "/nonexistent/systemctl")
+def test_a_unit_whose_command_a_drop_in_cannot_reach_stops_the_writing(journal: Path, tmp_path: Path) -> None:
+    commands = {**SEED_COMMANDS, CHAT: "/bin/sh -c \"exec {vllm} serve m --gpu-memory-utilization 0.75\""}
+    out = tmp_path / "drop-ins"
+    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "systemd", "--output-dir", str(out),
+                      "--systemctl", str(fake_systemctl(tmp_path, commands)))
     assert result.returncode == plan.EXIT_INCOMPLETE
-    assert result.stdout.startswith("# vllm-xpu-plan") and "{ lib, ... }:" in result.stdout
-    assert "# vllm-xpu-chat.service: command not readable" in result.stdout
+    assert not out.exists()
+    assert f"not applicable: {CHAT}: its ExecStart= runs vLLM through `sh -c" in result.stderr
+    assert "nothing written" in result.stderr
+
+
+def test_a_drop_in_systemd_analyze_refuses_is_not_written(journal: Path, tmp_path: Path) -> None:
+    commands = {**SEED_COMMANDS, EMBEDDING: "/nonexistent/vllm serve m --gpu-memory-utilization 0.07"}
+    out = tmp_path / "drop-ins"
+    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "systemd", "--output-dir", str(out),
+                      "--systemctl", str(fake_systemctl(tmp_path, commands)))
+    assert result.returncode == plan.EXIT_INCOMPLETE and not out.exists()
+    assert f"not applicable: {EMBEDDING}: systemd-analyze verify refuses it:" in result.stderr
+    assert "/nonexistent/vllm is not executable" in result.stderr
+
+
+def test_an_unreadable_command_writes_nothing(journal: Path, tmp_path: Path) -> None:
+    out = tmp_path / "drop-ins"
+    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "systemd", "--output-dir", str(out),
+                      "--systemctl", str(fake_systemctl(tmp_path, {CHAT: SEED_COMMANDS[CHAT]}, analyze=False)))
+    assert result.returncode == plan.EXIT_INCOMPLETE and not out.exists()
+    assert f"not applicable: {EMBEDDING}: its one ExecStart= could not be read" in result.stderr
+    assert "no systemd-analyze beside" in result.stderr
+
+
+@pytest.mark.parametrize("planted", ["file", "directory"])
+def test_the_drop_in_is_not_written_through_a_symlink(journal: Path, tmp_path: Path, planted: str) -> None:
+    out = tmp_path / "drop-ins"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / plan.DROP_IN_NAME).write_text("precious\n")
+    if planted == "file":
+        (out / f"{CHAT}.d").mkdir(parents=True)
+        (out / f"{CHAT}.d" / plan.DROP_IN_NAME).symlink_to(elsewhere / plan.DROP_IN_NAME)
+    else:
+        out.mkdir()
+        (out / f"{CHAT}.d").symlink_to(elsewhere)
+    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "systemd", "--output-dir", str(out),
+                      "--systemctl", str(fake_systemctl(tmp_path, SEED_COMMANDS)))
+    assert result.returncode == plan.EXIT_USAGE, result.stderr
+    assert (elsewhere / plan.DROP_IN_NAME).read_text() == "precious\n"
+    assert sorted(p.name for p in elsewhere.iterdir()) == [plan.DROP_IN_NAME]
+
+
+def test_the_drop_in_sorts_after_an_override_conf_as_systemd_applies_them(tmp_path: Path) -> None:
+    """systemd applies drop-ins in the lexical order of their names across the unit's .d directories: an
+    override.conf (`systemctl edit`) with a command that cannot run, and the plan's drop-in: systemd-analyze
+    verify loads the unit, so the plan's ExecStart= is the one that counts. The old name loses."""
+    for name, expected in ((plan.DROP_IN_NAME, 0), ("50-vllm-xpu-plan.conf", 1)):
+        units = tmp_path / name
+        (units / "x.service.d").mkdir(parents=True)
+        (units / "x.service").write_text("[Service]\nExecStart=/bin/true\n")
+        (units / "x.service.d" / "override.conf").write_text("[Service]\nExecStart=\nExecStart=/nonexistent/vllm\n")
+        (units / "x.service.d" / name).write_text("[Service]\nExecStart=\nExecStart=/bin/true planned\n")
+        result = subprocess.run(["/usr/bin/systemd-analyze", "verify", "--man=no", "--recursive-errors=no", "x.service"],
+                                capture_output=True, text=True, timeout=60, check=False,
+                                env={**os.environ, "SYSTEMD_UNIT_PATH": f"{units}:"})
+        assert result.returncode == expected, (name, result.stderr)
+
+
+def test_nixos_values_per_unit(journal: Path) -> None:
+    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "nixos")
+    assert result.returncode == plan.EXIT_INCOMPLETE
+    document = json.loads(run_plan(journal, "--requests", f"{CHAT}=1", "--format", "json").stdout)
+    chat = next(u for u in document["devices"][0]["units"] if u["unit"] == CHAT)
+    assert (f'  "vllm-xpu-chat" = {{ kvCacheMemoryBytes = {chat["kv_cache_memory_bytes"]}; '
+            f'gpuMemoryUtilization = {chat["gpu_memory_utilization"]:g}; }};') in result.stdout.splitlines()
+    assert "mkForce" not in result.stdout and "/nix/store" not in result.stdout and "ExecStart" not in result.stdout
 
 
 @pytest.mark.parametrize("argv", [
@@ -225,14 +312,6 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str]) -> None:
 
 
 # --- pure parts ----------------------------------------------------------------------------------------
-
-@pytest.mark.fast
-def test_exec_start_from_cat_follows_resets_and_continuations() -> None:
-    text = ("# /etc/systemd/system/u.service\n[Service]\nExecStart=/bin/old --a\n"
-            "# /etc/systemd/system/u.service.d/x.conf\n[Service]\nExecStart=\nExecStart=/bin/new \\\n  --b 1\n")
-    assert plan.exec_start_from_cat(text) == "/bin/new --b 1"
-    assert plan.exec_start_from_cat("ExecStart=/a\nExecStart=/b\n") is None  # two commands: not ours to edit
-
 
 @pytest.mark.fast
 def test_planned_command_replaces_both_flag_spellings() -> None:
