@@ -119,6 +119,11 @@ def systemctl_wrapper(shared: Path, pid1: int) -> Path:
     wrapper = Path(shared) / SYSTEMCTL_WRAPPER
     wrapper.write_text(f'#!/bin/sh\nexec {nsenter} -t {pid1} -a -- systemctl "$@"\n')
     wrapper.chmod(0o755)
+    # the planner verifies its drop-ins with the systemd-analyze beside its systemctl: the host's (the same
+    # systemd 252; the units' programs are the host's files too)
+    analyze = wrapper.with_name("systemd-analyze")
+    if not analyze.exists():
+        analyze.symlink_to("/usr/bin/systemd-analyze")
     return wrapper
 
 
