@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from bootrace import IDLE_RESERVED, RACE_UNITS
+from bootrace import IDLE_RESERVED, RACE_UNITS, race_boot
 from vllm_xpu_exporter.plan import DROP_IN_NAME, exec_start_from_cat
-from fakeze import GiB
-from plannedboot import CHAT, Observation, judge, observe, planned_boot
+from fakeze import GiB, fake_driver_env
+from plannedboot import CHAT, Observation, PlannerRun, judge, observe, planned_boot, run_planner, systemctl_wrapper
 from test_real_systemd import require_root
 from vllmunit import SIXTEEN_GIB_GPU
 
@@ -101,3 +101,38 @@ def test_cold_boots_with_the_drop_ins_and_no_gate_every_unit_serves_its_target(s
                 f"boot {boot}: {found}"
         assert verdict.every_unit_served_its_target, f"boot {boot}: {verdict.units}"
         assert verdict.start_checks_passed and verdict.allocations_fit, f"boot {boot}: {verdict.units}"
+
+
+def test_after_a_failing_cold_boot_no_flags_proposes_each_unit_at_its_last_good_kv(shared: Path, fake_driver: Path,
+                                                                                  observation: Observation):
+    """The issue's host as its operator meets it: a cold boot in which the three inits race and some fail
+    (Restart=on-failure brings them up later); right after it, `vllm-xpu-plan` with no flags reads that boot,
+    proposes each unit at the KV its last successful start had (chat's ~3.2-3.5 GiB, not max_num_seqs 3 x
+    131072 tokens), exits 0, and writes drop-ins that systemd-analyze verify accepted."""
+    driver = shared / fake_driver.name
+    runs: dict[str, PlannerRun] = {}
+    out = shared / "after-race-drop-ins"
+
+    def plan_now(machine) -> None:
+        common = ["--journal.directory", str(machine.journal_directory),
+                  "--systemctl", str(systemctl_wrapper(shared, machine.pid1))]
+        env = fake_driver_env(driver, shared / "ze.conf")
+        runs["json"] = run_planner(*common, "--format", "json", env=env)
+        runs["written"] = run_planner(*common, "--format", "systemd", "--output-dir", str(out), env=env)
+
+    outcome = race_boot(shared, while_up=plan_now)
+    assert outcome.settled and outcome.failures > 0, f"the cold boot did not race: {outcome.counts}"
+    run = runs["json"]
+    assert run.returncode == 0, run.stderr
+    (device,) = run.document()["devices"]
+    assert device["fits"] and not run.document()["unplannable"]
+    served = {record["unit"]: record["kv_bytes"] for record in outcome.events if record["event"] == "serving"}
+    for unit in device["units"]:
+        assert "last successful start" in unit["target"], unit
+        # the budget is the KV the unit's last good start had, within the print's rounding and a block
+        assert abs(unit["kv_cache_memory_bytes"] - served[unit["unit"]]) < 8 * (1 << 20), (unit, served)
+    written = runs["written"]
+    assert written.returncode == 0, written.stderr
+    assert "not verified" not in written.stderr and "not applicable" not in written.stderr
+    assert sorted(path.name for path in out.iterdir()) == sorted(f"{unit}.d" for unit in RACE_UNITS)
+    assert all((out / f"{unit}.d" / DROP_IN_NAME).is_file() for unit in RACE_UNITS)
