@@ -516,3 +516,29 @@ def test_only_units_before_0_16_exit_3(tmp_path: Path) -> None:
     result = run_plan(journal)
     assert result.returncode == plan.EXIT_INCOMPLETE
     assert "incomplete: nothing was planned" in result.stderr
+
+
+def test_right_after_a_failing_cold_boot_the_default_takes_chats_last_good_kv_from_an_earlier_boot(
+        tmp_path: Path) -> None:
+    """The issue's: the current boot holds only chat's failing start ("2.13 GiB" available, below one
+    request); the default used to print "fits" with chat left out of the sum. Now chat's last successful
+    start is found in the earlier boot the journal holds, the plan says which, and chat is in the sum."""
+    failed, restarted = race_chat_runs()
+    earlier_at, current_at = 1_747_000_000.0, 1_747_044_600.0
+    earlier = [*service_runs(CHAT, [restarted], earlier_at + 60, job_id=120),
+               *service_runs(EMBEDDING, [race_embedding_run()], earlier_at + 60.001, job_id=121),
+               *service_runs(STT, [race_stt_run()], earlier_at + 60.002, job_id=122)]
+    current = [*service_runs(CHAT, [replace(failed, failure=Failure("kv_cache_too_small", needed_gib=3.36))],
+                             current_at + 60, job_id=120),
+               *service_runs(EMBEDDING, [race_embedding_run()], current_at + 60.001, job_id=121),
+               *service_runs(STT, [race_stt_run()], current_at + 60.002, job_id=122)]
+    journal = write_journal(tmp_path / "two-boots.journal", journal_specs(compose(
+        Boot("0123456789abcdef0123456789abcdef", earlier_at, tuple(earlier)),
+        Boot(current_boot_id(), current_at, tuple(current)))))
+    result = run_plan(journal, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    [device] = json.loads(result.stdout)["devices"]
+    chat = next(u for u in device["units"] if u["unit"] == CHAT)
+    assert chat["target"] == "the KV its last successful start had (began 2025-05-11 21:47:40 UTC)"
+    assert abs(chat["kv_cache_memory_bytes"] - round(3.25 * GiB)) < 8 * (1 << 20)
+    assert device["footprint_bytes"] == sum(u["footprint_bytes"] for u in device["units"]) > 12 * GiB
