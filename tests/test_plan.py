@@ -155,6 +155,9 @@ def test_a_target_that_cannot_fit_exits_1_naming_chat_and_the_bytes_missing(jour
     assert f"GPU offline does not fit: {missing / GiB:.2f} GiB missing ({missing} bytes" in line
     [chat] = [line for line in result.stderr.splitlines() if f"  {CHAT}: " in line]
     assert "--requests 40 x 131072 tokens" in chat and f"largest that fits: --requests {CHAT}=" in chat
+    largest = int(chat.split(f"largest that fits: --requests {CHAT}=")[1].split()[0])
+    assert run_plan(journal, "--requests", f"{CHAT}={largest}").returncode == plan.EXIT_INCOMPLETE  # fits
+    assert run_plan(journal, "--requests", f"{CHAT}={largest + 1}").returncode == plan.EXIT_DOES_NOT_FIT
 
 
 def test_tokens_per_unit_and_the_table(journal: Path) -> None:
