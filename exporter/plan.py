@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"memory of each GPU no unit may plan for: the driver's and runtime's own "
                              f"(default {DEFAULT_RESERVE // MiB}MiB)")
     parser.add_argument("--tokens", type=unit_count, action="append", default=[], metavar="UNIT=N",
-                        help="the KV cache of UNIT holds N tokens (default: max_num_seqs x the full model length)")
+                        help="the KV cache of UNIT holds N tokens (default: the KV of its last successful start, at least one full-length request)")
     parser.add_argument("--requests", type=unit_count, action="append", default=[], metavar="UNIT=N",
                         help="the KV cache of UNIT holds N requests of its full model length")
     parser.add_argument("--format", choices=("table", "json", "systemd", "nixos"), default="table")
