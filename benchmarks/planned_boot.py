@@ -151,7 +151,8 @@ BASE_CHAT = bootrace.RACE_UNITS[CHAT]
 def chat_weights_moved(offset_mib: float) -> None:
     """The figure set: chat's weights (and so its true KV cache) moved by `offset_mib` MiB. The race's units
     are read from bootrace.RACE_UNITS at every boot, so the set holds for the observation and its boots."""
-    bootrace.RACE_UNITS[CHAT] = dataclasses.replace(BASE_CHAT, weights_gib=BASE_CHAT.weights_gib + offset_mib * MiB / GiB)
+    moved = BASE_CHAT.weights_gib + offset_mib * MiB / GiB
+    bootrace.RACE_UNITS[CHAT] = dataclasses.replace(BASE_CHAT, weights_gib=moved)
 
 
 def one_set(offset_mib: float, args: argparse.Namespace, baseline: bool) -> tuple[bool, list[str]]:

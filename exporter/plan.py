@@ -254,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"memory of each GPU no unit may plan for: the driver's and runtime's own "
                              f"(default {DEFAULT_RESERVE // MiB}MiB)")
     parser.add_argument("--tokens", type=unit_count, action="append", default=[], metavar="UNIT=N",
-                        help="the KV cache of UNIT holds N tokens (default: the KV of its last successful start, at least one full-length request)")
+                        help="the KV cache of UNIT holds N tokens (default: the KV of its last successful start, "
+                             "at least one full-length request)")
     parser.add_argument("--requests", type=unit_count, action="append", default=[], metavar="UNIT=N",
                         help="the KV cache of UNIT holds N requests of its full model length")
     parser.add_argument("--format", choices=("table", "json", "systemd", "nixos"), default="table")
@@ -361,7 +362,8 @@ def _largest_that_fits(device: DevicePlan, unit: UnitPlan) -> str:
     requests = rules.requests_for_kv_budget(budget, kv)
     tokens = rules.tokens_for_kv_budget(budget, kv)
     if tokens < kv.max_model_len:
-        return f"none: not even one request of {kv.max_model_len} tokens ({_gib_of(rules.kv_budget_for_tokens(kv.max_model_len, kv))} of KV) fits"
+        one_request = rules.kv_budget_for_tokens(kv.max_model_len, kv)
+        return f"none: not even one request of {kv.max_model_len} tokens ({_gib_of(one_request)} of KV) fits"
     return f"--requests {unit.unit}={requests} or --tokens {unit.unit}={tokens}"
 
 
@@ -373,8 +375,8 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         printed = printed_totals(views)
         if args.device_memory is not None:
             totals, placement = {OFFLINE_DEVICE: args.device_memory}, {}
-            other = sorted(unit for unit, total in printed.items()
-                           if not rules.printed_lower_bound(total) <= args.device_memory <= rules.printed_upper_bound(total))
+            other = sorted(unit for unit, total in printed.items() if not
+                           rules.printed_lower_bound(total) <= args.device_memory <= rules.printed_upper_bound(total))
             if other:
                 stderr.write(f"{PROG}: warning: --device-memory {args.device_memory} ({_gib_of(args.device_memory)}) is "
                              f"not the total the starts of {', '.join(other)} printed "

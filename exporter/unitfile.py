@@ -9,8 +9,8 @@ ours to edit. The command's words are split as systemd splits them: blanks separ
 stay as written. The first word may carry the prefixes `@ - : + !`.
 
 The planner edits only top-level words of a command that runs `vllm serve` (or `python -m
-vllm.entrypoints...`, or a launcher given vLLM's flags among its words) itself: a shell or interpreter `-c` string, or a wrapper script, holds vLLM's flags
-where no edit of the unit's words can reach them; such commands are refused with what to do instead.
+vllm.entrypoints...`, or a launcher given vLLM's flags among its words) itself: a shell or interpreter
+`-c` string, or a wrapper script, holds vLLM's flags where no edit of the unit's words can reach them; such commands are refused with what to do instead.
 """
 
 from __future__ import annotations

@@ -385,7 +385,8 @@ def test_a_unit_with_a_kv_budget_is_planned_for_what_its_budget_holds(tmp_path: 
 def test_a_plan_that_does_not_fit_writes_no_drop_in(journal: Path, tmp_path: Path) -> None:
     """Three full-length chat requests do not fit: their drop-ins would make the units fail at every start."""
     out = tmp_path / "drop-ins"
-    result = run_plan(journal, "--requests", f"{CHAT}=3", "--format", "systemd", "--output-dir", str(out), "--systemctl", "/nonexistent/systemctl")
+    result = run_plan(journal, "--requests", f"{CHAT}=3", "--format", "systemd", "--output-dir", str(out),
+                      "--systemctl", "/nonexistent/systemctl")
     assert result.returncode == 1
     assert not out.exists()
     assert f"nothing written to {out}: the plan does not fit" in result.stderr
