@@ -6,6 +6,9 @@ what vLLM prints; and the default target (no flags) proposing each unit at the K
                                                        # each, 20 without for the first set (as root)
     python benchmarks/planned_boot.py --boots 5 --figure-sets 0,5
     python benchmarks/planned_boot.py --no-baseline    # only the planned boots
+    python benchmarks/planned_boot.py --after-race --figure-sets 0 --no-baseline
+                                                       # the flow: a failing cold boot, then
+                                                       # vllm-xpu-plan with no flags, its drop-ins, 20 boots
 
 Figure sets: chat's weights moved by 0, 1, 2.5, 4 and 5 MiB (--figure-sets, MiB), which moves its true KV
 cache by as much under the same printed "X.XX GiB": the budget must be taken whatever the true figure within
@@ -83,7 +86,9 @@ def describe_observation(observation: Observation) -> None:
     starts = ", ".join(f"{short(unit)} {counts.starts} start{'s' * (counts.starts != 1)}"
                        + (f" {dict(counts.failures)}" if counts.failures else "")
                        for unit, counts in observation.counts.items())
-    print(f"observation (one after another, each alone): {starts}")
+    how = "one after another, each alone" if not any(c.failures for c in observation.counts.values()) else \
+        "started together, some inits failed"
+    print(f"observation ({how}): {starts}")
     proposed, line = default_proposed(observation)
     chat = next((unit for device in observation.default.document().get("devices", [])
                  for unit in device["units"] if unit["unit"] == CHAT), None) if observation.default.stdout else None
@@ -94,7 +99,9 @@ def describe_observation(observation: Observation) -> None:
     print(f"default target: planner exit {observation.default.returncode} before any boot: {line}"
           + ("" if proposed else "  (NOT AS CLAIMED)"))
     planned = observation.planned
-    print(f"planned ({' '.join(PLANNED_TARGETS)}): planner exit {planned.returncode}; "
+    argv = planned.argv
+    targets = " ".join(argv[argv.index("--systemctl") + 2:-2]) or "no flags"
+    print(f"planned ({targets}): planner exit {planned.returncode}; "
           f"drop-ins written: {len(observation.drop_ins)} (exit {observation.written.returncode})")
     for unit, target in observation.targets.items():
         print(f"  {short(unit)}: target {target.tokens} tokens, --kv-cache-memory-bytes {target.kv_bytes}, "
@@ -163,10 +170,11 @@ def one_set(offset_mib: float, args: argparse.Namespace, baseline: bool) -> tupl
     with tempfile.TemporaryDirectory(prefix="planned-boot-") as directory:
         shared = Path(directory)
         driver = build_fake_driver(shared)
-        observation = observe(shared, driver, time_scale=args.time_scale)
+        observation = observe(shared, driver, time_scale=args.time_scale, after_race=args.after_race,
+                              targets=() if args.after_race else PLANNED_TARGETS)
         describe_observation(observation)
         if observation.planned.returncode != 0 or len(observation.drop_ins) != len(observation.targets):
-            print(f"the plan with {' '.join(PLANNED_TARGETS)} did not fit or wrote no drop-ins:\n"
+            print(f"the plan did not fit or wrote no drop-ins:\n"
                   f"{observation.planned.stderr}{observation.written.stderr}")
             return False, [f"{name}: NO PLAN"]
         what = "every unit started once and its KV cache held its target (gate off)"
@@ -191,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                         help="also boot as many times without the drop-ins, for the first set (default: yes)")
     parser.add_argument("--time-scale", type=float, default=0.1, help="real seconds per replayed vLLM second")
+    parser.add_argument("--after-race", action="store_true",
+                        help="observe a cold boot in which the units race (some inits fail), and boot with the "
+                             "drop-ins of vllm-xpu-plan with no flags (the default target)")
     args = parser.parse_args(argv)
     if args.boots < 1:
         parser.error("--boots must be at least 1")
