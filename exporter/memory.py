@@ -6,12 +6,16 @@ Shared by the init gate (`vllm_xpu_exporter.gate.decision.decide`: the free memo
 restart-headroom figure (`vllm_xpu_exporter.collectors.processes`) and the plan (`vllm_xpu_exporter.planning`: the planner and
 the exporter's planned figures), so they agree to the byte.
 
-The rules (reference: /work/shared/reference/vllm-logs.md §5, vLLM 0.16+ on XPU):
+The rules (vLLM 0.16+ on XPU, as read in its source; docs/planner.md):
 * a start asks for `math.ceil(total * gpu_memory_utilization)` bytes (`v1/worker/utils.py::request_memory`,
   the same float product, rounded up) and fails at once when less is free;
 * its KV budget is that minus its non-KV memory (weights + peak activation + non-torch), unless
   `--kv-cache-memory-bytes` fixes the budget (effective on XPU from 0.16.0);
-* the KV cache is allocated in blocks of `block_size` tokens: a target of tokens needs whole blocks.
+* the KV cache is allocated in blocks of `block_size` tokens (a page of every layer's KV): vLLM takes
+  `budget // page` blocks, checks that one request of the full length (`cdiv(max_model_len, block_size)`
+  pages) fits, and its block pool keeps block 0 back as the null block;
+* what vLLM prints is rounded ("%.2f GiB": +-0.005 GiB; "Cx": +-0.005): a budget is planned from the
+  end of that range that makes it large enough, so vLLM takes it whatever the true figure was.
 """
 
 from __future__ import annotations
@@ -22,13 +26,20 @@ from dataclasses import dataclass
 
 __all__ = [
     "DeviceFit",
-    "KvRate",
+    "KvBlocks",
     "Footprint",
+    "NULL_BLOCKS",
+    "blocks_for_tokens",
+    "concurrency_lower_bound",
     "device_fit",
-    "kv_bytes_for_tokens",
+    "kv_budget_for_requests",
+    "kv_budget_for_tokens",
+    "printed_lower_bound",
+    "printed_upper_bound",
     "requested_bytes",
+    "requests_for_kv_budget",
     "restart_headroom_bytes",
-    "tokens_for_kv_bytes",
+    "tokens_for_kv_budget",
     "utilisation_for",
 ]
 
@@ -60,38 +71,115 @@ def utilisation_for(footprint_bytes: int, total_bytes: int, decimals: int = 4) -
     return min(steps, scale) / scale
 
 
-@dataclass(frozen=True)
-class KvRate:
-    """KV bytes per token, as a start showed it: `kv_bytes` of KV cache held `kv_tokens` tokens. Kept as the
-    fraction, so no float rounding enters the planned bytes."""
+# vLLM's block pool keeps block 0 back as its null block: a budget of N blocks serves N - 1.
+NULL_BLOCKS = 1
 
-    kv_bytes: int
-    kv_tokens: int
+
+GiB = 1 << 30
+
+
+def _half_step(unit: int, decimals: int) -> int:
+    """Half the step of a print with `decimals` decimals of `unit` bytes, rounded up, plus the byte the
+    print's reading back to bytes may have rounded away."""
+    return -(-unit // (2 * 10 ** decimals)) + 1
+
+
+def printed_upper_bound(printed: int, unit: int = GiB, decimals: int = 2) -> int:
+    """The largest true byte count a print of `decimals` decimals of `unit` ("%.2f GiB": +-0.005 GiB)
+    can stand for, `printed` being the print read back to bytes."""
+    return printed + _half_step(unit, decimals)
+
+
+def printed_lower_bound(printed: int, unit: int = GiB, decimals: int = 2) -> int:
+    """The smallest true byte count such a print can stand for (never below 0)."""
+    return max(0, printed - _half_step(unit, decimals))
+
+
+def concurrency_lower_bound(printed: float, decimals: int = 2) -> tuple[int, int]:
+    """The smallest concurrency a "%.2fx" print can stand for, as a fraction (numerator, denominator)."""
+    scale = 10 ** decimals
+    return 2 * round(printed * scale) - 1, 2 * scale
+
+
+@dataclass(frozen=True)
+class KvBlocks:
+    """What a start's KV cache shows of its blocks, as upper bounds vLLM's true figures never exceed:
+    `block_bytes`, one block of `block_size` tokens over every layer (its page size), and `request_bytes`,
+    one request of the full length `max_model_len` (None when the start printed no concurrency)."""
+
+    block_size: int
+    block_bytes: int
+    max_model_len: int | None = None
+    request_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kv_bytes <= 0 or self.kv_tokens <= 0:
-            raise ValueError("a KV rate needs positive bytes and tokens")
+        if self.block_size <= 0 or self.block_bytes <= 0:
+            raise ValueError("a KV block needs a positive size in tokens and bytes")
 
     @property
     def bytes_per_token(self) -> float:
-        return self.kv_bytes / self.kv_tokens
+        return self.block_bytes / self.block_size
+
+    @classmethod
+    def of(cls, kv_bytes_max: int, kv_tokens: int, block_size: int, max_model_len: int | None = None,
+           concurrency_min: tuple[int, int] | None = None) -> KvBlocks:
+        """From a start whose KV cache was at most `kv_bytes_max` bytes and held `kv_tokens` tokens (its
+        whole blocks): a block is at most kv_bytes_max x block_size / kv_tokens bytes (vLLM takes
+        available // page_size blocks, so blocks x page_size <= available). `concurrency_min`, the
+        concurrency printed for `max_model_len` at its lowest (a fraction numerator, denominator):
+        a full-length request is at most kv_bytes_max / concurrency, which holds for models whose KV
+        is not linear in tokens too."""
+        if kv_bytes_max <= 0 or kv_tokens <= 0:
+            raise ValueError("a KV cache needs positive bytes and tokens")
+        block_bytes = kv_bytes_max * block_size // kv_tokens
+        block_bytes = max(1, block_bytes)
+        request_bytes = None
+        if concurrency_min is not None and concurrency_min[0] > 0 and max_model_len:
+            # vLLM's concurrency is blocks / blocks of one request (older: tokens / length); the blocks of
+            # one request at the block's bound cover the second form, and are ~ the first for models whose
+            # tokens are derived from the concurrency
+            request_bytes = max(kv_bytes_max * concurrency_min[1] // concurrency_min[0],
+                                blocks_for_tokens(max_model_len, block_size) * block_bytes)
+        return cls(block_size, block_bytes, max_model_len, request_bytes)
 
 
-def kv_bytes_for_tokens(tokens: int, block_size: int, rate: KvRate) -> int:
-    """The KV bytes `tokens` tokens need: whole blocks of `block_size` tokens, each token at `rate`,
-    rounded up to the byte."""
+def blocks_for_tokens(tokens: int, block_size: int) -> int:
     if tokens < 0 or block_size <= 0:
         raise ValueError("tokens must be >= 0 and block_size > 0")
-    blocks = -(-tokens // block_size)
-    return -(-(blocks * block_size * rate.kv_bytes) // rate.kv_tokens)
+    return -(-tokens // block_size)
 
 
-def tokens_for_kv_bytes(kv_bytes: int, block_size: int, rate: KvRate) -> int:
-    """The tokens a KV cache of `kv_bytes` holds: the whole blocks that fit (kv_bytes_for_tokens of the
-    result is at most `kv_bytes`)."""
-    if kv_bytes < 0 or block_size <= 0:
-        raise ValueError("kv_bytes must be >= 0 and block_size > 0")
-    return kv_bytes * rate.kv_tokens // (block_size * rate.kv_bytes) * block_size
+def kv_budget_for_tokens(tokens: int, kv: KvBlocks) -> int:
+    """The --kv-cache-memory-bytes under which vLLM serves `tokens` tokens: their whole blocks and the
+    null block, each at its upper bound."""
+    return (blocks_for_tokens(tokens, kv.block_size) + NULL_BLOCKS) * kv.block_bytes
+
+
+def kv_budget_for_requests(requests: int, kv: KvBlocks) -> int:
+    """The budget under which vLLM serves `requests` requests of the full length at once: from the
+    concurrency it printed when it did, else from the blocks of `requests` x the length."""
+    if kv.request_bytes is not None:
+        return requests * kv.request_bytes + NULL_BLOCKS * kv.block_bytes
+    if kv.max_model_len is None:
+        raise ValueError("no maximum model length known")
+    return kv_budget_for_tokens(requests * kv.max_model_len, kv)
+
+
+def tokens_for_kv_budget(kv_bytes: int, kv: KvBlocks) -> int:
+    """The tokens a budget of `kv_bytes` surely holds: its whole blocks at their upper bound, less the
+    null block."""
+    if kv_bytes < 0:
+        raise ValueError("kv_bytes must be >= 0")
+    return max(0, kv_bytes // kv.block_bytes - NULL_BLOCKS) * kv.block_size
+
+
+def requests_for_kv_budget(kv_bytes: int, kv: KvBlocks) -> int:
+    """The full-length requests a budget of `kv_bytes` surely serves at once."""
+    if kv.request_bytes is not None:
+        return max(0, kv_bytes - NULL_BLOCKS * kv.block_bytes) // kv.request_bytes
+    if kv.max_model_len is None:
+        raise ValueError("no maximum model length known")
+    return tokens_for_kv_budget(kv_bytes, kv) // (blocks_for_tokens(kv.max_model_len, kv.block_size) * kv.block_size)
 
 
 @dataclass(frozen=True)

@@ -8,85 +8,80 @@ target needs in whole blocks and the unit's footprint (`vllm_xpu_exporter.memory
 against its total less `--reserve`, and prints the `--kv-cache-memory-bytes` to set per unit: a table,
 JSON, systemd drop-ins or a NixOS snippet. docs/planner.md says how and why.
 
-Exit status: 0 every GPU's units fit; 1 some do not (each GPU, unit and the bytes missing named on
-stderr); 2 usage (one line).
+Exit status: 0 every GPU's units fit and every engine unit was planned; 1 some do not (each GPU and unit
+named on stderr in GiB, with the largest target that fits); 2 usage (one line); 3 nothing was planned, or a
+unit was left out of the plan (its memory counted at ceil(R x total) where R is known).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
+import stat
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from vllm_xpu_exporter import __version__, rightsizing
+from vllm_xpu_exporter import __version__, rightsizing, unitfile
 from vllm_xpu_exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
                             add_systemctl_flag, check_journal_flags, journal_selection)
 from vllm_xpu_exporter.fold.engine_starts import UnitView
-from vllm_xpu_exporter.planning import Plan, TargetRequest, UnitPlan, Unplannable, make_plan
+from vllm_xpu_exporter import memory as rules
+from vllm_xpu_exporter.parsers import vllm
+from vllm_xpu_exporter.planning import (KV_BUDGET_ON_XPU_SINCE, DevicePlan, Plan, TargetRequest, UnitPlan, Unplannable,
+                                        make_plan, printed_totals)
 from vllm_xpu_exporter.sources import procfs, prometheus
+from vllm_xpu_exporter.unitfile import NotEditable, exec_start_from_cat
 
 PROG = "vllm-xpu-plan"
 EXIT_FITS = 0
 EXIT_DOES_NOT_FIT = 1
+# nothing was planned, or a unit that holds GPU memory was left out of the plan: the plan is no proof
+EXIT_INCOMPLETE = 3
 MiB = 1 << 20
 # The driver's and the runtime's own device memory, which no unit's footprint counts (docs/planner.md).
 DEFAULT_RESERVE = 512 * MiB
 OFFLINE_DEVICE = "offline"
 SYSTEMCTL_TIMEOUT_S = 10.0
-DROP_IN_NAME = "50-vllm-xpu-plan.conf"
-_UTILISATION_FLAG = re.compile(r"\s--gpu[-_]memory[-_]utilization(?:=|\s+)\S+")
-_BUDGET_FLAG = re.compile(r"\s--kv[-_]cache[-_]memory[-_]bytes(?:=|\s+)\S+")
+# systemd applies a unit's drop-ins in the lexical order of their file names, across all its .d directories:
+# "zz-" sorts after `systemctl edit`'s override.conf and the usual NN- names, so the plan's ExecStart= wins
+DROP_IN_NAME = "zz-vllm-xpu-plan.conf"
+JSON_SCHEMA_VERSION = 2  # docs/planner.md "JSON output": 2 added the fields of issue 26
 
 
 # ---------------------------------------------------------------------------------------- the unit's command
 
-def exec_start_from_cat(text: str) -> str | None:
-    """The unit's effective ExecStart= command line from `systemctl cat UNIT` (the unit file and its
-    drop-ins, in order; an empty ExecStart= resets the list). None unless there is exactly one."""
-    commands: list[str] = []
-    pending: str | None = None
-    for raw in text.splitlines():
-        line = raw.strip() if pending is None else raw
-        if pending is not None:
-            pending += " " + line.strip()
-        elif line.startswith("ExecStart="):
-            pending = line[len("ExecStart="):]
-        else:
-            continue
-        if pending.endswith("\\"):
-            pending = pending[:-1].rstrip()
-            continue
-        value, pending = pending.strip(), None
-        if value:
-            commands.append(value)
-        else:
-            commands.clear()
-    return commands[0] if len(commands) == 1 else None
-
-
-def read_exec_start(systemctl: str, unit: str) -> str | None:
-    """The unit's command as its files write it (specifiers and quoting kept), or None when systemctl
-    cannot say."""
+def read_unit(systemctl: str, unit: str) -> str | None:
+    """`systemctl cat UNIT`: the unit file and its drop-ins as written (specifiers and quoting kept), or
+    None when systemctl cannot say."""
     try:
         completed = subprocess.run([systemctl, "cat", "--", unit], capture_output=True, text=True,
                                    timeout=SYSTEMCTL_TIMEOUT_S, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    return exec_start_from_cat(completed.stdout) if completed.returncode == 0 else None
+    return completed.stdout if completed.returncode == 0 else None
+
+
+def read_exec_start(systemctl: str, unit: str) -> str | None:
+    """The unit's one ExecStart= command as its files write it, or None when systemctl cannot say."""
+    text = read_unit(systemctl, unit)
+    return exec_start_from_cat(text) if text is not None else None
 
 
 def planned_command(command: str, plan: UnitPlan) -> str:
-    """The command with the planned flags: any --gpu-memory-utilization / --kv-cache-memory-bytes dropped,
-    then --gpu-memory-utilization (the footprint's share: vLLM and the gate still ask that much free at
-    start) and --kv-cache-memory-bytes appended."""
-    stripped = _BUDGET_FLAG.sub("", _UTILISATION_FLAG.sub("", " " + command)).strip()
-    return f"{stripped} {planned_flags(plan)}"
+    """The command with the planned flags: its own --gpu-memory-utilization / --kv-cache-memory-bytes
+    words dropped, then --gpu-memory-utilization (the footprint's share: vLLM and the gate still ask that
+    much free at start) and --kv-cache-memory-bytes appended. Raises unitfile.NotEditable for a command
+    whose vLLM flags a drop-in cannot reach."""
+    return unitfile.planned_command(command, tuple(planned_flags(plan).split()))
 
 
 def planned_flags(plan: UnitPlan) -> str:
@@ -105,7 +100,8 @@ def render_table(plan: Plan) -> str:
         fit = device.fit
         state = "fits" if fit.fits else f"DOES NOT FIT: {fit.missing_bytes} bytes ({_gib(fit.missing_bytes)}) missing"
         lines.append(f"GPU {device.device}: total {device.total_bytes} ({_gib(device.total_bytes)}), reserve "
-                     f"{device.reserve_bytes}, units {fit.footprint_bytes} ({_gib(fit.footprint_bytes)}), left "
+                     f"{device.reserve_bytes}, units {device.planned_bytes} ({_gib(device.planned_bytes)}), left out "
+                     f"{device.left_out_bytes} ({_gib(device.left_out_bytes)}), left "
                      f"{fit.left_bytes} ({_gib(fit.left_bytes)}): {state}")
         header = ("UNIT", "VLLM", "TARGET TOKENS", "NON-KV BYTES", "KV BYTES", "FOOTPRINT", "GPU UTIL",
                   "--kv-cache-memory-bytes")
@@ -115,7 +111,7 @@ def render_table(plan: Plan) -> str:
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
         for u in device.units:
-            lines.append(f"  {u.unit}: target {u.target.reason}; non-KV {u.non_kv_from}")
+            lines.append(f"  {u.unit}: target {u.target.reason}; KV from {u.kv_from}; non-KV {u.non_kv_from}")
             lines += [f"  {u.unit}: note: {note}" for note in u.notes]
     for u in plan.unplannable:
         where = f" (GPU {u.device})" if u.device else ""
@@ -128,18 +124,22 @@ def render_json(plan: Plan) -> str:
         f = u.footprint
         return {"unit": u.unit, "vllm_version": u.version, "target_tokens": u.target.tokens,
                 "target": u.target.reason, "block_size": u.block_size, "kv_bytes_per_token": u.kv_bytes_per_token,
+                "kv_block_bytes": u.kv_blocks.block_bytes if u.kv_blocks else None,
+                "kv_request_bytes": u.kv_blocks.request_bytes if u.kv_blocks else None, "kv_from": u.kv_from,
                 "weights_bytes": f.weights_bytes, "activation_bytes": f.activation_bytes,
                 "non_torch_bytes": f.non_torch_bytes, "non_kv_bytes": f.non_kv_bytes, "non_kv_from": u.non_kv_from,
                 "kv_cache_memory_bytes": u.kv_cache_memory_bytes, "footprint_bytes": f.total_bytes,
                 "gpu_memory_utilization": u.gpu_memory_utilization, "notes": list(u.notes)}
 
     def unplannable(u: Unplannable) -> dict[str, object]:
-        return {"unit": u.unit, "device": u.device, "why": u.why, "remedy": u.remedy}
+        return {"unit": u.unit, "device": u.device, "why": u.why, "remedy": u.remedy, "held_bytes": u.held_bytes}
 
     document = {
+        "schema_version": JSON_SCHEMA_VERSION,
         "fits": plan.fits,
         "devices": [{"device": d.device, "total_bytes": d.total_bytes, "reserve_bytes": d.reserve_bytes,
-                     "footprint_bytes": d.fit.footprint_bytes, "left_bytes": d.fit.left_bytes, "fits": d.fit.fits,
+                     "footprint_bytes": d.planned_bytes, "left_out_bytes": d.left_out_bytes,
+                     "left_bytes": d.fit.left_bytes, "fits": d.fit.fits,
                      "missing_bytes": d.fit.missing_bytes, "units": [unit(u) for u in d.units]}
                     for d in plan.devices],
         "unplannable": [unplannable(u) for u in plan.unplannable],
@@ -147,30 +147,82 @@ def render_json(plan: Plan) -> str:
     return json.dumps(document, indent=2) + "\n"
 
 
-def drop_in(plan: UnitPlan, command: str | None) -> str:
+def drop_in(plan: UnitPlan, command: str) -> str:
     """A drop-in for /etc/systemd/system/UNIT.d/ (or `systemctl edit UNIT`): ExecStart= reset, the unit's
-    command restated with the planned flags. Without the command: the flags to add, commented."""
-    head = [f"# {plan.unit}: written by {PROG} {__version__}: footprint {plan.footprint.total_bytes} bytes "
-            f"(KV {plan.kv_cache_memory_bytes} for {plan.target.tokens} tokens)"]
-    if command is None:
-        return "\n".join([*head, "# the unit's ExecStart= could not be read (systemctl cat): add to its command",
-                          f"#   {planned_flags(plan)}", ""])
-    return "\n".join([*head, "[Service]", "ExecStart=", f"ExecStart={planned_command(command, plan)}", ""])
+    command restated with the planned flags. Raises NotEditable for a command a drop-in cannot fix."""
+    head = f"# {plan.unit}: written by {PROG} {__version__}: footprint {plan.footprint.total_bytes} bytes " \
+           f"(KV {plan.kv_cache_memory_bytes} for {plan.target.tokens} tokens)"
+    return "\n".join([head, "[Service]", "ExecStart=", f"ExecStart={planned_command(command, plan)}", ""])
 
 
-def render_nixos(plan: Plan, commands: Mapping[str, str | None]) -> str:
-    lines = [f"# {PROG} {__version__}: --kv-cache-memory-bytes per unit", "{ lib, ... }:", "{"]
+def render_nixos(plan: Plan) -> str:
+    """Per-unit values for a NixOS module that has such options, an attribute set to import (docs/planner.md
+    "NixOS" says how to pass them to a module that only takes extra arguments). No command is restated: the
+    module keeps writing the unit's command, so nothing freezes today's store paths."""
+    lines = [f"# {PROG} {__version__}: per vLLM unit, the KV budget and the gpu_memory_utilization beside it",
+             "{"]
     for device in plan.devices:
         for u in device.units:
-            name = u.unit.removesuffix(".service")
-            command = commands.get(u.unit)
-            if command is None:
-                lines.append(f"  # {u.unit}: command not readable; add to its ExecStart: {planned_flags(u)}")
-                continue
-            text = planned_command(command, u).replace("\\", "\\\\").replace('"', '\\"').replace("${", "\\${")
-            lines.append(f'  systemd.services."{name}".serviceConfig.ExecStart = lib.mkForce "{text}";')
+            name = u.unit.removesuffix(".service").replace("\\", "\\\\").replace('"', '\\"').replace("${", "\\${")
+            lines.append(f'  "{name}" = {{ kvCacheMemoryBytes = {u.kv_cache_memory_bytes}; '
+                         f'gpuMemoryUtilization = {u.gpu_memory_utilization:g}; }};')
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def systemd_analyze_beside(systemctl: str) -> str | None:
+    """The systemd-analyze of the same systemd as `systemctl` (never one from $PATH), if installed."""
+    candidate = Path(systemctl).with_name("systemd-analyze")
+    return str(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
+
+
+def verify_drop_in(analyze: str, unit: str, unit_text: str, drop_in_text: str) -> str | None:
+    """`systemd-analyze verify` on the unit as it will load with the drop-in (its files as `systemctl cat`
+    shows them, in order, then the drop-in, which sorts last): None when it loads, else what it said."""
+    with tempfile.TemporaryDirectory(prefix="vllm-xpu-plan-") as directory:
+        path = Path(directory) / unit
+        path.write_text(f"{unit_text.rstrip()}\n# {DROP_IN_NAME}\n{drop_in_text}")
+        try:
+            completed = subprocess.run([analyze, "verify", "--man=no", "--recursive-errors=no", str(path)],
+                                       capture_output=True, text=True, timeout=SYSTEMCTL_TIMEOUT_S * 3, check=False)
+        except (OSError, subprocess.SubprocessError) as error:
+            return f"systemd-analyze verify could not run ({error})"
+    if completed.returncode == 0:
+        return None
+    said = " ".join((completed.stderr or completed.stdout).split()).replace(directory, "")
+    return f"systemd-analyze verify refuses it: {said}"
+
+
+def write_atomically(directory: Path, name: str, text: str) -> Path:
+    """DIR/NAME holds `text` or what it held before, never a part: a temporary file in the same directory,
+    synced, renamed over it. Symlinks are refused (the directory, and the file where it exists): the planner
+    writes where it was told, not where a link points."""
+    if directory.is_symlink():
+        raise OSError(f"{directory} is a symlink: not written")
+    directory.mkdir(parents=True, exist_ok=True)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        try:
+            if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                raise OSError(f"{directory / name} is a symlink: not written")
+        except FileNotFoundError:
+            pass
+        temporary = f".{name}.{os.getpid()}.tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+        try:
+            with os.fdopen(fd, "w") as stream:
+                stream.write(text)
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary, dir_fd=dir_fd)
+            raise
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return directory / name
 
 
 # ---------------------------------------------------------------------------------------- command line
@@ -202,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"memory of each GPU no unit may plan for: the driver's and runtime's own "
                              f"(default {DEFAULT_RESERVE // MiB}MiB)")
     parser.add_argument("--tokens", type=unit_count, action="append", default=[], metavar="UNIT=N",
-                        help="the KV cache of UNIT holds N tokens (default: max_num_seqs x the full model length)")
+                        help="the KV cache of UNIT holds N tokens (default: the KV of its last successful start, "
+                             "at least one full-length request)")
     parser.add_argument("--requests", type=unit_count, action="append", default=[], metavar="UNIT=N",
                         help="the KV cache of UNIT holds N requests of its full model length")
     parser.add_argument("--format", choices=("table", "json", "systemd", "nixos"), default="table")
@@ -269,23 +322,95 @@ def read_totals(args: argparse.Namespace) -> dict[str, int]:
     return {d.identity.pci_address: d.total for d in devices if d.total is not None}
 
 
+def _with_earlier_successes(args: argparse.Namespace, views: list[UnitView]) -> list[UnitView]:
+    """The views of the selected boot, each unit's last successful start (and latest profiled start) taken
+    from every boot the journal holds when the selected boot has none (e.g. right after a failing cold
+    boot): the default target is the KV the unit had when it last started."""
+    missing = [v for v in views if v.last_success is None or v.last_profiled is None]
+    if not missing or args.journal_boot == "all":
+        return views
+    every_boot = {v.unit: v for v in read_views(argparse.Namespace(**{**vars(args), "journal_boot": "all"}))}
+    merged = []
+    for view in views:
+        earlier = every_boot.get(view.unit)
+        if earlier is not None:
+            view = replace(view, last_success=view.last_success or earlier.last_success,
+                           last_profiled=view.last_profiled or earlier.last_profiled)
+        merged.append(view)
+    return merged
+
+
+def _agreed_total(printed: Mapping[str, int]) -> int | None:
+    """The device total every unit's starts printed (within the print's rounding), at its least; None when
+    none printed one or they disagree (several GPUs)."""
+    if not printed:
+        return None
+    low = max(rules.printed_lower_bound(total) for total in printed.values())
+    high = min(rules.printed_upper_bound(total) for total in printed.values())
+    return low if low <= high else None
+
+
+def _gib_of(value: int) -> str:
+    return f"{value / (1 << 30):.2f} GiB"
+
+
+def _largest_that_fits(device: DevicePlan, unit: UnitPlan) -> str:
+    """The largest --requests / --tokens of `unit` with which its GPU fits, the other units as planned."""
+    kv = unit.kv_blocks
+    budget = unit.kv_cache_memory_bytes - device.fit.missing_bytes
+    if kv is None or kv.max_model_len is None or budget <= 0:
+        return "none: it does not fit even with no KV cache"
+    requests = rules.requests_for_kv_budget(budget, kv)
+    tokens = rules.tokens_for_kv_budget(budget, kv)
+    if tokens < kv.max_model_len:
+        one_request = rules.kv_budget_for_tokens(kv.max_model_len, kv)
+        return f"none: not even one request of {kv.max_model_len} tokens ({_gib_of(one_request)} of KV) fits"
+    return f"--requests {unit.unit}={requests} or --tokens {unit.unit}={tokens}"
+
+
 def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     args = parse_args(argv)
     try:
-        views = read_views(args)
+        views = _with_earlier_successes(args, read_views(args))
+        printed = printed_totals(views)
         if args.device_memory is not None:
             totals, placement = {OFFLINE_DEVICE: args.device_memory}, {}
+            other = sorted(unit for unit, total in printed.items() if not
+                           rules.printed_lower_bound(total) <= args.device_memory <= rules.printed_upper_bound(total))
+            if other:
+                stderr.write(f"{PROG}: warning: --device-memory {args.device_memory} ({_gib_of(args.device_memory)}) is "
+                             f"not the total the starts of {', '.join(other)} printed "
+                             f"({_gib_of(printed[other[0]])}): planning for another device size (their non-KV figures "
+                             f"are their starts' own)\n")
         else:
-            totals = read_totals(args)
+            try:
+                totals = read_totals(args)
+            except RuntimeError:
+                total = _agreed_total(printed)
+                if total is None:
+                    raise
+                stderr.write(f"{PROG}: warning: Level Zero cannot be read: planning for the total the starts printed, "
+                             f"{_gib_of(total)} (the least it can stand for)\n")
+                totals = {OFFLINE_DEVICE: total}
             if not totals:
                 raise RuntimeError("Level Zero reports no GPU; plan offline with --device-memory BYTES")
             placement = procfs.devices_of_units(args.procfs) if len(totals) > 1 else {}
     except RuntimeError as error:
         stderr.write(f"{PROG}: error: {error}\n")
         return EXIT_USAGE
+    engines = {v.unit for v in views if v.latest is not None and v.latest.engine is not False}
     requests = {unit: TargetRequest(tokens=n) for unit, n in args.tokens}
     requests.update({unit: TargetRequest(requests=n) for unit, n in args.requests})
+    unknown = sorted(set(requests) - engines)
+    if unknown:
+        stderr.write(f"{PROG}: error: {', '.join(unknown)}: no vLLM start of it in the journal (a target was given "
+                     f"for it; the journal holds {', '.join(sorted(engines)) or 'no vLLM unit'})\n")
+        return EXIT_USAGE
+    if not engines:
+        stderr.write(f"{PROG}: nothing planned: the journal holds no vLLM unit's start-up lines (units matched by "
+                     f"--journal.units, boot {args.journal_boot})\n")
+        return EXIT_INCOMPLETE
     if args.prometheus is not None or args.observed is not None:  # right-sizing (docs/discovery.md)
         try:
             observed = rightsizing.recommend(views, rightsizing.parse_observed(prometheus.read_observed(args)))
@@ -296,47 +421,104 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
             stderr.write(f"{PROG}: {r.unit}: {r.why}: budget {r.kv_bytes} bytes (now {r.current_bytes})\n")
         requests = {**rightsizing.target_requests(observed), **requests}
     plan = make_plan(views, totals, placement, args.reserve, requests)
-    unknown = sorted(set(requests) - {u.unit for d in plan.devices for u in d.units})
-    for unit in unknown:
-        stderr.write(f"{PROG}: warning: {unit}: a target was given but the unit was not planned\n")
+    refused = [u for u in plan.unplannable if u.unit in requests and u.unit in engines and
+               vllm_release_ok(views, u.unit)]
+    if refused:
+        stderr.write(f"{PROG}: error: {refused[0].unit}: {refused[0].why}; {refused[0].remedy}\n")
+        return EXIT_USAGE
     if args.format == "table":
         stdout.write(render_table(plan))
     elif args.format == "json":
         stdout.write(render_json(plan))
     else:
-        systemctl = args.systemctl
-        units = [u for d in plan.devices for u in d.units]
-        commands = {u.unit: read_exec_start(systemctl, u.unit) for u in units}
-        for unit, command in commands.items():
-            if command is None:
-                stderr.write(f"{PROG}: warning: {unit}: its ExecStart= could not be read ({systemctl} cat); "
-                             f"add to its command: {planned_flags(next(u for u in units if u.unit == unit))}\n")
-        if args.format == "nixos":
-            stdout.write(render_nixos(plan, commands))
-        elif args.output_dir is not None and not plan.fits:
-            # drop-ins of a plan that does not fit would make the units fail at start (R up to 1)
-            stderr.write(f"{PROG}: nothing written to {args.output_dir}: the plan does not fit\n")
-        else:
-            for u in units:
-                text = drop_in(u, commands[u.unit])
-                if args.output_dir is not None:
-                    path = Path(args.output_dir) / f"{u.unit}.d" / DROP_IN_NAME
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_text(text)
-                    stdout.write(f"{path}\n")
-                else:
-                    stdout.write(f"# /etc/systemd/system/{u.unit}.d/{DROP_IN_NAME}\n{text}\n")
+        code = _write_units(args, plan, stdout, stderr)
+        if code is not None:
+            return code
     for u in plan.unplannable:
-        stderr.write(f"{PROG}: {u.unit}: not plannable: {u.why}; {u.remedy}\n")
-    if plan.fits:
-        return EXIT_FITS
-    for device in plan.devices:
-        fit = device.fit
-        if not fit.fits:
-            units = ", ".join(f"{u.unit} {u.footprint.total_bytes}" for u in device.units)
-            stderr.write(f"{PROG}: GPU {device.device} does not fit: {fit.missing_bytes} bytes missing "
-                         f"({units}; total {device.total_bytes}, reserve {device.reserve_bytes})\n")
-    return EXIT_DOES_NOT_FIT
+        held = f" (counted at ceil(R x total) = {_gib_of(u.held_bytes)})" if u.held_bytes else \
+            " (its memory is not counted: its gpu_memory_utilization is not known)"
+        stderr.write(f"{PROG}: {u.unit}: not plannable: {u.why}; {u.remedy}{held if u.device else ''}\n")
+    if not plan.fits:
+        for device in plan.devices:
+            fit = device.fit
+            if fit.fits:
+                continue
+            stderr.write(f"{PROG}: GPU {device.device} does not fit: {_gib_of(fit.missing_bytes)} missing "
+                         f"({fit.missing_bytes} bytes; total {_gib_of(device.total_bytes)}, reserve "
+                         f"{_gib_of(device.reserve_bytes)}, left out {_gib_of(device.left_out_bytes)})\n")
+            for u in device.units:
+                stderr.write(f"{PROG}:   {u.unit}: {_gib_of(u.footprint.total_bytes)} (non-KV "
+                             f"{_gib_of(u.footprint.non_kv_bytes)} + KV {_gib_of(u.kv_cache_memory_bytes)} for "
+                             f"{u.target.reason}); largest that fits: {_largest_that_fits(device, u)}\n")
+        return EXIT_DOES_NOT_FIT
+    planned = [u for d in plan.devices for u in d.units]
+    if not planned or plan.unplannable:
+        what = "nothing was planned" if not planned else \
+            f"{len(plan.unplannable)} unit(s) left out of the plan ({', '.join(u.unit for u in plan.unplannable)})"
+        stderr.write(f"{PROG}: incomplete: {what}\n")
+        return EXIT_INCOMPLETE
+    return EXIT_FITS
+
+
+def vllm_release_ok(views: Sequence[UnitView], unit: str) -> bool:
+    """Whether the unit's latest start is of a release the plan covers (a target refused for it is a usage error)."""
+    view = next(v for v in views if v.unit == unit)
+    return bool(view.latest and view.latest.version) and \
+        vllm.release(view.latest.version) >= KV_BUDGET_ON_XPU_SINCE
+
+
+def _write_units(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: TextIO) -> int | None:
+    """--format systemd / nixos: read the units' commands, check every drop-in, then print or write them.
+    All or nothing: a unit whose drop-in cannot be made (its command unreadable or out of reach, or
+    systemd-analyze refusing it) stops the writing with a reason per unit (exit 3). An exit status when
+    it must stop."""
+    units = [u for d in plan.devices for u in d.units]
+    if args.format == "nixos":
+        stdout.write(render_nixos(plan))
+        return None
+    if args.output_dir is not None and not plan.fits:
+        # drop-ins of a plan that does not fit would make the units fail at start (R up to 1)
+        stderr.write(f"{PROG}: nothing written to {args.output_dir}: the plan does not fit\n")
+        return None
+    systemctl = args.systemctl
+    analyze = systemd_analyze_beside(systemctl)
+    texts: dict[str, str] = {}
+    refused: list[str] = []
+    for u in units:
+        unit_text = read_unit(systemctl, u.unit)
+        command = exec_start_from_cat(unit_text) if unit_text is not None else None
+        if command is None:
+            refused.append(f"{u.unit}: its one ExecStart= could not be read ({systemctl} cat); add to its command: "
+                           f"{planned_flags(u)}")
+            continue
+        try:
+            text = drop_in(u, command)
+        except NotEditable as error:
+            refused.append(f"{u.unit}: {error}")
+            continue
+        problem = verify_drop_in(analyze, u.unit, unit_text, text) if analyze else None
+        if problem is not None:
+            refused.append(f"{u.unit}: {problem}")
+            continue
+        texts[u.unit] = text
+    if analyze is None:
+        stderr.write(f"{PROG}: warning: no systemd-analyze beside {systemctl}: the drop-ins are not verified\n")
+    for reason in refused:
+        stderr.write(f"{PROG}: not applicable: {reason}\n")
+    if refused and args.output_dir is not None:
+        stderr.write(f"{PROG}: nothing written to {args.output_dir}: {len(refused)} unit(s) cannot take the plan\n")
+        return EXIT_INCOMPLETE
+    for unit, text in texts.items():
+        if args.output_dir is not None:
+            try:
+                path = write_atomically(Path(args.output_dir) / f"{unit}.d", DROP_IN_NAME, text)
+            except OSError as error:
+                stderr.write(f"{PROG}: error: {unit}: {error}\n")
+                return EXIT_USAGE
+            stdout.write(f"{path}\n")
+        else:
+            stdout.write(f"# /etc/systemd/system/{unit}.d/{DROP_IN_NAME}\n{text}\n")
+    return EXIT_INCOMPLETE if refused else None
 
 
 if __name__ == "__main__":

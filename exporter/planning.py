@@ -6,11 +6,12 @@ its figures per unit and device.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vllm_xpu_exporter import memory as rules
-from vllm_xpu_exporter.fold.engine_starts import Start, UnitView
+from vllm_xpu_exporter.fold.engine_starts import Outcome, Start, UnitView
 from vllm_xpu_exporter.parsers import vllm
 
 # --kv-cache-memory-bytes: absent before 0.10.2; on XPU the budget takes effect from 0.16.0 (the XPU
@@ -41,6 +42,8 @@ class UnitPlan:
     non_kv_from: str  # where the non-KV figure comes from
     gpu_memory_utilization: float  # what to set beside the budget: the footprint's share of the device
     notes: tuple[str, ...] = ()
+    kv_from: str = ""  # where the KV figures come from
+    kv_blocks: rules.KvBlocks | None = None  # the blocks' upper bounds the budget was sized with
 
     @property
     def kv_cache_memory_bytes(self) -> int:
@@ -53,6 +56,7 @@ class Unplannable:
     device: str | None
     why: str
     remedy: str
+    held_bytes: int | None = None  # what it asks of its GPU, ceil(R x total), when its R is known
 
 
 @dataclass
@@ -64,8 +68,18 @@ class DevicePlan:
     unplannable: list[Unplannable] = field(default_factory=list)
 
     @property
+    def planned_bytes(self) -> int:
+        """The planned units' footprints, summed."""
+        return sum(u.footprint.total_bytes for u in self.units)
+
+    @property
+    def left_out_bytes(self) -> int:
+        """What the units left out of the plan ask of the GPU (ceil(R x total) each, where R is known)."""
+        return sum(u.held_bytes or 0 for u in self.unplannable)
+
+    @property
     def fit(self) -> rules.DeviceFit:
-        return rules.device_fit(self.total_bytes, self.reserve_bytes, (u.footprint.total_bytes for u in self.units))
+        return rules.device_fit(self.total_bytes, self.reserve_bytes, (self.planned_bytes, self.left_out_bytes))
 
 
 @dataclass
@@ -84,8 +98,8 @@ class Plan:
 
 @dataclass(frozen=True)
 class TargetRequest:
-    """A target other than the default (max_num_seqs requests of the full length): `tokens`, `requests` of the
-    full length, or what a KV budget of `kv_bytes` holds."""
+    """A target other than the default (the KV the unit's last successful start had): `tokens`,
+    `requests` of the full length, or what a KV budget of `kv_bytes` holds (the budget itself)."""
 
     tokens: int | None = None
     requests: int | None = None
@@ -99,55 +113,133 @@ def budget_target(view: UnitView) -> TargetRequest | None:
     return TargetRequest(kv_bytes=budget) if budget else None
 
 
-def _kv_figures(view: UnitView) -> tuple[Start, int, int] | None:
-    """The start whose KV bytes and tokens are both known (the latest, else the last successful one)."""
+def _kv_figures(view: UnitView) -> tuple[Start, rules.KvBlocks, str] | None:
+    """The start whose KV bytes and tokens are both known (the latest, else the last successful one), its
+    blocks at their upper bounds, and where its KV bytes come from."""
     for start in (view.latest, view.last_success):
         if start is None:
             continue
-        kv_bytes, kv_tokens = start.effective_kv_cache_bytes, start.effective_kv_cache_tokens
-        if kv_bytes is not None and kv_tokens and kv_bytes > 0:
-            return start, kv_bytes, kv_tokens
+        kv_tokens = start.effective_kv_cache_tokens
+        if start.kv_cache_memory_bytes:
+            kv_bytes_max, source = start.kv_cache_memory_bytes, "its --kv-cache-memory-bytes (exact)"
+        elif start.kv_cache_bytes is not None and start.kv_cache_bytes > 0:
+            kv_bytes_max = rules.printed_upper_bound(start.kv_cache_bytes)
+            source = "the KV bytes it printed (2 decimals of GiB: their upper end)"
+        else:
+            continue
+        if not kv_tokens:
+            continue
+        block_size = start.block_size or XPU_DEFAULT_BLOCK_SIZE
+        length = start.max_model_len
+        concurrency = rules.concurrency_lower_bound(start.max_concurrency) if start.max_concurrency else None
+        return start, rules.KvBlocks.of(kv_bytes_max, kv_tokens, block_size, length, concurrency), source
     return None
 
 
-def _non_kv(start: Start, kv_bytes: int, total_bytes: int) -> tuple[rules.Footprint, str, tuple[str, ...]] | None:
-    """The start's non-KV memory (a footprint with no KV yet), where the figure comes from, and notes."""
-    if start.activation_bytes is not None and start.weights_bytes is not None and start.non_torch_bytes is not None \
-            and start.consumed_bytes is None:
-        return (rules.Footprint.of(start.weights_bytes, start.activation_bytes, start.non_torch_bytes, 0),
-                "printed: weights + peak activation + non-torch", ())
-    if start.activation_bytes is not None and start.consumed_bytes is not None:
-        return (rules.Footprint(start.consumed_bytes + start.activation_bytes, 0, activation_bytes=start.activation_bytes),
-                "printed: consumed (weights + non-torch) + peak activation", ())
-    utilisation = start.effective_gpu_memory_utilization
-    if start.kv_cache_memory_bytes is None and utilisation is not None and start.kv_cache_bytes is not None:
-        non_kv = rules.requested_bytes(total_bytes, utilisation) - kv_bytes
-        note = ("this release prints no split of the non-KV memory: it is ceil(total x gpu_memory_utilization) - "
-                "the KV bytes it printed (weights + peak activation + non-torch as one figure)")
-        return rules.Footprint(non_kv, 0, weights_bytes=start.weights_bytes), "derived: requested - KV", (note,)
-    if start.weights_bytes is not None:
-        note = ("its latest start had --kv-cache-memory-bytes set and printed no activation or non-torch figure: "
-                "only its weights are counted, --reserve has to cover the rest")
-        return rules.Footprint(start.weights_bytes, 0, weights_bytes=start.weights_bytes), "weights only", (note,)
+def _profiled(view: UnitView) -> Start | None:
+    """The latest start whose non-KV memory is known: it sized its KV cache from gpu_memory_utilization."""
+    candidates = [s for s in (view.latest, view.last_success, view.last_profiled)
+                  if s is not None and not s.kv_cache_memory_bytes and s.kv_cache_bytes is not None]
+    # a start that lost a race measured other units' memory as its own non-torch memory: a successful
+    # start's figure first
+    return max(candidates, key=lambda s: (s.outcome is Outcome.OK, s.began_usec)) if candidates else None
+
+
+def _printed_total(view: UnitView) -> int | None:
+    """The device total the unit's starts printed (2 decimals of GiB), the latest that printed one."""
+    starts = [s for s in (view.latest, view.last_success, view.last_profiled) if s is not None and s.device_total_bytes]
+    return max(starts, key=lambda s: s.began_usec).device_total_bytes if starts else view.device_total_bytes
+
+
+def printed_totals(views: Sequence[UnitView]) -> dict[str, int]:
+    """unit -> the device total its starts printed, for the units that printed one."""
+    return {v.unit: total for v in views if (total := _printed_total(v)) is not None}
+
+
+def _non_kv(view: UnitView, total_bytes: int) -> tuple[rules.Footprint, str, tuple[str, ...]] | None:
+    """The unit's non-KV memory (a footprint with no KV yet) from the latest start that printed it, at the
+    upper end of what was printed, where the figure comes from, and notes. CUDA-graph memory (0.34 on XPU
+    takes it from the budget too) is counted in it."""
+    up = rules.printed_upper_bound
+    start = _profiled(view)
+    latest = view.latest
+    older = start is not None and latest is not None and start is not latest and \
+        start.began_usec != latest.began_usec
+    where = " (an earlier start: the latest had --kv-cache-memory-bytes set)" if older else ""
+    if start is not None:
+        graphs = up(start.cudagraph_bytes) if start.cudagraph_bytes else 0
+        if start.activation_bytes is not None and start.consumed_bytes is not None:
+            footprint = rules.Footprint(up(start.consumed_bytes) + up(start.activation_bytes) + graphs, 0,
+                                        activation_bytes=up(start.activation_bytes))
+            return footprint, "printed: consumed (weights + non-torch) + peak activation + CUDA graphs" + where, ()
+        if None not in (start.activation_bytes, start.weights_bytes, start.non_torch_bytes):
+            base = rules.Footprint.of(up(start.weights_bytes), up(start.activation_bytes),
+                                      up(start.non_torch_bytes), 0)
+            return (rules.Footprint(base.non_kv_bytes + graphs, 0, base.weights_bytes, base.activation_bytes,
+                                    base.non_torch_bytes),
+                    "printed: weights + peak activation + non-torch + CUDA graphs" + where, ())
+        utilisation = start.effective_gpu_memory_utilization
+        if utilisation is not None:
+            printed_total = _printed_total(view)
+            ran_on = rules.printed_upper_bound(printed_total) if printed_total else total_bytes
+            non_kv = rules.requested_bytes(ran_on, utilisation) - rules.printed_lower_bound(start.kv_cache_bytes)
+            if non_kv <= 0:
+                return None
+            note = ("this release prints no split of the non-KV memory: it is ceil(total x gpu_memory_utilization) - "
+                    "the KV bytes it printed (weights + peak activation + non-torch as one figure), with the total "
+                    + (f"its starts printed ({printed_total / rules.GiB:.2f} GiB)" if printed_total else
+                       "planned for: right only if its starts ran on a device of that size"))
+            return rules.Footprint(non_kv, 0, weights_bytes=start.weights_bytes), "derived: requested - KV" + where, \
+                (note,)
+    weights = next((s.weights_bytes for s in (latest, view.last_success) if s is not None and s.weights_bytes), None)
+    if weights is not None:
+        note = ("no start of it sized its KV cache from gpu_memory_utilization: only its weights are counted, "
+                "--reserve has to cover the rest")
+        return rules.Footprint(up(weights), 0, weights_bytes=up(weights)), "weights only", (note,)
     return None
 
 
-def _target(unit: str, start: Start, kv_tokens: int, block_size: int, rate: rules.KvRate,
-            request: TargetRequest | None) -> Target | Unplannable:
+def _target(unit: str, view: UnitView, start: Start, kv: rules.KvBlocks,
+            request: TargetRequest | None) -> tuple[Target, int] | Unplannable:
+    """The target and the budget that serves it under vLLM's rules."""
     length = start.requested_max_model_len
+    one_request = rules.kv_budget_for_tokens(length, kv) if length else None
     if request is not None and request.kv_bytes is not None:
-        return Target(rules.tokens_for_kv_bytes(request.kv_bytes, block_size, rate),
-                      f"its --kv-cache-memory-bytes {request.kv_bytes}")
+        return Target(rules.tokens_for_kv_budget(request.kv_bytes, kv),
+                      f"its --kv-cache-memory-bytes {request.kv_bytes}"), request.kv_bytes
     if request is not None and request.tokens is not None:
-        return Target(request.tokens, f"--tokens {request.tokens}")
+        if length is not None and request.tokens < length:
+            return Unplannable(unit, None, f"--tokens {request.tokens} is below one request of its maximum model "
+                                           f"length ({length} tokens), which vLLM refuses to start with",
+                               f"give at least --tokens {unit}={length}")
+        reason = f"--tokens {request.tokens}"
+        held = start.effective_kv_cache_tokens or 0
+        if request.tokens > held:
+            reason += (f" (extrapolated beyond the {held} tokens its start held, at the bytes per token it showed: a "
+                       "model whose KV is not linear in tokens may need more; --requests is sized from the "
+                       "concurrency vLLM printed)")
+        return Target(request.tokens, reason), rules.kv_budget_for_tokens(request.tokens, kv)
+    if length is None:
+        return Unplannable(unit, None, "its latest start printed no maximum model length",
+                           "give the target in tokens (--tokens UNIT=N)")
     if request is not None and request.requests is not None:
-        if length is None:
-            return Unplannable(unit, None, "its latest start printed no maximum model length",
-                               "give the target in tokens (--tokens UNIT=N)")
-        return Target(request.requests * length, f"--requests {request.requests} x {length} tokens")
-    if start.max_num_seqs is not None and length is not None:
-        return Target(start.max_num_seqs * length, f"max_num_seqs {start.max_num_seqs} x {length} tokens")
-    return Target(kv_tokens, "max_num_seqs not given: the KV tokens its latest start had")
+        if kv.request_bytes is not None and start.max_model_len == length:
+            return (Target(request.requests * length, f"--requests {request.requests} x {length} tokens (from the "
+                                                      f"concurrency vLLM printed)"),
+                    rules.kv_budget_for_requests(request.requests, kv))
+        return (Target(request.requests * length, f"--requests {request.requests} x {length} tokens"),
+                rules.kv_budget_for_tokens(request.requests * length, kv))
+    good = view.last_success
+    if good is not None and good.effective_kv_cache_tokens:
+        # what it had: its blocks less the null block, the same bytes again
+        tokens = good.effective_kv_cache_tokens - kv.block_size
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(good.began_usec / 1e6))
+        if tokens >= length:
+            return (Target(tokens, f"the KV its last successful start had (began {when})"),
+                    rules.kv_budget_for_tokens(tokens, kv))
+        return (Target(length, f"one request of {length} tokens (its last successful start, began {when}, had less)"),
+                one_request)
+    return Target(length, f"one request of {length} tokens (no successful start of it in the journal)"), one_request
 
 
 def plan_unit(view: UnitView, device: str, total_bytes: int, request: TargetRequest | None = None) -> UnitPlan | Unplannable:
@@ -168,25 +260,26 @@ def plan_unit(view: UnitView, device: str, total_bytes: int, request: TargetRequ
                                          "past profiling)",
                            "let it start once with a setting that fits (e.g. alone on the GPU, or a smaller "
                            "--max-model-len), or give it --kv-cache-memory-bytes by hand")
-    start, kv_bytes, kv_tokens = figures
-    non_kv = _non_kv(start, kv_bytes, total_bytes)
+    start, kv, kv_from = figures
+    non_kv = _non_kv(view, total_bytes)
     if non_kv is None:
         return Unplannable(unit, device, "its latest start printed neither its weights nor its "
                                          "gpu_memory_utilization's budget",
                            "let it start once without --kv-cache-memory-bytes")
     base, non_kv_from, notes = non_kv
-    block_size = start.block_size or XPU_DEFAULT_BLOCK_SIZE
-    rate = rules.KvRate(kv_bytes, kv_tokens)
-    target = _target(unit, start, kv_tokens, block_size, rate, request)
+    target = _target(unit, view, start, kv, request)
     if isinstance(target, Unplannable):
         return Unplannable(unit, device, target.why, target.remedy)
-    kv_needed = rules.kv_bytes_for_tokens(target.tokens, block_size, rate)
+    target, kv_needed = target
     footprint = rules.Footprint(base.non_kv_bytes, kv_needed, base.weights_bytes, base.activation_bytes,
                                 base.non_torch_bytes)
     if start is not latest:
         notes = (*notes, "its latest start printed no KV size: the figures are its last successful start's")
-    return UnitPlan(unit, device, version, target, block_size, rate.bytes_per_token, footprint, non_kv_from,
-                    rules.utilisation_for(footprint.total_bytes, total_bytes), notes)
+    if start.max_num_seqs is not None and start.requested_max_model_len is not None:
+        notes = (*notes, f"for information: max_num_seqs {start.max_num_seqs} x {start.requested_max_model_len} "
+                         f"tokens would be {start.max_num_seqs * start.requested_max_model_len} tokens")
+    return UnitPlan(unit, device, version, target, kv.block_size, kv.bytes_per_token, footprint, non_kv_from,
+                    rules.utilisation_for(footprint.total_bytes, total_bytes), notes, kv_from, kv)
 
 
 def make_plan(views: Sequence[UnitView], totals: Mapping[str, int], devices_of_units: Mapping[str, set[str]],
@@ -210,7 +303,9 @@ def make_plan(views: Sequence[UnitView], totals: Mapping[str, int], devices_of_u
             continue
         result = plan_unit(view, device, totals[device], requests.get(view.unit))
         if isinstance(result, Unplannable):
-            plans[device].unplannable.append(result)
+            utilisation = view.latest.effective_gpu_memory_utilization
+            held = rules.requested_bytes(totals[device], utilisation) if utilisation is not None else None
+            plans[device].unplannable.append(Unplannable(result.unit, result.device, result.why, result.remedy, held))
         else:
             plans[device].units.append(result)
     return Plan(list(plans.values()), unplaced)

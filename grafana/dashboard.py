@@ -440,7 +440,7 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                             f"GPU's total less {bytes_text(reserve)} for the driver (dashed). Above it, the units "
                             "cannot all run at once: XpuDeviceUnitsDoNotFit fires after "
                             f"{duration_text(knobs['unitsDoNotFitFor'])}. A unit's target is what its "
-                            "--kv-cache-memory-bytes holds, else max_num_seqs requests of its full length.",
+                            "--kv-cache-memory-bytes holds, else the KV of its last successful start.",
                             (Target(f"xpu_unit_memory_footprint_bytes{{{DEVICE}}}", "{{unit}}"),
                              Target(f"xpu_memory_total_bytes{{{DEVICE}}} - {reserve}", "usable")),
                             "usable"),

@@ -119,6 +119,11 @@ def systemctl_wrapper(shared: Path, pid1: int) -> Path:
     wrapper = Path(shared) / SYSTEMCTL_WRAPPER
     wrapper.write_text(f'#!/bin/sh\nexec {nsenter} -t {pid1} -a -- systemctl "$@"\n')
     wrapper.chmod(0o755)
+    # the planner verifies its drop-ins with the systemd-analyze beside its systemctl: the host's (the same
+    # systemd 252; the units' programs are the host's files too)
+    analyze = wrapper.with_name("systemd-analyze")
+    if not analyze.exists():
+        analyze.symlink_to("/usr/bin/systemd-analyze")
     return wrapper
 
 
@@ -130,12 +135,19 @@ def start_one_after_another(machine: RealSystemd, events: Path, units: Sequence[
 
 
 def observe(shared: Path, fake_driver: Path, *, targets: Sequence[str] = PLANNED_TARGETS,
-            time_scale: float = 0.1) -> Observation:
-    """The observation boot and the planner's runs on it (the module docstring, 1)."""
+            time_scale: float = 0.1, after_race: bool = False) -> Observation:
+    """The observation boot and the planner's runs on it (the module docstring, 1). `after_race`: the
+    units start together at boot instead (a failing cold boot; Restart=on-failure brings them up), and
+    the planner reads that boot."""
     shared = Path(shared)
     config, events = idle_gpu(shared)
-    with RealSystemd(shared, files=race_unit_files(shared, time_scale=time_scale)) as machine:
-        start_one_after_another(machine, events, list(RACE_UNITS))
+    enable = list(RACE_UNITS) if after_race else []
+    with RealSystemd(shared, files=race_unit_files(shared, time_scale=time_scale), enable=enable) as machine:
+        if after_race:
+            if not wait_for(lambda: serving_units(events) == set(RACE_UNITS), timeout=4 * STEP_TIMEOUT, interval=0.1):
+                raise RuntimeError("the units did not all serve after the cold boot")
+        else:
+            start_one_after_another(machine, events, list(RACE_UNITS))
         machine.sync_journal()
         counts = journalfacts.counts(machine.journal(*RACE_UNITS), RACE_UNITS)
         common = ["--journal.directory", str(machine.journal_directory),

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_xpu_exporter import memory
-from vllm_xpu_exporter.memory import KvRate
+from vllm_xpu_exporter.memory import KvBlocks
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
 
@@ -38,38 +38,46 @@ def test_restart_headroom() -> None:
     assert memory.restart_headroom_bytes(GiB, 0, SIXTEEN_GIB, 0.07) == GiB - math.ceil(SIXTEEN_GIB * 0.07)
 
 
-def test_kv_bytes_for_tokens_rounds_up_to_whole_blocks() -> None:
-    rate = KvRate(kv_bytes=16 * 1000, kv_tokens=16)  # 1000 bytes a token
-    assert memory.kv_bytes_for_tokens(0, 16, rate) == 0
-    assert memory.kv_bytes_for_tokens(1, 16, rate) == 16_000
-    assert memory.kv_bytes_for_tokens(16, 16, rate) == 16_000
-    assert memory.kv_bytes_for_tokens(17, 16, rate) == 32_000
+def test_a_budget_for_tokens_is_its_whole_blocks_and_the_null_block() -> None:
+    kv = KvBlocks(block_size=16, block_bytes=16_000)  # 1000 bytes a token
+    assert memory.kv_budget_for_tokens(0, kv) == 16_000  # the null block alone
+    assert memory.kv_budget_for_tokens(1, kv) == 32_000
+    assert memory.kv_budget_for_tokens(16, kv) == 32_000
+    assert memory.kv_budget_for_tokens(17, kv) == 48_000
+    assert memory.tokens_for_kv_budget(48_000, kv) == 32 and memory.tokens_for_kv_budget(47_999, kv) == 16
 
 
-def test_kv_bytes_for_tokens_of_a_printed_start() -> None:
-    # vLLM 0.24 serving gemma-3-4b: "Available KV cache memory: 3.25 GiB", "GPU KV cache size: 136,960 tokens"
-    rate = KvRate(round(3.25 * GiB), 136_960)
-    planned = memory.kv_bytes_for_tokens(131072, 64, rate)
-    assert planned == math.ceil(131072 * round(3.25 * GiB) / 136_960)
-    assert planned < round(3.25 * GiB)
+def test_the_issues_low_rate_is_gone() -> None:
+    # the true KV 3.2549 GiB printed "3.25" held 2,2xx blocks of 64 tokens at 24,576 B/token; reading the
+    # rate at the print's value planned 3,216,393,151 bytes for one 131072-token request, below the
+    # 3,221,225,472 vLLM needs
+    page = 64 * 24576
+    true_kv = round(3.2549 * GiB)
+    tokens = true_kv // page * 64
+    kv = KvBlocks.of(memory.printed_upper_bound(round(3.25 * GiB)), tokens, 64)
+    assert kv.block_bytes >= page
+    assert memory.kv_budget_for_tokens(131072, kv) >= 2048 * page + page
 
 
-@given(st.integers(0, 1 << 24), st.integers(1, 1024), st.integers(1, 1 << 40), st.integers(1, 1 << 30))
-def test_kv_bytes_cover_the_target_in_whole_blocks(tokens: int, block: int, kv_bytes: int, kv_tokens: int) -> None:
-    rate = KvRate(kv_bytes, kv_tokens)
-    planned = memory.kv_bytes_for_tokens(tokens, block, rate)
-    blocks = math.ceil(tokens / block)
-    # exact: the smallest byte count at least whole blocks x the rate
-    assert planned * kv_tokens >= blocks * block * kv_bytes
-    assert (planned - 1) * kv_tokens < blocks * block * kv_bytes
-    # monotone in the target
-    assert memory.kv_bytes_for_tokens(tokens + 1, block, rate) >= planned
+def test_printed_bounds_hold_the_true_figure() -> None:
+    assert memory.printed_upper_bound(round(3.25 * GiB)) >= 3.255 * GiB
+    assert memory.printed_lower_bound(round(3.25 * GiB)) <= 3.245 * GiB
+    numerator, denominator = memory.concurrency_lower_bound(1.04)
+    assert numerator / denominator == pytest.approx(1.035)
+
+
+@given(st.integers(1, 1 << 36), st.sampled_from([16, 32, 64, 128]), st.integers(1, 1 << 22), st.integers(0, 1 << 20))
+def test_the_block_bound_is_never_below_the_true_page(page: int, block: int, blocks: int, spare: int) -> None:
+    true_kv = blocks * page + min(spare, page - 1)  # vLLM takes true_kv // page blocks
+    printed = round(round(true_kv / GiB, 2) * GiB)
+    kv = KvBlocks.of(memory.printed_upper_bound(printed), blocks * block, block)
+    assert kv.block_bytes >= page
 
 
 @pytest.mark.parametrize("bad", [(0, 1), (1, 0), (-1, 5)])
-def test_kv_rate_needs_positive_figures(bad: tuple[int, int]) -> None:
+def test_kv_blocks_need_positive_figures(bad: tuple[int, int]) -> None:
     with pytest.raises(ValueError):
-        KvRate(*bad)
+        KvBlocks.of(bad[0], bad[1], 64)
 
 
 def test_footprint_and_fit() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from journalgen import current_boot_id, write_journal
 from polling import wait_for
 from scrapes import series
 from sizes import GiB
-from vllmlogs import (CHAT, EMBEDDING, STT, Boot, VllmRun, compose, journal_specs, race_chat_runs,
+from vllmlogs import (CHAT, EMBEDDING, STT, Boot, Failure, VllmRun, compose, journal_specs, race_chat_runs,
                       race_embedding_run, race_stt_run, service_runs, tracker_entries)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +36,7 @@ LEGACY = "vllm-xpu-legacy.service"
 
 def seed_runs() -> dict[str, VllmRun]:
     _, chat = race_chat_runs()
-    legacy = VllmRun("0.15.1", model="Qwen/Qwen3-1.7B", gpu_memory_utilization=0.1, max_model_len=4096,
+    legacy = VllmRun("0.15.1", model="Qwen/Qwen3-1.7B", gpu_memory_utilization=0.02, max_model_len=4096,
                      max_num_seqs=4, main_pid=2310)
     return {CHAT: chat, EMBEDDING: race_embedding_run(), STT: race_stt_run(), LEGACY: legacy}
 
@@ -104,8 +105,9 @@ def test_the_fold_keeps_the_profiling_split_of_0_15() -> None:
 
 def test_the_seed_host_fits_with_one_full_length_chat_request(journal: Path) -> None:
     result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "json")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == plan.EXIT_INCOMPLETE, result.stderr  # the unit on 0.15.1 is left out
     document = json.loads(result.stdout)
+    assert document["schema_version"] == plan.JSON_SCHEMA_VERSION
     [device] = document["devices"]
     assert device["fits"] and device["total_bytes"] == SIXTEEN_GIB and device["reserve_bytes"] == 512 << 20
     units = {u["unit"]: u for u in device["units"]}
@@ -113,25 +115,34 @@ def test_the_seed_host_fits_with_one_full_length_chat_request(journal: Path) -> 
     chat = units[CHAT]
     kv_bytes, kv_tokens = round(3.25 * GiB), 136_960
     assert chat["target_tokens"] == 131072
-    assert chat["kv_cache_memory_bytes"] == -(-(131072 * kv_bytes) // kv_tokens)  # 2048 whole blocks of 64
-    assert chat["non_kv_bytes"] == 12 * GiB - kv_bytes  # ceil(16 GiB x 0.75) - the KV it printed
+    # 2048 whole blocks of 64 and the null block, sized from the lowest concurrency "1.04x" can stand for
+    at_the_print = (2048 + 1) * 64 * kv_bytes // kv_tokens
+    assert at_the_print < chat["kv_cache_memory_bytes"] < at_the_print + 48 * (1 << 20)
+    assert "from the concurrency vLLM printed" in chat["target"]
+    # ceil(16 GiB x 0.75) - the least KV "3.25 GiB" can stand for
+    assert chat["non_kv_bytes"] == 12 * GiB - memory.printed_lower_bound(kv_bytes)
     assert chat["footprint_bytes"] == chat["non_kv_bytes"] + chat["kv_cache_memory_bytes"]
     assert chat["weights_bytes"] == round(8.58 * GiB)
     assert device["footprint_bytes"] == sum(u["footprint_bytes"] for u in units.values())
-    assert device["left_bytes"] == SIXTEEN_GIB - (512 << 20) - device["footprint_bytes"] >= 0
+    legacy_held = math.ceil(SIXTEEN_GIB * 0.02)
+    assert device["left_out_bytes"] == legacy_held
+    assert device["left_bytes"] == SIXTEEN_GIB - (512 << 20) - device["footprint_bytes"] - legacy_held >= 0
     [legacy] = document["unplannable"]
     assert legacy["unit"] == LEGACY and "0.15.1" in legacy["why"] and "0.16.0" in legacy["remedy"]
     assert f"{LEGACY}: not plannable" in result.stderr
 
 
-def test_the_default_target_names_chat_and_the_bytes_missing(journal: Path) -> None:
-    """max_num_seqs 3 x 131072 tokens at ~25 KB a token is ~9.3 GiB of KV: with 8.75 GiB of non-KV memory
-    the chat unit alone exceeds the 16 GiB GPU."""
-    result = run_plan(journal)
-    assert result.returncode == 1, result.stderr
-    assert "DOES NOT FIT" in result.stdout and "max_num_seqs 3 x 131072 tokens" in result.stdout
-    [line] = [line for line in result.stderr.splitlines() if "does not fit" in line]
-    assert "GPU offline" in line and CHAT in line and "bytes missing" in line
+def test_the_default_target_is_the_kv_of_the_last_good_start_and_a_left_out_unit_exits_3(journal: Path) -> None:
+    """The default is the KV each unit had when it last started (max_num_seqs 3 x 131072 tokens, ~9.3 GiB of
+    KV, is printed as information only); the unit on 0.15.1 is left out, so the plan proves nothing: 3."""
+    result = run_plan(journal, "--format", "json")
+    assert result.returncode == plan.EXIT_INCOMPLETE, result.stderr
+    [device] = json.loads(result.stdout)["devices"]
+    chat = next(u for u in device["units"] if u["unit"] == CHAT)
+    assert chat["target_tokens"] == 136_960 - 64 and "last successful start" in chat["target"]
+    assert any("max_num_seqs 3 x 131072 tokens would be 393216 tokens" in note for note in chat["notes"])
+    assert abs(chat["kv_cache_memory_bytes"] - round(3.25 * GiB)) < 8 * (1 << 20)
+    assert f"incomplete: 1 unit(s) left out of the plan ({LEGACY})" in result.stderr
 
 
 def test_a_target_that_cannot_fit_exits_1_naming_chat_and_the_bytes_missing(journal: Path) -> None:
@@ -139,48 +150,151 @@ def test_a_target_that_cannot_fit_exits_1_naming_chat_and_the_bytes_missing(jour
     assert result.returncode == 1
     [device] = json.loads(result.stdout)["devices"]
     missing = device["missing_bytes"]
-    assert missing == device["footprint_bytes"] + (512 << 20) - SIXTEEN_GIB > 0
-    assert f"{missing} bytes missing" in result.stderr and CHAT in result.stderr
+    assert missing == device["footprint_bytes"] + device["left_out_bytes"] + (512 << 20) - SIXTEEN_GIB > 0
+    [line] = [line for line in result.stderr.splitlines() if "GPU offline does not fit" in line]
+    assert f"GPU offline does not fit: {missing / GiB:.2f} GiB missing ({missing} bytes" in line
+    [chat] = [line for line in result.stderr.splitlines() if f"  {CHAT}: " in line]
+    assert "--requests 40 x 131072 tokens" in chat and f"largest that fits: --requests {CHAT}=" in chat
+    largest = int(chat.split(f"largest that fits: --requests {CHAT}=")[1].split()[0])
+    assert run_plan(journal, "--requests", f"{CHAT}={largest}").returncode == plan.EXIT_INCOMPLETE  # fits
+    assert run_plan(journal, "--requests", f"{CHAT}={largest + 1}").returncode == plan.EXIT_DOES_NOT_FIT
 
 
 def test_tokens_per_unit_and_the_table(journal: Path) -> None:
-    result = run_plan(journal, "--tokens", "vllm-xpu-chat=65", "--reserve", "1GiB")
-    assert result.returncode == 0, result.stderr
-    assert "reserve 1073741824" in result.stdout and "--tokens 65" in result.stdout
+    result = run_plan(journal, "--tokens", "vllm-xpu-chat=140000", "--reserve", "1GiB")
+    assert result.returncode == plan.EXIT_INCOMPLETE, result.stderr
+    assert "reserve 1073741824" in result.stdout and "--tokens 140000" in result.stdout
     assert "derived: requested - KV" in result.stdout
 
 
-def test_systemd_drop_ins_restate_the_command_with_the_budget(journal: Path, tmp_path: Path) -> None:
-    systemctl = tmp_path / "systemctl"
-    systemctl.write_text("#!/bin/sh\n"
-                         "[ \"$3\" = vllm-xpu-chat.service ] || exit 1\n"
-                         "cat <<'EOF'\n# /etc/systemd/system/vllm-xpu-chat.service\n[Service]\n"
-                         "ExecStart=/opt/vllm/bin/vllm serve google/gemma-3-4b-it \\\n"
-                         "    --gpu-memory-utilization 0.75 --max-model-len 131072 --max-num-seqs 3\nEOF\n")
+@pytest.mark.parametrize(("argv", "reason"), [
+    (["--tokens", "vllm-xpu-chat=65"], "--tokens 65 is below one request of its maximum model length (131072"),
+    (["--requests", "vllm-xpu-nope=1"], "vllm-xpu-nope.service: no vLLM start of it in the journal"),
+])
+def test_a_target_that_cannot_be_planned_is_a_one_line_usage_error(journal: Path, argv: list[str], reason: str) -> None:
+    result = run_plan(journal, *argv)
+    assert result.returncode == plan.EXIT_USAGE and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and reason in result.stderr, result.stderr
+
+
+def fake_systemctl(tmp_path: Path, commands: dict[str, str], analyze: bool = True) -> Path:
+    """A systemctl whose `cat` shows each unit's file with its ExecStart=, beside the real systemd-analyze
+    (the planner runs the one beside its systemctl)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    vllm = bin_dir / "vllm"
+    vllm.write_text("#!/bin/sh\n")
+    vllm.chmod(0o755)
+    cases = "".join(f"  {unit}) cat <<'EOF'\n# /etc/systemd/system/{unit}\n[Unit]\nDescription=vLLM\n[Service]\n"
+                    f"ExecStart={command.format(vllm=vllm)}\nEOF\n  ;;\n" for unit, command in commands.items())
+    systemctl = bin_dir / "systemctl"
+    systemctl.write_text(f"#!/bin/sh\ncase \"$3\" in\n{cases}  *) exit 1 ;;\nesac\n")
     systemctl.chmod(0o755)
+    if analyze:
+        (bin_dir / "systemd-analyze").symlink_to("/usr/bin/systemd-analyze")
+    return systemctl
+
+
+SEED_COMMANDS = {
+    CHAT: "{vllm} serve google/gemma-3-4b-it \\\n#  --enforce-eager \\\n"
+          "    --gpu-memory-utilization 0.75 --max-model-len 131072 --max-num-seqs 3",
+    EMBEDDING: "{vllm} serve BAAI/bge-small-en-v1.5 --gpu-memory-utilization 0.07 --max-model-len 512",
+    STT: "{vllm} serve openai/whisper-small --gpu-memory-utilization=0.07",
+}
+
+
+def test_systemd_drop_ins_restate_the_command_with_the_budget_and_pass_systemd_analyze(journal: Path,
+                                                                                      tmp_path: Path) -> None:
+    systemctl = fake_systemctl(tmp_path, SEED_COMMANDS)
     out = tmp_path / "drop-ins"
     result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "systemd", "--output-dir", str(out),
                       "--systemctl", str(systemctl))
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == plan.EXIT_INCOMPLETE, result.stderr  # the unit on 0.15.1 is left out
+    assert "not verified" not in result.stderr and "not applicable" not in result.stderr
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{unit}.d" for unit in (CHAT, EMBEDDING, STT))
     text = (out / f"{CHAT}.d" / plan.DROP_IN_NAME).read_text()
     exec_lines = [line for line in text.splitlines() if line.startswith("ExecStart=")]
     assert exec_lines[0] == "ExecStart="
     command = exec_lines[1]
-    assert command.startswith("ExecStart=/opt/vllm/bin/vllm serve google/gemma-3-4b-it --max-model-len 131072")
-    assert command.count("--gpu-memory-utilization") == 1 and "0.75" not in command
+    assert command.startswith(f"ExecStart={tmp_path}/bin/vllm serve google/gemma-3-4b-it --max-model-len 131072")
+    assert command.count("--gpu-memory-utilization") == 1 and "0.75" not in command and "eager" not in command
     assert "--kv-cache-memory-bytes " in command
-    # the units whose command could not be read get the flags to add
-    embedding = (out / f"{EMBEDDING}.d" / plan.DROP_IN_NAME).read_text()
-    assert not any(line.startswith("ExecStart=") for line in embedding.splitlines())
-    assert "--kv-cache-memory-bytes" in embedding
-    assert f"{EMBEDDING}: its ExecStart= could not be read" in result.stderr
+    assert not [p for p in (out / f"{CHAT}.d").iterdir() if p.name != plan.DROP_IN_NAME]  # no temporary left
 
 
-def test_nixos_snippet(journal: Path) -> None:
-    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "nixos", "--systemctl", "/nonexistent/systemctl")
-    assert result.returncode == 0
-    assert result.stdout.startswith("# vllm-xpu-plan") and "{ lib, ... }:" in result.stdout
-    assert "# vllm-xpu-chat.service: command not readable" in result.stdout
+def test_a_unit_whose_command_a_drop_in_cannot_reach_stops_the_writing(journal: Path, tmp_path: Path) -> None:
+    commands = {**SEED_COMMANDS, CHAT: "/bin/sh -c \"exec {vllm} serve m --gpu-memory-utilization 0.75\""}
+    out = tmp_path / "drop-ins"
+    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "systemd", "--output-dir", str(out),
+                      "--systemctl", str(fake_systemctl(tmp_path, commands)))
+    assert result.returncode == plan.EXIT_INCOMPLETE
+    assert not out.exists()
+    assert f"not applicable: {CHAT}: its ExecStart= runs vLLM through `sh -c" in result.stderr
+    assert "nothing written" in result.stderr
+
+
+def test_a_drop_in_systemd_analyze_refuses_is_not_written(journal: Path, tmp_path: Path) -> None:
+    commands = {**SEED_COMMANDS, EMBEDDING: "/nonexistent/vllm serve m --gpu-memory-utilization 0.07"}
+    out = tmp_path / "drop-ins"
+    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "systemd", "--output-dir", str(out),
+                      "--systemctl", str(fake_systemctl(tmp_path, commands)))
+    assert result.returncode == plan.EXIT_INCOMPLETE and not out.exists()
+    assert f"not applicable: {EMBEDDING}: systemd-analyze verify refuses it:" in result.stderr
+    assert "/nonexistent/vllm is not executable" in result.stderr
+
+
+def test_an_unreadable_command_writes_nothing(journal: Path, tmp_path: Path) -> None:
+    out = tmp_path / "drop-ins"
+    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "systemd", "--output-dir", str(out),
+                      "--systemctl", str(fake_systemctl(tmp_path, {CHAT: SEED_COMMANDS[CHAT]}, analyze=False)))
+    assert result.returncode == plan.EXIT_INCOMPLETE and not out.exists()
+    assert f"not applicable: {EMBEDDING}: its one ExecStart= could not be read" in result.stderr
+    assert "no systemd-analyze beside" in result.stderr
+
+
+@pytest.mark.parametrize("planted", ["file", "directory"])
+def test_the_drop_in_is_not_written_through_a_symlink(journal: Path, tmp_path: Path, planted: str) -> None:
+    out = tmp_path / "drop-ins"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / plan.DROP_IN_NAME).write_text("precious\n")
+    if planted == "file":
+        (out / f"{CHAT}.d").mkdir(parents=True)
+        (out / f"{CHAT}.d" / plan.DROP_IN_NAME).symlink_to(elsewhere / plan.DROP_IN_NAME)
+    else:
+        out.mkdir()
+        (out / f"{CHAT}.d").symlink_to(elsewhere)
+    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "systemd", "--output-dir", str(out),
+                      "--systemctl", str(fake_systemctl(tmp_path, SEED_COMMANDS)))
+    assert result.returncode == plan.EXIT_USAGE, result.stderr
+    assert (elsewhere / plan.DROP_IN_NAME).read_text() == "precious\n"
+    assert sorted(p.name for p in elsewhere.iterdir()) == [plan.DROP_IN_NAME]
+
+
+def test_the_drop_in_sorts_after_an_override_conf_as_systemd_applies_them(tmp_path: Path) -> None:
+    """systemd applies drop-ins in the lexical order of their names across the unit's .d directories: an
+    override.conf (`systemctl edit`) with a command that cannot run, and the plan's drop-in: systemd-analyze
+    verify loads the unit, so the plan's ExecStart= is the one that counts. The old name loses."""
+    for name, expected in ((plan.DROP_IN_NAME, 0), ("50-vllm-xpu-plan.conf", 1)):
+        units = tmp_path / name
+        (units / "x.service.d").mkdir(parents=True)
+        (units / "x.service").write_text("[Service]\nExecStart=/bin/true\n")
+        (units / "x.service.d" / "override.conf").write_text("[Service]\nExecStart=\nExecStart=/nonexistent/vllm\n")
+        (units / "x.service.d" / name).write_text("[Service]\nExecStart=\nExecStart=/bin/true planned\n")
+        result = subprocess.run(["/usr/bin/systemd-analyze", "verify", "--man=no", "--recursive-errors=no", "x.service"],
+                                capture_output=True, text=True, timeout=60, check=False,
+                                env={**os.environ, "SYSTEMD_UNIT_PATH": f"{units}:"})
+        assert result.returncode == expected, (name, result.stderr)
+
+
+def test_nixos_values_per_unit(journal: Path) -> None:
+    result = run_plan(journal, "--requests", f"{CHAT}=1", "--format", "nixos")
+    assert result.returncode == plan.EXIT_INCOMPLETE
+    document = json.loads(run_plan(journal, "--requests", f"{CHAT}=1", "--format", "json").stdout)
+    chat = next(u for u in document["devices"][0]["units"] if u["unit"] == CHAT)
+    assert (f'  "vllm-xpu-chat" = {{ kvCacheMemoryBytes = {chat["kv_cache_memory_bytes"]}; '
+            f'gpuMemoryUtilization = {chat["gpu_memory_utilization"]:g}; }};') in result.stdout.splitlines()
+    assert "mkForce" not in result.stdout and "/nix/store" not in result.stdout and "ExecStart" not in result.stdout
 
 
 @pytest.mark.parametrize("argv", [
@@ -201,14 +315,6 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str]) -> None:
 
 
 # --- pure parts ----------------------------------------------------------------------------------------
-
-@pytest.mark.fast
-def test_exec_start_from_cat_follows_resets_and_continuations() -> None:
-    text = ("# /etc/systemd/system/u.service\n[Service]\nExecStart=/bin/old --a\n"
-            "# /etc/systemd/system/u.service.d/x.conf\n[Service]\nExecStart=\nExecStart=/bin/new \\\n  --b 1\n")
-    assert plan.exec_start_from_cat(text) == "/bin/new --b 1"
-    assert plan.exec_start_from_cat("ExecStart=/a\nExecStart=/b\n") is None  # two commands: not ours to edit
-
 
 @pytest.mark.fast
 def test_planned_command_replaces_both_flag_spellings() -> None:
@@ -250,39 +356,37 @@ def scrape_planned(journal: Path, tmp_path: Path, fake_driver: Path, config_path
 
 def test_the_exporter_shows_the_planners_figures_per_unit_and_gpu(journal: Path, tmp_path: Path, fake_driver: Path,
                                                                   config_path: Path) -> None:
-    """The planner's default target (max_num_seqs requests of the full length), to the byte: chat's footprint
-    alone passes the GPU's total, which the device sum shows; the unit on 0.15.1 has no plan, so no series."""
+    """The planner's default target (the KV of the last successful start), to the byte; the unit on 0.15.1
+    has no plan, so no series."""
     [device] = json.loads(run_plan(journal, "--format", "json").stdout)["devices"]
     footprints, planned_kv, device_sums = planned_series(scrape_planned(journal, tmp_path, fake_driver, config_path))
     assert footprints == {u["unit"]: u["footprint_bytes"] for u in device["units"]}
     assert planned_kv == {u["unit"]: u["kv_cache_memory_bytes"] for u in device["units"]}
     assert LEGACY not in footprints
     assert device_sums == {A770.pci_address: device["footprint_bytes"]}
-    assert device["footprint_bytes"] > SIXTEEN_GIB
 
 
 def test_a_unit_with_a_kv_budget_is_planned_for_what_its_budget_holds(tmp_path: Path, fake_driver: Path,
                                                                       config_path: Path) -> None:
     """The plan applied: chat's latest start has --kv-cache-memory-bytes, and the exporter's planned KV is
-    the whole blocks of its budget, not max_num_seqs requests of the full length."""
+    its budget, to the byte."""
     budget = 3_500_000_000
     runs = {**seed_runs(), CHAT: replace(race_chat_runs()[1], kv_cache_memory_bytes=budget)}
     del runs[LEGACY]
     journal = write_journal(tmp_path / "budget.journal", journal_specs(seed_placed(runs)))
     start = latest_starts(runs)[CHAT]
     footprints, planned_kv, device_sums = planned_series(scrape_planned(journal, tmp_path, fake_driver, config_path))
-    rate = memory.KvRate(start.effective_kv_cache_bytes, start.effective_kv_cache_tokens)
-    block_bytes = 64 * start.effective_kv_cache_bytes / start.effective_kv_cache_tokens
-    assert budget - block_bytes < planned_kv[CHAT] <= budget
-    assert planned_kv[CHAT] == memory.kv_bytes_for_tokens(memory.tokens_for_kv_bytes(budget, 64, rate), 64, rate)
-    assert footprints[CHAT] == start.weights_bytes + planned_kv[CHAT]  # 0.24 prints only the weights beside a budget
+    assert planned_kv[CHAT] == budget
+    # 0.24 prints only the weights beside a budget, and no start of it ran without one
+    assert footprints[CHAT] == memory.printed_upper_bound(start.weights_bytes) + budget
     assert device_sums == {A770.pci_address: sum(footprints.values())} and sum(footprints.values()) < SIXTEEN_GIB
 
 
 def test_a_plan_that_does_not_fit_writes_no_drop_in(journal: Path, tmp_path: Path) -> None:
-    """The default target does not fit: its drop-ins (chat at R 1) would make the units fail at every start."""
+    """Three full-length chat requests do not fit: their drop-ins would make the units fail at every start."""
     out = tmp_path / "drop-ins"
-    result = run_plan(journal, "--format", "systemd", "--output-dir", str(out), "--systemctl", "/nonexistent/systemctl")
+    result = run_plan(journal, "--requests", f"{CHAT}=3", "--format", "systemd", "--output-dir", str(out),
+                      "--systemctl", "/nonexistent/systemctl")
     assert result.returncode == 1
     assert not out.exists()
     assert f"nothing written to {out}: the plan does not fit" in result.stderr
@@ -303,5 +407,142 @@ def test_the_exporters_plan_is_kept_while_its_figures_hold_and_made_again_when_a
     budgeted = next(v for v in unit_views({CHAT: replace(race_chat_runs()[1], kv_cache_memory_bytes=3_500_000_000)})
                     if v.unit == CHAT)
     replanned = collector._plan(budgeted, "0000:03:00.0", SIXTEEN_GIB)
-    assert replanned.kv_cache_memory_bytes < first.kv_cache_memory_bytes
+    assert replanned.kv_cache_memory_bytes == 3_500_000_000 != first.kv_cache_memory_bytes
     assert collector._plan(view, "0000:03:00.0", 2 * SIXTEEN_GIB) is not first  # another total
+
+
+# --- the budget's figures (issue 26) ---------------------------------------------------------------------
+
+def views_of(unit_runs: dict[str, list[VllmRun]]) -> dict[str, object]:
+    """Each unit's runs, each started anew (by hand) a while after the one before."""
+    boot_at = 1_747_044_600.0
+    planned = []
+    for index, (unit, runs) in enumerate(unit_runs.items()):
+        for number, run in enumerate(runs):
+            planned += service_runs(unit, [run], boot_at + 60 + number * 600 + index * 0.001, job_id=120 + index + 10 * number)
+    tracker = EngineTracker()
+    tracker.extend(tracker_entries(compose(Boot(current_boot_id(), boot_at, tuple(planned)))))
+    return {view.unit: view for view in tracker.views()}
+
+
+def chat_plan(runs: list[VllmRun], total: int = SIXTEEN_GIB, **target: int) -> planning.UnitPlan:
+    result = planning.plan_unit(views_of({CHAT: runs})[CHAT], "offline", total,
+                                planning.TargetRequest(**target) if target else None)
+    assert isinstance(result, planning.UnitPlan), result
+    return result
+
+
+@pytest.mark.fast
+def test_cuda_graph_memory_of_0_34_is_counted_in_the_non_kv_memory() -> None:
+    restarted = replace(race_chat_runs()[1], version="0.34.0")
+    without = chat_plan([restarted], requests=1)
+    with_graphs = chat_plan([replace(restarted, cudagraph_gib=0.35)], requests=1)
+    assert "CUDA graphs" in with_graphs.non_kv_from
+    assert with_graphs.footprint.non_kv_bytes - without.footprint.non_kv_bytes == memory.printed_upper_bound(round(0.35 * GiB))
+    assert with_graphs.kv_cache_memory_bytes == without.kv_cache_memory_bytes
+
+
+@pytest.mark.fast
+def test_re_planning_after_a_plan_is_applied_keeps_the_non_kv_memory_and_reads_the_exact_budget() -> None:
+    """The latest start ran with --kv-cache-memory-bytes (no summary, a rounded "reserved" line): the non-KV
+    memory is the earlier start's (not the weights alone), the KV figures the exact budget's."""
+    profiled = replace(race_chat_runs()[1], version="0.28.0")
+    budget = 3_400_000_123
+    applied = replace(profiled, kv_cache_memory_bytes=budget, kv_cache_tokens=budget // (64 * 24576) * 64,
+                      main_pid=2401)
+    before = chat_plan([profiled], requests=1)
+    after = chat_plan([profiled, applied], requests=1)
+    assert after.footprint.non_kv_bytes == before.footprint.non_kv_bytes
+    assert "earlier start" in after.non_kv_from and "weights only" not in after.non_kv_from
+    assert after.kv_from == "its --kv-cache-memory-bytes (exact)"
+    assert after.kv_blocks.block_bytes == budget * 64 // applied.kv_cache_tokens
+
+
+@pytest.mark.fast
+def test_tokens_beyond_what_the_start_held_say_they_extrapolate() -> None:
+    held = race_chat_runs()[1].kv_cache_tokens
+    assert "extrapolated beyond the 136960 tokens" in chat_plan([race_chat_runs()[1]], tokens=held + 64).target.reason
+    assert "extrapolated" not in chat_plan([race_chat_runs()[1]], tokens=held).target.reason
+
+
+@pytest.mark.fast
+def test_the_derived_non_kv_memory_uses_the_total_the_starts_printed_for_another_device_size() -> None:
+    """0.24 prints no split: non-KV = ceil(total x R) - KV, with the total of the device the start ran on
+    (printed by its free-memory failure), not the size planned for: right for a 12 GiB plan too."""
+    failed = replace(race_chat_runs()[1], failure=Failure("insufficient_free_memory", free_gib=3.1, total_gib=15.91),
+                     main_pid=2300)
+    runs = [failed, race_chat_runs()[1]]
+    on_16 = chat_plan(runs, requests=1)
+    on_12 = chat_plan(runs, total=12 * GiB, requests=1)
+    assert on_12.footprint.non_kv_bytes == on_16.footprint.non_kv_bytes
+    ran_on = memory.printed_upper_bound(round(15.91 * GiB))
+    assert on_16.footprint.non_kv_bytes == math.ceil(ran_on * 0.75) - memory.printed_lower_bound(round(3.25 * GiB))
+    # without a printed total the figure is the planned size's, and the plan says so
+    alone = chat_plan([race_chat_runs()[1]], total=12 * GiB, requests=1)
+    assert any("right only if its starts ran on a device of that size" in note for note in alone.notes)
+
+
+@pytest.mark.fast
+def test_a_derived_non_kv_memory_at_or_below_zero_is_not_planned() -> None:
+    result = planning.plan_unit(views_of({CHAT: [race_chat_runs()[1]]})[CHAT], "offline", 4 * GiB,
+                                planning.TargetRequest(requests=1))
+    assert isinstance(result, planning.Unplannable)
+
+
+def test_device_memory_other_than_the_printed_total_is_said(tmp_path: Path) -> None:
+    runs = {CHAT: replace(race_chat_runs()[1], version="0.28.0", total_gib=15.11)}
+    journal = write_journal(tmp_path / "a770.journal", journal_specs(seed_placed(runs)))
+    result = run_plan(journal, "--requests", f"{CHAT}=1")
+    assert result.returncode == 0, result.stderr
+    assert (f"--device-memory {SIXTEEN_GIB} (16.00 GiB) is not the total the starts of {CHAT} printed (15.11 GiB)"
+            in result.stderr)
+    # without Level Zero and without --device-memory: the total the starts printed, at its least
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", "--journal.file", str(journal),
+                             "--levelzero.library", str(tmp_path / "no-libze_loader.so.1"), "--format", "json"],
+                            capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    [device] = json.loads(result.stdout)["devices"]
+    assert device["total_bytes"] == memory.printed_lower_bound(round(15.11 * GiB))
+    assert "Level Zero cannot be read: planning for the total the starts printed" in result.stderr
+
+
+def test_a_journal_without_vllm_lines_plans_nothing_and_exits_3(tmp_path: Path) -> None:
+    journal = write_journal(tmp_path / "empty.journal",
+                            journal_specs(compose(Boot(current_boot_id(), 1_747_044_600.0, ()))))
+    result = run_plan(journal)
+    assert result.returncode == plan.EXIT_INCOMPLETE
+    assert len(result.stderr.splitlines()) == 1 and "nothing planned" in result.stderr
+
+
+def test_only_units_before_0_16_exit_3(tmp_path: Path) -> None:
+    journal = write_journal(tmp_path / "legacy.journal", journal_specs(seed_placed({LEGACY: seed_runs()[LEGACY]})))
+    result = run_plan(journal)
+    assert result.returncode == plan.EXIT_INCOMPLETE
+    assert "incomplete: nothing was planned" in result.stderr
+
+
+def test_right_after_a_failing_cold_boot_the_default_takes_chats_last_good_kv_from_an_earlier_boot(
+        tmp_path: Path) -> None:
+    """The issue's: the current boot holds only chat's failing start ("2.13 GiB" available, below one
+    request); the default used to print "fits" with chat left out of the sum. Now chat's last successful
+    start is found in the earlier boot the journal holds, the plan says which, and chat is in the sum."""
+    failed, restarted = race_chat_runs()
+    earlier_at, current_at = 1_747_000_000.0, 1_747_044_600.0
+    earlier = [*service_runs(CHAT, [restarted], earlier_at + 60, job_id=120),
+               *service_runs(EMBEDDING, [race_embedding_run()], earlier_at + 60.001, job_id=121),
+               *service_runs(STT, [race_stt_run()], earlier_at + 60.002, job_id=122)]
+    current = [*service_runs(CHAT, [replace(failed, failure=Failure("kv_cache_too_small", needed_gib=3.36))],
+                             current_at + 60, job_id=120),
+               *service_runs(EMBEDDING, [race_embedding_run()], current_at + 60.001, job_id=121),
+               *service_runs(STT, [race_stt_run()], current_at + 60.002, job_id=122)]
+    journal = write_journal(tmp_path / "two-boots.journal", journal_specs(compose(
+        Boot("0123456789abcdef0123456789abcdef", earlier_at, tuple(earlier)),
+        Boot(current_boot_id(), current_at, tuple(current)))))
+    result = run_plan(journal, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    [device] = json.loads(result.stdout)["devices"]
+    chat = next(u for u in device["units"] if u["unit"] == CHAT)
+    assert chat["target"] == "the KV its last successful start had (began 2025-05-11 21:47:40 UTC)"
+    assert abs(chat["kv_cache_memory_bytes"] - round(3.25 * GiB)) < 8 * (1 << 20)
+    assert device["footprint_bytes"] == sum(u["footprint_bytes"] for u in device["units"]) > 12 * GiB

@@ -288,6 +288,7 @@ class VllmRun:
     free_gib_at_start: float = 15.42
     total_gib: float = 15.91
     weights_gib: float = 3.21
+    cudagraph_gib: float = 0.0  # the start-up summary's "C GiB for CUDAGraph memory" (0.26+)
     init_seconds: float = 32.05
     compilation_seconds: float | None = None
     failure: Failure | None = None
@@ -508,7 +509,7 @@ def startup_summary_message(run: VllmRun) -> str:
     utilisation = run.effective_gpu_memory_utilization
     requested = round(run.total_gib * utilisation, 2)
     kv_gib = round((run.kv_cache_bytes or 0) / GiB, 2)
-    activation, cuda_graph = 0.51, 0.0
+    activation, cuda_graph = 0.51, run.cudagraph_gib
     if run.era.release >= (0, 28):
         usage = (f"Actual usage is {round(run.weights_gib + 0.12, 2)} GiB for consumed memory (weights + "
                  f"non-torch), {activation} GiB for peak activation, and {cuda_graph} GiB for CUDAGraph memory.")

@@ -501,15 +501,15 @@ class ProcessesCollector(Collector):
                  views: list[UnitView]) -> Iterator[Metric]:
         """The plan's figures (vllm_xpu_exporter.planning) of each engine unit whose GPU and its total are known: the
         KV its target needs and its footprint, and per GPU the sum to hold against its total. The target is
-        what the unit's --kv-cache-memory-bytes holds when set, else the planner's default (max_num_seqs
-        requests of the full model length)."""
+        what the unit's --kv-cache-memory-bytes holds when set, else the planner's default (the KV of
+        its last successful start)."""
         footprint = GaugeFamily("xpu_unit_memory_footprint_bytes",
                                 "What the unit holds on its GPU serving its target: weights + peak activation + "
                                 "non-torch + the planned KV cache (vllm-xpu-plan's figure).", labels=["device", "unit"])
         planned_kv = GaugeFamily("xpu_unit_kv_cache_planned_bytes",
-                                 "The KV cache the unit's target needs in whole blocks: what its "
-                                 "--kv-cache-memory-bytes holds when set, else max_num_seqs requests of its full "
-                                 "model length.", labels=["device", "unit"])
+                                 "The KV budget the unit's target needs (whole blocks and vLLM's null block): its "
+                                 "--kv-cache-memory-bytes when set, else the KV of its last successful start.",
+                                 labels=["device", "unit"])
         device_footprint = GaugeFamily("xpu_device_units_footprint_bytes",
                                        "The footprints of the engine units on the device, summed: above "
                                        "xpu_memory_total_bytes, they cannot all run at once.", labels=["device"])
@@ -571,10 +571,10 @@ class ProcessesCollector(Collector):
         return family
 
     def _plan(self, view: UnitView, pci: str, total: int) -> planning.UnitPlan | planning.Unplannable:
-        """planning.plan_unit, computed again only when what it reads changed: the two starts' figures (the
+        """planning.plan_unit, computed again only when what it reads changed: the starts' figures (the
         fold hands out fresh snapshots at every scrape, equal by identity only, so by their fields), the
         GPU and its total."""
-        key = (view.unit, pci, total, _fields(view.latest), _fields(view.last_success))
+        key = (view.unit, pci, total, _fields(view.latest), _fields(view.last_success), _fields(view.last_profiled))
         plan = self._plans.get(key)
         if plan is None:
             plan = planning.plan_unit(view, pci, total, planning.budget_target(view))

@@ -165,6 +165,7 @@ class Start:
     non_torch_bytes: int | None = None
     consumed_bytes: int | None = None
     cudagraph_bytes: int | None = None
+    device_total_bytes: int | None = None  # the device's total memory as the start printed it (2 decimals of GiB)
     init_duration_seconds: float | None = None
     # the free device memory the engine said it saw at its start, and when it printed it (the 0.26+ start-up
     # summary, the insufficient-free-memory failure, or the reserved-budget line of kv_cache_memory_bytes)
@@ -257,6 +258,10 @@ class UnitView:
     gate_wait_seconds: float = 0.0  # seconds of every gate decision
     gate_timeouts: int = 0
     context_shrinks: int = 0  # starts whose --max-model-len auto served a shorter context than asked
+    # the latest start that sized its KV cache from gpu_memory_utilization (no --kv-cache-memory-bytes)
+    # and printed it: its non-KV memory is known, which a start with a budget does not print
+    last_profiled: Start | None = None
+    device_total_bytes: int | None = None  # the device total a start of it printed last (2 decimals of GiB)
 
     @property
     def gpu_memory_utilization(self) -> float | None:
@@ -289,6 +294,8 @@ class _Unit:
     previous: Start | None = None  # the start before current: its late lines are routed by pid
     latest: Start | None = None
     last_success: Start | None = None
+    last_profiled: Start | None = None
+    device_total_bytes: int | None = None
     invocations: dict[str, Start] = field(default_factory=dict)  # the latest REMEMBERED_INVOCATIONS starts
     gate_waits: int = 0
     gate_wait_seconds: float = 0.0
@@ -303,7 +310,8 @@ class _Unit:
                  for invocation, start in self.invocations.items()}
         return UnitView(self.name, self.starts, dict(self.failures), self.last_failure_usec, self.overlaps,
                         copy(self.latest), copy(self.last_success), copy(self.current), ended,
-                        self.gate_waits, self.gate_wait_seconds, self.gate_timeouts, self.context_shrinks)
+                        self.gate_waits, self.gate_wait_seconds, self.gate_timeouts, self.context_shrinks,
+                        copy(self.last_profiled), self.device_total_bytes)
 
 
 @dataclass(frozen=True)
@@ -442,6 +450,11 @@ class EngineTracker:
             unit.last_success = start
         elif isinstance(event, (vllm.KvCacheMemory, vllm.KvCacheCapacity, vllm.KvCacheBlocks)):
             self._stop_initialising(start)
+        if start.device_total_bytes:
+            unit.device_total_bytes = start.device_total_bytes
+        if isinstance(event, (vllm.KvCacheMemory, vllm.MemoryUsage)) and start.kv_cache_memory_bytes is None \
+                and start.kv_cache_bytes is not None:
+            unit.last_profiled = start
 
     def extend(self, entries: Iterable[Entry]) -> None:
         for entry in entries:
@@ -760,6 +773,7 @@ def _record(start: Start, event: vllm.Event) -> None:
             start.consumed_bytes = event.consumed_bytes
             if start.seen_free_bytes is None:
                 start.seen_free_bytes = event.free_bytes
+            start.device_total_bytes = event.total_bytes or start.device_total_bytes
         case vllm.KvCacheCapacity(tokens=tokens, max_model_len=max_model_len, max_concurrency=concurrency):
             start.kv_cache_tokens = tokens if tokens is not None else start.kv_cache_tokens
             start.max_concurrency = concurrency if concurrency is not None else start.max_concurrency
@@ -775,6 +789,7 @@ def _record(start: Start, event: vllm.Event) -> None:
             start.max_model_len = start.max_model_len or event.max_model_len
             if event.reason is FailureReason.INSUFFICIENT_FREE_MEMORY and start.seen_free_bytes is None:
                 start.seen_free_bytes = event.free_bytes
+            start.device_total_bytes = event.total_bytes or start.device_total_bytes
             if event.available_bytes is not None:
                 start.kv_cache_bytes = event.available_bytes
             if event.needed_bytes is not None:

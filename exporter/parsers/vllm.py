@@ -234,7 +234,7 @@ class MemoryUsage:
     non_torch_bytes: int | None = None  # 0.26-0.27
     consumed_bytes: int | None = None  # weights + non-torch, 0.28+
     free_bytes: int | None = None  # the free device memory the engine saw at its start ("F/T GiB")
-    total_bytes: int | None = None
+    total_bytes: int | None = None  # the device's total memory ("F/T GiB"), 2 decimals
 
 
 @dataclass(frozen=True, slots=True)
