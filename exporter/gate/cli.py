@@ -11,6 +11,7 @@ service's flags are ignored. Bad flags exit 2 with one line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import signal
@@ -177,8 +178,13 @@ def usage_error(message: str) -> int:
 
 def serve(argv: Sequence[str]) -> int:
     from vllm_xpu_exporter.gate.service import Service, listening_socket
+    from vllm_xpu_exporter.sources.journal.reader import read_own_service_unit
     options = parse_service_options(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s", force=True)
+    own_unit = read_own_service_unit()
+    if own_unit is not None:  # vllm-xpu-gate.service matches the default vllm*.service: it is no engine
+        options = dataclasses.replace(options, selection=dataclasses.replace(options.selection,
+                                                                             excluded_units=(own_unit,)))
     try:
         listener = listening_socket(options.listen)
     except OSError as error:
