@@ -647,7 +647,11 @@ def test_the_exporter_counts_the_gates_decisions_it_reads_in_the_units_journal(h
     assert timed_out.wait() == 1 and wait_for(lambda: held.saw(f"waiting for {EMBEDDING}"), timeout=20), held.lines
     host.write(init_completed(EMBEDDING, host.clock, embedding, 100))
     assert held.wait() == 0
-    for run in (timed_out, held):
+    ungated = GateRun(EMBEDDING, subprocess.Popen([*GATE, "wait", "--socket", str(host.tmp / "none.sock"),
+                                                   "--service-timeout", "500ms"], stderr=subprocess.PIPE,
+                                                  env={"PYTHONPATH": str(REPO)}))
+    assert ungated.wait() == 0 and ungated.decision.ungated, ungated.lines
+    for run in (timed_out, held, ungated):
         invocation = new_invocation_id()
         host.write([unit_starting(run.unit, host.clock.tick(), invocation_id=invocation),
                     *(unit_output(run.unit, line, host.clock.tick(), pid=900, comm="vllm-xpu-gate",
@@ -658,10 +662,13 @@ def test_the_exporter_counts_the_gates_decisions_it_reads_in_the_units_journal(h
                            sample(s, "xpu_unit_gate_waits_total", unit=STT) == 1 and s)
         assert samples, exporter.stderr
     assert {unit: sample(samples, "xpu_unit_gate_waits_total", unit=unit) for unit in (CHAT, STT, EMBEDDING)} == {
-        CHAT: 1, STT: 1, EMBEDDING: 0}
+        CHAT: 1, STT: 1, EMBEDDING: 0}  # an ungated start is no wait
+    assert sample(samples, "xpu_unit_gate_wait_seconds_total", unit=EMBEDDING) == 0
     assert {unit: sample(samples, "xpu_unit_gate_timeouts_total", unit=unit) for unit in (CHAT, STT)} == {
         CHAT: 1, STT: 0}
     for run in (timed_out, held):
         assert sample(samples, "xpu_unit_gate_wait_seconds_total", unit=run.unit) == pytest.approx(
             run.decision.seconds)
     assert sample(samples, "xpu_unit_engine_init_overlaps_total", unit=EMBEDDING) == 0
+    assert {unit: sample(samples, "xpu_unit_gate_ungated_starts_total", unit=unit) for unit in (CHAT, STT, EMBEDDING)} \
+        == {CHAT: 0, STT: 0, EMBEDDING: 1}

@@ -247,6 +247,7 @@ class UnitView:
     gate_wait_seconds: float = 0.0  # seconds of every gate decision
     gate_timeouts: int = 0
     context_shrinks: int = 0  # starts whose --max-model-len auto served a shorter context than asked
+    gate_ungated: int = 0  # starts the gate's client let go without the service's decision
 
     @property
     def gpu_memory_utilization(self) -> float | None:
@@ -284,6 +285,7 @@ class _Unit:
     gate_wait_seconds: float = 0.0
     gate_timeouts: int = 0
     context_shrinks: int = 0
+    gate_ungated: int = 0
     engine: bool | None = None  # a start printed a vLLM line; False: known to run something else
 
     def view(self) -> UnitView:
@@ -292,7 +294,8 @@ class _Unit:
                  for invocation, start in self.invocations.items()}
         return UnitView(self.name, self.starts, dict(self.failures), self.last_failure_usec, self.overlaps,
                         copy(self.latest), copy(self.last_success), copy(self.current), ended,
-                        self.gate_waits, self.gate_wait_seconds, self.gate_timeouts, self.context_shrinks)
+                        self.gate_waits, self.gate_wait_seconds, self.gate_timeouts, self.context_shrinks,
+                        self.gate_ungated)
 
 
 @dataclass(frozen=True)
@@ -515,6 +518,9 @@ class EngineTracker:
         """A line of the unit's init gate (an ExecStartPre= process): its decisions count per unit."""
         decision = gate_lines.parse_line(message)
         if decision is None:
+            return
+        if decision.ungated:
+            unit.gate_ungated += 1
             return
         unit.gate_wait_seconds += decision.seconds
         if decision.held_back or decision.timed_out:
