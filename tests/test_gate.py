@@ -56,12 +56,15 @@ def needed(ratio: float) -> int:
 
 # --- journal entries of a unit's start -------------------------------------------------------------
 
-def main_started(unit: str, clock: Clock, invocation: str, pid: int, ratio: float = 0.07) -> list[JournalEntrySpec]:
-    """PID 1's "Started" and the engine's first lines: the unit is initialising."""
+def main_started(unit: str, clock: Clock, invocation: str, pid: int, ratio: float = 0.07,
+                 budget: int | None = None) -> list[JournalEntrySpec]:
+    """PID 1's "Started" and the engine's first lines: the unit is initialising (`budget`: it runs with
+    --kv-cache-memory-bytes)."""
     api = API.format(pid=pid)
+    kv = f", 'kv_cache_memory_bytes': {budget}" if budget is not None else ""
     return [unit_started(unit, clock.tick(), invocation_id=invocation),
             unit_output(unit, api + "vLLM API server version 0.24.0", clock.tick(), pid=pid, invocation_id=invocation),
-            unit_output(unit, api + f"non-default args: {{'model': 'm', 'gpu_memory_utilization': {ratio}}}",
+            unit_output(unit, api + f"non-default args: {{'model': 'm', 'gpu_memory_utilization': {ratio}{kv}}}",
                         clock.tick(), pid=pid, invocation_id=invocation)]
 
 
@@ -381,6 +384,46 @@ def test_a_lease_ends_when_its_starts_init_ends_its_cgroup_stays_empty_or_it_tim
     assert lease_over(held, None, held.granted_usec + CGROUP_GRACE_USEC, None) is None  # cannot be told
 
 
+@dataclass(frozen=True)
+class Reading:
+    """A device memory reading as decide() reads it."""
+
+    free: int
+    total: int = TOTAL
+
+
+@pytest.mark.fast
+def test_by_the_plan_budgeted_starts_are_admitted_beside_budgeted_inits_when_the_memory_covers_them_all() -> None:
+    """Chat (R 0.75, a KV budget) initialises; stt (R 0.07, a budget) may start beside it once free memory
+    covers stt's ceil(R x total) plus what chat has yet to take (its own ceil(R x total) less what its
+    processes hold); without a budget on either side, or with chat's R unknown, stt waits in order."""
+    clock = Clock(current_boot_id())
+    budget = 2 * GiB
+    views = views_of(main_started(CHAT, clock, new_invocation_id(), 100, ratio=0.75, budget=budget))
+    stt = Admission(STT, DEVICE, 0.07, True)
+    chat_left = needed(0.75)
+    enough = Reading(free=needed(0.07) + chat_left)
+    decision = decide(stt, views, [], None, enough)
+    assert decision.release and decision.by_plan and decision.needed_bytes == needed(0.07) + chat_left
+    short = decide(stt, views, [], None, Reading(free=needed(0.07) + chat_left - 1))
+    assert (short.units, short.memory_short, short.waiting_for) == ((), True, (gate_lines.MEMORY,))
+    # what chat's processes already hold is no longer to be taken
+    taken = decide(stt, views, [], None, Reading(free=needed(0.07) + chat_left - GiB), taken={CHAT: GiB})
+    assert taken.release and taken.needed_bytes == needed(0.07) + chat_left - GiB
+    # in order: stt has no budget, or chat has none
+    assert decide(Admission(STT, DEVICE, 0.07, False), views, [], None, enough).units == (CHAT,)
+    unbudgeted = views_of(main_started(CHAT, clock, new_invocation_id(), 100, ratio=0.75))
+    assert decide(stt, unbudgeted, [], None, enough).units == (CHAT,)
+    # a lease of a released budgeted start counts with the bytes it asked for; one without a budget holds
+    released = lease(EMBEDDING, needed_bytes=needed(0.07), absolute=True)
+    both = decide(stt, views, [released], None, Reading(free=2 * needed(0.07) + chat_left))
+    assert both.release and both.needed_bytes == 2 * needed(0.07) + chat_left
+    assert decide(stt, views, [lease(EMBEDDING)], None, enough).units == (CHAT, EMBEDDING)
+    # nothing to wait for: the ordinary check, not the plan's
+    alone = decide(stt, [], [], None, Reading(free=needed(0.07)))
+    assert alone.release and not alone.by_plan
+
+
 # --- releasing and waiting ---------------------------------------------------------------------------
 
 def test_nothing_initialising_and_enough_memory_releases_at_once(host: Host) -> None:
@@ -419,6 +462,23 @@ def test_waits_while_another_unit_initialises_and_releases_when_its_init_ends(ho
     assert run.wait() == 0, run.lines
     assert run.decision.waited_for == (EMBEDDING,) and not run.decision.timed_out
     assert run.decision.seconds >= 0.5
+
+
+def test_by_the_plan_a_budgeted_start_goes_beside_a_budgeted_init_and_says_what_it_needed(host: Host) -> None:
+    """Chat initialises with a KV budget; stt's client gives its budget: it is released while chat's init
+    runs, its "needed" covering both; embedding, without one, waits for chat in order."""
+    chat, stt = new_invocation_id(), new_invocation_id()
+    host.write([unit_starting(CHAT, host.clock.tick(), invocation_id=chat),
+                *main_started(CHAT, host.clock, chat, 100, ratio=0.5, budget=2 * GiB),
+                unit_starting(STT, host.clock.tick(), invocation_id=stt)])
+    code, run = host.run(STT, "--gpu-memory-utilization", "0.07", "--kv-cache-memory-bytes", str(GiB))
+    assert code == 0 and run.decision.waited_for == (), run.lines
+    assert run.decision.needed_bytes == needed(0.07) + needed(0.5) and run.decision.free_bytes == 13 * GiB
+    other = host.start(EMBEDDING, "--gpu-memory-utilization", "0.07")
+    assert wait_for(lambda: other.saw(f"waiting for {CHAT},{STT}"), timeout=20), other.lines  # stt: its lease
+    host.write([*init_completed(CHAT, host.clock, chat, 100), *main_started(STT, host.clock, stt, 200),
+                *init_completed(STT, host.clock, stt, 200)])
+    assert other.wait() == 0 and other.decision.waited_for == (CHAT, STT), other.lines
 
 
 def test_a_unit_waiting_in_its_own_gate_does_not_hold_another_back(host: Host) -> None:
