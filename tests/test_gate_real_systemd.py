@@ -353,3 +353,59 @@ def test_a_hardened_dynamic_user_unit_is_gated_like_any_other(shared: Path, fake
     denied = [journal_field(entry, "MESSAGE") for entry in entries if journal_field(entry, "_SYSTEMD_UNIT") == stt
               and (journal_field(entry, "MESSAGE") or "").startswith("vllm-xpu-gate: ")]
     assert len(denied) == 1 and UNGATED.match(denied[0]) and "may not open a Unix socket" in denied[0], denied
+
+
+def budgeted(engine, budget: int):
+    """The engine with --kv-cache-memory-bytes `budget` (its R unchanged: its footprint stays below R x total)."""
+    return dataclasses.replace(engine, kv_cache_memory_bytes=budget)
+
+
+# Each unit's KV budget: chat's one request of its full 131072 tokens, the small units' a few hundred MiB
+# (their footprints, 11.75, 0.73 and 0.97 GiB, fit the 16 GiB GPU together).
+PLANNED = {"vllm-xpu-chat.service": budgeted(CHAT, 131072 * 26624),
+           "vllm-xpu-embedding.service": budgeted(EMBEDDING, 512 * 1024 * 1024),
+           "vllm-xpu-stt.service": budgeted(STT, 300 * 1024 * 1024)}
+
+
+def test_by_the_plan_budgeted_units_init_together_at_boot_and_a_restart_does_not_wait_for_chats_init(
+        shared: Path, fake_driver: Path):
+    """The three units run with absolute KV budgets, each gated with its budget (the client's
+    --kv-cache-memory-bytes), and boot together: the service admits them beside each other (the free
+    memory covers every footprint), so their inits overlap, none fails and every KV cache is its budget.
+    Then chat is killed while serving and stt restarted at the same moment: stt is admitted beside chat's
+    new init, not after it."""
+    config, events = shared / "ze.conf", shared / "events.jsonl"
+    SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
+    chat, stt = "vllm-xpu-chat.service", "vllm-xpu-stt.service"
+    files = {f"/etc/systemd/system/{unit}": unit_file(
+        engine, device_config=path_inside(shared, config), events=path_inside(shared, events), requests=0,
+        exec_start_pre=gated(engine, ["--kv-cache-memory-bytes", str(engine.kv_cache_memory_bytes)]))
+        for unit, engine in PLANNED.items()}
+    seen: dict[str, object] = {}
+    with RealSystemd(shared, files={**files, **packaged_drop_in(), **gate_files(shared, fake_driver)},
+                     enable=[*PLANNED, GATE_SOCKET]) as machine:
+        assert wait_for(lambda: serving_units(events) == set(PLANNED), timeout=60, interval=0.1), read_events(events)
+        machine.sync_journal()
+        seen["boot"] = machine.journal(*PLANNED)
+        machine.systemctl("kill", "--kill-whom=main", "--signal=KILL", chat)  # Restart=on-failure starts it again
+        machine.systemctl("restart", "--no-block", stt)
+        assert wait_for(lambda: sum(record["event"] == "serving" for record in read_events(events)) >= 5,
+                        timeout=60, interval=0.1), read_events(events)
+        machine.sync_journal()
+        seen["after"] = machine.journal(*PLANNED)
+    boot = journalfacts.counts(seen["boot"], PLANNED)
+    assert all(counts.starts == 1 and not counts.failures for counts in boot.values()), boot
+    assert sum(counts.overlaps for counts in boot.values()) >= 2, f"the budgeted inits did not run together: {boot}"
+    served = [record for record in read_events(events) if record["event"] == "serving"]
+    assert all(record["kv_bytes"] == PLANNED[record["unit"]].kv_cache_memory_bytes for record in served), served
+    per_unit = {unit: decisions(seen["boot"], unit) for unit in PLANNED}
+    assert all(len(found) == 1 and found[0].released and not any(name in PLANNED for name in found[0].waited)
+               for found in per_unit.values()), per_unit
+    starts = [start for start in journalfacts.starts(seen["after"]) if start.unit in (chat, stt)]
+    chat_restart = [start for start in starts if start.unit == chat][-1]
+    stt_restart = [start for start in starts if start.unit == stt][-1]
+    assert chat_restart.outcome == "ok" and stt_restart.outcome == "ok", starts
+    (stt_decision,) = [found for found in decisions(seen["after"], stt) if found.invocation == stt_restart.invocation]
+    assert chat not in stt_decision.waited, stt_decision
+    assert stt_restart.init_began_usec is not None and chat_restart.init_ended_usec is not None
+    assert stt_restart.init_began_usec < chat_restart.init_ended_usec, "stt's init waited for chat's"
