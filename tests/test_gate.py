@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker
-from vllm_xpu_exporter.gate import lines as gate_lines
+from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.cli import main, parse_client_options, parse_service_options
 from vllm_xpu_exporter.gate.decision import CGROUP_GRACE_USEC, HOST, Admission, Lease, decide, lease_over
-from vllm_xpu_exporter.gate.lines import GateDecision
+from vllm_xpu_exporter.parsers.gate import GateDecision
 from vllm_xpu_exporter.systemd import parse_timespan
 from exporterproc import RunningExporter
 from polling import wait_for

@@ -1,10 +1,10 @@
-"""The init gate's lines (exporter/gate/lines.py): what the gate writes is what the fold reads."""
+"""The init gate's lines (exporter/parsers/gate.py): what the gate writes is what the fold reads."""
 
 from __future__ import annotations
 
 import pytest
 
-from vllm_xpu_exporter.gate.lines import (GateDecision, format_released, format_timed_out, format_ungated, is_gate_line,
+from vllm_xpu_exporter.parsers.gate import (GateDecision, format_released, format_timed_out, format_ungated, is_gate_line,
                                           parse_line)
 from sizes import GiB
 

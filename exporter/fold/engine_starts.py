@@ -2,7 +2,7 @@
 and whether it overlapped another unit's init.
 
 Input is the journal in journal order: the unit's own lines (parsed by `vllm_xpu_exporter.parsers.vllm`; the
-lines of the init gate `vllm-xpu-gate`, by `vllm_xpu_exporter.gate.lines`) and PID 1's records about it.
+lines of the init gate `vllm-xpu-gate`, by `vllm_xpu_exporter.parsers.gate`) and PID 1's records about it.
 
 A *start* is one invocation of the unit. Every record of one start carries the same invocation id
 (`_SYSTEMD_INVOCATION_ID` on the unit's output, `INVOCATION_ID` on PID 1's records; a restart gets a
@@ -80,7 +80,7 @@ from enum import StrEnum
 from itertools import chain
 from typing import Protocol
 
-from vllm_xpu_exporter.gate import lines as gate_lines
+from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.parsers import services, vllm
 from vllm_xpu_exporter.parsers.vllm import FailureReason
 from vllm_xpu_exporter.systemd import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,

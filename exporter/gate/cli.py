@@ -22,7 +22,7 @@ from vllm_xpu_exporter import __version__
 from vllm_xpu_exporter.durations import parse_go_duration
 from vllm_xpu_exporter.flags import (EXIT_USAGE, OneLineParser, absolute_path, add_journal_flags, add_levelzero_flags,
                                      add_procfs_flag, add_sysfs_flag, check_journal_flags, journal_selection)
-from vllm_xpu_exporter.gate import lines as gate_lines
+from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.gate.protocol import DEFAULT_SOCKET, MAX_DURATION_S, Request
 from vllm_xpu_exporter.pci import normalise_pci_address
 

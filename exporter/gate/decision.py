@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from vllm_xpu_exporter import memory as memory_rules
 from vllm_xpu_exporter.fold.engine_starts import UnitView
-from vllm_xpu_exporter.gate import lines as gate_lines
+from vllm_xpu_exporter.parsers import gate as gate_lines
 
 if TYPE_CHECKING:
     from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory

@@ -1,4 +1,6 @@
-"""The lines `vllm-xpu-gate` writes (stderr, so the gated unit's journal), written and read here.
+"""The lines `vllm-xpu-gate`'s client writes (stderr, so the gated unit's journal), written and read here:
+the gate formats them, the journal fold (`vllm_xpu_exporter.fold.engine_starts`) parses them, and neither
+imports the other.
 
 Every line the gate writes begins with `PREFIX`, so the engine fold never mistakes one for the engine's
 output, and the process that printed it for the unit's main process. Two lines are decisions, one per
