@@ -114,10 +114,11 @@ def boot_line(name: str, number: int, verdict: BootVerdict) -> str:
 
 
 def boots(name: str, shared: Path, observation: Observation, count: int, *, planned: bool,
-          time_scale: float) -> list[BootVerdict]:
+          time_scale: float, gate_driver: Path | None = None) -> list[BootVerdict]:
     verdicts = []
     for number in range(1, count + 1):
-        outcome = planned_boot(shared, observation if planned else None, time_scale=time_scale)
+        outcome = planned_boot(shared, observation if planned else None, time_scale=time_scale,
+                               gate_driver=gate_driver)
         verdict = judge(outcome, observation.targets, planned=planned)
         verdicts.append(verdict)
         print(boot_line(name, number, verdict), flush=True)
@@ -141,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                         help="also boot as many times without the drop-ins (default: yes)")
     parser.add_argument("--time-scale", type=float, default=0.1, help="real seconds per replayed vLLM second")
+    parser.add_argument("--gated", action="store_true",
+                        help="alternate planned boots without and with the gate service (each client given its "
+                             "unit's planned R and KV budget), and compare when all units served")
     args = parser.parse_args(argv)
     if args.boots < 1:
         parser.error("--boots must be at least 1")
@@ -155,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{observation.planned.stderr}{observation.written.stderr}")
             return 1
         what = "every unit started once and its KV cache held its target (gate off)"
+        if args.gated:
+            return compare_gated(shared, driver, observation, args.boots, args.time_scale, began)
         planned = boots("planned", shared, observation, args.boots, planned=True, time_scale=args.time_scale)
         baseline = boots("without the drop-ins", shared, observation, args.boots, planned=False,
                          time_scale=args.time_scale) if args.baseline else []
@@ -166,6 +172,37 @@ def main(argv: list[str] | None = None) -> int:
         print(summary("without the drop-ins (ungated, unplanned)", baseline, what))
     print(f"({time.monotonic() - began:.0f} s)")
     return 0 if refused and all(v.every_unit_served_its_target for v in planned) else 1
+
+
+def compare_gated(shared: Path, driver: Path, observation: Observation, count: int, time_scale: float,
+                  began: float) -> int:
+    """Planned boots alternating gate off / gate service on; the claim: with the gate every boot counts
+    (each unit once, its KV at its target) and its slowest boot serves within 1.15 x the ungated
+    planned boots' slowest, measured in the same run."""
+    ungated: list[BootVerdict] = []
+    gated_verdicts: list[BootVerdict] = []
+    for number in range(1, count + 1):
+        for name, verdicts, gate_driver in (("planned, gate off", ungated, None),
+                                            ("planned, gate service", gated_verdicts, driver)):
+            outcome = planned_boot(shared, observation, time_scale=time_scale, gate_driver=gate_driver)
+            verdict = judge(outcome, observation.targets, planned=True)
+            verdicts.append(verdict)
+            print(boot_line(name, number, verdict), flush=True)
+    what = "every unit started once and its KV cache held its target"
+    print()
+    print(summary("planned, gate off", ungated, what))
+    print(summary("planned, gate service", gated_verdicts, what))
+    slowest = {name: max(v.outcome.seconds for v in verdicts) for name, verdicts in
+               (("off", ungated), ("on", gated_verdicts))}
+    medians = {name: sorted(v.outcome.seconds for v in verdicts)[len(verdicts) // 2] for name, verdicts in
+               (("off", ungated), ("on", gated_verdicts))}
+    ratio = slowest["on"] / slowest["off"]
+    print(f"all units serving after: gate off median {medians['off']:.1f} s, slowest {slowest['off']:.1f} s; "
+          f"gate service median {medians['on']:.1f} s, slowest {slowest['on']:.1f} s; slowest ratio {ratio:.2f} "
+          f"(target <= 1.15)")
+    print(f"({time.monotonic() - began:.0f} s)")
+    good = all(v.every_unit_served_its_target for v in gated_verdicts)
+    return 0 if good and ratio <= 1.15 else 1
 
 
 if __name__ == "__main__":
