@@ -157,14 +157,15 @@ def observe(shared: Path, fake_driver: Path, *, targets: Sequence[str] = PLANNED
 
 
 def planned_boot(shared: Path, observation: Observation | None, *, time_scale: float = 0.1,
-                 gate_driver: Path | None = None) -> BootOutcome:
+                 gate_driver: Path | None = None, while_up=None) -> BootOutcome:
     """A cold boot of the three units started together with the observation's drop-ins (None: without,
     the race as it was); gate off, or with `gate_driver` (the fake driver, a copy in `shared`) the packaged
     gate service and each unit's client given the plan's R and KV budget (`--gpu-memory-utilization`,
-    `--kv-cache-memory-bytes`), so the service admits the planned units by the plan."""
+    `--kv-cache-memory-bytes`), so the service admits the planned units by the plan. `while_up`: as
+    race_boot's."""
     files = dict(observation.drop_ins) if observation else {}
     if gate_driver is None:
-        return race_boot(shared, time_scale=time_scale, files=files or None)
+        return race_boot(shared, time_scale=time_scale, files=files or None, while_up=while_up)
     targets = observation.targets if observation else {}
     unit_of = {engine: unit for unit, engine in RACE_UNITS.items()}
 
@@ -176,7 +177,7 @@ def planned_boot(shared: Path, observation: Observation | None, *, time_scale: f
                                     "--kv-cache-memory-bytes", str(target.kv_bytes)])]
 
     return race_boot(shared, time_scale=time_scale, files={**files, **packaged_drop_in()}, exec_start_pre=client,
-                     gate=packaged_gate(shared, gate_driver))
+                     gate=packaged_gate(shared, gate_driver), while_up=while_up)
 
 
 @dataclass(frozen=True)
