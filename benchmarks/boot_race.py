@@ -57,7 +57,7 @@ class Configuration:
 def configurations(args: argparse.Namespace) -> list[Configuration]:
     without = Configuration("without gate")
     with_gate = Configuration("with gate" + (" and exporter unit" if args.exporter else ""), gated=True,
-                              exporter=args.exporter)  # gated_with the fake driver, once it is built
+                              exporter=args.exporter)
     return {None: [without, with_gate], True: [with_gate], False: [without]}[args.gate]
 
 

@@ -10,7 +10,8 @@ listening, a service that accepts and says nothing, or one gone mid-wait and not
 unit may not open a Unix socket at all (`RestrictAddressFamilies=` without AF_UNIX), it writes one
 line (`started ungated ...`, which the exporter counts as an ungated start) and exits 0.
 
-It imports nothing but the standard library and the protocol: it runs in every gated start.
+It imports only the standard library, the protocol and the gate's line grammar (no source, no journal,
+no Level Zero): it runs in every gated start.
 """
 
 from __future__ import annotations
