@@ -27,6 +27,7 @@ from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.cli import main, parse_client_options, parse_service_options
 from vllm_xpu_exporter.gate.decision import CGROUP_GRACE_USEC, HOST, Admission, Lease, decide, lease_over
+from vllm_xpu_exporter.gate.service import cgroup_populated
 from vllm_xpu_exporter.parsers.gate import GateDecision
 from vllm_xpu_exporter.systemd import parse_timespan
 from exporterproc import RunningExporter
@@ -424,6 +425,28 @@ def test_by_the_plan_budgeted_starts_are_admitted_beside_budgeted_inits_when_the
     assert alone.release and not alone.by_plan
 
 
+@pytest.mark.fast
+def test_a_units_cgroup_is_populated_as_cgroup_v2_or_the_v1_systemd_hierarchy_says(tmp_path: Path) -> None:
+    unit = "/system.slice/vllm-xpu-chat.service"
+    v2 = tmp_path / "v2" / "fs" / "cgroup"
+    (v2 / unit.lstrip("/")).mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("cpu memory\n")
+    (v2 / unit.lstrip("/") / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+    assert cgroup_populated(str(tmp_path / "v2"), unit) is True
+    (v2 / unit.lstrip("/") / "cgroup.events").write_text("populated 0\nfrozen 0\n")
+    assert cgroup_populated(str(tmp_path / "v2"), unit) is False
+    assert cgroup_populated(str(tmp_path / "v2"), "/system.slice/gone.service") is False  # no such cgroup
+    v1 = tmp_path / "v1" / "fs" / "cgroup" / "systemd"
+    (v1 / unit.lstrip("/")).mkdir(parents=True)
+    (v1 / unit.lstrip("/") / "cgroup.procs").write_text("4242\n")
+    assert cgroup_populated(str(tmp_path / "v1"), unit) is True
+    (v1 / unit.lstrip("/") / "cgroup.procs").write_text("")
+    assert cgroup_populated(str(tmp_path / "v1"), unit) is False
+    # outside the service's cgroup namespace, or no cgroup tree at all: cannot be told
+    assert cgroup_populated(str(tmp_path / "v2"), "/../../system.slice/x.service") is None
+    assert cgroup_populated(str(tmp_path / "none"), unit) is None
+
+
 # --- releasing and waiting ---------------------------------------------------------------------------
 
 def test_nothing_initialising_and_enough_memory_releases_at_once(host: Host) -> None:
@@ -479,6 +502,27 @@ def test_by_the_plan_a_budgeted_start_goes_beside_a_budgeted_init_and_says_what_
     host.write([*init_completed(CHAT, host.clock, chat, 100), *main_started(STT, host.clock, stt, 200),
                 *init_completed(STT, host.clock, stt, 200)])
     assert other.wait() == 0 and other.decision.waited_for == (CHAT, STT), other.lines
+
+
+def test_a_connection_that_never_asks_holds_no_one_back(host: Host) -> None:
+    """A local process connects and says nothing (or sends half a request): the service answers the next
+    client at once; the silent connection is closed after the handshake's bound."""
+    host.serve()
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(str(host.socket))
+    half = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    half.connect(str(host.socket))
+    half.sendall(b'{"timeout": 600, "start_on')
+    try:
+        code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07")
+        assert code == 0 and run.decision.waited_for == (), run.lines
+        with pytest.raises(BlockingIOError):  # answered while the silent connection is still open
+            silent.recv(1, socket.MSG_DONTWAIT)
+        silent.settimeout(15)
+        assert silent.recv(1) == b"", "the silent connection was not closed"
+    finally:
+        silent.close()
+        half.close()
 
 
 def test_a_unit_waiting_in_its_own_gate_does_not_hold_another_back(host: Host) -> None:
