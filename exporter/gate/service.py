@@ -43,6 +43,7 @@ MAX_CONNECTIONS = 256  # waiting units and handshakes; beyond it a connection is
 HANDSHAKE_TIMEOUT_S = 5.0
 SEND_TIMEOUT_S = 1.0
 EXIT_USAGE = 2
+STARTING_POLL_S = 0.02  # how often waiting units are decided again while the journal or Level Zero starts
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,7 @@ class Service:
         self._connections = 0
         self._condition = threading.Condition()
         self._stop = threading.Event()
+        self._sources_starting = False  # the last round found the journal unread or Level Zero starting
 
     # --- lifecycle ---------------------------------------------------------------------------------
 
@@ -295,7 +297,8 @@ class Service:
         while not self._stop.is_set():
             with self._condition:
                 if not self._arrived:
-                    self._condition.wait(self.options.poll_interval)
+                    self._condition.wait(min(self.options.poll_interval, STARTING_POLL_S)
+                                         if self._sources_starting else self.options.poll_interval)
                 arrived, self._arrived = self._arrived, []
             self._take(arrived)
             try:
@@ -320,6 +323,7 @@ class Service:
             return
         state = self.journal.state()
         memory = self._memory()
+        self._sources_starting = state.error == STILL_READING or memory is None
         self._end_leases(state)
         for waiter in list(self.waiting):
             if waiter.gone():
