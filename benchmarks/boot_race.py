@@ -15,9 +15,10 @@ ends when every unit serves; its failed inits and overlapping inits are read fro
 (tests/journalfacts.py). Prints one line per boot, then the totals of each configuration.
 
 A configuration is a name and the ExecStartPre= commands put before each unit's engine
-(`configurations()`): "without gate", and "with gate" (`ExecStartPre=+vllm-xpu-gate --unit %n
---gpu-memory-utilization R ...` with each unit's R, the console script of the Python running this, reading
-the namespace's journal and the same fake GPU). The gated boots also enable the packaged exporter unit
+(`configurations()`): "without gate", and "with gate": the packaged gate service and socket
+(tests/bootrace.py packaged_gate: the console script of the Python running this, reading the namespace's
+journal and the same fake GPU) and each unit's client as the packaged drop-in runs it (`ExecStartPre=
+vllm-xpu-gate wait --gpu-memory-utilization R ...`, no "+"). The gated boots also enable the packaged exporter unit
 (packaging/vllm-xpu-exporter.service, tests/bootrace.py's packaged_exporter: its name matches the
 default `vllm*.service` the gates and the exporter watch), as a host runs them; --no-exporter leaves it
 out. A boot's line counts the gates that timed out.
@@ -37,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from bootrace import BootOutcome, gate_environment, gated_with, packaged_exporter, race_boot  # noqa: E402
+from bootrace import BootOutcome, gated, packaged_drop_in, packaged_exporter, packaged_gate, race_boot  # noqa: E402
 from fakeze import build_fake_driver  # noqa: E402
 from realsystemd import journal_field  # noqa: E402
 from vllmunit import Engine  # noqa: E402
@@ -56,7 +57,7 @@ class Configuration:
 def configurations(args: argparse.Namespace) -> list[Configuration]:
     without = Configuration("without gate")
     with_gate = Configuration("with gate" + (" and exporter unit" if args.exporter else ""), gated=True,
-                              exporter=args.exporter)  # gated_with the fake driver, once it is built
+                              exporter=args.exporter)
     return {None: [without, with_gate], True: [with_gate], False: [without]}[args.gate]
 
 
@@ -65,11 +66,13 @@ def run(configuration: Configuration, boots: int, time_scale: float) -> list[Boo
     with tempfile.TemporaryDirectory(prefix="boot-race-") as shared:
         exec_start_pre = configuration.exec_start_pre
         driver = build_fake_driver(Path(shared)) if configuration.gated or configuration.exporter else None
-        if configuration.gated:  # the gate's Level Zero child loads the fake driver, from inside the namespace
-            exec_start_pre = gated_with(gate_environment(Path(shared), driver))
+        if configuration.gated:  # the clients; the service's Level Zero child loads the fake driver
+            exec_start_pre = gated
         for boot in range(1, boots + 1):
             exporter = packaged_exporter(Path(shared), driver) if configuration.exporter else None
-            outcome = race_boot(Path(shared), exec_start_pre=exec_start_pre, time_scale=time_scale, exporter=exporter)
+            gate = packaged_gate(Path(shared), driver) if configuration.gated else None
+            outcome = race_boot(Path(shared), exec_start_pre=exec_start_pre, time_scale=time_scale, exporter=exporter,
+                                gate=gate, files=packaged_drop_in() if configuration.gated else None)
             outcomes.append(outcome)
             failed = {unit.removeprefix("vllm-xpu-").removesuffix(".service"): dict(counts.failures)
                       for unit, counts in outcome.counts.items() if counts.failures}

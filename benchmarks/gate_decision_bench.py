@@ -1,14 +1,15 @@
-"""The gate's first decision state on a big boot: its read of the watched units' latest invocations against
-the read of the whole boot, on the same journal, in the same run.
+"""The gate service's catch-up on a big boot (what it reads once, at its start, before its first decision):
+its read of the watched units' latest invocations against the read of the whole boot, on the same
+journal, in the same run. Its decisions after that read no journal (benchmarks/gate_latency_bench.py).
 
     python benchmarks/gate_decision_bench.py [--size 1000000] [--runs 5]
 
 The journal is bigjournal.py's (10 % of the entries about four watched ``vllm-*.service`` units, a
 restart every ~400-800 of their lines, every third start failing) with ``--invocations``: every start
 has its own invocation id, as systemd gives them. Each run is a fresh process that does what
-``vllm-xpu-gate --unit vllm-chat.service --journal.directory DIR --journal.boot BOOT`` does before its
-first decision: the gate's flags parsed into its journal selection, a ``JournalFollower`` over it, and the
-wait until the follower has read the journal up to now (``Gate._journal_read``). "latest invocations" is
+``vllm-xpu-gate serve --journal.directory DIR --journal.boot BOOT`` does before its first decision: the
+service's flags parsed into its journal selection, a ``JournalFollower`` over it, and the wait until the
+follower has read the journal up to now. "latest invocations" is
 the gate's follower (``latest_invocations=True``), "whole boot" the exporter's read of every entry of the
 boot. Runs alternate; the medians count. Timed: from creating the follower to its first state without an
 error (in process, what the gate waits before it can decide), and spawn to exit (Python's start and the
@@ -72,10 +73,10 @@ class GateDecisionResult:
 
 def child(directory: str, boot: str, mode: str) -> None:
     """In the measured child: the gate's journal read up to its first decision."""
-    from vllm_xpu_exporter.gate.cli import parse_options
+    from vllm_xpu_exporter.gate.cli import parse_service_options
     from vllm_xpu_exporter.sources.journal.follower import JournalFollower
 
-    options = parse_options(["--unit", GATED_UNIT, "--journal.directory", directory, "--journal.boot", boot])
+    options = parse_service_options(["--journal.directory", directory, "--journal.boot", boot])
     started = time.perf_counter()
     follower = JournalFollower(options.selection, options.journal_max_units,
                                latest_invocations=mode == "latest invocations")

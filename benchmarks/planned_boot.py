@@ -54,6 +54,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import bootrace  # noqa: E402
 from fakeze import build_fake_driver  # noqa: E402
+from polling import wait_for  # noqa: E402
+from vllmunit import read_events  # noqa: E402
 from plannedboot import (CHAT, PLANNED_TARGETS, BootVerdict, Observation, UnitVerdict, judge,  # noqa: E402
                          observe, planned_boot)
 
@@ -131,10 +133,11 @@ def boot_line(name: str, number: int, verdict: BootVerdict) -> str:
 
 
 def boots(name: str, shared: Path, observation: Observation, count: int, *, planned: bool,
-          time_scale: float) -> list[BootVerdict]:
+          time_scale: float, gate_driver: Path | None = None) -> list[BootVerdict]:
     verdicts = []
     for number in range(1, count + 1):
-        outcome = planned_boot(shared, observation if planned else None, time_scale=time_scale)
+        outcome = planned_boot(shared, observation if planned else None, time_scale=time_scale,
+                               gate_driver=gate_driver)
         verdict = judge(outcome, observation.targets, planned=planned)
         verdicts.append(verdict)
         print(boot_line(name, number, verdict), flush=True)
@@ -178,6 +181,9 @@ def one_set(offset_mib: float, args: argparse.Namespace, baseline: bool) -> tupl
                   f"{observation.planned.stderr}{observation.written.stderr}")
             return False, [f"{name}: NO PLAN"]
         what = "every unit started once and its KV cache held its target (gate off)"
+        if args.gated:
+            held = compare_gated(shared, driver, observation, args.boots, args.time_scale, time.monotonic()) == 0
+            return held, [f"{name}: gate service beside the plan: {'held' if held else 'did NOT hold'} (above)"]
         planned = boots("planned", shared, observation, args.boots, planned=True, time_scale=args.time_scale)
         without = boots("without the drop-ins", shared, observation, args.boots, planned=False,
                         time_scale=args.time_scale) if baseline else []
@@ -202,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after-race", action="store_true",
                         help="observe a cold boot in which the units race (some inits fail), and boot with the "
                              "drop-ins of vllm-xpu-plan with no flags (the default target)")
+    parser.add_argument("--gated", action="store_true",
+                        help="alternate planned boots without and with the gate service (each client given its "
+                             "unit's planned R and KV budget), and compare when all units served")
     args = parser.parse_args(argv)
     if args.boots < 1:
         parser.error("--boots must be at least 1")
@@ -216,6 +225,68 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lines))
     print(f"({time.monotonic() - began:.0f} s)")
     return 0 if all(ok for ok, _ in results) else 1
+
+
+RESTART_TIMEOUT_S = 60.0
+
+
+def restart_race(shared: Path, delays: list[float]):
+    """while_up: once all serve, chat's main process is killed (Restart=on-failure starts it again) and
+    stt restarted at the same moment; appends how long after the restart stt's engine started (its
+    ExecStartPre= and systemd's own work: what it did not wait for chat's init)."""
+    chat, stt = "vllm-xpu-chat.service", "vllm-xpu-stt.service"
+
+    def run(machine) -> None:
+        events = shared / "events.jsonl"
+        before = len(read_events(events))
+        began = time.time()
+        machine.systemctl("kill", "--kill-whom=main", "--signal=KILL", chat)
+        machine.systemctl("restart", "--no-block", stt)
+        wait_for(lambda: {record["unit"] for record in read_events(events)[before:]
+                          if record["event"] == "serving"} >= {chat, stt}, timeout=RESTART_TIMEOUT_S, interval=0.05)
+        started = [record["at"] for record in read_events(events)[before:]
+                   if record["unit"] == stt and record["event"] == "started"]
+        delays.append(started[0] - began if started else float("inf"))
+    return run
+
+
+def compare_gated(shared: Path, driver: Path, observation: Observation, count: int, time_scale: float,
+                  began: float) -> int:
+    """Planned boots alternating gate off / gate service on; the claim: with the gate every boot counts
+    (each unit once, its KV at its target) and its slowest boot serves within 1.15 x the ungated
+    planned boots' slowest, measured in the same run. In each gated boot, once all serve, chat is killed
+    and stt restarted at the same moment: stt's engine starts within 2 s (it does not wait for chat's
+    init), so it serves within its own init time + 2 s."""
+    ungated: list[BootVerdict] = []
+    gated_verdicts: list[BootVerdict] = []
+    delays: list[float] = []
+    for number in range(1, count + 1):
+        for name, verdicts, gate_driver in (("planned, gate off", ungated, None),
+                                            ("planned, gate service", gated_verdicts, driver)):
+            outcome = planned_boot(shared, observation, time_scale=time_scale, gate_driver=gate_driver,
+                                   while_up=restart_race(shared, delays) if gate_driver else None)
+            verdict = judge(outcome, observation.targets, planned=True)
+            verdicts.append(verdict)
+            print(boot_line(name, number, verdict)
+                  + (f"; chat killed, stt restarted: stt's engine started {delays[-1]:.2f} s after" if gate_driver
+                     else ""), flush=True)
+    what = "every unit started once and its KV cache held its target"
+    print()
+    print(summary("planned, gate off", ungated, what))
+    print(summary("planned, gate service", gated_verdicts, what))
+    slowest = {name: max(v.outcome.seconds for v in verdicts) for name, verdicts in
+               (("off", ungated), ("on", gated_verdicts))}
+    medians = {name: sorted(v.outcome.seconds for v in verdicts)[len(verdicts) // 2] for name, verdicts in
+               (("off", ungated), ("on", gated_verdicts))}
+    ratio = slowest["on"] / slowest["off"]
+    print(f"all units serving after: gate off median {medians['off']:.1f} s, slowest {slowest['off']:.1f} s; "
+          f"gate service median {medians['on']:.1f} s, slowest {slowest['on']:.1f} s; slowest ratio {ratio:.2f} "
+          f"(target <= 1.15)")
+    print(f"chat killed and stt restarted together: stt's engine started {min(delays):.2f} to {max(delays):.2f} s "
+          f"after the restart (target < 2 s)")
+    print(f"({time.monotonic() - began:.0f} s)")
+    good = all(v.every_unit_served_its_target for v in gated_verdicts)
+    return 0 if good and ratio <= 1.15 and max(delays) < 2 else 1
 
 
 if __name__ == "__main__":

@@ -81,9 +81,12 @@ def add_levelzero_flags(parser: argparse.ArgumentParser) -> None:
                            help="give up on a Level Zero read after this long (driver hang; at most 24h)")
 
 
-def add_journal_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+def add_journal_flags(parser: argparse.ArgumentParser,
+                      beyond_max_units: str = "further ones are counted in xpu_exporter_journal_units_dropped_total"
+                      ) -> argparse._ArgumentGroup:
     """--journal.directory, .file, .units, .max-units, .boot, .engine-grace; check them with
-    `check_journal_flags`. Returns the journal group."""
+    `check_journal_flags`. `beyond_max_units`: what the program does with units beyond --journal.max-units
+    (the exporter counts them in a metric). Returns the journal group."""
     journal = parser.add_argument_group("journal")
     journal.add_argument("--journal.directory", dest="journal_directory", default=None, metavar="DIR",
                          help="read the journal from this directory instead of the system journal")
@@ -94,8 +97,7 @@ def add_journal_flags(parser: argparse.ArgumentParser) -> argparse._ArgumentGrou
                               f"default {' '.join(DEFAULT_UNIT_GLOBS)})")
     journal.add_argument("--journal.max-units", dest="journal_max_units", type=positive_int,
                          default=DEFAULT_MAX_UNITS,
-                         metavar="N", help="watch at most this many units, and as many containers; further ones are counted in "
-                                           "xpu_exporter_journal_units_dropped_total")
+                         metavar="N", help=f"watch at most this many units, and as many containers; {beyond_max_units}")
     journal.add_argument("--journal.boot", dest="journal_boot", type=parse_boot, default="current", metavar="BOOT",
                          help="current (this kernel's boot), all, or a boot id")
     journal.add_argument("--journal.engine-grace", dest="journal_engine_grace", type=parse_duration,

@@ -183,12 +183,14 @@ def line_graph(title: str, description: str, targets: Sequence[Target], unit: st
                  options=LEGEND_LIST, custom={"lineInterpolation": "linear"}, defaults={"min": 0})
 
 
-def boot_count_graph(title: str, description: str, target: Target, colour_from_one: str | None = None) -> Panel:
-    """A counter of this boot's events, in whole numbers from 0; with `colour_from_one`, a threshold line
+def boot_count_graph(title: str, description: str, target: Target | tuple[Target, ...],
+                     colour_from_one: str | None = None) -> Panel:
+    """Counters of this boot's events, in whole numbers from 0; with `colour_from_one`, a threshold line
     at 1 in that colour: any such event is worth a look."""
     thresholds = [(None, "green"), (1, colour_from_one)] if colour_from_one else green_only()
     custom = {"thresholdsStyle": {"mode": "line"}} if colour_from_one else {}
-    return Panel("timeseries", title, description, (target,), "short", thresholds, 8, 8, options=LEGEND_LIST,
+    targets = target if isinstance(target, tuple) else (target,)
+    return Panel("timeseries", title, description, targets, "short", thresholds, 8, 8, options=LEGEND_LIST,
                  custom=custom, defaults={"min": 0, "decimals": 0})
 
 
@@ -402,10 +404,13 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   "Seconds each unit's starts spent in the init gate since the host booted.",
                   (Target(f"xpu_unit_gate_wait_seconds_total{{{UNITS}}}", "{{unit}}"),),
                   "s", green_only(), 8, 8, options=LEGEND_LIST, defaults={"min": 0}),
-            boot_count_graph("Init gate timeouts (this boot)",
+            boot_count_graph("Init gate timeouts and ungated starts (this boot)",
                              "Waits in the init gate that ran out (its --timeout): the unit then started anyway (or "
-                             "failed, with --on-timeout fail) while another init ran or memory was short.",
-                             Target(f"xpu_unit_gate_timeouts_total{{{UNITS}}}", "{{unit}}"),
+                             "failed, with --on-timeout fail) while another init ran or memory was short. Ungated: "
+                             "starts whose gate client found no gate service to ask (or may not use AF_UNIX) and "
+                             "let the unit start without a decision.",
+                             (Target(f"xpu_unit_gate_timeouts_total{{{UNITS}}}", "{{unit}} timed out"),
+                              Target(f"xpu_unit_gate_ungated_starts_total{{{UNITS}}}", "{{unit}} ungated")),
                              colour_from_one="orange"),
             boot_count_graph("Context shrinks (this boot)",
                              "Starts of each unit whose --max-model-len auto served a shorter context than the "

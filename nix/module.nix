@@ -11,7 +11,8 @@
 #
 # docs/deployment.md ("NixOS") has the Prometheus side: scrape job, bundled rules and dashboards.
 #
-# The init gate (docs/gate.md) on vLLM units of this host, with or without the exporter:
+# The init gate (docs/gate.md) on vLLM units of this host, with or without the exporter: the gate service
+# and its socket, and the client in each listed unit:
 #
 #   services.vllm-xpu-exporter.gate.units = [ "vllm-chat" "vllm-embedding.service" ];
 { config, lib, pkgs, utils, ... }:
@@ -23,7 +24,7 @@ let
   # IPv6 literals go in brackets: [::1]:10447.
   listenHost = if lib.hasInfix ":" cfg.listenAddress then "[${cfg.listenAddress}]" else cfg.listenAddress;
 
-  # The exporter and the gate read the same units from the journal.
+  # The exporter and the gate service read the same units from the journal.
   journalUnitFlags = map (glob: "--journal.units=${glob}") cfg.units;
 
   flags =
@@ -36,26 +37,101 @@ let
   # CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH: other users' /proc/PID/fd and fdinfo (per-unit memory).
   capabilities = [ "CAP_PERFMON" "CAP_SYS_PTRACE" "CAP_DAC_READ_SEARCH" ];
 
-  # The gate is a gated unit's last ExecStartPre= command, right before its main process, and runs with
-  # full privileges ("+"): it reads the journal and opens the render node whatever the unit's User=.
-  # As root with the unit's environment, which the unit's user may write: a static env (no LD_PRELOAD or
-  # LD_LIBRARY_PATH reaches it) clears it before anything else is loaded, and systemctl is named by path.
-  # %n (the unit's name) is a specifier, so it stays outside the escaped arguments.
-  gateFlags =
+  # The gate's client is a gated unit's last ExecStartPre= command, right before its main process, run
+  # as the unit's own user (no "+"): it asks the gate service over its socket and says nothing of which
+  # unit it is (the service reads that from the caller's cgroup).
+  gateClientFlags =
     [ "--timeout=${toString cfg.gate.timeoutSec}s" "--on-timeout=${cfg.gate.onTimeout}"
-      "--systemctl=${pkgs.systemd}/bin/systemctl" ]
-    ++ journalUnitFlags
+      "--service-timeout=${toString cfg.gate.serviceTimeoutSec}s" ]
     ++ cfg.gate.extraFlags;
-  gateCommand = "+${pkgs.pkgsStatic.busybox}/bin/busybox env -i ${cfg.package}/bin/vllm-xpu-gate --unit=%n "
-    + utils.escapeSystemdExecArgs gateFlags;
+  gateCommand = utils.escapeSystemdExecArgs ([ "${cfg.package}/bin/vllm-xpu-gate" "wait" ] ++ gateClientFlags);
   gatedServices = builtins.listToAttrs (map (unit: {
     name = removeSuffix ".service" unit;
-    value.serviceConfig = {
-      ExecStartPre = mkAfter [ gateCommand ];
-      # The wait counts against the start: the gate's timeout plus the unit's own start.
-      TimeoutStartSec = mkDefault (cfg.gate.timeoutSec + cfg.gate.startTimeoutSec);
+    value = {
+      wants = [ "vllm-xpu-gate.socket" ];
+      after = [ "vllm-xpu-gate.socket" ];
+      serviceConfig = {
+        ExecStartPre = mkAfter [ gateCommand ];
+        # The wait counts against the start: the client's timeout and service timeout plus the unit's own start.
+        TimeoutStartSec = mkDefault (cfg.gate.timeoutSec + cfg.gate.serviceTimeoutSec + cfg.gate.startTimeoutSec);
+      };
     };
   }) cfg.gate.units);
+
+  # The exporter's and the gate service's sandbox: a transient user, the render and journal groups, the
+  # capabilities above, and nothing else.
+  hardening = {
+    SupplementaryGroups = [ "render" "systemd-journal" ];
+    UMask = "0077";
+
+    AmbientCapabilities = capabilities;
+    CapabilityBoundingSet = capabilities;
+    NoNewPrivileges = true;
+    SecureBits = "noroot-locked";
+
+    ProtectSystem = "strict";
+    ProtectHome = true;
+    InaccessiblePaths = [
+      "-/etc/shadow" "-/etc/gshadow" "-/etc/shadow-" "-/etc/gshadow-" "-/etc/ssh" "-/etc/ssl/private"
+      "-/var/lib/private"
+    ];
+    PrivateTmp = true;
+    PrivateIPC = true;
+    PrivateUsers = false;
+    RemoveIPC = true;
+    PrivateMounts = true;
+
+    DevicePolicy = "closed";
+    DeviceAllow = [ "char-drm rw" ];
+
+    ProtectKernelTunables = true;
+    ProtectKernelModules = true;
+    ProtectKernelLogs = true;
+    ProtectControlGroups = true;
+    ProtectClock = true;
+    ProtectHostname = true;
+    ProtectProc = "default";
+    ProcSubset = "all";
+
+    RestrictNamespaces = true;
+    RestrictRealtime = true;
+    RestrictSUIDSGID = true;
+    LockPersonality = true;
+    MemoryDenyWriteExecute = true;
+    SystemCallArchitectures = "native";
+    SystemCallFilter = [ "@system-service" "~@privileged" ];
+    SystemCallErrorNumber = "EPERM";
+  };
+
+  gateService = {
+    description = "Init gate of vLLM units (vllm-xpu-gate)";
+    requires = [ "vllm-xpu-gate.socket" ];
+    after = [ "vllm-xpu-gate.socket" "systemd-journald.service" ];
+    serviceConfig = hardening // {
+      Type = "exec";
+      ExecStart = utils.escapeSystemdExecArgs
+        ([ "${cfg.package}/bin/vllm-xpu-gate" "serve" ] ++ journalUnitFlags ++ cfg.gate.serviceExtraFlags);
+      Restart = "on-failure";
+      RestartSec = "1s";
+      RestartPreventExitStatus = 2;
+      DynamicUser = true;
+      PrivateNetwork = true;
+      RestrictAddressFamilies = [ "AF_UNIX" ];
+      MemoryMax = "256M";
+      TasksMax = 512;
+    };
+  };
+
+  gateSocket = {
+    description = "Socket of the init gate of vLLM units (vllm-xpu-gate)";
+    wantedBy = [ "sockets.target" ];
+    socketConfig = {
+      ListenStream = "/run/vllm-xpu-gate/gate.sock";
+      SocketMode = "0666";
+      DirectoryMode = "0755";
+      RemoveOnStop = true;
+    };
+  };
 
   # Options of the module's former name, services.xpu-exporter, kept as aliases with a rename warning.
   formerOptions = [ "enable" "package" "port" "listenAddress" "units" "webConfigFile" "extraFlags" "openFirewall" "user" ];
@@ -139,14 +215,16 @@ in
         description = ''
           vLLM units (NixOS service names, `.service` optional) whose engine starts only when no other
           watched unit (`units`) on its GPU is initialising and enough memory is free: the init gate
-          `vllm-xpu-gate` is added as their last `ExecStartPre=` (docs/gate.md). Works without `enable`.
+          `vllm-xpu-gate wait` is added as their last `ExecStartPre=`, run as the unit's own user, and the gate
+          service (`vllm-xpu-gate.socket`, `vllm-xpu-gate.service`) is installed (docs/gate.md). Works without
+          `enable`.
         '';
       };
 
       timeoutSec = mkOption {
         type = types.ints.positive;
         default = 600;
-        description = "Seconds a gated start waits at most (the gate's --timeout).";
+        description = "Seconds a gated start waits for its turn at most (the client's --timeout).";
       };
 
       onTimeout = mkOption {
@@ -159,8 +237,8 @@ in
         type = types.ints.positive;
         default = 90;
         description = ''
-          The unit's own start time; a gated unit's `TimeoutStartSec=` is `timeoutSec + startTimeoutSec`
-          (a default: a unit's own `TimeoutStartSec=` wins, and the gate warns if it is too short).
+          The unit's own start time; a gated unit's `TimeoutStartSec=` is `timeoutSec + serviceTimeoutSec +
+          startTimeoutSec` (a default: a unit's own `TimeoutStartSec=` wins).
         '';
       };
 
@@ -168,7 +246,23 @@ in
         type = types.listOf types.str;
         default = [ ];
         example = [ "--device=0000:03:00.0" "--gpu-memory-utilization=0.75" ];
-        description = "Further flags of every gated unit's gate (`vllm-xpu-gate --help`).";
+        description = "Further flags of every gated unit's client (`vllm-xpu-gate wait --help`).";
+      };
+
+      serviceTimeoutSec = mkOption {
+        type = types.ints.positive;
+        default = 30;
+        description = ''
+          Seconds a client waits for a gate service that does not answer before it starts its unit
+          ungated, with one line (the client's --service-timeout).
+        '';
+      };
+
+      serviceExtraFlags = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        example = [ "--lease-timeout=15m" ];
+        description = "Further flags of the gate service (`vllm-xpu-gate serve --help`); `units` are its --journal.units.";
       };
     };
   };
@@ -176,62 +270,22 @@ in
   config = mkIf (cfg.enable || cfg.gate.units != [ ]) {
     networking.firewall.allowedTCPPorts = optionals (cfg.enable && cfg.openFirewall) [ cfg.port ];
 
-    systemd.services = gatedServices // optionalAttrs cfg.enable {
+    systemd.sockets = optionalAttrs (cfg.gate.units != [ ]) { vllm-xpu-gate = gateSocket; };
+    systemd.services = gatedServices // optionalAttrs (cfg.gate.units != [ ]) { vllm-xpu-gate = gateService; }
+      // optionalAttrs cfg.enable {
       vllm-xpu-exporter = {
         description = "Prometheus exporter for Intel GPUs shared by vLLM units (vllm-xpu-exporter)";
         wantedBy = [ "multi-user.target" ];
         after = [ "network.target" "systemd-udevd.service" ];
 
-        serviceConfig = {
+        serviceConfig = hardening // {
           Type = "exec";
           ExecStart = utils.escapeSystemdExecArgs ([ "${cfg.package}/bin/vllm-xpu-exporter" ] ++ flags);
           ExecReload = "${pkgs.coreutils}/bin/kill -HUP $MAINPID";
           Restart = "on-failure";
           RestartSec = "5s";
           RestartPreventExitStatus = 2;
-
-          SupplementaryGroups = [ "render" "systemd-journal" ];
-          UMask = "0077";
-
-          AmbientCapabilities = capabilities;
-          CapabilityBoundingSet = capabilities;
-          NoNewPrivileges = true;
-          SecureBits = "noroot-locked";
-
-          ProtectSystem = "strict";
-          ProtectHome = true;
-          InaccessiblePaths = [
-            "-/etc/shadow" "-/etc/gshadow" "-/etc/shadow-" "-/etc/gshadow-" "-/etc/ssh" "-/etc/ssl/private"
-            "-/var/lib/private"
-          ];
-          PrivateTmp = true;
-          PrivateIPC = true;
-          PrivateUsers = false;
-          RemoveIPC = true;
-          PrivateMounts = true;
-
-          DevicePolicy = "closed";
-          DeviceAllow = [ "char-drm rw" ];
-
-          ProtectKernelTunables = true;
-          ProtectKernelModules = true;
-          ProtectKernelLogs = true;
-          ProtectControlGroups = true;
-          ProtectClock = true;
-          ProtectHostname = true;
-          ProtectProc = "default";
-          ProcSubset = "all";
-
           RestrictAddressFamilies = [ "AF_UNIX" "AF_INET" "AF_INET6" "AF_NETLINK" ];
-          RestrictNamespaces = true;
-          RestrictRealtime = true;
-          RestrictSUIDSGID = true;
-          LockPersonality = true;
-          MemoryDenyWriteExecute = true;
-          SystemCallArchitectures = "native";
-          SystemCallFilter = [ "@system-service" "~@privileged" ];
-          SystemCallErrorNumber = "EPERM";
-
           MemoryMax = "512M";
           TasksMax = 64;
         } // (if cfg.user == null then { DynamicUser = true; } else { User = cfg.user; });

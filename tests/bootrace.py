@@ -7,8 +7,9 @@ serving) and read back from its journal (tests/journalfacts.py).
     outcome.failures, outcome.overlaps, outcome.counts["vllm-xpu-chat.service"]
 
 `exec_start_pre` puts commands before each unit's engine (a gate, when there is one): the same for
-every unit, or a function of the unit's engine (`gated_with(gate_environment(...))`: the gate with the
-unit's R, run through `env -i` as the packaged drop-in runs it, seeing the fake GPU).
+every unit, or a function of the unit's engine (`gated`: the gate's client with the unit's R, as the
+packaged drop-in runs it); `gate=packaged_gate(...)` installs the packaged gate service and socket,
+seeing the fake GPU.
 """
 
 from __future__ import annotations
@@ -39,50 +40,33 @@ SETTLE_TIMEOUT = 45.0
 IDLE_RESERVED = 256 * 1024 * 1024
 
 
-GATE_LAUNCHER = "/bin/busybox"  # busybox-static, as packaging/vllm-xpu-gate.conf runs the gate
-
-
-def gate_command(*, environment: Sequence[str] = (), timeout: str = "60s", poll_interval: str = "100ms",
-                 extra: Sequence[str] = (), launcher: bool = True) -> str:
-    """The ExecStartPre= of `vllm-xpu-gate` (the console script beside this Python) run the packaged
-    drop-in's way, "+/bin/busybox env -i NAME=VALUE... vllm-xpu-gate --unit %n ...": the unit's
-    environment cleared, the gate's own `environment` (NAME=VALUE words, e.g. gate_environment's) set
-    on the root-owned command line; reading the namespace's journal (Storage=volatile).
-    `launcher=False`: "+vllm-xpu-gate ..." started by systemd directly, with the unit's environment (an
-    older drop-in's way; no `environment` then)."""
+def gate_command(*, timeout: str = "60s", extra: Sequence[str] = ()) -> str:
+    """The ExecStartPre= of the packaged drop-in (packaging/vllm-xpu-gate.conf): the client `vllm-xpu-gate
+    wait` (the console script beside this Python), no "+", as the unit's own user."""
     script = Path(sys.executable).with_name("vllm-xpu-gate")
-    if not launcher and environment:
-        raise ValueError("without the launcher the gate has the unit's environment: no command line sets one")
-    start = ["+" + GATE_LAUNCHER, "env", "-i", *environment, str(script)] if launcher else ["+" + str(script)]
-    return " ".join([*start, "--unit", "%n", "--journal.directory", "/run/log/journal", "--timeout", timeout,
-                     "--poll-interval", poll_interval, *extra])
+    return " ".join([str(script), "wait", "--timeout", timeout, "--on-timeout", "start", *extra])
 
 
-def gated(engine: Engine, environment: Sequence[str] = ()) -> list[str]:
-    """The ExecStartPre= of a gated race unit: the gate with the unit's own R, as docs/gate.md's drop-in
+def gated(engine: Engine, extra: Sequence[str] = ()) -> list[str]:
+    """The ExecStartPre= of a gated race unit: the client with the unit's own R, as docs/gate.md's drop-in
     advises, so the memory condition (free >= ceil(R x total)) is checked from the first start on (a
-    fresh journal has no earlier start to take R from). `environment`: the gate's (gate_command)."""
-    return [gate_command(environment=environment,
-                         extra=["--gpu-memory-utilization", str(engine.gpu_memory_utilization)])]
+    fresh journal has no earlier start to take R from)."""
+    return [gate_command(extra=["--gpu-memory-utilization", str(engine.gpu_memory_utilization), *extra])]
 
 
 def gate_environment(shared: Path, fake_driver: Path) -> list[str]:
-    """The gate's NAME=VALUE words (gate_command's `environment`) that make its Level Zero child load
-    the fake driver (a copy in `shared`) with the race's device config: the gate sees the GPU the
-    replayed engines take memory from. On the command line after `env -i`, not the unit's
-    Environment=, which the launcher clears."""
+    """NAME=VALUE lines that make a Level Zero child load the fake driver (a copy in `shared`) with the
+    race's device config, for the gate service's and the exporter's environment files: they see the GPU
+    the replayed engines take memory from."""
     driver = path_inside(shared, fake_driver)
     config = path_inside(shared, Path(shared) / "ze.conf")
     return [f"ZE_ENABLE_ALT_DRIVERS={driver}", f"FAKE_ZE_CONFIG={config}", "ZES_ENABLE_SYSMAN=1"]
 
 
-def gated_with(environment: Sequence[str]) -> Callable[[Engine], list[str]]:
-    """race_boot's `exec_start_pre` for gated units whose gates have `environment` (gate_environment)."""
-    return lambda engine: gated(engine, environment)
-
-
 REPO = Path(__file__).resolve().parents[1]
 EXPORTER_UNIT = "vllm-xpu-exporter.service"
+GATE_SOCKET = "vllm-xpu-gate.socket"
+GATE_SERVICE = "vllm-xpu-gate.service"
 PACKAGED_PREFIX = "/opt/vllm-xpu-exporter/bin/"
 PACKAGED_LISTEN = "--web.listen-address=:10447"
 
@@ -139,15 +123,54 @@ def packaged_exporter(shared: Path, fake_driver: Path, port: int | None = None) 
                                                  "--journal.directory=/run/log/journal")
     defaults += "".join(f"{word}\n" for word in gate_environment(shared, fake_driver))
     files = {f"/etc/systemd/system/{EXPORTER_UNIT}": unit, "/etc/default/vllm-xpu-exporter": defaults}
+    drop_in = hidden_trees_drop_in()
+    if drop_in is not None:
+        files[f"/etc/systemd/system/{EXPORTER_UNIT}.d/realsystemd.conf"] = drop_in
+    return PackagedExporter(port, files)
+
+
+def hidden_trees_drop_in() -> str | None:
+    """[Service] lines that show this checkout and its Python to a unit with ProtectHome=yes or
+    PrivateTmp=yes when they lie under /root, /home or /tmp (BindReadOnlyPaths=, ProtectHome=tmpfs);
+    None when nothing is hidden."""
     trees = {str(REPO), sys.prefix, sys.base_prefix}
     hidden = sorted(tree for tree in trees if tree.startswith(("/root/", "/home/", "/tmp/")))
     hidden = [tree for tree in hidden if not any(tree.startswith(other + "/") for other in hidden)]
-    if hidden:
-        home = any(tree.startswith(("/root/", "/home/")) for tree in hidden)
-        files[f"/etc/systemd/system/{EXPORTER_UNIT}.d/realsystemd.conf"] = "\n".join(
-            ["[Service]", *(["ProtectHome=tmpfs"] if home else []),
-             "BindReadOnlyPaths=" + " ".join(hidden), ""])
-    return PackagedExporter(port, files)
+    if not hidden:
+        return None
+    home = any(tree.startswith(("/root/", "/home/")) for tree in hidden)
+    return "\n".join(["[Service]", *(["ProtectHome=tmpfs"] if home else []), "BindReadOnlyPaths=" + " ".join(hidden),
+                      ""])
+
+
+def packaged_gate(shared: Path, fake_driver: Path, flags: Sequence[str] = ()) -> dict[str, str]:
+    """packaging/vllm-xpu-gate.socket and .service installed in /etc/systemd/system (path inside -> text),
+    adapted only where the namespace needs it: ExecStart= runs this interpreter's console script,
+    /etc/default/vllm-xpu-gate gives --journal.directory=/run/log/journal (the namespace's journal is
+    volatile) and the fake Level Zero driver's variables (`fake_driver`: a copy in `shared`), and a
+    drop-in shows the checkout where the hardening would hide it (hidden_trees_drop_in). `flags`: more
+    flags of the service. Every hardening setting stays as packaged."""
+    service = (REPO / "packaging" / GATE_SERVICE).read_text()
+    if PACKAGED_PREFIX not in service:
+        raise ValueError(f"packaging/{GATE_SERVICE} runs no {PACKAGED_PREFIX}")
+    service = service.replace(PACKAGED_PREFIX, f"{Path(sys.executable).parent}/")
+    arguments = " ".join(["--journal.directory=/run/log/journal", "--poll-interval=100ms", *flags])
+    files = {f"/etc/systemd/system/{GATE_SERVICE}": service,
+             f"/etc/systemd/system/{GATE_SOCKET}": (REPO / "packaging" / GATE_SOCKET).read_text(),
+             "/etc/default/vllm-xpu-gate": f"VLLM_XPU_GATE_ARGS={arguments}\n"
+                                           + "".join(f"{word}\n" for word in gate_environment(shared, fake_driver))}
+    drop_in = hidden_trees_drop_in()
+    if drop_in is not None:
+        files[f"/etc/systemd/system/{GATE_SERVICE}.d/realsystemd.conf"] = drop_in
+    return files
+
+
+def packaged_drop_in() -> dict[str, str]:
+    """packaging/vllm-xpu-gate.conf's [Unit] lines for every race unit (a drop-in each; its ExecStartPre=
+    is gate_command's, in the unit file)."""
+    return {f"/etc/systemd/system/{unit}.d/vllm-xpu-gate.conf": "[Unit]\nWants=vllm-xpu-gate.socket\n"
+                                                               "After=vllm-xpu-gate.socket\n"
+            for unit in RACE_UNITS}
 
 
 @dataclass(frozen=True)
@@ -192,12 +215,12 @@ def idle_gpu(shared: Path) -> tuple[Path, Path]:
 def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine], Sequence[str]] = (),
               time_scale: float = 0.1, extra_service: Sequence[str] = (), exporter: PackagedExporter | None = None,
               while_up: Callable[[RealSystemd], None] | None = None,
-              files: Mapping[str, str] | None = None) -> BootOutcome:
+              files: Mapping[str, str] | None = None, gate: Mapping[str, str] | None = None) -> BootOutcome:
     """Boot once with RACE_UNITS enabled and report what the journal shows once they all serve.
     `extra_service`: more [Service] lines for every unit; `exporter`: the packaged exporter unit
     (packaged_exporter) enabled beside them; `while_up` is called with the machine once the units serve,
     before it shuts down; `files`: more files of the machine (path inside -> text), e.g. the units'
-    drop-ins."""
+    drop-ins; `gate`: the packaged gate service's files (packaged_gate), its socket enabled."""
     shared = Path(shared)
     _, events = idle_gpu(shared)
     all_files = race_unit_files(shared, exec_start_pre=exec_start_pre, time_scale=time_scale,
@@ -207,6 +230,9 @@ def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine]
     if exporter is not None:
         all_files.update(exporter.files)
         enable.append(EXPORTER_UNIT)
+    if gate is not None:
+        all_files.update(gate)
+        enable.append(GATE_SOCKET)
     with RealSystemd(shared, files=all_files, enable=enable) as machine:
         settled = wait_for(lambda: serving_units(events) == set(RACE_UNITS), timeout=SETTLE_TIMEOUT, interval=0.1)
         seconds = time.time() - machine.booted_at
@@ -217,5 +243,6 @@ def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine]
     return BootOutcome(journalfacts.counts(entries, RACE_UNITS), settled, seconds, entries, read_events(events))
 
 
-__all__ = ["BootOutcome", "EXPORTER_UNIT", "GATE_LAUNCHER", "PackagedExporter", "packaged_exporter", "IDLE_RESERVED", "RACE_UNITS", "gate_command", "gate_environment",
-           "gated", "gated_with", "idle_gpu", "race_boot", "race_unit_files"]
+__all__ = ["BootOutcome", "EXPORTER_UNIT", "GATE_SERVICE", "GATE_SOCKET", "PackagedExporter", "packaged_exporter",
+           "IDLE_RESERVED", "RACE_UNITS", "gate_command", "gate_environment", "gated", "hidden_trees_drop_in",
+           "idle_gpu", "packaged_drop_in", "packaged_gate", "race_boot", "race_unit_files"]

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import journalfacts
-from bootrace import RACE_UNITS, BootOutcome, idle_gpu, race_boot, race_unit_files
+from bootrace import (RACE_UNITS, BootOutcome, gate_command, gated, idle_gpu, packaged_drop_in, packaged_gate, race_boot,
+                      race_unit_files)
 from vllm_xpu_exporter.plan import DROP_IN_NAME
 from fakeze import fake_driver_env
 from polling import wait_for
@@ -167,10 +168,28 @@ def observe(shared: Path, fake_driver: Path, *, targets: Sequence[str] = PLANNED
     return Observation(counts, default, planned, written, drop_ins, cat)
 
 
-def planned_boot(shared: Path, observation: Observation | None, *, time_scale: float = 0.1) -> BootOutcome:
-    """A cold boot of the three units started together, gate off, with the observation's drop-ins
-    (None: without, the race as it was)."""
-    return race_boot(shared, time_scale=time_scale, files=observation.drop_ins if observation else None)
+def planned_boot(shared: Path, observation: Observation | None, *, time_scale: float = 0.1,
+                 gate_driver: Path | None = None, while_up=None) -> BootOutcome:
+    """A cold boot of the three units started together with the observation's drop-ins (None: without,
+    the race as it was); gate off, or with `gate_driver` (the fake driver, a copy in `shared`) the packaged
+    gate service and each unit's client given the plan's R and KV budget (`--gpu-memory-utilization`,
+    `--kv-cache-memory-bytes`), so the service admits the planned units by the plan. `while_up`: as
+    race_boot's."""
+    files = dict(observation.drop_ins) if observation else {}
+    if gate_driver is None:
+        return race_boot(shared, time_scale=time_scale, files=files or None, while_up=while_up)
+    targets = observation.targets if observation else {}
+    unit_of = {engine: unit for unit, engine in RACE_UNITS.items()}
+
+    def client(engine) -> list[str]:
+        target = targets.get(unit_of[engine])
+        if target is None:
+            return gated(engine)
+        return [gate_command(extra=["--gpu-memory-utilization", f"{target.gpu_memory_utilization:g}",
+                                    "--kv-cache-memory-bytes", str(target.kv_bytes)])]
+
+    return race_boot(shared, time_scale=time_scale, files={**files, **packaged_drop_in()}, exec_start_pre=client,
+                     gate=packaged_gate(shared, gate_driver), while_up=while_up)
 
 
 @dataclass(frozen=True)

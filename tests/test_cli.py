@@ -139,10 +139,9 @@ def test_levelzero_timeout_takes_go_durations_and_bare_seconds(text, seconds):
 @pytest.mark.fast
 @pytest.mark.parametrize(("text", "usec"), [("60s", 60_000_000), ("2m", 120_000_000), ("90", 90_000_000)])
 def test_journal_engine_grace_is_a_duration_the_exporter_and_the_gate_both_take(text, usec):
-    from vllm_xpu_exporter.gate.cli import parse_options as parse_gate_options
+    from vllm_xpu_exporter.gate.cli import parse_service_options
     assert parse_options(["--journal.engine-grace", text]).journal_engine_grace_usec == usec
-    assert parse_gate_options(["--unit", "vllm-chat.service", "--journal.engine-grace", text]) \
-        .selection.engine_grace_usec == usec
+    assert parse_service_options(["--journal.engine-grace", text]).selection.engine_grace_usec == usec
     assert parse_options([]).journal_engine_grace_usec == 60_000_000
 
 

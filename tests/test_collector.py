@@ -204,3 +204,35 @@ def test_no_collector_imports_another_and_no_module_imports_in_a_cycle():
             assert not {other for other in imported if other.startswith("vllm_xpu_exporter.collectors")}, name
     cycles = import_cycles(imports)
     assert not cycles, "modules that import each other in a circle: " + "; ".join(", ".join(c) for c in cycles)
+
+
+# The layers of docs/architecture.md, bottom up: a module imports only from its own layer or below.
+LAYERS = (("vllm_xpu_exporter.parsers",), ("vllm_xpu_exporter.fold",), ("vllm_xpu_exporter.sources",),
+          ("vllm_xpu_exporter.collector", "vllm_xpu_exporter.collectors", "vllm_xpu_exporter.scrape"),
+          ("vllm_xpu_exporter.gate", "vllm_xpu_exporter.plan", "vllm_xpu_exporter.http", "vllm_xpu_exporter.cli"))
+
+
+def layer_of(module: str) -> int | None:
+    """The layer of a module (LAYERS' index); None for the shared leaves outside them (flags, memory, ...)."""
+    for index, prefixes in enumerate(LAYERS):
+        if any(module == prefix or module.startswith(f"{prefix}.") for prefix in prefixes):
+            return index
+    return None
+
+
+def upward_imports(imports: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{name} imports {other}" for name, imported in imports.items() for other in imported
+                  if layer_of(name) is not None and layer_of(other) is not None and layer_of(other) > layer_of(name))
+
+
+def test_the_layer_check_finds_an_upward_import():
+    assert upward_imports({"vllm_xpu_exporter.fold.engine_starts": {"vllm_xpu_exporter.gate.lines"},
+                           "vllm_xpu_exporter.gate.cli": {"vllm_xpu_exporter.parsers.gate"}}) == [
+        "vllm_xpu_exporter.fold.engine_starts imports vllm_xpu_exporter.gate.lines"]
+
+
+def test_every_layer_imports_only_from_itself_and_the_layers_below():
+    """Parsers, then the fold, then the sources, then the collectors and the scrape, then the programs
+    (the gate, the planner, the web layer, the command line): never upwards (the fold reads the gate's
+    lines through their parser, parsers/gate.py, not through the gate's package)."""
+    assert upward_imports(module_imports()) == []

@@ -138,7 +138,7 @@ def test_rows_hold_the_panels_the_operators_need():
     assert any("sum by (unit, reason) (xpu_unit_engine_init_failures_total" in expr for panel in inits for expr in panel)
     assert any("xpu_unit_engine_init_overlaps_total" in expr for panel in inits for expr in panel)
     for name in ("xpu_unit_gate_waits_total", "xpu_unit_gate_wait_seconds_total", "xpu_unit_gate_timeouts_total",
-                 "xpu_unit_context_shrinks_total"):
+                 "xpu_unit_gate_ungated_starts_total", "xpu_unit_context_shrinks_total"):
         assert any(name in expr for panel in inits for expr in panel), name
     lengths = {panel["title"]: panel for panel in rows["KV cache per unit"]}["Maximum model length: asked for and served"]
     assert [metric_names(expr) for expr in exprs(lengths)] == [{"xpu_unit_max_model_len_requested_tokens"},

@@ -25,7 +25,7 @@ import pytest
 
 from vllm_xpu_exporter.fold import engine_starts
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker, Outcome, UnitView
-from vllm_xpu_exporter.gate import lines as gate_lines
+from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.sources.journal import JournalEntry, JournalReader, JournalSelection
 from journalgen import (Clock, JournalEntrySpec, Moment, current_boot_id, new_invocation_id, unit_failed,
                         unit_output, unit_process_exited, unit_restart_scheduled, unit_started, unit_starting,

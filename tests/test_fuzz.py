@@ -40,7 +40,7 @@ from vllm_xpu_exporter.collector import Sources
 from vllm_xpu_exporter.collectors.journal import JournalCollector, unit_metrics
 from vllm_xpu_exporter.collectors.processes import ProcessesCollector
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker, UnitView
-from vllm_xpu_exporter.gate import lines as gate_lines
+from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.parsers import vllm
 from vllm_xpu_exporter.parsers.fdinfo import MAX_BYTES, DrmClient, device_memory_bytes, parse_fdinfo
 from vllm_xpu_exporter.scrape import ExporterCollector

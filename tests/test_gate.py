@@ -1,16 +1,17 @@
-"""vllm-xpu-gate as real processes: the real Level Zero loader over the fake driver (tests/fakeze.py), real
-journal files (tests/journalgen.py) written and appended to while gates wait, a lease directory of its own,
-and a PATH with a fake systemctl or none. A few checks of the pure parts (flags, the decision, leases)
-run in process."""
+"""vllm-xpu-gate as real processes: the service (`vllm-xpu-gate serve --listen ...`) over the real Level Zero
+loader and the fake driver (tests/fakeze.py) and real journal files (tests/journalgen.py) written and
+appended to while units wait, and clients (`vllm-xpu-gate wait`) asking it over its socket. Who asks is
+read from the client process's cgroup file, in a fake procfs (tests/fakeprocfs.py) where each client's
+pid is put in its unit before the client starts. A few checks of the pure parts (flags, the decision,
+leases) run in process."""
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
-import json
 import math
 import os
-import stat
+import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -22,16 +23,18 @@ from pathlib import Path
 import pytest
 
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker
-from vllm_xpu_exporter.gate import lines as gate_lines
-from vllm_xpu_exporter.gate.cli import MAX_DURATION_S, devices_of_units, parse_options
-from vllm_xpu_exporter.gate.decision import decide
-from vllm_xpu_exporter.gate.leases import Lease, LeaseDirectory, UnreadableLease, lease_ended
-from vllm_xpu_exporter.gate.lines import GateDecision
+from vllm_xpu_exporter.parsers import gate as gate_lines
+from vllm_xpu_exporter.gate import protocol
+from vllm_xpu_exporter.gate.cli import main, parse_client_options, parse_service_options
+from vllm_xpu_exporter.gate.decision import CGROUP_GRACE_USEC, HOST, Admission, Lease, decide, lease_over
+from vllm_xpu_exporter.gate.service import cgroup_populated
+from vllm_xpu_exporter.parsers.gate import GateDecision
 from vllm_xpu_exporter.systemd import parse_timespan
 from exporterproc import RunningExporter
 from polling import wait_for
 from scrapes import sample
 from fakeprocfs import FakeProcfs, xe_fdinfo
+from vllm_xpu_exporter.sources.procfs import devices_of_units
 from fakeze import A770, B580, GiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
 from journalgen import (Clock, JournalEntrySpec, append_journal, current_boot_id, new_invocation_id, unit_failed,
                         unit_output, unit_process_exited, unit_started, unit_starting, write_journal)
@@ -55,12 +58,15 @@ def needed(ratio: float) -> int:
 
 # --- journal entries of a unit's start -------------------------------------------------------------
 
-def main_started(unit: str, clock: Clock, invocation: str, pid: int, ratio: float = 0.07) -> list[JournalEntrySpec]:
-    """PID 1's "Started" and the engine's first lines: the unit is initialising."""
+def main_started(unit: str, clock: Clock, invocation: str, pid: int, ratio: float = 0.07,
+                 budget: int | None = None) -> list[JournalEntrySpec]:
+    """PID 1's "Started" and the engine's first lines: the unit is initialising (`budget`: it runs with
+    --kv-cache-memory-bytes)."""
     api = API.format(pid=pid)
+    kv = f", 'kv_cache_memory_bytes': {budget}" if budget is not None else ""
     return [unit_started(unit, clock.tick(), invocation_id=invocation),
             unit_output(unit, api + "vLLM API server version 0.24.0", clock.tick(), pid=pid, invocation_id=invocation),
-            unit_output(unit, api + f"non-default args: {{'model': 'm', 'gpu_memory_utilization': {ratio}}}",
+            unit_output(unit, api + f"non-default args: {{'model': 'm', 'gpu_memory_utilization': {ratio}{kv}}}",
                         clock.tick(), pid=pid, invocation_id=invocation)]
 
 
@@ -84,12 +90,17 @@ def killed(unit: str, clock: Clock, invocation: str) -> list[JournalEntrySpec]:
             unit_failed(unit, clock.tick(), result="signal", invocation_id=invocation)]
 
 
-# --- gates as processes ------------------------------------------------------------------------------
+# --- the service and its clients as processes ------------------------------------------------------
+
+GATE = [sys.executable, "-m", "vllm_xpu_exporter.gate"]
+# The client's shell waits for this file before it execs the client (same pid): the test puts the pid in
+# its unit (the fake procfs's cgroup file) first, so the service never reads the cgroup of a pid not set.
+WAIT_FOR_GO = 'while [ ! -e "$0" ]; do sleep 0.01; done; exec "$@"'
+
 
 @dataclass
 class GateRun:
     unit: str
-    invocation_id: str
     process: subprocess.Popen[bytes]
     began: float = field(default_factory=time.monotonic)
     lines: list[str] = field(default_factory=list)
@@ -132,26 +143,26 @@ class GateRun:
 
 @dataclass
 class Host:
-    """One GPU (the fake driver), the journal file, the lease directory, and a PATH for the gates."""
+    """One GPU (the fake driver), the journal file, a fake procfs and sysfs, the service and its clients."""
 
     tmp: Path
     driver: Path
     clock: Clock
     runs: list[GateRun] = field(default_factory=list)
+    service: GateRun | None = None
+    next_pid: int = 50_000
+
+    def __post_init__(self) -> None:
+        self.procfs = FakeProcfs(self.tmp / "proc")
+        (self.tmp / "sys").mkdir(exist_ok=True)
 
     @property
     def journal(self) -> Path:
         return self.tmp / "system.journal"
 
     @property
-    def leases(self) -> Path:
-        return self.tmp / "run" / "vllm-xpu-gate"
-
-    @property
-    def bin(self) -> Path:
-        path = self.tmp / "bin"
-        path.mkdir(exist_ok=True)
-        return path
+    def socket(self) -> Path:
+        return self.tmp / "gate.sock"
 
     def gpu(self, free_gib: float = 13.0, *devices: object, size: int = TOTAL) -> None:
         device = dataclasses.replace(A770, memory=(FakeMemoryModule(size=size, free=round(free_gib * GiB)),))
@@ -163,29 +174,49 @@ class Host:
         else:
             write_journal(self.journal, entries)
 
-    def systemctl(self, **properties: str) -> None:
-        """A fake systemctl whose `show` prints these properties."""
-        script = self.bin / "systemctl"
-        quoted = " ".join(f"'{name}={value}'" for name, value in properties.items())
-        script.write_text(f"#!/bin/sh\nprintf '%s\\n' {quoted}\n")
-        script.chmod(0o755)
+    def cgroup(self, unit: str, populated: bool) -> None:
+        """The unit's cgroup in the fake sysfs (cgroup v2's cgroup.events)."""
+        directory = self.tmp / "sys" / "fs" / "cgroup" / "system.slice" / unit
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "cgroup.events").write_text(f"populated {int(populated)}\nfrozen 0\n")
 
-    def start(self, unit: str, *args: str, invocation_id: str | None = None,
-              journal: Sequence[str] | None = None, environment: Mapping[str, str] | None = None) -> GateRun:
-        """`environment`: more variables (or others) than the fake driver's and the invocation id."""
-        invocation = new_invocation_id() if invocation_id is None else invocation_id
+    def serve(self, *args: str, journal: Sequence[str] | None = None) -> GateRun:
+        if not self.journal.exists() and journal is None:
+            self.write([unit_output("other.service", "unrelated", self.clock.tick())])
         env = {**fake_driver_env(self.driver, self.tmp / "fake_ze.conf"), "PYTHONPATH": str(REPO),
-               "PATH": str(self.bin), "INVOCATION_ID": invocation, "LANG": "C.UTF-8", **(environment or {})}
+               "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
         journal_args = journal if journal is not None else ["--journal.file", str(self.journal)]
-        command = [sys.executable, "-m", "vllm_xpu_exporter.gate", "--unit", unit, *journal_args,
-                   "--lease-directory", str(self.leases), "--poll-interval", "50ms",
-                   "--systemctl", str(self.bin / "systemctl"), *args]
-        run = GateRun(unit, invocation, subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                         stderr=subprocess.PIPE, env=env, cwd=self.tmp))
+        command = [*GATE, "serve", "--listen", str(self.socket), *journal_args, "--path.procfs",
+                   str(self.procfs.root), "--path.sysfs", str(self.tmp / "sys"), "--poll-interval", "50ms", *args]
+        self.service = GateRun("service", subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                           stderr=subprocess.PIPE, env=env, cwd=self.tmp))
+        assert wait_for(lambda: self.service.saw("serving on"), timeout=20), self.service.lines
+        return self.service
+
+    def stop_service(self) -> None:
+        if self.service is not None:
+            self.service.process.terminate()
+            self.service.wait()
+
+    def start(self, unit: str | None, *args: str, service_timeout: str = "10s") -> GateRun:
+        """A client in `unit` (None: in no unit's cgroup, a login session's)."""
+        if self.service is None:
+            self.serve()
+        self.next_pid += 1
+        go = self.tmp / f"go-{self.next_pid}"
+        command = ["sh", "-c", WAIT_FOR_GO, str(go), *GATE, "wait", "--socket", str(self.socket),
+                   "--service-timeout", service_timeout, *args]
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                                   cwd=self.tmp)
+        cgroup = f"/system.slice/{unit}" if unit else "/user.slice/user-1000.slice/session-3.scope"
+        self.procfs.add_unit_process(process.pid, cgroup)
+        go.touch()
+        run = GateRun(unit or "session-3.scope", process)
         self.runs.append(run)
         return run
 
-    def run(self, unit: str, *args: str, **kwargs: object) -> tuple[int, GateRun]:
+    def run(self, unit: str | None, *args: str, **kwargs: str) -> tuple[int, GateRun]:
         gate_run = self.start(unit, *args, **kwargs)
         return gate_run.wait(), gate_run
 
@@ -197,55 +228,100 @@ def host(tmp_path: Path, fake_driver: Path):
     yield host
     for run in host.runs:
         run.stop()
+    if host.service is not None:
+        host.service.stop()
     for run in host.runs:
         assert all(line.startswith("vllm-xpu-gate: ") for line in run.lines), run.lines
+    if host.service is not None:
+        print("\n".join(host.service.lines))  # shown when a test fails
 
 
 # --- flags ------------------------------------------------------------------------------------------
 
 @pytest.mark.fast
 @pytest.mark.parametrize("argv", [
-    [],
-    ["--unit", ""],
-    ["--unit", "vllm a.service"],
-    ["--unit", CHAT, "--device", "card0"],
-    ["--unit", CHAT, "--gpu-memory-utilization", "0"],
-    ["--unit", CHAT, "--gpu-memory-utilization", "1.5"],
-    ["--unit", CHAT, "--gpu-memory-utilization", "nan"],
-    ["--unit", CHAT, "--timeout", "10"],
-    ["--unit", CHAT, "--timeout", "-1m"],
-    ["--unit", CHAT, "--on-timeout", "later"],
-    ["--unit", CHAT, "--lease-timeout", "0"],
-    ["--unit", CHAT, "--journal.directory", "/a", "--journal.file", "/b"],
-    ["--unit", CHAT, "--journal.boot", "yesterday"],
-    ["--unit", CHAT, "--no-such-flag"],
-], ids=lambda argv: " ".join(argv) or "no flags")
+    ["wait", "--device", "card0"],
+    ["wait", "--gpu-memory-utilization", "0"],
+    ["wait", "--gpu-memory-utilization", "1.5"],
+    ["wait", "--gpu-memory-utilization", "nan"],
+    ["wait", "--timeout", "10"],
+    ["wait", "--timeout", "-1m"],
+    ["wait", "--timeout", "169h"],
+    ["wait", "--timeout", "1" + "0" * 400 + "h"],
+    ["wait", "--on-timeout", "later"],
+    ["wait", "--socket", "gate.sock"],
+    ["wait", "--kv-cache-memory-bytes", "-5"],
+    ["wait", "--unit", CHAT],
+    ["serve", "--lease-timeout", "0"],
+    ["serve", "--lease-timeout", "1" + "0" * 400 + "h"],
+    ["serve", "--poll-interval", "100000000h"],
+    ["serve", "--levelzero.timeout", "1e300"],
+    ["serve", "--listen", "relative.sock"],
+    ["serve", "--journal.directory", "/a", "--journal.file", "/b"],
+    ["serve", "--journal.boot", "yesterday"],
+    ["serve", "--no-such-flag"],
+    ["--unit", CHAT, "--timeout", "10"],  # the 0.2 form's flags are checked as well
+], ids=lambda argv: " ".join(argv)[:50])
 def test_bad_flags_exit_2_with_one_prefixed_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        parse_options(argv)
+        main(argv)
     assert exit_info.value.code == 2
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("vllm-xpu-gate: error: "), lines
+    assert len(lines) == 1 and lines[0].startswith("vllm-xpu-gate"), lines
+    assert "error: " in lines[0]
 
 
 @pytest.mark.fast
-def test_flags_take_go_durations_the_exporters_journal_and_levelzero_flags_and_systemctl() -> None:
-    options = parse_options(["--unit", CHAT, "--device", "0000:03:00.0", "--gpu-memory-utilization", "0.75",
-                             "--timeout", "1m30s", "--on-timeout", "fail", "--journal.directory", "/j",
-                             "--journal.units", "llm-*.service", "--journal.boot", "all",
-                             "--levelzero.library", "libze.so", "--levelzero.timeout", "2s",
-                             "--systemctl", "/sbin/systemctl"])
-    assert (options.unit, options.device, options.gpu_memory_utilization, options.timeout) == (
-        CHAT, "0000:03:00.0", 0.75, 90.0)
-    assert not options.start_on_timeout
-    assert (options.selection.directory, options.selection.boot) == ("/j", "all")
-    assert options.selection.unit_globs == ("llm-*.service", CHAT)  # its own unit is always read
+def test_an_unknown_command_or_none_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["release"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "vllm-xpu-gate: error: unknown command 'release' (want one of: serve, wait)"]
+    assert main([]) == 2
+
+
+@pytest.mark.fast
+def test_the_client_takes_go_durations_and_its_units_settings_and_nothing_naming_the_unit() -> None:
+    options = parse_client_options(["--device", "0000:03:00.0", "--gpu-memory-utilization", "0.75",
+                                    "--timeout", "1m30s", "--on-timeout", "fail", "--kv-cache-memory-bytes", "1024",
+                                    "--socket", "/run/x.sock", "--service-timeout", "5s"])
+    assert options.request == protocol.Request(90.0, False, 0.75, "0000:03:00.0", 1024)
+    assert (options.socket_path, options.service_timeout) == ("/run/x.sock", 5.0)
+    defaults = parse_client_options([])
+    assert defaults.request == protocol.Request(600.0, True, None, None, None)
+    assert (defaults.socket_path, defaults.service_timeout) == ("/run/vllm-xpu-gate/gate.sock", 30.0)
+
+
+@pytest.mark.fast
+def test_the_service_takes_the_exporters_journal_and_levelzero_flags() -> None:
+    options = parse_service_options(["--journal.directory", "/j", "--journal.units", "llm-*.service",
+                                     "--journal.boot", "all", "--levelzero.library", "libze.so",
+                                     "--levelzero.timeout", "2s", "--lease-timeout", "1m", "--poll-interval", "1s"])
+    assert (options.selection.directory, options.selection.boot, options.selection.unit_globs) == (
+        "/j", "all", ("llm-*.service",))
     assert (options.levelzero_library, options.levelzero_timeout) == ("libze.so", 2.0)
-    assert options.systemctl == "/sbin/systemctl"
-    defaults = parse_options(["--unit", CHAT])
-    assert (defaults.timeout, defaults.start_on_timeout, defaults.lease_directory, defaults.systemctl) == (
-        600.0, True, "/run/vllm-xpu-gate", "/usr/bin/systemctl")
-    assert defaults.selection.unit_globs == ("vllm*.service", CHAT)
+    assert (options.lease_timeout, options.poll_interval, options.listen) == (60.0, 1.0, None)
+    assert parse_service_options(["--listen", "/run/g.sock"]).listen == "/run/g.sock"
+
+
+@pytest.mark.fast
+def test_the_services_max_units_help_names_no_metric_it_does_not_export(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--journal.max-units N watch at most this many units, and as many containers; further ones are not watched" in text
+    assert "xpu_exporter_" not in text
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("data", [
+    b"", b"[]", b"{}", b'{"timeout": NaN, "start_on_timeout": true}', b'{"timeout": true, "start_on_timeout": true}',
+    b'{"timeout": 1e9, "start_on_timeout": true}', b'{"timeout": 1, "start_on_timeout": 1}',
+    b'{"timeout": 1, "start_on_timeout": true, "gpu_memory_utilization": 2}',
+    b'{"timeout": 1, "start_on_timeout": true, "device": "card0"}',
+    b'{"timeout": 1, "start_on_timeout": true, "kv_cache_memory_bytes": 1.5}', b"[" * 100_000])
+def test_the_service_refuses_any_request_but_the_clients(data: bytes) -> None:
+    with pytest.raises(protocol.BadRequest):
+        protocol.Request.decode(data)
 
 
 # --- the decision, in process ------------------------------------------------------------------------
@@ -262,27 +338,28 @@ def views_of(entries: Sequence[JournalEntrySpec]):
     return list(tracker.views())
 
 
+def lease(unit: str, device: str = DEVICE, granted: int = 0, needed_bytes: int | None = None,
+          absolute: bool = False) -> Lease:
+    return Lease(device, unit, f"/system.slice/{unit}", granted, granted + 60_000_000, needed_bytes, absolute)
+
+
 @pytest.mark.fast
 def test_a_unit_known_on_another_gpu_does_not_hold_the_start_back_and_one_of_unknown_device_does() -> None:
     clock = Clock(current_boot_id())
     views = views_of([*main_started(EMBEDDING, clock, new_invocation_id(), 100),
                       *main_started(STT, clock, new_invocation_id(), 200)])
     other_gpu = {EMBEDDING: {B580.pci_address}}
-    decision = decide(CHAT, DEVICE, views, None, other_gpu, None, None)
-    assert decision.units == (STT,)  # STT's device is unknown: it counts on every device
-    assert decide(CHAT, DEVICE, views, None, {EMBEDDING: {DEVICE}}, None, None).units == (EMBEDDING, STT)
-    assert decide(EMBEDDING, DEVICE, views, CHAT, None, None, None).units == (STT, CHAT)  # and the lease holder
-
-
-@pytest.mark.fast
-def test_units_are_on_the_gpus_their_processes_hold_drm_clients_on_or_their_lease_names(tmp_path: Path) -> None:
-    procfs = FakeProcfs(tmp_path)
-    procfs.add_unit_process(100, f"/system.slice/{EMBEDDING}").add_drm_fd(xe_fdinfo(client_id=1, pdev=DEVICE,
-                                                                                  vram0=GiB))
-    procfs.add_unit_process(200, f"/system.slice/{STT}").add_drm_fd(xe_fdinfo(client_id=2, pdev=B580.pci_address))
-    lease = Lease(B580.pci_address, CHAT, "", 0, 1, 1)
-    assert devices_of_units(str(procfs.root), [lease]) == {
-        EMBEDDING: {DEVICE}, STT: {B580.pci_address}, CHAT: {B580.pci_address}}
+    chat = Admission(CHAT, DEVICE, None, False)
+    assert decide(chat, views, [], other_gpu, None).units == (STT,)  # STT's device is unknown: it counts
+    assert decide(chat, views, [], {EMBEDDING: {DEVICE}}, None).units == (EMBEDDING, STT)
+    embedding = Admission(EMBEDDING, DEVICE, None, False)
+    assert decide(embedding, views, [lease(CHAT)], None, None).units == (STT, CHAT)  # and the lease holder
+    assert decide(embedding, views, [lease(CHAT, B580.pci_address)], None, None).units == (STT,)
+    assert decide(embedding, views, [lease(EMBEDDING)], None, None).units == (STT,)  # its own: no holder
+    # Without Level Zero (HOST): every unit counts, whatever GPU it is known on, and every lease
+    host_wide = Admission(CHAT, HOST, 0.75, False)
+    assert decide(host_wide, views, [lease("vllm-x.service", B580.pci_address)], other_gpu, None).units == (
+        EMBEDDING, STT, "vllm-x.service")
 
 
 @pytest.mark.fast
@@ -294,40 +371,118 @@ def test_a_user_unit_of_a_system_units_name_does_not_move_that_units_gpu(tmp_pat
                                                                                   vram0=GiB))
     procfs.add_unit_process(300, f"/user.slice/user-1000.slice/user@1000.service/app.slice/{EMBEDDING}").add_drm_fd(
         xe_fdinfo(client_id=3, pdev=B580.pci_address, vram0=GiB))
-    assert devices_of_units(str(procfs.root), []) == {EMBEDDING: {DEVICE}, f"{EMBEDDING}@uid1000": {B580.pci_address}}
+    assert devices_of_units(str(procfs.root)) == {EMBEDDING: {DEVICE}, f"{EMBEDDING}@uid1000": {B580.pci_address}}
 
 
 @pytest.mark.fast
-def test_a_lease_ends_when_the_journal_shows_its_invocation_ended_its_unit_is_gone_or_it_times_out() -> None:
+def test_a_lease_ends_when_its_starts_init_ends_its_cgroup_stays_empty_or_it_times_out() -> None:
     clock = Clock(current_boot_id(), realtime_usec=time.time_ns() // 1000)
     invocation = new_invocation_id()
     now = time.time_ns() // 1000
-    lease = Lease(DEVICE, CHAT, invocation, now, now + 60_000_000, 1)
-    running = {view.unit: view for view in views_of([unit_starting(CHAT, clock.tick(), invocation_id=invocation),
-                                                     *main_started(CHAT, clock, invocation, 100)])}
-    assert lease_ended(lease, {}, now, gone=lambda unit, invocation: None) is None  # not in the journal yet
-    assert lease_ended(lease, running, now, gone=lambda unit, invocation: None) is None
-    assert lease_ended(lease, running, now, gone=lambda unit, invocation: True) == "its unit is not running"
-    assert lease_ended(lease, running, now + 60_000_000, gone=lambda unit, invocation: None) == "timed out"
+    held = lease(CHAT, granted=now - 10)
+    (before,) = views_of([*main_started(CHAT, Clock(current_boot_id(), realtime_usec=now - 10_000_000),
+                                        new_invocation_id(), 50)])
+    assert lease_over(held, None, now, None) is None  # not in the journal yet
+    assert lease_over(held, before, now, True) is None  # an earlier start's init does not end it
+    (running,) = views_of([unit_starting(CHAT, clock.tick(), invocation_id=invocation),
+                           *main_started(CHAT, clock, invocation, 100)])
+    assert lease_over(held, running, now, True) is None
+    assert lease_over(held, running, held.expires_usec, True) == "timed out"
     for ending in (init_completed, init_failed):
-        ended = {view.unit: view for view in views_of([
-            unit_starting(CHAT, clock.tick(), invocation_id=invocation), *main_started(CHAT, clock, invocation, 100),
-            *ending(CHAT, clock, invocation, 100)])}
-        assert lease_ended(lease, ended, now, gone=lambda unit, invocation: None) == "its init ended"
+        (ended,) = views_of([unit_starting(CHAT, clock.tick(), invocation_id=invocation),
+                             *main_started(CHAT, clock, invocation, 100), *ending(CHAT, clock, invocation, 100)])
+        assert lease_over(held, ended, now, True) == "its init ended"
+    # Between the client's exit and the engine's fork the cgroup is empty: only past the grace does it count
+    assert lease_over(held, None, now, False) is None
+    assert lease_over(held, None, held.granted_usec + CGROUP_GRACE_USEC, False) == "its unit has no process"
+    assert lease_over(held, None, held.granted_usec + CGROUP_GRACE_USEC, None) is None  # cannot be told
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A device memory reading as decide() reads it."""
+
+    free: int
+    total: int = TOTAL
+
+
+@pytest.mark.fast
+def test_by_the_plan_budgeted_starts_are_admitted_beside_budgeted_inits_when_the_memory_covers_them_all() -> None:
+    """Chat (R 0.75, a KV budget) initialises; stt (R 0.07, a budget) may start beside it once free memory
+    covers stt's ceil(R x total) plus what chat has yet to take (its own ceil(R x total) less what its
+    processes hold); without a budget on either side, or with chat's R unknown, stt waits in order."""
+    clock = Clock(current_boot_id())
+    budget = 2 * GiB
+    views = views_of(main_started(CHAT, clock, new_invocation_id(), 100, ratio=0.75, budget=budget))
+    stt = Admission(STT, DEVICE, 0.07, True)
+    chat_left = needed(0.75)
+    enough = Reading(free=needed(0.07) + chat_left)
+    decision = decide(stt, views, [], None, enough)
+    assert decision.release and decision.by_plan and decision.needed_bytes == needed(0.07) + chat_left
+    short = decide(stt, views, [], None, Reading(free=needed(0.07) + chat_left - 1))
+    assert (short.units, short.memory_short, short.waiting_for) == ((), True, (gate_lines.MEMORY,))
+    # what chat's processes already hold is no longer to be taken
+    taken = decide(stt, views, [], None, Reading(free=needed(0.07) + chat_left - GiB), taken={CHAT: GiB})
+    assert taken.release and taken.needed_bytes == needed(0.07) + chat_left - GiB
+    # in order: stt has no budget, or chat has none
+    assert decide(Admission(STT, DEVICE, 0.07, False), views, [], None, enough).units == (CHAT,)
+    unbudgeted = views_of(main_started(CHAT, clock, new_invocation_id(), 100, ratio=0.75))
+    assert decide(stt, unbudgeted, [], None, enough).units == (CHAT,)
+    # a lease of a released budgeted start counts with the bytes it asked for; one without a budget holds
+    released = lease(EMBEDDING, needed_bytes=needed(0.07), absolute=True)
+    both = decide(stt, views, [released], None, Reading(free=2 * needed(0.07) + chat_left))
+    assert both.release and both.needed_bytes == 2 * needed(0.07) + chat_left
+    assert decide(stt, views, [lease(EMBEDDING)], None, enough).units == (CHAT, EMBEDDING)
+    # nothing to wait for: the ordinary check, not the plan's
+    alone = decide(stt, [], [], None, Reading(free=needed(0.07)))
+    assert alone.release and not alone.by_plan
+
+
+@pytest.mark.fast
+def test_a_units_cgroup_is_populated_as_cgroup_v2_or_the_v1_systemd_hierarchy_says(tmp_path: Path) -> None:
+    unit = "/system.slice/vllm-xpu-chat.service"
+    v2 = tmp_path / "v2" / "fs" / "cgroup"
+    (v2 / unit.lstrip("/")).mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("cpu memory\n")
+    (v2 / unit.lstrip("/") / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+    assert cgroup_populated(str(tmp_path / "v2"), unit) is True
+    (v2 / unit.lstrip("/") / "cgroup.events").write_text("populated 0\nfrozen 0\n")
+    assert cgroup_populated(str(tmp_path / "v2"), unit) is False
+    assert cgroup_populated(str(tmp_path / "v2"), "/system.slice/gone.service") is False  # no such cgroup
+    v1 = tmp_path / "v1" / "fs" / "cgroup" / "systemd"
+    (v1 / unit.lstrip("/")).mkdir(parents=True)
+    (v1 / unit.lstrip("/") / "cgroup.procs").write_text("4242\n")
+    assert cgroup_populated(str(tmp_path / "v1"), unit) is True
+    (v1 / unit.lstrip("/") / "cgroup.procs").write_text("")
+    assert cgroup_populated(str(tmp_path / "v1"), unit) is False
+    # outside the service's cgroup namespace, or no cgroup tree at all: cannot be told
+    assert cgroup_populated(str(tmp_path / "v2"), "/../../system.slice/x.service") is None
+    assert cgroup_populated(str(tmp_path / "none"), unit) is None
 
 
 # --- releasing and waiting ---------------------------------------------------------------------------
 
-def test_nothing_initialising_and_enough_memory_releases_at_once_and_leases_the_device(host: Host) -> None:
+def test_nothing_initialising_and_enough_memory_releases_at_once(host: Host) -> None:
     done = new_invocation_id()
     host.write([*main_started(EMBEDDING, host.clock, done, 100), *init_completed(EMBEDDING, host.clock, done, 100)])
-    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.75", invocation_id="c" * 32)
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.75")
     assert code == 0, run.lines
     assert run.decision == GateDecision(False, run.decision.seconds, (), 13 * GiB, needed(0.75)), run.lines
     assert run.lines[-1].startswith("vllm-xpu-gate: released after ")
-    lease = Lease.read(host.leases / f"{DEVICE}.lease")
-    assert (lease.unit, lease.invocation_id, lease.device) == (CHAT, "c" * 32, DEVICE)
-    assert oct(host.leases.stat().st_mode & 0o777) == "0o700"
+
+
+def test_the_unit_is_the_one_the_callers_cgroup_names_and_a_caller_outside_the_watched_units_waits_for_nothing(
+        host: Host) -> None:
+    """The service knows the caller by its cgroup: an initialising chat holds embedding back, not itself
+    (the caller in chat's cgroup is chat); a caller in a login session is released at once."""
+    chat = new_invocation_id()
+    host.write([unit_starting(CHAT, host.clock.tick(), invocation_id=chat), *main_started(CHAT, host.clock, chat, 100)])
+    code, own = host.run(CHAT, "--gpu-memory-utilization", "0.07")
+    assert code == 0 and own.decision.waited_for == (), own.lines
+    code, session = host.run(None, "--gpu-memory-utilization", "0.07")
+    assert code == 0 and session.saw("session-3.scope is not a watched unit"), session.lines
+    other = host.start(EMBEDDING, "--gpu-memory-utilization", "0.07")
+    assert wait_for(lambda: other.saw(f"waiting for {CHAT}"), timeout=20), other.lines
 
 
 @pytest.mark.parametrize("ending", [init_completed, init_failed], ids=["completes", "fails"])
@@ -343,6 +498,44 @@ def test_waits_while_another_unit_initialises_and_releases_when_its_init_ends(ho
     assert run.wait() == 0, run.lines
     assert run.decision.waited_for == (EMBEDDING,) and not run.decision.timed_out
     assert run.decision.seconds >= 0.5
+
+
+def test_by_the_plan_a_budgeted_start_goes_beside_a_budgeted_init_and_says_what_it_needed(host: Host) -> None:
+    """Chat initialises with a KV budget; stt's client gives its budget: it is released while chat's init
+    runs, its "needed" covering both; embedding, without one, waits for chat in order."""
+    chat, stt = new_invocation_id(), new_invocation_id()
+    host.write([unit_starting(CHAT, host.clock.tick(), invocation_id=chat),
+                *main_started(CHAT, host.clock, chat, 100, ratio=0.5, budget=2 * GiB),
+                unit_starting(STT, host.clock.tick(), invocation_id=stt)])
+    code, run = host.run(STT, "--gpu-memory-utilization", "0.07", "--kv-cache-memory-bytes", str(GiB))
+    assert code == 0 and run.decision.waited_for == (), run.lines
+    assert run.decision.needed_bytes == needed(0.07) + needed(0.5) and run.decision.free_bytes == 13 * GiB
+    other = host.start(EMBEDDING, "--gpu-memory-utilization", "0.07")
+    assert wait_for(lambda: other.saw(f"waiting for {CHAT},{STT}"), timeout=20), other.lines  # stt: its lease
+    host.write([*init_completed(CHAT, host.clock, chat, 100), *main_started(STT, host.clock, stt, 200),
+                *init_completed(STT, host.clock, stt, 200)])
+    assert other.wait() == 0 and other.decision.waited_for == (CHAT, STT), other.lines
+
+
+def test_a_connection_that_never_asks_holds_no_one_back(host: Host) -> None:
+    """A local process connects and says nothing (or sends half a request): the service answers the next
+    client at once; the silent connection is closed after the handshake's bound."""
+    host.serve()
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(str(host.socket))
+    half = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    half.connect(str(host.socket))
+    half.sendall(b'{"timeout": 600, "start_on')
+    try:
+        code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07")
+        assert code == 0 and run.decision.waited_for == (), run.lines
+        with pytest.raises(BlockingIOError):  # answered while the silent connection is still open
+            silent.recv(1, socket.MSG_DONTWAIT)
+        silent.settimeout(15)
+        assert silent.recv(1) == b"", "the silent connection was not closed"
+    finally:
+        silent.close()
+        half.close()
 
 
 def test_a_unit_waiting_in_its_own_gate_does_not_hold_another_back(host: Host) -> None:
@@ -369,7 +562,6 @@ def test_waits_for_free_memory_with_r_from_the_units_latest_start(host: Host) ->
 
 
 def test_with_no_r_known_it_waits_only_for_inits_and_says_so(host: Host) -> None:
-    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
     host.gpu(free_gib=0.5)
     code, run = host.run(CHAT)
     assert code == 0, run.lines
@@ -380,51 +572,86 @@ def test_with_no_r_known_it_waits_only_for_inits_and_says_so(host: Host) -> None
 # --- never strand a unit -----------------------------------------------------------------------------
 
 def test_journal_that_cannot_be_read_releases_at_once_with_a_warning(host: Host) -> None:
-    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.75",
-                         journal=["--journal.directory", str(host.tmp / "missing")])
+    host.serve(journal=["--journal.directory", str(host.tmp / "missing")])
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.75")
     assert code == 0, run.lines
     assert run.saw("warning: cannot read the journal (journal directory") and run.saw("releasing at once")
     assert run.decision.waited_for == () and run.decision.seconds < 10
 
 
-def test_level_zero_that_cannot_be_read_releases_at_once_with_a_warning(host: Host) -> None:
-    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
-    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.75", "--levelzero.library", "/nonexistent/libze.so")
-    assert code == 0, run.lines
-    assert run.saw("warning: cannot read Level Zero (") and run.saw("releasing at once")
+@pytest.mark.parametrize("why", ["no loader", "untrusted accounting"])
+def test_without_level_zero_memory_is_unchecked_and_inits_still_go_one_at_a_time_per_host(host: Host, why: str) -> None:
+    """Level Zero unreadable (or free == total): the service says so and keeps the order: an initialising
+    unit holds the start back, whatever GPU it is on; the decision line says memory was unchecked."""
+    if why == "no loader":
+        host.serve("--levelzero.library", "/nonexistent/libze.so", "--levelzero.timeout", "1s")
+    else:
+        host.gpu(free_gib=16.0)
+    other = new_invocation_id()
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=other),
+                *main_started(EMBEDDING, host.clock, other, 100)])
+    run = host.start(CHAT, "--gpu-memory-utilization", "0.75")
+    assert wait_for(lambda: run.saw(f"waiting for {EMBEDDING}"), timeout=20), run.lines
+    assert run.saw("memory unchecked: ") and run.saw("one init at a time")
+    host.write(init_completed(EMBEDDING, host.clock, other, 100))
+    assert run.wait() == 0, run.lines
+    assert run.decision.waited_for == (EMBEDDING,) and run.lines[-1].endswith("; memory unchecked")
     assert (run.decision.free_bytes, run.decision.needed_bytes) == (None, None)
 
 
-def test_untrusted_memory_accounting_releases_at_once_with_a_warning(host: Host) -> None:
-    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
-    host.gpu(free_gib=16.0)
-    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.75")
-    assert code == 0, run.lines
-    assert run.saw("untrusted memory accounting") and run.saw("releasing at once")
-
-
 def test_several_gpus_need_device_and_a_device_that_is_not_there_is_a_one_line_error(host: Host) -> None:
-    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
     host.gpu(13.0, B580)
     code, run = host.run(CHAT)
     assert code == 2 and [line for line in run.lines] == [
-        f"vllm-xpu-gate: error: 2 GPUs ({DEVICE}, {B580.pci_address}): --device is required"]
+        f"vllm-xpu-gate: error: 2 GPUs ({DEVICE}, {B580.pci_address}): the client's --device is required"]
     code, run = host.run(CHAT, "--device", "0000:99:00.0")
     assert code == 2 and len(run.lines) == 1 and "no such GPU" in run.lines[0]
     code, run = host.run(CHAT, "--device", B580.pci_address, "--gpu-memory-utilization", "0.5")
     assert code == 0 and run.decision.free_bytes == 11 * GiB, run.lines
 
 
+def test_no_service_starts_the_unit_ungated_within_the_bound_with_one_line(host: Host) -> None:
+    """No socket at all, then a socket nobody accepts on (a service hung before accepting): one line
+    each, exit 0, after about --service-timeout."""
+    for listening in (False, True):
+        holder = None
+        if listening:
+            holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            holder.bind(str(host.socket))
+            holder.listen(16)  # accepts into the backlog, never answers
+        run = GateRun("x", subprocess.Popen([*GATE, "wait", "--socket", str(host.socket), "--service-timeout", "1s"],
+                                            stderr=subprocess.PIPE, env={"PYTHONPATH": str(REPO)}))
+        host.runs.append(run)
+        assert run.wait() == 0
+        assert len(run.lines) == 1 and run.lines[0].startswith("vllm-xpu-gate: started ungated after "), run.lines
+        assert f"no gate service answered on {host.socket} within 1s" in run.lines[0]
+        decision = run.decision
+        assert decision.ungated and 1.0 <= decision.seconds < 5, run.lines
+        if holder is not None:
+            holder.close()
+            host.socket.unlink()
+
+
+def test_a_service_stopped_while_a_unit_waits_lets_it_start_after_the_bound(host: Host) -> None:
+    other = new_invocation_id()
+    host.write([*main_started(EMBEDDING, host.clock, other, 100)])
+    run = host.start(CHAT, "--gpu-memory-utilization", "0.07", service_timeout="1s")
+    assert wait_for(lambda: run.saw(f"waiting for {EMBEDDING}"), timeout=20), run.lines
+    host.stop_service()
+    assert run.wait() == 0, run.lines
+    assert run.lines[-1].startswith("vllm-xpu-gate: started ungated after "), run.lines
+
+
 # --- leases ------------------------------------------------------------------------------------------
 
 def test_three_gated_units_started_together_release_one_after_another(host: Host) -> None:
-    """All three print "Starting" at once and their gates start together; each release is followed by that
-    unit's init (written to the journal a second later), and only its end releases the next gate."""
+    """All three print "Starting" at once and their clients start together; each release is followed by that
+    unit's init (written to the journal a second later), and only its end releases the next one."""
     units = (CHAT, EMBEDDING, STT)
     invocations = {unit: new_invocation_id() for unit in units}
     host.write([unit_starting(unit, host.clock.tick(), invocation_id=invocations[unit]) for unit in units])
-    runs = {unit: host.start(unit, "--gpu-memory-utilization", "0.07", "--timeout", "60s", "--lease-timeout", "60s",
-                             invocation_id=invocations[unit]) for unit in units}
+    host.serve("--lease-timeout", "60s")
+    runs = {unit: host.start(unit, "--gpu-memory-utilization", "0.07", "--timeout", "60s") for unit in units}
     released: list[str] = []
     for round_number in range(3):
         assert wait_for(lambda: len([run for run in runs.values() if not run.running]) > round_number, timeout=30), \
@@ -448,8 +675,7 @@ def test_three_gated_units_started_together_release_one_after_another(host: Host
 def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_when_the_journal_shows_the_kill(host: Host) -> None:
     holder = new_invocation_id()
     host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=holder)])
-    code, first = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07", "--lease-timeout", "60s",
-                           invocation_id=holder)
+    code, first = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
     assert code == 0, first.lines
     host.write(main_started(EMBEDDING, host.clock, holder, 100))
     run = host.start(CHAT, "--gpu-memory-utilization", "0.07")
@@ -460,26 +686,23 @@ def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_when_the_journal_s
 
 
 def test_a_lease_whose_holder_never_shows_in_the_journal_holds_until_it_times_out(host: Host) -> None:
-    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
-    code, first = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07", "--lease-timeout", "2s")
+    host.serve("--lease-timeout", "2s")
+    code, first = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
     assert code == 0, first.lines
-    lease = Lease.read(host.leases / f"{DEVICE}.lease")
     code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07")
     assert code == 0, run.lines
-    assert time.time_ns() // 1000 >= lease.expires_usec
-    assert run.decision.waited_for == (EMBEDDING,)
+    assert run.decision.waited_for == (EMBEDDING,) and run.decision.seconds >= 1.5, run.lines
 
 
-def test_a_stale_lease_of_a_gone_unit_or_of_ones_own_unit_blocks_nobody(host: Host) -> None:
-    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
-    code, first = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07", "--lease-timeout", "60s")
+def test_a_lease_of_a_unit_whose_cgroup_stays_empty_or_of_ones_own_unit_blocks_nobody(host: Host) -> None:
+    code, first = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
     assert code == 0, first.lines
     code, own = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")  # its restart: its own lease
     assert code == 0 and own.decision.waited_for == (), own.lines
-    host.systemctl(TimeoutStartUSec="infinity", ActiveState="failed", SubState="failed",
-                   InvocationID=first.invocation_id)
-    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07")  # systemd says the holder is gone
-    assert code == 0 and run.decision.waited_for == (), run.lines
+    host.cgroup(EMBEDDING, populated=False)  # stopped before its engine began
+    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07")
+    assert code == 0 and run.decision.waited_for in ((), (EMBEDDING,)), run.lines
+    assert run.decision.seconds < CGROUP_GRACE_USEC / 1e6 + 2, run.lines
 
 
 @pytest.mark.parametrize(("on_timeout", "exit_code", "outcome"), [
@@ -493,6 +716,23 @@ def test_a_timeout_starts_the_unit_with_a_warning_or_fails_it(host: Host, on_tim
     assert run.lines[-1].startswith("vllm-xpu-gate: timed out after ") and run.lines[-1].endswith(outcome)
     assert run.decision.timed_out and run.decision.waited_for == (EMBEDDING,)
     assert 1.0 <= run.decision.seconds < 10
+
+
+def test_the_02_form_still_asks_the_service_and_says_to_migrate(host: Host) -> None:
+    """`vllm-xpu-gate --unit %n ...` (the 0.2 drop-in) left on a host: a client, --unit ignored."""
+    host.serve()
+    go = host.tmp / "go-legacy"
+    process = subprocess.Popen(["sh", "-c", WAIT_FOR_GO, str(go), *GATE, "--unit", STT, "--journal.units",
+                                "vllm*.service", "--lease-directory", "/run/vllm-xpu-gate", "--socket",
+                                str(host.socket), "--gpu-memory-utilization", "0.07"],
+                               stderr=subprocess.PIPE, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    host.procfs.add_unit_process(process.pid, f"/system.slice/{EMBEDDING}")
+    go.touch()
+    legacy = GateRun(EMBEDDING, process)
+    host.runs.append(legacy)
+    assert legacy.wait() == 0
+    assert legacy.lines[0].startswith("vllm-xpu-gate: warning: the 0.2 drop-in's form"), legacy.lines
+    assert legacy.decision is not None and not legacy.decision.ungated, legacy.lines
 
 
 # --- systemd --------------------------------------------------------------------------------------
@@ -512,21 +752,10 @@ def test_other_time_spans_are_refused(text: str) -> None:
         parse_timespan(text)
 
 
-def test_first_line_warns_when_the_timeout_is_not_below_the_units_timeout_start_sec(host: Host) -> None:
-    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
-    host.systemctl(TimeoutStartUSec="1min 30s", ActiveState="activating", SubState="start-pre", InvocationID="")
-    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07", "--timeout", "10m")
-    assert code == 0, run.lines
-    assert run.lines[0].startswith("vllm-xpu-gate: warning: --timeout 600s is not below "
-                                   f"{CHAT}'s TimeoutStartSec= (90s)"), run.lines
-    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07", "--timeout", "1m")
-    assert code == 0 and not run.saw("TimeoutStartSec"), run.lines
-
-
 # --- the exporter's metrics of the gate's decisions -----------------------------------------------------
 
 def test_the_exporter_counts_the_gates_decisions_it_reads_in_the_units_journal(host: Host) -> None:
-    """The gate's stderr is the unit's journal (written here as journald would, under the gate's pid)."""
+    """The client's stderr is the unit's journal (written here as journald would, under the client's pid)."""
     embedding = new_invocation_id()
     host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=embedding),
                 *main_started(EMBEDDING, host.clock, embedding, 100)])
@@ -535,191 +764,28 @@ def test_the_exporter_counts_the_gates_decisions_it_reads_in_the_units_journal(h
     assert timed_out.wait() == 1 and wait_for(lambda: held.saw(f"waiting for {EMBEDDING}"), timeout=20), held.lines
     host.write(init_completed(EMBEDDING, host.clock, embedding, 100))
     assert held.wait() == 0
-    for run in (timed_out, held):
-        host.write([unit_starting(run.unit, host.clock.tick(), invocation_id=run.invocation_id),
+    ungated = GateRun(EMBEDDING, subprocess.Popen([*GATE, "wait", "--socket", str(host.tmp / "none.sock"),
+                                                   "--service-timeout", "500ms"], stderr=subprocess.PIPE,
+                                                  env={"PYTHONPATH": str(REPO)}))
+    assert ungated.wait() == 0 and ungated.decision.ungated, ungated.lines
+    for run in (timed_out, held, ungated):
+        invocation = new_invocation_id()
+        host.write([unit_starting(run.unit, host.clock.tick(), invocation_id=invocation),
                     *(unit_output(run.unit, line, host.clock.tick(), pid=900, comm="vllm-xpu-gate",
-                                  invocation_id=run.invocation_id) for line in run.lines)])
+                                  invocation_id=invocation) for line in run.lines)])
     with RunningExporter(["--no-collector.levelzero", "--no-collector.processes", "--journal.file",
                           str(host.journal)]) as exporter:
         samples = wait_for(lambda: (s := exporter.scrape()) and
                            sample(s, "xpu_unit_gate_waits_total", unit=STT) == 1 and s)
         assert samples, exporter.stderr
     assert {unit: sample(samples, "xpu_unit_gate_waits_total", unit=unit) for unit in (CHAT, STT, EMBEDDING)} == {
-        CHAT: 1, STT: 1, EMBEDDING: 0}
+        CHAT: 1, STT: 1, EMBEDDING: 0}  # an ungated start is no wait
+    assert sample(samples, "xpu_unit_gate_wait_seconds_total", unit=EMBEDDING) == 0
     assert {unit: sample(samples, "xpu_unit_gate_timeouts_total", unit=unit) for unit in (CHAT, STT)} == {
         CHAT: 1, STT: 0}
     for run in (timed_out, held):
         assert sample(samples, "xpu_unit_gate_wait_seconds_total", unit=run.unit) == pytest.approx(
             run.decision.seconds)
     assert sample(samples, "xpu_unit_engine_init_overlaps_total", unit=EMBEDDING) == 0
-
-
-# --- the lease directory is root's alone ---------------------------------------------------------------
-
-LEASE_FIELDS = {"device": DEVICE, "unit": EMBEDDING, "invocation_id": "", "granted_usec": 1, "gate_pid": 1}
-
-
-@pytest.mark.fast
-@pytest.mark.parametrize("argv", [
-    ["--timeout", "169h"],
-    ["--timeout", "1" + "0" * 400 + "h"],  # infinite seconds
-    ["--lease-timeout", "1" + "0" * 400 + "h"],  # round(inf * 1e6) failed every release
-    ["--poll-interval", "100000000h"],  # time.sleep() overflowed
-    ["--levelzero.timeout", "1e300"],
-    ["--lease-directory", ""],
-    ["--lease-directory", "run/vllm-xpu-gate"],  # the lock in the unit's working directory
-], ids=lambda argv: " ".join(argv)[:40])
-def test_durations_that_would_fail_at_run_time_and_a_relative_lease_directory_exit_2_at_parse_time(
-        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        parse_options(["--unit", CHAT, *argv])
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"vllm-xpu-gate: error: argument {argv[0]}"), lines
-    week = parse_options(["--unit", CHAT, "--timeout", "168h", "--lease-timeout", "168h"])
-    assert (week.timeout, week.lease_timeout) == (MAX_DURATION_S, MAX_DURATION_S)
-
-
-@pytest.mark.parametrize("existing_mode", [None, 0o755], ids=["made", "an earlier version's"])
-def test_the_lease_directory_is_0700_and_its_lock_and_lease_are_made_0600(tmp_path: Path,
-                                                                          existing_mode: int | None) -> None:
-    path = tmp_path / "run" / "vllm-xpu-gate"
-    if existing_mode is not None:
-        path.mkdir(parents=True)
-        path.chmod(existing_mode)
-    previous_umask = os.umask(0)  # the modes are the gate's, not the umask's
-    directory = LeaseDirectory(str(path))
-    try:
-        directory.prepare()
-        with directory.locked(DEVICE, time.monotonic()) as locked:
-            assert locked
-            directory.grant(Lease(DEVICE, CHAT, "", 0, 1, 1))
-    finally:
-        os.umask(previous_umask)
-        directory.close()
-    modes = {name: stat.S_IMODE(os.lstat(path / name).st_mode) for name in (".", f"{DEVICE}.lock", f"{DEVICE}.lease")}
-    assert modes == {".": 0o700, f"{DEVICE}.lock": 0o600, f"{DEVICE}.lease": 0o600}
-    assert sorted(os.listdir(path)) == [f"{DEVICE}.lease", f"{DEVICE}.lock"]  # no temporary file left
-
-
-def test_a_lock_held_by_another_process_is_reported_on_one_line(host: Host) -> None:
-    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
-    host.leases.mkdir(mode=0o700, parents=True)
-    lock = host.leases / f"{DEVICE}.lock"
-    with open(lock, "w") as holder:
-        fcntl.flock(holder, fcntl.LOCK_EX)
-        code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07", "--timeout", "1s")
-    assert code == 0 and run.decision.timed_out, run.lines
-    held = [line for line in run.lines if "is held by another process" in line]
-    assert len(held) == 1 and held[0].startswith(f"vllm-xpu-gate: warning: the lock {lock} is held by another "
-                                                 f"process"), run.lines
-
-
-def owned_by_nobody(path: Path) -> None:
-    """(chown to another user: the suite runs as root, tests/run)"""
-    path.mkdir(mode=0o700)
-    os.chown(path, 65534, 65534)
-
-
-def writable_by(mode: int) -> Callable[[Path], None]:
-    def make(path: Path) -> None:
-        path.mkdir()
-        path.chmod(mode)
-    return make
-
-
-def symlink_to_a_directory(path: Path) -> None:
-    target = path.parent / "elsewhere"
-    target.mkdir(mode=0o700)
-    path.symlink_to(target)
-
-
-@pytest.mark.parametrize("make", [owned_by_nobody, writable_by(0o777), writable_by(0o770), symlink_to_a_directory],
-                         ids=["owned by another user", "mode 0777", "mode 0770", "a symlink to a directory"])
-def test_a_lease_directory_that_is_not_the_gates_users_alone_is_refused_on_one_line(
-        host: Host, make: Callable[[Path], None]) -> None:
-    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
-    host.leases.parent.mkdir(parents=True)
-    make(host.leases)
-    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07")
-    assert code == 0 and run.decision is not None and not run.decision.timed_out, run.lines
-    refused = [line for line in run.lines if "cannot use the lease directory" in line]
-    assert len(refused) == 1 and "deciding without a lock or lease" in refused[0], run.lines
-    assert os.listdir(host.leases) == []  # neither lock nor lease written in it
-
-
-def test_a_symlink_planted_as_the_lock_creates_nothing_where_it_points(host: Host) -> None:
-    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
-    host.leases.mkdir(mode=0o700, parents=True)
-    target = host.tmp / "target"
-    (host.leases / f"{DEVICE}.lock").symlink_to(target)
-    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07")
-    assert code == 0 and not run.decision.timed_out, run.lines
-    assert not target.exists()
-    assert sum("cannot use the lease directory" in line for line in run.lines) == 1, run.lines
-
-
-def plant_symlink_elsewhere(lease: Path) -> None:
-    lease.symlink_to(lease.parent.parent / "target")
-
-
-@pytest.mark.parametrize("plant", [plant_symlink_elsewhere, os.mkfifo, lambda lease: lease.symlink_to("/dev/zero")],
-                         ids=["symlink elsewhere", "FIFO", "symlink to /dev/zero"])
-def test_a_lease_that_is_not_a_regular_file_is_never_followed_waited_on_or_read(host: Host, plant) -> None:
-    host.write([unit_output("other.service", "unrelated", host.clock.tick())])
-    host.leases.mkdir(mode=0o700, parents=True)
-    plant(host.leases / f"{DEVICE}.lease")
-    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07", "--timeout", "1s")
-    assert code == 0, run.lines
-    assert run.decision.timed_out and run.decision.waited_for == (gate_lines.UNREADABLE_LEASE,), run.lines
-    assert run.decision.seconds < 10
-    assert not (host.tmp / "target").exists()
-    assert Lease.read(host.leases / f"{DEVICE}.lease").unit == CHAT  # replaced by its lease: it starts
-
-
-@pytest.mark.parametrize("content", [
-    json.dumps(LEASE_FIELDS)[:-1] + ', "expires_usec": Infinity}',  # int(inf): OverflowError
-    json.dumps(LEASE_FIELDS)[:-1] + ', "expires_usec": NaN}',
-    "[" * 100_000,  # RecursionError
-    "not json",
-    json.dumps({"unit": EMBEDDING}),
-    json.dumps({**LEASE_FIELDS, "expires_usec": 1.5}),
-    json.dumps({**LEASE_FIELDS, "expires_usec": 2}) + " " * (64 * 1024),  # too big
-], ids=["Infinity", "NaN", "deep nesting", "not JSON", "missing fields", "a float", "over 64 KiB"])
-def test_a_lease_that_cannot_be_read_holds_for_an_unknown_holder_until_its_file_is_lease_timeout_old(
-        tmp_path: Path, content: str) -> None:
-    directory = LeaseDirectory(str(tmp_path / "leases"))
-    directory.prepare()
-    try:
-        assert directory.lease(DEVICE, 60.0) is None  # no file: no lease
-        path = tmp_path / "leases" / f"{DEVICE}.lease"
-        path.write_text(content)
-        modified_usec = path.stat().st_mtime_ns // 1000
-        lease = directory.lease(DEVICE, 60.0)
-        assert directory.leases() == []
-    finally:
-        directory.close()
-    assert isinstance(lease, UnreadableLease) and lease.unit == gate_lines.UNREADABLE_LEASE, lease
-    assert lease.expires_usec == modified_usec + 60_000_000
-    never_asked = lambda unit, invocation: pytest.fail("systemd asked about an unknown holder")  # noqa: E731
-    assert lease_ended(lease, {}, lease.expires_usec - 1, never_asked) is None
-    assert lease_ended(lease, {}, lease.expires_usec, never_asked) == "timed out"
-
-
-def test_an_unreadable_lease_holds_beside_initialising_units_and_ends_when_it_is_lease_timeout_old(
-        host: Host) -> None:
-    other = new_invocation_id()
-    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=other),
-                *main_started(EMBEDDING, host.clock, other, 100)])
-    host.leases.mkdir(mode=0o700, parents=True)
-    lease = host.leases / f"{DEVICE}.lease"
-    lease.write_text(json.dumps(LEASE_FIELDS)[:-1] + ', "expires_usec": Infinity}')
-    written = time.time()
-    run = host.start(CHAT, "--gpu-memory-utilization", "0.07", "--lease-timeout", "4s")
-    assert wait_for(lambda: run.saw(f"waiting for {EMBEDDING},{gate_lines.UNREADABLE_LEASE} "), timeout=20), run.lines
-    assert sum("cannot be read" in line for line in run.lines) == 1, run.lines
-    host.write(init_completed(EMBEDDING, host.clock, other, 100))
-    assert run.wait() == 0, run.lines
-    assert run.decision.waited_for == (EMBEDDING, gate_lines.UNREADABLE_LEASE) and not run.decision.timed_out
-    assert time.time() - written >= 4.0  # the lease file's age passed --lease-timeout
-    assert Lease.read(lease).unit == CHAT
+    assert {unit: sample(samples, "xpu_unit_gate_ungated_starts_total", unit=unit) for unit in (CHAT, STT, EMBEDDING)} \
+        == {CHAT: 0, STT: 0, EMBEDDING: 1}

@@ -1,23 +1,21 @@
-"""The gate runs as root with the gated unit's environment, which the unit's user may write: on a real
-systemd 252 (tests/realsystemd.py), a unit with `User=nobody` whose `EnvironmentFile=` (nobody's)
-points every variable that picks code at nobody's own directory, and whose `WorkingDirectory=` (also
-nobody's) holds an `exporter/` package:
+"""The gate's client runs in the gated unit, as its user, with its environment, which the unit's user may
+write: on a real systemd 252 (tests/realsystemd.py), a unit with `User=nobody` whose `EnvironmentFile=`
+(nobody's) points every variable that picks code at nobody's own directory, and whose
+`WorkingDirectory=` (also nobody's) holds a `vllm_xpu_exporter/` package:
 
     PATH=<home>/bin:/usr/bin:/bin                 a planted `systemctl`
     PYTHONPATH=<home>/py                          a planted sitecustomize.py
     LD_PRELOAD=<home>/evil.so                     a shared object with a constructor
     LD_LIBRARY_PATH=<home>/lib                    libze_loader.so.1 and libze_intel_gpu.so.1 (a dlopen by bare name)
     ZE_ENABLE_ALT_DRIVERS=<home>/alt-driver.so    a "driver" for the Level Zero loader
-    WorkingDirectory=<home>                       <home>/exporter/__init__.py (`python -m` imports it first)
+    WorkingDirectory=<home>                       <home>/vllm_xpu_exporter/__init__.py
 
-Each planted piece, run as root (euid 0), writes a marker file named after what planted it into a
-root-owned directory; as nobody (the unit's main process, /bin/sleep, loads evil.so too) it does nothing.
-
-Gated the packaged drop-in's way (`+/bin/busybox env -i ... vllm-xpu-gate`, tests/bootrace.py
-gate_command) no marker appears. Started directly (`+vllm-xpu-gate`, an older drop-in), LD_PRELOAD and
-PYTHONPATH act on the gate's own interpreter before any of its code runs (the residual risk
-docs/security.md names), while the gate's drop of the unit's environment keeps everything it runs (its
-Level Zero child, systemctl) from the rest.
+Each planted piece, run as any other user than nobody, writes a marker file named after what planted it
+into a directory of its own; as nobody (the client, the unit's main process: both load evil.so and
+sitecustomize.py) it does nothing. The unit is gated the packaged drop-in's way (`ExecStartPre=...
+vllm-xpu-gate wait`, no "+") beside the packaged gate service (tests/bootrace.py packaged_gate), on a
+machine with a dynamically linked program at /bin/busybox and on one with no /bin/busybox: the packaging
+runs no busybox, so neither changes anything.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from bootrace import IDLE_RESERVED, gate_command, gate_environment
+from bootrace import GATE_SERVICE, GATE_SOCKET, IDLE_RESERVED, gated, hidden_trees_drop_in, packaged_gate
 from fakeze import COMPILE_COMMAND, SharedDevice
 from polling import wait_for
 from realsystemd import RealSystemd, journal_field, path_inside
@@ -41,7 +39,6 @@ UNIT = "vllm-planted.service"
 NOBODY = 65534
 STEP_TIMEOUT = 30.0
 DECISION = re.compile(r"^vllm-xpu-gate: (released|timed out) after ")
-PLANTED_BY_PRELOAD = {"LD_PRELOAD", "PYTHONPATH"}  # act on the gate's interpreter itself when started directly
 
 PLANTED_C = r"""
 #include <fcntl.h>
@@ -49,7 +46,7 @@ PLANTED_C = r"""
 #include <unistd.h>
 
 __attribute__((constructor)) static void planted(void) {
-    if (geteuid() != 0)
+    if (geteuid() == NOBODY)
         return;
     int fd = open(MARKERS "/" PLANTED_BY, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
@@ -61,7 +58,7 @@ __attribute__((constructor)) static void planted(void) {
 
 
 def python_plant(markers: Path, planted_by: str) -> str:
-    return (f"import os\nif os.geteuid() == 0:\n"
+    return (f"import os\nif os.geteuid() != {NOBODY}:\n"
             f"    with open({str(markers / planted_by)!r}, 'w') as marker:\n"
             f"        marker.write({planted_by + chr(10)!r})\n")
 
@@ -78,15 +75,16 @@ def plant(home: Path, markers_inside: Path, home_inside: Path) -> Path:
 
     def compile_to(output: Path, planted_by: str) -> None:
         subprocess.run([*COMPILE_COMMAND, f'-DMARKERS="{markers_inside}"', f'-DPLANTED_BY="{planted_by}"',
-                        "-o", str(output), str(source)], check=True, capture_output=True, text=True)
+                        f"-DNOBODY={NOBODY}", "-o", str(output), str(source)], check=True, capture_output=True,
+                       text=True)
 
     compile_to(home / "evil.so", "LD_PRELOAD")
     compile_to(home / "alt-driver.so", "ZE_ENABLE_ALT_DRIVERS")
     for name in ("libze_loader.so.1", "libze_intel_gpu.so.1"):
         compile_to(home / "lib" / name, "LD_LIBRARY_PATH")
     systemctl = home / "bin" / "systemctl"
-    systemctl.write_text(f'#!/bin/sh\nif [ "$(/usr/bin/id -u)" = 0 ]; then echo PATH > {markers_inside}/PATH; fi\n'
-                         'exec /usr/bin/systemctl "$@"\n')
+    systemctl.write_text(f'#!/bin/sh\nif [ "$(/usr/bin/id -u)" != {NOBODY} ]; then echo PATH > {markers_inside}/PATH; '
+                         'fi\nexec /usr/bin/systemctl "$@"\n')
     systemctl.chmod(0o755)
     (home / "py" / "sitecustomize.py").write_text(python_plant(markers_inside, "PYTHONPATH"))
     (home / "vllm_xpu_exporter" / "__init__.py").write_text(python_plant(markers_inside, "WorkingDirectory"))
@@ -107,29 +105,47 @@ def planted_unit(gate: str, home_inside: Path) -> str:
                       f"ExecStartPre={gate}", "ExecStart=/bin/sleep 300", ""])
 
 
-def start_planted_unit(shared: Path, gate: str) -> tuple[list[str], set[str], str]:
-    """Boot with the planted unit gated by `gate`, start it and wait for its gate's decision; the gate's
-    lines, the markers the plants wrote, and the main process's user once it ran."""
+def start_planted_unit(shared: Path, fake_driver: Path, busybox: str | None
+                       ) -> tuple[list[str], set[str], str, str, int | None]:
+    """Boot with the packaged gate service and the planted unit gated by the packaged drop-in's client,
+    `busybox` copied to /bin/busybox first (None: no /bin/busybox at all); start the unit and wait for its
+    client's decision. The client's lines, the markers the plants wrote, the users of the unit's main
+    process and of the gate service, and the uid that wrote the decision line."""
     markers, home = shared / "markers", shared / "home"
-    markers.mkdir(mode=0o755)
+    markers.mkdir(mode=0o777)
+    markers.chmod(0o777)  # any user may leave a marker: the plants tell who ran them
     plant(home, path_inside(shared, markers), path_inside(shared, home))
     shared.chmod(0o755)  # nobody reaches its directory (the shared directory is the namespace's /realsystemd)
-    files = {f"/etc/systemd/system/{UNIT}": planted_unit(gate, path_inside(shared, home))}
-    with RealSystemd(shared, files=files) as machine:
+    files = {f"/etc/systemd/system/{UNIT}": planted_unit(gated(EMBEDDING)[0], path_inside(shared, home)),
+             f"/etc/systemd/system/{UNIT}.d/vllm-xpu-gate.conf": "[Unit]\nWants=vllm-xpu-gate.socket\n"
+                                                                "After=vllm-xpu-gate.socket\n",
+             **packaged_gate(shared, shared / fake_driver.name)}
+    hidden = hidden_trees_drop_in()  # this Python, where nobody cannot reach it (/root)
+    if hidden is not None:
+        files[f"/etc/systemd/system/{UNIT}.d/realsystemd.conf"] = hidden
+    with RealSystemd(shared, files=files, enable=[GATE_SOCKET]) as machine:
+        machine.run("rm", "-f", "/bin/busybox", "/usr/bin/busybox")
+        if busybox is not None:
+            machine.run("cp", busybox, "/bin/busybox")
         machine.start(UNIT)
 
-        def gate_lines() -> list[str]:
-            messages = (journal_field(entry, "MESSAGE") or "" for entry in machine.journal(UNIT))
-            return [message for message in messages if message.startswith("vllm-xpu-gate: ")]
+        def gate_entries() -> list[dict]:
+            return [entry for entry in machine.journal(UNIT)
+                    if (journal_field(entry, "MESSAGE") or "").startswith("vllm-xpu-gate: ")]
 
-        assert wait_for(lambda: any(DECISION.match(line) for line in gate_lines()), timeout=STEP_TIMEOUT,
-                        interval=0.2), f"no gate decision within {STEP_TIMEOUT} s: {gate_lines()}"
+        assert wait_for(lambda: any(DECISION.match(journal_field(entry, "MESSAGE")) for entry in gate_entries()),
+                        timeout=STEP_TIMEOUT, interval=0.2), f"no gate decision within {STEP_TIMEOUT} s"
         assert wait_for(lambda: machine.systemctl("is-active", UNIT, check=False).stdout.strip() == "active",
                         timeout=STEP_TIMEOUT, interval=0.2), machine.systemctl("status", UNIT, check=False).stdout
-        main_pid = machine.systemctl("show", "-P", "MainPID", UNIT).stdout.strip()
-        user = machine.run("ps", "-o", "user=", "-p", main_pid).stdout.strip()
-        lines = gate_lines()
-    return lines, {marker.name for marker in markers.iterdir()}, user
+        user = machine.run("ps", "-o", "user=", "-p", machine.systemctl("show", "-P", "MainPID", UNIT).stdout.strip()
+                           ).stdout.strip()
+        service_user = machine.run("ps", "-o", "user=", "-p", machine.systemctl(
+            "show", "-P", "MainPID", GATE_SERVICE).stdout.strip()).stdout.strip()
+        entries = gate_entries()
+    lines = [journal_field(entry, "MESSAGE") for entry in entries]
+    decision = next(entry for entry in entries if DECISION.match(journal_field(entry, "MESSAGE")))
+    uid = journal_field(decision, "_UID")
+    return lines, {marker.name for marker in markers.iterdir()}, user, service_user, None if uid is None else int(uid)
 
 
 @pytest.fixture
@@ -140,35 +156,25 @@ def shared(tmp_path: Path, fake_driver: Path) -> Path:
     return tmp_path
 
 
-def test_code_the_units_user_plants_never_runs_as_root_when_the_gate_starts_through_the_packaged_launcher(
-        shared: Path, fake_driver: Path):
-    """Gated `+/bin/busybox env -i <fake driver's variables> vllm-xpu-gate ...`: the gate decides (its
-    Level Zero child saw the fake GPU: free is a figure), the unit's main process runs as nobody, and
-    no plant ran as root: not the preload, the library path, the driver, the sitecustomize, the
-    working directory's package nor the PATH's systemctl."""
-    gate = gate_command(environment=gate_environment(shared, shared / fake_driver.name),
-                        extra=["--gpu-memory-utilization", str(EMBEDDING.gpu_memory_utilization)])
-    lines, markers, user = start_planted_unit(shared, gate)
+def dynamic_program() -> str:
+    """A dynamically linked program of the host (as Debian's busybox package's /bin/busybox is)."""
+    program = shutil.which("env") or "/usr/bin/env"
+    headers = subprocess.run(["readelf", "--program-headers", "--wide", program], capture_output=True, text=True,
+                             check=True).stdout
+    assert "INTERP" in headers, f"{program} is not dynamically linked"
+    return program
+
+
+@pytest.mark.parametrize("busybox", ["dynamic /bin/busybox", "no busybox"])
+def test_code_the_units_user_plants_runs_as_no_other_user(shared: Path, fake_driver: Path, busybox: str):
+    """The client decides through the service (which saw the fake GPU: free is a figure), the unit's main
+    process runs as nobody, the client's decision line was written by nobody, the service by a user of
+    its own (not root), and no plant ran as any user but nobody: not the preload, the library path, the
+    driver, the sitecustomize, the working directory's package nor the PATH's systemctl."""
+    lines, markers, user, service_user, uid = start_planted_unit(
+        shared, fake_driver, dynamic_program() if busybox.startswith("dynamic") else None)
     decision = next(line for line in lines if DECISION.match(line))
     assert decision.startswith("vllm-xpu-gate: released") and "free unknown" not in decision, lines
-    assert user == "nobody"
-    assert markers == set(), f"planted code ran as root: {sorted(markers)}; the gate said {lines}"
-    assert not any("started with the unit's environment" in line for line in lines), lines
-
-
-def test_without_the_launcher_the_preload_and_sitecustomize_run_as_root_but_nothing_the_gate_runs_loads_plants(
-        shared: Path):
-    """Gated `+vllm-xpu-gate ...` (no launcher): LD_PRELOAD and PYTHONPATH act on the gate's interpreter
-    before its first line (the markers appear: the test above could fail), the gate warns that it has
-    the unit's environment and drops it, so its Level Zero child loads neither the planted libraries
-    (LD_LIBRARY_PATH) nor the planted driver (ZE_ENABLE_ALT_DRIVERS) nor the working directory's
-    package, and systemctl is not the PATH's."""
-    gate = gate_command(launcher=False, extra=["--gpu-memory-utilization", str(EMBEDDING.gpu_memory_utilization)])
-    lines, markers, user = start_planted_unit(shared, gate)
-    assert any(line.startswith("vllm-xpu-gate: released") for line in lines), lines
-    assert any("started with the unit's environment" in line for line in lines), lines
-    # Its Level Zero child ran (and, without the unit's variables, found no driver): the markers it
-    # did not write are no accident of it not running.
-    assert any("cannot read Level Zero" in line for line in lines), lines
-    assert user == "nobody"
-    assert markers == PLANTED_BY_PRELOAD, f"markers {sorted(markers)}; the gate said {lines}"
+    assert user == "nobody" and uid == NOBODY, (user, uid)
+    assert service_user not in ("root", "nobody", ""), service_user
+    assert markers == set(), f"planted code ran as another user: {sorted(markers)}; the gate said {lines}"

@@ -4,7 +4,6 @@ journal files written by systemd-journal-remote; journals without invocation ids
 
 from __future__ import annotations
 
-import io
 import random
 import time
 from collections.abc import Iterator
@@ -13,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from vllm_xpu_exporter.fold.engine_starts import UnitView
-from vllm_xpu_exporter.gate.cli import Gate, Output, parse_options
-from vllm_xpu_exporter.gate.decision import decide
+from vllm_xpu_exporter.gate.cli import parse_service_options
+from vllm_xpu_exporter.gate.service import Service
+from vllm_xpu_exporter.gate.decision import Admission, decide
 from vllm_xpu_exporter.sources.journal import JournalSelection
 from vllm_xpu_exporter.sources.journal.follower import JournalFollower, JournalState, prints_a_vllm_line
 from vllm_xpu_exporter.sources.journal.reader import MAX_INVOCATIONS_BACK, JournalReader
@@ -201,8 +201,8 @@ def assert_same_decisions(latest: list[UnitView], whole: list[UnitView]) -> None
         assert view.invocations_ended.items() <= whole_by_unit[view.unit].invocations_ended.items()
     for unit in whole_by_unit:
         own = {view.unit: view for view in latest}[unit]
-        assert decide(unit, DEVICE, latest, None, None, None, own.gpu_memory_utilization) == \
-            decide(unit, DEVICE, whole, None, None, None, whole_by_unit[unit].gpu_memory_utilization)
+        assert decide(Admission(unit, DEVICE, own.gpu_memory_utilization, False), latest, [], None, None) == \
+            decide(Admission(unit, DEVICE, whole_by_unit[unit].gpu_memory_utilization, False), whole, [], None, None)
 
 
 @pytest.fixture
@@ -238,7 +238,7 @@ def test_the_latest_invocations_give_the_gate_what_the_whole_boot_gives(follower
     assert state[RERANK][0] is None and state[RERANK][2] == "ok" and state[RERANK][4] == 0.92  # 0.24's default
     assert state[EXPORTER][0] is None  # known not to be an engine from its earlier start
     assert state[PROXY][0] is not None  # a possible init, within the engine grace
-    assert decide(CHAT, DEVICE, latest_state.views, None, None, None, 0.75).units == (EMBED, PROXY)
+    assert decide(Admission(CHAT, DEVICE, 0.75, False), latest_state.views, [], None, None).units == (EMBED, PROXY)
 
 
 def test_after_the_latest_invocations_it_follows_the_journal_as_the_whole_boot_does(followers, boot_id: str) -> None:
@@ -316,16 +316,14 @@ def test_a_unit_that_needs_more_than_the_bound_of_invocations_makes_it_read_the_
         assert entries is not None and len(entries) == chats
 
 
-def test_the_gate_decides_on_the_latest_invocations(followers, boot_id: str, tmp_path: Path) -> None:
+def test_the_gate_service_follows_the_latest_invocations(followers, boot_id: str) -> None:
     path, _, _, whole = followers
-    options = parse_options(["--unit", CHAT, "--journal.file", str(path), "--journal.boot", boot_id,
-                             "--lease-directory", str(tmp_path / "leases")])
-    the_gate = Gate(options, Output(io.StringIO()))
-    the_gate.journal.start()
+    service = Service(parse_service_options(["--journal.file", str(path), "--journal.boot", boot_id]))
+    service.journal.start()
     try:
-        state = the_gate._journal_read()
-        assert the_gate.journal.caught_up_from == "latest invocations"
-        assert_same_decisions(state.views, caught_up(whole).views)
+        assert wait_for(lambda: service.journal.state().error is None, timeout=30)
+        assert service.journal.caught_up_from == "latest invocations"
+        assert_same_decisions(service.journal.state().views, caught_up(whole).views)
     finally:
-        the_gate.journal.stop()
-        the_gate.levelzero.close()
+        service.journal.stop()
+        service.levelzero.close()

@@ -1,10 +1,11 @@
-"""The init gate's lines (exporter/gate/lines.py): what the gate writes is what the fold reads."""
+"""The init gate's lines (exporter/parsers/gate.py): what the gate writes is what the fold reads."""
 
 from __future__ import annotations
 
 import pytest
 
-from vllm_xpu_exporter.gate.lines import (GateDecision, format_released, format_timed_out, is_gate_line, parse_line)
+from vllm_xpu_exporter.parsers.gate import (GateDecision, format_released, format_timed_out, format_ungated, is_gate_line,
+                                          parse_line)
 from sizes import GiB
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
@@ -45,3 +46,12 @@ def test_a_wait_is_a_decision_that_held_the_start_back() -> None:
 ])
 def test_other_lines_out_of_bounds_figures_and_quotes_are_no_decision(line: str) -> None:
     assert parse_line(line) is None
+
+
+def test_an_ungated_start_reads_back_as_one_without_a_decision() -> None:
+    line = format_ungated(30.004, "no gate service answered on /run/vllm-xpu-gate/gate.sock within 30s (refused)")
+    assert line == ("vllm-xpu-gate: started ungated after 30.00s (no gate service answered on "
+                    "/run/vllm-xpu-gate/gate.sock within 30s (refused))")
+    assert parse_line(line) == GateDecision(False, 30.0, (), None, None, ungated=True)
+    assert not parse_line(line).held_back
+    assert parse_line("vllm-xpu-gate: started ungated after 1e400s (x)") is None

@@ -1,9 +1,9 @@
 """The init gate (`vllm-xpu-gate`, docs/gate.md) on a real systemd 252 booted as PID 1 of private
-namespaces (tests/realsystemd.py): the issue's three replayed vLLM units (chat 0.75, embedding 0.07,
-stt 0.07 of one 16 GiB fake GPU, Restart=on-failure; tests/bootrace.py), each gated the packaged
-drop-in's way, `ExecStartPre=+/bin/busybox env -i ... vllm-xpu-gate --unit %n ...`, run inside the
-namespace (its journal, its /run/vllm-xpu-gate), with the fake Level Zero driver (its variables on the
-gate's command line, after `env -i`) seeing the GPU the engines take memory from.
+namespaces (tests/realsystemd.py): the packaged gate service and socket (packaging/vllm-xpu-gate.service
+and .socket, adapted only for the namespace's journal and the fake Level Zero driver: tests/bootrace.py
+packaged_gate) and the issue's three replayed vLLM units (chat 0.75, embedding 0.07, stt 0.07 of one
+16 GiB fake GPU, Restart=on-failure; tests/bootrace.py), each gated the packaged drop-in's way:
+`ExecStartPre=<bin>/vllm-xpu-gate wait ...`, no "+", as the unit's own user, the socket Wants=/After=.
 Without the gate the same boot fails and overlaps inits (test_real_systemd.py's race test;
 benchmarks/boot_race.py compares both over 20 boots).
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import shutil
 from pathlib import Path
@@ -20,14 +21,14 @@ from typing import NamedTuple
 import pytest
 
 import journalfacts
-from bootrace import (IDLE_RESERVED, RACE_UNITS, BootOutcome, gate_command, gate_environment, gated, gated_with,
-                      race_boot)
+from bootrace import (GATE_SERVICE, GATE_SOCKET, IDLE_RESERVED, RACE_UNITS, BootOutcome, gate_command, gated,
+                      hidden_trees_drop_in, packaged_drop_in, packaged_gate, race_boot)
 from fakeze import SharedDevice
 from polling import wait_for
 from realsystemd import RealSystemd, journal_field, path_inside
 from scrapes import series
 from test_real_systemd import require_root, run_exporter, scrape_until_equal
-from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, read_events, serving_units, unit_file
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, read_events, serving_units, unit_file
 
 GATED_BOOTS = 2
 RESTART_TIMEOUT = 20.0
@@ -35,6 +36,8 @@ STEP_TIMEOUT = 30.0
 DECISION = re.compile(r"^vllm-xpu-gate: (?P<kind>released|timed out) after (?P<seconds>[\d.]+)s "
                       r"\((?:waited|waiting) for (?P<waited>[^;]+); free (?P<free>\d+|unknown), "
                       r"needed (?P<needed>\d+|unknown)\)")
+UNGATED = re.compile(r"^vllm-xpu-gate: started ungated after (?P<seconds>[\d.]+)s \(")
+SERVICE_TIMEOUT_S = 3.0  # the clients' --service-timeout where the service is stopped
 
 
 class GateDecision(NamedTuple):
@@ -47,6 +50,7 @@ class GateDecision(NamedTuple):
     waited: tuple[str, ...]  # () for "nothing"
     free: int | None  # None: unknown
     needed: int | None
+    uid: int | None = None  # the writing process's (journald's _UID)
 
 
 def decisions(entries, unit: str) -> list[GateDecision]:
@@ -58,10 +62,12 @@ def decisions(entries, unit: str) -> list[GateDecision]:
         match = DECISION.match(journal_field(entry, "MESSAGE") or "")
         if match:
             waited = tuple(match["waited"].split(","))
+            uid = journal_field(entry, "_UID")
             found.append(GateDecision(journal_field(entry, "_SYSTEMD_INVOCATION_ID"),
                                       int(entry["__REALTIME_TIMESTAMP"]), match["kind"] == "released",
                                       float(match["seconds"]), () if waited == ("nothing",) else waited,
-                                      _bytes(match["free"]), _bytes(match["needed"])))
+                                      _bytes(match["free"]), _bytes(match["needed"]),
+                                      None if uid is None else int(uid)))
     return found
 
 
@@ -76,17 +82,23 @@ def shared(tmp_path: Path, fake_driver: Path) -> Path:
     return tmp_path
 
 
-def gated_boot(shared: Path, fake_driver: Path, while_up=None) -> BootOutcome:
-    return race_boot(shared, exec_start_pre=gated_with(gate_environment(shared, shared / fake_driver.name)),
-                     while_up=while_up)
+def gated_boot(shared: Path, fake_driver: Path, while_up=None, service_flags=()) -> BootOutcome:
+    return race_boot(shared, exec_start_pre=gated, while_up=while_up, files=packaged_drop_in(),
+                     gate=packaged_gate(shared, shared / fake_driver.name, service_flags))
+
+
+def gate_files(shared: Path, fake_driver: Path) -> dict[str, str]:
+    return packaged_gate(shared, shared / fake_driver.name)
 
 
 def test_three_gated_units_started_together_at_boot_neither_fail_nor_overlap(shared: Path, fake_driver: Path):
     """Each boot: every unit serves after one start, no init failed, no two inits overlapped (the
-    journal read directly), the gates released one after another (at least two waited), each having
-    checked memory with the unit's R (--gpu-memory-utilization: a fresh journal has no earlier start)
-    against the GPU's real idle usage, and the exporter on that journal counts the same starts,
-    failures and overlaps, and one gate wait per start whose decision line says it waited."""
+    journal read directly), the service released them one after another (at least two waited), each
+    having checked memory with the unit's R (--gpu-memory-utilization: a fresh journal has no earlier
+    start) against the GPU's real idle usage; no command of the units runs with "+"; and the exporter on
+    that journal counts the same starts, failures and overlaps, and one gate wait per start whose
+    decision line says it waited."""
+    assert not any("=+" in text for text in [*packaged_drop_in().values(), *(gated(CHAT))])
     units = list(RACE_UNITS)
     seen: dict[str, object] = {}
 
@@ -128,9 +140,9 @@ def test_three_gated_units_started_together_at_boot_neither_fail_nor_overlap(sha
 
 
 def test_a_chat_restart_while_the_others_serve_is_not_delayed(shared: Path, fake_driver: Path):
-    """Once all three serve, `systemctl restart` of chat: its gate finds no init running and no live
-    lease (the last holder's init completed), so it releases at once; chat serves again without a
-    failure."""
+    """Once all three serve, `systemctl restart` of chat: the service finds no init running and no live
+    lease (the last holder's init completed), so it releases chat within a second; chat serves again
+    without a failure."""
     chat = "vllm-xpu-chat.service"
     seen: dict[str, object] = {}
 
@@ -147,7 +159,8 @@ def test_a_chat_restart_while_the_others_serve_is_not_delayed(shared: Path, fake
     assert outcome.settled and outcome.failures == 0, outcome.counts
     restarted = decisions(seen["entries"], chat)
     assert len(restarted) == 2, f"one gate decision per start of chat: {restarted}"
-    assert restarted[-1].waited == () and restarted[-1].seconds < 1.0, f"the restart's gate: {restarted[-1]}"
+    # at most the moment the service's journal follower takes to read the last init's end
+    assert restarted[-1].released and restarted[-1].seconds < 1.0, f"the restart's gate: {restarted[-1]}"
     counts = journalfacts.counts(seen["entries"], list(RACE_UNITS))
     assert counts[chat].starts == 2 and not counts[chat].failures, counts
     assert sum(unit.overlaps for unit in counts.values()) == 0, counts
@@ -173,22 +186,21 @@ def start_chat_then_embedding_waiting_for_it(machine: RealSystemd, events: Path,
 
 
 def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_after_the_lease_ends(shared: Path, fake_driver: Path):
-    """Chat's gate releases and chat holds the lease through a long init; embedding's gate waits for it.
-    Chat's main process is SIGKILLed mid-init: its exit in the journal (and systemd's failed state) ends
-    the lease, so embedding's gate releases within seconds of the exit, far below the gate's
-    --lease-timeout and --timeout, and embedding's init completes. Chat has Restart=no, so the
+    """Chat is released and holds the lease through a long init; embedding's client waits for it. Chat's
+    main process is SIGKILLed mid-init: its exit in the journal ends the lease, so embedding is released
+    within seconds of the exit, far below the service's --lease-timeout and the client's --timeout, and
+    embedding's init completes. Chat has Restart=no, so the
     released start is embedding's and not chat's restart."""
     chat, embedding = "vllm-xpu-chat.service", "vllm-xpu-embedding.service"
     config, events = shared / "ze.conf", shared / "events.jsonl"
     SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
-    gate = [gate_command(environment=gate_environment(shared, shared / fake_driver.name),
-                         extra=["--lease-timeout", "5m"])]
+    gate = [gate_command()]
     common = dict(device_config=path_inside(shared, config), events=path_inside(shared, events), requests=0,
                   exec_start_pre=gate)
     long_chat = dataclasses.replace(CHAT, init_seconds=400.0)  # 40 s on the replay's clock: killed long before
     files = {f"/etc/systemd/system/{chat}": unit_file(long_chat, restart="no", **common),
-             f"/etc/systemd/system/{embedding}": unit_file(EMBEDDING, **common)}
-    with RealSystemd(shared, files=files) as machine:
+             f"/etc/systemd/system/{embedding}": unit_file(EMBEDDING, **common), **gate_files(shared, fake_driver)}
+    with RealSystemd(shared, files=files, enable=[GATE_SOCKET]) as machine:
         start_chat_then_embedding_waiting_for_it(machine, events)
         machine.systemctl("kill", "--kill-whom=main", "--signal=KILL", chat)
         assert wait_for(lambda: embedding in serving_units(events), timeout=STEP_TIMEOUT, interval=0.2), \
@@ -224,8 +236,8 @@ def test_a_gated_start_waits_for_memory_another_process_holds(shared: Path, fake
     device.hold("other-process", device.free() - needed // 2)
     files = {f"/etc/systemd/system/{embedding}": unit_file(
         EMBEDDING, device_config=path_inside(shared, config), events=path_inside(shared, events), requests=0,
-        exec_start_pre=gated(EMBEDDING, gate_environment(shared, shared / fake_driver.name)))}
-    with RealSystemd(shared, files=files) as machine:
+        exec_start_pre=gated(EMBEDDING)), **gate_files(shared, fake_driver)}
+    with RealSystemd(shared, files=files, enable=[GATE_SOCKET]) as machine:
         machine.start(embedding)
         assert wait_for(lambda: any(line.startswith("vllm-xpu-gate: waiting for memory ")
                                     for line in gate_lines(machine, embedding)), timeout=STEP_TIMEOUT, interval=0.2), \
@@ -242,3 +254,158 @@ def test_a_gated_start_waits_for_memory_another_process_holds(shared: Path, fake
     assert decision.needed == needed and decision.free >= needed, decision
     (start,) = journalfacts.starts(entries)
     assert decision.at_usec < start.began_usec and start.outcome == "ok", start
+
+
+def test_level_zero_unreadable_three_units_started_together_still_init_one_after_another(shared: Path,
+                                                                                          fake_driver: Path):
+    """The service cannot load Level Zero (--levelzero.library names no loader): memory goes unchecked,
+    and the three units booting together are still released one init at a time: no overlap, no failure,
+    each decision line saying memory was unchecked."""
+    outcome = gated_boot(shared, fake_driver, service_flags=["--levelzero.library=/nonexistent/libze_loader.so.1",
+                                                             "--levelzero.timeout=1s"])
+    assert outcome.settled, outcome.counts
+    assert outcome.failures == 0 and outcome.overlaps == 0, outcome.counts
+    per_unit = {unit: decisions(outcome.entries, unit) for unit in RACE_UNITS}
+    assert all(len(found) == 1 and found[0].released for found in per_unit.values()), per_unit
+    assert sum(bool(found[0].waited) for found in per_unit.values()) >= 2, f"released together: {per_unit}"
+    lines = [journal_field(entry, "MESSAGE") or "" for entry in outcome.entries]
+    assert sum(DECISION.match(line) is not None and line.endswith("; memory unchecked") for line in lines) == 3
+
+
+def test_the_service_stopped_units_still_start_within_the_bound_with_one_line_each(shared: Path, fake_driver: Path):
+    """Socket and service stopped (and removed): each gated unit's client finds no socket, writes one line
+    (`started ungated ...`) after its --service-timeout, and the unit starts and serves."""
+    config, events = shared / "ze.conf", shared / "events.jsonl"
+    SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
+    gate = [gate_command(extra=["--service-timeout", f"{SERVICE_TIMEOUT_S:g}s"])]
+    files = {f"/etc/systemd/system/{unit}": unit_file(engine, device_config=path_inside(shared, config),
+                                                      events=path_inside(shared, events), requests=0,
+                                                      exec_start_pre=gate)
+             for unit, engine in RACE_UNITS.items()}
+    with RealSystemd(shared, files={**files, **packaged_drop_in(), **gate_files(shared, fake_driver)},
+                     enable=[GATE_SOCKET]) as machine:
+        # and removed, or the drop-in's Wants= would start the socket again (and it the service)
+        machine.systemctl("stop", GATE_SOCKET, GATE_SERVICE)
+        machine.run("rm", f"/etc/systemd/system/{GATE_SOCKET}", f"/etc/systemd/system/{GATE_SERVICE}")
+        machine.daemon_reload()
+        machine.start(*RACE_UNITS)
+        assert wait_for(lambda: serving_units(events) == set(RACE_UNITS), timeout=60, interval=0.2), \
+            read_events(events)
+        machine.sync_journal()
+        entries = machine.journal(*RACE_UNITS)
+    starts = journalfacts.starts(entries)
+    assert {start.unit for start in starts} == set(RACE_UNITS)
+    for start in starts:  # ungated, they race as without a gate: a lost race's retry is a start of its own
+        gate = [journal_field(entry, "MESSAGE") or "" for entry in entries
+                if journal_field(entry, "_SYSTEMD_UNIT") == start.unit
+                and journal_field(entry, "_SYSTEMD_INVOCATION_ID") == start.invocation
+                and (journal_field(entry, "MESSAGE") or "").startswith("vllm-xpu-gate: ")]
+        assert len(gate) == 1, f"{start.unit}: {gate}"
+        match = UNGATED.match(gate[0])
+        assert match and SERVICE_TIMEOUT_S <= float(match["seconds"]) < SERVICE_TIMEOUT_S + 5, gate
+
+
+# The engines share a transient user (same User= with DynamicUser=yes: one uid), so that all three can
+# take the fake GPU's memory (its ledger is replaced by rename, mode 0600, by whichever engine writes).
+REPLAY_USER = ["DynamicUser=yes", "User=vllm-replay", "ReadWritePaths=/realsystemd"]
+HARDENED = [*REPLAY_USER, "ProtectSystem=strict", "PrivateTmp=yes", "PrivateNetwork=yes",
+            "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX"]
+
+
+def test_a_hardened_dynamic_user_unit_is_gated_like_any_other(shared: Path, fake_driver: Path):
+    """No unit runs as root. Embedding runs with DynamicUser=yes, ProtectSystem=strict, PrivateTmp=yes,
+    PrivateNetwork=yes and RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX: its client (its line's _UID
+    is the unit's, not root's) reaches the socket, waits for chat's init and is released after it. Stt,
+    denied AF_UNIX, says so in one line and starts."""
+    chat, embedding, stt = "vllm-xpu-chat.service", "vllm-xpu-embedding.service", "vllm-xpu-stt.service"
+    config, events = shared / "ze.conf", shared / "events.jsonl"
+    SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
+    events.touch()
+    shared.chmod(0o777)  # the transient user writes the engines' events and takes the fake GPU's memory
+    for path in shared.iterdir():
+        path.chmod(0o777 if path.is_dir() else 0o666)
+    common = dict(device_config=path_inside(shared, config), events=path_inside(shared, events), requests=0)
+    long_chat = dataclasses.replace(CHAT, init_seconds=60.0)  # 6 s on the replay's clock
+    hidden = hidden_trees_drop_in()  # this Python, where DynamicUser='s users cannot reach it (/root)
+    files = {f"/etc/systemd/system/{chat}": unit_file(long_chat, exec_start_pre=gated(CHAT), extra_service=REPLAY_USER,
+                                                      **common),
+             f"/etc/systemd/system/{embedding}": unit_file(EMBEDDING, exec_start_pre=gated(EMBEDDING),
+                                                           extra_service=HARDENED, **common),
+             f"/etc/systemd/system/{stt}": unit_file(STT, exec_start_pre=gated(STT), extra_service=[
+                 *HARDENED[:-1], "RestrictAddressFamilies=AF_INET AF_INET6"], **common),
+             **packaged_drop_in(), **gate_files(shared, fake_driver),
+             **({f"/etc/systemd/system/{unit}.d/realsystemd.conf": hidden for unit in RACE_UNITS} if hidden else {})}
+    with RealSystemd(shared, files=files, enable=[GATE_SOCKET]) as machine:
+        start_chat_then_embedding_waiting_for_it(machine, events)
+        assert wait_for(lambda: serving_units(events) == {chat, embedding}, timeout=60, interval=0.2), \
+            read_events(events)
+        machine.start(stt)  # once the others serve: ungated, it would race their inits
+        assert wait_for(lambda: serving_units(events) == set(RACE_UNITS), timeout=60, interval=0.2), \
+            read_events(events)
+        machine.sync_journal()
+        entries = machine.journal(chat, embedding, stt)
+    (chat_start,) = [start for start in journalfacts.starts(entries) if start.unit == chat]
+    (released,) = decisions(entries, embedding)
+    assert released.released and chat in released.waited, released
+    assert released.at_usec >= chat_start.init_ended_usec, "embedding was released during chat's init"
+    assert released.uid not in (None, 0), f"embedding's client ran as uid {released.uid}"
+    assert all(found.uid not in (None, 0) for found in decisions(entries, chat)), decisions(entries, chat)
+    denied = [journal_field(entry, "MESSAGE") for entry in entries if journal_field(entry, "_SYSTEMD_UNIT") == stt
+              and (journal_field(entry, "MESSAGE") or "").startswith("vllm-xpu-gate: ")]
+    assert len(denied) == 1 and UNGATED.match(denied[0]) and "may not open a Unix socket" in denied[0], denied
+
+
+def budgeted(engine, budget: int):
+    """The engine with --kv-cache-memory-bytes `budget` (its R unchanged: its footprint stays below R x total)."""
+    return dataclasses.replace(engine, kv_cache_memory_bytes=budget)
+
+
+# Each unit's KV budget: chat's one request of its full 131072 tokens, the small units' a few hundred MiB
+# (their footprints, 11.75, 0.73 and 0.97 GiB, fit the 16 GiB GPU together).
+PLANNED = {"vllm-xpu-chat.service": budgeted(CHAT, 131072 * 26624),
+           "vllm-xpu-embedding.service": budgeted(EMBEDDING, 512 * 1024 * 1024),
+           "vllm-xpu-stt.service": budgeted(STT, 300 * 1024 * 1024)}
+
+
+def test_by_the_plan_budgeted_units_init_together_at_boot_and_a_restart_does_not_wait_for_chats_init(
+        shared: Path, fake_driver: Path):
+    """The three units run with absolute KV budgets, each gated with its budget (the client's
+    --kv-cache-memory-bytes), and boot together: the service admits them beside each other (the free
+    memory covers every footprint), so their inits overlap, none fails and every KV cache is its budget.
+    Then chat is killed while serving and stt restarted at the same moment: stt is admitted beside chat's
+    new init, not after it."""
+    config, events = shared / "ze.conf", shared / "events.jsonl"
+    SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
+    chat, stt = "vllm-xpu-chat.service", "vllm-xpu-stt.service"
+    files = {f"/etc/systemd/system/{unit}": unit_file(
+        engine, device_config=path_inside(shared, config), events=path_inside(shared, events), requests=0,
+        exec_start_pre=gated(engine, ["--kv-cache-memory-bytes", str(engine.kv_cache_memory_bytes)]))
+        for unit, engine in PLANNED.items()}
+    seen: dict[str, object] = {}
+    with RealSystemd(shared, files={**files, **packaged_drop_in(), **gate_files(shared, fake_driver)},
+                     enable=[*PLANNED, GATE_SOCKET]) as machine:
+        assert wait_for(lambda: serving_units(events) == set(PLANNED), timeout=60, interval=0.1), read_events(events)
+        machine.sync_journal()
+        seen["boot"] = machine.journal(*PLANNED)
+        machine.systemctl("kill", "--kill-whom=main", "--signal=KILL", chat)  # Restart=on-failure starts it again
+        machine.systemctl("restart", "--no-block", stt)
+        assert wait_for(lambda: sum(record["event"] == "serving" for record in read_events(events)) >= 5,
+                        timeout=60, interval=0.1), read_events(events)
+        machine.sync_journal()
+        seen["after"] = machine.journal(*PLANNED)
+    boot = journalfacts.counts(seen["boot"], PLANNED)
+    assert all(counts.starts == 1 and not counts.failures for counts in boot.values()), boot
+    assert sum(counts.overlaps for counts in boot.values()) >= 2, f"the budgeted inits did not run together: {boot}"
+    served = [record for record in read_events(events) if record["event"] == "serving"]
+    assert all(record["kv_bytes"] == PLANNED[record["unit"]].kv_cache_memory_bytes for record in served), served
+    per_unit = {unit: decisions(seen["boot"], unit) for unit in PLANNED}
+    assert all(len(found) == 1 and found[0].released and not any(name in PLANNED for name in found[0].waited)
+               for found in per_unit.values()), per_unit
+    starts = [start for start in journalfacts.starts(seen["after"]) if start.unit in (chat, stt)]
+    chat_restart = [start for start in starts if start.unit == chat][-1]
+    stt_restart = [start for start in starts if start.unit == stt][-1]
+    assert chat_restart.outcome == "ok" and stt_restart.outcome == "ok", starts
+    (stt_decision,) = [found for found in decisions(seen["after"], stt) if found.invocation == stt_restart.invocation]
+    assert chat not in stt_decision.waited, stt_decision
+    assert stt_restart.init_began_usec is not None and chat_restart.init_ended_usec is not None
+    assert stt_restart.init_began_usec < chat_restart.init_ended_usec, "stt's init waited for chat's"

@@ -1,5 +1,6 @@
-"""The init gate (`vllm-xpu-gate`) on a real systemd 252 (tests/realsystemd.py), issue 19:
-* `systemctl stop` of a unit whose gate waits ends the unit inactive (Result=success), not failed, and
+"""The init gate (`vllm-xpu-gate`) on a real systemd 252 (tests/realsystemd.py), with the packaged gate
+service and socket:
+* `systemctl stop` of a unit whose client waits ends the unit inactive (Result=success), not failed, and
   its engine never starts;
 * the packaged exporter unit (packaging/vllm-xpu-exporter.service, enabled beside the three gated race
   units of tests/bootrace.py, watching the default `vllm*.service`, which matches its own name) holds no
@@ -16,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bootrace import (EXPORTER_UNIT, IDLE_RESERVED, RACE_UNITS, gate_command, gate_environment, gated_with,
-                      packaged_exporter, race_boot)
+from bootrace import (EXPORTER_UNIT, GATE_SERVICE, GATE_SOCKET, IDLE_RESERVED, RACE_UNITS, gate_command, gated, packaged_drop_in,
+                      packaged_exporter, packaged_gate, race_boot)
 from fakeze import SharedDevice
 from polling import wait_for
 from realsystemd import RealSystemd, journal_field, path_inside
@@ -47,10 +48,11 @@ def stop_while_the_gate_waits(shared: Path, fake_driver: Path, gate: str) -> dic
     SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
     common = dict(device_config=path_inside(shared, config), events=path_inside(shared, events), requests=0)
     long_chat = dataclasses.replace(CHAT, init_seconds=4000.0)  # 400 s on the replay's clock: still initialising
-    chat_gate = gate_command(environment=gate_environment(shared, shared / fake_driver.name))
-    files = {f"/etc/systemd/system/{chat}": unit_file(long_chat, restart="no", exec_start_pre=[chat_gate], **common),
-             f"/etc/systemd/system/{embedding}": unit_file(EMBEDDING, exec_start_pre=[gate], **common)}
-    with RealSystemd(shared, files=files) as machine:
+    files = {f"/etc/systemd/system/{chat}": unit_file(long_chat, restart="no", exec_start_pre=[gate_command()],
+                                                      **common),
+             f"/etc/systemd/system/{embedding}": unit_file(EMBEDDING, exec_start_pre=[gate], **common),
+             **packaged_gate(shared, shared / fake_driver.name)}
+    with RealSystemd(shared, files=files, enable=[GATE_SOCKET]) as machine:
         start_chat_then_embedding_waiting_for_it(machine, events)
         began = time.monotonic()
         machine.systemctl("stop", embedding, timeout=STEP_TIMEOUT)
@@ -65,17 +67,15 @@ def stop_while_the_gate_waits(shared: Path, fake_driver: Path, gate: str) -> dic
 
 
 def test_a_stop_while_the_gate_waits_leaves_the_unit_inactive_not_failed(shared: Path, fake_driver: Path):
-    """`systemctl stop` of embedding while its gate waits for chat's init: systemd SIGTERMs the gate
-    (the ExecStartPre= control process), the gate sees the unit deactivating, says so and exits 0, so
-    the unit ends inactive/dead with Result=success (a gate dying of the SIGTERM would leave it failed,
-    Result=signal); the stop does not wait for systemd's TimeoutStopSec=, embedding's engine never
-    started, and chat's init goes on."""
-    embedding = "vllm-xpu-embedding.service"
-    gate = gate_command(environment=gate_environment(shared, shared / fake_driver.name),
-                        extra=["--gpu-memory-utilization", str(EMBEDDING.gpu_memory_utilization)])
+    """`systemctl stop` of embedding while its client waits for chat's init: systemd SIGTERMs the client
+    (the ExecStartPre= control process), which says so and exits 0, so the unit ends inactive/dead with
+    Result=success (a client dying of the SIGTERM would leave it failed, Result=signal); the stop does
+    not wait for systemd's TimeoutStopSec=, embedding's engine never started, and chat's init goes on."""
+    gate = gate_command(extra=["--gpu-memory-utilization", str(EMBEDDING.gpu_memory_utilization)])
     seen = stop_while_the_gate_waits(shared, fake_driver, gate)
     assert seen["state"] == {"ActiveState": "inactive", "SubState": "dead", "Result": "success"}, seen
-    assert f"vllm-xpu-gate: {embedding} is being stopped: not starting it" in seen["lines"], seen["lines"]
+    assert "vllm-xpu-gate: terminated while waiting (the unit is being stopped): not waiting any more" in \
+        seen["lines"], seen["lines"]
     assert not any(line.startswith("vllm-xpu-gate: released") for line in seen["lines"]), seen["lines"]
     assert seen["embedding_events"] == [], f"embedding's engine started: {seen['embedding_events']}"
     assert seen["stop_seconds"] < 10, f"the stop took {seen['stop_seconds']:.1f} s"
@@ -107,8 +107,8 @@ def test_the_packaged_exporter_unit_holds_no_gate_back_at_boot(shared: Path, fak
 
         seen["caught_up"] = wait_for(caught_up, timeout=STEP_TIMEOUT, interval=0.5)
 
-    outcome = race_boot(shared, exec_start_pre=gated_with(gate_environment(shared, shared / fake_driver.name)),
-                        exporter=exporter, while_up=scrape)
+    outcome = race_boot(shared, exec_start_pre=gated, exporter=exporter, while_up=scrape, files=packaged_drop_in(),
+                        gate=packaged_gate(shared, shared / fake_driver.name))
     lines = "\n".join(str(line) for line in seen.get("exporter_lines", []))
     assert outcome.settled, f"not every unit served within the settle timeout: {outcome.counts}\n{lines}"
     assert outcome.failures == 0 and outcome.overlaps == 0, outcome.counts
@@ -123,7 +123,8 @@ def test_the_packaged_exporter_unit_holds_no_gate_back_at_boot(shared: Path, fak
     assert seen["caught_up"], f"the exporter did not count the three starts: {seen.get('samples')}\n{lines}"
     samples = seen["samples"]
     overlaps = series(samples, "xpu_unit_engine_init_overlaps_total")
+    # the gate service's unit matches vllm*.service too: watched, no engine, no overlap
     assert {labels: value for labels, value in overlaps.items() if ("unit", EXPORTER_UNIT) not in labels} == \
-        {(("unit", unit),): 0 for unit in units}, overlaps
+        {(("unit", unit),): 0 for unit in [*units, GATE_SERVICE]}, overlaps
     own = [key for key in samples if ("unit", EXPORTER_UNIT) in key[1]]
     assert own == [], f"the exporter has series of its own unit: {own}"

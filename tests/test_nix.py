@@ -20,7 +20,7 @@ import pytest
 
 from vllm_xpu_exporter import __version__
 from vllm_xpu_exporter.cli import parse_options
-from vllm_xpu_exporter.gate.cli import parse_options as parse_gate_options
+from vllm_xpu_exporter.gate.cli import parse_client_options, parse_service_options
 
 REPO = Path(__file__).resolve().parents[1]
 MODULE = REPO / "nix" / "module.nix"
@@ -28,7 +28,6 @@ PACKAGE = REPO / "nix" / "package.nix"
 UNIT = REPO / "packaging" / "vllm-xpu-exporter.service"
 STORE_PATH = "/nix/store/00000000000000000000000000000000-vllm-xpu-exporter"
 SYSTEMD_STORE_PATH = "/nix/store/11111111111111111111111111111111-systemd"
-BUSYBOX_STORE_PATH = "/nix/store/22222222222222222222222222222222-busybox-static"
 COREUTILS_STORE_PATH = "/nix/store/33333333333333333333333333333333-coreutils"
 # Options that never had the former name services.xpu-exporter.
 OPTIONS_ADDED_AFTER_THE_RENAME = {"gate"}
@@ -76,7 +75,6 @@ let
     (map (arg: builtins.replaceStrings [ "%%" "$" ] [ "%%%%" "$$" ] (builtins.toJSON (toString arg))) args);
   pkgs.callPackage = path: args: { outPath = "%(store)s"; };
   pkgs.systemd = { outPath = "%(systemd)s"; };
-  pkgs.pkgsStatic.busybox = { outPath = "%(busybox)s"; };
   pkgs.coreutils = { outPath = "%(coreutils)s"; };
   evaluated = import %(module)s { inherit config lib pkgs utils; };
   # The options' defaults (option sets nested, as gate.*), with the overrides merged in recursively.
@@ -111,7 +109,7 @@ def nix(*args: str) -> subprocess.CompletedProcess[str]:
 def evaluate_module(tmp_path: Path, overrides: str = "{ enable = true; }", part: str = "config") -> dict:
     harness = tmp_path / "module-harness.nix"
     harness.write_text(MODULE_HARNESS % {"lib": STAND_IN_LIB, "store": STORE_PATH, "systemd": SYSTEMD_STORE_PATH,
-                                         "busybox": BUSYBOX_STORE_PATH, "coreutils": COREUTILS_STORE_PATH,
+                                         "coreutils": COREUTILS_STORE_PATH,
                                          "module": MODULE})
     result = nix("--eval", "--strict", "--json", str(harness), "--arg", "overrides", overrides,
                  "--argstr", "part", part)
@@ -228,43 +226,60 @@ def test_every_option_of_the_former_name_keeps_it_as_a_renamed_alias(tmp_path):
         for option in renames["options"] if option not in OPTIONS_ADDED_AFTER_THE_RENAME)
 
 
-def gate_arguments(command: str, unit: str) -> list[str]:
-    """The gate's argv of an ExecStartPre= line, as systemd runs it for `unit` ("+": full privileges),
-    after the static `env -i` that clears the unit's environment."""
-    assert command.startswith("+")
-    argv = shlex.split(command[1:].replace("%n", unit).replace("%%", "%").replace("$$", "$"))
-    assert argv[:4] == [f"{BUSYBOX_STORE_PATH}/bin/busybox", "env", "-i", f"{STORE_PATH}/bin/vllm-xpu-gate"]
-    assert f"--systemctl={SYSTEMD_STORE_PATH}/bin/systemctl" in argv  # never one from the unit's PATH
-    return argv[4:]
+GATE_UNIT = REPO / "packaging" / "vllm-xpu-gate.service"
+GATE_SOCKET = REPO / "packaging" / "vllm-xpu-gate.socket"
 
 
-def test_gate_units_get_the_gate_as_last_exec_start_pre_and_a_start_timeout_covering_it(tmp_path):
+def client_arguments(command: str) -> list[str]:
+    """The client's argv of an ExecStartPre= line, as systemd runs it: no prefix (the unit's own user)."""
+    assert not command.startswith(("+", "!", "-", "@", ":")), command
+    argv = shlex.split(command.replace("%%", "%").replace("$$", "$"))
+    assert argv[:2] == [f"{STORE_PATH}/bin/vllm-xpu-gate", "wait"]
+    return argv[2:]
+
+
+def test_gate_units_get_the_client_as_last_exec_start_pre_the_socket_and_a_start_timeout_covering_it(tmp_path):
     config = evaluate_module(tmp_path, """{
       enable = true; units = [ "vllm-*.service" "llm@*.service" ];
       gate = { units = [ "vllm-chat" "vllm-embedding.service" ]; timeoutSec = 300; onTimeout = "fail";
                extraFlags = [ "--gpu-memory-utilization=0.75" ]; };
     }""")
     services = config["systemd"]["services"]
-    assert sorted(services) == ["vllm-chat", "vllm-embedding", "vllm-xpu-exporter"]
+    assert sorted(services) == ["vllm-chat", "vllm-embedding", "vllm-xpu-exporter", "vllm-xpu-gate"]
     for name in ("vllm-chat", "vllm-embedding"):
         service = services[name]["serviceConfig"]
         assert service["ExecStartPre"]["_type"] == "order" and service["ExecStartPre"]["priority"] == 1500  # mkAfter
         (command,) = service["ExecStartPre"]["content"]
-        options = parse_gate_options(gate_arguments(command, f"{name}.service"))
-        assert (options.unit, options.timeout, options.start_on_timeout, options.gpu_memory_utilization) == (
-            f"{name}.service", 300.0, False, 0.75)
-        assert options.selection.unit_globs == ("vllm-*.service", "llm@*.service", f"{name}.service")
-        assert service["TimeoutStartSec"] == {"_type": "override", "priority": 1000, "content": 300 + 90}  # mkDefault
+        options = parse_client_options(client_arguments(command))
+        assert (options.request.timeout, options.request.start_on_timeout, options.request.gpu_memory_utilization,
+                options.service_timeout) == (300.0, False, 0.75, 30.0)
+        assert services[name]["wants"] == services[name]["after"] == ["vllm-xpu-gate.socket"]
+        assert service["TimeoutStartSec"] == {"_type": "override", "priority": 1000, "content": 300 + 30 + 90}
+    serve = services["vllm-xpu-gate"]["serviceConfig"]["ExecStart"]
+    argv = shlex.split(serve)
+    assert argv[:2] == [f"{STORE_PATH}/bin/vllm-xpu-gate", "serve"]
+    assert parse_service_options(argv[2:]).selection.unit_globs == ("vllm-*.service", "llm@*.service")
 
 
 def test_gate_defaults_wait_ten_minutes_then_start_and_need_no_exporter(tmp_path):
     config = evaluate_module(tmp_path, '{ gate.units = [ "vllm-chat.service" ]; }')
-    assert sorted(config["systemd"]["services"]) == ["vllm-chat"]
+    assert sorted(config["systemd"]["services"]) == ["vllm-chat", "vllm-xpu-gate"]
     assert config["networking"]["firewall"]["allowedTCPPorts"] == []
     service = config["systemd"]["services"]["vllm-chat"]["serviceConfig"]
-    options = parse_gate_options(gate_arguments(service["ExecStartPre"]["content"][0], "vllm-chat.service"))
-    assert (options.timeout, options.start_on_timeout) == (600.0, True)
-    assert service["TimeoutStartSec"]["content"] == 690
+    options = parse_client_options(client_arguments(service["ExecStartPre"]["content"][0]))
+    assert (options.request.timeout, options.request.start_on_timeout) == (600.0, True)
+    assert service["TimeoutStartSec"]["content"] == 720
+
+
+def test_the_gate_service_and_socket_are_the_packaged_ones(tmp_path):
+    config = evaluate_module(tmp_path, '{ gate.units = [ "vllm-chat.service" ]; }')
+    module = config["systemd"]["services"]["vllm-xpu-gate"]["serviceConfig"]
+    unit = unit_sections(GATE_UNIT.read_text())["Service"]
+    expected = {key: tokens(values) for key, values in unit.items() if key not in ("ExecStart", "EnvironmentFile")}
+    assert {key: tokens(value) for key, value in module.items() if key != "ExecStart"} == expected
+    socket = unit_sections(GATE_SOCKET.read_text())["Socket"]
+    assert {key: tokens(value) for key, value in config["systemd"]["sockets"]["vllm-xpu-gate"]["socketConfig"].items()
+            } == {key: tokens(values) for key, values in socket.items()}
 
 
 def test_disabled_module_adds_nothing(tmp_path):

@@ -1,6 +1,7 @@
 """The systemd unit (packaging/vllm-xpu-exporter.service): systemd 252 accepts it, its exposure stays below
 3.0, it grants what the exporter needs and nothing else, and the exporter works inside its limits. The
-init gate's drop-in (packaging/vllm-xpu-gate.conf): systemd 252 reads and accepts it on a vLLM unit.
+init gate's service, socket and drop-in (packaging/vllm-xpu-gate.*): systemd 252 reads and accepts them,
+the client runs as the unit's user (no prefix), and nothing runs busybox.
 
 What is run for real here: `systemd-analyze verify` and `security --offline=true` (systemd 252), the
 exporter under systemd 252's MemoryDenyWriteExecute= seccomp filter (rebuilt below, instruction for
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from vllm_xpu_exporter.cli import parse_options
-from vllm_xpu_exporter.gate.cli import parse_options as parse_gate_options
+from vllm_xpu_exporter.gate.cli import parse_client_options
 from vllm_xpu_exporter.systemd import parse_timespan
 from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, xe_fdinfo
@@ -37,7 +38,9 @@ DEFAULTS = REPO / "packaging" / "vllm-xpu-exporter.default"
 EXEC_START = "/opt/vllm-xpu-exporter/bin/vllm-xpu-exporter"
 GATE_DROP_IN = REPO / "packaging" / "vllm-xpu-gate.conf"
 GATE = "/opt/vllm-xpu-exporter/bin/vllm-xpu-gate"
-GATE_LAUNCHER = "/bin/busybox env -i"
+GATE_SOCKET = REPO / "packaging" / "vllm-xpu-gate.socket"
+GATE_SERVICE = REPO / "packaging" / "vllm-xpu-gate.service"
+GATE_SOCKET_PATH = "/run/vllm-xpu-gate/gate.sock"
 EXPOSURE_LIMIT = 3.0
 CAP_BITS = {"CAP_DAC_READ_SEARCH": 2, "CAP_SYS_PTRACE": 19, "CAP_PERFMON": 38}
 
@@ -115,14 +118,18 @@ def gated_unit(tmp_path: Path, drop_in: str) -> Path:
     (tmp_path / "vllm-chat.service.d").mkdir()
     assert GATE in drop_in
     (tmp_path / "vllm-chat.service.d" / "vllm-xpu-gate.conf").write_text(drop_in.replace(GATE, str(program)))
+    for name in (GATE_SOCKET.name, GATE_SERVICE.name):
+        (tmp_path / name).write_text((REPO / "packaging" / name).read_text().replace(GATE, str(program)))
     return tmp_path / "vllm-chat.service"
 
 
-def test_systemd_analyze_verify_reads_and_accepts_the_gate_drop_in(tmp_path):
+def test_systemd_analyze_verify_reads_and_accepts_the_gate_drop_in_service_and_socket(tmp_path):
     for name, drop_in in (("good", GATE_DROP_IN.read_text()),
                           ("misspelt", GATE_DROP_IN.read_text().replace("TimeoutStartSec=", "TimeoutStartSecs="))):
         (tmp_path / name).mkdir()
-        result = analyze("verify", str(gated_unit(tmp_path / name, drop_in)),
+        unit = gated_unit(tmp_path / name, drop_in)
+        result = analyze("verify", str(unit), str(unit.parent / GATE_SOCKET.name),
+                         str(unit.parent / GATE_SERVICE.name),
                          env={"SYSTEMD_UNIT_PATH": f"{tmp_path / name}:"})  # ":": and the default path
         if name == "good":
             assert result.returncode == 0 and result.stdout + result.stderr == "", result.stdout + result.stderr
@@ -130,24 +137,54 @@ def test_systemd_analyze_verify_reads_and_accepts_the_gate_drop_in(tmp_path):
             assert "TimeoutStartSecs" in result.stdout + result.stderr
 
 
-def test_gate_drop_in_runs_the_gate_privileged_for_its_unit_within_the_units_start_timeout():
+def test_the_drop_in_runs_the_client_as_the_units_user_within_the_units_start_timeout():
     settings = unit_settings(GATE_DROP_IN.read_text())
     command = one(settings, "ExecStartPre")
-    # "+": full privileges whatever the unit's user, so the unit's environment is cleared first
-    assert command.startswith(f"+{GATE_LAUNCHER} {GATE} ")
-    options = parse_gate_options(shlex.split(command[1:].replace("%n", "vllm-chat.service"))[4:])
-    assert (options.unit, options.start_on_timeout) == ("vllm-chat.service", True)
-    assert parse_timespan(one(settings, "TimeoutStartSec")) >= options.timeout + 90  # + systemd's default start
+    assert not command.startswith(("+", "!", "-", "@", ":")), f"a prefix changes who runs the client: {command}"
+    argv = shlex.split(command)
+    assert argv[:2] == [GATE, "wait"]
+    options = parse_client_options(argv[2:])
+    assert options.request.start_on_timeout and options.socket_path == GATE_SOCKET_PATH
+    assert parse_timespan(one(settings, "TimeoutStartSec")) >= options.request.timeout + options.service_timeout + 90
+    assert one(settings, "Wants") == one(settings, "After") == GATE_SOCKET.name
 
 
-def test_the_gate_launcher_is_a_static_program_no_loader_variable_reaches():
-    """LD_PRELOAD and LD_LIBRARY_PATH of the unit's environment act on the first program the "+" command
-    runs, as root: only a program without a dynamic loader (no PT_INTERP) is safe there."""
-    launcher = GATE_LAUNCHER.split()[0]
-    headers = subprocess.run(["readelf", "--program-headers", "--wide", launcher], capture_output=True, text=True,
-                             check=True).stdout
-    assert "Elf file type is EXEC" in headers or "Elf file type is DYN" in headers, headers
-    assert "INTERP" not in headers, f"{launcher} is dynamically linked:\n{headers}"
+def test_no_packaged_file_nix_module_or_doc_example_runs_busybox_or_a_plus_prefixed_command():
+    for path in [*(REPO / "packaging").iterdir(), REPO / "nix" / "module.nix", REPO / "docs" / "gate.md",
+                 REPO / "docs" / "security.md"]:
+        text = path.read_text()
+        commands = [line for line in text.splitlines() if re.search(r"\bExec\w*=", line)]
+        assert not [line for line in commands if re.search(r"Exec\w*=\s*\S*[+!]", line)], (path, commands)
+        assert "busybox" not in "\n".join(commands), (path, commands)
+
+
+def test_the_socket_lets_any_local_process_connect_at_the_clients_default_path():
+    settings = unit_settings(GATE_SOCKET.read_text())
+    assert one(settings, "ListenStream") == GATE_SOCKET_PATH
+    assert one(settings, "SocketMode") == "0666"
+
+
+def test_the_gate_service_runs_as_a_dynamic_user_with_the_exporters_groups_and_capabilities_and_only_af_unix():
+    gate, exporter = unit_settings(GATE_SERVICE.read_text()), unit_settings(UNIT.read_text())
+    assert one(gate, "DynamicUser") == "yes" and "User" not in gate
+    for key in ("SupplementaryGroups", "AmbientCapabilities", "CapabilityBoundingSet", "NoNewPrivileges",
+                "ProtectSystem", "ProtectHome", "DevicePolicy"):
+        assert one(gate, key) == one(exporter, key), key
+    assert one(gate, "RestrictAddressFamilies") == "AF_UNIX"
+    assert one(gate, "PrivateNetwork") == "yes"
+    assert one(gate, "ExecStart").startswith(f"{GATE} serve ")
+
+
+def test_the_gate_service_is_exposed_no_more_than_the_exporter(tmp_path):
+    program = tmp_path / "vllm-xpu-gate"
+    program.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m vllm_xpu_exporter.gate \"$@\"\n")
+    program.chmod(0o755)
+    unit = tmp_path / GATE_SERVICE.name
+    unit.write_text(GATE_SERVICE.read_text().replace(GATE, str(program)))
+    result = analyze("security", "--offline=true", "--no-pager", str(unit))
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
+    assert match, result.stdout + result.stderr
+    assert float(match[1]) < EXPOSURE_LIMIT, result.stdout
 
 
 def test_unit_grants_exactly_the_three_capabilities_as_ambient_and_bounding_set():

@@ -33,3 +33,20 @@ def test_no_line_of_any_vllm_start_is_taken_for_another_service():
 def test_the_start_up_line_quoted_elsewhere_in_a_line_is_not_taken():
     assert services.parse_line("GET /?q=vllm-xpu-exporter 1.0 listening on http://x HTTP/1.1") is None
     assert services.parse_line("x" * services.MAX_LINE_CHARS + 'msg="vllm-xpu-exporter 1 listening on http://') is None
+
+
+def test_the_gate_services_start_up_line_says_it_is_no_engine(tmp_path):
+    """`vllm-xpu-gate serve`'s first line (stderr, its unit's journal), as the program prints it; the
+    client's lines (`vllm-xpu-gate: ...`) are not it."""
+    import subprocess
+    import sys
+    process = subprocess.Popen([sys.executable, "-m", "vllm_xpu_exporter.gate", "serve", "--listen",
+                                str(tmp_path / "gate.sock"), "--journal.directory", str(tmp_path / "none"),
+                                "--levelzero.library", "/nonexistent/libze.so"], stderr=subprocess.PIPE, text=True)
+    try:
+        first = process.stderr.readline().rstrip("\n")
+    finally:
+        process.terminate()
+        process.wait(10)
+    assert services.parse_line(first) == services.NotAnEngine("vllm-xpu-gate", "gate_serving"), first
+    assert services.parse_line("vllm-xpu-gate: released after 0.00s (waited for nothing; free 1, needed 1)") is None

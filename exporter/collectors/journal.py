@@ -110,6 +110,9 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
     gate_timeouts = CounterFamily("xpu_unit_gate_timeouts_total",
                                   "Waits of this unit in the init gate that ran out (--timeout).",
                                   labels=["unit"])
+    gate_ungated = CounterFamily("xpu_unit_gate_ungated_starts_total",
+                                 "Starts of this unit its init gate client let go without a decision (no gate "
+                                 "service answered, or the unit may not use AF_UNIX).", labels=["unit"])
     shrinks = CounterFamily("xpu_unit_context_shrinks_total",
                             "Starts of this unit whose --max-model-len auto served a shorter context than the "
                             "model's full length (too little KV-cache memory).", labels=["unit"])
@@ -121,6 +124,7 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
         gate_waits.add_metric(unit, view.gate_waits)
         gate_wait_seconds.add_metric(unit, view.gate_wait_seconds)
         gate_timeouts.add_metric(unit, view.gate_timeouts)
+        gate_ungated.add_metric(unit, view.gate_ungated)
         shrinks.add_metric(unit, view.context_shrinks)
         for reason in FailureReason:
             failures.add_metric([view.unit, reason.value], view.failures[reason])
@@ -144,7 +148,7 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
         _add(concurrency, unit, latest.max_concurrency)
     yield from (info, utilisation, max_model_len, requested_len, max_num_seqs, budget, kv_bytes, kv_tokens, required,
                 concurrency, starts, failures, last_failure, duration, overlaps, gate_waits, gate_wait_seconds,
-                gate_timeouts, shrinks)
+                gate_timeouts, gate_ungated, shrinks)
 
 
 def _add(family: GaugeFamily, labels: list[str], value: float | None) -> None:

@@ -2,7 +2,7 @@
 and whether it overlapped another unit's init.
 
 Input is the journal in journal order: the unit's own lines (parsed by `vllm_xpu_exporter.parsers.vllm`; the
-lines of the init gate `vllm-xpu-gate`, by `vllm_xpu_exporter.gate.lines`) and PID 1's records about it.
+lines of the init gate `vllm-xpu-gate`, by `vllm_xpu_exporter.parsers.gate`) and PID 1's records about it.
 
 A *start* is one invocation of the unit. Every record of one start carries the same invocation id
 (`_SYSTEMD_INVOCATION_ID` on the unit's output, `INVOCATION_ID` on PID 1's records; a restart gets a
@@ -81,7 +81,7 @@ from heapq import merge
 from itertools import chain
 from typing import Protocol
 
-from vllm_xpu_exporter.gate import lines as gate_lines
+from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.parsers import services, vllm
 from vllm_xpu_exporter.parsers.vllm import FailureReason
 from vllm_xpu_exporter.parsers.workloads import uid_of_identity
@@ -262,6 +262,7 @@ class UnitView:
     # and printed it: its non-KV memory is known, which a start with a budget does not print
     last_profiled: Start | None = None
     device_total_bytes: int | None = None  # the device total a start of it printed last (2 decimals of GiB)
+    gate_ungated: int = 0  # starts the gate's client let go without the service's decision
 
     @property
     def gpu_memory_utilization(self) -> float | None:
@@ -301,6 +302,7 @@ class _Unit:
     gate_wait_seconds: float = 0.0
     gate_timeouts: int = 0
     context_shrinks: int = 0
+    gate_ungated: int = 0
     engine: bool | None = None  # a start printed a vLLM line; False: known to run something else
     last_seen_usec: int = 0  # the latest entry's time (EngineTracker: who gives up a place first)
 
@@ -311,7 +313,7 @@ class _Unit:
         return UnitView(self.name, self.starts, dict(self.failures), self.last_failure_usec, self.overlaps,
                         copy(self.latest), copy(self.last_success), copy(self.current), ended,
                         self.gate_waits, self.gate_wait_seconds, self.gate_timeouts, self.context_shrinks,
-                        copy(self.last_profiled), self.device_total_bytes)
+                        copy(self.last_profiled), self.device_total_bytes, self.gate_ungated)
 
 
 @dataclass(frozen=True)
@@ -579,6 +581,9 @@ class EngineTracker:
         """A line of the unit's init gate (an ExecStartPre= process): its decisions count per unit."""
         decision = gate_lines.parse_line(message)
         if decision is None:
+            return
+        if decision.ungated:
+            unit.gate_ungated += 1
             return
         unit.gate_wait_seconds += decision.seconds
         if decision.held_back or decision.timed_out:

@@ -1,29 +1,73 @@
-"""The init gate's decision, a pure function: what holds a unit's start back on its GPU now (other watched
-units initialising there, another unit holding the device's lease, too little free memory), from the
-fold's unit views, the lease holder and a Level Zero memory reading."""
+"""The init gate's decision, pure functions: what holds a unit's start back on its GPU now, from the fold's
+unit views, the leases of the units released before it and a Level Zero memory reading; and when a
+lease ends.
+
+Two ways to admit a start (docs/gate.md, "How it decides"):
+
+- **In order** (the default): no other watched unit on the device is initialising or holds a lease, and
+  free memory is at least ceil(R x total) (`vllm_xpu_exporter.memory.requested_bytes`).
+- **By the plan**: when the starting unit and every unit holding it back (initialising, or leased and not
+  yet done) run with an absolute KV budget (`--kv-cache-memory-bytes`), none of them sizes its cache from
+  free memory, so their inits may overlap: the start is admitted as soon as free memory covers its own
+  ceil(R x total) plus what those units have yet to take (each one's ceil(R x total) from its own start,
+  less the device memory its processes already hold, when that is known).
+
+With `HOST` as the device (Level Zero cannot be read, so the GPUs cannot be told apart) every unit on
+the host counts, and memory is not checked: one init at a time per host.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vllm_xpu_exporter import memory as memory_rules
 from vllm_xpu_exporter.fold.engine_starts import UnitView
-from vllm_xpu_exporter.gate import lines as gate_lines
+from vllm_xpu_exporter.parsers import gate as gate_lines
 
 if TYPE_CHECKING:
     from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory
 
+HOST = "host"  # the device of a decision made without Level Zero: the whole host
+# A lease whose unit's cgroup is empty ends only this long after its release: between the client's exit
+# and the main process's fork the cgroup is briefly empty.
+CGROUP_GRACE_USEC = 3_000_000
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A release: the unit holds the device from then until its start's init ends (`lease_over`)."""
+
+    device: str  # PCI address, or HOST
+    unit: str
+    cgroup_path: str  # the unit's cgroup as the service saw the caller's
+    granted_usec: int  # wall clock, as the journal's realtime
+    expires_usec: int
+    needed_bytes: int | None  # ceil(R x total) of the released start, when known
+    absolute_budget: bool  # the start runs with --kv-cache-memory-bytes
+    invocation_id: str = ""  # the released start's, when the journal had shown it ("Starting") by then
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What is asked: `unit` may start on `device`, needing ceil(R x total) free."""
+
+    unit: str
+    device: str
+    gpu_memory_utilization: float | None
+    absolute_budget: bool
+
 
 @dataclass(frozen=True)
 class Decision:
-    """What holds the start back now: units (initialising, or holding the lease) and memory."""
+    """What holds the start back now: units (initialising, or holding a lease) and memory."""
 
     units: tuple[str, ...]
     memory_short: bool
     free_bytes: int | None
-    needed_bytes: int | None
+    needed_bytes: int | None  # this start's ceil(R x total), plus, by the plan, what others have yet to take
+    by_plan: bool = False
 
     @property
     def release(self) -> bool:
@@ -34,18 +78,73 @@ class Decision:
         return self.units + ((gate_lines.MEMORY,) if self.memory_short else ())
 
 
-def decide(unit: str, device: str, views: Sequence[UnitView], lease_holder: str | None,
+def lease_over(lease: Lease, view: UnitView | None, now_usec: int, cgroup_populated: bool | None) -> str | None:
+    """Why the lease no longer holds, or None while it does."""
+    if now_usec >= lease.expires_usec:
+        return "timed out"
+    if lease.invocation_id and view is not None and view.invocation_ended(lease.invocation_id):
+        return "its init ended"
+    current = view.current if view is not None else None
+    if current is not None and current.main_began_usec is not None and current.main_began_usec >= lease.granted_usec:
+        return "its init ended" if view.initialising_since_usec is None else None
+    if cgroup_populated is False and now_usec - lease.granted_usec >= CGROUP_GRACE_USEC:
+        return "its unit has no process"
+    return None
+
+
+def waiting_invocation(view: UnitView | None) -> str:
+    """The invocation id of the unit's start waiting at its gate (systemd announced it, its main process has
+    not begun), as PID 1's records in the journal say; '' when the journal has not shown it (yet)."""
+    current = view.current if view is not None else None
+    if current is None or not current.announced or current.main_began_usec is not None or current.outcome:
+        return ""
+    return current.invocation_id
+
+
+def decide(admission: Admission, views: Sequence[UnitView], leases: Iterable[Lease],
            devices_of_units: Mapping[str, set[str]] | None, memory: DeviceMemory | None,
-           gpu_memory_utilization: float | None) -> Decision:
-    """The decision for `unit` on `device`. `devices_of_units`: the devices each unit is known to use
-    (None: one GPU, every unit is on it); a unit not in it counts on every device."""
+           taken: Mapping[str, int] | None = None) -> Decision:
+    """The decision for the admission. `devices_of_units`: the devices each unit is known to use (None:
+    one GPU, or HOST: every unit counts); a unit not in it counts on every device. `memory`: the
+    device's reading (None: unchecked). `taken`: device memory each unit's processes hold on the device
+    (by the plan, what an admitted unit has already taken); None when unknown."""
+    device, unit = admission.device, admission.unit
+
+    def on_device(other: str) -> bool:
+        return device == HOST or device in (devices_of_units or {}).get(other, {device})
+
+    views_by_unit = {view.unit: view for view in views}
     initialising = sorted((view.initialising_since_usec, view.unit) for view in views
-                          if view.unit != unit and view.initialising_since_usec is not None
-                          and device in (devices_of_units or {}).get(view.unit, {device}))
-    units = [name for _, name in initialising]
-    if lease_holder is not None and lease_holder != unit and lease_holder not in units:
-        units.append(lease_holder)
+                          if view.unit != unit and view.initialising_since_usec is not None and on_device(view.unit))
+    holders = [name for _, name in initialising]
+    held = {lease.unit: lease for lease in leases
+            if lease.unit != unit and (device == HOST or lease.device in (device, HOST))}
+    holders += [name for name in held if name not in holders]
     free = memory.free if memory is not None else None
     total = memory.total if memory is not None else None
-    needed = memory_rules.requested_bytes(total, gpu_memory_utilization) if gpu_memory_utilization and total else None
-    return Decision(tuple(units), needed is not None and free is not None and free < needed, free, needed)
+    ratio = admission.gpu_memory_utilization
+    needed = memory_rules.requested_bytes(total, ratio) if ratio and total else None
+    if needed is not None and free is not None and admission.absolute_budget and holders:
+        yet_to_take = _yet_to_take(holders, held, views_by_unit, total, taken or {})
+        if yet_to_take is not None:
+            needed += yet_to_take
+            return Decision((), free < needed, free, needed, by_plan=True)
+    return Decision(tuple(holders), needed is not None and free is not None and free < needed, free, needed)
+
+
+def _yet_to_take(holders: Sequence[str], held: Mapping[str, Lease], views: Mapping[str, UnitView], total: int,
+                 taken: Mapping[str, int]) -> int | None:
+    """What the holders have yet to take of the device, when every one runs with an absolute KV budget and
+    its footprint is known; None otherwise (the start then waits for them in order)."""
+    remaining = 0
+    for name in holders:
+        lease, view = held.get(name), views.get(name)
+        latest = view.latest if view is not None else None
+        if lease is not None and lease.absolute_budget and lease.needed_bytes is not None:
+            footprint = lease.needed_bytes
+        elif latest is not None and latest.kv_cache_memory_bytes is not None and view.gpu_memory_utilization:
+            footprint = memory_rules.requested_bytes(total, view.gpu_memory_utilization)
+        else:
+            return None
+        remaining += max(0, footprint - taken.get(name, 0))
+    return remaining

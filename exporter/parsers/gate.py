@@ -1,4 +1,6 @@
-"""The lines `vllm-xpu-gate` writes (stderr, so the gated unit's journal), written and read here.
+"""The lines `vllm-xpu-gate`'s client writes (stderr, so the gated unit's journal), written and read here:
+the gate formats them, the journal fold (`vllm_xpu_exporter.fold.engine_starts`) parses them, and neither
+imports the other.
 
 Every line the gate writes begins with `PREFIX`, so the engine fold never mistakes one for the engine's
 output, and the process that printed it for the unit's main process. Two lines are decisions, one per
@@ -6,6 +8,11 @@ run of the gate; the journal fold turns them into the gate metrics:
 
     vllm-xpu-gate: released after 12.30s (waited for vllm-chat.service,memory; free 8589934592, needed 1202590843)
     vllm-xpu-gate: timed out after 600.00s (waiting for vllm-chat.service; free 8589934592, needed unknown); starting anyway
+
+A third says the client found no gate service to ask (or could not reach one) and let the unit start
+without a decision, an *ungated start*:
+
+    vllm-xpu-gate: started ungated after 30.00s (no gate service answered on /run/vllm-xpu-gate/gate.sock: ...)
 
 "waited for" lists what held the start back: the units whose init ran (or whose lease was held),
 `unreadable-lease` when the device's lease file could not be read (its holder is unknown), and `memory`
@@ -40,6 +47,7 @@ class GateDecision:
     waited_for: tuple[str, ...]  # unit names, UNREADABLE_LEASE and MEMORY
     free_bytes: int | None
     needed_bytes: int | None
+    ungated: bool = False  # the client started its unit without the service's decision
 
     @property
     def held_back(self) -> bool:
@@ -62,6 +70,7 @@ _BYTES = rf"free (?P<free>\d{{1,16}}|{UNKNOWN}), needed (?P<needed>\d{{1,16}}|{U
 GRAMMAR: tuple[GateRow, ...] = (
     GateRow("released", re.compile(rf"released after {_SECONDS}s \(waited for {_WAITED}; {_BYTES}\)"), False),
     GateRow("timed_out", re.compile(rf"timed out after {_SECONDS}s \(waiting for {_WAITED}; {_BYTES}\)"), True),
+    GateRow("ungated", re.compile(rf"started ungated after {_SECONDS}s \("), False),
 )
 
 
@@ -79,6 +88,10 @@ def parse_line(message: str) -> GateDecision | None:
         if match is None:
             continue
         seconds = float(match["seconds"])
+        if seconds > MAX_SECONDS:
+            return None
+        if row.name == "ungated":
+            return GateDecision(False, seconds, (), None, None, ungated=True)
         free, needed = _optional_bytes(match["free"]), _optional_bytes(match["needed"])
         if seconds > MAX_SECONDS or any(value is not None and value > MAX_BYTES for value in (free, needed)):
             return None
@@ -99,6 +112,10 @@ def format_timed_out(seconds: float, waiting_for: Sequence[str], free_bytes: int
     outcome = "starting anyway" if starting else "failing the start"
     return (f"{PREFIX}timed out after {seconds:.2f}s (waiting for {_waited(waiting_for)}; "
             f"{figures(free_bytes, needed_bytes)}); {outcome}")
+
+
+def format_ungated(seconds: float, reason: str) -> str:
+    return f"{PREFIX}started ungated after {seconds:.2f}s ({' '.join(reason.splitlines())})"
 
 
 def _waited(names: Sequence[str]) -> str:
