@@ -13,7 +13,7 @@ ARG PYTHON_IMAGE=python:3.12-slim-trixie
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY exporter ./exporter
 RUN python -m venv /opt/vllm-xpu-exporter \
     && /opt/vllm-xpu-exporter/bin/pip install --no-cache-dir . \
