@@ -27,7 +27,7 @@ ARG LEVEL_ZERO_VERSION=1.*
 ARG GMMLIB_VERSION=22.*
 ARG LIBCAP_VERSION=1:2.*
 LABEL org.opencontainers.image.title="vllm-xpu-exporter" \
-      org.opencontainers.image.description="Prometheus exporter for Intel GPUs shared by vLLM systemd units" \
+      org.opencontainers.image.description="Prometheus exporter for Intel GPUs shared by vLLM systemd units, containers and pods" \
       org.opencontainers.image.licenses="Apache-2.0"
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # forky's source is trixie's main source with the suite replaced.

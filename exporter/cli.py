@@ -94,8 +94,9 @@ def listen_address(value: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="vllm-xpu-exporter",
-        description="Prometheus exporter for Intel GPUs (Level Zero) shared by vLLM systemd units: device memory, "
-                    "per-unit device memory, KV-cache allocation and engine-init failures from the journal.",
+        description="Prometheus exporter for Intel GPUs (Level Zero) shared by vLLM servers run as systemd units, "
+                    "containers (Docker, Podman) or pods (Kubernetes): device memory, memory per unit, KV-cache "
+                    "allocation and engine-init failures from the journal or the containers' logs.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--version", action="version", version=f"vllm-xpu-exporter {__version__}")
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from promql import (README, REPO, RULES, alerting_rules, documented_metrics, metric_names, recorded_names,
+from promql import (METRICS_DOC, REPO, RULES, alerting_rules, documented_metrics, metric_names, recorded_names,
                     dashboard_metric_names, load_dashboard, rules, rules_metric_names, template_query_names)
 
 sys.path.insert(0, str(REPO / "rules"))
@@ -76,8 +76,8 @@ def wording_checks() -> Iterator[tuple[str, dict[str, str], dict[str, str]]]:
 
 
 def documented_failure_reasons() -> set[str]:
-    listing = re.search(r"^Failure reasons: (.+?)\n\n", README.read_text(), re.M | re.S)
-    assert listing, "the README lists no failure reasons"
+    listing = re.search(r"^Failure reasons: (.+?)\n\n", METRICS_DOC.read_text(), re.M | re.S)
+    assert listing, "the metric reference lists no failure reasons"
     return set(re.findall(r"`(\w+)`", listing.group(1)))
 
 
@@ -248,8 +248,8 @@ def alerting_rules_url_anchor(name: str) -> str:
 
 
 def test_rules_use_only_metrics_the_exporter_serves_or_the_rules_record():
-    served = documented_metrics(README)
-    assert served, "no metric table found in the README"
+    served = documented_metrics()
+    assert served, "no metric table found in the metric reference"
     unknown = rules_metric_names() - served - recorded_names() - {"up"}
     assert unknown == set()
 
@@ -468,12 +468,6 @@ def test_the_operator_doc_lists_every_alert_with_its_severities():
         assert set(severities.split(" / ")) == {rule["labels"]["severity"] for rule in alerting_rules()
                                                  if rule["alert"] == name}, name
 
-
-def test_the_readme_lists_every_alert():
-    listing = re.search(r"^Alerts:\n\n(.+?)\n\n", README.read_text(), re.M | re.S)
-    assert listing, "the README lists no alerts"
-    listed = re.findall(r"`(Xpu\w+)`", listing.group(1))
-    assert sorted(listed) == sorted(alert_names())
 
 
 def test_the_operator_doc_alertmanager_example_is_valid(tmp_path):

@@ -159,7 +159,8 @@ def _landing_page(title: str, telemetry_path: str) -> bytes:
     title_html = html.escape(title)
     path_html = html.escape(telemetry_path, quote=True)
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>{title_html}</title></head>\n"
-            f"<body>\n<h1>{title_html}</h1>\n<p>Prometheus exporter for Intel GPUs shared by vLLM systemd units."
+            f"<body>\n<h1>{title_html}</h1>\n<p>Prometheus exporter for Intel GPUs shared by vLLM servers run as systemd units, "
+            "containers or pods."
             f"</p>\n<ul>\n<li><a href=\"{path_html}\">Metrics</a></li>\n"
             f"<li><a href=\"{HEALTH_PATH}\">Health</a></li>\n</ul>\n</body>\n</html>\n").encode("utf-8")
 
