@@ -478,3 +478,20 @@ def test_the_operator_doc_alertmanager_example_is_valid(tmp_path):
     path.write_text(yaml.safe_dump(config))
     result = subprocess.run(["amtool", "check-config", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_runbook_names_the_logs_command_of_every_kind_of_unit():
+    """systemd units, Docker and Podman containers and pods' containers: each kind's own logs command, in the
+    runbook's table and in XpuUnitEngineInitFailed's diagnosis."""
+    commands = ("journalctl -b -u", "docker logs", "podman logs", "kubectl logs -n <namespace> <pod> -c <container> --previous")
+    runbook = (REPO / "docs" / "runbook.md").read_text()
+    assert all(command in runbook for command in commands)
+    assert all(command in runbook_sections()["xpuunitengineinitfailed"] for command in commands)
+
+
+def test_every_alert_text_that_recommends_the_gate_says_it_cannot_gate_containers():
+    recommending = {rule["alert"]: rule["annotations"]["description"] for rule in alerting_rules()
+                    if "vllm-xpu-gate" in rule["annotations"].get("description", "")}
+    assert recommending
+    for name, description in recommending.items():
+        assert "it cannot gate containers" in description, name
