@@ -31,6 +31,44 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """`(default: X)` after a flag's help, X written as on the command line: a duration as a duration (4s,
+    not 4.0), a switch as on/off, a repeatable flag's values space-separated. No default shown where there
+    is none (None, an empty list) or where the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        if "default" in help_text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return help_text
+        shown = shown_default(action)
+        return f"{help_text} (default: {shown})" if shown else help_text
+
+
+def shown_default(action: argparse.Action) -> str:
+    """An action's default as a user would write it; "" when it has none worth showing."""
+    default = action.default
+    if default is None or default == [] or default == ():
+        return ""
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if action.type in DURATION_TYPES and isinstance(default, (int, float)):
+        return format_duration(default)
+    if isinstance(default, (list, tuple)):
+        return " ".join(str(value) for value in default)
+    return str(default).replace("%", "%%")
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as the shortest Go duration that says them (4s, 1m30s, 250ms, 24h)."""
+    milliseconds = round(seconds * 1000)
+    if milliseconds % 1000:
+        return f"{milliseconds}ms"
+    whole = milliseconds // 1000
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return "".join(f"{value}{unit}" for value, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if value) or "0s"
+
+
 def parse_duration(value: str) -> float:
     """A Go duration as the Prometheus tools take them (500ms, 4s, 1m30s), or a bare number of seconds."""
     try:
@@ -52,6 +90,9 @@ def levelzero_timeout(value: str) -> float:
     if seconds > MAX_LEVELZERO_TIMEOUT_S:
         raise argparse.ArgumentTypeError(f"at most 24h, got {value!r}")
     return seconds
+
+
+DURATION_TYPES = (parse_duration, levelzero_timeout)
 
 
 def parse_boot(value: str) -> str:

@@ -17,7 +17,7 @@ import re
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -281,24 +281,33 @@ class _Handler:
 
 
 class ExporterServer:
-    """Serves `registry` at `telemetry_path` on `listen_address` (see parse_listen_address).
+    """Serves `registry` at `telemetry_path` on `listen_address` (see parse_listen_address), or on each of
+    several addresses (as exporter-toolkit serves every --web.listen-address).
 
     Binds in the constructor: an unusable address raises the system's OSError (EADDRINUSE,
     EADDRNOTAVAIL, socket.gaierror...) unchanged, and a malformed one ValueError. `serve_forever()` serves until
     `shutdown()` (which may be called from any thread, also before or without serve_forever).
     """
 
-    def __init__(self, listen_address: str, telemetry_path: str, registry: CollectorRegistry,
+    def __init__(self, listen_address: str | Sequence[str], telemetry_path: str, registry: CollectorRegistry,
                  web_config: WebConfig | None = None, landing_page_title: str = "vllm-xpu-exporter",
                  limits: ServerLimits | None = None) -> None:
         if not telemetry_path.startswith("/"):
             raise ValueError(f"invalid telemetry path {telemetry_path!r}: it must start with '/'")
-        host, port = parse_listen_address(listen_address)
-        listening_socket = _listening_socket(host, port)
+        addresses = [listen_address] if isinstance(listen_address, str) else list(listen_address)
+        endpoints = [parse_listen_address(address) for address in addresses]
+        listening_sockets: list[socket.socket] = []
+        try:
+            for host, port in endpoints:
+                listening_sockets.append(_listening_socket(host, port))
+        except BaseException:
+            for bound in listening_sockets:
+                bound.close()
+            raise
         site = _Site(telemetry_path, registry, web_config, landing_page_title)
         self._site = site
-        self._server_address = listening_socket.getsockname()
-        self._connections = ConnectionServer(listening_socket, _Handler(site),
+        self._server_addresses = [bound.getsockname() for bound in listening_sockets]
+        self._connections = ConnectionServer(listening_sockets, _Handler(site),
                                              tls=site.tls_for_new_connection if site.tls else None,
                                              server_name=SERVER_NAME, limits=limits)
         self._state_lock = threading.Lock()
@@ -307,9 +316,13 @@ class ExporterServer:
 
     @property
     def server_address(self) -> tuple[str, int]:
-        """The bound (host, port); host "::" when listening dual-stack on all interfaces."""
-        host, port = self._server_address[:2]
-        return str(host), int(port)
+        """The (first) bound (host, port); host "::" when listening dual-stack on all interfaces."""
+        return self.server_addresses[0]
+
+    @property
+    def server_addresses(self) -> list[tuple[str, int]]:
+        """Every bound (host, port), in the order of the listen addresses."""
+        return [(str(address[0]), int(address[1])) for address in self._server_addresses]
 
     @property
     def limits(self) -> ServerLimits:
