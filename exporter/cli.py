@@ -21,7 +21,8 @@ import vllm_xpu_exporter.collectors  # noqa: F401  (registers the bundled collec
 from vllm_xpu_exporter import __version__
 from vllm_xpu_exporter.collector import Collector, Source, Sources, registered
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
-from vllm_xpu_exporter.flags import (EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_container_flags, add_container_log_flags,
+from vllm_xpu_exporter.flags import (EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_container_flags,
+                            add_container_log_flags,
                             add_journal_containers_flag, add_journal_flags, add_levelzero_flags, add_procfs_flag,
                             add_sysfs_flag, check_journal_flags, container_log_directories, container_paths,
                             journal_container_globs, journal_engine_grace_usec, journal_unit_globs)
@@ -38,6 +39,7 @@ from vllm_xpu_exporter.sources.journal.follower import STILL_READING_CONTAINER_L
 from vllm_xpu_exporter.sources.dmem import DEFAULT_SYSFS
 from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
+from vllm_xpu_exporter.sources.procfs import DEFAULT_PROCFS
 from vllm_xpu_exporter.sources.udev import DrmNodeNames
 
 log = logging.getLogger("vllm_xpu_exporter.main")
@@ -70,7 +72,7 @@ class Options:
     docker_roots: tuple[str, ...] = (DEFAULT_DOCKER_ROOT,)  # --path.docker: also where journald containers end
     logs_docker_roots: tuple[str, ...] = ()  # --logs.docker: the --path.docker roots whose containers' logs are read
     logs_pods: str | None = None  # --logs.pods: the --path.pods whose pods' logs are read
-    procfs: str = "/proc"
+    procfs: str = DEFAULT_PROCFS
     sysfs: str = DEFAULT_SYSFS
     log_level: str = "info"
     log_format: str = "logfmt"

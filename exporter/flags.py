@@ -1,7 +1,9 @@
-"""Flags the exporter and the init gate (`vllm-xpu-gate`) share, defined once: Level Zero, the journal and
-the host's procfs (and the host's sysfs, which only the exporter reads), with the argument types they use.
-Both command lines add them with the functions below, so a flag has one spelling, one default and one check
-wherever it is given."""
+"""Flags the exporter, the init gate (`vllm-xpu-gate`) and the planner (`vllm-xpu-plan`) share, defined once:
+Level Zero, the journal and the host's procfs, with the argument types they use; and those only the exporter
+has, kept beside them because they share their types and defaults (the host's sysfs, the containers' paths
+and log files, `--journal.containers`), with the help formatter the exporter's `--help` uses. Each command line
+adds what it takes with the functions below, so a flag has one spelling, one default and one check wherever it
+is given."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from vllm_xpu_exporter.sources.containers import (
 )
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
 from vllm_xpu_exporter.sources.dmem import CGROUP_TREE, DEFAULT_SYSFS
+from vllm_xpu_exporter.sources.procfs import DEFAULT_PROCFS
 from vllm_xpu_exporter.sources.journal import DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, JournalSelection, normalize_boot
 from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S
@@ -233,7 +236,7 @@ def default_systemctl() -> str:
 def add_procfs_flag(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """--path.procfs (dest procfs); returns the group of the host's paths."""
     host = parser.add_argument_group("host")
-    host.add_argument("--path.procfs", dest="procfs", default="/proc", metavar="PATH",
+    host.add_argument("--path.procfs", dest="procfs", default=DEFAULT_PROCFS, metavar="PATH",
                       help="where the host's /proc is mounted")
     return host
 

@@ -5,6 +5,7 @@ exist, and says truly which of them import the module ("imported by") and which 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import functools
 import re
 from pathlib import Path
@@ -152,3 +153,22 @@ def test_the_import_reading_follows_submodules_and_reexports(tmp_path):
                          "from vllm_xpu_exporter import __version__\n")
     assert imported_modules(test_file) == {"vllm_xpu_exporter.sources.dmem", "vllm_xpu_exporter.sources.journal",
                                            "vllm_xpu_exporter.sources.journal.reader", "vllm_xpu_exporter.gate.lines", "vllm_xpu_exporter"}
+
+
+def ownership_table() -> list[str]:
+    """The first column of "Who owns what": the modules, packages (`http/`) and globs (`collectors/*.py`)
+    each row is about."""
+    section = DOC.read_text().split("## Who owns what", 1)[1].split("\n## ", 1)[0]
+    return [cell for row in re.findall(r"^\| ([^|]+) \|", section, re.M) for cell in re.findall(r"`([^`]+)`", row)]
+
+
+def test_every_module_has_an_owner_row():
+    """Every module of exporter/ (but a package's __init__ and __main__) is in "Who owns what": by its path,
+    its package's row or a glob row."""
+    owned = ownership_table()
+    unowned = sorted(
+        path for path in (str(Path(module).relative_to("exporter")) for module in module_paths())
+        if Path(path).name not in ("__init__.py", "__main__.py")
+        and not any(path == entry or (entry.endswith("/") and path.startswith(entry)) or fnmatch.fnmatch(path, entry)
+                    for entry in owned))
+    assert not unowned, f"add them to docs/development/architecture.md, 'Who owns what': {unowned}"
