@@ -15,6 +15,8 @@ FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY exporter ./exporter
+# exporter/http/runbook.md links to it: the runbook the exporter serves at /runbook
+COPY docs/runbook.md ./docs/runbook.md
 RUN python -m venv /opt/vllm-xpu-exporter \
     && /opt/vllm-xpu-exporter/bin/pip install --no-cache-dir . \
     && /opt/vllm-xpu-exporter/bin/pip uninstall --yes pip

@@ -92,3 +92,8 @@ def test_the_description_names_units_containers_and_pods(installed):
     (dist_info,) = installed.glob("vllm_xpu_exporter-*.dist-info")
     summary = email.parser.Parser().parsestr((dist_info / "METADATA").read_text())["Summary"]
     assert all(word in summary for word in ("systemd units", "containers", "pods")), summary
+
+
+def test_the_runbook_the_exporter_serves_is_installed_with_it(installed):
+    assert ((installed / "vllm_xpu_exporter" / "http" / "runbook.md").read_text()
+            == (REPO / "docs" / "runbook.md").read_text())

@@ -28,6 +28,7 @@ from vllm_xpu_exporter import __version__
 from vllm_xpu_exporter.http.connections import ConnectionServer, Request, Response, ServerLimits, render_response
 from vllm_xpu_exporter.http.exposition import choose_encoder, restricted
 from vllm_xpu_exporter.http.reloading import ReloadingWebConfig
+from vllm_xpu_exporter.http.runbook import RUNBOOK_PATH, runbook_page
 from vllm_xpu_exporter.http.webconfig import PasswordChecksBusy, WebConfig
 
 logger = logging.getLogger("vllm_xpu_exporter.web")
@@ -162,6 +163,7 @@ def _landing_page(title: str, telemetry_path: str) -> bytes:
             f"<body>\n<h1>{title_html}</h1>\n<p>Prometheus exporter for Intel GPUs shared by vLLM servers run as systemd units, "
             "containers or pods."
             f"</p>\n<ul>\n<li><a href=\"{path_html}\">Metrics</a></li>\n"
+            f"<li><a href=\"{RUNBOOK_PATH}\">Runbook</a></li>\n"
             f"<li><a href=\"{HEALTH_PATH}\">Health</a></li>\n</ul>\n</body>\n</html>\n").encode("utf-8")
 
 
@@ -173,6 +175,7 @@ class _Site:
         self.telemetry_path = telemetry_path
         self.registry = registry
         self.landing_page = _landing_page(landing_page_title, telemetry_path)
+        self.runbook = runbook_page()
         # Decided once: a reload may change certificates, never whether the listener speaks TLS.
         self.tls = web_config is not None and web_config.ssl_context() is not None
         self._web_config = ReloadingWebConfig(web_config) if web_config is not None else None
@@ -230,6 +233,8 @@ class _Handler:
             handler = self._landing_page
         elif url.path == HEALTH_PATH:
             handler = self._healthy
+        elif url.path == RUNBOOK_PATH and url.path != site.telemetry_path:
+            handler = self._runbook
         else:
             return self._reply(request, config, HTTPStatus.NOT_FOUND, b"Not found.\n")
         if request.method not in _ALLOWED_METHODS:
@@ -262,6 +267,9 @@ class _Handler:
     def _landing_page(self, request: Request, config: WebConfig | None) -> Response:
         return self._reply(request, config, HTTPStatus.OK, self._site.landing_page,
                            content_type="text/html; charset=utf-8")
+
+    def _runbook(self, request: Request, config: WebConfig | None) -> Response:
+        return self._reply(request, config, HTTPStatus.OK, self._site.runbook, content_type="text/html; charset=utf-8")
 
     def _healthy(self, request: Request, config: WebConfig | None) -> Response:
         return self._reply(request, config, HTTPStatus.OK, b"OK")
