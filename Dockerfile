@@ -28,9 +28,13 @@ ARG COMPUTE_RUNTIME_VERSION=2[5-9].*
 ARG LEVEL_ZERO_VERSION=1.*
 ARG GMMLIB_VERSION=22.*
 ARG LIBCAP_VERSION=1:2.*
+# The OCI annotations (image-spec's annotations.md): what the image is, which release, from which base.
+ARG PYTHON_IMAGE
 LABEL org.opencontainers.image.title="vllm-xpu-exporter" \
       org.opencontainers.image.description="Prometheus exporter for Intel GPUs shared by vLLM systemd units, containers and pods" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.version="0.3.0" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # forky's source is trixie's main source with the suite replaced.
 RUN sed -n '1,/^$/p' /etc/apt/sources.list.d/debian.sources \

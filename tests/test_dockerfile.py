@@ -311,3 +311,15 @@ def test_debians_compose_accepts_the_compose_file(tmp_path):
                             text=True, timeout=120, cwd=tmp_path,
                             env={"PATH": os.environ["PATH"], "RENDER_GID": "105", "JOURNAL_GID": "101"})
     assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_the_image_carries_the_oci_annotations_of_this_release():
+    """title, description, version (the package's), licence (the SPDX expression of pyproject) and base image."""
+    from vllm_xpu_exporter import __version__
+    text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
+    labels = dict(re.findall(r'(org\.opencontainers\.image\.[a-z.]+)="([^"]*)"', text))
+    assert labels["org.opencontainers.image.version"] == __version__
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    assert labels["org.opencontainers.image.base.name"] == "${PYTHON_IMAGE}"
+    assert re.search(r"^ARG PYTHON_IMAGE$", text, re.M), "the base's name must be in scope of the final stage"
+    assert {"org.opencontainers.image.title", "org.opencontainers.image.description"} <= labels.keys()
