@@ -24,6 +24,7 @@ from journalgen import JournalEntrySpec, random_boot_id, write_journal
 from polling import wait_for
 from scrapes import parse_samples, sample
 from sizes import GiB
+from vllm_xpu_exporter.http.runbook import heading_anchor
 from vllmlogs import Boot, VllmRun, chat_runs, compose, journal_specs, service_start
 
 CHAT, EMBEDDING = "vllm-xpu-chat.service", "vllm-xpu-embedding.service"
@@ -151,7 +152,7 @@ def markdown_files() -> list[Path]:
 def anchors(markdown: str) -> set[str]:
     """GitHub's anchors of a document's headings: lower case, punctuation but - and _ dropped, spaces -."""
     headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S), re.M)
-    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+    return {heading_anchor(heading) for heading in headings}
 
 
 def test_every_relative_link_of_the_readme_and_the_docs_resolves_to_a_file_and_its_heading():
