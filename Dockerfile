@@ -7,14 +7,18 @@
 # (22.43, end of 2022: no xe kernel driver, so no Battlemage) and again in Debian 14 "forky"
 # (testing, 26.x), not in 13. The GPU user space (loader, driver, its gmmlib) therefore comes from
 # forky, pinned at priority 100 so that nothing else does; everything else is trixie's.
-# The version globs take the newest matching release; override them with --build-arg.
+# Exact versions, so that two builds a month apart get the same driver: forky's as of 2026-12-04. Testing
+# drops a version once a newer one migrates; apt then fails the build ("version not found") rather than
+# take another: pass the current ones with --build-arg (docs/deployment.md says how to find them).
 
 ARG PYTHON_IMAGE=python:3.12-slim-trixie
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY exporter ./exporter
+# exporter/http/runbook.md links to it: the runbook the exporter serves at /runbook
+COPY docs/runbook.md ./docs/runbook.md
 RUN python -m venv /opt/vllm-xpu-exporter \
     && /opt/vllm-xpu-exporter/bin/pip install --no-cache-dir . \
     && /opt/vllm-xpu-exporter/bin/pip uninstall --yes pip
@@ -22,13 +26,17 @@ RUN python -m venv /opt/vllm-xpu-exporter \
 FROM ${PYTHON_IMAGE}
 # compute-runtime 25 and later: xe kernel driver on by default (since 24.13), Arc (Alchemist, i915 or
 # xe), Battlemage (xe), Lunar Lake, Data Center GPU Flex/Max.
-ARG COMPUTE_RUNTIME_VERSION=2[5-9].*
-ARG LEVEL_ZERO_VERSION=1.*
-ARG GMMLIB_VERSION=22.*
-ARG LIBCAP_VERSION=1:2.*
+ARG COMPUTE_RUNTIME_VERSION=26.27.39122.14-1
+ARG LEVEL_ZERO_VERSION=1.32.0-1
+ARG GMMLIB_VERSION=22.10.2+ds1-1
+ARG LIBCAP_VERSION=1:2.75-10+deb13u1+b3
+# The OCI annotations (image-spec's annotations.md): what the image is, which release, from which base.
+ARG PYTHON_IMAGE
 LABEL org.opencontainers.image.title="vllm-xpu-exporter" \
-      org.opencontainers.image.description="Prometheus exporter for Intel GPUs shared by vLLM systemd units" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.description="Prometheus exporter for Intel GPUs shared by vLLM systemd units, containers and pods" \
+      org.opencontainers.image.version="0.3.0" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # forky's source is trixie's main source with the suite replaced.
 RUN sed -n '1,/^$/p' /etc/apt/sources.list.d/debian.sources \

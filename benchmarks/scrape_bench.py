@@ -7,7 +7,7 @@ before and after the scrapes; its Level Zero child, which does the driver calls,
 With `--baseline REV` the exporter of git revision REV of this repository (its `exporter/` package,
 with this tree's interpreter and packages) scrapes the same host too, in turn with this tree's, N
 times each, and the CPU per scrape of the two is given as a ratio: the one figure of a scrape that
-holds still on a machine whose speed moves between runs (docs/benchmarks.md, "Re-measured later the
+holds still on a machine whose speed moves between runs (docs/development/benchmarks.md, "Re-measured later the
 same day"). REV's scrapes are not checked for what REV does not serve.
 """
 

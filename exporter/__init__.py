@@ -1,3 +1,3 @@
-"""vllm-xpu-exporter: Prometheus exporter for Intel GPUs shared by vLLM systemd units."""
+"""vllm-xpu-exporter: Prometheus exporter for Intel GPUs shared by vLLM systemd units, containers and pods."""
 
 __version__ = "0.3.0"

@@ -21,7 +21,8 @@ import vllm_xpu_exporter.collectors  # noqa: F401  (registers the bundled collec
 from vllm_xpu_exporter import __version__, discovery
 from vllm_xpu_exporter.collector import Collector, Source, Sources, registered
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
-from vllm_xpu_exporter.flags import (EXIT_USAGE, OneLineParser, add_container_flags, add_container_log_flags,
+from vllm_xpu_exporter.flags import (EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_container_flags,
+                            add_container_log_flags,
                             add_journal_containers_flag, add_journal_flags, add_levelzero_flags, add_procfs_flag,
                             add_sysfs_flag, check_journal_flags, container_log_directories, container_paths,
                             journal_container_globs, journal_engine_grace_usec, journal_unit_globs)
@@ -38,6 +39,7 @@ from vllm_xpu_exporter.sources.journal.follower import STILL_READING_CONTAINER_L
 from vllm_xpu_exporter.sources.dmem import DEFAULT_SYSFS
 from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
+from vllm_xpu_exporter.sources.procfs import DEFAULT_PROCFS
 from vllm_xpu_exporter.sources.udev import DrmNodeNames
 
 log = logging.getLogger("vllm_xpu_exporter.main")
@@ -54,7 +56,7 @@ class Options:
     """The command line, parsed. `collector_options`: each registered collector's own options (what its
     registration makes of the command line; None for a collector without options), by name."""
 
-    listen_address: str = f":{DEFAULT_PORT}"
+    listen_addresses: tuple[str, ...] = (f":{DEFAULT_PORT}",)
     telemetry_path: str = "/metrics"
     web_config_file: str | None = None
     collectors: frozenset[str] = frozenset(spec.name for spec in registered() if spec.enabled_by_default)
@@ -70,7 +72,7 @@ class Options:
     docker_roots: tuple[str, ...] = (DEFAULT_DOCKER_ROOT,)  # --path.docker: also where journald containers end
     logs_docker_roots: tuple[str, ...] = ()  # --logs.docker: the --path.docker roots whose containers' logs are read
     logs_pods: str | None = None  # --logs.pods: the --path.pods whose pods' logs are read
-    procfs: str = "/proc"
+    procfs: str = DEFAULT_PROCFS
     sysfs: str = DEFAULT_SYSFS
     log_level: str = "info"
     log_format: str = "logfmt"
@@ -94,19 +96,22 @@ def listen_address(value: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="vllm-xpu-exporter",
-        description="Prometheus exporter for Intel GPUs (Level Zero) shared by vLLM systemd units: device memory, "
-                    "per-unit device memory, KV-cache allocation and engine-init failures from the journal.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        description="Prometheus exporter for Intel GPUs (Level Zero) shared by vLLM servers run as systemd units, "
+                    "containers (Docker, Podman) or pods (Kubernetes): device memory, memory per unit, KV-cache "
+                    "allocation and engine-init failures from the journal or the containers' logs.",
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--version", action="version", version=f"vllm-xpu-exporter {__version__}")
 
     web = parser.add_argument_group("web")
-    web.add_argument("--web.listen-address", dest="listen_address", type=listen_address,
-                     default=f":{DEFAULT_PORT}", metavar="ADDRESS",
-                     help="host:port to serve on ([::1]:PORT and 127.0.0.1:PORT forms; :PORT for all interfaces)")
+    web.add_argument("--web.listen-address", dest="listen_addresses", type=listen_address, action="append",
+                     default=None, metavar="ADDRESS",
+                     help=f"host:port to serve on ([::1]:PORT and 127.0.0.1:PORT forms; :PORT for all interfaces); "
+                          f"repeatable: every address is served (default: :{DEFAULT_PORT})")
     web.add_argument("--web.telemetry-path", dest="telemetry_path", type=telemetry_path, default="/metrics",
                      metavar="PATH", help="path under which to expose metrics")
     web.add_argument("--web.config.file", dest="web_config_file", default=None, metavar="FILE",
-                     help="exporter-toolkit web configuration (YAML) for TLS and basic auth")
+                     help="exporter-toolkit web configuration (YAML) for TLS and basic auth (default: none, plain "
+                          "HTTP without authentication)")
 
     collectors = parser.add_argument_group("collectors")
     for spec in registered():
@@ -125,8 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_container_log_flags(parser)
 
     logging_group = parser.add_argument_group("logging")
-    logging_group.add_argument("--log.level", dest="log_level", choices=tuple(LEVELS), default="info")
-    logging_group.add_argument("--log.format", dest="log_format", choices=FORMATS, default="logfmt")
+    logging_group.add_argument("--log.level", dest="log_level", choices=tuple(LEVELS), default="info",
+                               help="log only messages at this level or above, to standard error")
+    logging_group.add_argument("--log.format", dest="log_format", choices=FORMATS, default="logfmt",
+                               help="logfmt (key=value, as the Prometheus exporters log) or json, one object a line")
     return parser
 
 
@@ -137,7 +144,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     enabled = frozenset(spec.name for spec in registered() if getattr(args, f"collector_{spec.name}"))
     logs_docker_roots, logs_pods = container_log_directories(args)
     return Options(
-        listen_address=args.listen_address,
+        listen_addresses=tuple(args.listen_addresses or (f":{DEFAULT_PORT}",)),
         telemetry_path=args.telemetry_path,
         web_config_file=args.web_config_file,
         collectors=enabled,
@@ -249,11 +256,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     registry, sources, collectors = build_registry(options)
     try:
-        server = ExporterServer(options.listen_address, options.telemetry_path, registry, web_config,
+        server = ExporterServer(options.listen_addresses, options.telemetry_path, registry, web_config,
                                 documents=documents(registry, sources))
     except OSError as error:
-        print(f"vllm-xpu-exporter: error: cannot listen on {options.listen_address}: {error.strerror or error}",
-              file=sys.stderr)
+        print(f"vllm-xpu-exporter: error: cannot listen on {' and '.join(options.listen_addresses)}: "
+              f"{error.strerror or error}", file=sys.stderr)
         return 1
 
     def stop(signum: int, _frame: object) -> None:
@@ -274,10 +281,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # collect the young generation less often (a scrape makes a few thousand short-lived objects).
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
-    host, port = server.server_address[:2]
     scheme = "https" if web_config is not None and web_config.ssl_context() is not None else "http"
-    log.info("vllm-xpu-exporter %s listening on %s://%s:%d%s (collectors: %s)", __version__, scheme,
-             f"[{host}]" if ":" in host else host, port, options.telemetry_path,
+    urls = [f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}{options.telemetry_path}"
+            for host, port in server.server_addresses]
+    log.info("vllm-xpu-exporter %s listening on %s (collectors: %s)", __version__, " and ".join(urls),
              ",".join(sorted(options.collectors)) or "none")
     try:
         server.serve_forever()

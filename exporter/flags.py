@@ -1,7 +1,9 @@
-"""Flags the exporter and the init gate (`vllm-xpu-gate`) share, defined once: Level Zero, the journal and
-the host's procfs (and the host's sysfs, which only the exporter reads), with the argument types they use.
-Both command lines add them with the functions below, so a flag has one spelling, one default and one check
-wherever it is given."""
+"""Flags the exporter, the init gate (`vllm-xpu-gate`) and the planner (`vllm-xpu-plan`) share, defined once:
+Level Zero, the journal and the host's procfs, with the argument types they use; and those only the exporter
+has, kept beside them because they share their types and defaults (the host's sysfs, the containers' paths
+and log files, `--journal.containers`), with the help formatter the exporter's `--help` uses. Each command line
+adds what it takes with the functions below, so a flag has one spelling, one default and one check wherever it
+is given."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from vllm_xpu_exporter.sources.containers import (
 )
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
 from vllm_xpu_exporter.sources.dmem import CGROUP_TREE, DEFAULT_SYSFS
+from vllm_xpu_exporter.sources.procfs import DEFAULT_PROCFS
 from vllm_xpu_exporter.sources.journal import DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, JournalSelection, normalize_boot
 from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S
@@ -29,6 +32,44 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """`(default: X)` after a flag's help, X written as on the command line: a duration as a duration (4s,
+    not 4.0), a switch as on/off, a repeatable flag's values space-separated. No default shown where there
+    is none (None, an empty list) or where the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help_text = action.help or ""
+        if "default" in help_text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return help_text
+        shown = shown_default(action)
+        return f"{help_text} (default: {shown})" if shown else help_text
+
+
+def shown_default(action: argparse.Action) -> str:
+    """An action's default as a user would write it; "" when it has none worth showing."""
+    default = action.default
+    if default is None or default == [] or default == ():
+        return ""
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if action.type in DURATION_TYPES and isinstance(default, (int, float)):
+        return format_duration(default)
+    if isinstance(default, (list, tuple)):
+        return " ".join(str(value) for value in default)
+    return str(default).replace("%", "%%")
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as the shortest Go duration that says them (4s, 1m30s, 250ms, 24h)."""
+    milliseconds = round(seconds * 1000)
+    if milliseconds % 1000:
+        return f"{milliseconds}ms"
+    whole = milliseconds // 1000
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return "".join(f"{value}{unit}" for value, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if value) or "0s"
 
 
 def parse_duration(value: str) -> float:
@@ -52,6 +93,9 @@ def levelzero_timeout(value: str) -> float:
     if seconds > MAX_LEVELZERO_TIMEOUT_S:
         raise argparse.ArgumentTypeError(f"at most 24h, got {value!r}")
     return seconds
+
+
+DURATION_TYPES = (parse_duration, levelzero_timeout)
 
 
 def parse_boot(value: str) -> str:
@@ -194,7 +238,7 @@ def default_systemctl() -> str:
 def add_procfs_flag(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """--path.procfs (dest procfs); returns the group of the host's paths."""
     host = parser.add_argument_group("host")
-    host.add_argument("--path.procfs", dest="procfs", default="/proc", metavar="PATH",
+    host.add_argument("--path.procfs", dest="procfs", default=DEFAULT_PROCFS, metavar="PATH",
                       help="where the host's /proc is mounted")
     return host
 

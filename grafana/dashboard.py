@@ -565,7 +565,7 @@ VARIABLES: tuple[Json, ...] = (
      "hide": 0, "refresh": 1, "regex": "", "multi": False, "includeAll": False},
     variable("instance", "Instance", "label_values(xpu_exporter_build_info, instance)"),
     variable("device", "GPU", 'label_values(xpu_memory_total_bytes{instance="$instance"}, device)'),
-    # The units the journal watches (running or not) and the containers holding the GPU (by name, issue 22;
+    # The units the journal watches (running or not) and the containers holding the GPU (by name;
     # kind!="systemd" leaves out the desktop sessions and other units that only hold memory)
     variable("unit", "Unit", 'label_values({__name__=~"xpu_unit_engine_starts_total|xpu_workload_info",'
                              'kind!="systemd",instance="$instance"}, unit)', multi=True),

@@ -141,7 +141,7 @@ in
     formerOptions;
 
   options.services.vllm-xpu-exporter = {
-    enable = mkEnableOption "vllm-xpu-exporter, the Prometheus exporter for Intel GPUs shared by vLLM systemd units";
+    enable = mkEnableOption "vllm-xpu-exporter, the Prometheus exporter for Intel GPUs shared by vLLM systemd units, containers and pods";
 
     package = mkOption {
       type = types.package;

@@ -28,7 +28,7 @@ python3Packages.buildPythonApplication {
   doCheck = false;
 
   meta = {
-    description = "Prometheus exporter for Intel GPUs shared by vLLM systemd units";
+    description = "Prometheus exporter for Intel GPUs shared by vLLM systemd units, containers and pods";
     license = lib.licenses.asl20;
     mainProgram = "vllm-xpu-exporter";
     platforms = lib.platforms.linux;

@@ -32,7 +32,7 @@ DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
 DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 SECONDS_PER_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 SEVERITIES = ("critical", "warning", "info")
-# The `reason` values of xpu_frequency_throttled (CONTRACT.md).
+# The `reason` values of xpu_frequency_throttled (docs/metrics.md).
 THROTTLE_REASONS = ("average_power", "burst_power", "current", "thermal", "psu", "software_range", "hardware_range")
 TEMPLATE_NOTE = "#%"  # a template line that is not rendered
 NUMBER = re.compile(r"^-?\d+(?:\.\d+)?(?:e[+-]?\d+)?$")

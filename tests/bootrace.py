@@ -81,9 +81,8 @@ class PackagedExporter:
       127.0.0.1:<a free port> instead of :10447 (the namespace shares the host's network: a fixed port
       collides with other tests), plus --journal.directory=/run/log/journal (the namespace's journal is
       volatile), plus the fake Level Zero driver's variables (gate_environment's words);
-    * a drop-in only when the interpreter or the checkout lies under /root or /home (ProtectHome=yes
-      hides them: ProtectHome=tmpfs with BindReadOnlyPaths= of those trees, the documented way to show
-      selected directories) or under /tmp (PrivateTmp=yes hides the bound checkout: BindReadOnlyPaths=).
+    * a drop-in only when the unit's own sandboxing hides the interpreter or the checkout
+      (showing_hidden_trees: a clone under /home, /root, /tmp or /var/tmp).
     Every other hardening setting stays as packaged (DynamicUser=, capabilities, ProtectSystem=strict,
     system call filter, MemoryDenyWriteExecute= ...)."""
 
@@ -123,24 +122,16 @@ def packaged_exporter(shared: Path, fake_driver: Path, port: int | None = None) 
                                                  "--journal.directory=/run/log/journal")
     defaults += "".join(f"{word}\n" for word in gate_environment(shared, fake_driver))
     files = {f"/etc/systemd/system/{EXPORTER_UNIT}": unit, "/etc/default/vllm-xpu-exporter": defaults}
-    drop_in = hidden_trees_drop_in()
-    if drop_in is not None:
+    drop_in = showing_hidden_trees(unit, {str(REPO), sys.prefix, sys.base_prefix})
+    if drop_in:
         files[f"/etc/systemd/system/{EXPORTER_UNIT}.d/realsystemd.conf"] = drop_in
     return PackagedExporter(port, files)
 
 
 def hidden_trees_drop_in() -> str | None:
-    """[Service] lines that show this checkout and its Python to a unit with ProtectHome=yes or
-    PrivateTmp=yes when they lie under /root, /home or /tmp (BindReadOnlyPaths=, ProtectHome=tmpfs);
-    None when nothing is hidden."""
-    trees = {str(REPO), sys.prefix, sys.base_prefix}
-    hidden = sorted(tree for tree in trees if tree.startswith(("/root/", "/home/", "/tmp/")))
-    hidden = [tree for tree in hidden if not any(tree.startswith(other + "/") for other in hidden)]
-    if not hidden:
-        return None
-    home = any(tree.startswith(("/root/", "/home/")) for tree in hidden)
-    return "\n".join(["[Service]", *(["ProtectHome=tmpfs"] if home else []), "BindReadOnlyPaths=" + " ".join(hidden),
-                      ""])
+    """showing_hidden_trees for a unit of every setting that hides trees (ProtectHome=yes, PrivateTmp=yes): the
+    drop-in that shows this checkout and its Python to a unit the test writes; None when nothing is hidden."""
+    return showing_hidden_trees("ProtectHome=yes\nPrivateTmp=yes\n", {str(REPO), sys.prefix, sys.base_prefix}) or None
 
 
 def packaged_gate(shared: Path, fake_driver: Path, flags: Sequence[str] = ()) -> dict[str, str]:
@@ -159,7 +150,7 @@ def packaged_gate(shared: Path, fake_driver: Path, flags: Sequence[str] = ()) ->
              f"/etc/systemd/system/{GATE_SOCKET}": (REPO / "packaging" / GATE_SOCKET).read_text(),
              "/etc/default/vllm-xpu-gate": f"VLLM_XPU_GATE_ARGS={arguments}\n"
                                            + "".join(f"{word}\n" for word in gate_environment(shared, fake_driver))}
-    drop_in = hidden_trees_drop_in()
+    drop_in = hidden_trees_drop_in()  # DynamicUser=yes implies PrivateTmp=yes and ProtectHome=read-only
     if drop_in is not None:
         files[f"/etc/systemd/system/{GATE_SERVICE}.d/realsystemd.conf"] = drop_in
     return files
@@ -171,6 +162,27 @@ def packaged_drop_in() -> dict[str, str]:
     return {f"/etc/systemd/system/{unit}.d/vllm-xpu-gate.conf": "[Unit]\nWants=vllm-xpu-gate.socket\n"
                                                                "After=vllm-xpu-gate.socket\n"
             for unit in RACE_UNITS}
+
+
+# What the unit's sandboxing settings hide from its processes (systemd.exec(5)): PrivateTmp= gives it
+# empty /tmp and /var/tmp of its own, ProtectHome=yes makes /home, /root and /run/user inaccessible.
+HIDDEN_BY = {"PrivateTmp=yes": ("/tmp/", "/var/tmp/"), "ProtectHome=yes": ("/home/", "/root/", "/run/user/")}
+
+
+def showing_hidden_trees(unit: str, trees: set[str]) -> str:
+    """The drop-in that shows the unit the `trees` it runs from (the checkout, its virtual environment,
+    the interpreter's prefix) which its own sandboxing hides: a clone in $HOME, /tmp or /var/tmp runs as
+    one in /srv does. Read-only binds of exactly those trees (BindReadOnlyPaths=, with ProtectHome=tmpfs
+    for home directories, systemd's documented way to show selected ones); every other setting stays as
+    packaged. "" when nothing is hidden."""
+    settings = {line.strip() for line in unit.splitlines()}
+    prefixes = tuple(prefix for setting, hidden in HIDDEN_BY.items() if setting in settings for prefix in hidden)
+    hidden = sorted(tree for tree in trees if tree.startswith(prefixes)) if prefixes else []
+    hidden = [tree for tree in hidden if not any(tree.startswith(other + "/") for other in hidden)]
+    if not hidden:
+        return ""
+    home = "ProtectHome=yes" in settings and any(tree.startswith(HIDDEN_BY["ProtectHome=yes"]) for tree in hidden)
+    return "\n".join(["[Service]", *(["ProtectHome=tmpfs"] if home else []), "BindReadOnlyPaths=" + " ".join(hidden), ""])
 
 
 @dataclass(frozen=True)
@@ -245,4 +257,4 @@ def race_boot(shared: Path, *, exec_start_pre: Sequence[str] | Callable[[Engine]
 
 __all__ = ["BootOutcome", "EXPORTER_UNIT", "GATE_SERVICE", "GATE_SOCKET", "PackagedExporter", "packaged_exporter",
            "IDLE_RESERVED", "RACE_UNITS", "gate_command", "gate_environment", "gated", "hidden_trees_drop_in",
-           "idle_gpu", "packaged_drop_in", "packaged_gate", "race_boot", "race_unit_files"]
+           "idle_gpu", "packaged_drop_in", "packaged_gate", "race_boot", "race_unit_files", "showing_hidden_trees"]

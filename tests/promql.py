@@ -1,5 +1,5 @@
 """What the bundled rules and dashboard ask of the exporter: the metric names in PromQL expressions,
-the names the README documents, and the Prometheus/Grafana files themselves.
+the names the metric reference (docs/metrics.md) documents, and the Prometheus/Grafana files themselves.
 
 Prometheus 2.42 has no parse endpoint, so names come from a small tokenizer: with string literals,
 label matchers, ranges, label lists, numbers and durations removed, an identifier that is neither a
@@ -20,7 +20,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "rules" / "vllm-xpu-exporter.yaml"
 DASHBOARD = REPO / "grafana" / "vllm-xpu-exporter.json"
-README = REPO / "README.md"
+METRICS_DOC = REPO / "docs" / "metrics.md"
 
 KEYWORDS = frozenset({"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
                       "offset", "bool", "atan2", "inf", "nan",
@@ -62,9 +62,9 @@ def template_query_names(template: str) -> set[str]:
     return set(_QUERY_IN_TEMPLATE.findall(template))
 
 
-def documented_metrics(readme: Path = README) -> set[str]:
-    """The metric names of the README's tables."""
-    return set(re.findall(r"^\| `(xpu_[a-z0-9_]+)` \|", readme.read_text(), re.M))
+def documented_metrics(reference: Path = METRICS_DOC) -> set[str]:
+    """The metric names of the metric reference's tables."""
+    return set(re.findall(r"^\| `(xpu_[a-z0-9_]+)` \|", reference.read_text(), re.M))
 
 
 def rule_groups(path: Path = RULES) -> list[dict[str, Any]]:

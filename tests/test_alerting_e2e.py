@@ -18,6 +18,7 @@ import math
 import re
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -57,7 +58,8 @@ INIT_FAILED_ADVICE = (
     "Give the KV cache room for one max-length request: raise gpu_memory_utilization, or set "
     "kv_cache_memory_bytes to at least the needed figure, or lower max_model_len. If the unit starts fine "
     "alone, it lost a race with other units initialising on the same GPU: gate their starts with vllm-xpu-gate "
-    "(docs/gate.md), or order them (After= in the unit files), so they initialise one after the other. "
+    "(docs/gate.md; systemd units only, it cannot gate containers), or order them (After= in the unit files, one "
+    "container after the other), so they initialise one after the other. "
     "Journal: journalctl -b -u vllm-xpu-chat.service")
 
 
@@ -195,8 +197,11 @@ def test_init_failure_of_chat_reaches_the_webhook_with_its_labels_and_the_failur
                        f"(latest failure {failed_at}). KV cache of the latest start: 2.13GiB. Needed for one "
                        f"request of max_model_len: 3.36GiB. gpu_memory_utilization: 0.75. max_model_len: 131072.\n"
                        + INIT_FAILED_ADVICE,
-        "runbook_url": "https://github.com/vllm-xpu-exporter/vllm-xpu-exporter/blob/main/docs/runbook.md#xpuunitengineinitfailed",
+        "runbook_url": f"http://{stack.instance}/runbook#xpuunitengineinitfailed",
     }
+    # the link leads somewhere real: the firing exporter serves the runbook, with the alert's section
+    with urllib.request.urlopen(first["annotations"]["runbook_url"], timeout=10) as response:
+        assert response.status == 200 and 'id="xpuunitengineinitfailed"' in response.read().decode()
     # one alert for the one failure: no other unit's, no other reason's
     assert {(alert["labels"]["unit"], alert["labels"]["reason"]) for alert in alerts} == {(CHAT, "kv_cache_too_small")}
 

@@ -1,10 +1,11 @@
-"""docs/architecture.md matches the tree: its list of modules ("The tree") is `exporter/`'s, and its map of
+"""docs/development/architecture.md matches the tree: its list of modules ("The tree") is `exporter/`'s, and its map of
 modules to test files ("Modules and their tests") has a row for every module, names only test files that
 exist, and says truly which of them import the module ("imported by") and which do not ("run by")."""
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import functools
 import re
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.fast
 
 REPO = Path(__file__).resolve().parent.parent
-DOC = REPO / "docs" / "architecture.md"
+DOC = REPO / "docs" / "development" / "architecture.md"
 TESTS = REPO / "tests"
 NO_TESTS = "—"
 
@@ -115,15 +116,15 @@ def test_the_tree_lists_every_module_of_exporter_once_and_nothing_else():
     listed = tree_listing()
     assert len(listed) == len(set(listed)), "a module is listed twice in 'The tree'"
     missing, gone = sorted(module_paths() - set(listed)), sorted(set(listed) - module_paths())
-    assert not missing, f"add them to docs/architecture.md, 'The tree': {missing}"
-    assert not gone, f"'The tree' of docs/architecture.md lists modules that do not exist: {gone}"
+    assert not missing, f"add them to docs/development/architecture.md, 'The tree': {missing}"
+    assert not gone, f"'The tree' of docs/development/architecture.md lists modules that do not exist: {gone}"
 
 
 def test_the_map_has_a_row_for_every_module_and_none_for_a_module_that_is_gone():
     rows = map_rows()
     missing, gone = sorted(module_paths() - set(rows)), sorted(set(rows) - module_paths())
-    assert not missing, f"add a row for each to docs/architecture.md's map, 'Modules and their tests': {missing}"
-    assert not gone, f"docs/architecture.md's map has rows for modules that do not exist: {gone}"
+    assert not missing, f"add a row for each to docs/development/architecture.md's map, 'Modules and their tests': {missing}"
+    assert not gone, f"docs/development/architecture.md's map has rows for modules that do not exist: {gone}"
 
 
 def test_every_file_the_map_names_exists_and_imports_the_module_or_runs_it_without_importing_it():
@@ -152,3 +153,22 @@ def test_the_import_reading_follows_submodules_and_reexports(tmp_path):
                          "from vllm_xpu_exporter import __version__\n")
     assert imported_modules(test_file) == {"vllm_xpu_exporter.sources.dmem", "vllm_xpu_exporter.sources.journal",
                                            "vllm_xpu_exporter.sources.journal.reader", "vllm_xpu_exporter.gate.lines", "vllm_xpu_exporter"}
+
+
+def ownership_table() -> list[str]:
+    """The first column of "Who owns what": the modules, packages (`http/`) and globs (`collectors/*.py`)
+    each row is about."""
+    section = DOC.read_text().split("## Who owns what", 1)[1].split("\n## ", 1)[0]
+    return [cell for row in re.findall(r"^\| ([^|]+) \|", section, re.M) for cell in re.findall(r"`([^`]+)`", row)]
+
+
+def test_every_module_has_an_owner_row():
+    """Every module of exporter/ (but a package's __init__ and __main__) is in "Who owns what": by its path,
+    its package's row or a glob row."""
+    owned = ownership_table()
+    unowned = sorted(
+        path for path in (str(Path(module).relative_to("exporter")) for module in module_paths())
+        if Path(path).name not in ("__init__.py", "__main__.py")
+        and not any(path == entry or (entry.endswith("/") and path.startswith(entry)) or fnmatch.fnmatch(path, entry)
+                    for entry in owned))
+    assert not unowned, f"add them to docs/development/architecture.md, 'Who owns what': {unowned}"

@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -5,7 +6,10 @@ from pathlib import Path
 import pytest
 
 from vllm_xpu_exporter import __version__
-from vllm_xpu_exporter.cli import DEFAULT_PORT, exporter_journal_selection, parse_options
+from exporterproc import RunningExporter
+from httpclient import request
+from vllm_xpu_exporter.cli import DEFAULT_PORT, build_parser, exporter_journal_selection, parse_options
+from vllm_xpu_exporter.flags import format_duration, parse_duration
 from vllm_xpu_exporter.sources.journal import normalize_boot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,7 +28,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.fast
 def test_defaults_match_the_contract():
     settings = parse_options([])
-    assert settings.listen_address == f":{DEFAULT_PORT}"
+    assert settings.listen_addresses == (f":{DEFAULT_PORT}",)
     assert settings.telemetry_path == "/metrics"
     assert settings.web_config_file is None
     assert settings.collectors == {"levelzero", "processes", "journal"}
@@ -46,7 +50,7 @@ def test_every_contract_flag_parses_in_both_spellings():
         "--journal.units", "vllm-xpu-*.service", "--journal.units=other.service",
         "--journal.boot", "0123456789ABCDEF0123456789abcdef", "--path.procfs", "/host/proc",
         "--path.sysfs=/host/sys", "--log.level", "debug", "--log.format", "json", "--levelzero.timeout", "1500ms"])
-    assert settings.listen_address == "[::1]:9999"
+    assert settings.listen_addresses == ("[::1]:9999",)
     assert settings.telemetry_path == "/m"
     assert settings.collectors == {"levelzero"}
     assert settings.levelzero_library == "/opt/libze_loader.so.1"
@@ -161,3 +165,39 @@ def test_the_exporter_never_watches_its_own_unit_and_says_so_once(caplog):
     assert not selection.matches_unit("vllm-xpu-exporter.service")
     assert [record.getMessage() for record in caplog.records] == [
         "not watching the exporter's own unit vllm-xpu-exporter.service, which --journal.units matches"]
+
+
+@pytest.mark.fast
+def test_help_shows_every_default_as_written_on_the_command_line_and_explains_every_flag():
+    """Durations as durations (4s, not 4.0), switches as on/off, no `(default: None)` or `(default: [])`, and a
+    sentence after every flag, the log flags included."""
+    parser = build_parser()
+    help_text = " ".join(parser.format_help().split())
+    assert "(default: None)" not in help_text and "(default: [])" not in help_text
+    assert "(default: 4.0)" not in help_text and "--levelzero.timeout DURATION give up" in help_text
+    assert "(default: 4s)" in help_text and "(default: 60s)" in help_text and "(default: on)" in help_text
+    unexplained = [action.option_strings[0] for action in parser._actions
+                   if action.option_strings and not (action.help or "").strip()]
+    assert unexplained == []
+    assert re.search(r"--log\.level \{[^}]*\} log only", help_text) and re.search(r"--log\.format \{[^}]*\} logfmt", help_text)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("seconds", "written"), [(4.0, "4s"), (60.0, "1m"), (90.0, "1m30s"), (0.25, "250ms"),
+                                                  (1.5, "1500ms"), (86400.0, "24h"), (3661.0, "1h1m1s")])
+def test_a_default_duration_is_written_as_the_duration_parser_reads_it_back(seconds, written):
+    assert format_duration(seconds) == written
+    assert parse_duration(written) == seconds
+
+
+def test_every_listen_address_is_served(tmp_path):
+    """exporter-toolkit serves each --web.listen-address; so does the exporter: two addresses, two ports, both
+    answering /metrics, both named in the start-up line."""
+    with RunningExporter(["--web.listen-address", "127.0.0.1:0", "--no-collector.levelzero",
+                          "--no-collector.journal", "--no-collector.processes"]) as exporter:
+        line = next(line for line in exporter.stderr.splitlines() if "listening on" in line)
+        ports = [int(port) for port in re.findall(r"http://127\.0\.0\.1:(\d+)/metrics", line)]
+        assert len(ports) == 2 and ports[0] != ports[1], line
+        for port in ports:
+            status, _, body = request("127.0.0.1", port, timeout=5)
+            assert status == 200 and b"xpu_exporter_build_info" in body

@@ -206,7 +206,7 @@ def test_no_collector_imports_another_and_no_module_imports_in_a_cycle():
     assert not cycles, "modules that import each other in a circle: " + "; ".join(", ".join(c) for c in cycles)
 
 
-# The layers of docs/architecture.md, bottom up: a module imports only from its own layer or below.
+# The layers of docs/development/architecture.md, bottom up: a module imports only from its own layer or below.
 LAYERS = (("vllm_xpu_exporter.parsers",), ("vllm_xpu_exporter.fold",), ("vllm_xpu_exporter.sources",),
           ("vllm_xpu_exporter.collector", "vllm_xpu_exporter.collectors", "vllm_xpu_exporter.scrape"),
           ("vllm_xpu_exporter.gate", "vllm_xpu_exporter.plan", "vllm_xpu_exporter.http", "vllm_xpu_exporter.cli"))

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from promql import (README, REPO, alerting_rules, dashboard_metric_names, dashboard_panels, dashboard_queries,
+from promql import (REPO, alerting_rules, dashboard_metric_names, dashboard_panels, dashboard_queries,
                     documented_metrics, load_dashboard, metric_names, recorded_names, variable_queries)
 
 sys.path.insert(0, str(REPO / "rules"))
@@ -82,7 +82,7 @@ def test_variables_select_instance_device_and_units_from_the_exporters_metrics()
     dashboard = load_dashboard()
     queries = variable_queries(dashboard)
     assert set(queries) == {"instance", "device", "unit"}
-    served = documented_metrics(README)
+    served = documented_metrics()
     for name, (selector, label) in queries.items():
         assert label == name
         assert metric_names(selector) <= served, name
@@ -326,14 +326,9 @@ def test_panels_fit_the_grid_without_overlapping():
 
 
 def test_dashboard_uses_only_metrics_the_exporter_serves():
-    unknown = dashboard_metric_names(load_dashboard()) - documented_metrics(README) - recorded_names() - {"up"}
+    unknown = dashboard_metric_names(load_dashboard()) - documented_metrics() - recorded_names() - {"up"}
     assert unknown == set()
 
-
-def test_the_readme_lists_the_dashboard_rows_in_order():
-    listing = re.search(r"^Dashboard panels, by row:\n\n(.+?)\n\n", README.read_text(), re.M | re.S)
-    assert listing, "the README lists no dashboard rows"
-    assert re.findall(r"^- ([A-Z][\w ]+):", listing.group(1), re.M) == ROWS
 
 
 def test_the_operator_doc_lists_every_panel_in_its_row():

@@ -4,9 +4,12 @@ distribution could install too). Installed for real, from a copy of the source, 
 
 from __future__ import annotations
 
+import email.parser
+import hashlib
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -59,3 +62,38 @@ def test_the_installed_console_scripts_import_the_renamed_package(installed):
                               env={"PYTHONPATH": str(installed), "PATH": "/usr/bin:/bin"}, timeout=60)
     assert imported.returncode == 0, imported.stderr
     assert Path(imported.stdout.strip()) == installed / "vllm_xpu_exporter" / "__init__.py"
+
+
+# sha256 of the Apache License 2.0 as the Apache Software Foundation publishes it
+# (https://www.apache.org/licenses/LICENSE-2.0.txt, 202 lines, its appendix included)
+APACHE_2_0_SHA256 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"
+
+
+def test_the_licence_file_is_the_complete_apache_2_0_text():
+    text = (REPO / "LICENSE").read_bytes()
+    assert hashlib.sha256(text).hexdigest() == APACHE_2_0_SHA256
+    assert b"END OF TERMS AND CONDITIONS" in text and b"APPENDIX: How to apply the Apache License" in text
+
+
+def test_the_metadata_carries_an_spdx_licence_expression_and_the_licence_file(installed):
+    """PEP 639: `License-Expression` and `License-File` in the metadata, the file itself in the dist-info;
+    no legacy `License:` field (the `license = { text = … }` table setuptools deprecates)."""
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert pyproject["license"] == "Apache-2.0" and pyproject["license-files"] == ["LICENSE"]
+    (dist_info,) = installed.glob("vllm_xpu_exporter-*.dist-info")
+    metadata = email.parser.Parser().parsestr((dist_info / "METADATA").read_text())
+    assert metadata["License-Expression"] == "Apache-2.0"
+    assert metadata.get_all("License-File") == ["LICENSE"]
+    assert metadata["License"] is None
+    assert (dist_info / "licenses" / "LICENSE").read_bytes() == (REPO / "LICENSE").read_bytes()
+
+
+def test_the_description_names_units_containers_and_pods(installed):
+    (dist_info,) = installed.glob("vllm_xpu_exporter-*.dist-info")
+    summary = email.parser.Parser().parsestr((dist_info / "METADATA").read_text())["Summary"]
+    assert all(word in summary for word in ("systemd units", "containers", "pods")), summary
+
+
+def test_the_runbook_the_exporter_serves_is_installed_with_it(installed):
+    assert ((installed / "vllm_xpu_exporter" / "http" / "runbook.md").read_text()
+            == (REPO / "docs" / "runbook.md").read_text())

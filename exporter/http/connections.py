@@ -43,7 +43,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -217,14 +217,18 @@ class _Connection:
 
 
 class ConnectionServer:
-    """Serves HTTP/1.1 on an already listening socket; `handle` turns a Request into a Response (it runs on
-    a worker thread and must not raise). `tls`: None for plain HTTP, else called for every new connection."""
+    """Serves HTTP/1.1 on already listening sockets (one or more: every --web.listen-address), all from one
+    event loop; `handle` turns a Request into a Response (it runs on a worker thread and must not raise).
+    `tls`: None for plain HTTP, else called for every new connection."""
 
-    def __init__(self, listener: socket.socket, handle: Callable[[Request], Response], *, tls: TLSProvider | None,
-                 server_name: str, limits: ServerLimits | None = None) -> None:
+    def __init__(self, listeners: Sequence[socket.socket], handle: Callable[[Request], Response], *,
+                 tls: TLSProvider | None, server_name: str, limits: ServerLimits | None = None) -> None:
         self.limits = limits or ServerLimits()
-        self._listener = listener
-        self._listener.setblocking(False)
+        self._listeners = tuple(listeners)
+        if not self._listeners:
+            raise ValueError("no listening socket")
+        for listener in self._listeners:
+            listener.setblocking(False)
         self._handle = handle
         self._tls = tls
         self._server_name = server_name
@@ -235,7 +239,8 @@ class ConnectionServer:
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
         self._wake_writer.setblocking(False)
-        self._selector.register(self._listener, selectors.EVENT_READ, "listener")
+        for listener in self._listeners:
+            self._selector.register(listener, selectors.EVENT_READ, "listener")
         self._selector.register(self._wake_reader, selectors.EVENT_READ, "waker")
         self._accepting = True
         self._connections: dict[int, _Connection] = {}
@@ -261,7 +266,7 @@ class ConnectionServer:
                 timeout = max(0.0, min(poll_interval, next_sweep - time.monotonic()))
                 for key, mask in self._selector.select(timeout):
                     if key.data == "listener":
-                        self._accept()
+                        self._accept(key.fileobj)  # type: ignore[arg-type]
                     elif key.data == "waker":
                         self._drain_waker()
                     else:
@@ -287,8 +292,8 @@ class ConnectionServer:
             self._stopped.wait()
 
     def close(self) -> None:
-        """Closes the listening socket (after serve_forever has returned, or when it never ran)."""
-        for sock in (self._listener, self._wake_reader, self._wake_writer):
+        """Closes the listening sockets (after serve_forever has returned, or when it never ran)."""
+        for sock in (*self._listeners, self._wake_reader, self._wake_writer):
             try:
                 self._selector.unregister(sock)
             except (KeyError, ValueError):
@@ -364,10 +369,10 @@ class ConnectionServer:
             logger.debug("error on connection from %s", connection.client, exc_info=True)
             self._close(connection)
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         for _ in range(_ACCEPT_BATCH):
             try:
-                sock, address = self._listener.accept()
+                sock, address = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as error:
@@ -387,12 +392,14 @@ class ConnectionServer:
 
     def _pause_accepting(self) -> None:
         if self._accepting:
-            self._selector.unregister(self._listener)
+            for listener in self._listeners:
+                self._selector.unregister(listener)
             self._accepting = False
 
     def _resume_accepting(self) -> None:
         if not self._accepting and not self._stopping:
-            self._selector.register(self._listener, selectors.EVENT_READ, "listener")
+            for listener in self._listeners:
+                self._selector.register(listener, selectors.EVENT_READ, "listener")
             self._accepting = True
 
     def _open(self, sock: socket.socket, client: str) -> None:

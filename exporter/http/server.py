@@ -17,7 +17,7 @@ import re
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -28,6 +28,7 @@ from vllm_xpu_exporter import __version__
 from vllm_xpu_exporter.http.connections import ConnectionServer, Request, Response, ServerLimits, render_response
 from vllm_xpu_exporter.http.exposition import choose_encoder, restricted
 from vllm_xpu_exporter.http.reloading import ReloadingWebConfig
+from vllm_xpu_exporter.http.runbook import RUNBOOK_PATH, runbook_page
 from vllm_xpu_exporter.http.webconfig import PasswordChecksBusy, WebConfig
 
 logger = logging.getLogger("vllm_xpu_exporter.web")
@@ -161,8 +162,10 @@ def _landing_page(title: str, telemetry_path: str) -> bytes:
     title_html = html.escape(title)
     path_html = html.escape(telemetry_path, quote=True)
     return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>{title_html}</title></head>\n"
-            f"<body>\n<h1>{title_html}</h1>\n<p>Prometheus exporter for Intel GPUs shared by vLLM systemd units."
+            f"<body>\n<h1>{title_html}</h1>\n<p>Prometheus exporter for Intel GPUs shared by vLLM servers run as systemd units, "
+            "containers or pods."
             f"</p>\n<ul>\n<li><a href=\"{path_html}\">Metrics</a></li>\n"
+            f"<li><a href=\"{RUNBOOK_PATH}\">Runbook</a></li>\n"
             f"<li><a href=\"{HEALTH_PATH}\">Health</a></li>\n</ul>\n</body>\n</html>\n").encode("utf-8")
 
 
@@ -175,6 +178,7 @@ class _Site:
         self.registry = registry
         self.documents = dict(documents or {})
         self.landing_page = _landing_page(landing_page_title, telemetry_path)
+        self.runbook = runbook_page()
         # Decided once: a reload may change certificates, never whether the listener speaks TLS.
         self.tls = web_config is not None and web_config.ssl_context() is not None
         self._web_config = ReloadingWebConfig(web_config) if web_config is not None else None
@@ -234,6 +238,8 @@ class _Handler:
             handler = self._healthy
         elif url.path in site.documents:
             handler = self._document
+        elif url.path == RUNBOOK_PATH:
+            handler = self._runbook
         else:
             return self._reply(request, config, HTTPStatus.NOT_FOUND, b"Not found.\n")
         if request.method not in _ALLOWED_METHODS:
@@ -270,6 +276,8 @@ class _Handler:
     def _document(self, request: Request, config: WebConfig | None) -> Response:
         body, content_type = self._site.documents[urlsplit(request.target).path]()
         return self._reply(request, config, HTTPStatus.OK, body, content_type=content_type)
+    def _runbook(self, request: Request, config: WebConfig | None) -> Response:
+        return self._reply(request, config, HTTPStatus.OK, self._site.runbook, content_type="text/html; charset=utf-8")
 
     def _healthy(self, request: Request, config: WebConfig | None) -> Response:
         return self._reply(request, config, HTTPStatus.OK, b"OK")
@@ -289,26 +297,35 @@ class _Handler:
 
 
 class ExporterServer:
-    """Serves `registry` at `telemetry_path` on `listen_address` (see parse_listen_address).
+    """Serves `registry` at `telemetry_path` on `listen_address` (see parse_listen_address), or on each of
+    several addresses (as exporter-toolkit serves every --web.listen-address).
 
     Binds in the constructor: an unusable address raises the system's OSError (EADDRINUSE,
     EADDRNOTAVAIL, socket.gaierror...) unchanged, and a malformed one ValueError. `serve_forever()` serves until
     `shutdown()` (which may be called from any thread, also before or without serve_forever).
     """
 
-    def __init__(self, listen_address: str, telemetry_path: str, registry: CollectorRegistry,
+    def __init__(self, listen_address: str | Sequence[str], telemetry_path: str, registry: CollectorRegistry,
                  web_config: WebConfig | None = None, landing_page_title: str = "vllm-xpu-exporter",
                  limits: ServerLimits | None = None, documents: Mapping[str, Document] | None = None) -> None:
         if not telemetry_path.startswith("/"):
             raise ValueError(f"invalid telemetry path {telemetry_path!r}: it must start with '/'")
-        host, port = parse_listen_address(listen_address)
-        listening_socket = _listening_socket(host, port)
         if documents and telemetry_path in documents:
             raise ValueError(f"invalid telemetry path {telemetry_path!r}: the exporter serves another document there")
+        addresses = [listen_address] if isinstance(listen_address, str) else list(listen_address)
+        endpoints = [parse_listen_address(address) for address in addresses]
+        listening_sockets: list[socket.socket] = []
+        try:
+            for host, port in endpoints:
+                listening_sockets.append(_listening_socket(host, port))
+        except BaseException:
+            for bound in listening_sockets:
+                bound.close()
+            raise
         site = _Site(telemetry_path, registry, web_config, landing_page_title, documents)
         self._site = site
-        self._server_address = listening_socket.getsockname()
-        self._connections = ConnectionServer(listening_socket, _Handler(site),
+        self._server_addresses = [bound.getsockname() for bound in listening_sockets]
+        self._connections = ConnectionServer(listening_sockets, _Handler(site),
                                              tls=site.tls_for_new_connection if site.tls else None,
                                              server_name=SERVER_NAME, limits=limits)
         self._state_lock = threading.Lock()
@@ -317,9 +334,13 @@ class ExporterServer:
 
     @property
     def server_address(self) -> tuple[str, int]:
-        """The bound (host, port); host "::" when listening dual-stack on all interfaces."""
-        host, port = self._server_address[:2]
-        return str(host), int(port)
+        """The (first) bound (host, port); host "::" when listening dual-stack on all interfaces."""
+        return self.server_addresses[0]
+
+    @property
+    def server_addresses(self) -> list[tuple[str, int]]:
+        """Every bound (host, port), in the order of the listen addresses."""
+        return [(str(address[0]), int(address[1])) for address in self._server_addresses]
 
     @property
     def limits(self) -> ServerLimits:

@@ -168,11 +168,6 @@ class WebConfig:
         """The server-side TLS context, or None when the config does not enable TLS."""
         return self._ssl_context
 
-    def watched_files(self) -> tuple[str, ...]:
-        """The files this config was built from: the config file itself and the files it names."""
-        own = (self.source_path,) if self.source_path else ()
-        return own + (self.tls.files if self.tls else ())
-
     def allow_request(self) -> bool:
         """False when the rate limit is exhausted (answer 429)."""
         return self._bucket is None or self._bucket.take()

@@ -1,7 +1,7 @@
 """The vLLM startup-log grammar (vLLM 0.6 to 0.34): one journal line in, one event or None out.
 
-The journal collector feeds every MESSAGE of a watched unit (one journal entry = one physical line)
-to `parse_line`. The parser is stateless: folding events into per-start state is the reducer's job.
+The folds feed it every line a watched workload printed, one physical line at a time: a journal entry's
+MESSAGE of a unit (`fold/engine_starts.py`) or a container's log record (`fold/container_runs.py`). The parser is stateless: folding events into per-start state is the reducer's job.
 
 Normalisation (`normalise`), in this order:
   * the line is cut to `MAX_LINE_CHARS` (no regex ever sees more);

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from vllm_xpu_exporter.parsers.cgroup import UnitCgroup, systemd_cgroup_path, unit_cgroup_of_path
 from vllm_xpu_exporter.parsers.fdinfo import DrmClient, EngineColumns, FdinfoLayout, parse_engine_use, parse_fdinfo
 
+DEFAULT_PROCFS = "/proc"  # --path.procfs
 DRM_MAJOR = 226
 # A DRM fdinfo is ~1-2 KiB and a cgroup file a few hundred bytes; anything bigger is not what we expect.
 MAX_FDINFO_BYTES = 64 * 1024
@@ -115,7 +116,7 @@ class ScanResult:
     memory_keys_seen: bool = False
 
 
-def scan_drm_clients(procfs: str = "/proc") -> ScanResult:
+def scan_drm_clients(procfs: str = DEFAULT_PROCFS) -> ScanResult:
     """Scan every process under `procfs` for DRM clients; see `ScanResult`."""
     scanner = DrmClientScanner(procfs, young_seconds=0, max_held_fds=0)  # once: no process's age matters
     try:
@@ -124,7 +125,7 @@ def scan_drm_clients(procfs: str = "/proc") -> ScanResult:
         scanner.close()
 
 
-def devices_of_units(procfs: str = "/proc") -> dict[str, set[str]]:
+def devices_of_units(procfs: str = DEFAULT_PROCFS) -> dict[str, set[str]]:
     """unit -> the GPUs its processes hold DRM clients with memory on, from one scan; {} when `procfs` cannot
     be scanned (the gate and the planner then know no unit's GPU)."""
     try:
@@ -169,7 +170,7 @@ class DrmClientScanner:
     Thread-safe (scans are serial).
     """
 
-    def __init__(self, procfs: str = "/proc", rescan_seconds: float = 60.0, young_seconds: float = 60.0,
+    def __init__(self, procfs: str = DEFAULT_PROCFS, rescan_seconds: float = 60.0, young_seconds: float = 60.0,
                  clock: Callable[[], float] = time.monotonic, max_held_fds: int | None = None) -> None:
         self.procfs = procfs
         self.rescan_seconds = rescan_seconds
@@ -204,12 +205,6 @@ class DrmClientScanner:
                     self._release(gone)
             return scan.result(len(pids), self._processes)
 
-    def unit_of(self, pid: int) -> str | None:
-        """The systemd unit of `pid` (see `vllm_xpu_exporter.parsers.cgroup.unit_of_cgroup_path`): for a process
-        holding DRM fds, as read at its last walk (for that very process: see the class); for any other
-        pid, read now."""
-        unit_cgroup = self.unit_cgroup_of(pid)
-        return None if unit_cgroup is None else unit_cgroup.unit
 
     def unit_cgroup_of(self, pid: int) -> UnitCgroup | None:
         """`unit_of` with the unit's cgroup path."""
@@ -391,14 +386,6 @@ def list_pids(procfs: str) -> list[int]:
     return pids
 
 
-def unit_of_pid(procfs: str, pid: int) -> str | None:
-    """The systemd unit of a process (see `vllm_xpu_exporter.parsers.cgroup.unit_of_cgroup_path`); None when it is
-    in the root cgroup or its cgroup file cannot be read (the process vanished, or permission denied)."""
-    try:
-        unit_cgroup = read_unit_cgroup(procfs, pid)
-    except OSError:
-        return None
-    return None if unit_cgroup is None else unit_cgroup.unit
 
 
 def read_unit_cgroup(procfs: str, pid: int) -> UnitCgroup | None:
@@ -609,7 +596,7 @@ class _Scan:
 
 
 def main(argv: list[str]) -> int:
-    procfs = argv[1] if len(argv) > 1 else "/proc"
+    procfs = argv[1] if len(argv) > 1 else DEFAULT_PROCFS
     try:
         result = scan_drm_clients(procfs)
     except ProcfsUnavailable as error:
