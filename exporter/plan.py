@@ -54,7 +54,7 @@ SYSTEMCTL_TIMEOUT_S = 10.0
 # systemd applies a unit's drop-ins in the lexical order of their file names, across all its .d directories:
 # "zz-" sorts after `systemctl edit`'s override.conf and the usual NN- names, so the plan's ExecStart= wins
 DROP_IN_NAME = "zz-vllm-xpu-plan.conf"
-JSON_SCHEMA_VERSION = 2  # docs/planner.md "JSON output": 2 added the fields of issue 26
+JSON_SCHEMA_VERSION = 2  # docs/planner.md "JSON output" lists what each version added
 
 
 # ---------------------------------------------------------------------------------------- the unit's command
