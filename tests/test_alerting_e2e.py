@@ -284,11 +284,25 @@ def test_dashboard_variables_list_the_scenarios_instance_device_and_units(stack:
     assert values["unit"] == grafana_regex(sorted([CHAT, EMBEDDING, STT]))
 
 
+# Series this stack cannot produce, and where they are shown with data instead: vLLM's own series (and the
+# rules over them) come from the units' API servers, which the race's replayed engines do not run
+# (tests/test_discovery.py: a real Prometheus scraping stub vLLM servers through /sd/vllm); the free memory
+# vLLM saw at a start is printed by vLLM 0.26 and later only, and the race's engines are 0.24
+# (tests/test_freememory.py).
+NOT_IN_THE_RACE = {"xpu_unit_engine_start_free_memory_bytes"}
+
+
+def not_in_the_race(names: set[str]) -> bool:
+    return any(name.startswith(("vllm:", "unit:vllm_")) or name in NOT_IN_THE_RACE for name in names)
+
+
 def test_every_dashboard_panel_query_returns_data(stack: Stack):
     values = resolved_variables(stack)
     now = time.time()
     empty = []
     for where, target in dashboard_queries(load_dashboard()):
+        if not_in_the_race(metric_names(target["expr"])):
+            continue
         expr = substitute(target["expr"], values)
         assert "$" not in expr, where
         if target.get("instant"):
@@ -319,5 +333,5 @@ def test_every_metric_the_alerts_and_dashboard_select_is_served_in_the_race(stac
         selected |= metric_names(rule["expr"])
     for _, target in dashboard_queries(load_dashboard()):
         selected |= metric_names(target["expr"])
-    assert selected - served - recorded_names() - {"up"} == set()
+    assert {name for name in selected - served - recorded_names() - {"up"} if not not_in_the_race({name})} == set()
     assert stack.prometheus.targets_up()
