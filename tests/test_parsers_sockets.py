@@ -35,12 +35,19 @@ Num       RefCount Protocol Flags    Type St Inode Path
 """
 
 
-@pytest.mark.skipif(__import__("sys").byteorder != "little", reason="the fixture is a little-endian host's")
 def test_listening_tcp_sockets_by_inode_with_their_addresses():
-    assert inet_listeners(TCP, ipv6=False) == {51234: InetListener("127.0.0.1", 8001),
-                                               51235: InetListener("0.0.0.0", 8000)}
-    assert inet_listeners(TCP6, ipv6=True) == {61234: InetListener("::1", 8002), 61235: InetListener("::", 8003),
-                                               61236: InetListener("2001:db8::1", 8004)}
+    assert inet_listeners(TCP, ipv6=False, byteorder="little") == {51234: InetListener("127.0.0.1", 8001),
+                                                                   51235: InetListener("0.0.0.0", 8000)}
+    assert inet_listeners(TCP6, ipv6=True, byteorder="little") == {
+        61234: InetListener("::1", 8002), 61235: InetListener("::", 8003), 61236: InetListener("2001:db8::1", 8004)}
+
+
+def test_a_big_endian_kernels_words_give_the_same_addresses():
+    big_endian_tcp = "header\n   0: 7F000001:1F41 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 51234\n"
+    big_endian_tcp6 = ("header\n   0: 20010DB8000000000000000000000001:1F44 00000000000000000000000000000000:0000 0A "
+                       "00000000:00000000 00:00000000 00000000     0        0 61236\n")
+    assert inet_listeners(big_endian_tcp, ipv6=False, byteorder="big") == {51234: InetListener("127.0.0.1", 8001)}
+    assert inet_listeners(big_endian_tcp6, ipv6=True, byteorder="big") == {61236: InetListener("2001:db8::1", 8004)}
 
 
 def test_listening_unix_stream_sockets_with_a_path():

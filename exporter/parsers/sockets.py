@@ -56,9 +56,10 @@ def socket_inode(link: str) -> int | None:
     return int(match[1]) if match else None
 
 
-def inet_listeners(text: str, ipv6: bool) -> dict[int, InetListener]:
-    """inode -> listener, for the listening sockets of a `net/tcp` (ipv6 False) or `net/tcp6` table; other
-    states, malformed lines and inode 0 (a socket whose inode is not known) are skipped."""
+def inet_listeners(text: str, ipv6: bool, byteorder: str = sys.byteorder) -> dict[int, InetListener]:
+    """inode -> listener, for the listening sockets of a `net/tcp` (ipv6 False) or `net/tcp6` table printed by
+    a kernel of `byteorder` (this host's); other states, malformed lines and inode 0 (a socket whose inode is
+    not known) are skipped."""
     listeners: dict[int, InetListener] = {}
     for line in text.splitlines()[1:]:
         fields = line.split()
@@ -69,7 +70,7 @@ def inet_listeners(text: str, ipv6: bool) -> dict[int, InetListener]:
                 continue
             address_hex, port_hex = fields[1].split(":")
             inode = int(fields[9])
-            address = _hex_address(address_hex, ipv6)
+            address = _hex_address(address_hex, ipv6, byteorder)
             port = int(port_hex, 16)
         except ValueError:
             continue
@@ -78,11 +79,11 @@ def inet_listeners(text: str, ipv6: bool) -> dict[int, InetListener]:
     return listeners
 
 
-def _hex_address(text: str, ipv6: bool) -> str:
-    """An address of a net/tcp table: 32-bit words, each printed in the host's byte order."""
+def _hex_address(text: str, ipv6: bool, byteorder: str) -> str:
+    """An address of a net/tcp table: 32-bit words, each printed in the kernel's byte order."""
     if len(text) != (32 if ipv6 else 8):
         raise ValueError(f"bad address {text!r}")
-    packed = b"".join(int(text[i:i + 8], 16).to_bytes(4, sys.byteorder) for i in range(0, len(text), 8))
+    packed = b"".join(int(text[i:i + 8], 16).to_bytes(4, byteorder) for i in range(0, len(text), 8))
     return str(ipaddress.IPv6Address(packed) if ipv6 else ipaddress.IPv4Address(packed))
 
 
