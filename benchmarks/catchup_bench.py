@@ -37,7 +37,6 @@ from measure import median, run_child  # noqa: E402
 
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS  # noqa: E402
 
-REPO = HERE.parent
 CAUGHT_UP_POLL_S = 0.005
 
 
@@ -125,13 +124,9 @@ def _vm_hwm_mb() -> float:
 
 
 def run_ours(directory: Path, mode: str, *extra: str) -> tuple[Side, dict]:
-    run = run_child([sys.executable, __file__, mode, str(directory), *extra], env=_child_env())
+    run = run_child([sys.executable, __file__, mode, str(directory), *extra])
     report = json.loads(run.stdout)
     return Side(run.wall_s, run.cpu_s, report["vm_hwm_mb"], report["seconds"]), report
-
-
-def _child_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 def run_journalctl(directory: Path) -> Side:

@@ -183,8 +183,8 @@ class Host:
     def serve(self, *args: str, journal: Sequence[str] | None = None) -> GateRun:
         if not self.journal.exists() and journal is None:
             self.write([unit_output("other.service", "unrelated", self.clock.tick())])
-        env = {**fake_driver_env(self.driver, self.tmp / "fake_ze.conf"), "PYTHONPATH": str(REPO),
-               "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+        env = {**fake_driver_env(self.driver, self.tmp / "fake_ze.conf"), "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+               "LANG": "C.UTF-8"}
         journal_args = journal if journal is not None else ["--journal.file", str(self.journal)]
         command = [*GATE, "serve", "--listen", str(self.socket), *journal_args, "--path.procfs",
                    str(self.procfs.root), "--path.sysfs", str(self.tmp / "sys"), "--poll-interval", "50ms", *args]
@@ -207,7 +207,7 @@ class Host:
         command = ["sh", "-c", WAIT_FOR_GO, str(go), *GATE, "wait", "--socket", str(self.socket),
                    "--service-timeout", service_timeout, *args]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.PIPE, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                                   stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
                                    cwd=self.tmp)
         cgroup = f"/system.slice/{unit}" if unit else "/user.slice/user-1000.slice/session-3.scope"
         self.procfs.add_unit_process(process.pid, cgroup)

@@ -43,7 +43,7 @@ def device_info(samples: dict) -> dict[str, tuple[str, str]]:
 def exporter_ns(tmp_path: Path, fake_driver: Path, config_path: Path):
     write_config(config_path, FakeConfig(devices=(A770,)))
     command = [sys.executable, "-m", "vllm_xpu_exporter", "--no-collector.journal", "--no-collector.processes"]
-    env = {**fake_driver_env(fake_driver, config_path), "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    env = {**fake_driver_env(fake_driver, config_path), "PATH": "/usr/bin:/bin"}
     with SysfsNamespace(FakeSysfs.create(tmp_path / "sys", [A770_SYSFS]), command, env=env, cwd=REPO) as ns:
         ns.wait_for_output(lambda line: "listening on" in line)
         yield ns

@@ -292,7 +292,7 @@ def run_under_mdwe(tmp_path: Path, code: str) -> subprocess.CompletedProcess[str
     launcher = tmp_path / "mdwe.py"
     launcher.write_text(MDWE_LAUNCHER)
     return subprocess.run([sys.executable, str(launcher), "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          env=dict(os.environ))
 
 
 def test_mdwe_filter_denies_writable_executable_memory(tmp_path):

@@ -29,7 +29,6 @@ from sizes import GiB
 from vllmlogs import (CHAT, EMBEDDING, STT, Boot, Failure, VllmRun, compose, journal_specs, race_chat_runs,
                       race_embedding_run, race_stt_run, service_runs, tracker_entries)
 
-REPO = Path(__file__).resolve().parents[1]
 SIXTEEN_GIB = 17179869184
 LEGACY = "vllm-xpu-legacy.service"
 
@@ -58,10 +57,9 @@ def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_plan(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", "--journal.file", str(journal),
                            "--device-memory", str(SIXTEEN_GIB), *args],
-                          capture_output=True, text=True, timeout=120, env=env, check=False)
+                          capture_output=True, text=True, timeout=120, check=False)
 
 
 # --- the fold gives the planner the non-KV memory -----------------------------------------------------
@@ -309,7 +307,7 @@ def test_nixos_values_per_unit(journal: Path) -> None:
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str]) -> None:
     result = subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", *argv], capture_output=True, text=True,
-                            timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+                            timeout=60, check=False)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "vllm-xpu-plan: error:" in result.stderr
 
@@ -497,10 +495,9 @@ def test_device_memory_other_than_the_printed_total_is_said(tmp_path: Path) -> N
     assert (f"--device-memory {SIXTEEN_GIB} (16.00 GiB) is not the total the starts of {CHAT} printed (15.11 GiB)"
             in result.stderr)
     # without Level Zero and without --device-memory: the total the starts printed, at its least
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", "--journal.file", str(journal),
                              "--levelzero.library", str(tmp_path / "no-libze_loader.so.1"), "--format", "json"],
-                            capture_output=True, text=True, timeout=120, env=env, check=False)
+                            capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     [device] = json.loads(result.stdout)["devices"]
     assert device["total_bytes"] == memory.printed_lower_bound(round(15.11 * GiB))

@@ -428,7 +428,7 @@ INVALID_CONFIG_NAMES = ["not-yaml", "not-a-mapping", "unknown-key", "missing-cer
 
 def run_to_exit(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter", "--web.listen-address", "127.0.0.1:0", *args],
-                          capture_output=True, text=True, timeout=30, cwd=REPO, env={"PYTHONPATH": str(REPO)})
+                          capture_output=True, text=True, timeout=30, cwd=REPO, env={})
 
 
 @pytest.mark.parametrize("name", INVALID_CONFIG_NAMES)

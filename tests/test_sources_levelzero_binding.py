@@ -74,7 +74,7 @@ def child_env(driver: Path | list[Path], config_path: Path, **overrides: str | N
     """This environment without Level Zero variables, plus the fake driver's; None removes a variable."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("ZE_", "ZES_", "ZET_", "FAKE_ZE_"))}
     env.update(fake_driver_env(driver, config_path))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPOSITORY), str(TESTS)])
+    env["PYTHONPATH"] = str(TESTS)
     for key, value in overrides.items():
         if value is None:
             env.pop(key, None)

@@ -28,7 +28,7 @@ from fakesysfs import (
 from taskslimit import TaskLimit
 
 REPO = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+ENV = dict(os.environ)
 
 GPU_A = FakeGpu("0000:03:00.0", card=1, render=128)
 # Behind a PCIe switch (root port, upstream and downstream port), as discrete Arc/Flex cards sit.
