@@ -176,9 +176,10 @@ class _Site:
                  landing_page_title: str, documents: Mapping[str, Document] | None = None) -> None:
         self.telemetry_path = telemetry_path
         self.registry = registry
-        self.documents = dict(documents or {})
+        runbook = runbook_page()
+        self.documents: dict[str, Document] = {RUNBOOK_PATH: lambda: (runbook, "text/html; charset=utf-8"),
+                                               **(documents or {})}
         self.landing_page = _landing_page(landing_page_title, telemetry_path)
-        self.runbook = runbook_page()
         # Decided once: a reload may change certificates, never whether the listener speaks TLS.
         self.tls = web_config is not None and web_config.ssl_context() is not None
         self._web_config = ReloadingWebConfig(web_config) if web_config is not None else None
@@ -238,8 +239,6 @@ class _Handler:
             handler = self._healthy
         elif url.path in site.documents:
             handler = self._document
-        elif url.path == RUNBOOK_PATH:
-            handler = self._runbook
         else:
             return self._reply(request, config, HTTPStatus.NOT_FOUND, b"Not found.\n")
         if request.method not in _ALLOWED_METHODS:
@@ -276,8 +275,6 @@ class _Handler:
     def _document(self, request: Request, config: WebConfig | None) -> Response:
         body, content_type = self._site.documents[urlsplit(request.target).path]()
         return self._reply(request, config, HTTPStatus.OK, body, content_type=content_type)
-    def _runbook(self, request: Request, config: WebConfig | None) -> Response:
-        return self._reply(request, config, HTTPStatus.OK, self._site.runbook, content_type="text/html; charset=utf-8")
 
     def _healthy(self, request: Request, config: WebConfig | None) -> Response:
         return self._reply(request, config, HTTPStatus.OK, b"OK")
