@@ -126,7 +126,8 @@ def add_levelzero_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_journal_flags(parser: argparse.ArgumentParser,
-                      beyond_max_units: str = "further ones are counted in xpu_exporter_journal_units_dropped_total"
+                      beyond_max_units: str = "as many containers again; further ones are counted in "
+                                              "xpu_exporter_journal_units_dropped_total"
                       ) -> argparse._ArgumentGroup:
     """--journal.directory, .file, .units, .max-units, .boot, .engine-grace; check them with
     `check_journal_flags`. `beyond_max_units`: what the program does with units beyond --journal.max-units
@@ -141,7 +142,7 @@ def add_journal_flags(parser: argparse.ArgumentParser,
                               f"default {' '.join(DEFAULT_UNIT_GLOBS)})")
     journal.add_argument("--journal.max-units", dest="journal_max_units", type=positive_int,
                          default=DEFAULT_MAX_UNITS,
-                         metavar="N", help=f"watch at most this many units, and as many containers; {beyond_max_units}")
+                         metavar="N", help=f"watch at most this many units; {beyond_max_units}")
     journal.add_argument("--journal.boot", dest="journal_boot", type=parse_boot, default="current", metavar="BOOT",
                          help="current (this kernel's boot), all, or a boot id")
     journal.add_argument("--journal.engine-grace", dest="journal_engine_grace", type=parse_duration,

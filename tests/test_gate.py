@@ -308,7 +308,7 @@ def test_the_services_max_units_help_names_no_metric_it_does_not_export(capsys: 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--journal.max-units N watch at most this many units, and as many containers; further ones are not watched" in text
+    assert "--journal.max-units N watch at most this many units; further ones are not watched" in text
     assert "xpu_exporter_" not in text
 
 
