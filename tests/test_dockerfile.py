@@ -325,3 +325,12 @@ def test_the_image_carries_the_oci_annotations_of_this_release():
     assert labels["org.opencontainers.image.base.name"] == "${PYTHON_IMAGE}"
     assert re.search(r"^ARG PYTHON_IMAGE$", text, re.M), "the base's name must be in scope of the final stage"
     assert {"org.opencontainers.image.title", "org.opencontainers.image.description"} <= labels.keys()
+
+
+def test_compose_and_the_docs_build_and_run_the_image_of_this_release():
+    """Every `vllm-xpu-exporter:<tag>` the compose file and the deployment docs name is the package's version, so
+    two builds of two releases never share a tag (and `latest` is never what a host runs)."""
+    from vllm_xpu_exporter import __version__
+    for path in (DEPLOY / "compose.yaml", REPO / "docs" / "deployment.md"):
+        tags = re.findall(r"vllm-xpu-exporter:(latest|\d[\w.-]*)", path.read_text())
+        assert tags and set(tags) == {__version__}, (path.name, tags)

@@ -489,6 +489,18 @@ def test_every_object_and_the_pods_carry_the_recommended_labels_and_the_selector
     assert daemonset["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "vllm-xpu-exporter"}
 
 
+@pytest.mark.parametrize("directory", [BASE, EXAMPLE], ids=["base", "example"])
+def test_the_objects_and_the_image_carry_the_version_of_this_release(kubectl, directory):
+    from vllm_xpu_exporter import __version__
+    objects = render(kubectl, directory)
+    for document in objects:
+        assert document["metadata"]["labels"]["app.kubernetes.io/version"] == __version__, document["kind"]
+    pod = only(objects, "DaemonSet")["spec"]["template"]
+    assert pod["metadata"]["labels"]["app.kubernetes.io/version"] == __version__
+    images = [container["image"] for container in pod["spec"]["initContainers"] + pod["spec"]["containers"]]
+    assert images and all(image.endswith("vllm-xpu-exporter:" + __version__) for image in images), images
+
+
 def test_the_daemonset_is_node_critical_and_tolerates_every_taint(kubectl):
     """A monitoring pod on a full GPU node is not the first evicted, and runs on tainted GPU nodes too."""
     pod = only(render(kubectl, BASE), "DaemonSet")["spec"]["template"]["spec"]
