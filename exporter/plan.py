@@ -70,12 +70,6 @@ def read_unit(systemctl: str, unit: str) -> str | None:
     return completed.stdout if completed.returncode == 0 else None
 
 
-def read_exec_start(systemctl: str, unit: str) -> str | None:
-    """The unit's one ExecStart= command as its files write it, or None when systemctl cannot say."""
-    text = read_unit(systemctl, unit)
-    return exec_start_from_cat(text) if text is not None else None
-
-
 def planned_command(command: str, plan: UnitPlan) -> str:
     """The command with the planned flags: its own --gpu-memory-utilization / --kv-cache-memory-bytes
     words dropped, then --gpu-memory-utilization (the footprint's share: vLLM and the gate still ask that
