@@ -21,7 +21,7 @@ scans (`close_fd`, `remove_process`) a closed fd's fdinfo is emptied before it g
 it open reads no DRM fd, where /proc fails the read.
 
 Also the fdinfo texts the kernels print (`xe_fdinfo`, `i915_fdinfo`, `i915_61_fdinfo`), taken from the
-kernel's drm-usage-stats documentation and drivers (see /work/shared/reference/level-zero.md §4).
+kernel's drm-usage-stats documentation and the xe and i915 drivers' fdinfo code.
 """
 
 from __future__ import annotations

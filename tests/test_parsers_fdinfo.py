@@ -1,4 +1,4 @@
-"""DRM fdinfo parsing over the texts kernels print (/work/shared/reference/level-zero.md §4)."""
+"""DRM fdinfo parsing over the texts the xe and i915 kernels print (the drm-usage-stats keys and the drivers' own)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The vLLM log grammar over exact journal lines of every format era, 0.6 to 0.34.
 
-Eras (how a line is wrapped), see /work/shared/reference/vllm-logs.md §2:
+Eras (how a line is wrapped), as each release's logging code writes it:
   0.6    "INFO 05-12 10:11:12 file.py:122] msg"                      (0.6.x-0.7.x, no brackets)
   0.8    "INFO 05-12 10:11:12 [file.py:122] msg"                     (0.8-0.10.0, TP=1 unprefixed)
   0.10.1 "(EngineCore_0 pid=N) INFO ... [file.py:N] msg"

@@ -177,6 +177,24 @@ def test_no_user_doc_speaks_of_the_trackers_issues():
     assert not mentions, mentions
 
 
+# Where the project's authors kept their notes: a reader of the project has none of it. Written in two parts
+# so that this file does not name them itself.
+OUTSIDE_CITATIONS = re.compile("/" + "work/|" + r"\.\./" + "shared|shared/" + "reference|CONTRACT" + r"\.md")
+
+
+def test_the_project_cites_nothing_outside_itself():
+    """No file of the repository points at a machine path or at notes outside it: what they taught is written
+    in the project's own words."""
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    citing = []
+    for name in filter(None, tracked.decode().split("\0")):
+        path = REPO / name
+        if path.is_file() and not path.is_symlink():
+            text = path.read_bytes().decode("utf-8", "replace")
+            citing += [f"{name}: {match.group(0)}" for match in OUTSIDE_CITATIONS.finditer(text)]
+    assert not citing, citing
+
+
 def names_units_containers_and_pods(text: str) -> bool:
     return all(word in text for word in ("systemd units", "containers", "pods"))
 

@@ -23,7 +23,7 @@ Layers, each usable alone from a Python shell::
   before; `chat_runs()`: a failed and a good start of a chat unit to write with it.
 * `boot_race()`: the problem statement's three-unit boot race on one 16 GiB-class GPU.
 
-What the lines look like, by release (reference /work/shared/reference/vllm-logs.md §2):
+What the lines look like, by release (as each release's logging code writes them):
 * header `INFO 05-12 10:11:12 file.py:122] ` before 0.8, `[file.py:122]` from 0.8;
 * the "(Proc pid=N) " prefix: none before 0.10.1 (V0, and V1 TP=1 up to 0.10.0); `EngineCore_0`
   in 0.10.1.x, `EngineCore_DP0` 0.10.2-0.17, `EngineCore` from 0.18; `APIServer` from 0.10.1.
