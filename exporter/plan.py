@@ -284,9 +284,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def read_views(args: argparse.Namespace, timeout: float = 120.0) -> list[UnitView]:
-    from vllm_xpu_exporter.sources.journal.follower import STILL_READING, JournalFollower
+    from vllm_xpu_exporter.sources.journal import open_journal
+    from vllm_xpu_exporter.sources.logs.follower import STILL_READING, LogFollower
 
-    follower = JournalFollower(journal_selection(args), args.journal_max_units, latest_invocations=True)
+    follower = LogFollower(journal_selection(args), args.journal_max_units, open_reader=open_journal, source="journal",
+                           latest_invocations=True)
     follower.start()
     try:
         deadline = time.monotonic() + timeout

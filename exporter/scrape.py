@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector as PrometheusCollector
 from vllm_xpu_exporter import __version__
 from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Sources
 from vllm_xpu_exporter.families import GaugeFamily, Row, RowFamily
-from vllm_xpu_exporter.sources.journal.follower import STILL_READING, STILL_READING_CONTAINER_LOGS
+from vllm_xpu_exporter.sources.logs.follower import STILL_READING, STILL_READING_CONTAINER_LOGS
 from vllm_xpu_exporter.sources.levelzero.worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
 
 log = logging.getLogger("vllm_xpu_exporter.scrape")

@@ -17,7 +17,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Sources
 from vllm_xpu_exporter.families import GaugeFamily
 from vllm_xpu_exporter.scrape import ExporterCollector
-from vllm_xpu_exporter.sources.journal.follower import STILL_READING
+from vllm_xpu_exporter.sources.logs.follower import STILL_READING
 from vllm_xpu_exporter.sources.levelzero.worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
 from scrapes import parse_samples
 

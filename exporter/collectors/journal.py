@@ -1,6 +1,6 @@
 """Engine starts, failures and KV cache of the watched units and containers, from their journal and, with
 --logs.docker or --logs.pods, their containers' log files: the followers' states
-(vllm_xpu_exporter.sources.journal.follower) as metric families, one set for both sources."""
+(vllm_xpu_exporter.sources.logs.follower) as metric families, one set for both sources."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContex
 from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.sources.journal.trust import REJECTION_REASONS
-from vllm_xpu_exporter.sources.journal.follower import STILL_READING, STILL_READING_CONTAINER_LOGS, JournalState
+from vllm_xpu_exporter.sources.logs.follower import STILL_READING, STILL_READING_CONTAINER_LOGS, LogState
 from vllm_xpu_exporter.parsers.vllm import FailureReason
 
 
@@ -64,7 +64,7 @@ def _journal_collector(options: None, sources: Sources) -> JournalCollector:
     return JournalCollector()
 
 
-def collection_error(states: list[JournalState]) -> str | None:
+def collection_error(states: list[LogState]) -> str | None:
     """Why the sources cannot be read now: the failures, else that one is still being read; None when all work."""
     errors = [state.error for state in states if state.error]
     failures = [error for error in errors if error not in (STILL_READING, STILL_READING_CONTAINER_LOGS)]

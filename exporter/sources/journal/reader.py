@@ -2,8 +2,9 @@
 
 Usable alone from a Python shell::
 
-    >>> from vllm_xpu_exporter.sources.journal import JournalReader, JournalSelection
-    >>> with JournalReader(JournalSelection(unit_globs=["vllm*.service"], boot="all")) as reader:
+    >>> from vllm_xpu_exporter.sources.journal import JournalReader
+    >>> from vllm_xpu_exporter.sources.logs.entry import LogSelection
+    >>> with JournalReader(LogSelection(unit_globs=["vllm*.service"], boot="all")) as reader:
     ...     for entry in reader.read_available(100):
     ...         print(entry.unit, entry.message)
 
@@ -15,7 +16,7 @@ scheduled, stop). User-manager records (``USER_UNIT=``) are not selected: only s
 
 Containers that log to the journal (Docker's and Podman's ``journald`` log driver) are selected by
 name: the entries whose ``CONTAINER_NAME`` matches one of the container globs (``container_globs``,
-none by default; see ``JournalSelection.matches_container``), unless their ``_SYSTEMD_UNIT`` is a
+none by default; see ``LogSelection.matches_container``), unless their ``_SYSTEMD_UNIT`` is a
 watched unit (a Podman quadlet container's conmon runs in its ``.service``, which keeps them). Such an
 entry is believed only when the fields journald adds say its engine wrote it (``trust``: dockerd as root in
 docker.service, conmon as root or as a rootless user); it then belongs to the container's key
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fnmatch
 import os
 import re
 import stat
@@ -52,7 +52,7 @@ from types import TracebackType
 
 from vllm_xpu_exporter.parsers.cgroup import unit_of_cgroup_file
 from vllm_xpu_exporter.parsers.containerlogs import DockerExit
-from vllm_xpu_exporter.parsers.workloads import docker_key, name_of_key, podman_key
+from vllm_xpu_exporter.parsers.workloads import docker_key, podman_key
 from vllm_xpu_exporter.sources.containers import DockerEnd
 from vllm_xpu_exporter.sources.journal.trust import (REJECTED_CONTAINER_SENDER, REJECTED_PODMAN_EVENT, conmon_uid,
                                                      is_dockerd)
@@ -65,16 +65,13 @@ from vllm_xpu_exporter.sources.journal.binding import (
     JournalError,
     LibSystemd,
 )
-from vllm_xpu_exporter.systemd import MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_STOPPING
+from vllm_xpu_exporter.sources.logs.entry import DEFAULT_BATCH, LogEntry, LogSelection, container_end, normalize_boot
+from vllm_xpu_exporter.systemd import MESSAGE_ID_UNIT_PROCESS_EXIT
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 OWN_CGROUP_PATH = "/proc/self/cgroup"
-DEFAULT_UNIT_GLOBS = ("vllm*.service",)
-DEFAULT_CONTAINER_GLOBS = ("*vllm*",)
-"""The exporter's default container globs (``--journal.containers``); a ``JournalSelection`` has none unless given."""
 SYSTEM_JOURNAL_DIRECTORIES = ("/run/log/journal", "/var/log/journal")
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
-DEFAULT_BATCH = 4096
 MAX_INVOCATIONS_BACK = 8
 DOCKER_END_SECONDS = 1.0
 """How often, at most, the reader looks at its Docker containers' ``config.v2.json`` for their end."""
@@ -98,52 +95,6 @@ default on systemd hosts: ``SYSLOG_IDENTIFIER=podman``, ``PODMAN_TYPE=container`
 _DIED_RUN = "\0died:"  # the run of a decoded Podman "died" event until _with_container_ends names its run
 
 
-@dataclass(frozen=True, slots=True)
-class JournalEntry:
-    """One journal entry of a watched unit: what the unit printed, or PID 1's record about it.
-
-    No cursor: formatting one costs as much as reading the entry, and the consumer re-reads
-    the selected boot on start instead of resuming.
-    """
-
-    unit: str
-    """The watched unit the entry belongs to (``_SYSTEMD_UNIT``, or ``UNIT`` of a PID-1 record)."""
-    realtime_usec: int
-    monotonic_usec: int | None
-    boot_id: str
-    """32 lower-case hex digits."""
-    message: str
-    """MESSAGE as UTF-8 (undecodable bytes replaced), at most the reader's max_message_bytes; '' if absent."""
-    from_systemd: bool
-    """True for PID 1's records about the unit (``_PID=1``, ``UNIT=<unit>``)."""
-    message_id: str
-    """MESSAGE_ID, or '' if absent."""
-    pid: int | None
-    invocation_id: str = ""
-    """The start's invocation id: ``_SYSTEMD_INVOCATION_ID`` of the unit's output, ``INVOCATION_ID`` of
-    PID 1's records (32 hex digits); '' if absent, and for a container's line until
-    ``vllm_xpu_exporter.fold.container_runs.ContainerRuns`` gives it its run's."""
-    container_run: str = ""
-    """A container's line (``unit`` is its key, with a ``/``): what the source knows of the container's
-    run: its id (``CONTAINER_ID_FULL``), with Docker's ``CONTAINER_LOG_EPOCH`` (one per start of the
-    container) or the pid of Podman's conmon (one per start); '' for a unit's entry. ``pid`` is then
-    None: the entry's ``_PID`` is dockerd's or conmon's."""
-    partial: bool = False
-    """The line goes on in the container's next line (``CONTAINER_PARTIAL_MESSAGE=true``: the log driver
-    cut a long line)."""
-    stream: str = ""
-    """Which output of the container the line is from, where the source says (``stdout``, ``stderr``)."""
-
-
-def container_end(key: str, ended: DockerExit, run: str) -> JournalEntry:
-    """A Docker container's end (``vllm_xpu_exporter.sources.containers.DockerEnd``) as systemd records a unit's: its
-    main process exited (``other`` unless a cause comes within the grace), or it was stopped (``docker
-    stop``: nothing counts), in the container's run ``run``. Both sources of a Docker container's lines hand
-    it on so: its json-file log and the journal."""
-    message_id = MESSAGE_ID_UNIT_STOPPING if ended.stopped else MESSAGE_ID_UNIT_PROCESS_EXIT
-    return JournalEntry(key, ended.realtime_usec, None, "", "", True, message_id, None, "", run)
-
-
 @dataclass
 class _DockerRun:
     """A Docker container of the journal (``docker/<name>``): its latest run and where its end is read."""
@@ -154,7 +105,7 @@ class _DockerRun:
     end: DockerEnd
 
 
-Decoder = Callable[[dict[bytes, str], dict[bytes, str]], "JournalEntry | None"]
+Decoder = Callable[[dict[bytes, str], dict[bytes, str]], "LogEntry | None"]
 """Reads the current entry: (watched units, watched container names) -> the entry, or None."""
 
 
@@ -198,70 +149,6 @@ class _GlobbedNames(dict):
         return isinstance(raw, bytes) and self.get(raw) is not None
 
 
-@dataclass(frozen=True, slots=True)
-class JournalSelection:
-    """Which journal to read and which of its entries.
-
-    - ``directory``: read the journal files in this directory (and its machine-id subdirectories),
-      e.g. a host's ``/var/log/journal`` mounted into a container.
-    - ``files``: read exactly these journal files (exclusive with ``directory``).
-    - neither: the local system journal (``SD_JOURNAL_LOCAL_ONLY | SD_JOURNAL_SYSTEM``).
-    - ``unit_globs``: shell globs of the watched units' names.
-    - ``container_globs``: shell globs of the watched containers (``matches_container``); none by default.
-    - ``excluded_units``: units never watched, whatever the globs say: the exporter's own unit
-      (``own_service_unit``), which the default glob ``vllm*.service`` matches.
-    - ``boot``: ``"current"`` (this kernel's boot id), ``"all"``, or a boot id (32 hex digits or
-      the dashed UUID form; normalised to 32 lower-case hex digits).
-    - ``engine_grace_usec``: how long a start of a watched unit not known to run vLLM is taken as a
-      possible engine init (``vllm_xpu_exporter.fold.engine_starts``; ``--journal.engine-grace``); None: the
-      fold's default. The reader does not use it; the journal follower folds the selected entries with it.
-    - ``docker_roots``: Docker data roots (``--path.docker``) whose ``containers/<id>/config.v2.json`` says
-      when a watched Docker container of the journal ended (``JournalReader``: its end); none: not read.
-    """
-
-    directory: str | None = None
-    files: Sequence[str] = ()
-    unit_globs: Sequence[str] = DEFAULT_UNIT_GLOBS
-    boot: str = "current"
-    container_globs: Sequence[str] = ()
-    excluded_units: Sequence[str] = ()
-    engine_grace_usec: int | None = None
-    docker_roots: Sequence[str] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "files", tuple(self.files))
-        object.__setattr__(self, "docker_roots", tuple(self.docker_roots))
-        object.__setattr__(self, "unit_globs", tuple(self.unit_globs))
-        object.__setattr__(self, "container_globs", tuple(self.container_globs))
-        if any(not glob for glob in self.container_globs):
-            raise ValueError("a container glob is empty")
-        object.__setattr__(self, "excluded_units", frozenset(self.excluded_units))
-        if self.directory is not None and self.files:
-            raise ValueError("a journal directory and journal files cannot both be given")
-        if not self.unit_globs or any(not glob for glob in self.unit_globs):
-            raise ValueError("at least one non-empty unit glob is needed")
-        object.__setattr__(self, "boot", normalize_boot(self.boot))
-
-    def matches_unit(self, unit: str) -> bool:
-        """Whether a unit is watched; for a container's key (``docker/<name>``, ``podman/<name>``,
-        ``k8s/<namespace>/<pod>/<container>``: a unit name never has a ``/``), ``matches_container``."""
-        if "/" in unit:
-            return self.matches_container(unit, name_of_key(unit))
-        return unit not in self.excluded_units and any(fnmatch.fnmatchcase(unit, glob) for glob in self.unit_globs)
-
-    def matches_container(self, key: str, name: str) -> bool:
-        """Whether a container is watched: a glob without ``/`` is matched against its name (Docker's or
-        Podman's container name; a pod's container name), one with ``/`` against its key
-        (``k8s/inference/*/vllm``, ``docker/*``)."""
-        return any(fnmatch.fnmatchcase(key if "/" in glob else name, glob) for glob in self.container_globs)
-
-    def may_match_container_name(self, name: str) -> bool:
-        """Whether a ``CONTAINER_NAME`` in the journal may be a watched container's, Docker's or Podman's."""
-        return any(fnmatch.fnmatchcase(name, glob) if "/" not in glob else
-                   fnmatch.fnmatchcase(f"docker/{name}", glob) or fnmatch.fnmatchcase(f"podman/{name}", glob)
-                   for glob in self.container_globs)
-
-
 def own_service_unit(cgroup_file_text: str) -> str | None:
     """The service unit a process runs in, from the text of its ``/proc/self/cgroup`` (cgroup v1 or v2;
     inside a cgroup namespace the path may begin with ``..``: ``0::/../system.slice/x.service``); None
@@ -277,21 +164,6 @@ def read_own_service_unit(path: str = OWN_CGROUP_PATH) -> str | None:
     except OSError:
         return None
     return own_service_unit(text)
-
-
-def normalize_boot(boot: str) -> str:
-    """``"current"``, ``"all"`` or a boot id as 32 lower-case hex digits; ValueError otherwise."""
-    text = boot.strip().lower()
-    if text in ("current", "all"):
-        return text
-    compact = text.replace("-", "") if _is_dashed_uuid(text) else text
-    if not _HEX32.fullmatch(compact):
-        raise ValueError(f"invalid boot {boot!r}: want 'current', 'all' or a 32-hex-digit boot id")
-    return compact
-
-
-def _is_dashed_uuid(text: str) -> bool:
-    return [len(part) for part in text.split("-")] == [8, 4, 4, 4, 12]
 
 
 def current_boot_id(path: str = BOOT_ID_PATH) -> str:
@@ -331,6 +203,12 @@ def release_journal_pages(madvise: Callable[[int, int, int], int], maps_path: st
         if madvise(start, end - start, MADV_DONTNEED) == 0:
             released += end - start
     return released
+
+
+def open_journal(selection: LogSelection, admit: Callable[[str, int | None], bool],
+                 forget: Callable[[str], None]) -> JournalReader:
+    """The journal's reader for a ``LogFollower`` (its ``open_reader``); the journal forgets no unit."""
+    return JournalReader(selection, admit=admit)
 
 
 class JournalReader:
@@ -410,7 +288,7 @@ class JournalReader:
 
     def __init__(
         self,
-        selection: JournalSelection,
+        selection: LogSelection,
         *,
         library: str = LIBSYSTEMD,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
@@ -457,8 +335,8 @@ class JournalReader:
         """The handle is on a selected entry that has not been returned yet."""
         self._more_pending = True
         """Entries may be readable without waiting (a batch stopped at max_entries, or just opened)."""
-        self._backlog: deque[JournalEntry] = deque()
-        self._last_forward: JournalEntry | None = None
+        self._backlog: deque[LogEntry] = deque()
+        self._last_forward: LogEntry | None = None
         self._decoder: Decoder | None = None
         self._since_release = 0
         self._docker_runs: dict[str, _DockerRun] = {}
@@ -619,7 +497,7 @@ class JournalReader:
         self._more_pending = True
         return True
 
-    def read_available(self, max_entries: int = DEFAULT_BATCH) -> list[JournalEntry]:
+    def read_available(self, max_entries: int = DEFAULT_BATCH) -> list[LogEntry]:
         """Up to ``max_entries`` selected entries that are in the journal now, without blocking."""
         lib = self._require_open()
         if max_entries <= 0:
@@ -629,7 +507,7 @@ class JournalReader:
             self._units_stale = True
         if self._units_stale and time.monotonic() >= self._units_query_due:
             self._refresh_units()
-        out: list[JournalEntry] = []
+        out: list[LogEntry] = []
         while self._backlog and len(out) < max_entries:
             out.append(self._backlog.popleft())
         if (self._watched or self._containers) and len(out) < max_entries:
@@ -643,7 +521,7 @@ class JournalReader:
             out = self._with_container_ends(out)
         return out
 
-    def _with_container_ends(self, entries: list[JournalEntry]) -> list[JournalEntry]:
+    def _with_container_ends(self, entries: list[LogEntry]) -> list[LogEntry]:
         """The entries with the ends of watched Docker containers (journald log driver) among them, as
         systemd's records of a unit's end are among its lines: a container's end is read from its
         ``config.v2.json`` (``vllm_xpu_exporter.sources.containers.DockerEnd``: once its ``State.Running`` is false)
@@ -660,7 +538,7 @@ class JournalReader:
         pending = self._pending_docker_ends
         podman_runs = self._podman_runs
         docker = bool(self._docker_containers)
-        out: list[JournalEntry] = []
+        out: list[LogEntry] = []
         for entry in entries:
             if pending and pending[0][0] < entry.realtime_usec:
                 self._hand_on_docker_ends(out, entry.realtime_usec)
@@ -707,14 +585,14 @@ class JournalReader:
             self._pending_docker_ends.append((ended.realtime_usec, key, ended))
             self._pending_docker_ends.sort(key=lambda pending: pending[0])
 
-    def _hand_on_docker_ends(self, out: list[JournalEntry], before_usec: int | None) -> None:
+    def _hand_on_docker_ends(self, out: list[LogEntry], before_usec: int | None) -> None:
         """The pending ends earlier than ``before_usec`` (all: None), each in its container's latest run."""
         pending = self._pending_docker_ends
         while pending and (before_usec is None or pending[0][0] < before_usec):
             _, key, ended = pending.pop(0)
             out.append(container_end(key, ended, self._docker_runs[key].run))
 
-    def _read_forward(self, out: list[JournalEntry], max_entries: int) -> None:
+    def _read_forward(self, out: list[LogEntry], max_entries: int) -> None:
         lib = self._lib
         assert lib is not None
         handle = self._handle
@@ -724,7 +602,7 @@ class JournalReader:
         watched = self._watched
         containers = self._containers
         append = out.append
-        last: JournalEntry | None = None
+        last: LogEntry | None = None
         if self._current_unreturned:
             self._current_unreturned = False
             last = decode(watched, containers)
@@ -759,11 +637,11 @@ class JournalReader:
 
     def read_latest_invocations(
         self,
-        sufficient: Callable[[list[JournalEntry]], bool],
+        sufficient: Callable[[list[LogEntry]], bool],
         *,
         max_invocations: int = MAX_INVOCATIONS_BACK,
         max_units: int | None = None,
-    ) -> list[JournalEntry] | None:
+    ) -> list[LogEntry] | None:
         """The entries of each watched unit's latest invocations, in journal order; then the reader
         follows from the journal's last selected entry (``read_available()`` returns what comes after
         it). Call it first after ``open()``.
@@ -831,7 +709,7 @@ class JournalReader:
         return None
 
     def _latest_invocations_of(
-        self, raw: bytes, name: str, tail: bytes, sufficient: Callable[[list[JournalEntry]], bool],
+        self, raw: bytes, name: str, tail: bytes, sufficient: Callable[[list[LogEntry]], bool],
         max_invocations: int, decode: Decoder,
     ) -> list[bytes] | None:
         """The unit's invocation ids to read, latest first (read_latest_invocations); None: read the boot."""
@@ -884,7 +762,7 @@ class JournalReader:
         return ctypes.string_at(data.value, size.value)[len(field_name) + 1:]
 
     def _invocations_before(self, units: dict[bytes, str], invocations: Sequence[bytes], cursor: bytes,
-                            decode: Decoder) -> list[JournalEntry]:
+                            decode: Decoder) -> list[LogEntry]:
         """The entries of these invocations of these units up to the one at ``cursor`` (included), in
         journal order; the handle is left on the earliest one. Matched: (_SYSTEMD_UNIT=u… ∧
         _SYSTEMD_INVOCATION_ID=i…) ∨ (_PID=1 ∧ UNIT=u… ∧ INVOCATION_ID=i…), and _BOOT_ID=b unless all
@@ -910,7 +788,7 @@ class JournalReader:
             lib.sd_journal_add_conjunction(handle)
             add(handle, b"_BOOT_ID=" + self._boot_id.encode())
         lib.sd_journal_seek_cursor(handle, cursor)
-        found: list[JournalEntry] = []
+        found: list[LogEntry] = []
         previous = lib.sd_journal_previous
         release_every = self.RELEASE_PAGES_EVERY
         while previous(handle):
@@ -947,7 +825,7 @@ class JournalReader:
         boot_ids: dict[bytes, str] = {}
         invocation_ids: dict[bytes, str] = {}
         message_cap = self.max_message_bytes + len(_FIELD_MESSAGE) + 1
-        entry_type = JournalEntry
+        entry_type = LogEntry
         admitted = self._admitted
         meet = self._meet
         absent = -errno.ENOENT
@@ -1016,7 +894,7 @@ class JournalReader:
                 run = f"{run}/{epoch.decode('ascii', 'replace')}"  # one epoch per start (Docker's log driver)
             return key, run, optional(b"CONTAINER_PARTIAL_MESSAGE") == b"true"
 
-        def decode(watched: dict[bytes, str], containers: dict[bytes, str]) -> JournalEntry | None:
+        def decode(watched: dict[bytes, str], containers: dict[bytes, str]) -> LogEntry | None:
             pid: int | None = None
             if (result := get_data(handle, b"_PID", data_ref, size_ref)) >= 0:
                 text = string_at(data.value, size.value)[5:]
@@ -1265,7 +1143,7 @@ class JournalReader:
         return cursor.encode()
 
     def _entries_before(self, cursor: bytes, units: dict[bytes, str],
-                        containers: dict[bytes, str]) -> list[JournalEntry]:
+                        containers: dict[bytes, str]) -> list[LogEntry]:
         """The given units' and containers' entries before ``cursor``, in journal order (moves the handle)."""
         lib = self._lib
         assert lib is not None
@@ -1274,7 +1152,7 @@ class JournalReader:
         lib.sd_journal_seek_cursor(handle, cursor)
         decode = self._decoder or self._make_decoder()
         self._decoder = decode
-        found: list[JournalEntry] = []
+        found: list[LogEntry] = []
         while lib.sd_journal_previous(handle):
             if lib.sd_journal_test_cursor(handle, cursor):
                 continue
