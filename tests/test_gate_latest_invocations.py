@@ -18,7 +18,8 @@ from vllm_xpu_exporter.gate.decision import Admission, decide
 from vllm_xpu_exporter.sources.journal import open_journal
 from vllm_xpu_exporter.sources.logs.entry import LogSelection
 from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState, prints_a_vllm_line
-from vllm_xpu_exporter.sources.journal.reader import MAX_INVOCATIONS_BACK, JournalReader
+from vllm_xpu_exporter.sources.journal.invocations import MAX_INVOCATIONS_BACK
+from vllm_xpu_exporter.sources.journal.reader import JournalReader
 from journalgen import (Clock, JournalEntrySpec, append_journal, new_invocation_id, random_boot_id, unit_failed,
                         unit_output, unit_process_exited, unit_restart_scheduled, unit_started, unit_starting,
                         unit_stopped, write_journal)

@@ -17,7 +17,7 @@ import pytest
 from vllm_xpu_exporter.cli import exporter_journal_selection, parse_options
 from vllm_xpu_exporter.sources.journal import JournalError, JournalReader
 from vllm_xpu_exporter.sources.logs.entry import LogEntry, LogSelection, normalize_boot
-from vllm_xpu_exporter.sources.journal import reader as journal_source
+from vllm_xpu_exporter.sources.journal import host, reader as journal_source
 from vllm_xpu_exporter.sources.journal.binding import LIBSYSTEMD, LibSystemd
 from vllm_xpu_exporter.systemd import (
     MESSAGE_ID_UNIT_FAILURE_RESULT,
@@ -771,13 +771,13 @@ def test_a_slow_unit_query_is_not_repeated_on_every_journal_change_and_new_units
     ("", None),
 ])
 def test_own_service_unit_is_the_service_of_the_cgroup_file(cgroup_file: str, unit: str | None) -> None:
-    assert journal_source.own_service_unit(cgroup_file) == unit
+    assert host.own_service_unit(cgroup_file) == unit
 
 
 def test_own_service_unit_of_an_unreadable_cgroup_file_is_none(tmp_path: Path) -> None:
     (tmp_path / "cgroup").write_text("0::/system.slice/vllm-xpu-exporter.service\n")
-    assert journal_source.read_own_service_unit(str(tmp_path / "cgroup")) == "vllm-xpu-exporter.service"
-    assert journal_source.read_own_service_unit(str(tmp_path / "missing")) is None
+    assert host.read_own_service_unit(str(tmp_path / "cgroup")) == "vllm-xpu-exporter.service"
+    assert host.read_own_service_unit(str(tmp_path / "missing")) is None
 
 
 @pytest.mark.usefixtures("match_mode")
