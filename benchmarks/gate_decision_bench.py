@@ -79,8 +79,8 @@ def child(directory: str, boot: str, mode: str) -> None:
 
     options = parse_service_options(["--journal.directory", directory, "--journal.boot", boot])
     started = time.perf_counter()
-    follower = LogFollower(options.selection, options.journal_max_units, open_reader=open_journal, source="journal",
-                           latest_invocations=mode == "latest invocations")
+    follower = LogFollower(options.selection, options.journal_max_units, open_reader=open_journal,
+                           source="journal", latest_invocations=mode == "latest invocations")
     follower.start()
     while (state := follower.state()).error is not None:
         time.sleep(POLL_S)

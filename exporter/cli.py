@@ -189,7 +189,7 @@ def container_log_follower(options: Options, directories: LogDirectories) -> Log
     """The containers' log files (--logs.docker, --logs.pods) folded as the journal is, by a follower of their own;
     the journal collector serves both."""
     selection = LogSelection(unit_globs=options.journal_units, container_globs=options.journal_containers,
-                                 boot=options.journal_boot, engine_grace_usec=options.journal_engine_grace_usec)
+                             boot=options.journal_boot, engine_grace_usec=options.journal_engine_grace_usec)
 
     def open_reader(selection: LogSelection, admit: Callable[[str], bool],
                     forget: Callable[[str], None]) -> ContainerLogReader:

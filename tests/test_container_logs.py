@@ -23,7 +23,8 @@ from vllm_xpu_exporter.parsers.vllm import FailureReason
 from vllm_xpu_exporter.sources import containerlogs as containerlogs_source
 from vllm_xpu_exporter.sources.containerlogs import MAX_LINE_BYTES, ContainerLogReader, LogDirectories
 from vllm_xpu_exporter.sources.logs.entry import LogEntry, LogSelection
-from vllm_xpu_exporter.sources.logs.follower import STILL_READING_CONTAINER_LOGS, LogFollower
+from vllm_xpu_exporter.nodatayet import NoDataYet
+from vllm_xpu_exporter.sources.logs.follower import LogFollower
 from exporterproc import RunningExporter
 from journalgen import write_journal
 from polling import ManualClock, wait_for
@@ -358,7 +359,7 @@ def test_a_missing_directory_fails_the_source_until_it_appears(tmp_path):
         source="container logs")
     follower.start()
     try:
-        state = wait_for(lambda: (s := follower.state()).error != STILL_READING_CONTAINER_LOGS and s)
+        state = wait_for(lambda: not isinstance((s := follower.state()).error, NoDataYet) and s)
         assert state.error == f"container log directory {tmp_path / 'pods'} does not exist"
         write_race_pods(tmp_path / "pods")
         state = wait_for(lambda: (s := follower.state()).error is None and len(s.views) == 3 and s, timeout=15)

@@ -360,8 +360,8 @@ def as_entries(written: list[Written], steps: list[int], invocation_ids: list[st
     for (unit, message, message_id, pid), step, invocation in zip(written, steps, invocation_ids or [""] * len(steps)):
         realtime += step
         entries.append(LogEntry(unit=unit, realtime_usec=realtime, monotonic_usec=None, boot_id=BOOT_ID,
-                                    message=message, from_systemd=message_id is not None,
-                                    message_id=message_id or "", pid=pid, invocation_id=invocation))
+                                message=message, from_systemd=message_id is not None,
+                                message_id=message_id or "", pid=pid, invocation_id=invocation))
     return entries
 
 
@@ -450,7 +450,7 @@ class FixedFollower:
         self._tracker.settle(round(time.time() * 1e6))
         views = list(self._tracker.views())
         return LogState(views=views, error=None, entries_read=0, dropped_units=len(self._tracker.dropped_units),
-                            watched_units=len(views), values_rejected=self._tracker.rejected_lines)
+                        watched_units=len(views), values_rejected=self._tracker.rejected_lines)
 
     def watch(self, units: set[str]) -> None:
         pass

@@ -37,7 +37,7 @@ def read_all(reader: JournalReader) -> list[LogEntry]:
 
 def open_reader(path: Path, boot: str = "all", containers=CONTAINERS, units=("vllm*.service",)) -> JournalReader:
     reader = JournalReader(LogSelection(files=[str(path)], unit_globs=units, container_globs=containers,
-                                            boot=boot))
+                                        boot=boot))
     reader.open()
     return reader
 
@@ -45,7 +45,8 @@ def open_reader(path: Path, boot: str = "all", containers=CONTAINERS, units=("vl
 def follow(path: Path, *, containers=CONTAINERS, max_units: int = 64, boot: str = "all",
            docker_roots=()) -> list[UnitView]:
     follower = LogFollower(LogSelection(files=[str(path)], container_globs=containers, boot=boot,
-                                        docker_roots=docker_roots), max_units, open_reader=open_journal, source="journal")
+                                        docker_roots=docker_roots), max_units,
+                           open_reader=open_journal, source="journal")
     follower.start()
     try:
         state = wait_for(lambda: (s := follower.state()).error is None and s, timeout=20)
@@ -176,7 +177,8 @@ def test_containers_beyond_max_units_are_dropped_and_counted(tmp_path):
     clock = Clock(random_boot_id())
     path = write_journal(tmp_path / "x.journal", [
         container_output(f"vllm-{n}", "vLLM API server version 0.24.0", clock.tick()) for n in range(5)])
-    follower = LogFollower(LogSelection(files=[str(path)], container_globs=CONTAINERS, boot="all"), 3, open_reader=open_journal, source="journal")
+    follower = LogFollower(LogSelection(files=[str(path)], container_globs=CONTAINERS, boot="all"), 3,
+                           open_reader=open_journal, source="journal")
     follower.start()
     try:
         state = wait_for(lambda: (s := follower.state()).error is None and s)
@@ -304,7 +306,8 @@ def test_a_journald_docker_containers_end_is_seen_while_the_journal_is_quiet(tmp
     chat = host.add("vllm-chat", log_driver="journald")
     chat.set_state(running=True, started_usec=clock.realtime_usec - 10_000_000)
     follower = LogFollower(LogSelection(files=[str(path)], container_globs=CONTAINERS, boot="all",
-                                        docker_roots=(str(host.root),)), 64, open_reader=open_journal, source="journal")
+                                        docker_roots=(str(host.root),)), 64,
+                           open_reader=open_journal, source="journal")
     follower.start()
     try:
         state = wait_for(lambda: (s := follower.state()).error is None and s, timeout=20)

@@ -34,7 +34,8 @@ from vllm_xpu_exporter.gate.decision import HOST, Admission, Decision, Lease, de
 from vllm_xpu_exporter.sources import procfs
 from vllm_xpu_exporter.sources.journal import open_journal
 from vllm_xpu_exporter.sources.logs.entry import LogSelection
-from vllm_xpu_exporter.sources.logs.follower import STILL_READING, LogFollower, LogState
+from vllm_xpu_exporter.nodatayet import NoDataYet
+from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState
 
 log = logging.getLogger("vllm_xpu_exporter.gate")
@@ -167,8 +168,8 @@ class Service:
         self.options = options
         self.clock = clock
         self.began = clock()
-        self.journal = LogFollower(options.selection, options.journal_max_units, open_reader=open_journal, source="journal",
-                                   latest_invocations=True)
+        self.journal = LogFollower(options.selection, options.journal_max_units, open_reader=open_journal,
+                                   source="journal", latest_invocations=True)
         self.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout, telemetry=False)
         self.leases: dict[tuple[str, str], Lease] = {}  # (device or HOST, unit) -> the unit's latest release there
         self.waiting: list[Waiter] = []  # decider thread only
@@ -325,7 +326,7 @@ class Service:
             return
         state = self.journal.state()
         memory = self._memory()
-        self._sources_starting = state.error == STILL_READING or memory is None
+        self._sources_starting = isinstance(state.error, NoDataYet) or memory is None
         self._end_leases(state)
         for waiter in list(self.waiting):
             if waiter.gone():
@@ -359,10 +360,10 @@ class Service:
                     ) -> int | None:
         """Answer the waiter (its exit status) or tell it what it waits for (None)."""
         request = waiter.request
-        if state.error is not None and state.error != STILL_READING:
+        if state.error is not None and not isinstance(state.error, NoDataYet):
             return self._release(waiter, None, f"cannot read the journal ({state.error}): releasing at once")
-        if state.error == STILL_READING or memory is None:
-            waiting_on = "the journal to be read" if state.error == STILL_READING else "Level Zero to start"
+        if isinstance(state.error, NoDataYet) or memory is None:
+            waiting_on = "the journal to be read" if isinstance(state.error, NoDataYet) else "Level Zero to start"
             if self.clock() >= waiter.deadline:
                 return self._time_out(waiter, None)
             return None if waiter.say_once(f"{gate_lines.PREFIX}waiting for {waiting_on}") else EXIT_USAGE

@@ -602,7 +602,7 @@ class ContainerLogReader:
             if record.realtime_usec < since:
                 continue
             yield LogEntry(key, record.realtime_usec, None, "", record.text, False, "", None, "", run,
-                               record.partial, record.stream)
+                           record.partial, record.stream)
 
     def _report(self, container: _Container) -> None:
         for stream in container.streams.values():

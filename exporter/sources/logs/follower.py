@@ -35,14 +35,13 @@ from typing import Any
 
 from vllm_xpu_exporter.fold.container_runs import ContainerRuns
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, EngineTracker, OwnedTrackers, UnitView
+from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.sources.logs.entry import DEFAULT_BATCH, LogEntry, LogSelection
 
 log = logging.getLogger("vllm_xpu_exporter.journal")
 
 RETRY_SECONDS = 2.0
 WAIT_SECONDS = 0.5  # how often the follower looks at its stop flag while the log is quiet
-STILL_READING = "still reading the journal"
-STILL_READING_CONTAINER_LOGS = "still reading the container logs"
 
 OpenReader = Callable[[LogSelection, Callable[..., bool], Callable[[str], None]], Any]
 """(selection, admit, forget) -> a reader: admit(unit[, when_usec]) asks the fold's cap (when the name was met,
@@ -52,7 +51,7 @@ if known), forget(unit) drops a unit gone for good."""
 @dataclass(frozen=True)
 class LogState:
     views: list[UnitView]
-    error: str | None  # why the log cannot be read now (or is still being read the first time)
+    error: str | NoDataYet | None  # why the log cannot be read now, or NoDataYet while it is read the first time
     entries_read: int  # entries folded since the follower started, re-reads included (LogFollower._fold)
     dropped_units: int  # units not watched because of the cap
     watched_units: int | None  # None until the log has been read up to now once
@@ -68,7 +67,6 @@ class LogFollower:
         self.max_units = max_units
         self.latest_invocations = latest_invocations
         self.source = source
-        self.still_reading = f"still reading the {source}"
         self._open_reader = open_reader
         self.caught_up_from: str | None = None
         """What the latest catch-up read: "latest invocations", or "boot" (the whole selected boot)."""
@@ -76,7 +74,7 @@ class LogFollower:
         self._starting = threading.Lock()  # concurrent scrapes retry starting the thread once
         self._tracker: OwnedTrackers | None = None
         self._runs = ContainerRuns()  # the containers' runs of the tracker being filled or followed
-        self._error: str | None = self.still_reading
+        self._error: str | NoDataYet | None = self._still_reading()
         self._entries_read = 0
         self._unreadable_before = 0  # entries skipped as unreadable by the readers closed since
         self._rejected_before: Counter[str] = Counter()  # entries rejected by the readers closed since
@@ -92,7 +90,7 @@ class LogFollower:
         """Start following in a thread; if none can be started now (a task limit), the collector reports
         that and state() tries again every RETRY_SECONDS."""
         thread = threading.Thread(target=self._run, name=f"{self.source.replace(' ', '-')}-follower", daemon=True)
-        self._set_error(self.still_reading)
+        self._set_error(self._still_reading())
         try:
             thread.start()
         except RuntimeError as error:  # "can't start new thread"
@@ -123,11 +121,11 @@ class LogFollower:
             views = list(tracker.views()) if tracker is not None else []
             reader = self._reader
             return LogState(views=views, error=self._error, entries_read=self._entries_read,
-                                dropped_units=len(tracker.dropped_units) if tracker is not None else 0,
-                                watched_units=len(views) if tracker is not None else None,
-                                values_rejected=tracker.rejected_lines if tracker is not None else 0,
-                                unreadable=self._unreadable_before + (reader.unreadable_entries if reader else 0),
-                                rejected=dict(self._rejected_before + Counter(_rejected_by(reader))))
+                            dropped_units=len(tracker.dropped_units) if tracker is not None else 0,
+                            watched_units=len(views) if tracker is not None else None,
+                            values_rejected=tracker.rejected_lines if tracker is not None else 0,
+                            unreadable=self._unreadable_before + (reader.unreadable_entries if reader else 0),
+                            rejected=dict(self._rejected_before + Counter(_rejected_by(reader))))
 
     def watch(self, units: set[str]) -> None:
         """Units that currently have GPU processes: those matching the globs are watched even when the
@@ -244,7 +242,10 @@ class LogFollower:
             tracker.forget(unit)
         self._runs.forget(unit)
 
-    def _set_error(self, error: str) -> None:
+    def _still_reading(self) -> NoDataYet:
+        return NoDataYet(f"still reading the {self.source}")
+
+    def _set_error(self, error: str | NoDataYet) -> None:
         with self._lock:
             self._error = error
 
