@@ -85,7 +85,8 @@ class LogSelection:
     - ``unit_globs``: shell globs of the watched units' names.
     - ``container_globs``: shell globs of the watched containers (``matches_container``); none by default.
     - ``excluded_units``: units never watched, whatever the globs say: the exporter's own unit
-      (``own_service_unit``), which the default glob ``vllm*.service`` matches.
+      (``vllm_xpu_exporter.sources.journal.host.own_service_unit``), which the default glob ``vllm*.service``
+      matches.
     - ``boot``: ``"current"`` (this kernel's boot id), ``"all"``, or a boot id (32 hex digits or
       the dashed UUID form; normalised to 32 lower-case hex digits).
     - ``engine_grace_usec``: how long a start of a watched unit not known to run vLLM is taken as a
