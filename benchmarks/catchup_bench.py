@@ -2,7 +2,7 @@
 
     python benchmarks/catchup_bench.py [--sizes 250000 1000000] [--runs 3]
 
-"Ours" is a fresh process that does exactly what the exporter does on start: a JournalFollower over
+"Ours" is a fresh process that does exactly what the exporter does on start: a LogFollower over
 the journal directory (units ``vllm*.service``, boot ``all``) reads every selected entry with the
 JournalReader, parses each message with the vLLM grammar and folds it into an EngineTracker; the
 process exits once the follower reports it has caught up. "journalctl" is ``journalctl -D DIR -u
@@ -85,12 +85,13 @@ def count_journalctl(directory: Path) -> int:
 def child_catch_up(directory: str, max_units: int | None = None) -> None:
     """In the measured child: the follower's catch-up, as the exporter runs it."""
     started = time.perf_counter()
-    from vllm_xpu_exporter.sources.journal import JournalSelection
-    from vllm_xpu_exporter.sources.journal.follower import JournalFollower
+    from vllm_xpu_exporter.sources.journal import open_journal
+    from vllm_xpu_exporter.sources.logs.entry import LogSelection
+    from vllm_xpu_exporter.sources.logs.follower import LogFollower
 
     cpu_started = time.process_time()
-    follower = JournalFollower(JournalSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all"),
-                               max_units or DEFAULT_MAX_UNITS)
+    follower = LogFollower(LogSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all"),
+                           max_units or DEFAULT_MAX_UNITS, open_reader=open_journal, source="journal")
     follower.start()
     while (state := follower.state()).error is not None:
         time.sleep(CAUGHT_UP_POLL_S)
@@ -108,10 +109,11 @@ def child_catch_up(directory: str, max_units: int | None = None) -> None:
 def child_read_only(directory: str) -> None:
     """In the measured child: the JournalReader alone, every selected entry decoded, nothing parsed."""
     started = time.perf_counter()
-    from vllm_xpu_exporter.sources.journal import JournalReader, JournalSelection
+    from vllm_xpu_exporter.sources.journal import JournalReader
+    from vllm_xpu_exporter.sources.logs.entry import LogSelection
 
     entries = 0
-    with JournalReader(JournalSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all")) as reader:
+    with JournalReader(LogSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all")) as reader:
         while batch := reader.read_available(4096):
             entries += len(batch)
     print(json.dumps({"entries": entries, "seconds": time.perf_counter() - started, "vm_hwm_mb": _vm_hwm_mb(),

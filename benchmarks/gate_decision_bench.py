@@ -8,7 +8,7 @@ The journal is bigjournal.py's (10 % of the entries about four watched ``vllm-*.
 restart every ~400-800 of their lines, every third start failing) with ``--invocations``: every start
 has its own invocation id, as systemd gives them. Each run is a fresh process that does what
 ``vllm-xpu-gate serve --journal.directory DIR --journal.boot BOOT`` does before its first decision: the
-service's flags parsed into its journal selection, a ``JournalFollower`` over it, and the wait until the
+service's flags parsed into its journal selection, a ``LogFollower`` over it, and the wait until the
 follower has read the journal up to now. "latest invocations" is
 the gate's follower (``latest_invocations=True``), "whole boot" the exporter's read of every entry of the
 boot. Runs alternate; the medians count. Timed: from creating the follower to its first state without an
@@ -74,12 +74,13 @@ class GateDecisionResult:
 def child(directory: str, boot: str, mode: str) -> None:
     """In the measured child: the gate's journal read up to its first decision."""
     from vllm_xpu_exporter.gate.cli import parse_service_options
-    from vllm_xpu_exporter.sources.journal.follower import JournalFollower
+    from vllm_xpu_exporter.sources.journal import open_journal
+    from vllm_xpu_exporter.sources.logs.follower import LogFollower
 
     options = parse_service_options(["--journal.directory", directory, "--journal.boot", boot])
     started = time.perf_counter()
-    follower = JournalFollower(options.selection, options.journal_max_units,
-                               latest_invocations=mode == "latest invocations")
+    follower = LogFollower(options.selection, options.journal_max_units, open_reader=open_journal,
+                           source="journal", latest_invocations=mode == "latest invocations")
     follower.start()
     while (state := follower.state()).error is not None:
         time.sleep(POLL_S)

@@ -23,7 +23,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from containerlogs import ContainerLine, DockerHost, json_file_records  # noqa: E402
 from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories  # noqa: E402
-from vllm_xpu_exporter.sources.journal import JournalSelection  # noqa: E402
+from vllm_xpu_exporter.sources.logs.entry import LogSelection  # noqa: E402
 
 T0 = 1_747_000_000_000_000
 
@@ -59,7 +59,7 @@ def write_rotated(root: Path, bomb: bool, compressed_bytes: int | None = None, i
 
 def read_cpu(root: Path) -> tuple[float, int]:
     before = cpu_seconds()
-    reader = ContainerLogReader(JournalSelection(container_globs=("*vllm*",), boot="all"),
+    reader = ContainerLogReader(LogSelection(container_globs=("*vllm*",), boot="all"),
                                 LogDirectories(docker_roots=(str(root),)), poll_seconds=0.0, discover_seconds=0.0)
     entries = 0
     with reader:

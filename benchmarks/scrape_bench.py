@@ -14,6 +14,7 @@ same day"). REV's scrapes are not checked for what REV does not serve.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -146,6 +147,13 @@ def export_exporter(revision: str, into: Path) -> None:
         raise SystemExit(f"scrape_bench: no exporter/ at revision {revision!r}: "
                          f"{archive.stderr.decode(errors='replace').strip()}")
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    for link in (into / "exporter").rglob("*"):
+        if link.is_symlink() and not link.exists():  # a file the package ships from elsewhere (the runbook)
+            target = Path(os.path.normpath(link.parent / os.readlink(link)))
+            shown = subprocess.run(["git", "-C", str(REPO), "show", f"{revision}:{target.relative_to(into)}"],
+                                   capture_output=True, check=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(shown.stdout)
     if "vllm_xpu_exporter" in (into / "exporter" / "__main__.py").read_text():
         (into / "exporter").rename(into / "vllm_xpu_exporter")
 

@@ -31,11 +31,11 @@ from vllm_xpu_exporter.http.server import Document, ExporterServer, parse_listen
 from vllm_xpu_exporter.http.webconfig import WebConfigError
 from vllm_xpu_exporter.logs import FORMATS, LEVELS, setup_logging
 from vllm_xpu_exporter.scrape import ExporterCollector
-from vllm_xpu_exporter.sources.journal import (DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, JournalSelection,
-                                     read_own_service_unit)
+from vllm_xpu_exporter.sources.journal import open_journal, read_own_service_unit
 from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
 from vllm_xpu_exporter.sources.containers import DEFAULT_DOCKER_ROOT
-from vllm_xpu_exporter.sources.journal.follower import STILL_READING_CONTAINER_LOGS, JournalFollower
+from vllm_xpu_exporter.sources.logs.entry import DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, LogSelection
+from vllm_xpu_exporter.sources.logs.follower import LogFollower
 from vllm_xpu_exporter.sources.dmem import DEFAULT_SYSFS
 from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
@@ -177,32 +177,32 @@ def build_sources(options: Options, needs: set[Source]) -> Sources:
         sources.drm_nodes = DrmNodeNames()
         sources.drm_nodes.subscribe(sources.levelzero.gpu_changed)  # a GPU plugged, removed or re-bound: re-init
     if Source.JOURNAL in needs:
-        sources.journal = JournalFollower(exporter_journal_selection(options), options.journal_max_units)
+        sources.journal = LogFollower(exporter_journal_selection(options), options.journal_max_units,
+                                      open_reader=open_journal, source="journal")
         directories = LogDirectories(options.logs_docker_roots, options.logs_pods)
         if directories:
             sources.container_logs = container_log_follower(options, directories)
     return sources
 
 
-def container_log_follower(options: Options, directories: LogDirectories) -> JournalFollower:
+def container_log_follower(options: Options, directories: LogDirectories) -> LogFollower:
     """The containers' log files (--logs.docker, --logs.pods) folded as the journal is, by a follower of their own;
     the journal collector serves both."""
-    selection = JournalSelection(unit_globs=options.journal_units, container_globs=options.journal_containers,
-                                 boot=options.journal_boot, engine_grace_usec=options.journal_engine_grace_usec)
+    selection = LogSelection(unit_globs=options.journal_units, container_globs=options.journal_containers,
+                             boot=options.journal_boot, engine_grace_usec=options.journal_engine_grace_usec)
 
-    def open_reader(selection: JournalSelection, admit: Callable[[str], bool],
+    def open_reader(selection: LogSelection, admit: Callable[[str], bool],
                     forget: Callable[[str], None]) -> ContainerLogReader:
         return ContainerLogReader(selection, directories, admit=admit, forget=forget)
 
-    return JournalFollower(selection, options.journal_max_units, open_reader=open_reader, source="container logs",
-                           still_reading=STILL_READING_CONTAINER_LOGS)
+    return LogFollower(selection, options.journal_max_units, open_reader=open_reader, source="container logs")
 
 
-def exporter_journal_selection(options: Options, own_unit: str | None = None) -> JournalSelection:
+def exporter_journal_selection(options: Options, own_unit: str | None = None) -> LogSelection:
     """The journal the options select, without the exporter's own unit (`own_unit`, else the service of
     /proc/self/cgroup): the default glob vllm*.service matches vllm-xpu-exporter.service, and its starts
     are no engine's."""
-    selection = JournalSelection(
+    selection = LogSelection(
         directory=options.journal_directory, files=options.journal_files, unit_globs=options.journal_units,
         container_globs=options.journal_containers, boot=options.journal_boot,
         engine_grace_usec=options.journal_engine_grace_usec, docker_roots=options.docker_roots)

@@ -28,7 +28,7 @@ from vllm_xpu_exporter.fold.engine_starts import UnitView, merged_views
 from vllm_xpu_exporter.sources.levelzero.worker import LevelZeroUnavailable
 
 if TYPE_CHECKING:
-    from vllm_xpu_exporter.sources.journal.follower import JournalFollower, JournalState
+    from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
     from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroWorker, PendingRead
     from vllm_xpu_exporter.sources.udev import DrmNodeNames
 
@@ -71,8 +71,8 @@ class Sources:
 
     levelzero: LevelZeroWorker | None = None
     drm_nodes: DrmNodeNames | None = None  # with Level Zero: GPU hot-plug events and DRM node names
-    journal: JournalFollower | None = None
-    container_logs: JournalFollower | None = None  # with the journal: containers' log files (--logs.*), if any
+    journal: LogFollower | None = None
+    container_logs: LogFollower | None = None  # with the journal: containers' log files (--logs.*), if any
     # the units' vLLM API endpoints, published by the processes collector at each scrape, served at /sd/vllm
     vllm_targets: VllmTargets = field(default_factory=VllmTargets, compare=False)
 
@@ -120,12 +120,12 @@ class ScrapeContext:
     def device_processes(self) -> list[DeviceProcesses]:
         return self._once("device_processes", lambda: self._levelzero().read_processes())
 
-    def journal_state(self) -> JournalState | None:
+    def journal_state(self) -> LogState | None:
         """The journal fold's state, or None when the journal is not read (its collector is disabled)."""
         journal = self._sources.journal
         return None if journal is None else self._once("journal_state", journal.state)
 
-    def container_logs_state(self) -> JournalState | None:
+    def container_logs_state(self) -> LogState | None:
         """The fold of the containers' log files, or None when none are read (no --logs.*)."""
         follower = self._sources.container_logs
         return None if follower is None else self._once("container_logs_state", follower.state)

@@ -18,7 +18,8 @@ from vllm_xpu_exporter.sources.containers import (
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
 from vllm_xpu_exporter.sources.dmem import CGROUP_TREE, DEFAULT_SYSFS
 from vllm_xpu_exporter.sources.procfs import DEFAULT_PROCFS
-from vllm_xpu_exporter.sources.journal import DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, JournalSelection, normalize_boot
+from vllm_xpu_exporter.sources.logs.entry import (DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, LogSelection,
+                                                  normalize_boot)
 from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S
 
@@ -211,11 +212,11 @@ def journal_engine_grace_usec(args: argparse.Namespace) -> int:
 
 
 def journal_selection(args: argparse.Namespace, extra_units: Sequence[str] = (),
-                      excluded_units: Sequence[str] = ()) -> JournalSelection:
+                      excluded_units: Sequence[str] = ()) -> LogSelection:
     """The journal the flags select; `extra_units` are watched besides the globs, `excluded_units` never."""
-    return JournalSelection(directory=args.journal_directory, files=tuple(args.journal_files),
-                            unit_globs=(*journal_unit_globs(args), *extra_units), boot=args.journal_boot,
-                            excluded_units=tuple(excluded_units), engine_grace_usec=journal_engine_grace_usec(args))
+    return LogSelection(directory=args.journal_directory, files=tuple(args.journal_files),
+                        unit_globs=(*journal_unit_globs(args), *extra_units), boot=args.journal_boot,
+                        excluded_units=tuple(excluded_units), engine_grace_usec=journal_engine_grace_usec(args))
 
 
 def absolute_path(value: str) -> str:

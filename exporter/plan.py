@@ -278,9 +278,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def read_views(args: argparse.Namespace, timeout: float = 120.0) -> list[UnitView]:
-    from vllm_xpu_exporter.sources.journal.follower import STILL_READING, JournalFollower
+    from vllm_xpu_exporter.sources.journal import open_journal
+    from vllm_xpu_exporter.nodatayet import NoDataYet
+    from vllm_xpu_exporter.sources.logs.follower import LogFollower
 
-    follower = JournalFollower(journal_selection(args), args.journal_max_units, latest_invocations=True)
+    follower = LogFollower(journal_selection(args), args.journal_max_units, open_reader=open_journal,
+                           source="journal", latest_invocations=True)
     follower.start()
     try:
         deadline = time.monotonic() + timeout
@@ -288,7 +291,7 @@ def read_views(args: argparse.Namespace, timeout: float = 120.0) -> list[UnitVie
             state = follower.state()
             if state.error is None:
                 return state.views
-            if state.error != STILL_READING or time.monotonic() >= deadline:
+            if not isinstance(state.error, NoDataYet) or time.monotonic() >= deadline:
                 raise RuntimeError(f"cannot read the journal ({state.error})")
             time.sleep(0.02)
     finally:

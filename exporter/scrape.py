@@ -4,10 +4,10 @@ Concurrent requests share the scrape in flight (single flight): a request that a
 runs waits for it and serves its families, so the collectors and the sources they read see one scrape
 at a time whatever the number of clients.
 
-A collector whose source is still starting (the journal's first read, Level Zero's init: `NO_DATA_YET`)
-reports 0 in `xpu_exporter_collector_success` as for a failure, since its figures are not there; but every
-start goes through that state, so it is logged at info, not as a failure's warning (node_exporter's
-ErrNoData), and its end is not logged as a recovery.
+A collector whose source is still starting (the journal's first read, Level Zero's init: it raises
+`vllm_xpu_exporter.nodatayet.NoDataYet`) reports 0 in `xpu_exporter_collector_success` as for a failure,
+since its figures are not there; but every start goes through that state, so it is logged at info, not
+as a failure's warning (node_exporter's ErrNoData), and its end is not logged as a recovery.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from operator import itemgetter
+from typing import NamedTuple
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector as PrometheusCollector
@@ -26,13 +27,17 @@ from prometheus_client.registry import Collector as PrometheusCollector
 from vllm_xpu_exporter import __version__
 from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Sources
 from vllm_xpu_exporter.families import GaugeFamily, Row, RowFamily
-from vllm_xpu_exporter.sources.journal.follower import STILL_READING, STILL_READING_CONTAINER_LOGS
-from vllm_xpu_exporter.sources.levelzero.worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
+from vllm_xpu_exporter.nodatayet import NoDataYet
+from vllm_xpu_exporter.sources.levelzero.worker import LevelZeroUnavailable
 
 log = logging.getLogger("vllm_xpu_exporter.scrape")
 
-# A collector's whole error when its source has no data yet: a state of every start, not a failure.
-NO_DATA_YET = frozenset({STILL_READING, STILL_READING_CONTAINER_LOGS, STILL_INITIALISING, JUST_INITIALISED})
+
+class Problem(NamedTuple):
+    """Why a collector's run did not work: its error, and whether that is all its source starting."""
+
+    text: str
+    no_data_yet: bool  # the collector raised NoDataYet and nothing else went wrong: a state of every start
 
 
 class _Flight:
@@ -51,7 +56,7 @@ class ExporterCollector(PrometheusCollector):
         self._sources = sources
         self._lock = threading.Lock()
         self._in_flight: _Flight | None = None
-        self._last_errors: dict[str, str | None] = {}
+        self._last_problems: dict[str, Problem | None] = {}
 
     def describe(self) -> list[Metric]:
         # Nothing to describe up front: registering must not run a scrape.
@@ -85,51 +90,54 @@ class ExporterCollector(PrometheusCollector):
                                "How long the collector's last run took.", labels=["collector"])
         context = ScrapeContext(self._sources)
         context.request_device_memory()
-        errors: dict[str, str | None] = {}
+        problems: dict[str, Problem | None] = {}
         for collector in self._collectors:
             started = time.perf_counter()
-            collected, errors[collector.name] = _run(collector, context)
+            collected, problems[collector.name] = _run(collector, context)
             duration.add_metric([collector.name], time.perf_counter() - started)
-            success.add_metric([collector.name], 0 if errors[collector.name] else 1)
+            success.add_metric([collector.name], 0 if problems[collector.name] else 1)
             families += collected
         families += [success, duration]
-        self._log_transitions(errors)
+        self._log_transitions(problems)
         return families
 
-    def _log_transitions(self, errors: dict[str, str | None]) -> None:
+    def _log_transitions(self, problems: dict[str, Problem | None]) -> None:
         """Log a failure when it starts or changes, and the recovery; never every scrape. Collectors
-        failing for one reason (one source) share one line. No data yet (`NO_DATA_YET`) is logged at info
-        when it begins, and nothing when data comes."""
-        previous, self._last_errors = self._last_errors, errors
+        failing for one reason (one source) share one line. No data yet (`Problem.no_data_yet`) is logged
+        at info when it begins, and nothing when data comes."""
+        previous, self._last_problems = self._last_problems, problems
         started: dict[str, list[str]] = {}
         waiting: dict[str, list[str]] = {}
-        for name, error in errors.items():
+        for name, problem in problems.items():
             before = previous.get(name)
-            if error == before:
+            if problem == before:
                 continue
-            if error is None:
-                if before not in NO_DATA_YET:
+            if problem is None:
+                if before is not None and not before.no_data_yet:
                     log.info("collector %s works again", name)
             else:
-                (waiting if error in NO_DATA_YET else started).setdefault(error, []).append(name)
+                (waiting if problem.no_data_yet else started).setdefault(problem.text, []).append(name)
         for error, names in waiting.items():
             log.info("collector %s has no data yet: %s", ",".join(names), error)
         for error, names in started.items():
             log.warning("collector %s failed: %s", ",".join(names), error)
 
 
-def _run(collector: Collector, context: ScrapeContext) -> tuple[list[Metric], str | None]:
+def _run(collector: Collector, context: ScrapeContext) -> tuple[list[Metric], Problem | None]:
     families: list[Metric] = []
     error_text = None
+    no_data_yet = False
     try:
         for family in collector.collect(context):
             families.append(family)
     except Exception as error:  # a failing source costs its own series, never the scrape
-        if not isinstance(error, (CollectionError, LevelZeroUnavailable)):
+        if not isinstance(error, (CollectionError, LevelZeroUnavailable, NoDataYet)):
             log.debug("collector %s raised", collector.name, exc_info=True)
         error_text = str(error) or type(error).__name__
-    problems = [problem for problem in (error_text, _drop_unexposable(families)) if problem]
-    return families, "; ".join(problems) or None
+        no_data_yet = isinstance(error, NoDataYet)
+    dropped = _drop_unexposable(families)
+    texts = [text for text in (error_text, dropped) if text]
+    return families, Problem("; ".join(texts), no_data_yet and not dropped) if texts else None
 
 
 def _drop_unexposable(families: list[Metric]) -> str | None:

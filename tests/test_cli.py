@@ -10,7 +10,7 @@ from exporterproc import RunningExporter
 from httpclient import request
 from vllm_xpu_exporter.cli import DEFAULT_PORT, build_parser, exporter_journal_selection, parse_options
 from vllm_xpu_exporter.flags import format_duration, parse_duration
-from vllm_xpu_exporter.sources.journal import normalize_boot
+from vllm_xpu_exporter.sources.logs.entry import normalize_boot
 
 REPO = Path(__file__).resolve().parents[1]
 CONTRACT_FLAGS = ["--web.listen-address", "--web.telemetry-path", "--web.config.file",

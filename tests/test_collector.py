@@ -207,7 +207,9 @@ def test_no_collector_imports_another_and_no_module_imports_in_a_cycle():
 
 
 # The layers of docs/development/architecture.md, bottom up: a module imports only from its own layer or below.
-LAYERS = (("vllm_xpu_exporter.parsers",), ("vllm_xpu_exporter.fold",), ("vllm_xpu_exporter.sources",),
+# What the log sources share (sources/logs/) is a layer of its own below the sources that read logs.
+LAYERS = (("vllm_xpu_exporter.parsers",), ("vllm_xpu_exporter.fold",), ("vllm_xpu_exporter.sources.logs",),
+          ("vllm_xpu_exporter.sources",),
           ("vllm_xpu_exporter.collector", "vllm_xpu_exporter.collectors", "vllm_xpu_exporter.scrape"),
           ("vllm_xpu_exporter.gate", "vllm_xpu_exporter.plan", "vllm_xpu_exporter.http", "vllm_xpu_exporter.cli"))
 
@@ -236,3 +238,21 @@ def test_every_layer_imports_only_from_itself_and_the_layers_below():
     (the gate, the planner, the web layer, the command line): never upwards (the fold reads the gate's
     lines through their parser, parsers/gate.py, not through the gate's package)."""
     assert upward_imports(module_imports()) == []
+
+
+def test_the_log_sources_share_only_the_neutral_log_package():
+    """The journal and the containers' log files both import sources/logs/ (the entries, the selection, the
+    follower); it imports neither, and neither imports the other."""
+    imports = module_imports()
+    journal = {name for name in imports if name.startswith("vllm_xpu_exporter.sources.journal")}
+    container_logs = {"vllm_xpu_exporter.sources.containerlogs"}
+    neutral = {name for name in imports if name.startswith("vllm_xpu_exporter.sources.logs")}
+    assert neutral and journal
+
+    def imported_by(modules: set[str]) -> set[str]:
+        return set().union(*(imports[name] for name in modules))
+
+    assert not imported_by(neutral) & (journal | container_logs)
+    assert not imported_by(journal) & container_logs
+    assert not imported_by(container_logs) & journal
+    assert imported_by(journal) & neutral and imported_by(container_logs) & neutral

@@ -22,8 +22,9 @@ from vllm_xpu_exporter.parsers.containerlogs import parse_cri_line, parse_json_f
 from vllm_xpu_exporter.parsers.vllm import FailureReason
 from vllm_xpu_exporter.sources import containerlogs as containerlogs_source
 from vllm_xpu_exporter.sources.containerlogs import MAX_LINE_BYTES, ContainerLogReader, LogDirectories
-from vllm_xpu_exporter.sources.journal import JournalEntry, JournalSelection
-from vllm_xpu_exporter.sources.journal.follower import STILL_READING_CONTAINER_LOGS, JournalFollower
+from vllm_xpu_exporter.sources.logs.entry import LogEntry, LogSelection
+from vllm_xpu_exporter.nodatayet import NoDataYet
+from vllm_xpu_exporter.sources.logs.follower import LogFollower
 from exporterproc import RunningExporter
 from journalgen import write_journal
 from polling import ManualClock, wait_for
@@ -31,7 +32,7 @@ from scrapes import sample
 from test_journal_containers import figures, systemd_figures
 from vllmlogs import CHAT, EMBEDDING, STT, boot_race, journal_specs
 
-ALL = JournalSelection(container_globs=("*vllm*",), boot="all")
+ALL = LogSelection(container_globs=("*vllm*",), boot="all")
 T0 = 1_747_044_672_000_000
 
 
@@ -43,7 +44,7 @@ def printed(name: str, message: str, seconds: float, run: int = 0, stream: str =
     return ContainerLine(at(seconds), 0, name, message, run, "", stream)
 
 
-def reader(directories: LogDirectories, selection: JournalSelection = ALL, **options) -> ContainerLogReader:
+def reader(directories: LogDirectories, selection: LogSelection = ALL, **options) -> ContainerLogReader:
     options.setdefault("poll_seconds", 0.0)
     options.setdefault("discover_seconds", 0.0)
     opened = ContainerLogReader(selection, directories, **options)
@@ -51,14 +52,14 @@ def reader(directories: LogDirectories, selection: JournalSelection = ALL, **opt
     return opened
 
 
-def read(opened: ContainerLogReader) -> list[JournalEntry]:
-    entries: list[JournalEntry] = []
+def read(opened: ContainerLogReader) -> list[LogEntry]:
+    entries: list[LogEntry] = []
     while batch := opened.read_available(1000):
         entries += batch
     return entries
 
 
-def texts(entries: list[JournalEntry]) -> list[str]:
+def texts(entries: list[LogEntry]) -> list[str]:
     return [entry.message for entry in entries]
 
 
@@ -108,8 +109,8 @@ def test_cri_records_and_their_pieces():
 
 @pytest.mark.fast
 def test_a_forgotten_container_frees_its_place_and_its_open_init_overlaps_nothing():
-    def entry(unit: str, message: str, seconds: float) -> JournalEntry:
-        return JournalEntry(unit, at(seconds), None, "", message, False, "", None, "", f"{unit}-run")
+    def entry(unit: str, message: str, seconds: float) -> LogEntry:
+        return LogEntry(unit, at(seconds), None, "", message, False, "", None, "", f"{unit}-run")
 
     version = "(APIServer pid=7) INFO 05-12 10:11:13 [api_server.py:1895] vLLM API server version 0.24.0"
     tracker = EngineTracker(max_units=1)
@@ -192,7 +193,7 @@ def test_much_at_once_is_read_in_bounded_polls_without_waiting(tmp_path, monkeyp
         chat.write([printed("vllm-chat", f"chat {n}", n) for n in range(300)])
         late = host.add("vllm-late")
         late.write([printed("vllm-late", f"late {n}", n) for n in range(120)])
-        got: list[JournalEntry] = []
+        got: list[LogEntry] = []
         while opened.wait(0):
             batch = opened.read_available(1000)
             if not batch:
@@ -238,7 +239,7 @@ def test_records_from_before_this_boot_are_skipped_with_the_current_boot(tmp_pat
     now_usec = round(time.time() * 1e6)
     chat.write([ContainerLine(T0, 0, "vllm-chat", "last year", 0), ContainerLine(now_usec, 0, "vllm-chat", "now", 0)])
     with reader(LogDirectories(docker_roots=(str(tmp_path),)),
-                JournalSelection(container_globs=("*vllm*",), boot="current")) as opened:
+                LogSelection(container_globs=("*vllm*",), boot="current")) as opened:
         assert texts(read(opened)) == ["now"]
 
 
@@ -353,12 +354,12 @@ def test_a_rotation_reopened_late_loses_no_line(tmp_path):
 
 
 def test_a_missing_directory_fails_the_source_until_it_appears(tmp_path):
-    follower = JournalFollower(ALL, open_reader=lambda selection, admit, forget: ContainerLogReader(
+    follower = LogFollower(ALL, open_reader=lambda selection, admit, forget: ContainerLogReader(
         selection, LogDirectories(pods=str(tmp_path / "pods")), admit=admit, forget=forget, poll_seconds=0.1),
-        source="container logs", still_reading=STILL_READING_CONTAINER_LOGS)
+        source="container logs")
     follower.start()
     try:
-        state = wait_for(lambda: (s := follower.state()).error != STILL_READING_CONTAINER_LOGS and s)
+        state = wait_for(lambda: not isinstance((s := follower.state()).error, NoDataYet) and s)
         assert state.error == f"container log directory {tmp_path / 'pods'} does not exist"
         write_race_pods(tmp_path / "pods")
         state = wait_for(lambda: (s := follower.state()).error is None and len(s.views) == 3 and s, timeout=15)
@@ -370,7 +371,7 @@ def test_a_missing_directory_fails_the_source_until_it_appears(tmp_path):
 # --- the seed's boot race (in process) --------------------------------------------------------------------
 
 
-def fold(entries: list[JournalEntry]) -> dict[str, dict]:
+def fold(entries: list[LogEntry]) -> dict[str, dict]:
     tracker = EngineTracker()
     tracker.extend(ContainerRuns().lines(entries))
     tracker.settle(round(time.time() * 1e6))
@@ -405,9 +406,9 @@ def test_the_race_followed_line_by_line_folds_as_caught_up(tmp_path):
     lines, _ = race_lines()
     host = DockerHost(tmp_path)
     containers = {name: host.add(name) for name in RACE_CONTAINERS.values()}
-    follower = JournalFollower(ALL, open_reader=lambda selection, admit, forget: ContainerLogReader(
+    follower = LogFollower(ALL, open_reader=lambda selection, admit, forget: ContainerLogReader(
         selection, LogDirectories(docker_roots=(str(tmp_path),)), admit=admit, forget=forget, poll_seconds=0.05),
-        source="container logs", still_reading=STILL_READING_CONTAINER_LOGS)
+        source="container logs")
     follower.start()
     try:
         assert wait_for(lambda: follower.state().error is None)

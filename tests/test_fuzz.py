@@ -44,8 +44,8 @@ from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.parsers import vllm
 from vllm_xpu_exporter.parsers.fdinfo import MAX_BYTES, DrmClient, device_memory_bytes, parse_fdinfo
 from vllm_xpu_exporter.scrape import ExporterCollector
-from vllm_xpu_exporter.sources.journal import JournalEntry
-from vllm_xpu_exporter.sources.journal.follower import JournalState
+from vllm_xpu_exporter.sources.logs.entry import LogEntry
+from vllm_xpu_exporter.sources.logs.follower import LogState
 from vllm_xpu_exporter.systemd import (MESSAGE_ID_SPAWN_FAILED, MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT,
                               MESSAGE_ID_UNIT_RESOURCES, MESSAGE_ID_UNIT_RESTART_SCHEDULED, MESSAGE_ID_UNIT_START_FAILED,
                               MESSAGE_ID_UNIT_STARTED, MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED,
@@ -352,16 +352,16 @@ journal_stories = st.lists(st.one_of(pid1_record.map(lambda e: [e]), printed_lin
                            max_size=30).map(lambda blocks: [entry for block in blocks for entry in block])
 
 
-def as_entries(written: list[Written], steps: list[int], invocation_ids: list[str] | None = None) -> list[JournalEntry]:
+def as_entries(written: list[Written], steps: list[int], invocation_ids: list[str] | None = None) -> list[LogEntry]:
     """Journal entries in journal order; realtime mostly rising, sometimes standing or stepping back (entries
     interleaved from several files, a clock set back)."""
     realtime = 1_747_000_000_000_000
     entries = []
     for (unit, message, message_id, pid), step, invocation in zip(written, steps, invocation_ids or [""] * len(steps)):
         realtime += step
-        entries.append(JournalEntry(unit=unit, realtime_usec=realtime, monotonic_usec=None, boot_id=BOOT_ID,
-                                    message=message, from_systemd=message_id is not None,
-                                    message_id=message_id or "", pid=pid, invocation_id=invocation))
+        entries.append(LogEntry(unit=unit, realtime_usec=realtime, monotonic_usec=None, boot_id=BOOT_ID,
+                                message=message, from_systemd=message_id is not None,
+                                message_id=message_id or "", pid=pid, invocation_id=invocation))
     return entries
 
 
@@ -441,16 +441,16 @@ DEVICE_TOTAL = 16 << 30
 
 
 class FixedFollower:
-    """What the journal and processes collectors read of a JournalFollower: the state of one tracker."""
+    """What the journal and processes collectors read of a LogFollower: the state of one tracker."""
 
     def __init__(self, tracker: EngineTracker) -> None:
         self._tracker = tracker
 
-    def state(self) -> JournalState:
+    def state(self) -> LogState:
         self._tracker.settle(round(time.time() * 1e6))
         views = list(self._tracker.views())
-        return JournalState(views=views, error=None, entries_read=0, dropped_units=len(self._tracker.dropped_units),
-                            watched_units=len(views), values_rejected=self._tracker.rejected_lines)
+        return LogState(views=views, error=None, entries_read=0, dropped_units=len(self._tracker.dropped_units),
+                        watched_units=len(views), values_rejected=self._tracker.rejected_lines)
 
     def watch(self, units: set[str]) -> None:
         pass

@@ -1,5 +1,5 @@
 """The gate's journal read: only the watched units' latest invocations (JournalReader.read_latest_invocations,
-JournalFollower(latest_invocations=True)) gives the gate the same decision state as the whole boot, on real
+LogFollower(latest_invocations=True)) gives the gate the same decision state as the whole boot, on real
 journal files written by systemd-journal-remote; journals without invocation ids fall back to the whole boot."""
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.gate.cli import parse_service_options
 from vllm_xpu_exporter.gate.service import Service
 from vllm_xpu_exporter.gate.decision import Admission, decide
-from vllm_xpu_exporter.sources.journal import JournalSelection
-from vllm_xpu_exporter.sources.journal.follower import JournalFollower, JournalState, prints_a_vllm_line
-from vllm_xpu_exporter.sources.journal.reader import MAX_INVOCATIONS_BACK, JournalReader
+from vllm_xpu_exporter.sources.journal import open_journal
+from vllm_xpu_exporter.sources.logs.entry import LogSelection
+from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState, prints_a_vllm_line
+from vllm_xpu_exporter.sources.journal.invocations import MAX_INVOCATIONS_BACK
+from vllm_xpu_exporter.sources.journal.reader import JournalReader
 from journalgen import (Clock, JournalEntrySpec, append_journal, new_invocation_id, random_boot_id, unit_failed,
                         unit_output, unit_process_exited, unit_restart_scheduled, unit_started, unit_starting,
                         unit_stopped, write_journal)
@@ -172,14 +174,14 @@ def write_boot(path: Path, boot_id: str) -> Writer:
     return writer
 
 
-def follow(path: Path, boot_id: str, latest_invocations: bool) -> JournalFollower:
-    follower = JournalFollower(JournalSelection(files=[str(path)], unit_globs=["vllm*.service"], boot=boot_id),
-                               latest_invocations=latest_invocations)
+def follow(path: Path, boot_id: str, latest_invocations: bool) -> LogFollower:
+    follower = LogFollower(LogSelection(files=[str(path)], unit_globs=["vllm*.service"], boot=boot_id),
+                           open_reader=open_journal, source="journal", latest_invocations=latest_invocations)
     follower.start()
     return follower
 
 
-def caught_up(follower: JournalFollower) -> JournalState:
+def caught_up(follower: LogFollower) -> LogState:
     state = wait_for(lambda: (state := follower.state()).error is None and state, timeout=20)
     assert state, "the follower did not catch up"
     return state
@@ -211,7 +213,7 @@ def boot_id() -> str:
 
 
 @pytest.fixture
-def followers(tmp_path: Path, boot_id: str) -> Iterator[tuple[Path, Writer, JournalFollower, JournalFollower]]:
+def followers(tmp_path: Path, boot_id: str) -> Iterator[tuple[Path, Writer, LogFollower, LogFollower]]:
     path = tmp_path / "system.journal"
     writer = write_boot(path, boot_id)
     latest, whole = follow(path, boot_id, True), follow(path, boot_id, False)
@@ -296,7 +298,7 @@ def test_a_unit_that_needs_more_than_the_bound_of_invocations_makes_it_read_the_
         writer.killed(CHAT, chat)
     path = write_journal(tmp_path / "system.journal", writer.entries)
     chats = sum(spec.field_value("_SYSTEMD_UNIT") != "nginx.service" for spec in writer.entries)
-    with JournalReader(JournalSelection(files=[str(path)], boot=boot_id)) as reader:
+    with JournalReader(LogSelection(files=[str(path)], boot=boot_id)) as reader:
         assert reader.read_latest_invocations(lambda entries: prints_a_vllm_line(60_000_000, entries)) is None
         whole = []
         while batch := reader.read_available():  # the reader reads the whole boot instead
@@ -310,7 +312,7 @@ def test_a_unit_that_needs_more_than_the_bound_of_invocations_makes_it_read_the_
     finally:
         latest.stop()
         full.stop()
-    with JournalReader(JournalSelection(files=[str(path)], boot=boot_id)) as reader:  # within the bound: read
+    with JournalReader(LogSelection(files=[str(path)], boot=boot_id)) as reader:  # within the bound: read
         entries = reader.read_latest_invocations(lambda entries: prints_a_vllm_line(60_000_000, entries),
                                                  max_invocations=MAX_INVOCATIONS_BACK + 1)
         assert entries is not None and len(entries) == chats

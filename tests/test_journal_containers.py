@@ -14,8 +14,9 @@ from containerlogs import RACE_CONTAINERS, DockerHost, container_lines, epoch, j
 from vllm_xpu_exporter.fold.container_runs import ContainerRuns
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker, UnitView
 from vllm_xpu_exporter.parsers.vllm import FailureReason
-from vllm_xpu_exporter.sources.journal import JournalEntry, JournalReader, JournalSelection
-from vllm_xpu_exporter.sources.journal.follower import JournalFollower
+from vllm_xpu_exporter.sources.journal import JournalReader, open_journal
+from vllm_xpu_exporter.sources.logs.entry import LogEntry, LogSelection
+from vllm_xpu_exporter.sources.logs.follower import LogFollower
 from exporterproc import RunningExporter
 from journalgen import (Clock, Moment, append_journal, container_id, container_output, podman_died, random_boot_id,
                         unit_output, write_journal)
@@ -27,24 +28,25 @@ CONTAINERS = ("*vllm*",)
 KEYS = {unit: f"docker/{name}" for unit, name in RACE_CONTAINERS.items()}
 
 
-def read_all(reader: JournalReader) -> list[JournalEntry]:
-    entries: list[JournalEntry] = []
+def read_all(reader: JournalReader) -> list[LogEntry]:
+    entries: list[LogEntry] = []
     while batch := reader.read_available(1000):
         entries.extend(batch)
     return entries
 
 
 def open_reader(path: Path, boot: str = "all", containers=CONTAINERS, units=("vllm*.service",)) -> JournalReader:
-    reader = JournalReader(JournalSelection(files=[str(path)], unit_globs=units, container_globs=containers,
-                                            boot=boot))
+    reader = JournalReader(LogSelection(files=[str(path)], unit_globs=units, container_globs=containers,
+                                        boot=boot))
     reader.open()
     return reader
 
 
 def follow(path: Path, *, containers=CONTAINERS, max_units: int = 64, boot: str = "all",
            docker_roots=()) -> list[UnitView]:
-    follower = JournalFollower(JournalSelection(files=[str(path)], container_globs=containers, boot=boot,
-                                                docker_roots=docker_roots), max_units)
+    follower = LogFollower(LogSelection(files=[str(path)], container_globs=containers, boot=boot,
+                                        docker_roots=docker_roots), max_units,
+                           open_reader=open_journal, source="journal")
     follower.start()
     try:
         state = wait_for(lambda: (s := follower.state()).error is None and s, timeout=20)
@@ -175,7 +177,8 @@ def test_containers_beyond_max_units_are_dropped_and_counted(tmp_path):
     clock = Clock(random_boot_id())
     path = write_journal(tmp_path / "x.journal", [
         container_output(f"vllm-{n}", "vLLM API server version 0.24.0", clock.tick()) for n in range(5)])
-    follower = JournalFollower(JournalSelection(files=[str(path)], container_globs=CONTAINERS, boot="all"), 3)
+    follower = LogFollower(LogSelection(files=[str(path)], container_globs=CONTAINERS, boot="all"), 3,
+                           open_reader=open_journal, source="journal")
     follower.start()
     try:
         state = wait_for(lambda: (s := follower.state()).error is None and s)
@@ -302,8 +305,9 @@ def test_a_journald_docker_containers_end_is_seen_while_the_journal_is_quiet(tmp
     path, host, clock = silent_death_journal(tmp_path)
     chat = host.add("vllm-chat", log_driver="journald")
     chat.set_state(running=True, started_usec=clock.realtime_usec - 10_000_000)
-    follower = JournalFollower(JournalSelection(files=[str(path)], container_globs=CONTAINERS, boot="all",
-                                                docker_roots=(str(host.root),)), 64)
+    follower = LogFollower(LogSelection(files=[str(path)], container_globs=CONTAINERS, boot="all",
+                                        docker_roots=(str(host.root),)), 64,
+                           open_reader=open_journal, source="journal")
     follower.start()
     try:
         state = wait_for(lambda: (s := follower.state()).error is None and s, timeout=20)
@@ -352,8 +356,8 @@ def test_a_podman_container_that_dies_in_its_init_does_not_stay_initialising(tmp
 
 
 def line(message: str, run: str = "c1/e1", *, partial: bool = False, stream: str = "", at: int = 0,
-         unit: str = "docker/vllm") -> JournalEntry:
-    return JournalEntry(unit, at, None, "", message, False, "", None, "", run, partial, stream)
+         unit: str = "docker/vllm") -> LogEntry:
+    return LogEntry(unit, at, None, "", message, False, "", None, "", run, partial, stream)
 
 
 VERSION = "(APIServer pid=7) INFO 05-12 10:11:13 [api_server.py:1895] vLLM API server version 0.24.0"
@@ -402,7 +406,7 @@ def test_pieces_left_when_the_run_changes_are_passed_on_in_their_run():
 
 @pytest.mark.fast
 def test_units_entries_pass_through_unchanged():
-    entry = JournalEntry("vllm.service", 1, 1, "b" * 32, VERSION, False, "", 42, "i" * 32)
+    entry = LogEntry("vllm.service", 1, 1, "b" * 32, VERSION, False, "", 42, "i" * 32)
     assert list(ContainerRuns().lines([entry])) == [entry]
 
 

@@ -16,9 +16,10 @@ from journalgen import (Clock, JournalEntrySpec, append_journal, container_id, c
 from polling import wait_for
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.parsers.vllm import FailureReason
-from vllm_xpu_exporter.sources.journal import JournalReader, JournalSelection
+from vllm_xpu_exporter.sources.journal import JournalReader, open_journal
+from vllm_xpu_exporter.sources.logs.entry import LogSelection
 from vllm_xpu_exporter.sources.journal import trust
-from vllm_xpu_exporter.sources.journal.follower import JournalFollower, JournalState
+from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
 
 VERSION = "(APIServer pid=7) INFO 05-12 10:11:13 [api_server.py:1895] vLLM API server version 0.24.0"
 KV_TOO_SMALL = ("(EngineCore pid=9) ValueError: To serve at least one request with the model's max seq len "
@@ -36,8 +37,9 @@ def sent_by(spec: JournalEntrySpec, **fields) -> JournalEntrySpec:
                             tuple(replaced + list(fields.items())))
 
 
-def follow(path: Path, *, containers=("*vllm*",)) -> JournalState:
-    follower = JournalFollower(JournalSelection(files=[str(path)], container_globs=containers, boot="all"))
+def follow(path: Path, *, containers=("*vllm*",)) -> LogState:
+    follower = LogFollower(LogSelection(files=[str(path)], container_globs=containers, boot="all"),
+                           open_reader=open_journal, source="journal")
     follower.start()
     try:
         state = wait_for(lambda: (s := follower.state()).error is None and s, timeout=20)
@@ -47,7 +49,7 @@ def follow(path: Path, *, containers=("*vllm*",)) -> JournalState:
         follower.stop()
 
 
-def views_of(state: JournalState) -> dict[str, UnitView]:
+def views_of(state: LogState) -> dict[str, UnitView]:
     return {view.unit: view for view in state.views}
 
 
@@ -244,7 +246,7 @@ def test_a_flood_of_container_names_is_not_listed_and_no_real_containers_line_is
         *(sent_by(container_output(f"vllm-f{n}", VERSION, clock.tick()), **NOBODY) for n in range(20)),
         container_output("vllm-chat", VERSION, clock.tick()),
     ])
-    reader = JournalReader(JournalSelection(files=[str(path)], container_globs=("*vllm*",), boot="all"))
+    reader = JournalReader(LogSelection(files=[str(path)], container_globs=("*vllm*",), boot="all"))
     with reader:
         entries = []
         while batch := reader.read_available(1000):

@@ -19,9 +19,10 @@ import pytest
 from polling import wait_for
 from realsystemd import RealSystemd
 from vllm_xpu_exporter.parsers.vllm import FailureReason
-from vllm_xpu_exporter.sources.journal import JournalSelection
+from vllm_xpu_exporter.sources.journal import open_journal
+from vllm_xpu_exporter.sources.logs.entry import LogSelection
 from vllm_xpu_exporter.sources.journal import trust
-from vllm_xpu_exporter.sources.journal.follower import JournalFollower
+from vllm_xpu_exporter.sources.logs.follower import LogFollower
 
 VERSION = "(APIServer pid=7) INFO 05-12 10:11:13 [api_server.py:1895] vLLM API server version 0.24.0"
 KV_TOO_SMALL = ("(EngineCore pid=9) ValueError: To serve at least one request with the model's max seq len "
@@ -107,8 +108,9 @@ def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSystemd]:
 
 def fold(machine: RealSystemd):
     machine.sync_journal()
-    follower = JournalFollower(JournalSelection(directory=str(machine.journal_directory),
-                                                container_globs=("*vllm*",), boot="all"))
+    follower = LogFollower(LogSelection(directory=str(machine.journal_directory),
+                                        container_globs=("*vllm*",), boot="all"),
+                           open_reader=open_journal, source="journal")
     follower.start()
     try:
         state = wait_for(lambda: (s := follower.state()).error is None and s, timeout=30)

@@ -17,8 +17,11 @@ from prometheus_client.openmetrics.exposition import generate_latest as generate
 from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Sources
 from vllm_xpu_exporter.families import GaugeFamily
 from vllm_xpu_exporter.scrape import ExporterCollector
-from vllm_xpu_exporter.sources.journal.follower import STILL_READING
-from vllm_xpu_exporter.sources.levelzero.worker import JUST_INITIALISED, STILL_INITIALISING, LevelZeroUnavailable
+from vllm_xpu_exporter.collectors.journal import JournalCollector
+from vllm_xpu_exporter.nodatayet import NoDataYet
+from vllm_xpu_exporter.sources.logs.follower import LogState
+from vllm_xpu_exporter.sources.levelzero.worker import (JUST_INITIALISED, STILL_INITIALISING, LevelZeroStarting,
+                                                        LevelZeroUnavailable)
 from scrapes import parse_samples
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
@@ -169,9 +172,9 @@ class Raises(Collector):
 # What the journal collector raises during the follower's first read, and what the levelzero collector lets
 # through while the Level Zero child initialises.
 STARTING = {
-    "journal-first-read": CollectionError(STILL_READING),
-    "levelzero-initialising": LevelZeroUnavailable(STILL_INITIALISING),
-    "levelzero-just-initialised": LevelZeroUnavailable(JUST_INITIALISED),
+    "journal-first-read": NoDataYet("still reading the journal"),
+    "levelzero-initialising": LevelZeroStarting(STILL_INITIALISING),
+    "levelzero-just-initialised": LevelZeroStarting(JUST_INITIALISED),
 }
 
 
@@ -201,10 +204,62 @@ def test_a_failure_after_no_data_yet_warns_and_its_end_is_logged(caplog: pytest.
     with caplog.at_level(logging.DEBUG, logger="vllm_xpu_exporter.scrape"):
         assert scrapes(Raises("journal", [STARTING["journal-first-read"], failed, None]), 3) == [0, 0, 1]
     assert scrape_log(caplog) == [
-        (logging.INFO, f"collector journal has no data yet: {STILL_READING}"),
+        (logging.INFO, f"collector journal has no data yet: {STARTING['journal-first-read']}"),
         (logging.WARNING, f"collector journal failed: {failed}"),
         (logging.INFO, "collector journal works again"),
     ]
+
+
+@pytest.mark.parametrize("error", [CollectionError(str(error)) for error in STARTING.values()] +
+                         [LevelZeroUnavailable(STILL_INITIALISING)], ids=[*STARTING, "levelzero-unavailable"])
+def test_a_failure_that_says_what_no_data_yet_says_is_still_a_failure(
+        error: Exception, caplog: pytest.LogCaptureFixture) -> None:
+    """No data yet is the type a source raises (NoDataYet), not its words: the same words in a failure warn."""
+    with caplog.at_level(logging.DEBUG, logger="vllm_xpu_exporter.scrape"):
+        assert scrapes(Raises("source", [error]), 1) == [0]
+    assert scrape_log(caplog) == [(logging.WARNING, f"collector source failed: {error}")]
+
+
+def test_no_data_yet_with_a_sample_dropped_is_a_failure(caplog: pytest.LogCaptureFixture) -> None:
+    class StartingWithAnUnexposableSample(Collector):
+        name = "starting"
+
+        def collect(self, context: ScrapeContext) -> Iterator[Metric]:
+            yield from Yields("starting", [("a", math.nan)]).collect(context)
+            raise NoDataYet("still reading the journal")
+
+    with caplog.at_level(logging.DEBUG, logger="vllm_xpu_exporter.scrape"):
+        assert scrapes(StartingWithAnUnexposableSample(), 1) == [0]
+    assert [level for level, _ in scrape_log(caplog)] == [logging.WARNING]
+
+
+class Following:
+    """What the journal collector reads of a LogFollower: a state with this error."""
+
+    def __init__(self, error: str | NoDataYet | None) -> None:
+        self.error = error
+
+    def state(self) -> LogState:
+        return LogState(views=[], error=self.error, entries_read=0, dropped_units=0, watched_units=None,
+                        values_rejected=0)
+
+
+@pytest.mark.parametrize("journal, container_logs, expected", [
+    (NoDataYet("still reading the journal"), None, (NoDataYet, "still reading the journal")),
+    (None, NoDataYet("still reading the container logs"), (NoDataYet, "still reading the container logs")),
+    (NoDataYet("still reading the journal"), "container log directory /x does not exist",
+     (CollectionError, "container log directory /x does not exist")),
+    ("cannot open the journal", "still reading the container logs", (CollectionError,
+                                                                       "cannot open the journal; "
+                                                                       "still reading the container logs")),
+], ids=["journal-first-read", "container-logs-first-read", "a-failure-beside-a-first-read", "words-are-no-type"])
+def test_the_journal_collector_has_no_data_yet_only_while_its_sources_are_first_read_and_none_failed(
+        journal, container_logs, expected) -> None:
+    sources = Sources(journal=Following(journal),  # type: ignore[arg-type]
+                      container_logs=Following(container_logs))  # type: ignore[arg-type]
+    with pytest.raises(Exception) as raised:
+        list(JournalCollector().collect(ScrapeContext(sources)))
+    assert (type(raised.value), str(raised.value)) == expected
 
 
 def test_a_failure_at_the_first_scrape_is_still_a_warning(caplog: pytest.LogCaptureFixture) -> None:

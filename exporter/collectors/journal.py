@@ -1,10 +1,11 @@
 """Engine starts, failures and KV cache of the watched units and containers, from their journal and, with
 --logs.docker or --logs.pods, their containers' log files: the followers' states
-(vllm_xpu_exporter.sources.journal.follower) as metric families, one set for both sources."""
+(vllm_xpu_exporter.sources.logs.follower) as metric families, one set for both sources."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from copy import copy
 
 from prometheus_client.metrics_core import Metric
 
@@ -12,7 +13,8 @@ from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContex
 from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.sources.journal.trust import REJECTION_REASONS
-from vllm_xpu_exporter.sources.journal.follower import STILL_READING, STILL_READING_CONTAINER_LOGS, JournalState
+from vllm_xpu_exporter.nodatayet import NoDataYet
+from vllm_xpu_exporter.sources.logs.follower import LogState
 from vllm_xpu_exporter.parsers.vllm import FailureReason
 
 
@@ -55,8 +57,8 @@ class JournalCollector(Collector):
                             "or too long.", value=logs.unreadable if logs is not None else 0)
         yield from unit_metrics(context.engine_views())
         error = collection_error(states)
-        if error:
-            raise CollectionError(error)
+        if error is not None:
+            raise error
 
 
 @register("journal", "vLLM engine starts, failures and KV cache from the journal", needs=[Source.JOURNAL])
@@ -64,13 +66,15 @@ def _journal_collector(options: None, sources: Sources) -> JournalCollector:
     return JournalCollector()
 
 
-def collection_error(states: list[JournalState]) -> str | None:
-    """Why the sources cannot be read now: the failures, else that one is still being read; None when all work."""
+def collection_error(states: list[LogState]) -> CollectionError | NoDataYet | None:
+    """What the collector raises when its sources cannot be read now: their failures, else that one is still
+    being read (a copy of its NoDataYet: the state's own would gather a traceback at each raise); None when all
+    work."""
     errors = [state.error for state in states if state.error]
-    failures = [error for error in errors if error not in (STILL_READING, STILL_READING_CONTAINER_LOGS)]
+    failures = [str(error) for error in errors if not isinstance(error, NoDataYet)]
     if failures:
-        return "; ".join(failures)
-    return errors[0] if errors else None
+        return CollectionError("; ".join(failures))
+    return copy(errors[0]) if errors else None
 
 
 def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:

@@ -7,5 +7,5 @@ it knows neither how the entries are read nor how its state becomes metrics.
   ``vllm_xpu_exporter.parsers.vllm``, the init gate's lines, parsed by ``vllm_xpu_exporter.parsers.gate``, and PID 1's
   records about them) into each unit's engine starts, failures by reason, overlaps, KV-cache figures,
   gate decisions, and which units are initialising now (the gate ``vllm_xpu_exporter.gate`` reads that). The journal follower
-  (``vllm_xpu_exporter.sources.journal.follower``) feeds it; the journal and processes collectors read it.
+  (``vllm_xpu_exporter.sources.logs.follower``) feeds it; the journal and processes collectors read it.
 """

@@ -39,7 +39,7 @@ DEFAULT_MAX_LINE_CHARS = 64 * 1024
 
 
 class ContainerLine(Protocol):
-    """What the stage reads of an entry (vllm_xpu_exporter.sources.journal.JournalEntry has it; a dataclass, so
+    """What the stage reads of an entry (vllm_xpu_exporter.sources.logs.entry.LogEntry has it; a dataclass, so
     `dataclasses.replace` makes the entry handed on)."""
 
     unit: str

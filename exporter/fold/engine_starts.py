@@ -124,7 +124,7 @@ class Outcome(StrEnum):
 
 
 class Entry(Protocol):
-    """What the fold needs of a journal entry (vllm_xpu_exporter.sources.journal.JournalEntry has it)."""
+    """What the fold needs of a log entry (vllm_xpu_exporter.sources.logs.entry.LogEntry has it)."""
 
     unit: str
     realtime_usec: int

@@ -8,7 +8,7 @@ Two commands of one console script:
     vllm-xpu-gate wait    the client: a vLLM unit's last ExecStartPre=, as the unit's own user
 
 The service follows the journal once through the same follower and fold as the exporter
-(`JournalFollower` over `vllm_xpu_exporter.fold.engine_starts`), reads Level Zero in a child
+(`LogFollower` over `vllm_xpu_exporter.fold.engine_starts`), reads Level Zero in a child
 (`LevelZeroWorker`), and answers the clients on a Unix socket; it knows the caller's unit from the
 kernel (SO_PEERCRED, then the caller's cgroup), never from the client.
 

@@ -178,7 +178,7 @@ def usage_error(message: str) -> int:
 
 def serve(argv: Sequence[str]) -> int:
     from vllm_xpu_exporter.gate.service import Service, listening_socket
-    from vllm_xpu_exporter.sources.journal.reader import read_own_service_unit
+    from vllm_xpu_exporter.sources.journal.host import read_own_service_unit
     options = parse_service_options(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s", force=True)
     own_unit = read_own_service_unit()

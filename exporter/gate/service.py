@@ -32,8 +32,10 @@ from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.decision import HOST, Admission, Decision, Lease, decide, lease_over, waiting_invocation
 from vllm_xpu_exporter.sources import procfs
-from vllm_xpu_exporter.sources.journal import JournalSelection
-from vllm_xpu_exporter.sources.journal.follower import STILL_READING, JournalFollower, JournalState
+from vllm_xpu_exporter.sources.journal import open_journal
+from vllm_xpu_exporter.sources.logs.entry import LogSelection
+from vllm_xpu_exporter.nodatayet import NoDataYet
+from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState
 
 log = logging.getLogger("vllm_xpu_exporter.gate")
@@ -49,7 +51,7 @@ STARTING_POLL_S = 0.02  # how often waiting units are decided again while the jo
 @dataclass(frozen=True)
 class ServiceOptions:
     listen: str | None  # a path to bind; None: the socket systemd passes (socket activation)
-    selection: JournalSelection
+    selection: LogSelection
     journal_max_units: int
     levelzero_library: str
     levelzero_timeout: float
@@ -166,7 +168,8 @@ class Service:
         self.options = options
         self.clock = clock
         self.began = clock()
-        self.journal = JournalFollower(options.selection, options.journal_max_units, latest_invocations=True)
+        self.journal = LogFollower(options.selection, options.journal_max_units, open_reader=open_journal,
+                                   source="journal", latest_invocations=True)
         self.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout, telemetry=False)
         self.leases: dict[tuple[str, str], Lease] = {}  # (device or HOST, unit) -> the unit's latest release there
         self.waiting: list[Waiter] = []  # decider thread only
@@ -323,7 +326,7 @@ class Service:
             return
         state = self.journal.state()
         memory = self._memory()
-        self._sources_starting = state.error == STILL_READING or memory is None
+        self._sources_starting = isinstance(state.error, NoDataYet) or memory is None
         self._end_leases(state)
         for waiter in list(self.waiting):
             if waiter.gone():
@@ -343,7 +346,7 @@ class Service:
                 return None
             return str(error)
 
-    def _end_leases(self, state: JournalState) -> None:
+    def _end_leases(self, state: LogState) -> None:
         now_usec = time.time_ns() // 1000
         views = {view.unit: view for view in state.views} if state.error is None else {}
         for key, lease in list(self.leases.items()):
@@ -353,14 +356,14 @@ class Service:
                 log.info("%s's lease on %s ended: %s", lease.unit, lease.device, ended)
                 del self.leases[key]
 
-    def _decide_for(self, waiter: Waiter, state: JournalState, memory: list[DeviceMemory] | str | None
+    def _decide_for(self, waiter: Waiter, state: LogState, memory: list[DeviceMemory] | str | None
                     ) -> int | None:
         """Answer the waiter (its exit status) or tell it what it waits for (None)."""
         request = waiter.request
-        if state.error is not None and state.error != STILL_READING:
+        if state.error is not None and not isinstance(state.error, NoDataYet):
             return self._release(waiter, None, f"cannot read the journal ({state.error}): releasing at once")
-        if state.error == STILL_READING or memory is None:
-            waiting_on = "the journal to be read" if state.error == STILL_READING else "Level Zero to start"
+        if isinstance(state.error, NoDataYet) or memory is None:
+            waiting_on = "the journal to be read" if isinstance(state.error, NoDataYet) else "Level Zero to start"
             if self.clock() >= waiter.deadline:
                 return self._time_out(waiter, None)
             return None if waiter.say_once(f"{gate_lines.PREFIX}waiting for {waiting_on}") else EXIT_USAGE

@@ -1,11 +1,11 @@
 """Containers' log files as a source of what their engines printed: Docker's `json-file` logs and the CRI
-log files of the kubelet's pods, read-only, caught up then followed, as journal entries for the same fold.
+log files of the kubelet's pods, read-only, caught up then followed, as log entries for the same fold.
 
 Usable alone from a Python shell::
 
     >>> from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
-    >>> from vllm_xpu_exporter.sources.journal import JournalSelection
-    >>> selection = JournalSelection(container_globs=["*vllm*"], boot="all")
+    >>> from vllm_xpu_exporter.sources.logs.entry import LogSelection
+    >>> selection = LogSelection(container_globs=["*vllm*"], boot="all")
     >>> with ContainerLogReader(selection, LogDirectories(docker_roots=("/var/lib/docker",))) as reader:
     ...     for entry in reader.read_available(100):
     ...         print(entry.unit, entry.message)
@@ -20,10 +20,10 @@ Where the files are
     kubelet rotates `<n>.log` to `<n>.log.<YYYYmmdd-HHMMSS>` and gzips the older rotated files to `.gz`
     at its next rotation. Key `k8s/<namespace>/<pod>/<container>`.
     A container is watched when the selection's container globs match it
-    (`JournalSelection.matches_container`: its name, or its key for a glob with `/`).
+    (`LogSelection.matches_container`: its name, or its key for a glob with `/`).
 
 What an entry is
-    One record (`vllm_xpu_exporter.parsers.containerlogs`): `JournalEntry` with the container's key as `unit`, the
+    One record (`vllm_xpu_exporter.parsers.containerlogs`): `LogEntry` with the container's key as `unit`, the
     record's own time as `realtime_usec` (the engine's clock, not journald's), its stream, the `partial`
     flag of a piece (a json-file `log` without its newline, a CRI `P`), and as `container_run` the
     container's id (Docker: a restart of the same container keeps its id and its file, and vLLM's first line
@@ -84,7 +84,7 @@ from vllm_xpu_exporter.parsers.containerlogs import MAX_TEXT_CHARS, LogRecord, p
 from vllm_xpu_exporter.parsers.workloads import kubernetes_key, uid_of_identity, user_suffix
 from vllm_xpu_exporter.sources.containers import MAX_DOCKER_CONFIG_BYTES, DockerEnd, docker_names
 from vllm_xpu_exporter.sources.containers import read_small as _read_small
-from vllm_xpu_exporter.sources.journal.reader import JournalEntry, JournalSelection, container_end
+from vllm_xpu_exporter.sources.logs.entry import DEFAULT_BATCH, LogEntry, LogSelection, container_end
 
 log = logging.getLogger("vllm_xpu_exporter.containerlogs")
 
@@ -390,15 +390,15 @@ class _Container:
     directory: str  # gone: the container is
     streams: dict[str, _Stream] = field(default_factory=dict)  # by live path
     vanished_at: float | None = None
-    catching_up: Iterator[JournalEntry] | None = None  # found while following: its history, a budget a poll
+    catching_up: Iterator[LogEntry] | None = None  # found while following: its history, a budget a poll
 
 
 class ContainerLogReader:
-    """Reads the watched containers' log files (`LogDirectories`) as `JournalEntry`s: catches up, then
-    follows. The interface of `JournalReader` that the journal follower uses: open/close, `wait`,
+    """Reads the watched containers' log files (`LogDirectories`) as `LogEntry`s: catches up, then
+    follows. The interface `LogFollower` uses (`vllm_xpu_exporter.sources.logs.follower`): open/close, `wait`,
     `read_available`, `unreadable_entries`/`last_unreadable`; `admit(key)` and `forget(key)` as above."""
 
-    def __init__(self, selection: JournalSelection, directories: LogDirectories, *,
+    def __init__(self, selection: LogSelection, directories: LogDirectories, *,
                  admit: Callable[[str], bool] | None = None, forget: Callable[[str], None] | None = None,
                  max_message_chars: int = MAX_TEXT_CHARS, poll_seconds: float = POLL_SECONDS,
                  discover_seconds: float = DISCOVER_SECONDS,
@@ -419,8 +419,8 @@ class ContainerLogReader:
         self._since_usec = 0
         self._is_open = False
         self._caught_up = False
-        self._catching_up: Iterator[JournalEntry] | None = None
-        self._pending: deque[JournalEntry] = deque()
+        self._catching_up: Iterator[LogEntry] | None = None
+        self._pending: deque[LogEntry] = deque()
         self._next_poll = 0.0
         self._next_discovery = 0.0
         self._behind = False  # the last poll left records to read now
@@ -486,11 +486,11 @@ class ContainerLogReader:
             time.sleep(remaining)
         return True
 
-    def read_available(self, max_entries: int = 4096) -> list[JournalEntry]:
+    def read_available(self, max_entries: int = DEFAULT_BATCH) -> list[LogEntry]:
         """Up to `max_entries` records there are now, without waiting."""
         if not self._is_open:
             raise RuntimeError("ContainerLogReader is not open")
-        out: list[JournalEntry] = []
+        out: list[LogEntry] = []
         if not self._caught_up:
             if self._catching_up is None:
                 self._catching_up = heapq.merge(*(self._catch_up(c) for c in list(self._containers.values())),
@@ -540,7 +540,7 @@ class ContainerLogReader:
         self._pending.extend(heapq.merge(*batches, key=_time))
         self._forget_vanished(now)
 
-    def _catch_up(self, container: _Container) -> Iterator[JournalEntry]:
+    def _catch_up(self, container: _Container) -> Iterator[LogEntry]:
         for stream in sorted(container.streams.values(), key=lambda s: s.order):
             yield from self._entries(container, stream, stream.file.catch_up())
             ended = self._ended(container, stream)
@@ -548,12 +548,12 @@ class ContainerLogReader:
                 yield ended
         self._report(container)
 
-    def _followed(self, container: _Container, budget: list[int]) -> list[JournalEntry]:
+    def _followed(self, container: _Container, budget: list[int]) -> list[LogEntry]:
         """What the container's files have new, as far as `budget` (bytes left for this poll, spent here) and
         FILE_POLL_BYTES a file allow; a file gone for good (the container's directory is gone, or
         a later file of the container's exists: the kubelet removed an old restart's) is read to its end and
         closed."""
-        entries: list[JournalEntry] = []
+        entries: list[LogEntry] = []
         streams = sorted(container.streams.values(), key=lambda s: s.order)
         for index, stream in enumerate(streams):
             if stream.polling is None:
@@ -580,7 +580,7 @@ class ContainerLogReader:
         self._report(container)
         return entries
 
-    def _ended(self, container: _Container, stream: _Stream) -> JournalEntry | None:
+    def _ended(self, container: _Container, stream: _Stream) -> LogEntry | None:
         """A Docker container's end as systemd would record a unit's (its main process exited, or it was
         stopped), once, when its config.v2.json says it is not running: so a run that died without a
         cause vLLM printed counts as failed (`other`), and one `docker stop` ended during its init as
@@ -590,7 +590,7 @@ class ContainerLogReader:
         ended = stream.end.ended(self._since_usec)
         return None if ended is None else container_end(container.key, ended, stream.run)
 
-    def _entries(self, container: _Container, stream: _Stream, lines: Iterable[bytes]) -> Iterator[JournalEntry]:
+    def _entries(self, container: _Container, stream: _Stream, lines: Iterable[bytes]) -> Iterator[LogEntry]:
         parse, since, key, run, cap = stream.parse, self._since_usec, container.key, stream.run, self.max_message_chars
         for line in lines:
             record = parse(line, cap)
@@ -601,8 +601,8 @@ class ContainerLogReader:
                 continue
             if record.realtime_usec < since:
                 continue
-            yield JournalEntry(key, record.realtime_usec, None, "", record.text, False, "", None, "", run,
-                               record.partial, record.stream)
+            yield LogEntry(key, record.realtime_usec, None, "", record.text, False, "", None, "", run,
+                           record.partial, record.stream)
 
     def _report(self, container: _Container) -> None:
         for stream in container.streams.values():
@@ -760,7 +760,7 @@ def _take_lines(lines: Iterator[bytes], budget: int) -> tuple[list[bytes], bool]
     return taken, False
 
 
-def _take_entries(entries: Iterator[JournalEntry], budget: int) -> _Taken:
+def _take_entries(entries: Iterator[LogEntry], budget: int) -> _Taken:
     """Entries of `entries` until `budget` characters of text are taken; `.done` when it is exhausted."""
     taken = _Taken()
     while budget > 0:
@@ -777,7 +777,7 @@ def partial(function: Callable[[str], list[str]], live: str) -> Callable[[], lis
     return lambda: function(live)
 
 
-def _time(entry: JournalEntry) -> int:
+def _time(entry: LogEntry) -> int:
     return entry.realtime_usec
 
 

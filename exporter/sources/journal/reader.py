@@ -2,8 +2,9 @@
 
 Usable alone from a Python shell::
 
-    >>> from vllm_xpu_exporter.sources.journal import JournalReader, JournalSelection
-    >>> with JournalReader(JournalSelection(unit_globs=["vllm*.service"], boot="all")) as reader:
+    >>> from vllm_xpu_exporter.sources.journal import JournalReader
+    >>> from vllm_xpu_exporter.sources.logs.entry import LogSelection
+    >>> with JournalReader(LogSelection(unit_globs=["vllm*.service"], boot="all")) as reader:
     ...     for entry in reader.read_available(100):
     ...         print(entry.unit, entry.message)
 
@@ -15,7 +16,7 @@ scheduled, stop). User-manager records (``USER_UNIT=``) are not selected: only s
 
 Containers that log to the journal (Docker's and Podman's ``journald`` log driver) are selected by
 name: the entries whose ``CONTAINER_NAME`` matches one of the container globs (``container_globs``,
-none by default; see ``JournalSelection.matches_container``), unless their ``_SYSTEMD_UNIT`` is a
+none by default; see ``LogSelection.matches_container``), unless their ``_SYSTEMD_UNIT`` is a
 watched unit (a Podman quadlet container's conmon runs in its ``.service``, which keeps them). Such an
 entry is believed only when the fields journald adds say its engine wrote it (``trust``: dockerd as root in
 docker.service, conmon as root or as a rootless user); it then belongs to the container's key
@@ -27,7 +28,7 @@ a unit's start. Any other entry naming a watched container is ignored and counte
 
 A Docker container's end is not in the journal: with ``docker_roots`` (``--path.docker``) the reader reads
 it from the container's ``config.v2.json`` (``CONTAINER_ID_FULL``), as the json-file source does, and hands
-it on among the entries as systemd's record of a unit's end (``container_end``; ``_with_docker_ends``).
+it on among the entries as systemd's record of a unit's end (``container_ends``).
 
 All of these are sd-journal matches, so libsystemd walks its per-value entry indexes instead of every entry.
 
@@ -39,24 +40,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fnmatch
 import os
-import re
-import stat
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Callable
+from functools import partial
 from types import TracebackType
 
-from vllm_xpu_exporter.parsers.cgroup import unit_of_cgroup_file
-from vllm_xpu_exporter.parsers.containerlogs import DockerExit
-from vllm_xpu_exporter.parsers.workloads import docker_key, name_of_key, podman_key
-from vllm_xpu_exporter.sources.containers import DockerEnd
-from vllm_xpu_exporter.sources.journal.trust import (REJECTED_CONTAINER_SENDER, REJECTED_PODMAN_EVENT, conmon_uid,
-                                                     is_dockerd)
-from vllm_xpu_exporter.sources.journal.trust import podman_uid as podman_uid_of
 from vllm_xpu_exporter.sources.journal.binding import (
     LIBSYSTEMD,
     SD_JOURNAL_LOCAL_ONLY,
@@ -65,283 +55,34 @@ from vllm_xpu_exporter.sources.journal.binding import (
     JournalError,
     LibSystemd,
 )
-from vllm_xpu_exporter.systemd import MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_STOPPING
+from vllm_xpu_exporter.sources.journal.container_ends import ContainerEnds
+from vllm_xpu_exporter.sources.journal.decoder import FIELD_MESSAGE, Decoder, make_decoder
+from vllm_xpu_exporter.sources.journal.files import (SYSTEM_JOURNAL_DIRECTORIES, check_readable_directory,
+                                                     check_readable_file, libc_madvise, release_journal_pages)
+from vllm_xpu_exporter.sources.journal.host import BOOT_ID_PATH, current_boot_id
+from vllm_xpu_exporter.sources.journal.invocations import MAX_INVOCATIONS_BACK, InvocationWalk
+from vllm_xpu_exporter.sources.journal.matches import GlobbedNames, apply_matches, query_watched_units
+from vllm_xpu_exporter.sources.journal.position import entries_before, position_cursor, resume_at
+from vllm_xpu_exporter.sources.logs.entry import DEFAULT_BATCH, LogEntry, LogSelection
 
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-OWN_CGROUP_PATH = "/proc/self/cgroup"
-DEFAULT_UNIT_GLOBS = ("vllm*.service",)
-DEFAULT_CONTAINER_GLOBS = ("*vllm*",)
-"""The exporter's default container globs (``--journal.containers``); a ``JournalSelection`` has none unless given."""
-SYSTEM_JOURNAL_DIRECTORIES = ("/run/log/journal", "/var/log/journal")
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
-DEFAULT_BATCH = 4096
-MAX_INVOCATIONS_BACK = 8
-DOCKER_END_SECONDS = 1.0
-"""How often, at most, the reader looks at its Docker containers' ``config.v2.json`` for their end."""
-"""``JournalReader.read_latest_invocations`` reads at most this many of a unit's latest invocations."""
-
-_HEX32 = re.compile(r"[0-9a-f]{32}")
-_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
-_FIELD_SYSTEMD_UNIT = b"_SYSTEMD_UNIT"
-_FIELD_UNIT = b"UNIT"
-_FIELD_MESSAGE = b"MESSAGE"
-_FIELD_PID = b"_PID"
-_FIELD_INVOCATION_ID = b"INVOCATION_ID"
-_FIELD_SYSTEMD_INVOCATION_ID = b"_SYSTEMD_INVOCATION_ID"
-_FIELD_CONTAINER_NAME = b"CONTAINER_NAME"
-_FIELD_PODMAN_EVENT = b"PODMAN_EVENT"
-_FIELD_PODMAN_NAME = b"PODMAN_NAME"
-PODMAN_DIED = b"died"
-"""``PODMAN_EVENT`` of Podman's event of a container's process ending (its events logger ``journald``, the
-default on systemd hosts: ``SYSLOG_IDENTIFIER=podman``, ``PODMAN_TYPE=container``, ``PODMAN_NAME``,
-``PODMAN_ID``, ``PODMAN_EXIT_CODE`` unless 0)."""
-_DIED_RUN = "\0died:"  # the run of a decoded Podman "died" event until _with_container_ends names its run
 
 
-@dataclass(frozen=True, slots=True)
-class JournalEntry:
-    """One journal entry of a watched unit: what the unit printed, or PID 1's record about it.
-
-    No cursor: formatting one costs as much as reading the entry, and the consumer re-reads
-    the selected boot on start instead of resuming.
-    """
-
-    unit: str
-    """The watched unit the entry belongs to (``_SYSTEMD_UNIT``, or ``UNIT`` of a PID-1 record)."""
-    realtime_usec: int
-    monotonic_usec: int | None
-    boot_id: str
-    """32 lower-case hex digits."""
-    message: str
-    """MESSAGE as UTF-8 (undecodable bytes replaced), at most the reader's max_message_bytes; '' if absent."""
-    from_systemd: bool
-    """True for PID 1's records about the unit (``_PID=1``, ``UNIT=<unit>``)."""
-    message_id: str
-    """MESSAGE_ID, or '' if absent."""
-    pid: int | None
-    invocation_id: str = ""
-    """The start's invocation id: ``_SYSTEMD_INVOCATION_ID`` of the unit's output, ``INVOCATION_ID`` of
-    PID 1's records (32 hex digits); '' if absent, and for a container's line until
-    ``vllm_xpu_exporter.fold.container_runs.ContainerRuns`` gives it its run's."""
-    container_run: str = ""
-    """A container's line (``unit`` is its key, with a ``/``): what the source knows of the container's
-    run: its id (``CONTAINER_ID_FULL``), with Docker's ``CONTAINER_LOG_EPOCH`` (one per start of the
-    container) or the pid of Podman's conmon (one per start); '' for a unit's entry. ``pid`` is then
-    None: the entry's ``_PID`` is dockerd's or conmon's."""
-    partial: bool = False
-    """The line goes on in the container's next line (``CONTAINER_PARTIAL_MESSAGE=true``: the log driver
-    cut a long line)."""
-    stream: str = ""
-    """Which output of the container the line is from, where the source says (``stdout``, ``stderr``)."""
-
-
-def container_end(key: str, ended: DockerExit, run: str) -> JournalEntry:
-    """A Docker container's end (``vllm_xpu_exporter.sources.containers.DockerEnd``) as systemd records a unit's: its
-    main process exited (``other`` unless a cause comes within the grace), or it was stopped (``docker
-    stop``: nothing counts), in the container's run ``run``. Both sources of a Docker container's lines hand
-    it on so: its json-file log and the journal."""
-    message_id = MESSAGE_ID_UNIT_STOPPING if ended.stopped else MESSAGE_ID_UNIT_PROCESS_EXIT
-    return JournalEntry(key, ended.realtime_usec, None, "", "", True, message_id, None, "", run)
-
-
-@dataclass
-class _DockerRun:
-    """A Docker container of the journal (``docker/<name>``): its latest run and where its end is read."""
-
-    run: str
-    container_id: str
-    since_usec: int  # the run's first entry: an end before it is an older run's
-    end: DockerEnd
-
-
-Decoder = Callable[[dict[bytes, str], dict[bytes, str]], "JournalEntry | None"]
-"""Reads the current entry: (watched units, watched container names) -> the entry, or None."""
-
-
-class _UnreadableField(Exception):
-    def __init__(self, result: int) -> None:
-        super().__init__(result)
-        self.result = result
-
-
-class _GlobbedNames(dict):
-    """The ``CONTAINER_NAME`` values the container globs may match, decided one value at a time as entries are
-    read (a bounded cache of the answers), once the journal holds more than ``CONTAINER_NAMES_MAX`` of them:
-    a flood of names (anyone can write one) then costs neither memory nor sd-journal matches, and no entry
-    of a name met later is missed (the reader reads the boot's entries and filters them itself)."""
-
-    MAX_CACHED = 4096
-
-    def __init__(self, matches: Callable[[str], bool]) -> None:
-        super().__init__()
-        self._matches = matches
-        self._not_matching: set[bytes] = set()
-
-    def get(self, raw: bytes, default: str | None = None) -> str | None:  # type: ignore[override]
-        name = dict.get(self, raw)
-        if name is not None or raw in self._not_matching:
-            return name if name is not None else default
-        decoded = raw.decode("utf-8", "replace")
-        if len(self) >= self.MAX_CACHED or len(self._not_matching) >= self.MAX_CACHED:
-            self.clear()
-            self._not_matching.clear()
-        if self._matches(decoded):
-            self[raw] = decoded
-            return decoded
-        self._not_matching.add(raw)
-        return default
-
-    def __len__(self) -> int:  # always more than sd-journal's matches take: the decoder filters
-        return 1 << 30
-
-    def __contains__(self, raw: object) -> bool:
-        return isinstance(raw, bytes) and self.get(raw) is not None
-
-
-@dataclass(frozen=True, slots=True)
-class JournalSelection:
-    """Which journal to read and which of its entries.
-
-    - ``directory``: read the journal files in this directory (and its machine-id subdirectories),
-      e.g. a host's ``/var/log/journal`` mounted into a container.
-    - ``files``: read exactly these journal files (exclusive with ``directory``).
-    - neither: the local system journal (``SD_JOURNAL_LOCAL_ONLY | SD_JOURNAL_SYSTEM``).
-    - ``unit_globs``: shell globs of the watched units' names.
-    - ``container_globs``: shell globs of the watched containers (``matches_container``); none by default.
-    - ``excluded_units``: units never watched, whatever the globs say: the exporter's own unit
-      (``own_service_unit``), which the default glob ``vllm*.service`` matches.
-    - ``boot``: ``"current"`` (this kernel's boot id), ``"all"``, or a boot id (32 hex digits or
-      the dashed UUID form; normalised to 32 lower-case hex digits).
-    - ``engine_grace_usec``: how long a start of a watched unit not known to run vLLM is taken as a
-      possible engine init (``vllm_xpu_exporter.fold.engine_starts``; ``--journal.engine-grace``); None: the
-      fold's default. The reader does not use it; the journal follower folds the selected entries with it.
-    - ``docker_roots``: Docker data roots (``--path.docker``) whose ``containers/<id>/config.v2.json`` says
-      when a watched Docker container of the journal ended (``JournalReader``: its end); none: not read.
-    """
-
-    directory: str | None = None
-    files: Sequence[str] = ()
-    unit_globs: Sequence[str] = DEFAULT_UNIT_GLOBS
-    boot: str = "current"
-    container_globs: Sequence[str] = ()
-    excluded_units: Sequence[str] = ()
-    engine_grace_usec: int | None = None
-    docker_roots: Sequence[str] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "files", tuple(self.files))
-        object.__setattr__(self, "docker_roots", tuple(self.docker_roots))
-        object.__setattr__(self, "unit_globs", tuple(self.unit_globs))
-        object.__setattr__(self, "container_globs", tuple(self.container_globs))
-        if any(not glob for glob in self.container_globs):
-            raise ValueError("a container glob is empty")
-        object.__setattr__(self, "excluded_units", frozenset(self.excluded_units))
-        if self.directory is not None and self.files:
-            raise ValueError("a journal directory and journal files cannot both be given")
-        if not self.unit_globs or any(not glob for glob in self.unit_globs):
-            raise ValueError("at least one non-empty unit glob is needed")
-        object.__setattr__(self, "boot", normalize_boot(self.boot))
-
-    def matches_unit(self, unit: str) -> bool:
-        """Whether a unit is watched; for a container's key (``docker/<name>``, ``podman/<name>``,
-        ``k8s/<namespace>/<pod>/<container>``: a unit name never has a ``/``), ``matches_container``."""
-        if "/" in unit:
-            return self.matches_container(unit, name_of_key(unit))
-        return unit not in self.excluded_units and any(fnmatch.fnmatchcase(unit, glob) for glob in self.unit_globs)
-
-    def matches_container(self, key: str, name: str) -> bool:
-        """Whether a container is watched: a glob without ``/`` is matched against its name (Docker's or
-        Podman's container name; a pod's container name), one with ``/`` against its key
-        (``k8s/inference/*/vllm``, ``docker/*``)."""
-        return any(fnmatch.fnmatchcase(key if "/" in glob else name, glob) for glob in self.container_globs)
-
-    def may_match_container_name(self, name: str) -> bool:
-        """Whether a ``CONTAINER_NAME`` in the journal may be a watched container's, Docker's or Podman's."""
-        return any(fnmatch.fnmatchcase(name, glob) if "/" not in glob else
-                   fnmatch.fnmatchcase(f"docker/{name}", glob) or fnmatch.fnmatchcase(f"podman/{name}", glob)
-                   for glob in self.container_globs)
-
-
-def own_service_unit(cgroup_file_text: str) -> str | None:
-    """The service unit a process runs in, from the text of its ``/proc/self/cgroup`` (cgroup v1 or v2;
-    inside a cgroup namespace the path may begin with ``..``: ``0::/../system.slice/x.service``); None
-    when it runs in no service (a login session's scope, a container's own cgroup, the root)."""
-    unit = unit_of_cgroup_file(cgroup_file_text)
-    return unit if unit is not None and unit.endswith(".service") else None
-
-
-def read_own_service_unit(path: str = OWN_CGROUP_PATH) -> str | None:
-    """``own_service_unit`` of this process; None also when its cgroup file cannot be read."""
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return None
-    return own_service_unit(text)
-
-
-def normalize_boot(boot: str) -> str:
-    """``"current"``, ``"all"`` or a boot id as 32 lower-case hex digits; ValueError otherwise."""
-    text = boot.strip().lower()
-    if text in ("current", "all"):
-        return text
-    compact = text.replace("-", "") if _is_dashed_uuid(text) else text
-    if not _HEX32.fullmatch(compact):
-        raise ValueError(f"invalid boot {boot!r}: want 'current', 'all' or a 32-hex-digit boot id")
-    return compact
-
-
-def _is_dashed_uuid(text: str) -> bool:
-    return [len(part) for part in text.split("-")] == [8, 4, 4, 4, 12]
-
-
-def current_boot_id(path: str = BOOT_ID_PATH) -> str:
-    """The running kernel's boot id as 32 lower-case hex digits."""
-    return normalize_boot(Path(path).read_text().strip())
-
-
-MADV_DONTNEED = 4
-_JOURNAL_MAPPING = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) r--s .*\.journal~?(?: \(deleted\))?$", re.MULTILINE)
-
-
-def libc_madvise() -> Callable[[int, int, int], int]:
-    """libc's madvise(2): 0, or -1 with errno set."""
-    madvise = ctypes.CDLL(None, use_errno=True).madvise
-    madvise.restype = ctypes.c_int
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    return madvise
-
-
-def release_journal_pages(madvise: Callable[[int, int, int], int], maps_path: str = "/proc/self/maps") -> int:
-    """Drop the resident pages of this process's read-only journal file mappings; bytes released.
-
-    sd-journal maps journal files in 8 MiB windows and keeps up to 64 of them mapped, so after
-    a catch-up every page it touched (hundreds of MiB for a big journal) counts in the reader's
-    RSS although it is only page cache. MADV_DONTNEED on a shared read-only file mapping only
-    unmaps the pages from this process: the mapping stays valid and the next access faults the
-    (current) page back in from the page cache. The file data is never changed or lost.
-    """
-    try:
-        with open(maps_path, "rb") as maps:
-            text = maps.read()
-    except OSError:
-        return 0
-    released = 0
-    for match in _JOURNAL_MAPPING.finditer(text):
-        start, end = int(match.group(1), 16), int(match.group(2), 16)
-        if madvise(start, end - start, MADV_DONTNEED) == 0:
-            released += end - start
-    return released
+def open_journal(selection: LogSelection, admit: Callable[[str, int | None], bool],
+                 forget: Callable[[str], None]) -> JournalReader:
+    """The journal's reader for a ``LogFollower`` (its ``open_reader``); the journal forgets no unit."""
+    return JournalReader(selection, admit=admit)
 
 
 class JournalReader:
-    """Reads the selected units' entries from the journal: catches up, then follows.
+    """Reads the selected units' and containers' entries from the journal: catches up, then follows.
 
     ``open()`` positions before the first selected entry; ``read_available()`` returns what is
     there now, in journal order; ``wait()`` blocks until the journal changes. The consumer
     re-reads the selected boot on start, so no cursor is kept across runs.
 
     Single-threaded: an sd_journal handle must only ever be used from one thread. Create, use
-    and close a reader in the same thread (the journal follower runs it in its own thread).
+    and close a reader in the same thread (a ``LogFollower`` runs it in its own thread).
 
     Units that appear after ``open()``
         Watched unit names are found with ``sd_journal_query_unique`` on ``_SYSTEMD_UNIT`` and
@@ -380,7 +121,7 @@ class JournalReader:
         ``admit``, when given, is asked (with the entry's realtime timestamp) once per watched unit,
         when the reader first meets one of its entries (in journal order); a unit it refuses is skipped
         (its entries are not decoded nor returned) for the rest of the batch, at most ``ADMIT_AGAIN_USEC``
-        of journal time, then asked again. That is how a consumer's cap on the number of units (the journal
+        of journal time, then asked again. That is how a consumer's cap on the number of units (the
         follower's ``--journal.max-units``) costs nothing for the units beyond it.
 
     Starting at the latest invocations
@@ -402,15 +143,15 @@ class JournalReader:
     ADMIT_AGAIN_USEC = 60_000_000
     """A refused unit's entries are skipped without asking ``admit`` again for at most this long (journal time)."""
     MATCHED_UNITS_MAX = 64
+    """Up to this many watched units are sd-journal matches; beyond it the reader filters the boot's entries."""
     CONTAINER_NAMES_MAX = 256
-    """Beyond this many container names the globs may match, the names are not listed: ``_GlobbedNames``."""
+    """Beyond this many container names the globs may match, the names are not listed: ``GlobbedNames``."""
     UNIT_QUERY_SHARE = 0.01
     """At most this share of the time goes to looking for new units while following."""
-    """Up to this many watched units are sd-journal matches; beyond it the reader filters the boot's entries."""
 
     def __init__(
         self,
-        selection: JournalSelection,
+        selection: LogSelection,
         *,
         library: str = LIBSYSTEMD,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
@@ -457,17 +198,11 @@ class JournalReader:
         """The handle is on a selected entry that has not been returned yet."""
         self._more_pending = True
         """Entries may be readable without waiting (a batch stopped at max_entries, or just opened)."""
-        self._backlog: deque[JournalEntry] = deque()
-        self._last_forward: JournalEntry | None = None
+        self._backlog: deque[LogEntry] = deque()
+        self._last_forward: LogEntry | None = None
         self._decoder: Decoder | None = None
         self._since_release = 0
-        self._docker_runs: dict[str, _DockerRun] = {}
-        """Watched Docker containers returned so far (by key), whose end is looked for (``_with_docker_ends``)."""
-        self._docker_end_due = 0.0
-        self._pending_docker_ends: list[tuple[int, str, DockerExit]] = []
-        self._podman_runs: dict[str, str] = {}
-        """The latest run of each watched Podman container returned (its "died" event ends it)."""
-        """Ends read, not handed on yet (their time, key, end), earliest first."""
+        self._container_ends = ContainerEnds(self._docker_containers)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -554,10 +289,10 @@ class JournalReader:
         self._missing_roots = ()
         if selection.files:
             for path in selection.files:
-                _check_readable_file(path)
+                check_readable_file(path)
             handle = lib.sd_journal_open_files(selection.files, 0)
         elif selection.directory is not None:
-            _check_readable_directory(selection.directory)
+            check_readable_directory(selection.directory)
             handle = lib.sd_journal_open_directory(selection.directory, 0)
         else:
             existing = [d for d in SYSTEM_JOURNAL_DIRECTORIES if os.path.isdir(d)]
@@ -565,12 +300,12 @@ class JournalReader:
                 raise JournalError("stat", errno.ENOENT, message=(
                     "no system journal: neither " + " nor ".join(SYSTEM_JOURNAL_DIRECTORIES) + " exists"))
             for directory in existing:
-                _check_readable_directory(directory)
+                check_readable_directory(directory)
             handle = lib.sd_journal_open(SD_JOURNAL_LOCAL_ONLY | SD_JOURNAL_SYSTEM)
             self._missing_roots = tuple(d for d in SYSTEM_JOURNAL_DIRECTORIES if d not in existing)
         try:
             # Only compressed fields honour the threshold; longer plain ones are cut in Python.
-            lib.sd_journal_set_data_threshold(handle, self.max_message_bytes + len(_FIELD_MESSAGE) + 1)
+            lib.sd_journal_set_data_threshold(handle, self.max_message_bytes + len(FIELD_MESSAGE) + 1)
             # Create the inotify watches now, so that wait() sees every change after open().
             lib.sd_journal_get_fd(handle)
         except JournalError:
@@ -605,8 +340,9 @@ class JournalReader:
             if remaining <= 0:
                 return True
             timeout_s = min(timeout_s, remaining)
-        if self._docker_runs:  # a look at the Docker containers' end is due
-            remaining = self._docker_end_due - time.monotonic()
+        ends_look = self._container_ends.next_look
+        if ends_look is not None:  # a look at the Docker containers' end is due
+            remaining = ends_look - time.monotonic()
             if remaining <= 0:
                 return True
             timeout_s = min(timeout_s, remaining)
@@ -614,12 +350,12 @@ class JournalReader:
         if result == SD_JOURNAL_NOP:
             now = time.monotonic()
             return (self._units_stale and now >= self._units_query_due) or \
-                (bool(self._docker_runs) and now >= self._docker_end_due)
+                (ends_look is not None and now >= ends_look)
         self._units_stale = True
         self._more_pending = True
         return True
 
-    def read_available(self, max_entries: int = DEFAULT_BATCH) -> list[JournalEntry]:
+    def read_available(self, max_entries: int = DEFAULT_BATCH) -> list[LogEntry]:
         """Up to ``max_entries`` selected entries that are in the journal now, without blocking."""
         lib = self._require_open()
         if max_entries <= 0:
@@ -629,7 +365,7 @@ class JournalReader:
             self._units_stale = True
         if self._units_stale and time.monotonic() >= self._units_query_due:
             self._refresh_units()
-        out: list[JournalEntry] = []
+        out: list[LogEntry] = []
         while self._backlog and len(out) < max_entries:
             out.append(self._backlog.popleft())
         if (self._watched or self._containers) and len(out) < max_entries:
@@ -640,91 +376,19 @@ class JournalReader:
             release_journal_pages(self._madvise)
             self._since_release = 0
         if self.selection.container_globs:
-            out = self._with_container_ends(out)
+            out = self._container_ends.among(out, at_end=not self._more_pending and not self._backlog)
         return out
 
-    def _with_container_ends(self, entries: list[JournalEntry]) -> list[JournalEntry]:
-        """The entries with the ends of watched Docker containers (journald log driver) among them, as
-        systemd's records of a unit's end are among its lines: a container's end is read from its
-        ``config.v2.json`` (``vllm_xpu_exporter.sources.containers.DockerEnd``: once its ``State.Running`` is false)
-        when a new run of it is met, and at most every ``DOCKER_END_SECONDS`` once the reader is at the
-        journal's end (a stat of one file a container, read when it changed); never per entry. An end goes
-        before the first entry later than it (reading a boot's history, the container's death comes
-        before the inits that followed it, which then overlap nothing) or, none being later, at the end,
-        in the container's latest run then. So a container that died silently during its init counts as
-        `other` (unless its cause comes within the grace), one ``docker stop`` ended as stopped, and
-        neither stays initialising, as with its json-file log (``vllm_xpu_exporter.sources.containerlogs``).
-        A Podman container's "died" event (``PODMAN_EVENT=died``, selected with its name) is such an end
-        where the journal has it: it goes in the container's latest run when that run is of the event's
-        container (``PODMAN_ID``), else it is dropped (a container none of whose lines was read)."""
-        pending = self._pending_docker_ends
-        podman_runs = self._podman_runs
-        docker = bool(self._docker_containers)
-        out: list[JournalEntry] = []
-        for entry in entries:
-            if pending and pending[0][0] < entry.realtime_usec:
-                self._hand_on_docker_ends(out, entry.realtime_usec)
-            run = entry.container_run
-            if not run:
-                out.append(entry)
-                continue
-            if entry.from_systemd:  # a Podman container's "died" event: in its latest run, if it is that one's
-                latest = podman_runs.get(entry.unit)
-                if latest is not None and latest.split("/", 1)[0] == run[len(_DIED_RUN):]:
-                    out.append(replace(entry, container_run=latest))
-                continue
-            if entry.unit.startswith("podman/"):
-                podman_runs[entry.unit] = run
-            elif docker and entry.unit.startswith("docker/"):
-                known = self._docker_runs.get(entry.unit)
-                if known is None or known.run != run:
-                    self._docker_run_met(entry.unit, run, entry.realtime_usec, known)
-            out.append(entry)
-        if not self._more_pending and not self._backlog:
-            if self._docker_runs and time.monotonic() >= self._docker_end_due:
-                self._docker_end_due = time.monotonic() + DOCKER_END_SECONDS
-                for key, known in self._docker_runs.items():
-                    self._look_for_docker_end(key, known)
-            self._hand_on_docker_ends(out, None)
-        return out
-
-    def _docker_run_met(self, key: str, run: str, realtime_usec: int, known: _DockerRun | None) -> None:
-        """A new run of a Docker container (``CONTAINER_ID_FULL``, with its log epoch): its end is looked for."""
-        container_id = run.split("/", 1)[0]
-        if known is not None and known.container_id == container_id:
-            end = known.end  # a new start of the same container: its end is the same file's
-        elif _CONTAINER_ID.fullmatch(container_id):
-            end = DockerEnd(tuple(os.path.join(directory, container_id, "config.v2.json")
-                                  for directory in self._docker_containers))
-        else:
-            end = DockerEnd(())  # no CONTAINER_ID_FULL (only a short id): its end cannot be read
-        known = self._docker_runs[key] = _DockerRun(run, container_id, realtime_usec, end)
-        self._look_for_docker_end(key, known)
-
-    def _look_for_docker_end(self, key: str, known: _DockerRun) -> None:
-        ended = known.end.ended(known.since_usec)
-        if ended is not None:
-            self._pending_docker_ends.append((ended.realtime_usec, key, ended))
-            self._pending_docker_ends.sort(key=lambda pending: pending[0])
-
-    def _hand_on_docker_ends(self, out: list[JournalEntry], before_usec: int | None) -> None:
-        """The pending ends earlier than ``before_usec`` (all: None), each in its container's latest run."""
-        pending = self._pending_docker_ends
-        while pending and (before_usec is None or pending[0][0] < before_usec):
-            _, key, ended = pending.pop(0)
-            out.append(container_end(key, ended, self._docker_runs[key].run))
-
-    def _read_forward(self, out: list[JournalEntry], max_entries: int) -> None:
+    def _read_forward(self, out: list[LogEntry], max_entries: int) -> None:
         lib = self._lib
         assert lib is not None
         handle = self._handle
         next_entry = lib.raw_next
         decode = self._decoder or self._make_decoder()
-        self._decoder = decode
         watched = self._watched
         containers = self._containers
         append = out.append
-        last: JournalEntry | None = None
+        last: LogEntry | None = None
         if self._current_unreturned:
             self._current_unreturned = False
             last = decode(watched, containers)
@@ -759,11 +423,11 @@ class JournalReader:
 
     def read_latest_invocations(
         self,
-        sufficient: Callable[[list[JournalEntry]], bool],
+        sufficient: Callable[[list[LogEntry]], bool],
         *,
         max_invocations: int = MAX_INVOCATIONS_BACK,
         max_units: int | None = None,
-    ) -> list[JournalEntry] | None:
+    ) -> list[LogEntry] | None:
         """The entries of each watched unit's latest invocations, in journal order; then the reader
         follows from the journal's last selected entry (``read_available()`` returns what comes after
         it). Call it first after ``open()``.
@@ -788,29 +452,19 @@ class JournalReader:
         lib = self._require_open()
         if self._has_position or self._backlog:
             raise RuntimeError("read_latest_invocations() must be called first after open()")
-        handle = self._handle
         if self.selection.container_globs:
             return self._read_whole_boot()  # a container's lines carry no invocation id
         found, _ = self._query_watched_units()
         if not found or len(found) > self.MATCHED_UNITS_MAX or (max_units is not None and len(found) > max_units):
             return self._read_whole_boot()
-        self._apply_matches(found)
-        lib.sd_journal_seek_tail(handle)
-        if not lib.sd_journal_previous(handle):
+        walk = InvocationWalk(lib, self._handle, self._decoder or self._make_decoder(), boot_id=self._boot_id,
+                              match_units=self._apply_matches,
+                              release_pages=partial(release_journal_pages, self._madvise),
+                              release_every=self.RELEASE_PAGES_EVERY)
+        read = walk.read(found, sufficient, max_invocations)
+        if read is None:
             return self._read_whole_boot()
-        tail = lib.sd_journal_get_cursor(handle)
-        decode = self._decoder or self._make_decoder()
-        self._decoder = decode
-        selected: list[bytes] = []
-        release_journal_pages(self._madvise)
-        for raw in sorted(found):
-            invocations = self._latest_invocations_of(raw, found[raw], tail, sufficient, max_invocations, decode)
-            release_journal_pages(self._madvise)  # as the forward read does: the pages are only page cache
-            if invocations is None:
-                return self._read_whole_boot()
-            selected += invocations
-        entries = self._invocations_before(found, selected, tail, decode)
-        release_journal_pages(self._madvise)
+        entries, tail = read
         self._watched = dict(found)
         self._units_stale = False
         self._apply_matches(self._watched)
@@ -830,287 +484,13 @@ class JournalReader:
         self._reset_position()
         return None
 
-    def _latest_invocations_of(
-        self, raw: bytes, name: str, tail: bytes, sufficient: Callable[[list[JournalEntry]], bool],
-        max_invocations: int, decode: Decoder,
-    ) -> list[bytes] | None:
-        """The unit's invocation ids to read, latest first (read_latest_invocations); None: read the boot."""
-        lib = self._lib
-        assert lib is not None
-        handle = self._handle
-        unit = {raw: name}
-        self._apply_matches(unit)
-        lib.sd_journal_seek_cursor(handle, tail)
-        if not lib.sd_journal_previous(handle):
-            return []  # no entry of the unit in the boot
-        chosen: list[bytes] = []
-        while True:
-            invocation = self._invocation_here(raw)
-            if invocation is None or invocation in chosen:
-                return None
-            chosen.append(invocation)
-            entries = self._invocations_before(unit, [invocation], tail, decode)
-            if not entries:
-                return None  # its entries cannot be read
-            # after the walk back the handle is on the invocation's first entry
-            first = lib.sd_journal_get_cursor(handle)
-            if len(chosen) > 1 and sufficient(entries):
-                return chosen
-            self._apply_matches(unit)
-            lib.sd_journal_seek_cursor(handle, first)
-            while (moved := lib.sd_journal_previous(handle)) and lib.sd_journal_test_cursor(handle, first):
-                pass
-            if not moved:
-                return chosen  # the unit's first invocation in the boot
-            if len(chosen) >= max_invocations:
-                return None
-
-    def _invocation_here(self, raw_unit: bytes) -> bytes | None:
-        """The invocation id of the current entry of the unit (raw bytes); None when it has none."""
-        pid = self._field_here(_FIELD_PID)
-        if pid == b"1" and self._field_here(_FIELD_UNIT) == raw_unit:
-            return self._field_here(_FIELD_INVOCATION_ID) or None
-        return self._field_here(_FIELD_SYSTEMD_INVOCATION_ID) or None
-
-    def _field_here(self, field_name: bytes) -> bytes | None:
-        lib = self._lib
-        assert lib is not None
-        data, size = ctypes.c_void_p(), ctypes.c_size_t()
-        result = lib.raw_get_data(self._handle, field_name, ctypes.byref(data), ctypes.byref(size))
-        if result < 0:
-            if result == -errno.ENOENT:
-                return None
-            raise JournalError.of_result("sd_journal_get_data", result, "reading a journal entry")
-        return ctypes.string_at(data.value, size.value)[len(field_name) + 1:]
-
-    def _invocations_before(self, units: dict[bytes, str], invocations: Sequence[bytes], cursor: bytes,
-                            decode: Decoder) -> list[JournalEntry]:
-        """The entries of these invocations of these units up to the one at ``cursor`` (included), in
-        journal order; the handle is left on the earliest one. Matched: (_SYSTEMD_UNIT=u… ∧
-        _SYSTEMD_INVOCATION_ID=i…) ∨ (_PID=1 ∧ UNIT=u… ∧ INVOCATION_ID=i…), and _BOOT_ID=b unless all
-        boots."""
-        lib = self._lib
-        assert lib is not None
-        handle = self._handle
-        if not invocations:
-            return []
-        lib.sd_journal_flush_matches(handle)
-        add = lib.sd_journal_add_match
-        for raw in sorted(units):
-            add(handle, _FIELD_SYSTEMD_UNIT + b"=" + raw)
-        for invocation in sorted(invocations):
-            add(handle, _FIELD_SYSTEMD_INVOCATION_ID + b"=" + invocation)
-        lib.sd_journal_add_disjunction(handle)
-        add(handle, b"_PID=1")
-        for raw in sorted(units):
-            add(handle, _FIELD_UNIT + b"=" + raw)
-        for invocation in sorted(invocations):
-            add(handle, _FIELD_INVOCATION_ID + b"=" + invocation)
-        if self._boot_id is not None:
-            lib.sd_journal_add_conjunction(handle)
-            add(handle, b"_BOOT_ID=" + self._boot_id.encode())
-        lib.sd_journal_seek_cursor(handle, cursor)
-        found: list[JournalEntry] = []
-        previous = lib.sd_journal_previous
-        release_every = self.RELEASE_PAGES_EVERY
-        while previous(handle):
-            entry = decode(units, {})
-            if entry is not None:
-                found.append(entry)
-                if len(found) % release_every == 0:
-                    release_journal_pages(self._madvise)
-        found.reverse()
-        return found
-
     def _make_decoder(self) -> Decoder:
-        """A function reading the current entry, or None if it belongs to no watched unit or container.
-
-        The hot path of a catch-up: 7-8 foreign calls per entry (5-6 sd_journal_get_data, the
-        two timestamps from the entry header, no cursor), everything it touches is a local. An
-        entry of no watched unit, or of a refused one, costs one or two sd_journal_get_data (one more,
-        ``CONTAINER_NAME``, while containers are watched, and ``PODMAN_EVENT`` when it has none); a
-        container's, four or five more.
-        Every result is checked: -ENOENT is an absent field; any other error makes the entry
-        unreadable, skipped and counted (``unreadable_entries``).
-        """
-        lib = self._lib
-        assert lib is not None
-        handle = self._handle
-        get_data = lib.raw_get_data
-        get_realtime_usec = lib.raw_get_realtime_usec
-        get_monotonic_usec = lib.raw_get_monotonic_usec
-        string_at = ctypes.string_at
-        data, size, usec = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_uint64()
-        data_ref, size_ref, usec_ref = ctypes.byref(data), ctypes.byref(size), ctypes.byref(usec)
-        boot = (ctypes.c_char * 16)()
-        boot_ref = ctypes.byref(boot)
-        boot_ids: dict[bytes, str] = {}
-        invocation_ids: dict[bytes, str] = {}
-        message_cap = self.max_message_bytes + len(_FIELD_MESSAGE) + 1
-        entry_type = JournalEntry
-        admitted = self._admitted
-        meet = self._meet
-        absent = -errno.ENOENT
-        unreadable = self._unreadable
-        selection = self.selection
-        keys: dict[tuple[bytes, int | None], str] = {}  # (CONTAINER_NAME, conmon's uid or None) -> key; '' not watched
-        rejected = self._rejected_entries
-
-        def optional(name: bytes) -> bytes | None:
-            """A field of the current entry, None when absent; _UnreadableField when it cannot be read."""
-            result = get_data(handle, name, data_ref, size_ref)
-            if result >= 0:
-                return string_at(data.value, size.value)[len(name) + 1:]
-            if result == absent:
-                return None
-            raise _UnreadableField(result)
-
-        def reject(reason: str) -> None:
-            rejected[reason] = rejected.get(reason, 0) + 1
-            return None
-
-        def container(containers: dict[bytes, str], pid: int | None,
-                      systemd_unit: bytes | None) -> tuple[str, str, bool] | None:
-            """The watched container's key, run and partial flag of the current entry; None when it is none.
-            A Podman "died" event of a watched container: its key, and as run ``_DIED_RUN`` + its id."""
-            raw_name = optional(_FIELD_CONTAINER_NAME)
-            died = False
-            if raw_name is None:
-                if optional(_FIELD_PODMAN_EVENT) != PODMAN_DIED or optional(b"PODMAN_TYPE") != b"container":
-                    return None
-                raw_name, died = optional(_FIELD_PODMAN_NAME), True
-            name = None if raw_name is None else containers.get(raw_name)
-            if name is None:
-                return None
-            # Believed only from the engine, by the fields journald adds (trust.py).
-            uid, comm, exe = optional(b"_UID"), optional(b"_COMM"), optional(b"_EXE")
-            if died:
-                podman_uid = podman_uid_of(uid, comm, exe)
-                if podman_uid is None:
-                    return reject(REJECTED_PODMAN_EVENT)
-            else:
-                podman_uid = conmon_uid(uid, comm, exe)
-                if podman_uid is None and not is_dockerd(uid, comm, exe, systemd_unit):
-                    return reject(REJECTED_CONTAINER_SENDER)
-            by_conmon = podman_uid is not None
-            key = keys.get((raw_name, podman_uid))
-            if key is None:
-                key = (podman_key(name, podman_uid) if by_conmon else docker_key(name)) or ""
-                if key and not selection.matches_container(key, name):
-                    key = ""
-                if len(keys) >= 4096:  # a few per name found by the query; bounded all the same
-                    keys.clear()
-                keys[raw_name, podman_uid] = key
-            if not key:
-                return None
-            raw_key = key.encode()
-            if raw_key not in admitted and not meet(raw_key, key):
-                return None
-            if died:
-                return key, _DIED_RUN + (optional(b"PODMAN_ID") or b"").decode("ascii", "replace"), False
-            run = (optional(b"CONTAINER_ID_FULL") or optional(b"CONTAINER_ID") or b"").decode("ascii", "replace")
-            if by_conmon:
-                if pid is not None:
-                    run = f"{run}/{pid}"  # one conmon per start of the container
-            elif (epoch := optional(b"CONTAINER_LOG_EPOCH")) is not None:
-                run = f"{run}/{epoch.decode('ascii', 'replace')}"  # one epoch per start (Docker's log driver)
-            return key, run, optional(b"CONTAINER_PARTIAL_MESSAGE") == b"true"
-
-        def decode(watched: dict[bytes, str], containers: dict[bytes, str]) -> JournalEntry | None:
-            pid: int | None = None
-            if (result := get_data(handle, b"_PID", data_ref, size_ref)) >= 0:
-                text = string_at(data.value, size.value)[5:]
-                pid = int(text) if text.isdigit() else None
-            elif result != absent:
-                return unreadable("sd_journal_get_data", result)
-            unit = None
-            raw_unit: bytes | None = None
-            run: str | None = None  # a container's entry: its run
-            partial = False
-            from_systemd = pid == 1
-            if from_systemd:
-                if (result := get_data(handle, b"UNIT", data_ref, size_ref)) >= 0:
-                    raw_unit = string_at(data.value, size.value)[5:]
-                    unit = watched.get(raw_unit)
-                    if unit is not None and raw_unit not in admitted and not meet(raw_unit, unit):
-                        return None
-                elif result != absent:
-                    return unreadable("sd_journal_get_data", result)
-            if unit is None:
-                from_systemd = False
-                raw_unit = None
-                if (result := get_data(handle, b"_SYSTEMD_UNIT", data_ref, size_ref)) >= 0:
-                    raw_unit = string_at(data.value, size.value)[14:]
-                    unit = watched.get(raw_unit)
-                    if unit is not None and raw_unit not in admitted and not meet(raw_unit, unit):
-                        return None
-                elif result != absent:
-                    return unreadable("sd_journal_get_data", result)
-                if unit is None:
-                    if not containers:
-                        return None
-                    try:
-                        found = container(containers, pid, raw_unit)
-                    except _UnreadableField as error:
-                        return unreadable("sd_journal_get_data", error.result)
-                    if found is None:
-                        return None
-                    unit, run, partial = found
-            if (result := get_data(handle, b"MESSAGE", data_ref, size_ref)) >= 0:
-                length = size.value
-                raw = string_at(data.value, length if length < message_cap else message_cap)
-                message = raw[8:].decode("utf-8", "replace")
-            elif result == absent:
-                message = ""
-            else:
-                return unreadable("sd_journal_get_data", result)
-            if run is not None:
-                message_id = invocation = ""
-                if not partial:  # conmon sends the line with its newline; a TTY's output ends in \r\n
-                    message = message.rstrip("\r\n")
-            else:
-                if (result := get_data(handle, b"MESSAGE_ID", data_ref, size_ref)) >= 0:
-                    message_id = string_at(data.value, size.value)[11:].decode("utf-8", "replace")
-                elif result == absent:
-                    message_id = ""
-                else:
-                    return unreadable("sd_journal_get_data", result)
-                invocation_field = b"INVOCATION_ID" if from_systemd else b"_SYSTEMD_INVOCATION_ID"
-                if (result := get_data(handle, invocation_field, data_ref, size_ref)) >= 0:
-                    raw_invocation = string_at(data.value, size.value)[len(invocation_field) + 1:]
-                    invocation = invocation_ids.get(raw_invocation)
-                    if invocation is None:
-                        if len(invocation_ids) >= 4096:  # one per start; bounded all the same
-                            invocation_ids.clear()
-                        invocation = invocation_ids[raw_invocation] = raw_invocation.decode("ascii", "replace")
-                elif result == absent:
-                    invocation = ""
-                else:
-                    return unreadable("sd_journal_get_data", result)
-            if (result := get_realtime_usec(handle, usec_ref)) < 0:
-                return unreadable("sd_journal_get_realtime_usec", result)
-            realtime = usec.value
-            if get_monotonic_usec(handle, usec_ref, boot_ref) >= 0:
-                monotonic: int | None = usec.value
-                raw_boot = boot.raw
-                boot_id = boot_ids.get(raw_boot)
-                if boot_id is None:
-                    boot_id = boot_ids[raw_boot] = raw_boot.hex()
-            else:  # the entry header could not be read again: the boot id from its field
-                monotonic = None
-                boot_id = ""
-                if (result := get_data(handle, b"_BOOT_ID", data_ref, size_ref)) >= 0:
-                    boot_id = string_at(data.value, size.value)[9:].decode("ascii", "replace")
-                elif result != absent:
-                    return unreadable("sd_journal_get_data", result)
-            if run is not None:
-                if run.startswith(_DIED_RUN):  # as systemd's record of a unit's main process exit
-                    return entry_type(unit, realtime, monotonic, boot_id, "", True, MESSAGE_ID_UNIT_PROCESS_EXIT,
-                                      None, "", run)
-                return entry_type(unit, realtime, monotonic, boot_id, message, False, "", None, "", run, partial)
-            return entry_type(unit, realtime, monotonic, boot_id, message, from_systemd, message_id, pid, invocation)
-
-        return decode
+        """The decoder of the open handle (``make_decoder``), kept until the handle or the position changes."""
+        assert self._lib is not None
+        self._decoder = make_decoder(self._lib, self._handle, self.selection, max_message_bytes=self.max_message_bytes,
+                                     admitted=self._admitted, meet=self._meet, unreadable=self._unreadable,
+                                     rejected=self._rejected_entries)
+        return self._decoder
 
     def _unreadable(self, function: str, result: int) -> None:
         """Count the current entry as unreadable (``function`` returned ``result``); it is skipped."""
@@ -1147,9 +527,9 @@ class JournalReader:
         self._units_stale = False
         found, found_containers = self._query_watched_units()
         new = {raw: name for raw, name in found.items() if raw not in self._watched}
-        switched = False  # to _GlobbedNames: the decoder picks containers' entries from the boot's from now on
-        if isinstance(found_containers, _GlobbedNames):
-            switched = not isinstance(self._containers, _GlobbedNames)
+        switched = False  # to GlobbedNames: the decoder picks containers' entries from the boot's from now on
+        if isinstance(found_containers, GlobbedNames):
+            switched = not isinstance(self._containers, GlobbedNames)
             if switched:
                 self._containers = found_containers
             new_containers: dict[bytes, str] = {}
@@ -1166,140 +546,36 @@ class JournalReader:
             self._apply_matches(self._watched, self._containers)
             lib.sd_journal_seek_head(self._handle)
             return
-        cursor = self._position_cursor()
+        cursor = position_cursor(lib, self._handle, self._last_forward)
         cursor_entry_returned = not self._current_unreturned
         if new or new_containers:
-            self._backlog.extend(self._entries_before(cursor, new, new_containers))
+            self._apply_matches(new, new_containers)
+            self._backlog.extend(entries_before(lib, self._handle, cursor, self._decoder or self._make_decoder(),
+                                                new, new_containers))
         self._watched.update(new)
         self._containers.update(new_containers)
         self._apply_matches(self._watched, self._containers)
         self._resume_at(cursor, cursor_entry_returned)
 
     def _query_watched_units(self) -> tuple[dict[bytes, str], dict[bytes, str]]:
-        """The watched units' names, and the container names the container globs may match, in the journal."""
-        lib = self._lib
-        assert lib is not None
+        """``query_watched_units``; the next query is put off by ``1 / UNIT_QUERY_SHARE`` times its duration."""
         began = time.monotonic()
-        found: dict[bytes, str] = {}
-        containers: dict[bytes, str] = {}
-        queries = [(_FIELD_SYSTEMD_UNIT, found, self.selection.matches_unit),
-                   (_FIELD_UNIT, found, self.selection.matches_unit)]
-        if self.selection.container_globs:
-            queries.append((_FIELD_CONTAINER_NAME, containers, self.selection.may_match_container_name))
-        for field_name, into, matches in queries:
-            lib.sd_journal_query_unique(self._handle, field_name)
-            skip = len(field_name) + 1
-            try:
-                while (value := lib.sd_journal_enumerate_unique(self._handle)) is not None:
-                    raw = value[skip:]
-                    name = raw.decode("utf-8", "replace")
-                    if matches(name):
-                        into[raw] = name
-                        if into is containers and len(containers) > self.CONTAINER_NAMES_MAX:
-                            containers = _GlobbedNames(self.selection.may_match_container_name)
-                            break
-            except JournalError as error:
-                # Without sd_journal_enumerate_available_unique (systemd < 246), a corrupt file
-                # ends the listing: the values found before it are kept.
-                if error.errno != errno.EBADMSG:
-                    raise
+        found = query_watched_units(self._require_open(), self._handle, self.selection, self.CONTAINER_NAMES_MAX)
         ended = time.monotonic()
         self._units_query_due = ended + (ended - began) / self.UNIT_QUERY_SHARE
-        return found, containers
-
-    def _apply_matches(self, units: dict[bytes, str], containers: dict[bytes, str] | None = None) -> None:
-        """(_SYSTEMD_UNIT=u1 ∨ …) ∨ (_PID=1 ∧ (UNIT=u1 ∨ …)) ∨ (CONTAINER_NAME=c1 ∨ …), and _BOOT_ID=b
-        unless all boots.
-
-        sd_journal_add_match: matches of one field are ORed, of different fields ANDed;
-        add_disjunction starts an OR branch, add_conjunction ANDs what follows with it all.
-        Above ``MATCHED_UNITS_MAX`` units and containers, only _BOOT_ID=b (or nothing): the decoder filters.
-        """
-        lib = self._lib
-        assert lib is not None
-        handle = self._handle
-        containers = containers or {}
-        lib.sd_journal_flush_matches(handle)
-        add = lib.sd_journal_add_match
-        if len(units) + len(containers) <= self.MATCHED_UNITS_MAX:
-            if units or not containers:
-                for raw in sorted(units):
-                    add(handle, b"_SYSTEMD_UNIT=" + raw)
-                lib.sd_journal_add_disjunction(handle)
-                add(handle, b"_PID=1")
-                for raw in sorted(units):
-                    add(handle, b"UNIT=" + raw)
-                if containers:
-                    lib.sd_journal_add_disjunction(handle)
-            for raw in sorted(containers):
-                add(handle, _FIELD_CONTAINER_NAME + b"=" + raw)
-            if containers:  # Podman's events of their end
-                lib.sd_journal_add_disjunction(handle)
-                add(handle, _FIELD_PODMAN_EVENT + b"=" + PODMAN_DIED)
-                for raw in sorted(containers):
-                    add(handle, _FIELD_PODMAN_NAME + b"=" + raw)
-            if self._boot_id is not None:
-                lib.sd_journal_add_conjunction(handle)
-        if self._boot_id is not None:
-            add(handle, b"_BOOT_ID=" + self._boot_id.encode())
-
-    def _position_cursor(self) -> bytes:
-        """A cursor of the entry the handle is on (after reaching the end: the last one read).
-
-        If that entry's file was deleted under the handle, sd-journal has no cursor for it; one
-        made of the last returned entry's boot id and timestamps (sd_journal_seek_cursor takes
-        such partial cursors) locates the same place.
-        """
-        lib = self._lib
-        assert lib is not None
-        try:
-            return lib.sd_journal_get_cursor(self._handle)
-        except JournalError as error:
-            last = self._last_forward
-            if last is None:
-                raise JournalError(error.function, error.errno,
-                                   message=f"the journal read position was lost: {error.strerror}") from None
-        cursor = f"b={last.boot_id};t={last.realtime_usec:x}"
-        if last.monotonic_usec is not None:
-            cursor += f";m={last.monotonic_usec:x}"
-        return cursor.encode()
-
-    def _entries_before(self, cursor: bytes, units: dict[bytes, str],
-                        containers: dict[bytes, str]) -> list[JournalEntry]:
-        """The given units' and containers' entries before ``cursor``, in journal order (moves the handle)."""
-        lib = self._lib
-        assert lib is not None
-        handle = self._handle
-        self._apply_matches(units, containers)
-        lib.sd_journal_seek_cursor(handle, cursor)
-        decode = self._decoder or self._make_decoder()
-        self._decoder = decode
-        found: list[JournalEntry] = []
-        while lib.sd_journal_previous(handle):
-            if lib.sd_journal_test_cursor(handle, cursor):
-                continue
-            entry = decode(units, containers)
-            if entry is not None:
-                found.append(entry)
-        found.reverse()
         return found
 
+    def _apply_matches(self, units: dict[bytes, str], containers: dict[bytes, str] | None = None) -> None:
+        """Select the entries of these units and containers from now on (``apply_matches``)."""
+        apply_matches(self._require_open(), self._handle, units, containers or {}, self._boot_id,
+                      self.MATCHED_UNITS_MAX)
+
     def _resume_at(self, cursor: bytes, cursor_entry_returned: bool) -> None:
-        """Put the handle back on the entry at ``cursor`` or, if that is gone, on the next one."""
-        lib = self._lib
-        assert lib is not None
-        handle = self._handle
-        lib.sd_journal_seek_cursor(handle, cursor)
-        if not lib.sd_journal_next(handle):
-            self._current_unreturned = False
-        elif lib.sd_journal_test_cursor(handle, cursor):
-            self._current_unreturned = not cursor_entry_returned
-        else:
-            # The cursor's entry was vacuumed; the one the handle is on has not been returned.
-            self._current_unreturned = True
+        """Put the handle back on the entry at ``cursor`` (``resume_at``)."""
+        self._current_unreturned = resume_at(self._require_open(), self._handle, cursor, cursor_entry_returned)
 
     def _reopen_at_position(self) -> None:
-        cursor = self._position_cursor() if self._has_position else None
+        cursor = position_cursor(self._require_open(), self._handle, self._last_forward) if self._has_position else None
         cursor_entry_returned = not self._current_unreturned
         lib = self._lib
         assert lib is not None
@@ -1317,51 +593,3 @@ class JournalReader:
         if cursor is None:
             return
         self._resume_at(cursor, cursor_entry_returned)
-
-
-def _check_readable_directory(path: str) -> None:
-    """Raise JournalError unless ``path`` is a directory whose journal files we can read."""
-    try:
-        is_directory = stat.S_ISDIR(os.stat(path).st_mode)
-    except FileNotFoundError:
-        raise JournalError("stat", errno.ENOENT, message=f"journal directory {path} does not exist") from None
-    except OSError as error:
-        raise JournalError("stat", error.errno, message=(
-            f"journal directory {path} is not readable: {error.strerror.lower()}")) from None
-    if not is_directory:
-        raise JournalError("stat", errno.ENOTDIR, message=f"journal directory {path} is not a directory")
-    if not os.access(path, os.R_OK | os.X_OK):
-        raise JournalError("access", errno.EACCES, message=(
-            f"journal directory {path} is not readable: permission denied"))
-    journal_files = list(_journal_files_under(path))
-    if journal_files and not any(os.access(p, os.R_OK) for p in journal_files):
-        raise JournalError("access", errno.EACCES, message=(
-            f"no journal file in {path} is readable: permission denied (the reader needs group systemd-journal or adm)"))
-
-
-def _journal_files_under(path: str) -> Iterable[str]:
-    """Journal files in ``path`` and its machine-id subdirectories, where sd-journal looks."""
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return
-    for entry in entries:
-        if entry.name.endswith((".journal", ".journal~")):
-            yield entry.path
-        elif _HEX32.fullmatch(entry.name) and entry.is_dir():
-            try:
-                yield from (e.path for e in os.scandir(entry.path) if e.name.endswith((".journal", ".journal~")))
-            except OSError:
-                continue
-
-
-def _check_readable_file(path: str) -> None:
-    try:
-        os.stat(path)
-    except FileNotFoundError:
-        raise JournalError("stat", errno.ENOENT, message=f"journal file {path} does not exist") from None
-    except OSError as error:
-        raise JournalError("stat", error.errno, message=(
-            f"journal file {path} is not readable: {error.strerror.lower()}")) from None
-    if not os.access(path, os.R_OK):
-        raise JournalError("access", errno.EACCES, message=f"journal file {path} is not readable: permission denied")

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, NoReturn, TypeVar
 
+from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.sources.levelzero.binding import (
     DEFAULT_LIBRARY,
     ENGINE_GROUPS_ALL,
@@ -87,7 +88,7 @@ BACKOFF_FIRST_S = 1.0
 BACKOFF_MAX_S = 60.0
 # A lost device needs a fresh zeInit: these per-device errors make the parent restart the child.
 RESTART_CODES = frozenset({ZE_RESULT_ERROR_DEVICE_LOST, ZE_RESULT_ERROR_UNINITIALIZED})
-# Why a read has no answer while a child is starting (within INIT_DEADLINE_S): no data yet, not a failure.
+# Why a read has no answer while a child is starting (within INIT_DEADLINE_S): LevelZeroStarting.
 STILL_INITIALISING = "Level Zero is still initialising"
 JUST_INITIALISED = "Level Zero has just initialised; the next scrape reads it"
 INIT_HINTS = {
@@ -107,6 +108,11 @@ class LevelZeroUnavailable(Exception):
     def __init__(self, message: str, error: LevelZeroError | None = None) -> None:
         super().__init__(message)
         self.error = error
+
+
+class LevelZeroStarting(LevelZeroUnavailable, NoDataYet):
+    """Level Zero has no answer yet: the child is still initialising (within ``INIT_DEADLINE_S``), or has just
+    initialised and this read would not have the time left to answer. No data yet, not a failure."""
 
 
 class WorkerState(enum.Enum):
@@ -516,7 +522,7 @@ class LevelZeroWorker:
             self._ready(deadline)
             if not initialised_before and deadline - time.monotonic() < self.timeout / 2:
                 # A slow init used up this scrape's time; reading now could only time out and kill it.
-                raise LevelZeroUnavailable(JUST_INITIALISED)
+                raise LevelZeroStarting(JUST_INITIALISED)
             assert self._child is not None and self._child.stdin is not None
             try:
                 self._child.stdin.write(what.encode() + b"\n")
@@ -558,7 +564,7 @@ class LevelZeroWorker:
             ready = self._receive(deadline)
             if ready is None:
                 if time.monotonic() < self._init_deadline:
-                    raise LevelZeroUnavailable(STILL_INITIALISING)
+                    raise LevelZeroStarting(STILL_INITIALISING)
                 self._fail(f"Level Zero initialisation did not finish within {INIT_DEADLINE_S:g}s (driver hang?)")
             self._devices = self._devices_in(ready)
             self._state = WorkerState.READY

@@ -1,25 +1,25 @@
-"""The journal follower: a source that owns its thread and the journal reader, and publishes the fold.
+"""The log follower: a source that owns its thread and a log reader, and publishes the fold.
 
 The thread owns the reader (an sd_journal handle belongs to one thread): it reads the selected boot into
 a fresh fold (OwnedTrackers: an EngineTracker per owner, the system and each user), publishes it once
 caught up, then folds new entries in as they arrive. When the
-journal cannot be read it retries; a reopened journal is read again from the start of the boot into a
+log cannot be read it retries; a reopened log is read again from the start of the boot into a
 new tracker, swapped in once caught up, so counters never count twice.
 
-With ``latest_invocations`` (the init gate) it reads not the whole boot but each watched unit's latest
-invocations (``JournalReader.read_latest_invocations``): back to one that printed a vLLM line before the
-latest, so the fold knows the unit runs an engine and has its latest printed start (the gated unit's
-gpu_memory_utilization), and whether its current start is initialising and since when, as the whole
+The reader is whatever ``open_reader`` makes: the journal's (``vllm_xpu_exporter.sources.journal.open_journal``) or
+the containers' log files' (``vllm_xpu_exporter.sources.containerlogs``). The follower uses open/close, ``wait``,
+``read_available``, ``unreadable_entries`` and ``last_unreadable`` of it, ``rejected_entries`` where it has
+them, and ``read_latest_invocations`` with ``latest_invocations``; ``source`` names it in its state and log lines.
+
+With ``latest_invocations`` (the init gate, the planner) it reads not the whole boot but each watched unit's
+latest invocations (the journal reader's ``read_latest_invocations``): back to one that printed a vLLM line
+before the latest, so the fold knows the unit runs an engine and has its latest printed start (the gated
+unit's gpu_memory_utilization), and whether its current start is initialising and since when, as the whole
 boot would say. Its counters (starts, failures, overlaps) cover only what was read: the exporter reads
 the whole boot.
 
 Containers' lines (the selection's container globs) go through `ContainerRuns` on their way to the fold:
 their pieces joined, each run of a container given an invocation id of its own.
-
-The same thread and fold follow containers' log files (`vllm_xpu_exporter.sources.containerlogs`): a follower made
-with `open_reader` gets its entries from the reader that makes (the interface of `JournalReader` it uses:
-open/close, `wait`, `read_available`, `unreadable_entries`, `last_unreadable`), and `source` names it in
-its state and log lines.
 """
 
 from __future__ import annotations
@@ -35,49 +35,46 @@ from typing import Any
 
 from vllm_xpu_exporter.fold.container_runs import ContainerRuns
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, EngineTracker, OwnedTrackers, UnitView
-from vllm_xpu_exporter.sources.journal.reader import DEFAULT_BATCH, JournalEntry, JournalReader, JournalSelection
+from vllm_xpu_exporter.nodatayet import NoDataYet
+from vllm_xpu_exporter.sources.logs.entry import DEFAULT_BATCH, LogEntry, LogSelection
 
 log = logging.getLogger("vllm_xpu_exporter.journal")
 
 RETRY_SECONDS = 2.0
-WAIT_SECONDS = 0.5  # how often the follower looks at its stop flag while the journal is quiet
-STILL_READING = "still reading the journal"
-STILL_READING_CONTAINER_LOGS = "still reading the container logs"
+WAIT_SECONDS = 0.5  # how often the follower looks at its stop flag while the log is quiet
 
-OpenReader = Callable[[JournalSelection, Callable[..., bool], Callable[[str], None]], Any]
+OpenReader = Callable[[LogSelection, Callable[..., bool], Callable[[str], None]], Any]
 """(selection, admit, forget) -> a reader: admit(unit[, when_usec]) asks the fold's cap (when the name was met,
 if known), forget(unit) drops a unit gone for good."""
 
 
 @dataclass(frozen=True)
-class JournalState:
+class LogState:
     views: list[UnitView]
-    error: str | None  # why the journal cannot be read now (or is still being read the first time)
-    entries_read: int  # entries folded since the follower started, re-reads included (JournalFollower._fold)
+    error: str | NoDataYet | None  # why the log cannot be read now, or NoDataYet while it is read the first time
+    entries_read: int  # entries folded since the follower started, re-reads included (LogFollower._fold)
     dropped_units: int  # units not watched because of the cap
-    watched_units: int | None  # None until the journal has been read up to now once
+    watched_units: int | None  # None until the log has been read up to now once
     values_rejected: int  # lines ignored for an implausible value (vllm_xpu_exporter.parsers.vllm.PLAUSIBLE)
     unreadable: int = 0  # entries the reader skipped as unreadable (container logs: lines not of their format)
     rejected: dict[str, int] = field(default_factory=dict)  # entries ignored by reason (reader.rejected_entries)
 
 
-class JournalFollower:
-    def __init__(self, selection: JournalSelection, max_units: int = DEFAULT_MAX_UNITS, *,
-                 latest_invocations: bool = False, open_reader: OpenReader | None = None,
-                 source: str = "journal", still_reading: str = STILL_READING) -> None:
+class LogFollower:
+    def __init__(self, selection: LogSelection, max_units: int = DEFAULT_MAX_UNITS, *, open_reader: OpenReader,
+                 source: str, latest_invocations: bool = False) -> None:
         self.selection = selection
         self.max_units = max_units
         self.latest_invocations = latest_invocations
         self.source = source
-        self.still_reading = still_reading
-        self._open_reader = open_reader or _open_journal
+        self._open_reader = open_reader
         self.caught_up_from: str | None = None
         """What the latest catch-up read: "latest invocations", or "boot" (the whole selected boot)."""
         self._lock = threading.Lock()
         self._starting = threading.Lock()  # concurrent scrapes retry starting the thread once
         self._tracker: OwnedTrackers | None = None
         self._runs = ContainerRuns()  # the containers' runs of the tracker being filled or followed
-        self._error: str | None = still_reading
+        self._error: str | NoDataYet | None = self._still_reading()
         self._entries_read = 0
         self._unreadable_before = 0  # entries skipped as unreadable by the readers closed since
         self._rejected_before: Counter[str] = Counter()  # entries rejected by the readers closed since
@@ -93,7 +90,7 @@ class JournalFollower:
         """Start following in a thread; if none can be started now (a task limit), the collector reports
         that and state() tries again every RETRY_SECONDS."""
         thread = threading.Thread(target=self._run, name=f"{self.source.replace(' ', '-')}-follower", daemon=True)
-        self._set_error(self.still_reading)
+        self._set_error(self._still_reading())
         try:
             thread.start()
         except RuntimeError as error:  # "can't start new thread"
@@ -109,7 +106,7 @@ class JournalFollower:
         if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout)
 
-    def state(self) -> JournalState:
+    def state(self) -> LogState:
         """The fold as of now: failed starts whose root cause has not come within the grace time are
         settled by the wall clock (EngineTracker.settle) before their views are taken."""
         retry_at = self._start_retry_at
@@ -123,12 +120,12 @@ class JournalFollower:
                 tracker.settle(round(time.time() * 1e6))
             views = list(tracker.views()) if tracker is not None else []
             reader = self._reader
-            return JournalState(views=views, error=self._error, entries_read=self._entries_read,
-                                dropped_units=len(tracker.dropped_units) if tracker is not None else 0,
-                                watched_units=len(views) if tracker is not None else None,
-                                values_rejected=tracker.rejected_lines if tracker is not None else 0,
-                                unreadable=self._unreadable_before + (reader.unreadable_entries if reader else 0),
-                                rejected=dict(self._rejected_before + Counter(_rejected_by(reader))))
+            return LogState(views=views, error=self._error, entries_read=self._entries_read,
+                            dropped_units=len(tracker.dropped_units) if tracker is not None else 0,
+                            watched_units=len(views) if tracker is not None else None,
+                            values_rejected=tracker.rejected_lines if tracker is not None else 0,
+                            unreadable=self._unreadable_before + (reader.unreadable_entries if reader else 0),
+                            rejected=dict(self._rejected_before + Counter(_rejected_by(reader))))
 
     def watch(self, units: set[str]) -> None:
         """Units that currently have GPU processes: those matching the globs are watched even when the
@@ -165,11 +162,11 @@ class JournalFollower:
                 self._set_error(str(error))
                 self._stop.wait(RETRY_SECONDS)
             except Exception as error:  # never let the thread die: the collector would go silent
-                log.debug("journal follower failed", exc_info=True)
+                log.debug("%s follower failed", self.source, exc_info=True)
                 self._set_error(f"{type(error).__name__}: {error}")
                 self._stop.wait(RETRY_SECONDS)
 
-    def _catch_up(self, reader: JournalReader, tracker: OwnedTrackers) -> None:
+    def _catch_up(self, reader: Any, tracker: OwnedTrackers) -> None:
         with self._lock:
             for unit in self._units_with_processes:
                 tracker.watch(unit)
@@ -184,7 +181,7 @@ class JournalFollower:
             self._fold(reader, tracker, entries[begin:begin + DEFAULT_BATCH], published=False)
         while batch := reader.read_available(DEFAULT_BATCH):
             if self._stop.is_set():
-                return  # stopping: a half-read journal is never published
+                return  # stopping: a half-read log is never published
             self._fold(reader, tracker, batch, published=False)
         with self._lock:
             self._tracker = tracker
@@ -192,7 +189,7 @@ class JournalFollower:
                 log.info("%s read up to now: %d watched units", self.source, sum(1 for _ in tracker.views()))
             self._error = None
 
-    def _follow(self, reader: JournalReader) -> None:
+    def _follow(self, reader: Any) -> None:
         tracker = self._tracker
         while not self._stop.is_set():
             if not reader.wait(WAIT_SECONDS):
@@ -200,10 +197,10 @@ class JournalFollower:
             while batch := reader.read_available(DEFAULT_BATCH):
                 self._fold(reader, tracker, batch, published=True)
 
-    def _fold(self, reader: JournalReader, tracker: OwnedTrackers, batch: list[JournalEntry], *,
+    def _fold(self, reader: Any, tracker: OwnedTrackers, batch: list[LogEntry], *,
               published: bool) -> None:
         """Fold a batch the reader returned, and count it: the one count of entries read
-        (``JournalState.entries_read``, xpu_exporter_journal_entries_read_total), kept across re-reads of
+        (``LogState.entries_read``, xpu_exporter_journal_entries_read_total), kept across re-reads of
         the journal, so it counts the entries of a re-read boot again. It grows during the catch-up,
         before the tracker is published; a published tracker is folded under the lock the scrapes read
         it with."""
@@ -226,7 +223,7 @@ class JournalFollower:
                             "are ignored and counted in xpu_exporter_journal_values_rejected_total",
                             unit, rejection.row, rejection.field)
 
-    def _warn_of_unreadable(self, reader: JournalReader) -> None:
+    def _warn_of_unreadable(self, reader: Any) -> None:
         """Once: entries sd-journal cannot read are skipped (as journalctl skips them), not waited on; so are
         lines of container logs that are not records of their format."""
         if reader.unreadable_entries and not self._warned_of_unreadable:
@@ -245,7 +242,10 @@ class JournalFollower:
             tracker.forget(unit)
         self._runs.forget(unit)
 
-    def _set_error(self, error: str) -> None:
+    def _still_reading(self) -> NoDataYet:
+        return NoDataYet(f"still reading the {self.source}")
+
+    def _set_error(self, error: str | NoDataYet) -> None:
         with self._lock:
             self._error = error
 
@@ -255,12 +255,7 @@ def _rejected_by(reader: Any) -> dict[str, int]:
     return getattr(reader, "rejected_entries", None) or {} if reader is not None else {}
 
 
-def _open_journal(selection: JournalSelection, admit: Callable[..., bool],
-                  forget: Callable[[str], None]) -> JournalReader:
-    return JournalReader(selection, admit=admit)
-
-
-def prints_a_vllm_line(engine_grace_usec: int, entries: list[JournalEntry]) -> bool:
+def prints_a_vllm_line(engine_grace_usec: int, entries: list[LogEntry]) -> bool:
     """Whether the fold takes a line of these entries (one invocation of one unit) as vLLM's: the start
     printed, so its unit runs an engine and its latest printed start is known."""
     tracker = EngineTracker(1, engine_grace_usec)
