@@ -208,6 +208,7 @@ def test_no_collector_imports_another_and_no_module_imports_in_a_cycle():
 
 # The layers of docs/development/architecture.md, bottom up: a module imports only from its own layer or below.
 LAYERS = (("vllm_xpu_exporter.parsers",), ("vllm_xpu_exporter.fold",), ("vllm_xpu_exporter.sources",),
+          ("vllm_xpu_exporter.attribution",),
           ("vllm_xpu_exporter.collector", "vllm_xpu_exporter.collectors", "vllm_xpu_exporter.scrape"),
           ("vllm_xpu_exporter.gate", "vllm_xpu_exporter.plan", "vllm_xpu_exporter.http", "vllm_xpu_exporter.cli"))
 
@@ -232,7 +233,8 @@ def test_the_layer_check_finds_an_upward_import():
 
 
 def test_every_layer_imports_only_from_itself_and_the_layers_below():
-    """Parsers, then the fold, then the sources, then the collectors and the scrape, then the programs
-    (the gate, the planner, the web layer, the command line): never upwards (the fold reads the gate's
+    """Parsers, then the fold, then the sources, then the attribution (the processes' readings reasoned over),
+    then the collectors and the scrape, then the programs (the gate, the planner, the web layer, the command
+    line): never upwards (the fold reads the gate's
     lines through their parser, parsers/gate.py, not through the gate's package)."""
     assert upward_imports(module_imports()) == []
