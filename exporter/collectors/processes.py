@@ -19,9 +19,9 @@ share goes with it and the unit's counter goes down, which rate() treats as a co
 recording rule unit:xpu_unit_engine_busy:ratio (rules/) joins the two drivers' counters into one ratio.
 
 At most --collector.processes.max-units units (default 64, as --journal.max-units) have series of their own
-(`attribution.choose_units`: units the journal watches first, then those holding the most device memory, a unit kept at
-the previous scrape counting double so that units of about the same size do not swap places at every
-scrape); the memory of the others is counted in their device's unattributed rest (so the units' series and
+(`attribution.choose_units`: units the journal watches first, then those holding the most device memory, a
+unit kept at the previous scrape counting double so that units of about the same size do not swap places at
+every scrape); the memory of the others is counted in their device's unattributed rest (so the units' series and
 the rest still add up to used), their engine counters are dropped, and how many they are is the gauge
 xpu_exporter_processes_units_dropped. Desktop sessions, containers or batch jobs each in a scope of their own
 can hold DRM clients by the thousand: without the cap each would be a series on every device.
@@ -31,8 +31,12 @@ vllm-xpu-plan's): its footprint and planned KV cache, and per GPU their sum, so 
 all run at once shows on the dashboard and alerts. The unit's GPU is the one it holds (or last held) memory
 on, or the only one.
 
-Its options (`ProcessesOptions`): the host's /proc and /sys (--path.procfs, --path.sysfs), its unit cap
-(--collector.processes.max-units, a flag it adds itself) and whether the levelzero collector is disabled.
+A thin mapping: the reasoning is `vllm_xpu_exporter.attribution` (pure); the sources (the DRM clients'
+scan under --path.procfs, dmem under --path.sysfs, the containers' names, the units' API endpoints, Level
+Zero) are built with the others (`cli.build_sources`) and read through the scrape's `ScrapeContext`. Its
+options (`ProcessesOptions`): its unit cap (--collector.processes.max-units, a flag it adds itself) and
+whether the levelzero collector is disabled; it also adds --collector.processes.sd-host-address, which
+configures the endpoints' source.
 """
 
 from __future__ import annotations
@@ -51,11 +55,11 @@ from vllm_xpu_exporter import attribution
 from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from vllm_xpu_exporter.discovery import VllmTargets
 from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
-from vllm_xpu_exporter.flags import container_paths, positive_int
+from vllm_xpu_exporter.flags import positive_int
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
 from vllm_xpu_exporter.parsers.cgroup import ContainerCgroup
-from vllm_xpu_exporter.sources import containers, dmem, endpoints, procfs
-from vllm_xpu_exporter.sources.containers import ContainerNames, Workload
+from vllm_xpu_exporter.sources import containers, endpoints, procfs
+from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable
 from vllm_xpu_exporter.sources.procfs import UnitEngineUse
 
@@ -78,40 +82,29 @@ def workload_info(workloads: Mapping[str, Workload], kept: set[str]) -> GaugeFam
 class ProcessesCollector(Collector):
     name = "processes"
 
-    def __init__(self, procfs_root: str = "/proc", reports_levelzero: bool = False,
-                 sysfs_root: str = dmem.DEFAULT_SYSFS, max_units: int = DEFAULT_MAX_UNITS,
-                 names: ContainerNames | None = None, targets: VllmTargets | None = None,
-                 sd_host_address: str = endpoints.DEFAULT_HOST_ADDRESS) -> None:
+    def __init__(self, reports_levelzero: bool = False, max_units: int = DEFAULT_MAX_UNITS,
+                 targets: VllmTargets | None = None) -> None:
         """`reports_levelzero`: the levelzero collector is disabled, so a Level Zero failure that costs this
         collector its unattributed rest and headroom is reported here, or nowhere. `max_units`: at most this
-        many units have series of their own (see attribution.choose_units). `names`: where containers' names
-        are read (default: the engines' standard locations). `targets`: where the units' vLLM API endpoints
-        found at each scrape are published (/sd/vllm); `sd_host_address` stands for every address of the
-        host's network namespace there."""
+        many units have series of their own (see attribution.choose_units). `targets`: where the units' vLLM
+        API endpoints found at each scrape are published (/sd/vllm)."""
         self._reports_levelzero = reports_levelzero
         self._max_units = max_units
         self._kept_units: set[str] = set()
         self._warned_dropped = False
-        self._scanner = procfs.DrmClientScanner(procfs_root)
-        self._dmem = dmem.DmemReader(sysfs_root)
-        self._names = names if names is not None else ContainerNames()
         self._containers_of_paths: dict[str, ContainerCgroup | None] = {}  # the last scrape's (containers_of)
         self._unit_devices = attribution.UnitDevices()
         self._plans = attribution.Plans()
         self._warned_unreadable = False
         self._targets = targets
-        self._endpoints = endpoints.EndpointFinder(procfs_root, host_address=sd_host_address)
         self._start_free_memory = attribution.StartFreeMemory()
-
-    def stop(self) -> None:
-        self._scanner.close()
 
     def collect(self, context: ScrapeContext) -> Iterator[Metric]:
         problems: list[str] = []
-        scan = self._scan(problems)
+        scan = self._scan(context, problems)
         devices = self._device_memory(context, problems)
         fallbacks = {pci: self._fallback(scan, context, pci) for pci in attribution.gpus_seen(devices or (), scan)}
-        dmem_by_unit = self._read_dmem(attribution.unit_cgroups(scan, fallbacks.values()), problems)
+        dmem_by_unit = self._read_dmem(context, attribution.unit_cgroups(scan, fallbacks.values()), problems)
         for pci in attribution.gpus_only_dmem_sees(dmem_by_unit, fallbacks):
             fallbacks[pci] = self._fallback(scan, context, pci)
         attributions, unserved = attribution.attribute_devices(fallbacks, dmem_by_unit, scan)
@@ -119,7 +112,7 @@ class ProcessesCollector(Collector):
                         f"figures for it and Level Zero's process list failed)" for pci in unserved)
         # From here on a unit is a workload: containers by their names (see _workloads)
         cgroups_of_unit = attribution.unit_cgroups(scan, fallbacks.values())
-        workloads = self._workloads(cgroups_of_unit)
+        workloads = self._workloads(context, cgroups_of_unit)
         attributions = {pci: attribution.rename_attribution(of_device, workloads)
                         for pci, of_device in attributions.items()}
         engines = attribution.rename_engine_use(scan.engines_by_device_unit if scan is not None else {}, workloads)
@@ -142,7 +135,8 @@ class ProcessesCollector(Collector):
         yield from self._engine_use(engines, kept)
         yield workload_info(workloads, kept)
         gpus = [d.identity.pci_address for d in devices] if devices is not None else sorted(attributions)
-        self._discover(attribution.endpoint_cgroups(cgroups_of_unit, workloads, kept), workloads, attributions, gpus)
+        self._discover(context, attribution.endpoint_cgroups(cgroups_of_unit, workloads, kept), workloads,
+                       attributions, gpus)
         yield GaugeFamily("xpu_exporter_processes_units_dropped",
                           "Units holding GPU memory or DRM clients at this scrape that have no series of their own "
                           "because of --collector.processes.max-units (their memory is in the unattributed rest).",
@@ -150,7 +144,7 @@ class ProcessesCollector(Collector):
         yield CounterFamily("xpu_exporter_container_state_files_cut_total",
                             "Engine state files (config.v2.json, containers.json) not read for their size: over "
                             "their bound, or one container's entry over its bound (those containers keep their "
-                            "cgroup names).", value=self._names.cut)
+                            "cgroup names).", value=context.container_state_files_cut())
         if devices is not None:
             views = context.engine_views()
             yield from self._against_device_memory(devices, attributions, views, kept, gpus)
@@ -199,20 +193,20 @@ class ProcessesCollector(Collector):
                     total_cycles.add_metric([device, unit, engine], count)
         yield from (busy, cycles, total_cycles)
 
-    def _workloads(self, cgroups_of_unit: Mapping[str, set[str]]) -> dict[str, Workload]:
+    def _workloads(self, context: ScrapeContext, cgroups_of_unit: Mapping[str, set[str]]) -> dict[str, Workload]:
         """unit (a cgroup leaf) -> its workload: a systemd unit keeps its name; a container's cgroup gets the key
         of its names (`docker/<name>`, `podman/<name>`, `k8s/<namespace>/<pod>/<container>`) when they are
         found, else keeps the leaf. Whatever the state on disk holds, never raises: a failure keeps the leaf."""
         workloads: dict[str, Workload] = {}
         for unit, container in attribution.containers_of(cgroups_of_unit, self._containers_of_paths).items():
             try:
-                workloads[unit] = self._names.workload(unit, container)
+                workloads[unit] = context.workload(unit, container)
             except Exception:  # noqa: BLE001 (untrusted files on disk must never cost a scrape)
                 log.debug("no workload for %s", unit, exc_info=True)
                 workloads[unit] = Workload(unit)
         return workloads
 
-    def _discover(self, paths_of: dict[str, set[str]], workloads: Mapping[str, Workload],
+    def _discover(self, context: ScrapeContext, paths_of: dict[str, set[str]], workloads: Mapping[str, Workload],
                   attributions: dict[str, attribution.DeviceAttribution], gpus: list[str]) -> None:
         """Publish the vLLM API endpoint of each unit with series of its own (sources.endpoints): `paths_of`,
         the units' cgroups, are those their GPU processes are in. A procfs that cannot be read publishes none
@@ -220,15 +214,15 @@ class ProcessesCollector(Collector):
         if self._targets is None:
             return
         try:
-            found = self._endpoints.find(path for paths in paths_of.values() for path in paths)
+            found = context.vllm_endpoints(path for paths in paths_of.values() for path in paths)
         except procfs.ProcfsUnavailable:
             found = {}
         self._targets.publish(attribution.vllm_targets(paths_of, found, workloads, self._unit_devices, attributions,
                                                        gpus))
 
-    def _scan(self, problems: list[str]) -> procfs.ScanResult | None:
+    def _scan(self, context: ScrapeContext, problems: list[str]) -> procfs.ScanResult | None:
         try:
-            scan = self._scanner.scan()
+            scan = context.drm_clients()
         except procfs.ProcfsUnavailable as error:
             problems.append(str(error))
             return None
@@ -238,12 +232,13 @@ class ProcessesCollector(Collector):
                         "CAP_DAC_READ_SEARCH (or run it as root) to see every GPU process", scan.unreadable)
         return scan
 
-    def _read_dmem(self, cgroups_of_unit: dict[str, set[str]], problems: list[str]) -> dict[str, dict[str, int]]:
+    def _read_dmem(self, context: ScrapeContext, cgroups_of_unit: dict[str, set[str]], problems: list[str]
+                   ) -> dict[str, dict[str, int]]:
         """unit -> device -> bytes from dmem, for the units of DRM clients, of processes the scan could not
         read and of Level Zero's process list."""
         if not cgroups_of_unit:
             return {}
-        reading = self._dmem.read(cgroups_of_unit)
+        reading = context.dmem(cgroups_of_unit)
         problems.extend(reading.problems)
         return reading.by_unit
 
@@ -274,7 +269,7 @@ class ProcessesCollector(Collector):
         reading = next((r for r in readings if r.identity.pci_address == pci), None)
         if reading is None or reading.error:
             return None
-        return attribution.from_processes(reading, {process.pid: self._scanner.unit_cgroup_of(process.pid)
+        return attribution.from_processes(reading, {process.pid: context.unit_cgroup_of(process.pid)
                                                     for process in reading.processes})
 
     def _against_device_memory(self, devices: list[DeviceMemory],
@@ -339,28 +334,16 @@ class ProcessesCollector(Collector):
 
 @dataclass(frozen=True)
 class ProcessesOptions:
-    """The processes collector's options: `procfs` and `sysfs`, where the host's /proc and /sys are
-    (--path.procfs, --path.sysfs); `max_units` (--collector.processes.max-units); `reports_levelzero`: the
-    levelzero collector is disabled (see ProcessesCollector); where the container engines' state is, for
-    containers' names (--path.docker, --path.podman, --path.pods, --path.container-logs)."""
+    """The processes collector's options: `max_units` (--collector.processes.max-units); `reports_levelzero`:
+    the levelzero collector is disabled (see ProcessesCollector)."""
 
-    procfs: str = "/proc"
-    sysfs: str = dmem.DEFAULT_SYSFS
     max_units: int = DEFAULT_MAX_UNITS
     reports_levelzero: bool = False
-    docker_roots: tuple[str, ...] = (containers.DEFAULT_DOCKER_ROOT,)
-    podman_storages: tuple[str, ...] = (containers.DEFAULT_PODMAN_STORAGE,)
-    pod_logs: str = containers.DEFAULT_POD_LOGS
-    container_logs: str = containers.DEFAULT_CONTAINER_LOGS
-    sd_host_address: str = endpoints.DEFAULT_HOST_ADDRESS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, enabled: frozenset[str]) -> ProcessesOptions:
-        """From the parsed command line (its host paths and this collector's own flag) and the names of the
-        enabled collectors."""
-        return cls(procfs=args.procfs, sysfs=args.sysfs, max_units=args.processes_max_units,
-                   reports_levelzero="levelzero" not in enabled, sd_host_address=args.processes_sd_host_address,
-                   **container_paths(args))  # type: ignore[arg-type]
+        """From the parsed command line (this collector's own flag) and the names of the enabled collectors."""
+        return cls(max_units=args.processes_max_units, reports_levelzero="levelzero" not in enabled)
 
 
 def add_flags(collectors: argparse._ArgumentGroup) -> None:
@@ -388,11 +371,8 @@ def sd_host_address(value: str) -> str:
     return value
 
 
-@register("processes", "per-unit device memory from processes", needs=[Source.LEVELZERO],
+@register("processes", "per-unit device memory from processes",
+          needs=[Source.LEVELZERO, Source.DRM_CLIENTS, Source.DMEM, Source.CONTAINER_NAMES, Source.VLLM_ENDPOINTS],
           add_flags=add_flags, options=ProcessesOptions.from_args)
 def _processes_collector(options: ProcessesOptions, sources: Sources) -> ProcessesCollector:
-    names = ContainerNames(options.docker_roots, options.podman_storages, options.pod_logs, options.container_logs)
-    return ProcessesCollector(options.procfs, reports_levelzero=options.reports_levelzero,
-                              sysfs_root=options.sysfs, max_units=options.max_units, names=names,
-                              targets=sources.vllm_targets, sd_host_address=options.sd_host_address)
-
+    return ProcessesCollector(options.reports_levelzero, options.max_units, sources.vllm_targets)
