@@ -18,7 +18,8 @@ from vllm_xpu_exporter.attribution import (DMEM, FDINFO, LEVELZERO, Attribution,
 from vllm_xpu_exporter.parsers.cgroup import DOCKER, ContainerCgroup, UnitCgroup
 from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.endpoints import Endpoint
-from vllm_xpu_exporter.sources.levelzero.binding import DeviceIdentity, MemoryModule, MemoryModuleProperties, ProcessMemory
+from vllm_xpu_exporter.sources.levelzero.binding import (DeviceIdentity, MemoryModule, MemoryModuleProperties,
+                                                         ProcessMemory)
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses
 from vllm_xpu_exporter.sources.procfs import ScanResult, UnitEngineUse
 
@@ -34,7 +35,8 @@ def device_memory(pci: str, total: int | None = 1000, free: int = 400) -> Device
     identity = DeviceIdentity(pci, "Intel(R) Arc(TM) A770 Graphics", "0" * 32, "1.6.0")
     if total is None:
         return DeviceMemory(identity, (), None, None)
-    return DeviceMemory(identity, (MemoryModuleProperties(0, True, total),), (MemoryModule(True, total, free, 1),), None)
+    return DeviceMemory(identity, (MemoryModuleProperties(0, True, total),), (MemoryModule(True, total, free, 1),),
+                        None)
 
 
 def attributed(by_unit: dict[str, int], total: int | None = None) -> DeviceAttribution:
@@ -55,7 +57,8 @@ def test_level_zeros_process_list_is_attributed_by_each_pids_unit_and_counts_eve
     reading = DeviceProcesses(identity, (ProcessMemory(10, 100, 0, 0), ProcessMemory(11, 50, 0, 0),
                                          ProcessMemory(12, 7, 0, 0)), None)
     cgroups = {10: UnitCgroup(CHAT, f"/system.slice/{CHAT}"), 11: UnitCgroup(CHAT, f"/system.slice/{CHAT}"), 12: None}
-    assert from_processes(reading, cgroups) == Attribution(LEVELZERO, {CHAT: 150}, 157, {CHAT: {f"/system.slice/{CHAT}"}})
+    assert from_processes(reading, cgroups) == Attribution(LEVELZERO, {CHAT: 150}, 157,
+                                                           {CHAT: {f"/system.slice/{CHAT}"}})
 
 
 def test_dmem_serves_the_units_it_lists_and_the_fallback_the_others():
@@ -153,12 +156,14 @@ def test_the_unattributed_rest_counts_dropped_units_and_is_clamped_when_overcoun
     attributions = {GPU: attributed({CHAT: 300, "dropped.scope": 50}, 400), OTHER_GPU: attributed({STT: 150}),
                     "0000:05:00.0": attributed({STT: 1})}
     # GPU: 600 used, 400 attributed of which 50 to a unit without series: 250 unattributed
-    assert device_rests(memory, attributions, {CHAT, STT}) == {GPU: DeviceRest(250, False), OTHER_GPU: DeviceRest(0, True)}
+    assert device_rests(memory, attributions, {CHAT, STT}) == {GPU: DeviceRest(250, False),
+                                                               OTHER_GPU: DeviceRest(0, True)}
 
 
 def test_restart_headroom_is_free_plus_own_less_the_request_on_the_units_gpu():
     memory = {GPU: (1000, 400)}
-    views = [SimpleNamespace(unit=CHAT, gpu_memory_utilization=0.75), SimpleNamespace(unit=STT, gpu_memory_utilization=None),
+    views = [SimpleNamespace(unit=CHAT, gpu_memory_utilization=0.75),
+             SimpleNamespace(unit=STT, gpu_memory_utilization=None),
              SimpleNamespace(unit="elsewhere.service", gpu_memory_utilization=0.5)]
     attributions = {GPU: attributed({CHAT: 300})}
     assert restart_headrooms(memory, attributions, views, UnitDevices(), [GPU]) == [
@@ -187,10 +192,11 @@ def test_the_free_memory_at_a_start_is_compared_with_the_reading_nearest_vllms_l
     start = SimpleNamespace(seen_free_bytes=900, seen_free_usec=1_000_000_000, began_usec=999_000_000)
     views = [SimpleNamespace(unit=CHAT, latest=start), SimpleNamespace(unit=STT, latest=None)]
     free_memory = StartFreeMemory()
-    # the chat unit holds 300 of 400 attributed: levelzero is free + own, total_less_attributed total - others
-    at_start = free_memory.figures(1_000_000_000 + 5_000_000, {GPU: (1000, 600)}, {GPU: attributed({CHAT: 300}, 400)},
+    # the chat unit holds 300 of 450 attributed: levelzero is free + own, total_less_attributed total - others
+    at_start = free_memory.figures(1_000_000_000 + 5_000_000, {GPU: (1000, 500)}, {GPU: attributed({CHAT: 300}, 450)},
                                    views, UnitDevices(), [GPU])
-    assert at_start == [(GPU, CHAT, "vllm", 900), (GPU, CHAT, "levelzero", 900), (GPU, CHAT, "total_less_attributed", 900)]
+    assert at_start == [(GPU, CHAT, "vllm", 900), (GPU, CHAT, "levelzero", 500 + 300),
+                        (GPU, CHAT, "total_less_attributed", 1000 - 150)]
     # an hour later, with other figures: the comparison made at the start is kept
     later = free_memory.figures(1_000_000_000 + 3_600_000_000, {GPU: (1000, 100)}, {GPU: attributed({CHAT: 800})},
                                 views, UnitDevices(), [GPU])
