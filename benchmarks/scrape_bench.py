@@ -146,6 +146,12 @@ def export_exporter(revision: str, into: Path) -> None:
         raise SystemExit(f"scrape_bench: no exporter/ at revision {revision!r}: "
                          f"{archive.stderr.decode(errors='replace').strip()}")
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+    for link in (into / "exporter").rglob("*"):
+        if link.is_symlink() and not link.exists():  # a file shipped from outside exporter/ (the runbook)
+            target = (Path("/") / link.relative_to(into).parent / link.readlink()).resolve().relative_to("/")
+            link.unlink()
+            link.write_bytes(subprocess.run(["git", "-C", str(REPO), "show", f"{revision}:{target}"],
+                                            capture_output=True, check=True).stdout)
     if "vllm_xpu_exporter" in (into / "exporter" / "__main__.py").read_text():
         (into / "exporter").rename(into / "vllm_xpu_exporter")
 
