@@ -79,8 +79,8 @@ class Options:
     logs_pods: str | None = None  # --logs.pods: the --path.pods whose pods' logs are read
     procfs: str = DEFAULT_PROCFS
     sysfs: str = DEFAULT_SYSFS
-    # --collector.processes.sd-host-address (the processes collector's flag): what the endpoints found stand for
-    # an address of every interface of the host's network namespace with
+    # --collector.processes.sd-host-address (a flag of the processes collector, for the endpoint finder built
+    # here): the address /sd/vllm gives for a vLLM server listening on every address of the host's namespace
     sd_host_address: str = DEFAULT_HOST_ADDRESS
     log_level: str = "info"
     log_format: str = "logfmt"

@@ -261,6 +261,6 @@ def test_the_layer_check_finds_an_upward_import():
 def test_every_layer_imports_only_from_itself_and_the_layers_below():
     """Parsers, then the fold, then the sources, then the attribution (the processes' readings reasoned over),
     then the collectors and the scrape, then the programs (the gate, the planner, the web layer, the command
-    line): never upwards (the fold reads the gate's
-    lines through their parser, parsers/gate.py, not through the gate's package)."""
+    line): never upwards (the fold reads the gate's lines through their parser, parsers/gate.py, not through
+    the gate's package)."""
     assert upward_imports(module_imports()) == []
