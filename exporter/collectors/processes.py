@@ -147,9 +147,10 @@ class ProcessesCollector(Collector):
                             "cgroup names).", value=context.container_state_files_cut())
         if devices is not None:
             views = context.engine_views()
-            yield from self._against_device_memory(devices, attributions, views, kept, gpus)
+            memory = attribution.total_and_free(devices)
+            yield from self._against_device_memory(memory, attributions, views, kept, gpus)
             yield from self._planned(devices, attributions, views, gpus)
-            yield self._free_memory_at_start(devices, attributions, views, gpus)
+            yield self._free_memory_at_start(memory, attributions, views, gpus)
         if problems:
             raise CollectionError("; ".join(problems))
 
@@ -272,7 +273,7 @@ class ProcessesCollector(Collector):
         return attribution.from_processes(reading, {process.pid: context.unit_cgroup_of(process.pid)
                                                     for process in reading.processes})
 
-    def _against_device_memory(self, devices: list[DeviceMemory],
+    def _against_device_memory(self, memory: dict[str, tuple[int, int]],
                                attributions: dict[str, attribution.DeviceAttribution], views: list[UnitView],
                                kept: set[str], gpus: list[str]) -> Iterator[Metric]:
         unattributed = GaugeFamily("xpu_unattributed_memory_bytes",
@@ -285,7 +286,6 @@ class ProcessesCollector(Collector):
                                "free + the unit's own memory - ceil(gpu_memory_utilization x total): the "
                                "free memory vLLM (0.16+) demands at start; negative: a restart now would fail.",
                                labels=["device", "unit"])
-        memory = attribution.total_and_free(devices)
         for pci, rest in attribution.device_rests(memory, attributions, kept).items():
             unattributed.add_metric([pci], rest.unattributed)
             overcounted.add_metric([pci], 1 if rest.overcounted else 0)
@@ -316,7 +316,8 @@ class ProcessesCollector(Collector):
             device_footprint.add_metric([pci], total_footprint)
         yield from (footprint, planned_kv, device_footprint)
 
-    def _free_memory_at_start(self, devices: list[DeviceMemory], attributions: dict[str, attribution.DeviceAttribution],
+    def _free_memory_at_start(self, memory: dict[str, tuple[int, int]],
+                              attributions: dict[str, attribution.DeviceAttribution],
                               views: list[UnitView], gpus: list[str]) -> Metric:
         """The free memory each unit's latest start said it saw, and the driver's at the scrape nearest that
         line (attribution.StartFreeMemory): this scrape's reading is kept for the lines to come."""
@@ -325,7 +326,7 @@ class ProcessesCollector(Collector):
                              "vllm), Level Zero's free plus the unit's own memory at the scrape nearest that line "
                              "(levelzero), and the total less the other processes' memory then "
                              "(total_less_attributed).", labels=["device", "unit", "seen_by"])
-        figures = self._start_free_memory.figures(time.time_ns() // 1000, attribution.total_and_free(devices),
+        figures = self._start_free_memory.figures(time.time_ns() // 1000, memory,
                                                   attributions, views, self._unit_devices, gpus)
         for pci, unit, seen_by, bytes_ in figures:
             family.add_metric([pci, unit, seen_by], bytes_)
