@@ -7,8 +7,9 @@ families. Nothing here reads a file, a clock or a socket: the tests give it read
 
 Per device, the units' memory comes from the first source that works: fdinfo (`from_fdinfo`), else Level
 Zero's process list (`from_processes`); a unit whose dmem.current lists the device's regions is served by dmem
-instead (`attribute_device`). From there on a unit is a workload (`workload_keys`, `rename_attribution`,
-`rename_engine_use`): the units of one container add up. At most so many units keep series of their own
+instead (`attribute_device`). From there on a unit is a workload (`containers_of` finds each unit's
+container, whose names the collector reads; `rename_attribution`, `rename_engine_use`): the units of one
+container add up. At most so many units keep series of their own
 (`choose_units`); the memory of the others counts in the unattributed rest (`device_rests`).
 """
 
