@@ -148,12 +148,11 @@ def export_exporter(revision: str, into: Path) -> None:
                          f"{archive.stderr.decode(errors='replace').strip()}")
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
     for link in (into / "exporter").rglob("*"):
-        if link.is_symlink() and not link.exists():  # a file the package ships from elsewhere (the runbook)
-            target = Path(os.path.normpath(link.parent / os.readlink(link)))
-            shown = subprocess.run(["git", "-C", str(REPO), "show", f"{revision}:{target.relative_to(into)}"],
-                                   capture_output=True, check=True)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(shown.stdout)
+        if link.is_symlink() and not link.exists():  # a file shipped from outside exporter/ (the runbook)
+            target = (Path("/") / link.relative_to(into).parent / link.readlink()).resolve().relative_to("/")
+            link.unlink()
+            link.write_bytes(subprocess.run(["git", "-C", str(REPO), "show", f"{revision}:{target}"],
+                                            capture_output=True, check=True).stdout)
     if "vllm_xpu_exporter" in (into / "exporter" / "__main__.py").read_text():
         (into / "exporter").rename(into / "vllm_xpu_exporter")
 

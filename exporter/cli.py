@@ -33,13 +33,15 @@ from vllm_xpu_exporter.logs import FORMATS, LEVELS, setup_logging
 from vllm_xpu_exporter.scrape import ExporterCollector
 from vllm_xpu_exporter.sources.journal import open_journal, read_own_service_unit
 from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
-from vllm_xpu_exporter.sources.containers import DEFAULT_DOCKER_ROOT
+from vllm_xpu_exporter.sources.containers import (DEFAULT_CONTAINER_LOGS, DEFAULT_DOCKER_ROOT, DEFAULT_POD_LOGS,
+                                                  DEFAULT_PODMAN_STORAGE, ContainerNames)
 from vllm_xpu_exporter.sources.logs.entry import DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, LogSelection
 from vllm_xpu_exporter.sources.logs.follower import LogFollower
-from vllm_xpu_exporter.sources.dmem import DEFAULT_SYSFS
+from vllm_xpu_exporter.sources.dmem import DEFAULT_SYSFS, DmemReader
+from vllm_xpu_exporter.sources.endpoints import DEFAULT_HOST_ADDRESS, EndpointFinder
 from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
-from vllm_xpu_exporter.sources.procfs import DEFAULT_PROCFS
+from vllm_xpu_exporter.sources.procfs import DEFAULT_PROCFS, DrmClientScanner
 from vllm_xpu_exporter.sources.udev import DrmNodeNames
 
 log = logging.getLogger("vllm_xpu_exporter.main")
@@ -70,10 +72,16 @@ class Options:
     journal_max_units: int = DEFAULT_MAX_UNITS
     journal_engine_grace_usec: int = ENGINE_GRACE_USEC
     docker_roots: tuple[str, ...] = (DEFAULT_DOCKER_ROOT,)  # --path.docker: also where journald containers end
+    podman_storages: tuple[str, ...] = (DEFAULT_PODMAN_STORAGE,)  # --path.podman
+    pod_logs: str = DEFAULT_POD_LOGS  # --path.pods
+    container_logs: str = DEFAULT_CONTAINER_LOGS  # --path.container-logs
     logs_docker_roots: tuple[str, ...] = ()  # --logs.docker: the --path.docker roots whose containers' logs are read
     logs_pods: str | None = None  # --logs.pods: the --path.pods whose pods' logs are read
     procfs: str = DEFAULT_PROCFS
     sysfs: str = DEFAULT_SYSFS
+    # --collector.processes.sd-host-address (a flag of the processes collector, for the endpoint finder built
+    # here): the address /sd/vllm gives for a vLLM server listening on every address of the host's namespace
+    sd_host_address: str = DEFAULT_HOST_ADDRESS
     log_level: str = "info"
     log_format: str = "logfmt"
     collector_options: Mapping[str, object] = field(default_factory=_default_collector_options)
@@ -157,11 +165,12 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         journal_boot=args.journal_boot,
         journal_max_units=args.journal_max_units,
         journal_engine_grace_usec=journal_engine_grace_usec(args),
-        docker_roots=container_paths(args)["docker_roots"],  # type: ignore[arg-type]
+        **container_paths(args),  # type: ignore[arg-type]
         logs_docker_roots=logs_docker_roots,
         logs_pods=logs_pods,
         procfs=args.procfs,
         sysfs=args.sysfs,
+        sd_host_address=args.processes_sd_host_address,
         log_level=args.log_level,
         log_format=args.log_format,
         collector_options={spec.name: spec.options(args, enabled) for spec in registered()},
@@ -182,6 +191,15 @@ def build_sources(options: Options, needs: set[Source]) -> Sources:
         directories = LogDirectories(options.logs_docker_roots, options.logs_pods)
         if directories:
             sources.container_logs = container_log_follower(options, directories)
+    if Source.DRM_CLIENTS in needs:
+        sources.drm_clients = DrmClientScanner(options.procfs)
+    if Source.DMEM in needs:
+        sources.dmem = DmemReader(options.sysfs)
+    if Source.CONTAINER_NAMES in needs:
+        sources.container_names = ContainerNames(options.docker_roots, options.podman_storages, options.pod_logs,
+                                                 options.container_logs)
+    if Source.VLLM_ENDPOINTS in needs:
+        sources.vllm_endpoints = EndpointFinder(options.procfs, host_address=options.sd_host_address)
     return sources
 
 

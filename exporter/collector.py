@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -25,11 +25,19 @@ from prometheus_client.metrics_core import Metric
 
 from vllm_xpu_exporter.discovery import VllmTargets
 from vllm_xpu_exporter.fold.engine_starts import UnitView, merged_views
+from vllm_xpu_exporter.sources.containers import Workload
+from vllm_xpu_exporter.sources.dmem import DmemReading
 from vllm_xpu_exporter.sources.levelzero.worker import LevelZeroUnavailable
+from vllm_xpu_exporter.sources.procfs import ProcfsUnavailable
 
 if TYPE_CHECKING:
+    from vllm_xpu_exporter.parsers.cgroup import ContainerCgroup, UnitCgroup
+    from vllm_xpu_exporter.sources.containers import ContainerNames
+    from vllm_xpu_exporter.sources.dmem import DmemReader
+    from vllm_xpu_exporter.sources.endpoints import Endpoint, EndpointFinder
     from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
     from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroWorker, PendingRead
+    from vllm_xpu_exporter.sources.procfs import DrmClientScanner, ScanResult
     from vllm_xpu_exporter.sources.udev import DrmNodeNames
 
 T = TypeVar("T")
@@ -63,6 +71,10 @@ class Source(StrEnum):
     LEVELZERO = "levelzero"
     LEVELZERO_TELEMETRY = "levelzero telemetry"  # Level Zero, with the telemetry read on every request
     JOURNAL = "journal"
+    DRM_CLIENTS = "drm clients"  # the processes' DRM clients and cgroups under --path.procfs
+    DMEM = "dmem"  # the units' dmem.current under --path.sysfs
+    CONTAINER_NAMES = "container names"  # the container engines' state on disk (--path.docker, ...)
+    VLLM_ENDPOINTS = "vllm endpoints"  # the units' vLLM API endpoints, from their processes' sockets
 
 
 @dataclass
@@ -73,6 +85,10 @@ class Sources:
     drm_nodes: DrmNodeNames | None = None  # with Level Zero: GPU hot-plug events and DRM node names
     journal: LogFollower | None = None
     container_logs: LogFollower | None = None  # with the journal: containers' log files (--logs.*), if any
+    drm_clients: DrmClientScanner | None = None
+    dmem: DmemReader | None = None
+    container_names: ContainerNames | None = None
+    vllm_endpoints: EndpointFinder | None = None
     # the units' vLLM API endpoints, published by the processes collector at each scrape, served at /sd/vllm
     vllm_targets: VllmTargets = field(default_factory=VllmTargets, compare=False)
 
@@ -95,11 +111,14 @@ class Sources:
             self.drm_nodes.stop()
         if self.levelzero is not None:
             self.levelzero.close()
+        if self.drm_clients is not None:
+            self.drm_clients.close()
 
 
 class ScrapeContext:
     """What the collectors of one scrape read: each source at most once, the same answer (or the same
-    failure) for every collector of the scrape."""
+    failure) for every collector of the scrape. A read that takes what to read from the collector (dmem's
+    units, a process's unit, a container's names, the endpoints of some cgroups) is made as asked."""
 
     def __init__(self, sources: Sources) -> None:
         self._sources = sources
@@ -150,6 +169,44 @@ class ScrapeContext:
         has seen them."""
         if self._sources.journal is not None:
             self._sources.journal.watch(set(units))
+
+    def drm_clients(self) -> ScanResult:
+        """The processes' DRM clients under --path.procfs: one scan per scrape. Raises ProcfsUnavailable when
+        the procfs root cannot be read, or when no enabled collector needs the scan."""
+        return self._once("drm_clients", lambda: self._drm_client_scanner().scan())
+
+    def unit_cgroup_of(self, pid: int) -> UnitCgroup | None:
+        """The unit (and cgroup path) of process `pid`, as the DRM clients' scan reads it; None when not known
+        or not read."""
+        scanner = self._sources.drm_clients
+        return None if scanner is None else scanner.unit_cgroup_of(pid)
+
+    def dmem(self, cgroups_of_unit: Mapping[str, Iterable[str]]) -> DmemReading:
+        """The dmem.current of these units (unit -> its cgroup paths); nothing when dmem is not read."""
+        reader = self._sources.dmem
+        return DmemReading() if reader is None else reader.read(cgroups_of_unit)
+
+    def workload(self, unit: str, container: ContainerCgroup | None) -> Workload:
+        """Who cgroup leaf `unit` is: its container's names from the engines' state on disk (None: no
+        container's, the leaf's own name); the leaf when containers' names are not read."""
+        names = self._sources.container_names
+        return Workload(unit) if names is None else names.workload(unit, container)
+
+    def container_state_files_cut(self) -> int:
+        """How many engine state files the containers' names have not read for their size (so far)."""
+        names = self._sources.container_names
+        return 0 if names is None else names.cut
+
+    def vllm_endpoints(self, cgroup_paths: Iterable[str]) -> dict[str, Endpoint]:
+        """cgroup path -> its vLLM API endpoint, for those of `cgroup_paths` that run one; none when endpoints
+        are not looked for. Raises ProcfsUnavailable when --path.procfs cannot be listed."""
+        finder = self._sources.vllm_endpoints
+        return {} if finder is None else finder.find(cgroup_paths)
+
+    def _drm_client_scanner(self) -> DrmClientScanner:
+        if self._sources.drm_clients is None:
+            raise ProcfsUnavailable("the processes' DRM clients are not read: no enabled collector needs them")
+        return self._sources.drm_clients
 
     def _memory_request(self) -> PendingRead[DeviceMemory]:
         return self._once("memory_request", lambda: self._levelzero().request_memory())

@@ -43,8 +43,7 @@ def test_each_collector_gets_only_its_own_options_made_from_the_command_line():
     options = parse_options(["--no-collector.levelzero", "--collector.processes.max-units", "3",
                              "--path.procfs", "/host/proc", "--path.sysfs", "/host/sys"])
     assert options.collector_options == {
-        "journal": None, "levelzero": None,
-        "processes": ProcessesOptions(procfs="/host/proc", sysfs="/host/sys", max_units=3, reports_levelzero=True)}
+        "journal": None, "levelzero": None, "processes": ProcessesOptions(max_units=3, reports_levelzero=True)}
     assert parse_options([]).collector_options["processes"] == ProcessesOptions()
     assert Options().collector_options == parse_options([]).collector_options
 
@@ -53,9 +52,36 @@ def test_sources_are_built_only_for_what_the_enabled_collectors_need():
     options = parse_options(["--no-collector.journal"])
     needs = {need for spec in registered() if spec.name in options.collectors for need in spec.needs}
     sources = build_sources(options, needs)
-    assert needs == {Source.LEVELZERO, Source.LEVELZERO_TELEMETRY}
+    assert needs == {Source.LEVELZERO, Source.LEVELZERO_TELEMETRY, Source.DRM_CLIENTS, Source.DMEM,
+                     Source.CONTAINER_NAMES, Source.VLLM_ENDPOINTS}
     assert sources.levelzero is not None and sources.levelzero.telemetry and sources.journal is None
     assert build_sources(options, set()) == Sources()
+    only_levelzero = build_sources(parse_options(["--no-collector.journal", "--no-collector.processes"]),
+                                   {Source.LEVELZERO_TELEMETRY})
+    assert only_levelzero.levelzero is not None
+    assert (only_levelzero.drm_clients, only_levelzero.dmem, only_levelzero.container_names,
+            only_levelzero.vllm_endpoints) == (None, None, None, None)
+
+
+def test_the_processes_sources_are_built_once_with_the_host_paths_and_handed_to_the_collector_through_sources():
+    """The processes collector owns no source: its DRM clients' scan, dmem reader, containers' names and endpoint
+    finder are built with the other sources, from the host paths, and it reads them through the scrape context."""
+    options = parse_options(["--no-collector.journal", "--no-collector.levelzero", "--path.procfs", "/host/proc",
+                             "--path.sysfs", "/host/sys", "--path.docker", "/host/docker", "--path.podman",
+                             "/host/podman", "--path.pods", "/host/pods", "--path.container-logs", "/host/containers",
+                             "--collector.processes.sd-host-address", "192.0.2.7"])
+    spec = next(spec for spec in registered() if spec.name == "processes")
+    sources = build_sources(options, set(spec.needs))
+    assert sources.drm_clients is not None and sources.drm_clients.procfs == "/host/proc"
+    assert sources.dmem is not None and sources.dmem.root == "/host/sys/fs/cgroup"
+    names = sources.container_names
+    assert names is not None and (names.docker_roots, names.podman_storages, names.pod_logs, names.container_logs) == (
+        ("/host/docker",), ("/host/podman",), "/host/pods", "/host/containers")
+    endpoints = sources.vllm_endpoints
+    assert endpoints is not None and (endpoints.procfs, endpoints.host_address) == ("/host/proc", "192.0.2.7")
+    collector = spec.factory(options.collector_options["processes"], sources)
+    built = (sources.drm_clients, sources.dmem, sources.container_names, sources.vllm_endpoints)
+    assert not [value for value in vars(collector).values() if any(value is source for source in built)]
 
 
 def test_level_zero_telemetry_is_read_only_for_the_levelzero_collector():
@@ -209,7 +235,7 @@ def test_no_collector_imports_another_and_no_module_imports_in_a_cycle():
 # The layers of docs/development/architecture.md, bottom up: a module imports only from its own layer or below.
 # What the log sources share (sources/logs/) is a layer of its own below the sources that read logs.
 LAYERS = (("vllm_xpu_exporter.parsers",), ("vllm_xpu_exporter.fold",), ("vllm_xpu_exporter.sources.logs",),
-          ("vllm_xpu_exporter.sources",),
+          ("vllm_xpu_exporter.sources",), ("vllm_xpu_exporter.attribution",),
           ("vllm_xpu_exporter.collector", "vllm_xpu_exporter.collectors", "vllm_xpu_exporter.scrape"),
           ("vllm_xpu_exporter.gate", "vllm_xpu_exporter.plan", "vllm_xpu_exporter.http", "vllm_xpu_exporter.cli"))
 
@@ -234,9 +260,10 @@ def test_the_layer_check_finds_an_upward_import():
 
 
 def test_every_layer_imports_only_from_itself_and_the_layers_below():
-    """Parsers, then the fold, then the sources, then the collectors and the scrape, then the programs
-    (the gate, the planner, the web layer, the command line): never upwards (the fold reads the gate's
-    lines through their parser, parsers/gate.py, not through the gate's package)."""
+    """Parsers, then the fold, then the sources, then the attribution (the processes' readings reasoned over),
+    then the collectors and the scrape, then the programs (the gate, the planner, the web layer, the command
+    line): never upwards (the fold reads the gate's lines through their parser, parsers/gate.py, not through
+    the gate's package)."""
     assert upward_imports(module_imports()) == []
 
 

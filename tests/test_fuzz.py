@@ -52,6 +52,7 @@ from vllm_xpu_exporter.systemd import (MESSAGE_ID_SPAWN_FAILED, MESSAGE_ID_UNIT_
                               MESSAGE_ID_UNIT_STOPPING, MESSAGE_ID_UNIT_SUCCESS)
 from vllm_xpu_exporter.sources.levelzero.binding import DeviceIdentity, MemoryModule, MemoryModuleProperties
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses
+from vllm_xpu_exporter.sources.procfs import DrmClientScanner
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
 from scrapes import parse_samples, sample
 from test_parsers_fdinfo import DEPRECATED_MEMORY_KEYS, I915_61, I915_612, NOT_DRM, XE_DOC
@@ -496,8 +497,9 @@ def test_collectors_fed_absurd_numbers_are_exposed_within_bounds_and_succeed(wri
         for index, text in enumerate(fdinfos):
             unit = UNITS[index % len(UNITS)]
             procfs.add_unit_process(100 + index, f"/system.slice/{unit}").add_drm_fd(text)
-        samples = exposed([JournalCollector(), ProcessesCollector(str(procfs.root))],
-                          Sources(levelzero=FixedLevelZero(), journal=follower))  # type: ignore[arg-type]
+        samples = exposed([JournalCollector(), ProcessesCollector()],
+                          Sources(levelzero=FixedLevelZero(), journal=follower,  # type: ignore[arg-type]
+                                  drm_clients=DrmClientScanner(str(procfs.root))))
     for (name, labels), value in samples.items():
         assert_within_bounds(name, value)
         if name == "xpu_unit_memory_bytes":  # a client's regions each hold at most MAX_BYTES

@@ -390,23 +390,25 @@ def test_a_plan_that_does_not_fit_writes_no_drop_in(journal: Path, tmp_path: Pat
     assert f"nothing written to {out}: the plan does not fit" in result.stderr
 
 
-def test_the_exporters_plan_is_kept_while_its_figures_hold_and_made_again_when_a_start_changes(tmp_path: Path) -> None:
-    """The processes collector keeps a unit's plan between scrapes: the fold hands out fresh snapshots every
-    time, so the plan is kept by the starts' figures, and a start with other figures is planned again."""
-    from vllm_xpu_exporter.collectors.processes import ProcessesCollector
+@pytest.mark.fast
+def test_the_exporters_plan_is_kept_while_its_figures_hold_and_made_again_when_a_start_changes() -> None:
+    """The processes collector keeps a unit's plan between scrapes (attribution.Plans): the fold hands out fresh
+    snapshots every time, so the plan is kept by the starts' figures, and a start with other figures is planned
+    again."""
+    from vllm_xpu_exporter.attribution import Plans
 
-    collector = ProcessesCollector(str(tmp_path))
+    plans = Plans()
     runs = {CHAT: race_chat_runs()[1]}
     view = next(v for v in unit_views(runs) if v.unit == CHAT)
     again = next(v for v in unit_views(runs) if v.unit == CHAT)
     assert again.latest is not view.latest
-    first = collector._plan(view, "0000:03:00.0", SIXTEEN_GIB)
-    assert collector._plan(again, "0000:03:00.0", SIXTEEN_GIB) is first
+    first = plans.plan(view, "0000:03:00.0", SIXTEEN_GIB)
+    assert plans.plan(again, "0000:03:00.0", SIXTEEN_GIB) is first
     budgeted = next(v for v in unit_views({CHAT: replace(race_chat_runs()[1], kv_cache_memory_bytes=3_500_000_000)})
                     if v.unit == CHAT)
-    replanned = collector._plan(budgeted, "0000:03:00.0", SIXTEEN_GIB)
+    replanned = plans.plan(budgeted, "0000:03:00.0", SIXTEEN_GIB)
     assert replanned.kv_cache_memory_bytes == 3_500_000_000 != first.kv_cache_memory_bytes
-    assert collector._plan(view, "0000:03:00.0", 2 * SIXTEEN_GIB) is not first  # another total
+    assert plans.plan(view, "0000:03:00.0", 2 * SIXTEEN_GIB) is not first  # another total
 
 
 # --- the budget's figures (issue 26) ---------------------------------------------------------------------

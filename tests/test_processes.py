@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_exporter.collectors.processes import choose_units
 from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, i915_61_fdinfo, i915_fdinfo, xe_fdinfo
 from fakeze import A770, B580, FakeConfig, FakeMemoryModule, FakeProcess, fake_driver_env, write_config
@@ -331,23 +330,6 @@ def test_a_lower_max_units_and_no_unit_dropped_under_it(tmp_path, fake_driver, c
     assert len(series(all_units, "xpu_unit_memory_bytes")) == 13
     assert sample(all_units, "xpu_exporter_processes_units_dropped") == 0
     assert sample(all_units, "xpu_unattributed_memory_bytes", device=DEVICE) == GiB
-
-
-def test_which_units_keep_series_watched_first_then_largest_and_no_flapping_near_the_cut():
-    held = {"vllm-a.service": 1, "big.scope": 100, "mid.scope": 50, "small.scope": 10, "b.scope": 10, "a.scope": 10}
-    assert choose_units(held, set(), set(), 10) == set(held)
-    kept = choose_units(held, {"vllm-a.service"}, set(), 3)
-    assert kept == {"vllm-a.service", "big.scope", "mid.scope"}
-    # mid.scope shrinks a little below a newcomer: it keeps its place (a kept unit counts double) ...
-    held |= {"mid.scope": 40, "new.scope": 60}
-    assert choose_units(held, {"vllm-a.service"}, kept, 3) == kept
-    # ... until the newcomer holds more than twice as much
-    held["new.scope"] = 81
-    assert choose_units(held, {"vllm-a.service"}, kept, 3) == {"vllm-a.service", "big.scope", "new.scope"}
-    # ties: the unit kept before, then by name
-    ties = {"c.scope": 0, "b.scope": 0, "a.scope": 0}
-    assert choose_units(ties, set(), set(), 2) == {"a.scope", "b.scope"}
-    assert choose_units(ties, set(), {"c.scope"}, 2) == {"a.scope", "c.scope"}
 
 
 def test_a_user_unit_of_a_system_units_name_is_a_unit_of_its_own(tmp_path, fake_driver, config_path):

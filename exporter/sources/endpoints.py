@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from vllm_xpu_exporter.parsers.sockets import (ApiCommand, InetListener, global_ipv6_addresses, inet_listeners,
                                                local_ipv4_addresses, socket_inode, unix_listeners,
                                                vllm_api_command)
-from vllm_xpu_exporter.sources.procfs import (ProcfsUnavailable, list_pids, process_age_seconds, read_bytes, read_text,
-                                              read_unit_cgroup)
+from vllm_xpu_exporter.sources.procfs import (DEFAULT_PROCFS, ProcfsUnavailable, list_pids, process_age_seconds,
+                                              read_bytes, read_text, read_unit_cgroup)
 
 MAX_CMDLINE_BYTES = 64 * 1024
 MAX_NET_TABLE_BYTES = 16 * 1024 * 1024  # a host's net/tcp with tens of thousands of sockets
@@ -69,7 +69,7 @@ class EndpointFinder:
     """`find(cgroup_paths)`: the endpoint of each of those cgroups that runs a vLLM API server. Thread-safe
     (calls are serial)."""
 
-    def __init__(self, procfs: str = "/proc", host_address: str = DEFAULT_HOST_ADDRESS,
+    def __init__(self, procfs: str = DEFAULT_PROCFS, host_address: str = DEFAULT_HOST_ADDRESS,
                  rescan_seconds: float = DEFAULT_RESCAN_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
         self.procfs = procfs
         self.host_address = host_address
