@@ -15,11 +15,17 @@
 # and its socket, and the client in each listed unit:
 #
 #   services.vllm-xpu-exporter.gate.units = [ "vllm-chat" "vllm-embedding.service" ];
+#
+# The planner's values (vllm-xpu-plan --format nixos, docs/planner.md), given to the units' own module and
+# here, so that the exporter sees each unit's plan and alerts when the unit does not run with it:
+#
+#   services.vllm-xpu-exporter.plan = import /etc/nixos/vllm-xpu-plan.nix;
 { config, lib, pkgs, utils, ... }:
 
 let
   cfg = config.services.vllm-xpu-exporter;
-  inherit (lib) mkAfter mkDefault mkEnableOption mkIf mkOption mkRenamedOptionModule optionalAttrs optionals removeSuffix types;
+  inherit (lib) mkAfter mkDefault mkEnableOption mkIf mkOption mkRenamedOptionModule optionalAttrs optionals recursiveUpdate
+    removeSuffix types;
 
   # IPv6 literals go in brackets: [::1]:10447.
   listenHost = if lib.hasInfix ":" cfg.listenAddress then "[${cfg.listenAddress}]" else cfg.listenAddress;
@@ -57,6 +63,13 @@ let
       };
     };
   }) cfg.gate.units);
+
+  # The budget the plan gives each unit, in the unit's configuration as the planner's drop-in writes it
+  # (LogExtraFields=): the exporter reads it from systemd (xpu_unit_kv_cache_plan_bytes) and alerts when the
+  # unit's latest start ran with another (XpuUnitPlanNotApplied).
+  plannedServices = builtins.mapAttrs (name: values: {
+    serviceConfig.LogExtraFields = [ "VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES=${toString values.kvCacheMemoryBytes}" ];
+  }) cfg.plan;
 
   # The exporter's and the gate service's sandbox: a transient user, the render and journal groups, the
   # capabilities above, and nothing else.
@@ -207,6 +220,20 @@ in
       '';
     };
 
+    plan = mkOption {
+      type = types.attrsOf types.attrs;
+      default = { };
+      example = lib.literalExpression "import /etc/nixos/vllm-xpu-plan.nix";
+      description = ''
+        The values of `vllm-xpu-plan --format nixos`: per unit (NixOS service name), its `kvCacheMemoryBytes`
+        and `gpuMemoryUtilization`. Give them to the units' own module (which writes their commands); here each
+        unit's configuration gets `LogExtraFields=VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES=N`, as the planner's
+        systemd drop-in writes it, so that the exporter sees the plan (`xpu_unit_kv_cache_plan_bytes`) and
+        alerts when a unit's latest start ran without that budget (`XpuUnitPlanNotApplied`). Works without
+        `enable`.
+      '';
+    };
+
     gate = {
       units = mkOption {
         type = types.listOf types.str;
@@ -267,11 +294,11 @@ in
     };
   };
 
-  config = mkIf (cfg.enable || cfg.gate.units != [ ]) {
+  config = mkIf (cfg.enable || cfg.gate.units != [ ] || cfg.plan != { }) {
     networking.firewall.allowedTCPPorts = optionals (cfg.enable && cfg.openFirewall) [ cfg.port ];
 
     systemd.sockets = optionalAttrs (cfg.gate.units != [ ]) { vllm-xpu-gate = gateSocket; };
-    systemd.services = gatedServices // optionalAttrs (cfg.gate.units != [ ]) { vllm-xpu-gate = gateService; }
+    systemd.services = recursiveUpdate gatedServices plannedServices // optionalAttrs (cfg.gate.units != [ ]) { vllm-xpu-gate = gateService; }
       // optionalAttrs cfg.enable {
       vllm-xpu-exporter = {
         description = "Prometheus exporter for Intel GPUs shared by vLLM units (vllm-xpu-exporter)";
