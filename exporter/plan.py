@@ -53,10 +53,10 @@ OFFLINE_DEVICE = "offline"
 SYSTEMCTL_TIMEOUT_S = 10.0
 # systemd applies a unit's drop-ins in the lexical order of their file names, across all its .d directories:
 # "zz-" sorts after `systemctl edit`'s override.conf and the usual NN- names, so the plan's ExecStart= wins
-DROP_IN_NAME = "zz-vllm-xpu-plan.conf"
-# The drop-in's field naming the budget it sets (LogExtraFields=): an ExecStart= of a later drop-in can replace
-# the plan's command, but not this list setting unless it resets it, so the exporter (xpu_unit_kv_cache_plan_bytes,
-# read from systemd) sees the plan beside the budget the unit runs with (docs/planner.md "Is the plan applied?").
+DROP_IN_NAME = unitconfig.DROP_IN_NAME
+# The drop-in names the budget it sets on a line of its own (LogExtraFields=), which the exporter reads from the
+# drop-in (xpu_unit_kv_cache_plan_bytes) beside the budget the unit runs with (docs/planner.md "Is the plan
+# applied?").
 PLAN_FIELD = unitconfig.PLAN_FIELD
 JSON_SCHEMA_VERSION = 2  # docs/planner.md "JSON output" lists what each version added
 

@@ -17,15 +17,14 @@
 #   services.vllm-xpu-exporter.gate.units = [ "vllm-chat" "vllm-embedding.service" ];
 #
 # The planner's values (vllm-xpu-plan --format nixos, docs/planner.md), given to the units' own module and
-# here, so that the exporter sees each unit's plan and alerts when the unit does not run with it:
+# here, so that the exporter knows each unit's plan and alerts when the unit does not run with it:
 #
 #   services.vllm-xpu-exporter.plan = import /etc/nixos/vllm-xpu-plan.nix;
 { config, lib, pkgs, utils, ... }:
 
 let
   cfg = config.services.vllm-xpu-exporter;
-  inherit (lib) mkAfter mkDefault mkEnableOption mkIf mkOption mkRenamedOptionModule optionalAttrs optionals recursiveUpdate
-    removeSuffix types;
+  inherit (lib) mkAfter mkDefault mkEnableOption mkIf mkOption mkRenamedOptionModule optionalAttrs optionals removeSuffix types;
 
   # IPv6 literals go in brackets: [::1]:10447.
   listenHost = if lib.hasInfix ":" cfg.listenAddress then "[${cfg.listenAddress}]" else cfg.listenAddress;
@@ -37,6 +36,7 @@ let
     [ "--web.listen-address=${listenHost}:${toString cfg.port}" ]
     ++ journalUnitFlags
     ++ optionals (cfg.webConfigFile != null) [ "--web.config.file=${cfg.webConfigFile}" ]
+    ++ optionals (cfg.plan != { }) [ "--collector.processes.plans=/etc/${plansDirectory}" ]
     ++ cfg.extraFlags;
 
   # CAP_PERFMON: real device memory usage (without it i915/xe report free == total).
@@ -64,11 +64,17 @@ let
     };
   }) cfg.gate.units);
 
-  # The budget the plan gives each unit, in the unit's configuration as the planner's drop-in writes it
-  # (LogExtraFields=): the exporter reads it from systemd (xpu_unit_kv_cache_plan_bytes) and alerts when the
-  # unit's latest start ran with another (XpuUnitPlanNotApplied).
-  plannedServices = builtins.mapAttrs (name: values: {
-    serviceConfig.LogExtraFields = [ "VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES=${toString values.kvCacheMemoryBytes}" ];
+  # The budget the plan gives each unit, in a file of root's (a copy, mode 0444, not a link into the store) as
+  # the planner's systemd drop-in names it: the exporter reads it (xpu_unit_kv_cache_plan_bytes) and alerts
+  # when the unit's latest start ran with another (XpuUnitPlanNotApplied). The units' own module applies it.
+  plansDirectory = "vllm-xpu-plan";
+  planFiles = lib.mapAttrs' (name: values: {
+    name = "${plansDirectory}/${removeSuffix ".service" name}.service.d/zz-vllm-xpu-plan.conf";
+    value = {
+      mode = "0444";
+      text = "# ${name}: the budget of vllm-xpu-plan's values (services.vllm-xpu-exporter.plan)\n"
+        + "LogExtraFields=VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES=${toString values.kvCacheMemoryBytes}\n";
+    };
   }) cfg.plan;
 
   # The exporter's and the gate service's sandbox: a transient user, the render and journal groups, the
@@ -227,10 +233,10 @@ in
       description = ''
         The values of `vllm-xpu-plan --format nixos`: per unit (NixOS service name), its `kvCacheMemoryBytes`
         and `gpuMemoryUtilization`. Give them to the units' own module (which writes their commands); here each
-        unit's configuration gets `LogExtraFields=VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES=N`, as the planner's
-        systemd drop-in writes it, so that the exporter sees the plan (`xpu_unit_kv_cache_plan_bytes`) and
-        alerts when a unit's latest start ran without that budget (`XpuUnitPlanNotApplied`). Works without
-        `enable`.
+        unit's budget goes to `/etc/vllm-xpu-plan/UNIT.service.d/zz-vllm-xpu-plan.conf` (root's, mode 0444),
+        named as the planner's systemd drop-in names it, and the exporter reads it from there
+        (`--collector.processes.plans`): `xpu_unit_kv_cache_plan_bytes`, and `XpuUnitPlanNotApplied` when a
+        unit's latest start ran without that budget.
       '';
     };
 
@@ -294,11 +300,12 @@ in
     };
   };
 
-  config = mkIf (cfg.enable || cfg.gate.units != [ ] || cfg.plan != { }) {
+  config = mkIf (cfg.enable || cfg.gate.units != [ ]) {
     networking.firewall.allowedTCPPorts = optionals (cfg.enable && cfg.openFirewall) [ cfg.port ];
+    environment.etc = optionalAttrs cfg.enable planFiles;
 
     systemd.sockets = optionalAttrs (cfg.gate.units != [ ]) { vllm-xpu-gate = gateSocket; };
-    systemd.services = recursiveUpdate gatedServices plannedServices // optionalAttrs (cfg.gate.units != [ ]) { vllm-xpu-gate = gateService; }
+    systemd.services = gatedServices // optionalAttrs (cfg.gate.units != [ ]) { vllm-xpu-gate = gateService; }
       // optionalAttrs cfg.enable {
       vllm-xpu-exporter = {
         description = "Prometheus exporter for Intel GPUs shared by vLLM units (vllm-xpu-exporter)";

@@ -46,9 +46,7 @@ STAND_IN_LIB = """
     mkDefault = content: { _type = "override"; priority = 1000; inherit content; };
     optionals = condition: list: if condition then list else [ ];
     optionalAttrs = condition: attrs: if condition then attrs else { };
-    recursiveUpdate = lhs: rhs: lhs // builtins.mapAttrs (name: value:
-      if builtins.isAttrs value && builtins.isAttrs (lhs.${name} or null) then recursiveUpdate lhs.${name} value
-      else value) rhs;
+    mapAttrs' = f: attrs: builtins.listToAttrs (map (name: f name attrs.${name}) (builtins.attrNames attrs));
     removeSuffix = suffix: text:
       let n = builtins.stringLength suffix; m = builtins.stringLength text; in
       if m >= n && builtins.substring (m - n) n text == suffix then builtins.substring 0 (m - n) text else text;
@@ -286,21 +284,23 @@ def test_the_gate_service_and_socket_are_the_packaged_ones(tmp_path):
             } == {key: tokens(values) for key, values in socket.items()}
 
 
-def test_the_plans_values_name_each_units_budget_as_the_planners_drop_in_does_beside_its_gate(tmp_path):
-    """`plan` (the values of vllm-xpu-plan --format nixos) gives each unit the drop-in's LogExtraFields= field,
-    which the exporter reads from systemd; a gated unit keeps its gate client."""
+def test_the_plans_values_go_to_root_files_the_exporter_reads_as_the_planners_drop_ins(tmp_path):
+    """`plan` (the values of vllm-xpu-plan --format nixos): each unit's budget in a copied file (mode 0444, not a
+    link into the store) named and written as the planner's drop-in, under the directory the exporter is given."""
     (tmp_path / "vllm-xpu-plan.nix").write_text(
         "# vllm-xpu-plan: per vLLM unit, the KV budget and the gpu_memory_utilization beside it\n{\n"
         '  "vllm-xpu-chat" = { kvCacheMemoryBytes = 3481927680; gpuMemoryUtilization = 0.7373; };\n'
         '  "vllm-xpu-embedding" = { kvCacheMemoryBytes = 939524096; gpuMemoryUtilization = 0.0712; };\n}\n')
-    config = evaluate_module(tmp_path, f'{{ plan = import {tmp_path}/vllm-xpu-plan.nix; gate.units = [ "vllm-xpu-chat" ]; }}')
-    services = config["systemd"]["services"]
-    assert sorted(services) == ["vllm-xpu-chat", "vllm-xpu-embedding", "vllm-xpu-gate"]
-    for name, budget in (("vllm-xpu-chat", 3481927680), ("vllm-xpu-embedding", 939524096)):
-        fields = services[name]["serviceConfig"]["LogExtraFields"]
-        assert fields == [f"{unitconfig.PLAN_FIELD}={budget}"]
-        assert unitconfig.parse_show(f"Id={name}.service\nLogExtraFields={fields[0]}\n") == {f"{name}.service": budget}
-    assert services["vllm-xpu-chat"]["serviceConfig"]["ExecStartPre"]["_type"] == "order"  # the gate's, kept
+    config = evaluate_module(tmp_path, f"{{ enable = true; plan = import {tmp_path}/vllm-xpu-plan.nix; }}")
+    files = config["environment"]["etc"]
+    assert sorted(files) == [f"vllm-xpu-plan/{unit}.d/{unitconfig.DROP_IN_NAME}"
+                             for unit in ("vllm-xpu-chat.service", "vllm-xpu-embedding.service")]
+    budgets = {name.split("/")[1].removesuffix(".d"): unitconfig.parse_drop_in(file["text"]) for name, file in files.items()}
+    assert budgets == {"vllm-xpu-chat.service": 3481927680, "vllm-xpu-embedding.service": 939524096}
+    assert {file["mode"] for file in files.values()} == {"0444"}
+    argv = shlex.split(config["systemd"]["services"]["vllm-xpu-exporter"]["serviceConfig"]["ExecStart"])
+    assert parse_options(argv[1:]).collector_options["processes"].plans == "/etc/vllm-xpu-plan"
+    assert "--collector.processes.plans" not in service_config(tmp_path)["ExecStart"]  # no plan, the default
 
 
 def test_disabled_module_adds_nothing(tmp_path):

@@ -29,7 +29,7 @@ can hold DRM clients by the thousand: without the cap each would be a series on 
 Per watched engine unit on a GPU whose total is known, the plan's figures (vllm_xpu_exporter.planning, the same as
 vllm-xpu-plan's): its footprint and planned KV cache, and per GPU their sum, so that a GPU whose units cannot
 all run at once shows on the dashboard and alerts. The unit's GPU is the one it holds (or last held) memory
-on, or the only one. Beside them, the budget the planner's drop-in gives a unit as systemd has the unit loaded
+on, or the only one. Beside them, the budget the planner's drop-in gives a unit, read from the drop-in
 (vllm_xpu_exporter.sources.unitconfig), so that a plan an override took the command from shows.
 
 Its options (`ProcessesOptions`): the host's /proc and /sys (--path.procfs, --path.sysfs), its unit cap
@@ -54,7 +54,7 @@ from vllm_xpu_exporter import freememory
 from vllm_xpu_exporter import memory as memory_rules
 from vllm_xpu_exporter import planning
 from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
-from vllm_xpu_exporter.flags import SYSTEMCTL_LOCATIONS, absolute_path, container_paths, default_systemctl, positive_int
+from vllm_xpu_exporter.flags import absolute_path, container_paths, positive_int
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
 from vllm_xpu_exporter.parsers.cgroup import ContainerCgroup, unit_cgroup_of_path
 from vllm_xpu_exporter.sources import containers, dmem, endpoints, procfs, unitconfig
@@ -226,7 +226,7 @@ class ProcessesCollector(Collector):
         many units have series of their own (see choose_units). `names`: where containers' names are read
         (default: the engines' standard locations). `targets`: where the units' vLLM API endpoints found at each
         scrape are published (/sd/vllm); `sd_host_address` stands for every address of the host's network
-        namespace there. `unit_plans`: where the planner's budget of each unit is read (systemd); None: not read."""
+        namespace there. `unit_plans`: where the planner's budget of each unit is read (its drop-ins); None: not read."""
         self._unit_plans = unit_plans
         self._reports_levelzero = reports_levelzero
         self._max_units = max_units
@@ -538,12 +538,12 @@ class ProcessesCollector(Collector):
 
     def _plan_of_units(self, devices: list[DeviceMemory], attributions: dict[str, DeviceAttribution],
                        views: list[UnitView], problems: list[str]) -> Metric:
-        """The budget the planner's drop-in gives each engine unit on a known GPU, as systemd has the unit
-        loaded (sources/unitconfig.py); a unit without a plan has no series."""
+        """The budget the planner's drop-in gives each engine unit on a known GPU (sources/unitconfig.py); a
+        unit without a plan has no series."""
         family = GaugeFamily("xpu_unit_kv_cache_plan_bytes",
-                             "The KV budget vllm-xpu-plan's drop-in gives the unit, as systemd has the unit loaded "
-                             "(its LogExtraFields); differs from xpu_unit_kv_cache_budget_bytes when the plan is "
-                             "not applied.", labels=["device", "unit"])
+                             "The KV budget vllm-xpu-plan's drop-in gives the unit (the drop-in's file, believed "
+                             "only when root wrote it); differs from xpu_unit_kv_cache_budget_bytes when the plan "
+                             "is not applied.", labels=["device", "unit"])
         units = [view.unit for view in views if view.latest is not None and view.latest.engine is not False
                  and "/" not in view.unit]  # containers (docker/NAME ...) have no systemd configuration
         if self._unit_plans is None or not units:
@@ -642,7 +642,7 @@ class ProcessesOptions:
     pod_logs: str = containers.DEFAULT_POD_LOGS
     container_logs: str = containers.DEFAULT_CONTAINER_LOGS
     sd_host_address: str = endpoints.DEFAULT_HOST_ADDRESS
-    systemctl: str | None = None  # reads the units' plans; None: not read
+    plans: str = unitconfig.DEFAULT_PLANS_DIRECTORY  # where the planner's drop-ins are (UNIT.d/zz-vllm-xpu-plan.conf)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, enabled: frozenset[str]) -> ProcessesOptions:
@@ -650,14 +650,13 @@ class ProcessesOptions:
         enabled collectors."""
         return cls(procfs=args.procfs, sysfs=args.sysfs, max_units=args.processes_max_units,
                    reports_levelzero="levelzero" not in enabled, sd_host_address=args.processes_sd_host_address,
-                   systemctl=args.processes_systemctl or (default_systemctl() if unitconfig.systemd_runs_host()
-                                                          else None),
+                   plans=args.processes_plans,
                    **container_paths(args))  # type: ignore[arg-type]
 
 
 def add_flags(collectors: argparse._ArgumentGroup) -> None:
     """--collector.processes.max-units (dest processes_max_units), --collector.processes.sd-host-address,
-    --collector.processes.systemctl."""
+    --collector.processes.plans."""
     collectors.add_argument("--collector.processes.max-units", dest="processes_max_units", type=positive_int,
                             default=DEFAULT_MAX_UNITS, metavar="N",
                             help="at most this many units have per-unit series from processes (units the journal "
@@ -667,12 +666,11 @@ def add_flags(collectors: argparse._ArgumentGroup) -> None:
                             type=sd_host_address, default=endpoints.DEFAULT_HOST_ADDRESS, metavar="ADDRESS",
                             help="the address /sd/vllm gives for a vLLM server listening on every address of the "
                                  "host's network namespace (default %(default)s: Prometheus on the same host)")
-    collectors.add_argument("--collector.processes.systemctl", dest="processes_systemctl", type=absolute_path,
-                            default=None, metavar="PATH",
-                            help="the systemctl that says the budget vllm-xpu-plan's drop-in gives each unit "
-                                 "(xpu_unit_kv_cache_plan_bytes; default: the first of "
-                                 f"{', '.join(SYSTEMCTL_LOCATIONS)} that exists, when systemd runs this host; "
-                                 "never one from $PATH)")
+    collectors.add_argument("--collector.processes.plans", dest="processes_plans", type=absolute_path,
+                            default=unitconfig.DEFAULT_PLANS_DIRECTORY, metavar="DIR",
+                            help=f"where vllm-xpu-plan's drop-ins are, DIR/UNIT.d/{unitconfig.DROP_IN_NAME}, each "
+                                 "believed only when root alone can have written it (xpu_unit_kv_cache_plan_bytes; "
+                                 "default %(default)s)")
 
 
 def sd_host_address(value: str) -> str:
@@ -694,7 +692,7 @@ def _processes_collector(options: ProcessesOptions, sources: Sources) -> Process
     return ProcessesCollector(options.procfs, reports_levelzero=options.reports_levelzero,
                               sysfs_root=options.sysfs, max_units=options.max_units, names=names,
                               targets=sources.vllm_targets, sd_host_address=options.sd_host_address,
-                              unit_plans=unitconfig.UnitPlans(options.systemctl) if options.systemctl else None)
+                              unit_plans=unitconfig.UnitPlans(options.plans))
 
 
 def _unit_cgroups(scan: procfs.ScanResult | None, fallbacks: Iterable[Attribution | None]) -> dict[str, set[str]]:

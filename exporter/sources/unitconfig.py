@@ -1,84 +1,127 @@
-"""The KV budget vllm-xpu-plan's drop-in gives each watched unit, as systemd has the unit loaded.
+"""The KV budget vllm-xpu-plan's drop-in gives each watched unit, read from the drop-in itself.
 
-The planner's drop-in (`zz-vllm-xpu-plan.conf`) restates the unit's command with `--kv-cache-memory-bytes N`
-and sets `LogExtraFields=VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES=N` beside it. A later drop-in or an edit that
-replaces `ExecStart=` takes the command away from the plan, but leaves that list setting unless it resets it too:
-so the unit's `LogExtraFields` property says what the plan gives it, and the budget its latest start printed
-says what it runs with (`XpuUnitPlanNotApplied`).
+The planner's drop-in, `DIR/UNIT.d/zz-vllm-xpu-plan.conf` (`/etc/systemd/system` by default), restates the
+unit's command with `--kv-cache-memory-bytes N` and names the budget again on a line of its own,
+`LogExtraFields=VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES=N`. A later drop-in or an edit that replaces `ExecStart=`,
+or a unit not restarted since, runs without it: the budget its latest start printed then differs from the
+file's (`XpuUnitPlanNotApplied`).
 
-Who may say so: only whoever writes the unit's configuration (root, or the NixOS module). It is read from
-systemd, over its bus, with `systemctl show --property=Id,LogExtraFields` (readable by any user): systemd
-answers from the configuration it loaded, nothing the unit's processes print reaches it. The same field on
-the unit's own journal entries is never read: journald adds it to them, but any process may also write a
-field of that name itself. systemd 252 adds no LogExtraFields to its own records about the unit ("Started
-..."), and its per-unit state file for journald (`/run/systemd/units/log-extra-fields:UNIT`) is not rewritten
-at a restart, so neither can stand in for the property.
+Who may say so: only root. The file is believed only when nobody else can have written it or put it there:
+every directory from `/` down to it owned by root and writable by no one else (a directory others may write
+to must be sticky, so that they cannot replace root's entries), the unit's directory and the file opened
+without following symlinks, the file a regular file owned by root and writable by no one else. A file that
+fails this is reported, not read. The directory given (`--collector.processes.plans`) may itself be reached
+through symlinks, resolved first and then checked the same way. Nothing the unit's processes print is read:
+the same field on the unit's own journal entries (journald adds a unit's `LogExtraFields` to them) is
+something any process may write itself.
 
-After `daemon-reload` the property is the new configuration's even before the unit restarts: a plan written
-and loaded but not yet started shows as not applied, which it is.
+Why not systemd's own view of the unit: systemd 252 puts no `LogExtraFields` on its own records about the
+unit ("Started ..."); its per-unit copy for journald (`/run/systemd/units/log-extra-fields:UNIT`) is not
+rewritten at a restart; and its bus refuses a `DynamicUser=` client such as the packaged exporter
+(dbus-daemon runs with `SYSTEMD_NSS_DYNAMIC_BYPASS=1`, under which dynamic users do not resolve).
 """
 
 from __future__ import annotations
 
+import errno
 import os
-import subprocess
+import re
+import stat
 from collections.abc import Iterable
 
 PLAN_FIELD = "VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES"
 """The field of the plan's `LogExtraFields=`: the budget in bytes, a decimal integer."""
-SYSTEMD_RUNNING = "/run/systemd/system"
-"""Exists while systemd runs the host (sd_booted(3))."""
-SHOW_TIMEOUT_S = 5.0
+DROP_IN_NAME = "zz-vllm-xpu-plan.conf"
+"""The planner's drop-in in each unit's `UNIT.d` directory (sorts after `override.conf`)."""
+DEFAULT_PLANS_DIRECTORY = "/etc/systemd/system"
+MAX_DROP_IN_BYTES = 64 * 1024
 MAX_BUDGET_DIGITS = 20
+_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\@-]{1,250}\.service")
 
 
 class UnitConfigError(OSError):
-    """systemctl could not say (not found, timed out, failed)."""
+    """A plan's file that is not believed (who may have written it), or cannot be read."""
 
 
-def systemd_runs_host(marker: str = SYSTEMD_RUNNING) -> bool:
-    return os.path.isdir(marker)
-
-
-def parse_show(text: str) -> dict[str, int]:
-    """unit -> the plan's budget, from `systemctl show --property=Id,LogExtraFields UNIT...` (one block per
-    unit, blocks apart by an empty line, one `LogExtraFields=` line per field). A unit whose fields hold no
-    well-formed budget has none; where several drop-ins set it, the last one applied wins."""
-    plans: dict[str, int] = {}
+def parse_drop_in(text: str) -> int | None:
+    """The budget the drop-in's `LogExtraFields=VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES=N` names (the last such
+    line), or None when it names none that is a positive byte count."""
+    budget = None
     prefix = f"LogExtraFields={PLAN_FIELD}="
-    for block in text.split("\n\n"):
-        unit, budget = None, None
-        for line in block.splitlines():
-            if line.startswith("Id="):
-                unit = line[3:]
-            elif line.startswith(prefix):
-                value = line[len(prefix):]
-                if value.isascii() and value.isdigit() and len(value) <= MAX_BUDGET_DIGITS and int(value) > 0:
-                    budget = int(value)
-        if unit and budget is not None:
-            plans[unit] = budget
-    return plans
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(prefix):
+            value = line[len(prefix):]
+            ok = value.isascii() and value.isdigit() and len(value) <= MAX_BUDGET_DIGITS and int(value) > 0
+            budget = int(value) if ok else None
+    return budget
+
+
+def _check_owner(path: str, info: os.stat_result) -> None:
+    if info.st_uid != 0:
+        raise UnitConfigError(f"{path} is owned by uid {info.st_uid}, not root: its plan is not believed")
+    writable_by_others = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if writable_by_others and not (stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX):
+        raise UnitConfigError(f"{path} is writable by others than root (mode {stat.S_IMODE(info.st_mode):o}): "
+                              f"its plan is not believed")
+
+
+def _open_checked(path: str, flags: int) -> int:
+    """`path`, every directory on the way from / checked with _check_owner, none followed if a symlink."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _check_owner("/", os.fstat(fd))
+        walked = ""
+        parts = [part for part in path.split("/") if part]
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            walked += "/" + part
+            try:
+                child = os.open(part, (flags if last else os.O_RDONLY | os.O_DIRECTORY) | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as error:
+                if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnitConfigError(f"{walked} is a symlink or not a directory: its plan is not believed") \
+                        from error
+                raise
+            os.close(fd)
+            fd = child
+            _check_owner(walked, os.fstat(fd))
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class UnitPlans:
-    """Reads the plan's budget of units from systemd (`plans`), with the systemctl at `systemctl`."""
+    """Reads the plan's budget of units from their drop-ins under `directory` (`plans`)."""
 
-    def __init__(self, systemctl: str) -> None:
-        self.systemctl = systemctl
+    def __init__(self, directory: str = DEFAULT_PLANS_DIRECTORY) -> None:
+        self.directory = directory
 
     def plans(self, units: Iterable[str]) -> dict[str, int]:
-        """unit -> the budget its loaded configuration's plan gives it; units without a plan are absent.
-        Raises UnitConfigError when systemctl cannot answer."""
-        names = sorted(set(units))
-        if not names:
+        """unit -> the budget its plan's drop-in names; units without one are absent (as is every unit when
+        the directory does not exist). Raises UnitConfigError naming the first file not believed or not read."""
+        base = os.path.realpath(self.directory)
+        if not os.path.isdir(base):
             return {}
-        try:
-            completed = subprocess.run([self.systemctl, "show", "--property=Id,LogExtraFields", "--", *names],
-                                       capture_output=True, text=True, timeout=SHOW_TIMEOUT_S, check=False,
-                                       stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.SubprocessError) as error:
-            raise UnitConfigError(f"{self.systemctl} show: {error}") from error
-        if completed.returncode != 0:
-            said = " ".join(completed.stderr.split())[:200]
-            raise UnitConfigError(f"{self.systemctl} show exited {completed.returncode}: {said}")
-        return parse_show(completed.stdout)
+        plans: dict[str, int] = {}
+        for unit in sorted(set(units)):
+            if not _UNIT_NAME.fullmatch(unit):
+                continue
+            path = f"{base}/{unit}.d/{DROP_IN_NAME}"
+            try:
+                fd = _open_checked(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            except UnitConfigError:
+                raise
+            except OSError as error:
+                raise UnitConfigError(f"{path}: {error.strerror}") from error
+            with os.fdopen(fd, "rb") as stream:
+                if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+                    raise UnitConfigError(f"{path} is not a regular file: its plan is not believed")
+                text = stream.read(MAX_DROP_IN_BYTES).decode("utf-8", "replace")
+            budget = parse_drop_in(text)
+            if budget is not None:
+                plans[unit] = budget
+        return plans
