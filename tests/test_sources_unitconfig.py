@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_exporter.sources.unitconfig import DROP_IN_NAME, PLAN_FIELD, UnitConfigError, UnitPlans, parse_drop_in
+from vllm_xpu_exporter.sources.unitconfig import DROP_IN_NAME, PLAN_FIELD, UnitPlans, parse_drop_in
 
 CHAT, STT = "vllm-xpu-chat.service", "vllm-xpu-stt.service"
 NOBODY = 65534
@@ -55,19 +55,20 @@ def require_root_owned_tree(path: Path) -> None:
 
 def test_a_root_owned_drop_in_gives_its_unit_a_plan_and_a_unit_without_one_has_none(plans: Path) -> None:
     require_root_owned_tree(plans)
-    assert UnitPlans(str(plans)).plans([CHAT, STT, "docker/vllm", "../x.service"]) == {CHAT: 3481927680}
-    assert UnitPlans(str(plans / "absent")).plans([CHAT]) == {}
+    assert UnitPlans(str(plans)).plans([CHAT, STT, "docker/vllm", "../x.service"]) == ({CHAT: 3481927680}, [])
+    assert UnitPlans(str(plans / "absent")).plans([CHAT]) == ({}, [])
 
 
 def test_the_directory_given_may_be_a_symlink_of_roots(plans: Path) -> None:
     require_root_owned_tree(plans)
     (plans.parent / "link").symlink_to(plans)
-    assert UnitPlans(str(plans.parent / "link")).plans([CHAT]) == {CHAT: 3481927680}
+    assert UnitPlans(str(plans.parent / "link")).plans([CHAT]) == ({CHAT: 3481927680}, [])
 
 
 @pytest.mark.parametrize("change", ["file owned by nobody", "directory owned by nobody", "file group-writable",
                                     "directory world-writable", "file a symlink", "directory a symlink"])
-def test_a_drop_in_someone_else_may_have_written_is_not_believed_and_says_why(plans: Path, change: str) -> None:
+def test_a_drop_in_someone_else_may_have_written_is_not_believed_and_says_why_the_others_are_read(
+        plans: Path, change: str) -> None:
     require_root_owned_tree(plans)
     unit_dir = plans / f"{CHAT}.d"
     file = unit_dir / DROP_IN_NAME
@@ -86,12 +87,26 @@ def test_a_drop_in_someone_else_may_have_written_is_not_believed_and_says_why(pl
         unit_dir.rename(plans / "elsewhere.d")
         unit_dir.symlink_to(plans / "elsewhere.d")
     why = "symlink" if "symlink" in change else "owned by uid" if "nobody" in change else "writable by others"
-    with pytest.raises(UnitConfigError, match=why):
-        UnitPlans(str(plans)).plans([CHAT])
+    (plans / f"{STT}.d").mkdir(mode=0o755)
+    (plans / f"{STT}.d" / DROP_IN_NAME).write_text(f"LogExtraFields={PLAN_FIELD}=471859200\n")
+    found, problems = UnitPlans(str(plans)).plans([CHAT, STT])
+    if change == "directory world-writable":  # every unit's path goes through it
+        assert found == {} and len(problems) == 2
+    else:
+        assert found == {STT: 471859200} and len(problems) == 1
+    assert all(why in problem and "not believed" in problem for problem in problems), problems
+
+
+def test_a_fifo_in_place_of_the_drop_in_is_refused_without_waiting(plans: Path) -> None:
+    require_root_owned_tree(plans)
+    file = plans / f"{CHAT}.d" / DROP_IN_NAME
+    file.unlink()
+    os.mkfifo(file, 0o644)
+    assert UnitPlans(str(plans)).plans([CHAT]) == ({}, [f"{file} is not a regular file: its plan is not believed"])
 
 
 def test_a_sticky_directory_others_may_write_to_does_not_stop_the_walk(plans: Path) -> None:
     """/tmp-like: others may add entries but not replace root's."""
     require_root_owned_tree(plans)
     os.chmod(plans, 0o1777)
-    assert UnitPlans(str(plans)).plans([CHAT]) == {CHAT: 3481927680}
+    assert UnitPlans(str(plans)).plans([CHAT]) == ({CHAT: 3481927680}, [])

@@ -548,11 +548,8 @@ class ProcessesCollector(Collector):
                  and "/" not in view.unit]  # containers (docker/NAME ...) have no systemd configuration
         if self._unit_plans is None or not units:
             return family
-        try:
-            plans = self._unit_plans.plans(units)
-        except unitconfig.UnitConfigError as error:
-            problems.append(f"the units' plans: {error}")
-            return family
+        plans, unread = self._unit_plans.plans(units)
+        problems += unread
         gpus = [d.identity.pci_address for d in devices]
         for unit in units:
             pci = self._device_of(unit, attributions, gpus)

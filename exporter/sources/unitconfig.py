@@ -10,7 +10,7 @@ Who may say so: only root. The file is believed only when nobody else can have w
 every directory from `/` down to it owned by root and writable by no one else (a directory others may write
 to must be sticky, so that they cannot replace root's entries), the unit's directory and the file opened
 without following symlinks, the file a regular file owned by root and writable by no one else. A file that
-fails this is reported, not read. The directory given (`--collector.processes.plans`) may itself be reached
+fails this is reported, not read; the other units' are read as usual. The directory given (`--collector.processes.plans`) may itself be reached
 through symlinks, resolved first and then checked the same way. Nothing the unit's processes print is read:
 the same field on the unit's own journal entries (journald adds a unit's `LogExtraFields` to them) is
 something any process may write itself.
@@ -98,30 +98,38 @@ class UnitPlans:
     def __init__(self, directory: str = DEFAULT_PLANS_DIRECTORY) -> None:
         self.directory = directory
 
-    def plans(self, units: Iterable[str]) -> dict[str, int]:
-        """unit -> the budget its plan's drop-in names; units without one are absent (as is every unit when
-        the directory does not exist). Raises UnitConfigError naming the first file not believed or not read."""
+    def plans(self, units: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+        """unit -> the budget its plan's drop-in names (units without one are absent, as is every unit when the
+        directory does not exist), and a line for each drop-in not believed or not read."""
         base = os.path.realpath(self.directory)
-        if not os.path.isdir(base):
-            return {}
         plans: dict[str, int] = {}
+        problems: list[str] = []
+        if not os.path.isdir(base):
+            return plans, problems
         for unit in sorted(set(units)):
             if not _UNIT_NAME.fullmatch(unit):
                 continue
-            path = f"{base}/{unit}.d/{DROP_IN_NAME}"
             try:
-                fd = _open_checked(path, os.O_RDONLY)
-            except FileNotFoundError:
+                budget = self._read(f"{base}/{unit}.d/{DROP_IN_NAME}")
+            except UnitConfigError as error:
+                problems.append(str(error))
                 continue
-            except UnitConfigError:
-                raise
-            except OSError as error:
-                raise UnitConfigError(f"{path}: {error.strerror}") from error
-            with os.fdopen(fd, "rb") as stream:
-                if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
-                    raise UnitConfigError(f"{path} is not a regular file: its plan is not believed")
-                text = stream.read(MAX_DROP_IN_BYTES).decode("utf-8", "replace")
-            budget = parse_drop_in(text)
             if budget is not None:
                 plans[unit] = budget
-        return plans
+        return plans, problems
+
+    @staticmethod
+    def _read(path: str) -> int | None:
+        try:
+            # O_NONBLOCK: a FIFO root put there is not waited on (and is refused below)
+            fd = _open_checked(path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except UnitConfigError:
+            raise
+        except OSError as error:
+            raise UnitConfigError(f"{path}: {error.strerror}") from error
+        with os.fdopen(fd, "rb") as stream:
+            if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+                raise UnitConfigError(f"{path} is not a regular file: its plan is not believed")
+            return parse_drop_in(stream.read(MAX_DROP_IN_BYTES).decode("utf-8", "replace"))
