@@ -146,8 +146,8 @@ def test_an_override_that_replaces_the_plans_command_shows_and_a_forged_field_do
     assert sample(samples, "xpu_exporter_collector_success", collector="processes") == 1, lines
     plans = {dict(labels)["unit"]: value for labels, value in series(samples, "xpu_unit_kv_cache_plan_bytes").items()}
     budgets = {dict(labels)["unit"]: value for labels, value in series(samples, "xpu_unit_kv_cache_budget_bytes").items()}
-    # chat: the override won (its command, its budget) and the plan's field stayed; embedding: the plan applied;
-    # stt: no plan, whatever its own process wrote into the journal
+    # chat: the override won (systemd runs its command and budget), the plan's drop-in is still there; embedding:
+    # the plan applied; stt: no plan, whatever its own process wrote into the journal
     assert plans == {CHAT_UNIT: CHAT_PLAN, EMBEDDING_UNIT: EMBEDDING_PLAN}, seen["shown"]
     shown = str(seen["shown"])
     assert f"--kv-cache-memory-bytes {CHAT_OVERRIDE} ;" in shown and f"{PLAN_FIELD}={CHAT_PLAN}" in shown, shown
