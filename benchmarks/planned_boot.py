@@ -28,8 +28,9 @@ with Restart=on-failure on a fresh systemd 252 booted as PID 1 of private namesp
    into /etc/systemd/system, daemon-reload;
 3. --boots cold boots with those drop-ins, the three units enabled so that systemd starts them together,
    no gate: a boot counts when every unit started once, without an init failure, serves and its KV cache
-   holds its target (KV bytes >= its planned --kv-cache-memory-bytes, tokens >= its target tokens, from
-   the engines' events); each line also shows the smallest margin of free memory over ceil(R x total) at
+   holds its target (KV bytes >= its planned --kv-cache-memory-bytes, the tokens its block pool serves
+   beside vLLM's null block >= its target tokens and one request of its full length, from the engines'
+   events); each line also shows the smallest margin of free memory over ceil(R x total) at
    the boot's start checks and of free memory over the KV bytes at its KV allocations (the totals count
    boots where either was short);
 4. --baseline (default): as many boots without the drop-ins (the units as they were, ungated), counted

@@ -271,6 +271,13 @@ class UnitDevices:
         return gpus[0] if len(gpus) == 1 else None
 
 
+def systemd_engine_units(views: Iterable[UnitView]) -> list[str]:
+    """The watched units that run an engine and are systemd's (a container, `docker/NAME` and the like, has no
+    unit files): those a plan's drop-in can be for."""
+    return [view.unit for view in views
+            if view.latest is not None and view.latest.engine is not False and "/" not in view.unit]
+
+
 def endpoint_cgroups(cgroups_of_unit: Mapping[str, set[str]], workloads: Mapping[str, Workload], kept: set[str]
                      ) -> dict[str, set[str]]:
     """unit (cgroup leaf) -> its cgroup paths, for the units whose workload keeps series of its own: where

@@ -43,6 +43,7 @@ from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
 from vllm_xpu_exporter.sources.procfs import DEFAULT_PROCFS, DrmClientScanner
 from vllm_xpu_exporter.sources.udev import DrmNodeNames
+from vllm_xpu_exporter.sources.unitconfig import DEFAULT_PLANS_DIRECTORY, UnitPlans
 
 log = logging.getLogger("vllm_xpu_exporter.main")
 
@@ -82,6 +83,9 @@ class Options:
     # --collector.processes.sd-host-address (a flag of the processes collector, for the endpoint finder built
     # here): the address /sd/vllm gives for a vLLM server listening on every address of the host's namespace
     sd_host_address: str = DEFAULT_HOST_ADDRESS
+    # --collector.processes.plans (a flag of the processes collector, for the plans' source built here): where
+    # vllm-xpu-plan's drop-ins are
+    plans_directory: str = DEFAULT_PLANS_DIRECTORY
     log_level: str = "info"
     log_format: str = "logfmt"
     collector_options: Mapping[str, object] = field(default_factory=_default_collector_options)
@@ -171,6 +175,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         procfs=args.procfs,
         sysfs=args.sysfs,
         sd_host_address=args.processes_sd_host_address,
+        plans_directory=args.processes_plans,
         log_level=args.log_level,
         log_format=args.log_format,
         collector_options={spec.name: spec.options(args, enabled) for spec in registered()},
@@ -200,6 +205,8 @@ def build_sources(options: Options, needs: set[Source]) -> Sources:
                                                  options.container_logs)
     if Source.VLLM_ENDPOINTS in needs:
         sources.vllm_endpoints = EndpointFinder(options.procfs, host_address=options.sd_host_address)
+    if Source.UNIT_PLANS in needs:
+        sources.unit_plans = UnitPlans(options.plans_directory)
     return sources
 
 

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from vllm_xpu_exporter.sources.dmem import DmemReader
     from vllm_xpu_exporter.sources.endpoints import Endpoint, EndpointFinder
     from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
+    from vllm_xpu_exporter.sources.unitconfig import UnitPlans
     from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroWorker, PendingRead
     from vllm_xpu_exporter.sources.procfs import DrmClientScanner, ScanResult
     from vllm_xpu_exporter.sources.udev import DrmNodeNames
@@ -75,6 +76,7 @@ class Source(StrEnum):
     DMEM = "dmem"  # the units' dmem.current under --path.sysfs
     CONTAINER_NAMES = "container names"  # the container engines' state on disk (--path.docker, ...)
     VLLM_ENDPOINTS = "vllm endpoints"  # the units' vLLM API endpoints, from their processes' sockets
+    UNIT_PLANS = "unit plans"  # the budgets vllm-xpu-plan's drop-ins give the units (--collector.processes.plans)
 
 
 @dataclass
@@ -89,6 +91,7 @@ class Sources:
     dmem: DmemReader | None = None
     container_names: ContainerNames | None = None
     vllm_endpoints: EndpointFinder | None = None
+    unit_plans: UnitPlans | None = None
     # the units' vLLM API endpoints, published by the processes collector at each scrape, served at /sd/vllm
     vllm_targets: VllmTargets = field(default_factory=VllmTargets, compare=False)
 
@@ -202,6 +205,12 @@ class ScrapeContext:
         are not looked for. Raises ProcfsUnavailable when --path.procfs cannot be listed."""
         finder = self._sources.vllm_endpoints
         return {} if finder is None else finder.find(cgroup_paths)
+
+    def unit_plans(self, units: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+        """unit -> the KV budget its plan's drop-in names (units without one absent), and a line for each drop-in
+        not believed; nothing when the plans are not read."""
+        plans = self._sources.unit_plans
+        return ({}, []) if plans is None else plans.plans(units)
 
     def _drm_client_scanner(self) -> DrmClientScanner:
         if self._sources.drm_clients is None:

@@ -38,7 +38,7 @@ from vllm_xpu_exporter import memory as rules
 from vllm_xpu_exporter.parsers import vllm
 from vllm_xpu_exporter.planning import (KV_BUDGET_ON_XPU_SINCE, DevicePlan, Plan, TargetRequest, UnitPlan, Unplannable,
                                         make_plan, printed_totals)
-from vllm_xpu_exporter.sources import procfs, prometheus
+from vllm_xpu_exporter.sources import procfs, prometheus, unitconfig
 from vllm_xpu_exporter.unitfile import NotEditable, exec_start_from_cat
 
 PROG = "vllm-xpu-plan"
@@ -53,7 +53,11 @@ OFFLINE_DEVICE = "offline"
 SYSTEMCTL_TIMEOUT_S = 10.0
 # systemd applies a unit's drop-ins in the lexical order of their file names, across all its .d directories:
 # "zz-" sorts after `systemctl edit`'s override.conf and the usual NN- names, so the plan's ExecStart= wins
-DROP_IN_NAME = "zz-vllm-xpu-plan.conf"
+DROP_IN_NAME = unitconfig.DROP_IN_NAME
+# The drop-in names the budget it sets on a line of its own (LogExtraFields=), which the exporter reads from the
+# drop-in (xpu_unit_kv_cache_plan_bytes) beside the budget the unit runs with (docs/planner.md "Is the plan
+# applied?").
+PLAN_FIELD = unitconfig.PLAN_FIELD
 JSON_SCHEMA_VERSION = 2  # docs/planner.md "JSON output" lists what each version added
 
 
@@ -146,7 +150,8 @@ def drop_in(plan: UnitPlan, command: str) -> str:
     command restated with the planned flags. Raises NotEditable for a command a drop-in cannot fix."""
     head = f"# {plan.unit}: written by {PROG} {__version__}: footprint {plan.footprint.total_bytes} bytes " \
            f"(KV {plan.kv_cache_memory_bytes} for {plan.target.tokens} tokens)"
-    return "\n".join([head, "[Service]", "ExecStart=", f"ExecStart={planned_command(command, plan)}", ""])
+    return "\n".join([head, "[Service]", "ExecStart=", f"ExecStart={planned_command(command, plan)}",
+                      f"LogExtraFields={PLAN_FIELD}={plan.kv_cache_memory_bytes}", ""])
 
 
 def render_nixos(plan: Plan) -> str:
@@ -256,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-dir", dest="output_dir", default=None, metavar="DIR",
                         help="with --format systemd: write DIR/UNIT.d/" + DROP_IN_NAME + " per unit")
     add_systemctl_flag(parser, "to read the units' commands with")
-    add_journal_flags(parser)
+    add_journal_flags(parser, beyond_max_units=f"further ones are not read, so not planned: {PROG} names how many "
+                                                 f"and exits {EXIT_INCOMPLETE}")
     add_levelzero_flags(parser)
     add_procfs_flag(parser)
     rightsizing.add_flags(parser)
@@ -277,7 +283,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def read_views(args: argparse.Namespace, timeout: float = 120.0) -> list[UnitView]:
+def read_views(args: argparse.Namespace, timeout: float = 120.0) -> tuple[list[UnitView], int]:
+    """The watched units' views, and how many units the journal holds beyond --journal.max-units (not read)."""
     from vllm_xpu_exporter.sources.journal import open_journal
     from vllm_xpu_exporter.nodatayet import NoDataYet
     from vllm_xpu_exporter.sources.logs.follower import LogFollower
@@ -290,7 +297,7 @@ def read_views(args: argparse.Namespace, timeout: float = 120.0) -> list[UnitVie
         while True:
             state = follower.state()
             if state.error is None:
-                return state.views
+                return state.views, state.dropped_units
             if not isinstance(state.error, NoDataYet) or time.monotonic() >= deadline:
                 raise RuntimeError(f"cannot read the journal ({state.error})")
             time.sleep(0.02)
@@ -326,7 +333,7 @@ def _with_earlier_successes(args: argparse.Namespace, views: list[UnitView]) -> 
     missing = [v for v in views if v.last_success is None or v.last_profiled is None]
     if not missing or args.journal_boot == "all":
         return views
-    every_boot = {v.unit: v for v in read_views(argparse.Namespace(**{**vars(args), "journal_boot": "all"}))}
+    every_boot = {v.unit: v for v in read_views(argparse.Namespace(**{**vars(args), "journal_boot": "all"}))[0]}
     merged = []
     for view in views:
         earlier = every_boot.get(view.unit)
@@ -369,7 +376,8 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     args = parse_args(argv)
     try:
-        views = _with_earlier_successes(args, read_views(args))
+        views, beyond_max_units = read_views(args)
+        views = _with_earlier_successes(args, views)
         printed = printed_totals(views)
         if args.device_memory is not None:
             totals, placement = {OFFLINE_DEVICE: args.device_memory}, {}
@@ -449,10 +457,17 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
                              f"{u.target.reason}); largest that fits: {_largest_that_fits(device, u)}\n")
         return EXIT_DOES_NOT_FIT
     planned = [u for d in plan.devices for u in d.units]
-    if not planned or plan.unplannable:
-        what = "nothing was planned" if not planned else \
-            f"{len(plan.unplannable)} unit(s) left out of the plan ({', '.join(u.unit for u in plan.unplannable)})"
-        stderr.write(f"{PROG}: incomplete: {what}\n")
+    if not planned or plan.unplannable or beyond_max_units:
+        what = []
+        if not planned:
+            what.append("nothing was planned")
+        if plan.unplannable:
+            what.append(f"{len(plan.unplannable)} unit(s) left out of the plan "
+                        f"({', '.join(u.unit for u in plan.unplannable)})")
+        if beyond_max_units:
+            what.append(f"{beyond_max_units} unit(s) of the journal not read (beyond --journal.max-units "
+                        f"{args.journal_max_units})")
+        stderr.write(f"{PROG}: incomplete: {'; '.join(what)}\n")
         return EXIT_INCOMPLETE
     return EXIT_FITS
 

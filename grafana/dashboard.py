@@ -457,13 +457,16 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   "bytes", [(None, "red"), (0, "green")], 8, 8,
                   options=BARGAUGE_OPTIONS),
             Panel("timeseries", "Planned and actual KV cache",
-                  "Per unit, the KV cache its target needs (dashed) and the one its latest start got. Actual below "
-                  "planned: the unit serves fewer full-length requests at once than its target.",
+                  "Per unit, the KV cache its target needs (dashed), the budget vllm-xpu-plan's drop-in gives it "
+                  "(plan written, dashed) and the one its latest start got. Actual below planned: the unit serves "
+                  "fewer full-length requests at once than its target; a plan written that the unit does not run "
+                  "with: XpuUnitPlanNotApplied.",
                   (Target(f'xpu_unit_kv_cache_planned_bytes{{{DEVICE},unit=~"$unit"}}', "{{unit}} planned"),
+                   Target(f'xpu_unit_kv_cache_plan_bytes{{{DEVICE},unit=~"$unit"}}', "{{unit}} plan written"),
                    Target(f"xpu_unit_kv_cache_bytes{{{UNITS}}}", "{{unit}} actual")),
                   "bytes", green_only(), 24, 8,
                   options=LEGEND_TABLE, defaults={"min": 0},
-                  overrides=(dashed("planned$"),)),
+                  overrides=(dashed("(planned|plan written)$"),)),
         )),
         Row("KV in use", (
             Panel("timeseries", "KV in use, planned and allocated",

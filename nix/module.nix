@@ -15,6 +15,11 @@
 # and its socket, and the client in each listed unit:
 #
 #   services.vllm-xpu-exporter.gate.units = [ "vllm-chat" "vllm-embedding.service" ];
+#
+# The planner's values (vllm-xpu-plan --format nixos, docs/planner.md), given to the units' own module and
+# here, so that the exporter knows each unit's plan and alerts when the unit does not run with it:
+#
+#   services.vllm-xpu-exporter.plan = import /etc/nixos/vllm-xpu-plan.nix;
 { config, lib, pkgs, utils, ... }:
 
 let
@@ -31,6 +36,7 @@ let
     [ "--web.listen-address=${listenHost}:${toString cfg.port}" ]
     ++ journalUnitFlags
     ++ optionals (cfg.webConfigFile != null) [ "--web.config.file=${cfg.webConfigFile}" ]
+    ++ optionals (cfg.plan != { }) [ "--collector.processes.plans=/etc/${plansDirectory}" ]
     ++ cfg.extraFlags;
 
   # CAP_PERFMON: real device memory usage (without it i915/xe report free == total).
@@ -57,6 +63,19 @@ let
       };
     };
   }) cfg.gate.units);
+
+  # The budget the plan gives each unit, in a file of root's (a copy, mode 0444, not a link into the store) as
+  # the planner's systemd drop-in names it: the exporter reads it (xpu_unit_kv_cache_plan_bytes) and alerts
+  # when the unit's latest start ran with another (XpuUnitPlanNotApplied). The units' own module applies it.
+  plansDirectory = "vllm-xpu-plan";
+  planFiles = lib.mapAttrs' (name: values: {
+    name = "${plansDirectory}/${removeSuffix ".service" name}.service.d/zz-vllm-xpu-plan.conf";
+    value = {
+      mode = "0444";
+      text = "# ${name}: the budget of vllm-xpu-plan's values (services.vllm-xpu-exporter.plan)\n"
+        + "LogExtraFields=VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES=${toString values.kvCacheMemoryBytes}\n";
+    };
+  }) cfg.plan;
 
   # The exporter's and the gate service's sandbox: a transient user, the render and journal groups, the
   # capabilities above, and nothing else.
@@ -207,6 +226,20 @@ in
       '';
     };
 
+    plan = mkOption {
+      type = types.attrsOf types.attrs;
+      default = { };
+      example = lib.literalExpression "import /etc/nixos/vllm-xpu-plan.nix";
+      description = ''
+        The values of `vllm-xpu-plan --format nixos`: per unit (NixOS service name), its `kvCacheMemoryBytes`
+        and `gpuMemoryUtilization`. Give them to the units' own module (which writes their commands); here each
+        unit's budget goes to `/etc/vllm-xpu-plan/UNIT.service.d/zz-vllm-xpu-plan.conf` (root's, mode 0444),
+        named as the planner's systemd drop-in names it, and the exporter reads it from there
+        (`--collector.processes.plans`): `xpu_unit_kv_cache_plan_bytes`, and `XpuUnitPlanNotApplied` when a
+        unit's latest start ran without that budget.
+      '';
+    };
+
     gate = {
       units = mkOption {
         type = types.listOf types.str;
@@ -269,6 +302,7 @@ in
 
   config = mkIf (cfg.enable || cfg.gate.units != [ ]) {
     networking.firewall.allowedTCPPorts = optionals (cfg.enable && cfg.openFirewall) [ cfg.port ];
+    environment.etc = optionalAttrs cfg.enable planFiles;
 
     systemd.sockets = optionalAttrs (cfg.gate.units != [ ]) { vllm-xpu-gate = gateSocket; };
     systemd.services = gatedServices // optionalAttrs (cfg.gate.units != [ ]) { vllm-xpu-gate = gateService; }

@@ -199,7 +199,7 @@ class UnitVerdict:
     failures: int  # failed inits in the boot
     served: bool
     kv_bytes: int | None  # of the start that serves
-    kv_tokens: int | None
+    kv_tokens: int | None  # the tokens its block pool serves: whole blocks less vLLM's null block
     budgets: tuple[int | None, ...]  # the --kv-cache-memory-bytes each start ran with (None: none)
     start_margins: tuple[int, ...]  # free - ceil(R x total) at each start check
     allocation_margins: tuple[int, ...]  # free - KV bytes when each start took its KV cache
@@ -239,8 +239,9 @@ class BootVerdict:
 
 
 def judge(outcome: BootOutcome, targets: Mapping[str, UnitTarget], *, planned: bool = True) -> BootVerdict:
-    """Each unit of the boot against its target (KV tokens; `planned`: also KV bytes >= the planned budget,
-    and every start ran with that budget)."""
+    """Each unit of the boot against its target (the KV tokens its block pool serves, beside vLLM's null block,
+    and one request of its full length; `planned`: also KV bytes >= the planned budget, and every start ran with
+    that budget)."""
     verdicts = {}
     for unit, target in targets.items():
         records = [record for record in outcome.events if record["unit"] == unit]
@@ -250,8 +251,8 @@ def judge(outcome: BootOutcome, targets: Mapping[str, UnitTarget], *, planned: b
         margins = tuple(record["free"] - record["requested"] for record in records if record["event"] == "baseline")
         allocations = tuple(record["free"] - record["kv_bytes"] for record in records
                             if record["event"] == "allocated")
-        kv_bytes, kv_tokens = (last.get("kv_bytes"), last.get("kv_tokens")) if last else (None, None)
-        holds = kv_tokens is not None and kv_tokens >= target.tokens
+        kv_bytes, kv_tokens = (last.get("kv_bytes"), last.get("served_tokens")) if last else (None, None)
+        holds = kv_tokens is not None and kv_tokens >= target.tokens and bool(last.get("serves_one_request"))
         if planned:
             holds = holds and kv_bytes is not None and kv_bytes >= target.kv_bytes \
                 and all(budget == target.kv_bytes for budget in budgets)

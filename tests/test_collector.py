@@ -53,7 +53,7 @@ def test_sources_are_built_only_for_what_the_enabled_collectors_need():
     needs = {need for spec in registered() if spec.name in options.collectors for need in spec.needs}
     sources = build_sources(options, needs)
     assert needs == {Source.LEVELZERO, Source.LEVELZERO_TELEMETRY, Source.DRM_CLIENTS, Source.DMEM,
-                     Source.CONTAINER_NAMES, Source.VLLM_ENDPOINTS}
+                     Source.CONTAINER_NAMES, Source.VLLM_ENDPOINTS, Source.UNIT_PLANS}
     assert sources.levelzero is not None and sources.levelzero.telemetry and sources.journal is None
     assert build_sources(options, set()) == Sources()
     only_levelzero = build_sources(parse_options(["--no-collector.journal", "--no-collector.processes"]),
@@ -64,12 +64,13 @@ def test_sources_are_built_only_for_what_the_enabled_collectors_need():
 
 
 def test_the_processes_sources_are_built_once_with_the_host_paths_and_handed_to_the_collector_through_sources():
-    """The processes collector owns no source: its DRM clients' scan, dmem reader, containers' names and endpoint
-    finder are built with the other sources, from the host paths, and it reads them through the scrape context."""
+    """The processes collector owns no source: its DRM clients' scan, dmem reader, containers' names, endpoint
+    finder and the plans' drop-ins are built with the other sources, from the host paths, and it reads them through the scrape context."""
     options = parse_options(["--no-collector.journal", "--no-collector.levelzero", "--path.procfs", "/host/proc",
                              "--path.sysfs", "/host/sys", "--path.docker", "/host/docker", "--path.podman",
                              "/host/podman", "--path.pods", "/host/pods", "--path.container-logs", "/host/containers",
-                             "--collector.processes.sd-host-address", "192.0.2.7"])
+                             "--collector.processes.sd-host-address", "192.0.2.7",
+                             "--collector.processes.plans", "/host/etc/systemd/system"])
     spec = next(spec for spec in registered() if spec.name == "processes")
     sources = build_sources(options, set(spec.needs))
     assert sources.drm_clients is not None and sources.drm_clients.procfs == "/host/proc"
@@ -79,8 +80,9 @@ def test_the_processes_sources_are_built_once_with_the_host_paths_and_handed_to_
         ("/host/docker",), ("/host/podman",), "/host/pods", "/host/containers")
     endpoints = sources.vllm_endpoints
     assert endpoints is not None and (endpoints.procfs, endpoints.host_address) == ("/host/proc", "192.0.2.7")
+    assert sources.unit_plans is not None and sources.unit_plans.directory == "/host/etc/systemd/system"
     collector = spec.factory(options.collector_options["processes"], sources)
-    built = (sources.drm_clients, sources.dmem, sources.container_names, sources.vllm_endpoints)
+    built = (sources.drm_clients, sources.dmem, sources.container_names, sources.vllm_endpoints, sources.unit_plans)
     assert not [value for value in vars(collector).values() if any(value is source for source in built)]
 
 

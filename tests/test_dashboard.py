@@ -153,7 +153,7 @@ def test_rows_hold_the_panels_the_operators_need():
         'xpu_memory_total_bytes{instance="$instance",device="$device"} - 536870912']
     assert "xpu_device_units_footprint_bytes" in plan["Room left after the units' targets"][0]
     assert [metric_names(expr) for expr in plan["Planned and actual KV cache"]] == [
-        {"xpu_unit_kv_cache_planned_bytes"}, {"xpu_unit_kv_cache_bytes"}]
+        {"xpu_unit_kv_cache_planned_bytes"}, {"xpu_unit_kv_cache_plan_bytes"}, {"xpu_unit_kv_cache_bytes"}]
     in_use = {panel["title"]: exprs(panel) for panel in rows["KV in use"]}
     # bytes in use (vLLM's usage joined with the unit's KV bytes) beside the KV planned and the KV allocated
     assert [metric_names(expr) for expr in in_use["KV in use, planned and allocated"]] == [

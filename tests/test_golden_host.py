@@ -67,8 +67,10 @@ def test_the_seed_host_scrapes_exactly_as_the_golden_file(tmp_path: Path, fake_d
     procfs = seed_host(tmp_path / "host", config_path)
     empty_sysfs = tmp_path / "sys"
     empty_sysfs.mkdir()
+    # no plan's drop-in whatever the machine's /etc/systemd/system holds
     with RunningExporter(["--path.procfs", str(procfs.root), "--path.sysfs", str(empty_sysfs),
-                          "--journal.file", str(boot_race_journal), "--journal.boot", RACE_BOOT_ID],
+                          "--journal.file", str(boot_race_journal), "--journal.boot", RACE_BOOT_ID,
+                          "--collector.processes.plans", str(tmp_path / "no-plans")],
                          env=fake_driver_env(fake_driver, config_path)) as exporter:
         text = wait_for(lambda: settled(exporter), 30)
         assert text, exporter.stderr

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter.sources import unitconfig
 from vllm_xpu_exporter.cli import parse_options
 from vllm_xpu_exporter.gate.cli import parse_client_options, parse_service_options
 
@@ -30,7 +31,7 @@ STORE_PATH = "/nix/store/00000000000000000000000000000000-vllm-xpu-exporter"
 SYSTEMD_STORE_PATH = "/nix/store/11111111111111111111111111111111-systemd"
 COREUTILS_STORE_PATH = "/nix/store/33333333333333333333333333333333-coreutils"
 # Options that never had the former name services.xpu-exporter.
-OPTIONS_ADDED_AFTER_THE_RENAME = {"gate"}
+OPTIONS_ADDED_AFTER_THE_RENAME = {"gate", "plan"}
 # No build users on this machine; evaluation needs none.
 NIX_ENV = {**os.environ, "NIX_CONFIG": "build-users-group ="}
 
@@ -45,6 +46,7 @@ STAND_IN_LIB = """
     mkDefault = content: { _type = "override"; priority = 1000; inherit content; };
     optionals = condition: list: if condition then list else [ ];
     optionalAttrs = condition: attrs: if condition then attrs else { };
+    mapAttrs' = f: attrs: builtins.listToAttrs (map (name: f name attrs.${name}) (builtins.attrNames attrs));
     removeSuffix = suffix: text:
       let n = builtins.stringLength suffix; m = builtins.stringLength text; in
       if m >= n && builtins.substring (m - n) n text == suffix then builtins.substring 0 (m - n) text else text;
@@ -57,7 +59,7 @@ STAND_IN_LIB = """
     types = {
       bool = "bool"; package = "package"; port = "port"; str = "str";
       listOf = type: "listOf"; nonEmptyListOf = type: "nonEmptyListOf"; nullOr = type: "nullOr";
-      enum = values: "enum"; ints.positive = "ints.positive";
+      enum = values: "enum"; ints.positive = "ints.positive"; attrs = "attrs"; attrsOf = type: "attrsOf";
     };
     cleanSource = path: "source";
     makeLibraryPath = packages: builtins.concatStringsSep ":" (map (package: "${package}/lib") packages);
@@ -280,6 +282,25 @@ def test_the_gate_service_and_socket_are_the_packaged_ones(tmp_path):
     socket = unit_sections(GATE_SOCKET.read_text())["Socket"]
     assert {key: tokens(value) for key, value in config["systemd"]["sockets"]["vllm-xpu-gate"]["socketConfig"].items()
             } == {key: tokens(values) for key, values in socket.items()}
+
+
+def test_the_plans_values_go_to_root_files_the_exporter_reads_as_the_planners_drop_ins(tmp_path):
+    """`plan` (the values of vllm-xpu-plan --format nixos): each unit's budget in a copied file (mode 0444, not a
+    link into the store) named and written as the planner's drop-in, under the directory the exporter is given."""
+    (tmp_path / "vllm-xpu-plan.nix").write_text(
+        "# vllm-xpu-plan: per vLLM unit, the KV budget and the gpu_memory_utilization beside it\n{\n"
+        '  "vllm-xpu-chat" = { kvCacheMemoryBytes = 3481927680; gpuMemoryUtilization = 0.7373; };\n'
+        '  "vllm-xpu-embedding" = { kvCacheMemoryBytes = 939524096; gpuMemoryUtilization = 0.0712; };\n}\n')
+    config = evaluate_module(tmp_path, f"{{ enable = true; plan = import {tmp_path}/vllm-xpu-plan.nix; }}")
+    files = config["environment"]["etc"]
+    assert sorted(files) == [f"vllm-xpu-plan/{unit}.d/{unitconfig.DROP_IN_NAME}"
+                             for unit in ("vllm-xpu-chat.service", "vllm-xpu-embedding.service")]
+    budgets = {name.split("/")[1].removesuffix(".d"): unitconfig.parse_drop_in(file["text"]) for name, file in files.items()}
+    assert budgets == {"vllm-xpu-chat.service": 3481927680, "vllm-xpu-embedding.service": 939524096}
+    assert {file["mode"] for file in files.values()} == {"0444"}
+    argv = shlex.split(config["systemd"]["services"]["vllm-xpu-exporter"]["serviceConfig"]["ExecStart"])
+    assert parse_options(argv[1:]).collector_options["processes"].plans == "/etc/vllm-xpu-plan"
+    assert "--collector.processes.plans" not in service_config(tmp_path)["ExecStart"]  # no plan, the default
 
 
 def test_disabled_module_adds_nothing(tmp_path):

@@ -19,6 +19,7 @@ import pytest
 
 from vllm_xpu_exporter import memory, plan, planning
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker
+from vllm_xpu_exporter.sources import unitconfig
 from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs
 from fakeze import A770, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
@@ -218,6 +219,23 @@ def test_systemd_drop_ins_restate_the_command_with_the_budget_and_pass_systemd_a
     assert command.count("--gpu-memory-utilization") == 1 and "0.75" not in command and "eager" not in command
     assert "--kv-cache-memory-bytes " in command
     assert not [p for p in (out / f"{CHAT}.d").iterdir() if p.name != plan.DROP_IN_NAME]  # no temporary left
+    # the budget again as the drop-in's LogExtraFields=, which systemd-analyze verify accepted with it and which
+    # the exporter reads from the drop-in (xpu_unit_kv_cache_plan_bytes)
+    budget = command.rsplit("--kv-cache-memory-bytes ", 1)[1]
+    assert f"LogExtraFields={plan.PLAN_FIELD}={budget}" in text.splitlines()
+    assert unitconfig.parse_drop_in(text) == int(budget)
+
+
+def test_units_beyond_the_journal_max_units_are_named_and_the_plan_exits_3(journal: Path) -> None:
+    """--journal.max-units 2 of the seed's four units: the two not read are not planned, so the plan proves
+    nothing (3), and its help says so (it names no metric of the exporter's)."""
+    result = run_plan(journal, "--journal.max-units", "2", "--format", "json")
+    assert result.returncode == plan.EXIT_INCOMPLETE, result.stderr
+    assert "2 unit(s) of the journal not read (beyond --journal.max-units 2)" in result.stderr
+    help_text = " ".join(subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", "--help"], capture_output=True,
+                                        text=True, check=True).stdout.split())
+    assert "--journal.max-units N watch at most this many units; further ones are not read, so not planned" in help_text
+    assert "xpu_exporter_" not in help_text
 
 
 def test_a_unit_whose_command_a_drop_in_cannot_reach_stops_the_writing(journal: Path, tmp_path: Path) -> None:

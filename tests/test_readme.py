@@ -24,6 +24,7 @@ from journalgen import JournalEntrySpec, random_boot_id, write_journal
 from polling import wait_for
 from scrapes import parse_samples, sample
 from sizes import GiB
+from vllm_xpu_exporter import plan
 from vllm_xpu_exporter.http.runbook import heading_anchor
 from vllmlogs import Boot, VllmRun, chat_runs, compose, journal_specs, service_start
 
@@ -51,8 +52,12 @@ def test_the_metric_reference_documents_exactly_the_metrics_the_exporter_serves(
     # an i915 client (of an integrated GPU), whose engine counters are busy time, not xe's cycles
     procfs.add_unit_process(200, f"/system.slice/{EMBEDDING}").add_drm_fd(i915_fdinfo(client_id=2, pdev="0000:00:02.0"))
     journal = write_journal(tmp_path / "units.journal", every_kind_of_start())
-    with RunningExporter(["--path.procfs", str(procfs.root), "--journal.file", str(journal),
-                          "--journal.boot", "all"], env=fake_driver_env(fake_driver, config_path)) as exporter:
+    plans = tmp_path / "system"  # the planner's drop-in for chat (xpu_unit_kv_cache_plan_bytes)
+    (plans / f"{CHAT}.d").mkdir(parents=True)
+    (plans / f"{CHAT}.d" / plan.DROP_IN_NAME).write_text(f"[Service]\nLogExtraFields={plan.PLAN_FIELD}=3481927680\n")
+    with RunningExporter(["--path.procfs", str(procfs.root), "--journal.file", str(journal), "--journal.boot", "all",
+                          "--collector.processes.plans", str(plans)],
+                         env=fake_driver_env(fake_driver, config_path)) as exporter:
         samples = wait_for(lambda: (s := exporter.scrape()) and
                            sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and
                            sample(s, "xpu_exporter_collector_success", collector="processes") == 1 and s)

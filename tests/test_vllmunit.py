@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 
 import vllmunit
+from vllm_xpu_exporter import memory
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker, Outcome
 from vllm_xpu_exporter.parsers import vllm
 from fakeze import GiB, SharedDevice
 from polling import wait_for
 from vllmlogs import TrackerEntry
-from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, VllmRun
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, VllmRun
 
 SCRIPT = Path(vllmunit.__file__)
 
@@ -149,6 +150,7 @@ def test_the_share_of_a_process_killed_without_giving_it_back_is_dropped(device,
 # --- --kv-cache-memory-bytes (vLLM 0.16+ on XPU) ------------------------------------------------------
 
 ONE_REQUEST = round(3.25 * GiB)  # chat's 131072 tokens: 2048 blocks of 64 x 26624 bytes
+ONE_BLOCK = 64 * 26624  # and the null block the block pool keeps back
 CHAT_WEIGHTS, CHAT_NON_TORCH, CHAT_ACTIVATION = round(7.87 * GiB), round(0.12 * GiB), round(0.51 * GiB)
 
 
@@ -171,6 +173,8 @@ def test_with_a_budget_the_kv_cache_is_the_budget_even_when_another_process_took
     profiled = wait_for_event(tmp_path, "profiled")
     assert profiled["others"] == GiB and profiled["budget"] == ONE_REQUEST
     assert (serving["kv_bytes"], serving["kv_tokens"]) == (ONE_REQUEST, 131072)
+    # vLLM's start check passes with exactly one request's blocks, but block 0 is the null block: 2047 serve
+    assert (serving["served_tokens"], serving["serves_one_request"]) == (131008, False)
     assert "Initial free memory 16.0 GiB, reserved 3.25 GiB memory for KV Cache as specified by " \
            "kv_cache_memory_bytes config and skipped memory profiling." in output
     assert "Available KV cache memory" not in output and "GPU KV cache size: 131,072 tokens" in output
@@ -238,3 +242,30 @@ def test_the_exporters_fold_reads_what_a_budgeted_engine_prints(device, tmp_path
     assert (latest.kv_cache_memory_bytes, latest.effective_kv_cache_bytes, latest.effective_kv_cache_tokens) == \
         (budget, budget, 3 * 131072)
     assert latest.max_num_seqs == 3 and latest.requested_max_model_len == 131072
+
+
+@pytest.mark.parametrize(("budget", "served", "serves"), [
+    (ONE_REQUEST, 131008, False),  # exactly cdiv(131072, 64) blocks: vLLM starts, but the null block leaves 2047
+    (ONE_REQUEST + ONE_BLOCK - 1, 131008, False),  # a block's bytes less one: no further block
+    (ONE_REQUEST + ONE_BLOCK, 131072, True),
+])
+def test_the_replayed_block_pool_keeps_the_null_block_back(budget, served, serves):
+    assert vllmunit.served_tokens(budget, 64, 26624) == served
+    assert vllmunit.serves_one_request(budget, 131072, 64, 26624) is serves
+    run = VllmRun("0.24.0", gpu_memory_utilization=0.75, max_model_len=131072, kv_bytes_per_token=26624,
+                  kv_cache_memory_bytes=budget)
+    assert vllmunit.budgeted_outcome(run, budget).failure is None  # the start's own check counts bytes only
+
+
+@pytest.mark.parametrize("engine", [CHAT, EMBEDDING, STT], ids=lambda engine: engine.role)
+def test_a_planner_that_forgot_the_null_block_plans_budgets_the_replayed_engine_cannot_serve(engine, monkeypatch):
+    """The planner's one-request budget, from the replayed engine's exact figures, serves a full-length request
+    in the replay's block pool; the same planner without the null block (NULL_BLOCKS 0) does not."""
+    block = engine.block_size or 64
+    kv = memory.KvBlocks(block, block * engine.kv_bytes_per_token, engine.max_model_len)
+    planned = memory.kv_budget_for_requests(1, kv)
+    assert vllmunit.serves_one_request(planned, engine.max_model_len, block, engine.kv_bytes_per_token)
+    monkeypatch.setattr(memory, "NULL_BLOCKS", 0)
+    forgetful = memory.kv_budget_for_requests(1, kv)
+    assert forgetful < planned
+    assert not vllmunit.serves_one_request(forgetful, engine.max_model_len, block, engine.kv_bytes_per_token)

@@ -27,12 +27,18 @@ What happens, at vllmlogs' offsets (seconds after the process started, plus --im
   --kv-bytes-per-token): vLLM's kv_cache_too_small message (check_enough_kv_cache_memory). A failed
   engine prints vLLM's failure output, gives all its memory back and exits 1.
 * 0.4 later the KV cache is allocated (KV bytes; the budget when set): KV // (block x
-  --kv-bytes-per-token) whole blocks of tokens; during warm-up the activation memory is taken again; at
-  6.1 + init the init completes and the engine serves, holding its memory until SIGTERM.
+  --kv-bytes-per-token) whole blocks of tokens, which vLLM prints ("GPU KV cache size"); during warm-up the
+  activation memory is taken again; at 6.1 + init the init completes and the engine serves, holding its
+  memory until SIGTERM.
+* What it serves: vLLM's block pool keeps block 0 back as its null block, so N blocks serve N - 1
+  (`served_tokens`). The start's check above counts bytes and passes with exactly the blocks of one
+  request, but such an engine can never schedule a request of its full length: its `serving` event says
+  `serves_one_request: false`, whatever it printed.
 
 `--events FILE` appends one JSON line per decision (started; baseline: free and requested; profiled:
 free, others, KV bytes and tokens; allocated: free just before the KV cache was taken; serving: KV
-bytes and tokens; failed: reason) for tests. Only the standard library and the helpers beside this
+bytes and tokens as printed, the tokens the block pool serves and whether that is one request of the full
+length; failed: reason) for tests. Only the standard library and the helpers beside this
 file: it runs under the system Python.
 
 For the tests' side: `Engine` (a replayed engine's settings; CHAT, EMBEDDING and STT are the issue's
@@ -106,8 +112,22 @@ def profiled_outcome(run: VllmRun, requested: int, weights: int, activation: int
 
 
 def kv_tokens(kv_bytes: int, block_size: int, kv_bytes_per_token: int) -> int:
-    """The tokens a KV cache of kv_bytes holds: whole blocks (vLLM's num_blocks x block_size)."""
+    """The tokens a KV cache of kv_bytes holds: whole blocks (vLLM's num_blocks x block_size, as it prints)."""
     return max(0, kv_bytes // (block_size * kv_bytes_per_token) * block_size)
+
+
+# vLLM's block pool takes block 0 as its null block before any request: N blocks serve N - 1.
+NULL_BLOCKS = 1
+
+
+def served_tokens(kv_bytes: int, block_size: int, kv_bytes_per_token: int) -> int:
+    """The tokens the block pool can give requests: the cache's whole blocks less the null block."""
+    return max(0, kv_bytes // (block_size * kv_bytes_per_token) - NULL_BLOCKS) * block_size
+
+
+def serves_one_request(kv_bytes: int, max_model_len: int, block_size: int, kv_bytes_per_token: int) -> bool:
+    """Whether a request of max_model_len can be scheduled: its whole blocks, beside the null block."""
+    return served_tokens(kv_bytes, block_size, kv_bytes_per_token) >= math.ceil(max_model_len / block_size) * block_size
 
 
 def budgeted_outcome(run: VllmRun, budget: int) -> VllmRun:
@@ -309,7 +329,11 @@ def main(argv: list[str] | None = None) -> int:
         replay.until((kv_allocated_at(run) + init_done_at(run)) / 2)
         device.hold(args.name, weights + non_torch + kv_bytes + activation)
         replay.until(math.inf)
-        events.write("serving", kv_bytes=kv_bytes, kv_tokens=run.tokens)
+        block = run.effective_block_size
+        events.write("serving", kv_bytes=kv_bytes, kv_tokens=run.tokens,
+                     served_tokens=served_tokens(kv_bytes, block, args.kv_bytes_per_token),
+                     serves_one_request=serves_one_request(kv_bytes, run.effective_max_model_len, block,
+                                                           args.kv_bytes_per_token))
         while True:
             signal.pause()
     finally:

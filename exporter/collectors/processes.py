@@ -29,14 +29,15 @@ can hold DRM clients by the thousand: without the cap each would be a series on 
 Per watched engine unit on a GPU whose total is known, the plan's figures (vllm_xpu_exporter.planning, the same as
 vllm-xpu-plan's): its footprint and planned KV cache, and per GPU their sum, so that a GPU whose units cannot
 all run at once shows on the dashboard and alerts. The unit's GPU is the one it holds (or last held) memory
-on, or the only one.
+on, or the only one. Beside them, the budget the planner's drop-in gives a unit, read from the drop-in
+(vllm_xpu_exporter.sources.unitconfig), so that a plan an override took the command from shows.
 
 A thin mapping: the reasoning is `vllm_xpu_exporter.attribution` (pure); the sources (the DRM clients'
-scan under --path.procfs, dmem under --path.sysfs, the containers' names, the units' API endpoints, Level
-Zero) are built with the others (`cli.build_sources`) and read through the scrape's `ScrapeContext`. Its
-options (`ProcessesOptions`): its unit cap (--collector.processes.max-units, a flag it adds itself) and
-whether the levelzero collector is disabled; it also adds --collector.processes.sd-host-address, which
-configures the endpoints' source.
+scan under --path.procfs, dmem under --path.sysfs, the containers' names, the units' API endpoints, the
+plans' drop-ins, Level Zero) are built with the others (`cli.build_sources`) and read through the
+scrape's `ScrapeContext`. Its options (`ProcessesOptions`): its unit cap (--collector.processes.max-units, a flag it adds itself) and
+whether the levelzero collector is disabled; it also adds --collector.processes.sd-host-address and
+--collector.processes.plans, which configure the endpoints' and the plans' sources.
 """
 
 from __future__ import annotations
@@ -56,11 +57,11 @@ from vllm_xpu_exporter import attribution
 from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from vllm_xpu_exporter.discovery import VllmTargets
 from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
-from vllm_xpu_exporter.flags import positive_int
+from vllm_xpu_exporter.flags import absolute_path, positive_int
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
 from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.parsers.cgroup import ContainerCgroup
-from vllm_xpu_exporter.sources import containers, endpoints, procfs
+from vllm_xpu_exporter.sources import containers, endpoints, procfs, unitconfig
 from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable
 from vllm_xpu_exporter.sources.procfs import UnitEngineUse
@@ -156,6 +157,7 @@ class ProcessesCollector(Collector):
             memory = attribution.total_and_free(devices)
             yield from self._against_device_memory(memory, attributions, views, kept, gpus)
             yield from self._planned(devices, attributions, views, gpus)
+            yield self._plan_of_units(context, attributions, views, gpus, problems)
             yield self._free_memory_at_start(memory, attributions, views, gpus)
         failures = [str(problem) for problem in problems if not isinstance(problem, NoDataYet)]
         if failures:
@@ -325,6 +327,23 @@ class ProcessesCollector(Collector):
             device_footprint.add_metric([pci], total_footprint)
         yield from (footprint, planned_kv, device_footprint)
 
+    def _plan_of_units(self, context: ScrapeContext, attributions: dict[str, attribution.DeviceAttribution],
+                       views: list[UnitView], gpus: list[str], problems: Problems) -> Metric:
+        """The budget the planner's drop-in gives each engine unit on a known GPU (sources/unitconfig.py); a
+        unit without a plan has no series."""
+        family = GaugeFamily("xpu_unit_kv_cache_plan_bytes",
+                             "The KV budget vllm-xpu-plan's drop-in gives the unit (the drop-in's file, believed "
+                             "only when root wrote it); differs from xpu_unit_kv_cache_budget_bytes when the plan "
+                             "is not applied.", labels=["device", "unit"])
+        units = attribution.systemd_engine_units(views)
+        plans, unread = context.unit_plans(units)
+        problems += unread
+        for unit in units:
+            pci = self._unit_devices.of(unit, attributions, gpus)
+            if unit in plans and pci is not None:
+                family.add_metric([pci, unit], plans[unit])
+        return family
+
     def _free_memory_at_start(self, memory: dict[str, tuple[int, int]],
                               attributions: dict[str, attribution.DeviceAttribution],
                               views: list[UnitView], gpus: list[str]) -> Metric:
@@ -357,7 +376,8 @@ class ProcessesOptions:
 
 
 def add_flags(collectors: argparse._ArgumentGroup) -> None:
-    """--collector.processes.max-units (dest processes_max_units), --collector.processes.sd-host-address."""
+    """--collector.processes.max-units (dest processes_max_units), --collector.processes.sd-host-address,
+    --collector.processes.plans."""
     collectors.add_argument("--collector.processes.max-units", dest="processes_max_units", type=positive_int,
                             default=DEFAULT_MAX_UNITS, metavar="N",
                             help="at most this many units have per-unit series from processes (units the journal "
@@ -367,6 +387,11 @@ def add_flags(collectors: argparse._ArgumentGroup) -> None:
                             type=sd_host_address, default=endpoints.DEFAULT_HOST_ADDRESS, metavar="ADDRESS",
                             help="the address /sd/vllm gives for a vLLM server listening on every address of the "
                                  "host's network namespace (default %(default)s: Prometheus on the same host)")
+    collectors.add_argument("--collector.processes.plans", dest="processes_plans", type=absolute_path,
+                            default=unitconfig.DEFAULT_PLANS_DIRECTORY, metavar="DIR",
+                            help=f"where vllm-xpu-plan's drop-ins are, DIR/UNIT.d/{unitconfig.DROP_IN_NAME}, each "
+                                 "believed only when root alone can have written it (xpu_unit_kv_cache_plan_bytes; "
+                                 "default %(default)s)")
 
 
 def sd_host_address(value: str) -> str:
@@ -382,7 +407,8 @@ def sd_host_address(value: str) -> str:
 
 
 @register("processes", "per-unit device memory from processes",
-          needs=[Source.LEVELZERO, Source.DRM_CLIENTS, Source.DMEM, Source.CONTAINER_NAMES, Source.VLLM_ENDPOINTS],
+          needs=[Source.LEVELZERO, Source.DRM_CLIENTS, Source.DMEM, Source.CONTAINER_NAMES, Source.VLLM_ENDPOINTS,
+                 Source.UNIT_PLANS],
           add_flags=add_flags, options=ProcessesOptions.from_args)
 def _processes_collector(options: ProcessesOptions, sources: Sources) -> ProcessesCollector:
     return ProcessesCollector(options.reports_levelzero, options.max_units, sources.vllm_targets)

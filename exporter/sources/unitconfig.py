@@ -1,0 +1,135 @@
+"""The KV budget vllm-xpu-plan's drop-in gives each watched unit, read from the drop-in itself.
+
+The planner's drop-in, `DIR/UNIT.d/zz-vllm-xpu-plan.conf` (`/etc/systemd/system` by default), restates the
+unit's command with `--kv-cache-memory-bytes N` and names the budget again on a line of its own,
+`LogExtraFields=VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES=N`. A later drop-in or an edit that replaces `ExecStart=`,
+or a unit not restarted since, runs without it: the budget its latest start printed then differs from the
+file's (`XpuUnitPlanNotApplied`).
+
+Who may say so: only root. The file is believed only when nobody else can have written it or put it there:
+every directory from `/` down to it owned by root and writable by no one else (a directory others may write
+to must be sticky, so that they cannot replace root's entries), the unit's directory and the file opened
+without following symlinks, the file a regular file owned by root and writable by no one else. A file that
+fails this is reported, not read; the other units' are read as usual. The directory given (`--collector.processes.plans`) may itself be reached
+through symlinks, resolved first and then checked the same way. Nothing the unit's processes print is read:
+the same field on the unit's own journal entries (journald adds a unit's `LogExtraFields` to them) is
+something any process may write itself.
+
+Why not systemd's own view of the unit: systemd 252 puts no `LogExtraFields` on its own records about the
+unit ("Started ..."); its per-unit copy for journald (`/run/systemd/units/log-extra-fields:UNIT`) is not
+rewritten at a restart; and its bus refuses a `DynamicUser=` client such as the packaged exporter
+(dbus-daemon runs with `SYSTEMD_NSS_DYNAMIC_BYPASS=1`, under which dynamic users do not resolve).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+from collections.abc import Iterable
+
+PLAN_FIELD = "VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES"
+"""The field of the plan's `LogExtraFields=`: the budget in bytes, a decimal integer."""
+DROP_IN_NAME = "zz-vllm-xpu-plan.conf"
+"""The planner's drop-in in each unit's `UNIT.d` directory (sorts after `override.conf`)."""
+DEFAULT_PLANS_DIRECTORY = "/etc/systemd/system"
+MAX_DROP_IN_BYTES = 64 * 1024
+MAX_BUDGET_DIGITS = 20
+_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\@-]{1,250}\.service")
+
+
+class UnitConfigError(OSError):
+    """A plan's file that is not believed (who may have written it), or cannot be read."""
+
+
+def parse_drop_in(text: str) -> int | None:
+    """The budget the drop-in's `LogExtraFields=VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES=N` names (the last such
+    line), or None when it names none that is a positive byte count."""
+    budget = None
+    prefix = f"LogExtraFields={PLAN_FIELD}="
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith(prefix):
+            value = line[len(prefix):]
+            ok = value.isascii() and value.isdigit() and len(value) <= MAX_BUDGET_DIGITS and int(value) > 0
+            budget = int(value) if ok else None
+    return budget
+
+
+def _check_owner(path: str, info: os.stat_result) -> None:
+    if info.st_uid != 0:
+        raise UnitConfigError(f"{path} is owned by uid {info.st_uid}, not root: its plan is not believed")
+    writable_by_others = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if writable_by_others and not (stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX):
+        raise UnitConfigError(f"{path} is writable by others than root (mode {stat.S_IMODE(info.st_mode):o}): "
+                              f"its plan is not believed")
+
+
+def _open_checked(path: str, flags: int) -> int:
+    """`path`, every directory on the way from / checked with _check_owner, none followed if a symlink."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        _check_owner("/", os.fstat(fd))
+        walked = ""
+        parts = [part for part in path.split("/") if part]
+        for index, part in enumerate(parts):
+            last = index == len(parts) - 1
+            walked += "/" + part
+            try:
+                child = os.open(part, (flags if last else os.O_RDONLY | os.O_DIRECTORY) | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as error:
+                if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnitConfigError(f"{walked} is a symlink or not a directory: its plan is not believed") \
+                        from error
+                raise
+            os.close(fd)
+            fd = child
+            _check_owner(walked, os.fstat(fd))
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class UnitPlans:
+    """Reads the plan's budget of units from their drop-ins under `directory` (`plans`)."""
+
+    def __init__(self, directory: str = DEFAULT_PLANS_DIRECTORY) -> None:
+        self.directory = directory
+
+    def plans(self, units: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+        """unit -> the budget its plan's drop-in names (units without one are absent, as is every unit when the
+        directory does not exist), and a line for each drop-in not believed or not read."""
+        base = os.path.realpath(self.directory)
+        plans: dict[str, int] = {}
+        problems: list[str] = []
+        if not os.path.isdir(base):
+            return plans, problems
+        for unit in sorted(set(units)):
+            if not _UNIT_NAME.fullmatch(unit):
+                continue
+            try:
+                budget = self._read(f"{base}/{unit}.d/{DROP_IN_NAME}")
+            except UnitConfigError as error:
+                problems.append(str(error))
+                continue
+            if budget is not None:
+                plans[unit] = budget
+        return plans, problems
+
+    @staticmethod
+    def _read(path: str) -> int | None:
+        try:
+            # O_NONBLOCK: a FIFO root put there is not waited on (and is refused below)
+            fd = _open_checked(path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except UnitConfigError:
+            raise
+        except OSError as error:
+            raise UnitConfigError(f"{path}: {error.strerror}") from error
+        with os.fdopen(fd, "rb") as stream:
+            if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+                raise UnitConfigError(f"{path} is not a regular file: its plan is not believed")
+            return parse_drop_in(stream.read(MAX_DROP_IN_BYTES).decode("utf-8", "replace"))
