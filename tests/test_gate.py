@@ -282,6 +282,28 @@ def test_an_unknown_command_or_none_exits_2(capsys: pytest.CaptureFixture[str]) 
     assert main([]) == 2
 
 
+# What the client's interpreter loads of the package: its command line, itself, the wire and the gate's
+# line grammar, and what those need.
+CLIENT_MODULES = {"vllm_xpu_exporter", "vllm_xpu_exporter.argparsing", "vllm_xpu_exporter.durations",
+                  "vllm_xpu_exporter.gate", "vllm_xpu_exporter.gate.cli", "vllm_xpu_exporter.gate.client",
+                  "vllm_xpu_exporter.gate.protocol", "vllm_xpu_exporter.parsers", "vllm_xpu_exporter.parsers.bounds",
+                  "vllm_xpu_exporter.parsers.gate", "vllm_xpu_exporter.pci"}
+
+
+def test_the_client_loads_none_of_the_services_sources_or_the_exporters_flags(tmp_path: Path) -> None:
+    """`vllm-xpu-gate wait` runs at every gated start, its interpreter's start on the unit's way: a run of
+    it (no service there: it starts its unit ungated at once) loads only CLIENT_MODULES of the package,
+    no source, journal reader, Level Zero binding, fold or the exporter's flags."""
+    program = ("import atexit, sys\n"
+               "atexit.register(lambda: print(' '.join(sorted(name for name in sys.modules "
+               "if name.startswith('vllm_xpu_exporter')))))\n"
+               "from vllm_xpu_exporter.gate.cli import main\n"
+               f"sys.exit(main(['wait', '--socket', {str(tmp_path / 'none.sock')!r}, '--service-timeout', '0s']))\n")
+    completed = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0 and "started ungated" in completed.stderr, completed.stderr
+    assert set(completed.stdout.split()) == CLIENT_MODULES, completed.stdout
+
+
 @pytest.mark.fast
 def test_the_client_takes_go_durations_and_its_units_settings_and_nothing_naming_the_unit() -> None:
     options = parse_client_options(["--device", "0000:03:00.0", "--gpu-memory-utilization", "0.75",
