@@ -35,7 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from bootrace import GATE_SERVICE, GATE_SOCKET, IDLE_RESERVED, gated, hidden_trees_drop_in, packaged_gate
+from bootrace import (GATE_SERVICE, GATE_SOCKET, IDLE_RESERVED, gated, hidden_trees_drop_in, packaged_drop_in_unit_section,
+                      packaged_gate)
 from fakeze import COMPILE_COMMAND, SharedDevice
 from polling import wait_for
 from realsystemd import RealSystemd, journal_field, path_inside
@@ -163,8 +164,7 @@ def start_planted_unit(shared: Path, fake_driver: Path, with_busybox: bool) -> P
     plant(home, path_inside(shared, markers), home_inside)
     shared.chmod(0o755)  # nobody reaches its directory (the shared directory is the namespace's /realsystemd)
     files = {f"/etc/systemd/system/{UNIT}": planted_unit(gated(EMBEDDING)[0], home_inside),
-             f"/etc/systemd/system/{UNIT}.d/vllm-xpu-gate.conf": "[Unit]\nWants=vllm-xpu-gate.socket\n"
-                                                                "After=vllm-xpu-gate.socket\n",
+             f"/etc/systemd/system/{UNIT}.d/vllm-xpu-gate.conf": packaged_drop_in_unit_section(),
              f"/etc/systemd/system/{CONTROL}": planted_unit(f"+{BUSYBOX} env -i /bin/true", home_inside,
                                                             main="/bin/true"),
              **packaged_gate(shared, shared / fake_driver.name)}

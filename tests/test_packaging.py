@@ -146,7 +146,10 @@ def test_the_drop_in_runs_the_client_as_the_units_user_within_the_units_start_ti
     options = parse_client_options(argv[2:])
     assert options.request.start_on_timeout and options.socket_path == GATE_SOCKET_PATH
     assert parse_timespan(one(settings, "TimeoutStartSec")) >= options.request.timeout + options.service_timeout + 90
-    assert one(settings, "Wants") == one(settings, "After") == GATE_SOCKET.name
+    # The service is wanted beside the socket, so that it starts with the unit rather than at its client's
+    # connection; the unit is ordered after the socket only (the client's connection waits in it).
+    assert one(settings, "Wants").split() == [GATE_SOCKET.name, GATE_SERVICE.name]
+    assert one(settings, "After") == GATE_SOCKET.name
 
 
 # Exec*=+..., Exec*=!..., and Nix's ExecStartPre = [ "+..." ] or = mkAfter [ "+..." ]
