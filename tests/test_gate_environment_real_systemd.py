@@ -35,8 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from bootrace import (GATE_SERVICE, GATE_SOCKET, IDLE_RESERVED, gated, hidden_trees_drop_in, packaged_drop_in_unit_section,
-                      packaged_gate)
+from bootrace import (GATE_SERVICE, GATE_SOCKET, IDLE_RESERVED, gated, hidden_trees_drop_in,
+                      packaged_drop_in_unit_section, packaged_gate)
 from fakeze import COMPILE_COMMAND, SharedDevice
 from polling import wait_for
 from realsystemd import RealSystemd, journal_field, path_inside
@@ -220,7 +220,8 @@ def test_code_the_units_user_plants_runs_as_no_other_user(shared: Path, fake_dri
     assert boot.service_user not in ("root", "nobody", ""), boot.service_user
     assert LIVE_PLANTS <= boot.markers, f"the plants did not run in the unit at all: {sorted(boot.markers)}"
     as_others = sorted(marker for marker in boot.markers if not marker.endswith(f".{NOBODY}"))
-    assert as_others == [], f"planted code ran as another user ({boot.busybox}): {as_others}; the gate said {boot.lines}"
+    assert as_others == [], (f"planted code ran as another user ({boot.busybox}): {as_others}; "
+                             f"the gate said {boot.lines}")
     control = boot.control_markers - boot.markers
     if busybox == "no busybox":
         assert control == set() and any("203/EXEC" in line for line in boot.control_journal), boot.control_journal

@@ -193,8 +193,8 @@ def test_the_check_for_privileged_commands_sees_each_form():
     for line in ("ExecStartPre=+/bin/busybox env -i x", "ExecStart=!/usr/bin/x", 'ExecStartPre = [ "+${gate}" ];',
                  "ExecStartPre = mkAfter [ \"!x\" ];"):
         assert PRIVILEGED_EXEC.search(line), line
-    for line in ("ExecStartPre=/opt/vllm-xpu-exporter/bin/vllm-xpu-gate wait", "ExecStartPre = mkAfter [ gateCommand ];",
-                 "ExecStart=-/bin/true"):
+    for line in ("ExecStartPre=/opt/vllm-xpu-exporter/bin/vllm-xpu-gate wait",
+                 "ExecStartPre = mkAfter [ gateCommand ];", "ExecStart=-/bin/true"):
         assert not PRIVILEGED_EXEC.search(line), line
 
 

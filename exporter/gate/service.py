@@ -4,8 +4,10 @@ Zero in a child, keeps each GPU's lease in memory, and answers the clients (`vll
 that connect to its Unix socket.
 
 Who is asking is the kernel's word, never the client's: the connecting process's pid from SO_PEERCRED,
-its unit from its cgroup (`/proc/PID/cgroup`, read as the exporter reads it). A caller outside the
-watched units is released at once; a watched unit waits its turn (`Waiter`), one wait per unit (a newer
+its unit from its cgroup (`/proc/PID/cgroup`, read as the exporter reads it), and where the kernel has
+SO_PEERPIDFD a pidfd of that process showing it still ran after the read (`Peer`: else the pid may have
+been another process's). A caller outside the watched units, or one that cannot be identified, is
+released at once; a watched unit waits its turn (`Waiter`), one wait per unit (a newer
 connection of the same unit replaces the older one).
 
 One thread decides for every waiting unit (`Service.decide_round`), in the order they asked, each
