@@ -11,6 +11,7 @@ import argparse
 import os
 from collections.abc import Sequence
 
+from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser, absolute_path  # noqa: F401 (re-exported)
 from vllm_xpu_exporter.durations import parse_go_duration
 from vllm_xpu_exporter.sources.containers import (
     DEFAULT_CONTAINER_LOGS, DEFAULT_DOCKER_ROOT, DEFAULT_POD_LOGS, DEFAULT_PODMAN_STORAGE, distinct,
@@ -23,16 +24,8 @@ from vllm_xpu_exporter.sources.logs.entry import (DEFAULT_CONTAINER_GLOBS, DEFAU
 from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S
 
-EXIT_USAGE = 2
 SYSTEMCTL_LOCATIONS = ("/usr/bin/systemctl", "/bin/systemctl", "/run/current-system/sw/bin/systemctl")
 MAX_LEVELZERO_TIMEOUT_S = 86400.0  # a driver call a day long is a hang by any measure
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Bad input gets one line naming the problem and exit status 2, not the whole usage text."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
@@ -217,12 +210,6 @@ def journal_selection(args: argparse.Namespace, extra_units: Sequence[str] = (),
     return LogSelection(directory=args.journal_directory, files=tuple(args.journal_files),
                         unit_globs=(*journal_unit_globs(args), *extra_units), boot=args.journal_boot,
                         excluded_units=tuple(excluded_units), engine_grace_usec=journal_engine_grace_usec(args))
-
-
-def absolute_path(value: str) -> str:
-    if not os.path.isabs(value):
-        raise argparse.ArgumentTypeError(f"want an absolute path, got {value!r}")
-    return value
 
 
 def add_systemctl_flag(parser: argparse.ArgumentParser, purpose: str) -> None:

@@ -54,7 +54,8 @@ let
   gatedServices = builtins.listToAttrs (map (unit: {
     name = removeSuffix ".service" unit;
     value = {
-      wants = [ "vllm-xpu-gate.socket" ];
+      # The service too (not after it): it starts beside the unit, not at the client's connection.
+      wants = [ "vllm-xpu-gate.socket" "vllm-xpu-gate.service" ];
       after = [ "vllm-xpu-gate.socket" ];
       serviceConfig = {
         ExecStartPre = mkAfter [ gateCommand ];

@@ -156,11 +156,18 @@ def packaged_gate(shared: Path, fake_driver: Path, flags: Sequence[str] = ()) ->
     return files
 
 
+def packaged_drop_in_unit_section() -> str:
+    """packaging/vllm-xpu-gate.conf's [Unit] section, as packaged (the [Service] section's ExecStartPre= is
+    the tests' own, gate_command: this interpreter's client)."""
+    text = (REPO / "packaging" / "vllm-xpu-gate.conf").read_text()
+    section = text[text.index("[Unit]\n"):text.index("[Service]")]
+    return "".join(line + "\n" for line in section.splitlines() if line and not line.startswith("#"))
+
+
 def packaged_drop_in() -> dict[str, str]:
     """packaging/vllm-xpu-gate.conf's [Unit] lines for every race unit (a drop-in each; its ExecStartPre=
     is gate_command's, in the unit file)."""
-    return {f"/etc/systemd/system/{unit}.d/vllm-xpu-gate.conf": "[Unit]\nWants=vllm-xpu-gate.socket\n"
-                                                               "After=vllm-xpu-gate.socket\n"
+    return {f"/etc/systemd/system/{unit}.d/vllm-xpu-gate.conf": packaged_drop_in_unit_section()
             for unit in RACE_UNITS}
 
 

@@ -8,12 +8,15 @@ leases) run in process."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import math
 import os
 import shlex
 import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +30,7 @@ from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.cli import main, parse_client_options, parse_service_options
 from vllm_xpu_exporter.gate.decision import CGROUP_GRACE_USEC, HOST, Admission, Lease, decide, lease_over
-from vllm_xpu_exporter.gate.service import cgroup_populated
+from vllm_xpu_exporter.gate.service import SO_PEERPIDFD, Peer, PeerGone, cgroup_populated
 from vllm_xpu_exporter.parsers.gate import GateDecision
 from vllm_xpu_exporter.systemd import parse_timespan
 from exporterproc import RunningExporter
@@ -279,6 +282,28 @@ def test_an_unknown_command_or_none_exits_2(capsys: pytest.CaptureFixture[str]) 
     assert main([]) == 2
 
 
+# What the client's interpreter loads of the package: its command line, itself, the wire and the gate's
+# line grammar, and what those need.
+CLIENT_MODULES = {"vllm_xpu_exporter", "vllm_xpu_exporter.argparsing", "vllm_xpu_exporter.durations",
+                  "vllm_xpu_exporter.gate", "vllm_xpu_exporter.gate.cli", "vllm_xpu_exporter.gate.client",
+                  "vllm_xpu_exporter.gate.protocol", "vllm_xpu_exporter.parsers", "vllm_xpu_exporter.parsers.bounds",
+                  "vllm_xpu_exporter.parsers.gate", "vllm_xpu_exporter.pci"}
+
+
+def test_the_client_loads_none_of_the_services_sources_or_the_exporters_flags(tmp_path: Path) -> None:
+    """`vllm-xpu-gate wait` runs at every gated start, its interpreter's start on the unit's way: a run of
+    it (no service there: it starts its unit ungated at once) loads only CLIENT_MODULES of the package,
+    no source, journal reader, Level Zero binding, fold or the exporter's flags."""
+    program = ("import atexit, sys\n"
+               "atexit.register(lambda: print(' '.join(sorted(name for name in sys.modules "
+               "if name.startswith('vllm_xpu_exporter')))))\n"
+               "from vllm_xpu_exporter.gate.cli import main\n"
+               f"sys.exit(main(['wait', '--socket', {str(tmp_path / 'none.sock')!r}, '--service-timeout', '0s']))\n")
+    completed = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0 and "started ungated" in completed.stderr, completed.stderr
+    assert set(completed.stdout.split()) == CLIENT_MODULES, completed.stdout
+
+
 @pytest.mark.fast
 def test_the_client_takes_go_durations_and_its_units_settings_and_nothing_naming_the_unit() -> None:
     options = parse_client_options(["--device", "0000:03:00.0", "--gpu-memory-utilization", "0.75",
@@ -483,6 +508,81 @@ def test_the_unit_is_the_one_the_callers_cgroup_names_and_a_caller_outside_the_w
     assert code == 0 and session.saw("session-3.scope is not a watched unit"), session.lines
     other = host.start(EMBEDDING, "--gpu-memory-utilization", "0.07")
     assert wait_for(lambda: other.saw(f"waiting for {CHAT}"), timeout=20), other.lines
+
+
+# A client that connects, hands its connection to a child and exits; the child waits for the file "go",
+# then asks over the inherited connection and prints what the service says.
+HAND_OVER = """
+import os, socket, sys, time
+path, go, request = sys.argv[1:]
+connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+connection.connect(path)
+if os.fork():
+    os._exit(0)
+while not os.path.exists(go):
+    time.sleep(0.01)
+connection.sendall(request.encode() + b"\\n")
+replies = b""
+while chunk := connection.recv(4096):
+    replies += chunk
+sys.stdout.write(replies.decode())
+"""
+
+
+def test_a_caller_gone_before_it_is_identified_is_not_taken_for_the_process_that_reuses_its_pid(host: Host) -> None:
+    """A real client connects, passes the connection to a child and exits; its pid then names a process of
+    chat (the fake procfs's cgroup file). The service reads that cgroup but its pidfd of the caller
+    (SO_PEERPIDFD) shows the caller gone: it tells no unit, releases the caller as unidentified and
+    leases nothing to chat, so embedding, asking next, waits for nobody."""
+    host.serve()
+    go = host.tmp / "go-hand-over"
+    request = protocol.Request(timeout=60, start_on_timeout=True, gpu_memory_utilization=0.07).encode().decode()
+    parent = subprocess.Popen([sys.executable, "-c", HAND_OVER, str(host.socket), str(go), request.strip()],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=host.tmp)
+    assert parent.wait(20) == 0  # exited and reaped: the pid is free for another process
+    host.procfs.add_unit_process(parent.pid, f"/system.slice/{CHAT}")  # ... which chat's process now has
+    go.touch()
+    replies = [protocol.parse_reply(line.encode()) for line in parent.stdout.read().decode().splitlines()]
+    lines = [reply.line for reply in replies]
+    assert replies[-1].exit_status == 0, lines
+    assert any("cannot tell which unit asks (the process that connected is gone" in line for line in lines), lines
+    assert not any(CHAT in line for line in lines), lines
+    code, embedding = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
+    assert code == 0 and embedding.decision.waited_for == (), embedding.lines  # no lease of chat holds it
+
+
+def test_without_so_peerpidfd_the_peer_is_its_pid_alone_and_with_it_a_pidfd_of_that_process() -> None:
+    """A kernel before 6.5 answers SO_PEERPIDFD with ENOPROTOOPT: the service falls back to the pid
+    (docs/security.md says what that leaves open); this kernel gives a pidfd, whose check passes while
+    the peer runs and fails once it has exited."""
+    class OldKernelSocket:
+        def getsockopt(self, level: int, option: int, size: int) -> bytes:
+            if option == SO_PEERPIDFD:
+                raise OSError(errno.ENOPROTOOPT, os.strerror(errno.ENOPROTOOPT))
+            return struct.pack("3i", 4242, 0, 0)
+
+    old = Peer.of(OldKernelSocket())
+    assert (old.pid, old.pidfd, old.gone) == (4242, None, None)
+    old.check_running()  # nothing can be told: the pid is trusted as before
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with listener, tempfile.TemporaryDirectory() as directory:
+        listener.bind(f"{directory}/s")
+        listener.listen(1)
+        client = subprocess.Popen([sys.executable, "-c", "import socket, sys; s = socket.socket(socket.AF_UNIX); "
+                                   "s.connect(sys.argv[1]); sys.stdin.read()", f"{directory}/s"],
+                                  stdin=subprocess.PIPE)
+        connection, _ = listener.accept()
+        with connection:
+            peer = Peer.of(connection)
+            try:
+                assert peer.pid == client.pid and peer.pidfd is not None
+                peer.check_running()
+                client.stdin.close()
+                client.wait(20)
+                with pytest.raises(PeerGone):
+                    peer.check_running()
+            finally:
+                peer.close()
 
 
 @pytest.mark.parametrize("ending", [init_completed, init_failed], ids=["completes", "fails"])

@@ -10,12 +10,18 @@ write: on a real systemd 252 (tests/realsystemd.py), a unit with `User=nobody` w
     ZE_ENABLE_ALT_DRIVERS=<home>/alt-driver.so    a "driver" for the Level Zero loader
     WorkingDirectory=<home>                       <home>/vllm_xpu_exporter/__init__.py
 
-Each planted piece, run as any other user than nobody, writes a marker file named after what planted it
-into a directory of its own; as nobody (the client, the unit's main process: both load evil.so and
-sitecustomize.py) it does nothing. The unit is gated the packaged drop-in's way (`ExecStartPre=...
-vllm-xpu-gate wait`, no "+") beside the packaged gate service (tests/bootrace.py packaged_gate), on a
-machine with a dynamically linked program at /bin/busybox and on one with no /bin/busybox: the packaging
-runs no busybox, so neither changes anything.
+Each planted piece, whenever it runs, leaves a marker named after what planted it and the effective uid
+it ran as (`LD_PRELOAD.65534`) in a directory of its own. The unit is gated the packaged drop-in's way
+(`ExecStartPre=... vllm-xpu-gate wait`, no "+") beside the packaged gate service (tests/bootrace.py
+packaged_gate), in two boots of the same image: one with Debian's `busybox` package's /bin/busybox
+(dynamically linked; checked, not assumed) visible in the booted system, one with every busybox hidden
+from it. In both, the preload and the sitecustomize ran as nobody (the plants are live) and nothing ran
+as anyone else.
+
+A control unit in each boot starts a command the 0.2 drop-in's way (`ExecStartPre=+/bin/busybox env -i`,
+as root, with the same EnvironmentFile=): with Debian's busybox the preload's constructor runs as root
+(uid 0 leaves its marker), without busybox the start fails (203/EXEC). So each boot is the host it says
+it is, and the markers would show a plant run as root.
 """
 
 from __future__ import annotations
@@ -24,11 +30,13 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from bootrace import GATE_SERVICE, GATE_SOCKET, IDLE_RESERVED, gated, hidden_trees_drop_in, packaged_gate
+from bootrace import (GATE_SERVICE, GATE_SOCKET, IDLE_RESERVED, gated, hidden_trees_drop_in,
+                      packaged_drop_in_unit_section, packaged_gate)
 from fakeze import COMPILE_COMMAND, SharedDevice
 from polling import wait_for
 from realsystemd import RealSystemd, journal_field, path_inside
@@ -36,21 +44,30 @@ from test_real_systemd import require_root
 from vllmunit import EMBEDDING, SIXTEEN_GIB_GPU
 
 UNIT = "vllm-planted.service"
+CONTROL = "planted-as-root.service"  # the 0.2 drop-in's shape: "+" and busybox's env -i
+BUSYBOX = "/bin/busybox"
+BUSYBOX_PATHS = ("/bin/busybox", "/usr/bin/busybox", "/sbin/busybox", "/usr/sbin/busybox")
 NOBODY = 65534
 STEP_TIMEOUT = 30.0
 DECISION = re.compile(r"^vllm-xpu-gate: (released|timed out) after ")
+# The plants the gated unit's own processes load as nobody: the client's Python and the main process
+# load the preload, the client's Python the sitecustomize. (The others are only ever loaded by something
+# that reads Level Zero or calls systemctl, which nothing in the unit does: they must not run at all.)
+LIVE_PLANTS = {f"LD_PRELOAD.{NOBODY}", f"PYTHONPATH.{NOBODY}"}
 
 PLANTED_C = r"""
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 __attribute__((constructor)) static void planted(void) {
-    if (geteuid() == NOBODY)
-        return;
-    int fd = open(MARKERS "/" PLANTED_BY, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    char path[4096], line[64];
+    snprintf(path, sizeof path, "%s/%s.%u", MARKERS, PLANTED_BY, (unsigned)geteuid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
-        (void)!write(fd, PLANTED_BY "\n", strlen(PLANTED_BY) + 1);
+        int length = snprintf(line, sizeof line, "%s %u\n", PLANTED_BY, (unsigned)geteuid());
+        (void)!write(fd, line, (size_t)length);
         close(fd);
     }
 }
@@ -58,9 +75,8 @@ __attribute__((constructor)) static void planted(void) {
 
 
 def python_plant(markers: Path, planted_by: str) -> str:
-    return (f"import os\nif os.geteuid() != {NOBODY}:\n"
-            f"    with open({str(markers / planted_by)!r}, 'w') as marker:\n"
-            f"        marker.write({planted_by + chr(10)!r})\n")
+    return (f"import os\nwith open(f'{markers}/{planted_by}.{{os.geteuid()}}', 'w') as marker:\n"
+            f"    marker.write(f'{planted_by} {{os.geteuid()}}\\n')\n")
 
 
 def plant(home: Path, markers_inside: Path, home_inside: Path) -> Path:
@@ -75,16 +91,15 @@ def plant(home: Path, markers_inside: Path, home_inside: Path) -> Path:
 
     def compile_to(output: Path, planted_by: str) -> None:
         subprocess.run([*COMPILE_COMMAND, f'-DMARKERS="{markers_inside}"', f'-DPLANTED_BY="{planted_by}"',
-                        f"-DNOBODY={NOBODY}", "-o", str(output), str(source)], check=True, capture_output=True,
-                       text=True)
+                        "-o", str(output), str(source)], check=True, capture_output=True, text=True)
 
     compile_to(home / "evil.so", "LD_PRELOAD")
     compile_to(home / "alt-driver.so", "ZE_ENABLE_ALT_DRIVERS")
     for name in ("libze_loader.so.1", "libze_intel_gpu.so.1"):
         compile_to(home / "lib" / name, "LD_LIBRARY_PATH")
     systemctl = home / "bin" / "systemctl"
-    systemctl.write_text(f'#!/bin/sh\nif [ "$(/usr/bin/id -u)" != {NOBODY} ]; then echo PATH > {markers_inside}/PATH; '
-                         'fi\nexec /usr/bin/systemctl "$@"\n')
+    systemctl.write_text(f'#!/bin/sh\necho PATH > "{markers_inside}/PATH.$(/usr/bin/id -u)"\n'
+                         'exec /usr/bin/systemctl "$@"\n')
     systemctl.chmod(0o755)
     (home / "py" / "sitecustomize.py").write_text(python_plant(markers_inside, "PYTHONPATH"))
     (home / "vllm_xpu_exporter" / "__init__.py").write_text(python_plant(markers_inside, "WorkingDirectory"))
@@ -99,34 +114,65 @@ def plant(home: Path, markers_inside: Path, home_inside: Path) -> Path:
     return environment
 
 
-def planted_unit(gate: str, home_inside: Path) -> str:
-    return "\n".join(["[Unit]", "Description=a vLLM unit whose user plants code", "", "[Service]",
+def planted_unit(exec_start_pre: str, home_inside: Path, main: str = "/bin/sleep 300") -> str:
+    return "\n".join(["[Unit]", "Description=a unit whose user plants code", "", "[Service]",
                       "User=nobody", f"EnvironmentFile={home_inside}/environment", f"WorkingDirectory={home_inside}",
-                      f"ExecStartPre={gate}", "ExecStart=/bin/sleep 300", ""])
+                      f"ExecStartPre={exec_start_pre}", f"ExecStart={main}", ""])
 
 
-def start_planted_unit(shared: Path, fake_driver: Path, busybox: str | None
-                       ) -> tuple[list[str], set[str], str, str, int | None]:
+def debian_dynamic_busybox(machine: RealSystemd) -> str:
+    """What /bin/busybox is in the booted system, checked: Debian's `busybox` package's file (not
+    busybox-static's), with an ELF interpreter (dynamically linked, so the loader honours LD_PRELOAD)."""
+    owner = machine.run("dpkg-query", "--search", BUSYBOX, check=False)
+    assert owner.returncode == 0 and owner.stdout.split(":")[0] == "busybox", (
+        f"{BUSYBOX} is not Debian's busybox package's (tests/run installs it): {owner.stdout or owner.stderr}")
+    version = machine.run("dpkg-query", "--show", "--showformat=${Version}", "busybox").stdout
+    headers = machine.run("readelf", "--program-headers", "--wide", BUSYBOX).stdout
+    interpreter = re.search(r"Requesting program interpreter: ([^\]]+)\]", headers)
+    assert interpreter is not None, f"{BUSYBOX} (busybox {version}) is statically linked"
+    return f"busybox {version}, interpreter {interpreter.group(1)}"
+
+
+def hide_busybox(machine: RealSystemd) -> str:
+    """Remove every busybox from the booted system's view (its root is an overlay: the host keeps its own)."""
+    machine.run("rm", "-f", *BUSYBOX_PATHS)
+    found = machine.run("sh", "-c", "command -v busybox || ls " + " ".join(BUSYBOX_PATHS), check=False)
+    assert found.returncode != 0, f"a busybox is still there: {found.stdout}"
+    return "no busybox"
+
+
+@dataclass(frozen=True)
+class PlantedBoot:
+    busybox: str  # what the boot had: Debian's busybox's version and interpreter, or "no busybox"
+    lines: list[str]  # the gated unit's client's lines
+    markers: set[str]  # PLANTED_BY.EUID of every plant that ran while the gated unit started
+    user: str  # the user of the gated unit's main process
+    service_user: str  # the gate service's
+    decision_uid: int | None  # the uid that wrote the client's decision line
+    control_markers: set[str]  # the markers once the control unit (0.2's "+" busybox env -i) ran
+    control_journal: list[str]  # the control unit's journal
+
+
+def start_planted_unit(shared: Path, fake_driver: Path, with_busybox: bool) -> PlantedBoot:
     """Boot with the packaged gate service and the planted unit gated by the packaged drop-in's client,
-    `busybox` copied to /bin/busybox first (None: no /bin/busybox at all); start the unit and wait for its
-    client's decision. The client's lines, the markers the plants wrote, the users of the unit's main
-    process and of the gate service, and the uid that wrote the decision line."""
+    with the image's /bin/busybox or none; start the unit and wait for its client's decision, then start
+    the control unit."""
     markers, home = shared / "markers", shared / "home"
     markers.mkdir(mode=0o777)
     markers.chmod(0o777)  # any user may leave a marker: the plants tell who ran them
-    plant(home, path_inside(shared, markers), path_inside(shared, home))
+    home_inside = path_inside(shared, home)
+    plant(home, path_inside(shared, markers), home_inside)
     shared.chmod(0o755)  # nobody reaches its directory (the shared directory is the namespace's /realsystemd)
-    files = {f"/etc/systemd/system/{UNIT}": planted_unit(gated(EMBEDDING)[0], path_inside(shared, home)),
-             f"/etc/systemd/system/{UNIT}.d/vllm-xpu-gate.conf": "[Unit]\nWants=vllm-xpu-gate.socket\n"
-                                                                "After=vllm-xpu-gate.socket\n",
+    files = {f"/etc/systemd/system/{UNIT}": planted_unit(gated(EMBEDDING)[0], home_inside),
+             f"/etc/systemd/system/{UNIT}.d/vllm-xpu-gate.conf": packaged_drop_in_unit_section(),
+             f"/etc/systemd/system/{CONTROL}": planted_unit(f"+{BUSYBOX} env -i /bin/true", home_inside,
+                                                            main="/bin/true"),
              **packaged_gate(shared, shared / fake_driver.name)}
     hidden = hidden_trees_drop_in()  # this Python, where nobody cannot reach it (/root)
     if hidden is not None:
         files[f"/etc/systemd/system/{UNIT}.d/realsystemd.conf"] = hidden
     with RealSystemd(shared, files=files, enable=[GATE_SOCKET]) as machine:
-        machine.run("rm", "-f", "/bin/busybox", "/usr/bin/busybox")
-        if busybox is not None:
-            machine.run("cp", busybox, "/bin/busybox")
+        busybox = debian_dynamic_busybox(machine) if with_busybox else hide_busybox(machine)
         machine.start(UNIT)
 
         def gate_entries() -> list[dict]:
@@ -142,10 +188,14 @@ def start_planted_unit(shared: Path, fake_driver: Path, busybox: str | None
         service_user = machine.run("ps", "-o", "user=", "-p", machine.systemctl(
             "show", "-P", "MainPID", GATE_SERVICE).stdout.strip()).stdout.strip()
         entries = gate_entries()
+        planted = {marker.name for marker in markers.iterdir()}
+        machine.systemctl("start", CONTROL, check=False)
+        control_journal = [journal_field(entry, "MESSAGE") or "" for entry in machine.journal(CONTROL)]
     lines = [journal_field(entry, "MESSAGE") for entry in entries]
     decision = next(entry for entry in entries if DECISION.match(journal_field(entry, "MESSAGE")))
     uid = journal_field(decision, "_UID")
-    return lines, {marker.name for marker in markers.iterdir()}, user, service_user, None if uid is None else int(uid)
+    return PlantedBoot(busybox, lines, planted, user, service_user, None if uid is None else int(uid),
+                       {marker.name for marker in markers.iterdir()}, control_journal)
 
 
 @pytest.fixture
@@ -156,25 +206,24 @@ def shared(tmp_path: Path, fake_driver: Path) -> Path:
     return tmp_path
 
 
-def dynamic_program() -> str:
-    """A dynamically linked program of the host (as Debian's busybox package's /bin/busybox is)."""
-    program = shutil.which("env") or "/usr/bin/env"
-    headers = subprocess.run(["readelf", "--program-headers", "--wide", program], capture_output=True, text=True,
-                             check=True).stdout
-    assert "INTERP" in headers, f"{program} is not dynamically linked"
-    return program
-
-
-@pytest.mark.parametrize("busybox", ["dynamic /bin/busybox", "no busybox"])
+@pytest.mark.parametrize("busybox", ["Debian's dynamic /bin/busybox", "no busybox"])
 def test_code_the_units_user_plants_runs_as_no_other_user(shared: Path, fake_driver: Path, busybox: str):
     """The client decides through the service (which saw the fake GPU: free is a figure), the unit's main
     process runs as nobody, the client's decision line was written by nobody, the service by a user of
     its own (not root), and no plant ran as any user but nobody: not the preload, the library path, the
-    driver, the sitecustomize, the working directory's package nor the PATH's systemctl."""
-    lines, markers, user, service_user, uid = start_planted_unit(
-        shared, fake_driver, dynamic_program() if busybox.startswith("dynamic") else None)
-    decision = next(line for line in lines if DECISION.match(line))
-    assert decision.startswith("vllm-xpu-gate: released") and "free unknown" not in decision, lines
-    assert user == "nobody" and uid == NOBODY, (user, uid)
-    assert service_user not in ("root", "nobody", ""), service_user
-    assert markers == set(), f"planted code ran as another user: {sorted(markers)}; the gate said {lines}"
+    driver, the sitecustomize, the working directory's package nor the PATH's systemctl. The control
+    shows what the boot's busybox (or its absence) did to the 0.2 shape."""
+    boot = start_planted_unit(shared, fake_driver, with_busybox=busybox != "no busybox")
+    decision = next(line for line in boot.lines if DECISION.match(line))
+    assert decision.startswith("vllm-xpu-gate: released") and "free unknown" not in decision, boot.lines
+    assert boot.user == "nobody" and boot.decision_uid == NOBODY, (boot.user, boot.decision_uid)
+    assert boot.service_user not in ("root", "nobody", ""), boot.service_user
+    assert LIVE_PLANTS <= boot.markers, f"the plants did not run in the unit at all: {sorted(boot.markers)}"
+    as_others = sorted(marker for marker in boot.markers if not marker.endswith(f".{NOBODY}"))
+    assert as_others == [], (f"planted code ran as another user ({boot.busybox}): {as_others}; "
+                             f"the gate said {boot.lines}")
+    control = boot.control_markers - boot.markers
+    if busybox == "no busybox":
+        assert control == set() and any("203/EXEC" in line for line in boot.control_journal), boot.control_journal
+    else:
+        assert "LD_PRELOAD.0" in control, (boot.busybox, sorted(control), boot.control_journal)

@@ -3,7 +3,8 @@ namespaces (tests/realsystemd.py): the packaged gate service and socket (packagi
 and .socket, adapted only for the namespace's journal and the fake Level Zero driver: tests/bootrace.py
 packaged_gate) and the issue's three replayed vLLM units (chat 0.75, embedding 0.07, stt 0.07 of one
 16 GiB fake GPU, Restart=on-failure; tests/bootrace.py), each gated the packaged drop-in's way:
-`ExecStartPre=<bin>/vllm-xpu-gate wait ...`, no "+", as the unit's own user, the socket Wants=/After=.
+`ExecStartPre=<bin>/vllm-xpu-gate wait ...`, no "+", as the unit's own user, and the packaged [Unit] lines
+(Wants= the socket and the service, After= the socket).
 Without the gate the same boot fails and overlaps inits (test_real_systemd.py's race test;
 benchmarks/boot_race.py compares both over 20 boots).
 """
@@ -284,7 +285,7 @@ def test_the_service_stopped_units_still_start_within_the_bound_with_one_line_ea
              for unit, engine in RACE_UNITS.items()}
     with RealSystemd(shared, files={**files, **packaged_drop_in(), **gate_files(shared, fake_driver)},
                      enable=[GATE_SOCKET]) as machine:
-        # and removed, or the drop-in's Wants= would start the socket again (and it the service)
+        # and removed, or the drop-in's Wants= would start them again
         machine.systemctl("stop", GATE_SOCKET, GATE_SERVICE)
         machine.run("rm", f"/etc/systemd/system/{GATE_SOCKET}", f"/etc/systemd/system/{GATE_SERVICE}")
         machine.daemon_reload()

@@ -255,7 +255,8 @@ def test_gate_units_get_the_client_as_last_exec_start_pre_the_socket_and_a_start
         options = parse_client_options(client_arguments(command))
         assert (options.request.timeout, options.request.start_on_timeout, options.request.gpu_memory_utilization,
                 options.service_timeout) == (300.0, False, 0.75, 30.0)
-        assert services[name]["wants"] == services[name]["after"] == ["vllm-xpu-gate.socket"]
+        assert services[name]["wants"] == ["vllm-xpu-gate.socket", "vllm-xpu-gate.service"]
+        assert services[name]["after"] == ["vllm-xpu-gate.socket"]
         assert service["TimeoutStartSec"] == {"_type": "override", "priority": 1000, "content": 300 + 30 + 90}
     serve = services["vllm-xpu-gate"]["serviceConfig"]["ExecStart"]
     argv = shlex.split(serve)

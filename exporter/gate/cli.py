@@ -6,6 +6,9 @@
 The 0.2 form, `vllm-xpu-gate --unit %n ...` (which ran as root), still works as `wait` so that a host
 upgraded before its drop-ins are replaced keeps its units starting: it says once that --unit and the
 service's flags are ignored. Bad flags exit 2 with one line.
+
+`wait` runs at every gated start: this module imports only what the client needs (no source, journal or
+Level Zero module, not the exporter's `flags`); `serve` imports the rest when it runs.
 """
 
 from __future__ import annotations
@@ -20,8 +23,7 @@ from collections.abc import Sequence
 
 from vllm_xpu_exporter import __version__
 from vllm_xpu_exporter.durations import parse_go_duration
-from vllm_xpu_exporter.flags import (EXIT_USAGE, OneLineParser, absolute_path, add_journal_flags, add_levelzero_flags,
-                                     add_procfs_flag, add_sysfs_flag, check_journal_flags, journal_selection)
+from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser, absolute_path
 from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.gate.protocol import DEFAULT_SOCKET, MAX_DURATION_S, Request
 from vllm_xpu_exporter.pci import normalise_pci_address
@@ -115,6 +117,7 @@ def build_wait_parser() -> argparse.ArgumentParser:
 
 
 def build_serve_parser() -> argparse.ArgumentParser:
+    from vllm_xpu_exporter.flags import add_journal_flags, add_levelzero_flags, add_procfs_flag, add_sysfs_flag
     parser = OneLineParser(prog=f"{PROG} serve",
                            description="The gate service: follow the journal and Level Zero, and answer the "
                                        "vLLM units' clients on a Unix socket (docs/gate.md).")
@@ -153,6 +156,7 @@ def wait_request(args: argparse.Namespace) -> Request:
 
 
 def parse_service_options(argv: Sequence[str]):
+    from vllm_xpu_exporter.flags import check_journal_flags, journal_selection
     from vllm_xpu_exporter.gate.service import ServiceOptions
     parser = build_serve_parser()
     args = parser.parse_args(argv)

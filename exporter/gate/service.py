@@ -4,8 +4,10 @@ Zero in a child, keeps each GPU's lease in memory, and answers the clients (`vll
 that connect to its Unix socket.
 
 Who is asking is the kernel's word, never the client's: the connecting process's pid from SO_PEERCRED,
-its unit from its cgroup (`/proc/PID/cgroup`, read as the exporter reads it). A caller outside the
-watched units is released at once; a watched unit waits its turn (`Waiter`), one wait per unit (a newer
+its unit from its cgroup (`/proc/PID/cgroup`, read as the exporter reads it), and where the kernel has
+SO_PEERPIDFD a pidfd of that process showing it still ran after the read (`Peer`: else the pid may have
+been another process's). A caller outside the watched units, or one that cannot be identified, is
+released at once; a watched unit waits its turn (`Waiter`), one wait per unit (a newer
 connection of the same unit replaces the older one).
 
 One thread decides for every waiting unit (`Service.decide_round`), in the order they asked, each
@@ -18,8 +20,10 @@ or --lease-timeout.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import select
 import socket
 import struct
 import threading
@@ -106,11 +110,51 @@ class Waiter:
         self.connection.close()
 
 
-def peer_pid(connection: socket.socket) -> int:
-    """The pid of the process that connected, as the kernel recorded it (SO_PEERCRED)."""
-    pid, _uid, _gid = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                struct.calcsize("3i")))
-    return pid
+# SO_PEERPIDFD (Linux 6.5): a pidfd of the exact process that connected. Python 3.11 lacks the constant.
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
+
+
+class PeerGone(Exception):
+    """The process that connected has exited: its pid may be another process's by now."""
+
+
+@dataclass
+class Peer:
+    """The process that connected, as the kernel recorded it: its pid (SO_PEERCRED) and, where the kernel
+    gives one, a pidfd of that very process (None on kernels before 6.5: the pid is all there is)."""
+
+    pid: int
+    pidfd: int | None
+    gone: str | None = None  # why the kernel gave no pidfd of a process it knows: it has exited
+
+    @classmethod
+    def of(cls, connection: socket.socket) -> Peer:
+        pid, _uid, _gid = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                    struct.calcsize("3i")))
+        try:
+            return cls(pid, struct.unpack("i", connection.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4))[0])
+        except OSError as error:
+            if error.errno == errno.ENOPROTOOPT:  # a kernel before 6.5
+                return cls(pid, None)
+            return cls(pid, None, f"no pidfd of pid {pid}: {error.strerror or error}")  # ESRCH, EINVAL: exited
+
+    def check_running(self) -> None:
+        """PeerGone unless the process is still running (its pidfd turns readable when it exits): a read
+        of /proc/PID/... made before this check was of that process, since a pid is not reused while its
+        process runs. Without a pidfd (an old kernel) nothing can be told."""
+        if self.gone is not None:
+            raise PeerGone(self.gone)
+        if self.pidfd is None:
+            return
+        poller = select.poll()
+        poller.register(self.pidfd, select.POLLIN)
+        if poller.poll(0):
+            raise PeerGone(f"pid {self.pid} exited after it connected")
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
 
 def cgroup_populated(sysfs: str, cgroup_path: str) -> bool | None:
@@ -252,7 +296,13 @@ class Service:
 
     def identify(self, connection: socket.socket) -> Waiter | None:
         """A Waiter for a watched unit's request; None once the connection was answered (or is useless)."""
-        pid = peer_pid(connection)
+        peer = Peer.of(connection)
+        try:
+            return self._identify(connection, peer)
+        finally:
+            peer.close()
+
+    def _identify(self, connection: socket.socket, peer: Peer) -> Waiter | None:
         connection.settimeout(HANDSHAKE_TIMEOUT_S)
         data = b""
         try:
@@ -269,11 +319,13 @@ class Service:
             self._answer_now(connection, f"{gate_lines.PREFIX}error: {error}", EXIT_USAGE)
             return None
         try:
-            caller = procfs.read_unit_cgroup(self.options.procfs, pid)
+            caller, why = procfs.read_unit_cgroup(self.options.procfs, peer.pid), "it is in no unit"
         except OSError as error:
-            caller, why = None, f"cannot read /proc/{pid}/cgroup: {error.strerror or error}"
-        else:
-            why = "it is in no unit"
+            caller, why = None, f"cannot read /proc/{peer.pid}/cgroup: {error.strerror or error}"
+        try:
+            peer.check_running()  # else that cgroup may be of a process that took the pid over
+        except PeerGone as gone:
+            caller, why = None, f"the process that connected is gone: {gone}"
         if caller is None:
             self._answer_now(connection, f"{gate_lines.PREFIX}warning: the service cannot tell which unit "
                                          f"asks ({why}): releasing", 0, released=True)

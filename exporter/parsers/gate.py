@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 # The vLLM grammar's bounds: anything in the unit can print a gate-like line.
-from vllm_xpu_exporter.parsers.vllm import MAX_BYTES, MAX_SECONDS
+from vllm_xpu_exporter.parsers.bounds import MAX_BYTES, MAX_SECONDS
 
 PREFIX = "vllm-xpu-gate: "
 NOTHING = "nothing"

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Union
 
+from vllm_xpu_exporter.parsers.bounds import MAX_BYTES, MAX_SECONDS, MAX_TOKENS
+
 __all__ = [
     "MAX_LINE_CHARS",
     "EngineConfig",
@@ -378,14 +380,6 @@ class Bounds:
         above_low = self.low < value if self.low_open else self.low <= value
         return above_low and value <= self.high
 
-
-# 1 PiB: far above the memory of any device or host vLLM runs on, far below where float rounding
-# of a byte count starts (2**53).
-MAX_BYTES = 1 << 50
-# Context lengths reach ~10M tokens (2**24) and a KV cache a few 10**9 tokens.
-MAX_TOKENS = 1 << 40
-# An engine init (model download, load, compilation) takes minutes, hours at worst.
-MAX_SECONDS = 7 * 24 * 3600
 
 _BYTES = Bounds(0, MAX_BYTES)
 # Budgets that vLLM prints negative when the peak exceeded them; the magnitude is still bounded.
