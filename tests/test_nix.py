@@ -300,7 +300,7 @@ def test_the_plans_values_go_to_root_files_the_exporter_reads_as_the_planners_dr
     assert budgets == {"vllm-xpu-chat.service": 3481927680, "vllm-xpu-embedding.service": 939524096}
     assert {file["mode"] for file in files.values()} == {"0444"}
     argv = shlex.split(config["systemd"]["services"]["vllm-xpu-exporter"]["serviceConfig"]["ExecStart"])
-    assert parse_options(argv[1:]).collector_options["processes"].plans == "/etc/vllm-xpu-plan"
+    assert parse_options(argv[1:]).plans_directory == "/etc/vllm-xpu-plan"
     assert "--collector.processes.plans" not in service_config(tmp_path)["ExecStart"]  # no plan, the default
 
 
