@@ -145,13 +145,14 @@ def test_the_first_screen_reaches_metrics_and_a_prometheus_job():
 
 
 def user_docs() -> list[Path]:
-    """What a user reads: the README, SECURITY.md and docs/ (docs/development/ is for contributors)."""
+    """What a user reads: the README, SECURITY.md, the changelog and docs/ (docs/development/ is for
+    contributors)."""
     docs = sorted(path for path in (REPO / "docs").glob("*.md"))
-    return [REPO / "README.md", REPO / "SECURITY.md", *docs]
+    return [REPO / "README.md", REPO / "SECURITY.md", REPO / "CHANGELOG.md", *docs]
 
 
 def markdown_files() -> list[Path]:
-    return [*user_docs(), *sorted((REPO / "docs" / "development").glob("*.md")), REPO / "CHANGELOG.md"]
+    return [*user_docs(), *sorted((REPO / "docs" / "development").glob("*.md"))]
 
 
 def anchors(markdown: str) -> set[str]:
