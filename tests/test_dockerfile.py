@@ -331,6 +331,6 @@ def test_compose_and_the_docs_build_and_run_the_image_of_this_release():
     """Every `vllm-xpu-exporter:<tag>` the compose file and the deployment docs name is the package's version, so
     two builds of two releases never share a tag (and `latest` is never what a host runs)."""
     from vllm_xpu_exporter import __version__
-    for path in (DEPLOY / "compose.yaml", REPO / "docs" / "deployment.md"):
+    for path in (DEPLOY / "compose.yaml", DEPLOY / "compose.fake-gpu.yaml", REPO / "docs" / "deployment.md"):
         tags = re.findall(r"vllm-xpu-exporter:(latest|\d[\w.-]*)", path.read_text())
         assert tags and set(tags) == {__version__}, (path.name, tags)
