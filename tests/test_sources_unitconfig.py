@@ -110,3 +110,22 @@ def test_a_sticky_directory_others_may_write_to_does_not_stop_the_walk(plans: Pa
     require_root_owned_tree(plans)
     os.chmod(plans, 0o1777)
     assert UnitPlans(str(plans)).plans([CHAT]) == ({CHAT: 3481927680}, [])
+
+
+def test_a_units_drop_in_is_read_again_only_after_the_reread_time(plans: Path) -> None:
+    """A scrape does not walk each unit's path from / again: a drop-in changed or removed shows once
+    `reread_seconds` have passed since it was read, and a unit asked for again after a pause is read again."""
+    require_root_owned_tree(plans)
+    now = [1000.0]
+    unit_plans = UnitPlans(str(plans), reread_seconds=30, clock=lambda: now[0])
+    assert unit_plans.plans([CHAT]) == ({CHAT: 3481927680}, [])
+    (plans / f"{CHAT}.d" / DROP_IN_NAME).unlink()
+    now[0] += 29
+    assert unit_plans.plans([CHAT]) == ({CHAT: 3481927680}, [])
+    now[0] += 1
+    assert unit_plans.plans([CHAT]) == ({}, [])
+    (plans / f"{CHAT}.d" / DROP_IN_NAME).write_text(DROP_IN)
+    os.chmod(plans / f"{CHAT}.d" / DROP_IN_NAME, 0o666)
+    now[0] += 30
+    found, problems = unit_plans.plans([CHAT])
+    assert found == {} and len(problems) == 1 and "writable by others than root" in problems[0]

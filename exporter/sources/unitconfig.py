@@ -27,13 +27,17 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 PLAN_FIELD = "VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES"
 """The field of the plan's `LogExtraFields=`: the budget in bytes, a decimal integer."""
 DROP_IN_NAME = "zz-vllm-xpu-plan.conf"
 """The planner's drop-in in each unit's `UNIT.d` directory (sorts after `override.conf`)."""
 DEFAULT_PLANS_DIRECTORY = "/etc/systemd/system"
+# How long a unit's drop-in, once read, stands for the plan: a plan written or taken away shows within this
+# (its alert waits ten minutes), and a scrape does not walk every unit's path from / again.
+REREAD_SECONDS = 30.0
 MAX_DROP_IN_BYTES = 64 * 1024
 MAX_BUDGET_DIGITS = 20
 _UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\@-]{1,250}\.service")
@@ -93,30 +97,44 @@ def _open_checked(path: str, flags: int) -> int:
 
 
 class UnitPlans:
-    """Reads the plan's budget of units from their drop-ins under `directory` (`plans`)."""
+    """Reads the plan's budget of units from their drop-ins under `directory` (`plans`), each unit's again
+    after `reread_seconds`."""
 
-    def __init__(self, directory: str = DEFAULT_PLANS_DIRECTORY) -> None:
+    def __init__(self, directory: str = DEFAULT_PLANS_DIRECTORY, reread_seconds: float = REREAD_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.directory = directory
+        self._reread_seconds = reread_seconds
+        self._clock = clock
+        # unit -> (when read, its budget, None for no plan, or why its drop-in is not believed)
+        self._read_units: dict[str, tuple[float, int | UnitConfigError | None]] = {}
 
     def plans(self, units: Iterable[str]) -> tuple[dict[str, int], list[str]]:
         """unit -> the budget its plan's drop-in names (units without one are absent, as is every unit when the
         directory does not exist), and a line for each drop-in not believed or not read."""
-        base = os.path.realpath(self.directory)
+        now = self._clock()
+        asked = {unit for unit in units if _UNIT_NAME.fullmatch(unit)}
+        self._read_units = {unit: known for unit, known in self._read_units.items()
+                            if unit in asked and now - known[0] < self._reread_seconds}
         plans: dict[str, int] = {}
         problems: list[str] = []
-        if not os.path.isdir(base):
-            return plans, problems
-        for unit in sorted(set(units)):
-            if not _UNIT_NAME.fullmatch(unit):
-                continue
-            try:
-                budget = self._read(f"{base}/{unit}.d/{DROP_IN_NAME}")
-            except UnitConfigError as error:
-                problems.append(str(error))
-                continue
-            if budget is not None:
-                plans[unit] = budget
+        for unit in sorted(asked):
+            if unit not in self._read_units:
+                self._read_units[unit] = (now, self._look_up(unit))
+            found = self._read_units[unit][1]
+            if isinstance(found, UnitConfigError):
+                problems.append(str(found))
+            elif found is not None:
+                plans[unit] = found
         return plans, problems
+
+    def _look_up(self, unit: str) -> int | UnitConfigError | None:
+        base = os.path.realpath(self.directory)
+        if not os.path.isdir(base):
+            return None
+        try:
+            return self._read(f"{base}/{unit}.d/{DROP_IN_NAME}")
+        except UnitConfigError as error:
+            return error
 
     @staticmethod
     def _read(path: str) -> int | None:
