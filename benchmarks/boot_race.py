@@ -1,4 +1,4 @@
-"""The boot race over repeated boots of a real systemd: how often the issue's three units fail their
+"""The boot race over repeated boots of a real systemd: how often the seed host's three units fail their
 engine init when systemd starts them together.
 
     python benchmarks/boot_race.py              # 20 boots without and 20 with the gate, ~15 s each (as root)

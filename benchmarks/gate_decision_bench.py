@@ -135,7 +135,7 @@ def report(result: GateDecisionResult, log=print) -> None:
     log(f"    ratio latest invocations / whole boot: {result.ratio:.3f} in process "
         f"({result.whole.in_process_s / result.latest.in_process_s:.1f}x faster), "
         f"{result.latest.wall_s / result.whole.wall_s:.3f} spawn to exit")
-    log(f"    same decision state: " + ", ".join(
+    log("    same decision state: " + ", ".join(
         f"{unit} {'initialising' if state[0] else 'not initialising'}, R {state[3]}"
         for unit, state in sorted(result.decision_state.items())))
     log(f"    target: latest invocations < {TARGET_S:g} s: {'met' if result.passed else 'MISSED'}")

@@ -78,7 +78,7 @@ def main() -> None:
         write_rotated(plain_root, bomb=False, compressed_bytes=size)
         bomb = min(read_cpu(bomb_root) for _ in range(repeat))
         plain = min(read_cpu(plain_root) for _ in range(repeat))
-        small_root = Path(directory, "small")  # the issue's: some 255 KiB
+        small_root = Path(directory, "small")  # the reported bomb's size: some 255 KiB
         small_size = write_rotated(small_root, bomb=True, inflated_mib=84)
         small = min(read_cpu(small_root) for _ in range(repeat))
     print(f"rotated .gz of {size / 1024:.0f} KiB inflating to 256 MiB: {bomb[0]:.2f} s CPU, {bomb[1]} records")

@@ -1,18 +1,19 @@
-"""The planner's proof on the issue's host: the drop-ins `vllm-xpu-plan` writes, applied with the gate
-off, over repeated cold boots of a real systemd, for several figure sets spread over the rounding range of
-what vLLM prints; and the default target (no flags) proposing each unit at the KV it had.
+"""The planner's proof on the seed host (chat, embedding and stt on one 16 GiB GPU): the drop-ins
+`vllm-xpu-plan` writes, applied with the gate off, over repeated cold boots of a real systemd, for several
+figure sets spread over the rounding range of what vLLM prints; and the default target (no flags) proposing
+each unit at the KV it had.
 
     python benchmarks/planned_boot.py                  # 5 figure sets: observation and plan, 20 planned boots
                                                        # each, 20 without for the first set (as root)
     python benchmarks/planned_boot.py --boots 5 --figure-sets 0,5
     python benchmarks/planned_boot.py --no-baseline    # only the planned boots
     python benchmarks/planned_boot.py --after-race --figure-sets 0 --no-baseline
-                                                       # the issue's flow: a failing cold boot, then
+                                                       # the reported flow: a failing cold boot, then
                                                        # vllm-xpu-plan with no flags, its drop-ins, 20 boots
 
 Figure sets: chat's weights moved by 0, 1, 2.5, 4 and 5 MiB (--figure-sets, MiB), which moves its true KV
 cache by as much under the same printed "X.XX GiB": the budget must be taken whatever the true figure within
-the print was (the issue's 5 MiB shift made a plan read at the print's value fail every boot).
+the print was (a 5 MiB shift made a plan read at the print's value fail every boot).
 
 The host is the boot race's (tests/bootrace.py): chat (0.75, 131072 tokens, max_num_seqs 3), embedding
 (0.07) and stt (0.07) of one 16 GiB fake GPU, replayed vLLM 0.24 engines that take memory the way vLLM

@@ -102,7 +102,7 @@ def machine() -> list[str]:
 
 def scrape_rows(result: scrape_bench.ScrapeResult, informational: bool = False) -> list[Row]:
     name = result.shape.name
-    note = " (beyond the issue's host)" if informational else ""
+    note = " (beyond the seed host)" if informational else ""
     return [
         Row(f"scrape p50, {name} host", f"{result.p50_ms:.2f} ms", "", None),
         Row(f"scrape p99, {name} host{note}", f"{result.p99_ms:.2f} ms", f"< {P99_TARGET_MS:g} ms",

@@ -14,7 +14,6 @@ same day"). REV's scrapes are not checked for what REV does not serve.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys

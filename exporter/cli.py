@@ -21,8 +21,8 @@ import vllm_xpu_exporter.collectors  # noqa: F401  (registers the bundled collec
 from vllm_xpu_exporter import __version__, discovery
 from vllm_xpu_exporter.collector import Collector, Source, Sources, registered
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
-from vllm_xpu_exporter.flags import (EXIT_USAGE, DefaultsHelpFormatter, OneLineParser, add_container_flags,
-                            add_container_log_flags,
+from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser
+from vllm_xpu_exporter.flags import (DefaultsHelpFormatter, add_container_flags, add_container_log_flags,
                             add_journal_containers_flag, add_journal_flags, add_levelzero_flags, add_procfs_flag,
                             add_sysfs_flag, check_journal_flags, container_log_directories, container_paths,
                             journal_container_globs, journal_engine_grace_usec, journal_unit_globs)

@@ -11,7 +11,7 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser, absolute_path  # noqa: F401 (re-exported)
+from vllm_xpu_exporter.argparsing import absolute_path
 from vllm_xpu_exporter.durations import parse_go_duration
 from vllm_xpu_exporter.sources.containers import (
     DEFAULT_CONTAINER_LOGS, DEFAULT_DOCKER_ROOT, DEFAULT_POD_LOGS, DEFAULT_PODMAN_STORAGE, distinct,

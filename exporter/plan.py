@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import TextIO
 
 from vllm_xpu_exporter import __version__, rightsizing, unitfile
-from vllm_xpu_exporter.flags import (EXIT_USAGE, OneLineParser, add_journal_flags, add_levelzero_flags, add_procfs_flag,
-                            add_systemctl_flag, check_journal_flags, journal_selection)
+from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser
+from vllm_xpu_exporter.flags import (add_journal_flags, add_levelzero_flags, add_procfs_flag, add_systemctl_flag,
+                            check_journal_flags, journal_selection)
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter import memory as rules
 from vllm_xpu_exporter.parsers import vllm
