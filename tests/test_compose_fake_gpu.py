@@ -258,9 +258,13 @@ def test_the_stacks_commands_run_as_processes(tmp_path, fake_driver):
 # --- the stack itself, where an engine answers ------------------------------------------------------------
 
 
+# Docker as Debian installs it (docker.io), found where the package puts it: not a client copied by hand
+# elsewhere on PATH, which a fresh machine does not have.
+DOCKER = shutil.which("docker", path="/usr/bin")
+
+
 def engine_answers() -> bool:
-    return bool(shutil.which("docker")) and subprocess.run(["docker", "info"], capture_output=True,
-                                                           timeout=60).returncode == 0
+    return DOCKER is not None and subprocess.run([DOCKER, "info"], capture_output=True, timeout=60).returncode == 0
 
 
 def free_port() -> int:
@@ -285,7 +289,7 @@ def test_the_stack_runs_where_an_engine_answers(compose, tmp_path):
         up = subprocess.run([*base, "up", "-d", "--build"], capture_output=True, text=True, timeout=3600,
                             env=environment)
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-        containers = {name: subprocess.run(["docker", "inspect", "-f", "{{.Name}}", subprocess.run(
+        containers = {name: subprocess.run([DOCKER, "inspect", "-f", "{{.Name}}", subprocess.run(
             [*base, "ps", "-q", name], capture_output=True, text=True, check=True, env=environment).stdout.strip()],
             capture_output=True, text=True, check=True).stdout.strip().lstrip("/") for name in STUBS}
         units = {name: f"docker/{container}" for name, container in containers.items()}
