@@ -249,7 +249,7 @@ class EngineTracker:
             return
         if entry.realtime_usec > unit.last_seen_usec:
             unit.last_seen_usec = entry.realtime_usec
-        self._windows.entry_number += 1
+        self._windows.next_entry()
         self._settle_unit(unit, entry.realtime_usec)
         self._end_possible_inits_past_grace(entry.realtime_usec)
         if entry.from_systemd:

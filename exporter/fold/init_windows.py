@@ -33,7 +33,7 @@ class PossibleInit:
     to be an engine start."""
 
     owner: Owner
-    began_entry: int  # the number of the entry at which its main process began (InitWindows.entry_number)
+    began_entry: int  # the number of the entry at which its main process began (InitWindows._entry_number)
     windows_opened_before: int  # overlap windows opened before it began
     met_an_init: bool  # another unit's overlap window was open when it began
 
@@ -43,7 +43,7 @@ class InitWindows:
 
     def __init__(self) -> None:
         # Starts in their overlap window, and those of them not overlapped yet.
-        self._open: dict[Start, Owner] = {}
+        self._open_windows: dict[Start, Owner] = {}
         self._awaiting_overlap: dict[Start, Owner] = {}
         # Possible inits, in the order their main processes began; and the overlap windows that closed not
         # overlapped while one was pending, with the number of the entry that closed them: a possible init
@@ -52,15 +52,19 @@ class InitWindows:
         self._unpaired_closed: dict[Start, tuple[Owner, int]] = {}
         # The number of the entry being folded: orders possible inits against overlap windows. Not the count
         # of entries read (xpu_exporter_journal_entries_read_total): the journal follower keeps that.
-        self.entry_number = 0
+        self._entry_number = 0
         self._windows_opened = 0
+
+    def next_entry(self) -> None:
+        """The fold takes its next entry (what follows happens at it)."""
+        self._entry_number += 1
 
     def open(self, owner: Owner, start: Start, possible: PossibleInit | None = None) -> None:
         """The start's overlap window opens: it overlaps the inits running now and, when it was a possible
         init until now, every init whose window was open since its main process began."""
         start.initialising = True
         closed_since: list[tuple[Start, Owner]] = []
-        overlapping = bool(self._open)  # other units' inits: this unit's earlier start has ended
+        overlapping = bool(self._open_windows)  # other units' inits: this unit's earlier start has ended
         if possible is not None:
             closed_since = [(other_start, other) for other_start, (other, closed_entry)
                             in self._unpaired_closed.items() if closed_entry > possible.began_entry]
@@ -74,20 +78,21 @@ class InitWindows:
                 del self._unpaired_closed[other_start]
         else:
             self._awaiting_overlap[start] = owner
-        self._open[start] = owner
+        self._open_windows[start] = owner
         self._windows_opened += 1
 
     def close(self, start: Start) -> None:
         """The start's overlap window closes (a KV-cache line, its init done, its end)."""
         start.initialising = False
-        self._open.pop(start, None)
+        self._open_windows.pop(start, None)
         owner = self._awaiting_overlap.pop(start, None)
         if owner is not None and self._possible:
-            self._unpaired_closed[start] = (owner, self.entry_number)
+            self._unpaired_closed[start] = (owner, self._entry_number)
 
     def begin_possible(self, owner: Owner, start: Start) -> None:
         """The main process of a start not known to run vLLM began: a possible init."""
-        self._possible[start] = PossibleInit(owner, self.entry_number, self._windows_opened, bool(self._open))
+        self._possible[start] = PossibleInit(owner, self._entry_number, self._windows_opened,
+                                             bool(self._open_windows))
 
     def engine_found(self, owner: Owner, start: Start) -> bool:
         """The start printed its first vLLM line: if it was a possible init, its window opens as of its main
@@ -118,7 +123,7 @@ class InitWindows:
 
     def forget(self, gone: Owner) -> None:
         """A unit gone for good: its inits overlap nothing from now on."""
-        for starts in (self._open, self._awaiting_overlap):
+        for starts in (self._open_windows, self._awaiting_overlap):
             for start in [start for start, owner in starts.items() if owner is gone]:
                 del starts[start]
         for start in [start for start, possible in self._possible.items() if possible.owner is gone]:
