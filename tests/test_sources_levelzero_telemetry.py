@@ -6,9 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from vllm_xpu_exporter.sources.levelzero.binding import (EngineActivity, Frequency, MemoryBandwidth, RasErrors,
                                                          Temperature)
 from vllm_xpu_exporter.sources.levelzero.telemetry import KINDS
+
+pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
 
 METRICS_DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
