@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vllm_xpu_exporter import memory as rules
-from vllm_xpu_exporter.fold.engine_starts import Outcome, Start, UnitView
+from vllm_xpu_exporter.fold.engine_starts import UnitView
+from vllm_xpu_exporter.fold.start import Outcome, Start
 from vllm_xpu_exporter.parsers import vllm
 
 # --kv-cache-memory-bytes: absent before 0.10.2; on XPU the budget takes effect from 0.16.0 (the XPU

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from vllm_xpu_exporter.fold import engine_starts
-from vllm_xpu_exporter.fold.engine_starts import EngineTracker, Outcome, UnitView
+from vllm_xpu_exporter.fold.engine_starts import EngineTracker, UnitView
+from vllm_xpu_exporter.fold.start import Outcome
 from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.sources.journal import JournalReader
 from vllm_xpu_exporter.sources.logs.entry import LogEntry, LogSelection

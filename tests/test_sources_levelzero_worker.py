@@ -32,8 +32,9 @@ from vllm_xpu_exporter.sources.levelzero.binding import (
     RasErrors,
     Temperature,
 )
-from vllm_xpu_exporter.sources.levelzero.worker import (DeviceMemory, DeviceTelemetry, LevelZeroUnavailable, LevelZeroWorker,
-                                               TelemetryReading, WorkerState, _to_wire)
+from vllm_xpu_exporter.sources.levelzero.telemetry import DeviceTelemetry
+from vllm_xpu_exporter.sources.levelzero.wire import to_wire
+from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState
 
 UNSUPPORTED_FEATURE = 0x78000003
 DEVICE_LOST = 0x70000001
@@ -222,21 +223,22 @@ def test_telemetry_crosses_the_pipe_as_the_bindings_dataclasses_with_the_memory_
     configure(A770_TELEMETRY, B580_TELEMETRY)
     (a770, b580) = worker.read_memory()
     telemetry = a770.telemetry
-    assert untimed(telemetry.engines.values) == [EngineActivity(group, False, 0, active, 0) for group, active in
+    assert untimed(telemetry["engines"].values) == [EngineActivity(group, False, 0, active, 0) for group, active in
                                                  [(0, 90_000_000), (1, 80_000_000), (12, 5_000_000), (2, 2_000_000),
                                                   (3, 12_500_000), (13, 250_000), (11, 85_000_000)]], \
         "the *_ALL groups only: the single compute engine is not read"
-    assert untimed(telemetry.energy.values) == [EnergyCounter(True, 1_500_000_000, 0)]
-    assert telemetry.temperatures.values == (Temperature(0, False, 0, 71.5), Temperature(1, False, 0, 68.0),
+    assert untimed(telemetry["energy"].values) == [EnergyCounter(True, 1_500_000_000, 0)]
+    assert telemetry["temperatures"].values == (Temperature(0, False, 0, 71.5), Temperature(1, False, 0, 68.0),
                                              Temperature(2, False, 0, 74.0)), "no minimum sensor"
-    assert telemetry.frequencies.values == (Frequency(0, False, 0, 2100.0, 0b1001), Frequency(1, False, 0, 1093.0, 0),
+    assert telemetry["frequencies"].values == (Frequency(0, False, 0, 2100.0, 0b1001), Frequency(1, False, 0, 1093.0, 0),
                                             Frequency(2, False, 0, 1050.0, 0))
-    assert untimed(telemetry.memory_bandwidth.values) == [MemoryBandwidth(7_000_000_000, 3_000_000_000,
+    assert untimed(telemetry["memory_bandwidth"].values) == [MemoryBandwidth(7_000_000_000, 3_000_000_000,
                                                                           560_000_000_000, 0)]
-    assert telemetry.ras.values == (RasErrors(0, False, 0, (0, 0, 1, 5, 0, 2, 0)),
+    assert telemetry["ras"].values == (RasErrors(0, False, 0, (0, 0, 1, 5, 0, 2, 0)),
                                     RasErrors(1, False, 0, (1, 0, 0, 0, 0, 0, 0)))
     assert all(kind.error is None for kind in telemetry.kinds().values())
-    assert b580.telemetry.energy_uj() == 800_000_000 and b580.telemetry.temperatures_celsius()[1] == 52.5
+    assert [counter.energy for counter in b580.telemetry["energy"].values] == [800_000_000]
+    assert [sensor.celsius for sensor in b580.telemetry["temperatures"].values if sensor.sensor == 1] == [52.5]
 
 
 def test_every_reading_crosses_the_pipe_as_asdict_would_write_it(configure, worker):
@@ -252,18 +254,19 @@ def test_every_reading_crosses_the_pipe_as_asdict_would_write_it(configure, work
         "DeviceIdentity", "MemoryModuleProperties", "MemoryModule", "EngineActivity", "EnergyCounter", "Temperature",
         "Frequency", "MemoryBandwidth", "RasErrors", "ProcessMemory"}
     for value in values:
-        assert _to_wire(value) == dataclasses.asdict(value)
+        assert to_wire(value) == dataclasses.asdict(value)
 
 
 def test_a_kind_whose_enumeration_failed_answers_its_error_at_every_read(configure, worker, level_zero_children):
     configure(dataclasses.replace(A770_TELEMETRY, telemetry_enum_results={"ras": "ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS"}))
     for _ in range(2):
         (a770,) = worker.read_memory()
-        assert (a770.telemetry.ras.error.function, a770.telemetry.ras.error.code) == (
+        assert (a770.telemetry["ras"].error.function, a770.telemetry["ras"].error.code) == (
             "zesDeviceEnumRasErrorSets", INSUFFICIENT_PERMISSIONS)
-        assert a770.telemetry.ras.values == ()
-        assert a770.telemetry.engine_active_us()[1] == 80_000_000
-        assert a770.errors == (a770.telemetry.ras.error,)
+        assert a770.telemetry["ras"].values == ()
+        assert [engine.active_time for engine in a770.telemetry["engines"].values
+                if engine.group == 1] == [80_000_000]
+        assert a770.errors == (a770.telemetry["ras"].error,)
     assert worker.state is WorkerState.READY and len(level_zero_children) == 1
 
 
@@ -275,7 +278,8 @@ def test_telemetry_is_enumerated_again_only_by_a_new_child(configure, worker, le
                                   telemetry_enum_results={kind: "ZE_RESULT_ERROR_UNKNOWN" for kind in TELEMETRY_KINDS}))
     (same_child,) = worker.read_memory()
     assert same_child.errors == (), "the first enumeration's components are read again, not enumerated"
-    assert same_child.telemetry.engine_active_us()[1] == 160_000_000
+    assert [engine.active_time for engine in same_child.telemetry["engines"].values
+            if engine.group == 1] == [160_000_000]
     worker.gpu_changed("change", "0000:03:00.0")
     (new_child,) = worker.read_memory()
     assert len(level_zero_children) == 2
@@ -287,39 +291,12 @@ def test_telemetry_is_enumerated_again_only_by_a_new_child(configure, worker, le
 def test_a_lost_device_in_a_telemetry_read_makes_the_next_read_re_initialise(configure, worker):
     configure(dataclasses.replace(A770_TELEMETRY, telemetry_results={"engines": "ZE_RESULT_ERROR_DEVICE_LOST"}))
     (a770,) = worker.read_memory()
-    assert (a770.telemetry.engines.error.function, a770.telemetry.engines.error.code) == (
+    assert (a770.telemetry["engines"].error.function, a770.telemetry["engines"].error.code) == (
         "zesEngineGetActivity", DEVICE_LOST)
     assert a770.free == 13 * GiB, "this read is answered"
     assert worker.state is WorkerState.IDLE
 
 
-
-def telemetry(**kinds: tuple) -> DeviceTelemetry:
-    return DeviceTelemetry(**{kind: TelemetryReading(values) for kind, values in kinds.items()})
-
-
-def test_a_kind_on_the_device_itself_stands_else_its_sub_devices_are_combined():
-    combined = telemetry(
-        engines=(EngineActivity(1, True, 0, 3, 0), EngineActivity(1, True, 1, 4, 0), EngineActivity(0, False, 0, 9, 0),
-                 EngineActivity(0, True, 0, 1, 0)),
-        temperatures=(Temperature(1, True, 0, 60.0), Temperature(1, True, 1, 65.5), Temperature(0, False, 0, 50.0),
-                      Temperature(0, True, 1, 70.0)),
-        frequencies=(Frequency(0, True, 0, 1000.0, 0b001), Frequency(0, True, 1, 1200.0, 0b100)),
-        ras=(RasErrors(1, True, 0, (1, 0, 0, 0, 0, 0, 2)), RasErrors(1, True, 1, (0, 0, 0, 3, 0, 0, 1))),
-    )
-    assert combined.engine_active_us() == {1: 7, 0: 9}, "tiles' counters summed; the device's own group wins"
-    assert combined.temperatures_celsius() == {1: 65.5, 0: 50.0}, "the hottest tile; the device's own sensor wins"
-    assert combined.frequencies_mhz() == {0: (1200.0, 0b101)}, "the fastest tile, throttled for any tile's reasons"
-    assert combined.ras_errors() == {1: (1, 0, 0, 3, 0, 0, 3)}
-
-
-def test_memory_traffic_is_summed_over_modules_and_all_zero_counters_are_no_reading():
-    assert telemetry(memory_bandwidth=(MemoryBandwidth(5, 1, 100, 0), MemoryBandwidth(7, 2, 100, 0))) \
-        .memory_traffic_bytes() == (12, 3)
-    assert telemetry(memory_bandwidth=(MemoryBandwidth(0, 0, 0, 0),)).memory_traffic_bytes() is None
-    assert telemetry(memory_bandwidth=(MemoryBandwidth(0, 0, 100, 0),)).memory_traffic_bytes() == (0, 0), \
-        "an idle device with a known maximum bandwidth reads 0"
-    assert telemetry().memory_traffic_bytes() is None
 
 
 @pytest.mark.parametrize(("healths", "expected"), [((1, 1), 1), ((1, 0), 0), ((0, 2), 2), ((3, 2), 3), ((4, 3), 4)])

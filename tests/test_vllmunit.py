@@ -18,7 +18,8 @@ import pytest
 
 import vllmunit
 from vllm_xpu_exporter import memory
-from vllm_xpu_exporter.fold.engine_starts import EngineTracker, Outcome
+from vllm_xpu_exporter.fold.engine_starts import EngineTracker
+from vllm_xpu_exporter.fold.start import Outcome
 from vllm_xpu_exporter.parsers import vllm
 from fakeze import GiB, SharedDevice
 from polling import wait_for

@@ -73,14 +73,13 @@ is kept in `first_rejections` for the log.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from heapq import merge
-from itertools import chain
 from typing import Protocol
 
+from vllm_xpu_exporter.fold.init_windows import InitWindows
+from vllm_xpu_exporter.fold.start import LATE_LINES_GRACE_USEC, Outcome, Start, record
 from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.parsers import services, vllm
 from vllm_xpu_exporter.parsers.vllm import FailureReason
@@ -95,12 +94,6 @@ DEFAULT_MAX_UNITS = 64
 # one needs it: a flood of names cannot hold the places for ever.
 IDLE_FORGET_USEC = 3600 * 1_000_000
 MAX_DROPPED_NAMES = 65536  # names remembered as dropped (their count); beyond it the count stops growing
-# journald stores a dying process's last lines and PID 1's record of its exit in no defined order
-# (systemd#32716): a start systemd says failed waits this long for its root cause before it counts
-# as `other`.
-LATE_LINES_GRACE_USEC = 5_000_000
-# vLLM V0 prints "# xpu blocks" and no token count; its CacheConfig default block size is 16.
-V0_DEFAULT_BLOCK_SIZE = 16
 
 # PID 1's records that mean the unit's process is gone: an open start has failed.
 MESSAGE_IDS_START_ENDED = frozenset({MESSAGE_ID_UNIT_START_FAILED, MESSAGE_ID_UNIT_PROCESS_EXIT,
@@ -115,14 +108,6 @@ ENGINE_GRACE_USEC = 60_000_000
 REMEMBERED_INVOCATIONS = 16
 
 
-class Outcome(StrEnum):
-    """How a start ended."""
-
-    OK = "ok"  # the engine initialised
-    FAILED = "failed"  # counted by its FailureReason once the cause is known (or LATE_LINES_GRACE_USEC passed)
-    STOPPED = "stopped"  # stopped on request during init: not a failure
-
-
 class Entry(Protocol):
     """What the fold needs of a log entry (vllm_xpu_exporter.sources.logs.entry.LogEntry has it)."""
 
@@ -133,112 +118,6 @@ class Entry(Protocol):
     message_id: str
     pid: int | None
     invocation_id: str  # '' when the entry has none
-
-
-@dataclass(eq=False)
-class Start:
-    """What one start of a unit printed, and how it ended."""
-
-    began_usec: int
-    printed: bool = False
-    version: str | None = None
-    model: str | None = None
-    gpu_memory_utilization: float | None = None  # as given; None: the release default
-    max_model_len: int | None = None  # the length the engine serves (after --max-model-len auto's fit)
-    auto_fit_requested_max_model_len: int | None = None  # the model's full length, when auto-fit printed it
-    context_shrunk: bool = False  # auto-fit served a shorter context than the model's full length
-    max_num_seqs: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    block_size: int | None = None
-    kv_cache_bytes: int | None = None
-    kv_cache_tokens: int | None = None
-    kv_blocks: int | None = None
-    max_concurrency: float | None = None
-    required_bytes: int | None = None
-    profiled_total_bytes: int | None = None
-    profiled_peak_bytes: int | None = None
-    # the non-KV memory, where the release prints it (the planner's footprint): "Model loading took"
-    # (XPU 0.9.2-0.15.1: "model load takes"), and the 0.26+ start-up summary's peak activation and
-    # non-torch (0.28+: weights + non-torch as one consumed figure); XPU 0.9.2-0.15.1's profiling non-torch
-    weights_bytes: int | None = None
-    activation_bytes: int | None = None
-    non_torch_bytes: int | None = None
-    consumed_bytes: int | None = None
-    cudagraph_bytes: int | None = None
-    device_total_bytes: int | None = None  # the device's total memory as the start printed it (2 decimals of GiB)
-    init_duration_seconds: float | None = None
-    # the free device memory the engine said it saw at its start, and when it printed it (the 0.26+ start-up
-    # summary, the insufficient-free-memory failure, or the reserved-budget line of kv_cache_memory_bytes)
-    seen_free_bytes: int | None = None
-    seen_free_usec: int | None = None
-    pid: int | None = None  # the main process (journald's _PID of the unit's output)
-    invocation_id: str = ""  # systemd's invocation id of the start; '' when the journal has none
-    announced: bool = False  # systemd's "Starting" record of this start was read
-    main_began_usec: int | None = None  # the main process started: the init began (None: not yet)
-    process_gone: bool = False  # PID 1 said the start's processes are gone (exited, failed, stopped)
-    outcome: Outcome | None = None  # None while initialising
-    pending_since_usec: int | None = None  # failed per systemd; counted once its cause is known or late
-    late_line_usec: int | None = None  # when a line of this start last came after its end
-    initialising: bool = False  # the overlap window: from main_began_usec to the first KV line, done or failure
-    overlapped: bool = False
-    engine: bool | None = None  # runs a vLLM engine; None: not known yet (a possible init), False: does not
-
-    def snapshot(self) -> Start:
-        """A copy that the fold's later changes to this start do not reach. Every field holds an
-        immutable value, so copying the instance's dict is a full copy (and ~30 times cheaper than
-        dataclasses.replace, which a scrape did for every unit's starts)."""
-        copy = object.__new__(Start)
-        copy.__dict__.update(self.__dict__)
-        return copy
-
-    def awaits_late_lines(self, now_usec: int) -> bool:
-        """Whether lines of this start's process may still arrive: its failure waits for its cause, or
-        its cause came late just now (the copies vLLM prints follow)."""
-        return self.pending_since_usec is not None or (
-            self.late_line_usec is not None and now_usec - self.late_line_usec <= LATE_LINES_GRACE_USEC)
-
-    @property
-    def requested_max_model_len(self) -> int | None:
-        """What the start asked for: the model's full length when `--max-model-len auto` fitted it
-        (auto-fit's "reduced from X"), else the maximum model length it printed."""
-        if self.auto_fit_requested_max_model_len is not None:
-            return self.auto_fit_requested_max_model_len
-        return self.max_model_len
-
-    @property
-    def effective_gpu_memory_utilization(self) -> float | None:
-        if self.gpu_memory_utilization is not None:
-            return self.gpu_memory_utilization
-        return vllm.default_gpu_memory_utilization(self.version) if self.version else None
-
-    @property
-    def effective_kv_cache_bytes(self) -> int | None:
-        if self.kv_cache_bytes is not None:
-            return self.kv_cache_bytes
-        utilisation = self.effective_gpu_memory_utilization
-        if None not in (self.profiled_total_bytes, self.profiled_peak_bytes, utilisation):
-            return vllm.kv_cache_bytes_from_profiling(self.profiled_total_bytes, utilisation,
-                                                      self.profiled_peak_bytes)
-        return None
-
-    @property
-    def effective_kv_cache_tokens(self) -> int | None:
-        if self.kv_cache_tokens is not None:
-            return self.kv_cache_tokens
-        if self.kv_blocks is not None:
-            tokens = self.kv_blocks * (self.block_size or V0_DEFAULT_BLOCK_SIZE)
-            return tokens if vllm.plausible("kv_cache_tokens", tokens) else None
-        return None
-
-    @property
-    def effective_required_bytes(self) -> int | None:
-        if self.required_bytes is not None:
-            return self.required_bytes
-        kv_bytes = self.effective_kv_cache_bytes
-        if self.outcome is Outcome.OK and kv_bytes is not None and self.max_concurrency:
-            required = math.ceil(kv_bytes / self.max_concurrency)
-            return required if vllm.plausible("needed_bytes", required) else None
-        return None
 
 
 @dataclass(frozen=True)
@@ -316,17 +195,6 @@ class _Unit:
                         copy(self.last_profiled), self.device_total_bytes, self.gate_ungated)
 
 
-@dataclass(frozen=True)
-class _PossibleInit:
-    """What judging a possible init's overlaps from its main process's start needs, should it turn out
-    to be an engine start."""
-
-    unit: _Unit
-    began_entry: int  # the number of the entry at which its main process began (EngineTracker._entry_number)
-    windows_opened_before: int  # overlap windows opened before it began (EngineTracker._windows_opened)
-    met_an_init: bool  # another unit's overlap window was open when it began
-
-
 class EngineTracker:
     """Folds journal entries of watched units into per-unit engine state. Not thread-safe: `add`,
     `extend`, `settle`, `watch` and `admit` change it, `views` only reads; the journal follower calls
@@ -348,19 +216,7 @@ class EngineTracker:
         self._containers = 0  # watched names that are containers' keys
         self._latest_usec = 0  # the latest entry's time: the tracker's clock for idleness
         self._no_room_before_usec = [0, 0]  # by kind (unit 0, container 1): no name is idle before then
-        # Starts in their overlap window, and those of them not overlapped yet: opening a start costs
-        # the starts it newly overlaps, not one look at every unit.
-        self._initialising: dict[Start, _Unit] = {}
-        self._awaiting_overlap: dict[Start, _Unit] = {}
-        # Possible inits (module docstring), in the order their main processes began; and the overlap
-        # windows that ended not overlapped while one was pending, with the number of the entry that ended
-        # them: a possible init found to be an engine start overlaps those that ended after it began.
-        self._possible_inits: dict[Start, _PossibleInit] = {}
-        self._unpaired_ended: dict[Start, tuple[_Unit, int]] = {}
-        # The number of the entry being folded: orders possible inits against overlap windows. Not the
-        # count of entries read (xpu_exporter_journal_entries_read_total): the journal follower keeps that.
-        self._entry_number = 0
-        self._windows_opened = 0
+        self._windows = InitWindows()  # the overlap windows and possible inits of the watched units' starts
         self.rejected_lines = 0  # lines of watched units ignored for an implausible value
         self.first_rejections: dict[str, vllm.ImplausibleValue] = {}
 
@@ -375,11 +231,7 @@ class EngineTracker:
         if gone is None:
             return
         self._containers -= "/" in unit
-        for starts in (self._initialising, self._awaiting_overlap, self._possible_inits):
-            for start in [start for start, owner in starts.items() if _owner(owner) is gone]:
-                del starts[start]
-        for start in [start for start, (owner, _) in self._unpaired_ended.items() if owner is gone]:
-            del self._unpaired_ended[start]
+        self._windows.forget(gone)
 
     def admit(self, unit: str, when_usec: int | None = None) -> bool:
         """Whether `unit`'s entries will be folded: it is watched, or there is room (it is watched now), if
@@ -397,7 +249,7 @@ class EngineTracker:
             return
         if entry.realtime_usec > unit.last_seen_usec:
             unit.last_seen_usec = entry.realtime_usec
-        self._entry_number += 1
+        self._windows.next_entry()
         self._settle_unit(unit, entry.realtime_usec)
         self._end_possible_inits_past_grace(entry.realtime_usec)
         if entry.from_systemd:
@@ -434,7 +286,7 @@ class EngineTracker:
         self._main_began(unit, start, entry.realtime_usec)
         start.printed = True
         unit.latest = start
-        _record(start, event)
+        record(start, event)
         if start.seen_free_usec is None and start.seen_free_bytes is not None:
             start.seen_free_usec = entry.realtime_usec
         if isinstance(event, vllm.MaxModelLenAutoFit) and event.shrunk and not start.context_shrunk:
@@ -451,7 +303,7 @@ class EngineTracker:
             unit.starts += 1
             unit.last_success = start
         elif isinstance(event, (vllm.KvCacheMemory, vllm.KvCacheCapacity, vllm.KvCacheBlocks)):
-            self._stop_initialising(start)
+            self._windows.close(start)
         if start.device_total_bytes:
             unit.device_total_bytes = start.device_total_bytes
         if isinstance(event, (vllm.KvCacheMemory, vllm.MemoryUsage)) and start.kv_cache_memory_bytes is None \
@@ -598,7 +450,7 @@ class EngineTracker:
             return
         start.late_line_usec = when_usec
         if isinstance(event, vllm.FailureCause):
-            _record(start, event)
+            record(start, event)
             self._count(unit, start, event.reason, when_usec)
         elif isinstance(event, vllm.FailureWrapper) and event.terminal:
             self._count(unit, start, FailureReason.OTHER, when_usec)
@@ -630,43 +482,16 @@ class EngineTracker:
             return
         start.main_began_usec = when_usec
         if start.engine:
-            self._open_overlap_window(unit, start)
+            self._windows.open(unit, start)
         elif start.engine is None:
-            self._possible_inits[start] = _PossibleInit(unit, self._entry_number, self._windows_opened,
-                                                        bool(self._initialising))
-
-    def _open_overlap_window(self, unit: _Unit, start: Start, possible: _PossibleInit | None = None) -> None:
-        """The start's overlap window opens: it overlaps the inits running now and, when it was a possible
-        init until now, every init whose window was open since its main process began."""
-        start.initialising = True
-        ended_since: list[tuple[Start, _Unit]] = []
-        overlapping = bool(self._initialising)  # other units' inits: this unit's earlier start has ended
-        if possible is not None:
-            ended_since = [(other_start, other) for other_start, (other, ended_entry) in self._unpaired_ended.items()
-                           if ended_entry > possible.began_entry]
-            overlapping = overlapping or possible.met_an_init or self._windows_opened > possible.windows_opened_before
-        if overlapping:
-            self._overlapped(unit, start)
-            for other_start, other in chain(self._awaiting_overlap.items(), ended_since):
-                self._overlapped(other, other_start)
-            self._awaiting_overlap.clear()
-            for other_start, _ in ended_since:
-                del self._unpaired_ended[other_start]
-        else:
-            self._awaiting_overlap[start] = unit
-        self._initialising[start] = unit
-        self._windows_opened += 1
+            self._windows.begin_possible(unit, start)
 
     def _engine_found(self, unit: _Unit, start: Start) -> None:
         """The start printed its first vLLM line: an engine start, and its unit an engine unit. A possible
         init's init began with its main process; a start whose possible window had ended (or of a unit
         known not to run vLLM) begins its init now (`_main_began` follows)."""
         unit.engine = start.engine = True
-        possible = self._possible_inits.pop(start, None)
-        if possible is not None:
-            self._open_overlap_window(unit, start, possible)
-            self._forget_unpaired_windows()
-        else:
+        if not self._windows.engine_found(unit, start):
             start.main_began_usec = None
 
     def _not_an_engine(self, unit: _Unit, start: Start) -> None:
@@ -675,27 +500,11 @@ class EngineTracker:
         start.engine = False
         if unit.engine is None:
             unit.engine = False
-        if self._possible_inits.pop(start, None) is not None:
-            self._forget_unpaired_windows()
+        self._windows.end_possible(start)
 
     def _end_possible_inits_past_grace(self, now_usec: int) -> None:
-        while self._possible_inits:
-            start, possible = next(iter(self._possible_inits.items()))
-            if now_usec - start.main_began_usec <= self.engine_grace_usec:
-                return
-            self._not_an_engine(possible.unit, start)
-
-    def _forget_unpaired_windows(self) -> None:
-        """Drop the ended windows that no pending possible init began before."""
-        if not self._possible_inits:
-            self._unpaired_ended.clear()
-            return
-        earliest = next(iter(self._possible_inits.values())).began_entry
-        while self._unpaired_ended:
-            oldest = next(iter(self._unpaired_ended))
-            if self._unpaired_ended[oldest][1] > earliest:
-                return
-            del self._unpaired_ended[oldest]
+        for unit, start in self._windows.end_possible_past_grace(now_usec, self.engine_grace_usec):
+            self._not_an_engine(unit, start)
 
     def _settle_unit(self, unit: _Unit, now_usec: int) -> None:
         """Count as `other` the failed starts whose root cause has not turned up within the grace time."""
@@ -704,27 +513,13 @@ class EngineTracker:
                     now_usec - start.pending_since_usec > LATE_LINES_GRACE_USEC:
                 self._count(unit, start, FailureReason.OTHER, start.pending_since_usec)
 
-    @staticmethod
-    def _overlapped(unit: _Unit, start: Start) -> None:
-        if not start.overlapped:
-            start.overlapped = True
-            unit.overlaps += 1
-
     def _end(self, start: Start, outcome: Outcome, when_usec: int, pending: bool = False) -> None:
         """End a start. A failure systemd reports (exit, failed state) is pending until its cause is known:
         the process's last lines may still come; a start known to run no vLLM engine never counts one."""
         start.outcome = outcome
-        self._stop_initialising(start)
-        if self._possible_inits.pop(start, None) is not None:
-            self._forget_unpaired_windows()
+        self._windows.close(start)
+        self._windows.end_possible(start)
         start.pending_since_usec = when_usec if pending and start.engine is not False else None
-
-    def _stop_initialising(self, start: Start) -> None:
-        start.initialising = False
-        self._initialising.pop(start, None)
-        unit = self._awaiting_overlap.pop(start, None)
-        if unit is not None and self._possible_inits:
-            self._unpaired_ended[start] = (unit, self._entry_number)
 
     @staticmethod
     def _count(unit: _Unit, start: Start, reason: FailureReason, when_usec: int) -> None:
@@ -733,74 +528,9 @@ class EngineTracker:
         unit.last_failure_usec = when_usec
 
 
-def _owner(value: _Unit | _PossibleInit) -> _Unit:
-    return value.unit if isinstance(value, _PossibleInit) else value
-
-
 def _opens_a_start(event: vllm.Event) -> bool:
     """Lines printed only at the beginning of a start (for journals without systemd's records)."""
     return isinstance(event, (vllm.ServerVersion, vllm.EngineConfig, vllm.Settings, services.NotAnEngine))
-
-
-def _record(start: Start, event: vllm.Event) -> None:
-    """Copy what a line says into the start it belongs to."""
-    match event:
-        case vllm.ServerVersion(version=version, model=model):
-            start.version = version
-            start.model = model or start.model
-        case vllm.EngineConfig(version=version, model=model, max_model_len=max_model_len):
-            start.version = version
-            start.model = model or start.model
-            start.max_model_len = max_model_len or start.max_model_len
-        case vllm.Settings():
-            for name in ("model", "gpu_memory_utilization", "max_model_len", "max_num_seqs",
-                         "kv_cache_memory_bytes", "block_size"):
-                value = getattr(event, name)
-                if value is not None and (name != "max_model_len" or start.max_model_len is None):
-                    setattr(start, name, value)
-        case vllm.KvCacheMemory(kv_cache_bytes=kv_cache_bytes):
-            start.kv_cache_bytes = kv_cache_bytes
-            if start.seen_free_bytes is None:
-                start.seen_free_bytes = event.initial_free_bytes
-        case vllm.ProfilingBefore(total_bytes=total_bytes, model_load_bytes=model_load_bytes):
-            start.profiled_total_bytes = total_bytes
-            start.weights_bytes = start.weights_bytes or model_load_bytes
-        case vllm.ProfilingAfter(peak_bytes=peak_bytes, non_torch_bytes=non_torch_bytes):
-            start.profiled_peak_bytes = peak_bytes
-            start.non_torch_bytes = non_torch_bytes
-        case vllm.ModelWeights(weights_bytes=weights_bytes):
-            start.weights_bytes = weights_bytes
-        case vllm.MemoryUsage():
-            start.activation_bytes = event.activation_bytes
-            start.cudagraph_bytes = event.cudagraph_bytes
-            start.weights_bytes = event.weights_bytes if event.weights_bytes is not None else start.weights_bytes
-            start.non_torch_bytes = event.non_torch_bytes if event.non_torch_bytes is not None else start.non_torch_bytes
-            start.consumed_bytes = event.consumed_bytes
-            if start.seen_free_bytes is None:
-                start.seen_free_bytes = event.free_bytes
-            start.device_total_bytes = event.total_bytes or start.device_total_bytes
-        case vllm.KvCacheCapacity(tokens=tokens, max_model_len=max_model_len, max_concurrency=concurrency):
-            start.kv_cache_tokens = tokens if tokens is not None else start.kv_cache_tokens
-            start.max_concurrency = concurrency if concurrency is not None else start.max_concurrency
-            start.max_model_len = start.max_model_len or max_model_len
-        case vllm.MaxModelLenAutoFit(requested_max_model_len=requested, max_model_len=max_model_len):
-            start.auto_fit_requested_max_model_len = requested
-            start.max_model_len = max_model_len  # the effective length; earlier lines printed the full one
-        case vllm.KvCacheBlocks(device_blocks=blocks):
-            start.kv_blocks = blocks
-        case vllm.EngineInitDone(duration_seconds=seconds):
-            start.init_duration_seconds = seconds
-        case vllm.FailureCause():
-            start.max_model_len = start.max_model_len or event.max_model_len
-            if event.reason is FailureReason.INSUFFICIENT_FREE_MEMORY and start.seen_free_bytes is None:
-                start.seen_free_bytes = event.free_bytes
-            start.device_total_bytes = event.total_bytes or start.device_total_bytes
-            if event.available_bytes is not None:
-                start.kv_cache_bytes = event.available_bytes
-            if event.needed_bytes is not None:
-                start.required_bytes = event.needed_bytes
-            if event.gpu_memory_utilization is not None and start.gpu_memory_utilization is None:
-                start.gpu_memory_utilization = event.gpu_memory_utilization
 
 
 MAX_OWNERS = 16

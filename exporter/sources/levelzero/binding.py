@@ -138,22 +138,16 @@ ZES_ENGINE_GROUP_COPY_ALL = 3
 ZES_ENGINE_GROUP_3D_RENDER_COMPUTE_ALL = 11
 ZES_ENGINE_GROUP_RENDER_ALL = 12
 ZES_ENGINE_GROUP_3D_ALL = 13
-ENGINE_GROUPS_ALL = frozenset({
-    ZES_ENGINE_GROUP_ALL, ZES_ENGINE_GROUP_COMPUTE_ALL, ZES_ENGINE_GROUP_MEDIA_ALL, ZES_ENGINE_GROUP_COPY_ALL,
-    ZES_ENGINE_GROUP_3D_RENDER_COMPUTE_ALL, ZES_ENGINE_GROUP_RENDER_ALL, ZES_ENGINE_GROUP_3D_ALL,
-})
 
 # zes_temp_sensors_t: the maximum-temperature sensors (the *_MIN ones are left out)
 ZES_TEMP_SENSORS_GLOBAL = 0
 ZES_TEMP_SENSORS_GPU = 1
 ZES_TEMP_SENSORS_MEMORY = 2
-TEMPERATURE_SENSORS = frozenset({ZES_TEMP_SENSORS_GLOBAL, ZES_TEMP_SENSORS_GPU, ZES_TEMP_SENSORS_MEMORY})
 
 ZES_FREQ_DOMAIN_GPU = 0
 ZES_FREQ_DOMAIN_MEMORY = 1
 # ZES_FREQ_DOMAIN_MEDIA of later headers (and pyzes); the installed spec 1.4 header has no media domain.
 FREQ_DOMAIN_MEDIA = 2
-FREQUENCY_DOMAINS = frozenset({ZES_FREQ_DOMAIN_GPU, ZES_FREQ_DOMAIN_MEMORY, FREQ_DOMAIN_MEDIA})
 
 # zes_freq_throttle_reason_flag_t
 ZES_FREQ_THROTTLE_REASON_FLAG_AVE_PWR_CAP = 1 << 0
@@ -927,7 +921,7 @@ class Device:
                                max_bandwidth=bandwidth.maxBandwidth, timestamp=bandwidth.timestamp)
 
     def engine_groups(self) -> list[EngineGroup]:
-        """Every engine group, of any zes_engine_group_t (ENGINE_GROUPS_ALL are those that combine a kind)."""
+        """Every engine group, of any zes_engine_group_t (the *_ALL ones combine every engine of a kind)."""
         groups = []
         for handle in self._library.zesDeviceEnumEngineGroups(self.handle):
             properties = self._library.zesEngineGetProperties(handle)

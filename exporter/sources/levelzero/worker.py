@@ -1,34 +1,12 @@
-"""Level Zero in a child process that the exporter can kill and restart.
+"""Level Zero in a child process that the exporter can kill and restart: the parent's side.
 
 Why a child: Debian's loader segfaults on any call after a failed zeInit (a failed init is final for
 the process), a driver call can hang in the kernel, and the loader loads its drivers once per process,
-so a re-plugged or re-bound GPU needs a fresh process. The child speaks JSON lines on stdin/stdout, and
-what crosses is the binding's own dataclasses as dicts (`_to_wire`), which the parent rebuilds:
-
-    child -> {"ready": true, "devices": [DeviceIdentity, ...]}            once, after init
-             {"ready": false, "error": ERROR}                             then exits
-    parent -> "memory" | "processes"
-    child -> {"devices": [{"pci_address": ..., "modules": [MemoryModuleProperties, ...] | null,
-                           "states": [MemoryModule, ...] | null, "error": ERROR | null,
-                           "telemetry": {KIND: {"values": [READING, ...] | null, "error": ERROR | null}, ...}},
-                          ...]}
-             {"devices": [{"pci_address": ..., "processes": [ProcessMemory, ...] | null,
-                           "error": ERROR | null}, ...]}
-    ERROR = {"function": ..., "code": ...}  (a LevelZeroError; LoaderUnavailable adds "library", "reason")
-    KIND: READING = "engines": EngineActivity, "energy": EnergyCounter, "temperatures": Temperature,
-                    "frequencies": Frequency, "memory_bandwidth": MemoryBandwidth, "ras": RasErrors
-
-A reading with an error carries what was read before the failure: when only zesMemoryGetState failed,
-"modules" still lists the modules, sized by their properties (physicalSize), and "states" is null.
-
-The memory answer carries the device telemetry too, so that a scrape costs one round trip. The child
-enumerates each telemetry kind's components (engine groups, power domain, sensors, frequency domains, RAS
-error sets) once, after init, and reads them at every request; a kind whose enumeration failed answers
-that error every time (a new child, after a GPU change or a lost device, enumerates again). A kind's
-reading is all or nothing: its values, or the first error. Memory bandwidth is read from the device-local
-modules the memory reading has just enumerated.
-
-`python -m vllm_xpu_exporter.sources.levelzero.worker LIBRARY` runs the child side.
+so a re-plugged or re-bound GPU needs a fresh process. The child (`vllm_xpu_exporter.sources.levelzero.child`)
+makes every Level Zero call; `LevelZeroWorker` starts it, asks it (`vllm_xpu_exporter.sources.levelzero.wire`),
+bounds every answer by a timeout, and replaces it when it hangs, dies, loses a device or a GPU changes.
+What a read gives: `DeviceMemory` (with the device's telemetry, `vllm_xpu_exporter.sources.levelzero.telemetry`)
+and `DeviceProcesses`.
 """
 
 from __future__ import annotations
@@ -51,9 +29,6 @@ from typing import Any, Generic, NoReturn, TypeVar
 from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.sources.levelzero.binding import (
     DEFAULT_LIBRARY,
-    ENGINE_GROUPS_ALL,
-    FREQUENCY_DOMAINS,
-    TEMPERATURE_SENSORS,
     ZE_RESULT_ERROR_DEPENDENCY_UNAVAILABLE,
     ZE_RESULT_ERROR_DEVICE_LOST,
     ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS,
@@ -63,21 +38,15 @@ from vllm_xpu_exporter.sources.levelzero.binding import (
     ZES_MEM_HEALTH_OK,
     ZES_MEM_HEALTH_REPLACE,
     ZES_MEM_HEALTH_UNKNOWN,
-    Device,
     DeviceIdentity,
-    EnergyCounter,
-    EngineActivity,
-    Frequency,
-    LevelZero,
     LevelZeroError,
     LoaderUnavailable,
-    MemoryBandwidth,
     MemoryModule,
     MemoryModuleProperties,
     ProcessMemory,
-    RasErrors,
-    Temperature,
 )
+from vllm_xpu_exporter.sources.levelzero.telemetry import KINDS, DeviceTelemetry, TelemetryReading
+from vllm_xpu_exporter.sources.levelzero.wire import MEMORY, NO_TELEMETRY, PROCESSES, error_from_wire, value_from_wire
 
 log = logging.getLogger("vllm_xpu_exporter.levelzero")
 
@@ -124,87 +93,9 @@ class WorkerState(enum.Enum):
     BACKING_OFF = "backing off"  # the last child failed; the next one starts when the backoff ends
 
 
-T = TypeVar("T")
-Combined = TypeVar("Combined")
-
 # The worst memory health of a device's modules counts: ok < unknown < degraded < critical < replace.
 _HEALTH_ORDER = (ZES_MEM_HEALTH_OK, ZES_MEM_HEALTH_UNKNOWN, ZES_MEM_HEALTH_DEGRADED, ZES_MEM_HEALTH_CRITICAL,
                  ZES_MEM_HEALTH_REPLACE)
-
-
-@dataclass(frozen=True)
-class TelemetryReading(Generic[T]):
-    """One telemetry kind of one device as one read saw it: every component's reading, or (values empty)
-    the error that stopped it. No values and no error: the device has no component of the kind."""
-
-    values: tuple[T, ...] = ()
-    error: LevelZeroError | None = None
-
-
-def _combine_placements(values: tuple[Any, ...], kind_of: Callable[[Any], int],
-                        combine: Callable[[list[Any]], Combined]) -> dict[int, Combined]:
-    """Per kind (engine group, sensor, domain, error type): the components on the device itself, else those on
-    its sub-devices, combined into one figure for the device."""
-    on_device: dict[int, list[Any]] = {}
-    on_subdevices: dict[int, list[Any]] = {}
-    for value in values:
-        (on_subdevices if value.on_subdevice else on_device).setdefault(kind_of(value), []).append(value)
-    return {kind: combine(on_device.get(kind) or on_subdevices[kind]) for kind in {**on_subdevices, **on_device}}
-
-
-@dataclass(frozen=True)
-class DeviceTelemetry:
-    """A device's telemetry as one read saw it, kind by kind. A multi-tile device's components on its
-    sub-devices stand for the device only where it has none of that kind itself: counters are then summed,
-    temperatures and frequencies are their maximum, and a throttle reason of any tile counts."""
-
-    engines: TelemetryReading[EngineActivity] = field(default_factory=TelemetryReading)
-    energy: TelemetryReading[EnergyCounter] = field(default_factory=TelemetryReading)
-    temperatures: TelemetryReading[Temperature] = field(default_factory=TelemetryReading)
-    frequencies: TelemetryReading[Frequency] = field(default_factory=TelemetryReading)
-    memory_bandwidth: TelemetryReading[MemoryBandwidth] = field(default_factory=TelemetryReading)
-    ras: TelemetryReading[RasErrors] = field(default_factory=TelemetryReading)
-
-    def kinds(self) -> dict[str, TelemetryReading[Any]]:
-        """Every kind by its name in the wire format."""
-        return {name: getattr(self, name) for name in _TELEMETRY_FROM_WIRE}
-
-    def engine_active_us(self) -> dict[int, int]:
-        """Microseconds busy by zes_engine_group_t."""
-        return _combine_placements(self.engines.values, lambda engine: engine.group,
-                                   lambda engines: sum(engine.active_time for engine in engines))
-
-    def energy_uj(self) -> int | None:
-        """Microjoules of the card's (else the package's) power domain; None without one."""
-        return self.energy.values[0].energy if self.energy.values else None
-
-    def temperatures_celsius(self) -> dict[int, float]:
-        """Degrees Celsius by zes_temp_sensors_t."""
-        return _combine_placements(self.temperatures.values, lambda sensor: sensor.sensor,
-                                   lambda sensors: max(sensor.celsius for sensor in sensors))
-
-    def frequencies_mhz(self) -> dict[int, tuple[float, int]]:
-        """(actual MHz, negative when unknown; zes_freq_throttle_reason_flags_t) by zes_freq_domain_t."""
-        def combine(domains: list[Frequency]) -> tuple[float, int]:
-            throttled = 0
-            for domain in domains:
-                throttled |= domain.throttle_reasons
-            return max(domain.actual for domain in domains), throttled
-        return _combine_placements(self.frequencies.values, lambda domain: domain.domain, combine)
-
-    def memory_traffic_bytes(self) -> tuple[int, int] | None:
-        """(read, write) bytes summed over the device-local modules; None when there are no counters, or when
-        every module reports zero traffic and no maximum bandwidth, which is not a reading (a driver bug on
-        Arc: level-zero#440)."""
-        modules = self.memory_bandwidth.values
-        if not any(module.read_counter or module.write_counter or module.max_bandwidth for module in modules):
-            return None
-        return sum(module.read_counter for module in modules), sum(module.write_counter for module in modules)
-
-    def ras_errors(self) -> dict[int, tuple[int, ...]]:
-        """Error counts by zes_ras_error_cat_t, by zes_ras_error_type_t."""
-        return _combine_placements(self.ras.values, lambda error_set: error_set.error_type,
-                                   lambda sets: tuple(map(sum, zip(*(error_set.categories for error_set in sets)))))
 
 
 @dataclass(frozen=True)
@@ -278,42 +169,14 @@ class DeviceProcesses:
 Reading = TypeVar("Reading", DeviceMemory, DeviceProcesses)
 
 
-# ---------------------------------------------------------------------------------------- wire format
-
-def _to_wire(value: Any) -> dict[str, Any]:
-    """`dataclasses.asdict` of the binding's readings, which are flat (no dataclass, list or dict in a
-    field: tests/test_sources_levelzero_worker.py checks every one), for a fraction of its cost: asdict
-    copies every field recursively, which was three quarters of the child's time per scrape."""
-    return dict(vars(value))
-
-
-def _error_to_wire(error: LevelZeroError) -> dict[str, Any]:
-    if isinstance(error, LoaderUnavailable):
-        return {"function": error.function, "code": error.code, "library": error.library, "reason": error.reason}
-    return {"function": error.function, "code": error.code}
-
-
-def _error_from_wire(wire: dict[str, Any]) -> LevelZeroError:
-    if "library" in wire:
-        return LoaderUnavailable(str(wire["library"]), str(wire["reason"]))
-    return LevelZeroError(str(wire["function"]), int(wire["code"]))
-
-
-_TELEMETRY_FROM_WIRE: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "engines": lambda value: EngineActivity(**value),
-    "energy": lambda value: EnergyCounter(**value),
-    "temperatures": lambda value: Temperature(**value),
-    "frequencies": lambda value: Frequency(**value),
-    "memory_bandwidth": lambda value: MemoryBandwidth(**value),
-    "ras": lambda value: RasErrors(**{**value, "categories": tuple(value["categories"])}),
-}
-
+# ------------------------------------------------------------------------------------------ answers
 
 def _memory_from_wire(identity: DeviceIdentity, reading: dict[str, Any]) -> DeviceMemory:
     states = reading["states"]
-    telemetry = DeviceTelemetry(**{  # a worker without telemetry is sent none: every kind stays empty
-        kind: TelemetryReading(tuple(map(from_wire, wire["values"] or ())), _reading_error(wire))
-        for kind, from_wire in _TELEMETRY_FROM_WIRE.items() if (wire := reading["telemetry"].get(kind))})
+    telemetry = DeviceTelemetry({  # a worker without telemetry is sent none: every kind stays empty
+        kind.name: TelemetryReading(tuple(value_from_wire(kind.value_type, value) for value in answer["values"] or ()),
+                                    _reading_error(answer))
+        for kind in KINDS if (answer := reading["telemetry"].get(kind.name))})
     return DeviceMemory(identity,
                         tuple(MemoryModuleProperties(**module) for module in reading["modules"] or ()),
                         None if states is None else tuple(MemoryModule(**state) for state in states),
@@ -326,114 +189,7 @@ def _processes_from_wire(identity: DeviceIdentity, reading: dict[str, Any]) -> D
 
 
 def _reading_error(reading: dict[str, Any]) -> LevelZeroError | None:
-    return None if reading["error"] is None else _error_from_wire(reading["error"])
-
-
-# ---------------------------------------------------------------------------------------- child side
-
-def _power_domains(device: Device) -> list[Any]:
-    domain = device.power_domain()
-    return [] if domain is None else [domain]
-
-
-# Telemetry kind -> (enumerate its components once, read one component). Engine groups, sensors and
-# frequency domains are kept only of the kinds the exporter serves: the rest would cost a call each scrape.
-_TELEMETRY: dict[str, tuple[Callable[[Device], list[Any]], Callable[[Device, Any], Any]]] = {
-    "engines": (lambda device: [group for group in device.engine_groups() if group.group in ENGINE_GROUPS_ALL],
-                Device.engine_activity),
-    "energy": (_power_domains, Device.energy),
-    "temperatures": (lambda device: [sensor for sensor in device.temperature_sensors()
-                                     if sensor.sensor in TEMPERATURE_SENSORS], Device.temperature),
-    "frequencies": (lambda device: [domain for domain in device.frequency_domains()
-                                    if domain.domain in FREQUENCY_DOMAINS], Device.frequency),
-    "ras": (Device.ras_error_sets, Device.ras_errors),
-}
-
-Components = dict[str, "list[Any] | LevelZeroError"]
-NO_TELEMETRY = "--no-telemetry"  # the child's flag for a worker without telemetry
-
-
-def _enumerate_telemetry(device: Device) -> Components:
-    """Each telemetry kind's components of the device, or the error that stopped their enumeration."""
-    components: Components = {}
-    for kind, (enumerate_kind, _) in _TELEMETRY.items():
-        try:
-            components[kind] = enumerate_kind(device)
-        except LevelZeroError as error:
-            components[kind] = error
-    return components
-
-
-def _read_kind(read: Callable[[], list[Any]]) -> dict[str, Any]:
-    try:
-        return {"values": [_to_wire(value) for value in read()], "error": None}
-    except LevelZeroError as error:
-        return {"values": None, "error": _error_to_wire(error)}
-
-
-def _read_memory(device: Device, components: Components | None) -> dict[str, Any]:
-    """The device's memory, and with `components` (None: the worker reads no telemetry) its telemetry."""
-    reading: dict[str, Any] = {"modules": None, "states": None, "error": None}
-    modules: list[MemoryModuleProperties] = []
-    try:
-        modules = device.memory_modules()
-        reading["modules"] = [_to_wire(module) for module in modules]  # the sizes stand if a state fails next
-        reading["states"] = [_to_wire(device.memory_state(module)) for module in modules]
-    except LevelZeroError as error:
-        reading["error"] = _error_to_wire(error)
-    reading["telemetry"] = telemetry = {}
-    if components is None:
-        return reading
-    telemetry["memory_bandwidth"] = _read_kind(
-        lambda: [device.memory_bandwidth(module) for module in modules if module.device_local])
-    for kind, (_, read_one) in _TELEMETRY.items():
-        found = components[kind]
-        if isinstance(found, LevelZeroError):
-            telemetry[kind] = {"values": None, "error": _error_to_wire(found)}
-        else:
-            telemetry[kind] = _read_kind(lambda: [read_one(device, component) for component in found])
-    return reading
-
-
-def _read_processes(device: Device, components: Components | None) -> dict[str, Any]:
-    reading: dict[str, Any] = {"processes": None, "error": None}
-    try:
-        reading["processes"] = [_to_wire(process) for process in device.processes()]
-    except LevelZeroError as error:
-        reading["error"] = _error_to_wire(error)
-    return reading
-
-
-_READERS: dict[str, Callable[[Device, Components | None], dict[str, Any]]] = {
-    "memory": _read_memory, "processes": _read_processes}
-
-
-def _child_main(library: str, telemetry: bool = True) -> int:
-    out = sys.stdout
-
-    def send(message: dict[str, Any]) -> None:
-        out.write(json.dumps(message) + "\n")
-        out.flush()
-
-    try:
-        level_zero = LevelZero(library)
-        level_zero.init()
-        devices = level_zero.devices()
-        identities = [device.identity() for device in devices]
-    except LevelZeroError as error:
-        send({"ready": False, "error": _error_to_wire(error)})
-        return 0
-    # Enumerated once per init, not per request.
-    components = [_enumerate_telemetry(device) if telemetry else None for device in devices]
-    send({"ready": True, "devices": [_to_wire(identity) for identity in identities]})
-
-    for request in sys.stdin:
-        read = _READERS.get(request.strip())
-        if read is None:
-            continue
-        send({"devices": [{"pci_address": identity.pci_address, **read(device, found)}
-                          for device, identity, found in zip(devices, identities, components)]})
-    return 0
+    return None if reading["error"] is None else error_from_wire(reading["error"])
 
 
 # --------------------------------------------------------------------------------------- parent side
@@ -491,12 +247,12 @@ class LevelZeroWorker:
         return self.request_memory().result()
 
     def read_processes(self) -> list[DeviceProcesses]:
-        return self._request("processes", _processes_from_wire).result()
+        return self._request(PROCESSES, _processes_from_wire).result()
 
     def request_memory(self) -> PendingRead[DeviceMemory]:
         """Ask the child for every device's memory and telemetry now, and read the answer later (its
         `result()`): the child works while the caller does something else."""
-        return self._request("memory", _memory_from_wire)
+        return self._request(MEMORY, _memory_from_wire)
 
     def close(self) -> None:
         with self._lock:
@@ -575,7 +331,7 @@ class LevelZeroWorker:
             if ready["ready"]:
                 identities = [DeviceIdentity(**identity) for identity in ready["devices"]]
                 return {identity.pci_address: identity for identity in identities}
-            error = _error_from_wire(ready["error"])
+            error = error_from_wire(ready["error"])
         except (KeyError, TypeError, ValueError) as malformed:
             self._fail(f"Level Zero child sent a malformed message ({type(malformed).__name__}: {malformed})")
         # LoaderUnavailable's message says what is wrong; a driver's result code may need a hint.
@@ -589,7 +345,7 @@ class LevelZeroWorker:
         self._reap_finished()
         try:
             child = subprocess.Popen(
-                [sys.executable, "-m", "vllm_xpu_exporter.sources.levelzero.worker", self.library,
+                [sys.executable, "-m", "vllm_xpu_exporter.sources.levelzero.child", self.library,
                  *([] if self.telemetry else [NO_TELEMETRY])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                 # `-m` puts the working directory first on the child's sys.path: the gate's is the gated
@@ -709,6 +465,3 @@ def _describe_exit(child: subprocess.Popen[bytes]) -> str:
         return "still running"
     return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
 
-
-if __name__ == "__main__":
-    raise SystemExit(_child_main(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_LIBRARY, NO_TELEMETRY not in sys.argv))
