@@ -11,8 +11,7 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from vllm_xpu_exporter.argparsing import absolute_path
-from vllm_xpu_exporter.durations import parse_go_duration
+from vllm_xpu_exporter.argparsing import absolute_path, parse_duration, positive_int
 from vllm_xpu_exporter.sources.containers import (
     DEFAULT_CONTAINER_LOGS, DEFAULT_DOCKER_ROOT, DEFAULT_POD_LOGS, DEFAULT_PODMAN_STORAGE, distinct,
 )
@@ -66,20 +65,6 @@ def format_duration(seconds: float) -> str:
     return "".join(f"{value}{unit}" for value, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if value) or "0s"
 
 
-def parse_duration(value: str) -> float:
-    """A Go duration as the Prometheus tools take them (500ms, 4s, 1m30s), or a bare number of seconds."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parse_go_duration(value)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"duration must be positive, got {value!r}")
-    return seconds
-
-
 def levelzero_timeout(value: str) -> float:
     """`parse_duration`, at most MAX_LEVELZERO_TIMEOUT_S: a read waits in select(), which refuses a timeout
     as large as 1e300 s (every read would fail)."""
@@ -97,16 +82,6 @@ def parse_boot(value: str) -> str:
         return normalize_boot(value)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"want a positive whole number, got {value!r}")
-    return number
 
 
 def add_levelzero_flags(parser: argparse.ArgumentParser) -> None:

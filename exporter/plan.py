@@ -420,7 +420,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
     if args.prometheus is not None or args.observed is not None:  # right-sizing (docs/discovery.md)
         try:
             observed = rightsizing.recommend(views, rightsizing.parse_observed(prometheus.read_observed(args)))
-        except rightsizing.ObservedError as error:
+        except prometheus.ObservedError as error:
             stderr.write(f"{PROG}: error: {error}\n")
             return EXIT_USAGE
         for r in observed.values():

@@ -15,8 +15,9 @@ import pytest
 
 from vllm_xpu_exporter import planning
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker
-from vllm_xpu_exporter.rightsizing import (QUERIES, ObservedError, Sample, load_observed, parse_observed,
-                                           recommend, recommend_unit, target_requests)
+from vllm_xpu_exporter.rightsizing import (Sample, load_observed, parse_observed, recommend, recommend_unit,
+                                           target_requests)
+from vllm_xpu_exporter.sources.prometheus import QUERIES, ObservedError
 from journalgen import current_boot_id, write_journal
 from sizes import GiB
 from vllmlogs import Boot, VllmRun, compose, journal_specs, service_runs, tracker_entries

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from vllm_xpu_exporter.rightsizing import QUERIES, ObservedError, parse_observed, queries
-from vllm_xpu_exporter.sources.prometheus import read_observed
+from vllm_xpu_exporter.rightsizing import parse_observed
+from vllm_xpu_exporter.sources.prometheus import QUERIES, ObservedError, queries, read_observed
 
 
 def answer(unit: str, value: float) -> dict:

@@ -57,8 +57,7 @@ from vllm_xpu_exporter import attribution
 from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from vllm_xpu_exporter.discovery import VllmTargets
 from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
-from vllm_xpu_exporter.argparsing import absolute_path
-from vllm_xpu_exporter.flags import positive_int
+from vllm_xpu_exporter.argparsing import absolute_path, positive_int
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
 from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.parsers.cgroup import ContainerCgroup
