@@ -23,7 +23,6 @@ The planner then sizes each budget in whole blocks and checks that the GPU's uni
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -91,17 +90,6 @@ def parse_observed(answers: Mapping[str, object]) -> dict[str, list[Sample]]:
         samples[unit] = [Sample(usage[at], running.get(at, 0.0), waiting.get(at, 0.0), preemptions.get(at, 0.0) > 0)
                          for at in sorted(usage) if at in running and math.isfinite(usage[at])]
     return samples
-
-
-def load_observed(text: str) -> dict[str, list[Sample]]:
-    """parse_observed of a saved file: a JSON object of the answers by QUERIES key."""
-    try:
-        answers = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ObservedError(f"not JSON ({error.msg} at line {error.lineno})") from None
-    if not isinstance(answers, Mapping):
-        raise ObservedError("not a JSON object of query_range answers")
-    return parse_observed(answers)
 
 
 def recommend_unit(unit: str, samples: Sequence[Sample], current_bytes: int, max_num_seqs: int | None,

@@ -78,3 +78,11 @@ def test_a_saved_file_is_read_and_a_missing_one_refused(tmp_path):
     assert set(read_observed(args(observed=str(saved)))) == set(QUERIES)
     with pytest.raises(ObservedError, match="No such file"):
         read_observed(args(observed=str(tmp_path / "missing.json")))
+
+
+@pytest.mark.parametrize("text, message", [("[1, 2]", "not a JSON object"), ("{", "not JSON")])
+def test_a_saved_file_of_no_json_object_is_refused(tmp_path, text, message):
+    saved = tmp_path / "observed.json"
+    saved.write_text(text)
+    with pytest.raises(ObservedError, match=message):
+        read_observed(args(observed=str(saved)))
