@@ -65,7 +65,8 @@ def test_sources_are_built_only_for_what_the_enabled_collectors_need():
 
 def test_the_processes_sources_are_built_once_with_the_host_paths_and_handed_to_the_collector_through_sources():
     """The processes collector owns no source: its DRM clients' scan, dmem reader, containers' names, endpoint
-    finder and the plans' drop-ins are built with the other sources, from the host paths, and it reads them through the scrape context."""
+    finder and the plans' drop-ins are built with the other sources, from the host paths and the two flags the
+    command line defines for them, and it reads them through the scrape context."""
     options = parse_options(["--no-collector.journal", "--no-collector.levelzero", "--path.procfs", "/host/proc",
                              "--path.sysfs", "/host/sys", "--path.docker", "/host/docker", "--path.podman",
                              "/host/podman", "--path.pods", "/host/pods", "--path.container-logs", "/host/containers",
@@ -84,6 +85,17 @@ def test_the_processes_sources_are_built_once_with_the_host_paths_and_handed_to_
     collector = spec.factory(options.collector_options["processes"], sources)
     built = (sources.drm_clients, sources.dmem, sources.container_names, sources.vllm_endpoints, sources.unit_plans)
     assert not [value for value in vars(collector).values() if any(value is source for source in built)]
+
+
+def test_the_levelzero_collector_keeps_no_source_and_reads_the_drm_node_names_through_the_scrape_context():
+    """udev's DrmNodeNames is built with Level Zero in cli.build_sources (wired to the worker), not kept by the
+    collector."""
+    options = parse_options(["--no-collector.journal", "--no-collector.processes"])
+    spec = next(spec for spec in registered() if spec.name == "levelzero")
+    sources = build_sources(options, set(spec.needs))
+    assert sources.levelzero is not None and sources.drm_nodes is not None
+    collector = spec.factory(options.collector_options["levelzero"], sources)
+    assert not [value for value in vars(collector).values() if value is sources.levelzero or value is sources.drm_nodes]
 
 
 def test_level_zero_telemetry_is_read_only_for_the_levelzero_collector():
