@@ -27,14 +27,15 @@ from vllm_xpu_exporter.collectors.processes import ProcessesCollector
 from vllm_xpu_exporter.discovery import VllmTargets
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
 from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser, absolute_path
-from vllm_xpu_exporter.flags import (DefaultsHelpFormatter, add_container_flags, add_container_log_flags,
-                            add_journal_containers_flag, add_journal_flags, add_levelzero_flags, add_procfs_flag,
-                            add_sysfs_flag, check_journal_flags, container_log_directories, container_paths,
-                            journal_container_globs, journal_engine_grace_usec, journal_unit_globs)
+from vllm_xpu_exporter.flags import (DEFAULT_BOOT, DefaultsHelpFormatter, add_container_flags,
+                                     add_container_log_flags, add_journal_containers_flag, add_journal_flags,
+                                     add_levelzero_flags, add_procfs_flag, add_sysfs_flag, check_journal_flags,
+                                     container_log_directories, container_paths, journal_container_globs,
+                                     journal_engine_grace_usec, journal_unit_globs)
 from vllm_xpu_exporter.http.loading import load_web_config
 from vllm_xpu_exporter.http.server import Document, ExporterServer, parse_listen_address
 from vllm_xpu_exporter.http.webconfig import WebConfigError
-from vllm_xpu_exporter.logs import FORMATS, LEVELS, setup_logging
+from vllm_xpu_exporter.logs import DEFAULT_FORMAT, DEFAULT_LEVEL, FORMATS, LEVELS, setup_logging
 from vllm_xpu_exporter.scrape import ExporterCollector
 from vllm_xpu_exporter.sources.journal import open_journal, read_own_service_unit
 from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
@@ -53,6 +54,7 @@ from vllm_xpu_exporter.sources.unitconfig import DEFAULT_PLANS_DIRECTORY, DROP_I
 log = logging.getLogger("vllm_xpu_exporter.main")
 
 DEFAULT_PORT = 10447
+DEFAULT_TELEMETRY_PATH = "/metrics"
 
 
 def _default_collector_options() -> Mapping[str, object]:
@@ -65,7 +67,7 @@ class Options:
     registration makes of the command line; None for a collector without options), by name."""
 
     listen_addresses: tuple[str, ...] = (f":{DEFAULT_PORT}",)
-    telemetry_path: str = "/metrics"
+    telemetry_path: str = DEFAULT_TELEMETRY_PATH
     web_config_file: str | None = None
     collectors: frozenset[str] = frozenset(spec.name for spec in registered() if spec.enabled_by_default)
     levelzero_library: str = DEFAULT_LIBRARY
@@ -74,7 +76,7 @@ class Options:
     journal_files: tuple[str, ...] = ()
     journal_units: tuple[str, ...] = DEFAULT_UNIT_GLOBS
     journal_containers: tuple[str, ...] = DEFAULT_CONTAINER_GLOBS
-    journal_boot: str = "current"
+    journal_boot: str = DEFAULT_BOOT
     journal_max_units: int = DEFAULT_MAX_UNITS
     journal_engine_grace_usec: int = ENGINE_GRACE_USEC
     docker_roots: tuple[str, ...] = (DEFAULT_DOCKER_ROOT,)  # --path.docker: also where journald containers end
@@ -89,8 +91,8 @@ class Options:
     # listening on every address of the host's namespace
     sd_host_address: str = DEFAULT_HOST_ADDRESS
     plans_directory: str = DEFAULT_PLANS_DIRECTORY  # --collector.processes.plans: where vllm-xpu-plan's drop-ins are
-    log_level: str = "info"
-    log_format: str = "logfmt"
+    log_level: str = DEFAULT_LEVEL
+    log_format: str = DEFAULT_FORMAT
     collector_options: Mapping[str, object] = field(default_factory=_default_collector_options)
 
 
@@ -149,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
                      default=None, metavar="ADDRESS",
                      help=f"host:port to serve on ([::1]:PORT and 127.0.0.1:PORT forms; :PORT for all interfaces); "
                           f"repeatable: every address is served (default: :{DEFAULT_PORT})")
-    web.add_argument("--web.telemetry-path", dest="telemetry_path", type=telemetry_path, default="/metrics",
+    web.add_argument("--web.telemetry-path", dest="telemetry_path", type=telemetry_path, default=DEFAULT_TELEMETRY_PATH,
                      metavar="PATH", help="path under which to expose metrics")
     web.add_argument("--web.config.file", dest="web_config_file", default=None, metavar="FILE",
                      help="exporter-toolkit web configuration (YAML) for TLS and basic auth (default: none, plain "
@@ -173,9 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_container_log_flags(parser)
 
     logging_group = parser.add_argument_group("logging")
-    logging_group.add_argument("--log.level", dest="log_level", choices=tuple(LEVELS), default="info",
+    logging_group.add_argument("--log.level", dest="log_level", choices=tuple(LEVELS), default=DEFAULT_LEVEL,
                                help="log only messages at this level or above, to standard error")
-    logging_group.add_argument("--log.format", dest="log_format", choices=FORMATS, default="logfmt",
+    logging_group.add_argument("--log.format", dest="log_format", choices=FORMATS, default=DEFAULT_FORMAT,
                                help="logfmt (key=value, as the Prometheus exporters log) or json, one object a line")
     return parser
 

@@ -24,6 +24,7 @@ from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S
 
 SYSTEMCTL_LOCATIONS = ("/usr/bin/systemctl", "/bin/systemctl", "/run/current-system/sw/bin/systemctl")
+DEFAULT_BOOT = "current"  # --journal.boot: the running kernel's boot
 MAX_LEVELZERO_TIMEOUT_S = 86400.0  # a driver call a day long is a hang by any measure
 
 
@@ -112,7 +113,7 @@ def add_journal_flags(parser: argparse.ArgumentParser,
     journal.add_argument("--journal.max-units", dest="journal_max_units", type=positive_int,
                          default=DEFAULT_MAX_UNITS,
                          metavar="N", help=f"watch at most this many units; {beyond_max_units}")
-    journal.add_argument("--journal.boot", dest="journal_boot", type=parse_boot, default="current", metavar="BOOT",
+    journal.add_argument("--journal.boot", dest="journal_boot", type=parse_boot, default=DEFAULT_BOOT, metavar="BOOT",
                          help="current (this kernel's boot), all, or a boot id")
     journal.add_argument("--journal.engine-grace", dest="journal_engine_grace", type=parse_duration,
                          default=f"{ENGINE_GRACE_USEC // 1_000_000}s", metavar="DURATION",
