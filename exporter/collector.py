@@ -9,7 +9,9 @@ the command line (`vllm_xpu_exporter.cli`) imports the collectors (`vllm_xpu_exp
 `--collector.NAME` / `--no-collector.NAME` flags and each collector's own from the registry, builds the
 sources the enabled collectors need once (`Sources`), and starts them. During a scrape a collector reads
 sources only through its `ScrapeContext`, which reads each source at most once per scrape, so collectors
-share readings without ever calling one another.
+share readings without ever calling one another; none writes to a source: what a collector finds that a
+source needs (the units on GPUs, which the journal watches) the scrape hands on after every collector ran
+(`Sources.watch_units`).
 """
 
 from __future__ import annotations
