@@ -35,7 +35,7 @@ from vllm_xpu_exporter.flags import (DEFAULT_BOOT, DefaultsHelpFormatter, add_co
 from vllm_xpu_exporter.http.loading import load_web_config
 from vllm_xpu_exporter.http.server import Document, ExporterServer, parse_listen_address
 from vllm_xpu_exporter.http.webconfig import WebConfigError
-from vllm_xpu_exporter.logs import DEFAULT_FORMAT, DEFAULT_LEVEL, FORMATS, LEVELS, setup_logging
+from vllm_xpu_exporter.logformat import DEFAULT_FORMAT, DEFAULT_LEVEL, FORMATS, LEVELS, setup_logging
 from vllm_xpu_exporter.scrape import ExporterCollector
 from vllm_xpu_exporter.sources.journal import open_journal, read_own_service_unit
 from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
@@ -49,7 +49,7 @@ from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
 from vllm_xpu_exporter.sources.procfs import DEFAULT_PROCFS, DrmClientScanner
 from vllm_xpu_exporter.sources.udev import DrmNodeNames
-from vllm_xpu_exporter.sources.unitconfig import DEFAULT_PLANS_DIRECTORY, DROP_IN_NAME, UnitPlans
+from vllm_xpu_exporter.sources.plan_dropins import DEFAULT_PLANS_DIRECTORY, DROP_IN_NAME, UnitPlans
 
 log = logging.getLogger("vllm_xpu_exporter.main")
 

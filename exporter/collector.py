@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from vllm_xpu_exporter.sources.dmem import DmemReader
     from vllm_xpu_exporter.sources.endpoints import Endpoint, EndpointFinder
     from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
-    from vllm_xpu_exporter.sources.unitconfig import UnitPlans
+    from vllm_xpu_exporter.sources.plan_dropins import UnitPlans
     from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroWorker, PendingRead
     from vllm_xpu_exporter.sources.procfs import DrmClientScanner, ScanResult
     from vllm_xpu_exporter.sources.udev import DrmNodeNames

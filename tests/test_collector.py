@@ -259,12 +259,13 @@ LAYERS = (
     (f"{PACKAGE}.sources.logs",),
     (f"{PACKAGE}.sources",),
     # the readings reasoned over, pure: who holds what, vLLM's memory rules, the plans, right-sizing, discovery
-    (f"{PACKAGE}.attribution", f"{PACKAGE}.discovery", f"{PACKAGE}.freememory", f"{PACKAGE}.memory",
-     f"{PACKAGE}.planning", f"{PACKAGE}.rightsizing"),
+    # (the planner's package but its command line)
+    (f"{PACKAGE}.attribution", f"{PACKAGE}.discovery", f"{PACKAGE}.start_free_memory", f"{PACKAGE}.memory_rules",
+     f"{PACKAGE}.planner"),
     (f"{PACKAGE}.collector", f"{PACKAGE}.collectors", f"{PACKAGE}.scrape"),
-    # the programs: the exporter's command line, flags and logging, the web layer, the gate, the planner
-    (f"{PACKAGE}.__main__", f"{PACKAGE}.cli", f"{PACKAGE}.flags", f"{PACKAGE}.logs", f"{PACKAGE}.http",
-     f"{PACKAGE}.gate", f"{PACKAGE}.plan", f"{PACKAGE}.unitfile"),
+    # the programs: the exporter's command line, flags and logging, the web layer, the gate, the planner's command line
+    (f"{PACKAGE}.__main__", f"{PACKAGE}.cli", f"{PACKAGE}.flags", f"{PACKAGE}.logformat", f"{PACKAGE}.http",
+     f"{PACKAGE}.gate", f"{PACKAGE}.planner.cli", f"{PACKAGE}.planner.__main__"),
 )
 
 
@@ -290,11 +291,16 @@ def test_the_layer_check_finds_an_upward_import_and_a_module_of_no_layer():
                            "vllm_xpu_exporter.gate.lines": set()}) == [
         "vllm_xpu_exporter.fold.engine_starts imports vllm_xpu_exporter.gate.lines"]
     # the breaches this check once let through: a source importing the planner, a collector the command line's flags
-    assert upward_imports({"vllm_xpu_exporter.sources.prometheus": {"vllm_xpu_exporter.rightsizing"},
+    assert upward_imports({"vllm_xpu_exporter.sources.prometheus": {"vllm_xpu_exporter.planner.rightsizing"},
                            "vllm_xpu_exporter.collectors.processes": {"vllm_xpu_exporter.flags"},
-                           "vllm_xpu_exporter.rightsizing": set(), "vllm_xpu_exporter.flags": set()}) == [
+                           "vllm_xpu_exporter.planner.rightsizing": set(), "vllm_xpu_exporter.flags": set()}) == [
         "vllm_xpu_exporter.collectors.processes imports vllm_xpu_exporter.flags",
-        "vllm_xpu_exporter.sources.prometheus imports vllm_xpu_exporter.rightsizing"]
+        "vllm_xpu_exporter.sources.prometheus imports vllm_xpu_exporter.planner.rightsizing"]
+    # a package's module takes its longest prefix's layer: the planner's command line is a program
+    assert upward_imports({"vllm_xpu_exporter.attribution": {"vllm_xpu_exporter.planner.plans",
+                                                             "vllm_xpu_exporter.planner.cli"},
+                           "vllm_xpu_exporter.planner.plans": set(), "vllm_xpu_exporter.planner.cli": set()}) == [
+        "vllm_xpu_exporter.attribution imports vllm_xpu_exporter.planner.cli"]
     assert upward_imports({"vllm_xpu_exporter.newmodule": set(), "vllm_xpu_exporter": set()}) == [
         "vllm_xpu_exporter.newmodule has no layer"]
 

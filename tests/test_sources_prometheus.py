@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from vllm_xpu_exporter.rightsizing import parse_observed
+from vllm_xpu_exporter.planner.rightsizing import parse_observed
 from vllm_xpu_exporter.sources.prometheus import QUERIES, ObservedError, queries, read_observed
 
 

@@ -26,11 +26,11 @@ the rest still add up to used), their engine counters are dropped, and how many 
 xpu_exporter_processes_units_dropped. Desktop sessions, containers or batch jobs each in a scope of their own
 can hold DRM clients by the thousand: without the cap each would be a series on every device.
 
-Per watched engine unit on a GPU whose total is known, the plan's figures (vllm_xpu_exporter.planning, the same as
+Per watched engine unit on a GPU whose total is known, the plan's figures (vllm_xpu_exporter.planner.plans, the same as
 vllm-xpu-plan's): its footprint and planned KV cache, and per GPU their sum, so that a GPU whose units cannot
 all run at once shows on the dashboard and alerts. The unit's GPU is the one it holds (or last held) memory
 on, or the only one. Beside them, the budget the planner's drop-in gives a unit, read from the drop-in
-(vllm_xpu_exporter.sources.unitconfig), so that a plan an override took the command from shows.
+(vllm_xpu_exporter.sources.plan_dropins), so that a plan an override took the command from shows.
 
 A thin mapping that reads only: the reasoning is `vllm_xpu_exporter.attribution` (pure); the sources (the DRM
 clients' scan under --path.procfs, dmem under --path.sysfs, the containers' names, the units' API endpoints, the
@@ -335,7 +335,7 @@ class ProcessesCollector(Collector):
 
     def _plan_of_units(self, context: ScrapeContext, attributions: dict[str, attribution.DeviceAttribution],
                        views: list[UnitView], gpus: list[str], problems: Problems) -> Metric:
-        """The budget the planner's drop-in gives each engine unit on a known GPU (sources/unitconfig.py); a
+        """The budget the planner's drop-in gives each engine unit on a known GPU (sources/plan_dropins.py); a
         unit without a plan has no series."""
         family = GaugeFamily("xpu_unit_kv_cache_plan_bytes",
                              "The KV budget vllm-xpu-plan's drop-in gives the unit (the drop-in's file, believed "

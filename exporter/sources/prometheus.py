@@ -1,5 +1,5 @@
 """Prometheus's HTTP API, read for vllm-xpu-plan's right-sizing: `query_range` answers of the observation
-queries (`QUERIES`, whose answers `vllm_xpu_exporter.rightsizing` reads), or the same answers saved in a file
+queries (`QUERIES`, whose answers `vllm_xpu_exporter.planner.rightsizing` reads), or the same answers saved in a file
 (`--observed`)."""
 
 from __future__ import annotations

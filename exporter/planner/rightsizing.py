@@ -17,7 +17,7 @@ Per unit, with K its KV bytes now (its latest start) and N its max_num_seqs:
   one request of its maximum model length (vLLM refuses to start with less) nor above K.
 
 The planner then sizes each budget in whole blocks and checks that the GPU's units still fit
-(`vllm_xpu_exporter.planning`): a grown budget that does not fit is reported as the plan's missing bytes.
+(`vllm_xpu_exporter.planner.plans`): a grown budget that does not fit is reported as the plan's missing bytes.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from vllm_xpu_exporter.argparsing import parse_duration
 from vllm_xpu_exporter.fold.engine_starts import UnitView
-from vllm_xpu_exporter.planning import TargetRequest
+from vllm_xpu_exporter.planner.plans import TargetRequest
 from vllm_xpu_exporter.sources.prometheus import QUERIES, ObservedError
 
 DEFAULT_MARGIN = 0.05
