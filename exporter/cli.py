@@ -151,8 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                      default=None, metavar="ADDRESS",
                      help=f"host:port to serve on ([::1]:PORT and 127.0.0.1:PORT forms; :PORT for all interfaces); "
                           f"repeatable: every address is served (default: :{DEFAULT_PORT})")
-    web.add_argument("--web.telemetry-path", dest="telemetry_path", type=telemetry_path, default=DEFAULT_TELEMETRY_PATH,
-                     metavar="PATH", help="path under which to expose metrics")
+    web.add_argument("--web.telemetry-path", dest="telemetry_path", type=telemetry_path,
+                     default=DEFAULT_TELEMETRY_PATH, metavar="PATH", help="path under which to expose metrics")
     web.add_argument("--web.config.file", dest="web_config_file", default=None, metavar="FILE",
                      help="exporter-toolkit web configuration (YAML) for TLS and basic auth (default: none, plain "
                           "HTTP without authentication)")
