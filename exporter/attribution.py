@@ -422,8 +422,8 @@ class StartFreeMemory:
         for pci, (total, free) in memory.items():
             if pci in attributions:
                 attribution = attributions[pci]
-                self._readings.add(pci, start_free_memory.DeviceReading(now_usec, free, total, dict(attribution.by_unit),
-                                                                 attribution.total))
+                self._readings.add(pci, start_free_memory.DeviceReading(now_usec, free, total,
+                                                                        dict(attribution.by_unit), attribution.total))
         figures = []
         for view in views:
             start = view.latest

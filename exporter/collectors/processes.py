@@ -26,9 +26,9 @@ the rest still add up to used), their engine counters are dropped, and how many 
 xpu_exporter_processes_units_dropped. Desktop sessions, containers or batch jobs each in a scope of their own
 can hold DRM clients by the thousand: without the cap each would be a series on every device.
 
-Per watched engine unit on a GPU whose total is known, the plan's figures (vllm_xpu_exporter.planner.plans, the same as
-vllm-xpu-plan's): its footprint and planned KV cache, and per GPU their sum, so that a GPU whose units cannot
-all run at once shows on the dashboard and alerts. The unit's GPU is the one it holds (or last held) memory
+Per watched engine unit on a GPU whose total is known, the plan's figures (vllm_xpu_exporter.planner.plans, the
+same as vllm-xpu-plan's): its footprint and planned KV cache, and per GPU their sum, so that a GPU whose units
+cannot all run at once shows on the dashboard and alerts. The unit's GPU is the one it holds (or last held) memory
 on, or the only one. Beside them, the budget the planner's drop-in gives a unit, read from the drop-in
 (vllm_xpu_exporter.sources.plan_dropins), so that a plan an override took the command from shows.
 
@@ -236,7 +236,7 @@ class ProcessesCollector(Collector):
         except procfs.ProcfsUnavailable:
             found = {}
         self.targets.publish(attribution.vllm_targets(paths_of, found, workloads, self._unit_devices, attributions,
-                                                       gpus))
+                                                      gpus))
 
     def _scan(self, context: ScrapeContext, problems: Problems) -> procfs.ScanResult | None:
         try:

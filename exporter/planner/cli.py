@@ -37,8 +37,8 @@ from vllm_xpu_exporter.flags import (add_journal_flags, add_levelzero_flags, add
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter import memory_rules as rules
 from vllm_xpu_exporter.parsers import vllm
-from vllm_xpu_exporter.planner.plans import (KV_BUDGET_ON_XPU_SINCE, DevicePlan, Plan, TargetRequest, UnitPlan, Unplannable,
-                                        make_plan, printed_totals)
+from vllm_xpu_exporter.planner.plans import (KV_BUDGET_ON_XPU_SINCE, DevicePlan, Plan, TargetRequest, UnitPlan,
+                                             Unplannable, make_plan, printed_totals)
 from vllm_xpu_exporter.planner import execstart, rightsizing
 from vllm_xpu_exporter.sources import plan_dropins, procfs, prometheus
 from vllm_xpu_exporter.planner.execstart import NotEditable, exec_start_from_cat
