@@ -18,11 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from vllm_xpu_exporter import freememory
-from vllm_xpu_exporter import memory as memory_rules
-from vllm_xpu_exporter import planning
+from vllm_xpu_exporter import memory_rules, start_free_memory
 from vllm_xpu_exporter.discovery import Target
 from vllm_xpu_exporter.fold.engine_starts import UnitView
+from vllm_xpu_exporter.planner import plans
 from vllm_xpu_exporter.parsers.cgroup import ContainerCgroup, UnitCgroup, unit_cgroup_of_path
 from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.endpoints import Endpoint
@@ -361,18 +360,18 @@ class PlannedUnit:
 
 
 class Plans:
-    """Each engine unit's plan (`planning.plan_unit`), computed again only when what it reads changed: the
+    """Each engine unit's plan (`plans.plan_unit`), computed again only when what it reads changed: the
     starts' figures (the fold hands out fresh snapshots at every scrape, equal by identity only, so by their
     fields), the GPU and its total. At most PLANS_KEPT are kept, all dropped at once when full."""
 
     def __init__(self) -> None:
-        self._plans: dict[tuple[object, ...], planning.UnitPlan | planning.Unplannable] = {}
+        self._plans: dict[tuple[object, ...], plans.UnitPlan | plans.Unplannable] = {}
 
-    def plan(self, view: UnitView, pci: str, total: int) -> planning.UnitPlan | planning.Unplannable:
+    def plan(self, view: UnitView, pci: str, total: int) -> plans.UnitPlan | plans.Unplannable:
         key = (view.unit, pci, total, _fields(view.latest), _fields(view.last_success), _fields(view.last_profiled))
         plan = self._plans.get(key)
         if plan is None:
-            plan = planning.plan_unit(view, pci, total, planning.budget_target(view))
+            plan = plans.plan_unit(view, pci, total, plans.budget_target(view))
             if len(self._plans) >= PLANS_KEPT:
                 self._plans.clear()
             self._plans[key] = plan
@@ -391,7 +390,7 @@ class Plans:
             if pci not in totals:
                 continue
             plan = self.plan(view, pci, totals[pci])
-            if isinstance(plan, planning.Unplannable):
+            if isinstance(plan, plans.Unplannable):
                 continue
             planned.append(PlannedUnit(pci, view.unit, plan.footprint.total_bytes, plan.kv_cache_memory_bytes))
         return planned
@@ -407,12 +406,12 @@ def footprints_by_device(planned: Iterable[PlannedUnit]) -> dict[str, int]:
 
 class StartFreeMemory:
     """The free memory each unit's latest start said it saw, against the driver's at the reading nearest that
-    line (`freememory`): every reading is kept for the lines to come, and each start's comparison once made."""
+    line (`start_free_memory`): every reading is kept for the lines to come, and each start's comparison once made."""
 
     def __init__(self) -> None:
-        self._readings = freememory.Readings()
+        self._readings = start_free_memory.Readings()
         # (unit, start's began_usec) -> free memory at that start as vLLM and the driver saw it
-        self._compared: dict[tuple[str, int], freememory.FreeAtStart] = {}
+        self._compared: dict[tuple[str, int], start_free_memory.FreeAtStart] = {}
 
     def figures(self, now_usec: int, memory: Mapping[str, tuple[int, int]],
                 attributions: Mapping[str, DeviceAttribution], views: Iterable[UnitView], device_of: UnitDevices,
@@ -423,8 +422,8 @@ class StartFreeMemory:
         for pci, (total, free) in memory.items():
             if pci in attributions:
                 attribution = attributions[pci]
-                self._readings.add(pci, freememory.DeviceReading(now_usec, free, total, dict(attribution.by_unit),
-                                                                 attribution.total))
+                self._readings.add(pci, start_free_memory.DeviceReading(now_usec, free, total,
+                                                                        dict(attribution.by_unit), attribution.total))
         figures = []
         for view in views:
             start = view.latest
@@ -439,7 +438,7 @@ class StartFreeMemory:
                 if reading is not None:
                     if len(self._compared) >= PLANS_KEPT:
                         self._compared.clear()
-                    self._compared[key] = freememory.free_at_start(view.unit, start.seen_free_bytes, reading)
+                    self._compared[key] = start_free_memory.free_at_start(view.unit, start.seen_free_bytes, reading)
             compared = self._compared.get(key)
             figures.append((pci, view.unit, "vllm", start.seen_free_bytes))
             if compared is not None:

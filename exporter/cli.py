@@ -3,13 +3,16 @@ re-reads the web config file.
 
 The top of the exporter: it imports the collectors (`vllm_xpu_exporter.collectors` registers them), makes each one's
 `--[no-]collector.NAME` switch and own flags from the registry, gives each its own options (never `Options`
-itself) and builds the enabled ones."""
+itself) and builds the enabled ones. It builds every source they need (`build_sources`) and owns the flags of
+those sources, the two named after the processes collector included (`add_processes_source_flags`)."""
 
 from __future__ import annotations
 
 import argparse
 import gc
+import ipaddress
 import logging
+import re
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -20,16 +23,19 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 import vllm_xpu_exporter.collectors  # noqa: F401  (registers the bundled collectors)
 from vllm_xpu_exporter import __version__, discovery
 from vllm_xpu_exporter.collector import Collector, Source, Sources, registered
+from vllm_xpu_exporter.collectors.processes import ProcessesCollector
+from vllm_xpu_exporter.discovery import VllmTargets
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
-from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser
-from vllm_xpu_exporter.flags import (DefaultsHelpFormatter, add_container_flags, add_container_log_flags,
-                            add_journal_containers_flag, add_journal_flags, add_levelzero_flags, add_procfs_flag,
-                            add_sysfs_flag, check_journal_flags, container_log_directories, container_paths,
-                            journal_container_globs, journal_engine_grace_usec, journal_unit_globs)
+from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser, absolute_path
+from vllm_xpu_exporter.flags import (DEFAULT_BOOT, DefaultsHelpFormatter, add_container_flags,
+                                     add_container_log_flags, add_journal_containers_flag, add_journal_flags,
+                                     add_levelzero_flags, add_procfs_flag, add_sysfs_flag, check_journal_flags,
+                                     container_log_directories, container_paths, journal_container_globs,
+                                     journal_engine_grace_usec, journal_unit_globs)
 from vllm_xpu_exporter.http.loading import load_web_config
 from vllm_xpu_exporter.http.server import Document, ExporterServer, parse_listen_address
 from vllm_xpu_exporter.http.webconfig import WebConfigError
-from vllm_xpu_exporter.logs import FORMATS, LEVELS, setup_logging
+from vllm_xpu_exporter.logformat import DEFAULT_FORMAT, DEFAULT_LEVEL, FORMATS, LEVELS, setup_logging
 from vllm_xpu_exporter.scrape import ExporterCollector
 from vllm_xpu_exporter.sources.journal import open_journal, read_own_service_unit
 from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
@@ -43,11 +49,12 @@ from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
 from vllm_xpu_exporter.sources.procfs import DEFAULT_PROCFS, DrmClientScanner
 from vllm_xpu_exporter.sources.udev import DrmNodeNames
-from vllm_xpu_exporter.sources.unitconfig import DEFAULT_PLANS_DIRECTORY, UnitPlans
+from vllm_xpu_exporter.sources.plan_dropins import DEFAULT_PLANS_DIRECTORY, DROP_IN_NAME, UnitPlans
 
 log = logging.getLogger("vllm_xpu_exporter.main")
 
 DEFAULT_PORT = 10447
+DEFAULT_TELEMETRY_PATH = "/metrics"
 
 
 def _default_collector_options() -> Mapping[str, object]:
@@ -60,7 +67,7 @@ class Options:
     registration makes of the command line; None for a collector without options), by name."""
 
     listen_addresses: tuple[str, ...] = (f":{DEFAULT_PORT}",)
-    telemetry_path: str = "/metrics"
+    telemetry_path: str = DEFAULT_TELEMETRY_PATH
     web_config_file: str | None = None
     collectors: frozenset[str] = frozenset(spec.name for spec in registered() if spec.enabled_by_default)
     levelzero_library: str = DEFAULT_LIBRARY
@@ -69,7 +76,7 @@ class Options:
     journal_files: tuple[str, ...] = ()
     journal_units: tuple[str, ...] = DEFAULT_UNIT_GLOBS
     journal_containers: tuple[str, ...] = DEFAULT_CONTAINER_GLOBS
-    journal_boot: str = "current"
+    journal_boot: str = DEFAULT_BOOT
     journal_max_units: int = DEFAULT_MAX_UNITS
     journal_engine_grace_usec: int = ENGINE_GRACE_USEC
     docker_roots: tuple[str, ...] = (DEFAULT_DOCKER_ROOT,)  # --path.docker: also where journald containers end
@@ -80,14 +87,12 @@ class Options:
     logs_pods: str | None = None  # --logs.pods: the --path.pods whose pods' logs are read
     procfs: str = DEFAULT_PROCFS
     sysfs: str = DEFAULT_SYSFS
-    # --collector.processes.sd-host-address (a flag of the processes collector, for the endpoint finder built
-    # here): the address /sd/vllm gives for a vLLM server listening on every address of the host's namespace
+    # --collector.processes.sd-host-address (for the endpoint finder): the address /sd/vllm gives for a vLLM server
+    # listening on every address of the host's namespace
     sd_host_address: str = DEFAULT_HOST_ADDRESS
-    # --collector.processes.plans (a flag of the processes collector, for the plans' source built here): where
-    # vllm-xpu-plan's drop-ins are
-    plans_directory: str = DEFAULT_PLANS_DIRECTORY
-    log_level: str = "info"
-    log_format: str = "logfmt"
+    plans_directory: str = DEFAULT_PLANS_DIRECTORY  # --collector.processes.plans: where vllm-xpu-plan's drop-ins are
+    log_level: str = DEFAULT_LEVEL
+    log_format: str = DEFAULT_FORMAT
     collector_options: Mapping[str, object] = field(default_factory=_default_collector_options)
 
 
@@ -105,6 +110,33 @@ def listen_address(value: str) -> str:
     return value
 
 
+def add_processes_source_flags(collectors: argparse._ArgumentGroup) -> None:
+    """The flags of the sources built here for the processes collector, named after it (as its users know them):
+    --collector.processes.sd-host-address (the endpoints' finder), --collector.processes.plans (the plans'
+    drop-ins)."""
+    collectors.add_argument("--collector.processes.sd-host-address", dest="processes_sd_host_address",
+                            type=sd_host_address, default=DEFAULT_HOST_ADDRESS, metavar="ADDRESS",
+                            help="the address /sd/vllm gives for a vLLM server listening on every address of the "
+                                 "host's network namespace (default %(default)s: Prometheus on the same host)")
+    collectors.add_argument("--collector.processes.plans", dest="processes_plans", type=absolute_path,
+                            default=DEFAULT_PLANS_DIRECTORY, metavar="DIR",
+                            help=f"where vllm-xpu-plan's drop-ins are, DIR/UNIT.d/{DROP_IN_NAME}, each "
+                                 "believed only when root alone can have written it (xpu_unit_kv_cache_plan_bytes; "
+                                 "default %(default)s)")
+
+
+def sd_host_address(value: str) -> str:
+    """An IP address or host name (no port, no brackets)."""
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an IP address or host name")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="vllm-xpu-exporter",
@@ -119,8 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                      default=None, metavar="ADDRESS",
                      help=f"host:port to serve on ([::1]:PORT and 127.0.0.1:PORT forms; :PORT for all interfaces); "
                           f"repeatable: every address is served (default: :{DEFAULT_PORT})")
-    web.add_argument("--web.telemetry-path", dest="telemetry_path", type=telemetry_path, default="/metrics",
-                     metavar="PATH", help="path under which to expose metrics")
+    web.add_argument("--web.telemetry-path", dest="telemetry_path", type=telemetry_path,
+                     default=DEFAULT_TELEMETRY_PATH, metavar="PATH", help="path under which to expose metrics")
     web.add_argument("--web.config.file", dest="web_config_file", default=None, metavar="FILE",
                      help="exporter-toolkit web configuration (YAML) for TLS and basic auth (default: none, plain "
                           "HTTP without authentication)")
@@ -133,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     # BooleanOptionalAction spells the negation --no-collector.X, exactly the Prometheus form.
     for spec in registered():
         spec.add_flags(collectors)  # the collector's own --collector.NAME.OPTION flags, after every switch
+    add_processes_source_flags(collectors)
 
     add_levelzero_flags(parser)
     add_journal_containers_flag(add_journal_flags(parser))
@@ -142,9 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_container_log_flags(parser)
 
     logging_group = parser.add_argument_group("logging")
-    logging_group.add_argument("--log.level", dest="log_level", choices=tuple(LEVELS), default="info",
+    logging_group.add_argument("--log.level", dest="log_level", choices=tuple(LEVELS), default=DEFAULT_LEVEL,
                                help="log only messages at this level or above, to standard error")
-    logging_group.add_argument("--log.format", dest="log_format", choices=FORMATS, default="logfmt",
+    logging_group.add_argument("--log.format", dest="log_format", choices=FORMATS, default=DEFAULT_FORMAT,
                                help="logfmt (key=value, as the Prometheus exporters log) or json, one object a line")
     return parser
 
@@ -256,10 +289,14 @@ def build_registry(options: Options) -> tuple[CollectorRegistry, Sources, list[C
     return registry, sources, collectors
 
 
-def documents(registry: CollectorRegistry, sources: Sources) -> dict[str, Document]:
-    """The routes besides /metrics: /sd/vllm, the units' vLLM API servers (a scrape first when none is recent)."""
+def documents(registry: CollectorRegistry, collectors: Sequence[Collector]) -> dict[str, Document]:
+    """The routes besides /metrics: /sd/vllm, the units' vLLM API servers the processes collector found (a scrape
+    first when none is recent; none when that collector is disabled)."""
+    targets = next((collector.targets for collector in collectors
+                    if isinstance(collector, ProcessesCollector) and collector.targets is not None), VllmTargets())
+
     def sd_vllm() -> tuple[bytes, str]:
-        return sources.vllm_targets.body(refresh=lambda: list(registry.collect())), discovery.CONTENT_TYPE
+        return targets.body(refresh=lambda: list(registry.collect())), discovery.CONTENT_TYPE
 
     return {discovery.SD_PATH: sd_vllm}
 
@@ -282,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     registry, sources, collectors = build_registry(options)
     try:
         server = ExporterServer(options.listen_addresses, options.telemetry_path, registry, web_config,
-                                documents=documents(registry, sources))
+                                documents=documents(registry, collectors))
     except OSError as error:
         print(f"vllm-xpu-exporter: error: cannot listen on {' and '.join(options.listen_addresses)}: "
               f"{error.strerror or error}", file=sys.stderr)

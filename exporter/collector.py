@@ -9,7 +9,9 @@ the command line (`vllm_xpu_exporter.cli`) imports the collectors (`vllm_xpu_exp
 `--collector.NAME` / `--no-collector.NAME` flags and each collector's own from the registry, builds the
 sources the enabled collectors need once (`Sources`), and starts them. During a scrape a collector reads
 sources only through its `ScrapeContext`, which reads each source at most once per scrape, so collectors
-share readings without ever calling one another.
+share readings without ever calling one another; none writes to a source: what a collector finds that a
+source needs (the units on GPUs, which the journal watches) the scrape hands on after every collector ran
+(`Sources.watch_units`).
 """
 
 from __future__ import annotations
@@ -17,18 +19,18 @@ from __future__ import annotations
 import argparse
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from prometheus_client.metrics_core import Metric
 
-from vllm_xpu_exporter.discovery import VllmTargets
 from vllm_xpu_exporter.fold.engine_starts import UnitView, merged_views
 from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.dmem import DmemReading
 from vllm_xpu_exporter.sources.levelzero.worker import LevelZeroUnavailable
 from vllm_xpu_exporter.sources.procfs import ProcfsUnavailable
+from vllm_xpu_exporter.sources.udev import DrmNodes
 
 if TYPE_CHECKING:
     from vllm_xpu_exporter.parsers.cgroup import ContainerCgroup, UnitCgroup
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
     from vllm_xpu_exporter.sources.dmem import DmemReader
     from vllm_xpu_exporter.sources.endpoints import Endpoint, EndpointFinder
     from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
-    from vllm_xpu_exporter.sources.unitconfig import UnitPlans
+    from vllm_xpu_exporter.sources.plan_dropins import UnitPlans
     from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroWorker, PendingRead
     from vllm_xpu_exporter.sources.procfs import DrmClientScanner, ScanResult
     from vllm_xpu_exporter.sources.udev import DrmNodeNames
@@ -65,6 +67,11 @@ class Collector(ABC):
     def stop(self) -> None:
         """End background work."""
 
+    def units_on_gpus(self) -> Iterable[str]:
+        """The units this collector found holding GPU memory at its last run: the scrape hands them to the
+        sources after every collector ran (`Sources.watch_units`); a collector never writes to a source."""
+        return ()
+
 
 class Source(StrEnum):
     """The shared sources a collector can need."""
@@ -92,8 +99,6 @@ class Sources:
     container_names: ContainerNames | None = None
     vllm_endpoints: EndpointFinder | None = None
     unit_plans: UnitPlans | None = None
-    # the units' vLLM API endpoints, published by the processes collector at each scrape, served at /sd/vllm
-    vllm_targets: VllmTargets = field(default_factory=VllmTargets, compare=False)
 
     def start(self) -> None:
         if self.journal is not None:
@@ -104,6 +109,12 @@ class Sources:
             self.drm_nodes.start()
         if self.levelzero is not None:
             self.levelzero.start()
+
+    def watch_units(self, units: Iterable[str]) -> None:
+        """Units that hold GPU memory now (what the collectors found, handed on by the scrape): the journal
+        watches those matching its globs even before it has seen them."""
+        if self.journal is not None:
+            self.journal.watch(set(units))
 
     def stop(self) -> None:
         if self.journal is not None:
@@ -167,11 +178,11 @@ class ScrapeContext:
             return set()
         return {unit for unit in units if journal.selection.matches_unit(unit)}
 
-    def watch_units(self, units: Iterable[str]) -> None:
-        """Units that hold GPU memory now: the journal watches those matching its globs even before it
-        has seen them."""
-        if self._sources.journal is not None:
-            self._sources.journal.watch(set(units))
+    def drm_nodes(self, pci_address: str) -> DrmNodes:
+        """The DRM node names (card, render node) of the GPU at `pci_address`, from udev; empty ones when udev
+        does not know them or is not read."""
+        names = self._sources.drm_nodes
+        return DrmNodes() if names is None else names.get(pci_address)
 
     def drm_clients(self) -> ScanResult:
         """The processes' DRM clients under --path.procfs: one scan per scrape. Raises ProcfsUnavailable when

@@ -11,8 +11,7 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from vllm_xpu_exporter.argparsing import absolute_path
-from vllm_xpu_exporter.durations import parse_go_duration
+from vllm_xpu_exporter.argparsing import absolute_path, parse_duration, positive_int
 from vllm_xpu_exporter.sources.containers import (
     DEFAULT_CONTAINER_LOGS, DEFAULT_DOCKER_ROOT, DEFAULT_POD_LOGS, DEFAULT_PODMAN_STORAGE, distinct,
 )
@@ -25,6 +24,7 @@ from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S
 
 SYSTEMCTL_LOCATIONS = ("/usr/bin/systemctl", "/bin/systemctl", "/run/current-system/sw/bin/systemctl")
+DEFAULT_BOOT = "current"  # --journal.boot: the running kernel's boot
 MAX_LEVELZERO_TIMEOUT_S = 86400.0  # a driver call a day long is a hang by any measure
 
 
@@ -66,20 +66,6 @@ def format_duration(seconds: float) -> str:
     return "".join(f"{value}{unit}" for value, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if value) or "0s"
 
 
-def parse_duration(value: str) -> float:
-    """A Go duration as the Prometheus tools take them (500ms, 4s, 1m30s), or a bare number of seconds."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parse_go_duration(value)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-    if not seconds > 0 or seconds == float("inf"):
-        raise argparse.ArgumentTypeError(f"duration must be positive, got {value!r}")
-    return seconds
-
-
 def levelzero_timeout(value: str) -> float:
     """`parse_duration`, at most MAX_LEVELZERO_TIMEOUT_S: a read waits in select(), which refuses a timeout
     as large as 1e300 s (every read would fail)."""
@@ -97,16 +83,6 @@ def parse_boot(value: str) -> str:
         return normalize_boot(value)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"want a positive whole number, got {value!r}")
-    return number
 
 
 def add_levelzero_flags(parser: argparse.ArgumentParser) -> None:
@@ -137,7 +113,7 @@ def add_journal_flags(parser: argparse.ArgumentParser,
     journal.add_argument("--journal.max-units", dest="journal_max_units", type=positive_int,
                          default=DEFAULT_MAX_UNITS,
                          metavar="N", help=f"watch at most this many units; {beyond_max_units}")
-    journal.add_argument("--journal.boot", dest="journal_boot", type=parse_boot, default="current", metavar="BOOT",
+    journal.add_argument("--journal.boot", dest="journal_boot", type=parse_boot, default=DEFAULT_BOOT, metavar="BOOT",
                          help="current (this kernel's boot), all, or a boot id")
     journal.add_argument("--journal.engine-grace", dest="journal_engine_grace", type=parse_duration,
                          default=f"{ENGINE_GRACE_USEC // 1_000_000}s", metavar="DURATION",

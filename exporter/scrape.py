@@ -97,6 +97,7 @@ class ExporterCollector(PrometheusCollector):
             duration.add_metric([collector.name], time.perf_counter() - started)
             success.add_metric([collector.name], 0 if problems[collector.name] else 1)
             families += collected
+        self._sources.watch_units(unit for collector in self._collectors for unit in collector.units_on_gpus())
         families += [success, duration]
         self._log_transitions(problems)
         return families

@@ -6,9 +6,6 @@ default StatusUnitFormat=combined ("<unit> - <Description>"); the MESSAGE_ID is 
 record, its text is for people.
 """
 
-import math
-import re
-
 MESSAGE_ID_UNIT_STARTING = "7d4958e842da4a758f6c1cdc7b36dcc5"
 """'Starting <unit> - <desc>...': a start job for the unit has begun execution (JOB_TYPE=start)."""
 MESSAGE_ID_UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"
@@ -32,21 +29,3 @@ MESSAGE_ID_UNIT_RESOURCES = "ae8f7b866b0347b9af31fe1c80b127c0"
 MESSAGE_ID_SPAWN_FAILED = "641257651c1b4ec9a8624d7a40a9e1e7"
 """'<unit>: Failed at step EXEC spawning <path>: ...': logged by the forked child in the unit's
 cgroup before exec, so it arrives as unit output (_SYSTEMD_UNIT=<unit>), not as a PID-1 record."""
-
-_TIMESPAN_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(y|month|w|d|h|min|s|ms|us)")
-_TIMESPAN_SECONDS = {"y": 31_557_600.0, "month": 2_629_800.0, "w": 604_800.0, "d": 86_400.0, "h": 3600.0,
-                     "min": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
-
-
-def parse_timespan(text: str) -> float:
-    """Seconds in a time span as `systemctl show` prints one (format_timespan(): "1min 30s", "5min",
-    "1h 2min 3.500000s", "infinity" -> inf) or a unit file sets it (a bare number is seconds);
-    ValueError for anything else."""
-    text = text.strip()
-    if text == "infinity":
-        return math.inf
-    if re.fullmatch(r"\d+(?:\.\d+)?", text):
-        return float(text)
-    if not text or _TIMESPAN_PART.sub("", text).strip():
-        raise ValueError(f"not a systemd time span: {text!r}")
-    return sum(float(number) * _TIMESPAN_SECONDS[unit] for number, unit in _TIMESPAN_PART.findall(text))

@@ -10,7 +10,7 @@ honours --kv-cache-memory-bytes on XPU; tests/vllmunit.py):
 
 1. `observe()`: one boot where the units are installed but not enabled and started one after another,
    each alone once the previous one serves (so each succeeds: how an operator first learns the
-   figures). Then the planner as shipped (its console script, else `python -m vllm_xpu_exporter.plan`) runs on the
+   figures). Then the planner as shipped (its console script, else `python -m vllm_xpu_exporter.planner.cli`) runs on the
    host against that boot: `--journal.directory` the namespace's journal, the GPU's total from Level Zero
    (the fake driver, whose config is the same GPU), `--systemctl` a wrapper that runs the namespace's
    systemctl through nsenter. Three runs: the default target as JSON (max_num_seqs x the full model
@@ -40,7 +40,7 @@ from pathlib import Path
 import journalfacts
 from bootrace import (RACE_UNITS, BootOutcome, gate_command, gated, idle_gpu, packaged_drop_in, packaged_gate, race_boot,
                       race_unit_files)
-from vllm_xpu_exporter.plan import DROP_IN_NAME
+from vllm_xpu_exporter.sources.plan_dropins import DROP_IN_NAME
 from fakeze import fake_driver_env
 from polling import wait_for
 from realsystemd import RealSystemd
@@ -57,7 +57,7 @@ SYSTEMCTL_WRAPPER = "systemctl-in-namespace"
 def planner_command() -> list[str]:
     """`vllm-xpu-plan` beside this Python (the console script), else the same main() by module."""
     script = Path(sys.executable).with_name("vllm-xpu-plan")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "vllm_xpu_exporter.plan"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "vllm_xpu_exporter.planner"]
 
 
 @dataclass(frozen=True)

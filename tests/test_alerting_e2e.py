@@ -288,8 +288,8 @@ def test_dashboard_variables_list_the_scenarios_instance_device_and_units(stack:
 # rules over them) come from the units' API servers, which the race's replayed engines do not run
 # (tests/test_discovery.py: a real Prometheus scraping stub vLLM servers through /sd/vllm); the free memory
 # vLLM saw at a start is printed by vLLM 0.26 and later only, and the race's engines are 0.24
-# (tests/test_freememory.py); a plan's budget and the one a start ran with exist only once a plan is applied,
-# and the race is the unplanned boot (tests/test_plan_applied_real_systemd.py: the packaged exporter beside
+# (tests/test_start_free_memory.py); a plan's budget and the one a start ran with exist only once a plan is applied,
+# and the race is the unplanned boot (tests/test_planner_applied_real_systemd.py: the packaged exporter beside
 # planned units, the alert's expression evaluated by promtool).
 NOT_IN_THE_RACE = {"xpu_unit_engine_start_free_memory_bytes", "xpu_unit_kv_cache_plan_bytes",
                    "xpu_unit_kv_cache_budget_bytes"}

@@ -9,7 +9,8 @@ from vllm_xpu_exporter import __version__
 from exporterproc import RunningExporter
 from httpclient import request
 from vllm_xpu_exporter.cli import DEFAULT_PORT, build_parser, exporter_journal_selection, parse_options
-from vllm_xpu_exporter.flags import format_duration, parse_duration
+from vllm_xpu_exporter.argparsing import parse_duration
+from vllm_xpu_exporter.flags import format_duration
 from vllm_xpu_exporter.sources.logs.entry import normalize_boot
 
 REPO = Path(__file__).resolve().parents[1]

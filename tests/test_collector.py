@@ -65,7 +65,8 @@ def test_sources_are_built_only_for_what_the_enabled_collectors_need():
 
 def test_the_processes_sources_are_built_once_with_the_host_paths_and_handed_to_the_collector_through_sources():
     """The processes collector owns no source: its DRM clients' scan, dmem reader, containers' names, endpoint
-    finder and the plans' drop-ins are built with the other sources, from the host paths, and it reads them through the scrape context."""
+    finder and the plans' drop-ins are built with the other sources, from the host paths and the two flags the
+    command line defines for them, and it reads them through the scrape context."""
     options = parse_options(["--no-collector.journal", "--no-collector.levelzero", "--path.procfs", "/host/proc",
                              "--path.sysfs", "/host/sys", "--path.docker", "/host/docker", "--path.podman",
                              "/host/podman", "--path.pods", "/host/pods", "--path.container-logs", "/host/containers",
@@ -84,6 +85,17 @@ def test_the_processes_sources_are_built_once_with_the_host_paths_and_handed_to_
     collector = spec.factory(options.collector_options["processes"], sources)
     built = (sources.drm_clients, sources.dmem, sources.container_names, sources.vllm_endpoints, sources.unit_plans)
     assert not [value for value in vars(collector).values() if any(value is source for source in built)]
+
+
+def test_the_levelzero_collector_keeps_no_source_and_reads_the_drm_node_names_through_the_scrape_context():
+    """udev's DrmNodeNames is built with Level Zero in cli.build_sources (wired to the worker), not kept by the
+    collector."""
+    options = parse_options(["--no-collector.journal", "--no-collector.processes"])
+    spec = next(spec for spec in registered() if spec.name == "levelzero")
+    sources = build_sources(options, set(spec.needs))
+    assert sources.levelzero is not None and sources.drm_nodes is not None
+    collector = spec.factory(options.collector_options["levelzero"], sources)
+    assert not [value for value in vars(collector).values() if value is sources.levelzero or value is sources.drm_nodes]
 
 
 def test_level_zero_telemetry_is_read_only_for_the_levelzero_collector():
@@ -234,38 +246,71 @@ def test_no_collector_imports_another_and_no_module_imports_in_a_cycle():
     assert not cycles, "modules that import each other in a circle: " + "; ".join(", ".join(c) for c in cycles)
 
 
-# The layers of docs/development/architecture.md, bottom up: a module imports only from its own layer or below.
-# What the log sources share (sources/logs/) is a layer of its own below the sources that read logs.
-LAYERS = (("vllm_xpu_exporter.parsers",), ("vllm_xpu_exporter.fold",), ("vllm_xpu_exporter.sources.logs",),
-          ("vllm_xpu_exporter.sources",), ("vllm_xpu_exporter.attribution",),
-          ("vllm_xpu_exporter.collector", "vllm_xpu_exporter.collectors", "vllm_xpu_exporter.scrape"),
-          ("vllm_xpu_exporter.gate", "vllm_xpu_exporter.plan", "vllm_xpu_exporter.http", "vllm_xpu_exporter.cli"))
+# The layers of docs/development/architecture.md, bottom up: a module imports only from its own layer or below, and
+# every module has a layer (its longest prefix here names it; the package itself is only its own name).
+PACKAGE = "vllm_xpu_exporter"
+LAYERS = (
+    # shared leaves: the package's version, argument types, durations, PCI spelling, systemd's facts, NoDataYet,
+    # the metric families
+    (PACKAGE, f"{PACKAGE}.argparsing", f"{PACKAGE}.durations", f"{PACKAGE}.pci", f"{PACKAGE}.systemd",
+     f"{PACKAGE}.nodatayet", f"{PACKAGE}.families"),
+    (f"{PACKAGE}.parsers",),
+    (f"{PACKAGE}.fold",),
+    (f"{PACKAGE}.sources.logs",),
+    (f"{PACKAGE}.sources",),
+    # the readings reasoned over, pure: who holds what, vLLM's memory rules, the plans, right-sizing, discovery
+    # (the planner's package but its command line)
+    (f"{PACKAGE}.attribution", f"{PACKAGE}.discovery", f"{PACKAGE}.start_free_memory", f"{PACKAGE}.memory_rules",
+     f"{PACKAGE}.planner"),
+    (f"{PACKAGE}.collector", f"{PACKAGE}.collectors", f"{PACKAGE}.scrape"),
+    # the programs: the exporter's command line, flags and logging, the web layer, the gate, the planner's command line
+    (f"{PACKAGE}.__main__", f"{PACKAGE}.cli", f"{PACKAGE}.flags", f"{PACKAGE}.logformat", f"{PACKAGE}.http",
+     f"{PACKAGE}.gate", f"{PACKAGE}.planner.cli", f"{PACKAGE}.planner.__main__"),
+)
 
 
 def layer_of(module: str) -> int | None:
-    """The layer of a module (LAYERS' index); None for the shared leaves outside them (flags, memory, ...)."""
-    for index, prefixes in enumerate(LAYERS):
-        if any(module == prefix or module.startswith(f"{prefix}.") for prefix in prefixes):
-            return index
-    return None
+    """The layer of a module (LAYERS' index, by its longest prefix there); None: a module of no layer."""
+    found = [(len(prefix), index) for index, prefixes in enumerate(LAYERS) for prefix in prefixes
+             if module == prefix or (prefix != PACKAGE and module.startswith(f"{prefix}."))]
+    return max(found)[1] if found else None
 
 
 def upward_imports(imports: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{name} imports {other}" for name, imported in imports.items() for other in imported
-                  if layer_of(name) is not None and layer_of(other) is not None and layer_of(other) > layer_of(name))
+    """`A imports B` for each import of a module from a layer above its own, and `A has no layer` for each module
+    of no layer (so that no module escapes the check)."""
+    unlayered = [f"{name} has no layer" for name in imports if layer_of(name) is None]
+    upward = [f"{name} imports {other}" for name, imported in imports.items() for other in imported
+              if layer_of(name) is not None and layer_of(other) is not None and layer_of(other) > layer_of(name)]
+    return sorted(unlayered + upward)
 
 
-def test_the_layer_check_finds_an_upward_import():
+def test_the_layer_check_finds_an_upward_import_and_a_module_of_no_layer():
     assert upward_imports({"vllm_xpu_exporter.fold.engine_starts": {"vllm_xpu_exporter.gate.lines"},
-                           "vllm_xpu_exporter.gate.cli": {"vllm_xpu_exporter.parsers.gate"}}) == [
+                           "vllm_xpu_exporter.gate.cli": {"vllm_xpu_exporter.parsers.gate"},
+                           "vllm_xpu_exporter.gate.lines": set()}) == [
         "vllm_xpu_exporter.fold.engine_starts imports vllm_xpu_exporter.gate.lines"]
+    # the breaches this check once let through: a source importing the planner, a collector the command line's flags
+    assert upward_imports({"vllm_xpu_exporter.sources.prometheus": {"vllm_xpu_exporter.planner.rightsizing"},
+                           "vllm_xpu_exporter.collectors.processes": {"vllm_xpu_exporter.flags"},
+                           "vllm_xpu_exporter.planner.rightsizing": set(), "vllm_xpu_exporter.flags": set()}) == [
+        "vllm_xpu_exporter.collectors.processes imports vllm_xpu_exporter.flags",
+        "vllm_xpu_exporter.sources.prometheus imports vllm_xpu_exporter.planner.rightsizing"]
+    # a package's module takes its longest prefix's layer: the planner's command line is a program
+    assert upward_imports({"vllm_xpu_exporter.attribution": {"vllm_xpu_exporter.planner.plans",
+                                                             "vllm_xpu_exporter.planner.cli"},
+                           "vllm_xpu_exporter.planner.plans": set(), "vllm_xpu_exporter.planner.cli": set()}) == [
+        "vllm_xpu_exporter.attribution imports vllm_xpu_exporter.planner.cli"]
+    assert upward_imports({"vllm_xpu_exporter.newmodule": set(), "vllm_xpu_exporter": set()}) == [
+        "vllm_xpu_exporter.newmodule has no layer"]
 
 
-def test_every_layer_imports_only_from_itself_and_the_layers_below():
-    """Parsers, then the fold, then the sources, then the attribution (the processes' readings reasoned over),
-    then the collectors and the scrape, then the programs (the gate, the planner, the web layer, the command
-    line): never upwards (the fold reads the gate's lines through their parser, parsers/gate.py, not through
-    the gate's package)."""
+def test_every_module_has_a_layer_and_imports_only_from_it_and_the_layers_below():
+    """The shared leaves, then the parsers, the fold, the log sources' shared package, the sources, the readings
+    reasoned over (attribution, the memory rules, the plans, right-sizing, discovery), the collectors and the
+    scrape, then the programs (the command line, the web layer, the gate, the planner): never upwards (the fold
+    reads the gate's lines through their parser, parsers/gate.py, not through the gate's package), and no module
+    outside the layers."""
     assert upward_imports(module_imports()) == []
 
 

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_xpu_exporter.discovery import Target, render
-from vllm_xpu_exporter.rightsizing import parse_observed
+from vllm_xpu_exporter.planner.rightsizing import parse_observed
 from vllm_xpu_exporter.sources.prometheus import read_observed
 from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.endpoints import Endpoint

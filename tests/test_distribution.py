@@ -56,7 +56,7 @@ def test_the_installed_console_scripts_import_the_renamed_package(installed):
     scripts = {path.name: path.read_text() for path in (installed / "bin").iterdir()}
     assert {"vllm-xpu-exporter", "vllm-xpu-gate", "vllm-xpu-plan"} <= scripts.keys()
     assert all("from vllm_xpu_exporter." in text for text in scripts.values())
-    code = "import vllm_xpu_exporter.cli, vllm_xpu_exporter.gate.cli, vllm_xpu_exporter.plan; " \
+    code = "import vllm_xpu_exporter.cli, vllm_xpu_exporter.gate.cli, vllm_xpu_exporter.planner.cli; " \
            "print(vllm_xpu_exporter.__file__)"
     imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=installed,
                               env={"PYTHONPATH": str(installed), "PATH": "/usr/bin:/bin"}, timeout=60)

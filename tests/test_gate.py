@@ -32,7 +32,6 @@ from vllm_xpu_exporter.gate.cli import main, parse_client_options, parse_service
 from vllm_xpu_exporter.gate.decision import CGROUP_GRACE_USEC, HOST, Admission, Lease, decide, lease_over
 from vllm_xpu_exporter.gate.service import SO_PEERPIDFD, Peer, PeerGone, cgroup_populated
 from vllm_xpu_exporter.parsers.gate import GateDecision
-from vllm_xpu_exporter.systemd import parse_timespan
 from exporterproc import RunningExporter
 from polling import wait_for
 from scrapes import sample
@@ -833,23 +832,6 @@ def test_the_02_form_still_asks_the_service_and_says_to_migrate(host: Host) -> N
     assert legacy.wait() == 0
     assert legacy.lines[0].startswith("vllm-xpu-gate: warning: the 0.2 drop-in's form"), legacy.lines
     assert legacy.decision is not None and not legacy.decision.ungated, legacy.lines
-
-
-# --- systemd --------------------------------------------------------------------------------------
-
-@pytest.mark.fast
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("1min 30s", 90.0), ("5min", 300.0), ("1h 2min 3.500000s", 3723.5), ("100ms", 0.1), ("690", 690.0),
-    ("infinity", math.inf)])
-def test_time_spans_as_systemctl_shows_them_or_unit_files_set_them(text: str, seconds: float) -> None:
-    assert parse_timespan(text) == pytest.approx(seconds)
-
-
-@pytest.mark.fast
-@pytest.mark.parametrize("text", ["", "1 fortnight", "90 s x", "-5s"])
-def test_other_time_spans_are_refused(text: str) -> None:
-    with pytest.raises(ValueError):
-        parse_timespan(text)
 
 
 # --- the exporter's metrics of the gate's decisions -----------------------------------------------------

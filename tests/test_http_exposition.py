@@ -136,7 +136,7 @@ def test_the_server_answers_with_the_bytes_and_content_type_of_prometheus_client
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
-        status, headers, body = request("127.0.0.1", server.server_address[1], headers={"Accept": accept})
+        status, headers, body = request("127.0.0.1", server.server_addresses[0][1], headers={"Accept": accept})
     finally:
         server.shutdown()
         thread.join(5)

@@ -77,10 +77,10 @@ def fetch(server: ExporterServer, path: str = "/metrics", method: str = "GET",
           headers: Mapping[str, str] | None = None, host: str | None = None,
           context: ssl.SSLContext | None = None, body: bytes | None = None,
           timeout: float = 10) -> tuple[int, http.client.HTTPMessage, bytes]:
-    address = host or server.server_address[0]
+    address = host or server.server_addresses[0][0]
     if address == "::":
         address = "::1"
-    return request(address, server.server_address[1], path, method=method, headers=headers, context=context,
+    return request(address, server.server_addresses[0][1], path, method=method, headers=headers, context=context,
                    body=body, timeout=timeout)
 
 
@@ -127,7 +127,7 @@ def test_server_rejects_a_telemetry_path_without_leading_slash():
 
 def test_port_in_use_raises_oserror(server):
     with pytest.raises(OSError) as caught:
-        ExporterServer(f"127.0.0.1:{server.server_address[1]}", "/metrics", sample_registry())
+        ExporterServer(f"127.0.0.1:{server.server_addresses[0][1]}", "/metrics", sample_registry())
     assert caught.value.errno == errno.EADDRINUSE
 
 
@@ -329,7 +329,7 @@ def test_other_methods_get_405_with_allow_header(server, method):
 
 
 def test_keep_alive_serves_several_requests_on_one_connection(server):
-    connection = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=5)
+    connection = http.client.HTTPConnection("127.0.0.1", server.server_addresses[0][1], timeout=5)
     try:
         for _ in range(3):
             connection.request("GET", "/metrics")
@@ -379,8 +379,8 @@ def test_two_hundred_concurrent_scrapes_are_all_answered(server):
 
 
 def test_a_slow_client_holding_a_half_sent_request_does_not_block_others(server):
-    slow = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10)
-    silent = socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10)
+    slow = socket.create_connection(("127.0.0.1", server.server_addresses[0][1]), timeout=10)
+    silent = socket.create_connection(("127.0.0.1", server.server_addresses[0][1]), timeout=10)
     try:
         slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: slow\r\n")  # no blank line: request unfinished
         started = time.monotonic()
@@ -398,7 +398,7 @@ def test_a_slow_client_holding_a_half_sent_request_does_not_block_others(server)
 
 def test_shutdown_ends_idle_keep_alive_connections_and_closes_the_port():
     with running() as short_lived:
-        port = short_lived.server_address[1]
+        port = short_lived.server_addresses[0][1]
         idle = socket.create_connection(("127.0.0.1", port), timeout=5)
         idle.sendall(b"GET /-/healthy HTTP/1.1\r\nHost: x\r\n\r\n")
         reply = b""
@@ -422,7 +422,7 @@ def test_shutdown_without_serve_forever_returns():
 # ------------------------------------------------------------------------------- limits per client
 
 def connect(server: ExporterServer) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=10)
+    return socket.create_connection(("127.0.0.1", server.server_addresses[0][1]), timeout=10)
 
 
 def read_until_closed(sock: socket.socket, timeout: float = 10) -> bytes:
@@ -511,7 +511,7 @@ def test_a_connection_that_sends_nothing_is_closed_at_the_header_timeout():
 
 def test_a_kept_alive_connection_is_closed_after_the_idle_timeout():
     with running(limits=ServerLimits(idle_timeout=0.5, header_timeout=5)) as limited:
-        connection = http.client.HTTPConnection("127.0.0.1", limited.server_address[1], timeout=5)
+        connection = http.client.HTTPConnection("127.0.0.1", limited.server_addresses[0][1], timeout=5)
         connection.request("GET", "/-/healthy")
         assert connection.getresponse().read() == b"OK"
         time.sleep(0.2)
@@ -557,7 +557,7 @@ def test_at_the_connection_cap_a_scrapers_kept_alive_connection_outlives_idle_ne
     """Connections that never completed a request make room first: however many of them keep coming,
     the scraper's kept-alive connection is not the one closed."""
     with running(limits=ServerLimits(max_connections=8)) as limited:
-        scraper = http.client.HTTPConnection("127.0.0.1", limited.server_address[1], timeout=5)
+        scraper = http.client.HTTPConnection("127.0.0.1", limited.server_addresses[0][1], timeout=5)
         scraper.request("GET", "/metrics")
         assert scraper.getresponse().read()
         newcomers = [connect(limited) for _ in range(30)]
@@ -630,21 +630,21 @@ def test_pipelined_requests_are_answered_in_order(server):
 
 def test_ipv6_loopback_listen():
     with running("[::1]:0") as v6:
-        assert v6.server_address[0] == "::1"
+        assert v6.server_addresses[0][0] == "::1"
         status, _, body = fetch(v6, host="::1")
         assert status == 200 and b"sample_memory_bytes" in body
 
 
 def test_default_listen_address_is_dual_stack():
     with running(":0") as everywhere:
-        assert everywhere.server_address[0] == "::"
+        assert everywhere.server_addresses[0][0] == "::"
         assert fetch(everywhere, host="127.0.0.1")[0] == 200
         assert fetch(everywhere, host="::1")[0] == 200
 
 
 def test_explicit_ipv4_listen():
     with running("0.0.0.0:0") as v4:
-        assert v4.server_address[0] == "0.0.0.0"
+        assert v4.server_addresses[0][0] == "0.0.0.0"
         assert fetch(v4, host="127.0.0.1")[0] == 200
 
 
@@ -725,7 +725,7 @@ def test_plain_http_to_the_tls_port_gets_400_and_the_server_keeps_serving_tls(tm
         status, _, body = fetch(tls_server)
         assert status == 400
         assert body == b"Client sent an HTTP request to an HTTPS server.\n"
-        with socket.create_connection(("127.0.0.1", tls_server.server_address[1]), timeout=5) as garbage:
+        with socket.create_connection(("127.0.0.1", tls_server.server_addresses[0][1]), timeout=5) as garbage:
             garbage.sendall(b"\x00\x01\x02\x03")
             assert garbage.recv(100) == b""
         assert fetch(tls_server, context=client_context(pki.ca_cert), host="localhost")[0] == 200
@@ -733,7 +733,7 @@ def test_plain_http_to_the_tls_port_gets_400_and_the_server_keeps_serving_tls(tm
 
 def test_a_client_stalling_the_tls_handshake_does_not_block_others(tmp_path, pki):
     with running(web_config=tls_config(tmp_path, pki)) as tls_server:
-        with socket.create_connection(("127.0.0.1", tls_server.server_address[1]), timeout=5) as stalled:
+        with socket.create_connection(("127.0.0.1", tls_server.server_addresses[0][1]), timeout=5) as stalled:
             stalled.sendall(b"\x16\x03\x01")  # the start of a ClientHello, never finished
             started = time.monotonic()
             assert fetch(tls_server, context=client_context(pki.ca_cert), host="localhost", timeout=5)[0] == 200
@@ -845,7 +845,7 @@ def test_changes_to_the_web_config_file_apply_once_loaded(tmp_path):
 def test_curl_over_tls_with_client_certificate_and_basic_auth(tmp_path, pki):
     config = mtls_with_basic_auth_config(tmp_path, pki)
     with running(web_config=config) as tls_server:
-        url = f"https://localhost:{tls_server.server_address[1]}/metrics"
+        url = f"https://localhost:{tls_server.server_addresses[0][1]}/metrics"
         with_cert = ["--cacert", str(pki.ca_cert), "--cert", str(pki.client.cert), "--key", str(pki.client.key)]
 
         ok = curl(*with_cert, "--user", f"alice:{PASSWORD}", "--write-out", "%{http_code}", url)

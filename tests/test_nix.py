@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from vllm_xpu_exporter import __version__
-from vllm_xpu_exporter.sources import unitconfig
+from vllm_xpu_exporter.sources import plan_dropins
 from vllm_xpu_exporter.cli import parse_options
 from vllm_xpu_exporter.gate.cli import parse_client_options, parse_service_options
 
@@ -294,9 +294,9 @@ def test_the_plans_values_go_to_root_files_the_exporter_reads_as_the_planners_dr
         '  "vllm-xpu-embedding" = { kvCacheMemoryBytes = 939524096; gpuMemoryUtilization = 0.0712; };\n}\n')
     config = evaluate_module(tmp_path, f"{{ enable = true; plan = import {tmp_path}/vllm-xpu-plan.nix; }}")
     files = config["environment"]["etc"]
-    assert sorted(files) == [f"vllm-xpu-plan/{unit}.d/{unitconfig.DROP_IN_NAME}"
+    assert sorted(files) == [f"vllm-xpu-plan/{unit}.d/{plan_dropins.DROP_IN_NAME}"
                              for unit in ("vllm-xpu-chat.service", "vllm-xpu-embedding.service")]
-    budgets = {name.split("/")[1].removesuffix(".d"): unitconfig.parse_drop_in(file["text"]) for name, file in files.items()}
+    budgets = {name.split("/")[1].removesuffix(".d"): plan_dropins.parse_drop_in(file["text"]) for name, file in files.items()}
     assert budgets == {"vllm-xpu-chat.service": 3481927680, "vllm-xpu-embedding.service": 939524096}
     assert {file["mode"] for file in files.values()} == {"0444"}
     argv = shlex.split(config["systemd"]["services"]["vllm-xpu-exporter"]["serviceConfig"]["ExecStart"])

@@ -23,7 +23,6 @@ import pytest
 
 from vllm_xpu_exporter.cli import parse_options
 from vllm_xpu_exporter.gate.cli import parse_client_options
-from vllm_xpu_exporter.systemd import parse_timespan
 from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs, xe_fdinfo
 from fakeze import A770, FakeConfig, fake_driver_env, write_config
@@ -78,6 +77,13 @@ def installed_unit(tmp_path: Path) -> Path:
 def analyze(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["systemd-analyze", *args], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "SYSTEMD_LOG_COLOR": "0", "SYSTEMD_COLORS": "0", **(env or {})})
+
+
+def timespan_seconds(text: str) -> float:
+    """A unit file's time span in seconds, as systemd reads it (`systemd-analyze timespan`)."""
+    result = analyze("timespan", text)
+    assert result.returncode == 0, result.stderr
+    return int(re.search(r"μs: (\d+)", result.stdout).group(1)) / 1e6
 
 
 def test_systemd_analyze_verify_accepts_the_unit(installed_unit):
@@ -145,7 +151,7 @@ def test_the_drop_in_runs_the_client_as_the_units_user_within_the_units_start_ti
     assert argv[:2] == [GATE, "wait"]
     options = parse_client_options(argv[2:])
     assert options.request.start_on_timeout and options.socket_path == GATE_SOCKET_PATH
-    assert parse_timespan(one(settings, "TimeoutStartSec")) >= options.request.timeout + options.service_timeout + 90
+    assert timespan_seconds(one(settings, "TimeoutStartSec")) >= options.request.timeout + options.service_timeout + 90
     # The service is wanted beside the socket, so that it starts with the unit rather than at its client's
     # connection; the unit is ordered after the socket only (the client's connection waits in it).
     assert one(settings, "Wants").split() == [GATE_SOCKET.name, GATE_SERVICE.name]

@@ -370,3 +370,19 @@ def test_seventy_user_units_of_watched_names_do_not_push_a_system_unit_out(tmp_p
     memory = {dict(labels)["unit"]: value for labels, value in series(samples, "xpu_unit_memory_bytes").items()}
     assert memory[CHAT] == 64 * MiB and len(memory) == 64
     assert {dict(labels)["unit"] for labels in series(samples, "xpu_unit_engine_starts_total")} == {CHAT}
+
+
+def test_a_unit_holding_gpu_memory_is_watched_by_the_journal_before_it_logs_anything(tmp_path, fake_driver,
+                                                                                     config_path):
+    """The units the processes collector finds on a GPU are handed to the journal after the scrape: one its globs
+    match has its engine series at 0 though the journal has no line of it; a scope outside the globs has none."""
+    procfs = FakeProcfs(tmp_path / "proc")
+    three_unit_host(procfs, chat_running=True, others_hold=GiB)
+    silent = "vllm-xpu-silent.service"
+    procfs.add_unit_process(500, f"/system.slice/{silent}").add_drm_fd(xe_fdinfo(client_id=500, vram0=GiB))
+    with start_exporter(tmp_path, fake_driver, config_path, procfs, used=15 * GiB) as exporter:
+        samples = wait_for(lambda: (s := exporter.scrape()) and
+                           sample(s, "xpu_unit_engine_starts_total", unit=silent) is not None and s)
+        assert sample(samples, "xpu_unit_engine_starts_total", unit=silent) == 0
+        assert sample(samples, "xpu_unit_memory_bytes", device=DEVICE, unit=silent) == GiB
+        assert sample(samples, "xpu_unit_engine_starts_total", unit="session-3.scope") is None

@@ -24,7 +24,7 @@ from journalgen import JournalEntrySpec, random_boot_id, write_journal
 from polling import wait_for
 from scrapes import parse_samples, sample
 from sizes import GiB
-from vllm_xpu_exporter import plan
+from vllm_xpu_exporter.planner import cli as plan
 from vllm_xpu_exporter.http.runbook import heading_anchor
 from vllmlogs import Boot, VllmRun, chat_runs, compose, journal_specs, service_start
 

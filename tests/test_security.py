@@ -517,7 +517,7 @@ def test_control_bytes_of_a_request_line_reach_the_debug_log_escaped(start):
 
 
 def test_logfmt_escapes_control_characters_like_go_logfmt():
-    from vllm_xpu_exporter.logs import LogfmtFormatter
+    from vllm_xpu_exporter.logformat import LogfmtFormatter
     record = logging.LogRecord("vllm_xpu_exporter.web", logging.DEBUG, __file__, 1, "%s", ("a\x1bb\rc\nd\te\"f\\g=h i\u2028",), None)
     line = LogfmtFormatter().format(record)
     assert line.endswith(' msg="a\\u001bb\\rc\\nd\\te\\"f\\\\g=h i\\u2028"'), line

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from vllm_xpu_exporter.rightsizing import QUERIES, ObservedError, parse_observed, queries
-from vllm_xpu_exporter.sources.prometheus import read_observed
+from vllm_xpu_exporter.planner.rightsizing import parse_observed
+from vllm_xpu_exporter.sources.prometheus import QUERIES, ObservedError, queries, read_observed
 
 
 def answer(unit: str, value: float) -> dict:
@@ -78,3 +78,11 @@ def test_a_saved_file_is_read_and_a_missing_one_refused(tmp_path):
     assert set(read_observed(args(observed=str(saved)))) == set(QUERIES)
     with pytest.raises(ObservedError, match="No such file"):
         read_observed(args(observed=str(tmp_path / "missing.json")))
+
+
+@pytest.mark.parametrize("text, message", [("[1, 2]", "not a JSON object"), ("{", "not JSON")])
+def test_a_saved_file_of_no_json_object_is_refused(tmp_path, text, message):
+    saved = tmp_path / "observed.json"
+    saved.write_text(text)
+    with pytest.raises(ObservedError, match=message):
+        read_observed(args(observed=str(saved)))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import vllmunit
-from vllm_xpu_exporter import memory
+from vllm_xpu_exporter import memory_rules
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker
 from vllm_xpu_exporter.fold.start import Outcome
 from vllm_xpu_exporter.parsers import vllm
@@ -263,10 +263,10 @@ def test_a_planner_that_forgot_the_null_block_plans_budgets_the_replayed_engine_
     """The planner's one-request budget, from the replayed engine's exact figures, serves a full-length request
     in the replay's block pool; the same planner without the null block (NULL_BLOCKS 0) does not."""
     block = engine.block_size or 64
-    kv = memory.KvBlocks(block, block * engine.kv_bytes_per_token, engine.max_model_len)
-    planned = memory.kv_budget_for_requests(1, kv)
+    kv = memory_rules.KvBlocks(block, block * engine.kv_bytes_per_token, engine.max_model_len)
+    planned = memory_rules.kv_budget_for_requests(1, kv)
     assert vllmunit.serves_one_request(planned, engine.max_model_len, block, engine.kv_bytes_per_token)
-    monkeypatch.setattr(memory, "NULL_BLOCKS", 0)
-    forgetful = memory.kv_budget_for_requests(1, kv)
+    monkeypatch.setattr(memory_rules, "NULL_BLOCKS", 0)
+    forgetful = memory_rules.kv_budget_for_requests(1, kv)
     assert forgetful < planned
     assert not vllmunit.serves_one_request(forgetful, engine.max_model_len, block, engine.kv_bytes_per_token)

@@ -1,8 +1,8 @@
 """Device identity, device-local memory and device telemetry from Level Zero Sysman, DRM node names from udev.
 
-A thin mapping: it reads Level Zero through the scrape context (one answer of the Level Zero child carries the
-memory and the telemetry), and node names from udev's DrmNodeNames, a source built, wired to the Level Zero
-worker and started with the other sources (vllm_xpu_exporter.collector).
+A thin mapping: it reads Level Zero (one answer of the Level Zero child carries the memory and the telemetry)
+and the node names (udev's DrmNodeNames, built with Level Zero in `cli.build_sources` and wired to its worker)
+through the scrape context; it keeps no source.
 
 The telemetry families are those of the rows of `vllm_xpu_exporter.sources.levelzero.telemetry.KINDS`, served
 in their order. A telemetry kind the driver does not support, or that needs more privilege than the exporter
@@ -19,7 +19,6 @@ from prometheus_client.metrics_core import Metric
 from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
 from vllm_xpu_exporter.sources.levelzero import binding as ze
-from vllm_xpu_exporter.sources import udev
 from vllm_xpu_exporter.sources.levelzero.telemetry import KINDS, DeviceTelemetry, Family, TelemetryKind
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory
 
@@ -38,8 +37,7 @@ UNAVAILABLE = frozenset({ze.ZE_RESULT_ERROR_UNSUPPORTED_FEATURE, ze.ZE_RESULT_ER
 class LevelZeroCollector(Collector):
     name = "levelzero"
 
-    def __init__(self, drm_nodes: udev.DrmNodeNames) -> None:
-        self._drm_nodes = drm_nodes
+    def __init__(self) -> None:
         self._untrusted_logged: set[str] = set()
         self._unavailable_logged: set[tuple[str, str]] = set()  # (device, kind)
 
@@ -65,7 +63,7 @@ class LevelZeroCollector(Collector):
             pci = device.identity.pci_address
             if device.error:
                 failures.append(f"{pci}: {device.error}")
-            nodes = self._drm_nodes.get(pci)
+            nodes = context.drm_nodes(pci)
             info.add_metric([pci, device.identity.name, device.identity.uuid, device.identity.driver_version,
                              nodes.card, nodes.render_node], 1)
             # No stale numbers: a figure that could not be read this scrape has no series.
@@ -140,5 +138,4 @@ def _family(family: Family) -> CounterFamily | GaugeFamily:
 
 @register("levelzero", "device identity, memory and telemetry from Level Zero", needs=[Source.LEVELZERO_TELEMETRY])
 def _levelzero_collector(options: None, sources: Sources) -> LevelZeroCollector:
-    assert sources.drm_nodes is not None, "built with Level Zero"
-    return LevelZeroCollector(sources.drm_nodes)
+    return LevelZeroCollector()

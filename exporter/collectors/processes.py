@@ -26,26 +26,26 @@ the rest still add up to used), their engine counters are dropped, and how many 
 xpu_exporter_processes_units_dropped. Desktop sessions, containers or batch jobs each in a scope of their own
 can hold DRM clients by the thousand: without the cap each would be a series on every device.
 
-Per watched engine unit on a GPU whose total is known, the plan's figures (vllm_xpu_exporter.planning, the same as
-vllm-xpu-plan's): its footprint and planned KV cache, and per GPU their sum, so that a GPU whose units cannot
-all run at once shows on the dashboard and alerts. The unit's GPU is the one it holds (or last held) memory
+Per watched engine unit on a GPU whose total is known, the plan's figures (vllm_xpu_exporter.planner.plans, the
+same as vllm-xpu-plan's): its footprint and planned KV cache, and per GPU their sum, so that a GPU whose units
+cannot all run at once shows on the dashboard and alerts. The unit's GPU is the one it holds (or last held) memory
 on, or the only one. Beside them, the budget the planner's drop-in gives a unit, read from the drop-in
-(vllm_xpu_exporter.sources.unitconfig), so that a plan an override took the command from shows.
+(vllm_xpu_exporter.sources.plan_dropins), so that a plan an override took the command from shows.
 
-A thin mapping: the reasoning is `vllm_xpu_exporter.attribution` (pure); the sources (the DRM clients'
-scan under --path.procfs, dmem under --path.sysfs, the containers' names, the units' API endpoints, the
-plans' drop-ins, Level Zero) are built with the others (`cli.build_sources`) and read through the
-scrape's `ScrapeContext`. Its options (`ProcessesOptions`): its unit cap (--collector.processes.max-units, a flag it adds itself) and
-whether the levelzero collector is disabled; it also adds --collector.processes.sd-host-address and
---collector.processes.plans, which configure the endpoints' and the plans' sources.
+A thin mapping that reads only: the reasoning is `vllm_xpu_exporter.attribution` (pure); the sources (the DRM
+clients' scan under --path.procfs, dmem under --path.sysfs, the containers' names, the units' API endpoints, the
+plans' drop-ins, Level Zero) are built with the others (`cli.build_sources`, which also owns the flags that
+configure them: --collector.processes.sd-host-address, --collector.processes.plans) and read through the
+scrape's `ScrapeContext`. What it finds beyond its metrics it keeps: the units holding GPU memory
+(`units_on_gpus`, which the scrape hands to the journal) and the units' vLLM API endpoints (`targets`, which
+/sd/vllm serves). Its options (`ProcessesOptions`): its unit cap (--collector.processes.max-units, a flag it
+adds itself) and whether the levelzero collector is disabled.
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
-import re
 import time
 from copy import copy
 from collections.abc import Iterator, Mapping
@@ -57,12 +57,11 @@ from vllm_xpu_exporter import attribution
 from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Source, Sources, register
 from vllm_xpu_exporter.discovery import VllmTargets
 from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
-from vllm_xpu_exporter.argparsing import absolute_path
-from vllm_xpu_exporter.flags import positive_int
+from vllm_xpu_exporter.argparsing import positive_int
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
 from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.parsers.cgroup import ContainerCgroup
-from vllm_xpu_exporter.sources import containers, endpoints, procfs, unitconfig
+from vllm_xpu_exporter.sources import containers, procfs
 from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable
 from vllm_xpu_exporter.sources.procfs import UnitEngineUse
@@ -95,7 +94,7 @@ class ProcessesCollector(Collector):
         """`reports_levelzero`: the levelzero collector is disabled, so a Level Zero failure that costs this
         collector its unattributed rest and headroom is reported here, or nowhere. `max_units`: at most this
         many units have series of their own (see attribution.choose_units). `targets`: where the units' vLLM
-        API endpoints found at each scrape are published (/sd/vllm)."""
+        API endpoints found at each scrape are kept (/sd/vllm serves them); None: none are looked for."""
         self._reports_levelzero = reports_levelzero
         self._max_units = max_units
         self._kept_units: set[str] = set()
@@ -104,10 +103,16 @@ class ProcessesCollector(Collector):
         self._unit_devices = attribution.UnitDevices()
         self._plans = attribution.Plans()
         self._warned_unreadable = False
-        self._targets = targets
+        self.targets = targets
         self._start_free_memory = attribution.StartFreeMemory()
+        self._units_on_gpus: frozenset[str] = frozenset()
+
+    def units_on_gpus(self) -> frozenset[str]:
+        """The units holding memory on a GPU at the last scrape (the journal watches those its globs match)."""
+        return self._units_on_gpus
 
     def collect(self, context: ScrapeContext) -> Iterator[Metric]:
+        self._units_on_gpus = frozenset()
         problems: Problems = []
         scan = self._scan(context, problems)
         devices = self._device_memory(context, problems)
@@ -130,7 +135,7 @@ class ProcessesCollector(Collector):
                              labels=["device", "source"])
         unit_memory = GaugeFamily("xpu_unit_memory_bytes", "Device memory held by all processes of the unit.",
                                   labels=["device", "unit"])
-        context.watch_units(unit for of_device in attributions.values() for unit in of_device.by_unit)
+        self._units_on_gpus = frozenset(unit for of_device in attributions.values() for unit in of_device.by_unit)
         kept, dropped = self._choose_units(context, attribution.held_by_unit(attributions, engines))
         for pci, of_device in attributions.items():
             for name in of_device.sources:
@@ -224,14 +229,14 @@ class ProcessesCollector(Collector):
         """Publish the vLLM API endpoint of each unit with series of its own (sources.endpoints): `paths_of`,
         the units' cgroups, are those their GPU processes are in. A procfs that cannot be read publishes none
         (the scan has said why)."""
-        if self._targets is None:
+        if self.targets is None:
             return
         try:
             found = context.vllm_endpoints(path for paths in paths_of.values() for path in paths)
         except procfs.ProcfsUnavailable:
             found = {}
-        self._targets.publish(attribution.vllm_targets(paths_of, found, workloads, self._unit_devices, attributions,
-                                                       gpus))
+        self.targets.publish(attribution.vllm_targets(paths_of, found, workloads, self._unit_devices, attributions,
+                                                      gpus))
 
     def _scan(self, context: ScrapeContext, problems: Problems) -> procfs.ScanResult | None:
         try:
@@ -330,7 +335,7 @@ class ProcessesCollector(Collector):
 
     def _plan_of_units(self, context: ScrapeContext, attributions: dict[str, attribution.DeviceAttribution],
                        views: list[UnitView], gpus: list[str], problems: Problems) -> Metric:
-        """The budget the planner's drop-in gives each engine unit on a known GPU (sources/unitconfig.py); a
+        """The budget the planner's drop-in gives each engine unit on a known GPU (sources/plan_dropins.py); a
         unit without a plan has no series."""
         family = GaugeFamily("xpu_unit_kv_cache_plan_bytes",
                              "The KV budget vllm-xpu-plan's drop-in gives the unit (the drop-in's file, believed "
@@ -377,34 +382,12 @@ class ProcessesOptions:
 
 
 def add_flags(collectors: argparse._ArgumentGroup) -> None:
-    """--collector.processes.max-units (dest processes_max_units), --collector.processes.sd-host-address,
-    --collector.processes.plans."""
+    """--collector.processes.max-units (dest processes_max_units)."""
     collectors.add_argument("--collector.processes.max-units", dest="processes_max_units", type=positive_int,
                             default=DEFAULT_MAX_UNITS, metavar="N",
                             help="at most this many units have per-unit series from processes (units the journal "
                                  "watches first, then those holding the most memory); the memory of the others is "
                                  "counted unattributed, their number in xpu_exporter_processes_units_dropped")
-    collectors.add_argument("--collector.processes.sd-host-address", dest="processes_sd_host_address",
-                            type=sd_host_address, default=endpoints.DEFAULT_HOST_ADDRESS, metavar="ADDRESS",
-                            help="the address /sd/vllm gives for a vLLM server listening on every address of the "
-                                 "host's network namespace (default %(default)s: Prometheus on the same host)")
-    collectors.add_argument("--collector.processes.plans", dest="processes_plans", type=absolute_path,
-                            default=unitconfig.DEFAULT_PLANS_DIRECTORY, metavar="DIR",
-                            help=f"where vllm-xpu-plan's drop-ins are, DIR/UNIT.d/{unitconfig.DROP_IN_NAME}, each "
-                                 "believed only when root alone can have written it (xpu_unit_kv_cache_plan_bytes; "
-                                 "default %(default)s)")
-
-
-def sd_host_address(value: str) -> str:
-    """An IP address or host name (no port, no brackets)."""
-    try:
-        ipaddress.ip_address(value)
-        return value
-    except ValueError:
-        pass
-    if not re.fullmatch(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?", value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not an IP address or host name")
-    return value
 
 
 @register("processes", "per-unit device memory from processes",
@@ -412,4 +395,4 @@ def sd_host_address(value: str) -> str:
                  Source.UNIT_PLANS],
           add_flags=add_flags, options=ProcessesOptions.from_args)
 def _processes_collector(options: ProcessesOptions, sources: Sources) -> ProcessesCollector:
-    return ProcessesCollector(options.reports_levelzero, options.max_units, sources.vllm_targets)
+    return ProcessesCollector(options.reports_levelzero, options.max_units, VllmTargets())

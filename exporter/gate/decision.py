@@ -5,7 +5,7 @@ lease ends.
 Two ways to admit a start (docs/gate.md, "How it decides"):
 
 - **In order** (the default): no other watched unit on the device is initialising or holds a lease, and
-  free memory is at least ceil(R x total) (`vllm_xpu_exporter.memory.requested_bytes`).
+  free memory is at least ceil(R x total) (`vllm_xpu_exporter.memory_rules.requested_bytes`).
 - **By the plan**: when the starting unit and every unit holding it back (initialising, or leased and not
   yet done) run with an absolute KV budget (`--kv-cache-memory-bytes`), none of them sizes its cache from
   free memory, so their inits may overlap: the start is admitted as soon as free memory covers its own
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vllm_xpu_exporter import memory as memory_rules
+from vllm_xpu_exporter import memory_rules
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.parsers import gate as gate_lines
 

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from vllm_xpu_exporter import memory as memory_rules
+from vllm_xpu_exporter import memory_rules
 from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.decision import HOST, Admission, Decision, Lease, decide, lease_over, waiting_invocation

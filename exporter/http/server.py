@@ -330,13 +330,9 @@ class ExporterServer:
         self._closed = False
 
     @property
-    def server_address(self) -> tuple[str, int]:
-        """The (first) bound (host, port); host "::" when listening dual-stack on all interfaces."""
-        return self.server_addresses[0]
-
-    @property
     def server_addresses(self) -> list[tuple[str, int]]:
-        """Every bound (host, port), in the order of the listen addresses."""
+        """Every bound (host, port), in the order of the listen addresses; host "::" when listening dual-stack on
+        all interfaces."""
         return [(str(address[0]), int(address[1])) for address in self._server_addresses]
 
     @property

@@ -1,5 +1,6 @@
 """Prometheus's HTTP API, read for vllm-xpu-plan's right-sizing: `query_range` answers of the observation
-queries (`vllm_xpu_exporter.rightsizing.QUERIES`), or the same answers saved in a file (`--observed`)."""
+queries (`QUERIES`, whose answers `vllm_xpu_exporter.planner.rightsizing` reads), or the same answers saved in a file
+(`--observed`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,25 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from vllm_xpu_exporter.rightsizing import STEP_SECONDS, ObservedError, queries
-
 TIMEOUT_S = 30.0
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
+STEP_SECONDS = 60
+# name -> PromQL over the recording rules (`{selector}`: label matchers that pick one host's series)
+QUERIES = {
+    "usage": "max by (unit) (unit:vllm_kv_cache_usage:ratio{{{selector}}})",
+    "running": "sum by (unit) (unit:vllm_requests_running:sum{{{selector}}})",
+    "waiting_for_capacity": "sum by (unit) (unit:vllm_requests_waiting_for_capacity:sum{{{selector}}})",
+    "preemptions": "sum by (unit) (unit:vllm_preemptions:rate5m{{{selector}}})",
+}
+
+
+class ObservedError(ValueError):
+    """Observations that cannot be read (one line)."""
+
+
+def queries(selector: str = "") -> dict[str, str]:
+    """The PromQL of each observation, for one host's series."""
+    return {name: query.format(selector=selector) for name, query in QUERIES.items()}
 
 
 def query_range(url: str, query: str, start: float, end: float, step: int = STEP_SECONDS,

@@ -229,11 +229,6 @@ class JournalReader:
         return frozenset(self._containers.values())
 
     @property
-    def refused_units(self) -> frozenset[str]:
-        """Watched units whose entries are skipped because ``admit`` refused them."""
-        return frozenset(raw.decode("utf-8", "replace") for raw in self._refused)
-
-    @property
     def boot_id(self) -> str | None:
         """The boot id entries are restricted to, or None for all boots."""
         return self._boot_id

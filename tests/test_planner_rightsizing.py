@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_exporter import planning
+from vllm_xpu_exporter.planner import plans
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker
-from vllm_xpu_exporter.rightsizing import (QUERIES, ObservedError, Sample, load_observed, parse_observed,
-                                           recommend, recommend_unit, target_requests)
+from vllm_xpu_exporter.planner.rightsizing import Sample, parse_observed, recommend, recommend_unit, target_requests
+from vllm_xpu_exporter.sources.prometheus import QUERIES, ObservedError
 from journalgen import current_boot_id, write_journal
 from sizes import GiB
 from vllmlogs import Boot, VllmRun, compose, journal_specs, service_runs, tracker_entries
@@ -78,7 +78,7 @@ def test_a_preemption_trace_gets_a_budget_that_fits_it_with_at_most_10_percent_s
     current = chat.latest.effective_kv_cache_bytes
     found = recommend(unit_views, observed)
     assert found[CHAT].kv_limited
-    plan = planning.make_plan(unit_views, {"gpu": SIXTEEN_GIB}, {}, 512 << 20, target_requests(found))
+    plan = plans.make_plan(unit_views, {"gpu": SIXTEEN_GIB}, {}, 512 << 20, target_requests(found))
     (planned,) = [u for d in plan.devices for u in d.units if u.unit == CHAT]
     budget = planned.kv_cache_memory_bytes
     demand = [c * PER_REQUEST * current for c in OFFERED]
@@ -95,10 +95,10 @@ def test_an_idle_trace_frees_memory_and_the_gpu_still_fits():
     found = recommend(unit_views, parse_observed(answers({EMBEDDING: idle_trace()})))
     assert not found[EMBEDDING].kv_limited
     (chat,) = [view for view in unit_views if view.unit == CHAT]
-    as_now = {CHAT: planning.TargetRequest(kv_bytes=chat.latest.effective_kv_cache_bytes),
-              EMBEDDING: planning.TargetRequest(kv_bytes=current)}
-    before = planning.make_plan(unit_views, {"gpu": SIXTEEN_GIB}, {}, 512 << 20, as_now)
-    after = planning.make_plan(unit_views, {"gpu": SIXTEEN_GIB}, {}, 512 << 20, {**as_now, **target_requests(found)})
+    as_now = {CHAT: plans.TargetRequest(kv_bytes=chat.latest.effective_kv_cache_bytes),
+              EMBEDDING: plans.TargetRequest(kv_bytes=current)}
+    before = plans.make_plan(unit_views, {"gpu": SIXTEEN_GIB}, {}, 512 << 20, as_now)
+    after = plans.make_plan(unit_views, {"gpu": SIXTEEN_GIB}, {}, 512 << 20, {**as_now, **target_requests(found)})
     (was,) = [u for d in before.devices for u in d.units if u.unit == EMBEDDING]
     (now,) = [u for d in after.devices for u in d.units if u.unit == EMBEDDING]
     assert now.kv_cache_memory_bytes < was.kv_cache_memory_bytes  # it frees memory
@@ -117,20 +117,18 @@ def test_waiting_at_max_num_seqs_is_the_cap_not_the_kv_cache():
     assert limited.kv_limited and demand <= limited.kv_bytes <= 1.1 * demand
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[1, 2]", "not a JSON object"),
-    ("{", "not JSON"),
-    (json.dumps({"usage": {}}), "is not a query_range"),
-    (json.dumps({name: matrix({}) for name in QUERIES if name != "running"}), "no 'running' answer"),
+@pytest.mark.parametrize("answers, message", [
+    ({"usage": {}}, "is not a query_range"),
+    ({name: matrix({}) for name in QUERIES if name != "running"}, "no 'running' answer"),
 ])
-def test_observations_that_cannot_be_read_are_refused(text, message):
+def test_observations_that_cannot_be_read_are_refused(answers, message):
     with pytest.raises(ObservedError, match=message):
-        load_observed(text)
+        parse_observed(answers)
 
 
 def run_plan(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", "--journal.file", str(journal),
+    return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.planner", "--journal.file", str(journal),
                            "--device-memory", str(SIXTEEN_GIB), *args],
                           capture_output=True, text=True, timeout=120, env=env, check=False)
 
@@ -141,8 +139,8 @@ def test_vllm_xpu_plan_observed_offline_plans_the_recommended_budgets(tmp_path):
     observed.write_text(json.dumps(answers({CHAT: preemption_trace(), EMBEDDING: idle_trace()})))
     result = run_plan(journal, "--observed", str(observed), "--format", "json")
     assert result.returncode == 0, result.stderr
-    expected = recommend(views(), load_observed(observed.read_text()))
-    plan = planning.make_plan(views(), {"offline": SIXTEEN_GIB}, {}, 512 << 20, target_requests(expected))
+    expected = recommend(views(), parse_observed(json.loads(observed.read_text())))
+    plan = plans.make_plan(views(), {"offline": SIXTEEN_GIB}, {}, 512 << 20, target_requests(expected))
     printed = json.loads(result.stdout)
     budgets = {unit["unit"]: unit["kv_cache_memory_bytes"] for device in printed["devices"] for unit in device["units"]}
     assert budgets == {u.unit: u.kv_cache_memory_bytes for d in plan.devices for u in d.units}

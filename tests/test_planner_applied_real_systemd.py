@@ -31,10 +31,11 @@ from promql import alerting_rules
 from realsystemd import RealSystemd, journal_field, path_inside
 from scrapes import sample, series
 from test_real_systemd import require_root
-from vllm_xpu_exporter import memory, plan
-from vllm_xpu_exporter.planning import Target, UnitPlan
-from vllm_xpu_exporter.sources.unitconfig import PLAN_FIELD
-from vllm_xpu_exporter.unitfile import exec_start_from_cat
+from vllm_xpu_exporter import memory_rules
+from vllm_xpu_exporter.planner import cli as plan
+from vllm_xpu_exporter.planner.plans import Target, UnitPlan
+from vllm_xpu_exporter.sources.plan_dropins import PLAN_FIELD
+from vllm_xpu_exporter.planner.execstart import exec_start_from_cat
 from vllmunit import CHAT, EMBEDDING, STT, needed_kv_bytes
 
 CHAT_UNIT, EMBEDDING_UNIT, STT_UNIT = RACE_UNITS
@@ -45,7 +46,7 @@ def budget_for_one_request(engine) -> int:
     """One request of the engine's max_model_len in whole blocks, and the null block (the planner's rule)."""
     block = engine.block_size or 64
     return needed_kv_bytes(engine.max_model_len, block, engine.kv_bytes_per_token) + \
-        memory.NULL_BLOCKS * block * engine.kv_bytes_per_token
+        memory_rules.NULL_BLOCKS * block * engine.kv_bytes_per_token
 
 
 CHAT_PLAN = budget_for_one_request(CHAT)
@@ -58,7 +59,7 @@ def planners_drop_in(unit: str, unit_text: str, engine, budget: int) -> str:
     """What `vllm-xpu-plan --format systemd` writes for the unit with this budget (its R kept)."""
     block = engine.block_size or 64
     unit_plan = UnitPlan(unit, "0000:03:00.0", engine.version, Target(engine.max_model_len, "one request"), block,
-                         float(engine.kv_bytes_per_token), memory.Footprint(round(8.5 * (1 << 30)), budget),
+                         float(engine.kv_bytes_per_token), memory_rules.Footprint(round(8.5 * (1 << 30)), budget),
                          "the test", engine.gpu_memory_utilization)
     command = exec_start_from_cat(unit_text)
     assert command is not None

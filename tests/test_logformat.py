@@ -1,4 +1,4 @@
-"""The exporter's log lines (exporter/logs.py): a logged exception keeps its traceback when logging at
+"""The exporter's log lines (exporter/logformat.py): a logged exception keeps its traceback when logging at
 debug level, as one escaped field, and only there."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from vllm_xpu_exporter.logs import setup_logging
+from vllm_xpu_exporter.logformat import setup_logging
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
 
@@ -41,7 +41,7 @@ def test_at_debug_level_an_exception_keeps_its_traceback_in_one_line(fmt: str):
     line = logged("debug", fmt, logging.DEBUG)
     assert line.count("\n") == 1, line
     assert "err" in line and "ValueError: the config is broken" in line
-    assert "stack" in line and "failing_function" in line and "test_logs.py" in line
+    assert "stack" in line and "failing_function" in line and "test_logformat.py" in line
 
 
 def test_above_debug_level_an_exception_is_one_err_field_without_its_traceback():

@@ -1,4 +1,4 @@
-"""The free-memory truth check: vLLM's figure at a start against Level Zero's at that moment (freememory.py
+"""The free-memory truth check: vLLM's figure at a start against Level Zero's at that moment (start_free_memory.py
 pure, and the exporter as a process over the fake Level Zero driver and a replayed journal, its figures then
 evaluated by the bundled alert under promtool)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from vllm_xpu_exporter.freememory import DeviceReading, Readings, free_at_start
+from vllm_xpu_exporter.start_free_memory import DeviceReading, Readings, free_at_start
 from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs
 from fakeze import A770, FakeConfig, FakeMemoryModule, fake_driver_env, write_config

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from bootrace import IDLE_RESERVED, RACE_UNITS, race_boot
-from vllm_xpu_exporter.plan import DROP_IN_NAME
-from vllm_xpu_exporter.unitfile import exec_start_from_cat
+from vllm_xpu_exporter.sources.plan_dropins import DROP_IN_NAME
+from vllm_xpu_exporter.planner.execstart import exec_start_from_cat
 from fakeze import GiB, fake_driver_env
 from plannedboot import CHAT, Observation, PlannerRun, judge, observe, planned_boot, run_planner, systemctl_wrapper
 from test_real_systemd import require_root

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from vllm_xpu_exporter import planning
+from vllm_xpu_exporter.planner import plans
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker
 from journalgen import current_boot_id
 from vllmlogs import Boot, VllmRun, compose, service_runs, tracker_entries
@@ -97,19 +97,19 @@ def test_the_planned_budget_serves_its_target_under_vllms_rules(version: str, da
     run, tokens = printed_start(version, true_kv, page, block_size, max_model_len, budget_set)
     view = folded_view(run)
     # full-length requests, sized from the concurrency vLLM printed
-    plan = planning.plan_unit(view, "gpu", SIXTEEN_GIB, planning.TargetRequest(requests=requests))
-    assert isinstance(plan, planning.UnitPlan), plan
+    plan = plans.plan_unit(view, "gpu", SIXTEEN_GIB, plans.TargetRequest(requests=requests))
+    assert isinstance(plan, plans.UnitPlan), plan
     budget = plan.kv_cache_memory_bytes
     assert vllm_starts(budget, page, max_model_len, block_size)
     assert usable_blocks(budget, page) >= requests * cdiv(max_model_len, block_size)
     # tokens, never below one request
     target = max_model_len + extra_tokens
-    plan = planning.plan_unit(view, "gpu", SIXTEEN_GIB, planning.TargetRequest(tokens=target))
+    plan = plans.plan_unit(view, "gpu", SIXTEEN_GIB, plans.TargetRequest(tokens=target))
     budget = plan.kv_cache_memory_bytes
     assert vllm_starts(budget, page, max_model_len, block_size)
     assert usable_blocks(budget, page) * block_size >= target
     # the default: what the start had, and never less than one full-length request
-    plan = planning.plan_unit(view, "gpu", SIXTEEN_GIB)
+    plan = plans.plan_unit(view, "gpu", SIXTEEN_GIB)
     budget = plan.kv_cache_memory_bytes
     assert vllm_starts(budget, page, max_model_len, block_size)
     assert usable_blocks(budget, page) * block_size >= max(plan.target.tokens, max_model_len)
@@ -122,6 +122,6 @@ def test_the_issues_start_one_request_of_chat_is_accepted() -> None:
     2048 blocks of 64 tokens (3,221,225,472 bytes) and the null block."""
     page = 24576 * 64
     run, _ = printed_start("0.24.0", round(3.2549 * GiB), page, 64, 131072, budget_set=False)
-    plan = planning.plan_unit(folded_view(run), "gpu", SIXTEEN_GIB, planning.TargetRequest(requests=1))
+    plan = plans.plan_unit(folded_view(run), "gpu", SIXTEEN_GIB, plans.TargetRequest(requests=1))
     assert plan.kv_cache_memory_bytes >= 3_221_225_472 + page
     assert usable_blocks(plan.kv_cache_memory_bytes, page) >= 2048

@@ -11,6 +11,8 @@ import traceback
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}
 FORMATS = ("logfmt", "json")
+DEFAULT_LEVEL = "info"
+DEFAULT_FORMAT = "logfmt"
 
 _LEVEL_NAMES = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warn", logging.ERROR: "error",
                 logging.CRITICAL: "error"}
@@ -67,7 +69,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(_fields(record), ensure_ascii=False)
 
 
-def setup_logging(level: str = "info", fmt: str = "logfmt") -> None:
+def setup_logging(level: str = DEFAULT_LEVEL, fmt: str = DEFAULT_FORMAT) -> None:
     """Route the package's logs to stderr, one line per record."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())

@@ -1,4 +1,4 @@
-"""vllm_xpu_exporter.unitfile: a unit's ExecStart= read with systemd's rules, and the planner's edit of its
+"""vllm_xpu_exporter.planner.execstart: a unit's ExecStart= read with systemd's rules, and the planner's edit of its
 top-level words; the commands a drop-in cannot fix are refused. systemd's own reading is the oracle where
 this machine has it: systemd-analyze verify loads what the edit produced."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_exporter import unitfile
-from vllm_xpu_exporter.unitfile import NotEditable, exec_start_from_cat, planned_command
+from vllm_xpu_exporter.planner import execstart
+from vllm_xpu_exporter.planner.execstart import NotEditable, exec_start_from_cat, planned_command
 
 FLAGS = ("--gpu-memory-utilization", "0.7373", "--kv-cache-memory-bytes", "3378473421")
 PLANNED = " ".join(FLAGS)
@@ -55,7 +55,7 @@ def test_quoting_specifiers_and_prefixes_are_kept_as_written() -> None:
     assert planned_command(command, FLAGS) == (
         "-/usr/bin/vllm serve \"/srv/models/my model\" --served-model-name 'chat %i' --name %n "
         f"--chat-template \"a\\\"b\" {PLANNED}")
-    words = unitfile.split_words(command).words
+    words = execstart.split_words(command).words
     assert words[2] == "/srv/models/my model" and words[4] == "chat %i"
 
 

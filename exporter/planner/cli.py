@@ -4,7 +4,7 @@ It reads the journal through the same reader and fold as the exporter and the ga
 total memory from Level Zero (its child process) or `--device-memory BYTES` (offline: one GPU of that
 size). For each engine unit it takes what its latest start printed (weights, peak activation, non-torch
 memory, KV bytes and tokens, block size, lengths, max_num_seqs, vLLM version), works out the KV cache a
-target needs in whole blocks and the unit's footprint (`vllm_xpu_exporter.memory`), holds each GPU's footprints
+target needs in whole blocks and the unit's footprint (`vllm_xpu_exporter.memory_rules`), holds each GPU's footprints
 against its total less `--reserve`, and prints the `--kv-cache-memory-bytes` to set per unit: a table,
 JSON, systemd drop-ins or a NixOS snippet. docs/planner.md says how and why.
 
@@ -30,17 +30,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from vllm_xpu_exporter import __version__, rightsizing, unitfile
+from vllm_xpu_exporter import __version__
 from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser
 from vllm_xpu_exporter.flags import (add_journal_flags, add_levelzero_flags, add_procfs_flag, add_systemctl_flag,
                             check_journal_flags, journal_selection)
 from vllm_xpu_exporter.fold.engine_starts import UnitView
-from vllm_xpu_exporter import memory as rules
+from vllm_xpu_exporter import memory_rules as rules
 from vllm_xpu_exporter.parsers import vllm
-from vllm_xpu_exporter.planning import (KV_BUDGET_ON_XPU_SINCE, DevicePlan, Plan, TargetRequest, UnitPlan, Unplannable,
-                                        make_plan, printed_totals)
-from vllm_xpu_exporter.sources import procfs, prometheus, unitconfig
-from vllm_xpu_exporter.unitfile import NotEditable, exec_start_from_cat
+from vllm_xpu_exporter.planner.plans import (KV_BUDGET_ON_XPU_SINCE, DevicePlan, Plan, TargetRequest, UnitPlan,
+                                             Unplannable, make_plan, printed_totals)
+from vllm_xpu_exporter.planner import execstart, rightsizing
+from vllm_xpu_exporter.sources import plan_dropins, procfs, prometheus
+from vllm_xpu_exporter.planner.execstart import NotEditable, exec_start_from_cat
 
 PROG = "vllm-xpu-plan"
 EXIT_FITS = 0
@@ -54,11 +55,11 @@ OFFLINE_DEVICE = "offline"
 SYSTEMCTL_TIMEOUT_S = 10.0
 # systemd applies a unit's drop-ins in the lexical order of their file names, across all its .d directories:
 # "zz-" sorts after `systemctl edit`'s override.conf and the usual NN- names, so the plan's ExecStart= wins
-DROP_IN_NAME = unitconfig.DROP_IN_NAME
+DROP_IN_NAME = plan_dropins.DROP_IN_NAME
 # The drop-in names the budget it sets on a line of its own (LogExtraFields=), which the exporter reads from the
 # drop-in (xpu_unit_kv_cache_plan_bytes) beside the budget the unit runs with (docs/planner.md "Is the plan
 # applied?").
-PLAN_FIELD = unitconfig.PLAN_FIELD
+PLAN_FIELD = plan_dropins.PLAN_FIELD
 JSON_SCHEMA_VERSION = 2  # docs/planner.md "JSON output" lists what each version added
 
 
@@ -78,9 +79,9 @@ def read_unit(systemctl: str, unit: str) -> str | None:
 def planned_command(command: str, plan: UnitPlan) -> str:
     """The command with the planned flags: its own --gpu-memory-utilization / --kv-cache-memory-bytes
     words dropped, then --gpu-memory-utilization (the footprint's share: vLLM and the gate still ask that
-    much free at start) and --kv-cache-memory-bytes appended. Raises unitfile.NotEditable for a command
+    much free at start) and --kv-cache-memory-bytes appended. Raises execstart.NotEditable for a command
     whose vLLM flags a drop-in cannot reach."""
-    return unitfile.planned_command(command, tuple(planned_flags(plan).split()))
+    return execstart.planned_command(command, tuple(planned_flags(plan).split()))
 
 
 def planned_flags(plan: UnitPlan) -> str:
@@ -420,7 +421,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
     if args.prometheus is not None or args.observed is not None:  # right-sizing (docs/discovery.md)
         try:
             observed = rightsizing.recommend(views, rightsizing.parse_observed(prometheus.read_observed(args)))
-        except rightsizing.ObservedError as error:
+        except prometheus.ObservedError as error:
             stderr.write(f"{PROG}: error: {error}\n")
             return EXIT_USAGE
         for r in observed.values():
@@ -533,6 +534,3 @@ def _write_units(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: T
             stdout.write(f"# /etc/systemd/system/{unit}.d/{DROP_IN_NAME}\n{text}\n")
     return EXIT_INCOMPLETE if refused else None
 
-
-if __name__ == "__main__":
-    sys.exit(main())

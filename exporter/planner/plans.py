@@ -1,6 +1,6 @@
 """The plan of each vLLM unit on its GPU, from what its latest start printed (its journal view): the KV cache a
 target needs in whole blocks, the unit's footprint, and whether each GPU's units fit. Pure: views and byte
-counts in, plans out. The planner (`vllm-xpu-plan`, vllm_xpu_exporter.plan) prints it; the processes collector exposes
+counts in, plans out. The planner (`vllm-xpu-plan`, vllm_xpu_exporter.planner.cli) prints it; the processes collector exposes
 its figures per unit and device.
 """
 
@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vllm_xpu_exporter import memory as rules
+from vllm_xpu_exporter import memory_rules as rules
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.fold.start import Outcome, Start
 from vllm_xpu_exporter.parsers import vllm

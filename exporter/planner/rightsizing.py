@@ -2,7 +2,8 @@
 window, for `vllm-xpu-plan --prometheus URL --window W` (or `--observed FILE`, the same answers saved).
 
 The observations are Prometheus `query_range` answers of the recording rules over vLLM's series
-(rules/vllm-xpu-exporter.yaml, docs/discovery.md), one per `QUERIES` key, sampled every `STEP_SECONDS`:
+(rules/vllm-xpu-exporter.yaml, docs/discovery.md), one per key of `sources.prometheus.QUERIES` (what the
+source asks), sampled every `STEP_SECONDS` there:
 KV-cache usage (0-1), requests running, requests waiting for KV capacity, and the preemption rate.
 
 Per unit, with K its KV bytes now (its latest start) and N its max_num_seqs:
@@ -16,35 +17,23 @@ Per unit, with K its KV bytes now (its latest start) and N its max_num_seqs:
   one request of its maximum model length (vLLM refuses to start with less) nor above K.
 
 The planner then sizes each budget in whole blocks and checks that the GPU's units still fit
-(`vllm_xpu_exporter.planning`): a grown budget that does not fit is reported as the plan's missing bytes.
+(`vllm_xpu_exporter.planner.plans`): a grown budget that does not fit is reported as the plan's missing bytes.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from vllm_xpu_exporter.flags import parse_duration
+from vllm_xpu_exporter.argparsing import parse_duration
 from vllm_xpu_exporter.fold.engine_starts import UnitView
-from vllm_xpu_exporter.planning import TargetRequest
+from vllm_xpu_exporter.planner.plans import TargetRequest
+from vllm_xpu_exporter.sources.prometheus import QUERIES, ObservedError
 
-STEP_SECONDS = 60
 DEFAULT_MARGIN = 0.05
 DEFAULT_WINDOW = "24h"
-# name -> PromQL over the recording rules (`{selector}`: label matchers that pick one host's series)
-QUERIES = {
-    "usage": "max by (unit) (unit:vllm_kv_cache_usage:ratio{{{selector}}})",
-    "running": "sum by (unit) (unit:vllm_requests_running:sum{{{selector}}})",
-    "waiting_for_capacity": "sum by (unit) (unit:vllm_requests_waiting_for_capacity:sum{{{selector}}})",
-    "preemptions": "sum by (unit) (unit:vllm_preemptions:rate5m{{{selector}}})",
-}
-
-
-class ObservedError(ValueError):
-    """Observations that cannot be read (one line)."""
 
 
 @dataclass(frozen=True)
@@ -71,11 +60,6 @@ class Recommendation:
             return (f"KV-limited (preempted or requests waited for capacity below max_num_seqs): peak demand "
                     f"{self.peak_bytes} bytes")
         return f"peak {self.peak_bytes} bytes in use of {self.current_bytes}"
-
-
-def queries(selector: str = "") -> dict[str, str]:
-    """The PromQL of each observation, for one host's series."""
-    return {name: query.format(selector=selector) for name, query in QUERIES.items()}
 
 
 def parse_observed(answers: Mapping[str, object]) -> dict[str, list[Sample]]:
@@ -106,17 +90,6 @@ def parse_observed(answers: Mapping[str, object]) -> dict[str, list[Sample]]:
         samples[unit] = [Sample(usage[at], running.get(at, 0.0), waiting.get(at, 0.0), preemptions.get(at, 0.0) > 0)
                          for at in sorted(usage) if at in running and math.isfinite(usage[at])]
     return samples
-
-
-def load_observed(text: str) -> dict[str, list[Sample]]:
-    """parse_observed of a saved file: a JSON object of the answers by QUERIES key."""
-    try:
-        answers = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ObservedError(f"not JSON ({error.msg} at line {error.lineno})") from None
-    if not isinstance(answers, Mapping):
-        raise ObservedError("not a JSON object of query_range answers")
-    return parse_observed(answers)
 
 
 def recommend_unit(unit: str, samples: Sequence[Sample], current_bytes: int, max_num_seqs: int | None,

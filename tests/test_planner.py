@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_exporter import memory, plan, planning
+from vllm_xpu_exporter import memory_rules
+from vllm_xpu_exporter.planner import cli as plan, plans
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker
-from vllm_xpu_exporter.sources import unitconfig
+from vllm_xpu_exporter.sources import plan_dropins
 from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs
 from fakeze import A770, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
@@ -58,7 +59,7 @@ def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_plan(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", "--journal.file", str(journal),
+    return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.planner", "--journal.file", str(journal),
                            "--device-memory", str(SIXTEEN_GIB), *args],
                           capture_output=True, text=True, timeout=120, check=False)
 
@@ -119,7 +120,7 @@ def test_the_seed_host_fits_with_one_full_length_chat_request(journal: Path) -> 
     assert at_the_print < chat["kv_cache_memory_bytes"] < at_the_print + 48 * (1 << 20)
     assert "from the concurrency vLLM printed" in chat["target"]
     # ceil(16 GiB x 0.75) - the least KV "3.25 GiB" can stand for
-    assert chat["non_kv_bytes"] == 12 * GiB - memory.printed_lower_bound(kv_bytes)
+    assert chat["non_kv_bytes"] == 12 * GiB - memory_rules.printed_lower_bound(kv_bytes)
     assert chat["footprint_bytes"] == chat["non_kv_bytes"] + chat["kv_cache_memory_bytes"]
     assert chat["weights_bytes"] == round(8.58 * GiB)
     assert device["footprint_bytes"] == sum(u["footprint_bytes"] for u in units.values())
@@ -223,7 +224,7 @@ def test_systemd_drop_ins_restate_the_command_with_the_budget_and_pass_systemd_a
     # the exporter reads from the drop-in (xpu_unit_kv_cache_plan_bytes)
     budget = command.rsplit("--kv-cache-memory-bytes ", 1)[1]
     assert f"LogExtraFields={plan.PLAN_FIELD}={budget}" in text.splitlines()
-    assert unitconfig.parse_drop_in(text) == int(budget)
+    assert plan_dropins.parse_drop_in(text) == int(budget)
 
 
 def test_units_beyond_the_journal_max_units_are_named_and_the_plan_exits_3(journal: Path) -> None:
@@ -232,7 +233,7 @@ def test_units_beyond_the_journal_max_units_are_named_and_the_plan_exits_3(journ
     result = run_plan(journal, "--journal.max-units", "2", "--format", "json")
     assert result.returncode == plan.EXIT_INCOMPLETE, result.stderr
     assert "2 unit(s) of the journal not read (beyond --journal.max-units 2)" in result.stderr
-    help_text = " ".join(subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", "--help"], capture_output=True,
+    help_text = " ".join(subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.planner", "--help"], capture_output=True,
                                         text=True, check=True).stdout.split())
     assert "--journal.max-units N watch at most this many units; further ones are not read, so not planned" in help_text
     assert "xpu_exporter_" not in help_text
@@ -324,7 +325,7 @@ def test_nixos_values_per_unit(journal: Path) -> None:
     ["--systemctl", "systemctl"],
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", *argv], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.planner", *argv], capture_output=True, text=True,
                             timeout=60, check=False)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "vllm-xpu-plan: error:" in result.stderr
@@ -334,8 +335,8 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str]) -> None:
 
 @pytest.mark.fast
 def test_planned_command_replaces_both_flag_spellings() -> None:
-    unit = planning.UnitPlan("u.service", "offline", "0.24.0", planning.Target(10, "t"), 16, 1.0,
-                         memory.Footprint(100, 200), "x", 0.25)
+    unit = plans.UnitPlan("u.service", "offline", "0.24.0", plans.Target(10, "t"), 16, 1.0,
+                         memory_rules.Footprint(100, 200), "x", 0.25)
     command = plan.planned_command("vllm serve m --gpu_memory_utilization=0.9 --kv-cache-memory-bytes 5 --port 1", unit)
     assert command == "vllm serve m --port 1 --gpu-memory-utilization 0.25 --kv-cache-memory-bytes 200"
 
@@ -394,7 +395,7 @@ def test_a_unit_with_a_kv_budget_is_planned_for_what_its_budget_holds(tmp_path: 
     footprints, planned_kv, device_sums = planned_series(scrape_planned(journal, tmp_path, fake_driver, config_path))
     assert planned_kv[CHAT] == budget
     # 0.24 prints only the weights beside a budget, and no start of it ran without one
-    assert footprints[CHAT] == memory.printed_upper_bound(start.weights_bytes) + budget
+    assert footprints[CHAT] == memory_rules.printed_upper_bound(start.weights_bytes) + budget
     assert device_sums == {A770.pci_address: sum(footprints.values())} and sum(footprints.values()) < SIXTEEN_GIB
 
 
@@ -415,18 +416,18 @@ def test_the_exporters_plan_is_kept_while_its_figures_hold_and_made_again_when_a
     again."""
     from vllm_xpu_exporter.attribution import Plans
 
-    plans = Plans()
+    cache = Plans()
     runs = {CHAT: race_chat_runs()[1]}
     view = next(v for v in unit_views(runs) if v.unit == CHAT)
     again = next(v for v in unit_views(runs) if v.unit == CHAT)
     assert again.latest is not view.latest
-    first = plans.plan(view, "0000:03:00.0", SIXTEEN_GIB)
-    assert plans.plan(again, "0000:03:00.0", SIXTEEN_GIB) is first
+    first = cache.plan(view, "0000:03:00.0", SIXTEEN_GIB)
+    assert cache.plan(again, "0000:03:00.0", SIXTEEN_GIB) is first
     budgeted = next(v for v in unit_views({CHAT: replace(race_chat_runs()[1], kv_cache_memory_bytes=3_500_000_000)})
                     if v.unit == CHAT)
-    replanned = plans.plan(budgeted, "0000:03:00.0", SIXTEEN_GIB)
+    replanned = cache.plan(budgeted, "0000:03:00.0", SIXTEEN_GIB)
     assert replanned.kv_cache_memory_bytes == 3_500_000_000 != first.kv_cache_memory_bytes
-    assert plans.plan(view, "0000:03:00.0", 2 * SIXTEEN_GIB) is not first  # another total
+    assert cache.plan(view, "0000:03:00.0", 2 * SIXTEEN_GIB) is not first  # another total
 
 
 # --- the budget's figures (issue 26) ---------------------------------------------------------------------
@@ -443,10 +444,10 @@ def views_of(unit_runs: dict[str, list[VllmRun]]) -> dict[str, object]:
     return {view.unit: view for view in tracker.views()}
 
 
-def chat_plan(runs: list[VllmRun], total: int = SIXTEEN_GIB, **target: int) -> planning.UnitPlan:
-    result = planning.plan_unit(views_of({CHAT: runs})[CHAT], "offline", total,
-                                planning.TargetRequest(**target) if target else None)
-    assert isinstance(result, planning.UnitPlan), result
+def chat_plan(runs: list[VllmRun], total: int = SIXTEEN_GIB, **target: int) -> plans.UnitPlan:
+    result = plans.plan_unit(views_of({CHAT: runs})[CHAT], "offline", total,
+                                plans.TargetRequest(**target) if target else None)
+    assert isinstance(result, plans.UnitPlan), result
     return result
 
 
@@ -456,7 +457,7 @@ def test_cuda_graph_memory_of_0_34_is_counted_in_the_non_kv_memory() -> None:
     without = chat_plan([restarted], requests=1)
     with_graphs = chat_plan([replace(restarted, cudagraph_gib=0.35)], requests=1)
     assert "CUDA graphs" in with_graphs.non_kv_from
-    assert with_graphs.footprint.non_kv_bytes - without.footprint.non_kv_bytes == memory.printed_upper_bound(round(0.35 * GiB))
+    assert with_graphs.footprint.non_kv_bytes - without.footprint.non_kv_bytes == memory_rules.printed_upper_bound(round(0.35 * GiB))
     assert with_graphs.kv_cache_memory_bytes == without.kv_cache_memory_bytes
 
 
@@ -493,8 +494,8 @@ def test_the_derived_non_kv_memory_uses_the_total_the_starts_printed_for_another
     on_16 = chat_plan(runs, requests=1)
     on_12 = chat_plan(runs, total=12 * GiB, requests=1)
     assert on_12.footprint.non_kv_bytes == on_16.footprint.non_kv_bytes
-    ran_on = memory.printed_upper_bound(round(15.91 * GiB))
-    assert on_16.footprint.non_kv_bytes == math.ceil(ran_on * 0.75) - memory.printed_lower_bound(round(3.25 * GiB))
+    ran_on = memory_rules.printed_upper_bound(round(15.91 * GiB))
+    assert on_16.footprint.non_kv_bytes == math.ceil(ran_on * 0.75) - memory_rules.printed_lower_bound(round(3.25 * GiB))
     # without a printed total the figure is the planned size's, and the plan says so
     alone = chat_plan([race_chat_runs()[1]], total=12 * GiB, requests=1)
     assert any("right only if its starts ran on a device of that size" in note for note in alone.notes)
@@ -502,9 +503,9 @@ def test_the_derived_non_kv_memory_uses_the_total_the_starts_printed_for_another
 
 @pytest.mark.fast
 def test_a_derived_non_kv_memory_at_or_below_zero_is_not_planned() -> None:
-    result = planning.plan_unit(views_of({CHAT: [race_chat_runs()[1]]})[CHAT], "offline", 4 * GiB,
-                                planning.TargetRequest(requests=1))
-    assert isinstance(result, planning.Unplannable)
+    result = plans.plan_unit(views_of({CHAT: [race_chat_runs()[1]]})[CHAT], "offline", 4 * GiB,
+                                plans.TargetRequest(requests=1))
+    assert isinstance(result, plans.Unplannable)
 
 
 def test_device_memory_other_than_the_printed_total_is_said(tmp_path: Path) -> None:
@@ -515,12 +516,12 @@ def test_device_memory_other_than_the_printed_total_is_said(tmp_path: Path) -> N
     assert (f"--device-memory {SIXTEEN_GIB} (16.00 GiB) is not the total the starts of {CHAT} printed (15.11 GiB)"
             in result.stderr)
     # without Level Zero and without --device-memory: the total the starts printed, at its least
-    result = subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", "--journal.file", str(journal),
+    result = subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.planner", "--journal.file", str(journal),
                              "--levelzero.library", str(tmp_path / "no-libze_loader.so.1"), "--format", "json"],
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     [device] = json.loads(result.stdout)["devices"]
-    assert device["total_bytes"] == memory.printed_lower_bound(round(15.11 * GiB))
+    assert device["total_bytes"] == memory_rules.printed_lower_bound(round(15.11 * GiB))
     assert "Level Zero cannot be read: planning for the total the starts printed" in result.stderr
 
 

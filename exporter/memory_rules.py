@@ -3,7 +3,7 @@ needs, what a unit holds, whether a GPU's units fit. Pure functions of integers 
 `gpu_memory_utilization` ratio; no I/O.
 
 Shared by the init gate (`vllm_xpu_exporter.gate.decision.decide`: the free memory a start needs), the
-restart-headroom figure (`vllm_xpu_exporter.collectors.processes`) and the plan (`vllm_xpu_exporter.planning`: the planner and
+restart-headroom figure (`vllm_xpu_exporter.collectors.processes`) and the plan (`vllm_xpu_exporter.planner.plans`: the planner and
 the exporter's planned figures), so they agree to the byte.
 
 The rules (vLLM 0.16+ on XPU, as read in its source; docs/planner.md):

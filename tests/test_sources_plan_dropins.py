@@ -1,6 +1,6 @@
-"""The budget vllm-xpu-plan's drop-in gives each unit, read from the drop-in (sources/unitconfig.py): the parse
+"""The budget vllm-xpu-plan's drop-in gives each unit, read from the drop-in (sources/plan_dropins.py): the parse
 of its line, and which files are believed (only those root alone can have written). On a real systemd with
-the packaged exporter: test_plan_applied_real_systemd.py."""
+the packaged exporter: test_planner_applied_real_systemd.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_exporter.sources.unitconfig import DROP_IN_NAME, PLAN_FIELD, UnitPlans, parse_drop_in
+from vllm_xpu_exporter.sources.plan_dropins import DROP_IN_NAME, PLAN_FIELD, UnitPlans, parse_drop_in
 
 CHAT, STT = "vllm-xpu-chat.service", "vllm-xpu-stt.service"
 NOBODY = 65534
