@@ -35,12 +35,15 @@ from fastpure import (pytest_runtest_call, pytest_runtest_setup,  # noqa: F401 (
                       pytest_runtest_teardown)
 from noskip import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks: a skip fails)
 from taskslimit import TaskLimit, TaskLimitUnavailable
+from testorder import (add_options as add_test_order_options, pytest_collection_modifyitems,  # noqa: F401 (hooks)
+                       pytest_configure, pytest_report_header)
 from vllmlogs import BootRace, boot_race as make_boot_race, journal_specs
 
 from vllm_xpu_exporter.sources.levelzero import worker as levelzero_worker
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    add_test_order_options(parser)
     parser.addoption("--update-golden", action="store_true",
                      help="rewrite the golden /metrics files from this run instead of comparing")
 
