@@ -11,6 +11,7 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     journalgen   journal files; vllmlogs: what vLLM units print (realistic starts, the boot race)
     promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids cgroups
     noskip       the hooks that fail a skipped test; fastpure: those that fail a `fast` test that is not pure
+    hostguard    fails a test that changes the host's /etc/systemd/system; testorder: --test-order
 
 The `fast` marker (pyproject.toml) marks the pure core: tests that run in-process over pure functions and
 tables, with no subprocess, no real systemd, no network and no compiled fake driver (`pytest -m fast`, about
@@ -31,6 +32,7 @@ import pytest
 import journalgen
 from certs import Pki, make_pki
 from fakeze import build_fake_driver, fake_driver_env
+from hostguard import unchanged_host_units
 from fastpure import (pytest_runtest_call, pytest_runtest_setup,  # noqa: F401 (hooks: a fast test stays pure)
                       pytest_runtest_teardown)
 from noskip import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks: a skip fails)
@@ -46,6 +48,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_test_order_options(parser)
     parser.addoption("--update-golden", action="store_true",
                      help="rewrite the golden /metrics files from this run instead of comparing")
+
+
+@pytest.fixture(autouse=True)
+def host_units_untouched() -> Iterator[None]:
+    """Every test leaves the host's /etc/systemd/system as it found it (hostguard.py)."""
+    with unchanged_host_units():
+        yield
 
 
 @pytest.fixture(scope="session")
