@@ -8,8 +8,15 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     httpclient   request(), client_context(), basic() / authorization(), curl()
     certs        make_pki() and friends; webconfigs: web config texts and files
     exporterproc the exporter as a process; fakeze, fakeprocfs, fakesysfs: what it reads
+    fakecgroup   a cgroup v2 tree with dmem files; fakecontainers: the engines' state on disk and cgroup paths
     journalgen   journal files; vllmlogs: what vLLM units print (realistic starts, the boot race)
+    containerlogs  what vLLM containers print, as the engines store it (journald, json-file, CRI files)
+    vllmunit     a replayed vLLM engine for a unit's ExecStart= on the fake GPU; vllmstub: vLLM's /metrics
+    realsystemd  a real systemd booted as PID 1 of private namespaces; journalfacts: what its journal shows
+    bootrace     the seed's three units racing at boot on a real systemd (gated or not, the packaged units)
+    plannedboot  the planner observing a boot and the planned boot after it
     promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids cgroups
+    memorylimit  a memory cgroup for a process; seccompprobe: a seccomp profile applied, what it still allows
     noskip       the hooks that fail a skipped test; fastpure: those that fail a `fast` test that is not pure
     hostguard    fails a test that changes the host's /etc/systemd/system; testorder: --test-order
 
