@@ -8,9 +8,17 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     httpclient   request(), client_context(), basic() / authorization(), curl()
     certs        make_pki() and friends; webconfigs: web config texts and files
     exporterproc the exporter as a process; fakeze, fakeprocfs, fakesysfs: what it reads
+    fakecgroup   a cgroup v2 tree with dmem files; fakecontainers: the engines' state on disk and cgroup paths
     journalgen   journal files; vllmlogs: what vLLM units print (realistic starts, the boot race)
+    containerlogs  what vLLM containers print, as the engines store it (journald, json-file, CRI files)
+    vllmunit     a replayed vLLM engine for a unit's ExecStart= on the fake GPU; vllmstub: vLLM's /metrics
+    realsystemd  a real systemd booted as PID 1 of private namespaces; journalfacts: what its journal shows
+    bootrace     the seed's three units racing at boot on a real systemd (gated or not, the packaged units)
+    plannedboot  the planner observing a boot and the planned boot after it
     promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids cgroups
+    memorylimit  a memory cgroup for a process; seccompprobe: a seccomp profile applied, what it still allows
     noskip       the hooks that fail a skipped test; fastpure: those that fail a `fast` test that is not pure
+    hostguard    fails a test that changes the host's /etc/systemd/system; testorder: --test-order
 
 The `fast` marker (pyproject.toml) marks the pure core: tests that run in-process over pure functions and
 tables, with no subprocess, no real systemd, no network and no compiled fake driver (`pytest -m fast`, about
@@ -31,18 +39,29 @@ import pytest
 import journalgen
 from certs import Pki, make_pki
 from fakeze import build_fake_driver, fake_driver_env
+from hostguard import unchanged_host_units
 from fastpure import (pytest_runtest_call, pytest_runtest_setup,  # noqa: F401 (hooks: a fast test stays pure)
                       pytest_runtest_teardown)
 from noskip import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks: a skip fails)
 from taskslimit import TaskLimit, TaskLimitUnavailable
+from testorder import (add_options as add_test_order_options, pytest_collection_modifyitems,  # noqa: F401 (hooks)
+                       pytest_configure, pytest_report_header)
 from vllmlogs import BootRace, boot_race as make_boot_race, journal_specs
 
 from vllm_xpu_exporter.sources.levelzero import worker as levelzero_worker
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    add_test_order_options(parser)
     parser.addoption("--update-golden", action="store_true",
                      help="rewrite the golden /metrics files from this run instead of comparing")
+
+
+@pytest.fixture(autouse=True)
+def host_units_untouched() -> Iterator[None]:
+    """Every test leaves the host's /etc/systemd/system as it found it (hostguard.py)."""
+    with unchanged_host_units():
+        yield
 
 
 @pytest.fixture(scope="session")

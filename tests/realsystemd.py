@@ -14,7 +14,10 @@ an overlay of `/` whose upper layer is a tmpfs, binds in `/dev`, `/sys` (read-on
 directory (read-write, at SHARED_INSIDE), mounts fresh tmpfs on `/run` and `/tmp` and a private
 cgroup tree on `/sys/fs/cgroup` (rooted at the namespace's cgroups), `pivot_root`s into the overlay,
 mounts `/proc` (with `/proc/sys` read-only), checks that `/` is the overlay and execs systemd with
-`container=` set and the masks of MASKED_UNITS and of every service the image has enabled.
+`container=` set and the masks of MASKED_UNITS. The units the machine image enables (its links in
+`/etc/systemd/system/*.wants`: postgresql, prometheus, docker, podman's timers ...) are removed from the
+overlay, not masked: none starts at boot, and a test may still write and start a unit of the same name
+(a `docker.service` of its own) on a host where the package that enables it is installed.
 
 Why the private cgroup tree and the read-only `/sys` and `/proc/sys`: with the host's
 `/sys/fs/cgroup` bound in, systemd creates its cgroups at the roots of the host's hierarchies (the
@@ -98,6 +101,10 @@ done < "$staging.visible"
 mkdir -p "$new$shared_inside"
 mount --bind "$shared" "$new$shared_inside"
 cp -a "$staging/." "$new/"
+# The image's own enablement links (whiteouts in the overlay: the host keeps them).
+while read -r link; do
+    rm -f "$new$link"
+done < "$staging.disabled"
 mkdir "$new/.oldroot"
 cd "$new"
 pivot_root . .oldroot
@@ -169,12 +176,16 @@ def host_hierarchies() -> list[Hierarchy]:
     return hierarchies
 
 
+def image_enablement_links() -> list[Path]:
+    """The links by which the machine image enables its services, sockets and timers (postgresql,
+    prometheus, docker, apt timers ...): /etc/systemd/system/*.wants/*."""
+    return sorted(link for wants in Path("/etc/systemd/system").glob("*.wants") for link in wants.iterdir()
+                  if link.name.endswith((".service", ".socket", ".timer", ".path")))
+
+
 def image_enabled_units() -> list[str]:
-    """Services and timers the machine image has enabled (postgresql, prometheus, apt timers ...)."""
-    names = set()
-    for wants in Path("/etc/systemd/system").glob("*.wants"):
-        names.update(link.name for link in wants.iterdir() if link.name.endswith((".service", ".timer")))
-    return sorted(names)
+    """The units the machine image enables (image_enablement_links' names)."""
+    return sorted({link.name for link in image_enablement_links()})
 
 
 def _parent_death_signal() -> None:
@@ -232,6 +243,7 @@ class RealSystemd:
         Path(f"{staging}.cgroups").write_text(
             "".join(f"{h.mountpoint.name} {h.options}\n" for h in hierarchies))
         Path(f"{staging}.visible").write_text("".join(f"{path}\n" for path in hidden_host_paths()))
+        Path(f"{staging}.disabled").write_text("".join(f"{link}\n" for link in image_enablement_links()))
         name = f"realsystemd-{os.getpid()}-{run_dir.name.rsplit('-', 1)[-1]}"
         for hierarchy in hierarchies:
             cgroup = hierarchy.mountpoint / hierarchy.own_path.lstrip("/") / name
@@ -241,8 +253,7 @@ class RealSystemd:
                 if (cgroup / inherited).exists():
                     (cgroup / inherited).write_text((cgroup.parent / inherited).read_text())
         (run_dir / "rootfs").mkdir()
-        masks = [*MASKED_UNITS, *image_enabled_units()]
-        kernel_args = [f"systemd.mask={unit}" for unit in dict.fromkeys(masks)]
+        kernel_args = [f"systemd.mask={unit}" for unit in MASKED_UNITS]
         cgroups = list(self._cgroups)
 
         def enter_cgroups() -> None:

@@ -141,6 +141,16 @@ def hide_busybox(machine: RealSystemd) -> str:
     return "no busybox"
 
 
+def what_the_gate_did(machine: RealSystemd) -> str:
+    """The gated unit's and the gate service's journals and states: what a failed wait is diagnosed from."""
+    parts = []
+    for unit in (UNIT, GATE_SOCKET, GATE_SERVICE):
+        state = machine.systemctl("show", "-P", "ActiveState", unit, check=False).stdout.strip()
+        lines = [journal_field(entry, "MESSAGE") or "" for entry in machine.journal(unit)]
+        parts.append(f"{unit} ({state}):\n" + "\n".join(f"  {line}" for line in lines[-40:]))
+    return "\n".join(parts)
+
+
 @dataclass(frozen=True)
 class PlantedBoot:
     busybox: str  # what the boot had: Debian's busybox's version and interpreter, or "no busybox"
@@ -180,7 +190,8 @@ def start_planted_unit(shared: Path, fake_driver: Path, with_busybox: bool) -> P
                     if (journal_field(entry, "MESSAGE") or "").startswith("vllm-xpu-gate: ")]
 
         assert wait_for(lambda: any(DECISION.match(journal_field(entry, "MESSAGE")) for entry in gate_entries()),
-                        timeout=STEP_TIMEOUT, interval=0.2), f"no gate decision within {STEP_TIMEOUT} s"
+                        timeout=STEP_TIMEOUT, interval=0.2), (
+            f"no gate decision within {STEP_TIMEOUT} s:\n{what_the_gate_did(machine)}")
         assert wait_for(lambda: machine.systemctl("is-active", UNIT, check=False).stdout.strip() == "active",
                         timeout=STEP_TIMEOUT, interval=0.2), machine.systemctl("status", UNIT, check=False).stdout
         user = machine.run("ps", "-o", "user=", "-p", machine.systemctl("show", "-P", "MainPID", UNIT).stdout.strip()

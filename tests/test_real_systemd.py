@@ -28,7 +28,7 @@ from scrapes import series
 from fakeze import SharedDevice, fake_driver_env
 from journalgen import (MESSAGE_ID_UNIT_FAILURE_RESULT, MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_RESTART_SCHEDULED,
                         MESSAGE_ID_UNIT_STARTED, MESSAGE_ID_UNIT_STARTING, MESSAGE_ID_UNIT_STOPPED)
-from realsystemd import CGROUP_ROOT, RealSystemd, host_hierarchies, journal_field
+from realsystemd import CGROUP_ROOT, RealSystemd, host_hierarchies, image_enabled_units, journal_field
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, serving_units, unit_file
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "real-systemd"
@@ -173,6 +173,22 @@ def test_systemd_runs_on_an_overlay_root_in_cgroups_below_the_test_process(machi
     assert "/realsystemd-" in pid1_cgroup
     assert "ro" not in subprocess.run(["findmnt", "-n", "-o", "OPTIONS", str(CGROUP_ROOT)], capture_output=True,
                                       text=True).stdout.split(",")
+
+
+def test_the_images_enabled_units_do_not_start_yet_a_test_may_start_its_own_of_that_name(machine: RealSystemd):
+    """A unit the machine image enables (prometheus.service: tests/run installs Debian's prometheus, whose
+    package enables it; docker.service where docker.io is installed) stays down at boot, and is not masked:
+    a test may write a unit of that name and start it (tests/test_journal_trust_real_systemd.py runs a
+    docker.service of its own, which a mask made fail on every host with docker.io)."""
+    enabled = image_enabled_units()
+    assert "prometheus.service" in enabled, f"the image enables no prometheus.service (tests/run installs it): {enabled}"
+    for unit in enabled:
+        state = machine.systemctl("show", "-P", "ActiveState", unit, check=False).stdout.strip()
+        assert state in ("inactive", ""), f"{unit}, which the image enables, is {state} in the booted system"
+    machine.write_unit("prometheus.service", "[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/true\n")
+    machine.daemon_reload()
+    machine.systemctl("start", "prometheus.service")
+    assert machine.systemctl("is-active", "prometheus.service", check=False).stdout.strip() == "active"
 
 
 def test_shutdown_ends_the_namespace_and_removes_its_cgroups(shared: Path):
