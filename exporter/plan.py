@@ -425,8 +425,14 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
             return EXIT_USAGE
         for r in observed.values():
             stderr.write(f"{PROG}: {r.unit}: {r.why}: budget {r.kv_bytes} bytes (now {r.current_bytes})\n")
-        requests = {**rightsizing.target_requests(observed), **requests}
+        given, requests = requests, {**rightsizing.target_requests(observed), **requests}
     plan = make_plan(views, totals, placement, args.reserve, requests)
+    if not plan.fits and (args.prometheus is not None or args.observed is not None):
+        for unit, device in _growth_that_breaks_the_fit(plan, views, totals, placement, args.reserve, requests,
+                                                        given, observed):
+            r = observed[unit]
+            stderr.write(f"{PROG}: {unit}: its right-sized growth ({r.current_bytes} -> {r.kv_bytes} bytes of KV) "
+                         f"is what makes GPU {device} not fit: without it the GPU fits\n")
     refused = [u for u in plan.unplannable if u.unit in requests and u.unit in engines and
                vllm_release_ok(views, u.unit)]
     if refused:
@@ -471,6 +477,22 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         stderr.write(f"{PROG}: incomplete: {'; '.join(what)}\n")
         return EXIT_INCOMPLETE
     return EXIT_FITS
+
+
+def _growth_that_breaks_the_fit(plan: Plan, views: Sequence[UnitView], totals: Mapping[str, int],
+                                placement: Mapping[str, set[str]], reserve: int, requests: Mapping[str, TargetRequest],
+                                given: Mapping[str, TargetRequest],
+                                observed: Mapping[str, rightsizing.Recommendation]) -> list[tuple[str, str]]:
+    """(unit, GPU) for each right-sized unit that grew and whose growth alone makes its GPU not fit: planned at
+    its KV bytes of now instead, the GPU fits."""
+    grown = [r for r in observed.values() if r.kv_bytes > r.current_bytes and r.unit not in given]
+    blamed = []
+    for r in grown:
+        without = make_plan(views, totals, placement, reserve, {**requests, r.unit: TargetRequest(kv_bytes=r.current_bytes)})
+        for was, device in zip(plan.devices, without.devices):
+            if not was.fit.fits and device.fit.fits and any(u.unit == r.unit for u in device.units):
+                blamed.append((r.unit, device.device))
+    return blamed
 
 
 def vllm_release_ok(views: Sequence[UnitView], unit: str) -> bool:

@@ -6,6 +6,7 @@ offline, its output and its refusals."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -112,12 +113,48 @@ def test_waiting_at_max_num_seqs_is_the_cap_not_the_kv_cache():
     assert not recommendation.kv_limited
     assert 0.6 * 10 * GiB * 1.05 <= recommendation.kv_bytes <= 0.6 * 10 * GiB * 1.05 + 2  # shrinks to peak + 5 %
     # below the cap, a request waiting for capacity is the KV cache's doing: it grows to what 4 requests hold
-    limited = recommend_unit(CHAT, [Sample(0.9, 3, 1, False)], 10 * GiB, max_num_seqs=4, required_bytes=GiB)
+    limited = recommend_unit(CHAT, [Sample(0.9, 3, 1, False)], 10 * GiB, max_num_seqs=4, required_bytes=4 * GiB)
     demand = 0.9 * 10 * GiB / 3 * 4
-    assert limited.kv_limited and demand <= limited.kv_bytes <= 1.1 * demand
+    assert limited.kv_limited and demand <= limited.kv_bytes <= 1.1 * demand and not limited.capped
+
+
+def hostile(usage: float, running: float, waiting: float) -> dict[str, list[float]]:
+    """What a unit's own /metrics can make Prometheus hold: any usage, any counts, preempting all along."""
+    return {"usage": [usage] * 5, "running": [running] * 5, "waiting_for_capacity": [waiting] * 5,
+            "preemptions": [0.1] * 5}
+
+
+def test_a_usage_over_1_is_believed_as_1_not_as_a_bigger_budget():
+    """Chat reports its KV cache 3 times full with one request running: the most one request can hold is
+    the whole cache, so its budget is at most that plus the margin (not 3x)."""
+    found = recommend(views(), parse_observed(answers({CHAT: hostile(3, 1, 0), EMBEDDING: idle_trace()})))
+    assert found[CHAT].kv_limited and found[CHAT].kv_bytes <= found[CHAT].current_bytes * 1.05 + 1
+
+
+def test_a_kv_limited_units_growth_stops_at_max_num_seqs_requests_of_its_maximum_length_and_says_so():
+    (chat,) = [view for view in views() if view.unit == CHAT]
+    need = chat.latest.max_num_seqs * chat.latest.effective_required_bytes
+    # a fraction of a request running and a thousand waiting: a demand of 400x its cache, were it believed
+    found = recommend(views(), parse_observed(answers({CHAT: hostile(1, 0.01, 1000)})))
+    assert found[CHAT].kv_bytes == need and "growth capped" in found[CHAT].why and str(need) in found[CHAT].why
+    # nothing bounds a unit whose max_num_seqs is not known: it is not grown at all
+    kept = recommend_unit(CHAT, [Sample(1, 1, 5, True)], GiB, max_num_seqs=None, required_bytes=GiB)
+    assert kept.kv_bytes == GiB and "not grown" in kept.why
+
+
+def test_negative_counts_are_none_and_preempting_with_nothing_running_keeps_the_budget():
+    found = recommend(views(), parse_observed(answers({CHAT: hostile(0.5, -4, -7)})))
+    assert found[CHAT].kv_limited and found[CHAT].kv_bytes == found[CHAT].current_bytes
 
 
 @pytest.mark.parametrize("text, message", [
+    *[(json.dumps(answers({CHAT: {**idle_trace(), name: [0, value, 0, 0, 0, 0]}})).replace(
+        '"inf"', '"+Inf"'), f"{name!r}: {CHAT} has a value that is not a finite number")
+      for name in QUERIES for value in (math.nan, math.inf)],
+    (json.dumps({name: {"data": {"resultType": "matrix", "result": {"x": 1}}} for name in QUERIES}),
+     "its result is not a list"),
+    (json.dumps({name: matrix({}) | {"data": {"resultType": "matrix", "result": [
+        {"metric": {"unit": ["u"]}, "values": []}]}} for name in QUERIES}), "unit is not a string"),
     ("[1, 2]", "not a JSON object"),
     ("{", "not JSON"),
     (json.dumps({"usage": {}}), "is not a query_range"),
@@ -151,3 +188,17 @@ def test_vllm_xpu_plan_observed_offline_plans_the_recommended_budgets(tmp_path):
     broken.write_text("{")
     refused = run_plan(journal, "--observed", str(broken))
     assert refused.returncode == 2 and refused.stdout == "" and len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_vllm_xpu_plan_names_the_unit_whose_growth_breaks_the_fit_and_a_usage_of_40_does_not(tmp_path):
+    journal = write_journal(tmp_path / "system.journal", journal_specs(placed()))
+    observed = tmp_path / "observed.json"
+    observed.write_text(json.dumps(answers({CHAT: hostile(40, 1, 0), EMBEDDING: idle_trace()})))
+    believed_as_full = run_plan(journal, "--observed", str(observed))
+    assert believed_as_full.returncode == 0, believed_as_full.stderr
+    observed.write_text(json.dumps(answers({CHAT: hostile(40, 0.01, 1000), EMBEDDING: idle_trace()})))
+    grown_to_its_cap = run_plan(journal, "--observed", str(observed))
+    assert grown_to_its_cap.returncode == 1, grown_to_its_cap.stderr
+    blamed = [line for line in grown_to_its_cap.stderr.splitlines() if "makes GPU offline not fit" in line]
+    assert blamed == [f"vllm-xpu-plan: {CHAT}: its right-sized growth (2147483648 -> 15070060688 bytes of KV) is what "
+                      f"makes GPU offline not fit: without it the GPU fits"]
