@@ -488,7 +488,8 @@ def _growth_that_breaks_the_fit(plan: Plan, views: Sequence[UnitView], totals: M
     grown = [r for r in observed.values() if r.kv_bytes > r.current_bytes and r.unit not in given]
     blamed = []
     for r in grown:
-        without = make_plan(views, totals, placement, reserve, {**requests, r.unit: TargetRequest(kv_bytes=r.current_bytes)})
+        as_now = {**requests, r.unit: TargetRequest(kv_bytes=r.current_bytes)}
+        without = make_plan(views, totals, placement, reserve, as_now)
         for was, device in zip(plan.devices, without.devices):
             if not was.fit.fits and device.fit.fits and any(u.unit == r.unit for u in device.units):
                 blamed.append((r.unit, device.device))
@@ -543,10 +544,19 @@ def _write_units(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: T
     if refused and args.output_dir is not None:
         stderr.write(f"{PROG}: nothing written to {args.output_dir}: {len(refused)} unit(s) cannot take the plan\n")
         return EXIT_INCOMPLETE
+    if args.output_dir is not None:
+        # resolved once, and only through what nobody but root or this user can change: a link another user
+        # may retarget would choose where root writes the drop-ins
+        try:
+            output_dir = unitconfig.trusted_directory(os.path.abspath(args.output_dir),
+                                                      frozenset({0, os.geteuid()}))
+        except OSError as error:
+            stderr.write(f"{PROG}: error: --output-dir {args.output_dir}: {error}: nothing written\n")
+            return EXIT_USAGE
     for unit, text in texts.items():
         if args.output_dir is not None:
             try:
-                path = write_atomically(Path(args.output_dir) / f"{unit}.d", DROP_IN_NAME, text)
+                path = write_atomically(Path(output_dir) / f"{unit}.d", DROP_IN_NAME, text)
             except OSError as error:
                 stderr.write(f"{PROG}: error: {unit}: {error}\n")
                 return EXIT_USAGE

@@ -129,3 +129,40 @@ def test_a_units_drop_in_is_read_again_only_after_the_reread_time(plans: Path) -
     now[0] += 30
     found, problems = unit_plans.plans([CHAT])
     assert found == {} and len(problems) == 1 and "writable by others than root" in problems[0]
+
+
+def test_a_plans_directory_given_through_a_link_others_can_swap_is_not_believed(plans: Path) -> None:
+    """/tmp-like: a link another user made in a directory everyone may write to. Followed, its owner would
+    choose which root-owned directory is read as the plans."""
+    require_root_owned_tree(plans)
+    shared = plans.parent / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o1777)
+    (shared / "plans").symlink_to(plans)
+    os.lchown(shared / "plans", NOBODY, NOBODY)
+    found, problems = UnitPlans(str(shared / "plans")).plans([CHAT])
+    assert found == {} and len(problems) == 1
+    assert f"{shared / 'plans'} is a symlink owned by uid {NOBODY}, not root" in problems[0]
+    assert "plans directory" in problems[0] and "not believed" in problems[0]
+    # root's own link in the same directory: nobody else can remove or swap it
+    os.lchown(shared / "plans", 0, 0)
+    assert UnitPlans(str(shared / "plans")).plans([CHAT]) == ({CHAT: 3481927680}, [])
+
+
+def test_a_link_to_the_plans_directory_is_resolved_once(plans: Path) -> None:
+    """A link on the way pointed elsewhere later (another root-owned tree with other drop-ins) is not followed."""
+    require_root_owned_tree(plans)
+    other = plans.parent / "other"
+    (other / f"{CHAT}.d").mkdir(parents=True, mode=0o755)
+    os.chmod(other, 0o755)
+    (other / f"{CHAT}.d" / DROP_IN_NAME).write_text(f"LogExtraFields={PLAN_FIELD}=1\n")
+    os.chmod(other / f"{CHAT}.d" / DROP_IN_NAME, 0o644)
+    link = plans.parent / "link"
+    link.symlink_to(plans)
+    now = [0.0]
+    unit_plans = UnitPlans(str(link), reread_seconds=30, clock=lambda: now[0])
+    assert unit_plans.plans([CHAT]) == ({CHAT: 3481927680}, [])
+    link.unlink()
+    link.symlink_to(other)
+    now[0] += 60
+    assert unit_plans.plans([CHAT]) == ({CHAT: 3481927680}, [])
