@@ -17,9 +17,9 @@ from vllm_xpu_exporter.rightsizing import STEP_SECONDS, ObservedError, queries
 # One deadline for every answer of a plan together, whatever the server does (a byte every few seconds keeps
 # each read alive, never the whole); the planner runs as root beside the engines.
 TIMEOUT_S = 30.0
-# What one answer may hold: a day at one sample a minute is about 36 KiB a unit, a week about 250 KiB. Parsed,
-# an answer takes about 7 times its size; four are held at once.
-MAX_ANSWER_BYTES = 8 * 1024 * 1024
+# What one answer may hold: a day at one sample a minute is about 36 KiB a unit (110 units at the cap), a week
+# about 250 KiB (16). Parsed, the four answers held at once took 240 MB at the cap (2.7 GB at 60 MiB each).
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
 MAX_REDIRECTS = 3
 _CHUNK_BYTES = 64 * 1024
 
