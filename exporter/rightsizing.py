@@ -132,6 +132,8 @@ def load_observed(text: str) -> dict[str, list[Sample]]:
         answers = json.loads(text)
     except json.JSONDecodeError as error:
         raise ObservedError(f"not JSON ({error.msg} at line {error.lineno})") from None
+    except RecursionError:
+        raise ObservedError("not JSON of query_range answers (nested too deep)") from None
     if not isinstance(answers, Mapping):
         raise ObservedError("not a JSON object of query_range answers")
     return parse_observed(answers)

@@ -155,6 +155,7 @@ def test_negative_counts_are_none_and_preempting_with_nothing_running_keeps_the_
      "its result is not a list"),
     (json.dumps({name: matrix({}) | {"data": {"resultType": "matrix", "result": [
         {"metric": {"unit": ["u"]}, "values": []}]}} for name in QUERIES}), "unit is not a string"),
+    ("[" * 200_000 + "]" * 200_000, "nested too deep"),
     ("[1, 2]", "not a JSON object"),
     ("{", "not JSON"),
     (json.dumps({"usage": {}}), "is not a query_range"),

@@ -90,6 +90,9 @@ def test_a_saved_file_is_read_and_a_missing_one_refused(tmp_path):
     assert set(read_observed(args(observed=str(saved)))) == set(QUERIES)
     with pytest.raises(ObservedError, match="No such file"):
         read_observed(args(observed=str(tmp_path / "missing.json")))
+    (tmp_path / "deep.json").write_bytes(DEEP)
+    with pytest.raises(ObservedError, match="nested too deep"):
+        read_observed(args(observed=str(tmp_path / "deep.json")))
 
 
 class Faulty(socketserver.BaseRequestHandler):
