@@ -1,5 +1,7 @@
 """Prometheus's query_range read for right-sizing (sources/prometheus.py): against a stand-in HTTP API that
-answers each observation query, and a saved file; failures are one-line ObservedErrors."""
+answers each observation query, and a saved file; failures are one-line ObservedErrors. And against faulty
+servers on real sockets (127.0.0.1): trickling, redirecting to another port, huge, not finite, nested too
+deep, not JSON, empty: one line and exit 2 from vllm-xpu-plan, or figures bounded, never a traceback."""
 
 from __future__ import annotations
 
@@ -132,7 +134,8 @@ def http_answer(body: bytes, status: str = "200 OK", headers: str = "") -> bytes
 
 @pytest.fixture
 def faulty():
-    servers = []
+    """start(reply, trickle) -> the URL of a new faulty server; `start.last` is its handler class (sent, paths)."""
+    servers, handlers = [], []
 
     def start(reply, trickle: float = 0.0) -> str:
         handler = type("FaultyHere", (Faulty,), {"reply": staticmethod(reply), "trickle": trickle, "sent": 0,
@@ -141,8 +144,10 @@ def faulty():
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
+        handlers.append(handler)
         return f"http://127.0.0.1:{server.server_address[1]}"
 
+    start.last = lambda: handlers[-1]
     yield start
     for server in servers:
         server.shutdown()
@@ -155,13 +160,13 @@ def test_a_trickling_prometheus_is_given_up_on_at_the_one_deadline_not_read_to_i
     url = faulty(lambda path: http_answer(json.dumps(answer("u.service", 0.5)).encode()), trickle=0.2)
     with pytest.raises(ObservedError, match="no whole answer in time"):
         read_observed(args(prometheus=url))
-    server = Faulty.__subclasses__()[-1]
+    server = faulty.last()
     assert server.sent < len(http_answer(json.dumps(answer("u.service", 0.5)).encode())) // 2
 
 
 def test_a_redirect_is_followed_within_the_origin_and_never_to_another_port(faulty):
     other = faulty(lambda path: http_answer(json.dumps(answer("u.service", 0.5)).encode()))
-    elsewhere = Faulty.__subclasses__()[-1]
+    elsewhere = faulty.last()
     url = faulty(lambda path: http_answer(b"", "302 Found", f"Location: {other}{path}\r\n"))
     with pytest.raises(ObservedError, match="redirected to another origin"):
         read_observed(args(prometheus=url))
