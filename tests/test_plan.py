@@ -24,6 +24,7 @@ from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs
 from fakeze import A770, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
 from journalgen import current_boot_id, write_journal
+from mountns import tmpfs_in_own_mount_namespace
 from polling import wait_for
 from scrapes import series
 from sizes import GiB
@@ -586,3 +587,21 @@ def test_the_output_directory_is_not_reached_through_a_link_another_user_can_swa
     os.lchown(shared / "out", 0, 0)  # root's own link: nobody else may remove or swap it
     written = run_plan(journal, *argv, "--output-dir", str(shared / "out"))
     assert written.returncode == plan.EXIT_INCOMPLETE and (systemd_dir / f"{CHAT}.d" / plan.DROP_IN_NAME).exists()
+
+
+def test_an_output_directory_through_proc_pid_root_is_written_in_that_processs_mount_namespace(
+        journal: Path, tmp_path: Path) -> None:
+    """`/proc/PID/root/DIR`, as a test writes into a booted systemd's /etc/systemd/system: the kernel's link lands
+    in PID's mount namespace, where a tmpfs covers DIR. Its text (`/`) is the host's root: the drop-ins belong in
+    the namespace's DIR and the host's stays empty."""
+    os.chmod(tmp_path, 0o755)
+    host_dir = tmp_path / "system"
+    host_dir.mkdir(mode=0o755)
+    argv = ["--requests", f"{CHAT}=1", "--format", "systemd", "--systemctl", str(fake_systemctl(tmp_path, SEED_COMMANDS))]
+    with tmpfs_in_own_mount_namespace(host_dir) as pid:
+        inside = Path(f"/proc/{pid}/root") / str(host_dir).lstrip("/")
+        result = run_plan(journal, *argv, "--output-dir", str(inside))
+        assert result.returncode == plan.EXIT_INCOMPLETE, result.stderr  # the unit on 0.15.1 is left out
+        assert (inside / f"{CHAT}.d" / plan.DROP_IN_NAME).is_file()
+        assert f"{inside}/{CHAT}.d/{plan.DROP_IN_NAME}" in result.stdout.splitlines()
+    assert list(host_dir.iterdir()) == []

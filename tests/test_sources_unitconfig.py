@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from mountns import tmpfs_in_own_mount_namespace
 
 from vllm_xpu_exporter.sources.unitconfig import DROP_IN_NAME, PLAN_FIELD, UnitPlans, parse_drop_in
 
@@ -166,3 +167,16 @@ def test_a_link_to_the_plans_directory_is_resolved_once(plans: Path) -> None:
     link.symlink_to(other)
     now[0] += 60
     assert unit_plans.plans([CHAT]) == ({CHAT: 3481927680}, [])
+
+
+def test_plans_through_proc_pid_root_are_read_in_that_processs_mount_namespace(plans: Path) -> None:
+    """`/proc/PID/root/DIR`: the kernel's link lands in PID's mount namespace, where a tmpfs covers DIR with
+    other drop-ins; its text (`/`) is the host's root, whose DIR holds the host's."""
+    require_root_owned_tree(plans)
+    with tmpfs_in_own_mount_namespace(plans) as pid:
+        inside = Path(f"/proc/{pid}/root") / str(plans).lstrip("/")
+        (inside / f"{CHAT}.d").mkdir(mode=0o755)
+        (inside / f"{CHAT}.d" / DROP_IN_NAME).write_text(f"LogExtraFields={PLAN_FIELD}=471859200\n")
+        os.chmod(inside / f"{CHAT}.d" / DROP_IN_NAME, 0o644)
+        assert UnitPlans(str(inside)).plans([CHAT]) == ({CHAT: 471859200}, [])
+    assert UnitPlans(str(plans)).plans([CHAT]) == ({CHAT: 3481927680}, [])

@@ -26,11 +26,15 @@ rewritten at a restart; and its bus refuses a `DynamicUser=` client such as the 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import os
 import re
 import stat
+import struct
 import time
+import weakref
 from collections.abc import Callable, Iterable
 
 PLAN_FIELD = "VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES"
@@ -45,6 +49,8 @@ MAX_DROP_IN_BYTES = 64 * 1024
 MAX_BUDGET_DIGITS = 20
 MAX_SYMLINKS = 40  # as the kernel allows on one path
 ROOT = frozenset({0})
+_PROC_SUPER_MAGIC = 0x9FA0
+_libc = ctypes.CDLL(None, use_errno=True)
 _UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\@-]{1,250}\.service")
 
 
@@ -83,70 +89,120 @@ def _owners(owners: frozenset[int]) -> str:
     return " or ".join("root" if uid == 0 else f"uid {uid}" for uid in sorted(owners))
 
 
-def _open_checked(path: str, flags: int, owners: frozenset[int] = ROOT) -> int:
-    """`path`, every directory on the way from / checked with _check_owner, none followed if a symlink."""
-    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+def _on_procfs(fd: int) -> bool:
+    """Whether the open directory `fd` is of procfs, whose symlinks the kernel makes (`/proc/PID/root`)."""
+    buffer = ctypes.create_string_buffer(256)  # a struct statfs; its first member is f_type, a C long
+    if _libc.fstatfs(fd, buffer) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))
+    return struct.unpack_from("l", buffer)[0] == _PROC_SUPER_MAGIC
+
+
+def _open_root(owners: frozenset[int]) -> int:
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY)
     try:
         _check_owner("/", os.fstat(fd), owners)
-        walked = ""
-        parts = [part for part in path.split("/") if part]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_entry(directory: int, part: str, flags: int, create: bool) -> int:
+    """`part` of the open `directory` with `flags` (and O_NOFOLLOW), made a directory first if it is missing
+    and `create`."""
+    try:
+        return os.open(part, flags | os.O_NOFOLLOW, dir_fd=directory)
+    except FileNotFoundError:
+        if not create:
+            raise
+    with contextlib.suppress(FileExistsError):  # made meanwhile: checked as any
+        os.mkdir(part, 0o755, dir_fd=directory)
+    return os.open(part, flags | os.O_NOFOLLOW, dir_fd=directory)
+
+
+def open_trusted_directory(path: str, owners: frozenset[int] = ROOT, *, create: bool = False) -> int:
+    """An O_PATH descriptor of the directory the absolute `path` names, trusted only as a whole and held from
+    then on: walked from `/` one part at a time, each opened relative to its parent's descriptor without
+    following symlinks, every directory passing _check_owner. A symlink on the way is followed only when
+    nobody but `owners` can have made it or can retarget it (the link theirs, in a directory that passed):
+    its target walked the same way, or, for procfs's own links (`/proc/PID/root`), opened by the kernel
+    relative to its directory, which lands where the link points (in the process's mount namespace, which
+    the link's text cannot name). No string is resolved again, so a link retargeted later is not followed.
+    `create`: missing directories are made (mode 755). Raises UntrustedPath, or the OSError of a part that
+    cannot be opened (FileNotFoundError: a part is missing and not `create`)."""
+    walked = [(_open_root(owners), "/")]  # the directories the walk stands in, for `..`
+    try:
+        pending = [part for part in reversed(path.split("/")) if part]
+        links = 0
+        while pending:
+            part = pending.pop()
+            if part == ".":
+                continue
+            if part == "..":
+                if len(walked) > 1:
+                    os.close(walked.pop()[0])
+                continue
+            parent, name = walked[-1]
+            name = os.path.join(name, part)
+            entry: int | None = _open_entry(parent, part, os.O_PATH, create)
+            try:
+                info = os.fstat(entry)
+                if not stat.S_ISLNK(info.st_mode):
+                    if not stat.S_ISDIR(info.st_mode):
+                        raise UntrustedPath(f"{name} is not a directory")
+                    _check_owner(name, info, owners)
+                    walked.append((entry, name))
+                    entry = None
+                    continue
+                links += 1
+                if links > MAX_SYMLINKS:
+                    raise UntrustedPath(f"{path}: more than {MAX_SYMLINKS} symlinks")
+                if info.st_uid not in owners:
+                    raise UntrustedPath(f"{name} is a symlink owned by uid {info.st_uid}, not {_owners(owners)}")
+                if _on_procfs(parent):
+                    walked.append((os.open(part, os.O_PATH | os.O_DIRECTORY, dir_fd=parent), name))
+                    _check_owner(name, os.fstat(walked[-1][0]), owners)
+                    continue
+                target = os.readlink("", dir_fd=entry)
+                if target.startswith("/"):
+                    for fd, _ in walked:
+                        os.close(fd)
+                    walked = [(_open_root(owners), "/")]
+                pending.extend(part for part in reversed(target.split("/")) if part)
+            finally:
+                if entry is not None:
+                    os.close(entry)
+        return walked.pop()[0]
+    finally:
+        for fd, _ in walked:
+            os.close(fd)
+
+
+def open_below(directory: int, relative: str, flags: int, shown: str, owners: frozenset[int] = ROOT, *,
+               create: bool = False) -> int:
+    """The file `relative` names in the open, trusted `directory` (`shown` names it in messages), opened with
+    `flags`: every part opened without following symlinks, each passing _check_owner (`create`: directories
+    made where missing)."""
+    fd = os.dup(directory)
+    try:
+        parts = [part for part in relative.split("/") if part]
         for index, part in enumerate(parts):
             last = index == len(parts) - 1
-            walked += "/" + part
+            shown = f"{shown.rstrip('/')}/{part}"
             try:
-                child = os.open(part, (flags if last else os.O_RDONLY | os.O_DIRECTORY) | os.O_NOFOLLOW, dir_fd=fd)
+                child = _open_entry(fd, part, flags if last else os.O_PATH | os.O_DIRECTORY, create)
             except OSError as error:
                 if error.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UntrustedPath(f"{walked} is a symlink or not a directory") from error
+                    raise UntrustedPath(f"{shown} is a symlink or not a directory") from error
                 raise
             os.close(fd)
             fd = child
-            _check_owner(walked, os.fstat(fd), owners)
+            _check_owner(shown, os.fstat(fd), owners)
         return fd
     except BaseException:
         os.close(fd)
         raise
-
-
-def trusted_directory(path: str, owners: frozenset[int] = ROOT) -> str:
-    """`path` resolved once, trusted only as a whole: a symlink on it is followed only when nobody but `owners`
-    can have made it or can retarget it (the link theirs, in a directory _check_owner passes), and every
-    directory of the result that exists passes _check_owner. The result, which has no symlink left, is what
-    to use from then on: a link retargeted later is not followed again. Parts that do not exist yet are kept
-    as given. Raises UntrustedPath (or the OSError of a part that cannot be looked at)."""
-    pending = [part for part in reversed(path.split("/")) if part]
-    resolved, links = "/", 0
-    while pending:
-        part = pending.pop()
-        if part == ".":
-            continue
-        if part == "..":
-            resolved = os.path.dirname(resolved)
-            continue
-        candidate = os.path.join(resolved, part)
-        try:
-            info = os.lstat(candidate)
-        except FileNotFoundError:
-            resolved = os.path.join(candidate, *reversed(pending))
-            break
-        if not stat.S_ISLNK(info.st_mode):
-            resolved = candidate
-            continue
-        links += 1
-        if links > MAX_SYMLINKS:
-            raise UntrustedPath(f"{path}: more than {MAX_SYMLINKS} symlinks")
-        if info.st_uid not in owners:
-            raise UntrustedPath(f"{candidate} is a symlink owned by uid {info.st_uid}, not {_owners(owners)}")
-        _check_owner(resolved, os.stat(resolved), owners)  # who may swap the link: its directory's writers
-        target = os.readlink(candidate)
-        if target.startswith("/"):
-            resolved = "/"
-        pending.extend(part for part in reversed(target.split("/")) if part)
-    existing = resolved
-    while not os.path.lexists(existing):
-        existing = os.path.dirname(existing)
-    os.close(_open_checked(existing, os.O_RDONLY | os.O_DIRECTORY, owners))
-    return resolved
 
 
 class UnitPlans:
@@ -156,7 +212,7 @@ class UnitPlans:
     def __init__(self, directory: str = DEFAULT_PLANS_DIRECTORY, reread_seconds: float = REREAD_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.directory = directory
-        self._base: str | None = None  # the directory resolved, once it is believed
+        self._base: int | None = None  # the directory's descriptor, once it is believed
         self._reread_seconds = reread_seconds
         self._clock = clock
         # unit -> (when read, its budget, None for no plan, or why its drop-in is not believed)
@@ -181,41 +237,36 @@ class UnitPlans:
                 plans[unit] = found
         return plans, problems
 
-    def _resolved(self) -> str | UnitConfigError:
-        """The plans directory resolved once (a link on the way retargeted later is not followed); tried
-        again at each look-up while it is not believed."""
+    def _opened(self) -> int | UnitConfigError | None:
+        """The plans directory's descriptor, opened once it is believed and held (a link on the way retargeted
+        later is not followed); opened again at each look-up while it is missing or not believed."""
         if self._base is None:
             try:
-                self._base = trusted_directory(self.directory)
+                self._base = open_trusted_directory(os.path.abspath(self.directory))
+            except FileNotFoundError:
+                return None
             except UntrustedPath as error:
                 return UnitConfigError(f"{error}: the plans directory {self.directory} is not believed")
             except OSError as error:
                 return UnitConfigError(f"{self.directory}: {error.strerror}")
+            weakref.finalize(self, os.close, self._base)
         return self._base
 
     def _look_up(self, unit: str) -> int | UnitConfigError | None:
-        base = self._resolved()
-        if isinstance(base, UnitConfigError):
+        base = self._opened()
+        if base is None or isinstance(base, UnitConfigError):
             return base
-        if not os.path.isdir(base):
-            return None
-        try:
-            return self._read(f"{base}/{unit}.d/{DROP_IN_NAME}")
-        except UnitConfigError as error:
-            return error
-
-    @staticmethod
-    def _read(path: str) -> int | None:
+        shown = f"{self.directory.rstrip('/')}/{unit}.d/{DROP_IN_NAME}"
         try:
             # O_NONBLOCK: a FIFO root put there is not waited on (and is refused below)
-            fd = _open_checked(path, os.O_RDONLY | os.O_NONBLOCK)
+            fd = open_below(base, f"{unit}.d/{DROP_IN_NAME}", os.O_RDONLY | os.O_NONBLOCK, self.directory)
         except FileNotFoundError:
             return None
         except UntrustedPath as error:
-            raise UnitConfigError(f"{error}: its plan is not believed") from error
+            return UnitConfigError(f"{error}: its plan is not believed")
         except OSError as error:
-            raise UnitConfigError(f"{path}: {error.strerror}") from error
+            return UnitConfigError(f"{shown}: {error.strerror}")
         with os.fdopen(fd, "rb") as stream:
             if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
-                raise UnitConfigError(f"{path} is not a regular file: its plan is not believed")
+                return UnitConfigError(f"{shown} is not a regular file: its plan is not believed")
             return parse_drop_in(stream.read(MAX_DROP_IN_BYTES).decode("utf-8", "replace"))
