@@ -9,6 +9,8 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     certs        make_pki() and friends; webconfigs: web config texts and files
     exporterproc the exporter as a process; fakeze, fakeprocfs, fakesysfs: what it reads
     journalgen   journal files; vllmlogs: what vLLM units print (realistic starts, the boot race)
+    rightsizedhost  the right-sizing tests' two units in a journal, their views, vllm-xpu-plan on it
+    mountns      a process with a tmpfs in a mount namespace of its own (/proc/PID/root/PATH)
     promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids cgroups
     noskip       the hooks that fail a skipped test; fastpure: those that fail a `fast` test that is not pure
 

@@ -7,44 +7,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from vllm_xpu_exporter import planning
-from vllm_xpu_exporter.fold.engine_starts import EngineTracker
 from vllm_xpu_exporter.rightsizing import (QUERIES, ObservedError, Sample, load_observed, parse_observed,
                                            recommend, recommend_unit, target_requests)
-from journalgen import current_boot_id, write_journal
+from journalgen import write_journal
+from rightsizedhost import CHAT, EMBEDDING, SIXTEEN_GIB, placed, run_plan, views
 from sizes import GiB
-from vllmlogs import Boot, VllmRun, compose, journal_specs, service_runs, tracker_entries
+from vllmlogs import journal_specs
 
-REPO = Path(__file__).resolve().parents[1]
-CHAT, EMBEDDING = "vllm-xpu-chat.service", "vllm-xpu-embedding.service"
-SIXTEEN_GIB = 16 * GiB
-RUNS = {CHAT: VllmRun("0.24.0", gpu_memory_utilization=0.5, max_model_len=32768, max_num_seqs=4, kv_cache_gib=2.0),
-        EMBEDDING: VllmRun("0.24.0", gpu_memory_utilization=0.3, max_model_len=8192, max_num_seqs=2,
-                           kv_cache_gib=3.36, main_pid=5000)}
 # the preemption trace: requests that want to run (each holding 45 % of chat's KV cache when it runs), a minute apart
 OFFERED = [1, 2, 3, 4, 4, 3, 4, 2, 1, 0, 1, 3, 4, 4, 2]
 PER_REQUEST = 0.45
-
-
-def placed() -> list:
-    boot_at = 1_747_044_600.0
-    entries = []
-    for index, (unit, run) in enumerate(RUNS.items()):
-        entries += service_runs(unit, [run], boot_at + 60 + index * 0.001, job_id=120 + index)
-    return compose(Boot(current_boot_id(), boot_at, tuple(entries)))
-
-
-def views() -> list:
-    tracker = EngineTracker()
-    tracker.extend(tracker_entries(placed()))
-    return list(tracker.views())
 
 
 def matrix(series: dict[str, list[float]]) -> dict:
@@ -164,13 +140,6 @@ def test_negative_counts_are_none_and_preempting_with_nothing_running_keeps_the_
 def test_observations_that_cannot_be_read_are_refused(text, message):
     with pytest.raises(ObservedError, match=message):
         load_observed(text)
-
-
-def run_plan(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.plan", "--journal.file", str(journal),
-                           "--device-memory", str(SIXTEEN_GIB), *args],
-                          capture_output=True, text=True, timeout=120, env=env, check=False)
 
 
 def test_vllm_xpu_plan_observed_offline_plans_the_recommended_budgets(tmp_path):

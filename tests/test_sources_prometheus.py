@@ -24,8 +24,8 @@ from vllm_xpu_exporter.rightsizing import QUERIES, ObservedError, parse_observed
 from vllm_xpu_exporter.sources import prometheus
 from vllm_xpu_exporter.sources.prometheus import read_observed
 from journalgen import write_journal
+from rightsizedhost import CHAT, placed, run_plan, views
 from sizes import MiB
-from test_rightsizing import CHAT, placed, run_plan, views
 from vllmlogs import journal_specs
 
 
