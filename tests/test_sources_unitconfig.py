@@ -180,3 +180,18 @@ def test_plans_through_proc_pid_root_are_read_in_that_processs_mount_namespace(p
         os.chmod(inside / f"{CHAT}.d" / DROP_IN_NAME, 0o644)
         assert UnitPlans(str(inside)).plans([CHAT]) == ({CHAT: 471859200}, [])
     assert UnitPlans(str(plans)).plans([CHAT]) == ({CHAT: 3481927680}, [])
+
+
+def test_a_link_of_roots_is_not_followed_on_through_another_users_link_in_its_target(plans: Path) -> None:
+    """Root's link is trusted, but its target goes through a /tmp-like directory where another user's link
+    stands: the walk checks the target's parts as it checks the path given."""
+    require_root_owned_tree(plans)
+    shared = plans.parent / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o1777)
+    (shared / "theirs").symlink_to(plans.parent)
+    os.lchown(shared / "theirs", NOBODY, NOBODY)
+    (plans.parent / "link").symlink_to(shared / "theirs" / plans.name)
+    found, problems = UnitPlans(str(plans.parent / "link")).plans([CHAT])
+    assert found == {} and len(problems) == 1
+    assert f"{shared / 'theirs'} is a symlink owned by uid {NOBODY}, not root" in problems[0], problems

@@ -12,9 +12,11 @@ to must be sticky, so that they cannot replace root's entries), the unit's direc
 without following symlinks, the file a regular file owned by root and writable by no one else. A file that
 fails this is reported, not read; the other units' are read as usual. The directory given
 (`--collector.processes.plans`) may itself be reached through symlinks, but only through root's (each link
-owned by root, in a directory only root may change), and is resolved once (again only while it is not
-believed): a link that someone else could retarget would let them choose which root-owned files are read as
-the plans (`trusted_directory`; the planner's `--output-dir` goes through it too). Nothing the unit's
+owned by root, in a directory only root may change): a link that someone else could retarget would let them
+choose which root-owned files are read as the plans. It is opened one directory at a time and held open
+(again only while it is missing or not believed), and every drop-in is opened relative to it: no path is
+resolved again as a string (`open_trusted_directory`; the planner's `--output-dir` goes through it too, so
+`/proc/PID/root/...` is the directory in that process's mount namespace). Nothing the unit's
 processes print is read: the same field on the unit's own journal entries (journald adds a unit's
 `LogExtraFields` to them) is something any process may write itself.
 
