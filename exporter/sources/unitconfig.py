@@ -245,12 +245,8 @@ class UnitPlans:
         if self._base is None:
             try:
                 self._base = open_trusted_directory(os.path.abspath(self.directory))
-            except FileNotFoundError:
-                return None
-            except UntrustedPath as error:
-                return UnitConfigError(f"{error}: the plans directory {self.directory} is not believed")
             except OSError as error:
-                return UnitConfigError(f"{self.directory}: {error.strerror}")
+                return _problem(error, self.directory, f"the plans directory {self.directory}")
             weakref.finalize(self, os.close, self._base)
         return self._base
 
@@ -262,13 +258,18 @@ class UnitPlans:
         try:
             # O_NONBLOCK: a FIFO root put there is not waited on (and is refused below)
             fd = open_below(base, f"{unit}.d/{DROP_IN_NAME}", os.O_RDONLY | os.O_NONBLOCK, self.directory)
-        except FileNotFoundError:
-            return None
-        except UntrustedPath as error:
-            return UnitConfigError(f"{error}: its plan is not believed")
         except OSError as error:
-            return UnitConfigError(f"{shown}: {error.strerror}")
+            return _problem(error, shown, "its plan")
         with os.fdopen(fd, "rb") as stream:
             if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
                 return UnitConfigError(f"{shown} is not a regular file: its plan is not believed")
             return parse_drop_in(stream.read(MAX_DROP_IN_BYTES).decode("utf-8", "replace"))
+
+
+def _problem(error: OSError, shown: str, what: str) -> UnitConfigError | None:
+    """A part missing is no plan (None); else one line: why `what` is not believed, or `shown` not read."""
+    if isinstance(error, FileNotFoundError):
+        return None
+    if isinstance(error, UntrustedPath):
+        return UnitConfigError(f"{error}: {what} is not believed")
+    return UnitConfigError(f"{shown}: {error.strerror}")
