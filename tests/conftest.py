@@ -15,6 +15,8 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     realsystemd  a real systemd booted as PID 1 of private namespaces; journalfacts: what its journal shows
     bootrace     the seed's three units racing at boot on a real systemd (gated or not, the packaged units)
     plannedboot  the planner observing a boot and the planned boot after it
+    rightsizedhost  the right-sizing tests' two units in a journal, their views, vllm-xpu-plan on it
+    mountns      a process with a tmpfs in a mount namespace of its own (/proc/PID/root/PATH)
     promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids cgroups
     memorylimit  a memory cgroup for a process; seccompprobe: a seccomp profile applied, what it still allows
     noskip       the hooks that fail a skipped test; fastpure: those that fail a `fast` test that is not pure

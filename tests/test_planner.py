@@ -25,6 +25,7 @@ from exporterproc import RunningExporter
 from fakeprocfs import FakeProcfs
 from fakeze import A770, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
 from journalgen import current_boot_id, write_journal
+from mountns import tmpfs_in_own_mount_namespace
 from polling import wait_for
 from scrapes import series
 from sizes import GiB
@@ -564,3 +565,44 @@ def test_right_after_a_failing_cold_boot_the_default_takes_chats_last_good_kv_fr
     assert chat["target"] == "the KV its last successful start had (began 2025-05-11 21:47:40 UTC)"
     assert abs(chat["kv_cache_memory_bytes"] - round(3.25 * GiB)) < 8 * (1 << 20)
     assert device["footprint_bytes"] == sum(u["footprint_bytes"] for u in device["units"]) > 12 * GiB
+
+
+def test_the_output_directory_is_not_reached_through_a_link_another_user_can_swap(journal: Path,
+                                                                                  tmp_path: Path) -> None:
+    """/tmp-like: another user's link in a directory everyone may write to, pointing at root's directory of
+    drop-ins. Followed, its owner would choose where root writes."""
+    os.chmod(tmp_path, 0o755)
+    systemd_dir = tmp_path / "system"
+    systemd_dir.mkdir(mode=0o755)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    (shared / "out").symlink_to(systemd_dir)
+    os.lchown(shared / "out", 65534, 65534)
+    argv = ["--requests", f"{CHAT}=1", "--format", "systemd", "--systemctl",
+            str(fake_systemctl(tmp_path, SEED_COMMANDS))]
+    result = run_plan(journal, *argv, "--output-dir", str(shared / "out"))
+    assert result.returncode == plan.EXIT_USAGE and list(systemd_dir.iterdir()) == [], result.stderr
+    assert f"{shared / 'out'} is a symlink owned by uid 65534" in result.stderr
+    assert "Traceback" not in result.stderr
+    os.lchown(shared / "out", 0, 0)  # root's own link: nobody else may remove or swap it
+    written = run_plan(journal, *argv, "--output-dir", str(shared / "out"))
+    assert written.returncode == plan.EXIT_INCOMPLETE and (systemd_dir / f"{CHAT}.d" / plan.DROP_IN_NAME).exists()
+
+
+def test_an_output_directory_through_proc_pid_root_is_written_in_that_processs_mount_namespace(
+        journal: Path, tmp_path: Path) -> None:
+    """`/proc/PID/root/DIR`, as a test writes into a booted systemd's /etc/systemd/system: the kernel's link lands
+    in PID's mount namespace, where a tmpfs covers DIR. Its text (`/`) is the host's root: the drop-ins belong in
+    the namespace's DIR and the host's stays empty."""
+    os.chmod(tmp_path, 0o755)
+    host_dir = tmp_path / "system"
+    host_dir.mkdir(mode=0o755)
+    argv = ["--requests", f"{CHAT}=1", "--format", "systemd", "--systemctl", str(fake_systemctl(tmp_path, SEED_COMMANDS))]
+    with tmpfs_in_own_mount_namespace(host_dir) as pid:
+        inside = Path(f"/proc/{pid}/root") / str(host_dir).lstrip("/")
+        result = run_plan(journal, *argv, "--output-dir", str(inside))
+        assert result.returncode == plan.EXIT_INCOMPLETE, result.stderr  # the unit on 0.15.1 is left out
+        assert (inside / f"{CHAT}.d" / plan.DROP_IN_NAME).is_file()
+        assert f"{inside}/{CHAT}.d/{plan.DROP_IN_NAME}" in result.stdout.splitlines()
+    assert list(host_dir.iterdir()) == []

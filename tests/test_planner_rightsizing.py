@@ -6,44 +6,21 @@ offline, its output and its refusals."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+import math
 
 import pytest
 
 from vllm_xpu_exporter.planner import plans
-from vllm_xpu_exporter.fold.engine_starts import EngineTracker
 from vllm_xpu_exporter.planner.rightsizing import Sample, parse_observed, recommend, recommend_unit, target_requests
 from vllm_xpu_exporter.sources.prometheus import QUERIES, ObservedError
-from journalgen import current_boot_id, write_journal
+from journalgen import write_journal
+from rightsizedhost import CHAT, EMBEDDING, SIXTEEN_GIB, placed, run_plan, views
 from sizes import GiB
-from vllmlogs import Boot, VllmRun, compose, journal_specs, service_runs, tracker_entries
+from vllmlogs import journal_specs
 
-REPO = Path(__file__).resolve().parents[1]
-CHAT, EMBEDDING = "vllm-xpu-chat.service", "vllm-xpu-embedding.service"
-SIXTEEN_GIB = 16 * GiB
-RUNS = {CHAT: VllmRun("0.24.0", gpu_memory_utilization=0.5, max_model_len=32768, max_num_seqs=4, kv_cache_gib=2.0),
-        EMBEDDING: VllmRun("0.24.0", gpu_memory_utilization=0.3, max_model_len=8192, max_num_seqs=2,
-                           kv_cache_gib=3.36, main_pid=5000)}
 # the preemption trace: requests that want to run (each holding 45 % of chat's KV cache when it runs), a minute apart
 OFFERED = [1, 2, 3, 4, 4, 3, 4, 2, 1, 0, 1, 3, 4, 4, 2]
 PER_REQUEST = 0.45
-
-
-def placed() -> list:
-    boot_at = 1_747_044_600.0
-    entries = []
-    for index, (unit, run) in enumerate(RUNS.items()):
-        entries += service_runs(unit, [run], boot_at + 60 + index * 0.001, job_id=120 + index)
-    return compose(Boot(current_boot_id(), boot_at, tuple(entries)))
-
-
-def views() -> list:
-    tracker = EngineTracker()
-    tracker.extend(tracker_entries(placed()))
-    return list(tracker.views())
 
 
 def matrix(series: dict[str, list[float]]) -> dict:
@@ -112,25 +89,54 @@ def test_waiting_at_max_num_seqs_is_the_cap_not_the_kv_cache():
     assert not recommendation.kv_limited
     assert 0.6 * 10 * GiB * 1.05 <= recommendation.kv_bytes <= 0.6 * 10 * GiB * 1.05 + 2  # shrinks to peak + 5 %
     # below the cap, a request waiting for capacity is the KV cache's doing: it grows to what 4 requests hold
-    limited = recommend_unit(CHAT, [Sample(0.9, 3, 1, False)], 10 * GiB, max_num_seqs=4, required_bytes=GiB)
+    limited = recommend_unit(CHAT, [Sample(0.9, 3, 1, False)], 10 * GiB, max_num_seqs=4, required_bytes=4 * GiB)
     demand = 0.9 * 10 * GiB / 3 * 4
-    assert limited.kv_limited and demand <= limited.kv_bytes <= 1.1 * demand
+    assert limited.kv_limited and demand <= limited.kv_bytes <= 1.1 * demand and not limited.capped
+
+
+def hostile(usage: float, running: float, waiting: float) -> dict[str, list[float]]:
+    """What a unit's own /metrics can make Prometheus hold: any usage, any counts, preempting all along."""
+    return {"usage": [usage] * 5, "running": [running] * 5, "waiting_for_capacity": [waiting] * 5,
+            "preemptions": [0.1] * 5}
+
+
+def test_a_usage_over_1_is_believed_as_1_not_as_a_bigger_budget():
+    """Chat reports its KV cache 3 times full with one request running: the most one request can hold is
+    the whole cache, so its budget is at most that plus the margin (not 3x)."""
+    found = recommend(views(), parse_observed(answers({CHAT: hostile(3, 1, 0), EMBEDDING: idle_trace()})))
+    assert found[CHAT].kv_limited and found[CHAT].kv_bytes <= found[CHAT].current_bytes * 1.05 + 1
+
+
+def test_a_kv_limited_units_growth_stops_at_max_num_seqs_requests_of_its_maximum_length_and_says_so():
+    (chat,) = [view for view in views() if view.unit == CHAT]
+    need = chat.latest.max_num_seqs * chat.latest.effective_required_bytes
+    # a fraction of a request running and a thousand waiting: a demand of 400x its cache, were it believed
+    found = recommend(views(), parse_observed(answers({CHAT: hostile(1, 0.01, 1000)})))
+    assert found[CHAT].kv_bytes == need and "growth capped" in found[CHAT].why and str(need) in found[CHAT].why
+    # nothing bounds a unit whose max_num_seqs is not known: it is not grown at all
+    kept = recommend_unit(CHAT, [Sample(1, 1, 5, True)], GiB, max_num_seqs=None, required_bytes=GiB)
+    assert kept.kv_bytes == GiB and "not grown" in kept.why
+
+
+def test_negative_counts_are_none_and_preempting_with_nothing_running_keeps_the_budget():
+    found = recommend(views(), parse_observed(answers({CHAT: hostile(0.5, -4, -7)})))
+    assert found[CHAT].kv_limited and found[CHAT].kv_bytes == found[CHAT].current_bytes
 
 
 @pytest.mark.parametrize("answers, message", [
+    *[(json.loads(json.dumps(answers({CHAT: {**idle_trace(), name: [0, value, 0, 0, 0, 0]}})).replace(
+        '"inf"', '"+Inf"')),
+       f"{name!r}: {CHAT} has a value that is not a finite number")
+      for name in QUERIES for value in (math.nan, math.inf)],
+    ({name: {"data": {"resultType": "matrix", "result": {"x": 1}}} for name in QUERIES}, "its result is not a list"),
+    ({name: matrix({}) | {"data": {"resultType": "matrix", "result": [
+        {"metric": {"unit": ["u"]}, "values": []}]}} for name in QUERIES}, "unit is not a string"),
     ({"usage": {}}, "is not a query_range"),
     ({name: matrix({}) for name in QUERIES if name != "running"}, "no 'running' answer"),
 ])
 def test_observations_that_cannot_be_read_are_refused(answers, message):
     with pytest.raises(ObservedError, match=message):
         parse_observed(answers)
-
-
-def run_plan(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.planner", "--journal.file", str(journal),
-                           "--device-memory", str(SIXTEEN_GIB), *args],
-                          capture_output=True, text=True, timeout=120, env=env, check=False)
 
 
 def test_vllm_xpu_plan_observed_offline_plans_the_recommended_budgets(tmp_path):
@@ -149,3 +155,17 @@ def test_vllm_xpu_plan_observed_offline_plans_the_recommended_budgets(tmp_path):
     broken.write_text("{")
     refused = run_plan(journal, "--observed", str(broken))
     assert refused.returncode == 2 and refused.stdout == "" and len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_vllm_xpu_plan_names_the_unit_whose_growth_breaks_the_fit_and_a_usage_of_40_does_not(tmp_path):
+    journal = write_journal(tmp_path / "system.journal", journal_specs(placed()))
+    observed = tmp_path / "observed.json"
+    observed.write_text(json.dumps(answers({CHAT: hostile(40, 1, 0), EMBEDDING: idle_trace()})))
+    believed_as_full = run_plan(journal, "--observed", str(observed))
+    assert believed_as_full.returncode == 0, believed_as_full.stderr
+    observed.write_text(json.dumps(answers({CHAT: hostile(40, 0.01, 1000), EMBEDDING: idle_trace()})))
+    grown_to_its_cap = run_plan(journal, "--observed", str(observed))
+    assert grown_to_its_cap.returncode == 1, grown_to_its_cap.stderr
+    blamed = [line for line in grown_to_its_cap.stderr.splitlines() if "makes GPU offline not fit" in line]
+    assert blamed == [f"vllm-xpu-plan: {CHAT}: its right-sized growth (2147483648 -> 15070060688 bytes of KV) is what "
+                      f"makes GPU offline not fit: without it the GPU fits"]

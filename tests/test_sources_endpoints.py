@@ -1,12 +1,20 @@
 """Where each unit's vLLM API server listens (sources/endpoints.py), over a fixture procfs: sockets in the
-process's own network namespace, the command line as fallback, nothing from other programs' listeners."""
+process's own network namespace, the command line as fallback, nothing from other programs' listeners; and
+over the real /proc, a process of its own network namespace listening (IP_FREEBIND) where it has no address."""
 
 from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from vllm_xpu_exporter.sources.endpoints import Endpoint, EndpointFinder, ProcfsUnavailable
 from fakeprocfs import CHAT_UNIT, CONTAINER_CGROUP, FakeProcfs, vllm_api_host, xe_fdinfo
+from taskslimit import remove_cgroup
 
 CHAT = f"/system.slice/{CHAT_UNIT}"
 
@@ -58,6 +66,7 @@ def test_the_listener_on_the_command_lines_port_wins_and_the_socket_tells_a_port
     procfs.add_process(1)
     api = procfs.add_unit_process(100, CHAT)
     api.set_cmdline("vllm", "serve", "m", "--port", "8001")
+    procfs.host_net.ipv4 = ("10.1.2.3",)  # the host's own address
     api.add_socket_fd(procfs.host_net.add_tcp_listener("127.0.0.1", 9999))
     api.add_socket_fd(procfs.host_net.add_tcp_listener("10.1.2.3", 8001))
     assert EndpointFinder(str(procfs.root)).find([CHAT])[CHAT].address == "10.1.2.3:8001"
@@ -177,3 +186,67 @@ def test_a_command_line_cannot_point_the_target_at_another_host(tmp_path):
         (api.path / "fd").write_text("")  # its sockets unreadable: the command line is all there is
     found = EndpointFinder(str(procfs.root)).find(f"/system.slice/vllm-{pid}.service" for pid in (100, 101, 102))
     assert addresses(found) == {"/system.slice/vllm-102.service": "10.88.0.9:8000"}
+
+
+def test_a_socket_on_an_address_its_namespace_does_not_have_is_no_endpoint(tmp_path):
+    """IP_FREEBIND lets any process listen on any address: the table then shows an address that is another
+    host's or another namespace's, which Prometheus must not be sent to."""
+    procfs = FakeProcfs(tmp_path)
+    procfs.add_process(1)
+    namespace = procfs.add_netns(4026532800, ipv4=("10.88.0.9",))
+    for pid, address in ((100, "10.200.0.2"), (101, "10.88.0.9"), (102, "192.0.2.1")):
+        api = procfs.add_unit_process(pid, f"/system.slice/vllm-{pid}.service")
+        if pid != 102:
+            api.enter_network_namespace(namespace)
+        api.set_cmdline("vllm", "serve", "m", "--port", "19100")
+        api.add_socket_fd((namespace if pid != 102 else procfs.host_net).add_tcp_listener(address, 19100))
+    found = EndpointFinder(str(procfs.root)).find(f"/system.slice/vllm-{pid}.service" for pid in (100, 101, 102))
+    assert addresses(found) == {"/system.slice/vllm-101.service": "10.88.0.9:19100"}
+
+
+LISTENER = """\
+import os, socket, sys
+listener = socket.socket()
+listener.setsockopt(socket.SOL_IP, getattr(socket, "IP_FREEBIND", 15), 1)
+listener.bind((os.environ["BIND"], 19100))
+listener.listen()
+print("listening", flush=True)
+sys.stdin.read()
+"""
+SYSTEMD_V1 = Path("/sys/fs/cgroup/systemd")
+_units = itertools.count()
+
+
+def test_a_real_namespace_listening_with_ip_freebind_on_another_namespaces_address_is_not_published(tmp_path):
+    """Two units, each a process of its own network namespace (its loopback only, holding also 10.200.0.3):
+    one listens on its own 10.200.0.3, the other, with IP_FREEBIND, on 10.200.0.2, an address it does not
+    have. Only the first is an endpoint. The real /proc, sockets and cgroups."""
+    if not (SYSTEMD_V1 / "cgroup.procs").exists() or os.geteuid() != 0:
+        pytest.fail("needs root and the name=systemd cgroup hierarchy (a hybrid host)")
+    script = tmp_path / "vllm"  # its command line reads `vllm serve`, as an API server's does
+    script.write_text(LISTENER)
+    units, processes = {}, []
+    slice_ = SYSTEMD_V1 / f"vllm-xpu-freebind-{os.getpid()}-{next(_units)}.slice"
+    slice_.mkdir()
+    try:
+        for bind in ("10.200.0.3", "10.200.0.2"):
+            unit = slice_ / f"vllm-xpu-freebind-{bind}.service"
+            unit.mkdir()
+            units[bind] = unit
+            inside = f"ip link set lo up && ip addr add 10.200.0.3/32 dev lo && exec {sys.executable} {script} serve m"
+            process = subprocess.Popen(["sh", "-c", f'echo $$ > {unit}/cgroup.procs && exec unshare --net -- '
+                                        f'sh -c "{inside}"'], env={**os.environ, "BIND": bind},
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            processes.append(process)
+            assert process.stdout.readline() == "listening\n"
+        paths = {bind: "/" + str(unit.relative_to(SYSTEMD_V1)) for bind, unit in units.items()}
+        found = EndpointFinder("/proc").find(paths.values())
+        assert addresses(found) == {paths["10.200.0.3"]: "10.200.0.3:19100"}
+        assert found[paths["10.200.0.3"]].found_by == "socket"
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait(timeout=10)
+        for unit in units.values():
+            remove_cgroup(unit)
+        slice_.rmdir()

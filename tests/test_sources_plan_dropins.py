@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from mountns import tmpfs_in_own_mount_namespace
 
 from vllm_xpu_exporter.sources.plan_dropins import DROP_IN_NAME, PLAN_FIELD, UnitPlans, parse_drop_in
 
@@ -129,3 +130,68 @@ def test_a_units_drop_in_is_read_again_only_after_the_reread_time(plans: Path) -
     now[0] += 30
     found, problems = unit_plans.plans([CHAT])
     assert found == {} and len(problems) == 1 and "writable by others than root" in problems[0]
+
+
+def test_a_plans_directory_given_through_a_link_others_can_swap_is_not_believed(plans: Path) -> None:
+    """/tmp-like: a link another user made in a directory everyone may write to. Followed, its owner would
+    choose which root-owned directory is read as the plans."""
+    require_root_owned_tree(plans)
+    shared = plans.parent / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o1777)
+    (shared / "plans").symlink_to(plans)
+    os.lchown(shared / "plans", NOBODY, NOBODY)
+    found, problems = UnitPlans(str(shared / "plans")).plans([CHAT])
+    assert found == {} and len(problems) == 1
+    assert f"{shared / 'plans'} is a symlink owned by uid {NOBODY}, not root" in problems[0]
+    assert "plans directory" in problems[0] and "not believed" in problems[0]
+    # root's own link in the same directory: nobody else can remove or swap it
+    os.lchown(shared / "plans", 0, 0)
+    assert UnitPlans(str(shared / "plans")).plans([CHAT]) == ({CHAT: 3481927680}, [])
+
+
+def test_a_link_to_the_plans_directory_is_resolved_once(plans: Path) -> None:
+    """A link on the way pointed elsewhere later (another root-owned tree with other drop-ins) is not followed."""
+    require_root_owned_tree(plans)
+    other = plans.parent / "other"
+    (other / f"{CHAT}.d").mkdir(parents=True, mode=0o755)
+    os.chmod(other, 0o755)
+    (other / f"{CHAT}.d" / DROP_IN_NAME).write_text(f"LogExtraFields={PLAN_FIELD}=1\n")
+    os.chmod(other / f"{CHAT}.d" / DROP_IN_NAME, 0o644)
+    link = plans.parent / "link"
+    link.symlink_to(plans)
+    now = [0.0]
+    unit_plans = UnitPlans(str(link), reread_seconds=30, clock=lambda: now[0])
+    assert unit_plans.plans([CHAT]) == ({CHAT: 3481927680}, [])
+    link.unlink()
+    link.symlink_to(other)
+    now[0] += 60
+    assert unit_plans.plans([CHAT]) == ({CHAT: 3481927680}, [])
+
+
+def test_plans_through_proc_pid_root_are_read_in_that_processs_mount_namespace(plans: Path) -> None:
+    """`/proc/PID/root/DIR`: the kernel's link lands in PID's mount namespace, where a tmpfs covers DIR with
+    other drop-ins; its text (`/`) is the host's root, whose DIR holds the host's."""
+    require_root_owned_tree(plans)
+    with tmpfs_in_own_mount_namespace(plans) as pid:
+        inside = Path(f"/proc/{pid}/root") / str(plans).lstrip("/")
+        (inside / f"{CHAT}.d").mkdir(mode=0o755)
+        (inside / f"{CHAT}.d" / DROP_IN_NAME).write_text(f"LogExtraFields={PLAN_FIELD}=471859200\n")
+        os.chmod(inside / f"{CHAT}.d" / DROP_IN_NAME, 0o644)
+        assert UnitPlans(str(inside)).plans([CHAT]) == ({CHAT: 471859200}, [])
+    assert UnitPlans(str(plans)).plans([CHAT]) == ({CHAT: 3481927680}, [])
+
+
+def test_a_link_of_roots_is_not_followed_on_through_another_users_link_in_its_target(plans: Path) -> None:
+    """Root's link is trusted, but its target goes through a /tmp-like directory where another user's link
+    stands: the walk checks the target's parts as it checks the path given."""
+    require_root_owned_tree(plans)
+    shared = plans.parent / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o1777)
+    (shared / "theirs").symlink_to(plans.parent)
+    os.lchown(shared / "theirs", NOBODY, NOBODY)
+    (plans.parent / "link").symlink_to(shared / "theirs" / plans.name)
+    found, problems = UnitPlans(str(plans.parent / "link")).plans([CHAT])
+    assert found == {} and len(problems) == 1
+    assert f"{shared / 'theirs'} is a symlink owned by uid {NOBODY}, not root" in problems[0], problems

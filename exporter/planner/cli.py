@@ -194,36 +194,28 @@ def verify_drop_in(analyze: str, unit: str, unit_text: str, drop_in_text: str) -
     return f"systemd-analyze verify refuses it: {said}"
 
 
-def write_atomically(directory: Path, name: str, text: str) -> Path:
-    """DIR/NAME holds `text` or what it held before, never a part: a temporary file in the same directory,
-    synced, renamed over it. Symlinks are refused (the directory, and the file where it exists): the planner
-    writes where it was told, not where a link points."""
-    if directory.is_symlink():
-        raise OSError(f"{directory} is a symlink: not written")
-    directory.mkdir(parents=True, exist_ok=True)
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+def write_atomically(directory: int, name: str, text: str, shown: str) -> None:
+    """NAME in the open `directory` (`shown` names it in messages) holds `text` or what it held before, never a
+    part: a temporary file in the same directory, synced, renamed over it. A symlink in NAME's place is
+    refused: the planner writes where it was told, not where a link points."""
     try:
-        try:
-            if stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-                raise OSError(f"{directory / name} is a symlink: not written")
-        except FileNotFoundError:
-            pass
-        temporary = f".{name}.{os.getpid()}.tmp"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
-        try:
-            with os.fdopen(fd, "w") as stream:
-                stream.write(text)
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.rename(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary, dir_fd=dir_fd)
-            raise
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return directory / name
+        if stat.S_ISLNK(os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode):
+            raise OSError(f"{shown}/{name} is a symlink: not written")
+    except FileNotFoundError:
+        pass
+    temporary = f".{name}.{os.getpid()}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=directory)
+    try:
+        with os.fdopen(fd, "w") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.rename(temporary, name, src_dir_fd=directory, dst_dir_fd=directory)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=directory)
+        raise
+    os.fsync(directory)
 
 
 # ---------------------------------------------------------------------------------------- command line
@@ -426,8 +418,14 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
             return EXIT_USAGE
         for r in observed.values():
             stderr.write(f"{PROG}: {r.unit}: {r.why}: budget {r.kv_bytes} bytes (now {r.current_bytes})\n")
-        requests = {**rightsizing.target_requests(observed), **requests}
+        given, requests = requests, {**rightsizing.target_requests(observed), **requests}
     plan = make_plan(views, totals, placement, args.reserve, requests)
+    if not plan.fits and (args.prometheus is not None or args.observed is not None):
+        for unit, device in _growth_that_breaks_the_fit(plan, views, totals, placement, args.reserve, requests,
+                                                        given, observed):
+            r = observed[unit]
+            stderr.write(f"{PROG}: {unit}: its right-sized growth ({r.current_bytes} -> {r.kv_bytes} bytes of KV) "
+                         f"is what makes GPU {device} not fit: without it the GPU fits\n")
     refused = [u for u in plan.unplannable if u.unit in requests and u.unit in engines and
                vllm_release_ok(views, u.unit)]
     if refused:
@@ -472,6 +470,23 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         stderr.write(f"{PROG}: incomplete: {'; '.join(what)}\n")
         return EXIT_INCOMPLETE
     return EXIT_FITS
+
+
+def _growth_that_breaks_the_fit(plan: Plan, views: Sequence[UnitView], totals: Mapping[str, int],
+                                placement: Mapping[str, set[str]], reserve: int, requests: Mapping[str, TargetRequest],
+                                given: Mapping[str, TargetRequest],
+                                observed: Mapping[str, rightsizing.Recommendation]) -> list[tuple[str, str]]:
+    """(unit, GPU) for each right-sized unit that grew and whose growth alone makes its GPU not fit: planned at
+    its KV bytes of now instead, the GPU fits."""
+    grown = [r for r in observed.values() if r.kv_bytes > r.current_bytes and r.unit not in given]
+    blamed = []
+    for r in grown:
+        as_now = {**requests, r.unit: TargetRequest(kv_bytes=r.current_bytes)}
+        without = make_plan(views, totals, placement, reserve, as_now)
+        for was, device in zip(plan.devices, without.devices):
+            if not was.fit.fits and device.fit.fits and any(u.unit == r.unit for u in device.units):
+                blamed.append((r.unit, device.device))
+    return blamed
 
 
 def vllm_release_ok(views: Sequence[UnitView], unit: str) -> bool:
@@ -522,15 +537,33 @@ def _write_units(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: T
     if refused and args.output_dir is not None:
         stderr.write(f"{PROG}: nothing written to {args.output_dir}: {len(refused)} unit(s) cannot take the plan\n")
         return EXIT_INCOMPLETE
-    for unit, text in texts.items():
-        if args.output_dir is not None:
+    if args.output_dir is None:
+        for unit, text in texts.items():
+            stdout.write(f"# /etc/systemd/system/{unit}.d/{DROP_IN_NAME}\n{text}\n")
+        return EXIT_INCOMPLETE if refused else None
+    # held open once checked, reached only through what nobody but root or this user can change: a link another
+    # user may retarget would choose where root writes the drop-ins
+    owners = frozenset({0, os.geteuid()})
+    try:
+        output_dir = plan_dropins.open_trusted_directory(os.path.abspath(args.output_dir), owners, create=True)
+    except OSError as error:
+        stderr.write(f"{PROG}: error: --output-dir {args.output_dir}: {error}: nothing written\n")
+        return EXIT_USAGE
+    try:
+        for unit, text in texts.items():
+            shown = f"{args.output_dir.rstrip('/')}/{unit}.d"
             try:
-                path = write_atomically(Path(args.output_dir) / f"{unit}.d", DROP_IN_NAME, text)
+                unit_dir = plan_dropins.open_below(output_dir, f"{unit}.d", os.O_RDONLY | os.O_DIRECTORY,
+                                                 args.output_dir, owners, create=True)
+                try:
+                    write_atomically(unit_dir, DROP_IN_NAME, text, shown)
+                finally:
+                    os.close(unit_dir)
             except OSError as error:
                 stderr.write(f"{PROG}: error: {unit}: {error}\n")
                 return EXIT_USAGE
-            stdout.write(f"{path}\n")
-        else:
-            stdout.write(f"# /etc/systemd/system/{unit}.d/{DROP_IN_NAME}\n{text}\n")
+            stdout.write(f"{shown}/{DROP_IN_NAME}\n")
+    finally:
+        os.close(output_dir)
     return EXIT_INCOMPLETE if refused else None
 

@@ -16,6 +16,12 @@ Per unit, with K its KV bytes now (its latest start) and N its max_num_seqs:
 - **Not KV-limited**: the budget shrinks to the peak bytes in use (usage × K) plus `margin`, but never below
   one request of its maximum model length (vLLM refuses to start with less) nor above K.
 
+The series come from each unit's own /metrics, which the unit writes: nothing in them is believed beyond what
+can be bounded. Usage is clamped to [0, 1] and counts to at least 0; a value that is not a finite number
+refuses the whole observation (ObservedError, naming the unit); and a KV-limited unit grows at most to
+N × one request of its maximum model length (the most its max_num_seqs requests can ever hold), not at all
+when either is unknown. A capped growth is named in the recommendation.
+
 The planner then sizes each budget in whole blocks and checks that the GPU's units still fit
 (`vllm_xpu_exporter.planner.plans`): a grown budget that does not fit is reported as the plan's missing bytes.
 """
@@ -53,12 +59,13 @@ class Recommendation:
     current_bytes: int
     kv_limited: bool
     peak_bytes: int  # peak demand (KV-limited) or peak bytes in use
+    capped: str = ""  # why a KV-limited unit's growth stopped below its peak demand; '' when it did not
 
     @property
     def why(self) -> str:
         if self.kv_limited:
             return (f"KV-limited (preempted or requests waited for capacity below max_num_seqs): peak demand "
-                    f"{self.peak_bytes} bytes")
+                    f"{self.peak_bytes} bytes" + (f", growth capped: {self.capped}" if self.capped else ""))
         return f"peak {self.peak_bytes} bytes in use of {self.current_bytes}"
 
 
@@ -73,13 +80,23 @@ def parse_observed(answers: Mapping[str, object]) -> dict[str, list[Sample]]:
         data = answer.get("data", answer) if isinstance(answer, Mapping) else None
         if not isinstance(data, Mapping) or data.get("resultType") != "matrix":
             raise ObservedError(f"{name!r} is not a query_range (matrix) answer")
+        result = data.get("result", [])
+        if not isinstance(result, list):
+            raise ObservedError(f"{name!r}: its result is not a list of series")
         series: dict[str, dict[float, float]] = {}
-        for item in data.get("result", []):
+        for item in result:
             try:
                 unit = item["metric"]["unit"]
                 points = {float(at): float(value) for at, value in item["values"]}
             except (KeyError, TypeError, ValueError) as error:
                 raise ObservedError(f"{name!r}: a series without unit or values ({error})") from None
+            if not isinstance(unit, str):
+                raise ObservedError(f"{name!r}: a series whose unit is not a string")
+            odd = next(((at, value) for at, value in points.items()
+                        if not (math.isfinite(at) and math.isfinite(value))), None)
+            if odd is not None:
+                raise ObservedError(f"{name!r}: {unit} has a value that is not a finite number ({odd[1]!r} at "
+                                    f"{odd[0]!r}): not believed; leave the unit out with --prometheus-selector")
             series.setdefault(unit, {}).update(points)
         by_name[name] = series
     samples: dict[str, list[Sample]] = {}
@@ -87,8 +104,9 @@ def parse_observed(answers: Mapping[str, object]) -> dict[str, list[Sample]]:
         running = by_name["running"].get(unit, {})
         waiting = by_name["waiting_for_capacity"].get(unit, {})
         preemptions = by_name["preemptions"].get(unit, {})
-        samples[unit] = [Sample(usage[at], running.get(at, 0.0), waiting.get(at, 0.0), preemptions.get(at, 0.0) > 0)
-                         for at in sorted(usage) if at in running and math.isfinite(usage[at])]
+        samples[unit] = [Sample(min(max(usage[at], 0.0), 1.0), max(running[at], 0.0), max(waiting.get(at, 0.0), 0.0),
+                                preemptions.get(at, 0.0) > 0)
+                         for at in sorted(usage) if at in running]
     return samples
 
 
@@ -100,11 +118,19 @@ def recommend_unit(unit: str, samples: Sequence[Sample], current_bytes: int, max
     cap = max_num_seqs if max_num_seqs else math.inf
     limited = [s for s in samples if s.preempting or (s.waiting_for_capacity > 0 and s.running < cap)]
     if limited:
-        demand = max((s.usage * current_bytes / s.running) * min(cap, s.running + s.waiting_for_capacity)
-                     for s in samples if s.running > 0)
+        demand = max(((s.usage * current_bytes / s.running) * min(cap, s.running + s.waiting_for_capacity)
+                      for s in samples if s.running > 0), default=0.0)
         peak = max(demand, max(s.usage for s in samples) * current_bytes)
         budget = math.ceil(peak * (1 + margin))
-        return Recommendation(unit, max(budget, current_bytes), current_bytes, True, math.ceil(peak))
+        capped = ""
+        if max_num_seqs and required_bytes:
+            ceiling = max_num_seqs * required_bytes
+            if budget > ceiling:
+                budget, capped = ceiling, (f"at max_num_seqs {max_num_seqs} x {required_bytes} bytes "
+                                           f"(one request of its maximum model length) = {ceiling} bytes")
+        elif budget > current_bytes:
+            budget, capped = current_bytes, "not grown: its max_num_seqs or one request's need is not known"
+        return Recommendation(unit, max(budget, current_bytes), current_bytes, True, math.ceil(peak), capped)
     peak = math.ceil(max(s.usage for s in samples) * current_bytes)
     budget = max(math.ceil(peak * (1 + margin)), required_bytes or 0)
     return Recommendation(unit, min(budget, current_bytes), current_bytes, False, peak)

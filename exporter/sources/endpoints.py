@@ -13,7 +13,10 @@ For a unit's cgroup (the paths `/proc/PID/cgroup` gives, as `vllm_xpu_exporter.p
 3. its sockets are the `socket:[INODE]` links of its `/proc/PID/fd`, matched against `net/tcp`, `net/tcp6`
    and `net/unix` of `/proc/PID/net`, which the kernel answers for that process's network namespace: the
    listener on the command line's port (or `--uds` path) wins, else the only TCP listener it has;
-4. an address of every interface (`0.0.0.0`, `::`) is `host_address` in the host's network namespace (the
+4. a listener on one address is published only when that address is the namespace's own (loopback, or one
+   its tables list): with IP_FREEBIND a process may listen on any address, another host's or another
+   namespace's, and must not send Prometheus there (the check of the command line's `--host`, step 5);
+   an address of every interface (`0.0.0.0`, `::`) is `host_address` in the host's network namespace (the
    one of the lowest pid under --path.procfs, PID 1 on a host) and the namespace's own address in any
    other (a container's or a pod's, from its `net/fib_trie` or `net/if_inet6`); a loopback address of
    another namespace cannot be reached from outside it and yields no endpoint;
@@ -171,6 +174,8 @@ class EndpointFinder:
                         host_pid: int) -> str | None:
         in_host_namespace = namespace is None or namespace == tables.namespace_of(host_pid)
         if address not in WILDCARDS:
+            if _own_address(address, pid, namespace, tables) is None:
+                return None  # bound with IP_FREEBIND to an address its namespace does not have: someone else's
             if not in_host_namespace and (address.startswith("127.") or address == "::1" or address == "localhost"):
                 return None  # another namespace's loopback: nothing outside it reaches it
             return address

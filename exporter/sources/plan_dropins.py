@@ -10,10 +10,15 @@ Who may say so: only root. The file is believed only when nobody else can have w
 every directory from `/` down to it owned by root and writable by no one else (a directory others may write
 to must be sticky, so that they cannot replace root's entries), the unit's directory and the file opened
 without following symlinks, the file a regular file owned by root and writable by no one else. A file that
-fails this is reported, not read; the other units' are read as usual. The directory given (`--collector.processes.plans`) may itself be reached
-through symlinks, resolved first and then checked the same way. Nothing the unit's processes print is read:
-the same field on the unit's own journal entries (journald adds a unit's `LogExtraFields` to them) is
-something any process may write itself.
+fails this is reported, not read; the other units' are read as usual. The directory given
+(`--collector.processes.plans`) may itself be reached through symlinks, but only through root's (each link
+owned by root, in a directory only root may change): a link that someone else could retarget would let them
+choose which root-owned files are read as the plans. It is opened one directory at a time and held open
+(again only while it is missing or not believed), and every drop-in is opened relative to it: no path is
+resolved again as a string (`open_trusted_directory`; the planner's `--output-dir` goes through it too, so
+`/proc/PID/root/...` is the directory in that process's mount namespace). Nothing the unit's
+processes print is read: the same field on the unit's own journal entries (journald adds a unit's
+`LogExtraFields` to them) is something any process may write itself.
 
 Why not systemd's own view of the unit: systemd 252 puts no `LogExtraFields` on its own records about the
 unit ("Started ..."); its per-unit copy for journald (`/run/systemd/units/log-extra-fields:UNIT`) is not
@@ -23,11 +28,15 @@ rewritten at a restart; and its bus refuses a `DynamicUser=` client such as the 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import os
 import re
 import stat
+import struct
 import time
+import weakref
 from collections.abc import Callable, Iterable
 
 PLAN_FIELD = "VLLM_XPU_PLAN_KV_CACHE_MEMORY_BYTES"
@@ -40,11 +49,19 @@ DEFAULT_PLANS_DIRECTORY = "/etc/systemd/system"
 REREAD_SECONDS = 30.0
 MAX_DROP_IN_BYTES = 64 * 1024
 MAX_BUDGET_DIGITS = 20
+MAX_SYMLINKS = 40  # as the kernel allows on one path
+ROOT = frozenset({0})
+_PROC_SUPER_MAGIC = 0x9FA0
+_libc = ctypes.CDLL(None, use_errno=True)
 _UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\@-]{1,250}\.service")
 
 
 class UnitConfigError(OSError):
     """A plan's file that is not believed (who may have written it), or cannot be read."""
+
+
+class UntrustedPath(UnitConfigError):
+    """A path someone other than its trusted owners may have made or can swap (one line: which part, why)."""
 
 
 def parse_drop_in(text: str) -> int | None:
@@ -61,35 +78,129 @@ def parse_drop_in(text: str) -> int | None:
     return budget
 
 
-def _check_owner(path: str, info: os.stat_result) -> None:
-    if info.st_uid != 0:
-        raise UnitConfigError(f"{path} is owned by uid {info.st_uid}, not root: its plan is not believed")
+def _check_owner(path: str, info: os.stat_result, owners: frozenset[int] = ROOT) -> None:
+    if info.st_uid not in owners:
+        raise UntrustedPath(f"{path} is owned by uid {info.st_uid}, not {_owners(owners)}")
     writable_by_others = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     if writable_by_others and not (stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX):
-        raise UnitConfigError(f"{path} is writable by others than root (mode {stat.S_IMODE(info.st_mode):o}): "
-                              f"its plan is not believed")
+        raise UntrustedPath(f"{path} is writable by others than {_owners(owners)} "
+                            f"(mode {stat.S_IMODE(info.st_mode):o})")
 
 
-def _open_checked(path: str, flags: int) -> int:
-    """`path`, every directory on the way from / checked with _check_owner, none followed if a symlink."""
-    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+def _owners(owners: frozenset[int]) -> str:
+    return " or ".join("root" if uid == 0 else f"uid {uid}" for uid in sorted(owners))
+
+
+def _on_procfs(fd: int) -> bool:
+    """Whether the open directory `fd` is of procfs, whose symlinks the kernel makes (`/proc/PID/root`)."""
+    buffer = ctypes.create_string_buffer(256)  # a struct statfs; its first member is f_type, a C long
+    if _libc.fstatfs(fd, buffer) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, os.strerror(error))
+    return struct.unpack_from("l", buffer)[0] == _PROC_SUPER_MAGIC
+
+
+def _open_root(owners: frozenset[int]) -> int:
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY)
     try:
-        _check_owner("/", os.fstat(fd))
-        walked = ""
-        parts = [part for part in path.split("/") if part]
+        _check_owner("/", os.fstat(fd), owners)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_entry(directory: int, part: str, flags: int, create: bool) -> int:
+    """`part` of the open `directory` with `flags` (and O_NOFOLLOW), made a directory first if it is missing
+    and `create`."""
+    try:
+        return os.open(part, flags | os.O_NOFOLLOW, dir_fd=directory)
+    except FileNotFoundError:
+        if not create:
+            raise
+    with contextlib.suppress(FileExistsError):  # made meanwhile: checked as any
+        os.mkdir(part, 0o755, dir_fd=directory)
+    return os.open(part, flags | os.O_NOFOLLOW, dir_fd=directory)
+
+
+def open_trusted_directory(path: str, owners: frozenset[int] = ROOT, *, create: bool = False) -> int:
+    """An O_PATH descriptor of the directory the absolute `path` names, trusted only as a whole and held from
+    then on: walked from `/` one part at a time, each opened relative to its parent's descriptor without
+    following symlinks, every directory passing _check_owner. A symlink on the way is followed only when
+    nobody but `owners` can have made it or can retarget it (the link theirs, in a directory that passed):
+    its target walked the same way, or, for procfs's own links (`/proc/PID/root`), opened by the kernel
+    relative to its directory, which lands where the link points (in the process's mount namespace, which
+    the link's text cannot name). No string is resolved again, so a link retargeted later is not followed.
+    `create`: missing directories are made (mode 755). Raises UntrustedPath, or the OSError of a part that
+    cannot be opened (FileNotFoundError: a part is missing and not `create`)."""
+    walked = [(_open_root(owners), "/")]  # the directories the walk stands in, for `..`
+    try:
+        pending = [part for part in reversed(path.split("/")) if part]
+        links = 0
+        while pending:
+            part = pending.pop()
+            if part == ".":
+                continue
+            if part == "..":
+                if len(walked) > 1:
+                    os.close(walked.pop()[0])
+                continue
+            parent, name = walked[-1]
+            name = os.path.join(name, part)
+            entry: int | None = _open_entry(parent, part, os.O_PATH, create)
+            try:
+                info = os.fstat(entry)
+                if not stat.S_ISLNK(info.st_mode):
+                    if not stat.S_ISDIR(info.st_mode):
+                        raise UntrustedPath(f"{name} is not a directory")
+                    _check_owner(name, info, owners)
+                    walked.append((entry, name))
+                    entry = None
+                    continue
+                links += 1
+                if links > MAX_SYMLINKS:
+                    raise UntrustedPath(f"{path}: more than {MAX_SYMLINKS} symlinks")
+                if info.st_uid not in owners:
+                    raise UntrustedPath(f"{name} is a symlink owned by uid {info.st_uid}, not {_owners(owners)}")
+                if _on_procfs(parent):
+                    walked.append((os.open(part, os.O_PATH | os.O_DIRECTORY, dir_fd=parent), name))
+                    _check_owner(name, os.fstat(walked[-1][0]), owners)
+                    continue
+                target = os.readlink("", dir_fd=entry)
+                if target.startswith("/"):
+                    for fd, _ in walked:
+                        os.close(fd)
+                    walked = [(_open_root(owners), "/")]
+                pending.extend(part for part in reversed(target.split("/")) if part)
+            finally:
+                if entry is not None:
+                    os.close(entry)
+        return walked.pop()[0]
+    finally:
+        for fd, _ in walked:
+            os.close(fd)
+
+
+def open_below(directory: int, relative: str, flags: int, shown: str, owners: frozenset[int] = ROOT, *,
+               create: bool = False) -> int:
+    """The file `relative` names in the open, trusted `directory` (`shown` names it in messages), opened with
+    `flags`: every part opened without following symlinks, each passing _check_owner (`create`: directories
+    made where missing)."""
+    fd = os.dup(directory)
+    try:
+        parts = [part for part in relative.split("/") if part]
         for index, part in enumerate(parts):
             last = index == len(parts) - 1
-            walked += "/" + part
+            shown = f"{shown.rstrip('/')}/{part}"
             try:
-                child = os.open(part, (flags if last else os.O_RDONLY | os.O_DIRECTORY) | os.O_NOFOLLOW, dir_fd=fd)
+                child = _open_entry(fd, part, flags if last else os.O_PATH | os.O_DIRECTORY, create)
             except OSError as error:
                 if error.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UnitConfigError(f"{walked} is a symlink or not a directory: its plan is not believed") \
-                        from error
+                    raise UntrustedPath(f"{shown} is a symlink or not a directory") from error
                 raise
             os.close(fd)
             fd = child
-            _check_owner(walked, os.fstat(fd))
+            _check_owner(shown, os.fstat(fd), owners)
         return fd
     except BaseException:
         os.close(fd)
@@ -103,6 +214,7 @@ class UnitPlans:
     def __init__(self, directory: str = DEFAULT_PLANS_DIRECTORY, reread_seconds: float = REREAD_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.directory = directory
+        self._base: int | None = None  # the directory's descriptor, once it is believed
         self._reread_seconds = reread_seconds
         self._clock = clock
         # unit -> (when read, its budget, None for no plan, or why its drop-in is not believed)
@@ -127,27 +239,37 @@ class UnitPlans:
                 plans[unit] = found
         return plans, problems
 
-    def _look_up(self, unit: str) -> int | UnitConfigError | None:
-        base = os.path.realpath(self.directory)
-        if not os.path.isdir(base):
-            return None
-        try:
-            return self._read(f"{base}/{unit}.d/{DROP_IN_NAME}")
-        except UnitConfigError as error:
-            return error
+    def _opened(self) -> int | UnitConfigError | None:
+        """The plans directory's descriptor, opened once it is believed and held (a link on the way retargeted
+        later is not followed); opened again at each look-up while it is missing or not believed."""
+        if self._base is None:
+            try:
+                self._base = open_trusted_directory(os.path.abspath(self.directory))
+            except OSError as error:
+                return _problem(error, self.directory, f"the plans directory {self.directory}")
+            weakref.finalize(self, os.close, self._base)
+        return self._base
 
-    @staticmethod
-    def _read(path: str) -> int | None:
+    def _look_up(self, unit: str) -> int | UnitConfigError | None:
+        base = self._opened()
+        if base is None or isinstance(base, UnitConfigError):
+            return base
+        shown = f"{self.directory.rstrip('/')}/{unit}.d/{DROP_IN_NAME}"
         try:
             # O_NONBLOCK: a FIFO root put there is not waited on (and is refused below)
-            fd = _open_checked(path, os.O_RDONLY | os.O_NONBLOCK)
-        except FileNotFoundError:
-            return None
-        except UnitConfigError:
-            raise
+            fd = open_below(base, f"{unit}.d/{DROP_IN_NAME}", os.O_RDONLY | os.O_NONBLOCK, self.directory)
         except OSError as error:
-            raise UnitConfigError(f"{path}: {error.strerror}") from error
+            return _problem(error, shown, "its plan")
         with os.fdopen(fd, "rb") as stream:
             if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
-                raise UnitConfigError(f"{path} is not a regular file: its plan is not believed")
+                return UnitConfigError(f"{shown} is not a regular file: its plan is not believed")
             return parse_drop_in(stream.read(MAX_DROP_IN_BYTES).decode("utf-8", "replace"))
+
+
+def _problem(error: OSError, shown: str, what: str) -> UnitConfigError | None:
+    """A part missing is no plan (None); else one line: why `what` is not believed, or `shown` not read."""
+    if isinstance(error, FileNotFoundError):
+        return None
+    if isinstance(error, UntrustedPath):
+        return UnitConfigError(f"{error}: {what} is not believed")
+    return UnitConfigError(f"{shown}: {error.strerror}")
