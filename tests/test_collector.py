@@ -76,8 +76,9 @@ def test_the_processes_sources_are_built_once_with_the_host_paths_and_handed_to_
     assert sources.drm_clients is not None and sources.drm_clients.procfs == "/host/proc"
     assert sources.dmem is not None and sources.dmem.root == "/host/sys/fs/cgroup"
     names = sources.container_names
-    assert names is not None and (names.docker_roots, names.podman_storages, names.pod_logs, names.container_logs) == (
-        ("/host/docker",), ("/host/podman",), "/host/pods", "/host/containers")
+    assert names is not None and names.locations == {
+        "docker_roots": ("/host/docker",), "podman_storages": ("/host/podman",), "pod_logs": "/host/pods",
+        "container_logs": "/host/containers"}
     endpoints = sources.vllm_endpoints
     assert endpoints is not None and (endpoints.procfs, endpoints.host_address) == ("/host/proc", "192.0.2.7")
     assert sources.unit_plans is not None and sources.unit_plans.directory == "/host/etc/systemd/system"
@@ -285,3 +286,4 @@ def test_the_log_sources_share_only_the_neutral_log_package():
     assert not imported_by(journal) & container_logs
     assert not imported_by(container_logs) & journal
     assert imported_by(journal) & neutral and imported_by(container_logs) & neutral
+

@@ -18,10 +18,13 @@ from containerlogs import (RACE_CONTAINERS, RACE_POD_KEYS, ContainerLine, Docker
                            write_race_pods)
 from vllm_xpu_exporter.fold.container_runs import ContainerRuns
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker
-from vllm_xpu_exporter.parsers.containerlogs import parse_cri_line, parse_json_file_line, parse_rfc3339_usec
+from vllm_xpu_exporter.runtimes import parse_rfc3339_usec
+from vllm_xpu_exporter.runtimes.docker import parse_json_file_line
+from vllm_xpu_exporter.runtimes.pods import parse_cri_line
 from vllm_xpu_exporter.parsers.vllm import FailureReason
 from vllm_xpu_exporter.sources import containerlogs as containerlogs_source
-from vllm_xpu_exporter.sources.containerlogs import MAX_LINE_BYTES, ContainerLogReader, LogDirectories
+from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
+from vllm_xpu_exporter.sources.logfile import MAX_LINE_BYTES
 from vllm_xpu_exporter.sources.logs.entry import LogEntry, LogSelection
 from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.sources.logs.follower import LogFollower

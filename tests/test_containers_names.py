@@ -9,10 +9,15 @@ import os
 
 import pytest
 
-from vllm_xpu_exporter.parsers.cgroup import CONTAINERD, CRIO, DOCKER, ContainerCgroup, unit_cgroup_of_path
-from vllm_xpu_exporter.sources.containers import (
-    MAX_DOCKER_CONFIG_BYTES, MAX_PODMAN_LIST_BYTES, ContainerNames, Workload, docker_names, podman_names,
-)
+from vllm_xpu_exporter.parsers.cgroup import unit_cgroup_of_path
+from vllm_xpu_exporter.runtimes import ContainerCgroup
+from vllm_xpu_exporter.runtimes.docker import ENGINE as DOCKER
+from vllm_xpu_exporter.runtimes.docker import MAX_CONFIG_BYTES as MAX_DOCKER_CONFIG_BYTES
+from vllm_xpu_exporter.runtimes.docker import docker_names
+from vllm_xpu_exporter.runtimes.podman import MAX_LIST_BYTES as MAX_PODMAN_LIST_BYTES
+from vllm_xpu_exporter.runtimes.podman import podman_names
+from vllm_xpu_exporter.runtimes.pods import CONTAINERD, CRIO
+from vllm_xpu_exporter.sources.containers import ContainerNames, Workload
 from fakecontainers import (
     StateDirectories, container_id, docker_cgroupfs_path, docker_systemd_path, kubepods_cgroupfs_path,
     kubepods_systemd_path, pod_uid, podman_path, podman_rootless_path,

@@ -61,7 +61,7 @@ from vllm_xpu_exporter.argparsing import absolute_path
 from vllm_xpu_exporter.flags import positive_int
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
 from vllm_xpu_exporter.nodatayet import NoDataYet
-from vllm_xpu_exporter.parsers.cgroup import ContainerCgroup
+from vllm_xpu_exporter.runtimes import ContainerCgroup
 from vllm_xpu_exporter.sources import containers, endpoints, procfs, unitconfig
 from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable
