@@ -287,3 +287,20 @@ def test_the_log_sources_share_only_the_neutral_log_package():
     assert not imported_by(container_logs) & journal
     assert imported_by(journal) & neutral and imported_by(container_logs) & neutral
 
+
+def test_the_follower_reads_both_logs_through_one_reader_protocol():
+    """The journal's reader and the containers' log files' reader are both the follower's `LogReader` (what it
+    calls of a reader is typed, not `Any`); a reader lacking part of it is not one."""
+    from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
+    from vllm_xpu_exporter.sources.journal import JournalReader, JournalSelection
+    from vllm_xpu_exporter.sources.logs.entry import LogSelection
+    from vllm_xpu_exporter.sources.logs.follower import LogReader
+
+    assert isinstance(JournalReader(JournalSelection()), LogReader)
+    assert isinstance(ContainerLogReader(LogSelection(), LogDirectories()), LogReader)
+
+    class WithoutLatestInvocations:
+        unreadable_entries, last_unreadable, rejected_entries = 0, None, {}
+        open = close = wait = read_available = __enter__ = __exit__ = lambda *args: None
+
+    assert not isinstance(WithoutLatestInvocations(), LogReader)

@@ -150,8 +150,7 @@ class _Container:
 
 class ContainerLogReader:
     """Reads the watched containers' log files (`LogDirectories`) as `LogEntry`s: catches up, then
-    follows. The interface `LogFollower` uses (`vllm_xpu_exporter.sources.logs.follower`): open/close, `wait`,
-    `read_available`, `unreadable_entries`/`last_unreadable`; `admit(key)` and `forget(key)` as above."""
+    follows; a `vllm_xpu_exporter.sources.logs.follower.LogReader`. `admit(key)` and `forget(key)` as above."""
 
     def __init__(self, selection: LogSelection, directories: LogDirectories, *,
                  admit: Callable[[str], bool] | None = None, forget: Callable[[str], None] | None = None,
@@ -199,6 +198,11 @@ class ContainerLogReader:
             stream.file.skipped for container in self._containers.values() for stream in container.streams.values())
 
     @property
+    def rejected_entries(self) -> dict[str, int]:
+        """None: a container's log file is its runtime's own, nobody else writes records into it."""
+        return {}
+
+    @property
     def containers(self) -> frozenset[str]:
         """The keys of the containers read."""
         return frozenset(self._containers)
@@ -241,6 +245,11 @@ class ContainerLogReader:
         if remaining > 0:
             time.sleep(remaining)
         return True
+
+    def read_latest_invocations(self, sufficient: Callable[[list[LogEntry]], bool], *,
+                                max_units: int | None = None) -> list[LogEntry] | None:
+        """None: a container's lines carry no invocation id, so its latest runs are read with the whole log."""
+        return None
 
     def read_available(self, max_entries: int = DEFAULT_BATCH) -> list[LogEntry]:
         """Up to `max_entries` records there are now, without waiting."""
