@@ -69,6 +69,15 @@ def test_docker_container_by_name_with_its_compose_project_and_service(names, st
     assert workload_of(names, path) == Workload("docker/vllm-chat-1", "docker", CID, "vllm-chat-1", "vllm", "chat")
 
 
+def test_the_key_of_a_cgroup_path_is_its_workloads_unit(names, state):
+    """`key_of_cgroup_path`: the whole way from a cgroup path to the `unit` label (for callers that have a path)."""
+    state.add_docker(CID, "chat")
+    assert names.key_of_cgroup_path(docker_systemd_path(CID)) == "docker/chat"
+    assert names.key_of_cgroup_path(podman_path(CID)) == f"libpod-{CID}.scope"  # no names found: the leaf
+    assert names.key_of_cgroup_path("/system.slice/vllm-xpu-chat.service/payload") == "vllm-xpu-chat.service"
+    assert names.key_of_cgroup_path("/") is None
+
+
 def test_docker_container_without_compose(names, state):
     state.add_docker(CID, "chat")
     assert workload_of(names, docker_systemd_path(CID)) == Workload("docker/chat", "docker", CID, "chat")

@@ -159,6 +159,7 @@ def test_root_and_rootless_podman_containers_of_one_name_are_two_identities(tmp_
     (b"/usr/bin/conmon", True), (b"/usr/libexec/podman/conmon", True), (b"/usr/local/bin/conmon", True),
     (b"/tmp/conmon", False), (b"/usr/bin/../../tmp/conmon", False), (b"/home/u/bin/conmon", False),
     (b"conmon", False), (b"/usr/bin/conmon (deleted)", False), (None, False), (b"/usr/bin/conmon2", False),
+    (b"/usr/lib/podman/conmon", True), (b"/usr/libexec/docker/conmon", False),  # each engine's own libexec
 ])
 def test_only_a_conmon_in_a_system_directory_is_conmon(exe, trusted):
     assert (podman.conmon_uid(b"0", b"conmon", exe) == 0) is trusted
@@ -173,6 +174,8 @@ def test_dockerd_is_root_in_docker_service_running_dockerd():
     assert not docker.is_dockerd(b"0", b"dockerd", b"/usr/bin/dockerd", None)
     assert not docker.is_dockerd(None, b"dockerd", b"/usr/bin/dockerd", b"docker.service")
     assert not docker.is_dockerd(b"0", b"containerd", b"/usr/bin/dockerd", b"docker.service")
+    assert docker.is_dockerd(b"0", b"dockerd", b"/usr/libexec/docker/dockerd", b"docker.service")
+    assert not docker.is_dockerd(b"0", b"dockerd", b"/usr/libexec/podman/dockerd", b"docker.service")
 
 
 # --- places: units first, idle names forgotten -------------------------------------------------------

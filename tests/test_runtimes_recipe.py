@@ -16,8 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parent.parent
 RECIPE = Path(__file__).resolve().parent / "fixtures" / "runtime-recipe"
 CID = "c" * 64
@@ -65,9 +63,10 @@ def materialise(tmp_path: Path, *, with_row: bool) -> Path:
     if with_row:
         registry = runtimes / "registry.py"
         text = registry.read_text()
-        last_import = "from vllm_xpu_exporter.runtimes import docker, docker_state, podman, podman_state, pods, pods_state\n"
+        last_import = ("from vllm_xpu_exporter.runtimes import docker, docker_state, podman, podman_state, pods, "
+                       "pods_state\n")
         last_row = "    Runtime(podman, podman_state),\n"
-        assert text.count(last_import) == 1 and text.count(last_row) == 1, "the registry's rows are not as the recipe says"
+        assert text.count(last_import) == 1 and text.count(last_row) == 1, "the registry is not as the recipe says"
         registry.write_text(text.replace(last_import, last_import + IMPORT).replace(last_row, last_row + ROW))
     return package
 

@@ -14,9 +14,9 @@ unit is ever named so; and `@` is not in a container name either.
 A `/` never occurs in a systemd unit name, so a key can never be mistaken for a unit.
 
 Names are untrusted: whoever runs a container chooses its name. A runtime accepts only what it accepts itself
-(`vllm_xpu_exporter.runtimes.container_name_ok`; Kubernetes' DNS-1123 labels and subdomains), at most `MAX_NAME_LENGTH` characters a name, and gives no key otherwise: the caller then keeps what
-it had (the cgroup's last element). So a key never holds a quote, a newline, a space or a `/` of its own, and
-stays short.
+(`vllm_xpu_exporter.runtimes.container_name_ok`; Kubernetes' DNS-1123 labels and subdomains), at most
+`MAX_NAME_LENGTH` characters a name, and gives no key otherwise: the caller then keeps what it had (the cgroup's
+last element). So a key never holds a quote, a newline, a space or a `/` of its own, and stays short.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ import re
 from collections.abc import Callable, Sequence
 
 from vllm_xpu_exporter.parsers.workloads import user_suffix
-from vllm_xpu_exporter.runtimes import (container_name_ok, CONTAINER_ID, ID, MAX_TEXT_CHARS, NOT_FOUND, ContainerCgroup, ContainerExit,
-                                        JournalDriver, LogRecord, Names, parse_rfc3339_usec, system_executable)
+from vllm_xpu_exporter.runtimes import (CONTAINER_ID, ID, MAX_TEXT_CHARS, NOT_FOUND, ContainerCgroup, ContainerExit,
+                                        JournalDriver, LogRecord, Names, container_name_ok, parse_rfc3339_usec,
+                                        system_executable)
 
 KIND = "docker"
 ENGINE = "docker"

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from typing import IO
 
 from vllm_xpu_exporter.parsers.workloads import user_suffix
-from vllm_xpu_exporter.runtimes import (container_name_ok, CONTAINER_ID, ID, ContainerCgroup, JournalDriver, JournalExitEvent,
-                                        system_executable, uid_of)
+from vllm_xpu_exporter.runtimes import (CONTAINER_ID, ID, ContainerCgroup, JournalDriver, JournalExitEvent,
+                                        container_name_ok, system_executable, uid_of)
 from vllm_xpu_exporter.runtimes.files import json_array_items
 
 KIND = "podman"

@@ -14,7 +14,8 @@ import os
 import stat
 from collections.abc import Mapping
 
-from vllm_xpu_exporter.runtimes import NOT_FOUND, ContainerCgroup, ExitWatch, LogFinder, Names, StateFiles, StateTooLarge
+from vllm_xpu_exporter.runtimes import (NOT_FOUND, ContainerCgroup, ExitWatch, LogFinder, Names, StateFiles,
+                                        StateTooLarge)
 from vllm_xpu_exporter.runtimes.files import OPEN_FILE
 from vllm_xpu_exporter.runtimes.podman import DRIVER_SUFFIX, LISTS, MAX_LIST_BYTES, podman_key, podman_names_of_file
 

@@ -6,7 +6,6 @@ container is the pod's whichever engine runs it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vllm_xpu_exporter.parsers.workloads import KIND_SYSTEMD
@@ -16,6 +15,8 @@ from vllm_xpu_exporter.runtimes import docker, docker_state, podman, podman_stat
 
 @dataclass(frozen=True)
 class Runtime:
+    """A runtime's row: its facts (pure) and its state (I/O)."""
+
     facts: RuntimeFacts
     state: RuntimeState
 
@@ -52,8 +53,3 @@ def kind_of_key(unit: str) -> str:
 def default_locations() -> dict[str, object]:
     """Where the runtimes' state is by default: ContainerNames' keyword arguments."""
     return {name: default for runtime in RUNTIMES for name, default in runtime.state.LOCATIONS.items()}
-
-
-def locations_of(runtime: Runtime, locations: Mapping[str, object], keywords: tuple[str, ...]) -> dict[str, object]:
-    """The `keywords` of `locations` (those given)."""
-    return {name: locations[name] for name in keywords if name in locations}

@@ -1,5 +1,6 @@
 """Containers' log files as a source of what their engines printed (Docker's `json-file` logs, the CRI log files
-of the kubelet's pods: each runtime's that keeps them, `vllm_xpu_exporter.runtimes`), read-only, caught up then followed, as log entries for the same fold.
+of the kubelet's pods: each runtime's that keeps them, `vllm_xpu_exporter.runtimes`), read-only, caught up then
+followed, as log entries for the same fold.
 
 Usable alone from a Python shell::
 
@@ -45,12 +46,12 @@ Rotation: no record lost or read twice
 
 A file that vanishes, bounds
     A container whose directory is gone is read to the end of its open files and dropped; after
-    `VANISHED_RETENTION_SECONDS` `forget(key)` is called, so its series go and its place under the cap is
-    free (pods come and go with every rollout). A physical line longer than `logfile.MAX_LINE_BYTES`, a record not
-    of the file's format (not JSON, not CRI, a bad time) and an undecodable gzip stream are skipped and
-    counted in `unreadable_entries`; a record's text is cut at `max_message_chars`. At most
-    `runtimes.files.MAX_DIRECTORY_ENTRIES` entries of a directory are looked at. `admit(key)` is asked once per container
-    found (the fold's cap, `--journal.max-units`); one refused is not read.
+    `VANISHED_RETENTION_SECONDS` `forget(key)` is called, so its series go and its place under the cap is free
+    (pods come and go with every rollout). A physical line longer than `logfile.MAX_LINE_BYTES`, a record not of
+    the file's format (not JSON, not CRI, a bad time) and an undecodable gzip stream are skipped and counted in
+    `unreadable_entries`; a record's text is cut at `max_message_chars`. At most
+    `runtimes.files.MAX_DIRECTORY_ENTRIES` entries of a directory are looked at. `admit(key)` is asked once per
+    container found (the fold's cap, `--journal.max-units`); one refused is not read.
 
 Every failure to read a configured directory raises `ContainerLogError` (an OSError); a container's own
 file that cannot be read is skipped (logged once). Single-threaded, like the journal reader.

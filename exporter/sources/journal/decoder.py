@@ -67,7 +67,7 @@ def make_decoder(lib: LibSystemd, handle: ctypes.c_void_p, selection: JournalSel
     message_cap = max_message_bytes + len(FIELD_MESSAGE) + 1
     entry_type = LogEntry
     absent = -errno.ENOENT
-    keys: dict[tuple[bytes, int, int], str] = {}  # (CONTAINER_NAME, its driver, its writer's uid) -> key; '' not watched
+    keys: dict[tuple[bytes, int, int], str] = {}  # (CONTAINER_NAME, driver, writer's uid) -> key; '' not watched
 
     def optional(name: bytes) -> bytes | None:
         """A field of the current entry, None when absent; _UnreadableField when it cannot be read."""

@@ -206,7 +206,8 @@ class LogFollower:
             self._runs = ContainerRuns()
             try:
                 # Units beyond the cap are refused when first met: the reader skips their entries.
-                reader = self._open_reader(self.selection, partial(self._admit, tracker), partial(self._forget, tracker))
+                reader = self._open_reader(self.selection, partial(self._admit, tracker),
+                                           partial(self._forget, tracker))
                 with reader:
                     self._reader = reader
                     try:
