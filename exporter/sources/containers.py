@@ -29,7 +29,7 @@ from vllm_xpu_exporter.parsers.cgroup import unit_cgroup_of_path
 from vllm_xpu_exporter.parsers.workloads import KIND_SYSTEMD, user_suffix
 from vllm_xpu_exporter.runtimes import NOT_FOUND, ContainerCgroup, Names
 from vllm_xpu_exporter.runtimes.files import StateFiles
-from vllm_xpu_exporter.runtimes.registry import default_locations, runtime_of
+from vllm_xpu_exporter.runtimes.registry import Runtime, default_locations, runtime_of
 
 log = logging.getLogger("vllm_xpu_exporter.containers")
 
@@ -95,7 +95,7 @@ class ContainerNames:
         runtime = None if container is None else runtime_of(container)
         if container is None or runtime is None:
             return Workload(unit)
-        names = self._names(container)
+        names = self._names(container, runtime)
         key = names.key and names.key + user_suffix(container.uid)  # a rootless user's: never root's
         return Workload(key or unit, runtime.kind, container.id, names.container, names.compose_project,
                         names.compose_service, names.namespace, names.pod, container.pod_uid or "")
@@ -106,15 +106,14 @@ class ContainerNames:
         unit_cgroup = unit_cgroup_of_path(path)
         return None if unit_cgroup is None else self.workload(unit_cgroup.unit, unit_cgroup.container).unit
 
-    def _names(self, container: ContainerCgroup) -> Names:
+    def _names(self, container: ContainerCgroup, runtime: Runtime) -> Names:
         now = self._clock()
         cached = self._cache.get(container)
         if cached is not None and now < cached[0]:
             self._cache.move_to_end(container)
             return cached[1]
-        runtime = runtime_of(container)
         try:
-            names = NOT_FOUND if runtime is None else runtime.state.names(container, self._files, self.locations)
+            names = runtime.state.names(container, self._files, self.locations)
         except (OSError, ValueError, TypeError, RecursionError, MemoryError) as error:  # hostile or broken state
             log.debug("no names for container %s: %s", container.id, error)
             names = NOT_FOUND
