@@ -41,7 +41,7 @@ _SCOPES = ((docker.SCOPE, docker.ENGINE), (podman.SCOPE, podman.ENGINE),
 _POD_SLICE = re.compile(r"(?:[a-z0-9_.-]*-)?kubepods(?:-burstable|-besteffort)?-pod([0-9a-f][0-9a-f_]{0,63})\.slice")
 _POD_CGROUP = re.compile(r"pod([0-9a-f][0-9a-f-]{0,63})")
 
-LOG_LINK = re.compile(r"([^_/]+)_([^_/]+)_([^_/]+)-([0-9a-f]{64})\.log")
+LOG_LINK = re.compile(rf"([^_/]+)_([^_/]+)_([^_/]+)-{ID}\.log")
 """<pod>_<namespace>_<container>-<id>.log: none of the names can hold `_`."""
 POD_DIRECTORY = re.compile(r"([^_/]+)_([^_/]+)_([0-9a-f][0-9a-f-]{0,63})")
 """<namespace>_<pod>_<uid>"""
