@@ -86,11 +86,11 @@ def child_catch_up(directory: str, max_units: int | None = None) -> None:
     """In the measured child: the follower's catch-up, as the exporter runs it."""
     started = time.perf_counter()
     from vllm_xpu_exporter.sources.journal import open_journal
-    from vllm_xpu_exporter.sources.logs.entry import LogSelection
+    from vllm_xpu_exporter.sources.journal import JournalSelection
     from vllm_xpu_exporter.sources.logs.follower import LogFollower
 
     cpu_started = time.process_time()
-    follower = LogFollower(LogSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all"),
+    follower = LogFollower(JournalSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all"),
                            max_units or DEFAULT_MAX_UNITS, open_reader=open_journal, source="journal")
     follower.start()
     while (state := follower.state()).error is not None:
@@ -110,10 +110,10 @@ def child_read_only(directory: str) -> None:
     """In the measured child: the JournalReader alone, every selected entry decoded, nothing parsed."""
     started = time.perf_counter()
     from vllm_xpu_exporter.sources.journal import JournalReader
-    from vllm_xpu_exporter.sources.logs.entry import LogSelection
+    from vllm_xpu_exporter.sources.journal import JournalSelection
 
     entries = 0
-    with JournalReader(LogSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all")) as reader:
+    with JournalReader(JournalSelection(directory=directory, unit_globs=[UNIT_GLOB], boot="all")) as reader:
         while batch := reader.read_available(4096):
             entries += len(batch)
     print(json.dumps({"entries": entries, "seconds": time.perf_counter() - started, "vm_hwm_mb": _vm_hwm_mb(),

@@ -22,7 +22,8 @@ from vllm_xpu_exporter import memory_rules, start_free_memory
 from vllm_xpu_exporter.discovery import Target
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.planner import plans
-from vllm_xpu_exporter.parsers.cgroup import ContainerCgroup, UnitCgroup, unit_cgroup_of_path
+from vllm_xpu_exporter.parsers.cgroup import UnitCgroup, unit_cgroup_of_path
+from vllm_xpu_exporter.runtimes import ContainerCgroup
 from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.endpoints import Endpoint
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses

@@ -37,10 +37,12 @@ from vllm_xpu_exporter.http.server import Document, ExporterServer, parse_listen
 from vllm_xpu_exporter.http.webconfig import WebConfigError
 from vllm_xpu_exporter.logformat import DEFAULT_FORMAT, DEFAULT_LEVEL, FORMATS, LEVELS, setup_logging
 from vllm_xpu_exporter.scrape import ExporterCollector
-from vllm_xpu_exporter.sources.journal import open_journal, read_own_service_unit
+from vllm_xpu_exporter.sources.journal import JournalSelection, open_journal, read_own_service_unit
 from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
-from vllm_xpu_exporter.sources.containers import (DEFAULT_CONTAINER_LOGS, DEFAULT_DOCKER_ROOT, DEFAULT_POD_LOGS,
-                                                  DEFAULT_PODMAN_STORAGE, ContainerNames)
+from vllm_xpu_exporter.runtimes.docker_state import DEFAULT_DOCKER_ROOT
+from vllm_xpu_exporter.runtimes.podman_state import DEFAULT_PODMAN_STORAGE
+from vllm_xpu_exporter.runtimes.pods_state import DEFAULT_CONTAINER_LOGS, DEFAULT_POD_LOGS
+from vllm_xpu_exporter.sources.containers import ContainerNames
 from vllm_xpu_exporter.sources.logs.entry import DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, LogSelection
 from vllm_xpu_exporter.sources.logs.follower import LogFollower
 from vllm_xpu_exporter.sources.dmem import DEFAULT_SYSFS, DmemReader
@@ -226,7 +228,7 @@ def build_sources(options: Options, needs: set[Source]) -> Sources:
     if Source.JOURNAL in needs:
         sources.journal = LogFollower(exporter_journal_selection(options), options.journal_max_units,
                                       open_reader=open_journal, source="journal")
-        directories = LogDirectories(options.logs_docker_roots, options.logs_pods)
+        directories = LogDirectories(docker_roots=options.logs_docker_roots, pods=options.logs_pods)
         if directories:
             sources.container_logs = container_log_follower(options, directories)
     if Source.DRM_CLIENTS in needs:
@@ -234,13 +236,19 @@ def build_sources(options: Options, needs: set[Source]) -> Sources:
     if Source.DMEM in needs:
         sources.dmem = DmemReader(options.sysfs)
     if Source.CONTAINER_NAMES in needs:
-        sources.container_names = ContainerNames(options.docker_roots, options.podman_storages, options.pod_logs,
-                                                 options.container_logs)
+        sources.container_names = ContainerNames(**container_state(options))
     if Source.VLLM_ENDPOINTS in needs:
         sources.vllm_endpoints = EndpointFinder(options.procfs, host_address=options.sd_host_address)
     if Source.UNIT_PLANS in needs:
         sources.unit_plans = UnitPlans(options.plans_directory)
     return sources
+
+
+def container_state(options: Options) -> dict[str, object]:
+    """Where the container runtimes' state is (--path.docker, --path.podman, --path.pods, --path.container-logs),
+    as ContainerNames' keyword arguments."""
+    return {"docker_roots": options.docker_roots, "podman_storages": options.podman_storages,
+            "pod_logs": options.pod_logs, "container_logs": options.container_logs}
 
 
 def container_log_follower(options: Options, directories: LogDirectories) -> LogFollower:
@@ -256,14 +264,14 @@ def container_log_follower(options: Options, directories: LogDirectories) -> Log
     return LogFollower(selection, options.journal_max_units, open_reader=open_reader, source="container logs")
 
 
-def exporter_journal_selection(options: Options, own_unit: str | None = None) -> LogSelection:
+def exporter_journal_selection(options: Options, own_unit: str | None = None) -> JournalSelection:
     """The journal the options select, without the exporter's own unit (`own_unit`, else the service of
     /proc/self/cgroup): the default glob vllm*.service matches vllm-xpu-exporter.service, and its starts
     are no engine's."""
-    selection = LogSelection(
+    selection = JournalSelection(
         directory=options.journal_directory, files=options.journal_files, unit_globs=options.journal_units,
         container_globs=options.journal_containers, boot=options.journal_boot,
-        engine_grace_usec=options.journal_engine_grace_usec, docker_roots=options.docker_roots)
+        engine_grace_usec=options.journal_engine_grace_usec, container_state=container_state(options))
     own_unit = own_unit or read_own_service_unit()
     if own_unit is None:
         return selection

@@ -33,7 +33,8 @@ from vllm_xpu_exporter.sources.procfs import ProcfsUnavailable
 from vllm_xpu_exporter.sources.udev import DrmNodes
 
 if TYPE_CHECKING:
-    from vllm_xpu_exporter.parsers.cgroup import ContainerCgroup, UnitCgroup
+    from vllm_xpu_exporter.parsers.cgroup import UnitCgroup
+    from vllm_xpu_exporter.runtimes import ContainerCgroup
     from vllm_xpu_exporter.sources.containers import ContainerNames
     from vllm_xpu_exporter.sources.dmem import DmemReader
     from vllm_xpu_exporter.sources.endpoints import Endpoint, EndpointFinder

@@ -12,14 +12,15 @@ import os
 from collections.abc import Sequence
 
 from vllm_xpu_exporter.argparsing import absolute_path, parse_duration, positive_int
-from vllm_xpu_exporter.sources.containers import (
-    DEFAULT_CONTAINER_LOGS, DEFAULT_DOCKER_ROOT, DEFAULT_POD_LOGS, DEFAULT_PODMAN_STORAGE, distinct,
-)
+from vllm_xpu_exporter.runtimes.docker_state import DEFAULT_DOCKER_ROOT
+from vllm_xpu_exporter.runtimes.podman_state import DEFAULT_PODMAN_STORAGE
+from vllm_xpu_exporter.runtimes.pods_state import DEFAULT_CONTAINER_LOGS, DEFAULT_POD_LOGS
+from vllm_xpu_exporter.sources.containers import distinct
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
 from vllm_xpu_exporter.sources.dmem import CGROUP_TREE, DEFAULT_SYSFS
 from vllm_xpu_exporter.sources.procfs import DEFAULT_PROCFS
-from vllm_xpu_exporter.sources.logs.entry import (DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, LogSelection,
-                                                  normalize_boot)
+from vllm_xpu_exporter.sources.journal.selection import JournalSelection
+from vllm_xpu_exporter.sources.logs.entry import DEFAULT_CONTAINER_GLOBS, DEFAULT_UNIT_GLOBS, normalize_boot
 from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S
 
@@ -181,9 +182,9 @@ def journal_engine_grace_usec(args: argparse.Namespace) -> int:
 
 
 def journal_selection(args: argparse.Namespace, extra_units: Sequence[str] = (),
-                      excluded_units: Sequence[str] = ()) -> LogSelection:
+                      excluded_units: Sequence[str] = ()) -> JournalSelection:
     """The journal the flags select; `extra_units` are watched besides the globs, `excluded_units` never."""
-    return LogSelection(directory=args.journal_directory, files=tuple(args.journal_files),
+    return JournalSelection(directory=args.journal_directory, files=tuple(args.journal_files),
                         unit_globs=(*journal_unit_globs(args), *extra_units), boot=args.journal_boot,
                         excluded_units=tuple(excluded_units), engine_grace_usec=journal_engine_grace_usec(args))
 

@@ -15,7 +15,9 @@ from vllm_xpu_exporter.attribution import (DMEM, FDINFO, LEVELZERO, Attribution,
                                            gpus_only_dmem_sees, gpus_seen, held_by_unit, kept_workloads,
                                            rename_attribution, rename_engine_use, restart_headrooms,
                                            total_and_free, unit_cgroups, vllm_targets)
-from vllm_xpu_exporter.parsers.cgroup import DOCKER, ContainerCgroup, UnitCgroup
+from vllm_xpu_exporter.parsers.cgroup import UnitCgroup
+from vllm_xpu_exporter.runtimes import ContainerCgroup
+from vllm_xpu_exporter.runtimes.docker import ENGINE as DOCKER
 from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.endpoints import Endpoint
 from vllm_xpu_exporter.sources.levelzero.binding import (DeviceIdentity, MemoryModule, MemoryModuleProperties,

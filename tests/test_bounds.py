@@ -24,9 +24,10 @@ from polling import wait_for
 from scrapes import sample
 from sizes import GiB, MiB
 from test_container_logs import ALL, printed, read, reader
-from vllm_xpu_exporter.sources import containerlogs as containerlogs_source
+from vllm_xpu_exporter.sources import logfile
 from vllm_xpu_exporter.sources.containerlogs import LogDirectories
-from vllm_xpu_exporter.sources.containers import MAX_DOCKER_CONFIG_BYTES, MAX_PODMAN_LIST_BYTES
+from vllm_xpu_exporter.runtimes.docker import MAX_CONFIG_BYTES as MAX_DOCKER_CONFIG_BYTES
+from vllm_xpu_exporter.runtimes.podman import MAX_LIST_BYTES as MAX_PODMAN_LIST_BYTES
 
 LIMIT = 512 << 20
 RSS_BOUND = 200 << 20
@@ -133,5 +134,5 @@ def test_a_rotated_gzip_bomb_is_cut_and_the_live_file_still_read(tmp_path):
         got = read(opened)
         assert got[-1].message == "live"
         inflated = (len(got) - 1) * len(record)
-        assert inflated <= containerlogs_source.INFLATE_RATIO * rotated.stat().st_size + len(record)
+        assert inflated <= logfile.INFLATE_RATIO * rotated.stat().st_size + len(record)
         assert opened.unreadable_entries == 1

@@ -77,8 +77,9 @@ def test_the_processes_sources_are_built_once_with_the_host_paths_and_handed_to_
     assert sources.drm_clients is not None and sources.drm_clients.procfs == "/host/proc"
     assert sources.dmem is not None and sources.dmem.root == "/host/sys/fs/cgroup"
     names = sources.container_names
-    assert names is not None and (names.docker_roots, names.podman_storages, names.pod_logs, names.container_logs) == (
-        ("/host/docker",), ("/host/podman",), "/host/pods", "/host/containers")
+    assert names is not None and names.locations == {
+        "docker_roots": ("/host/docker",), "podman_storages": ("/host/podman",), "pod_logs": "/host/pods",
+        "container_logs": "/host/containers"}
     endpoints = sources.vllm_endpoints
     assert endpoints is not None and (endpoints.procfs, endpoints.host_address) == ("/host/proc", "192.0.2.7")
     assert sources.unit_plans is not None and sources.unit_plans.directory == "/host/etc/systemd/system"
@@ -254,7 +255,8 @@ LAYERS = (
     # the metric families
     (PACKAGE, f"{PACKAGE}.argparsing", f"{PACKAGE}.durations", f"{PACKAGE}.pci", f"{PACKAGE}.systemd",
      f"{PACKAGE}.nodatayet", f"{PACKAGE}.families"),
-    (f"{PACKAGE}.parsers",),
+    # the parsers, and the container runtimes' facts and state beside them (the cgroup parser asks their registry)
+    (f"{PACKAGE}.parsers", f"{PACKAGE}.runtimes"),
     (f"{PACKAGE}.fold",),
     (f"{PACKAGE}.sources.logs",),
     (f"{PACKAGE}.sources",),
@@ -330,3 +332,21 @@ def test_the_log_sources_share_only_the_neutral_log_package():
     assert not imported_by(journal) & container_logs
     assert not imported_by(container_logs) & journal
     assert imported_by(journal) & neutral and imported_by(container_logs) & neutral
+
+
+def test_the_follower_reads_both_logs_through_one_reader_protocol():
+    """The journal's reader and the containers' log files' reader are both the follower's `LogReader` (what it
+    calls of a reader is typed, not `Any`); a reader lacking part of it is not one."""
+    from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
+    from vllm_xpu_exporter.sources.journal import JournalReader, JournalSelection
+    from vllm_xpu_exporter.sources.logs.entry import LogSelection
+    from vllm_xpu_exporter.sources.logs.follower import LogReader
+
+    assert isinstance(JournalReader(JournalSelection()), LogReader)
+    assert isinstance(ContainerLogReader(LogSelection(), LogDirectories()), LogReader)
+
+    class WithoutLatestInvocations:
+        unreadable_entries, last_unreadable, rejected_entries = 0, None, {}
+        open = close = wait = read_available = __enter__ = __exit__ = lambda *args: None
+
+    assert not isinstance(WithoutLatestInvocations(), LogReader)

@@ -18,13 +18,16 @@ from containerlogs import (RACE_CONTAINERS, RACE_POD_KEYS, ContainerLine, Docker
                            write_race_pods)
 from vllm_xpu_exporter.fold.container_runs import ContainerRuns
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker
-from vllm_xpu_exporter.parsers.containerlogs import parse_cri_line, parse_json_file_line, parse_rfc3339_usec
+from vllm_xpu_exporter.runtimes import parse_rfc3339_usec
+from vllm_xpu_exporter.runtimes.docker import parse_json_file_line
+from vllm_xpu_exporter.runtimes.pods import parse_cri_line
 from vllm_xpu_exporter.parsers.vllm import FailureReason
 from vllm_xpu_exporter.sources import containerlogs as containerlogs_source
-from vllm_xpu_exporter.sources.containerlogs import MAX_LINE_BYTES, ContainerLogReader, LogDirectories
+from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
+from vllm_xpu_exporter.sources.logfile import MAX_LINE_BYTES
 from vllm_xpu_exporter.sources.logs.entry import LogEntry, LogSelection
 from vllm_xpu_exporter.nodatayet import NoDataYet
-from vllm_xpu_exporter.sources.logs.follower import LogFollower
+from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogUnreadable
 from exporterproc import RunningExporter
 from journalgen import write_journal
 from polling import ManualClock, wait_for
@@ -360,7 +363,8 @@ def test_a_missing_directory_fails_the_source_until_it_appears(tmp_path):
     follower.start()
     try:
         state = wait_for(lambda: not isinstance((s := follower.state()).error, NoDataYet) and s)
-        assert state.error == f"container log directory {tmp_path / 'pods'} does not exist"
+        assert isinstance(state.error, LogUnreadable)
+        assert str(state.error) == f"container log directory {tmp_path / 'pods'} does not exist"
         write_race_pods(tmp_path / "pods")
         state = wait_for(lambda: (s := follower.state()).error is None and len(s.views) == 3 and s, timeout=15)
         assert state and {view.unit for view in state.views} == {RACE_POD_KEYS[u] for u in (CHAT, EMBEDDING, STT)}

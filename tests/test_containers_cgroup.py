@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_xpu_exporter.parsers.cgroup import (
-    CONTAINERD, CRIO, DOCKER, PODMAN, ContainerCgroup, container_of_cgroup_path, unit_cgroup_of_path,
-    unit_of_cgroup_file,
-)
+from vllm_xpu_exporter.parsers.cgroup import container_of_cgroup_path, unit_cgroup_of_path, unit_of_cgroup_file
+from vllm_xpu_exporter.runtimes import ContainerCgroup
+from vllm_xpu_exporter.runtimes.docker import ENGINE as DOCKER
+from vllm_xpu_exporter.runtimes.podman import ENGINE as PODMAN
+from vllm_xpu_exporter.runtimes.pods import CONTAINERD, CRIO
 from fakeprocfs import hybrid_cgroup, v1_cgroup, v2_cgroup
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)

@@ -1,13 +1,18 @@
-"""vllm_xpu_exporter.parsers.workloads: the `unit` keys of containers and pods' containers, shared by the processes
+"""vllm_xpu_exporter.runtimes' keys: the `unit` keys of containers and pods' containers, shared by the processes
 collector and the journal side; names are untrusted, so what the engines would refuse gives no key."""
 
 from __future__ import annotations
 
 import pytest
 
-from vllm_xpu_exporter.parsers.workloads import (
-    KIND_DOCKER, KIND_KUBERNETES, KIND_PODMAN, KIND_SYSTEMD, docker_key, kind_of_key, kubernetes_key, podman_key,
-)
+from vllm_xpu_exporter.parsers.workloads import KIND_SYSTEMD
+from vllm_xpu_exporter.runtimes.docker import KIND as KIND_DOCKER
+from vllm_xpu_exporter.runtimes.docker import docker_key
+from vllm_xpu_exporter.runtimes.podman import KIND as KIND_PODMAN
+from vllm_xpu_exporter.runtimes.podman import podman_key
+from vllm_xpu_exporter.runtimes.pods import KIND as KIND_KUBERNETES
+from vllm_xpu_exporter.runtimes.pods import kubernetes_key
+from vllm_xpu_exporter.runtimes.registry import kind_of_key
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
 

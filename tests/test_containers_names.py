@@ -9,10 +9,15 @@ import os
 
 import pytest
 
-from vllm_xpu_exporter.parsers.cgroup import CONTAINERD, CRIO, DOCKER, ContainerCgroup, unit_cgroup_of_path
-from vllm_xpu_exporter.sources.containers import (
-    MAX_DOCKER_CONFIG_BYTES, MAX_PODMAN_LIST_BYTES, ContainerNames, Workload, docker_names, podman_names,
-)
+from vllm_xpu_exporter.parsers.cgroup import unit_cgroup_of_path
+from vllm_xpu_exporter.runtimes import ContainerCgroup
+from vllm_xpu_exporter.runtimes.docker import ENGINE as DOCKER
+from vllm_xpu_exporter.runtimes.docker import MAX_CONFIG_BYTES as MAX_DOCKER_CONFIG_BYTES
+from vllm_xpu_exporter.runtimes.docker import docker_names
+from vllm_xpu_exporter.runtimes.podman import MAX_LIST_BYTES as MAX_PODMAN_LIST_BYTES
+from vllm_xpu_exporter.runtimes.podman import podman_names
+from vllm_xpu_exporter.runtimes.pods import CONTAINERD, CRIO
+from vllm_xpu_exporter.sources.containers import ContainerNames, Workload
 from fakecontainers import (
     StateDirectories, container_id, docker_cgroupfs_path, docker_systemd_path, kubepods_cgroupfs_path,
     kubepods_systemd_path, pod_uid, podman_path, podman_rootless_path,
@@ -62,6 +67,15 @@ def test_a_systemd_unit_keeps_its_name(names):
 def test_docker_container_by_name_with_its_compose_project_and_service(names, state, path):
     state.add_compose(CID, "vllm", "chat")
     assert workload_of(names, path) == Workload("docker/vllm-chat-1", "docker", CID, "vllm-chat-1", "vllm", "chat")
+
+
+def test_the_key_of_a_cgroup_path_is_its_workloads_unit(names, state):
+    """`key_of_cgroup_path`: the whole way from a cgroup path to the `unit` label (for callers that have a path)."""
+    state.add_docker(CID, "chat")
+    assert names.key_of_cgroup_path(docker_systemd_path(CID)) == "docker/chat"
+    assert names.key_of_cgroup_path(podman_path(CID)) == f"libpod-{CID}.scope"  # no names found: the leaf
+    assert names.key_of_cgroup_path("/system.slice/vllm-xpu-chat.service/payload") == "vllm-xpu-chat.service"
+    assert names.key_of_cgroup_path("/") is None
 
 
 def test_docker_container_without_compose(names, state):

@@ -28,7 +28,8 @@ from vllm_xpu_exporter.fold.engine_starts import EngineTracker, UnitView
 from vllm_xpu_exporter.fold.start import Outcome
 from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.sources.journal import JournalReader
-from vllm_xpu_exporter.sources.logs.entry import LogEntry, LogSelection
+from vllm_xpu_exporter.sources.journal import JournalSelection
+from vllm_xpu_exporter.sources.logs.entry import LogEntry
 from journalgen import (Clock, JournalEntrySpec, Moment, current_boot_id, new_invocation_id, unit_failed,
                         unit_output, unit_process_exited, unit_restart_scheduled, unit_started, unit_starting,
                         unit_stopped, write_journal)
@@ -128,7 +129,7 @@ def restart(unit: str, clock: Clock, failed: Recorded, counter: int = 1) -> list
 
 def read_journal(tmp_path: Path, entries: list[JournalEntrySpec]) -> list[LogEntry]:
     write_journal(tmp_path / "system.journal", entries)
-    with JournalReader(LogSelection(directory=str(tmp_path), unit_globs=["vllm*.service"])) as reader:
+    with JournalReader(JournalSelection(directory=str(tmp_path), unit_globs=["vllm*.service"])) as reader:
         read: list[LogEntry] = []
         while batch := reader.read_available(1000):
             read.extend(batch)

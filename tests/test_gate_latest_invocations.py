@@ -16,7 +16,7 @@ from vllm_xpu_exporter.gate.cli import parse_service_options
 from vllm_xpu_exporter.gate.service import Service
 from vllm_xpu_exporter.gate.decision import Admission, decide
 from vllm_xpu_exporter.sources.journal import open_journal
-from vllm_xpu_exporter.sources.logs.entry import LogSelection
+from vllm_xpu_exporter.sources.journal import JournalSelection
 from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState, prints_a_vllm_line
 from vllm_xpu_exporter.sources.journal.invocations import MAX_INVOCATIONS_BACK
 from vllm_xpu_exporter.sources.journal.reader import JournalReader
@@ -175,7 +175,7 @@ def write_boot(path: Path, boot_id: str) -> Writer:
 
 
 def follow(path: Path, boot_id: str, latest_invocations: bool) -> LogFollower:
-    follower = LogFollower(LogSelection(files=[str(path)], unit_globs=["vllm*.service"], boot=boot_id),
+    follower = LogFollower(JournalSelection(files=[str(path)], unit_globs=["vllm*.service"], boot=boot_id),
                            open_reader=open_journal, source="journal", latest_invocations=latest_invocations)
     follower.start()
     return follower
@@ -298,7 +298,7 @@ def test_a_unit_that_needs_more_than_the_bound_of_invocations_makes_it_read_the_
         writer.killed(CHAT, chat)
     path = write_journal(tmp_path / "system.journal", writer.entries)
     chats = sum(spec.field_value("_SYSTEMD_UNIT") != "nginx.service" for spec in writer.entries)
-    with JournalReader(LogSelection(files=[str(path)], boot=boot_id)) as reader:
+    with JournalReader(JournalSelection(files=[str(path)], boot=boot_id)) as reader:
         assert reader.read_latest_invocations(lambda entries: prints_a_vllm_line(60_000_000, entries)) is None
         whole = []
         while batch := reader.read_available():  # the reader reads the whole boot instead
@@ -312,7 +312,7 @@ def test_a_unit_that_needs_more_than_the_bound_of_invocations_makes_it_read_the_
     finally:
         latest.stop()
         full.stop()
-    with JournalReader(LogSelection(files=[str(path)], boot=boot_id)) as reader:  # within the bound: read
+    with JournalReader(JournalSelection(files=[str(path)], boot=boot_id)) as reader:  # within the bound: read
         entries = reader.read_latest_invocations(lambda entries: prints_a_vllm_line(60_000_000, entries),
                                                  max_invocations=MAX_INVOCATIONS_BACK + 1)
         assert entries is not None and len(entries) == chats

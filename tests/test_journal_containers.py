@@ -15,7 +15,8 @@ from vllm_xpu_exporter.fold.container_runs import ContainerRuns
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker, UnitView
 from vllm_xpu_exporter.parsers.vllm import FailureReason
 from vllm_xpu_exporter.sources.journal import JournalReader, open_journal
-from vllm_xpu_exporter.sources.logs.entry import LogEntry, LogSelection
+from vllm_xpu_exporter.sources.journal import JournalSelection
+from vllm_xpu_exporter.sources.logs.entry import LogEntry
 from vllm_xpu_exporter.sources.logs.follower import LogFollower
 from exporterproc import RunningExporter
 from journalgen import (Clock, Moment, append_journal, container_id, container_output, podman_died, random_boot_id,
@@ -36,7 +37,7 @@ def read_all(reader: JournalReader) -> list[LogEntry]:
 
 
 def open_reader(path: Path, boot: str = "all", containers=CONTAINERS, units=("vllm*.service",)) -> JournalReader:
-    reader = JournalReader(LogSelection(files=[str(path)], unit_globs=units, container_globs=containers,
+    reader = JournalReader(JournalSelection(files=[str(path)], unit_globs=units, container_globs=containers,
                                         boot=boot))
     reader.open()
     return reader
@@ -44,8 +45,8 @@ def open_reader(path: Path, boot: str = "all", containers=CONTAINERS, units=("vl
 
 def follow(path: Path, *, containers=CONTAINERS, max_units: int = 64, boot: str = "all",
            docker_roots=()) -> list[UnitView]:
-    follower = LogFollower(LogSelection(files=[str(path)], container_globs=containers, boot=boot,
-                                        docker_roots=docker_roots), max_units,
+    follower = LogFollower(JournalSelection(files=[str(path)], container_globs=containers, boot=boot,
+                                        container_state={"docker_roots": docker_roots}), max_units,
                            open_reader=open_journal, source="journal")
     follower.start()
     try:
@@ -177,7 +178,7 @@ def test_containers_beyond_max_units_are_dropped_and_counted(tmp_path):
     clock = Clock(random_boot_id())
     path = write_journal(tmp_path / "x.journal", [
         container_output(f"vllm-{n}", "vLLM API server version 0.24.0", clock.tick()) for n in range(5)])
-    follower = LogFollower(LogSelection(files=[str(path)], container_globs=CONTAINERS, boot="all"), 3,
+    follower = LogFollower(JournalSelection(files=[str(path)], container_globs=CONTAINERS, boot="all"), 3,
                            open_reader=open_journal, source="journal")
     follower.start()
     try:
@@ -305,8 +306,8 @@ def test_a_journald_docker_containers_end_is_seen_while_the_journal_is_quiet(tmp
     path, host, clock = silent_death_journal(tmp_path)
     chat = host.add("vllm-chat", log_driver="journald")
     chat.set_state(running=True, started_usec=clock.realtime_usec - 10_000_000)
-    follower = LogFollower(LogSelection(files=[str(path)], container_globs=CONTAINERS, boot="all",
-                                        docker_roots=(str(host.root),)), 64,
+    follower = LogFollower(JournalSelection(files=[str(path)], container_globs=CONTAINERS, boot="all",
+                                        container_state={"docker_roots": (str(host.root),)}), 64,
                            open_reader=open_journal, source="journal")
     follower.start()
     try:

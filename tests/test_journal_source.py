@@ -16,6 +16,7 @@ import pytest
 
 from vllm_xpu_exporter.cli import exporter_journal_selection, parse_options
 from vllm_xpu_exporter.sources.journal import JournalError, JournalReader
+from vllm_xpu_exporter.sources.journal import JournalSelection
 from vllm_xpu_exporter.sources.logs.entry import LogEntry, LogSelection, normalize_boot
 from vllm_xpu_exporter.sources.journal import host, reader as journal_source
 from vllm_xpu_exporter.sources.journal.binding import LIBSYSTEMD, LibSystemd
@@ -48,7 +49,7 @@ WATCHED = ["vllm*.service"]
 
 
 def reader_for(directory: Path, *, globs: list[str] = WATCHED, boot: str = "current", **kwargs: int) -> JournalReader:
-    reader = JournalReader(LogSelection(directory=str(directory), unit_globs=globs, boot=boot), **kwargs)
+    reader = JournalReader(JournalSelection(directory=str(directory), unit_globs=globs, boot=boot), **kwargs)
     reader.open()
     return reader
 
@@ -249,9 +250,9 @@ def test_invalid_boot_is_rejected(bad: str) -> None:
 
 def test_selection_rejects_directory_with_files_and_empty_globs() -> None:
     with pytest.raises(ValueError):
-        LogSelection(directory="/x", files=["/y.journal"])
+        JournalSelection(directory="/x", files=["/y.journal"])
     with pytest.raises(ValueError):
-        LogSelection(unit_globs=[])
+        JournalSelection(unit_globs=[])
 
 
 def test_binary_message_with_control_and_non_utf8_bytes_is_decoded_with_replacement(tmp_path: Path, clock: Clock) -> None:
@@ -302,7 +303,7 @@ def test_directory_with_several_files_is_read_in_time_order(tmp_path: Path, cloc
 def test_file_selection_reads_only_the_given_files(tmp_path: Path, clock: Clock) -> None:
     one = write_journal(tmp_path / "one.journal", [unit_output("vllm-a.service", "in one", clock.tick())])
     write_journal(tmp_path / "two.journal", [unit_output("vllm-a.service", "in two", clock.tick())])
-    with JournalReader(LogSelection(files=[str(one)], unit_globs=WATCHED)) as reader:
+    with JournalReader(JournalSelection(files=[str(one)], unit_globs=WATCHED)) as reader:
         assert messages(read_all(reader)) == ["in one"]
 
 
@@ -422,7 +423,7 @@ def test_vacuumed_files_while_following_do_not_stop_the_reader(tmp_path: Path) -
 
 
 def test_missing_directory_raises_journal_error_with_one_line_errno_and_function(tmp_path: Path) -> None:
-    reader = JournalReader(LogSelection(directory=str(tmp_path / "nope"), unit_globs=WATCHED))
+    reader = JournalReader(JournalSelection(directory=str(tmp_path / "nope"), unit_globs=WATCHED))
     with pytest.raises(JournalError) as raised:
         reader.open()
     assert str(raised.value) == f"journal directory {tmp_path / 'nope'} does not exist"
@@ -433,17 +434,17 @@ def test_missing_directory_raises_journal_error_with_one_line_errno_and_function
 def test_path_that_is_not_a_directory_raises_journal_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(JournalError, match="is not a directory"):
-        JournalReader(LogSelection(directory=str(tmp_path / "file"), unit_globs=WATCHED)).open()
+        JournalReader(JournalSelection(directory=str(tmp_path / "file"), unit_globs=WATCHED)).open()
 
 
 def test_missing_journal_file_raises_journal_error(tmp_path: Path) -> None:
     with pytest.raises(JournalError, match="does not exist"):
-        JournalReader(LogSelection(files=[str(tmp_path / "x.journal")], unit_globs=WATCHED)).open()
+        JournalReader(JournalSelection(files=[str(tmp_path / "x.journal")], unit_globs=WATCHED)).open()
 
 
 def test_directory_that_appears_later_opens_on_retry(tmp_path: Path, clock: Clock) -> None:
     directory = tmp_path / "journal"
-    reader = JournalReader(LogSelection(directory=str(directory), unit_globs=WATCHED))
+    reader = JournalReader(JournalSelection(directory=str(directory), unit_globs=WATCHED))
     with pytest.raises(JournalError):
         reader.open()
     directory.mkdir()
@@ -453,7 +454,7 @@ def test_directory_that_appears_later_opens_on_retry(tmp_path: Path, clock: Cloc
 
 
 def test_libsystemd_that_cannot_be_loaded_raises_journal_error_naming_dlopen(tmp_path: Path) -> None:
-    reader = JournalReader(LogSelection(directory=str(tmp_path), unit_globs=WATCHED), library="libnot-systemd.so.0")
+    reader = JournalReader(JournalSelection(directory=str(tmp_path), unit_globs=WATCHED), library="libnot-systemd.so.0")
     with pytest.raises(JournalError) as raised:
         reader.open()
     assert raised.value.function == "dlopen"
@@ -537,7 +538,7 @@ def test_directory_behind_an_untraversable_parent_raises_journal_error(public_tm
     parent = public_tmp / "private"
     (parent / "journal").mkdir(parents=True)
     os.chmod(parent, 0o700)
-    outcome = _open_as_nobody(LogSelection(directory=str(parent / "journal"), unit_globs=WATCHED))
+    outcome = _open_as_nobody(JournalSelection(directory=str(parent / "journal"), unit_globs=WATCHED))
     assert outcome == f"unavailable: journal directory {parent / 'journal'} is not readable: permission denied"
 
 
@@ -546,7 +547,7 @@ def test_unreadable_directory_raises_journal_error(public_tmp: Path, clock: Cloc
     directory.mkdir()
     write_journal(directory / "a.journal", [unit_output("vllm-a.service", "x", clock.tick())])
     os.chmod(directory, 0o700)
-    outcome = _open_as_nobody(LogSelection(directory=str(directory), unit_globs=WATCHED))
+    outcome = _open_as_nobody(JournalSelection(directory=str(directory), unit_globs=WATCHED))
     assert outcome == f"unavailable: journal directory {directory} is not readable: permission denied"
 
 
@@ -556,7 +557,7 @@ def test_directory_of_unreadable_journal_files_raises_journal_error(public_tmp: 
     path = write_journal(directory / "a.journal", [unit_output("vllm-a.service", "x", clock.tick())])
     os.chmod(directory, 0o755)
     os.chmod(path, 0o600)
-    outcome = _open_as_nobody(LogSelection(directory=str(directory), unit_globs=WATCHED))
+    outcome = _open_as_nobody(JournalSelection(directory=str(directory), unit_globs=WATCHED))
     assert outcome.startswith(f"unavailable: no journal file in {directory} is readable: permission denied")
 
 
@@ -599,7 +600,7 @@ def test_new_unit_after_the_read_position_file_was_vacuumed_is_picked_up_without
 
 
 def test_selection_defaults_are_the_system_journal_vllm_units_and_current_boot() -> None:
-    selection = LogSelection()
+    selection = JournalSelection()
     assert (selection.directory, selection.files, selection.unit_globs, selection.boot) == (
         None, (), ("vllm*.service",), "current")
 
@@ -607,7 +608,7 @@ def test_selection_defaults_are_the_system_journal_vllm_units_and_current_boot()
 def test_file_selection_follows_entries_appended_to_the_file_and_survives_its_deletion(tmp_path: Path) -> None:
     clock = Clock(current_boot_id())
     path = write_journal(tmp_path / "system.journal", [unit_output("vllm-a.service", "first", clock.tick())])
-    with JournalReader(LogSelection(files=[str(path)], unit_globs=WATCHED)) as reader:
+    with JournalReader(JournalSelection(files=[str(path)], unit_globs=WATCHED)) as reader:
         assert messages(read_all(reader)) == ["first"]
         append_journal(path, [unit_output("vllm-a.service", "second", clock.tick())])
         assert messages(follow_until(reader, 1)) == ["second"]

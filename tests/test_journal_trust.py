@@ -17,7 +17,8 @@ from polling import wait_for
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.parsers.vllm import FailureReason
 from vllm_xpu_exporter.sources.journal import JournalReader, open_journal
-from vllm_xpu_exporter.sources.logs.entry import LogSelection
+from vllm_xpu_exporter.sources.journal import JournalSelection
+from vllm_xpu_exporter.runtimes import docker, podman
 from vllm_xpu_exporter.sources.journal import trust
 from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
 
@@ -38,7 +39,7 @@ def sent_by(spec: JournalEntrySpec, **fields) -> JournalEntrySpec:
 
 
 def follow(path: Path, *, containers=("*vllm*",)) -> LogState:
-    follower = LogFollower(LogSelection(files=[str(path)], container_globs=containers, boot="all"),
+    follower = LogFollower(JournalSelection(files=[str(path)], container_globs=containers, boot="all"),
                            open_reader=open_journal, source="journal")
     follower.start()
     try:
@@ -112,7 +113,7 @@ def test_a_forged_podman_death_ends_no_real_container(tmp_path, sender):
     if sender == "nobody's real podman":  # believed for nobody's own container of that name: none of its lines read
         assert state.rejected == {}
     else:
-        assert state.rejected == {trust.REJECTED_PODMAN_EVENT: 1}
+        assert state.rejected == {podman.REJECTED_PODMAN_EVENT: 1}
 
 
 def test_the_engines_own_records_are_believed(tmp_path):
@@ -158,20 +159,23 @@ def test_root_and_rootless_podman_containers_of_one_name_are_two_identities(tmp_
     (b"/usr/bin/conmon", True), (b"/usr/libexec/podman/conmon", True), (b"/usr/local/bin/conmon", True),
     (b"/tmp/conmon", False), (b"/usr/bin/../../tmp/conmon", False), (b"/home/u/bin/conmon", False),
     (b"conmon", False), (b"/usr/bin/conmon (deleted)", False), (None, False), (b"/usr/bin/conmon2", False),
+    (b"/usr/lib/podman/conmon", True), (b"/usr/libexec/docker/conmon", False),  # each engine's own libexec
 ])
 def test_only_a_conmon_in_a_system_directory_is_conmon(exe, trusted):
-    assert (trust.conmon_uid(b"0", b"conmon", exe) == 0) is trusted
-    assert trust.conmon_uid(b"0", b"python3", exe) is None
+    assert (podman.conmon_uid(b"0", b"conmon", exe) == 0) is trusted
+    assert podman.conmon_uid(b"0", b"python3", exe) is None
 
 
 @pytest.mark.fast
 def test_dockerd_is_root_in_docker_service_running_dockerd():
-    assert trust.is_dockerd(b"0", b"dockerd", b"/usr/bin/dockerd", b"docker.service")
-    assert not trust.is_dockerd(b"1000", b"dockerd", b"/usr/bin/dockerd", b"docker.service")
-    assert not trust.is_dockerd(b"0", b"dockerd", b"/usr/bin/dockerd", b"user@1000.service")
-    assert not trust.is_dockerd(b"0", b"dockerd", b"/usr/bin/dockerd", None)
-    assert not trust.is_dockerd(None, b"dockerd", b"/usr/bin/dockerd", b"docker.service")
-    assert not trust.is_dockerd(b"0", b"containerd", b"/usr/bin/dockerd", b"docker.service")
+    assert docker.is_dockerd(b"0", b"dockerd", b"/usr/bin/dockerd", b"docker.service")
+    assert not docker.is_dockerd(b"1000", b"dockerd", b"/usr/bin/dockerd", b"docker.service")
+    assert not docker.is_dockerd(b"0", b"dockerd", b"/usr/bin/dockerd", b"user@1000.service")
+    assert not docker.is_dockerd(b"0", b"dockerd", b"/usr/bin/dockerd", None)
+    assert not docker.is_dockerd(None, b"dockerd", b"/usr/bin/dockerd", b"docker.service")
+    assert not docker.is_dockerd(b"0", b"containerd", b"/usr/bin/dockerd", b"docker.service")
+    assert docker.is_dockerd(b"0", b"dockerd", b"/usr/libexec/docker/dockerd", b"docker.service")
+    assert not docker.is_dockerd(b"0", b"dockerd", b"/usr/libexec/podman/dockerd", b"docker.service")
 
 
 # --- places: units first, idle names forgotten -------------------------------------------------------
@@ -246,7 +250,7 @@ def test_a_flood_of_container_names_is_not_listed_and_no_real_containers_line_is
         *(sent_by(container_output(f"vllm-f{n}", VERSION, clock.tick()), **NOBODY) for n in range(20)),
         container_output("vllm-chat", VERSION, clock.tick()),
     ])
-    reader = JournalReader(LogSelection(files=[str(path)], container_globs=("*vllm*",), boot="all"))
+    reader = JournalReader(JournalSelection(files=[str(path)], container_globs=("*vllm*",), boot="all"))
     with reader:
         entries = []
         while batch := reader.read_available(1000):

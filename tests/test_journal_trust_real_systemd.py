@@ -20,7 +20,8 @@ from polling import wait_for
 from realsystemd import RealSystemd
 from vllm_xpu_exporter.parsers.vllm import FailureReason
 from vllm_xpu_exporter.sources.journal import open_journal
-from vllm_xpu_exporter.sources.logs.entry import LogSelection
+from vllm_xpu_exporter.sources.journal import JournalSelection
+from vllm_xpu_exporter.runtimes import podman
 from vllm_xpu_exporter.sources.journal import trust
 from vllm_xpu_exporter.sources.logs.follower import LogFollower
 
@@ -108,7 +109,7 @@ def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSystemd]:
 
 def fold(machine: RealSystemd):
     machine.sync_journal()
-    follower = LogFollower(LogSelection(directory=str(machine.journal_directory),
+    follower = LogFollower(JournalSelection(directory=str(machine.journal_directory),
                                         container_globs=("*vllm*",), boot="all"),
                            open_reader=open_journal, source="journal")
     follower.start()
@@ -162,4 +163,4 @@ def test_forged_container_records_are_ignored_and_the_engines_believed(machine: 
     assert views["podman/vllm-embed"].failures[FailureReason.OTHER] == 0
     assert views["podman/vllm-embed"].initialising_since_usec is not None
     assert views["podman/vllm-embed@uid1000"].initialising_since_usec is None  # its own podman's death ended it
-    assert state.rejected == {trust.REJECTED_CONTAINER_SENDER: 3 * 2 + 2 + 70, trust.REJECTED_PODMAN_EVENT: 2}
+    assert state.rejected == {trust.REJECTED_CONTAINER_SENDER: 3 * 2 + 2 + 70, podman.REJECTED_PODMAN_EVENT: 2}

@@ -19,7 +19,7 @@ from vllm_xpu_exporter.families import GaugeFamily
 from vllm_xpu_exporter.scrape import ExporterCollector
 from vllm_xpu_exporter.collectors.journal import JournalCollector
 from vllm_xpu_exporter.nodatayet import NoDataYet
-from vllm_xpu_exporter.sources.logs.follower import LogState
+from vllm_xpu_exporter.sources.logs.follower import LogError, LogNotReadYet, LogState, LogUnreadable
 from vllm_xpu_exporter.sources.levelzero.worker import (JUST_INITIALISED, STILL_INITIALISING, LevelZeroStarting,
                                                         LevelZeroUnavailable)
 from scrapes import parse_samples
@@ -236,7 +236,7 @@ def test_no_data_yet_with_a_sample_dropped_is_a_failure(caplog: pytest.LogCaptur
 class Following:
     """What the journal collector reads of a LogFollower: a state with this error."""
 
-    def __init__(self, error: str | NoDataYet | None) -> None:
+    def __init__(self, error: LogError | None) -> None:
         self.error = error
 
     def state(self) -> LogState:
@@ -245,13 +245,12 @@ class Following:
 
 
 @pytest.mark.parametrize("journal, container_logs, expected", [
-    (NoDataYet("still reading the journal"), None, (NoDataYet, "still reading the journal")),
-    (None, NoDataYet("still reading the container logs"), (NoDataYet, "still reading the container logs")),
-    (NoDataYet("still reading the journal"), "container log directory /x does not exist",
+    (LogNotReadYet("still reading the journal"), None, (NoDataYet, "still reading the journal")),
+    (None, LogNotReadYet("still reading the container logs"), (NoDataYet, "still reading the container logs")),
+    (LogNotReadYet("still reading the journal"), LogUnreadable("container log directory /x does not exist"),
      (CollectionError, "container log directory /x does not exist")),
-    ("cannot open the journal", "still reading the container logs", (CollectionError,
-                                                                       "cannot open the journal; "
-                                                                       "still reading the container logs")),
+    (LogUnreadable("cannot open the journal"), LogUnreadable("still reading the container logs"),
+     (CollectionError, "cannot open the journal; still reading the container logs")),
 ], ids=["journal-first-read", "container-logs-first-read", "a-failure-beside-a-first-read", "words-are-no-type"])
 def test_the_journal_collector_has_no_data_yet_only_while_its_sources_are_first_read_and_none_failed(
         journal, container_logs, expected) -> None:

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from copy import copy
 
 from prometheus_client.metrics_core import Metric
 
@@ -68,13 +67,13 @@ def _journal_collector(options: None, sources: Sources) -> JournalCollector:
 
 def collection_error(states: list[LogState]) -> CollectionError | NoDataYet | None:
     """What the collector raises when its sources cannot be read now: their failures, else that one is still
-    being read (a copy of its NoDataYet: the state's own would gather a traceback at each raise); None when all
+    being read (a NoDataYet of its own: the state's would gather a traceback at each raise); None when all
     work."""
-    errors = [state.error for state in states if state.error]
+    errors = [state.error for state in states if state.error is not None]
     failures = [str(error) for error in errors if not isinstance(error, NoDataYet)]
     if failures:
         return CollectionError("; ".join(failures))
-    return copy(errors[0]) if errors else None
+    return NoDataYet(str(errors[0])) if errors else None
 
 
 def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:

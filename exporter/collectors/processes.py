@@ -60,7 +60,7 @@ from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
 from vllm_xpu_exporter.argparsing import positive_int
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
 from vllm_xpu_exporter.nodatayet import NoDataYet
-from vllm_xpu_exporter.parsers.cgroup import ContainerCgroup
+from vllm_xpu_exporter.runtimes import ContainerCgroup
 from vllm_xpu_exporter.sources import containers, procfs
 from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable

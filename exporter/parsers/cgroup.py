@@ -6,22 +6,20 @@
 (`read_unit_cgroup`), the journal reader the exporter's own.
 
 A container's cgroup also says which engine runs it, its id and, under Kubernetes, its pod's uid
-(`container_of_cgroup_path`, `UnitCgroup.container`): Docker with the systemd cgroup driver
-(`/system.slice/docker-<id>.scope`) or cgroupfs (`/docker/<id>`), Podman (`/machine.slice/libpod-<id>.scope`,
-rootless below `user@UID.service`, cgroupfs `/libpod_parent/libpod-<id>`), and the containers of pods
-(kubelet with the systemd driver: `/kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid>.slice/
-cri-containerd-<id>.scope`, `crio-<id>.scope` or `docker-<id>.scope`, no QoS slice for guaranteed pods;
-cgroupfs: `/kubepods/<qos>/pod<uid>/<id>`). Conmon's scopes (`libpod-conmon-<id>.scope`,
-`crio-conmon-<id>.scope`) are not the container. A container that systemd runs as a service (Podman's
+(`container_of_cgroup_path`, `UnitCgroup.container`): a container's scope (the unit below the slices, for
+the system's manager or a user's) or, outside any unit, its cgroupfs directory, as the container runtimes
+name them (`vllm_xpu_exporter.runtimes.registry`: each runtime's `container_of_scope` and
+`container_of_cgroupfs`, the first that names it wins). A container that systemd runs as a service (Podman's
 quadlets: `/system.slice/x.service/libpod-payload-<id>`) is that service: the unit wins.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 from vllm_xpu_exporter.parsers.workloads import user_unit
+from vllm_xpu_exporter.runtimes import ContainerCgroup
+from vllm_xpu_exporter.runtimes.registry import RUNTIMES
 
 # Unit types whose cgroups hold processes. Slices only group other units, so a process's unit is never a slice.
 PROCESS_UNIT_SUFFIXES = (".service", ".scope", ".socket", ".mount", ".swap")
@@ -75,40 +73,6 @@ def unit_of_cgroup_path(path: str) -> str | None:
     """
     unit_cgroup = unit_cgroup_of_path(path)
     return None if unit_cgroup is None else unit_cgroup.unit
-
-
-# Container engines, as the cgroup names them.
-DOCKER = "docker"
-PODMAN = "podman"
-CONTAINERD = "containerd"
-CRIO = "crio"
-
-_ID = r"([0-9a-f]{64})"
-# A container's own cgroup element, by engine: systemd scopes, then cgroupfs leaves (Podman's, CRI-O's).
-_CONTAINER_ELEMENTS = (
-    (re.compile(rf"docker-{_ID}\.scope"), DOCKER),
-    (re.compile(rf"libpod-{_ID}(?:\.scope)?"), PODMAN),
-    (re.compile(rf"cri-containerd-{_ID}\.scope"), CONTAINERD),
-    (re.compile(rf"crio-{_ID}(?:\.scope)?"), CRIO),
-)
-_BARE_ID = re.compile(_ID)
-# A pod's cgroup: kubepods[-<qos>]-pod<uid>.slice (systemd driver; `_` for the uid's `-`, and a prefix
-# when the kubelet's cgroup root is not the top: kind's `kubelet-kubepods-...`), or pod<uid> (cgroupfs).
-# Static pods' uids are a hash without dashes.
-_POD_SLICE = re.compile(r"(?:[a-z0-9_.-]*-)?kubepods(?:-burstable|-besteffort)?-pod([0-9a-f][0-9a-f_]{0,63})\.slice")
-_POD_DIRECTORY = re.compile(r"pod([0-9a-f][0-9a-f-]{0,63})")
-
-
-@dataclass(frozen=True)
-class ContainerCgroup:
-    """A container as its cgroup names it: the `engine` that runs it (DOCKER, PODMAN, CONTAINERD, CRIO), its
-    id (64 lower-case hex digits) and, for a pod's container, the pod's uid (as the API shows it: with `-`)."""
-
-    engine: str
-    id: str
-    pod_uid: str | None = None
-    uid: int = 0
-    """The user whose service manager runs the container (rootless: below `user@<uid>.service`); 0: the system's."""
 
 
 @dataclass(frozen=True)
@@ -170,39 +134,20 @@ def container_of_cgroup_path(path: str) -> ContainerCgroup | None:
 
 
 def _container_scope(elements: list[str], index: int) -> ContainerCgroup | None:
-    """The container whose systemd scope `elements[index]` is, with its pod's uid when the slice above is
-    a pod's."""
-    element = elements[index]
-    if not element.endswith(".scope"):
+    """The container whose systemd scope `elements[index]` is, as the first runtime that names it says."""
+    if not elements[index].endswith(".scope"):
         return None
-    for pattern, engine in _CONTAINER_ELEMENTS:
-        match = pattern.fullmatch(element)
-        if match is not None:
-            pod = _POD_SLICE.fullmatch(elements[index - 1]) if index > 0 else None
-            pod_uid = None if pod is None else pod.group(1).replace("_", "-")
-            if pod_uid is None and engine in (CONTAINERD, CRIO):
-                return None  # CRI runtimes' containers are pods' containers
-            return ContainerCgroup(engine, match.group(1), pod_uid)
-    return None
+    return next((found for runtime in RUNTIMES
+                 if (found := runtime.facts.container_of_scope(elements, index)) is not None), None)
 
 
 def _cgroupfs_container(elements: list[str]) -> tuple[int, ContainerCgroup] | None:
-    """The first container directory of a cgroupfs path (outside any systemd unit), and its index:
-    `docker/<id>`, `libpod_parent/libpod-<id>`, `kubepods[/<qos>]/pod<uid>/<id>` (containerd, Docker) or
-    `.../pod<uid>/crio-<id>` (CRI-O)."""
+    """The first container directory of a cgroupfs path (outside any systemd unit), and its index."""
     for index in range(1, len(elements)):
-        parent, element = elements[index - 1], elements[index]
-        if parent == "docker" and (match := _BARE_ID.fullmatch(element)):
-            return index, ContainerCgroup(DOCKER, match.group(1))
-        if parent == "libpod_parent" and (match := _CONTAINER_ELEMENTS[1][0].fullmatch(element)):
-            return index, ContainerCgroup(PODMAN, match.group(1))
-        pod = _POD_DIRECTORY.fullmatch(parent)
-        if pod is None or not any(e == "kubepods" or e.endswith("kubepods") for e in elements[:index - 1]):
-            continue
-        if match := _BARE_ID.fullmatch(element):
-            return index, ContainerCgroup(CONTAINERD, match.group(1), pod.group(1))  # or dockershim: alike here
-        if match := _CONTAINER_ELEMENTS[3][0].fullmatch(element):
-            return index, ContainerCgroup(CRIO, match.group(1), pod.group(1))
+        for runtime in RUNTIMES:
+            found = runtime.facts.container_of_cgroupfs(elements, index)
+            if found is not None:
+                return index, found
     return None
 
 

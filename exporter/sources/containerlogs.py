@@ -1,5 +1,6 @@
-"""Containers' log files as a source of what their engines printed: Docker's `json-file` logs and the CRI
-log files of the kubelet's pods, read-only, caught up then followed, as log entries for the same fold.
+"""Containers' log files as a source of what their engines printed (Docker's `json-file` logs, the CRI log files
+of the kubelet's pods: each runtime's that keeps them, `vllm_xpu_exporter.runtimes`), read-only, caught up then
+followed, as log entries for the same fold.
 
 Usable alone from a Python shell::
 
@@ -11,25 +12,23 @@ Usable alone from a Python shell::
     ...         print(entry.unit, entry.message)
 
 Where the files are
-    Docker (each `docker_roots` root, `--path.docker`): `<root>/containers/<id>/<id>-json.log`, rotated by
-    dockerd (`max-size`, `max-file`) to `<id>-json.log.1` (the newest), `.2`, ..., gzipped to `.N.gz`
-    with `compress`; the container's name from `config.v2.json` beside it (`Name`; a name Docker would
-    refuse, or no readable config, and the container is not read). Key `docker/<name>`.
-    Kubernetes (`pods`, `--path.pods`): `<pods>/<namespace>_<pod>_<uid>/<container>/<n>.log`, `n` the
-    container's restart count: each restart writes a new file, and the kubelet keeps the previous one. The
-    kubelet rotates `<n>.log` to `<n>.log.<YYYYmmdd-HHMMSS>` and gzips the older rotated files to `.gz`
-    at its next rotation. Key `k8s/<namespace>/<pod>/<container>`.
-    A container is watched when the selection's container globs match it
-    (`LogSelection.matches_container`: its name, or its key for a glob with `/`).
+    Each container runtime's (`vllm_xpu_exporter.runtimes`: its state module's `log_finder`, for the
+    `LogDirectories` keywords it names): Docker's json-file logs in each `docker_roots` root (`--path.docker`),
+    `<root>/containers/<id>/<id>-json.log`, its key `docker/<name>` from `config.v2.json` beside it; the
+    kubelet's CRI files under `pods` (`--path.pods`), `<pods>/<namespace>_<pod>_<uid>/<container>/<n>.log`, one
+    a restart, key `k8s/<namespace>/<pod>/<container>`. Which files are a live file's rotated ones, and how a
+    record is parsed, is the runtime's too. A container is watched when the selection's container globs match
+    it (`LogSelection.matches_container`: its name, or its key for a glob with `/`).
 
 What an entry is
-    One record (`vllm_xpu_exporter.parsers.containerlogs`): `LogEntry` with the container's key as `unit`, the
+    One record (`vllm_xpu_exporter.runtimes.LogRecord`): `LogEntry` with the container's key as `unit`, the
     record's own time as `realtime_usec` (the engine's clock, not journald's), its stream, the `partial`
-    flag of a piece (a json-file `log` without its newline, a CRI `P`), and as `container_run` the
-    container's id (Docker: a restart of the same container keeps its id and its file, and vLLM's first line
-    tells the runs apart, `vllm_xpu_exporter.fold.container_runs`) or `<pod uid>/<container>/<n>` (one run a file).
-    With `boot="current"` (the selection's `--journal.boot`) records from before this boot are skipped, as
-    the journal reads only the running boot; with `all` or a boot id, every record is read.
+    flag of a piece (a json-file `log` without its newline, a CRI `P`), and as `container_run` its file's run
+    (Docker: the container's id, a restart of the same container keeps its id and its file, and vLLM's first
+    line tells the runs apart, `vllm_xpu_exporter.fold.container_runs`; the kubelet's: one run a file). A
+    container's end, where its runtime's state says it (`LogStream.end`), is handed on as systemd's record of a
+    unit's end. With `boot="current"` (the selection's `--journal.boot`) records from before this boot are
+    skipped, as the journal reads only the running boot; with `all` or a boot id, every record is read.
 
 Catch-up, then following, by polling
     `read_available()` first returns every watched container's records, its rotated files oldest first
@@ -42,23 +41,17 @@ Catch-up, then following, by polling
     without inotify.
 
 Rotation: no record lost or read twice
-    A live file is read through an open descriptor, so a rename does not move the reader: when the live
-    path names another file (rotated), the reader reads its old file to the end, and once more at the next
-    poll (the kubelet renames first and has the runtime reopen after, so a few lines can still come), reads
-    the rotated files it has not read (by inode) oldest first, then the new live file from its start. A
-    file that is gone while read is read to its end through the descriptor. A live file shorter than what
-    was read (truncated in place) is read again from its start. Gzipped files are read only in the catch-up:
-    they are the compressed copies of files read before (one rotated and gzipped within a poll interval,
-    which neither engine does, would be missed).
+    Each file is a `vllm_xpu_exporter.sources.logfile.LogFile`, read through an open descriptor across its
+    writer's renames, truncations and gzipped copies.
 
 A file that vanishes, bounds
     A container whose directory is gone is read to the end of its open files and dropped; after
-    `VANISHED_RETENTION_SECONDS` `forget(key)` is called, so its series go and its place under the cap is
-    free (pods come and go with every rollout). A physical line longer than `MAX_LINE_BYTES`, a record not
-    of the file's format (not JSON, not CRI, a bad time) and an undecodable gzip stream are skipped and
-    counted in `unreadable_entries`; a record's text is cut at `max_message_chars`. At most
-    `MAX_DIRECTORY_ENTRIES` entries of a directory are looked at. `admit(key)` is asked once per container
-    found (the fold's cap, `--journal.max-units`); one refused is not read.
+    `VANISHED_RETENTION_SECONDS` `forget(key)` is called, so its series go and its place under the cap is free
+    (pods come and go with every rollout). A physical line longer than `logfile.MAX_LINE_BYTES`, a record not of
+    the file's format (not JSON, not CRI, a bad time) and an undecodable gzip stream are skipped and counted in
+    `unreadable_entries`; a record's text is cut at `max_message_chars`. At most
+    `runtimes.files.MAX_DIRECTORY_ENTRIES` entries of a directory are looked at. `admit(key)` is asked once per
+    container found (the fold's cap, `--journal.max-units`); one refused is not read.
 
 Every failure to read a configured directory raises `ContainerLogError` (an OSError); a container's own
 file that cannot be read is skipped (logged once). Single-threaded, like the journal reader.
@@ -67,23 +60,19 @@ file that cannot be read is skipped (logged once). Single-threaded, like the jou
 from __future__ import annotations
 
 import errno
-import gzip
 import heapq
 import logging
 import os
-import re
 import stat
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from vllm_xpu_exporter.parsers.containerlogs import MAX_TEXT_CHARS, LogRecord, parse_cri_line, parse_json_file_line
-from vllm_xpu_exporter.parsers.workloads import kubernetes_key, uid_of_identity, user_suffix
-from vllm_xpu_exporter.sources.containers import MAX_DOCKER_CONFIG_BYTES, DockerEnd, docker_names
-from vllm_xpu_exporter.sources.containers import read_small as _read_small
+from vllm_xpu_exporter.runtimes import MAX_TEXT_CHARS, LogFinder, LogStream
+from vllm_xpu_exporter.runtimes.registry import RUNTIMES
+from vllm_xpu_exporter.sources.logfile import LogFile
 from vllm_xpu_exporter.sources.logs.entry import DEFAULT_BATCH, LogEntry, LogSelection, container_end
 
 log = logging.getLogger("vllm_xpu_exporter.containerlogs")
@@ -91,20 +80,9 @@ log = logging.getLogger("vllm_xpu_exporter.containerlogs")
 POLL_SECONDS = 1.0
 DISCOVER_SECONDS = 5.0
 VANISHED_RETENTION_SECONDS = 900.0
-MAX_LINE_BYTES = 1 << 20  # a json-file record of a 16 KiB piece is at most ~100 KiB, even all \u escapes
-MAX_DIRECTORY_ENTRIES = 65536
-CHUNK_BYTES = 1 << 16
 FILE_POLL_BYTES = 1 << 20  # read of one file per poll, at most: the rest comes at the next, without waiting
 POLL_BYTES = 4 << 20  # read of all files per poll, at most (a container found while following: its history)
 BATCH_CHARS = 8 << 20  # text of the records one read_available() returns, at most (and one record)
-MAX_INFLATED_BYTES = 64 << 20  # of one rotated .gz, at most; and at most INFLATE_RATIO times its size
-INFLATE_RATIO = 32  # logs compress 5-20 times; a bomb thousands of times
-MIN_INFLATED_BYTES = 1 << 20  # what a small .gz may always inflate to
-
-_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
-_POD_DIRECTORY = re.compile(r"([^_/]+)_([^_/]+)_([0-9a-f][0-9a-f-]{0,63})")
-_RESTART_LOG = re.compile(r"(\d{1,9})\.log")
-_OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO where a log should be must not hang
 
 
 class ContainerLogError(OSError):
@@ -114,16 +92,33 @@ class ContainerLogError(OSError):
         return str(self.strerror)
 
 
-@dataclass(frozen=True)
 class LogDirectories:
-    """Where the container engines keep their logs: Docker data roots (their `containers/`), the kubelet's
-    pod log directory; none given: nothing is read."""
+    """Where the container runtimes keep their logs, by the keywords their state modules name (`LOG_LOCATIONS`:
+    `docker_roots`, Docker's data roots; `pods`, the kubelet's pod log directory); none given: nothing is read."""
 
-    docker_roots: tuple[str, ...] = ()
-    pods: str | None = None
+    def __init__(self, **locations: object) -> None:
+        known = {name for runtime in RUNTIMES for name in runtime.state.LOG_LOCATIONS}
+        unknown = set(locations) - known
+        if unknown:
+            raise TypeError(f"no container runtime keeps its logs at {', '.join(sorted(unknown))}")
+        self.locations = {name: tuple(value) if isinstance(value, (list, tuple)) else value
+                          for name, value in locations.items() if value}
 
     def __bool__(self) -> bool:
-        return bool(self.docker_roots or self.pods)
+        return bool(self.locations)
+
+    def __repr__(self) -> str:
+        return f"LogDirectories({', '.join(f'{name}={value!r}' for name, value in self.locations.items())})"
+
+    def finders(self) -> list[LogFinder]:
+        """Each runtime's finder of its containers' log files in these directories, in the registry's order."""
+        finders = []
+        for runtime in RUNTIMES:
+            locations = {name: self.locations[name] for name in runtime.state.LOG_LOCATIONS if name in self.locations}
+            finder = runtime.state.log_finder(locations) if locations else None
+            if finder is not None:
+                finders.append(finder)
+        return finders
 
 
 def boot_realtime_usec() -> int:
@@ -131,255 +126,16 @@ def boot_realtime_usec() -> int:
     return round((time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)) * 1e6)
 
 
-# --- one log file as its writer rotates it ---------------------------------------------------------
-
-
-@dataclass
-class _Open:
-    fd: int
-    identity: tuple[int, int]  # st_dev, st_ino
-    offset: int = 0
-    pending: bytearray = field(default_factory=bytearray)  # the unfinished physical line
-    discarding: bool = False  # the physical line is over MAX_LINE_BYTES: its rest is skipped
-
-
-class LogFile:
-    """A live log file and its rotated predecessors (`rotated()`: their paths, oldest first). Yields the
-    physical lines (without newline) in the order they were written, each once; counts those skipped."""
-
-    def __init__(self, live: str, rotated: Callable[[], list[str]]) -> None:
-        self.live = live
-        self._rotated = rotated
-        self._current: _Open | None = None
-        self._draining: _Open | None = None
-        self._read: set[tuple[int, int]] = set()  # rotated files read whole, by identity
-        self.skipped = 0  # lines over MAX_LINE_BYTES, damaged gzip files, gzip files cut (inflated_cut)
-        self.inflated_cut = 0  # rotated .gz files whose inflated bytes went over their bound: the rest unread
-        self.unreadable: OSError | None = None  # the latest error opening or reading one of its files
-
-    @property
-    def is_open(self) -> bool:
-        return self._current is not None or self._draining is not None
-
-    def catch_up(self) -> Iterator[bytes]:
-        """Every line there is now, a chunk at a time: the rotated files oldest first (gzipped too), then the
-        live one, which stays open."""
-        for path in self._rotated():
-            if path.endswith(".gz"):
-                yield from self._gzipped(path)
-            else:
-                yield from self._plain(path)
-        opened = self._open(self.live)
-        if opened is not None:
-            self._current = opened
-            yield from self._lines(opened)
-
-    def poll(self) -> Iterator[bytes]:
-        """The lines written since the last read, across rotations; a file new to the reader is read from
-        its start (its plain rotated files too). Lazily: the caller takes what its budget allows and the
-        rest from the same iterator at its next poll (a file's lines in order, only one chunk's held)."""
-        if self._draining is not None:  # the file renamed at the previous poll, read to its end
-            yield from self._lines(self._draining, final=True)
-            self._close(self._draining)
-            self._draining = None
-        current = self._current
-        if current is not None:
-            yield from self._lines(current)
-        try:
-            info = os.stat(self.live)
-        except OSError:
-            return  # renamed and not reopened yet, or gone: the directory says which
-        if current is not None and (info.st_dev, info.st_ino) == current.identity:
-            if info.st_size < current.offset:  # truncated in place: read it again
-                self._close(current)
-                self._current = None
-                yield from self._open_live()
-            return
-        if current is not None:  # rotated: read the old one to its end again next time, then the files between
-            self._read.add(current.identity)
-            self._draining, self._current = current, None
-        present: set[tuple[int, int]] = set()
-        for path in self._rotated():
-            if not path.endswith(".gz"):
-                yield from self._plain(path, present)
-        self._read &= present  # files gone no longer need remembering
-        yield from self._open_live()
-
-    def close(self) -> list[bytes]:
-        """The file is gone for good: what is left in its open files; they are closed."""
-        return list(self.closing())
-
-    def closing(self) -> Iterator[bytes]:
-        """`close()`, lazily: what is left in its open files, each closed once read to its end."""
-        for attribute in ("_draining", "_current"):
-            opened = getattr(self, attribute)
-            if opened is not None:
-                yield from self._lines(opened, final=True)
-                self._close(opened)
-                setattr(self, attribute, None)
-
-    def _open_live(self) -> Iterator[bytes]:
-        opened = self._open(self.live)
-        if opened is None:
-            return
-        self._current = opened
-        yield from self._lines(opened)
-
-    def _open(self, path: str) -> _Open | None:
-        try:
-            fd = os.open(path, _OPEN_FLAGS)
-        except OSError as error:
-            if error.errno != errno.ENOENT:
-                self.unreadable = error
-            return None
-        try:
-            info = os.fstat(fd)
-        except OSError as error:
-            os.close(fd)
-            self.unreadable = error
-            return None
-        if not stat.S_ISREG(info.st_mode):
-            os.close(fd)
-            return None
-        return _Open(fd, (info.st_dev, info.st_ino))
-
-    def _plain(self, path: str, present: set[tuple[int, int]] | None = None) -> Iterator[bytes]:
-        """A rotated file's lines, a chunk at a time, unless it was read already (or is open: the one just
-        rotated)."""
-        opened = self._open(path)
-        if opened is None:
-            return
-        try:
-            if present is not None:
-                present.add(opened.identity)
-            if opened.identity in self._read or any(
-                    other is not None and other.identity == opened.identity for other in (self._current, self._draining)):
-                return
-            self._read.add(opened.identity)
-            yield from self._lines(opened, final=True)
-        finally:
-            self._close(opened)
-
-    def _gzipped(self, path: str) -> Iterator[bytes]:
-        opened = self._open(path)
-        if opened is None:
-            return
-        try:
-            size = os.fstat(opened.fd).st_size
-            # a gzip bomb is cut, not inflated
-            budget = min(MAX_INFLATED_BYTES, max(MIN_INFLATED_BYTES, INFLATE_RATIO * size))
-            with os.fdopen(os.dup(opened.fd), "rb") as raw, gzip.GzipFile(fileobj=raw) as stream:
-                while chunk := stream.read(min(CHUNK_BYTES, budget + 1)):
-                    budget -= len(chunk)
-                    if budget < 0:
-                        self.skipped += 1
-                        self.inflated_cut += 1
-                        return
-                    yield from self._split(opened, chunk)
-            if opened.pending and not opened.discarding:
-                yield bytes(opened.pending)
-        except (OSError, EOFError, zlib.error):
-            self.skipped += 1  # damaged, or still being written: what it held was read before it
-        finally:
-            self._close(opened)
-
-    def _drain(self, opened: _Open, final: bool = False) -> list[bytes]:
-        """The whole lines from `opened`'s position to its end; with `final`, its unfinished last line too."""
-        return list(self._lines(opened, final))
-
-    def _lines(self, opened: _Open, final: bool = False) -> Iterator[bytes]:
-        while True:
-            try:
-                chunk = os.read(opened.fd, CHUNK_BYTES)
-            except OSError as error:
-                self.unreadable = error
-                break
-            if not chunk:
-                break
-            opened.offset += len(chunk)
-            yield from self._split(opened, chunk)
-        if final and opened.pending and not opened.discarding:
-            yield bytes(opened.pending)
-            opened.pending.clear()
-
-    def _split(self, opened: _Open, chunk: bytes) -> list[bytes]:
-        parts = chunk.split(b"\n")
-        lines: list[bytes] = []
-        for part in parts[:-1]:
-            if opened.discarding:  # the end of an overlong line
-                opened.discarding = False
-                continue
-            if opened.pending:
-                opened.pending += part
-                part = bytes(opened.pending)
-                opened.pending.clear()
-            if len(part) <= MAX_LINE_BYTES:
-                lines.append(part)
-            else:
-                self.skipped += 1
-        last = parts[-1]
-        if last and not opened.discarding:
-            opened.pending += last
-            if len(opened.pending) > MAX_LINE_BYTES:
-                self.skipped += 1
-                opened.pending.clear()
-                opened.discarding = True
-        return lines
-
-    @staticmethod
-    def _close(opened: _Open) -> None:
-        try:
-            os.close(opened.fd)
-        except OSError:
-            pass
-
-
-def docker_rotated(live: str) -> list[str]:
-    """dockerd's rotated files of `live`, oldest first: `live.N[.gz]`, the highest N the oldest; of a plain
-    and a gzipped `.N` (dockerd gzips `.1` after a rotation, then removes it), the plain one."""
-    numbered: dict[int, str] = {}
-    for path in _siblings(live):
-        suffix = path[len(live) + 1:]
-        number = suffix[:-3] if suffix.endswith(".gz") else suffix
-        if number.isdigit() and len(number) <= 9 and (int(number) not in numbered or not path.endswith(".gz")):
-            numbered[int(number)] = path
-    return [numbered[number] for number in sorted(numbered, reverse=True)]
-
-
-def kubelet_rotated(live: str) -> list[str]:
-    """The kubelet's rotated files of `live`, oldest first: `live.<YYYYmmdd-HHMMSS>[.gz]` (not `.tmp`);
-    a gzipped and a plain copy of the same file: the plain one (the kubelet removes it once gzipped)."""
-    stamped: dict[str, str] = {}
-    for path in _siblings(live):
-        suffix = path[len(live) + 1:]
-        stamp = suffix[:-3] if suffix.endswith(".gz") else suffix
-        if re.fullmatch(r"\d{8}-\d{6}", stamp) and (stamp not in stamped or not path.endswith(".gz")):
-            stamped[stamp] = path
-    return [stamped[stamp] for stamp in sorted(stamped)]
-
-
-def _siblings(live: str) -> list[str]:
-    directory, name = os.path.split(live)
-    try:
-        with os.scandir(directory) as entries:
-            return [entry.path for _, entry in zip(range(MAX_DIRECTORY_ENTRIES), entries)
-                    if entry.name.startswith(name + ".")]
-    except OSError:
-        return []
-
-
 # --- containers -------------------------------------------------------------------------------------
 
 
 @dataclass
 class _Stream:
-    """One log file of a container and what its records are: one run of the container, or all of them."""
+    """One log file of a container as its runtime lays it out (`spec`: one run of the container, or all of them),
+    and how far it is read."""
 
+    spec: LogStream
     file: LogFile
-    run: str
-    parse: Callable[[bytes, int], LogRecord | None]
-    order: tuple[int, int] = (0, 0)  # the order of the container's files: restart count, or when created
-    end: DockerEnd | None = None  # Docker: its config.v2.json, whose State says when the container ended
     polling: Iterator[bytes] | None = None  # the file's poll() under way: what a poll's budget left unread
     closing: bool = False  # the file is gone for good: `polling` reads what is left in its open files
 
@@ -395,8 +151,7 @@ class _Container:
 
 class ContainerLogReader:
     """Reads the watched containers' log files (`LogDirectories`) as `LogEntry`s: catches up, then
-    follows. The interface `LogFollower` uses (`vllm_xpu_exporter.sources.logs.follower`): open/close, `wait`,
-    `read_available`, `unreadable_entries`/`last_unreadable`; `admit(key)` and `forget(key)` as above."""
+    follows; a `vllm_xpu_exporter.sources.logs.follower.LogReader`. `admit(key)` and `forget(key)` as above."""
 
     def __init__(self, selection: LogSelection, directories: LogDirectories, *,
                  admit: Callable[[str], bool] | None = None, forget: Callable[[str], None] | None = None,
@@ -415,7 +170,7 @@ class ContainerLogReader:
         self._clock = clock
         self._containers: dict[str, _Container] = {}
         self._refused: set[str] = set()
-        self._docker_names: dict[str, tuple[str, str] | None] = {}  # container id -> (key, name); None: no name
+        self._finders = directories.finders()
         self._since_usec = 0
         self._is_open = False
         self._caught_up = False
@@ -444,6 +199,11 @@ class ContainerLogReader:
             stream.file.skipped for container in self._containers.values() for stream in container.streams.values())
 
     @property
+    def rejected_entries(self) -> dict[str, int]:
+        """None: a container's log file is its runtime's own, nobody else writes records into it."""
+        return {}
+
+    @property
     def containers(self) -> frozenset[str]:
         """The keys of the containers read."""
         return frozenset(self._containers)
@@ -451,8 +211,9 @@ class ContainerLogReader:
     def open(self) -> None:
         if self._is_open:
             return
-        for directory in self._configured_directories():
-            _check_readable_directory(directory)
+        for finder in self._finders:
+            for directory in finder.directories():
+                _check_readable_directory(directory)
         self._since_usec = boot_realtime_usec() if self.selection.boot == "current" else 0
         self._is_open = True
         self._discover()
@@ -485,6 +246,11 @@ class ContainerLogReader:
         if remaining > 0:
             time.sleep(remaining)
         return True
+
+    def read_latest_invocations(self, sufficient: Callable[[list[LogEntry]], bool], *,
+                                max_units: int | None = None) -> list[LogEntry] | None:
+        """None: a container's lines carry no invocation id, so its latest runs are read with the whole log."""
+        return None
 
     def read_available(self, max_entries: int = DEFAULT_BATCH) -> list[LogEntry]:
         """Up to `max_entries` records there are now, without waiting."""
@@ -541,7 +307,7 @@ class ContainerLogReader:
         self._forget_vanished(now)
 
     def _catch_up(self, container: _Container) -> Iterator[LogEntry]:
-        for stream in sorted(container.streams.values(), key=lambda s: s.order):
+        for stream in sorted(container.streams.values(), key=lambda s: s.spec.order):
             yield from self._entries(container, stream, stream.file.catch_up())
             ended = self._ended(container, stream)
             if ended is not None:
@@ -554,7 +320,7 @@ class ContainerLogReader:
         a later file of the container's exists: the kubelet removed an old restart's) is read to its end and
         closed."""
         entries: list[LogEntry] = []
-        streams = sorted(container.streams.values(), key=lambda s: s.order)
+        streams = sorted(container.streams.values(), key=lambda s: s.spec.order)
         for index, stream in enumerate(streams):
             if stream.polling is None:
                 stream.polling = stream.file.poll()
@@ -581,17 +347,19 @@ class ContainerLogReader:
         return entries
 
     def _ended(self, container: _Container, stream: _Stream) -> LogEntry | None:
-        """A Docker container's end as systemd would record a unit's (its main process exited, or it was
-        stopped), once, when its config.v2.json says it is not running: so a run that died without a
-        cause vLLM printed counts as failed (`other`), and one `docker stop` ended during its init as
-        stopped, and neither stays initialising."""
-        if stream.end is None:
+        """A container's end as systemd would record a unit's (its main process exited, or it was stopped),
+        once, when its runtime's state says it is not running (`LogStream.end`: Docker's config.v2.json): so a
+        run that died without a cause vLLM printed counts as failed (`other`), and one stopped during its init
+        as stopped, and neither stays initialising."""
+        if stream.spec.end is None:
             return None
-        ended = stream.end.ended(self._since_usec)
-        return None if ended is None else container_end(container.key, ended, stream.run)
+        ended = stream.spec.end.ended(self._since_usec)
+        return None if ended is None else container_end(container.key, ended.realtime_usec, ended.stopped,
+                                                          stream.spec.run)
 
     def _entries(self, container: _Container, stream: _Stream, lines: Iterable[bytes]) -> Iterator[LogEntry]:
-        parse, since, key, run, cap = stream.parse, self._since_usec, container.key, stream.run, self.max_message_chars
+        parse, since, key, run, cap = stream.spec.parse, self._since_usec, container.key, stream.spec.run, \
+            self.max_message_chars
         for line in lines:
             record = parse(line, cap)
             if record is None:
@@ -615,22 +383,23 @@ class ContainerLogReader:
 
     # --- finding containers ---------------------------------------------------------------------------
 
-    def _configured_directories(self) -> list[str]:
-        directories = [os.path.join(root, "containers") for root in self.directories.docker_roots]
-        if self.directories.pods:
-            directories.append(self.directories.pods)
-        return directories
-
     def _discover(self) -> list[_Container]:
         """Finds containers, restarts and files that appeared, and containers that are gone; returns the
         containers new to the reader (their files are read from their start)."""
         self._next_discovery = self._clock() + self.discover_seconds
         seen: set[str] = set()
         new: list[_Container] = []
-        for root in self.directories.docker_roots:
-            self._discover_docker(os.path.join(root, "containers"), seen, new)
-        if self.directories.pods:
-            self._discover_pods(self.directories.pods, seen, new)
+        followed = {live: container.key for container in self._containers.values() for live in container.streams}
+        for finder in self._finders:
+            for found in finder.find(followed):
+                if found.key not in self._containers and not (
+                        self.selection.matches_container(found.key, found.name) and self._admitted(found.key)):
+                    continue
+                container = self._container(found.key, found.directory, new)
+                seen.add(found.key)
+                for spec in found.streams:
+                    if spec.live not in container.streams:
+                        container.streams[spec.live] = _Stream(spec, LogFile(spec.live, spec.rotated))
         now = self._clock()
         for key, container in self._containers.items():
             if key in seen:
@@ -638,81 +407,6 @@ class ContainerLogReader:
             elif container.vanished_at is None:
                 container.vanished_at = now  # its files are read to their end and closed (_followed)
         return new
-
-    def _discover_docker(self, directory: str, seen: set[str], new: list[_Container]) -> None:
-        listed = [name for name in _list_directory(directory) if _CONTAINER_ID.fullmatch(name)]
-        for gone in set(self._docker_names) - set(listed):
-            del self._docker_names[gone]
-        for name in listed:
-            container_directory = os.path.join(directory, name)
-            live = os.path.join(container_directory, f"{name}-json.log")
-            known = next((c for c in self._containers.values() if live in c.streams), None)
-            if known is not None:
-                seen.add(known.key)
-                continue
-            if not os.path.exists(live):
-                continue  # another log driver (journald, local), or not started yet
-            if name not in self._docker_names:
-                self._docker_names[name] = self._docker_name(container_directory, name)
-            named = self._docker_names[name]
-            if named is None:
-                continue
-            key, container_name = named
-            if not self.selection.matches_container(key, container_name) or not self._admitted(key):
-                continue
-            container = self._container(key, container_directory, new)
-            seen.add(key)
-            try:
-                created = os.stat(live).st_ctime_ns
-            except OSError:
-                created = 0
-            container.streams[live] = _Stream(LogFile(live, partial(docker_rotated, live)), name,
-                                              parse_json_file_line, (0, created),
-                                              end=DockerEnd((os.path.join(container_directory, "config.v2.json"),),
-                                                            owner=uid_of_identity(key)))
-
-    def _docker_name(self, container_directory: str, container_id: str) -> tuple[str, str] | None:
-        """The container's key and name from its config.v2.json (dockerd writes it before the log), of the
-        user who owns the container's directory: a rootless dockerd's containers are that user's
-        (`docker/<name>@uid<N>`), and only root's dockerd can write into root's data root."""
-        try:
-            owner = os.stat(container_directory).st_uid
-        except OSError:
-            return None
-        data = _read_small(os.path.join(container_directory, "config.v2.json"), MAX_DOCKER_CONFIG_BYTES,
-                           owner=owner)
-        try:
-            names = docker_names(data, container_id) if 0 < len(data) <= MAX_DOCKER_CONFIG_BYTES else None
-        except (ValueError, RecursionError):
-            names = None
-        if names is None or names.key is None:
-            return None
-        return names.key + user_suffix(owner), names.container
-
-    def _discover_pods(self, directory: str, seen: set[str], new: list[_Container]) -> None:
-        for pod_directory in _list_directory(directory):
-            match = _POD_DIRECTORY.fullmatch(pod_directory)
-            if match is None:
-                continue
-            namespace, pod, uid = match.groups()
-            pod_path = os.path.join(directory, pod_directory)
-            for container_name in _list_directory(pod_path):
-                key = kubernetes_key(namespace, pod, container_name)
-                if key is None or not self.selection.matches_container(key, container_name):
-                    continue
-                if not self._admitted(key):
-                    continue
-                container_path = os.path.join(pod_path, container_name)
-                container = self._container(key, container_path, new)
-                seen.add(key)
-                for file_name in _list_directory(container_path):
-                    restart = _RESTART_LOG.fullmatch(file_name)
-                    live = os.path.join(container_path, file_name)
-                    if restart is None or live in container.streams:
-                        continue
-                    number = int(restart.group(1))
-                    container.streams[live] = _Stream(LogFile(live, partial(kubelet_rotated, live)),
-                                                      f"{uid}/{container_name}/{number}", parse_cri_line, (number, 0))
 
     def _container(self, key: str, directory: str, new: list[_Container]) -> _Container:
         container = self._containers.get(key)
@@ -773,20 +467,8 @@ def _take_entries(entries: Iterator[LogEntry], budget: int) -> _Taken:
     return taken
 
 
-def partial(function: Callable[[str], list[str]], live: str) -> Callable[[], list[str]]:
-    return lambda: function(live)
-
-
 def _time(entry: LogEntry) -> int:
     return entry.realtime_usec
-
-
-def _list_directory(directory: str) -> list[str]:
-    try:
-        with os.scandir(directory) as entries:
-            return [entry.name for _, entry in zip(range(MAX_DIRECTORY_ENTRIES), entries)]
-    except OSError:
-        return []
 
 
 def _check_readable_directory(path: str) -> None:

@@ -11,12 +11,10 @@ import ctypes
 import errno
 from collections.abc import Callable
 
-from vllm_xpu_exporter.parsers.workloads import docker_key, podman_key
 from vllm_xpu_exporter.sources.journal.binding import LibSystemd
-from vllm_xpu_exporter.sources.journal.trust import (REJECTED_CONTAINER_SENDER, REJECTED_PODMAN_EVENT, conmon_uid,
-                                                     is_dockerd)
-from vllm_xpu_exporter.sources.journal.trust import podman_uid as podman_uid_of
-from vllm_xpu_exporter.sources.logs.entry import LogEntry, LogSelection
+from vllm_xpu_exporter.sources.journal.selection import JournalSelection
+from vllm_xpu_exporter.sources.journal.trust import DRIVERS, EXIT_EVENTS, REJECTED_CONTAINER_SENDER
+from vllm_xpu_exporter.sources.logs.entry import LogEntry
 from vllm_xpu_exporter.systemd import MESSAGE_ID_UNIT_PROCESS_EXIT
 
 FIELD_SYSTEMD_UNIT = b"_SYSTEMD_UNIT"
@@ -26,14 +24,8 @@ FIELD_PID = b"_PID"
 FIELD_INVOCATION_ID = b"INVOCATION_ID"
 FIELD_SYSTEMD_INVOCATION_ID = b"_SYSTEMD_INVOCATION_ID"
 FIELD_CONTAINER_NAME = b"CONTAINER_NAME"
-FIELD_PODMAN_EVENT = b"PODMAN_EVENT"
-FIELD_PODMAN_NAME = b"PODMAN_NAME"
-PODMAN_DIED = b"died"
-"""``PODMAN_EVENT`` of Podman's event of a container's process ending (its events logger ``journald``, the
-default on systemd hosts: ``SYSLOG_IDENTIFIER=podman``, ``PODMAN_TYPE=container``, ``PODMAN_NAME``,
-``PODMAN_ID``, ``PODMAN_EXIT_CODE`` unless 0)."""
-DIED_RUN = "\0died:"
-"""The run of a decoded Podman "died" event (then its container's id), until ``ContainerEnds`` names its run."""
+EXIT_RUN = "\0died:"
+"""The run of a decoded runtime's exit event (then its container's id), until ``ContainerEnds`` names its run."""
 
 Decoder = Callable[[dict[bytes, str], dict[bytes, str]], "LogEntry | None"]
 """Reads the current entry: (watched units, watched container names) -> the entry, or None."""
@@ -45,7 +37,7 @@ class _UnreadableField(Exception):
         self.result = result
 
 
-def make_decoder(lib: LibSystemd, handle: ctypes.c_void_p, selection: LogSelection, *, max_message_bytes: int,
+def make_decoder(lib: LibSystemd, handle: ctypes.c_void_p, selection: JournalSelection, *, max_message_bytes: int,
                  admitted: set[bytes], meet: Callable[[bytes, str], bool],
                  unreadable: Callable[[str, int], None], rejected: dict[str, int]) -> Decoder:
     """A function reading the handle's current entry, or None if it belongs to no watched unit or container.
@@ -57,7 +49,7 @@ def make_decoder(lib: LibSystemd, handle: ctypes.c_void_p, selection: LogSelecti
     The hot path of a catch-up: 7-8 foreign calls per entry (5-6 sd_journal_get_data, the
     two timestamps from the entry header, no cursor), everything it touches is a local. An
     entry of no watched unit, or of a refused one, costs one or two sd_journal_get_data (one more,
-    ``CONTAINER_NAME``, while containers are watched, and ``PODMAN_EVENT`` when it has none); a
+    ``CONTAINER_NAME``, while containers are watched, and an exit event's field when it has none); a
     container's, four or five more.
     Every result is checked: -ENOENT is an absent field; any other error makes the entry
     unreadable, skipped and told to ``unreadable(function, result)``.
@@ -75,7 +67,7 @@ def make_decoder(lib: LibSystemd, handle: ctypes.c_void_p, selection: LogSelecti
     message_cap = max_message_bytes + len(FIELD_MESSAGE) + 1
     entry_type = LogEntry
     absent = -errno.ENOENT
-    keys: dict[tuple[bytes, int | None], str] = {}  # (CONTAINER_NAME, conmon's uid or None) -> key; '' not watched
+    keys: dict[tuple[bytes, int, int], str] = {}  # (CONTAINER_NAME, driver, writer's uid) -> key; '' not watched
 
     def optional(name: bytes) -> bytes | None:
         """A field of the current entry, None when absent; _UnreadableField when it cannot be read."""
@@ -93,49 +85,51 @@ def make_decoder(lib: LibSystemd, handle: ctypes.c_void_p, selection: LogSelecti
     def container(containers: dict[bytes, str], pid: int | None,
                   systemd_unit: bytes | None) -> tuple[str, str, bool] | None:
         """The watched container's key, run and partial flag of the current entry; None when it is none.
-        A Podman "died" event of a watched container: its key, and as run ``DIED_RUN`` + its id."""
+        A runtime's exit event of a watched container: its key, and as run ``EXIT_RUN`` + its id."""
         raw_name = optional(FIELD_CONTAINER_NAME)
-        died = False
+        event = None
         if raw_name is None:
-            if optional(FIELD_PODMAN_EVENT) != PODMAN_DIED or optional(b"PODMAN_TYPE") != b"container":
+            for candidate, candidate_driver in EXIT_EVENTS:
+                if optional(candidate.field) == candidate.value and \
+                        optional(candidate.type_field) == candidate.type_value:
+                    event, driver, raw_name = candidate, candidate_driver, optional(candidate.name_field)
+                    break
+            else:
                 return None
-            raw_name, died = optional(FIELD_PODMAN_NAME), True
         name = None if raw_name is None else containers.get(raw_name)
         if name is None:
             return None
-        # Believed only from the engine, by the fields journald adds (trust.py).
+        # Believed only from the runtime, by the fields journald adds (trust.py).
         uid, comm, exe = optional(b"_UID"), optional(b"_COMM"), optional(b"_EXE")
-        if died:
-            podman_uid = podman_uid_of(uid, comm, exe)
-            if podman_uid is None:
-                return reject(REJECTED_PODMAN_EVENT)
+        writer: int | None = None
+        if event is not None:
+            writer = event.writer(uid, comm, exe)
+            if writer is None:
+                return reject(event.rejected)
         else:
-            podman_uid = conmon_uid(uid, comm, exe)
-            if podman_uid is None and not is_dockerd(uid, comm, exe, systemd_unit):
+            for driver in DRIVERS:
+                writer = driver.writer(uid, comm, exe, systemd_unit)
+                if writer is not None:
+                    break
+            else:
                 return reject(REJECTED_CONTAINER_SENDER)
-        by_conmon = podman_uid is not None
-        key = keys.get((raw_name, podman_uid))
+        cached = (raw_name, id(driver), writer)
+        key = keys.get(cached)
         if key is None:
-            key = (podman_key(name, podman_uid) if by_conmon else docker_key(name)) or ""
+            key = driver.key(name, writer) or ""
             if key and not selection.matches_container(key, name):
                 key = ""
             if len(keys) >= 4096:  # a few per name found by the query; bounded all the same
                 keys.clear()
-            keys[raw_name, podman_uid] = key
+            keys[cached] = key
         if not key:
             return None
         raw_key = key.encode()
         if raw_key not in admitted and not meet(raw_key, key):
             return None
-        if died:
-            return key, DIED_RUN + (optional(b"PODMAN_ID") or b"").decode("ascii", "replace"), False
-        run = (optional(b"CONTAINER_ID_FULL") or optional(b"CONTAINER_ID") or b"").decode("ascii", "replace")
-        if by_conmon:
-            if pid is not None:
-                run = f"{run}/{pid}"  # one conmon per start of the container
-        elif (epoch := optional(b"CONTAINER_LOG_EPOCH")) is not None:
-            run = f"{run}/{epoch.decode('ascii', 'replace')}"  # one epoch per start (Docker's log driver)
-        return key, run, optional(b"CONTAINER_PARTIAL_MESSAGE") == b"true"
+        if event is not None:
+            return key, EXIT_RUN + (optional(event.id_field) or b"").decode("ascii", "replace"), False
+        return key, driver.run(optional, pid), optional(b"CONTAINER_PARTIAL_MESSAGE") == b"true"
 
     def decode(watched: dict[bytes, str], containers: dict[bytes, str]) -> LogEntry | None:
         pid: int | None = None
@@ -225,7 +219,7 @@ def make_decoder(lib: LibSystemd, handle: ctypes.c_void_p, selection: LogSelecti
             elif result != absent:
                 return unreadable("sd_journal_get_data", result)
         if run is not None:
-            if run.startswith(DIED_RUN):  # as systemd's record of a unit's main process exit
+            if run.startswith(EXIT_RUN):  # as systemd's record of a unit's main process exit
                 return entry_type(unit, realtime, monotonic, boot_id, "", True, MESSAGE_ID_UNIT_PROCESS_EXIT,
                                   None, "", run)
             return entry_type(unit, realtime, monotonic, boot_id, message, False, "", None, "", run, partial)

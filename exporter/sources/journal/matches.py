@@ -9,9 +9,9 @@ import errno
 from collections.abc import Callable
 
 from vllm_xpu_exporter.sources.journal.binding import JournalError, LibSystemd
-from vllm_xpu_exporter.sources.journal.decoder import (FIELD_CONTAINER_NAME, FIELD_PODMAN_EVENT, FIELD_PODMAN_NAME,
-                                                       FIELD_SYSTEMD_UNIT, FIELD_UNIT, PODMAN_DIED)
-from vllm_xpu_exporter.sources.logs.entry import LogSelection
+from vllm_xpu_exporter.sources.journal.decoder import FIELD_CONTAINER_NAME, FIELD_SYSTEMD_UNIT, FIELD_UNIT
+from vllm_xpu_exporter.sources.journal.selection import JournalSelection
+from vllm_xpu_exporter.sources.journal.trust import EXIT_EVENTS
 
 
 class GlobbedNames(dict):
@@ -49,7 +49,7 @@ class GlobbedNames(dict):
         return isinstance(raw, bytes) and self.get(raw) is not None
 
 
-def query_watched_units(lib: LibSystemd, handle: ctypes.c_void_p, selection: LogSelection,
+def query_watched_units(lib: LibSystemd, handle: ctypes.c_void_p, selection: JournalSelection,
                         names_max: int) -> tuple[dict[bytes, str], dict[bytes, str]]:
     """The watched units' names, and the container names the container globs may match, in the journal (raw
     bytes → str): the distinct values of ``_SYSTEMD_UNIT``, ``UNIT`` and ``CONTAINER_NAME`` (sd_journal_query_unique
@@ -101,11 +101,11 @@ def apply_matches(lib: LibSystemd, handle: ctypes.c_void_p, units: dict[bytes, s
                 lib.sd_journal_add_disjunction(handle)
         for raw in sorted(containers):
             add(handle, FIELD_CONTAINER_NAME + b"=" + raw)
-        if containers:  # Podman's events of their end
+        for event, _ in EXIT_EVENTS if containers else ():  # runtimes' events of their containers' end
             lib.sd_journal_add_disjunction(handle)
-            add(handle, FIELD_PODMAN_EVENT + b"=" + PODMAN_DIED)
+            add(handle, event.field + b"=" + event.value)
             for raw in sorted(containers):
-                add(handle, FIELD_PODMAN_NAME + b"=" + raw)
+                add(handle, event.name_field + b"=" + raw)
         if boot_id is not None:
             lib.sd_journal_add_conjunction(handle)
     if boot_id is not None:

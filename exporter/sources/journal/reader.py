@@ -3,8 +3,8 @@
 Usable alone from a Python shell::
 
     >>> from vllm_xpu_exporter.sources.journal import JournalReader
-    >>> from vllm_xpu_exporter.sources.logs.entry import LogSelection
-    >>> with JournalReader(LogSelection(unit_globs=["vllm*.service"], boot="all")) as reader:
+    >>> from vllm_xpu_exporter.sources.journal import JournalSelection
+    >>> with JournalReader(JournalSelection(unit_globs=["vllm*.service"], boot="all")) as reader:
     ...     for entry in reader.read_available(100):
     ...         print(entry.unit, entry.message)
 
@@ -14,21 +14,20 @@ syslog and native journal messages) and the records systemd itself (PID 1) wrote
 (``_PID=1`` and ``UNIT=<unit>``: start job begun/done/failed, process exited, unit failed, restart
 scheduled, stop). User-manager records (``USER_UNIT=``) are not selected: only system units are.
 
-Containers that log to the journal (Docker's and Podman's ``journald`` log driver) are selected by
-name: the entries whose ``CONTAINER_NAME`` matches one of the container globs (``container_globs``,
-none by default; see ``LogSelection.matches_container``), unless their ``_SYSTEMD_UNIT`` is a
-watched unit (a Podman quadlet container's conmon runs in its ``.service``, which keeps them). Such an
-entry is believed only when the fields journald adds say its engine wrote it (``trust``: dockerd as root in
-docker.service, conmon as root or as a rootless user); it then belongs to the container's key
-(``vllm_xpu_exporter.parsers.workloads``): ``podman/<name>`` when root's conmon wrote it,
-``podman/<name>@uid<N>`` when user N's did, ``docker/<name>`` when dockerd did. Podman's events of a watched
-container's end (``PODMAN_EVENT=died`` and ``PODMAN_NAME=<name>``, its events logger ``journald``), written by
-podman itself, are selected too: they end the container's run, as systemd's "Main process exited" record ends
-a unit's start. Any other entry naming a watched container is ignored and counted in ``rejected_entries``.
+Containers that log to the journal (a container runtime's ``journald`` log driver,
+``vllm_xpu_exporter.runtimes.JournalDriver``) are selected by name: the entries whose ``CONTAINER_NAME``
+matches one of the container globs (``container_globs``, none by default; see
+``LogSelection.matches_container``), unless their ``_SYSTEMD_UNIT`` is a watched unit (a Podman quadlet
+container's conmon runs in its ``.service``, which keeps them). Such an entry is believed only when the fields
+journald adds say its runtime wrote it (``trust``); it then belongs to the container's key, as the runtime
+makes it from the name and the writer's uid (``podman/<name>@uid<N>`` when user N's conmon wrote it). A
+runtime's own events of a watched container's end (``trust.EXIT_EVENTS``: Podman's ``PODMAN_EVENT=died``),
+are selected too: they end the container's run, as systemd's "Main process exited" record ends a unit's
+start. Any other entry naming a watched container is ignored and counted in ``rejected_entries``.
 
-A Docker container's end is not in the journal: with ``docker_roots`` (``--path.docker``) the reader reads
-it from the container's ``config.v2.json`` (``CONTAINER_ID_FULL``), as the json-file source does, and hands
-it on among the entries as systemd's record of a unit's end (``container_ends``).
+A container's end its runtime does not write to the journal (Docker's) is read from its state on disk, with
+the selection's ``container_state``, as the container-log source does, and handed on among the entries as
+systemd's record of a unit's end (``container_ends``).
 
 All of these are sd-journal matches, so libsystemd walks its per-value entry indexes instead of every entry.
 
@@ -63,12 +62,13 @@ from vllm_xpu_exporter.sources.journal.host import BOOT_ID_PATH, current_boot_id
 from vllm_xpu_exporter.sources.journal.invocations import MAX_INVOCATIONS_BACK, InvocationWalk
 from vllm_xpu_exporter.sources.journal.matches import GlobbedNames, apply_matches, query_watched_units
 from vllm_xpu_exporter.sources.journal.position import entries_before, position_cursor, resume_at
-from vllm_xpu_exporter.sources.logs.entry import DEFAULT_BATCH, LogEntry, LogSelection
+from vllm_xpu_exporter.sources.journal.selection import JournalSelection
+from vllm_xpu_exporter.sources.logs.entry import DEFAULT_BATCH, LogEntry
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
 
 
-def open_journal(selection: LogSelection, admit: Callable[[str, int | None], bool],
+def open_journal(selection: JournalSelection, admit: Callable[[str, int | None], bool],
                  forget: Callable[[str], None]) -> JournalReader:
     """The journal's reader for a ``LogFollower`` (its ``open_reader``); the journal forgets no unit."""
     return JournalReader(selection, admit=admit)
@@ -151,7 +151,7 @@ class JournalReader:
 
     def __init__(
         self,
-        selection: LogSelection,
+        selection: JournalSelection,
         *,
         library: str = LIBSYSTEMD,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
@@ -163,8 +163,7 @@ class JournalReader:
         self.max_message_bytes = max_message_bytes
         self._library_name = library
         self._boot_id_path = boot_id_path
-        self._docker_containers = tuple(os.path.join(root, "containers") for root in selection.docker_roots) \
-            if selection.container_globs else ()
+        self._container_state = selection.container_state if selection.container_globs else {}
         self._lib: LibSystemd | None = None
         self._madvise = libc_madvise()
         self._handle = ctypes.c_void_p()
@@ -202,7 +201,7 @@ class JournalReader:
         self._last_forward: LogEntry | None = None
         self._decoder: Decoder | None = None
         self._since_release = 0
-        self._container_ends = ContainerEnds(self._docker_containers)
+        self._container_ends = ContainerEnds(self._container_state)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -336,7 +335,7 @@ class JournalReader:
                 return True
             timeout_s = min(timeout_s, remaining)
         ends_look = self._container_ends.next_look
-        if ends_look is not None:  # a look at the Docker containers' end is due
+        if ends_look is not None:  # a look at the containers' state for their end is due
             remaining = ends_look - time.monotonic()
             if remaining <= 0:
                 return True

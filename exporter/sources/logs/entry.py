@@ -13,7 +13,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vllm_xpu_exporter.parsers.containerlogs import DockerExit
 from vllm_xpu_exporter.parsers.workloads import name_of_key
 from vllm_xpu_exporter.systemd import MESSAGE_ID_UNIT_PROCESS_EXIT, MESSAGE_ID_UNIT_STOPPING
 
@@ -54,9 +53,8 @@ class LogEntry:
     ``vllm_xpu_exporter.fold.container_runs.ContainerRuns`` gives it its run's."""
     container_run: str = ""
     """A container's line (``unit`` is its key, with a ``/``): what the source knows of the container's
-    run: its id (``CONTAINER_ID_FULL``), with Docker's ``CONTAINER_LOG_EPOCH`` (one per start of the
-    container) or the pid of Podman's conmon (one per start); '' for a unit's entry. ``pid`` is then
-    None: the entry's ``_PID`` is dockerd's or conmon's."""
+    run, as its runtime tells it (``vllm_xpu_exporter.runtimes``): its id, with what tells its starts apart;
+    '' for a unit's entry. ``pid`` is then None: the entry's ``_PID`` is the runtime's, not the container's."""
     partial: bool = False
     """The line goes on in the container's next line (``CONTAINER_PARTIAL_MESSAGE=true``: the log driver
     cut a long line)."""
@@ -64,24 +62,20 @@ class LogEntry:
     """Which output of the container the line is from, where the source says (``stdout``, ``stderr``)."""
 
 
-def container_end(key: str, ended: DockerExit, run: str) -> LogEntry:
-    """A Docker container's end (``vllm_xpu_exporter.sources.containers.DockerEnd``) as systemd records a unit's: its
-    main process exited (``other`` unless a cause comes within the grace), or it was stopped (``docker
-    stop``: nothing counts), in the container's run ``run``. Both sources of a Docker container's lines hand
-    it on so: its json-file log and the journal."""
-    message_id = MESSAGE_ID_UNIT_STOPPING if ended.stopped else MESSAGE_ID_UNIT_PROCESS_EXIT
-    return LogEntry(key, ended.realtime_usec, None, "", "", True, message_id, None, "", run)
+def container_end(key: str, realtime_usec: int, stopped: bool, run: str) -> LogEntry:
+    """A container's end, as its runtime's state says it, as systemd records a unit's: its main process exited
+    (``other`` unless a cause comes within the grace), or it was stopped (nothing counts), in
+    the container's run ``run``. Both sources of a container's lines hand it on so: its log files and the
+    journal."""
+    message_id = MESSAGE_ID_UNIT_STOPPING if stopped else MESSAGE_ID_UNIT_PROCESS_EXIT
+    return LogEntry(key, realtime_usec, None, "", "", True, message_id, None, "", run)
 
 
 @dataclass(frozen=True, slots=True)
 class LogSelection:
-    """Which log to read and which of its entries: the journal's (its directory, files and Docker roots are
-    the journal reader's alone), or the containers' log files (their directories are the reader's own).
+    """Which units and containers are watched, and from which boot: what both log sources read by (where a log
+    is, is each reader's own: the journal's ``JournalSelection``, the container log reader's directories).
 
-    - ``directory``: read the journal files in this directory (and its machine-id subdirectories),
-      e.g. a host's ``/var/log/journal`` mounted into a container.
-    - ``files``: read exactly these journal files (exclusive with ``directory``).
-    - neither: the local system journal (``SD_JOURNAL_LOCAL_ONLY | SD_JOURNAL_SYSTEM``).
     - ``unit_globs``: shell globs of the watched units' names.
     - ``container_globs``: shell globs of the watched containers (``matches_container``); none by default.
     - ``excluded_units``: units never watched, whatever the globs say: the exporter's own unit
@@ -92,51 +86,35 @@ class LogSelection:
     - ``engine_grace_usec``: how long a start of a watched unit not known to run vLLM is taken as a
       possible engine init (``vllm_xpu_exporter.fold.engine_starts``; ``--journal.engine-grace``); None: the
       fold's default. The readers do not use it; the follower folds the selected entries with it.
-    - ``docker_roots``: Docker data roots (``--path.docker``) whose ``containers/<id>/config.v2.json`` says
-      when a watched Docker container of the journal ended (the journal reader: its end); none: not read.
     """
 
-    directory: str | None = None
-    files: Sequence[str] = ()
     unit_globs: Sequence[str] = DEFAULT_UNIT_GLOBS
     boot: str = "current"
     container_globs: Sequence[str] = ()
     excluded_units: Sequence[str] = ()
     engine_grace_usec: int | None = None
-    docker_roots: Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "files", tuple(self.files))
-        object.__setattr__(self, "docker_roots", tuple(self.docker_roots))
         object.__setattr__(self, "unit_globs", tuple(self.unit_globs))
         object.__setattr__(self, "container_globs", tuple(self.container_globs))
         if any(not glob for glob in self.container_globs):
             raise ValueError("a container glob is empty")
         object.__setattr__(self, "excluded_units", frozenset(self.excluded_units))
-        if self.directory is not None and self.files:
-            raise ValueError("a journal directory and journal files cannot both be given")
         if not self.unit_globs or any(not glob for glob in self.unit_globs):
             raise ValueError("at least one non-empty unit glob is needed")
         object.__setattr__(self, "boot", normalize_boot(self.boot))
 
     def matches_unit(self, unit: str) -> bool:
-        """Whether a unit is watched; for a container's key (``docker/<name>``, ``podman/<name>``,
-        ``k8s/<namespace>/<pod>/<container>``: a unit name never has a ``/``), ``matches_container``."""
+        """Whether a unit is watched; for a container's key (``<kind>/<name>``: a unit name never has a ``/``),
+        ``matches_container``."""
         if "/" in unit:
             return self.matches_container(unit, name_of_key(unit))
         return unit not in self.excluded_units and any(fnmatch.fnmatchcase(unit, glob) for glob in self.unit_globs)
 
     def matches_container(self, key: str, name: str) -> bool:
-        """Whether a container is watched: a glob without ``/`` is matched against its name (Docker's or
-        Podman's container name; a pod's container name), one with ``/`` against its key
-        (``k8s/inference/*/vllm``, ``docker/*``)."""
+        """Whether a container is watched: a glob without ``/`` is matched against its name (a pod's container:
+        the container's), one with ``/`` against its key (``k8s/inference/*/vllm``)."""
         return any(fnmatch.fnmatchcase(key if "/" in glob else name, glob) for glob in self.container_globs)
-
-    def may_match_container_name(self, name: str) -> bool:
-        """Whether a ``CONTAINER_NAME`` in the journal may be a watched container's, Docker's or Podman's."""
-        return any(fnmatch.fnmatchcase(name, glob) if "/" not in glob else
-                   fnmatch.fnmatchcase(f"docker/{name}", glob) or fnmatch.fnmatchcase(f"podman/{name}", glob)
-                   for glob in self.container_globs)
 
 
 def normalize_boot(boot: str) -> str:

@@ -6,10 +6,11 @@ caught up, then folds new entries in as they arrive. When the
 log cannot be read it retries; a reopened log is read again from the start of the boot into a
 new tracker, swapped in once caught up, so counters never count twice.
 
-The reader is whatever ``open_reader`` makes: the journal's (``vllm_xpu_exporter.sources.journal.open_journal``) or
-the containers' log files' (``vllm_xpu_exporter.sources.containerlogs``). The follower uses open/close, ``wait``,
-``read_available``, ``unreadable_entries`` and ``last_unreadable`` of it, ``rejected_entries`` where it has
-them, and ``read_latest_invocations`` with ``latest_invocations``; ``source`` names it in its state and log lines.
+The reader is whatever ``open_reader`` makes, a ``LogReader``: the journal's
+(``vllm_xpu_exporter.sources.journal.open_journal``) or the containers' log files'
+(``vllm_xpu_exporter.sources.containerlogs``); ``source`` names it in its state and log lines. Why the log has no
+answer now is a ``LogError`` in ``LogState.error``: ``LogUnreadable`` (a failure) or ``LogNotReadYet`` (the
+first read under way; also a ``NoDataYet``).
 
 With ``latest_invocations`` (the init gate, the planner) it reads not the whole boot but each watched unit's
 latest invocations (the journal reader's ``read_latest_invocations``): back to one that printed a vLLM line
@@ -31,7 +32,8 @@ from collections.abc import Callable
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from types import TracebackType
+from typing import Protocol, runtime_checkable
 
 from vllm_xpu_exporter.fold.container_runs import ContainerRuns
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, EngineTracker, OwnedTrackers, UnitView
@@ -43,15 +45,72 @@ log = logging.getLogger("vllm_xpu_exporter.journal")
 RETRY_SECONDS = 2.0
 WAIT_SECONDS = 0.5  # how often the follower looks at its stop flag while the log is quiet
 
-OpenReader = Callable[[LogSelection, Callable[..., bool], Callable[[str], None]], Any]
+@runtime_checkable
+class LogReader(Protocol):
+    """What the follower reads a log through; the journal's ``JournalReader`` and the containers' log files'
+    ``ContainerLogReader`` are such readers. Single-threaded: the follower's thread alone uses it."""
+
+    @property
+    def unreadable_entries(self) -> int:
+        """Entries skipped as unreadable so far (a plain number: other threads read it)."""
+        ...
+
+    @property
+    def last_unreadable(self) -> str | OSError | None:
+        """Why the latest of them could not be read."""
+        ...
+
+    @property
+    def rejected_entries(self) -> dict[str, int]:
+        """Entries ignored, by reason (a record its writer may not have written); none for a reader that rejects
+        nothing."""
+        ...
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> LogReader: ...
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None: ...
+
+    def wait(self, timeout_s: float) -> bool:
+        """Sleep until entries may have come or `timeout_s` passed; True when they may have."""
+        ...
+
+    def read_available(self, max_entries: int = DEFAULT_BATCH) -> list[LogEntry]:
+        """Up to `max_entries` entries there are now, without waiting; [] when there are none."""
+        ...
+
+    def read_latest_invocations(self, sufficient: Callable[[list[LogEntry]], bool], *,
+                                max_units: int | None = None) -> list[LogEntry] | None:
+        """The entries of each watched unit's latest invocations, back to one `sufficient` says is enough;
+        None when the reader cannot tell them apart (then it reads the whole log)."""
+        ...
+
+
+OpenReader = Callable[[LogSelection, Callable[..., bool], Callable[[str], None]], LogReader]
 """(selection, admit, forget) -> a reader: admit(unit[, when_usec]) asks the fold's cap (when the name was met,
 if known), forget(unit) drops a unit gone for good."""
+
+
+class LogError(Exception):
+    """Why a log source has no answer now (``LogState.error``); str() is the message alone."""
+
+
+class LogUnreadable(LogError):
+    """The log cannot be read now: a failure, retried."""
+
+
+class LogNotReadYet(LogError, NoDataYet):
+    """The log is being read the first time: no data yet, a state every start goes through, not a failure."""
 
 
 @dataclass(frozen=True)
 class LogState:
     views: list[UnitView]
-    error: str | NoDataYet | None  # why the log cannot be read now, or NoDataYet while it is read the first time
+    error: LogError | None  # why the log has no answer now: LogUnreadable, or LogNotReadYet while it is first read
     entries_read: int  # entries folded since the follower started, re-reads included (LogFollower._fold)
     dropped_units: int  # units not watched because of the cap
     watched_units: int | None  # None until the log has been read up to now once
@@ -74,11 +133,11 @@ class LogFollower:
         self._starting = threading.Lock()  # concurrent scrapes retry starting the thread once
         self._tracker: OwnedTrackers | None = None
         self._runs = ContainerRuns()  # the containers' runs of the tracker being filled or followed
-        self._error: str | NoDataYet | None = self._still_reading()
+        self._error: LogError | None = self._still_reading()
         self._entries_read = 0
         self._unreadable_before = 0  # entries skipped as unreadable by the readers closed since
         self._rejected_before: Counter[str] = Counter()  # entries rejected by the readers closed since
-        self._reader: Any = None  # the thread's reader (its unreadable count is read by state())
+        self._reader: LogReader | None = None  # the thread's reader (its unreadable count is read by state())
         self._units_with_processes: set[str] = set()
         self._warned_of_rejections: set[str] = set()  # follower thread only
         self._warned_of_unreadable = False  # follower thread only
@@ -94,7 +153,7 @@ class LogFollower:
         try:
             thread.start()
         except RuntimeError as error:  # "can't start new thread"
-            self._set_error(f"cannot start the {self.source} follower thread: {error}")
+            self._set_error(LogUnreadable(f"cannot start the {self.source} follower thread: {error}"))
             self._start_retry_at = time.monotonic() + RETRY_SECONDS
             return
         self._thread = thread
@@ -125,7 +184,7 @@ class LogFollower:
                             watched_units=len(views) if tracker is not None else None,
                             values_rejected=tracker.rejected_lines if tracker is not None else 0,
                             unreadable=self._unreadable_before + (reader.unreadable_entries if reader else 0),
-                            rejected=dict(self._rejected_before + Counter(_rejected_by(reader))))
+                            rejected=dict(self._rejected_before + Counter(reader.rejected_entries if reader else {})))
 
     def watch(self, units: set[str]) -> None:
         """Units that currently have GPU processes: those matching the globs are watched even when the
@@ -147,7 +206,8 @@ class LogFollower:
             self._runs = ContainerRuns()
             try:
                 # Units beyond the cap are refused when first met: the reader skips their entries.
-                reader = self._open_reader(self.selection, partial(self._admit, tracker), partial(self._forget, tracker))
+                reader = self._open_reader(self.selection, partial(self._admit, tracker),
+                                           partial(self._forget, tracker))
                 with reader:
                     self._reader = reader
                     try:
@@ -156,17 +216,17 @@ class LogFollower:
                     finally:
                         with self._lock:
                             self._unreadable_before += reader.unreadable_entries
-                            self._rejected_before.update(_rejected_by(reader))
+                            self._rejected_before.update(reader.rejected_entries)
                             self._reader = None
             except OSError as error:  # JournalError, ContainerLogError: a message of their own
-                self._set_error(str(error))
+                self._set_error(LogUnreadable(str(error)))
                 self._stop.wait(RETRY_SECONDS)
             except Exception as error:  # never let the thread die: the collector would go silent
                 log.debug("%s follower failed", self.source, exc_info=True)
-                self._set_error(f"{type(error).__name__}: {error}")
+                self._set_error(LogUnreadable(f"{type(error).__name__}: {error}"))
                 self._stop.wait(RETRY_SECONDS)
 
-    def _catch_up(self, reader: Any, tracker: OwnedTrackers) -> None:
+    def _catch_up(self, reader: LogReader, tracker: OwnedTrackers) -> None:
         with self._lock:
             for unit in self._units_with_processes:
                 tracker.watch(unit)
@@ -189,7 +249,7 @@ class LogFollower:
                 log.info("%s read up to now: %d watched units", self.source, sum(1 for _ in tracker.views()))
             self._error = None
 
-    def _follow(self, reader: Any) -> None:
+    def _follow(self, reader: LogReader) -> None:
         tracker = self._tracker
         while not self._stop.is_set():
             if not reader.wait(WAIT_SECONDS):
@@ -197,7 +257,7 @@ class LogFollower:
             while batch := reader.read_available(DEFAULT_BATCH):
                 self._fold(reader, tracker, batch, published=True)
 
-    def _fold(self, reader: Any, tracker: OwnedTrackers, batch: list[LogEntry], *,
+    def _fold(self, reader: LogReader, tracker: OwnedTrackers, batch: list[LogEntry], *,
               published: bool) -> None:
         """Fold a batch the reader returned, and count it: the one count of entries read
         (``LogState.entries_read``, xpu_exporter_journal_entries_read_total), kept across re-reads of
@@ -223,7 +283,7 @@ class LogFollower:
                             "are ignored and counted in xpu_exporter_journal_values_rejected_total",
                             unit, rejection.row, rejection.field)
 
-    def _warn_of_unreadable(self, reader: Any) -> None:
+    def _warn_of_unreadable(self, reader: LogReader) -> None:
         """Once: entries sd-journal cannot read are skipped (as journalctl skips them), not waited on; so are
         lines of container logs that are not records of their format."""
         if reader.unreadable_entries and not self._warned_of_unreadable:
@@ -242,17 +302,12 @@ class LogFollower:
             tracker.forget(unit)
         self._runs.forget(unit)
 
-    def _still_reading(self) -> NoDataYet:
-        return NoDataYet(f"still reading the {self.source}")
+    def _still_reading(self) -> LogNotReadYet:
+        return LogNotReadYet(f"still reading the {self.source}")
 
-    def _set_error(self, error: str | NoDataYet) -> None:
+    def _set_error(self, error: LogError) -> None:
         with self._lock:
             self._error = error
-
-
-def _rejected_by(reader: Any) -> dict[str, int]:
-    """A reader's rejected entries by reason (a reader that rejects nothing has no such count)."""
-    return getattr(reader, "rejected_entries", None) or {} if reader is not None else {}
 
 
 def prints_a_vllm_line(engine_grace_usec: int, entries: list[LogEntry]) -> bool:
