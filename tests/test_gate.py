@@ -30,7 +30,8 @@ from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.cli import main, parse_client_options, parse_service_options
 from vllm_xpu_exporter.gate.decision import CGROUP_GRACE_USEC, HOST, Admission, Lease, decide, lease_over
-from vllm_xpu_exporter.gate.service import SO_PEERPIDFD, Peer, PeerGone, cgroup_populated
+from vllm_xpu_exporter.gate.service import SO_PEERPIDFD, Peer, PeerGone, cgroup_populated, identify_caller
+from vllm_xpu_exporter.sources.logs.entry import LogSelection
 from vllm_xpu_exporter.parsers.gate import GateDecision
 from vllm_xpu_exporter.systemd import parse_timespan
 from exporterproc import RunningExporter
@@ -510,45 +511,40 @@ def test_the_unit_is_the_one_the_callers_cgroup_names_and_a_caller_outside_the_w
     assert wait_for(lambda: other.saw(f"waiting for {CHAT}"), timeout=20), other.lines
 
 
-# A client that connects, hands its connection to a child and exits; the child waits for the file "go",
-# then asks over the inherited connection and prints what the service says.
+# A client that connects, hands its connection to a child and exits; the child keeps the connection open
+# until its stdin closes.
 HAND_OVER = """
-import os, socket, sys, time
-path, go, request = sys.argv[1:]
+import os, socket, sys
 connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-connection.connect(path)
+connection.connect(sys.argv[1])
 if os.fork():
     os._exit(0)
-while not os.path.exists(go):
-    time.sleep(0.01)
-connection.sendall(request.encode() + b"\\n")
-replies = b""
-while chunk := connection.recv(4096):
-    replies += chunk
-sys.stdout.write(replies.decode())
+sys.stdin.read()
 """
 
 
-def test_a_caller_gone_before_it_is_identified_is_not_taken_for_the_process_that_reuses_its_pid(host: Host) -> None:
+def test_a_caller_gone_before_it_is_identified_is_not_taken_for_the_process_that_reuses_its_pid(
+        tmp_path: Path) -> None:
     """A real client connects, passes the connection to a child and exits; its pid then names a process of
-    chat (the fake procfs's cgroup file). The service reads that cgroup but its pidfd of the caller
-    (SO_PEERPIDFD) shows the caller gone: it tells no unit, releases the caller as unidentified and
-    leases nothing to chat, so embedding, asking next, waits for nobody."""
-    host.serve()
-    go = host.tmp / "go-hand-over"
-    request = protocol.Request(timeout=60, start_on_timeout=True, gpu_memory_utilization=0.07).encode().decode()
-    parent = subprocess.Popen([sys.executable, "-c", HAND_OVER, str(host.socket), str(go), request.strip()],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=host.tmp)
-    assert parent.wait(20) == 0  # exited and reaped: the pid is free for another process
-    host.procfs.add_unit_process(parent.pid, f"/system.slice/{CHAT}")  # ... which chat's process now has
-    go.touch()
-    replies = [protocol.parse_reply(line.encode()) for line in parent.stdout.read().decode().splitlines()]
-    lines = [reply.line for reply in replies]
-    assert replies[-1].exit_status == 0, lines
-    assert any("cannot tell which unit asks (the process that connected is gone" in line for line in lines), lines
-    assert not any(CHAT in line for line in lines), lines
-    code, embedding = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
-    assert code == 0 and embedding.decision.waited_for == (), embedding.lines  # no lease of chat holds it
+    chat (the fake procfs's cgroup file). The service, identifying the caller as it accepts, reads that
+    cgroup but its pidfd of the caller (SO_PEERPIDFD) shows the caller gone: it tells no unit and
+    answers the caller as unidentified (released, no lease for chat)."""
+    procfs = FakeProcfs(tmp_path / "proc")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with listener:
+        listener.bind(str(tmp_path / "gate.sock"))
+        listener.listen(1)
+        parent = subprocess.Popen([sys.executable, "-c", HAND_OVER, str(tmp_path / "gate.sock")],
+                                  stdin=subprocess.PIPE, cwd=tmp_path)
+        try:
+            assert parent.wait(20) == 0  # exited and reaped: the pid is free for another process
+            procfs.add_unit_process(parent.pid, f"/system.slice/{CHAT}")  # ... which chat's process now has
+            connection, _ = listener.accept()
+            with connection:
+                answer = identify_caller(connection, str(procfs.root), LogSelection())
+        finally:
+            parent.stdin.close()
+    assert isinstance(answer, str) and "cannot tell which unit asks (the process that connected is gone" in answer
 
 
 def test_without_so_peerpidfd_the_peer_is_its_pid_alone_and_with_it_a_pidfd_of_that_process() -> None:
@@ -618,9 +614,10 @@ def test_by_the_plan_a_budgeted_start_goes_beside_a_budgeted_init_and_says_what_
 
 
 def test_a_connection_that_never_asks_holds_no_one_back(host: Host) -> None:
-    """A local process connects and says nothing (or sends half a request): the service answers the next
-    client at once; the silent connection is closed after the handshake's bound."""
+    """A process of a watched unit connects and says nothing (or sends half a request): the service answers
+    the next client at once; the silent connection is closed after the handshake's bound."""
     host.serve()
+    host.procfs.add_unit_process(os.getpid(), f"/system.slice/{STT}")  # the test's connections: stt's
     silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     silent.connect(str(host.socket))
     half = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -785,13 +782,62 @@ def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_when_the_journal_s
     assert run.decision.waited_for == (EMBEDDING,)
 
 
-def test_a_lease_whose_holder_never_shows_in_the_journal_holds_until_it_times_out(host: Host) -> None:
-    host.serve("--lease-timeout", "2s")
+def test_a_lease_whose_holder_never_shows_in_the_journal_holds_until_it_times_out_and_is_never_renewed(
+        host: Host) -> None:
+    """Embedding's start waits at its gate ("Starting") and is released: its lease holds chat back until
+    --lease-timeout, since its main process never shows. Embedding asking again meanwhile (the same start)
+    is released at once but gets no second lease: chat goes at the first lease's timeout."""
+    host.serve("--lease-timeout", "3s")
+    embedding, chat = new_invocation_id(), new_invocation_id()
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=embedding),
+                unit_starting(CHAT, host.clock.tick(), invocation_id=chat)])
     code, first = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
-    assert code == 0, first.lines
-    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07")
-    assert code == 0, run.lines
-    assert run.decision.waited_for == (EMBEDDING,) and run.decision.seconds >= 1.5, run.lines
+    assert code == 0 and first.decision.waited_for == (), first.lines
+    waiting = host.start(CHAT, "--gpu-memory-utilization", "0.07")
+    assert wait_for(lambda: waiting.saw(f"waiting for {EMBEDDING}"), timeout=20), waiting.lines
+    code, again = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
+    assert code == 0 and again.saw("had its lease already: none again"), again.lines
+    assert waiting.wait() == 0, waiting.lines
+    assert waiting.decision.waited_for == (EMBEDDING,), waiting.lines
+    assert first.ended is not None and waiting.ended - first.ended < 3.0 + 2.0, "the lease was renewed"
+    assert waiting.ended - first.ended >= 2.5, waiting.lines
+
+
+def test_a_serving_units_own_process_asking_again_and_again_gets_no_lease_and_holds_nobody_back(host: Host) -> None:
+    """Chat serves (its main process began, its init completed); a process of chat asks every moment, as
+    the squatter did. It is released without a lease each time, so embedding's start, waiting at its gate,
+    is released at once, in no case after --lease-timeout."""
+    host.serve("--lease-timeout", "30s")
+    chat, embedding = new_invocation_id(), new_invocation_id()
+    host.write([unit_starting(CHAT, host.clock.tick(), invocation_id=chat), *main_started(CHAT, host.clock, chat, 100),
+                *init_completed(CHAT, host.clock, chat, 100)])
+    for _ in range(2):
+        code, squatter = host.run(CHAT, "--gpu-memory-utilization", "0.01")
+        assert code == 0 and squatter.saw("released without a lease"), squatter.lines
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=embedding)])
+    code, run = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07", "--timeout", "20s")
+    assert code == 0 and run.decision.waited_for == () and not run.decision.timed_out, run.lines
+
+
+def test_starts_whose_wait_timed_out_go_one_at_a_time_in_order(host: Host) -> None:
+    """Embedding initialises and never ends; chat and then stt wait at their gates with --timeout 1s. At
+    the timeouts chat starts anyway (lease), and stt, timed out too, waits still for chat's start: it
+    goes only when chat's init ends, not with chat."""
+    host.serve("--lease-timeout", "60s")
+    hung, chat, stt = new_invocation_id(), new_invocation_id(), new_invocation_id()
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=hung),
+                *main_started(EMBEDDING, host.clock, hung, 100),
+                unit_starting(CHAT, host.clock.tick(), invocation_id=chat),
+                unit_starting(STT, host.clock.tick(), invocation_id=stt)])
+    first = host.start(CHAT, "--gpu-memory-utilization", "0.07", "--timeout", "1s")
+    assert wait_for(lambda: first.saw(f"waiting for {EMBEDDING}"), timeout=20), first.lines
+    second = host.start(STT, "--gpu-memory-utilization", "0.07", "--timeout", "1s")
+    assert first.wait() == 0 and first.decision.timed_out, first.lines
+    assert wait_for(lambda: second.saw(f"waiting still for {CHAT}"), timeout=20), second.lines
+    time.sleep(1.0)
+    assert second.running, second.lines
+    host.write([*main_started(CHAT, host.clock, chat, 200), *init_completed(CHAT, host.clock, chat, 200)])
+    assert second.wait() == 0 and second.decision.timed_out, second.lines
 
 
 def test_a_lease_of_a_unit_whose_cgroup_stays_empty_or_of_ones_own_unit_blocks_nobody(host: Host) -> None:

@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import logging
 import math
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -128,6 +129,10 @@ def build_serve_parser() -> argparse.ArgumentParser:
                         default=DEFAULT_LEASE_TIMEOUT, metavar="DURATION",
                         help=f"a release the journal never shows ending stops holding others back after this "
                              f"long (default {DEFAULT_LEASE_TIMEOUT})")
+    parser.add_argument("--lease-file", dest="lease_file", type=absolute_path, default=None, metavar="PATH",
+                        help="keep the leases in this file, so that they outlive a restart of the service "
+                             "(default: leases.json in the RuntimeDirectory= systemd gives the service, "
+                             "$RUNTIME_DIRECTORY; without it, in memory only)")
     parser.add_argument("--poll-interval", dest="poll_interval", type=positive_go_duration,
                         default=DEFAULT_POLL_INTERVAL, metavar="DURATION",
                         help=f"how often waiting units are decided again (default {DEFAULT_POLL_INTERVAL})")
@@ -155,16 +160,23 @@ def wait_request(args: argparse.Namespace) -> Request:
                    kv_cache_memory_bytes=args.kv_cache_memory_bytes)
 
 
-def parse_service_options(argv: Sequence[str]):
+def parse_service_options(argv: Sequence[str], environ=os.environ):
     from vllm_xpu_exporter.flags import check_journal_flags, journal_selection
-    from vllm_xpu_exporter.gate.service import ServiceOptions
+    from vllm_xpu_exporter.gate.service import ServiceOptions, engine_units_only
     parser = build_serve_parser()
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
-    return ServiceOptions(listen=args.listen, selection=journal_selection(args),
+    return ServiceOptions(listen=args.listen, selection=engine_units_only(journal_selection(args)),
                           journal_max_units=args.journal_max_units, levelzero_library=args.levelzero_library,
                           levelzero_timeout=args.levelzero_timeout, procfs=args.procfs, sysfs=args.sysfs,
-                          lease_timeout=args.lease_timeout, poll_interval=args.poll_interval)
+                          lease_timeout=args.lease_timeout, poll_interval=args.poll_interval,
+                          lease_file=args.lease_file or runtime_lease_file(environ))
+
+
+def runtime_lease_file(environ) -> str | None:
+    """leases.json in the service's first RuntimeDirectory= (systemd sets $RUNTIME_DIRECTORY), if any."""
+    directory = environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    return f"{directory}/leases.json" if directory.startswith("/") else None
 
 
 def parse_client_options(argv: Sequence[str]):
@@ -196,7 +208,7 @@ def serve(argv: Sequence[str]) -> int:
     service = Service(options)
     signal.signal(signal.SIGTERM, lambda signum, frame: service.stop())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    logging.info("%s %s serving on %s", PROG, __version__, listener.getsockname() or "the socket systemd passed")
+    logging.info("%s %s serving on %s", PROG, __version__, options.listen or "the socket systemd passed")
     try:
         service.serve(listener)
     except KeyboardInterrupt:
