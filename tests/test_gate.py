@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import math
 import os
 import shlex
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -30,7 +32,8 @@ from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.cli import main, parse_client_options, parse_service_options
 from vllm_xpu_exporter.gate.decision import CGROUP_GRACE_USEC, HOST, Admission, Lease, decide, lease_over
-from vllm_xpu_exporter.gate.service import SO_PEERPIDFD, Peer, PeerGone, cgroup_populated, identify_caller
+from vllm_xpu_exporter.gate.service import (MAX_LEASE_FILE_BYTES, SO_PEERPIDFD, Peer, PeerGone, cgroup_populated,
+                                             identify_caller, listening_socket, parse_saved_leases)
 from vllm_xpu_exporter.sources.logs.entry import LogSelection
 from vllm_xpu_exporter.parsers.gate import GateDecision
 from vllm_xpu_exporter.systemd import parse_timespan
@@ -327,6 +330,16 @@ def test_the_service_takes_the_exporters_journal_and_levelzero_flags() -> None:
     assert (options.levelzero_library, options.levelzero_timeout) == ("libze.so", 2.0)
     assert (options.lease_timeout, options.poll_interval, options.listen) == (60.0, 1.0, None)
     assert parse_service_options(["--listen", "/run/g.sock"]).listen == "/run/g.sock"
+
+
+@pytest.mark.fast
+def test_only_system_service_units_are_watched_by_the_service_whatever_the_globs() -> None:
+    """`--journal.units vllm*` matches the service's own socket unit and a user's unit or scope of such a
+    name: the service watches (waits for, and leases to) only system `.service` units."""
+    selection = parse_service_options(["--journal.units", "vllm*"], environ={}).selection
+    assert selection.matches_unit(CHAT)
+    for unit in ("vllm-xpu-gate.socket", "vllm-squat.scope", f"{CHAT}@uid1000", "vllm-x.slice"):
+        assert not selection.matches_unit(unit), unit
 
 
 @pytest.mark.fast
@@ -635,6 +648,73 @@ def test_a_connection_that_never_asks_holds_no_one_back(host: Host) -> None:
         half.close()
 
 
+# Opens argv[2] connections to the socket argv[1], sends one byte on each every 0.5 s (reconnecting those
+# closed), and prints how many were answered (sent anything back) when argv[3] exists.
+FLOOD = """
+import os, socket, sys, time
+path, count, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+connections, answered = [], 0
+def connect():
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection.connect(path)
+    connection.setblocking(False)
+    return connection
+connections = [connect() for _ in range(count)]
+print("flooding", flush=True)
+while not os.path.exists(stop):
+    for index, connection in enumerate(connections):
+        try:
+            if connection.recv(4096, socket.MSG_PEEK):
+                answered += 1
+                connection.close()
+                connections[index] = connect()
+                continue
+        except BlockingIOError:
+            pass
+        except OSError:
+            connections[index] = connect()
+            continue
+        try:
+            connection.send(b"{")
+        except OSError:
+            connection.close()
+            connections[index] = connect()
+    time.sleep(0.5)
+print(answered, flush=True)
+"""
+
+
+@pytest.mark.parametrize("flooder", ["outside every unit", "a watched unit's process"])
+def test_a_flood_of_connections_that_trickle_bytes_holds_no_other_units_start(host: Host, flooder: str) -> None:
+    """300 connections from one process sending a byte every half second, as the flood that switched the
+    gate off: from a login session, each is answered at once and holds nothing; from a watched unit's
+    process (stt's), only that unit's few slots fill. Either way chat's start, waiting at its gate, is
+    released at once by the service's decision (not after --service-timeout, ungated)."""
+    host.serve()
+    stop = host.tmp / "stop-flood"
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, str(host.socket), "300", str(stop)],
+                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=host.tmp)
+    try:
+        cgroup = "/user.slice/user-65534.slice/session-9.scope" if flooder == "outside every unit" \
+            else f"/system.slice/{STT}"
+        host.procfs.add_unit_process(flood.pid, cgroup)
+        assert flood.stdout.readline() == b"flooding\n"
+        time.sleep(1.0)
+        chat = new_invocation_id()
+        host.write([unit_starting(CHAT, host.clock.tick(), invocation_id=chat)])
+        code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07", service_timeout="20s")
+        assert code == 0 and run.decision is not None and not run.decision.ungated, run.lines
+        assert run.decision.waited_for == () and run.decision.seconds < 5, run.lines
+    finally:
+        stop.touch()
+        output, _ = flood.communicate(timeout=60)
+    answered = int(output.split()[-1])
+    if flooder == "outside every unit":
+        assert answered >= 300, f"only {answered} of the flood's connections were answered"
+    else:
+        assert not host.service.saw("Traceback"), host.service.lines
+
+
 def test_a_unit_waiting_in_its_own_gate_does_not_hold_another_back(host: Host) -> None:
     waiting = new_invocation_id()
     host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=waiting),
@@ -838,6 +918,61 @@ def test_starts_whose_wait_timed_out_go_one_at_a_time_in_order(host: Host) -> No
     assert second.running, second.lines
     host.write([*main_started(CHAT, host.clock, chat, 200), *init_completed(CHAT, host.clock, chat, 200)])
     assert second.wait() == 0 and second.decision.timed_out, second.lines
+
+
+def test_a_lease_outlives_a_restart_of_the_service(host: Host) -> None:
+    """Embedding is released (its lease) and the service is stopped before embedding's main process
+    begins; the service started again with the same --lease-file still holds chat back for embedding's
+    init, and lets it go when that init completes."""
+    lease_file = host.tmp / "leases.json"
+    host.serve("--lease-file", str(lease_file))
+    embedding, chat = new_invocation_id(), new_invocation_id()
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=embedding)])
+    code, first = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
+    assert code == 0 and first.decision.waited_for == (), first.lines
+    host.stop_service()
+    host.serve("--lease-file", str(lease_file))
+    host.write([unit_starting(CHAT, host.clock.tick(), invocation_id=chat),
+                *main_started(EMBEDDING, host.clock, embedding, 100)])
+    run = host.start(CHAT, "--gpu-memory-utilization", "0.07")
+    assert wait_for(lambda: run.saw(f"waiting for {EMBEDDING}"), timeout=20), run.lines
+    host.write(init_completed(EMBEDDING, host.clock, embedding, 100))
+    assert run.wait() == 0 and run.decision.waited_for == (EMBEDDING,), run.lines
+
+
+@pytest.mark.fast
+def test_a_lease_file_of_anything_else_is_refused() -> None:
+    for data in (b"", b"[]", b'{"leases": [{"unit": "x"}], "invocations": []}', b'{"leases": [], "invocations": [1]}',
+                 b" " * (MAX_LEASE_FILE_BYTES + 1)):
+        with pytest.raises(ValueError):
+            parse_saved_leases(data)
+    lease = Lease(DEVICE, CHAT, f"/system.slice/{CHAT}", 1, 2, None, False, "abc", True)
+    assert parse_saved_leases(json.dumps({"leases": [dataclasses.asdict(lease)], "invocations": ["abc"]}).encode()) \
+        == ([lease], ["abc"])
+
+
+def test_the_listen_socket_is_made_0666_without_following_a_path_swapped_after_the_bind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--listen in a directory another user can write: right after the socket is bound, that user puts a
+    symbolic link to a root-only file where the socket was. The root-only file keeps its mode, and the
+    socket (where it was moved) is 0666."""
+    victim = tmp_path / "shadow"
+    victim.write_text("secret\n")
+    victim.chmod(0o600)
+    path = tmp_path / "gate.sock"
+    real_socket = socket.socket
+
+    class SwappedAfterBind(real_socket):
+        def bind(self, address) -> None:
+            super().bind(address)
+            path.rename(tmp_path / "moved.sock")
+            path.symlink_to(victim)
+
+    monkeypatch.setattr(socket, "socket", SwappedAfterBind)
+    listener = listening_socket(str(path))
+    listener.close()
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "moved.sock").lstat().st_mode) == 0o666
 
 
 def test_a_lease_of_a_unit_whose_cgroup_stays_empty_or_of_ones_own_unit_blocks_nobody(host: Host) -> None:
