@@ -98,7 +98,8 @@ def squatter_unit(interval: float = 1.0) -> str:
 class AttackedBoot:
     outcome: BootOutcome
     releases: Mapping[str, int]  # unit -> realtime usec of its gate's "released" line
-    release_lags_usec: Sequence[int]  # each release after the first: its time minus the previous unit's init end
+    # each release after the first: its time minus the end of the previous unit's init (its init-complete line)
+    release_lags_usec: Sequence[int]
     ungated: int  # starts of the three units whose client found no service
     timed_out: int
 
@@ -131,7 +132,7 @@ def attacked_boot(shared: Path, fake_driver_copy: Path, *, flood: bool, squatter
     messages = [(journal_field(entry, "_SYSTEMD_UNIT"), int(entry["__REALTIME_TIMESTAMP"]),
                  journal_field(entry, "MESSAGE") or "") for entry in entries]
     releases = {unit: at for unit, at, message in messages if message.startswith("vllm-xpu-gate: released after ")}
-    init_ends = {start.unit: start.init_ended_usec for start in journalfacts.starts(entries)}
+    init_ends = {unit: at for unit, at, message in messages if journalfacts.INIT_DONE.search(message)}
     order = sorted(releases, key=releases.get)
     lags = [releases[unit] - init_ends[previous] for previous, unit in zip(order, order[1:])
             if init_ends.get(previous) is not None]
