@@ -10,6 +10,7 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     exporterproc the exporter as a process; fakeze, fakeprocfs, fakesysfs: what it reads
     journalgen   journal files; vllmlogs: what vLLM units print (realistic starts, the boot race)
     promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids cgroups
+    gateattacks  the flood and the squatter against the gate service, a gated boot under them (real systemd)
     noskip       the hooks that fail a skipped test; fastpure: those that fail a `fast` test that is not pure
 
 The `fast` marker (pyproject.toml) marks the pure core: tests that run in-process over pure functions and
