@@ -947,8 +947,10 @@ def test_a_lease_file_of_anything_else_is_refused() -> None:
         with pytest.raises(ValueError):
             parse_saved_leases(data)
     lease = Lease(DEVICE, CHAT, f"/system.slice/{CHAT}", 1, 2, None, False, "abc", True)
-    assert parse_saved_leases(json.dumps({"leases": [dataclasses.asdict(lease)], "invocations": ["abc"]}).encode()) \
-        == ([lease], ["abc"])
+    assert parse_saved_leases(json.dumps({"leases": [dataclasses.asdict(lease)], "invocations": ["abc"],
+                                          "legacy_first_seen": {CHAT: 5}}).encode()) == ([lease], ["abc"], {CHAT: 5})
+    with pytest.raises(ValueError):
+        parse_saved_leases(b'{"leases": [], "invocations": [], "legacy_first_seen": {"x": "soon"}}')
 
 
 def test_the_listen_socket_is_made_0666_without_following_a_path_swapped_after_the_bind(
@@ -1013,7 +1015,26 @@ def test_the_02_form_still_asks_the_service_and_says_to_migrate(host: Host) -> N
     host.runs.append(legacy)
     assert legacy.wait() == 0
     assert legacy.lines[0].startswith("vllm-xpu-gate: warning: the 0.2 drop-in's form"), legacy.lines
+    assert gate_lines.is_legacy_line(legacy.lines[0])
     assert legacy.decision is not None and not legacy.decision.ungated, legacy.lines
+
+
+def test_the_02_form_is_refused_once_the_services_legacy_grace_has_passed(host: Host) -> None:
+    """With --legacy-grace 0s the service answers the 0.2 form's request with exit 1 and an error line
+    naming the fix (systemd fails the start); a 0.3 client of the same unit is answered as before."""
+    host.serve("--legacy-grace", "0s")
+    go = host.tmp / "go-legacy"
+    process = subprocess.Popen(["sh", "-c", WAIT_FOR_GO, str(go), *GATE, "--unit", EMBEDDING, "--socket",
+                                str(host.socket), "--gpu-memory-utilization", "0.07"],
+                               stderr=subprocess.PIPE, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    host.procfs.add_unit_process(process.pid, f"/system.slice/{EMBEDDING}")
+    go.touch()
+    legacy = GateRun(EMBEDDING, process)
+    host.runs.append(legacy)
+    assert legacy.wait() == 1, legacy.lines
+    assert legacy.lines[-1].startswith("vllm-xpu-gate: error: the 0.2 drop-in is refused"), legacy.lines
+    code, run = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
+    assert code == 0 and run.decision is not None, run.lines
 
 
 # --- systemd --------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ fake GPU: tests/bootrace.py, tests/gateattacks.py):
 * the squatter: a serving watched unit whose own process asks for a turn every second;
 * both at once, over a few boots; benchmarks/attacked_boot.py runs 20;
 * the service killed between a unit's release and its engine's start;
-* a `--journal.units vllm*` glob, which matches the service's own socket unit and a scope a user names so.
+* a `--journal.units vllm*` glob, which matches the service's own socket unit and a scope a user names so;
+* the 0.2 drop-in left in place (root in the unit): counted by the exporter, refused after the grace.
 
 Each boot counts overlapping and failed inits from the journal and compares the gate's release times with
 the inits' ends there (data, not wall clock).
@@ -27,7 +28,8 @@ from gateattacks import attacked_boot
 from polling import wait_for
 from realsystemd import RealSystemd, path_inside
 from test_gate_real_systemd import decisions, gate_lines
-from test_real_systemd import require_root
+from scrapes import sample
+from test_real_systemd import require_root, run_exporter
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, read_events, serving_units, unit_file
 
 ATTACKED_BOOTS = 2
@@ -131,3 +133,45 @@ def test_a_vllm_star_glob_waits_neither_for_the_services_socket_unit_nor_for_a_s
     assert any("vllm-squat.scope is not a watched unit" in line for line in scope_lines), scope_lines
     counts = journalfacts.counts(entries, [chat, embedding])
     assert all(not unit.failures and unit.overlaps == 0 for unit in counts.values()), counts
+
+
+def test_a_02_drop_in_left_in_place_is_counted_and_refused_after_the_grace(shared: Path, fake_driver: Path):
+    """Chat and embedding keep the 0.2 drop-in's line (`ExecStartPre=+<bin>/vllm-xpu-gate --unit %n ...`,
+    root in the unit). Under a service with the default --legacy-grace, chat's start runs it as `wait`,
+    with the warning line; then, the service restarted with --legacy-grace=0s, embedding's start is
+    refused: its client exits 1 with an error line, and systemd fails the start. The exporter on that
+    journal counts one such start of each."""
+    chat, embedding = "vllm-xpu-chat.service", "vllm-xpu-embedding.service"
+    config, events = shared / "ze.conf", shared / "events.jsonl"
+    SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
+    common = dict(device_config=path_inside(shared, config), events=path_inside(shared, events), requests=0,
+                  restart="no")
+    legacy = gate_command().split(" wait ")[0]  # the console script, as the 0.2 drop-in ran it
+
+    def legacy_line(engine) -> str:
+        return f"+{legacy} --unit %n --gpu-memory-utilization {engine.gpu_memory_utilization}"
+
+    files = {f"/etc/systemd/system/{unit}": unit_file(engine, exec_start_pre=[legacy_line(engine)], **common)
+             for unit, engine in ((chat, CHAT), (embedding, EMBEDDING))}
+    files.update({**packaged_drop_in(), **packaged_gate(shared, shared / fake_driver.name)})
+    with RealSystemd(shared, files=files, enable=[GATE_SOCKET]) as machine:
+        machine.start(chat)
+        assert wait_for(lambda: chat in serving_units(events), timeout=60, interval=0.2), read_events(events)
+        arguments = machine.host_path("/etc/default/vllm-xpu-gate")
+        arguments.write_text(arguments.read_text().replace("VLLM_XPU_GATE_ARGS=", "VLLM_XPU_GATE_ARGS=--legacy-grace=0s "))
+        machine.systemctl("restart", GATE_SERVICE)
+        machine.start(embedding)
+        assert wait_for(lambda: machine.systemctl("is-failed", embedding, check=False).stdout.strip() == "failed",
+                        timeout=STEP_TIMEOUT, interval=0.2), gate_lines(machine, embedding)
+        chat_lines, embedding_lines = gate_lines(machine, chat), gate_lines(machine, embedding)
+        machine.sync_journal()
+        with run_exporter(machine, fake_driver, config, "vllm-xpu-*.service") as exporter:
+            counted = wait_for(lambda: {unit: sample(exporter.scrape(), "xpu_unit_gate_legacy_starts_total", unit=unit)
+                                        for unit in (chat, embedding)} == {chat: 1, embedding: 1}, timeout=20,
+                               interval=0.25)
+            samples = exporter.scrape()
+    assert any(line.startswith("vllm-xpu-gate: warning: the 0.2 drop-in's form") for line in chat_lines), chat_lines
+    assert any(line.startswith("vllm-xpu-gate: released after ") for line in chat_lines), chat_lines
+    assert any("the 0.2 drop-in is refused" in line for line in embedding_lines), embedding_lines
+    assert embedding not in {record["unit"] for record in read_events(events)}, "embedding's engine started"
+    assert counted, {unit: sample(samples, "xpu_unit_gate_legacy_starts_total", unit=unit) for unit in (chat, embedding)}

@@ -79,6 +79,7 @@ class ServiceOptions:
     lease_timeout: float
     poll_interval: float
     lease_file: str | None = None  # where the leases outlive the process (--lease-file); None: in memory only
+    legacy_grace: float = 24 * 3600.0  # --legacy-grace
 
 
 @dataclass(eq=False)
@@ -262,8 +263,9 @@ _LEASE_FIELDS = {"device": str, "unit": str, "cgroup_path": str, "granted_usec":
                  "timed_out": bool}
 
 
-def parse_saved_leases(data: bytes) -> tuple[list[Lease], list[str]]:
-    """The leases and leased starts of a lease file (`Service._save_leases`); ValueError for anything else."""
+def parse_saved_leases(data: bytes) -> tuple[list[Lease], list[str], dict[str, int]]:
+    """The leases, leased starts and first 0.2 drop-in starts of a lease file (`Service._save_leases`);
+    ValueError for anything else."""
     if len(data) > MAX_LEASE_FILE_BYTES:
         raise ValueError("larger than a lease file")
     document = json.loads(data)
@@ -278,7 +280,10 @@ def parse_saved_leases(data: bytes) -> tuple[list[Lease], list[str]]:
         leases.append(Lease(**fields))
     if not all(isinstance(invocation, str) for invocation in document["invocations"]):
         raise ValueError("an invocation id that is no string")
-    return leases, document["invocations"]
+    legacy = document.get("legacy_first_seen", {})
+    if not isinstance(legacy, dict) or not all(type(usec) is int for usec in legacy.values()):
+        raise ValueError("first 0.2 drop-in starts that are no times")
+    return leases, document["invocations"], legacy
 
 
 def cgroup_populated(sysfs: str, cgroup_path: str) -> bool | None:
@@ -371,6 +376,7 @@ class Service:
         self.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout, telemetry=False)
         self.leases: dict[tuple[str, str], Lease] = {}  # (device or HOST, unit) -> the unit's latest release there
         self.leased_invocations: dict[str, None] = {}  # the starts given a lease, oldest first
+        self.legacy_first_seen: dict[str, int] = {}  # unit -> when a start of it first ran the 0.2 drop-in (usec)
         self.lease_file = options.lease_file
         self._load_leases()
         self.waiting: list[Waiter] = []  # decider thread only
@@ -507,9 +513,26 @@ class Service:
 
     def _take(self, arrived: Sequence[Waiter]) -> None:
         for waiter in arrived:
+            if waiter.request.legacy_drop_in and self._refuse_legacy(waiter):
+                self._closed(waiter.connection, waiter)
+                continue
             for older in [other for other in self.waiting if other.unit == waiter.unit]:
                 self._finish(older)  # the unit asks again (a new start, a restarted client)
             self.waiting.append(waiter)
+
+    def _refuse_legacy(self, waiter: Waiter) -> bool:
+        """A start through the 0.2 drop-in: answered as any other within --legacy-grace of the first such
+        start of the unit the service saw (this boot: the lease file's life), then refused (exit 1)."""
+        now = time.time_ns() // 1000
+        first = self.legacy_first_seen.setdefault(waiter.unit, now)
+        if first == now:
+            self._save_leases()
+        if now - first < self.options.legacy_grace * 1e6:
+            return False
+        waiter.send(protocol.answer(f"{gate_lines.PREFIX}error: the 0.2 drop-in is refused ({waiter.unit} has run it "
+                                    f"for {(now - first) / 1e6:.0f}s, --legacy-grace {self.options.legacy_grace:g}s): "
+                                    f"replace it by the 0.3 drop-in (docs/gate.md, Migrating from 0.2)", 1))
+        return True
 
     def _finish(self, waiter: Waiter) -> None:
         self.waiting.remove(waiter)
@@ -559,7 +582,7 @@ class Service:
             return
         try:
             with open(self.lease_file, "rb") as saved:
-                leases, invocations = parse_saved_leases(saved.read(MAX_LEASE_FILE_BYTES + 1))
+                leases, invocations, legacy = parse_saved_leases(saved.read(MAX_LEASE_FILE_BYTES + 1))
         except FileNotFoundError:
             return
         except (OSError, ValueError) as error:
@@ -567,6 +590,7 @@ class Service:
             return
         self.leases = {(lease.device, lease.unit): lease for lease in leases}
         self.leased_invocations = dict.fromkeys(invocations[-REMEMBERED_LEASED_INVOCATIONS:])
+        self.legacy_first_seen = legacy
         if leases:
             log.info("leases kept from the service's last run: %s",
                      ", ".join(f"{lease.unit} on {lease.device}" for lease in leases))
@@ -578,7 +602,8 @@ class Service:
         try:
             with open(temporary, "w", encoding="utf-8") as out:
                 out.write(json.dumps({"leases": [dataclasses.asdict(lease) for lease in self.leases.values()],
-                                      "invocations": list(self.leased_invocations)}))
+                                      "invocations": list(self.leased_invocations),
+                                      "legacy_first_seen": self.legacy_first_seen}))
             os.replace(temporary, self.lease_file)
         except OSError as error:
             log.warning("cannot save the leases in %s: %s", self.lease_file, error)
