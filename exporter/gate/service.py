@@ -3,19 +3,23 @@ no root: it follows the journal once through the same follower and fold as the e
 Zero in a child, keeps each GPU's lease in memory, and answers the clients (`vllm_xpu_exporter.gate.client`)
 that connect to its Unix socket.
 
-Who is asking is the kernel's word, never the client's: the connecting process's pid from SO_PEERCRED,
-its unit from its cgroup (`/proc/PID/cgroup`, read as the exporter reads it), and where the kernel has
-SO_PEERPIDFD a pidfd of that process showing it still ran after the read (`Peer`: else the pid may have
-been another process's). A caller outside the watched units, or one that cannot be identified, is
-released at once; a watched unit waits its turn (`Waiter`), one wait per unit (a newer
-connection of the same unit replaces the older one).
+Who is asking is the kernel's word, never the client's, and is read as the connection is accepted,
+before its request: the connecting process's pid and uid from SO_PEERCRED, its unit from its cgroup
+(`/proc/PID/cgroup`, read as the exporter reads it), and where the kernel has SO_PEERPIDFD a pidfd of
+that process showing it still ran after the read (`Peer`: else the pid may have been another
+process's). A caller outside the watched units (system `.service` units only: `EngineUnitSelection`), or
+one that cannot be identified, is answered at once and holds nothing; a watched unit's caller takes one
+of the `Slots` of its unit and its uid, has HANDSHAKE_TIMEOUT_S in all to send its request, then waits
+its turn (`Waiter`), one wait per unit (a newer connection of the same unit replaces the older one).
 
 One thread decides for every waiting unit (`Service.decide_round`), in the order they asked, each
 poll interval and as soon as a client asks: so two units are never released on one stale view, and the
 lease a release grants is seen by the next unit in the same round. How a unit is admitted is
-`vllm_xpu_exporter.gate.decision`'s; a lease holds from its release until the journal shows that start's
+`vllm_xpu_exporter.gate.decision`'s. A lease is granted only to a start the journal shows waiting at its
+gate, once per start (never renewed), and holds from its release until the journal shows that start's
 init ended, the unit's cgroup has been empty past a grace (the unit stopped before its engine began),
-or --lease-timeout.
+or --lease-timeout; the leases are kept in --lease-file, so that they outlive the process. Starts whose
+wait ran out go one at a time, in order (`_released_after_deadline`).
 """
 
 from __future__ import annotations
@@ -201,10 +205,14 @@ class Slots:
         self.held = 0
         self.of_unit: dict[str, int] = {}
         self.of_uid: dict[int, int] = {}
+        self.full: set[str] = set()  # units refused a slot since they last gave one back
 
     def take(self, unit: str, uid: int) -> bool:
         if (self.held >= self.total or self.of_unit.get(unit, 0) >= self.per_unit
                 or self.of_uid.get(uid, 0) >= self.per_uid):
+            if unit not in self.full:
+                self.full.add(unit)
+                log.warning("%s (uid %d) holds all the connections it may: further ones are closed", unit, uid)
             return False
         self.held += 1
         self.of_unit[unit] = self.of_unit.get(unit, 0) + 1
@@ -213,6 +221,7 @@ class Slots:
 
     def give_back(self, unit: str, uid: int) -> None:
         self.held -= 1
+        self.full.discard(unit)
         for counts, key in ((self.of_unit, unit), (self.of_uid, uid)):
             counts[key] -= 1
             if not counts[key]:
@@ -441,7 +450,6 @@ class Service:
         with self._condition:
             taken = self.slots.take(caller.unit, caller.uid)
         if not taken:
-            log.warning("%s (uid %d) holds all its connections: one more closed", caller.unit, caller.uid)
             connection.close()
             return
         try:
@@ -449,7 +457,7 @@ class Service:
         except RuntimeError:  # no thread to be had: the client waits its bound and starts ungated
             self._closed(connection, caller)
 
-    def _closed(self, connection: socket.socket, caller: Caller) -> None:
+    def _closed(self, connection: socket.socket, caller: Caller | Waiter) -> None:
         connection.close()
         with self._condition:
             self.slots.give_back(caller.unit, caller.uid)
