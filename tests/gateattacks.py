@@ -3,7 +3,8 @@ packaged gate units (tests/bootrace.py): processes that try to switch the gate o
 starts back, and a boot of the seed host's three gated units under them.
 
     FLOOD                  a script (stdlib only): COUNT connections to the socket, a byte on each every
-                           INTERVAL seconds, reconnecting those the service answered or closed
+                           INTERVAL seconds, reconnecting those the service answered or closed; with a
+                           STOP path, it ends once that exists and prints how many were answered
     start_flood(machine)   that script as uid 65534 outside every unit (nsenter, not through systemd)
     squatter_unit()        a watched unit that serves (its engine printed its init) and whose own
                            process asks for a turn again and again
@@ -32,8 +33,10 @@ SQUATTER = "vllm-xpu-squatter.service"
 SERVE_TIMEOUT = 60.0
 
 FLOOD = """
-import socket, sys, time
+import os, socket, sys, time
 path, count, interval = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+stop = sys.argv[4] if len(sys.argv) > 4 else None
+answered = 0
 def connect():
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.connect(path)
@@ -41,10 +44,11 @@ def connect():
     return connection
 connections = [connect() for _ in range(count)]
 print("flooding", flush=True)
-while True:
+while stop is None or not os.path.exists(stop):
     for index, connection in enumerate(connections):
         try:
             if connection.recv(4096, socket.MSG_PEEK):
+                answered += 1
                 connection.close()
                 connections[index] = connect()
                 continue
@@ -60,6 +64,7 @@ while True:
             connection.close()
             connections[index] = connect()
     time.sleep(interval)
+print(answered, flush=True)
 """
 
 

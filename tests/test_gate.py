@@ -38,6 +38,7 @@ from vllm_xpu_exporter.sources.logs.entry import LogSelection
 from vllm_xpu_exporter.parsers.gate import GateDecision
 from vllm_xpu_exporter.systemd import parse_timespan
 from exporterproc import RunningExporter
+from gateattacks import FLOOD
 from polling import wait_for
 from scrapes import sample
 from fakeprocfs import FakeProcfs, xe_fdinfo
@@ -205,13 +206,15 @@ class Host:
             self.service.process.terminate()
             self.service.wait()
 
-    def start(self, unit: str | None, *args: str, service_timeout: str = "10s") -> GateRun:
-        """A client in `unit` (None: in no unit's cgroup, a login session's)."""
+    def start(self, unit: str | None, *args: str, service_timeout: str = "10s", legacy: str | None = None) -> GateRun:
+        """A client in `unit` (None: in no unit's cgroup, a login session's); `legacy`: run as the 0.2
+        drop-in's line ran it, `vllm-xpu-gate --unit <legacy> ...`."""
         if self.service is None:
             self.serve()
         self.next_pid += 1
         go = self.tmp / f"go-{self.next_pid}"
-        command = ["sh", "-c", WAIT_FOR_GO, str(go), *GATE, "wait", "--socket", str(self.socket),
+        form = ["--unit", legacy] if legacy is not None else ["wait"]
+        command = ["sh", "-c", WAIT_FOR_GO, str(go), *GATE, *form, "--socket", str(self.socket),
                    "--service-timeout", service_timeout, *args]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
@@ -223,7 +226,7 @@ class Host:
         self.runs.append(run)
         return run
 
-    def run(self, unit: str | None, *args: str, **kwargs: str) -> tuple[int, GateRun]:
+    def run(self, unit: str | None, *args: str, **kwargs) -> tuple[int, GateRun]:
         gate_run = self.start(unit, *args, **kwargs)
         return gate_run.wait(), gate_run
 
@@ -648,42 +651,6 @@ def test_a_connection_that_never_asks_holds_no_one_back(host: Host) -> None:
         half.close()
 
 
-# Opens argv[2] connections to the socket argv[1], sends one byte on each every 0.5 s (reconnecting those
-# closed), and prints how many were answered (sent anything back) when argv[3] exists.
-FLOOD = """
-import os, socket, sys, time
-path, count, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-connections, answered = [], 0
-def connect():
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    connection.connect(path)
-    connection.setblocking(False)
-    return connection
-connections = [connect() for _ in range(count)]
-print("flooding", flush=True)
-while not os.path.exists(stop):
-    for index, connection in enumerate(connections):
-        try:
-            if connection.recv(4096, socket.MSG_PEEK):
-                answered += 1
-                connection.close()
-                connections[index] = connect()
-                continue
-        except BlockingIOError:
-            pass
-        except OSError:
-            connections[index] = connect()
-            continue
-        try:
-            connection.send(b"{")
-        except OSError:
-            connection.close()
-            connections[index] = connect()
-    time.sleep(0.5)
-print(answered, flush=True)
-"""
-
-
 @pytest.mark.parametrize("flooder", ["outside every unit", "a watched unit's process"])
 def test_a_flood_of_connections_that_trickle_bytes_holds_no_other_units_start(host: Host, flooder: str) -> None:
     """300 connections from one process sending a byte every half second, as the flood that switched the
@@ -692,7 +659,7 @@ def test_a_flood_of_connections_that_trickle_bytes_holds_no_other_units_start(ho
     released at once by the service's decision (not after --service-timeout, ungated)."""
     host.serve()
     stop = host.tmp / "stop-flood"
-    flood = subprocess.Popen([sys.executable, "-c", FLOOD, str(host.socket), "300", str(stop)],
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, str(host.socket), "300", "0.5", str(stop)],
                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=host.tmp)
     try:
         cgroup = "/user.slice/user-65534.slice/session-9.scope" if flooder == "outside every unit" \
@@ -1003,17 +970,9 @@ def test_a_timeout_starts_the_unit_with_a_warning_or_fails_it(host: Host, on_tim
 
 def test_the_02_form_still_asks_the_service_and_says_to_migrate(host: Host) -> None:
     """`vllm-xpu-gate --unit %n ...` (the 0.2 drop-in) left on a host: a client, --unit ignored."""
-    host.serve()
-    go = host.tmp / "go-legacy"
-    process = subprocess.Popen(["sh", "-c", WAIT_FOR_GO, str(go), *GATE, "--unit", STT, "--journal.units",
-                                "vllm*.service", "--lease-directory", "/run/vllm-xpu-gate", "--socket",
-                                str(host.socket), "--gpu-memory-utilization", "0.07"],
-                               stderr=subprocess.PIPE, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    host.procfs.add_unit_process(process.pid, f"/system.slice/{EMBEDDING}")
-    go.touch()
-    legacy = GateRun(EMBEDDING, process)
-    host.runs.append(legacy)
-    assert legacy.wait() == 0
+    code, legacy = host.run(EMBEDDING, "--journal.units", "vllm*.service", "--lease-directory", "/run/vllm-xpu-gate",
+                            "--gpu-memory-utilization", "0.07", legacy=STT)  # --unit is not believed
+    assert code == 0, legacy.lines
     assert legacy.lines[0].startswith("vllm-xpu-gate: warning: the 0.2 drop-in's form"), legacy.lines
     assert gate_lines.is_legacy_line(legacy.lines[0])
     assert legacy.decision is not None and not legacy.decision.ungated, legacy.lines
@@ -1023,15 +982,8 @@ def test_the_02_form_is_refused_once_the_services_legacy_grace_has_passed(host: 
     """With --legacy-grace 0s the service answers the 0.2 form's request with exit 1 and an error line
     naming the fix (systemd fails the start); a 0.3 client of the same unit is answered as before."""
     host.serve("--legacy-grace", "0s")
-    go = host.tmp / "go-legacy"
-    process = subprocess.Popen(["sh", "-c", WAIT_FOR_GO, str(go), *GATE, "--unit", EMBEDDING, "--socket",
-                                str(host.socket), "--gpu-memory-utilization", "0.07"],
-                               stderr=subprocess.PIPE, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    host.procfs.add_unit_process(process.pid, f"/system.slice/{EMBEDDING}")
-    go.touch()
-    legacy = GateRun(EMBEDDING, process)
-    host.runs.append(legacy)
-    assert legacy.wait() == 1, legacy.lines
+    code, legacy = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07", legacy=EMBEDDING)
+    assert code == 1, legacy.lines
     assert legacy.lines[-1].startswith("vllm-xpu-gate: error: the 0.2 drop-in is refused"), legacy.lines
     code, run = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
     assert code == 0 and run.decision is not None, run.lines
