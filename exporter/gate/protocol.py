@@ -65,7 +65,8 @@ class Request:
         if budget is not None and (type(budget) is not int or not 0 < budget < 2 ** 63):
             raise BadRequest("kv_cache_memory_bytes: want a positive whole number of bytes")
         return cls(float(timeout), fields["start_on_timeout"], None if ratio is None else float(ratio),
-                   None if device is None else normalise_pci_address(device), budget, decode_legacy_field(fields))
+                   None if device is None else normalise_pci_address(device), budget,
+                   legacy_drop_in=decode_legacy_field(fields))
 
 
 def legacy_field(legacy_drop_in: bool) -> dict[str, bool]:
