@@ -134,6 +134,10 @@ let
       Restart = "on-failure";
       RestartSec = "1s";
       RestartPreventExitStatus = 2;
+      # Its leases (leases.json): they outlive a restart of the service, until the next boot.
+      RuntimeDirectory = "vllm-xpu-gate-leases";
+      RuntimeDirectoryMode = "0700";
+      RuntimeDirectoryPreserve = "yes";
       DynamicUser = true;
       PrivateNetwork = true;
       RestrictAddressFamilies = [ "AF_UNIX" ];

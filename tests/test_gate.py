@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import math
 import os
 import shlex
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -30,9 +32,12 @@ from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.cli import main, parse_client_options, parse_service_options
 from vllm_xpu_exporter.gate.decision import CGROUP_GRACE_USEC, HOST, Admission, Lease, decide, lease_over
-from vllm_xpu_exporter.gate.service import SO_PEERPIDFD, Peer, PeerGone, cgroup_populated
+from vllm_xpu_exporter.gate.service import (MAX_LEASE_FILE_BYTES, SO_PEERPIDFD, Peer, PeerGone, cgroup_populated,
+                                             identify_caller, listening_socket, parse_saved_leases)
+from vllm_xpu_exporter.sources.logs.entry import LogSelection
 from vllm_xpu_exporter.parsers.gate import GateDecision
 from exporterproc import RunningExporter
+from gateattacks import FLOOD
 from polling import wait_for
 from scrapes import sample
 from fakeprocfs import FakeProcfs, xe_fdinfo
@@ -200,13 +205,15 @@ class Host:
             self.service.process.terminate()
             self.service.wait()
 
-    def start(self, unit: str | None, *args: str, service_timeout: str = "10s") -> GateRun:
-        """A client in `unit` (None: in no unit's cgroup, a login session's)."""
+    def start(self, unit: str | None, *args: str, service_timeout: str = "10s", legacy: str | None = None) -> GateRun:
+        """A client in `unit` (None: in no unit's cgroup, a login session's); `legacy`: run as the 0.2
+        drop-in's line ran it, `vllm-xpu-gate --unit <legacy> ...`."""
         if self.service is None:
             self.serve()
         self.next_pid += 1
         go = self.tmp / f"go-{self.next_pid}"
-        command = ["sh", "-c", WAIT_FOR_GO, str(go), *GATE, "wait", "--socket", str(self.socket),
+        form = ["--unit", legacy] if legacy is not None else ["wait"]
+        command = ["sh", "-c", WAIT_FOR_GO, str(go), *GATE, *form, "--socket", str(self.socket),
                    "--service-timeout", service_timeout, *args]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
@@ -218,7 +225,7 @@ class Host:
         self.runs.append(run)
         return run
 
-    def run(self, unit: str | None, *args: str, **kwargs: str) -> tuple[int, GateRun]:
+    def run(self, unit: str | None, *args: str, **kwargs) -> tuple[int, GateRun]:
         gate_run = self.start(unit, *args, **kwargs)
         return gate_run.wait(), gate_run
 
@@ -337,6 +344,16 @@ def test_the_service_takes_the_exporters_journal_and_levelzero_flags() -> None:
     assert (options.levelzero_library, options.levelzero_timeout) == ("libze.so", 2.0)
     assert (options.lease_timeout, options.poll_interval, options.listen) == (60.0, 1.0, None)
     assert parse_service_options(["--listen", "/run/g.sock"]).listen == "/run/g.sock"
+
+
+@pytest.mark.fast
+def test_only_system_service_units_are_watched_by_the_service_whatever_the_globs() -> None:
+    """`--journal.units vllm*` matches the service's own socket unit and a user's unit or scope of such a
+    name: the service watches (waits for, and leases to) only system `.service` units."""
+    selection = parse_service_options(["--journal.units", "vllm*"], environ={}).selection
+    assert selection.matches_unit(CHAT)
+    for unit in ("vllm-xpu-gate.socket", "vllm-squat.scope", f"{CHAT}@uid1000", "vllm-x.slice"):
+        assert not selection.matches_unit(unit), unit
 
 
 @pytest.mark.fast
@@ -521,45 +538,40 @@ def test_the_unit_is_the_one_the_callers_cgroup_names_and_a_caller_outside_the_w
     assert wait_for(lambda: other.saw(f"waiting for {CHAT}"), timeout=20), other.lines
 
 
-# A client that connects, hands its connection to a child and exits; the child waits for the file "go",
-# then asks over the inherited connection and prints what the service says.
+# A client that connects, hands its connection to a child and exits; the child keeps the connection open
+# until its stdin closes.
 HAND_OVER = """
-import os, socket, sys, time
-path, go, request = sys.argv[1:]
+import os, socket, sys
 connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-connection.connect(path)
+connection.connect(sys.argv[1])
 if os.fork():
     os._exit(0)
-while not os.path.exists(go):
-    time.sleep(0.01)
-connection.sendall(request.encode() + b"\\n")
-replies = b""
-while chunk := connection.recv(4096):
-    replies += chunk
-sys.stdout.write(replies.decode())
+sys.stdin.read()
 """
 
 
-def test_a_caller_gone_before_it_is_identified_is_not_taken_for_the_process_that_reuses_its_pid(host: Host) -> None:
+def test_a_caller_gone_before_it_is_identified_is_not_taken_for_the_process_that_reuses_its_pid(
+        tmp_path: Path) -> None:
     """A real client connects, passes the connection to a child and exits; its pid then names a process of
-    chat (the fake procfs's cgroup file). The service reads that cgroup but its pidfd of the caller
-    (SO_PEERPIDFD) shows the caller gone: it tells no unit, releases the caller as unidentified and
-    leases nothing to chat, so embedding, asking next, waits for nobody."""
-    host.serve()
-    go = host.tmp / "go-hand-over"
-    request = protocol.Request(timeout=60, start_on_timeout=True, gpu_memory_utilization=0.07).encode().decode()
-    parent = subprocess.Popen([sys.executable, "-c", HAND_OVER, str(host.socket), str(go), request.strip()],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=host.tmp)
-    assert parent.wait(20) == 0  # exited and reaped: the pid is free for another process
-    host.procfs.add_unit_process(parent.pid, f"/system.slice/{CHAT}")  # ... which chat's process now has
-    go.touch()
-    replies = [protocol.parse_reply(line.encode()) for line in parent.stdout.read().decode().splitlines()]
-    lines = [reply.line for reply in replies]
-    assert replies[-1].exit_status == 0, lines
-    assert any("cannot tell which unit asks (the process that connected is gone" in line for line in lines), lines
-    assert not any(CHAT in line for line in lines), lines
-    code, embedding = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
-    assert code == 0 and embedding.decision.waited_for == (), embedding.lines  # no lease of chat holds it
+    chat (the fake procfs's cgroup file). The service, identifying the caller as it accepts, reads that
+    cgroup but its pidfd of the caller (SO_PEERPIDFD) shows the caller gone: it tells no unit and
+    answers the caller as unidentified (released, no lease for chat)."""
+    procfs = FakeProcfs(tmp_path / "proc")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with listener:
+        listener.bind(str(tmp_path / "gate.sock"))
+        listener.listen(1)
+        parent = subprocess.Popen([sys.executable, "-c", HAND_OVER, str(tmp_path / "gate.sock")],
+                                  stdin=subprocess.PIPE, cwd=tmp_path)
+        try:
+            assert parent.wait(20) == 0  # exited and reaped: the pid is free for another process
+            procfs.add_unit_process(parent.pid, f"/system.slice/{CHAT}")  # ... which chat's process now has
+            connection, _ = listener.accept()
+            with connection:
+                answer = identify_caller(connection, str(procfs.root), LogSelection())
+        finally:
+            parent.stdin.close()
+    assert isinstance(answer, str) and "cannot tell which unit asks (the process that connected is gone" in answer
 
 
 def test_without_so_peerpidfd_the_peer_is_its_pid_alone_and_with_it_a_pidfd_of_that_process() -> None:
@@ -629,9 +641,10 @@ def test_by_the_plan_a_budgeted_start_goes_beside_a_budgeted_init_and_says_what_
 
 
 def test_a_connection_that_never_asks_holds_no_one_back(host: Host) -> None:
-    """A local process connects and says nothing (or sends half a request): the service answers the next
-    client at once; the silent connection is closed after the handshake's bound."""
+    """A process of a watched unit connects and says nothing (or sends half a request): the service answers
+    the next client at once; the silent connection is closed after the handshake's bound."""
     host.serve()
+    host.procfs.add_unit_process(os.getpid(), f"/system.slice/{STT}")  # the test's connections: stt's
     silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     silent.connect(str(host.socket))
     half = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -647,6 +660,37 @@ def test_a_connection_that_never_asks_holds_no_one_back(host: Host) -> None:
     finally:
         silent.close()
         half.close()
+
+
+@pytest.mark.parametrize("flooder", ["outside every unit", "a watched unit's process"])
+def test_a_flood_of_connections_that_trickle_bytes_holds_no_other_units_start(host: Host, flooder: str) -> None:
+    """300 connections from one process sending a byte every half second, as the flood that switched the
+    gate off: from a login session, each is answered at once and holds nothing; from a watched unit's
+    process (stt's), only that unit's few slots fill. Either way chat's start, waiting at its gate, is
+    released at once by the service's decision (not after --service-timeout, ungated)."""
+    host.serve()
+    stop = host.tmp / "stop-flood"
+    flood = subprocess.Popen([sys.executable, "-c", FLOOD, str(host.socket), "300", "0.5", str(stop)],
+                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=host.tmp)
+    try:
+        cgroup = "/user.slice/user-65534.slice/session-9.scope" if flooder == "outside every unit" \
+            else f"/system.slice/{STT}"
+        host.procfs.add_unit_process(flood.pid, cgroup)
+        assert flood.stdout.readline() == b"flooding\n"
+        time.sleep(1.0)
+        chat = new_invocation_id()
+        host.write([unit_starting(CHAT, host.clock.tick(), invocation_id=chat)])
+        code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07", service_timeout="20s")
+        assert code == 0 and run.decision is not None and not run.decision.ungated, run.lines
+        assert run.decision.waited_for == () and run.decision.seconds < 5, run.lines
+    finally:
+        stop.touch()
+        output, _ = flood.communicate(timeout=60)
+    answered = int(output.split()[-1])
+    if flooder == "outside every unit":
+        assert answered >= 300, f"only {answered} of the flood's connections were answered"
+    else:
+        assert not host.service.saw("Traceback"), host.service.lines
 
 
 def test_a_unit_waiting_in_its_own_gate_does_not_hold_another_back(host: Host) -> None:
@@ -796,13 +840,119 @@ def test_a_unit_whose_lease_holder_was_killed_mid_init_starts_when_the_journal_s
     assert run.decision.waited_for == (EMBEDDING,)
 
 
-def test_a_lease_whose_holder_never_shows_in_the_journal_holds_until_it_times_out(host: Host) -> None:
-    host.serve("--lease-timeout", "2s")
+def test_a_lease_whose_holder_never_shows_in_the_journal_holds_until_it_times_out_and_is_never_renewed(
+        host: Host) -> None:
+    """Embedding's start waits at its gate ("Starting") and is released: its lease holds chat back until
+    --lease-timeout, since its main process never shows. Embedding asking again meanwhile (the same start)
+    is released at once but gets no second lease: chat goes at the first lease's timeout."""
+    host.serve("--lease-timeout", "3s")
+    embedding, chat = new_invocation_id(), new_invocation_id()
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=embedding),
+                unit_starting(CHAT, host.clock.tick(), invocation_id=chat)])
     code, first = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
-    assert code == 0, first.lines
-    code, run = host.run(CHAT, "--gpu-memory-utilization", "0.07")
-    assert code == 0, run.lines
-    assert run.decision.waited_for == (EMBEDDING,) and run.decision.seconds >= 1.5, run.lines
+    assert code == 0 and first.decision.waited_for == (), first.lines
+    waiting = host.start(CHAT, "--gpu-memory-utilization", "0.07")
+    assert wait_for(lambda: waiting.saw(f"waiting for {EMBEDDING}"), timeout=20), waiting.lines
+    code, again = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
+    assert code == 0 and again.saw("had its lease already: none again"), again.lines
+    assert waiting.wait() == 0, waiting.lines
+    assert waiting.decision.waited_for == (EMBEDDING,), waiting.lines
+    assert first.ended is not None and waiting.ended - first.ended < 3.0 + 2.0, "the lease was renewed"
+    assert waiting.ended - first.ended >= 2.5, waiting.lines
+
+
+def test_a_serving_units_own_process_asking_again_and_again_gets_no_lease_and_holds_nobody_back(host: Host) -> None:
+    """Chat serves (its main process began, its init completed); a process of chat asks every moment, as
+    the squatter did. It is released without a lease each time, so embedding's start, waiting at its gate,
+    is released at once, in no case after --lease-timeout."""
+    host.serve("--lease-timeout", "30s")
+    chat, embedding = new_invocation_id(), new_invocation_id()
+    host.write([unit_starting(CHAT, host.clock.tick(), invocation_id=chat), *main_started(CHAT, host.clock, chat, 100),
+                *init_completed(CHAT, host.clock, chat, 100)])
+    for _ in range(2):
+        code, squatter = host.run(CHAT, "--gpu-memory-utilization", "0.01")
+        assert code == 0 and squatter.saw("released without a lease"), squatter.lines
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=embedding)])
+    code, run = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07", "--timeout", "20s")
+    assert code == 0 and run.decision.waited_for == () and not run.decision.timed_out, run.lines
+
+
+def test_starts_whose_wait_timed_out_go_one_at_a_time_in_order(host: Host) -> None:
+    """Embedding initialises and never ends; chat and then stt wait at their gates with --timeout 1s. At
+    the timeouts chat starts anyway (lease), and stt, timed out too, waits still for chat's start: it
+    goes only when chat's init ends, not with chat."""
+    host.serve("--lease-timeout", "60s")
+    hung, chat, stt = new_invocation_id(), new_invocation_id(), new_invocation_id()
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=hung),
+                *main_started(EMBEDDING, host.clock, hung, 100),
+                unit_starting(CHAT, host.clock.tick(), invocation_id=chat),
+                unit_starting(STT, host.clock.tick(), invocation_id=stt)])
+    first = host.start(CHAT, "--gpu-memory-utilization", "0.07", "--timeout", "1s")
+    assert wait_for(lambda: first.saw(f"waiting for {EMBEDDING}"), timeout=20), first.lines
+    second = host.start(STT, "--gpu-memory-utilization", "0.07", "--timeout", "1s")
+    assert first.wait() == 0 and first.decision.timed_out, first.lines
+    assert wait_for(lambda: second.saw(f"waiting still for {CHAT}"), timeout=20), second.lines
+    time.sleep(1.0)
+    assert second.running, second.lines
+    host.write([*main_started(CHAT, host.clock, chat, 200), *init_completed(CHAT, host.clock, chat, 200)])
+    assert second.wait() == 0 and second.decision.timed_out, second.lines
+
+
+def test_a_lease_outlives_a_restart_of_the_service(host: Host) -> None:
+    """Embedding is released (its lease) and the service is stopped before embedding's main process
+    begins; the service started again with the same --lease-file still holds chat back for embedding's
+    init, and lets it go when that init completes."""
+    lease_file = host.tmp / "leases.json"
+    host.serve("--lease-file", str(lease_file))
+    embedding, chat = new_invocation_id(), new_invocation_id()
+    host.write([unit_starting(EMBEDDING, host.clock.tick(), invocation_id=embedding)])
+    code, first = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
+    assert code == 0 and first.decision.waited_for == (), first.lines
+    host.stop_service()
+    host.serve("--lease-file", str(lease_file))
+    host.write([unit_starting(CHAT, host.clock.tick(), invocation_id=chat),
+                *main_started(EMBEDDING, host.clock, embedding, 100)])
+    run = host.start(CHAT, "--gpu-memory-utilization", "0.07")
+    assert wait_for(lambda: run.saw(f"waiting for {EMBEDDING}"), timeout=20), run.lines
+    host.write(init_completed(EMBEDDING, host.clock, embedding, 100))
+    assert run.wait() == 0 and run.decision.waited_for == (EMBEDDING,), run.lines
+
+
+@pytest.mark.fast
+def test_a_lease_file_of_anything_else_is_refused() -> None:
+    for data in (b"", b"[]", b'{"leases": [{"unit": "x"}], "invocations": []}', b'{"leases": [], "invocations": [1]}',
+                 b" " * (MAX_LEASE_FILE_BYTES + 1)):
+        with pytest.raises(ValueError):
+            parse_saved_leases(data)
+    lease = Lease(DEVICE, CHAT, f"/system.slice/{CHAT}", 1, 2, None, False, "abc", True)
+    assert parse_saved_leases(json.dumps({"leases": [dataclasses.asdict(lease)], "invocations": ["abc"],
+                                          "legacy_first_seen": {CHAT: 5}}).encode()) == ([lease], ["abc"], {CHAT: 5})
+    with pytest.raises(ValueError):
+        parse_saved_leases(b'{"leases": [], "invocations": [], "legacy_first_seen": {"x": "soon"}}')
+
+
+def test_the_listen_socket_is_made_0666_without_following_a_path_swapped_after_the_bind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--listen in a directory another user can write: right after the socket is bound, that user puts a
+    symbolic link to a root-only file where the socket was. The root-only file keeps its mode, and the
+    socket (where it was moved) is 0666."""
+    victim = tmp_path / "shadow"
+    victim.write_text("secret\n")
+    victim.chmod(0o600)
+    path = tmp_path / "gate.sock"
+    real_socket = socket.socket
+
+    class SwappedAfterBind(real_socket):
+        def bind(self, address) -> None:
+            super().bind(address)
+            path.rename(tmp_path / "moved.sock")
+            path.symlink_to(victim)
+
+    monkeypatch.setattr(socket, "socket", SwappedAfterBind)
+    listener = listening_socket(str(path))
+    listener.close()
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "moved.sock").lstat().st_mode) == 0o666
 
 
 def test_a_lease_of_a_unit_whose_cgroup_stays_empty_or_of_ones_own_unit_blocks_nobody(host: Host) -> None:
@@ -831,19 +981,23 @@ def test_a_timeout_starts_the_unit_with_a_warning_or_fails_it(host: Host, on_tim
 
 def test_the_02_form_still_asks_the_service_and_says_to_migrate(host: Host) -> None:
     """`vllm-xpu-gate --unit %n ...` (the 0.2 drop-in) left on a host: a client, --unit ignored."""
-    host.serve()
-    go = host.tmp / "go-legacy"
-    process = subprocess.Popen(["sh", "-c", WAIT_FOR_GO, str(go), *GATE, "--unit", STT, "--journal.units",
-                                "vllm*.service", "--lease-directory", "/run/vllm-xpu-gate", "--socket",
-                                str(host.socket), "--gpu-memory-utilization", "0.07"],
-                               stderr=subprocess.PIPE, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    host.procfs.add_unit_process(process.pid, f"/system.slice/{EMBEDDING}")
-    go.touch()
-    legacy = GateRun(EMBEDDING, process)
-    host.runs.append(legacy)
-    assert legacy.wait() == 0
+    code, legacy = host.run(EMBEDDING, "--journal.units", "vllm*.service", "--lease-directory", "/run/vllm-xpu-gate",
+                            "--gpu-memory-utilization", "0.07", legacy=STT)  # --unit is not believed
+    assert code == 0, legacy.lines
     assert legacy.lines[0].startswith("vllm-xpu-gate: warning: the 0.2 drop-in's form"), legacy.lines
+    assert gate_lines.is_legacy_line(legacy.lines[0])
     assert legacy.decision is not None and not legacy.decision.ungated, legacy.lines
+
+
+def test_the_02_form_is_refused_once_the_services_legacy_grace_has_passed(host: Host) -> None:
+    """With --legacy-grace 0s the service answers the 0.2 form's request with exit 1 and an error line
+    naming the fix (systemd fails the start); a 0.3 client of the same unit is answered as before."""
+    host.serve("--legacy-grace", "0s")
+    code, legacy = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07", legacy=EMBEDDING)
+    assert code == 1, legacy.lines
+    assert legacy.lines[-1].startswith("vllm-xpu-gate: error: the 0.2 drop-in is refused"), legacy.lines
+    code, run = host.run(EMBEDDING, "--gpu-memory-utilization", "0.07")
+    assert code == 0 and run.decision is not None, run.lines
 
 
 # --- the exporter's metrics of the gate's decisions -----------------------------------------------------

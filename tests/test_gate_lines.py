@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_xpu_exporter.parsers.gate import (GateDecision, format_released, format_timed_out, format_ungated, is_gate_line,
-                                          parse_line)
+from vllm_xpu_exporter.parsers.gate import (LEGACY_WARNING, GateDecision, format_released, format_timed_out,
+                                          format_ungated, is_gate_line, is_legacy_line, parse_line)
 from sizes import GiB
 
 pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytest -m fast`)
@@ -55,3 +55,11 @@ def test_an_ungated_start_reads_back_as_one_without_a_decision() -> None:
     assert parse_line(line) == GateDecision(False, 30.0, (), None, None, ungated=True)
     assert not parse_line(line).held_back
     assert parse_line("vllm-xpu-gate: started ungated after 1e400s (x)") is None
+
+
+def test_the_02_drop_ins_warning_is_a_legacy_start_and_no_decision() -> None:
+    line = (f"{LEGACY_WARNING}: run as `vllm-xpu-gate wait`, --unit and the service's flags ignored; replace the "
+            f"drop-in (docs/gate.md, Migrating from 0.2)")
+    assert is_legacy_line(line) and parse_line(line) is None
+    assert not is_legacy_line("vllm-xpu-gate: warning: cannot read Level Zero (x): releasing at once")
+    assert not is_legacy_line("INFO " + line)

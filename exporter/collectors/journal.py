@@ -116,6 +116,9 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
     gate_ungated = CounterFamily("xpu_unit_gate_ungated_starts_total",
                                  "Starts of this unit its init gate client let go without a decision (no gate "
                                  "service answered, or the unit may not use AF_UNIX).", labels=["unit"])
+    gate_legacy = CounterFamily("xpu_unit_gate_legacy_starts_total",
+                                "Starts of this unit that ran the 0.2 init gate drop-in (ExecStartPre=+... "
+                                "vllm-xpu-gate --unit %n: root in the unit).", labels=["unit"])
     shrinks = CounterFamily("xpu_unit_context_shrinks_total",
                             "Starts of this unit whose --max-model-len auto served a shorter context than the "
                             "model's full length (too little KV-cache memory).", labels=["unit"])
@@ -128,6 +131,7 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
         gate_wait_seconds.add_metric(unit, view.gate_wait_seconds)
         gate_timeouts.add_metric(unit, view.gate_timeouts)
         gate_ungated.add_metric(unit, view.gate_ungated)
+        gate_legacy.add_metric(unit, view.gate_legacy)
         shrinks.add_metric(unit, view.context_shrinks)
         for reason in FailureReason:
             failures.add_metric([view.unit, reason.value], view.failures[reason])
@@ -151,7 +155,7 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
         _add(concurrency, unit, latest.max_concurrency)
     yield from (info, utilisation, max_model_len, requested_len, max_num_seqs, budget, kv_bytes, kv_tokens, required,
                 concurrency, starts, failures, last_failure, duration, overlaps, gate_waits, gate_wait_seconds,
-                gate_timeouts, gate_ungated, shrinks)
+                gate_timeouts, gate_ungated, gate_legacy, shrinks)
 
 
 def _add(family: GaugeFamily, labels: list[str], value: float | None) -> None:

@@ -142,6 +142,7 @@ class UnitView:
     last_profiled: Start | None = None
     device_total_bytes: int | None = None  # the device total a start of it printed last (2 decimals of GiB)
     gate_ungated: int = 0  # starts the gate's client let go without the service's decision
+    gate_legacy: int = 0  # starts that ran the 0.2 gate drop-in (root in the unit)
 
     @property
     def gpu_memory_utilization(self) -> float | None:
@@ -182,6 +183,7 @@ class _Unit:
     gate_timeouts: int = 0
     context_shrinks: int = 0
     gate_ungated: int = 0
+    gate_legacy: int = 0
     engine: bool | None = None  # a start printed a vLLM line; False: known to run something else
     last_seen_usec: int = 0  # the latest entry's time (EngineTracker: who gives up a place first)
 
@@ -192,7 +194,7 @@ class _Unit:
         return UnitView(self.name, self.starts, dict(self.failures), self.last_failure_usec, self.overlaps,
                         copy(self.latest), copy(self.last_success), copy(self.current), ended,
                         self.gate_waits, self.gate_wait_seconds, self.gate_timeouts, self.context_shrinks,
-                        copy(self.last_profiled), self.device_total_bytes, self.gate_ungated)
+                        copy(self.last_profiled), self.device_total_bytes, self.gate_ungated, self.gate_legacy)
 
 
 class EngineTracker:
@@ -430,7 +432,11 @@ class EngineTracker:
                     self._end(start, Outcome.STOPPED, entry.realtime_usec)
 
     def _gate_line(self, unit: _Unit, message: str) -> None:
-        """A line of the unit's init gate (an ExecStartPre= process): its decisions count per unit."""
+        """A line of the unit's init gate (an ExecStartPre= process): its decisions count per unit, and
+        the 0.2 drop-in's warning."""
+        if gate_lines.is_legacy_line(message):
+            unit.gate_legacy += 1
+            return
         decision = gate_lines.parse_line(message)
         if decision is None:
             return

@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import logging
 import math
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ DEFAULT_TIMEOUT = "10m"
 DEFAULT_SERVICE_TIMEOUT = "30s"
 DEFAULT_LEASE_TIMEOUT = "10m"
 DEFAULT_POLL_INTERVAL = "100ms"
+DEFAULT_LEGACY_GRACE = "24h"
 COMMANDS = ("serve", "wait")
 
 
@@ -128,6 +130,15 @@ def build_serve_parser() -> argparse.ArgumentParser:
                         default=DEFAULT_LEASE_TIMEOUT, metavar="DURATION",
                         help=f"a release the journal never shows ending stops holding others back after this "
                              f"long (default {DEFAULT_LEASE_TIMEOUT})")
+    parser.add_argument("--lease-file", dest="lease_file", type=absolute_path, default=None, metavar="PATH",
+                        help="keep the leases in this file, so that they outlive a restart of the service "
+                             "(default: leases.json in the RuntimeDirectory= systemd gives the service, "
+                             "$RUNTIME_DIRECTORY; without it, in memory only)")
+    parser.add_argument("--legacy-grace", dest="legacy_grace", type=go_duration, default=DEFAULT_LEGACY_GRACE,
+                        metavar="DURATION",
+                        help=f"answer a unit's 0.2 drop-in (ExecStartPre=+... vllm-xpu-gate --unit %%n, root in the "
+                             f"unit) as `wait` for this long after the service first saw it this boot, then fail "
+                             f"its starts (default {DEFAULT_LEGACY_GRACE}; 0s: at once)")
     parser.add_argument("--poll-interval", dest="poll_interval", type=positive_go_duration,
                         default=DEFAULT_POLL_INTERVAL, metavar="DURATION",
                         help=f"how often waiting units are decided again (default {DEFAULT_POLL_INTERVAL})")
@@ -149,22 +160,29 @@ def build_legacy_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def wait_request(args: argparse.Namespace) -> Request:
+def wait_request(args: argparse.Namespace, legacy_drop_in: bool = False) -> Request:
     return Request(timeout=args.timeout, start_on_timeout=args.on_timeout == "start",
                    gpu_memory_utilization=args.gpu_memory_utilization, device=args.device,
-                   kv_cache_memory_bytes=args.kv_cache_memory_bytes)
+                   kv_cache_memory_bytes=args.kv_cache_memory_bytes, legacy_drop_in=legacy_drop_in)
 
 
-def parse_service_options(argv: Sequence[str]):
+def parse_service_options(argv: Sequence[str], environ=os.environ):
     from vllm_xpu_exporter.flags import check_journal_flags, journal_selection
-    from vllm_xpu_exporter.gate.service import ServiceOptions
+    from vllm_xpu_exporter.gate.service import ServiceOptions, engine_units_only
     parser = build_serve_parser()
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
-    return ServiceOptions(listen=args.listen, selection=journal_selection(args),
+    return ServiceOptions(listen=args.listen, selection=engine_units_only(journal_selection(args)),
                           journal_max_units=args.journal_max_units, levelzero_library=args.levelzero_library,
                           levelzero_timeout=args.levelzero_timeout, procfs=args.procfs, sysfs=args.sysfs,
-                          lease_timeout=args.lease_timeout, poll_interval=args.poll_interval)
+                          lease_timeout=args.lease_timeout, poll_interval=args.poll_interval,
+                          lease_file=args.lease_file or runtime_lease_file(environ), legacy_grace=args.legacy_grace)
+
+
+def runtime_lease_file(environ) -> str | None:
+    """leases.json in the service's first RuntimeDirectory= (systemd sets $RUNTIME_DIRECTORY), if any."""
+    directory = environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    return f"{directory}/leases.json" if directory.startswith("/") else None
 
 
 def parse_client_options(argv: Sequence[str]):
@@ -196,7 +214,7 @@ def serve(argv: Sequence[str]) -> int:
     service = Service(options)
     signal.signal(signal.SIGTERM, lambda signum, frame: service.stop())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    logging.info("%s %s serving on %s", PROG, __version__, listener.getsockname() or "the socket systemd passed")
+    logging.info("%s %s serving on %s", PROG, __version__, options.listen or "the socket systemd passed")
     try:
         service.serve(listener)
     except KeyboardInterrupt:
@@ -214,10 +232,10 @@ def wait(argv: Sequence[str]) -> int:
 def legacy(argv: Sequence[str]) -> int:
     from vllm_xpu_exporter.gate.client import ClientOptions, run_client
     args = build_legacy_parser().parse_args(argv)
-    sys.stderr.write(f"{gate_lines.PREFIX}warning: the 0.2 drop-in's form (vllm-xpu-gate --unit ...): run as "
-                     f"`vllm-xpu-gate wait`, --unit and the service's flags ignored; replace the drop-in "
-                     f"(docs/gate.md, Migrating from 0.2)\n")
-    return run_client(ClientOptions(args.socket_path, args.service_timeout, wait_request(args)))
+    sys.stderr.write(f"{gate_lines.LEGACY_WARNING}: run as `vllm-xpu-gate wait`, --unit and the service's flags "
+                     f"ignored; replace the drop-in (docs/gate.md, Migrating from 0.2): its \"+\" runs this as root "
+                     f"in the unit, and the gate service refuses it after its --legacy-grace\n")
+    return run_client(ClientOptions(args.socket_path, args.service_timeout, wait_request(args, legacy_drop_in=True)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -60,7 +60,10 @@ class _Connection:
         try:
             self.socket.settimeout(1.0)
             self.socket.connect(path)
-            self.socket.sendall(request.encode())
+            try:
+                self.socket.sendall(request.encode())
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the service answered before it read the request (nothing to wait for): read it
         except BaseException:
             self.socket.close()
             raise

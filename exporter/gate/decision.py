@@ -47,6 +47,7 @@ class Lease:
     needed_bytes: int | None  # ceil(R x total) of the released start, when known
     absolute_budget: bool  # the start runs with --kv-cache-memory-bytes
     invocation_id: str = ""  # the released start's, when the journal had shown it ("Starting") by then
+    timed_out: bool = False  # released when its wait ran out: other timed-out starts wait for it still
 
 
 @dataclass(frozen=True)

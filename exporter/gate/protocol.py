@@ -33,11 +33,13 @@ class Request:
     gpu_memory_utilization: float | None = None
     device: str | None = None  # PCI address; None: the only GPU
     kv_cache_memory_bytes: int | None = None  # the unit's absolute KV budget, when it runs with one
+    legacy_drop_in: bool = False  # the client runs from the 0.2 drop-in's line (root in the unit)
 
     def encode(self) -> bytes:
-        return json.dumps({"timeout": self.timeout, "start_on_timeout": self.start_on_timeout,
-                           "gpu_memory_utilization": self.gpu_memory_utilization, "device": self.device,
-                           "kv_cache_memory_bytes": self.kv_cache_memory_bytes}).encode() + b"\n"
+        fields = {"timeout": self.timeout, "start_on_timeout": self.start_on_timeout,
+                  "gpu_memory_utilization": self.gpu_memory_utilization, "device": self.device,
+                  "kv_cache_memory_bytes": self.kv_cache_memory_bytes}
+        return json.dumps({**fields, **legacy_field(self.legacy_drop_in)}).encode() + b"\n"
 
     @classmethod
     def decode(cls, data: bytes) -> Request:
@@ -63,7 +65,20 @@ class Request:
         if budget is not None and (type(budget) is not int or not 0 < budget < 2 ** 63):
             raise BadRequest("kv_cache_memory_bytes: want a positive whole number of bytes")
         return cls(float(timeout), fields["start_on_timeout"], None if ratio is None else float(ratio),
-                   None if device is None else normalise_pci_address(device), budget)
+                   None if device is None else normalise_pci_address(device), budget,
+                   legacy_drop_in=decode_legacy_field(fields))
+
+
+def legacy_field(legacy_drop_in: bool) -> dict[str, bool]:
+    """The request's `legacy_drop_in`, sent only when true: the 0.3 client's requests stay as they were."""
+    return {"legacy_drop_in": True} if legacy_drop_in else {}
+
+
+def decode_legacy_field(fields: dict) -> bool:
+    legacy = fields.get("legacy_drop_in", False)
+    if not isinstance(legacy, bool):
+        raise BadRequest("legacy_drop_in: want true or false")
+    return legacy
 
 
 def _number(value: object) -> bool:

@@ -3,28 +3,35 @@ no root: it follows the journal once through the same follower and fold as the e
 Zero in a child, keeps each GPU's lease in memory, and answers the clients (`vllm_xpu_exporter.gate.client`)
 that connect to its Unix socket.
 
-Who is asking is the kernel's word, never the client's: the connecting process's pid from SO_PEERCRED,
-its unit from its cgroup (`/proc/PID/cgroup`, read as the exporter reads it), and where the kernel has
-SO_PEERPIDFD a pidfd of that process showing it still ran after the read (`Peer`: else the pid may have
-been another process's). A caller outside the watched units, or one that cannot be identified, is
-released at once; a watched unit waits its turn (`Waiter`), one wait per unit (a newer
-connection of the same unit replaces the older one).
+Who is asking is the kernel's word, never the client's, and is read as the connection is accepted,
+before its request: the connecting process's pid and uid from SO_PEERCRED, its unit from its cgroup
+(`/proc/PID/cgroup`, read as the exporter reads it), and where the kernel has SO_PEERPIDFD a pidfd of
+that process showing it still ran after the read (`Peer`: else the pid may have been another
+process's). A caller outside the watched units (system `.service` units only: `EngineUnitSelection`), or
+one that cannot be identified, is answered at once and holds nothing; a watched unit's caller takes one
+of the `Slots` of its unit and its uid, has HANDSHAKE_TIMEOUT_S in all to send its request, then waits
+its turn (`Waiter`), one wait per unit (a newer connection of the same unit replaces the older one).
 
 One thread decides for every waiting unit (`Service.decide_round`), in the order they asked, each
 poll interval and as soon as a client asks: so two units are never released on one stale view, and the
 lease a release grants is seen by the next unit in the same round. How a unit is admitted is
-`vllm_xpu_exporter.gate.decision`'s; a lease holds from its release until the journal shows that start's
+`vllm_xpu_exporter.gate.decision`'s. A lease is granted only to a start the journal shows waiting at its
+gate, once per start (never renewed), and holds from its release until the journal shows that start's
 init ended, the unit's cgroup has been empty past a grace (the unit stopped before its engine began),
-or --lease-timeout.
+or --lease-timeout; the leases are kept in --lease-file, so that they outlive the process. Starts whose
+wait ran out go one at a time, in order (`_released_after_deadline`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import logging
 import os
 import select
 import socket
+import stat
 import struct
 import threading
 import time
@@ -37,16 +44,29 @@ from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.decision import HOST, Admission, Decision, Lease, decide, lease_over, waiting_invocation
 from vllm_xpu_exporter.sources import procfs
 from vllm_xpu_exporter.sources.journal import open_journal
+from vllm_xpu_exporter.sources.journal.selection import JournalSelection
 from vllm_xpu_exporter.sources.logs.entry import LogSelection
 from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
+from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState
 
 log = logging.getLogger("vllm_xpu_exporter.gate")
 
 SD_LISTEN_FDS_START = 3
-MAX_CONNECTIONS = 256  # waiting units and handshakes; beyond it a connection is closed at once
-HANDSHAKE_TIMEOUT_S = 5.0
+# Connections of watched units (handshakes and waits; a caller outside them holds none): in all, per unit
+# and per uid. Beyond a limit a connection is closed at once.
+MAX_CONNECTIONS = 256
+MAX_CONNECTIONS_PER_UNIT = 4
+MAX_CONNECTIONS_PER_UID = 64
+HANDSHAKE_TIMEOUT_S = 3.0  # for the whole request, however it trickles in
+# How long a watched unit's caller waits for the journal to show its unit's start waiting at its gate
+# (systemd's "Starting" record, read by the follower a moment after the client connected). A caller of a
+# unit whose journal shows no such start by then (a serving unit's own process asking) is released
+# without a lease: it holds nobody back.
+JOURNAL_LAG_S = 2.0
+# The newest invocations given a lease, remembered so that none gets a second one.
+REMEMBERED_LEASED_INVOCATIONS = 4096
 SEND_TIMEOUT_S = 1.0
 EXIT_USAGE = 2
 STARTING_POLL_S = 0.02  # how often waiting units are decided again while the journal or Level Zero starts
@@ -55,7 +75,7 @@ STARTING_POLL_S = 0.02  # how often waiting units are decided again while the jo
 @dataclass(frozen=True)
 class ServiceOptions:
     listen: str | None  # a path to bind; None: the socket systemd passes (socket activation)
-    selection: LogSelection
+    selection: JournalSelection
     journal_max_units: int
     levelzero_library: str
     levelzero_timeout: float
@@ -63,6 +83,8 @@ class ServiceOptions:
     sysfs: str
     lease_timeout: float
     poll_interval: float
+    lease_file: str | None = None  # where the leases outlive the process (--lease-file); None: in memory only
+    legacy_grace: float = 24 * 3600.0  # --legacy-grace
 
 
 @dataclass(eq=False)
@@ -74,6 +96,8 @@ class Waiter:
     request: protocol.Request
     connection: socket.socket
     began: float  # monotonic
+    uid: int = -1  # the caller's (SO_PEERCRED): its connection holds one of that uid's slots
+    began_usec: int = field(default_factory=lambda: time.time_ns() // 1000)  # wall clock, as the journal's
     waited_for: dict[str, None] = field(default_factory=dict)  # in the order first met
     last: Decision | None = None
     said: set[str] = field(default_factory=set)
@@ -81,6 +105,10 @@ class Waiter:
     @property
     def deadline(self) -> float:
         return self.began + self.request.timeout
+
+    @property
+    def deadline_usec(self) -> int:
+        return self.began_usec + round(self.request.timeout * 1e6)
 
     def send(self, message: bytes) -> bool:
         try:
@@ -120,23 +148,25 @@ class PeerGone(Exception):
 
 @dataclass
 class Peer:
-    """The process that connected, as the kernel recorded it: its pid (SO_PEERCRED) and, where the kernel
-    gives one, a pidfd of that very process (None on kernels before 6.5: the pid is all there is)."""
+    """The process that connected, as the kernel recorded it: its pid and uid (SO_PEERCRED) and, where the
+    kernel gives one, a pidfd of that very process (None on kernels before 6.5: the pid is all there is)."""
 
     pid: int
     pidfd: int | None
     gone: str | None = None  # why the kernel gave no pidfd of a process it knows: it has exited
+    uid: int = -1
 
     @classmethod
     def of(cls, connection: socket.socket) -> Peer:
-        pid, _uid, _gid = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                    struct.calcsize("3i")))
+        pid, uid, _gid = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                   struct.calcsize("3i")))
         try:
-            return cls(pid, struct.unpack("i", connection.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4))[0])
+            return cls(pid, struct.unpack("i", connection.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, 4))[0],
+                       uid=uid)
         except OSError as error:
             if error.errno == errno.ENOPROTOOPT:  # a kernel before 6.5
-                return cls(pid, None)
-            return cls(pid, None, f"no pidfd of pid {pid}: {error.strerror or error}")  # ESRCH, EINVAL: exited
+                return cls(pid, None, uid=uid)
+            return cls(pid, None, f"no pidfd of pid {pid}: {error.strerror or error}", uid)  # ESRCH, EINVAL: exited
 
     def check_running(self) -> None:
         """PeerGone unless the process is still running (its pidfd turns readable when it exits): a read
@@ -155,6 +185,115 @@ class Peer:
         if self.pidfd is not None:
             os.close(self.pidfd)
             self.pidfd = None
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A process of a watched unit that connected: its unit and cgroup, and its uid, as the kernel says."""
+
+    unit: str
+    path: str  # the unit's cgroup
+    uid: int
+
+
+class Slots:
+    """The connections of watched units' callers, bounded in all, per unit and per uid: a unit's processes
+    (or one uid's) cannot take the room of the others. Callers outside the watched units hold none."""
+
+    def __init__(self, total: int = MAX_CONNECTIONS, per_unit: int = MAX_CONNECTIONS_PER_UNIT,
+                 per_uid: int = MAX_CONNECTIONS_PER_UID) -> None:
+        self.total, self.per_unit, self.per_uid = total, per_unit, per_uid
+        self.held = 0
+        self.of_unit: dict[str, int] = {}
+        self.of_uid: dict[int, int] = {}
+        self.full: set[str] = set()  # units refused a slot since they last gave one back
+
+    def take(self, unit: str, uid: int) -> bool:
+        if (self.held >= self.total or self.of_unit.get(unit, 0) >= self.per_unit
+                or self.of_uid.get(uid, 0) >= self.per_uid):
+            if unit not in self.full:
+                self.full.add(unit)
+                log.warning("%s (uid %d) holds all the connections it may: further ones are closed", unit, uid)
+            return False
+        self.held += 1
+        self.of_unit[unit] = self.of_unit.get(unit, 0) + 1
+        self.of_uid[uid] = self.of_uid.get(uid, 0) + 1
+        return True
+
+    def give_back(self, unit: str, uid: int) -> None:
+        self.held -= 1
+        self.full.discard(unit)
+        for counts, key in ((self.of_unit, unit), (self.of_uid, uid)):
+            counts[key] -= 1
+            if not counts[key]:
+                del counts[key]
+
+
+def identify_caller(connection: socket.socket, procfs_root: str, selection: LogSelection) -> Caller | str:
+    """The watched unit of the process that connected (SO_PEERCRED, then its cgroup), or the line that
+    answers a caller outside the watched units or one that cannot be identified."""
+    peer = Peer.of(connection)
+    try:
+        try:
+            caller, why = procfs.read_unit_cgroup(procfs_root, peer.pid), "it is in no unit"
+        except OSError as error:
+            caller, why = None, f"cannot read /proc/{peer.pid}/cgroup: {error.strerror or error}"
+        try:
+            peer.check_running()  # else that cgroup may be of a process that took the pid over
+        except PeerGone as gone:
+            caller, why = None, f"the process that connected is gone: {gone}"
+    finally:
+        peer.close()
+    if caller is None:
+        return f"{gate_lines.PREFIX}warning: the service cannot tell which unit asks ({why}): releasing"
+    if not selection.matches_unit(caller.unit):
+        return f"{gate_lines.PREFIX}{caller.unit} is not a watched unit (--journal.units): nothing to wait for"
+    return Caller(caller.unit, caller.path, peer.uid)
+
+
+def answer_at_once(connection: socket.socket, line: str, status: int = 0, *, close: bool = True) -> None:
+    """Answer a caller that has nothing to wait for (status 0: released, with a decision line) or that
+    asked wrongly, without waiting on it: a fresh connection's send buffer takes these few lines whole."""
+    try:
+        connection.setblocking(False)
+        if status == 0:
+            connection.send(protocol.say(line) + protocol.answer(gate_lines.format_released(0.0, [], None, None), 0))
+        else:
+            connection.send(protocol.answer(line, status))
+        connection.recv(protocol.MAX_MESSAGE_BYTES)  # what it sent: closing on unread data would reset it
+    except OSError:
+        pass
+    if close:
+        connection.close()
+
+
+MAX_LEASE_FILE_BYTES = 1 << 20
+_LEASE_FIELDS = {"device": str, "unit": str, "cgroup_path": str, "granted_usec": int, "expires_usec": int,
+                 "needed_bytes": (int, type(None)), "absolute_budget": bool, "invocation_id": str,
+                 "timed_out": bool}
+
+
+def parse_saved_leases(data: bytes) -> tuple[list[Lease], list[str], dict[str, int]]:
+    """The leases, leased starts and first 0.2 drop-in starts of a lease file (`Service._save_leases`);
+    ValueError for anything else."""
+    if len(data) > MAX_LEASE_FILE_BYTES:
+        raise ValueError("larger than a lease file")
+    document = json.loads(data)
+    if not isinstance(document, dict) or not isinstance(document.get("leases"), list) \
+            or not isinstance(document.get("invocations"), list):
+        raise ValueError("not a lease file")
+    leases = []
+    for fields in document["leases"]:
+        if not isinstance(fields, dict) or set(fields) != set(_LEASE_FIELDS) or not all(
+                isinstance(fields[name], kind) for name, kind in _LEASE_FIELDS.items()):
+            raise ValueError("a lease of other fields")
+        leases.append(Lease(**fields))
+    if not all(isinstance(invocation, str) for invocation in document["invocations"]):
+        raise ValueError("an invocation id that is no string")
+    legacy = document.get("legacy_first_seen", {})
+    if not isinstance(legacy, dict) or not all(type(usec) is int for usec in legacy.values()):
+        raise ValueError("first 0.2 drop-in starts that are no times")
+    return leases, document["invocations"], legacy
 
 
 def cgroup_populated(sysfs: str, cgroup_path: str) -> bool | None:
@@ -198,13 +337,43 @@ def listening_socket(path: str | None, environ=os.environ) -> socket.socket:
         if listener.family != socket.AF_UNIX or listener.type != socket.SOCK_STREAM:
             raise OSError("the socket systemd passed is not a Unix stream socket (ListenStream= a path)")
         return listener
-    if os.path.exists(path) and not os.path.islink(path) and not os.path.isfile(path):
-        os.unlink(path)  # a socket left by an earlier run
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    listener.bind(path)
-    os.chmod(path, 0o666)
+    directory, name = os.path.split(path)
+    # The directory is opened once and the socket made inside it through that descriptor, with its mode set
+    # by the umask as it is created: no later step follows a path someone could have swapped meanwhile (a
+    # chmod of the path would follow a symbolic link put there to a root file).
+    directory_fd = os.open(directory or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            if stat.S_ISSOCK(os.stat(name, dir_fd=directory_fd, follow_symlinks=False).st_mode):
+                os.unlink(name, dir_fd=directory_fd)  # a socket left by an earlier run
+        except FileNotFoundError:
+            pass
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        umask = os.umask(0o111)  # the socket is created 0666: any local process may ask
+        try:
+            listener.bind(f"/proc/self/fd/{directory_fd}/{name}")
+        except OSError:
+            listener.close()
+            raise
+        finally:
+            os.umask(umask)
+    finally:
+        os.close(directory_fd)
     listener.listen(64)
     return listener
+
+
+@dataclass(frozen=True)
+class EngineUnitSelection(JournalSelection):
+    """The service's selection of units: only system `.service` units are possible engines, whatever the
+    globs say (`vllm*` matches vllm-xpu-gate.socket, and a user's `vllm-x.service@uid1000`)."""
+
+    def matches_unit(self, unit: str) -> bool:
+        return unit.endswith(".service") and super().matches_unit(unit)
+
+
+def engine_units_only(selection: JournalSelection) -> EngineUnitSelection:
+    return EngineUnitSelection(**{name.name: getattr(selection, name.name) for name in dataclasses.fields(selection)})
 
 
 class Service:
@@ -216,9 +385,13 @@ class Service:
                                    source="journal", latest_invocations=True)
         self.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout, telemetry=False)
         self.leases: dict[tuple[str, str], Lease] = {}  # (device or HOST, unit) -> the unit's latest release there
+        self.leased_invocations: dict[str, None] = {}  # the starts given a lease, oldest first
+        self.legacy_first_seen: dict[str, int] = {}  # unit -> when a start of it first ran the 0.2 drop-in (usec)
+        self.lease_file = options.lease_file
+        self._load_leases()
         self.waiting: list[Waiter] = []  # decider thread only
         self._arrived: list[Waiter] = []
-        self._connections = 0
+        self.slots = Slots()  # guarded by _condition
         self._condition = threading.Condition()
         self._stop = threading.Event()
         self._sources_starting = False  # the last round found the journal unread or Level Zero starting
@@ -263,50 +436,61 @@ class Service:
         self.levelzero.close()
 
     def accept(self, connection: socket.socket) -> None:
-        with self._condition:
-            if self._connections >= MAX_CONNECTIONS:
-                connection.close()
-                return
-            self._connections += 1
+        """Who connected, from the kernel, before a byte is read: a caller outside the watched units (or one
+        that cannot be identified) is answered at once and holds no slot; a watched unit's caller takes one
+        of its unit's and its uid's slots and is read by a thread of its own, for HANDSHAKE_TIMEOUT_S in all."""
         try:
-            threading.Thread(target=self._handshake, args=(connection,), daemon=True).start()
+            caller = self.identify(connection)
+        except Exception as error:  # a bug here must not stop the service
+            log.warning("a connection failed: %s: %s", type(error).__name__, error)
+            connection.close()
+            return
+        if isinstance(caller, str):
+            answer_at_once(connection, caller)
+            return
+        with self._condition:
+            taken = self.slots.take(caller.unit, caller.uid)
+        if not taken:
+            connection.close()
+            return
+        try:
+            threading.Thread(target=self._handshake, args=(connection, caller), daemon=True).start()
         except RuntimeError:  # no thread to be had: the client waits its bound and starts ungated
-            self._closed(connection)
+            self._closed(connection, caller)
 
-    def _closed(self, connection: socket.socket) -> None:
+    def _closed(self, connection: socket.socket, caller: Caller | Waiter) -> None:
         connection.close()
         with self._condition:
-            self._connections -= 1
+            self.slots.give_back(caller.unit, caller.uid)
 
     # --- who asks ----------------------------------------------------------------------------------
 
-    def _handshake(self, connection: socket.socket) -> None:
-        """The caller's unit from the kernel, then its request; a waiter for the decider, or an answer now."""
+    def identify(self, connection: socket.socket) -> Caller | str:
+        return identify_caller(connection, self.options.procfs, self.options.selection)
+
+    def _handshake(self, connection: socket.socket, caller: Caller) -> None:
+        """The watched caller's request, then a waiter for the decider (or an answer now)."""
         try:
-            waiter = self.identify(connection)
+            waiter = self._read_request(connection, caller)
         except Exception as error:  # a bug here must not stop the service
             log.warning("a connection failed: %s: %s", type(error).__name__, error)
             waiter = None
         if waiter is None:
-            self._closed(connection)
+            self._closed(connection, caller)
             return
         with self._condition:
             self._arrived.append(waiter)
             self._condition.notify_all()
 
-    def identify(self, connection: socket.socket) -> Waiter | None:
-        """A Waiter for a watched unit's request; None once the connection was answered (or is useless)."""
-        peer = Peer.of(connection)
-        try:
-            return self._identify(connection, peer)
-        finally:
-            peer.close()
-
-    def _identify(self, connection: socket.socket, peer: Peer) -> Waiter | None:
-        connection.settimeout(HANDSHAKE_TIMEOUT_S)
+    def _read_request(self, connection: socket.socket, caller: Caller) -> Waiter | None:
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
         data = b""
         try:
             while b"\n" not in data and len(data) <= protocol.MAX_MESSAGE_BYTES:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                connection.settimeout(remaining)
                 chunk = connection.recv(protocol.MAX_MESSAGE_BYTES)
                 if not chunk:
                     return None
@@ -316,35 +500,9 @@ class Service:
         try:
             request = protocol.Request.decode(data.partition(b"\n")[0])
         except protocol.BadRequest as error:
-            self._answer_now(connection, f"{gate_lines.PREFIX}error: {error}", EXIT_USAGE)
+            answer_at_once(connection, f"{gate_lines.PREFIX}error: {error}", EXIT_USAGE, close=False)
             return None
-        try:
-            caller, why = procfs.read_unit_cgroup(self.options.procfs, peer.pid), "it is in no unit"
-        except OSError as error:
-            caller, why = None, f"cannot read /proc/{peer.pid}/cgroup: {error.strerror or error}"
-        try:
-            peer.check_running()  # else that cgroup may be of a process that took the pid over
-        except PeerGone as gone:
-            caller, why = None, f"the process that connected is gone: {gone}"
-        if caller is None:
-            self._answer_now(connection, f"{gate_lines.PREFIX}warning: the service cannot tell which unit "
-                                         f"asks ({why}): releasing", 0, released=True)
-            return None
-        if not self.options.selection.matches_unit(caller.unit):
-            self._answer_now(connection, f"{gate_lines.PREFIX}{caller.unit} is not a watched unit "
-                                         f"(--journal.units): nothing to wait for", 0, released=True)
-            return None
-        return Waiter(caller.unit, caller.path, request, connection, self.clock())
-
-    def _answer_now(self, connection: socket.socket, line: str, status: int, released: bool = False) -> None:
-        try:
-            connection.settimeout(SEND_TIMEOUT_S)
-            if released:
-                connection.sendall(protocol.say(line))
-                line = gate_lines.format_released(0.0, [], None, None)
-            connection.sendall(protocol.answer(line, status))
-        except OSError:
-            pass
+        return Waiter(caller.unit, caller.path, request, connection, self.clock(), uid=caller.uid)
 
     # --- deciding ----------------------------------------------------------------------------------
 
@@ -364,13 +522,30 @@ class Service:
 
     def _take(self, arrived: Sequence[Waiter]) -> None:
         for waiter in arrived:
+            if waiter.request.legacy_drop_in and self._refuse_legacy(waiter):
+                self._closed(waiter.connection, waiter)
+                continue
             for older in [other for other in self.waiting if other.unit == waiter.unit]:
                 self._finish(older)  # the unit asks again (a new start, a restarted client)
             self.waiting.append(waiter)
 
+    def _refuse_legacy(self, waiter: Waiter) -> bool:
+        """A start through the 0.2 drop-in: answered as any other within --legacy-grace of the first such
+        start of the unit the service saw (this boot: the lease file's life), then refused (exit 1)."""
+        now = time.time_ns() // 1000
+        first = self.legacy_first_seen.setdefault(waiter.unit, now)
+        if first == now:
+            self._save_leases()
+        if now - first < self.options.legacy_grace * 1e6:
+            return False
+        waiter.send(protocol.answer(f"{gate_lines.PREFIX}error: the 0.2 drop-in is refused ({waiter.unit} has run it "
+                                    f"for {(now - first) / 1e6:.0f}s, --legacy-grace {self.options.legacy_grace:g}s): "
+                                    f"replace it by the 0.3 drop-in (docs/gate.md, Migrating from 0.2)", 1))
+        return True
+
     def _finish(self, waiter: Waiter) -> None:
         self.waiting.remove(waiter)
-        self._closed(waiter.connection)
+        self._closed(waiter.connection, waiter)
 
     def decide_round(self) -> None:
         """Decide for every waiting unit, in the order they asked."""
@@ -407,6 +582,40 @@ class Service:
             if ended is not None:
                 log.info("%s's lease on %s ended: %s", lease.unit, lease.device, ended)
                 del self.leases[key]
+                self._save_leases()
+
+    def _load_leases(self) -> None:
+        """The leases and leased starts an earlier run of the service saved (--lease-file): a start released
+        just before the service stopped holds the others back as if it had not."""
+        if self.lease_file is None:
+            return
+        try:
+            with open(self.lease_file, "rb") as saved:
+                leases, invocations, legacy = parse_saved_leases(saved.read(MAX_LEASE_FILE_BYTES + 1))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as error:
+            log.warning("ignoring the saved leases in %s: %s", self.lease_file, error)
+            return
+        self.leases = {(lease.device, lease.unit): lease for lease in leases}
+        self.leased_invocations = dict.fromkeys(invocations[-REMEMBERED_LEASED_INVOCATIONS:])
+        self.legacy_first_seen = legacy
+        if leases:
+            log.info("leases kept from the service's last run: %s",
+                     ", ".join(f"{lease.unit} on {lease.device}" for lease in leases))
+
+    def _save_leases(self) -> None:
+        if self.lease_file is None:
+            return
+        temporary = f"{self.lease_file}.new"
+        try:
+            with open(temporary, "w", encoding="utf-8") as out:
+                out.write(json.dumps({"leases": [dataclasses.asdict(lease) for lease in self.leases.values()],
+                                      "invocations": list(self.leased_invocations),
+                                      "legacy_first_seen": self.legacy_first_seen}))
+            os.replace(temporary, self.lease_file)
+        except OSError as error:
+            log.warning("cannot save the leases in %s: %s", self.lease_file, error)
 
     def _decide_for(self, waiter: Waiter, state: LogState, memory: list[DeviceMemory] | str | None
                     ) -> int | None:
@@ -466,11 +675,20 @@ class Service:
             waiter.say_once(f"{gate_lines.PREFIX}no gpu_memory_utilization known for {waiter.unit} (none given, "
                             f"none in the journal): waiting only for other units' inits")
         if decision.release:
-            self._grant(waiter, device, ratio, budget, reading, waiting_invocation(own))
-            return self._release(waiter, decision, None, unchecked)
+            invocation = waiting_invocation(own)
+            if not invocation and self.clock() < waiter.began + JOURNAL_LAG_S:
+                return None  # its start's "Starting" may not have been read yet
+            granted = self._grant(waiter, device, ratio, budget, reading, invocation)
+            return self._release(waiter, decision, None if granted else self._no_lease(waiter, invocation), unchecked)
         for reason in decision.waiting_for:
             waiter.waited_for.setdefault(reason, None)
         if self.clock() >= waiter.deadline:
+            if request.start_on_timeout:
+                later = self._released_after_deadline(waiter, admission, state.views, devices)
+                if later:
+                    waiter.say_once(f"{gate_lines.PREFIX}timed out; waiting still for {','.join(later)}, "
+                                    f"released after this wait ran out (timed-out starts go one at a time)")
+                    return None
             return self._time_out(waiter, decision, device, ratio, budget, reading, waiting_invocation(own))
         if waiter.last is None or decision.waiting_for != waiter.last.waiting_for:
             waiter.last = decision
@@ -497,15 +715,41 @@ class Service:
             return None
         return dict(scan.memory_by_device_unit.get(device, {}))
 
+    def _released_after_deadline(self, waiter: Waiter, admission: Admission, views: Sequence[UnitView],
+                                 devices: dict[str, set[str]] | None) -> tuple[str, ...]:
+        """The units that hold the timed-out waiter back still: those released because their own wait ran
+        out, and those released or beginning their init after its own wait ran out. What else held it, it
+        no longer waits for. So timed-out starts go one at a time, in the order they asked."""
+        late_views = [view for view in views if (view.initialising_since_usec or 0) >= waiter.deadline_usec]
+        late_leases = [lease for lease in self.leases.values()
+                       if lease.timed_out or lease.granted_usec >= waiter.deadline_usec]
+        return decide(admission, late_views, late_leases, devices, None).units
+
     def _grant(self, waiter: Waiter, device: str, ratio: float | None, budget: int | None,
-               reading: DeviceMemory | None, invocation_id: str) -> None:
+               reading: DeviceMemory | None, invocation_id: str, timed_out: bool = False) -> bool:
+        """Lease the device to the waiter's start: only a start the journal shows waiting at its gate
+        (`invocation_id`), and only once per start, never renewed. Whether it leased."""
+        if not invocation_id or invocation_id in self.leased_invocations:
+            return False
         now = time.time_ns() // 1000
         needed = None
         if reading is not None and reading.total is not None and ratio is not None:
             needed = memory_rules.requested_bytes(reading.total, ratio)
         self.leases[(device, waiter.unit)] = Lease(device, waiter.unit, waiter.cgroup_path, now,
                                                    now + round(self.options.lease_timeout * 1e6),
-                                                   needed, budget is not None, invocation_id)
+                                                   needed, budget is not None, invocation_id, timed_out)
+        self.leased_invocations[invocation_id] = None
+        while len(self.leased_invocations) > REMEMBERED_LEASED_INVOCATIONS:
+            del self.leased_invocations[next(iter(self.leased_invocations))]
+        self._save_leases()
+        return True
+
+    @staticmethod
+    def _no_lease(waiter: Waiter, invocation_id: str) -> str:
+        if invocation_id:
+            return f"this start of {waiter.unit} ({invocation_id}) had its lease already: none again"
+        return (f"the journal shows no start of {waiter.unit} waiting at its gate: released without a lease "
+                f"(it holds nobody back)")
 
     def _release(self, waiter: Waiter, decision: Decision | None, warning: str | None,
                  unchecked: str | None = None) -> int:
@@ -525,7 +769,7 @@ class Service:
                   invocation_id: str = "") -> int:
         starting = waiter.request.start_on_timeout
         if starting and device is not None:  # it starts anyway: the next unit waits for its init like any other
-            self._grant(waiter, device, ratio, budget, reading, invocation_id)
+            self._grant(waiter, device, ratio, budget, reading, invocation_id, timed_out=True)
         last = decision or waiter.last
         waiting = last.waiting_for if last is not None else ()
         waiter.send(protocol.answer(gate_lines.format_timed_out(

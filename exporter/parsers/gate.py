@@ -9,7 +9,12 @@ run of the gate; the journal fold turns them into the gate metrics:
     vllm-xpu-gate: released after 12.30s (waited for vllm-chat.service,memory; free 8589934592, needed 1202590843)
     vllm-xpu-gate: timed out after 600.00s (waiting for vllm-chat.service; free 8589934592, needed unknown); starting anyway
 
-A third says the client found no gate service to ask (or could not reach one) and let the unit start
+A 0.2 drop-in left in place (`ExecStartPre=+... vllm-xpu-gate --unit %n ...`, root in the unit) makes the
+client say so first, a *legacy start* (`is_legacy_line`):
+
+    vllm-xpu-gate: warning: the 0.2 drop-in's form (vllm-xpu-gate --unit ...): run as `vllm-xpu-gate wait`, ...
+
+A third decision line says the client found no gate service to ask (or could not reach one) and let the unit start
 without a decision, an *ungated start*:
 
     vllm-xpu-gate: started ungated after 30.00s (no gate service answered on /run/vllm-xpu-gate/gate.sock: ...)
@@ -35,6 +40,7 @@ NOTHING = "nothing"
 MEMORY = "memory"
 UNREADABLE_LEASE = "unreadable-lease"  # the holder of a lease file the gate cannot read
 UNKNOWN = "unknown"
+LEGACY_WARNING = f"{PREFIX}warning: the 0.2 drop-in's form (vllm-xpu-gate --unit ...)"
 MAX_LINE_CHARS = 4096
 
 
@@ -76,6 +82,11 @@ GRAMMAR: tuple[GateRow, ...] = (
 
 def is_gate_line(message: str) -> bool:
     return message.startswith(PREFIX)
+
+
+def is_legacy_line(message: str) -> bool:
+    """The client's warning that it runs from the 0.2 drop-in's line (a legacy start)."""
+    return message.startswith(LEGACY_WARNING)
 
 
 def parse_line(message: str) -> GateDecision | None:
