@@ -151,3 +151,66 @@ class UnitPlans:
             if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
                 raise UnitConfigError(f"{path} is not a regular file: its plan is not believed")
             return parse_drop_in(stream.read(MAX_DROP_IN_BYTES).decode("utf-8", "replace"))
+
+
+# --- what the init gate asks of a unit's configuration (docs/gate.md, "By the plan") ------------------
+
+# systemd's search path of system units (systemd.unit(5)): a drop-in of a unit in any of them counts, all
+# of them applied in the lexical order of their file names.
+SYSTEM_UNIT_DIRECTORIES = ("/etc/systemd/system.control", "/run/systemd/system.control", "/run/systemd/transient",
+                           "/run/systemd/generator.early", "/etc/systemd/system", "/etc/systemd/system.attached",
+                           "/run/systemd/system", "/run/systemd/system.attached", "/run/systemd/generator",
+                           "/usr/local/lib/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system",
+                           "/run/systemd/generator.late")
+
+
+def plan_budget_now(directory: str, unit: str) -> tuple[int | None, str | None]:
+    """The budget the unit's plan drop-in names, read now (no reread time: a plan just removed is gone), as
+    `UnitPlans` believes it; and why it is not believed, or None."""
+    plans, problems = UnitPlans(directory, reread_seconds=0.0).plans([unit])
+    return plans.get(unit), (problems[0] if problems else None)
+
+
+def drop_in_directories(unit: str) -> list[str]:
+    """The `.d` directory names systemd reads drop-ins of `unit` from: its own, its template's
+    (`name@.service.d`), and those of each dash-prefix of its name and of its type (`vllm-.service.d`,
+    `service.d`)."""
+    name, dot, kind = unit.rpartition(".")
+    names = [f"{unit}.d"]
+    if "@" in name:
+        names.append(f"{name.partition('@')[0]}@.{kind}.d")
+    parts = name.partition("@")[0].split("-")
+    names += [f"{'-'.join(parts[:count])}-.{kind}.d" for count in range(len(parts) - 1, 0, -1)]
+    names.append(f"{kind}.d")
+    return names
+
+
+def exec_start_overrides(unit: str, plans_directory: str = DEFAULT_PLANS_DIRECTORY,
+                         directories: Iterable[str] = SYSTEM_UNIT_DIRECTORIES) -> list[str]:
+    """Drop-ins of the unit that set `ExecStart=` and are applied after the plan's (a name sorting after
+    DROP_IN_NAME, or another file of that name than the plan's in `plans_directory`): the unit then runs
+    another command than the plan's. A file that cannot be read counts as one (the gate then waits in order:
+    the safe side)."""
+    own = os.path.realpath(f"{plans_directory}/{unit}.d/{DROP_IN_NAME}")
+    found = []
+    for directory in directories:
+        for name in drop_in_directories(unit):
+            path = f"{directory}/{name}"
+            try:
+                entries = os.listdir(path)
+            except OSError:
+                continue
+            for entry in sorted(entries):
+                if not entry.endswith(".conf") or entry < DROP_IN_NAME:
+                    continue
+                if entry == DROP_IN_NAME and os.path.realpath(f"{path}/{entry}") == own:
+                    continue
+                try:
+                    with open(f"{path}/{entry}", "rb") as stream:
+                        text = stream.read(MAX_DROP_IN_BYTES).decode("utf-8", "replace")
+                except OSError:
+                    found.append(f"{path}/{entry}")
+                    continue
+                if any(line.strip().startswith("ExecStart=") for line in text.splitlines()):
+                    found.append(f"{path}/{entry}")
+    return found
