@@ -329,3 +329,32 @@ def test_the_gate_service_follows_the_latest_invocations(followers, boot_id: str
     finally:
         service.journal.stop()
         service.levelzero.close()
+
+
+def test_a_unit_serving_long_in_one_invocation_costs_the_first_decision_its_init_not_its_uptime(
+        tmp_path: Path, boot_id: str) -> None:
+    """Chat has served 6,000 request lines in its one invocation, then failed; embed initialises: the latest
+    invocations' read gives the whole boot's decision state, reading PID 1's records, chat's output up to its
+    init's end and its last lines (the failure's cause), not the lines between (entries counted, not timed)."""
+    path, w = tmp_path / "system.journal", Writer(boot_id)
+    chat = w.starting(CHAT)
+    chat_pid = w.started(CHAT, chat, ratio=0.75)
+    w.completed(CHAT, chat, chat_pid)
+    for index in range(6000):
+        w.line(CHAT, chat, f'(APIServer pid={chat_pid}) INFO:     10.0.0.1:{index} - "POST /v1/x" 200 OK', chat_pid)
+    w.failed(CHAT, chat, chat_pid)
+    embed = w.starting(EMBED)
+    w.started(EMBED, embed, ratio=0.07)
+    write_journal(path, w.entries)
+    latest, whole = follow(path, boot_id, True), follow(path, boot_id, False)
+    try:
+        latest_state, whole_state = caught_up(latest), caught_up(whole)
+    finally:
+        latest.stop()
+        whole.stop()
+    assert latest.caught_up_from == "latest invocations"
+    assert_same_decisions(latest_state.views, whole_state.views)
+    state = decision_state(latest_state.views)
+    assert state[CHAT][3] is True and state[CHAT][4] == 0.75 and state[EMBED][0] is not None
+    assert whole_state.entries_read > 6000
+    assert latest_state.entries_read < 600, latest_state.entries_read

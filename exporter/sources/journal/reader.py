@@ -191,6 +191,8 @@ class JournalReader:
         self._batches = 0
         self._units_stale = True
         self._units_query_due = 0.0
+        self.latest_invocations_entries_read = 0
+        """Entries ``read_latest_invocations`` decoded."""
         """time.monotonic() before which the unit names are not queried again."""
         self._has_position = False
         """The handle has moved onto an entry (so it has a cursor)."""
@@ -427,6 +429,7 @@ class JournalReader:
         *,
         max_invocations: int = MAX_INVOCATIONS_BACK,
         max_units: int | None = None,
+        init_over: Callable[[list[LogEntry]], bool] | None = None,
     ) -> list[LogEntry] | None:
         """The entries of each watched unit's latest invocations, in journal order; then the reader
         follows from the journal's last selected entry (``read_available()`` returns what comes after
@@ -439,6 +442,10 @@ class JournalReader:
         one that printed a vLLM line, so the unit is known to run an engine and its latest printed
         start is among those read), or the unit's first invocation in the boot. Every entry of a read
         invocation is returned, also those stored after a later invocation began.
+
+        Of each invocation only what a decision needs is read, however long it ran: PID 1's records of it, its
+        output from its start until ``init_over(entries)`` says its init has ended, and its last few entries
+        (``InvocationWalk``); ``latest_invocations_entries_read`` counts them.
 
         Returns None, leaving the reader to read from the start of the boot, when that would not give
         the same as the whole boot: an entry where an invocation id is looked for has none (a journal
@@ -460,8 +467,10 @@ class JournalReader:
         walk = InvocationWalk(lib, self._handle, self._decoder or self._make_decoder(), boot_id=self._boot_id,
                               match_units=self._apply_matches,
                               release_pages=partial(release_journal_pages, self._madvise),
-                              release_every=self.RELEASE_PAGES_EVERY)
+                              release_every=self.RELEASE_PAGES_EVERY,
+                              **({"init_over": init_over} if init_over is not None else {}))
         read = walk.read(found, sufficient, max_invocations)
+        self.latest_invocations_entries_read = walk.entries_read
         if read is None:
             return self._read_whole_boot()
         entries, tail = read
