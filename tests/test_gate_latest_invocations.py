@@ -358,3 +358,31 @@ def test_a_unit_serving_long_in_one_invocation_costs_the_first_decision_its_init
     assert state[CHAT][3] is True and state[CHAT][4] == 0.75 and state[EMBED][0] is not None
     assert whole_state.entries_read > 6000
     assert latest_state.entries_read < 600, latest_state.entries_read
+
+
+def test_forged_unit_names_neither_make_it_read_the_whole_boot_nor_count_as_units(tmp_path: Path,
+                                                                                 boot_id: str) -> None:
+    """A process of another unit writes 1,000 entries naming 1,000 watched-looking units in UNIT= (any process
+    may write that field; only PID 1's records carry it for real), beside chat's 1,000 request lines: the read
+    still takes the latest invocations of the real units only (not the whole boot: entries counted), with the
+    whole boot's decision state."""
+    path, w = tmp_path / "system.journal", Writer(boot_id)
+    chat = w.starting(CHAT)
+    w.completed(CHAT, chat, w.started(CHAT, chat, ratio=0.75))
+    for index in range(1000):
+        w.entries.append(unit_output("evil.service", f"forged {index}", w.clock.tick(), pid=666,
+                                     extra=[("UNIT", f"vllm-forged-{index}.service")]))
+        w.line(CHAT, chat, f'(APIServer pid=1002) INFO:     10.0.0.1:{index} - "POST /v1/x" 200 OK', 1002)
+    embed = w.starting(EMBED)
+    w.started(EMBED, embed, ratio=0.07)
+    write_journal(path, w.entries)
+    latest, whole = follow(path, boot_id, True), follow(path, boot_id, False)
+    try:
+        latest_state, whole_state = caught_up(latest), caught_up(whole)
+    finally:
+        latest.stop()
+        whole.stop()
+    assert latest.caught_up_from == "latest invocations"
+    assert_same_decisions(latest_state.views, whole_state.views)
+    assert {view.unit for view in latest_state.views} == {CHAT, EMBED}
+    assert latest_state.entries_read < whole_state.entries_read

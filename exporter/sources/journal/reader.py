@@ -61,11 +61,14 @@ from vllm_xpu_exporter.sources.journal.files import (SYSTEM_JOURNAL_DIRECTORIES,
                                                      check_readable_file, libc_madvise, release_journal_pages)
 from vllm_xpu_exporter.sources.journal.host import BOOT_ID_PATH, current_boot_id
 from vllm_xpu_exporter.sources.journal.invocations import MAX_INVOCATIONS_BACK, InvocationWalk
-from vllm_xpu_exporter.sources.journal.matches import GlobbedNames, apply_matches, query_watched_units
+from vllm_xpu_exporter.sources.journal.matches import (GlobbedNames, apply_matches, query_trusted_units,
+                                                       query_watched_units)
 from vllm_xpu_exporter.sources.journal.position import entries_before, position_cursor, resume_at
 from vllm_xpu_exporter.sources.logs.entry import DEFAULT_BATCH, LogEntry, LogSelection
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
+RECENT_USEC = 120_000_000
+"""``read_latest_invocations``: PID 1's records this recent name units that may have printed nothing yet."""
 
 
 def open_journal(selection: LogSelection, admit: Callable[[str, int | None], bool],
@@ -430,6 +433,7 @@ class JournalReader:
         max_invocations: int = MAX_INVOCATIONS_BACK,
         max_units: int | None = None,
         init_over: Callable[[list[LogEntry]], bool] | None = None,
+        recent_usec: int = RECENT_USEC,
     ) -> list[LogEntry] | None:
         """The entries of each watched unit's latest invocations, in journal order; then the reader
         follows from the journal's last selected entry (``read_available()`` returns what comes after
@@ -447,6 +451,10 @@ class JournalReader:
         output from its start until ``init_over(entries)`` says its init has ended, and its last few entries
         (``InvocationWalk``); ``latest_invocations_entries_read`` counts them.
 
+        The units are those journald vouches for (``query_trusted_units``): the writers' ``_SYSTEMD_UNIT``, and
+        the ``UNIT`` of PID 1's records within ``recent_usec`` of the journal's end (a unit started that has
+        printed nothing yet; the follower gives twice its engine grace), never any process's ``UNIT=``.
+
         Returns None, leaving the reader to read from the start of the boot, when that would not give
         the same as the whole boot: an entry where an invocation id is looked for has none (a journal
         of systemd before 232, or made by hand); more than ``max_invocations`` of a unit's invocations
@@ -461,7 +469,7 @@ class JournalReader:
             raise RuntimeError("read_latest_invocations() must be called first after open()")
         if self.selection.container_globs:
             return self._read_whole_boot()  # a container's lines carry no invocation id
-        found, _ = self._query_watched_units()
+        found = query_trusted_units(lib, self._handle, self.selection, self._boot_id, recent_usec)
         if not found or len(found) > self.MATCHED_UNITS_MAX or (max_units is not None and len(found) > max_units):
             return self._read_whole_boot()
         walk = InvocationWalk(lib, self._handle, self._decoder or self._make_decoder(), boot_id=self._boot_id,

@@ -174,7 +174,8 @@ class LogFollower:
         if self.latest_invocations:
             entries = reader.read_latest_invocations(partial(prints_a_vllm_line, tracker.engine_grace_usec),
                                                      max_units=self.max_units,
-                                                     init_over=partial(init_over, tracker.engine_grace_usec))
+                                                     init_over=partial(init_over, tracker.engine_grace_usec),
+                                                     recent_usec=2 * tracker.engine_grace_usec)
         self.caught_up_from = "boot" if entries is None else "latest invocations"
         for begin in range(0, len(entries or ()), DEFAULT_BATCH):
             if self._stop.is_set():
