@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 
 from vllm_xpu_exporter import memory as memory_rules
 from vllm_xpu_exporter.parsers import gate as gate_lines
+from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.decision import (HOST, Admission, Decision, Figures, Lease, decide, figures_now,
                                              lease_over, waiting_invocation)
 from vllm_xpu_exporter.sources import procfs, unitconfig
 from vllm_xpu_exporter.sources.journal import open_journal
 from vllm_xpu_exporter.sources.logs.entry import LogSelection
-from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState

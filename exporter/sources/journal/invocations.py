@@ -28,7 +28,7 @@ class InvocationWalk:
 
     def __init__(self, lib: LibSystemd, handle: ctypes.c_void_p, decode: Decoder, *, boot_id: str | None,
                  match_units: Callable[[dict[bytes, str]], None], release_pages: Callable[[], object],
-                 release_every: int, init_over: Callable[[list[LogEntry]], bool] = lambda entries: False) -> None:
+                 release_every: int, init_over: Callable[[list[LogEntry]], bool] | None = None) -> None:
         self._lib = lib
         self._handle = handle
         self._decode = decode
@@ -38,8 +38,6 @@ class InvocationWalk:
         self._release_every = release_every
         self._init_over = init_over
         self._tail_usec = 0
-        self.entries_read = 0
-        """Entries decoded of the invocations read (what a first decision costs)."""
 
     def read(self, units: dict[bytes, str], sufficient: Callable[[list[LogEntry]], bool],
              max_invocations: int) -> tuple[list[LogEntry], bytes] | None:
@@ -65,8 +63,7 @@ class InvocationWalk:
             if entries is None:
                 return None
             selected += entries
-        selected.sort(key=lambda entry: entry.realtime_usec)  # stable: each unit's in journal order
-        return selected, tail
+        return in_journal_order(selected), tail
 
     def _latest_of(self, raw: bytes, name: str, tail: bytes, sufficient: Callable[[list[LogEntry]], bool],
                    max_invocations: int) -> list[LogEntry] | None:
@@ -111,7 +108,7 @@ class InvocationWalk:
         while True:
             head = self._read_matching(unit, invocation, systemd=False, forward=True, limit=limit)
             whole = len(head) < limit
-            if whole or self._init_over(sorted(pid1 + head, key=lambda entry: entry.realtime_usec)):
+            if whole or (self._init_over is not None and self._init_over(in_journal_order(pid1 + head))):
                 break
             limit *= 2
         head_end = None if whole else self._lib.sd_journal_get_cursor(self._handle)
@@ -119,8 +116,7 @@ class InvocationWalk:
         if head_end is not None:
             tail = self._read_matching(unit, invocation, systemd=False, forward=False, limit=TAIL_ENTRIES,
                                        stop_at=head_end)
-        self.entries_read += len(pid1) + len(head) + len(tail)
-        return sorted(pid1 + head + tail, key=lambda entry: entry.realtime_usec)
+        return in_journal_order(pid1 + head + tail)
 
     def _read_matching(self, unit: dict[bytes, str], invocation: bytes, *, systemd: bool, forward: bool,
                        limit: int | None, stop_at: bytes | None = None) -> list[LogEntry]:
@@ -194,3 +190,12 @@ class InvocationWalk:
                 return None
             raise JournalError.of_result("sd_journal_get_data", result, "reading a journal entry")
         return ctypes.string_at(data.value, size.value)[len(field_name) + 1:]
+
+
+def in_journal_order(entries: list[LogEntry]) -> list[LogEntry]:
+    """Entries read apart (units, PID 1's records and output, an invocation's head and tail) in the order journald
+    stored them: by the boot's monotonic clock when they are all of one boot (the wall clock may step), else by
+    the wall clock; a stable sort, so entries of one read keep their order on a tie."""
+    if entries and all(entry.monotonic_usec is not None and entry.boot_id == entries[0].boot_id for entry in entries):
+        return sorted(entries, key=lambda entry: entry.monotonic_usec)
+    return sorted(entries, key=lambda entry: entry.realtime_usec)

@@ -194,8 +194,6 @@ class JournalReader:
         self._batches = 0
         self._units_stale = True
         self._units_query_due = 0.0
-        self.latest_invocations_entries_read = 0
-        """Entries ``read_latest_invocations`` decoded."""
         """time.monotonic() before which the unit names are not queried again."""
         self._has_position = False
         """The handle has moved onto an entry (so it has a cursor)."""
@@ -444,12 +442,12 @@ class JournalReader:
         invocation at a time (the unit's entry just before the earlier one's first entry) until it has
         read, besides the latest, one for which ``sufficient(entries)`` is true (the journal follower:
         one that printed a vLLM line, so the unit is known to run an engine and its latest printed
-        start is among those read), or the unit's first invocation in the boot. Every entry of a read
-        invocation is returned, also those stored after a later invocation began.
+        start is among those read), or the unit's first invocation in the boot. The entries read of an
+        invocation are returned also when stored after a later invocation began.
 
         Of each invocation only what a decision needs is read, however long it ran: PID 1's records of it, its
         output from its start until ``init_over(entries)`` says its init has ended, and its last few entries
-        (``InvocationWalk``); ``latest_invocations_entries_read`` counts them.
+        (``InvocationWalk``); without ``init_over``, its whole output.
 
         The units are those journald vouches for (``query_trusted_units``): the writers' ``_SYSTEMD_UNIT``, and
         the ``UNIT`` of PID 1's records within ``recent_usec`` of the journal's end (a unit started that has
@@ -475,10 +473,8 @@ class JournalReader:
         walk = InvocationWalk(lib, self._handle, self._decoder or self._make_decoder(), boot_id=self._boot_id,
                               match_units=self._apply_matches,
                               release_pages=partial(release_journal_pages, self._madvise),
-                              release_every=self.RELEASE_PAGES_EVERY,
-                              **({"init_over": init_over} if init_over is not None else {}))
+                              release_every=self.RELEASE_PAGES_EVERY, init_over=init_over)
         read = walk.read(found, sufficient, max_invocations)
-        self.latest_invocations_entries_read = walk.entries_read
         if read is None:
             return self._read_whole_boot()
         entries, tail = read
