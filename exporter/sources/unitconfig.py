@@ -175,7 +175,7 @@ def drop_in_directories(unit: str) -> list[str]:
     """The `.d` directory names systemd reads drop-ins of `unit` from: its own, its template's
     (`name@.service.d`), and those of each dash-prefix of its name and of its type (`vllm-.service.d`,
     `service.d`)."""
-    name, dot, kind = unit.rpartition(".")
+    name, _, kind = unit.rpartition(".")
     names = [f"{unit}.d"]
     if "@" in name:
         names.append(f"{name.partition('@')[0]}@.{kind}.d")
@@ -205,8 +205,8 @@ def exec_start_overrides(unit: str, plans_directory: str = DEFAULT_PLANS_DIRECTO
                     continue
                 if entry == DROP_IN_NAME and os.path.realpath(f"{path}/{entry}") == own:
                     continue
-                try:
-                    with open(f"{path}/{entry}", "rb") as stream:
+                try:  # O_NONBLOCK: a FIFO there is not waited on
+                    with os.fdopen(os.open(f"{path}/{entry}", os.O_RDONLY | os.O_NONBLOCK), "rb") as stream:
                         text = stream.read(MAX_DROP_IN_BYTES).decode("utf-8", "replace")
                 except OSError:
                     found.append(f"{path}/{entry}")
