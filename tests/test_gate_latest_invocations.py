@@ -331,6 +331,23 @@ def test_the_gate_service_follows_the_latest_invocations(followers, boot_id: str
         service.levelzero.close()
 
 
+def read_both_with_embed_initialising(path: Path, w: Writer, boot_id: str) -> tuple[LogState, LogState]:
+    """Embed's start begins last; the journal written, its latest invocations' read (which must be what the
+    follower did) and the whole boot's, checked to give the same decisions."""
+    embed = w.starting(EMBED)
+    w.started(EMBED, embed, ratio=0.07)
+    write_journal(path, w.entries)
+    latest, whole = follow(path, boot_id, True), follow(path, boot_id, False)
+    try:
+        latest_state, whole_state = caught_up(latest), caught_up(whole)
+    finally:
+        latest.stop()
+        whole.stop()
+    assert latest.caught_up_from == "latest invocations"
+    assert_same_decisions(latest_state.views, whole_state.views)
+    return latest_state, whole_state
+
+
 def test_a_unit_serving_long_in_one_invocation_costs_the_first_decision_its_init_not_its_uptime(
         tmp_path: Path, boot_id: str) -> None:
     """Chat has served 6,000 request lines in its one invocation, then failed; embed initialises: the latest
@@ -343,17 +360,7 @@ def test_a_unit_serving_long_in_one_invocation_costs_the_first_decision_its_init
     for index in range(6000):
         w.line(CHAT, chat, f'(APIServer pid={chat_pid}) INFO:     10.0.0.1:{index} - "POST /v1/x" 200 OK', chat_pid)
     w.failed(CHAT, chat, chat_pid)
-    embed = w.starting(EMBED)
-    w.started(EMBED, embed, ratio=0.07)
-    write_journal(path, w.entries)
-    latest, whole = follow(path, boot_id, True), follow(path, boot_id, False)
-    try:
-        latest_state, whole_state = caught_up(latest), caught_up(whole)
-    finally:
-        latest.stop()
-        whole.stop()
-    assert latest.caught_up_from == "latest invocations"
-    assert_same_decisions(latest_state.views, whole_state.views)
+    latest_state, whole_state = read_both_with_embed_initialising(path, w, boot_id)
     state = decision_state(latest_state.views)
     assert state[CHAT][3] is True and state[CHAT][4] == 0.75 and state[EMBED][0] is not None
     assert whole_state.entries_read > 6000
@@ -373,16 +380,6 @@ def test_forged_unit_names_neither_make_it_read_the_whole_boot_nor_count_as_unit
         w.entries.append(unit_output("evil.service", f"forged {index}", w.clock.tick(), pid=666,
                                      extra=[("UNIT", f"vllm-forged-{index}.service")]))
         w.line(CHAT, chat, f'(APIServer pid=1002) INFO:     10.0.0.1:{index} - "POST /v1/x" 200 OK', 1002)
-    embed = w.starting(EMBED)
-    w.started(EMBED, embed, ratio=0.07)
-    write_journal(path, w.entries)
-    latest, whole = follow(path, boot_id, True), follow(path, boot_id, False)
-    try:
-        latest_state, whole_state = caught_up(latest), caught_up(whole)
-    finally:
-        latest.stop()
-        whole.stop()
-    assert latest.caught_up_from == "latest invocations"
-    assert_same_decisions(latest_state.views, whole_state.views)
+    latest_state, whole_state = read_both_with_embed_initialising(path, w, boot_id)
     assert {view.unit for view in latest_state.views} == {CHAT, EMBED}
     assert latest_state.entries_read < whole_state.entries_read
