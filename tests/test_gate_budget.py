@@ -6,6 +6,7 @@ tests/test_gate_budget_real_systemd.py."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,9 @@ from test_gate import CHAT, STT, GiB, Host, host, init_completed, main_started, 
 from vllm_xpu_exporter.fold.engine_starts import Start
 from vllm_xpu_exporter.gate.cli import main, parse_client_options
 from vllm_xpu_exporter.gate.decision import Figures, figures_now
-from vllm_xpu_exporter.sources.unitconfig import DROP_IN_NAME, drop_in_directories, exec_start_overrides
+from vllm_xpu_exporter.gate.protocol import BUDGET_VARIABLE, RATIO_VARIABLE
+from vllm_xpu_exporter.sources.unitconfig import (DROP_IN_NAME, drop_in_directories, exec_start_overrides,
+                                                  parse_environment, plan_environment_now)
 
 PLAN = 3 * GiB
 
@@ -48,14 +51,36 @@ def started(budget: int | None, ratio: float | None = 0.5) -> Start:
     (0.5, None, PLAN, [], started(2 * GiB), Figures(0.5, None, "the plan says 3221225472, its latest start ran with "
                                                                "2147483648")),
     # R: the larger of the client's and the latest start's; by the plan only when they agree
-    (0.2, PLAN, PLAN, [], started(PLAN, 0.5), Figures(0.5, None, "the client's gpu_memory_utilization 0.2 is not "
-                                                                 "its latest start's 0.5")),
+    (0.2, PLAN, PLAN, [], started(PLAN, 0.5), Figures(0.5, None, "its gpu_memory_utilization is not one: the "
+                                                                 "client 0.2, its latest start 0.5")),
     (0.7, None, None, [], started(None, 0.5), Figures(0.7, None)),
     (None, None, None, [], None, Figures(None, None)),
 ])
 def test_a_budget_counts_only_when_roots_plan_names_it_and_nothing_says_otherwise(
         client_ratio, client_budget, plan, overrides, latest, expected) -> None:
     assert figures_now(client_ratio, client_budget, plan, None, overrides, latest) == expected
+
+
+@pytest.mark.fast
+def test_on_a_cold_boot_a_client_stating_a_lower_r_than_roots_plan_waits_in_order_for_the_plans_r() -> None:
+    """No start yet to hold the client's R against: root's drop-in's R (its Environment= line) is, and the larger
+    counts."""
+    assert figures_now(0.5, PLAN, PLAN, None, [], None, plan_ratio=0.5) == Figures(0.5, PLAN)
+    assert figures_now(0.1, PLAN, PLAN, None, [], None, plan_ratio=0.5) == Figures(
+        0.5, None, "its gpu_memory_utilization is not one: the client 0.1, the plan 0.5")
+    assert figures_now(None, None, PLAN, None, [], None, plan_ratio=0.5) == Figures(0.5, PLAN)
+
+
+@pytest.mark.fast
+def test_the_plans_environment_line_is_read_from_roots_drop_in_only(tmp_path: Path) -> None:
+    directory = plan_drop_ins(tmp_path, {CHAT: PLAN})
+    drop_in = directory / f"{CHAT}.d" / DROP_IN_NAME
+    drop_in.write_text(drop_in.read_text() + f"Environment={RATIO_VARIABLE}=0.7373 {BUDGET_VARIABLE}={PLAN}\n")
+    assert parse_environment(drop_in.read_text(), RATIO_VARIABLE) == "0.7373"
+    assert plan_environment_now(str(directory), CHAT, RATIO_VARIABLE) == "0.7373"  # the suite runs as root
+    os.chmod(drop_in, 0o666)  # writable by anyone: not believed
+    assert plan_environment_now(str(directory), CHAT, RATIO_VARIABLE) is None
+    assert plan_environment_now(str(directory), STT, RATIO_VARIABLE) is None
 
 
 @pytest.mark.fast

@@ -168,16 +168,18 @@ class Figures:
 
 
 def figures_now(client_ratio: float | None, client_budget: int | None, plan_budget: int | None,
-                plan_problem: str | None, overrides: Sequence[str], latest: Start | None) -> Figures:
+                plan_problem: str | None, overrides: Sequence[str], latest: Start | None,
+                plan_ratio: float | None = None) -> Figures:
     """What a start is decided with (docs/gate.md, "By the plan"). The budget counts only when root's plan
     drop-in names it (`plan_budget`), no later drop-in replaces the plan's command (`overrides`), and neither
     the client (`client_budget`: the unit's own process, untrusted) nor the unit's latest printed start
     (`latest`) says otherwise; else the start waits in order. The client can so make its unit wait longer,
-    never let it in earlier. R: the larger of the client's and the latest start's (the larger asks for more
-    free memory); by the plan only when they agree."""
+    never let it in earlier. R: the largest of the client's, the plan's (`plan_ratio`, what root's drop-in
+    gives the client) and the latest start's (the larger asks for more free memory); by the plan only when
+    they agree."""
     last_ratio = latest.effective_gpu_memory_utilization if latest is not None else None
     last_budget = latest.kv_cache_memory_bytes if latest is not None else None
-    known = [ratio for ratio in (client_ratio, last_ratio) if ratio is not None]
+    known = [ratio for ratio in (client_ratio, plan_ratio, last_ratio) if ratio is not None]
     ratio = max(known) if known else None
     stated = client_budget if client_budget is not None else plan_budget
     why = None
@@ -192,8 +194,13 @@ def figures_now(client_ratio: float | None, client_budget: int | None, plan_budg
         why = f"the client says {client_budget}, the plan {plan_budget}"
     elif latest is not None and last_budget != plan_budget:
         why = f"the plan says {plan_budget}, its latest start ran with {last_budget or 'none'}"
-    elif client_ratio is not None and last_ratio is not None and client_ratio != last_ratio:
-        why = f"the client's gpu_memory_utilization {client_ratio:g} is not its latest start's {last_ratio:g}"
+    elif len(set(known)) > 1:
+        why = f"its gpu_memory_utilization is not one: {_ratios(client_ratio, plan_ratio, last_ratio)}"
     else:
         return Figures(ratio, plan_budget)
     return Figures(ratio, None, why)
+
+
+def _ratios(client: float | None, plan: float | None, latest: float | None) -> str:
+    return ", ".join(f"{who} {ratio:g}" for who, ratio in (("the client", client), ("the plan", plan),
+                                                            ("its latest start", latest)) if ratio is not None)

@@ -160,6 +160,15 @@ class Peer:
             self.pidfd = None
 
 
+def plan_ratio(value: str | None) -> float | None:
+    """The R root's plan drop-in gives the client; None when it gives none that is a ratio."""
+    try:
+        ratio = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return ratio if ratio is not None and 0 < ratio <= 1 else None
+
+
 def cgroup_populated(sysfs: str, cgroup_path: str) -> bool | None:
     """Whether the unit's cgroup has processes (cgroup v2 `cgroup.events`, v1 the systemd hierarchy's
     `cgroup.procs`); None when it cannot be told (a path outside the service's cgroup namespace, an
@@ -487,7 +496,9 @@ class Service:
         plan_budget, problem = unitconfig.plan_budget_now(self.options.plans, waiter.unit)
         overrides = unitconfig.exec_start_overrides(waiter.unit, self.options.plans) if plan_budget else []
         return figures_now(waiter.request.gpu_memory_utilization, waiter.request.kv_cache_memory_bytes, plan_budget,
-                           problem, overrides, own.latest if own is not None else None)
+                           problem, overrides, own.latest if own is not None else None,
+                           plan_ratio(unitconfig.plan_environment_now(self.options.plans, waiter.unit,
+                                                                      protocol.RATIO_VARIABLE)))
 
     def _devices_of_units(self) -> dict[str, set[str]]:
         devices = procfs.devices_of_units(self.options.procfs)

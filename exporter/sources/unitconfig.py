@@ -171,6 +171,32 @@ def plan_budget_now(directory: str, unit: str) -> tuple[int | None, str | None]:
     return plans.get(unit), (problems[0] if problems else None)
 
 
+def parse_environment(text: str, name: str) -> str | None:
+    """The value the drop-in's `Environment=` lines give `name` (the last one), or None."""
+    value = None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("Environment="):
+            for word in line[len("Environment="):].split():
+                if word.startswith(f"{name}="):
+                    value = word[len(name) + 1:]
+    return value
+
+
+def plan_environment_now(directory: str, unit: str, name: str) -> str | None:
+    """What the unit's plan drop-in gives `name` in its environment (the planner's figures for the gate's
+    client), read now, believed as `UnitPlans` believes the budget but stricter: the directory is not
+    resolved through symlinks either. None when there is no such drop-in, value, or belief."""
+    try:
+        fd = _open_checked(f"{directory}/{unit}.d/{DROP_IN_NAME}", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:  # UnitConfigError included
+        return None
+    with os.fdopen(fd, "rb") as stream:
+        if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+            return None
+        return parse_environment(stream.read(MAX_DROP_IN_BYTES).decode("utf-8", "replace"), name)
+
+
 def drop_in_directories(unit: str) -> list[str]:
     """The `.d` directory names systemd reads drop-ins of `unit` from: its own, its template's
     (`name@.service.d`), and those of each dash-prefix of its name and of its type (`vllm-.service.d`,
