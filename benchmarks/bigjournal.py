@@ -140,13 +140,18 @@ def journal_boot_id(seed: int = 1) -> str:
 
 
 def journal_stream(n_entries: int, watched_fraction: float = 0.1, *, seed: int = 1,
-                   mix: Counter | None = None, invocations: bool = False) -> Iterator[bytes]:
+                   mix: Counter | None = None, invocations: bool = False,
+                   long_invocation: bool = False, forged_names: int = 0) -> Iterator[bytes]:
     """Export-format text of the journal; counts what it wrote into ``mix`` if given. ``invocations``: a
-    new invocation id for every start (module docstring)."""
+    new invocation id for every start (module docstring). ``long_invocation``: one watched unit, started once,
+    serving for the rest of the journal (one invocation holds all its entries). ``forged_names``: every
+    unwatched unit's entry also carries ``UNIT=vllm-forged-K.service``, K among that many (any process may
+    write that field)."""
     rng = random.Random(seed)
     boot = random_boot_id(rng)
     origin = Moment(0, 0, boot)
-    lives = [_UnitLife(unit, index) for index, unit in enumerate(WATCHED_UNITS)]
+    lives = [_UnitLife(unit, index) for index, unit in enumerate(WATCHED_UNITS[:1] if long_invocation
+                                                                    else WATCHED_UNITS)]
     invocation_rng = random.Random(seed + 1_000_003)
     invocation_of: dict[str, str | None] = {life.unit: None for life in lives}  # None: one id per unit and boot
 
@@ -188,7 +193,8 @@ def journal_stream(n_entries: int, watched_fraction: float = 0.1, *, seed: int =
             if life.pending:
                 line = life.pending.pop(0)
                 if not life.pending:
-                    life.serving_left = SERVING_LINES_PER_START + randrange(SERVING_LINES_PER_START)
+                    life.serving_left = (n_entries if long_invocation else
+                                         SERVING_LINES_PER_START + randrange(SERVING_LINES_PER_START))
                 if count is not None:
                     kind = line[0] if isinstance(line, tuple) else "vllm startup/failure line"
                     mix[f"watched: {kind if kind == 'vllm startup/failure line' else 'PID 1 record'}"] += 1
@@ -218,8 +224,9 @@ def journal_stream(n_entries: int, watched_fraction: float = 0.1, *, seed: int =
             which = draw % len(UNWATCHED_UNITS)
             if mix is not None:
                 mix["other: unwatched units"] += 1
+            forged = b"UNIT=vllm-forged-%d.service\n" % (d % forged_names) if forged_names else b""
             yield (b"__REALTIME_TIMESTAMP=%d\n__MONOTONIC_TIMESTAMP=%d\n" % (realtime, monotonic) +
-                   static_other[which] + b"MESSAGE=" + other[which] % (a, b, c, d) + b"\n\n")
+                   static_other[which] + forged + b"MESSAGE=" + other[which] % (a, b, c, d) + b"\n\n")
 
 
 def describe(n_entries: int, watched_fraction: float = 0.1) -> Counter:
@@ -231,7 +238,7 @@ def describe(n_entries: int, watched_fraction: float = 0.1) -> Counter:
 
 
 def write_journal_directory(directory: Path, n_entries: int, watched_fraction: float = 0.1,
-                            invocations: bool = False) -> None:
+                            invocations: bool = False, long_invocation: bool = False, forged_names: int = 0) -> None:
     """Write the journal into ``directory`` through systemd-journal-remote."""
     output = directory / "bench.journal"
     process = subprocess.Popen([JOURNAL_REMOTE, f"--output={output}", "--split-mode=none", "--compress=yes", "-"],
@@ -239,7 +246,8 @@ def write_journal_directory(directory: Path, n_entries: int, watched_fraction: f
     assert process.stdin is not None and process.stderr is not None
     batch: list[bytes] = []
     try:
-        for chunk in journal_stream(n_entries, watched_fraction, invocations=invocations):
+        for chunk in journal_stream(n_entries, watched_fraction, invocations=invocations,
+                                    long_invocation=long_invocation, forged_names=forged_names):
             batch.append(chunk)
             if len(batch) >= 4096:
                 process.stdin.write(b"".join(batch))
@@ -253,11 +261,14 @@ def write_journal_directory(directory: Path, n_entries: int, watched_fraction: f
 
 
 def ensure_journal(n_entries: int, watched_fraction: float = 0.1, root: Path | None = None,
-                   log=print, invocations: bool = False) -> Path:
+                   log=print, invocations: bool = False, long_invocation: bool = False,
+                   forged_names: int = 0) -> Path:
     """The directory of the cached journal of ``n_entries`` entries, generated if missing; ``invocations``:
-    the journal whose every start has its own invocation id."""
+    the journal whose every start has its own invocation id; ``long_invocation``: ``journal_stream``'s."""
     directory = (root or cache_root()) / (f"v{GENERATOR_VERSION}-{n_entries}-{round(watched_fraction * 100)}pct"
-                                          + ("-invocations" if invocations else ""))
+                                          + ("-invocations" if invocations else "")
+                                          + ("-long" if long_invocation else "")
+                                          + (f"-forged{forged_names}" if forged_names else ""))
     marker = directory / "complete"
     if marker.exists():
         return directory
@@ -266,7 +277,7 @@ def ensure_journal(n_entries: int, watched_fraction: float = 0.1, root: Path | N
         old.unlink()
     log(f"generating a {n_entries:,}-entry journal in {directory} (once; cached) ...")
     started = time.perf_counter()
-    write_journal_directory(directory, n_entries, watched_fraction, invocations)
+    write_journal_directory(directory, n_entries, watched_fraction, invocations, long_invocation, forged_names)
     size = sum(p.stat().st_size for p in directory.glob("*.journal*"))
     log(f"  done in {time.perf_counter() - started:.0f} s, {size / 2**20:.0f} MiB")
     marker.write_text(str(n_entries))

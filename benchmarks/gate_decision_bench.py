@@ -16,6 +16,11 @@ error (in process, what the gate waits before it can decide), and spawn to exit 
 imports included). Both reads must give the same decision state (initialising units and since when,
 every unit's current invocation and whether it ended, its gpu_memory_utilization), or the run fails.
 
+With ``--long-invocation`` one watched unit starts once and serves: 90 % of the journal's entries are in its one
+invocation (a unit serving since boot), the case where a read of whole invocations grows with uptime. With
+``--forged-names N`` the other units' entries also name N watched-looking units in ``UNIT=`` (any process may
+write that field).
+
 Target: the latest-invocations read under 1 s (in process) on 1M entries.
 """
 
@@ -68,7 +73,7 @@ class GateDecisionResult:
 
     @property
     def passed(self) -> bool:
-        return self.latest.in_process_s < TARGET_S
+        return self.latest.in_process_s < TARGET_S and self.latest.caught_up_from == "latest invocations"
 
 
 def child(directory: str, boot: str, mode: str) -> None:
@@ -96,8 +101,10 @@ def child(directory: str, boot: str, mode: str) -> None:
     os._exit(0)  # the follower now follows; joining it would add its wait
 
 
-def bench_gate_decision(size: int, runs: int, log=print) -> GateDecisionResult:
-    directory = ensure_journal(size, log=log, invocations=True)
+def bench_gate_decision(size: int, runs: int, log=print, long_invocation: bool = False,
+                        forged_names: int = 0) -> GateDecisionResult:
+    directory = ensure_journal(size, watched_fraction=0.9 if long_invocation else 0.1, log=log, invocations=True,
+                               long_invocation=long_invocation, forged_names=forged_names)
     boot = journal_boot_id()
     samples: dict[str, list[tuple[float, float, float, float]]] = {mode: [] for mode in MODES}
     reports: dict[str, dict] = {}
@@ -113,8 +120,6 @@ def bench_gate_decision(size: int, runs: int, log=print) -> GateDecisionResult:
     if reports[MODES[0]]["decision"] != reports[MODES[1]]["decision"]:
         raise RuntimeError(f"the reads give different decision states:\n  {reports[MODES[0]]['decision']}\n  "
                            f"{reports[MODES[1]]['decision']}")
-    if reports[MODES[0]]["from"] != "latest invocations":
-        raise RuntimeError(f"the gate's follower read the {reports[MODES[0]]['from']}, not the latest invocations")
 
     def result(mode: str) -> ModeResult:
         runs_of = samples[mode]
@@ -138,6 +143,8 @@ def report(result: GateDecisionResult, log=print) -> None:
     log("    same decision state: " + ", ".join(
         f"{unit} {'initialising' if state[0] else 'not initialising'}, R {state[3]}"
         for unit, state in sorted(result.decision_state.items())))
+    if result.latest.caught_up_from != "latest invocations":
+        log(f"    the gate's follower read the {result.latest.caught_up_from}, not the latest invocations")
     log(f"    target: latest invocations < {TARGET_S:g} s: {'met' if result.passed else 'MISSED'}")
 
 
@@ -145,12 +152,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=1_000_000, help="journal entries (default 1,000,000)")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--long-invocation", action="store_true",
+                        help="one watched unit started once and serving: 90 %% of the entries in one invocation")
+    parser.add_argument("--forged-names", type=int, default=0, metavar="N",
+                        help="the unwatched units' entries also carry UNIT=vllm-forged-K.service, K among N")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(*args.child)
         return 0
-    result = bench_gate_decision(args.size, args.runs)
+    result = bench_gate_decision(args.size, args.runs, long_invocation=args.long_invocation,
+                                 forged_names=args.forged_names)
     report(result)
     return 0 if result.passed else 1
 

@@ -57,6 +57,14 @@ let
       # The service too (not after it): it starts beside the unit, not at the client's connection.
       wants = [ "vllm-xpu-gate.socket" "vllm-xpu-gate.service" ];
       after = [ "vllm-xpu-gate.socket" ];
+      # The plan's figures for the client (as the planner's systemd drop-in gives them): the service admits a
+      # start by its budget only when the plan's file names it too (--plans).
+      environment = optionalAttrs (builtins.hasAttr (removeSuffix ".service" unit) cfg.plan) (let
+        values = cfg.plan.${removeSuffix ".service" unit};
+      in {
+        VLLM_XPU_GATE_KV_CACHE_MEMORY_BYTES = toString values.kvCacheMemoryBytes;
+        VLLM_XPU_GATE_GPU_MEMORY_UTILIZATION = toString values.gpuMemoryUtilization;
+      });
       serviceConfig = {
         ExecStartPre = mkAfter [ gateCommand ];
         # The wait counts against the start: the client's timeout and service timeout plus the unit's own start.
@@ -130,7 +138,8 @@ let
     serviceConfig = hardening // {
       Type = "exec";
       ExecStart = utils.escapeSystemdExecArgs
-        ([ "${cfg.package}/bin/vllm-xpu-gate" "serve" ] ++ journalUnitFlags ++ cfg.gate.serviceExtraFlags);
+        ([ "${cfg.package}/bin/vllm-xpu-gate" "serve" ] ++ journalUnitFlags
+          ++ optionals (cfg.plan != { }) [ "--plans=/etc/${plansDirectory}" ] ++ cfg.gate.serviceExtraFlags);
       Restart = "on-failure";
       RestartSec = "1s";
       RestartPreventExitStatus = 2;

@@ -42,6 +42,7 @@ from polling import wait_for
 from scrapes import sample
 from fakeprocfs import FakeProcfs, xe_fdinfo
 from vllm_xpu_exporter.sources.procfs import devices_of_units
+from vllm_xpu_exporter.sources.plan_dropins import DROP_IN_NAME, PLAN_FIELD
 from fakeze import A770, B580, GiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
 from journalgen import (Clock, JournalEntrySpec, append_journal, current_boot_id, new_invocation_id, unit_failed,
                         unit_output, unit_process_exited, unit_started, unit_starting, write_journal)
@@ -623,9 +624,24 @@ def test_waits_while_another_unit_initialises_and_releases_when_its_init_ends(ho
     assert run.decision.seconds >= 0.5
 
 
+def plan_drop_ins(tmp: Path, budgets: dict[str, int]) -> Path:
+    """Root's plan drop-ins (DIR/UNIT.d/zz-vllm-xpu-plan.conf naming each budget), every directory root's alone:
+    the directory for the service's --plans."""
+    os.chmod(tmp, 0o755)
+    directory = tmp / "plans"
+    for unit, budget in budgets.items():
+        (directory / f"{unit}.d").mkdir(parents=True, exist_ok=True)
+        (directory / f"{unit}.d" / DROP_IN_NAME).write_text(f"[Service]\nLogExtraFields={PLAN_FIELD}={budget}\n")
+    for path in [directory, *directory.rglob("*")]:
+        os.chmod(path, 0o644 if path.is_file() else 0o755)
+    return directory
+
+
 def test_by_the_plan_a_budgeted_start_goes_beside_a_budgeted_init_and_says_what_it_needed(host: Host) -> None:
-    """Chat initialises with a KV budget; stt's client gives its budget: it is released while chat's init
-    runs, its "needed" covering both; embedding, without one, waits for chat in order."""
+    """Chat initialises with a KV budget; stt's client gives its budget, the one root's plan drop-in names: it
+    is released while chat's init runs, its "needed" covering both; embedding, without one, waits for chat in
+    order."""
+    host.serve("--plans", str(plan_drop_ins(host.tmp, {STT: GiB})))
     chat, stt = new_invocation_id(), new_invocation_id()
     host.write([unit_starting(CHAT, host.clock.tick(), invocation_id=chat),
                 *main_started(CHAT, host.clock, chat, 100, ratio=0.5, budget=2 * GiB),

@@ -329,3 +329,57 @@ def test_the_gate_service_follows_the_latest_invocations(followers, boot_id: str
     finally:
         service.journal.stop()
         service.levelzero.close()
+
+
+def read_both_with_embed_initialising(path: Path, w: Writer, boot_id: str) -> tuple[LogState, LogState]:
+    """Embed's start begins last; the journal written, its latest invocations' read (which must be what the
+    follower did) and the whole boot's, checked to give the same decisions."""
+    embed = w.starting(EMBED)
+    w.started(EMBED, embed, ratio=0.07)
+    write_journal(path, w.entries)
+    latest, whole = follow(path, boot_id, True), follow(path, boot_id, False)
+    try:
+        latest_state, whole_state = caught_up(latest), caught_up(whole)
+    finally:
+        latest.stop()
+        whole.stop()
+    assert latest.caught_up_from == "latest invocations"
+    assert_same_decisions(latest_state.views, whole_state.views)
+    return latest_state, whole_state
+
+
+def test_a_unit_serving_long_in_one_invocation_costs_the_first_decision_its_init_not_its_uptime(
+        tmp_path: Path, boot_id: str) -> None:
+    """Chat has served 6,000 request lines in its one invocation, then failed; embed initialises: the latest
+    invocations' read gives the whole boot's decision state, reading PID 1's records, chat's output up to its
+    init's end and its last lines (the failure's cause), not the lines between (entries counted, not timed)."""
+    path, w = tmp_path / "system.journal", Writer(boot_id)
+    chat = w.starting(CHAT)
+    chat_pid = w.started(CHAT, chat, ratio=0.75)
+    w.completed(CHAT, chat, chat_pid)
+    for index in range(6000):
+        w.line(CHAT, chat, f'(APIServer pid={chat_pid}) INFO:     10.0.0.1:{index} - "POST /v1/x" 200 OK', chat_pid)
+    w.failed(CHAT, chat, chat_pid)
+    latest_state, whole_state = read_both_with_embed_initialising(path, w, boot_id)
+    state = decision_state(latest_state.views)
+    assert state[CHAT][3] is True and state[CHAT][4] == 0.75 and state[EMBED][0] is not None
+    assert whole_state.entries_read > 6000
+    assert latest_state.entries_read < 600, latest_state.entries_read
+
+
+def test_forged_unit_names_neither_make_it_read_the_whole_boot_nor_count_as_units(tmp_path: Path,
+                                                                                 boot_id: str) -> None:
+    """A process of another unit writes 1,000 entries naming 1,000 watched-looking units in UNIT= (any process
+    may write that field; only PID 1's records carry it for real), beside chat's 1,000 request lines: the read
+    still takes the latest invocations of the real units only (not the whole boot: entries counted), with the
+    whole boot's decision state."""
+    path, w = tmp_path / "system.journal", Writer(boot_id)
+    chat = w.starting(CHAT)
+    w.completed(CHAT, chat, w.started(CHAT, chat, ratio=0.75))
+    for index in range(1000):
+        w.entries.append(unit_output("evil.service", f"forged {index}", w.clock.tick(), pid=666,
+                                     extra=[("UNIT", f"vllm-forged-{index}.service")]))
+        w.line(CHAT, chat, f'(APIServer pid=1002) INFO:     10.0.0.1:{index} - "POST /v1/x" 200 OK', 1002)
+    latest_state, whole_state = read_both_with_embed_initialising(path, w, boot_id)
+    assert {view.unit for view in latest_state.views} == {CHAT, EMBED}
+    assert latest_state.entries_read < whole_state.entries_read

@@ -28,7 +28,9 @@ from fakeze import SharedDevice
 from polling import wait_for
 from realsystemd import RealSystemd, journal_field, path_inside
 from scrapes import series
+from test_planner_applied_real_systemd import planners_drop_in
 from test_real_systemd import require_root, run_exporter, scrape_until_equal
+from vllm_xpu_exporter.sources.plan_dropins import DROP_IN_NAME
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, read_events, serving_units, unit_file
 
 GATED_BOOTS = 2
@@ -370,8 +372,8 @@ PLANNED = {"vllm-xpu-chat.service": budgeted(CHAT, 131072 * 26624),
 
 def test_by_the_plan_budgeted_units_init_together_at_boot_and_a_restart_does_not_wait_for_chats_init(
         shared: Path, fake_driver: Path):
-    """The three units run with absolute KV budgets, each gated with its budget (the client's
-    --kv-cache-memory-bytes), and boot together: the service admits them beside each other (the free
+    """The three units run with absolute KV budgets, root's plan drop-in naming each (as vllm-xpu-plan writes
+    it), each gated with its budget (the client's --kv-cache-memory-bytes), and boot together: the service admits them beside each other (the free
     memory covers every footprint), so their inits overlap, none fails and every KV cache is its budget.
     Then chat is killed while serving and stt restarted at the same moment: stt is admitted beside chat's
     new init, not after it."""
@@ -382,6 +384,9 @@ def test_by_the_plan_budgeted_units_init_together_at_boot_and_a_restart_does_not
         engine, device_config=path_inside(shared, config), events=path_inside(shared, events), requests=0,
         exec_start_pre=gated(engine, ["--kv-cache-memory-bytes", str(engine.kv_cache_memory_bytes)]))
         for unit, engine in PLANNED.items()}
+    files.update({f"/etc/systemd/system/{unit}.d/{DROP_IN_NAME}": planners_drop_in(
+        unit, files[f"/etc/systemd/system/{unit}"], engine, engine.kv_cache_memory_bytes)
+        for unit, engine in PLANNED.items()})
     seen: dict[str, object] = {}
     with RealSystemd(shared, files={**files, **packaged_drop_in(), **gate_files(shared, fake_driver)},
                      enable=[*PLANNED, GATE_SOCKET]) as machine:

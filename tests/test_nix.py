@@ -321,3 +321,20 @@ def test_package_builds_this_version_with_the_projects_dependencies(tmp_path):
     assert set(package["dependencies"]) == wanted
     assert package["meta"]["mainProgram"] in project["scripts"]
     assert "/nix/store/level-zero/lib" in " ".join(package["makeWrapperArgs"])
+
+
+def test_with_a_plan_the_gate_service_reads_its_files_and_each_planned_gated_units_client_gets_its_figures(tmp_path):
+    """As the planner's systemd drop-in does: the service is given the plans' directory (--plans), a gated unit
+    with a plan its R and budget in its environment (the client's defaults), one without a plan nothing."""
+    (tmp_path / "vllm-xpu-plan.nix").write_text(
+        '{\n  "vllm-xpu-chat" = { kvCacheMemoryBytes = 3481927680; gpuMemoryUtilization = 0.7373; };\n}\n')
+    config = evaluate_module(tmp_path, f"""{{ enable = true; plan = import {tmp_path}/vllm-xpu-plan.nix;
+      gate.units = [ "vllm-xpu-chat.service" "vllm-xpu-stt" ]; }}""")
+    services = config["systemd"]["services"]
+    argv = shlex.split(services["vllm-xpu-gate"]["serviceConfig"]["ExecStart"])
+    assert parse_service_options(argv[2:]).plans == "/etc/vllm-xpu-plan"
+    environ = services["vllm-xpu-chat"]["environment"]
+    options = parse_client_options(client_arguments(services["vllm-xpu-chat"]["serviceConfig"]["ExecStartPre"]
+                                                    ["content"][0]), environ)
+    assert (options.request.gpu_memory_utilization, options.request.kv_cache_memory_bytes) == (0.7373, 3481927680)
+    assert services["vllm-xpu-stt"].get("environment", {}) == {}

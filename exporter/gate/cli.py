@@ -26,7 +26,7 @@ from vllm_xpu_exporter import __version__
 from vllm_xpu_exporter.durations import parse_go_duration
 from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser, absolute_path
 from vllm_xpu_exporter.parsers import gate as gate_lines
-from vllm_xpu_exporter.gate.protocol import DEFAULT_SOCKET, MAX_DURATION_S, Request
+from vllm_xpu_exporter.gate.protocol import BUDGET_VARIABLE, DEFAULT_SOCKET, MAX_DURATION_S, RATIO_VARIABLE, Request
 from vllm_xpu_exporter.pci import normalise_pci_address
 
 PROG = "vllm-xpu-gate"
@@ -142,6 +142,10 @@ def build_serve_parser() -> argparse.ArgumentParser:
     parser.add_argument("--poll-interval", dest="poll_interval", type=positive_go_duration,
                         default=DEFAULT_POLL_INTERVAL, metavar="DURATION",
                         help=f"how often waiting units are decided again (default {DEFAULT_POLL_INTERVAL})")
+    parser.add_argument("--plans", type=absolute_path, default=None, metavar="DIR",
+                        help="where vllm-xpu-plan's drop-ins are, DIR/UNIT.d/zz-vllm-xpu-plan.conf: a start is "
+                             "admitted by its KV budget only when root's drop-in there names it (default "
+                             "/etc/systemd/system, as the exporter's --collector.processes.plans)")
     add_journal_flags(parser, beyond_max_units="further ones are not watched (their inits hold no start back)")
     add_levelzero_flags(parser)
     add_sysfs_flag(add_procfs_flag(parser))
@@ -176,7 +180,8 @@ def parse_service_options(argv: Sequence[str], environ=os.environ):
                           journal_max_units=args.journal_max_units, levelzero_library=args.levelzero_library,
                           levelzero_timeout=args.levelzero_timeout, procfs=args.procfs, sysfs=args.sysfs,
                           lease_timeout=args.lease_timeout, poll_interval=args.poll_interval,
-                          lease_file=args.lease_file or runtime_lease_file(environ), legacy_grace=args.legacy_grace)
+                          lease_file=args.lease_file or runtime_lease_file(environ), legacy_grace=args.legacy_grace,
+                          **({"plans": args.plans} if args.plans is not None else {}))
 
 
 def runtime_lease_file(environ) -> str | None:
@@ -185,9 +190,27 @@ def runtime_lease_file(environ) -> str | None:
     return f"{directory}/leases.json" if directory.startswith("/") else None
 
 
-def parse_client_options(argv: Sequence[str]):
+STATED_IN_ENVIRONMENT = ((RATIO_VARIABLE, "gpu_memory_utilization", ratio),
+                         (BUDGET_VARIABLE, "kv_cache_memory_bytes", byte_count))
+
+
+def take_environment(parser: argparse.ArgumentParser, args: argparse.Namespace, environ=os.environ) -> None:
+    """Fill the flags not given from the planner's variables; a variable that is not a valid value is an
+    error (exit 2, one line), as the flag would be."""
+    for variable, name, convert in STATED_IN_ENVIRONMENT:
+        value = environ.get(variable)
+        if getattr(args, name) is None and value:
+            try:
+                setattr(args, name, convert(value))
+            except argparse.ArgumentTypeError as error:
+                parser.error(f"{variable} (the planner's drop-in): {error}")
+
+
+def parse_client_options(argv: Sequence[str], environ=os.environ):
     from vllm_xpu_exporter.gate.client import ClientOptions
-    args = build_wait_parser().parse_args(argv)
+    parser = build_wait_parser()
+    args = parser.parse_args(argv)
+    take_environment(parser, args, environ)
     return ClientOptions(args.socket_path, args.service_timeout, wait_request(args))
 
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from vllm_xpu_exporter import memory_rules
 from vllm_xpu_exporter.fold.engine_starts import UnitView
+from vllm_xpu_exporter.fold.start import Start
 from vllm_xpu_exporter.parsers import gate as gate_lines
 
 if TYPE_CHECKING:
@@ -143,9 +144,65 @@ def _yet_to_take(holders: Sequence[str], held: Mapping[str, Lease], views: Mappi
         latest = view.latest if view is not None else None
         if lease is not None and lease.absolute_budget and lease.needed_bytes is not None:
             footprint = lease.needed_bytes
-        elif latest is not None and latest.kv_cache_memory_bytes is not None and view.gpu_memory_utilization:
+        elif (latest is not None and _is_current(latest, view) and latest.kv_cache_memory_bytes is not None
+              and view.gpu_memory_utilization):
             footprint = memory_rules.requested_bytes(total, view.gpu_memory_utilization)
         else:
             return None
         remaining += max(0, footprint - taken.get(name, 0))
     return remaining
+
+
+def _is_current(start: Start, view: UnitView) -> bool:
+    """Whether the start is the unit's current one: a budget an earlier start printed is not this start's."""
+    current = view.current
+    return current is not None and (start.invocation_id, start.main_began_usec) == (current.invocation_id,
+                                                                                    current.main_began_usec)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The R and the KV budget a start is decided with, and why a budget stated for it is not believed."""
+
+    gpu_memory_utilization: float | None
+    kv_cache_memory_bytes: int | None  # believed: the start runs with it now (admission by the plan)
+    unverified: str | None = None  # why the budget stated is not believed (the start then waits in order)
+
+
+def figures_now(client_ratio: float | None, client_budget: int | None, plan_budget: int | None,
+                plan_problem: str | None, overrides: Sequence[str], latest: Start | None,
+                plan_ratio: float | None = None) -> Figures:
+    """What a start is decided with (docs/gate.md, "By the plan"). The budget counts only when root's plan
+    drop-in names it (`plan_budget`), no later drop-in replaces the plan's command (`overrides`), and neither
+    the client (`client_budget`: the unit's own process, untrusted) nor the unit's latest printed start
+    (`latest`) says otherwise; else the start waits in order. The client can so make its unit wait longer,
+    never let it in earlier. R: the largest of the client's, the plan's (`plan_ratio`, what root's drop-in
+    gives the client) and the latest start's (the larger asks for more free memory); by the plan only when
+    they agree."""
+    last_ratio = latest.effective_gpu_memory_utilization if latest is not None else None
+    last_budget = latest.kv_cache_memory_bytes if latest is not None else None
+    known = [ratio for ratio in (client_ratio, plan_ratio, last_ratio) if ratio is not None]
+    ratio = max(known) if known else None
+    stated = client_budget if client_budget is not None else plan_budget
+    why = None
+    if stated is None:
+        if last_budget is not None:
+            why = f"its latest start ran with {last_budget}, and no plan names one now"
+    elif plan_budget is None:
+        why = f"{stated} is stated, but no plan of root's names one ({plan_problem or 'no plan drop-in'})"
+    elif overrides:
+        why = f"a later drop-in replaces the plan's command ({', '.join(overrides)})"
+    elif client_budget is not None and client_budget != plan_budget:
+        why = f"the client says {client_budget}, the plan {plan_budget}"
+    elif latest is not None and last_budget != plan_budget:
+        why = f"the plan says {plan_budget}, its latest start ran with {last_budget or 'none'}"
+    elif len(set(known)) > 1:
+        why = f"its gpu_memory_utilization is not one: {_ratios(client_ratio, plan_ratio, last_ratio)}"
+    else:
+        return Figures(ratio, plan_budget)
+    return Figures(ratio, None, why)
+
+
+def _ratios(client: float | None, plan: float | None, latest: float | None) -> str:
+    return ", ".join(f"{who} {ratio:g}" for who, ratio in (("the client", client), ("the plan", plan),
+                                                            ("its latest start", latest)) if ratio is not None)

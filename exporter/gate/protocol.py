@@ -21,6 +21,11 @@ MAX_MESSAGE_BYTES = 4096
 # --timeout's cap: a week is past any start, and far larger durations overflow time.sleep().
 MAX_DURATION_S = 7 * 24 * 3600.0
 
+# The planner's drop-in states the unit's planned figures to the client in its environment (docs/planner.md):
+# the defaults of `vllm-xpu-gate wait --kv-cache-memory-bytes` and `--gpu-memory-utilization`.
+BUDGET_VARIABLE = "VLLM_XPU_GATE_KV_CACHE_MEMORY_BYTES"
+RATIO_VARIABLE = "VLLM_XPU_GATE_GPU_MEMORY_UTILIZATION"
+
 
 class BadRequest(ValueError):
     """A request the service refuses (its message says why, on one line)."""

@@ -40,9 +40,11 @@ from dataclasses import dataclass, field
 
 from vllm_xpu_exporter import memory_rules
 from vllm_xpu_exporter.parsers import gate as gate_lines
+from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.gate import protocol
-from vllm_xpu_exporter.gate.decision import HOST, Admission, Decision, Lease, decide, lease_over, waiting_invocation
-from vllm_xpu_exporter.sources import procfs
+from vllm_xpu_exporter.gate.decision import (HOST, Admission, Decision, Figures, Lease, decide, figures_now,
+                                             lease_over, waiting_invocation)
+from vllm_xpu_exporter.sources import procfs, plan_dropins
 from vllm_xpu_exporter.sources.journal import open_journal
 from vllm_xpu_exporter.sources.journal.selection import JournalSelection
 from vllm_xpu_exporter.sources.logs.entry import LogSelection
@@ -85,6 +87,7 @@ class ServiceOptions:
     poll_interval: float
     lease_file: str | None = None  # where the leases outlive the process (--lease-file); None: in memory only
     legacy_grace: float = 24 * 3600.0  # --legacy-grace
+    plans: str = plan_dropins.DEFAULT_PLANS_DIRECTORY  # where root's plan drop-ins are (UNIT.d/zz-vllm-xpu-plan.conf)
 
 
 @dataclass(eq=False)
@@ -294,6 +297,15 @@ def parse_saved_leases(data: bytes) -> tuple[list[Lease], list[str], dict[str, i
     if not isinstance(legacy, dict) or not all(type(usec) is int for usec in legacy.values()):
         raise ValueError("first 0.2 drop-in starts that are no times")
     return leases, document["invocations"], legacy
+
+
+def plan_ratio(value: str | None) -> float | None:
+    """The R root's plan drop-in gives the client; None when it gives none that is a ratio."""
+    try:
+        ratio = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return ratio if ratio is not None and 0 < ratio <= 1 else None
 
 
 def cgroup_populated(sysfs: str, cgroup_path: str) -> bool | None:
@@ -657,12 +669,10 @@ class Service:
                                           f"service needs CAP_PERFMON)"), None
         views = {view.unit: view for view in state.views}
         own = views.get(waiter.unit)
-        ratio = request.gpu_memory_utilization
-        if ratio is None and own is not None:
-            ratio = own.gpu_memory_utilization
-        budget = request.kv_cache_memory_bytes
-        if budget is None and own is not None and own.latest is not None:
-            budget = own.latest.kv_cache_memory_bytes
+        figures = self.figures(waiter, own)
+        ratio, budget = figures.gpu_memory_utilization, figures.kv_cache_memory_bytes
+        if figures.unverified is not None:
+            waiter.say_once(f"{gate_lines.PREFIX}its KV budget is not taken ({figures.unverified}): in order")
         several = isinstance(memory, list) and len(memory) > 1
         devices = self._devices_of_units() if several and unchecked is None else None
         admission = Admission(waiter.unit, device, ratio, budget is not None)
@@ -697,6 +707,16 @@ class Service:
                 return EXIT_USAGE  # the client is gone
         waiter.last = decision
         return None
+
+    def figures(self, waiter: Waiter, own: UnitView | None) -> Figures:
+        """The R and the budget the unit's start will run with now, as far as root's plan drop-in and the
+        journal vouch for them (`figures_now`): what the client states can only make it wait longer."""
+        plan_budget, problem = plan_dropins.plan_budget_now(self.options.plans, waiter.unit)
+        overrides = plan_dropins.exec_start_overrides(waiter.unit, self.options.plans) if plan_budget else []
+        return figures_now(waiter.request.gpu_memory_utilization, waiter.request.kv_cache_memory_bytes, plan_budget,
+                           problem, overrides, own.latest if own is not None else None,
+                           plan_ratio(plan_dropins.plan_environment_now(self.options.plans, waiter.unit,
+                                                                      protocol.RATIO_VARIABLE)))
 
     def _devices_of_units(self) -> dict[str, set[str]]:
         devices = procfs.devices_of_units(self.options.procfs)

@@ -35,6 +35,7 @@ from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser
 from vllm_xpu_exporter.flags import (add_journal_flags, add_levelzero_flags, add_procfs_flag, add_systemctl_flag,
                             check_journal_flags, journal_selection)
 from vllm_xpu_exporter.fold.engine_starts import UnitView
+from vllm_xpu_exporter.gate.protocol import BUDGET_VARIABLE, RATIO_VARIABLE
 from vllm_xpu_exporter import memory_rules as rules
 from vllm_xpu_exporter.parsers import vllm
 from vllm_xpu_exporter.planner.plans import (KV_BUDGET_ON_XPU_SINCE, DevicePlan, Plan, TargetRequest, UnitPlan,
@@ -153,7 +154,9 @@ def drop_in(plan: UnitPlan, command: str) -> str:
     head = f"# {plan.unit}: written by {PROG} {__version__}: footprint {plan.footprint.total_bytes} bytes " \
            f"(KV {plan.kv_cache_memory_bytes} for {plan.target.tokens} tokens)"
     return "\n".join([head, "[Service]", "ExecStart=", f"ExecStart={planned_command(command, plan)}",
-                      f"LogExtraFields={PLAN_FIELD}={plan.kv_cache_memory_bytes}", ""])
+                      f"LogExtraFields={PLAN_FIELD}={plan.kv_cache_memory_bytes}",
+                      f"Environment={RATIO_VARIABLE}={plan.gpu_memory_utilization:g} "
+                      f"{BUDGET_VARIABLE}={plan.kv_cache_memory_bytes}", ""])
 
 
 def render_nixos(plan: Plan) -> str:

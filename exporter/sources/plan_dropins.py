@@ -250,7 +250,16 @@ class UnitPlans:
             weakref.finalize(self, os.close, self._base)
         return self._base
 
+    def drop_in_text(self, unit: str) -> str | None:
+        """The unit's plan drop-in as root wrote it, read now; None when there is none or it is not believed."""
+        found = self._read_text(unit)
+        return found if isinstance(found, str) else None
+
     def _look_up(self, unit: str) -> int | UnitConfigError | None:
+        found = self._read_text(unit)
+        return parse_drop_in(found) if isinstance(found, str) else found
+
+    def _read_text(self, unit: str) -> str | UnitConfigError | None:
         base = self._opened()
         if base is None or isinstance(base, UnitConfigError):
             return base
@@ -263,7 +272,7 @@ class UnitPlans:
         with os.fdopen(fd, "rb") as stream:
             if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
                 return UnitConfigError(f"{shown} is not a regular file: its plan is not believed")
-            return parse_drop_in(stream.read(MAX_DROP_IN_BYTES).decode("utf-8", "replace"))
+            return stream.read(MAX_DROP_IN_BYTES).decode("utf-8", "replace")
 
 
 def _problem(error: OSError, shown: str, what: str) -> UnitConfigError | None:
@@ -273,3 +282,86 @@ def _problem(error: OSError, shown: str, what: str) -> UnitConfigError | None:
     if isinstance(error, UntrustedPath):
         return UnitConfigError(f"{error}: {what} is not believed")
     return UnitConfigError(f"{shown}: {error.strerror}")
+
+
+# --- what the init gate asks of a unit's configuration (docs/gate.md, "By the plan") ------------------
+
+# systemd's search path of system units (systemd.unit(5)): a drop-in of a unit in any of them counts, all
+# of them applied in the lexical order of their file names.
+SYSTEM_UNIT_DIRECTORIES = ("/etc/systemd/system.control", "/run/systemd/system.control", "/run/systemd/transient",
+                           "/run/systemd/generator.early", "/etc/systemd/system", "/etc/systemd/system.attached",
+                           "/run/systemd/system", "/run/systemd/system.attached", "/run/systemd/generator",
+                           "/usr/local/lib/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system",
+                           "/run/systemd/generator.late")
+
+
+def plan_budget_now(directory: str, unit: str) -> tuple[int | None, str | None]:
+    """The budget the unit's plan drop-in names, read now (no reread time: a plan just removed is gone), as
+    `UnitPlans` believes it; and why it is not believed, or None."""
+    plans, problems = UnitPlans(directory, reread_seconds=0.0).plans([unit])
+    return plans.get(unit), (problems[0] if problems else None)
+
+
+def parse_environment(text: str, name: str) -> str | None:
+    """The value the drop-in's `Environment=` lines give `name` (the last one), or None."""
+    value = None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("Environment="):
+            for word in line[len("Environment="):].split():
+                if word.startswith(f"{name}="):
+                    value = word[len(name) + 1:]
+    return value
+
+
+def plan_environment_now(directory: str, unit: str, name: str) -> str | None:
+    """What the unit's plan drop-in gives `name` in its environment (the planner's figures for the gate's
+    client), read now and believed as `UnitPlans` believes the budget. None when there is no such drop-in,
+    value, or belief."""
+    text = UnitPlans(directory, reread_seconds=0.0).drop_in_text(unit)
+    return None if text is None else parse_environment(text, name)
+
+
+def drop_in_directories(unit: str) -> list[str]:
+    """The `.d` directory names systemd reads drop-ins of `unit` from: its own, its template's
+    (`name@.service.d`), and those of each dash-prefix of its name and of its type (`vllm-.service.d`,
+    `service.d`)."""
+    name, _, kind = unit.rpartition(".")
+    names = [f"{unit}.d"]
+    if "@" in name:
+        names.append(f"{name.partition('@')[0]}@.{kind}.d")
+    parts = name.partition("@")[0].split("-")
+    names += [f"{'-'.join(parts[:count])}-.{kind}.d" for count in range(len(parts) - 1, 0, -1)]
+    names.append(f"{kind}.d")
+    return names
+
+
+def exec_start_overrides(unit: str, plans_directory: str = DEFAULT_PLANS_DIRECTORY,
+                         directories: Iterable[str] = SYSTEM_UNIT_DIRECTORIES) -> list[str]:
+    """Drop-ins of the unit that set `ExecStart=` and are applied after the plan's (a name sorting after
+    DROP_IN_NAME, or another file of that name than the plan's in `plans_directory`): the unit then runs
+    another command than the plan's. A file that cannot be read counts as one (the gate then waits in order:
+    the safe side)."""
+    own = os.path.realpath(f"{plans_directory}/{unit}.d/{DROP_IN_NAME}")
+    found = []
+    for directory in directories:
+        for name in drop_in_directories(unit):
+            path = f"{directory}/{name}"
+            try:
+                entries = os.listdir(path)
+            except OSError:
+                continue
+            for entry in sorted(entries):
+                if not entry.endswith(".conf") or entry < DROP_IN_NAME:
+                    continue
+                if entry == DROP_IN_NAME and os.path.realpath(f"{path}/{entry}") == own:
+                    continue
+                try:  # O_NONBLOCK: a FIFO there is not waited on
+                    with os.fdopen(os.open(f"{path}/{entry}", os.O_RDONLY | os.O_NONBLOCK), "rb") as stream:
+                        text = stream.read(MAX_DROP_IN_BYTES).decode("utf-8", "replace")
+                except OSError:
+                    found.append(f"{path}/{entry}")
+                    continue
+                if any(line.strip().startswith("ExecStart=") for line in text.splitlines()):
+                    found.append(f"{path}/{entry}")
+    return found

@@ -78,6 +78,48 @@ def query_watched_units(lib: LibSystemd, handle: ctypes.c_void_p, selection: Jou
                 raise
     return found, containers
 
+def query_trusted_units(lib: LibSystemd, handle: ctypes.c_void_p, selection: LogSelection, boot_id: str | None,
+                        window_usec: int, max_records: int = 65536) -> dict[bytes, str]:
+    """The watched units' names that journald vouches for (raw bytes → str): every value of ``_SYSTEMD_UNIT``
+    (the unit of the process that wrote the entry), and ``UNIT`` of PID 1's records within ``window_usec``
+    before the boot's last one (at most ``max_records`` of them: a unit that has started and printed nothing
+    yet). Not every value of ``UNIT``: any process may write that field, and a flood of forged names would
+    make a reader of the latest invocations read the whole boot."""
+    found: dict[bytes, str] = {}
+    skip = len(FIELD_SYSTEMD_UNIT) + 1
+    lib.sd_journal_query_unique(handle, FIELD_SYSTEMD_UNIT)
+    try:
+        while (value := lib.sd_journal_enumerate_unique(handle)) is not None:
+            name = value[skip:].decode("utf-8", "replace")
+            if selection.matches_unit(name):
+                found[value[skip:]] = name
+    except JournalError as error:
+        if error.errno != errno.EBADMSG:  # as in query_watched_units
+            raise
+    lib.sd_journal_flush_matches(handle)
+    lib.sd_journal_add_match(handle, b"_PID=1")
+    if boot_id is not None:
+        lib.sd_journal_add_match(handle, b"_BOOT_ID=" + boot_id.encode())
+    lib.sd_journal_seek_tail(handle)
+    usec = ctypes.c_uint64()
+    since = None
+    data, size = ctypes.c_void_p(), ctypes.c_size_t()
+    for _ in range(max_records):
+        if not lib.sd_journal_previous(handle) or lib.raw_get_realtime_usec(handle, ctypes.byref(usec)) < 0:
+            break
+        if since is None:
+            since = usec.value - window_usec
+        elif usec.value < since:
+            break
+        if lib.raw_get_data(handle, FIELD_UNIT, ctypes.byref(data), ctypes.byref(size)) >= 0:
+            raw = ctypes.string_at(data.value, size.value)[len(FIELD_UNIT) + 1:]
+            name = raw.decode("utf-8", "replace")
+            if raw not in found and selection.matches_unit(name):
+                found[raw] = name
+    lib.sd_journal_flush_matches(handle)
+    return found
+
+
 def apply_matches(lib: LibSystemd, handle: ctypes.c_void_p, units: dict[bytes, str], containers: dict[bytes, str],
                   boot_id: str | None, matched_max: int) -> None:
     """(_SYSTEMD_UNIT=u1 ∨ …) ∨ (_PID=1 ∧ (UNIT=u1 ∨ …)) ∨ (CONTAINER_NAME=c1 ∨ …), and _BOOT_ID=b

@@ -60,12 +60,15 @@ from vllm_xpu_exporter.sources.journal.files import (SYSTEM_JOURNAL_DIRECTORIES,
                                                      check_readable_file, libc_madvise, release_journal_pages)
 from vllm_xpu_exporter.sources.journal.host import BOOT_ID_PATH, current_boot_id
 from vllm_xpu_exporter.sources.journal.invocations import MAX_INVOCATIONS_BACK, InvocationWalk
-from vllm_xpu_exporter.sources.journal.matches import GlobbedNames, apply_matches, query_watched_units
+from vllm_xpu_exporter.sources.journal.matches import (GlobbedNames, apply_matches, query_trusted_units,
+                                                       query_watched_units)
 from vllm_xpu_exporter.sources.journal.position import entries_before, position_cursor, resume_at
 from vllm_xpu_exporter.sources.journal.selection import JournalSelection
 from vllm_xpu_exporter.sources.logs.entry import DEFAULT_BATCH, LogEntry
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024
+RECENT_USEC = 120_000_000
+"""``read_latest_invocations``: PID 1's records this recent name units that may have printed nothing yet."""
 
 
 def open_journal(selection: JournalSelection, admit: Callable[[str, int | None], bool],
@@ -421,6 +424,8 @@ class JournalReader:
         *,
         max_invocations: int = MAX_INVOCATIONS_BACK,
         max_units: int | None = None,
+        init_over: Callable[[list[LogEntry]], bool] | None = None,
+        recent_usec: int = RECENT_USEC,
     ) -> list[LogEntry] | None:
         """The entries of each watched unit's latest invocations, in journal order; then the reader
         follows from the journal's last selected entry (``read_available()`` returns what comes after
@@ -431,8 +436,16 @@ class JournalReader:
         invocation at a time (the unit's entry just before the earlier one's first entry) until it has
         read, besides the latest, one for which ``sufficient(entries)`` is true (the journal follower:
         one that printed a vLLM line, so the unit is known to run an engine and its latest printed
-        start is among those read), or the unit's first invocation in the boot. Every entry of a read
-        invocation is returned, also those stored after a later invocation began.
+        start is among those read), or the unit's first invocation in the boot. The entries read of an
+        invocation are returned also when stored after a later invocation began.
+
+        Of each invocation only what a decision needs is read, however long it ran: PID 1's records of it, its
+        output from its start until ``init_over(entries)`` says its init has ended, and its last few entries
+        (``InvocationWalk``); without ``init_over``, its whole output.
+
+        The units are those journald vouches for (``query_trusted_units``): the writers' ``_SYSTEMD_UNIT``, and
+        the ``UNIT`` of PID 1's records within ``recent_usec`` of the journal's end (a unit started that has
+        printed nothing yet; the follower gives twice its engine grace), never any process's ``UNIT=``.
 
         Returns None, leaving the reader to read from the start of the boot, when that would not give
         the same as the whole boot: an entry where an invocation id is looked for has none (a journal
@@ -448,13 +461,13 @@ class JournalReader:
             raise RuntimeError("read_latest_invocations() must be called first after open()")
         if self.selection.container_globs:
             return self._read_whole_boot()  # a container's lines carry no invocation id
-        found, _ = self._query_watched_units()
+        found = query_trusted_units(lib, self._handle, self.selection, self._boot_id, recent_usec)
         if not found or len(found) > self.MATCHED_UNITS_MAX or (max_units is not None and len(found) > max_units):
             return self._read_whole_boot()
         walk = InvocationWalk(lib, self._handle, self._decoder or self._make_decoder(), boot_id=self._boot_id,
                               match_units=self._apply_matches,
                               release_pages=partial(release_journal_pages, self._madvise),
-                              release_every=self.RELEASE_PAGES_EVERY)
+                              release_every=self.RELEASE_PAGES_EVERY, init_over=init_over)
         read = walk.read(found, sufficient, max_invocations)
         if read is None:
             return self._read_whole_boot()

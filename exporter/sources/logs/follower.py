@@ -233,7 +233,9 @@ class LogFollower:
         entries = None
         if self.latest_invocations:
             entries = reader.read_latest_invocations(partial(prints_a_vllm_line, tracker.engine_grace_usec),
-                                                     max_units=self.max_units)
+                                                     max_units=self.max_units,
+                                                     init_over=partial(init_over, tracker.engine_grace_usec),
+                                                     recent_usec=2 * tracker.engine_grace_usec)
         self.caught_up_from = "boot" if entries is None else "latest invocations"
         for begin in range(0, len(entries or ()), DEFAULT_BATCH):
             if self._stop.is_set():
@@ -316,3 +318,13 @@ def prints_a_vllm_line(engine_grace_usec: int, entries: list[LogEntry]) -> bool:
     tracker = EngineTracker(1, engine_grace_usec)
     tracker.extend(entries)
     return any(view.latest is not None for view in tracker.views())
+
+
+def init_over(engine_grace_usec: int, entries: list[LogEntry]) -> bool:
+    """Whether the init of the start in these entries (the head of one invocation of one unit) has ended: its
+    main process began and it is not initialising (done, failed, or known to run no engine). Its later output
+    (a serving engine's request lines) changes no decision."""
+    tracker = EngineTracker(1, engine_grace_usec)
+    tracker.extend(entries)
+    return any(view.current is not None and view.current.main_began_usec is not None
+               and view.initialising_since_usec is None for view in tracker.views())
