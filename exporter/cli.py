@@ -41,6 +41,8 @@ from vllm_xpu_exporter.sources.dmem import DEFAULT_SYSFS, DmemReader
 from vllm_xpu_exporter.sources.endpoints import DEFAULT_HOST_ADDRESS, EndpointFinder
 from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
+from vllm_xpu_exporter.sources.privileged import (PrivilegedReader, RemoteDrmClientScanner, RemoteEndpointFinder,
+                                                  separate_privileges, should_separate)
 from vllm_xpu_exporter.sources.procfs import DEFAULT_PROCFS, DrmClientScanner
 from vllm_xpu_exporter.sources.udev import DrmNodeNames
 from vllm_xpu_exporter.sources.unitconfig import DEFAULT_PLANS_DIRECTORY, UnitPlans
@@ -182,9 +184,12 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     )
 
 
-def build_sources(options: Options, needs: set[Source]) -> Sources:
-    """The shared sources the enabled collectors need, not started."""
+def build_sources(options: Options, needs: set[Source], separate: bool = False) -> Sources:
+    """The shared sources the enabled collectors need, not started. `separate`: other processes' fds are read
+    by the privileged reader (started by `main`), not in this process."""
     sources = Sources()
+    if separate and needs & {Source.DRM_CLIENTS, Source.VLLM_ENDPOINTS}:
+        sources.privileged = PrivilegedReader(options.procfs, host_address=options.sd_host_address)
     if needs & {Source.LEVELZERO, Source.LEVELZERO_TELEMETRY}:
         sources.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout,
                                             telemetry=Source.LEVELZERO_TELEMETRY in needs)
@@ -197,14 +202,16 @@ def build_sources(options: Options, needs: set[Source]) -> Sources:
         if directories:
             sources.container_logs = container_log_follower(options, directories)
     if Source.DRM_CLIENTS in needs:
-        sources.drm_clients = DrmClientScanner(options.procfs)
+        sources.drm_clients = (DrmClientScanner(options.procfs) if sources.privileged is None
+                               else RemoteDrmClientScanner(sources.privileged))
     if Source.DMEM in needs:
         sources.dmem = DmemReader(options.sysfs)
     if Source.CONTAINER_NAMES in needs:
         sources.container_names = ContainerNames(options.docker_roots, options.podman_storages, options.pod_logs,
                                                  options.container_logs)
     if Source.VLLM_ENDPOINTS in needs:
-        sources.vllm_endpoints = EndpointFinder(options.procfs, host_address=options.sd_host_address)
+        sources.vllm_endpoints = (EndpointFinder(options.procfs, host_address=options.sd_host_address)
+                                  if sources.privileged is None else RemoteEndpointFinder(sources.privileged))
     if Source.UNIT_PLANS in needs:
         sources.unit_plans = UnitPlans(options.plans_directory)
     return sources
@@ -241,11 +248,11 @@ def exporter_journal_selection(options: Options, own_unit: str | None = None) ->
     return replace(selection, excluded_units=(own_unit,))
 
 
-def build_registry(options: Options) -> tuple[CollectorRegistry, Sources, list[Collector]]:
+def build_registry(options: Options, separate: bool = False) -> tuple[CollectorRegistry, Sources, list[Collector]]:
     """prometheus_client's registry with the exporter's collector over the enabled collectors, and the
     standard process and Python collectors; the sources and collectors are returned not started."""
     enabled = [spec for spec in registered() if spec.name in options.collectors]
-    sources = build_sources(options, {need for spec in enabled for need in spec.needs})
+    sources = build_sources(options, {need for spec in enabled for need in spec.needs}, separate)
     collectors = [spec.factory(options.collector_options[spec.name], sources) for spec in enabled]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, sources))
@@ -279,7 +286,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"vllm-xpu-exporter: error: --web.config.file: {error}", file=sys.stderr)
             return EXIT_USAGE
 
-    registry, sources, collectors = build_registry(options)
+    separate = should_separate()
+    registry, sources, collectors = build_registry(options, separate)
+    if separate:
+        error = separate_privileges(sources.privileged)
+        if error is not None:
+            print(f"vllm-xpu-exporter: error: {error}", file=sys.stderr)
+            return 1
     try:
         server = ExporterServer(options.listen_addresses, options.telemetry_path, registry, web_config,
                                 documents=documents(registry, sources))

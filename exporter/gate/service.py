@@ -37,6 +37,7 @@ from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.decision import HOST, Admission, Decision, Lease, decide, lease_over, waiting_invocation
 from vllm_xpu_exporter.sources import procfs
 from vllm_xpu_exporter.sources.journal import open_journal
+from vllm_xpu_exporter.sources.privileged import PrivilegedReader
 from vllm_xpu_exporter.sources.logs.entry import LogSelection
 from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
@@ -208,8 +209,10 @@ def listening_socket(path: str | None, environ=os.environ) -> socket.socket:
 
 
 class Service:
-    def __init__(self, options: ServiceOptions, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, options: ServiceOptions, *, clock: Callable[[], float] = time.monotonic,
+                 privileged: PrivilegedReader | None = None) -> None:
         self.options = options
+        self.privileged = privileged  # reads the units' fds when the service separates privileges
         self.clock = clock
         self.began = clock()
         self.journal = LogFollower(options.selection, options.journal_max_units, open_reader=open_journal,
@@ -261,6 +264,8 @@ class Service:
             waiter.close()
         self.journal.stop(timeout=1.0)
         self.levelzero.close()
+        if self.privileged is not None:
+            self.privileged.close()
 
     def accept(self, connection: socket.socket) -> None:
         with self._condition:
@@ -481,16 +486,24 @@ class Service:
         return None
 
     def _devices_of_units(self) -> dict[str, set[str]]:
-        devices = procfs.devices_of_units(self.options.procfs)
+        try:
+            devices = procfs.devices_in(self._scan_drm_clients())
+        except procfs.ProcfsUnavailable:
+            devices = {}
         for lease in self.leases.values():
             if lease.device != HOST:
                 devices.setdefault(lease.unit, set()).add(lease.device)
         return devices
 
+    def _scan_drm_clients(self) -> procfs.ScanResult:
+        if self.privileged is not None:
+            return self.privileged.scan()
+        return procfs.scan_drm_clients(self.options.procfs)
+
     def _taken(self, device: str) -> dict[str, int] | None:
         """Device memory each unit's processes hold on the device (DRM fdinfo); None when unknown."""
         try:
-            scan = procfs.scan_drm_clients(self.options.procfs)
+            scan = self._scan_drm_clients()
         except procfs.ProcfsUnavailable:
             return None
         if scan.clients and not scan.memory_keys_seen:

@@ -1,0 +1,325 @@
+"""The privileged reader: the only process of a service that keeps CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
+
+Other users' `/proc/PID/fd` and `/proc/PID/fdinfo` need those capabilities, which also open
+`/proc/PID/mem`, `/proc/PID/environ` and `/proc/PID/root/...` of every process. So the exporter and the gate,
+when they start with them (and not as root), start this child first and then drop them
+(`vllm_xpu_exporter.capabilities`): the process that faces the network or the gate's socket holds neither, and
+the child, which faces nothing but its parent's pipe, does only what the parent may ask. It reads fixed
+shapes of path under the procfs root it was started with (`fd/`, `fdinfo/`, `cgroup`, `stat`, `cmdline`,
+`ns/net`, `net/*`), through `DrmClientScanner` and `EndpointFinder`, and answers figures: never a file, a
+path the parent names, or a byte of another process's memory or environment. It drops CAP_PERFMON, which it
+does not use, at its start; the serving process keeps that one alone, for its Level Zero child
+(`lower_serving_capabilities`).
+
+The protocol: JSON lines on the child's stdin and stdout, one answer per request, in order.
+
+    parent -> {"read": "scan"}
+    child  -> {"scan": SCAN}  |  {"unavailable": MESSAGE}     (ProcfsUnavailable)
+    parent -> {"read": "endpoints", "cgroups": [PATH, ...]}   (at most MAX_CGROUPS paths of MAX_PATH_CHARS)
+    child  -> {"endpoints": {PATH: ENDPOINT, ...}}  |  {"unavailable": MESSAGE}
+    child  -> {"refused": MESSAGE}                            (any other line)
+
+SCAN is a `ScanResult` as `scan_to_wire` writes it; ENDPOINT an `Endpoint`'s fields.
+
+The child cannot be started again once the parent has dropped its capabilities: when it exits, or does not
+answer within the timeout twice in a row (a read stuck in the kernel), its reads fail with ProcfsUnavailable
+saying so (the processes collector reports it in `xpu_exporter_collector_success`), until the service is
+restarted.
+
+`python -m vllm_xpu_exporter.sources.privileged --procfs PROCFS [--host-address ADDRESS] [--full-scans]`
+runs the child side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import selectors
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from vllm_xpu_exporter import capabilities
+from vllm_xpu_exporter.parsers.cgroup import UnitCgroup
+from vllm_xpu_exporter.sources.endpoints import DEFAULT_HOST_ADDRESS, Endpoint, EndpointFinder
+from vllm_xpu_exporter.sources.procfs import (DEFAULT_PROCFS, DrmClientScanner, ProcfsUnavailable, ScanResult,
+                                              UnitEngineUse, read_unit_cgroup)
+
+log = logging.getLogger("vllm_xpu_exporter.privileged")
+
+DEFAULT_TIMEOUT_S = 10.0  # a scan of a busy host takes tens of milliseconds; a bounded one far less than this
+MAX_CGROUPS = 4096
+MAX_PATH_CHARS = 4096
+MAX_REQUEST_BYTES = 1 << 24
+
+
+def should_separate() -> bool:
+    """Whether this process has reader capabilities to give to a child and drop: not as root (uid 0 reads
+    root's processes without any capability, so there is nothing to separate)."""
+    return os.geteuid() != 0 and bool(capabilities.permitted() & capabilities.READER_CAPABILITIES)
+
+
+def separate_privileges(reader: PrivilegedReader | None) -> str | None:
+    """In the serving process, before it starts any thread: start the reader (if any: nothing may need it),
+    then keep CAP_PERFMON alone (if it had it), for the Level Zero child it starts. A line saying what
+    failed, or None."""
+    if reader is not None:
+        try:
+            reader.start()
+        except OSError as error:
+            return f"cannot start the privileged reader: {error.strerror or error}"
+    try:
+        capabilities.keep_only(capabilities.permitted() & capabilities.SERVING_CAPABILITIES, inherited=True)
+    except capabilities.CapabilityError as error:
+        if reader is not None:
+            reader.close()
+        return f"cannot drop capabilities: {error}"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------- wire
+
+def scan_to_wire(scan: ScanResult) -> dict[str, Any]:
+    return {
+        "memory_by_device_unit": scan.memory_by_device_unit,
+        "memory_by_device": scan.memory_by_device,
+        "memory_by_device_pid": {device: [[pid, size] for pid, size in by_pid.items()]
+                                 for device, by_pid in scan.memory_by_device_pid.items()},
+        "unit_by_pid": [[pid, unit] for pid, unit in scan.unit_by_pid.items()],
+        "unit_cgroups": {unit: sorted(paths) for unit, paths in scan.unit_cgroups.items()},
+        "engines_by_device_unit": {
+            device: {unit: {"busy_seconds": use.busy_seconds, "cycles": use.cycles, "total_cycles": use.total_cycles}
+                     for unit, use in by_unit.items()}
+            for device, by_unit in scan.engines_by_device_unit.items()},
+        "driver_by_device": scan.driver_by_device,
+        "clients": scan.clients, "drm_fds": scan.drm_fds, "processes": scan.processes,
+        "unreadable": scan.unreadable, "vanished": scan.vanished, "memory_keys_seen": scan.memory_keys_seen,
+        "fds_skipped": scan.fds_skipped, "walks_deferred": scan.walks_deferred,
+    }
+
+
+def scan_from_wire(wire: dict[str, Any]) -> ScanResult:
+    return ScanResult(
+        memory_by_device_unit=wire["memory_by_device_unit"],
+        memory_by_device=wire["memory_by_device"],
+        memory_by_device_pid={device: {int(pid): int(size) for pid, size in pairs}
+                              for device, pairs in wire["memory_by_device_pid"].items()},
+        unit_by_pid={int(pid): unit for pid, unit in wire["unit_by_pid"]},
+        unit_cgroups={unit: frozenset(paths) for unit, paths in wire["unit_cgroups"].items()},
+        engines_by_device_unit={device: {unit: UnitEngineUse(**use) for unit, use in by_unit.items()}
+                                for device, by_unit in wire["engines_by_device_unit"].items()},
+        driver_by_device=wire["driver_by_device"],
+        clients=wire["clients"], drm_fds=wire["drm_fds"], processes=wire["processes"],
+        unreadable=wire["unreadable"], vanished=wire["vanished"], memory_keys_seen=wire["memory_keys_seen"],
+        fds_skipped=wire["fds_skipped"], walks_deferred=wire["walks_deferred"],
+    )
+
+
+# ----------------------------------------------------------------------------------------- child side
+
+def _answer(request: Any, scanner: DrmClientScanner, finder: EndpointFinder) -> dict[str, Any]:
+    if not isinstance(request, dict):
+        return {"refused": "a request is a JSON object"}
+    try:
+        if request.get("read") == "scan":
+            return {"scan": scan_to_wire(scanner.scan())}
+        if request.get("read") == "endpoints":
+            paths = request.get("cgroups")
+            if (not isinstance(paths, list) or len(paths) > MAX_CGROUPS
+                    or not all(isinstance(path, str) and 0 < len(path) <= MAX_PATH_CHARS for path in paths)):
+                return {"refused": f"cgroups: a list of at most {MAX_CGROUPS} paths of at most {MAX_PATH_CHARS} "
+                                   "characters"}
+            return {"endpoints": {path: vars(endpoint) for path, endpoint in finder.find(paths).items()}}
+    except ProcfsUnavailable as error:
+        return {"unavailable": str(error)}
+    except Exception as error:  # a bug costs this answer, not the child the service cannot start again
+        return {"unavailable": f"the privileged reader failed: {type(error).__name__}: {error}"}
+    return {"refused": "unknown request"}
+
+
+def _child_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="vllm_xpu_exporter.sources.privileged")
+    parser.add_argument("--procfs", default=DEFAULT_PROCFS)
+    parser.add_argument("--host-address", default=DEFAULT_HOST_ADDRESS)
+    parser.add_argument("--full-scans", action="store_true", help="walk every process at every scan")
+    args = parser.parse_args(argv)
+    capabilities.keep_only(capabilities.permitted() & capabilities.READER_CAPABILITIES)
+    scanner = (DrmClientScanner(args.procfs, young_seconds=0, max_held_fds=0) if args.full_scans
+               else DrmClientScanner(args.procfs))
+    finder = EndpointFinder(args.procfs, host_address=args.host_address)
+    out = sys.stdout
+    for line in sys.stdin.buffer:
+        if len(line) > MAX_REQUEST_BYTES:
+            answer: dict[str, Any] = {"refused": "request too long"}
+        else:
+            try:
+                request = json.loads(line)
+            except ValueError:
+                answer = {"refused": "not JSON"}
+            else:
+                answer = _answer(request, scanner, finder)
+        out.write(json.dumps(answer) + "\n")
+        out.flush()
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- parent side
+
+class PrivilegedReader:
+    """Parent-side handle on the privileged child: `start()` before dropping capabilities, then `scan()` and
+    `find_endpoints()`. Thread-safe (requests are serial)."""
+
+    def __init__(self, procfs: str = DEFAULT_PROCFS, host_address: str = DEFAULT_HOST_ADDRESS,
+                 full_scans: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.procfs = procfs
+        self.host_address = host_address
+        self.full_scans = full_scans
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen[bytes] | None = None
+        self._buffer = b""
+        self._unanswered = 0  # requests that timed out: their answers come first
+        self._lost: str | None = None  # why the child is gone for good
+
+    def start(self) -> None:
+        """Start the child (it inherits this process's ambient capabilities); raises OSError when it cannot."""
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+        self._child = subprocess.Popen(
+            [sys.executable, "-m", "vllm_xpu_exporter.sources.privileged", "--procfs", self.procfs,
+             "--host-address", self.host_address, *(["--full-scans"] if self.full_scans else [])],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd="/")
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._child is None else self._child.pid
+
+    def scan(self) -> ScanResult:
+        answer = self._ask({"read": "scan"}, "scan")
+        try:
+            return scan_from_wire(answer)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ProcfsUnavailable(f"the privileged reader sent a malformed scan ({type(error).__name__})") from None
+
+    def find_endpoints(self, cgroup_paths: Iterable[str]) -> dict[str, Endpoint]:
+        answer = self._ask({"read": "endpoints", "cgroups": sorted(set(cgroup_paths))}, "endpoints")
+        try:
+            return {path: Endpoint(**fields) for path, fields in answer.items()}
+        except (TypeError, AttributeError) as error:
+            raise ProcfsUnavailable(f"the privileged reader sent malformed endpoints ({type(error).__name__})") \
+                from None
+
+    def close(self) -> None:
+        with self._lock:
+            child, self._child = self._child, None
+            self._lost = self._lost or "closed"
+        if child is not None:
+            child.kill()
+            child.wait()
+            for stream in (child.stdin, child.stdout):
+                if stream is not None:
+                    stream.close()
+
+    def _ask(self, request: dict[str, Any], key: str) -> Any:
+        with self._lock:
+            if self._child is None:
+                raise ProcfsUnavailable(f"the privileged reader is not running ({self._lost or 'not started'}); "
+                                        "restarting the service starts it again")
+            deadline = time.monotonic() + self.timeout
+            try:
+                assert self._child.stdin is not None
+                self._child.stdin.write(json.dumps(request).encode() + b"\n")
+                self._child.stdin.flush()
+                while self._unanswered:  # answers to requests given up on: late, not for this one
+                    if self._receive(deadline) is None:
+                        return self._unanswered_request()
+                    self._unanswered -= 1
+                answer = self._receive(deadline)
+            except OSError as error:
+                self._lose(f"its pipe failed: {error.strerror or error}")
+            if answer is None:
+                return self._unanswered_request()
+        if key in answer:
+            return answer[key]
+        if "unavailable" in answer:
+            raise ProcfsUnavailable(str(answer["unavailable"]))
+        raise ProcfsUnavailable(f"the privileged reader refused the request: {answer.get('refused', answer)}")
+
+    def _unanswered_request(self) -> Any:
+        self._unanswered += 1
+        if self._unanswered > 1:
+            self._lose(f"it answered no request within {self.timeout:g}s twice")
+        raise ProcfsUnavailable(f"the privileged reader did not answer within {self.timeout:g}s")
+
+    def _receive(self, deadline: float) -> dict[str, Any] | None:
+        child = self._child
+        assert child is not None and child.stdout is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(child.stdout, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not selector.select(remaining):
+                    return None
+                chunk = os.read(child.stdout.fileno(), 1 << 20)
+                if not chunk:
+                    self._lose("it has exited")
+                self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            self._lose("it sent garbage")
+        return message
+
+    def _lose(self, why: str) -> None:
+        """Give the child up for good (lock held): it cannot be started again without the capabilities."""
+        child, self._child = self._child, None
+        self._lost = why
+        if child is not None and child.poll() is None:
+            child.kill()
+        log.error("the privileged reader is lost: %s; per-unit memory from fdinfo is unavailable until the "
+                  "service restarts", why)
+        raise ProcfsUnavailable(f"the privileged reader is lost ({why}); restarting the service starts it again")
+
+
+class RemoteDrmClientScanner:
+    """`DrmClientScanner`'s interface, answered by the privileged reader."""
+
+    def __init__(self, reader: PrivilegedReader) -> None:
+        self.reader = reader
+        self.procfs = reader.procfs
+
+    def scan(self) -> ScanResult:
+        return self.reader.scan()
+
+    def unit_cgroup_of(self, pid: int) -> UnitCgroup | None:
+        try:  # /proc/PID/cgroup is readable by all: no need to ask
+            return read_unit_cgroup(self.procfs, pid)
+        except OSError:
+            return None
+
+    def close(self) -> None:
+        """The reader is closed by its owner, which may share it."""
+
+
+class RemoteEndpointFinder:
+    """`EndpointFinder`'s interface, answered by the privileged reader."""
+
+    def __init__(self, reader: PrivilegedReader) -> None:
+        self.reader = reader
+
+    def find(self, cgroup_paths: Iterable[str]) -> dict[str, Endpoint]:
+        return self.reader.find_endpoints(cgroup_paths)
+
+
+if __name__ == "__main__":
+    raise SystemExit(_child_main(sys.argv[1:]))
