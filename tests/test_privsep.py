@@ -1,0 +1,145 @@
+"""Privilege separation (exporter/sources/privileged.py, exporter/capabilities.py) and the bounded fd scans.
+
+A service started with the pod's uid and capabilities (as the DaemonSet and the packaged units give them) keeps
+CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH only in the privileged reader child: the serving process can no longer read
+a root process's environment, memory or root directory, while the reader still walks its fd table. The reader
+answers the same scans as the scanner in process, and only the requests of its protocol. A process with very many
+fds costs a scan a bounded number of stats, and the skipped ones are counted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vllm_xpu_exporter.sources.privileged import MAX_CGROUPS, PrivilegedReader, _answer, scan_from_wire, scan_to_wire
+from vllm_xpu_exporter.sources.procfs import DrmClientScanner, ProcfsUnavailable, scan_drm_clients
+
+from fakeprocfs import FakeProcfs, xe_fdinfo
+from polling import ManualClock
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = Path(__file__).resolve().parent / "privsepprobe.py"
+POD_UID = 10447
+POD_CAPABILITIES = "+perfmon,+sys_ptrace,+dac_read_search"
+PYTHON = "/usr/bin/python3"  # the probe's user cannot read a venv's interpreter under /root once it drops CAP_DAC_READ_SEARCH
+CHAT = "/system.slice/vllm-xpu-chat.service"
+CODE = "/system.slice/vllm-xpu-code.service"
+MiB = 1 << 20
+
+
+@pytest.fixture
+def root_process():
+    """A root process with a secret in its environment, and its stack's address."""
+    if os.geteuid() != 0:
+        pytest.fail("the probe needs root to take the pod's uid (tests/run runs as root)")
+    process = subprocess.Popen(["sleep", "60"], env={"DB_PASSWORD": "hunter2"}, cwd="/")
+    try:
+        stack = next(line for line in open(f"/proc/{process.pid}/maps") if line.rstrip().endswith("[stack]"))
+        yield process.pid, stack.split("-")[0]
+    finally:
+        process.kill()
+        process.wait()
+
+
+def probe(mode: str, target: tuple[int, str], tmp_path: Path) -> dict:
+    package = tmp_path / "package"
+    package.mkdir(mode=0o755)
+    (package / "vllm_xpu_exporter").symlink_to(REPO / "exporter")
+    tmp_path.chmod(0o755)
+    argv = ["setpriv", f"--reuid={POD_UID}", f"--regid={POD_UID}", "--clear-groups",
+            f"--inh-caps={POD_CAPABILITIES}", f"--ambient-caps={POD_CAPABILITIES}",
+            "env", f"PYTHONPATH={package}", PYTHON, str(PROBE), mode, str(target[0]), target[1]]
+    completed = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout)
+
+
+def test_with_every_capability_kept_the_serving_process_reads_a_root_processs_secrets(root_process, tmp_path):
+    report = probe("keep", root_process, tmp_path)
+    assert report["uid"] == POD_UID
+    assert (report["environ"], report["mem"], report["root_shadow"]) == ("ok", "ok", "ok")
+
+
+def test_after_separation_the_serving_process_reads_no_secret_and_the_reader_still_walks_fd_tables(
+        root_process, tmp_path):
+    report = probe("separate", root_process, tmp_path)
+    assert report["uid"] == POD_UID
+    assert report["caps"] == format(1 << 38, "x")  # CAP_PERFMON alone, for the Level Zero child
+    assert (report["environ"], report["mem"], report["root_shadow"]) == ("EACCES", "EACCES", "EACCES")
+    assert not report["serving_lists_target_fds"]
+    # The reader walks the fd tables the serving process cannot: every root process's, the target's among them.
+    assert report["reader_unreadable"] < report["serving_unreadable"]
+
+
+def test_the_reader_answers_the_scan_the_scanner_makes_in_process(tmp_path):
+    tree = FakeProcfs(tmp_path)
+    tree.add_unit_process(100, CHAT).add_drm_fd(xe_fdinfo(client_id=1, vram0=3 * MiB))
+    tree.add_unit_process(200, CODE).add_drm_fd(xe_fdinfo(client_id=2, vram0=MiB))
+    tree.add_unreadable_process(300)
+    reader = PrivilegedReader(str(tree.root), full_scans=True)
+    reader.start()
+    try:
+        assert reader.scan() == scan_drm_clients(str(tree.root))
+        assert reader.scan().memory_by_device_unit == {"0000:03:00.0": {"vllm-xpu-chat.service": 3 * MiB,
+                                                                        "vllm-xpu-code.service": MiB}}
+    finally:
+        reader.close()
+    with pytest.raises(ProcfsUnavailable, match="not running"):
+        reader.scan()
+
+
+def test_the_wire_form_of_a_scan_gives_the_scan_back(tmp_path):
+    tree = FakeProcfs(tmp_path)
+    tree.add_unit_process(100, CHAT).add_drm_fd(xe_fdinfo(client_id=1, vram0=MiB))
+    result = scan_drm_clients(str(tree.root))
+    assert scan_from_wire(json.loads(json.dumps(scan_to_wire(result)))) == result
+
+
+def test_the_reader_answers_only_its_requests(tmp_path):
+    tree = FakeProcfs(tmp_path)
+    scanner = DrmClientScanner(str(tree.root))
+
+    class NoEndpoints:
+        def find(self, paths):
+            raise AssertionError("not asked")
+
+    for request in ([], "scan", {"read": "environ", "pid": 1}, {"read": "endpoints", "cgroups": "/"},
+                    {"read": "endpoints", "cgroups": ["/x"] * (MAX_CGROUPS + 1)},
+                    {"read": "endpoints", "cgroups": ["x" * 5000]}):
+        assert set(_answer(request, scanner, NoEndpoints())) == {"refused"}
+
+
+def test_a_process_with_many_fds_costs_a_walk_its_first_fds_only_and_the_rest_is_counted(tmp_path):
+    tree = FakeProcfs(tmp_path)
+    process = tree.add_unit_process(100, CHAT)
+    process.add_drm_fd(xe_fdinfo(client_id=1, vram0=MiB))  # fd 0: the GPU is opened early
+    process.add_other_fds(40)
+    late = tree.add_unit_process(200, CODE)
+    late.add_other_fds(12)
+    late.add_drm_fd(xe_fdinfo(client_id=2, vram0=MiB))  # fd 12: beyond the bound, not seen
+    scanner = DrmClientScanner(str(tree.root), young_seconds=0, max_held_fds=0, max_fds_per_process=10)
+    result = scanner.scan()
+    assert result.fds_skipped == (41 - 10) + (13 - 10)
+    assert result.memory_by_device_unit == {"0000:03:00.0": {"vllm-xpu-chat.service": MiB}}
+
+
+def test_a_scan_walks_processes_until_its_fd_bound_and_the_next_scan_walks_the_rest(tmp_path):
+    tree = FakeProcfs(tmp_path)
+    for pid, unit in ((100, CHAT), (200, CODE), (300, "/system.slice/vllm-xpu-stt.service")):
+        process = tree.add_unit_process(pid, unit)
+        process.add_drm_fd(xe_fdinfo(client_id=pid, vram0=MiB))
+        process.add_other_fds(9)
+    clock = ManualClock()
+    scanner = DrmClientScanner(str(tree.root), rescan_seconds=60, young_seconds=0, clock=clock, max_held_fds=0,
+                               max_fds_per_scan=15)
+    first = scanner.scan()
+    assert first.walks_deferred == 1 and first.fds_skipped == 0
+    assert set(first.memory_by_device_unit["0000:03:00.0"]) == {"vllm-xpu-chat.service", "vllm-xpu-code.service"}
+    clock.now += 1
+    second = scanner.scan()  # the two walked are read through their known clients; the third is walked now
+    assert second.walks_deferred == 0
+    assert len(second.memory_by_device_unit["0000:03:00.0"]) == 3
