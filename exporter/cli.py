@@ -42,7 +42,7 @@ from vllm_xpu_exporter.sources.endpoints import DEFAULT_HOST_ADDRESS, EndpointFi
 from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
 from vllm_xpu_exporter.sources.privileged import (PrivilegedReader, RemoteDrmClientScanner, RemoteEndpointFinder,
-                                                  separate_privileges, should_separate)
+                                                  separate_privileges)
 from vllm_xpu_exporter.sources.procfs import DEFAULT_PROCFS, DrmClientScanner
 from vllm_xpu_exporter.sources.udev import DrmNodeNames
 from vllm_xpu_exporter.sources.unitconfig import DEFAULT_PLANS_DIRECTORY, UnitPlans
@@ -184,12 +184,10 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     )
 
 
-def build_sources(options: Options, needs: set[Source], separate: bool = False) -> Sources:
-    """The shared sources the enabled collectors need, not started. `separate`: other processes' fds are read
-    by the privileged reader (started by `main`), not in this process."""
-    sources = Sources()
-    if separate and needs & {Source.DRM_CLIENTS, Source.VLLM_ENDPOINTS}:
-        sources.privileged = PrivilegedReader(options.procfs, host_address=options.sd_host_address)
+def build_sources(options: Options, needs: set[Source], privileged: PrivilegedReader | None = None) -> Sources:
+    """The shared sources the enabled collectors need, not started. `privileged`: the reader of other processes'
+    fds (`separate_privileges`), which then reads them instead of this process."""
+    sources = Sources(privileged=privileged)
     if needs & {Source.LEVELZERO, Source.LEVELZERO_TELEMETRY}:
         sources.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout,
                                             telemetry=Source.LEVELZERO_TELEMETRY in needs)
@@ -248,11 +246,12 @@ def exporter_journal_selection(options: Options, own_unit: str | None = None) ->
     return replace(selection, excluded_units=(own_unit,))
 
 
-def build_registry(options: Options, separate: bool = False) -> tuple[CollectorRegistry, Sources, list[Collector]]:
+def build_registry(options: Options, privileged: PrivilegedReader | None = None
+                   ) -> tuple[CollectorRegistry, Sources, list[Collector]]:
     """prometheus_client's registry with the exporter's collector over the enabled collectors, and the
     standard process and Python collectors; the sources and collectors are returned not started."""
     enabled = [spec for spec in registered() if spec.name in options.collectors]
-    sources = build_sources(options, {need for spec in enabled for need in spec.needs}, separate)
+    sources = build_sources(options, {need for spec in enabled for need in spec.needs}, privileged)
     collectors = [spec.factory(options.collector_options[spec.name], sources) for spec in enabled]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, sources))
@@ -277,6 +276,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     options = parse_options(argv)
     setup_logging(options.log_level, options.log_format)
+    # First: the process serving the network keeps no capability that reads other processes (this may execve)
+    needs = {need for spec in registered() if spec.name in options.collectors for need in spec.needs}
+    privileged, error = separate_privileges(options.procfs, host_address=options.sd_host_address,
+                                            needed=bool(needs & {Source.DRM_CLIENTS, Source.VLLM_ENDPOINTS}))
+    if error is not None:
+        print(f"vllm-xpu-exporter: error: {error}", file=sys.stderr)
+        return 1
 
     web_config = None
     if options.web_config_file:
@@ -286,13 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"vllm-xpu-exporter: error: --web.config.file: {error}", file=sys.stderr)
             return EXIT_USAGE
 
-    separate = should_separate()
-    registry, sources, collectors = build_registry(options, separate)
-    if separate:
-        error = separate_privileges(sources.privileged)
-        if error is not None:
-            print(f"vllm-xpu-exporter: error: {error}", file=sys.stderr)
-            return 1
+    registry, sources, collectors = build_registry(options, privileged)
     try:
         server = ExporterServer(options.listen_addresses, options.telemetry_path, registry, web_config,
                                 documents=documents(registry, sources))

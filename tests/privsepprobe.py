@@ -43,12 +43,12 @@ def main() -> None:
     from vllm_xpu_exporter.sources import procfs
     from vllm_xpu_exporter.sources.privileged import PrivilegedReader, separate_privileges
 
-    reader = PrivilegedReader("/proc", full_scans=True)
     if mode == "separate":
-        error = separate_privileges(reader)
-        if error is not None:
-            raise SystemExit(error)
+        reader, error = separate_privileges("/proc", full_scans=True)  # executes this probe again, separated
+        if error is not None or reader is None:
+            raise SystemExit(error or "nothing to separate: run the probe with the reader's capabilities, not as root")
     else:
+        reader = PrivilegedReader("/proc", full_scans=True)
         reader.start()
     own = procfs._Scan("/proc")  # the serving process's own walk of every fd table
     for pid in procfs.list_pids("/proc"):

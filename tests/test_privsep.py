@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -45,11 +47,18 @@ def root_process():
         process.wait()
 
 
-def probe(mode: str, target: tuple[int, str], tmp_path: Path) -> dict:
-    package = tmp_path / "package"
-    package.mkdir(mode=0o755)
-    (package / "vllm_xpu_exporter").symlink_to(REPO / "exporter")
-    tmp_path.chmod(0o755)
+@pytest.fixture
+def package():
+    """A directory the pod's uid can read without CAP_DAC_READ_SEARCH that holds the package (pytest's tmp_path
+    is under a directory of root's, mode 0700)."""
+    directory = Path(tempfile.mkdtemp(prefix="privsep-"))
+    directory.chmod(0o755)
+    (directory / "vllm_xpu_exporter").symlink_to(REPO / "exporter")
+    yield directory
+    shutil.rmtree(directory)
+
+
+def probe(mode: str, target: tuple[int, str], package: Path) -> dict:
     argv = ["setpriv", f"--reuid={POD_UID}", f"--regid={POD_UID}", "--clear-groups",
             f"--inh-caps={POD_CAPABILITIES}", f"--ambient-caps={POD_CAPABILITIES}",
             "env", f"PYTHONPATH={package}", PYTHON, str(PROBE), mode, str(target[0]), target[1]]
@@ -58,15 +67,15 @@ def probe(mode: str, target: tuple[int, str], tmp_path: Path) -> dict:
     return json.loads(completed.stdout)
 
 
-def test_with_every_capability_kept_the_serving_process_reads_a_root_processs_secrets(root_process, tmp_path):
-    report = probe("keep", root_process, tmp_path)
+def test_with_every_capability_kept_the_serving_process_reads_a_root_processs_secrets(root_process, package):
+    report = probe("keep", root_process, package)
     assert report["uid"] == POD_UID
     assert (report["environ"], report["mem"], report["root_shadow"]) == ("ok", "ok", "ok")
 
 
 def test_after_separation_the_serving_process_reads_no_secret_and_the_reader_still_walks_fd_tables(
-        root_process, tmp_path):
-    report = probe("separate", root_process, tmp_path)
+        root_process, package):
+    report = probe("separate", root_process, package)
     assert report["uid"] == POD_UID
     assert report["caps"] == format(1 << 38, "x")  # CAP_PERFMON alone, for the Level Zero child
     assert (report["environ"], report["mem"], report["root_shadow"]) == ("EACCES", "EACCES", "EACCES")

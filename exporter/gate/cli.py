@@ -183,24 +183,22 @@ def usage_error(message: str) -> int:
 def serve(argv: Sequence[str]) -> int:
     from vllm_xpu_exporter.gate.service import Service, listening_socket
     from vllm_xpu_exporter.sources.journal.host import read_own_service_unit
-    from vllm_xpu_exporter.sources.privileged import PrivilegedReader, separate_privileges, should_separate
+    from vllm_xpu_exporter.sources.privileged import separate_privileges
     options = parse_service_options(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s", force=True)
     own_unit = read_own_service_unit()
     if own_unit is not None:  # vllm-xpu-gate.service matches the default vllm*.service: it is no engine
         options = dataclasses.replace(options, selection=dataclasses.replace(options.selection,
                                                                              excluded_units=(own_unit,)))
+    # First: the process answering the socket keeps no capability that reads other processes (this may execve)
+    privileged, error = separate_privileges(options.procfs, full_scans=True)
+    if error is not None:
+        sys.stderr.write(f"{PROG}: error: {error}\n")
+        return 1
     try:
         listener = listening_socket(options.listen)
     except OSError as error:
         return usage_error(f"cannot listen: {error}")
-    privileged = None
-    if should_separate():  # before any thread: capabilities are per thread
-        privileged = PrivilegedReader(options.procfs, full_scans=True)
-        error = separate_privileges(privileged)
-        if error is not None:
-            sys.stderr.write(f"{PROG}: error: {error}\n")
-            return 1
     service = Service(options, privileged=privileged)
     signal.signal(signal.SIGTERM, lambda signum, frame: service.stop())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -3,13 +3,14 @@
 Other users' `/proc/PID/fd` and `/proc/PID/fdinfo` need those capabilities, which also open
 `/proc/PID/mem`, `/proc/PID/environ` and `/proc/PID/root/...` of every process. So the exporter and the gate,
 when they start with them (and not as root), start this child first and then drop them
-(`vllm_xpu_exporter.capabilities`): the process that faces the network or the gate's socket holds neither, and
-the child, which faces nothing but its parent's pipe, does only what the parent may ask. It reads fixed
+(`separate_privileges`: lowered in the ambient set, then the service's command line executed again, which
+keeps only the ambient set; `vllm_xpu_exporter.capabilities`): the process that faces the network or the
+gate's socket holds neither, and the child, which faces nothing but its parent's pipe, does only what the
+parent may ask. It reads fixed
 shapes of path under the procfs root it was started with (`fd/`, `fdinfo/`, `cgroup`, `stat`, `cmdline`,
 `ns/net`, `net/*`), through `DrmClientScanner` and `EndpointFinder`, and answers figures: never a file, a
-path the parent names, or a byte of another process's memory or environment. It drops CAP_PERFMON, which it
-does not use, at its start; the serving process keeps that one alone, for its Level Zero child
-(`lower_serving_capabilities`).
+path the parent names, or a byte of another process's memory or environment. It does not get CAP_PERFMON, which it
+does not use; the serving process keeps that one alone, for its Level Zero child.
 
 The protocol: JSON lines on the child's stdin and stdout, one answer per request, in order.
 
@@ -37,13 +38,14 @@ import json
 import logging
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from vllm_xpu_exporter import capabilities
 from vllm_xpu_exporter.parsers.cgroup import UnitCgroup
@@ -57,6 +59,9 @@ DEFAULT_TIMEOUT_S = 10.0  # a scan of a busy host takes tens of milliseconds; a 
 MAX_CGROUPS = 4096
 MAX_PATH_CHARS = 4096
 MAX_REQUEST_BYTES = 1 << 24
+# The serving process's new image finds its reader here: "PID:WRITE_FD:READ_FD" (or NO_READER).
+READER_ENV = "VLLM_XPU_PRIVILEGED_READER"
+NO_READER = "none"
 
 
 def should_separate() -> bool:
@@ -65,22 +70,42 @@ def should_separate() -> bool:
     return os.geteuid() != 0 and bool(capabilities.permitted() & capabilities.READER_CAPABILITIES)
 
 
-def separate_privileges(reader: PrivilegedReader | None) -> str | None:
-    """In the serving process, before it starts any thread: start the reader (if any: nothing may need it),
-    then keep CAP_PERFMON alone (if it had it), for the Level Zero child it starts. A line saying what
-    failed, or None."""
-    if reader is not None:
+def separate_privileges(procfs: str, *, host_address: str = DEFAULT_HOST_ADDRESS, full_scans: bool = False,
+                        needed: bool = True) -> tuple[PrivilegedReader | None, str | None]:
+    """Called first thing by a service's `main`, before it opens, binds or starts anything. When this process
+    holds the reader's capabilities (`should_separate`): start the reader child (when `needed`), lower those
+    capabilities in the ambient set, and execve this same command line again, handing the child on in
+    READER_ENV; the new process image holds CAP_PERFMON alone (if it had it). In that new image (READER_ENV
+    set), or when there is nothing to separate: (the reader handed on, or None; None) at once. (None, a line
+    saying what failed) when the separation cannot be made: the service must not serve with the capabilities."""
+    handed_on = os.environ.pop(READER_ENV, None)
+    if handed_on is not None:
+        left = capabilities.permitted() & capabilities.READER_CAPABILITIES
+        if left:
+            return None, f"capabilities {sorted(left)} still held after lowering them"
         try:
-            reader.start()
-        except OSError as error:
-            return f"cannot start the privileged reader: {error.strerror or error}"
+            return (None if handed_on == NO_READER else PrivilegedReader.handed_on(handed_on, procfs)), None
+        except ValueError:
+            return None, f"{READER_ENV} is malformed"
+    if not should_separate():
+        return None, None
+    reader = PrivilegedReader(procfs, host_address=host_address, full_scans=full_scans) if needed else None
     try:
-        capabilities.keep_only(capabilities.permitted() & capabilities.SERVING_CAPABILITIES, inherited=True)
-    except capabilities.CapabilityError as error:
+        if reader is not None:
+            reader.start(hand_on=True)
+        capabilities.lower_ambient(capabilities.READER_CAPABILITIES)
+    except (OSError, capabilities.CapabilityError) as error:
         if reader is not None:
             reader.close()
-        return f"cannot drop capabilities: {error}"
-    return None
+        return None, f"cannot separate privileges: {error}"
+    environment = dict(os.environ, **{READER_ENV: NO_READER if reader is None else reader.hand_on()})
+    try:
+        os.execve(sys.executable, sys.orig_argv, environment)
+    except OSError as error:
+        if reader is not None:
+            reader.close()
+        return None, f"cannot separate privileges: execve {sys.executable}: {error.strerror or error}"
+    raise AssertionError("unreachable")
 
 
 # ----------------------------------------------------------------------------------------------- wire
@@ -149,7 +174,8 @@ def _child_main(argv: list[str]) -> int:
     parser.add_argument("--host-address", default=DEFAULT_HOST_ADDRESS)
     parser.add_argument("--full-scans", action="store_true", help="walk every process at every scan")
     args = parser.parse_args(argv)
-    capabilities.keep_only(capabilities.permitted() & capabilities.READER_CAPABILITIES)
+    # Its lines (a bounded scan) go to the service's stderr, the journal under systemd.
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="privileged reader: %(message)s")
     scanner = (DrmClientScanner(args.procfs, young_seconds=0, max_held_fds=0) if args.full_scans
                else DrmClientScanner(args.procfs))
     finder = EndpointFinder(args.procfs, host_address=args.host_address)
@@ -172,8 +198,8 @@ def _child_main(argv: list[str]) -> int:
 # ---------------------------------------------------------------------------------------- parent side
 
 class PrivilegedReader:
-    """Parent-side handle on the privileged child: `start()` before dropping capabilities, then `scan()` and
-    `find_endpoints()`. Thread-safe (requests are serial)."""
+    """Parent-side handle on the privileged child: `start()`, then `scan()` and `find_endpoints()`. Thread-safe
+    (requests are serial)."""
 
     def __init__(self, procfs: str = DEFAULT_PROCFS, host_address: str = DEFAULT_HOST_ADDRESS,
                  full_scans: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> None:
@@ -182,24 +208,49 @@ class PrivilegedReader:
         self.full_scans = full_scans
         self.timeout = timeout
         self._lock = threading.Lock()
-        self._child: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None
+        self._write_fd = self._read_fd = -1
         self._buffer = b""
         self._unanswered = 0  # requests that timed out: their answers come first
         self._lost: str | None = None  # why the child is gone for good
 
-    def start(self) -> None:
-        """Start the child (it inherits this process's ambient capabilities); raises OSError when it cannot."""
+    @classmethod
+    def handed_on(cls, handle: str, procfs: str) -> PrivilegedReader:
+        """The reader a previous image of this process started (`hand_on()`'s handle); ValueError if malformed."""
+        pid, write_fd, read_fd = (int(part) for part in handle.split(":"))
+        reader = cls(procfs)
+        reader._pid, reader._write_fd, reader._read_fd = pid, write_fd, read_fd
+        for fd in (write_fd, read_fd):
+            os.set_inheritable(fd, False)
+        return reader
+
+    def start(self, hand_on: bool = False) -> None:
+        """Start the child; raises OSError when it cannot. It inherits this process's ambient capabilities but
+        CAP_PERFMON, which it does not use. `hand_on`: its pipes survive this process's execve."""
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-        self._child = subprocess.Popen(
-            [sys.executable, "-m", "vllm_xpu_exporter.sources.privileged", "--procfs", self.procfs,
-             "--host-address", self.host_address, *(["--full-scans"] if self.full_scans else [])],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd="/")
+        to_child_read, self._write_fd = os.pipe()
+        self._read_fd, from_child_write = os.pipe()
+        try:
+            self._pid = subprocess.Popen(
+                [sys.executable, "-m", "vllm_xpu_exporter.sources.privileged", "--procfs", self.procfs,
+                 "--host-address", self.host_address, *(["--full-scans"] if self.full_scans else [])],
+                stdin=to_child_read, stdout=from_child_write, env=env, cwd="/",
+                preexec_fn=_lower_perfmon if capabilities.CAP_PERFMON in capabilities.permitted() else None).pid
+        finally:
+            os.close(to_child_read)
+            os.close(from_child_write)
+        if hand_on:
+            for fd in (self._write_fd, self._read_fd):
+                os.set_inheritable(fd, True)
+
+    def hand_on(self) -> str:
+        return f"{self._pid}:{self._write_fd}:{self._read_fd}"
 
     @property
     def pid(self) -> int | None:
-        return None if self._child is None else self._child.pid
+        return self._pid
 
     def scan(self) -> ScanResult:
         answer = self._ask({"read": "scan"}, "scan")
@@ -218,25 +269,34 @@ class PrivilegedReader:
 
     def close(self) -> None:
         with self._lock:
-            child, self._child = self._child, None
-            self._lost = self._lost or "closed"
-        if child is not None:
-            child.kill()
-            child.wait()
-            for stream in (child.stdin, child.stdout):
-                if stream is not None:
-                    stream.close()
+            self._stop("closed")
+
+    def _stop(self, why: str) -> None:
+        pid, self._pid = self._pid, None
+        self._lost = self._lost or why
+        if pid is None:
+            return
+        for fd in (self._write_fd, self._read_fd):
+            os.close(fd)
+        self._write_fd = self._read_fd = -1
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass  # reaped already
+        except ProcessLookupError:
+            pass
 
     def _ask(self, request: dict[str, Any], key: str) -> Any:
         with self._lock:
-            if self._child is None:
+            if self._pid is None:
                 raise ProcfsUnavailable(f"the privileged reader is not running ({self._lost or 'not started'}); "
                                         "restarting the service starts it again")
             deadline = time.monotonic() + self.timeout
             try:
-                assert self._child.stdin is not None
-                self._child.stdin.write(json.dumps(request).encode() + b"\n")
-                self._child.stdin.flush()
+                data = json.dumps(request).encode() + b"\n"
+                while data:
+                    data = data[os.write(self._write_fd, data):]
                 while self._unanswered:  # answers to requests given up on: late, not for this one
                     if self._receive(deadline) is None:
                         return self._unanswered_request()
@@ -259,15 +319,13 @@ class PrivilegedReader:
         raise ProcfsUnavailable(f"the privileged reader did not answer within {self.timeout:g}s")
 
     def _receive(self, deadline: float) -> dict[str, Any] | None:
-        child = self._child
-        assert child is not None and child.stdout is not None
         with selectors.DefaultSelector() as selector:
-            selector.register(child.stdout, selectors.EVENT_READ)
+            selector.register(self._read_fd, selectors.EVENT_READ)
             while b"\n" not in self._buffer:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not selector.select(remaining):
                     return None
-                chunk = os.read(child.stdout.fileno(), 1 << 20)
+                chunk = os.read(self._read_fd, 1 << 20)
                 if not chunk:
                     self._lose("it has exited")
                 self._buffer += chunk
@@ -280,15 +338,17 @@ class PrivilegedReader:
             self._lose("it sent garbage")
         return message
 
-    def _lose(self, why: str) -> None:
+    def _lose(self, why: str) -> NoReturn:
         """Give the child up for good (lock held): it cannot be started again without the capabilities."""
-        child, self._child = self._child, None
-        self._lost = why
-        if child is not None and child.poll() is None:
-            child.kill()
+        self._stop(why)
         log.error("the privileged reader is lost: %s; per-unit memory from fdinfo is unavailable until the "
                   "service restarts", why)
         raise ProcfsUnavailable(f"the privileged reader is lost ({why}); restarting the service starts it again")
+
+
+def _lower_perfmon() -> None:
+    """Between fork and exec of the reader: it does not use CAP_PERFMON."""
+    capabilities.lower_ambient([capabilities.CAP_PERFMON])
 
 
 class RemoteDrmClientScanner:
