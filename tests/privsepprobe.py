@@ -5,7 +5,8 @@ and the gate's `main` do) or without it (`keep`: the service as it was, every ca
     python3 tests/privsepprobe.py separate|keep TARGET_PID STACK_ADDRESS_HEX   # prints a JSON report
 
 The report: `uid`; `environ`, `mem` (a pread of TARGET's stack through /proc/PID/mem) and `root_shadow`
-(/proc/PID/root/etc/shadow): "ok" or the errno's name; `caps`: the serving process's permitted set (hex);
+(/proc/PID/root/etc/shadow), `perf_event_open` (an event on TARGET, which CAP_PERFMON alone allows, where
+no system call filter denies it): "ok" or the errno's name; `caps`: the serving process's permitted set (hex);
 `serving_lists_target_fds`: whether the serving process can walk TARGET's fd table; `serving_unreadable` and
 `reader_unreadable`: how many processes' fd tables the serving process, and the privileged reader's scan, could
 not walk.
@@ -13,6 +14,7 @@ not walk.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -42,6 +44,10 @@ def main() -> None:
     from vllm_xpu_exporter import capabilities
     from vllm_xpu_exporter.sources import procfs
     from vllm_xpu_exporter.sources.privileged import PrivilegedReader, separate_privileges
+    from seccompprobe import perf_event_open  # this script's directory is first on sys.path
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
 
     if mode == "separate":
         reader, error = separate_privileges("/proc", full_scans=True)  # executes this probe again, separated
@@ -59,6 +65,7 @@ def main() -> None:
         "environ": attempt(lambda: open(f"/proc/{target}/environ", "rb").read()),
         "mem": attempt(lambda: read_stack(target, stack)),
         "root_shadow": attempt(lambda: open(f"/proc/{target}/root/etc/shadow", "rb").read()),
+        "perf_event_open": perf_event_open(libc.syscall, target),
         "serving_lists_target_fds": target not in own.unreadable,
     }
     report["serving_unreadable"] = len(own.unreadable)

@@ -132,6 +132,7 @@ def test_code_in_the_packaged_services_reads_no_root_secret_and_the_exporter_sti
         assert (report["environ"], report["mem"], report["root_shadow"]) == ("EACCES", "EACCES", "EACCES"), \
             (name, report)
         assert report["caps"] == format(1 << 38, "x"), (name, report)  # CAP_PERFMON alone
+        assert report["perf_event_open"] == "EPERM", (name, report)  # what it would allow: not in @system-service
         assert report["reader_unreadable"] < report["serving_unreadable"], (name, report)
     assert found, f"no per-unit memory from fdinfo: {series(seen.get('samples', {}), 'xpu_unit_memory_bytes')}\n{lines}"
     assert int(serving_caps, 16) == 1 << 38, lines
