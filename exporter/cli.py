@@ -184,6 +184,15 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     )
 
 
+# The sources the privileged reader answers for when the exporter separates privileges.
+PRIVILEGED_READS = frozenset({Source.DRM_CLIENTS, Source.VLLM_ENDPOINTS})
+
+
+def enabled_needs(options: Options) -> set[Source]:
+    """The sources the enabled collectors need."""
+    return {need for spec in registered() if spec.name in options.collectors for need in spec.needs}
+
+
 def build_sources(options: Options, needs: set[Source], privileged: PrivilegedReader | None = None) -> Sources:
     """The shared sources the enabled collectors need, not started. `privileged`: the reader of other processes'
     fds (`separate_privileges`), which then reads them instead of this process."""
@@ -251,7 +260,7 @@ def build_registry(options: Options, privileged: PrivilegedReader | None = None
     """prometheus_client's registry with the exporter's collector over the enabled collectors, and the
     standard process and Python collectors; the sources and collectors are returned not started."""
     enabled = [spec for spec in registered() if spec.name in options.collectors]
-    sources = build_sources(options, {need for spec in enabled for need in spec.needs}, privileged)
+    sources = build_sources(options, enabled_needs(options), privileged)
     collectors = [spec.factory(options.collector_options[spec.name], sources) for spec in enabled]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, sources))
@@ -277,9 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parse_options(argv)
     setup_logging(options.log_level, options.log_format)
     # First: the process serving the network keeps no capability that reads other processes (this may execve)
-    needs = {need for spec in registered() if spec.name in options.collectors for need in spec.needs}
     privileged, error = separate_privileges(options.procfs, host_address=options.sd_host_address,
-                                            needed=bool(needs & {Source.DRM_CLIENTS, Source.VLLM_ENDPOINTS}))
+                                            needed=bool(enabled_needs(options) & PRIVILEGED_READS))
     if error is not None:
         print(f"vllm-xpu-exporter: error: {error}", file=sys.stderr)
         return 1

@@ -238,6 +238,11 @@ class PrivilegedReader:
                  "--host-address", self.host_address, *(["--full-scans"] if self.full_scans else [])],
                 stdin=to_child_read, stdout=from_child_write, env=env, cwd="/",
                 preexec_fn=_lower_perfmon if capabilities.CAP_PERFMON in capabilities.permitted() else None).pid
+        except OSError:
+            os.close(self._write_fd)
+            os.close(self._read_fd)
+            self._write_fd = self._read_fd = -1
+            raise
         finally:
             os.close(to_child_read)
             os.close(from_child_write)
