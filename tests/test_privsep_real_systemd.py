@@ -13,21 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from pathlib import Path
 
-import pytest
-
-from bootrace import (EXPORTER_UNIT, GATE_SERVICE, IDLE_RESERVED, REPO, packaged_exporter, packaged_gate,
-                      showing_hidden_trees)
-from fakeze import SharedDevice
+from bootrace import EXPORTER_UNIT, GATE_SERVICE, REPO, packaged_exporter, packaged_gate, showing_hidden_trees
 from fakeprocfs import FakeProcfs, xe_fdinfo
 from polling import wait_for
 from realsystemd import RealSystemd, journal_field, path_inside
 from scrapes import series
-from test_real_systemd import require_root
-from vllmunit import SIXTEEN_GIB_GPU
+from test_gate_environment_real_systemd import shared  # noqa: F401  (a fixture: the fake driver and its device)
 
 PROBE = Path(__file__).resolve().parent / "privsepprobe.py"
 SECRET_UNIT = "secret-holder.service"
@@ -35,14 +29,6 @@ SECRET = "hunter2-db-password"
 STEP_TIMEOUT = 30.0
 MiB = 1 << 20
 CHAT_UNIT = "vllm-xpu-chat.service"
-
-
-@pytest.fixture
-def shared(tmp_path: Path, fake_driver: Path) -> Path:
-    require_root()
-    shutil.copy(fake_driver, tmp_path / fake_driver.name)
-    SharedDevice.create(tmp_path / "ze.conf", SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)
-    return tmp_path
 
 
 def probe_units(packaged: str, name: str, target: int, stack: str) -> dict[str, str]:
@@ -117,7 +103,8 @@ def test_code_in_the_packaged_services_reads_no_root_secret_and_the_exporter_sti
 
         def chat_memory() -> bool:
             seen["samples"] = samples = exporter.scrape()
-            return series(samples, "xpu_unit_memory_bytes").get((("device", "0000:03:00.0"), ("unit", CHAT_UNIT))) == 3 * MiB
+            memory = series(samples, "xpu_unit_memory_bytes")
+            return memory.get((("device", "0000:03:00.0"), ("unit", CHAT_UNIT))) == 3 * MiB
 
         found = wait_for(chat_memory, timeout=STEP_TIMEOUT, interval=0.5)
         lines = "\n".join(str(journal_field(entry, "MESSAGE")) for entry in machine.journal(EXPORTER_UNIT))
