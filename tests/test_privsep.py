@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from vllm_xpu_exporter.sources.privileged import MAX_CGROUPS, PrivilegedReader, _answer, scan_from_wire, scan_to_wire
+from vllm_xpu_exporter.sources.privileged import (MAX_CGROUPS, PrivilegedReader, _answer, scan_from_wire, scan_to_wire,
+                                                  separate_privileges)
 from vllm_xpu_exporter.sources.procfs import DrmClientScanner, ProcfsUnavailable, scan_drm_clients
 
 from fakeprocfs import FakeProcfs, xe_fdinfo
@@ -155,3 +157,28 @@ def test_a_scan_walks_processes_until_its_fd_bound_and_the_next_scan_walks_the_r
     second = scanner.scan()  # the two walked are read through their known clients; the third is walked now
     assert second.walks_deferred == 0
     assert len(second.memory_by_device_unit["0000:03:00.0"]) == 3
+
+
+def test_a_reader_that_dies_fails_the_scans_saying_so_and_is_not_started_again(tmp_path):
+    tree = FakeProcfs(tmp_path)
+    tree.add_unit_process(100, CHAT).add_drm_fd(xe_fdinfo(client_id=1, vram0=MiB))
+    reader = PrivilegedReader(str(tree.root), full_scans=True)
+    reader.start()
+    try:
+        assert reader.scan().clients == 1
+        pid = reader.pid
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ProcfsUnavailable, match="lost .it has exited.; restarting the service"):
+            reader.scan()
+        with pytest.raises(ProcfsUnavailable, match="not running .it has exited."):
+            reader.scan()
+        assert reader.pid is None
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reaped
+    finally:
+        reader.close()
+
+
+def test_as_root_there_is_nothing_to_separate_and_nothing_is_executed_again(tmp_path):
+    assert os.geteuid() == 0, "tests/run runs as root"
+    assert separate_privileges(str(tmp_path)) == (None, None)

@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from vllm_xpu_exporter import memory as memory_rules
 from vllm_xpu_exporter.parsers import gate as gate_lines
@@ -37,11 +38,13 @@ from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.decision import HOST, Admission, Decision, Lease, decide, lease_over, waiting_invocation
 from vllm_xpu_exporter.sources import procfs
 from vllm_xpu_exporter.sources.journal import open_journal
-from vllm_xpu_exporter.sources.privileged import PrivilegedReader
 from vllm_xpu_exporter.sources.logs.entry import LogSelection
 from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState
+
+if TYPE_CHECKING:
+    from vllm_xpu_exporter.sources.privileged import PrivilegedReader
 
 log = logging.getLogger("vllm_xpu_exporter.gate")
 

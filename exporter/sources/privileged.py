@@ -6,11 +6,11 @@ when they start with them (and not as root), start this child first and then dro
 (`separate_privileges`: lowered in the ambient set, then the service's command line executed again, which
 keeps only the ambient set; `vllm_xpu_exporter.capabilities`): the process that faces the network or the
 gate's socket holds neither, and the child, which faces nothing but its parent's pipe, does only what the
-parent may ask. It reads fixed
-shapes of path under the procfs root it was started with (`fd/`, `fdinfo/`, `cgroup`, `stat`, `cmdline`,
-`ns/net`, `net/*`), through `DrmClientScanner` and `EndpointFinder`, and answers figures: never a file, a
-path the parent names, or a byte of another process's memory or environment. It does not get CAP_PERFMON, which it
-does not use; the serving process keeps that one alone, for its Level Zero child.
+parent may ask. It reads fixed shapes of path under the procfs root it was started with (`fd/`, `fdinfo/`,
+`cgroup`, `stat`, `cmdline`, `ns/net`, `net/*`), through `DrmClientScanner` and `EndpointFinder`, and answers
+figures: never a file, a path the parent names, or a byte of another process's memory or environment. It
+does not get CAP_PERFMON, which it does not use; the serving process keeps that one alone, for its Level
+Zero child.
 
 The protocol: JSON lines on the child's stdin and stdout, one answer per request, in order.
 
