@@ -124,7 +124,7 @@ def test_the_reader_answers_only_its_requests(tmp_path):
     for request in ([], "scan", {"read": "environ", "pid": 1}, {"read": "endpoints", "cgroups": "/"},
                     {"read": "endpoints", "cgroups": ["/x"] * (MAX_CGROUPS + 1)},
                     {"read": "endpoints", "cgroups": ["x" * 5000]}):
-        assert set(_answer(request, scanner, NoEndpoints())) == {"refused"}
+        assert set(_answer(request, scanner.scan, NoEndpoints())) == {"refused"}
 
 
 def test_a_process_with_many_fds_costs_a_walk_its_first_fds_only_and_the_rest_is_counted(tmp_path):
@@ -183,3 +183,19 @@ def test_a_reader_that_dies_fails_the_scans_saying_so_and_is_not_started_again(t
 def test_as_root_there_is_nothing_to_separate_and_nothing_is_executed_again(tmp_path):
     assert os.geteuid() == 0, "tests/run runs as root"
     assert separate_privileges(str(tmp_path)) == (None, None)
+
+
+def test_the_gates_reader_walks_every_process_at_every_scan(tmp_path):
+    """The gate asks for whole scans (as scan_drm_clients makes): a unit's process that opens the GPU after the
+    previous scan is seen at the next one, not when a walk falls due."""
+    tree = FakeProcfs(tmp_path)
+    engine = tree.add_unit_process(100, CHAT)
+    engine.add_other_fds(3)
+    reader = PrivilegedReader(str(tree.root), full_scans=True)
+    reader.start()
+    try:
+        assert reader.scan().clients == 0
+        engine.add_drm_fd(xe_fdinfo(client_id=1, vram0=MiB))
+        assert reader.scan().memory_by_device_unit == {"0000:03:00.0": {"vllm-xpu-chat.service": MiB}}
+    finally:
+        reader.close()

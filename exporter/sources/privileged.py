@@ -34,6 +34,7 @@ runs the child side.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -43,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -51,7 +52,7 @@ from vllm_xpu_exporter import capabilities
 from vllm_xpu_exporter.parsers.cgroup import UnitCgroup
 from vllm_xpu_exporter.sources.endpoints import DEFAULT_HOST_ADDRESS, Endpoint, EndpointFinder
 from vllm_xpu_exporter.sources.procfs import (DEFAULT_PROCFS, DrmClientScanner, ProcfsUnavailable, ScanResult,
-                                              UnitEngineUse, read_unit_cgroup)
+                                              UnitEngineUse, read_unit_cgroup, scan_drm_clients)
 
 log = logging.getLogger("vllm_xpu_exporter.privileged")
 
@@ -148,12 +149,12 @@ def scan_from_wire(wire: dict[str, Any]) -> ScanResult:
 
 # ----------------------------------------------------------------------------------------- child side
 
-def _answer(request: Any, scanner: DrmClientScanner, finder: EndpointFinder) -> dict[str, Any]:
+def _answer(request: Any, scan: Callable[[], ScanResult], finder: EndpointFinder) -> dict[str, Any]:
     if not isinstance(request, dict):
         return {"refused": "a request is a JSON object"}
     try:
         if request.get("read") == "scan":
-            return {"scan": scan_to_wire(scanner.scan())}
+            return {"scan": scan_to_wire(scan())}
         if request.get("read") == "endpoints":
             paths = request.get("cgroups")
             if (not isinstance(paths, list) or len(paths) > MAX_CGROUPS
@@ -176,8 +177,8 @@ def _child_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     # Its lines (a bounded scan) go to the service's stderr, the journal under systemd.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="privileged reader: %(message)s")
-    scanner = (DrmClientScanner(args.procfs, young_seconds=0, max_held_fds=0) if args.full_scans
-               else DrmClientScanner(args.procfs))
+    # --full-scans: every scan walks every process, as scan_drm_clients does (the gate's decisions).
+    scan = functools.partial(scan_drm_clients, args.procfs) if args.full_scans else DrmClientScanner(args.procfs).scan
     finder = EndpointFinder(args.procfs, host_address=args.host_address)
     out = sys.stdout
     for line in sys.stdin.buffer:
@@ -189,7 +190,7 @@ def _child_main(argv: list[str]) -> int:
             except ValueError:
                 answer = {"refused": "not JSON"}
             else:
-                answer = _answer(request, scanner, finder)
+                answer = _answer(request, scan, finder)
         out.write(json.dumps(answer) + "\n")
         out.flush()
     return 0

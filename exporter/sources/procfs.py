@@ -129,8 +129,10 @@ class ScanResult:
 
 
 def scan_drm_clients(procfs: str = DEFAULT_PROCFS) -> ScanResult:
-    """Scan every process under `procfs` for DRM clients; see `ScanResult`."""
-    scanner = DrmClientScanner(procfs, young_seconds=0, max_held_fds=0)  # once: no process's age matters
+    """Scan every process under `procfs` for DRM clients; see `ScanResult`. Each process's fds are bounded
+    (MAX_FDS_PER_PROCESS), not the scan's: no later scan walks what this one would put off."""
+    # once: no process's age matters
+    scanner = DrmClientScanner(procfs, young_seconds=0, max_held_fds=0, max_fds_per_scan=sys.maxsize)
     try:
         return scanner.scan()
     finally:
