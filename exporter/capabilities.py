@@ -20,8 +20,9 @@ CAP_SYS_PTRACE = 19
 CAP_PERFMON = 38
 # What the privileged reader keeps: a process permitted neither has nothing to separate.
 READER_CAPABILITIES = frozenset({CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE})
-# What the serving process keeps, for the Level Zero child (the devices' real free memory).
-SERVING_CAPABILITIES = frozenset({CAP_PERFMON})
+# What the serving process gives up, all to the reader: CAP_PERFMON goes on to the Level Zero children the reader
+# starts (the devices' real free memory).
+SEPARATED_CAPABILITIES = frozenset({CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE, CAP_PERFMON})
 
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47

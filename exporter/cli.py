@@ -184,22 +184,14 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     )
 
 
-# The sources the privileged reader answers for when the exporter separates privileges.
-PRIVILEGED_READS = frozenset({Source.DRM_CLIENTS, Source.VLLM_ENDPOINTS})
-
-
-def enabled_needs(options: Options) -> set[Source]:
-    """The sources the enabled collectors need."""
-    return {need for spec in registered() if spec.name in options.collectors for need in spec.needs}
-
-
 def build_sources(options: Options, needs: set[Source], privileged: PrivilegedReader | None = None) -> Sources:
     """The shared sources the enabled collectors need, not started. `privileged`: the reader of other processes'
     fds (`separate_privileges`), which then reads them instead of this process."""
     sources = Sources(privileged=privileged)
     if needs & {Source.LEVELZERO, Source.LEVELZERO_TELEMETRY}:
         sources.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout,
-                                            telemetry=Source.LEVELZERO_TELEMETRY in needs)
+                                            telemetry=Source.LEVELZERO_TELEMETRY in needs,
+                                            spawn=None if privileged is None else privileged.spawn_levelzero)
         sources.drm_nodes = DrmNodeNames()
         sources.drm_nodes.subscribe(sources.levelzero.gpu_changed)  # a GPU plugged, removed or re-bound: re-init
     if Source.JOURNAL in needs:
@@ -260,7 +252,7 @@ def build_registry(options: Options, privileged: PrivilegedReader | None = None
     """prometheus_client's registry with the exporter's collector over the enabled collectors, and the
     standard process and Python collectors; the sources and collectors are returned not started."""
     enabled = [spec for spec in registered() if spec.name in options.collectors]
-    sources = build_sources(options, enabled_needs(options), privileged)
+    sources = build_sources(options, {need for spec in enabled for need in spec.needs}, privileged)
     collectors = [spec.factory(options.collector_options[spec.name], sources) for spec in enabled]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, sources))
@@ -287,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(options.log_level, options.log_format)
     # First: the process serving the network keeps no capability that reads other processes (this may execve)
     privileged, error = separate_privileges(options.procfs, host_address=options.sd_host_address,
-                                            needed=bool(enabled_needs(options) & PRIVILEGED_READS))
+                                            levelzero_library=options.levelzero_library)
     if error is not None:
         print(f"vllm-xpu-exporter: error: {error}", file=sys.stderr)
         return 1

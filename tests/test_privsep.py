@@ -1,8 +1,9 @@
 """Privilege separation (exporter/sources/privileged.py, exporter/capabilities.py) and the bounded fd scans.
 
-A service started with the pod's uid and capabilities (as the DaemonSet and the packaged units give them) keeps
-CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH only in the privileged reader child: the serving process can no longer read
-a root process's environment, memory or root directory, while the reader still walks its fd table. The reader
+A service started with the pod's uid and capabilities (as the DaemonSet and the packaged units give them) keeps them
+only in the privileged reader child: the serving process can no longer read a root process's environment, memory or
+root directory, nor open a perf event on it, while the reader still walks its fd table and starts the Level Zero
+children with CAP_PERFMON. The reader
 answers the same scans as the scanner in process, and only the requests of its protocol. A process with very many
 fds costs a scan a bounded number of stats, and the skipped ones are counted."""
 
@@ -18,12 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from vllm_xpu_exporter.sources.privileged import (MAX_CGROUPS, PrivilegedReader, _answer, scan_from_wire, scan_to_wire,
-                                                  separate_privileges)
+from vllm_xpu_exporter.sources.levelzero.worker import LevelZeroUnavailable, LevelZeroWorker
+from vllm_xpu_exporter.sources.privileged import (MAX_CGROUPS, HandedChild, PrivilegedReader, _answer, scan_from_wire,
+                                                  scan_to_wire, separate_privileges)
 from vllm_xpu_exporter.sources.procfs import DrmClientScanner, ProcfsUnavailable, scan_drm_clients
 
 from fakeprocfs import FakeProcfs, xe_fdinfo
-from polling import ManualClock
+from fakeze import A770, FakeConfig, fake_driver_env, write_config
+from polling import ManualClock, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = Path(__file__).resolve().parent / "privsepprobe.py"
@@ -72,19 +75,17 @@ def probe(mode: str, target: tuple[int, str], package: Path) -> dict:
 def test_with_every_capability_kept_the_serving_process_reads_a_root_processs_secrets(root_process, package):
     report = probe("keep", root_process, package)
     assert report["uid"] == POD_UID
-    assert (report["environ"], report["mem"], report["root_shadow"]) == ("ok", "ok", "ok")
+    assert (report["environ"], report["mem"], report["root_shadow"], report["perf_event_open"]) == ("ok",) * 4
 
 
 def test_after_separation_the_serving_process_reads_no_secret_and_the_reader_still_walks_fd_tables(
         root_process, package):
     report = probe("separate", root_process, package)
     assert report["uid"] == POD_UID
-    assert report["caps"] == format(1 << 38, "x")  # CAP_PERFMON alone, for the Level Zero child
+    assert report["caps"] == "0"  # CAP_PERFMON too went to the reader, which starts the Level Zero children
     assert (report["environ"], report["mem"], report["root_shadow"]) == ("EACCES", "EACCES", "EACCES")
     assert not report["serving_lists_target_fds"]
-    # CAP_PERFMON alone still opens an event on a root process: the pod's seccomp profile and the units'
-    # system call filter deny perf_event_open (tests/test_pod_seccomp.py, tests/test_privsep_real_systemd.py).
-    assert report["perf_event_open"] == "ok"
+    assert report["perf_event_open"] == "EACCES"  # with CAP_PERFMON kept it opened an event on a root process
     # The reader walks the fd tables the serving process cannot: every root process's, the target's among them.
     assert report["reader_unreadable"] < report["serving_unreadable"]
 
@@ -199,3 +200,33 @@ def test_the_gates_reader_walks_every_process_at_every_scan(tmp_path):
         assert reader.scan().memory_by_device_unit == {"0000:03:00.0": {"vllm-xpu-chat.service": MiB}}
     finally:
         reader.close()
+
+
+def test_the_reader_starts_level_zero_children_for_the_worker(tmp_path, fake_driver, monkeypatch):
+    """The serving process keeps no CAP_PERFMON: its Level Zero worker's children are started by the reader, and
+    the worker reads them through the pipes the reader hands over, and kills them through a pidfd."""
+    config = tmp_path / "ze.conf"
+    write_config(config, FakeConfig(devices=(A770,)))
+    for name, value in fake_driver_env(fake_driver, config).items():
+        monkeypatch.setenv(name, value)
+    reader = PrivilegedReader(str(FakeProcfs(tmp_path / "proc").root))
+    reader.start()
+    worker = LevelZeroWorker(timeout=5.0, telemetry=False, spawn=reader.spawn_levelzero)
+    try:
+        assert wait_for(lambda: _memory(worker) is not None, timeout=30, interval=0.2)
+        assert [reading.identity.pci_address for reading in _memory(worker)] == [A770.pci_address]
+        child = worker._child
+        assert isinstance(child, HandedChild) and child.pid not in (os.getpid(), reader.pid)
+        worker.gpu_changed("change", A770.pci_address)  # the next read replaces the child: killed, a new one started
+        assert wait_for(lambda: _memory(worker) is not None, timeout=30, interval=0.2)
+        assert worker._child is not child and child.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        worker.close()
+        reader.close()
+
+
+def _memory(worker: LevelZeroWorker):
+    try:
+        return worker.read_memory()
+    except LevelZeroUnavailable:
+        return None

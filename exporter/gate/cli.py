@@ -191,7 +191,8 @@ def serve(argv: Sequence[str]) -> int:
         options = dataclasses.replace(options, selection=dataclasses.replace(options.selection,
                                                                              excluded_units=(own_unit,)))
     # First: the process answering the socket keeps no capability that reads other processes (this may execve)
-    privileged, error = separate_privileges(options.procfs, full_scans=True)
+    privileged, error = separate_privileges(options.procfs, full_scans=True,
+                                            levelzero_library=options.levelzero_library)
     if error is not None:
         sys.stderr.write(f"{PROG}: error: {error}\n")
         return 1

@@ -220,7 +220,8 @@ class Service:
         self.began = clock()
         self.journal = LogFollower(options.selection, options.journal_max_units, open_reader=open_journal,
                                    source="journal", latest_invocations=True)
-        self.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout, telemetry=False)
+        self.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout, telemetry=False,
+                                         spawn=None if privileged is None else privileged.spawn_levelzero)
         self.leases: dict[tuple[str, str], Lease] = {}  # (device or HOST, unit) -> the unit's latest release there
         self.waiting: list[Waiter] = []  # decider thread only
         self._arrived: list[Waiter] = []

@@ -34,12 +34,15 @@ runs the child side.
 from __future__ import annotations
 
 import argparse
+import array
 import functools
 import json
 import logging
 import os
+import select
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -51,6 +54,8 @@ from typing import Any, NoReturn
 from vllm_xpu_exporter import capabilities
 from vllm_xpu_exporter.parsers.cgroup import UnitCgroup
 from vllm_xpu_exporter.sources.endpoints import DEFAULT_HOST_ADDRESS, Endpoint, EndpointFinder
+from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
+from vllm_xpu_exporter.sources.levelzero.worker import NO_TELEMETRY
 from vllm_xpu_exporter.sources.procfs import (DEFAULT_PROCFS, DrmClientScanner, ProcfsUnavailable, ScanResult,
                                               UnitEngineUse, read_unit_cgroup, scan_drm_clients)
 
@@ -60,9 +65,8 @@ DEFAULT_TIMEOUT_S = 10.0  # a scan of a busy host takes tens of milliseconds; a 
 MAX_CGROUPS = 4096
 MAX_PATH_CHARS = 4096
 MAX_REQUEST_BYTES = 1 << 24
-# The serving process's new image finds its reader here: "PID:WRITE_FD:READ_FD" (or NO_READER).
+# The serving process's new image finds its reader here: "PID:WRITE_FD:READ_FD:SPAWN_FD".
 READER_ENV = "VLLM_XPU_PRIVILEGED_READER"
-NO_READER = "none"
 
 
 def should_separate() -> bool:
@@ -72,39 +76,36 @@ def should_separate() -> bool:
 
 
 def separate_privileges(procfs: str, *, host_address: str = DEFAULT_HOST_ADDRESS, full_scans: bool = False,
-                        needed: bool = True) -> tuple[PrivilegedReader | None, str | None]:
+                        levelzero_library: str = DEFAULT_LIBRARY) -> tuple[PrivilegedReader | None, str | None]:
     """Called first thing by a service's `main`, before it opens, binds or starts anything. When this process
-    holds the reader's capabilities (`should_separate`): start the reader child (when `needed`), lower those
-    capabilities in the ambient set, and execve this same command line again, handing the child on in
-    READER_ENV; the new process image holds CAP_PERFMON alone (if it had it). In that new image (READER_ENV
-    set), or when there is nothing to separate: (the reader handed on, or None; None) at once. (None, a line
-    saying what failed) when the separation cannot be made: the service must not serve with the capabilities."""
+    holds the reader's capabilities (`should_separate`): start the reader child, lower every capability in
+    the ambient set, and execve this same command line again, handing the child on in READER_ENV; the new
+    process image holds no capability. In that new image (READER_ENV set), or when there is nothing to
+    separate: (the reader handed on, or None; None) at once. (None, a line saying what failed) when the
+    separation cannot be made: the service must not serve with the capabilities."""
     handed_on = os.environ.pop(READER_ENV, None)
     if handed_on is not None:
-        left = capabilities.permitted() & capabilities.READER_CAPABILITIES
+        left = capabilities.permitted() & capabilities.SEPARATED_CAPABILITIES
         if left:
             return None, f"capabilities {sorted(left)} still held after lowering them"
         try:
-            return (None if handed_on == NO_READER else PrivilegedReader.handed_on(handed_on, procfs)), None
-        except ValueError:
+            return PrivilegedReader.handed_on(handed_on, procfs), None
+        except (ValueError, OSError):
             return None, f"{READER_ENV} is malformed"
     if not should_separate():
         return None, None
-    reader = PrivilegedReader(procfs, host_address=host_address, full_scans=full_scans) if needed else None
+    reader = PrivilegedReader(procfs, host_address=host_address, full_scans=full_scans,
+                              levelzero_library=levelzero_library)
     try:
-        if reader is not None:
-            reader.start(hand_on=True)
-        capabilities.lower_ambient(capabilities.READER_CAPABILITIES)
+        reader.start(hand_on=True)
+        capabilities.lower_ambient(capabilities.SEPARATED_CAPABILITIES)
     except (OSError, capabilities.CapabilityError) as error:
-        if reader is not None:
-            reader.close()
+        reader.close()
         return None, f"cannot separate privileges: {error}"
-    environment = dict(os.environ, **{READER_ENV: NO_READER if reader is None else reader.hand_on()})
     try:
-        os.execve(sys.executable, sys.orig_argv, environment)
+        os.execve(sys.executable, sys.orig_argv, dict(os.environ, **{READER_ENV: reader.hand_on()}))
     except OSError as error:
-        if reader is not None:
-            reader.close()
+        reader.close()
         return None, f"cannot separate privileges: execve {sys.executable}: {error.strerror or error}"
     raise AssertionError("unreachable")
 
@@ -174,9 +175,17 @@ def _child_main(argv: list[str]) -> int:
     parser.add_argument("--procfs", default=DEFAULT_PROCFS)
     parser.add_argument("--host-address", default=DEFAULT_HOST_ADDRESS)
     parser.add_argument("--full-scans", action="store_true", help="walk every process at every scan")
+    parser.add_argument("--levelzero-library", default=DEFAULT_LIBRARY)
+    parser.add_argument("--spawn-fd", type=int, help="the socket on which the parent asks for Level Zero children")
     args = parser.parse_args(argv)
     # Its lines (a bounded scan) go to the service's stderr, the journal under systemd.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="privileged reader: %(message)s")
+    # What it starts (the Level Zero children) gets CAP_PERFMON alone; it keeps the others for itself.
+    capabilities.lower_ambient(capabilities.READER_CAPABILITIES)
+    if args.spawn_fd is not None:
+        channel = socket.socket(fileno=args.spawn_fd)
+        threading.Thread(target=_spawn_levelzero_children, args=(channel, args.levelzero_library), daemon=True,
+                         name="levelzero-spawner").start()
     # --full-scans: every scan walks every process, as scan_drm_clients does (the gate's decisions).
     scan = functools.partial(scan_drm_clients, args.procfs) if args.full_scans else DrmClientScanner(args.procfs).scan
     finder = EndpointFinder(args.procfs, host_address=args.host_address)
@@ -196,6 +205,44 @@ def _child_main(argv: list[str]) -> int:
     return 0
 
 
+def _spawn_levelzero_children(channel: socket.socket, library: str) -> None:
+    """Start a Level Zero child for each request on `channel` ({"telemetry": bool}), with the library this
+    reader was started with, and send its pipes and a pidfd back: the child is this process's (it reaps it),
+    its use the parent's. Ends when the parent closes the channel."""
+    children: list[subprocess.Popen[bytes]] = []
+    while True:
+        request = channel.recv(4096)
+        if not request:
+            return
+        children = [child for child in children if child.poll() is None]  # reaped
+        try:
+            telemetry = json.loads(request).get("telemetry") is True
+        except (ValueError, AttributeError):
+            channel.send(json.dumps({"error": "malformed request"}).encode())
+            continue
+        ours: list[int] = []
+        try:
+            stdin_read, stdin_write = os.pipe()
+            stdout_read, stdout_write = os.pipe()
+            stderr_read, stderr_write = os.pipe()
+            ours = [stdin_read, stdin_write, stdout_read, stdout_write, stderr_read, stderr_write]
+            child = subprocess.Popen(
+                [sys.executable, "-m", "vllm_xpu_exporter.sources.levelzero.worker", library,
+                 *([] if telemetry else [NO_TELEMETRY])],
+                stdin=stdin_read, stdout=stdout_write, stderr=stderr_write, cwd="/", start_new_session=True)
+            children.append(child)
+            pidfd = os.pidfd_open(child.pid)
+            ours.append(pidfd)
+            channel.sendmsg([json.dumps({"pid": child.pid}).encode()],
+                            [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                              array.array("i", [pidfd, stdin_write, stdout_read, stderr_read]))])
+        except OSError as error:
+            channel.send(json.dumps({"error": error.strerror or str(error)}).encode())
+        finally:
+            for fd in ours:
+                os.close(fd)
+
+
 # ---------------------------------------------------------------------------------------- parent side
 
 class PrivilegedReader:
@@ -203,14 +250,18 @@ class PrivilegedReader:
     (requests are serial)."""
 
     def __init__(self, procfs: str = DEFAULT_PROCFS, host_address: str = DEFAULT_HOST_ADDRESS,
-                 full_scans: bool = False, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+                 full_scans: bool = False, timeout: float = DEFAULT_TIMEOUT_S,
+                 levelzero_library: str = DEFAULT_LIBRARY) -> None:
         self.procfs = procfs
         self.host_address = host_address
         self.full_scans = full_scans
         self.timeout = timeout
+        self.levelzero_library = levelzero_library
         self._lock = threading.Lock()
+        self._spawn_lock = threading.Lock()
         self._pid: int | None = None
         self._write_fd = self._read_fd = -1
+        self._spawn_channel: socket.socket | None = None
         self._buffer = b""
         self._unanswered = 0  # requests that timed out: their answers come first
         self._lost: str | None = None  # why the child is gone for good
@@ -218,41 +269,75 @@ class PrivilegedReader:
     @classmethod
     def handed_on(cls, handle: str, procfs: str) -> PrivilegedReader:
         """The reader a previous image of this process started (`hand_on()`'s handle); ValueError if malformed."""
-        pid, write_fd, read_fd = (int(part) for part in handle.split(":"))
+        pid, write_fd, read_fd, spawn_fd = (int(part) for part in handle.split(":"))
         reader = cls(procfs)
         reader._pid, reader._write_fd, reader._read_fd = pid, write_fd, read_fd
-        for fd in (write_fd, read_fd):
+        for fd in (write_fd, read_fd, spawn_fd):
             os.set_inheritable(fd, False)
+        reader._spawn_channel = socket.socket(fileno=spawn_fd)
         return reader
 
     def start(self, hand_on: bool = False) -> None:
-        """Start the child; raises OSError when it cannot. It inherits this process's ambient capabilities but
-        CAP_PERFMON, which it does not use. `hand_on`: its pipes survive this process's execve."""
+        """Start the child; raises OSError when it cannot. It inherits this process's ambient capabilities.
+        `hand_on`: its pipes survive this process's execve."""
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         to_child_read, self._write_fd = os.pipe()
         self._read_fd, from_child_write = os.pipe()
+        self._spawn_channel, child_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._pid = subprocess.Popen(
                 [sys.executable, "-m", "vllm_xpu_exporter.sources.privileged", "--procfs", self.procfs,
-                 "--host-address", self.host_address, *(["--full-scans"] if self.full_scans else [])],
+                 "--host-address", self.host_address, *(["--full-scans"] if self.full_scans else []),
+                 "--levelzero-library", self.levelzero_library, "--spawn-fd", str(child_channel.fileno())],
                 stdin=to_child_read, stdout=from_child_write, env=env, cwd="/",
-                preexec_fn=_lower_perfmon if capabilities.CAP_PERFMON in capabilities.permitted() else None).pid
+                pass_fds=(child_channel.fileno(),)).pid
         except OSError:
             os.close(self._write_fd)
             os.close(self._read_fd)
+            self._spawn_channel.close()
             self._write_fd = self._read_fd = -1
+            self._spawn_channel = None
             raise
         finally:
             os.close(to_child_read)
             os.close(from_child_write)
+            child_channel.close()
         if hand_on:
-            for fd in (self._write_fd, self._read_fd):
+            for fd in (self._write_fd, self._read_fd, self._spawn_channel.fileno()):
                 os.set_inheritable(fd, True)
 
     def hand_on(self) -> str:
-        return f"{self._pid}:{self._write_fd}:{self._read_fd}"
+        assert self._spawn_channel is not None
+        return f"{self._pid}:{self._write_fd}:{self._read_fd}:{self._spawn_channel.fileno()}"
+
+    def spawn_levelzero(self, telemetry: bool) -> HandedChild:
+        """A Level Zero child (`LevelZeroWorker`'s), started by the reader with CAP_PERFMON, which this process
+        has not: its pipes and a pidfd. Raises OSError when it cannot be started."""
+        with self._spawn_lock:
+            channel = self._spawn_channel
+            if channel is None:
+                raise OSError(f"the privileged reader is not running ({self._lost or 'not started'})")
+            channel.settimeout(self.timeout)
+            try:
+                channel.send(json.dumps({"telemetry": telemetry}).encode())
+                message, ancillary, _, _ = channel.recvmsg(4096, socket.CMSG_SPACE(4 * array.array("i").itemsize))
+            except TimeoutError:
+                raise OSError(f"the privileged reader did not start it within {self.timeout:g}s") from None
+        fds = array.array("i")
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+        try:
+            answer = json.loads(message)
+            if len(fds) != 4 or "pid" not in answer:
+                raise OSError(answer.get("error", "malformed answer") if isinstance(answer, dict) else "malformed")
+        except (ValueError, OSError) as error:
+            for fd in fds:
+                os.close(fd)
+            raise OSError(f"the privileged reader did not start it: {error}") from None
+        return HandedChild(int(answer["pid"]), *fds)
 
     @property
     def pid(self) -> int | None:
@@ -282,6 +367,9 @@ class PrivilegedReader:
         self._lost = self._lost or why
         if pid is None:
             return
+        if self._spawn_channel is not None:
+            self._spawn_channel.close()
+            self._spawn_channel = None
         for fd in (self._write_fd, self._read_fd):
             os.close(fd)
         self._write_fd = self._read_fd = -1
@@ -352,9 +440,47 @@ class PrivilegedReader:
         raise ProcfsUnavailable(f"the privileged reader is lost ({why}); restarting the service starts it again")
 
 
-def _lower_perfmon() -> None:
-    """Between fork and exec of the reader: it does not use CAP_PERFMON."""
-    capabilities.lower_ambient([capabilities.CAP_PERFMON])
+class HandedChild:
+    """A Level Zero child the reader started for this process, as much of `subprocess.Popen` as
+    `LevelZeroWorker` uses: its pipes, and a pidfd to tell when it has exited and to kill it. It is the
+    reader's child: the reader reaps it, and its exit status is not known here (`exit_unknown`)."""
+
+    exit_unknown = True
+
+    def __init__(self, pid: int, pidfd: int, stdin: int, stdout: int, stderr: int) -> None:
+        self.pid = pid
+        self._pidfd = pidfd
+        self.stdin = os.fdopen(stdin, "wb")
+        self.stdout = os.fdopen(stdout, "rb")
+        self.stderr = os.fdopen(stderr, "rb")
+        self.returncode: int | None = None
+        self._killed = False
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._pidfd >= 0 and select.select([self._pidfd], [], [], 0)[0]:
+            self._exited()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._pidfd], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired("levelzero worker", timeout or 0)
+            self._exited()
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            self._killed = True
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # exited (and reaped) already
+
+    def _exited(self) -> None:
+        self.returncode = -signal.SIGKILL if self._killed else 0
+        os.close(self._pidfd)
+        self._pidfd = -1
 
 
 class RemoteDrmClientScanner:
