@@ -6,7 +6,8 @@ across execve only its ambient set (Python has no file capabilities), so capabil
 capset(2), which the units' `SystemCallFilter=~@privileged` denies: lower them in the ambient set
 (`lower_ambient`, a prctl), forbid new privileges (so that no setuid or file-capability program, like the pod's
 entry point, can give them back), and execve. `vllm_xpu_exporter.sources.privileged` does that for the serving
-process, and for its reader child between fork and exec.
+process (all three, once its reader child is started), and the reader for the Level Zero children it starts
+(CAP_PERFMON alone).
 """
 
 from __future__ import annotations

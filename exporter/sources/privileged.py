@@ -1,4 +1,4 @@
-"""The privileged reader: the only process of a service that keeps CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH.
+"""The privileged reader: the only process of a service that keeps its capabilities.
 
 Other users' `/proc/PID/fd` and `/proc/PID/fdinfo` need those capabilities, which also open
 `/proc/PID/mem`, `/proc/PID/environ` and `/proc/PID/root/...` of every process. So the exporter and the gate,
@@ -9,8 +9,9 @@ gate's socket holds neither, and the child, which faces nothing but its parent's
 parent may ask. It reads fixed shapes of path under the procfs root it was started with (`fd/`, `fdinfo/`,
 `cgroup`, `stat`, `cmdline`, `ns/net`, `net/*`), through `DrmClientScanner` and `EndpointFinder`, and answers
 figures: never a file, a path the parent names, or a byte of another process's memory or environment. It
-does not get CAP_PERFMON, which it does not use; the serving process keeps that one alone, for its Level
-Zero child.
+also holds CAP_PERFMON, for the one other thing it does: starting the Level Zero children the parent's
+`LevelZeroWorker` asks for (with the library given at its start; they get CAP_PERFMON alone), whose pipes
+and a pidfd it passes back over a socket pair (`spawn_levelzero`, `HandedChild`).
 
 The protocol: JSON lines on the child's stdin and stdout, one answer per request, in order.
 
@@ -19,6 +20,11 @@ The protocol: JSON lines on the child's stdin and stdout, one answer per request
     parent -> {"read": "endpoints", "cgroups": [PATH, ...]}   (at most MAX_CGROUPS paths of MAX_PATH_CHARS)
     child  -> {"endpoints": {PATH: ENDPOINT, ...}}  |  {"unavailable": MESSAGE}
     child  -> {"refused": MESSAGE}                            (any other line)
+
+and on the socket pair (SOCK_SEQPACKET), for a Level Zero child:
+
+    parent -> {"telemetry": BOOL}
+    child  -> {"pid": PID} with SCM_RIGHTS [pidfd, stdin, stdout, stderr]  |  {"error": MESSAGE}
 
 SCAN is a `ScanResult` as `scan_to_wire` writes it; ENDPOINT an `Endpoint`'s fields.
 
