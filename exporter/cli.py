@@ -49,6 +49,8 @@ from vllm_xpu_exporter.sources.dmem import DEFAULT_SYSFS, DmemReader
 from vllm_xpu_exporter.sources.endpoints import DEFAULT_HOST_ADDRESS, EndpointFinder
 from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
 from vllm_xpu_exporter.sources.levelzero.worker import DEFAULT_TIMEOUT_S, LevelZeroWorker
+from vllm_xpu_exporter.sources.privileged import (PrivilegedReader, RemoteDrmClientScanner, RemoteEndpointFinder,
+                                                  separate_privileges)
 from vllm_xpu_exporter.sources.procfs import DEFAULT_PROCFS, DrmClientScanner
 from vllm_xpu_exporter.sources.udev import DrmNodeNames
 from vllm_xpu_exporter.sources.plan_dropins import DEFAULT_PLANS_DIRECTORY, DROP_IN_NAME, UnitPlans
@@ -217,12 +219,14 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     )
 
 
-def build_sources(options: Options, needs: set[Source]) -> Sources:
-    """The shared sources the enabled collectors need, not started."""
-    sources = Sources()
+def build_sources(options: Options, needs: set[Source], privileged: PrivilegedReader | None = None) -> Sources:
+    """The shared sources the enabled collectors need, not started. `privileged`: the reader of other processes'
+    fds (`separate_privileges`), which then reads them instead of this process."""
+    sources = Sources(privileged=privileged)
     if needs & {Source.LEVELZERO, Source.LEVELZERO_TELEMETRY}:
         sources.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout,
-                                            telemetry=Source.LEVELZERO_TELEMETRY in needs)
+                                            telemetry=Source.LEVELZERO_TELEMETRY in needs,
+                                            spawn=None if privileged is None else privileged.spawn_levelzero)
         sources.drm_nodes = DrmNodeNames()
         sources.drm_nodes.subscribe(sources.levelzero.gpu_changed)  # a GPU plugged, removed or re-bound: re-init
     if Source.JOURNAL in needs:
@@ -232,13 +236,15 @@ def build_sources(options: Options, needs: set[Source]) -> Sources:
         if directories:
             sources.container_logs = container_log_follower(options, directories)
     if Source.DRM_CLIENTS in needs:
-        sources.drm_clients = DrmClientScanner(options.procfs)
+        sources.drm_clients = (DrmClientScanner(options.procfs) if sources.privileged is None
+                               else RemoteDrmClientScanner(sources.privileged))
     if Source.DMEM in needs:
         sources.dmem = DmemReader(options.sysfs)
     if Source.CONTAINER_NAMES in needs:
         sources.container_names = ContainerNames(**container_state(options))
     if Source.VLLM_ENDPOINTS in needs:
-        sources.vllm_endpoints = EndpointFinder(options.procfs, host_address=options.sd_host_address)
+        sources.vllm_endpoints = (EndpointFinder(options.procfs, host_address=options.sd_host_address)
+                                  if sources.privileged is None else RemoteEndpointFinder(sources.privileged))
     if Source.UNIT_PLANS in needs:
         sources.unit_plans = UnitPlans(options.plans_directory)
     return sources
@@ -282,11 +288,12 @@ def exporter_journal_selection(options: Options, own_unit: str | None = None) ->
     return replace(selection, excluded_units=(own_unit,))
 
 
-def build_registry(options: Options) -> tuple[CollectorRegistry, Sources, list[Collector]]:
+def build_registry(options: Options, privileged: PrivilegedReader | None = None
+                   ) -> tuple[CollectorRegistry, Sources, list[Collector]]:
     """prometheus_client's registry with the exporter's collector over the enabled collectors, and the
     standard process and Python collectors; the sources and collectors are returned not started."""
     enabled = [spec for spec in registered() if spec.name in options.collectors]
-    sources = build_sources(options, {need for spec in enabled for need in spec.needs})
+    sources = build_sources(options, {need for spec in enabled for need in spec.needs}, privileged)
     collectors = [spec.factory(options.collector_options[spec.name], sources) for spec in enabled]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, sources))
@@ -315,6 +322,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     options = parse_options(argv)
     setup_logging(options.log_level, options.log_format)
+    # First: the process serving the network keeps no capability that reads other processes (this may execve)
+    privileged, error = separate_privileges(options.procfs, host_address=options.sd_host_address,
+                                            levelzero_library=options.levelzero_library)
+    if error is not None:
+        print(f"vllm-xpu-exporter: error: {error}", file=sys.stderr)
+        return 1
 
     web_config = None
     if options.web_config_file:
@@ -324,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"vllm-xpu-exporter: error: --web.config.file: {error}", file=sys.stderr)
             return EXIT_USAGE
 
-    registry, sources, collectors = build_registry(options)
+    registry, sources, collectors = build_registry(options, privileged)
     try:
         server = ExporterServer(options.listen_addresses, options.telemetry_path, registry, web_config,
                                 documents=documents(registry, collectors))

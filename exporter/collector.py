@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
     from vllm_xpu_exporter.sources.plan_dropins import UnitPlans
     from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses, LevelZeroWorker, PendingRead
+    from vllm_xpu_exporter.sources.privileged import PrivilegedReader, RemoteDrmClientScanner, RemoteEndpointFinder
     from vllm_xpu_exporter.sources.procfs import DrmClientScanner, ScanResult
     from vllm_xpu_exporter.sources.udev import DrmNodeNames
 
@@ -95,10 +96,12 @@ class Sources:
     drm_nodes: DrmNodeNames | None = None  # with Level Zero: GPU hot-plug events and DRM node names
     journal: LogFollower | None = None
     container_logs: LogFollower | None = None  # with the journal: containers' log files (--logs.*), if any
-    drm_clients: DrmClientScanner | None = None
+    drm_clients: DrmClientScanner | RemoteDrmClientScanner | None = None
     dmem: DmemReader | None = None
     container_names: ContainerNames | None = None
-    vllm_endpoints: EndpointFinder | None = None
+    vllm_endpoints: EndpointFinder | RemoteEndpointFinder | None = None
+    # the child that reads other processes' fds for the two above, when the service separates privileges
+    privileged: PrivilegedReader | None = None
     unit_plans: UnitPlans | None = None
 
     def start(self) -> None:
@@ -128,6 +131,8 @@ class Sources:
             self.levelzero.close()
         if self.drm_clients is not None:
             self.drm_clients.close()
+        if self.privileged is not None:
+            self.privileged.close()
 
 
 class ScrapeContext:
@@ -224,7 +229,7 @@ class ScrapeContext:
         plans = self._sources.unit_plans
         return ({}, []) if plans is None else plans.plans(units)
 
-    def _drm_client_scanner(self) -> DrmClientScanner:
+    def _drm_client_scanner(self) -> DrmClientScanner | RemoteDrmClientScanner:
         if self._sources.drm_clients is None:
             raise ProcfsUnavailable("the processes' DRM clients are not read: no enabled collector needs them")
         return self._sources.drm_clients

@@ -41,6 +41,8 @@ let
 
   # CAP_PERFMON: real device memory usage (without it i915/xe report free == total).
   # CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH: other users' /proc/PID/fd and fdinfo (per-unit memory).
+  # All three are kept only by the services' privileged reader child; the serving processes drop them at
+  # start (docs/security.md).
   capabilities = [ "CAP_PERFMON" "CAP_SYS_PTRACE" "CAP_DAC_READ_SEARCH" ];
 
   # The gate's client is a gated unit's last ExecStartPre= command, right before its main process, run

@@ -261,6 +261,7 @@ def write_config(path: Path, config: FakeConfig) -> None:
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            os.fchmod(file.fileno(), 0o644)  # readable by every user, as a real driver's files
             file.write(render_config(config))
         os.replace(temporary, path)
     except BaseException:

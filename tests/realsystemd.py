@@ -222,6 +222,10 @@ class RealSystemd:
         if not os.access(SYSTEMD, os.X_OK):
             raise BootError(f"{SYSTEMD} not found (Debian package systemd)")
         self._run_dir = Path(tempfile.mkdtemp(prefix="realsystemd-"))
+        # Units of other users reach what the test shares (a fake driver, its config) as they reach a real
+        # driver's files: by their modes, not by a capability (the packaged services' processes keep no
+        # CAP_DAC_READ_SEARCH); pytest makes tmp_path 0700.
+        self.shared.chmod(self.shared.stat().st_mode | 0o055)
         try:
             self._launch()
             self._wait_until_running()

@@ -7,7 +7,7 @@ process with the exporter pod's uid and capabilities can do to a root process.
 Run it with the pod's credentials, e.g. `setpriv --reuid=10447 --regid=10447 --clear-groups
 --inh-caps=+perfmon,+sys_ptrace,+dac_read_search --ambient-caps=+perfmon,+sys_ptrace,+dac_read_search ...`.
 The report: `attach` (PTRACE_ATTACH: "ok" or the errno's name), `vm_read` (process_vm_readv of the target's
-stack), `fdinfo` (how many of the target's /proc/PID/fdinfo files could be read) and `fd_links` (how many of
+stack), `perf_event_open` (a software event on the target), `fdinfo` (how many of the target's /proc/PID/fdinfo files could be read) and `fd_links` (how many of
 its /proc/PID/fd links).
 """
 
@@ -23,7 +23,10 @@ SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_ACT_KILL_PROCESS = 0x80000000
 PR_SET_NO_NEW_PRIVS = 38
 PTRACE_ATTACH, PTRACE_DETACH = 16, 17
-SYS_PTRACE, SYS_PROCESS_VM_READV = 101, 310  # x86_64
+SYS_PTRACE, SYS_PROCESS_VM_READV, SYS_PERF_EVENT_OPEN = 101, 310, 298  # x86_64
+PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CPU_CLOCK = 1, 0
+PERF_ATTR_SIZE = 128
+PERF_ATTR_EXCLUDE_KERNEL_HV = (1 << 5) | (1 << 6)  # perf_event_attr's flags: exclude_kernel, exclude_hv
 
 
 def _action(name: str, errno_ret: int) -> int:
@@ -69,6 +72,21 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("length", ctypes.c_size_t)]
 
 
+def perf_event_open(syscall, target: int) -> str:
+    """A software event on the target (what sampling its registers and stack would start from): "ok" or the
+    errno's name."""
+    attr = (ctypes.c_uint8 * PERF_ATTR_SIZE)()
+    fields = ctypes.cast(attr, ctypes.POINTER(ctypes.c_uint32))
+    fields[0], fields[1] = PERF_TYPE_SOFTWARE, PERF_ATTR_SIZE  # type, size; config 0: CPU clock
+    ctypes.cast(ctypes.byref(attr, 40), ctypes.POINTER(ctypes.c_uint64))[0] = PERF_ATTR_EXCLUDE_KERNEL_HV
+    fd = syscall(SYS_PERF_EVENT_OPEN, ctypes.byref(attr), ctypes.c_long(target), ctypes.c_long(-1),
+                 ctypes.c_long(-1), ctypes.c_ulong(0))
+    if fd < 0:
+        return errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+    os.close(fd)
+    return "ok"
+
+
 def probe(target: int) -> dict[str, object]:
     libc = ctypes.CDLL(None, use_errno=True)
     syscall = libc.syscall
@@ -89,6 +107,7 @@ def probe(target: int) -> dict[str, object]:
     read = syscall(SYS_PROCESS_VM_READV, ctypes.c_long(target), ctypes.byref(local), ctypes.c_ulong(1),
                    ctypes.byref(remote), ctypes.c_ulong(1), ctypes.c_ulong(0))
     report["vm_read"] = "ok" if read > 0 else errno.errorcode.get(ctypes.get_errno(), str(ctypes.get_errno()))
+    report["perf_event_open"] = perf_event_open(syscall, target)
     fdinfo = fd_links = 0
     for name in os.listdir(f"/proc/{target}/fdinfo"):
         try:

@@ -252,9 +252,9 @@ def test_no_collector_imports_another_and_no_module_imports_in_a_cycle():
 PACKAGE = "vllm_xpu_exporter"
 LAYERS = (
     # shared leaves: the package's version, argument types, durations, PCI spelling, systemd's facts, NoDataYet,
-    # the metric families
+    # the metric families, the process's capability sets
     (PACKAGE, f"{PACKAGE}.argparsing", f"{PACKAGE}.durations", f"{PACKAGE}.pci", f"{PACKAGE}.systemd",
-     f"{PACKAGE}.nodatayet", f"{PACKAGE}.families"),
+     f"{PACKAGE}.nodatayet", f"{PACKAGE}.families", f"{PACKAGE}.capabilities"),
     # the parsers, and the container runtimes' facts and state beside them (the cgroup parser asks their registry)
     (f"{PACKAGE}.parsers", f"{PACKAGE}.runtimes"),
     (f"{PACKAGE}.fold",),

@@ -2,7 +2,7 @@
 root process: a probe run here with the pod's uid (10447) and the capabilities the DaemonSet grants
 (PERFMON, SYS_PTRACE, DAC_READ_SEARCH), under the shipped Localhost seccomp profile
 (deploy/kubernetes/seccomp-vllm-xpu-exporter.json, applied with libseccomp as a runtime applies it),
-fails PTRACE_ATTACH and process_vm_readv on a root process and still reads its /proc/PID/fdinfo and fd
+fails PTRACE_ATTACH, process_vm_readv and perf_event_open on a root process and still reads its /proc/PID/fdinfo and fd
 links; without the profile the same probe attaches (the capabilities alone would allow it)."""
 
 from __future__ import annotations
@@ -51,20 +51,21 @@ def root_process(tmp_path):
 def test_without_the_profile_the_pods_capabilities_attach_to_a_root_process(root_process):
     report = probe(root_process, "-")
     assert report["uid"] == POD_UID
-    assert report["attach"] == "ok" and report["vm_read"] == "ok"
+    assert report["attach"] == "ok" and report["vm_read"] == "ok" and report["perf_event_open"] == "ok"
 
 
 def test_under_the_shipped_profile_the_pod_cannot_attach_and_still_reads_fdinfo(root_process):
     profile = json.loads(PROFILE.read_text())
     report = probe(root_process, json.dumps(profile))
     assert report["uid"] == POD_UID
-    assert report["attach"] == "EPERM" and report["vm_read"] == "EPERM"
+    assert report["attach"] == "EPERM" and report["vm_read"] == "EPERM" and report["perf_event_open"] == "EPERM"
     assert report["fdinfo"] >= 3 and report["fd_links"] >= 3  # stdin, stdout, stderr at least
 
 
 def test_the_profile_denies_what_sys_ptrace_and_dac_read_search_add_beyond_proc():
     profile = json.loads(PROFILE.read_text())
     denied = {name for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ERRNO" for name in rule["names"]}
-    assert {"ptrace", "process_vm_readv", "process_vm_writev", "open_by_handle_at", "pidfd_getfd"} <= denied
+    assert {"ptrace", "process_vm_readv", "process_vm_writev", "open_by_handle_at", "pidfd_getfd",
+            "perf_event_open"} <= denied
     assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
-    assert not denied & {"perf_event_open", "openat", "read", "readlinkat", "getdents64", "ioctl", "capset"}
+    assert not denied & {"openat", "read", "readlinkat", "getdents64", "ioctl", "capset"}

@@ -224,17 +224,24 @@ def usage_error(message: str) -> int:
 def serve(argv: Sequence[str]) -> int:
     from vllm_xpu_exporter.gate.service import Service, listening_socket
     from vllm_xpu_exporter.sources.journal.host import read_own_service_unit
+    from vllm_xpu_exporter.sources.privileged import separate_privileges
     options = parse_service_options(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s", force=True)
     own_unit = read_own_service_unit()
     if own_unit is not None:  # vllm-xpu-gate.service matches the default vllm*.service: it is no engine
         options = dataclasses.replace(options, selection=dataclasses.replace(options.selection,
                                                                              excluded_units=(own_unit,)))
+    # First: the process answering the socket keeps no capability that reads other processes (this may execve)
+    privileged, error = separate_privileges(options.procfs, full_scans=True,
+                                            levelzero_library=options.levelzero_library)
+    if error is not None:
+        sys.stderr.write(f"{PROG}: error: {error}\n")
+        return 1
     try:
         listener = listening_socket(options.listen)
     except OSError as error:
         return usage_error(f"cannot listen: {error}")
-    service = Service(options)
+    service = Service(options, privileged=privileged)
     signal.signal(signal.SIGTERM, lambda signum, frame: service.stop())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     logging.info("%s %s serving on %s", PROG, __version__, options.listen or "the socket systemd passed")

@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from vllm_xpu_exporter import memory_rules
 from vllm_xpu_exporter.parsers import gate as gate_lines
@@ -52,6 +53,9 @@ from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState
+
+if TYPE_CHECKING:
+    from vllm_xpu_exporter.sources.privileged import PrivilegedReader
 
 log = logging.getLogger("vllm_xpu_exporter.gate")
 
@@ -389,13 +393,16 @@ def engine_units_only(selection: JournalSelection) -> EngineUnitSelection:
 
 
 class Service:
-    def __init__(self, options: ServiceOptions, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, options: ServiceOptions, *, clock: Callable[[], float] = time.monotonic,
+                 privileged: PrivilegedReader | None = None) -> None:
         self.options = options
+        self.privileged = privileged  # reads the units' fds when the service separates privileges
         self.clock = clock
         self.began = clock()
         self.journal = LogFollower(options.selection, options.journal_max_units, open_reader=open_journal,
                                    source="journal", latest_invocations=True)
-        self.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout, telemetry=False)
+        self.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout, telemetry=False,
+                                         spawn=None if privileged is None else privileged.spawn_levelzero)
         self.leases: dict[tuple[str, str], Lease] = {}  # (device or HOST, unit) -> the unit's latest release there
         self.leased_invocations: dict[str, None] = {}  # the starts given a lease, oldest first
         self.legacy_first_seen: dict[str, int] = {}  # unit -> when a start of it first ran the 0.2 drop-in (usec)
@@ -446,6 +453,8 @@ class Service:
             waiter.close()
         self.journal.stop(timeout=1.0)
         self.levelzero.close()
+        if self.privileged is not None:
+            self.privileged.close()
 
     def accept(self, connection: socket.socket) -> None:
         """Who connected, from the kernel, before a byte is read: a caller outside the watched units (or one
@@ -719,16 +728,24 @@ class Service:
                                                                       protocol.RATIO_VARIABLE)))
 
     def _devices_of_units(self) -> dict[str, set[str]]:
-        devices = procfs.devices_of_units(self.options.procfs)
+        try:
+            devices = procfs.devices_in(self._scan_drm_clients())
+        except procfs.ProcfsUnavailable:
+            devices = {}
         for lease in self.leases.values():
             if lease.device != HOST:
                 devices.setdefault(lease.unit, set()).add(lease.device)
         return devices
 
+    def _scan_drm_clients(self) -> procfs.ScanResult:
+        if self.privileged is not None:
+            return self.privileged.scan()
+        return procfs.scan_drm_clients(self.options.procfs)
+
     def _taken(self, device: str) -> dict[str, int] | None:
         """Device memory each unit's processes hold on the device (DRM fdinfo); None when unknown."""
         try:
-            scan = procfs.scan_drm_clients(self.options.procfs)
+            scan = self._scan_drm_clients()
         except procfs.ProcfsUnavailable:
             return None
         if scan.clients and not scan.memory_keys_seen:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import functools
 import itertools
+import logging
 import operator
 import os
 import resource
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 
 from vllm_xpu_exporter.parsers.cgroup import UnitCgroup, systemd_cgroup_path, unit_cgroup_of_path
 from vllm_xpu_exporter.parsers.fdinfo import DrmClient, EngineColumns, FdinfoLayout, parse_engine_use, parse_fdinfo
+
+log = logging.getLogger("vllm_xpu_exporter.procfs")
 
 DEFAULT_PROCFS = "/proc"  # --path.procfs
 DRM_MAJOR = 226
@@ -49,6 +52,11 @@ DENIED_ERRNOS = frozenset({errno.EACCES, errno.EPERM})
 OPEN_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO (never found in a real procfs, but possible in a bad --path.procfs) must not hang.
 OPEN_FILE = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+# A walk looks at a process's lowest-numbered fds only (a vLLM process opens the GPU early, among its first
+# few dozen fds), and a scan walks processes until it has looked at this many fds: the rest are walked at
+# the next scan. One process with ~20,000 fds used to make every scan stat each of them (~0.9 s).
+MAX_FDS_PER_PROCESS = 2048
+MAX_FDS_PER_SCAN = 16384
 
 
 class ProcfsUnavailable(Exception):
@@ -114,11 +122,17 @@ class ScanResult:
     # False when DRM clients exist but none has memory keys (kernel 6.1 i915): the memory figures
     # are then all 0 and the caller needs another source. Meaningless when clients == 0.
     memory_keys_seen: bool = False
+    # fds beyond MAX_FDS_PER_PROCESS of a process walked in this scan: not looked at (their DRM clients unseen)
+    fds_skipped: int = 0
+    # processes due for a walk that this scan put off to the next, its MAX_FDS_PER_SCAN fds being looked at
+    walks_deferred: int = 0
 
 
 def scan_drm_clients(procfs: str = DEFAULT_PROCFS) -> ScanResult:
-    """Scan every process under `procfs` for DRM clients; see `ScanResult`."""
-    scanner = DrmClientScanner(procfs, young_seconds=0, max_held_fds=0)  # once: no process's age matters
+    """Scan every process under `procfs` for DRM clients; see `ScanResult`. Each process's fds are bounded
+    (MAX_FDS_PER_PROCESS), not the scan's: no later scan walks what this one would put off."""
+    # once: no process's age matters
+    scanner = DrmClientScanner(procfs, young_seconds=0, max_held_fds=0, max_fds_per_scan=sys.maxsize)
     try:
         return scanner.scan()
     finally:
@@ -129,9 +143,13 @@ def devices_of_units(procfs: str = DEFAULT_PROCFS) -> dict[str, set[str]]:
     """unit -> the GPUs its processes hold DRM clients with memory on, from one scan; {} when `procfs` cannot
     be scanned (the gate and the planner then know no unit's GPU)."""
     try:
-        scan = scan_drm_clients(procfs)
+        return devices_in(scan_drm_clients(procfs))
     except ProcfsUnavailable:
         return {}
+
+
+def devices_in(scan: ScanResult) -> dict[str, set[str]]:
+    """unit -> the GPUs its processes hold DRM clients with memory on, in `scan`."""
     devices: dict[str, set[str]] = {}
     for device, units in scan.memory_by_device_unit.items():
         for unit in units:
@@ -171,8 +189,11 @@ class DrmClientScanner:
     """
 
     def __init__(self, procfs: str = DEFAULT_PROCFS, rescan_seconds: float = 60.0, young_seconds: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic, max_held_fds: int | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_held_fds: int | None = None,
+                 max_fds_per_process: int = MAX_FDS_PER_PROCESS, max_fds_per_scan: int = MAX_FDS_PER_SCAN) -> None:
         self.procfs = procfs
+        self.max_fds_per_process = max_fds_per_process
+        self.max_fds_per_scan = max_fds_per_scan
         self.rescan_seconds = rescan_seconds
         self.young_seconds = young_seconds
         self._clock = clock
@@ -181,6 +202,7 @@ class DrmClientScanner:
         self._lock = threading.Lock()
         self._processes: dict[int, _Process] = {}
         self._last_layout: FdinfoLayout | None = None  # the layout a new client's fdinfo most likely has
+        self._last_cut = (0, 0)  # the last scan's (fds_skipped, walks_deferred), logged when they change
 
     def scan(self) -> ScanResult:
         with self._lock:
@@ -190,19 +212,31 @@ class DrmClientScanner:
                 self._release_all()  # nothing known of any process holds any more
                 raise
             now = self._clock()
-            scan = _Scan(self.procfs)
+            scan = _Scan(self.procfs, self.max_fds_per_process)
             previous, self._processes = self._processes, {}
             try:
                 for pid in pids:
                     process = previous.pop(pid, None)
-                    if process is None or now >= process.walk_due or not self._read(scan, pid, process):
+                    if process is not None and now < process.walk_due and self._read(scan, pid, process):
+                        if process.unreadable:
+                            scan.unreadable.add(pid)  # as at its walk: a process that could not be read still cannot
+                    elif scan.fds_examined >= self.max_fds_per_scan:
+                        scan.walks_deferred += 1
+                        if process is not None:
+                            self._release(process)
+                        process = _Process(walk_due=now)  # walked at the next scan
+                    else:
                         process = self._walk(scan, pid, process, now)
-                    elif process.unreadable:
-                        scan.unreadable.add(pid)  # as at its walk: a process that could not be read still cannot
                     self._processes[pid] = process
             finally:
                 for gone in previous.values():
                     self._release(gone)
+            cut = (scan.fds_skipped, scan.walks_deferred)
+            if cut != self._last_cut and any(cut):
+                log.warning("DRM client scan bounded: %d fds beyond the first %d of a process not looked at, "
+                            "%d processes' walks put off to the next scan (%d fds looked at per scan)",
+                            cut[0], self.max_fds_per_process, cut[1], self.max_fds_per_scan)
+            self._last_cut = cut
             return scan.result(len(pids), self._processes)
 
 
@@ -490,8 +524,12 @@ class _Process:
 class _Scan:
     """The state of one scan of a DrmClientScanner."""
 
-    def __init__(self, procfs: str) -> None:
+    def __init__(self, procfs: str, max_fds_per_process: int = MAX_FDS_PER_PROCESS) -> None:
         self.procfs = procfs
+        self.max_fds_per_process = max_fds_per_process
+        self.fds_examined = 0
+        self.fds_skipped = 0
+        self.walks_deferred = 0
         # client -> (device, lowest pid, device memory, the read of its engine counters)
         self.clients: dict[Hashable, tuple[str, int, int, Reading]] = {}
         self.drivers: dict[str, str] = {}
@@ -513,6 +551,11 @@ class _Scan:
         drm_fds = []
         try:
             fds = os.listdir(fd_dir)
+            if len(fds) > self.max_fds_per_process:
+                fds.sort(key=lambda name: (len(name), name))  # numerically, without parsing
+                self.fds_skipped += len(fds) - self.max_fds_per_process
+                del fds[self.max_fds_per_process:]
+            self.fds_examined += len(fds)
             for fd in fds:
                 try:
                     # Follows the fd's magic link to the file it has open, wherever it is mounted.
@@ -592,6 +635,8 @@ class _Scan:
             unreadable=len(self.unreadable),
             vanished=len(self.vanished),
             memory_keys_seen=self.memory_keys_seen,
+            fds_skipped=self.fds_skipped,
+            walks_deferred=self.walks_deferred,
         )
 
 

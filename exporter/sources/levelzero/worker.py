@@ -198,8 +198,11 @@ class LevelZeroWorker:
     """Parent-side handle on the Level Zero child. Thread-safe; every read is bounded by `timeout`."""
 
     def __init__(self, library: str = DEFAULT_LIBRARY, timeout: float = DEFAULT_TIMEOUT_S,
-                 telemetry: bool = True) -> None:
+                 telemetry: bool = True, spawn: Callable[[bool], Any] | None = None) -> None:
         self.library = library
+        # spawn(telemetry): the child started by another process (the privileged reader, which holds the
+        # CAP_PERFMON this one has dropped), as much of a Popen as is used here; None: started here
+        self.spawn = spawn
         self.timeout = timeout
         self.telemetry = telemetry  # False: memory readings come without telemetry (every kind empty)
         self._lock = threading.Lock()
@@ -344,13 +347,16 @@ class LevelZeroWorker:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
         self._reap_finished()
         try:
-            child = subprocess.Popen(
-                [sys.executable, "-m", "vllm_xpu_exporter.sources.levelzero.child", self.library,
-                 *([] if self.telemetry else [NO_TELEMETRY])],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                # `-m` puts the working directory first on the child's sys.path: the gate's is the gated
-                # unit's WorkingDirectory=, which may be its user's
-                cwd="/", start_new_session=True)
+            if self.spawn is not None:
+                child = self.spawn(self.telemetry)
+            else:
+                child = subprocess.Popen(
+                    [sys.executable, "-m", "vllm_xpu_exporter.sources.levelzero.child", self.library,
+                     *([] if self.telemetry else [NO_TELEMETRY])],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                    # `-m` puts the working directory first on the child's sys.path: the gate's is the gated
+                    # unit's WorkingDirectory=, which may be its user's
+                    cwd="/", start_new_session=True)
         except OSError as error:
             self._fail(f"cannot start the Level Zero child: {error}")
         self._child, self._buffer = child, b""
@@ -463,5 +469,7 @@ def _describe_exit(child: subprocess.Popen[bytes]) -> str:
         code = child.wait(timeout=1)
     except subprocess.TimeoutExpired:
         return "still running"
+    if getattr(child, "exit_unknown", False) and code == 0:
+        return "exited"  # another process's child (privileged reader): its status is that process's
     return f"killed by signal {-code}" if code < 0 else f"exit status {code}"
 
