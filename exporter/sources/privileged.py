@@ -61,7 +61,7 @@ from vllm_xpu_exporter import capabilities
 from vllm_xpu_exporter.parsers.cgroup import UnitCgroup
 from vllm_xpu_exporter.sources.endpoints import DEFAULT_HOST_ADDRESS, Endpoint, EndpointFinder
 from vllm_xpu_exporter.sources.levelzero.binding import DEFAULT_LIBRARY
-from vllm_xpu_exporter.sources.levelzero.worker import NO_TELEMETRY
+from vllm_xpu_exporter.sources.levelzero.wire import NO_TELEMETRY
 from vllm_xpu_exporter.sources.procfs import (DEFAULT_PROCFS, DrmClientScanner, ProcfsUnavailable, ScanResult,
                                               UnitEngineUse, read_unit_cgroup, scan_drm_clients)
 
@@ -233,7 +233,7 @@ def _spawn_levelzero_children(channel: socket.socket, library: str) -> None:
             stderr_read, stderr_write = os.pipe()
             ours = [stdin_read, stdin_write, stdout_read, stdout_write, stderr_read, stderr_write]
             child = subprocess.Popen(
-                [sys.executable, "-m", "vllm_xpu_exporter.sources.levelzero.worker", library,
+                [sys.executable, "-m", "vllm_xpu_exporter.sources.levelzero.child", library,
                  *([] if telemetry else [NO_TELEMETRY])],
                 stdin=stdin_read, stdout=stdout_write, stderr=stderr_write, cwd="/", start_new_session=True)
             children.append(child)
