@@ -9,6 +9,8 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     certs        make_pki() and friends; webconfigs: web config texts and files
     exporterproc the exporter as a process; fakeze, fakeprocfs, fakesysfs: what it reads
     journalgen   journal files; vllmlogs: what vLLM units print (realistic starts, the boot race)
+    containerengines  real dockerd and Podman private to the run, the test image built from Debian's packages
+                 (fixtures here: engine_image, dockerd, podman)
     promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids cgroups
     noskip       the hooks that fail a skipped test; fastpure: those that fail a `fast` test that is not pure
 
@@ -28,6 +30,7 @@ from typing import Any
 
 import pytest
 
+import containerengines
 import journalgen
 from certs import Pki, make_pki
 from fakeze import build_fake_driver, fake_driver_env
@@ -49,6 +52,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def fake_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The test-only Level Zero driver, compiled once per run, loaded by the real Debian loader."""
     return build_fake_driver(tmp_path_factory.mktemp("fakeze"))
+
+
+@pytest.fixture(scope="session")
+def engine_image() -> Path:
+    """The containers' root file system (Debian 12 with python3) as a tar, built once and cached between runs."""
+    try:
+        return containerengines.engine_image()
+    except containerengines.EngineError as error:
+        pytest.fail(str(error))
+
+
+@pytest.fixture(scope="session")
+def dockerd(tmp_path_factory: pytest.TempPathFactory, engine_image: Path) -> Iterator[containerengines.Dockerd]:
+    """A real dockerd of this run's own, the test image imported."""
+    yield from containerengines.started(containerengines.Dockerd(tmp_path_factory.mktemp("dockerd")), engine_image)
+
+
+@pytest.fixture(scope="session")
+def podman(tmp_path_factory: pytest.TempPathFactory, engine_image: Path) -> Iterator[containerengines.Podman]:
+    """Real rootful Podman with this run's own storage, the test image imported."""
+    yield from containerengines.started(containerengines.Podman(tmp_path_factory.mktemp("podman")), engine_image)
 
 
 @pytest.fixture

@@ -1,0 +1,200 @@
+"""The replayed vLLM engines (tests/vllmunit.py) run inside real containers, of Debian 12's dockerd (json-file
+logs) and rootful Podman (runc, conmon, k8s-file logs) started by the suite (tests/containerengines.py), on the
+fake GPU, and as systemd units of a real systemd (tests/realsystemd.py): the exporter's per-workload series read
+from the real engines' state, cgroups and logs equal what it reports for the same replay as units.
+
+The replay, the same for every kind: chat, embedding and stt start one after another, each once the one
+before serves (so no start's memory depends on another's timing), then `big`, which asks for 0.9 of the GPU
+and fails for want of free memory. The exporter is started once they are all done, reads what they printed
+from the start and is compared on the series that do not depend on when it all happened (durations,
+timestamps and free memory at a start are left out).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from containerengines import Dockerd, Podman
+from exporterproc import RunningExporter
+from fakeze import SharedDevice, fake_driver_env
+from journalgen import write_journal
+from polling import wait_for
+from realsystemd import RealSystemd
+from scrapes import Samples, sample, series
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, engine_command, read_events, unit_file
+
+REPO = Path(__file__).resolve().parents[1]
+TIME_SCALE = 0.1
+BIG = Engine("big", 0.9, 4096, 1.0, 20.0)  # 0.9 of the GPU while chat holds 0.75: insufficient_free_memory
+SERVING = (CHAT, EMBEDDING, STT)
+STEP_TIMEOUT = 60.0
+SCRAPE_TIMEOUT = 30.0
+# The replayed engines open no DRM render node, so the fake GPU has no DRM clients and per-process memory
+# comes from Level Zero's process list, which the exporter uses when some processes' DRM clients cannot be
+# read (docs/metrics.md, "Where per-unit memory comes from"): it runs as root without capabilities, so that
+# the fdinfo of root's processes with capabilities is closed to it, while the files root owns (the journal,
+# the engines' state and logs) are not.
+EXPORTER = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", sys.executable, "-m", "vllm_xpu_exporter"]
+# What depends on when things happened, not on what happened
+TIMED = ("xpu_unit_engine_init_duration_seconds", "xpu_unit_engine_last_failure_timestamp_seconds",
+         "xpu_unit_engine_start_free_memory_bytes", "xpu_unit_engine_busy", "xpu_unit_engine_busy_seconds_total",
+         "xpu_unit_engine_cycles_total", "xpu_unit_engine_total_cycles_total")
+# Series every kind has: the processes collector's, from the cgroups and the engines' memory
+MEMORY = ("xpu_unit_memory_bytes",)
+# and those of what the engines printed, for the kinds whose logs the exporter reads
+PRINTED = ("xpu_unit_engine_starts_total", "xpu_unit_engine_init_failures_total", "xpu_unit_kv_cache_bytes",
+           "xpu_unit_kv_cache_tokens", "xpu_unit_restart_headroom_bytes", "xpu_unit_memory_footprint_bytes")
+
+
+@dataclass
+class Replay:
+    """One kind's run of the replay: the device its engines shared, the events they wrote, the exporter's
+    arguments to read them, and the series' `unit` label of each engine."""
+
+    device_config: Path
+    events: Path
+    keys: dict[str, str]  # unit label -> engine role
+    args: list[str]
+
+
+def play(start: Callable[[Engine], None], events: Path, name: Callable[[Engine], str]) -> None:
+    """Start the serving engines one after another, each once the one before serves, then BIG until it fails."""
+    for engine in (*SERVING, BIG):
+        start(engine)
+        wanted = "failed" if engine is BIG else "serving"
+        assert wait_for(lambda: any(record["unit"] == name(engine) and record["event"] == wanted
+                                    for record in read_events(events)), timeout=STEP_TIMEOUT, interval=0.1), \
+            f"{name(engine)}: no '{wanted}' within {STEP_TIMEOUT:.0f} s: {read_events(events)}"
+
+
+def shared_device(directory: Path) -> tuple[Path, Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    config = directory / "ze.conf"
+    SharedDevice.create(config, SIXTEEN_GIB_GPU)
+    return config, directory / "events.jsonl"
+
+
+def container_name(engine: Engine) -> str:
+    return f"vllm-{engine.role}"
+
+
+def in_containers(engine: Dockerd | Podman, directory: Path, log_driver: str) -> Iterator[Replay]:
+    """The replay as containers of `engine`, the repository bound in read-only and the device's directory
+    read-write, vllmunit run by the image's python3 with the exporter's vLLM grammar from the checkout."""
+    config, events = shared_device(directory)
+    pythonpath = directory / "pythonpath"
+    pythonpath.mkdir()
+    (pythonpath / "vllm_xpu_exporter").symlink_to(REPO / "exporter")
+    names = [container_name(each) for each in (*SERVING, BIG)]
+    engine.remove(*names)
+
+    def start(each: Engine) -> None:
+        command = engine_command(each, container_name(each), device_config=config, time_scale=TIME_SCALE,
+                                 events=events, python="python3", requests=0)
+        engine.run(container_name(each), command, log_driver=log_driver, volumes=[directory],
+                   options=["-v", f"{REPO}:{REPO}:ro", "--env", f"PYTHONPATH={pythonpath}"])
+
+    try:
+        play(start, events, container_name)
+        prefix = "docker" if isinstance(engine, Dockerd) else "podman"
+        yield Replay(config, events, {f"{prefix}/{container_name(each)}": each.role for each in (*SERVING, BIG)}, [])
+    finally:
+        engine.remove(*names)
+
+
+def exporter_series(replay: Replay, fake_driver: Path, printed: bool, command: Sequence[str] = EXPORTER) -> dict:
+    """The series of the replay's engines once the exporter has read them all, under the engines' roles."""
+    serving_keys = {key for key, role in replay.keys.items() if role != BIG.role}
+
+    def ready(samples: Samples) -> bool:
+        return (sample(samples, "xpu_exporter_collector_success", collector="journal") == 1
+                and sample(samples, "xpu_exporter_collector_success", collector="processes") == 1
+                and serving_keys <= {dict(labels)["unit"] for labels in series(samples, "xpu_unit_memory_bytes")}
+                and (not printed or set(replay.keys) <= {
+                    dict(labels)["unit"] for labels, value in series(samples, "xpu_unit_engine_starts_total").items()}
+                     and sample(samples, "xpu_unit_engine_init_failures_total", unit=_key(replay, BIG.role),
+                                reason="insufficient_free_memory") == 1))
+
+    with RunningExporter(replay.args, env=fake_driver_env(fake_driver, replay.device_config),
+                         command=command) as exporter:
+        samples = wait_for(lambda: (scraped := exporter.scrape()) and ready(scraped) and scraped,
+                           timeout=SCRAPE_TIMEOUT, interval=0.5)
+        assert samples, f"the exporter never saw every engine: {exporter.scrape()}\n{exporter.stderr}"
+    families = (*MEMORY, *PRINTED) if printed else MEMORY
+    out = {}
+    for (name, labels), value in samples.items():
+        labels = dict(labels)
+        if labels.get("unit") in replay.keys and name in families:
+            out[name, tuple(sorted({**labels, "unit": replay.keys[labels["unit"]]}.items()))] = value
+    return out
+
+
+def _key(replay: Replay, role: str) -> str:
+    return next(key for key, each in replay.keys.items() if each == role)
+
+
+@pytest.fixture(scope="module")
+def units_series(tmp_path_factory: pytest.TempPathFactory, fake_driver: Path) -> dict:
+    """The replay as systemd units of a real systemd, read from its journal."""
+    if os.geteuid() != 0:
+        pytest.fail("booting a real systemd needs root (tests/run runs as root)")
+    shared = tmp_path_factory.mktemp("units")
+    config, events = shared_device(shared / "device")
+    shutil.copy(fake_driver, shared / fake_driver.name)
+    with RealSystemd(shared) as machine:
+        for engine in (*SERVING, BIG):
+            machine.write_unit(f"vllm-{engine.role}.service", unit_file(
+                engine, device_config=machine.inside(config), events=machine.inside(events), time_scale=TIME_SCALE,
+                requests=0, restart="no"))
+        machine.daemon_reload()
+        play(lambda engine: machine.start(f"vllm-{engine.role}.service"), events,
+             lambda engine: f"vllm-{engine.role}.service")
+        machine.sync_journal()
+        # The exporter runs inside, where the units' pids (which the engines record on the fake GPU) are theirs
+        replay = Replay(machine.inside(config), events,
+                        {f"vllm-{engine.role}.service": engine.role for engine in (*SERVING, BIG)},
+                        ["--journal.directory", "/run/log/journal", "--journal.units", "vllm-*.service"])
+        return exporter_series(replay, machine.inside(shared / fake_driver.name), printed=True,
+                               command=["nsenter", "-t", str(machine.pid1), "-a", *EXPORTER])
+
+
+def empty_journal(directory: Path) -> list[str]:
+    return ["--journal.file", str(write_journal(directory / "empty.journal", []))]
+
+
+def test_the_units_replay_has_every_compared_series(units_series: dict):
+    """The baseline itself: memory of the three serving engines, and what each printed, big's failure too."""
+    for family in (*MEMORY, *PRINTED):
+        roles = {dict(labels)["unit"] for name, labels in units_series if name == family}
+        assert roles >= {engine.role for engine in SERVING}, (family, roles)
+    failures = {dict(labels)["unit"]: value for (name, labels), value in units_series.items()
+                if name == "xpu_unit_engine_init_failures_total" and dict(labels)["reason"] == "insufficient_free_memory"}
+    assert failures[BIG.role] == 1 and failures[CHAT.role] == 0
+
+
+def test_docker_json_file_containers_give_the_units_series(tmp_path: Path, dockerd: Dockerd, fake_driver: Path,
+                                                           units_series: dict):
+    """Docker's names (config.v2.json), cgroups (/docker/<id>, the cgroupfs driver) and json-file logs
+    (--logs.docker) of real containers: every compared series of the units, with the same values."""
+    for replay in in_containers(dockerd, tmp_path, "json-file"):
+        replay.args = [*empty_journal(tmp_path), "--logs.docker", "--path.docker", str(dockerd.data_root)]
+        assert exporter_series(replay, fake_driver, printed=True) == units_series
+
+
+def test_podman_k8s_file_containers_give_the_units_memory_series(tmp_path: Path, podman: Podman, fake_driver: Path,
+                                                                 units_series: dict):
+    """Podman's names (containers/storage's containers.json) and cgroups (/libpod_parent/libpod-<id>, the
+    cgroupfs manager) of real containers: the units' memory series, with the same values. The exporter reads
+    no Podman k8s-file log (a Podman container's output is read from the journal), so the printed series are
+    the journald log driver's."""
+    for replay in in_containers(podman, tmp_path, "k8s-file"):
+        replay.args = [*empty_journal(tmp_path), "--path.podman", str(podman.storage)]
+        memory = {key: value for key, value in units_series.items() if key[0] in MEMORY}
+        assert exporter_series(replay, fake_driver, printed=False) == memory
