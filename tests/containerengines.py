@@ -104,14 +104,17 @@ def _unmount_below(directory: Path) -> None:
 
 
 class _Engine:
-    """What Dockerd and Podman share: a command line, the image, containers run detached."""
+    """What the engines share: a command line (after `prefix`, e.g. nsenter into a RealSystemd), the image,
+    containers run detached."""
 
     name = ""
     image = IMAGE_NAME
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, prefix: Sequence[str] = ()) -> None:
         self.base = Path(base)
-        self.base.mkdir(parents=True, exist_ok=True)
+        self.prefix = list(prefix)
+        if not self.prefix:
+            self.base.mkdir(parents=True, exist_ok=True)
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -163,7 +166,7 @@ class Dockerd(_Engine):
         self.process: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
-        return [DOCKER, "--host", f"unix://{self.socket}"]
+        return [*self.prefix, DOCKER, "--host", f"unix://{self.socket}"]
 
     def start(self) -> Dockerd:
         with open(self.log, "ab") as log:
@@ -223,16 +226,19 @@ class Podman(_Engine):
 
     name = "podman"
 
-    def __init__(self, base: Path) -> None:
-        super().__init__(base)
+    def __init__(self, base: Path, prefix: Sequence[str] = (), events_backend: str = "file") -> None:
+        """`events_backend`: "file" where no journald runs, "journald" (Podman's default on systemd hosts)
+        where one does."""
+        super().__init__(base, prefix)
+        self.events_backend = events_backend
         self.storage = self.base / "storage"
         self.run_root = self.base / "run"
         self.tmp = self.base / "tmp"
 
     def command(self) -> list[str]:
-        return [PODMAN, "--root", str(self.storage), "--runroot", str(self.run_root), "--tmpdir", str(self.tmp),
-                "--runtime", RUNC, "--cgroup-manager", "cgroupfs", "--events-backend", "file",
-                "--storage-driver", "overlay"]
+        return [*self.prefix, PODMAN, "--root", str(self.storage), "--runroot", str(self.run_root), "--tmpdir",
+                str(self.tmp), "--runtime", RUNC, "--cgroup-manager", "cgroupfs", "--events-backend",
+                self.events_backend, "--storage-driver", "overlay"]
 
     def run_options(self) -> list[str]:
         return [word for limit in ULIMITS for word in ("--ulimit", limit)]
@@ -249,8 +255,9 @@ class Podman(_Engine):
     def stop(self) -> None:
         with contextlib.suppress(EngineError):
             self.remove_all()
-        _unmount_below(self.base)
-        shutil.rmtree(self.base, ignore_errors=True)
+        if not self.prefix:  # inside a RealSystemd its mounts end with it
+            _unmount_below(self.base)
+            shutil.rmtree(self.base, ignore_errors=True)
 
     def __enter__(self) -> Podman:
         return self.start()
@@ -259,7 +266,44 @@ class Podman(_Engine):
         self.stop()
 
 
-def started(engine: Dockerd | Podman, image: Path) -> Iterator[Dockerd | Podman]:
+class DockerService(_Engine):
+    """Debian's docker.service (and containerd.service) as shipped, in a RealSystemd booted with them unmasked
+    and `docker_defaults(data_root)` as its /etc/default/docker: driven with Debian's client through nsenter,
+    on the service's socket (/run/docker.sock). What dockerd sends to the journal (`--log-driver journald`)
+    then comes from docker.service, as on a host."""
+
+    name = "docker.service"
+
+    def __init__(self, data_root: Path, prefix: Sequence[str]) -> None:
+        super().__init__(data_root, prefix)
+        self.data_root = self.base
+
+    def command(self) -> list[str]:
+        return [*self.prefix, DOCKER]
+
+    def start(self, timeout: float = START_TIMEOUT) -> DockerService:
+        deadline = time.monotonic() + timeout
+        while subprocess.run([*self.command(), "info"], capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                status = subprocess.run([*self.prefix, "systemctl", "status", "--no-pager", "docker.service",
+                                         "containerd.service"], capture_output=True, text=True).stdout
+                raise EngineError(f"docker.service did not answer within {timeout:.0f} s: {status[-2000:]}")
+            time.sleep(0.2)
+        return self
+
+    def stop(self) -> None:
+        with contextlib.suppress(EngineError):
+            self.remove_all()
+
+
+def docker_defaults(data_root: Path) -> str:
+    """/etc/default/docker for DockerService: the same settings as Dockerd's, the data root where overlay2
+    works (not on the booted systemd's overlay root)."""
+    return (f'DOCKER_OPTS="--data-root {data_root} --exec-opt native.cgroupdriver=cgroupfs --storage-driver overlay2 '
+            f'--bridge none --iptables=false --ip-masq=false"\n')
+
+
+def started(engine: Dockerd | Podman | DockerService, image: Path) -> Iterator[Dockerd | Podman]:
     """For a fixture: `engine` started with the test image imported, stopped (its containers removed) after.
     An engine that cannot start fails the test that asked for it, naming the engine."""
     try:

@@ -187,13 +187,17 @@ def _parent_death_signal() -> None:
 class RealSystemd:
     """A booted systemd as PID 1 of private namespaces; see the module docstring."""
 
-    def __init__(self, shared: Path, *, files: Mapping[str, str] | None = None, enable: Sequence[str] = ()) -> None:
+    def __init__(self, shared: Path, *, files: Mapping[str, str] | None = None, enable: Sequence[str] = (),
+                 unmask: Sequence[str] = ()) -> None:
         """`shared`: a host directory bound read-write at SHARED_INSIDE. `files`: path inside ->
         text, written into the root before systemd starts (unit files, drop-ins). `enable`: units
-        under /etc/systemd/system to link into multi-user.target.wants, so they start at boot."""
+        under /etc/systemd/system to link into multi-user.target.wants, so they start at boot. `unmask`:
+        units the image has enabled that this boot starts as the image would (docker.service,
+        containerd.service), where every other one is masked."""
         self.shared = Path(shared).resolve()
         self.files = dict(files or {})
         self.enable = tuple(enable)
+        self.unmask = frozenset(unmask)
         self.pid1: int | None = None
         self.booted_at = 0.0
         self._launcher: subprocess.Popen | None = None
@@ -241,7 +245,7 @@ class RealSystemd:
                 if (cgroup / inherited).exists():
                     (cgroup / inherited).write_text((cgroup.parent / inherited).read_text())
         (run_dir / "rootfs").mkdir()
-        masks = [*MASKED_UNITS, *image_enabled_units()]
+        masks = [*MASKED_UNITS, *(unit for unit in image_enabled_units() if unit not in self.unmask)]
         kernel_args = [f"systemd.mask={unit}" for unit in dict.fromkeys(masks)]
         cgroups = list(self._cgroups)
 

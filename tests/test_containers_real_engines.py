@@ -21,16 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from containerengines import Dockerd, Podman
+from containerengines import DockerService, Dockerd, Podman, docker_defaults, started
 from exporterproc import RunningExporter
 from fakeze import SharedDevice, fake_driver_env
 from journalgen import write_journal
 from polling import wait_for
-from realsystemd import RealSystemd
+from realsystemd import SHARED_INSIDE, RealSystemd
 from scrapes import Samples, sample, series
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, engine_command, read_events, unit_file
 
 REPO = Path(__file__).resolve().parents[1]
+ContainerEngine = Dockerd | Podman | DockerService
 TIME_SCALE = 0.1
 BIG = Engine("big", 0.9, 4096, 1.0, 20.0)  # 0.9 of the GPU while chat holds 0.75: insufficient_free_memory
 SERVING = (CHAT, EMBEDDING, STT)
@@ -85,9 +86,11 @@ def container_name(engine: Engine) -> str:
     return f"vllm-{engine.role}"
 
 
-def in_containers(engine: Dockerd | Podman, directory: Path, log_driver: str) -> Iterator[Replay]:
+def in_containers(engine: ContainerEngine, directory: Path, log_driver: str,
+                  seen: Callable[[Path], Path] = Path) -> Iterator[Replay]:
     """The replay as containers of `engine`, the repository bound in read-only and the device's directory
-    read-write, vllmunit run by the image's python3 with the exporter's vLLM grammar from the checkout."""
+    read-write, vllmunit run by the image's python3 with the exporter's vLLM grammar from the checkout.
+    `directory` is the host's path; `seen` gives a host path as the engine sees it (inside a RealSystemd)."""
     config, events = shared_device(directory)
     pythonpath = directory / "pythonpath"
     pythonpath.mkdir()
@@ -96,15 +99,16 @@ def in_containers(engine: Dockerd | Podman, directory: Path, log_driver: str) ->
     engine.remove(*names)
 
     def start(each: Engine) -> None:
-        command = engine_command(each, container_name(each), device_config=config, time_scale=TIME_SCALE,
-                                 events=events, python="python3", requests=0)
-        engine.run(container_name(each), command, log_driver=log_driver, volumes=[directory],
-                   options=["-v", f"{REPO}:{REPO}:ro", "--env", f"PYTHONPATH={pythonpath}"])
+        command = engine_command(each, container_name(each), device_config=seen(config), time_scale=TIME_SCALE,
+                                 events=seen(events), python="python3", requests=0)
+        engine.run(container_name(each), command, log_driver=log_driver, volumes=[seen(directory)],
+                   options=["-v", f"{REPO}:{REPO}:ro", "--env", f"PYTHONPATH={seen(pythonpath)}"])
 
     try:
         play(start, events, container_name)
-        prefix = "docker" if isinstance(engine, Dockerd) else "podman"
-        yield Replay(config, events, {f"{prefix}/{container_name(each)}": each.role for each in (*SERVING, BIG)}, [])
+        prefix = "podman" if isinstance(engine, Podman) else "docker"
+        yield Replay(seen(config), events, {f"{prefix}/{container_name(each)}": each.role for each in (*SERVING, BIG)},
+                     [])
     finally:
         engine.remove(*names)
 
@@ -198,3 +202,47 @@ def test_podman_k8s_file_containers_give_the_units_memory_series(tmp_path: Path,
         replay.args = [*empty_journal(tmp_path), "--path.podman", str(podman.storage)]
         memory = {key: value for key, value in units_series.items() if key[0] in MEMORY}
         assert exporter_series(replay, fake_driver, printed=False) == memory
+
+
+# ---- the journald log driver: the engines inside a real systemd, whose journald they write to --------------
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory: pytest.TempPathFactory, fake_driver: Path) -> Iterator[RealSystemd]:
+    """A real systemd with Debian's docker.service and containerd.service as shipped (the data root on the
+    shared directory: overlay2 does not work on the booted root's overlay), the fake driver beside."""
+    shared = tmp_path_factory.mktemp("engines")
+    shutil.copy(fake_driver, shared / fake_driver.name)
+    with RealSystemd(shared, unmask=("docker.service", "containerd.service"),
+                     files={"/etc/default/docker": docker_defaults(SHARED_INSIDE / "docker")}) as booted:
+        yield booted
+
+
+def inside(machine: RealSystemd) -> list[str]:
+    return ["nsenter", "-t", str(machine.pid1), "-a", "--"]
+
+
+def test_docker_journald_containers_give_the_units_series(machine: RealSystemd, engine_image: Path,
+                                                          fake_driver: Path, units_series: dict):
+    """docker.service's journal entries (CONTAINER_NAME, from dockerd in docker.service) and its containers'
+    ends (config.v2.json) of real containers: every compared series of the units, with the same values."""
+    for docker in started(DockerService(SHARED_INSIDE / "docker", inside(machine)), engine_image):
+        for replay in in_containers(docker, machine.shared / "docker-journald", "journald", seen=machine.inside):
+            replay.args = ["--journal.directory", "/run/log/journal", "--journal.containers", "docker/*",
+                           "--path.docker", str(docker.data_root)]
+            assert exporter_series(replay, machine.inside(machine.shared / fake_driver.name), printed=True,
+                                   command=[*inside(machine), *EXPORTER]) == units_series
+
+
+def test_podman_journald_containers_give_the_units_series(machine: RealSystemd, engine_image: Path,
+                                                          fake_driver: Path, units_series: dict):
+    """conmon's journal entries (CONTAINER_NAME) and Podman's died events of real containers, their names from
+    containers/storage: every compared series of the units, with the same values."""
+    (machine.shared / "podman").mkdir()
+    podman = Podman(SHARED_INSIDE / "podman", inside(machine), events_backend="journald")
+    for engine in started(podman, engine_image):
+        for replay in in_containers(engine, machine.shared / "podman-journald", "journald", seen=machine.inside):
+            replay.args = ["--journal.directory", "/run/log/journal", "--journal.containers", "podman/*",
+                           "--path.podman", str(engine.storage)]
+            assert exporter_series(replay, machine.inside(machine.shared / fake_driver.name), printed=True,
+                                   command=[*inside(machine), *EXPORTER]) == units_series
