@@ -119,6 +119,18 @@ class _Engine:
     def command(self) -> list[str]:
         raise NotImplementedError
 
+    def start(self) -> _Engine:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> _Engine:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
     def cli(self, *args: str, timeout: float = 120.0) -> str:
         """The engine's command line client with `args`; its output (EngineError naming the engine on failure)."""
         return _run([*self.command(), *args], self.name, timeout=timeout).stdout
@@ -213,12 +225,6 @@ class Dockerd(_Engine):
         _unmount_below(self.base)
         shutil.rmtree(self.base, ignore_errors=True)
 
-    def __enter__(self) -> Dockerd:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
 
 class Podman(_Engine):
     """Rootful Podman with its own storage under `base`; see the module docstring. `storage` is the
@@ -258,12 +264,6 @@ class Podman(_Engine):
         if not self.prefix:  # inside a RealSystemd its mounts end with it
             _unmount_below(self.base)
             shutil.rmtree(self.base, ignore_errors=True)
-
-    def __enter__(self) -> Podman:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
 
 class DockerService(_Engine):

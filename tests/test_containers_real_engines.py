@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -63,6 +63,7 @@ class Replay:
     events: Path
     keys: dict[str, str]  # unit label -> engine role
     args: list[str]
+    workloads: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # unit -> (kind, container, its id)
 
 
 def play(start: Callable[[Engine], None], events: Path, name: Callable[[Engine], str]) -> None:
@@ -106,9 +107,10 @@ def in_containers(engine: ContainerEngine, directory: Path, log_driver: str,
 
     try:
         play(start, events, container_name)
-        prefix = "podman" if isinstance(engine, Podman) else "docker"
-        yield Replay(seen(config), events, {f"{prefix}/{container_name(each)}": each.role for each in (*SERVING, BIG)},
-                     [])
+        kind = "podman" if isinstance(engine, Podman) else "docker"
+        serving = {f"{kind}/{container_name(each)}": container_name(each) for each in SERVING}
+        yield Replay(seen(config), events, {f"{kind}/{container_name(each)}": each.role for each in (*SERVING, BIG)},
+                     [], {key: (kind, name, engine.inspect(name, "{{.Id}}")) for key, name in serving.items()})
     finally:
         engine.remove(*names)
 
@@ -131,6 +133,9 @@ def exporter_series(replay: Replay, fake_driver: Path, printed: bool, command: S
         samples = wait_for(lambda: (scraped := exporter.scrape()) and ready(scraped) and scraped,
                            timeout=SCRAPE_TIMEOUT, interval=0.5)
         assert samples, f"the exporter never saw every engine: {exporter.scrape()}\n{exporter.stderr}"
+    for key, (kind, name, cid) in replay.workloads.items():  # who each unit is, as the engine itself says
+        info = [dict(labels) for labels in series(samples, "xpu_workload_info") if dict(labels)["unit"] == key]
+        assert [(each["kind"], each["container"], each["container_id"]) for each in info] == [(kind, name, cid)], info
     families = (*MEMORY, *PRINTED) if printed else MEMORY
     out = {}
     for (name, labels), value in samples.items():
