@@ -232,11 +232,12 @@ class Podman(_Engine):
 
     name = "podman"
 
-    def __init__(self, base: Path, prefix: Sequence[str] = (), events_backend: str = "file") -> None:
+    def __init__(self, base: Path, prefix: Sequence[str] = (), events_backend: str = "file", uid: int = 0) -> None:
         """`events_backend`: "file" where no journald runs, "journald" (Podman's default on systemd hosts)
-        where one does."""
+        where one does. `uid`: the user `prefix` runs Podman as (rootless), 0 for root."""
         super().__init__(base, prefix)
         self.events_backend = events_backend
+        self.uid = uid
         self.storage = self.base / "storage"
         self.run_root = self.base / "run"
         self.tmp = self.base / "tmp"

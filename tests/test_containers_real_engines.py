@@ -43,6 +43,10 @@ SCRAPE_TIMEOUT = 30.0
 # the fdinfo of root's processes with capabilities is closed to it, while the files root owns (the journal,
 # the engines' state and logs) are not.
 EXPORTER = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", sys.executable, "-m", "vllm_xpu_exporter"]
+# and reading a rootless user's Podman storage too (0700, the user's), as docs/containers.md asks of a deployment
+EXPORTER_READING_USERS = ["setpriv", "--inh-caps=-all", "--bounding-set=-all,+dac_read_search", sys.executable, "-m",
+                          "vllm_xpu_exporter"]
+ROOTLESS_USER, ROOTLESS_UID = "vllm-rootless", 4711  # a uid no machine image's user has
 # What depends on when things happened, not on what happened
 TIMED = ("xpu_unit_engine_init_duration_seconds", "xpu_unit_engine_last_failure_timestamp_seconds",
          "xpu_unit_engine_start_free_memory_bytes", "xpu_unit_engine_busy", "xpu_unit_engine_busy_seconds_total",
@@ -76,10 +80,15 @@ def play(start: Callable[[Engine], None], events: Path, name: Callable[[Engine],
             f"{name(engine)}: no '{wanted}' within {STEP_TIMEOUT:.0f} s: {read_events(events)}"
 
 
-def shared_device(directory: Path) -> tuple[Path, Path]:
+def shared_device(directory: Path, for_everyone: bool = False) -> tuple[Path, Path]:
+    """The fake GPU's config and the events file in `directory`; `for_everyone`: a rootless user's containers
+    write them too."""
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "ze.conf"
     SharedDevice.create(config, SIXTEEN_GIB_GPU)
+    if for_everyone:
+        for path in (directory, *directory.iterdir()):
+            path.chmod(0o777 if path.is_dir() else 0o666)
     return config, directory / "events.jsonl"
 
 
@@ -88,11 +97,12 @@ def container_name(engine: Engine) -> str:
 
 
 def in_containers(engine: ContainerEngine, directory: Path, log_driver: str,
-                  seen: Callable[[Path], Path] = Path) -> Iterator[Replay]:
+                  seen: Callable[[Path], Path] = Path, for_everyone: bool = False) -> Iterator[Replay]:
     """The replay as containers of `engine`, the repository bound in read-only and the device's directory
     read-write, vllmunit run by the image's python3 with the exporter's vLLM grammar from the checkout.
-    `directory` is the host's path; `seen` gives a host path as the engine sees it (inside a RealSystemd)."""
-    config, events = shared_device(directory)
+    `directory` is the host's path; `seen` gives a host path as the engine sees it (inside a RealSystemd).
+    `for_everyone`: the directory's files are a rootless user's containers' to write too."""
+    config, events = shared_device(directory, for_everyone)
     pythonpath = directory / "pythonpath"
     pythonpath.mkdir()
     (pythonpath / "vllm_xpu_exporter").symlink_to(REPO / "exporter")
@@ -108,9 +118,14 @@ def in_containers(engine: ContainerEngine, directory: Path, log_driver: str,
     try:
         play(start, events, container_name)
         kind = "podman" if isinstance(engine, Podman) else "docker"
-        serving = {f"{kind}/{container_name(each)}": container_name(each) for each in SERVING}
-        yield Replay(seen(config), events, {f"{kind}/{container_name(each)}": each.role for each in (*SERVING, BIG)},
-                     [], {key: (kind, name, engine.inspect(name, "{{.Id}}")) for key, name in serving.items()})
+        owner = f"@uid{engine.uid}" if isinstance(engine, Podman) and engine.uid else ""  # a rootless one's
+
+        def key(each: Engine) -> str:
+            return f"{kind}/{container_name(each)}{owner}"
+
+        yield Replay(seen(config), events, {key(each): each.role for each in (*SERVING, BIG)}, [],
+                     {key(each): (kind, container_name(each), engine.inspect(container_name(each), "{{.Id}}"))
+                      for each in SERVING})
     finally:
         engine.remove(*names)
 
@@ -251,3 +266,33 @@ def test_podman_journald_containers_give_the_units_series(machine: RealSystemd, 
                            "--path.podman", str(engine.storage)]
             assert exporter_series(replay, machine.inside(machine.shared / fake_driver.name), printed=True,
                                    command=[*inside(machine), *EXPORTER]) == units_series
+
+
+def test_rootless_podman_journald_containers_give_the_units_series(machine: RealSystemd, engine_image: Path,
+                                                                   fake_driver: Path, units_series: dict):
+    """A user's rootless Podman (its conmon's journal entries, its own storage, its containers below its
+    user@UID.service): every compared series of the units, under the user's own keys (`podman/<name>@uid<N>`)."""
+    machine.run("useradd", "--create-home", "--uid", str(ROOTLESS_UID), ROOTLESS_USER)
+    machine.run("loginctl", "enable-linger", ROOTLESS_USER)  # the user's service manager, as a login would
+    assert wait_for(lambda: machine.systemctl("is-active", f"user@{ROOTLESS_UID}.service", check=False).stdout.strip()
+                    == "active", timeout=30, interval=0.2), f"user@{ROOTLESS_UID}.service did not start"
+    # The booted systemd's /proc/sys is read-only (tests/realsystemd.py): no sysctls in the containers
+    machine.write_file(f"/home/{ROOTLESS_USER}/.config/containers/containers.conf", "[containers]\ndefault_sysctls = []\n")
+    machine.run("chown", "-R", ROOTLESS_USER, f"/home/{ROOTLESS_USER}/.config")
+    machine.shared.chmod(0o755)  # the user reaches the shared directory, the image and the replay's files there
+    image = machine.shared / engine_image.name
+    shutil.copy(engine_image, image)
+    image.chmod(0o644)
+    storage = machine.shared / "rootless"  # on the host's file system: rootless overlay does not go on the overlay root
+    storage.mkdir()
+    os.chown(storage, ROOTLESS_UID, ROOTLESS_UID)
+    as_user = [*inside(machine), "runuser", "-u", ROOTLESS_USER, "--", "env", f"HOME=/home/{ROOTLESS_USER}",
+               f"XDG_RUNTIME_DIR=/run/user/{ROOTLESS_UID}"]
+    podman = Podman(machine.inside(storage), as_user, events_backend="journald", uid=ROOTLESS_UID)
+    for engine in started(podman, machine.inside(image)):
+        for replay in in_containers(engine, machine.shared / "rootless-journald", "journald", seen=machine.inside,
+                                    for_everyone=True):
+            replay.args = ["--journal.directory", "/run/log/journal", "--journal.containers", "podman/*",
+                           "--path.podman", str(engine.storage)]
+            assert exporter_series(replay, machine.inside(machine.shared / fake_driver.name), printed=True,
+                                   command=[*inside(machine), *EXPORTER_READING_USERS]) == units_series

@@ -8,7 +8,8 @@
 A container's cgroup also says which engine runs it, its id and, under Kubernetes, its pod's uid
 (`container_of_cgroup_path`, `UnitCgroup.container`): Docker with the systemd cgroup driver
 (`/system.slice/docker-<id>.scope`) or cgroupfs (`/docker/<id>`), Podman (`/machine.slice/libpod-<id>.scope`,
-rootless below `user@UID.service`, cgroupfs `/libpod_parent/libpod-<id>`), and the containers of pods
+rootless below `user@UID.service`, cgroupfs `/libpod_parent/libpod-<id>`, rootless cgroupfs
+`user@UID.service/user.slice/podman-<pid>.scope/<id>`), and the containers of pods
 (kubelet with the systemd driver: `/kubepods.slice/kubepods-<qos>.slice/kubepods-<qos>-pod<uid>.slice/
 cri-containerd-<id>.scope`, `crio-<id>.scope` or `docker-<id>.scope`, no QoS slice for guaranteed pods;
 cgroupfs: `/kubepods/<qos>/pod<uid>/<id>`). Conmon's scopes (`libpod-conmon-<id>.scope`,
@@ -92,6 +93,7 @@ _CONTAINER_ELEMENTS = (
     (re.compile(rf"crio-{_ID}(?:\.scope)?"), CRIO),
 )
 _BARE_ID = re.compile(_ID)
+_PODMAN_SCOPE = re.compile(r"podman-[0-9]+\.scope")  # rootless Podman's own scope (cgroupfs manager)
 # A pod's cgroup: kubepods[-<qos>]-pod<uid>.slice (systemd driver; `_` for the uid's `-`, and a prefix
 # when the kubelet's cgroup root is not the top: kind's `kubelet-kubepods-...`), or pod<uid> (cgroupfs).
 # Static pods' uids are a hash without dashes.
@@ -148,8 +150,10 @@ def unit_cgroup_of_path(path: str) -> UnitCgroup | None:
             if user_index is not None:
                 uid = _user_manager_uid(elements[index])
                 index = user_index
-        unit = elements[index][1:] if elements[index].startswith("_") else elements[index]
         container = _container_scope(elements, index)
+        if container is None and uid and (found := _rootless_cgroupfs_container(elements, index)) is not None:
+            index, container = found
+        unit = elements[index][1:] if elements[index].startswith("_") else elements[index]
         if uid:
             unit = user_unit(unit, uid)
             if container is not None:
@@ -184,6 +188,16 @@ def _container_scope(elements: list[str], index: int) -> ContainerCgroup | None:
                 return None  # CRI runtimes' containers are pods' containers
             return ContainerCgroup(engine, match.group(1), pod_uid)
     return None
+
+
+def _rootless_cgroupfs_container(elements: list[str], index: int) -> tuple[int, ContainerCgroup] | None:
+    """Rootless Podman with the cgroupfs manager (a cgroup v1 or hybrid host) runs a container in a cgroup named
+    by its id below the scope Podman made for itself in the user's manager (`elements[index]`):
+    `user@N.service/user.slice/podman-<pid>.scope/<id>`. The container's directory and its index."""
+    if not _PODMAN_SCOPE.fullmatch(elements[index]) or index + 1 >= len(elements):
+        return None
+    match = _BARE_ID.fullmatch(elements[index + 1])
+    return None if match is None else (index + 1, ContainerCgroup(PODMAN, match.group(1)))
 
 
 def _cgroupfs_container(elements: list[str]) -> tuple[int, ContainerCgroup] | None:
