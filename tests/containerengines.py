@@ -23,6 +23,9 @@ hierarchy beside them, no network but loopback), and why each setting:
 * Podman: its own storage root and run root; runc (crun refuses the hybrid cgroup layout), the cgroupfs
   manager, its events in a file (no journald on the host); every container with explicit
   `--ulimit nofile=...,nproc=...`, as Podman's defaults ask for limits above this machine's hard limits.
+* Where a journald is needed (the journald log driver), the engines run inside a RealSystemd
+  (tests/realsystemd.py): `DockerService` is Debian's docker.service there, `Podman` takes an nsenter `prefix`
+  (and `runuser` for a rootless user).
 
 Containers run with the host's pid namespace (`--pid host`), as deploy/compose.fake-gpu.yaml's stubs do, so
 the pids a replayed engine (tests/vllmunit.py) records on the fake GPU are the host's and the exporter finds
@@ -58,6 +61,9 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm
 START_TIMEOUT = 60.0
 # Podman's default limits are the host's maxima, which this machine's hard limits are below
 ULIMITS = ("nofile=4096:4096", "nproc=4096:4096")
+# dockerd's settings, of Dockerd's daemon and of DockerService's docker.service alike (the module docstring)
+DOCKERD_OPTIONS = ("--exec-opt", "native.cgroupdriver=cgroupfs", "--storage-driver", "overlay2", "--bridge", "none",
+                   "--iptables=false", "--ip-masq=false")
 
 
 class EngineError(RuntimeError):
@@ -186,8 +192,7 @@ class Dockerd(_Engine):
                 self.process = subprocess.Popen(
                     [DOCKERD, "--host", f"unix://{self.socket}", "--data-root", str(self.data_root),
                      "--exec-root", str(self.exec_root), "--pidfile", str(self.base / "dockerd.pid"),
-                     "--exec-opt", "native.cgroupdriver=cgroupfs", "--storage-driver", "overlay2",
-                     "--bridge", "none", "--iptables=false", "--ip-masq=false"],
+                     *DOCKERD_OPTIONS],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             except OSError as error:
                 raise EngineError(f"dockerd: {error} (tests/run installs Debian's docker.io)") from error
@@ -204,9 +209,6 @@ class Dockerd(_Engine):
 
     def _log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
-
-    def version(self) -> str:
-        return self.cli("version", "--format", "{{.Server.Version}}").strip()
 
     def stop(self) -> None:
         if self.process is None:
@@ -227,8 +229,9 @@ class Dockerd(_Engine):
 
 
 class Podman(_Engine):
-    """Rootful Podman with its own storage under `base`; see the module docstring. `storage` is the
-    exporter's --path.podman."""
+    """Podman with its own storage under `base`; see the module docstring. `storage` is the exporter's
+    --path.podman. Rootful by default; with a `prefix` such as `runuser -u USER -- env HOME=... XDG_RUNTIME_DIR=...`
+    (and that user's `uid`), a user's rootless Podman."""
 
     name = "podman"
 
@@ -249,9 +252,6 @@ class Podman(_Engine):
 
     def run_options(self) -> list[str]:
         return [word for limit in ULIMITS for word in ("--ulimit", limit)]
-
-    def version(self) -> str:
-        return self.cli("version", "--format", "{{.Client.Version}}").strip()
 
     def start(self) -> Podman:
         if not Path(PODMAN).exists():
@@ -300,11 +300,10 @@ class DockerService(_Engine):
 def docker_defaults(data_root: Path) -> str:
     """/etc/default/docker for DockerService: the same settings as Dockerd's, the data root where overlay2
     works (not on the booted systemd's overlay root)."""
-    return (f'DOCKER_OPTS="--data-root {data_root} --exec-opt native.cgroupdriver=cgroupfs --storage-driver overlay2 '
-            f'--bridge none --iptables=false --ip-masq=false"\n')
+    return f'DOCKER_OPTS="--data-root {data_root} {" ".join(DOCKERD_OPTIONS)}"\n'
 
 
-def started(engine: Dockerd | Podman | DockerService, image: Path) -> Iterator[Dockerd | Podman]:
+def started(engine: _Engine, image: Path) -> Iterator[_Engine]:
     """For a fixture: `engine` started with the test image imported, stopped (its containers removed) after.
     An engine that cannot start fails the test that asked for it, naming the engine."""
     try:

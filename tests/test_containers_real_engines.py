@@ -1,7 +1,9 @@
-"""The replayed vLLM engines (tests/vllmunit.py) run inside real containers, of Debian 12's dockerd (json-file
-logs) and rootful Podman (runc, conmon, k8s-file logs) started by the suite (tests/containerengines.py), on the
-fake GPU, and as systemd units of a real systemd (tests/realsystemd.py): the exporter's per-workload series read
-from the real engines' state, cgroups and logs equal what it reports for the same replay as units.
+"""The replayed vLLM engines (tests/vllmunit.py) run inside real containers of Debian 12's engines
+(tests/containerengines.py) on the fake GPU, and as systemd units of a real systemd (tests/realsystemd.py): the
+exporter's per-workload series read from the real engines' state, cgroups and logs equal what it reports for
+the same replay as units. Docker with the json-file log driver (a dockerd of the run's own) and the journald
+one (Debian's docker.service in a booted systemd, whose journald it writes to); Podman with k8s-file (rootful,
+on the host) and journald (rootful and a user's rootless Podman, in the booted systemd).
 
 The replay, the same for every kind: chat, embedding and stt start one after another, each once the one
 before serves (so no start's memory depends on another's timing), then `big`, which asks for 0.9 of the GPU
@@ -12,6 +14,7 @@ timestamps and free memory at a start are left out).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -47,10 +50,6 @@ EXPORTER = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", sys.executable,
 EXPORTER_READING_USERS = ["setpriv", "--inh-caps=-all", "--bounding-set=-all,+dac_read_search", sys.executable, "-m",
                           "vllm_xpu_exporter"]
 ROOTLESS_USER, ROOTLESS_UID = "vllm-rootless", 4711  # a uid no machine image's user has
-# What depends on when things happened, not on what happened
-TIMED = ("xpu_unit_engine_init_duration_seconds", "xpu_unit_engine_last_failure_timestamp_seconds",
-         "xpu_unit_engine_start_free_memory_bytes", "xpu_unit_engine_busy", "xpu_unit_engine_busy_seconds_total",
-         "xpu_unit_engine_cycles_total", "xpu_unit_engine_total_cycles_total")
 # Series every kind has: the processes collector's, from the cgroups and the engines' memory
 MEMORY = ("xpu_unit_memory_bytes",)
 # and those of what the engines printed, for the kinds whose logs the exporter reads
@@ -96,12 +95,14 @@ def container_name(engine: Engine) -> str:
     return f"vllm-{engine.role}"
 
 
-def in_containers(engine: ContainerEngine, directory: Path, log_driver: str,
+@contextlib.contextmanager
+def in_containers(engine: ContainerEngine, directory: Path, log_driver: str, args: Sequence[str],
                   seen: Callable[[Path], Path] = Path, for_everyone: bool = False) -> Iterator[Replay]:
     """The replay as containers of `engine`, the repository bound in read-only and the device's directory
-    read-write, vllmunit run by the image's python3 with the exporter's vLLM grammar from the checkout.
-    `directory` is the host's path; `seen` gives a host path as the engine sees it (inside a RealSystemd).
-    `for_everyone`: the directory's files are a rootless user's containers' to write too."""
+    read-write, vllmunit run by the image's python3 with the exporter's vLLM grammar from the checkout; `args`:
+    the exporter's to read them. `directory` is the host's path; `seen` gives a host path as the engine sees it
+    (inside a RealSystemd). `for_everyone`: the directory's files are a rootless user's containers' to write too.
+    The containers are removed after."""
     config, events = shared_device(directory, for_everyone)
     pythonpath = directory / "pythonpath"
     pythonpath.mkdir()
@@ -123,7 +124,7 @@ def in_containers(engine: ContainerEngine, directory: Path, log_driver: str,
         def key(each: Engine) -> str:
             return f"{kind}/{container_name(each)}{owner}"
 
-        yield Replay(seen(config), events, {key(each): each.role for each in (*SERVING, BIG)}, [],
+        yield Replay(seen(config), events, {key(each): each.role for each in (*SERVING, BIG)}, list(args),
                      {key(each): (kind, container_name(each), engine.inspect(container_name(each), "{{.Id}}"))
                       for each in SERVING})
     finally:
@@ -207,8 +208,8 @@ def test_docker_json_file_containers_give_the_units_series(tmp_path: Path, docke
                                                            units_series: dict):
     """Docker's names (config.v2.json), cgroups (/docker/<id>, the cgroupfs driver) and json-file logs
     (--logs.docker) of real containers: every compared series of the units, with the same values."""
-    for replay in in_containers(dockerd, tmp_path, "json-file"):
-        replay.args = [*empty_journal(tmp_path), "--logs.docker", "--path.docker", str(dockerd.data_root)]
+    args = [*empty_journal(tmp_path), "--logs.docker", "--path.docker", str(dockerd.data_root)]
+    with in_containers(dockerd, tmp_path, "json-file", args) as replay:
         assert exporter_series(replay, fake_driver, printed=True) == units_series
 
 
@@ -218,9 +219,9 @@ def test_podman_k8s_file_containers_give_the_units_memory_series(tmp_path: Path,
     cgroupfs manager) of real containers: the units' memory series, with the same values. The exporter reads
     no Podman k8s-file log (a Podman container's output is read from the journal), so the printed series are
     the journald log driver's."""
-    for replay in in_containers(podman, tmp_path, "k8s-file"):
-        replay.args = [*empty_journal(tmp_path), "--path.podman", str(podman.storage)]
-        memory = {key: value for key, value in units_series.items() if key[0] in MEMORY}
+    memory = {key: value for key, value in units_series.items() if key[0] in MEMORY}
+    with in_containers(podman, tmp_path, "k8s-file", [*empty_journal(tmp_path), "--path.podman", str(podman.storage)]
+                       ) as replay:
         assert exporter_series(replay, fake_driver, printed=False) == memory
 
 
@@ -242,57 +243,75 @@ def inside(machine: RealSystemd) -> list[str]:
     return ["nsenter", "-t", str(machine.pid1), "-a", "--"]
 
 
-def test_docker_journald_containers_give_the_units_series(machine: RealSystemd, engine_image: Path,
-                                                          fake_driver: Path, units_series: dict):
-    """docker.service's journal entries (CONTAINER_NAME, from dockerd in docker.service) and its containers'
-    ends (config.v2.json) of real containers: every compared series of the units, with the same values."""
-    for docker in started(DockerService(SHARED_INSIDE / "docker", inside(machine)), engine_image):
-        for replay in in_containers(docker, machine.shared / "docker-journald", "journald", seen=machine.inside):
-            replay.args = ["--journal.directory", "/run/log/journal", "--journal.containers", "docker/*",
-                           "--path.docker", str(docker.data_root)]
-            assert exporter_series(replay, machine.inside(machine.shared / fake_driver.name), printed=True,
-                                   command=[*inside(machine), *EXPORTER]) == units_series
+def replayed_inside(machine: RealSystemd, engine: ContainerEngine, name: str, args: Sequence[str], fake_driver: Path,
+                    units_series: dict, for_everyone: bool = False, exporter: Sequence[str] = EXPORTER) -> None:
+    """The replay as containers of `engine` inside `machine`, logging to its journald, read by an exporter
+    inside (where the containers' pids are theirs): the units' series."""
+    with in_containers(engine, machine.shared / name, "journald", ["--journal.directory", "/run/log/journal", *args],
+                       seen=machine.inside, for_everyone=for_everyone) as replay:
+        assert exporter_series(replay, machine.inside(machine.shared / fake_driver.name), printed=True,
+                               command=[*inside(machine), *exporter]) == units_series
 
 
-def test_podman_journald_containers_give_the_units_series(machine: RealSystemd, engine_image: Path,
-                                                          fake_driver: Path, units_series: dict):
-    """conmon's journal entries (CONTAINER_NAME) and Podman's died events of real containers, their names from
-    containers/storage: every compared series of the units, with the same values."""
+@pytest.fixture(scope="module")
+def docker_service(machine: RealSystemd, engine_image: Path) -> Iterator[DockerService]:
+    yield from started(DockerService(SHARED_INSIDE / "docker", inside(machine)), engine_image)
+
+
+@pytest.fixture(scope="module")
+def podman_inside(machine: RealSystemd, engine_image: Path) -> Iterator[Podman]:
     (machine.shared / "podman").mkdir()
-    podman = Podman(SHARED_INSIDE / "podman", inside(machine), events_backend="journald")
-    for engine in started(podman, engine_image):
-        for replay in in_containers(engine, machine.shared / "podman-journald", "journald", seen=machine.inside):
-            replay.args = ["--journal.directory", "/run/log/journal", "--journal.containers", "podman/*",
-                           "--path.podman", str(engine.storage)]
-            assert exporter_series(replay, machine.inside(machine.shared / fake_driver.name), printed=True,
-                                   command=[*inside(machine), *EXPORTER]) == units_series
+    yield from started(Podman(SHARED_INSIDE / "podman", inside(machine), events_backend="journald"), engine_image)
 
 
-def test_rootless_podman_journald_containers_give_the_units_series(machine: RealSystemd, engine_image: Path,
-                                                                   fake_driver: Path, units_series: dict):
-    """A user's rootless Podman (its conmon's journal entries, its own storage, its containers below its
-    user@UID.service): every compared series of the units, under the user's own keys (`podman/<name>@uid<N>`)."""
+@pytest.fixture(scope="module")
+def rootless_podman(machine: RealSystemd, engine_image: Path) -> Iterator[Podman]:
+    """A user's rootless Podman inside `machine`: the user's service manager running (lingering, as a login
+    would start it), the storage on the shared directory (rootless overlay does not go on the overlay root)."""
     machine.run("useradd", "--create-home", "--uid", str(ROOTLESS_UID), ROOTLESS_USER)
-    machine.run("loginctl", "enable-linger", ROOTLESS_USER)  # the user's service manager, as a login would
+    machine.run("loginctl", "enable-linger", ROOTLESS_USER)
     assert wait_for(lambda: machine.systemctl("is-active", f"user@{ROOTLESS_UID}.service", check=False).stdout.strip()
                     == "active", timeout=30, interval=0.2), f"user@{ROOTLESS_UID}.service did not start"
     # The booted systemd's /proc/sys is read-only (tests/realsystemd.py): no sysctls in the containers
-    machine.write_file(f"/home/{ROOTLESS_USER}/.config/containers/containers.conf", "[containers]\ndefault_sysctls = []\n")
-    machine.run("chown", "-R", ROOTLESS_USER, f"/home/{ROOTLESS_USER}/.config")
+    home = f"/home/{ROOTLESS_USER}"
+    machine.write_file(f"{home}/.config/containers/containers.conf", "[containers]\ndefault_sysctls = []\n")
+    machine.run("chown", "-R", ROOTLESS_USER, f"{home}/.config")
     machine.shared.chmod(0o755)  # the user reaches the shared directory, the image and the replay's files there
     image = machine.shared / engine_image.name
     shutil.copy(engine_image, image)
     image.chmod(0o644)
-    storage = machine.shared / "rootless"  # on the host's file system: rootless overlay does not go on the overlay root
+    storage = machine.shared / "rootless"
     storage.mkdir()
     os.chown(storage, ROOTLESS_UID, ROOTLESS_UID)
-    as_user = [*inside(machine), "runuser", "-u", ROOTLESS_USER, "--", "env", f"HOME=/home/{ROOTLESS_USER}",
+    as_user = [*inside(machine), "runuser", "-u", ROOTLESS_USER, "--", "env", f"HOME={home}",
                f"XDG_RUNTIME_DIR=/run/user/{ROOTLESS_UID}"]
-    podman = Podman(machine.inside(storage), as_user, events_backend="journald", uid=ROOTLESS_UID)
-    for engine in started(podman, machine.inside(image)):
-        for replay in in_containers(engine, machine.shared / "rootless-journald", "journald", seen=machine.inside,
-                                    for_everyone=True):
-            replay.args = ["--journal.directory", "/run/log/journal", "--journal.containers", "podman/*",
-                           "--path.podman", str(engine.storage)]
-            assert exporter_series(replay, machine.inside(machine.shared / fake_driver.name), printed=True,
-                                   command=[*inside(machine), *EXPORTER_READING_USERS]) == units_series
+    yield from started(Podman(machine.inside(storage), as_user, events_backend="journald", uid=ROOTLESS_UID),
+                       machine.inside(image))
+
+
+def test_docker_journald_containers_give_the_units_series(machine: RealSystemd, docker_service: DockerService,
+                                                          fake_driver: Path, units_series: dict):
+    """docker.service's journal entries (CONTAINER_NAME, from dockerd in docker.service) and its containers'
+    ends (config.v2.json) of real containers: every compared series of the units, with the same values."""
+    replayed_inside(machine, docker_service, "docker-journald",
+                    ["--journal.containers", "docker/*", "--path.docker", str(docker_service.data_root)],
+                    fake_driver, units_series)
+
+
+def test_podman_journald_containers_give_the_units_series(machine: RealSystemd, podman_inside: Podman,
+                                                          fake_driver: Path, units_series: dict):
+    """conmon's journal entries (CONTAINER_NAME) and Podman's died events of real containers, their names from
+    containers/storage: every compared series of the units, with the same values."""
+    replayed_inside(machine, podman_inside, "podman-journald",
+                    ["--journal.containers", "podman/*", "--path.podman", str(podman_inside.storage)],
+                    fake_driver, units_series)
+
+
+def test_rootless_podman_journald_containers_give_the_units_series(machine: RealSystemd, rootless_podman: Podman,
+                                                                   fake_driver: Path, units_series: dict):
+    """A user's rootless Podman (its conmon's journal entries, its own storage, its containers below its
+    user@UID.service, the cgroupfs manager's `podman-<pid>.scope/<id>`): every compared series of the units,
+    under the user's own keys (`podman/<name>@uid<N>`)."""
+    replayed_inside(machine, rootless_podman, "rootless-journald",
+                    ["--journal.containers", "podman/*", "--path.podman", str(rootless_podman.storage)],
+                    fake_driver, units_series, for_everyone=True, exporter=EXPORTER_READING_USERS)
