@@ -170,10 +170,11 @@ def host_hierarchies() -> list[Hierarchy]:
 
 
 def image_enabled_units() -> list[str]:
-    """Services and timers the machine image has enabled (postgresql, prometheus, apt timers ...)."""
+    """Services, timers and sockets the machine image has enabled (postgresql, prometheus, apt timers, docker.io's
+    and podman's services and sockets ...): a socket of a masked service would fail to listen at every boot."""
     names = set()
     for wants in Path("/etc/systemd/system").glob("*.wants"):
-        names.update(link.name for link in wants.iterdir() if link.name.endswith((".service", ".timer")))
+        names.update(link.name for link in wants.iterdir() if link.name.endswith((".service", ".timer", ".socket")))
     return sorted(names)
 
 
@@ -193,7 +194,7 @@ class RealSystemd:
         text, written into the root before systemd starts (unit files, drop-ins). `enable`: units
         under /etc/systemd/system to link into multi-user.target.wants, so they start at boot. `unmask`:
         units the image has enabled that this boot starts as the image would (docker.service,
-        containerd.service), where every other one is masked."""
+        docker.socket, containerd.service), where every other one is masked."""
         self.shared = Path(shared).resolve()
         self.files = dict(files or {})
         self.enable = tuple(enable)

@@ -234,7 +234,7 @@ def machine(tmp_path_factory: pytest.TempPathFactory, fake_driver: Path) -> Iter
     shared directory: overlay2 does not work on the booted root's overlay), the fake driver beside."""
     shared = tmp_path_factory.mktemp("engines")
     shutil.copy(fake_driver, shared / fake_driver.name)
-    with RealSystemd(shared, unmask=("docker.service", "containerd.service"),
+    with RealSystemd(shared, unmask=("docker.service", "docker.socket", "containerd.service"),
                      files={"/etc/default/docker": docker_defaults(SHARED_INSIDE / "docker")}) as booted:
         yield booted
 
