@@ -211,12 +211,9 @@ class Dockerd(_Engine):
         return self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        with contextlib.suppress(EngineError):
-            if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(EngineError):
                 self.remove_all()
-        if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(30)
@@ -255,7 +252,7 @@ class Podman(_Engine):
 
     def start(self) -> Podman:
         if not Path(PODMAN).exists():
-            raise EngineError("podman: no /usr/bin/podman (tests/run installs Debian's podman)")
+            raise EngineError(f"podman: no {PODMAN} (tests/run installs Debian's podman)")
         self.cli("info")  # fails here, naming podman, if it cannot work on this machine
         return self
 
