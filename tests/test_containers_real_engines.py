@@ -200,7 +200,8 @@ def test_the_units_replay_has_every_compared_series(units_series: dict):
         roles = {dict(labels)["unit"] for name, labels in units_series if name == family}
         assert roles >= {engine.role for engine in SERVING}, (family, roles)
     failures = {dict(labels)["unit"]: value for (name, labels), value in units_series.items()
-                if name == "xpu_unit_engine_init_failures_total" and dict(labels)["reason"] == "insufficient_free_memory"}
+                if name == "xpu_unit_engine_init_failures_total"
+                and dict(labels)["reason"] == "insufficient_free_memory"}
     assert failures[BIG.role] == 1 and failures[CHAT.role] == 0
 
 
