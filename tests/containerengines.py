@@ -17,7 +17,8 @@ What each engine needs on this machine class (no systemd as PID 1, cgroup v1 con
 hierarchy beside them, no network but loopback), and why each setting:
 
 * dockerd: its own socket, data root and exec root under a test directory (a second test run, or a dockerd of
-  the machine's, is not disturbed); the cgroupfs cgroup driver (the systemd driver needs systemd on D-Bus);
+  the machine's, is not disturbed); the cgroupfs cgroup driver (the systemd driver needs systemd on D-Bus:
+  DockerService, docker.service in a booted systemd, has it);
   no bridge, no iptables rules, no masquerading (the containers run with `--network none`: nothing of the
   host's network is changed); overlay2 on the test directory's file system.
 * Podman: its own storage root and run root; runc (crun refuses the hybrid cgroup layout), the cgroupfs
@@ -62,8 +63,7 @@ START_TIMEOUT = 60.0
 # Podman's default limits are the host's maxima, which this machine's hard limits are below
 ULIMITS = ("nofile=4096:4096", "nproc=4096:4096")
 # dockerd's settings, of Dockerd's daemon and of DockerService's docker.service alike (the module docstring)
-DOCKERD_OPTIONS = ("--exec-opt", "native.cgroupdriver=cgroupfs", "--storage-driver", "overlay2", "--bridge", "none",
-                   "--iptables=false", "--ip-masq=false")
+DOCKERD_OPTIONS = ("--storage-driver", "overlay2", "--bridge", "none", "--iptables=false", "--ip-masq=false")
 
 
 class EngineError(RuntimeError):
@@ -192,7 +192,7 @@ class Dockerd(_Engine):
                 self.process = subprocess.Popen(
                     [DOCKERD, "--host", f"unix://{self.socket}", "--data-root", str(self.data_root),
                      "--exec-root", str(self.exec_root), "--pidfile", str(self.base / "dockerd.pid"),
-                     *DOCKERD_OPTIONS],
+                     "--exec-opt", "native.cgroupdriver=cgroupfs", *DOCKERD_OPTIONS],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             except OSError as error:
                 raise EngineError(f"dockerd: {error} (tests/run installs Debian's docker.io)") from error
@@ -294,10 +294,12 @@ class DockerService(_Engine):
             self.remove_all()
 
 
-def docker_defaults(data_root: Path) -> str:
-    """/etc/default/docker for DockerService: the same settings as Dockerd's, the data root where overlay2
-    works (not on the booted systemd's overlay root)."""
-    return f'DOCKER_OPTS="--data-root {data_root} {" ".join(DOCKERD_OPTIONS)}"\n'
+def docker_defaults(data_root: Path, cgroup_driver: str = "systemd") -> str:
+    """/etc/default/docker for DockerService: the same settings as Dockerd's but the cgroup driver (systemd's
+    by default: docker.service runs under a systemd), the data root where overlay2 works (not on the booted
+    systemd's overlay root)."""
+    return (f'DOCKER_OPTS="--data-root {data_root} --exec-opt native.cgroupdriver={cgroup_driver} '
+            f'{" ".join(DOCKERD_OPTIONS)}"\n')
 
 
 def started(engine: _Engine, image: Path) -> Iterator[_Engine]:

@@ -15,6 +15,7 @@ timestamps and free memory at a start are left out).
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import shutil
 import sys
@@ -31,6 +32,7 @@ from journalgen import write_journal
 from polling import wait_for
 from realsystemd import SHARED_INSIDE, RealSystemd
 from scrapes import Samples, sample, series
+from vllm_xpu_exporter.parsers.cgroup import systemd_cgroup_path
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, engine_command, read_events, unit_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -245,11 +247,17 @@ def inside(machine: RealSystemd) -> list[str]:
 
 
 def replayed_inside(machine: RealSystemd, engine: ContainerEngine, name: str, args: Sequence[str], fake_driver: Path,
-                    units_series: dict, for_everyone: bool = False, exporter: Sequence[str] = EXPORTER) -> None:
+                    units_series: dict, cgroup: str, for_everyone: bool = False,
+                    exporter: Sequence[str] = EXPORTER) -> None:
     """The replay as containers of `engine` inside `machine`, logging to its journald, read by an exporter
-    inside (where the containers' pids are theirs): the units' series."""
+    inside (where the containers' pids are theirs): the units' series. `cgroup`: the systemd cgroup path of
+    each container's process, a glob with `{id}` for its id (the layout the engine was to make, and did)."""
     with in_containers(engine, machine.shared / name, "journald", ["--journal.directory", "/run/log/journal", *args],
                        seen=machine.inside, for_everyone=for_everyone) as replay:
+        for _, container, cid in replay.workloads.values():
+            pid = engine.inspect(container, "{{.State.Pid}}")
+            path = systemd_cgroup_path(machine.run("cat", f"/proc/{pid}/cgroup").stdout)
+            assert fnmatch.fnmatchcase(path, cgroup.format(id=cid)), (path, cgroup)
         assert exporter_series(replay, machine.inside(machine.shared / fake_driver.name), printed=True,
                                command=[*inside(machine), *exporter]) == units_series
 
@@ -292,11 +300,12 @@ def rootless_podman(machine: RealSystemd, engine_image: Path) -> Iterator[Podman
 
 def test_docker_journald_containers_give_the_units_series(machine: RealSystemd, docker_service: DockerService,
                                                           fake_driver: Path, units_series: dict):
-    """docker.service's journal entries (CONTAINER_NAME, from dockerd in docker.service) and its containers'
-    ends (config.v2.json) of real containers: every compared series of the units, with the same values."""
+    """docker.service's journal entries (CONTAINER_NAME, from dockerd in docker.service), its containers' ends
+    (config.v2.json) and its systemd cgroup driver's scopes (`docker-<id>.scope`) of real containers: every
+    compared series of the units, with the same values."""
     replayed_inside(machine, docker_service, "docker-journald",
                     ["--journal.containers", "docker/*", "--path.docker", str(docker_service.data_root)],
-                    fake_driver, units_series)
+                    fake_driver, units_series, "/system.slice/docker-{id}.scope")
 
 
 def test_podman_journald_containers_give_the_units_series(machine: RealSystemd, podman_inside: Podman,
@@ -305,7 +314,7 @@ def test_podman_journald_containers_give_the_units_series(machine: RealSystemd, 
     containers/storage: every compared series of the units, with the same values."""
     replayed_inside(machine, podman_inside, "podman-journald",
                     ["--journal.containers", "podman/*", "--path.podman", str(podman_inside.storage)],
-                    fake_driver, units_series)
+                    fake_driver, units_series, "/libpod_parent/libpod-{id}")
 
 
 def test_rootless_podman_journald_containers_give_the_units_series(machine: RealSystemd, rootless_podman: Podman,
@@ -313,6 +322,8 @@ def test_rootless_podman_journald_containers_give_the_units_series(machine: Real
     """A user's rootless Podman (its conmon's journal entries, its own storage, its containers below its
     user@UID.service, the cgroupfs manager's `podman-<pid>.scope/<id>`): every compared series of the units,
     under the user's own keys (`podman/<name>@uid<N>`)."""
+    manager = f"/user.slice/user-{ROOTLESS_UID}.slice/user@{ROOTLESS_UID}.service"
     replayed_inside(machine, rootless_podman, "rootless-journald",
                     ["--journal.containers", "podman/*", "--path.podman", str(rootless_podman.storage)],
-                    fake_driver, units_series, for_everyone=True, exporter=EXPORTER_READING_USERS)
+                    fake_driver, units_series, manager + "/user.slice/podman-*.scope/{id}",
+                    for_everyone=True, exporter=EXPORTER_READING_USERS)
