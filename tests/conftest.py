@@ -17,6 +17,8 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     plannedboot  the planner observing a boot and the planned boot after it
     rightsizedhost  the right-sizing tests' two units in a journal, their views, vllm-xpu-plan on it
     mountns      a process with a tmpfs in a mount namespace of its own (/proc/PID/root/PATH)
+    containerengines  real dockerd and Podman private to the run, the test image built from Debian's packages
+                 (fixtures here: engine_image, dockerd, podman)
     promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids cgroups
     memorylimit  a memory cgroup for a process; seccompprobe: a seccomp profile applied, what it still allows
     privsepprobe what code in a service's sandbox can read of a root process, with or without the separation
@@ -40,6 +42,7 @@ from typing import Any
 
 import pytest
 
+import containerengines
 import journalgen
 from certs import Pki, make_pki
 from fakeze import build_fake_driver, fake_driver_env
@@ -72,6 +75,27 @@ def host_units_untouched() -> Iterator[None]:
 def fake_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The test-only Level Zero driver, compiled once per run, loaded by the real Debian loader."""
     return build_fake_driver(tmp_path_factory.mktemp("fakeze"))
+
+
+@pytest.fixture(scope="session")
+def engine_image() -> Path:
+    """The containers' root file system (Debian 12 with python3) as a tar, built once and cached between runs."""
+    try:
+        return containerengines.engine_image()
+    except containerengines.EngineError as error:
+        pytest.fail(str(error))
+
+
+@pytest.fixture(scope="session")
+def dockerd(tmp_path_factory: pytest.TempPathFactory, engine_image: Path) -> Iterator[containerengines.Dockerd]:
+    """A real dockerd of this run's own, the test image imported."""
+    yield from containerengines.started(containerengines.Dockerd(tmp_path_factory.mktemp("dockerd")), engine_image)
+
+
+@pytest.fixture(scope="session")
+def podman(tmp_path_factory: pytest.TempPathFactory, engine_image: Path) -> Iterator[containerengines.Podman]:
+    """Real rootful Podman with this run's own storage, the test image imported."""
+    yield from containerengines.started(containerengines.Podman(tmp_path_factory.mktemp("podman")), engine_image)
 
 
 @pytest.fixture

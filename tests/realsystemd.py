@@ -198,13 +198,17 @@ def _parent_death_signal() -> None:
 class RealSystemd:
     """A booted systemd as PID 1 of private namespaces; see the module docstring."""
 
-    def __init__(self, shared: Path, *, files: Mapping[str, str] | None = None, enable: Sequence[str] = ()) -> None:
+    def __init__(self, shared: Path, *, files: Mapping[str, str] | None = None, enable: Sequence[str] = (),
+                 keep_enabled: Sequence[str] = ()) -> None:
         """`shared`: a host directory bound read-write at SHARED_INSIDE. `files`: path inside ->
         text, written into the root before systemd starts (unit files, drop-ins). `enable`: units
-        under /etc/systemd/system to link into multi-user.target.wants, so they start at boot."""
+        under /etc/systemd/system to link into multi-user.target.wants, so they start at boot.
+        `keep_enabled`: units the image enables that this boot starts as the image would (docker.service,
+        docker.socket, containerd.service), where every other one's enablement links are dropped."""
         self.shared = Path(shared).resolve()
         self.files = dict(files or {})
         self.enable = tuple(enable)
+        self.keep_enabled = frozenset(keep_enabled)
         self.pid1: int | None = None
         self.booted_at = 0.0
         self._launcher: subprocess.Popen | None = None
@@ -247,7 +251,8 @@ class RealSystemd:
         Path(f"{staging}.cgroups").write_text(
             "".join(f"{h.mountpoint.name} {h.options}\n" for h in hierarchies))
         Path(f"{staging}.visible").write_text("".join(f"{path}\n" for path in hidden_host_paths()))
-        Path(f"{staging}.disabled").write_text("".join(f"{link}\n" for link in image_enablement_links()))
+        Path(f"{staging}.disabled").write_text("".join(f"{link}\n" for link in image_enablement_links()
+                                                       if link.name not in self.keep_enabled))
         name = f"realsystemd-{os.getpid()}-{run_dir.name.rsplit('-', 1)[-1]}"
         for hierarchy in hierarchies:
             cgroup = hierarchy.mountpoint / hierarchy.own_path.lstrip("/") / name

@@ -49,6 +49,11 @@ STATIC_UID = "5a2e6b0f1c9d8e7a6b5c4d3e2f1a0b9c"  # a static pod's uid: the kubel
     (f"/machine.slice/machine-libpod_pod_{ID2}.slice/libpod-{ID}.scope", f"libpod-{ID}.scope",
      f"/machine.slice/machine-libpod_pod_{ID2}.slice/libpod-{ID}.scope", ContainerCgroup(PODMAN, ID)),
     (f"/libpod_parent/libpod-{ID}", f"libpod-{ID}", f"/libpod_parent/libpod-{ID}", ContainerCgroup(PODMAN, ID)),
+    # rootless Podman, cgroupfs manager (as real Podman 4.3 runs on a hybrid host): the container's cgroup is
+    # its id, below the scope Podman made for itself in the user's manager (name=systemd hierarchy)
+    (f"/user.slice/user-4711.slice/user@4711.service/user.slice/podman-242.scope/{ID}", f"{ID}@uid4711",
+     f"/user.slice/user-4711.slice/user@4711.service/user.slice/podman-242.scope/{ID}",
+     ContainerCgroup(PODMAN, ID, uid=4711)),
     # kubelet, systemd driver: burstable, besteffort, guaranteed (no QoS slice); containerd, CRI-O, dockershim
     (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{ID}.scope",
      f"cri-containerd-{ID}.scope",
@@ -111,6 +116,9 @@ def test_containers_from_their_cgroup_paths(path, unit, unit_path, container):
     (f"/somewhere/pod{UID}/{ID}", ID),
     (f"/system.slice/docker-{ID}.service", f"docker-{ID}.service"),
     (f"/docker.slice/{ID}", ID),
+    # Podman's own scope: the container's id below it, not the scope, is the container; not a user's manager
+    ("/user.slice/user-4711.slice/user@4711.service/user.slice/podman-242.scope", "podman-242.scope@uid4711"),
+    (f"/system.slice/podman-242.scope/{ID}", "podman-242.scope"),
     # plain units and sessions
     ("/system.slice/vllm-xpu-chat.service", "vllm-xpu-chat.service"),
     ("/user.slice/user-1000.slice/session-3.scope", "session-3.scope"),

@@ -103,6 +103,8 @@ class Senders:
 def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSystemd]:
     if os.geteuid() != 0:
         pytest.fail("booting a real systemd needs root (tests/run runs as root)")
+    # docker.service is the test's own stand-in (Senders.engine); where the image has Debian's docker.io enabled,
+    # the boot would mask that name (and Debian's unit does not start: its docker.socket stays masked)
     with RealSystemd(tmp_path_factory.mktemp("trust")) as booted:
         yield booted
 

@@ -42,7 +42,8 @@ length; failed: reason) for tests. Only the standard library and the helpers bes
 file: it runs under the system Python.
 
 For the tests' side: `Engine` (a replayed engine's settings; CHAT, EMBEDDING and STT are the issue's
-three units on a 16 GiB GPU, SIXTEEN_GIB_GPU), `unit_file()` (its systemd unit) and `read_events()` /
+three units on a 16 GiB GPU, SIXTEEN_GIB_GPU), `unit_file()` (its systemd unit), `engine_command()`
+(its command line, for a container too) and `read_events()` /
 `serving_units()` (what the engines wrote to --events).
 """
 
@@ -185,15 +186,21 @@ EMBEDDING = Engine("embedding", 0.07, 512, 0.06, 24.0, kv_bytes_per_token=36864,
 STT = Engine("stt", 0.07, 448, 0.45, 28.0, kv_bytes_per_token=73728, activation_gib=0.1, model="openai/whisper-small")
 
 
+def engine_command(engine: Engine, name: str, *, device_config: Path, time_scale: float = 0.1,
+                   events: Path | None = None, python: str = sys.executable, requests: int = 2) -> list[str]:
+    """The command line of a replayed engine named `name` (its share of the device), for a unit or a container."""
+    argv = [python, str(SCRIPT), "--name", name, "--device-config", str(device_config), *engine.argv(),
+            "--time-scale", str(time_scale), "--requests", str(requests)]
+    return argv + (["--events", str(events)] if events is not None else [])
+
+
 def unit_file(engine: Engine, *, device_config: Path, unit_type: str = "simple", exec_start_pre: Sequence[str] = (),
               restart: str = "on-failure", restart_sec: float = 1.0, time_scale: float = 0.1,
               events: Path | None = None, python: str = sys.executable, requests: int = 2,
               description: str | None = None, extra_service: Sequence[str] = ()) -> str:
     """The systemd unit of a replayed engine; paths as the unit sees them (inside the namespace)."""
-    argv = [python, str(SCRIPT), "--name", "%n", "--device-config", str(device_config), *engine.argv(),
-            "--time-scale", str(time_scale), "--requests", str(requests)]
-    if events is not None:
-        argv += ["--events", str(events)]
+    argv = engine_command(engine, "%n", device_config=device_config, time_scale=time_scale, events=events,
+                          python=python, requests=requests)
     service = [f"Type={unit_type}", *[f"ExecStartPre={command}" for command in exec_start_pre],
                "ExecStart=" + " ".join(argv), f"Restart={restart}", f"RestartSec={restart_sec}", *extra_service]
     # No start limit: restarts every RestartSec would hit the default 5 starts in 10 s on this clock.

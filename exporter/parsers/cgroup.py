@@ -112,8 +112,10 @@ def unit_cgroup_of_path(path: str) -> UnitCgroup | None:
             if user_index is not None:
                 uid = _user_manager_uid(elements[index])
                 index = user_index
-        unit = elements[index][1:] if elements[index].startswith("_") else elements[index]
         container = _container_scope(elements, index)
+        if container is None and uid and (container := _cgroupfs_container_below(elements, index)) is not None:
+            index += 1
+        unit = elements[index][1:] if elements[index].startswith("_") else elements[index]
         if uid:
             unit = user_unit(unit, uid)
             if container is not None:
@@ -139,6 +141,16 @@ def _container_scope(elements: list[str], index: int) -> ContainerCgroup | None:
         return None
     return next((found for runtime in RUNTIMES
                  if (found := runtime.facts.container_of_scope(elements, index)) is not None), None)
+
+
+def _cgroupfs_container_below(elements: list[str], index: int) -> ContainerCgroup | None:
+    """The container whose cgroupfs directory is the element right below `elements[index]`, a scope a runtime
+    made for itself in a user's manager (rootless Podman with the cgroupfs manager:
+    `user@N.service/user.slice/podman-<pid>.scope/<id>`), as the first runtime that names it says."""
+    if index + 1 >= len(elements):
+        return None
+    return next((found for runtime in RUNTIMES
+                 if (found := runtime.facts.container_of_cgroupfs(elements, index + 1)) is not None), None)
 
 
 def _cgroupfs_container(elements: list[str]) -> tuple[int, ContainerCgroup] | None:

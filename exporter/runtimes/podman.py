@@ -31,6 +31,9 @@ KIND = "podman"
 ENGINE = "podman"
 SCOPE = re.compile(rf"libpod-{ID}(?:\.scope)?")
 CGROUPFS_PARENT = "libpod_parent"
+# Rootless Podman with the cgroupfs manager (a cgroup v1 or hybrid host): the container's directory, named by its
+# id, is below the scope Podman made for itself in the user's manager (user@N.service/user.slice/podman-<pid>.scope)
+ROOTLESS_CGROUPFS_PARENT = re.compile(r"podman-[0-9]+\.scope")
 
 MAX_LIST_BYTES = 16 << 20
 MAX_ENTRY_BYTES = 64 << 10
@@ -51,6 +54,8 @@ def container_of_scope(elements: Sequence[str], index: int) -> ContainerCgroup |
 def container_of_cgroupfs(elements: Sequence[str], index: int) -> ContainerCgroup | None:
     if elements[index - 1] == CGROUPFS_PARENT and (match := SCOPE.fullmatch(elements[index])):
         return ContainerCgroup(ENGINE, match.group(1))
+    if ROOTLESS_CGROUPFS_PARENT.fullmatch(elements[index - 1]) and CONTAINER_ID.fullmatch(elements[index]):
+        return ContainerCgroup(ENGINE, elements[index])
     return None
 
 
