@@ -49,9 +49,9 @@ def probe_units(packaged: str, name: str, target: int, stack: str) -> dict[str, 
 
 
 def probe_report(machine: RealSystemd, unit: str) -> dict:
-    def finished() -> bool:
-        state = machine.systemctl("show", "-p", "ActiveState", unit).stdout.strip()
-        return state in ("ActiveState=inactive", "ActiveState=failed")
+    def finished() -> bool:  # its main process exited (the start is queued: the unit is inactive before it runs)
+        exited = machine.systemctl("show", "-P", "ExecMainExitTimestampMonotonic", unit).stdout.strip()
+        return exited not in ("", "0")
 
     machine.start(unit)
     done = wait_for(finished, timeout=STEP_TIMEOUT, interval=0.2)
