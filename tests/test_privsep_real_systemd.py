@@ -49,18 +49,19 @@ def probe_units(packaged: str, name: str, target: int, stack: str) -> dict[str, 
 
 
 def probe_report(machine: RealSystemd, unit: str) -> dict:
-    def finished() -> bool:  # its main process exited (the start is queued: the unit is inactive before it runs)
-        exited = machine.systemctl("show", "-P", "ExecMainExitTimestampMonotonic", unit).stdout.strip()
-        return exited not in ("", "0")
+    def messages() -> list[str]:
+        return [str(journal_field(entry, "MESSAGE")) for entry in machine.journal(unit)]
+
+    def finished() -> bool:  # its run ended: PID 1 said so (a queued start's unit is inactive before it runs too)
+        return any(message.endswith("Deactivated successfully.") or "Failed with result" in message
+                   for message in messages())
 
     machine.start(unit)
     done = wait_for(finished, timeout=STEP_TIMEOUT, interval=0.2)
     machine.sync_journal()
-    messages = [str(journal_field(entry, "MESSAGE")) for entry in machine.journal(unit)]
-    assert done, f"{unit} did not finish: {machine.systemctl('show', '-p', 'ActiveState,SubState', unit).stdout}" \
-                 + "\n".join(messages)
-    reports = [json.loads(message) for message in messages if message.startswith("{")]
-    assert reports, "\n".join(messages)
+    assert done, f"{unit} did not finish:\n" + "\n".join(messages())
+    reports = [json.loads(message) for message in messages() if message.startswith("{")]
+    assert reports, "\n".join(messages())
     return reports[-1]
 
 
