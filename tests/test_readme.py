@@ -28,19 +28,23 @@ from vllm_xpu_exporter import plan
 from vllm_xpu_exporter.http.runbook import heading_anchor
 from vllmlogs import Boot, VllmRun, chat_runs, compose, journal_specs, service_start
 
-CHAT, EMBEDDING = "vllm-xpu-chat.service", "vllm-xpu-embedding.service"
+CHAT, EMBEDDING, STT = "vllm-xpu-chat.service", "vllm-xpu-embedding.service", "vllm-xpu-stt.service"
 ORIGIN = 1_747_130_000.0
 
 
 def every_kind_of_start() -> list[JournalEntrySpec]:
     """A failed then a successful start of chat (a new main pid, as after a real restart), and a start of
-    embedding with kv_cache_memory_bytes set, overlapping chat's second init."""
+    embedding with kv_cache_memory_bytes set, overlapping chat's second init, and a start of stt whose vLLM
+    startup plan fell back and that went to sleep after its requests."""
     failed, started = chat_runs()
     first = service_start(CHAT, failed, ORIGIN, restart_counter=1)
     restart = service_start(CHAT, started, first.restart_at, job_id=110)
     embedding = service_start(EMBEDDING, VllmRun("0.24.0", model="BAAI/bge-m3", kv_cache_memory_bytes=GiB),
                               first.restart_at + 1.0, job_id=200)
-    entries = first.entries + restart.entries + embedding.entries
+    stt = service_start(STT, VllmRun("0.34.0", model="openai/whisper-large-v3", startup_plan="fallback",
+                                     startup_plan_baseline_gib=15.9, sleep_freed_gib=3.1),
+                        first.restart_at + 300.0, job_id=300)
+    entries = first.entries + restart.entries + embedding.entries + stt.entries
     return journal_specs(compose(Boot(random_boot_id(), ORIGIN - 20.0, entries)))
 
 
