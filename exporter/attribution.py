@@ -351,6 +351,46 @@ def restart_headrooms(memory: Mapping[str, tuple[int, int]], attributions: Mappi
 
 
 @dataclass(frozen=True)
+class Wake:
+    """A sleeping unit on its GPU and the memory its wake takes back."""
+
+    device: str
+    unit: str
+    takes_back: int
+
+
+def sleeping_units(attributions: Mapping[str, DeviceAttribution], views: Iterable[UnitView], device_of: UnitDevices,
+                   gpus: list[str]) -> list[Wake]:
+    """The units asleep now, on their GPU (of `gpus`): the running engine of the latest start went to sleep
+    ("Sleep mode freed X GiB") and holds less than it freed. vLLM prints no line when it wakes; a woken engine
+    holds its weights and KV cache again, at least what it freed, so holding less is sleeping. Its wake takes
+    back what it freed."""
+    wakes = []
+    for view in views:
+        start = view.latest
+        if start is None or start.slept_usec is None or start.process_gone or not start.sleep_freed_bytes or \
+                start.sleep_freed_bytes <= 0:
+            continue
+        pci = device_of.of(view.unit, attributions, gpus)
+        if pci is None:
+            continue
+        held = attributions[pci].by_unit.get(view.unit, 0) if pci in attributions else 0
+        if held < start.sleep_freed_bytes:
+            wakes.append(Wake(pci, view.unit, start.sleep_freed_bytes))
+    return wakes
+
+
+def wake_headrooms(memory: Mapping[str, tuple[int, int]], wakes: Iterable[Wake]) -> dict[str, int]:
+    """Per device of `memory` (device -> (total, free)): its free memory less what its sleeping units take back
+    when they wake; negative: they cannot all wake now."""
+    headrooms = {pci: free for pci, (_, free) in memory.items()}
+    for wake in wakes:
+        if wake.device in headrooms:
+            headrooms[wake.device] -= wake.takes_back
+    return headrooms
+
+
+@dataclass(frozen=True)
 class PlannedUnit:
     """One engine unit's plan on its GPU: its footprint and the KV its target needs."""
 

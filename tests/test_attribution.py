@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_xpu_exporter.attribution import (DMEM, FDINFO, LEVELZERO, Attribution, DeviceAttribution, DeviceRest,
+from vllm_xpu_exporter.attribution import (Wake, sleeping_units, wake_headrooms, DMEM, FDINFO, LEVELZERO, Attribution, DeviceAttribution, DeviceRest,
                                            PlannedUnit, StartFreeMemory, UnitDevices, attribute_device,
                                            attribute_devices, choose_units, containers_of, device_rests,
                                            endpoint_cgroups, footprints_by_device, from_fdinfo, from_processes,
@@ -170,6 +170,27 @@ def test_restart_headroom_is_free_plus_own_less_the_request_on_the_units_gpu():
         (GPU, CHAT, 400 + 300 - 750), (GPU, "elsewhere.service", 400 + 0 - 500)]
     # two GPUs, one of unknown free memory: a unit holding nothing has no GPU, so no headroom
     assert restart_headrooms(memory, attributions, views, UnitDevices(), [GPU, OTHER_GPU]) == [(GPU, CHAT, -50)]
+
+
+def slept(unit: str, freed: int | None, process_gone: bool = False) -> SimpleNamespace:
+    """A unit's view whose latest start ran and, with `freed`, went to sleep freeing that much."""
+    start = SimpleNamespace(slept_usec=None if freed is None else 1, sleep_freed_bytes=freed, process_gone=process_gone)
+    return SimpleNamespace(unit=unit, latest=start)
+
+
+def test_a_unit_that_slept_and_holds_less_than_it_freed_is_asleep_and_its_wake_takes_back_what_it_freed():
+    views = [slept(CHAT, 600), slept(STT, 200), slept("awake.service", None), slept("woken.service", 100),
+             slept("stopped.service", 300, process_gone=True)]
+    attributions = {GPU: attributed({CHAT: 90, STT: 40, "awake.service": 500, "woken.service": 150})}
+    wakes = sleeping_units(attributions, views, UnitDevices(), [GPU])
+    assert wakes == [Wake(GPU, CHAT, 600), Wake(GPU, STT, 200)]
+    # free 700: chat and stt take back 800 together
+    assert wake_headrooms({GPU: (1000, 700), OTHER_GPU: (1000, 900)}, wakes) == {GPU: -100, OTHER_GPU: 900}
+
+
+def test_a_sleeping_unit_on_a_gpu_it_cannot_be_placed_on_has_no_wake():
+    # two GPUs and the unit holds nothing on either: no GPU is known for it
+    assert sleeping_units({GPU: attributed({})}, [slept(CHAT, 600)], UnitDevices(), [GPU, OTHER_GPU]) == []
 
 
 def test_endpoints_are_looked_for_in_the_kept_units_cgroups_and_published_with_their_gpu():

@@ -303,7 +303,18 @@ class ProcessesCollector(Collector):
             overcounted.add_metric([pci], 1 if rest.overcounted else 0)
         for pci, unit, bytes_ in attribution.restart_headrooms(memory, attributions, views, self._unit_devices, gpus):
             headroom.add_metric([pci, unit], bytes_)
-        yield from (unattributed, overcounted, headroom)
+        wake = GaugeFamily("xpu_unit_wake_memory_bytes",
+                           "Device memory a sleeping unit (vLLM sleep mode) takes back when it wakes: what it freed "
+                           "going to sleep, while it holds less than that.", labels=["device", "unit"])
+        wake_headroom = GaugeFamily("xpu_device_wake_headroom_bytes",
+                                    "Free device memory less what the sleeping units take back when they wake; "
+                                    "negative: they cannot all wake now.", labels=["device"])
+        wakes = attribution.sleeping_units(attributions, views, self._unit_devices, gpus)
+        for sleeping in wakes:
+            wake.add_metric([sleeping.device, sleeping.unit], sleeping.takes_back)
+        for pci, bytes_ in attribution.wake_headrooms(memory, wakes).items():
+            wake_headroom.add_metric([pci], bytes_)
+        yield from (unattributed, overcounted, headroom, wake, wake_headroom)
 
     def _planned(self, devices: list[DeviceMemory], attributions: dict[str, attribution.DeviceAttribution],
                  views: list[UnitView], gpus: list[str]) -> Iterator[Metric]:
