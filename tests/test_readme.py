@@ -50,7 +50,7 @@ def every_kind_of_start() -> list[JournalEntrySpec]:
 
 def test_the_metric_reference_documents_exactly_the_metrics_the_exporter_serves(tmp_path, fake_driver, config_path):
     documented = set(re.findall(r"^\| `((?:xpu|process|python)_[a-z_]+)` \|", (REPO / "docs/metrics.md").read_text(), re.M))
-    write_config(config_path, FakeConfig(devices=(A770_TELEMETRY,)))
+    write_config(config_path, FakeConfig(devices=(A770_TELEMETRY,), usable_memory_extension=True))
     procfs = FakeProcfs(tmp_path)
     procfs.add_unit_process(100, f"/system.slice/{CHAT}").add_drm_fd(xe_fdinfo(client_id=1, vram0=2 * GiB))
     # an i915 client (of an integrated GPU), whose engine counters are busy time, not xe's cycles
