@@ -310,6 +310,21 @@ def total_and_free(devices: Iterable[DeviceMemory]) -> dict[str, tuple[int, int]
     return memory
 
 
+def as_vllm_reads(devices: Iterable[DeviceMemory]) -> dict[str, tuple[int, int]]:
+    """device -> (total, free) as vLLM reads them on XPU: the Level Zero core API's total (what it multiplies by
+    gpu_memory_utilization, ~0.95 of Sysman's) and the usable-memory extension's free, each where read, else
+    Sysman's figure; only devices with both a total and a free. What vLLM demands at a start and what it sees
+    free are compared with these; what the kernel can give (the rest, a wake) with Sysman's."""
+    memory: dict[str, tuple[int, int]] = {}
+    for device in devices:
+        core = device.core
+        total = core.total if core is not None and core.total else device.total
+        free = core.usable if core is not None and core.usable is not None else device.free
+        if total is not None and free is not None:
+            memory[device.identity.pci_address] = (total, free)
+    return memory
+
+
 @dataclass(frozen=True)
 class DeviceRest:
     """What no unit with series of its own accounts for on a device."""

@@ -4,11 +4,12 @@ tests/test_dmem.py and the containers' tests."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 
-from vllm_xpu_exporter.attribution import (Wake, sleeping_units, wake_headrooms, DMEM, FDINFO, LEVELZERO, Attribution, DeviceAttribution, DeviceRest,
+from vllm_xpu_exporter.attribution import (Wake, as_vllm_reads, sleeping_units, wake_headrooms, DMEM, FDINFO, LEVELZERO, Attribution, DeviceAttribution, DeviceRest,
                                            PlannedUnit, StartFreeMemory, UnitDevices, attribute_device,
                                            attribute_devices, choose_units, containers_of, device_rests,
                                            endpoint_cgroups, footprints_by_device, from_fdinfo, from_processes,
@@ -18,7 +19,7 @@ from vllm_xpu_exporter.attribution import (Wake, sleeping_units, wake_headrooms,
 from vllm_xpu_exporter.parsers.cgroup import DOCKER, ContainerCgroup, UnitCgroup
 from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.endpoints import Endpoint
-from vllm_xpu_exporter.sources.levelzero.binding import (DeviceIdentity, MemoryModule, MemoryModuleProperties,
+from vllm_xpu_exporter.sources.levelzero.binding import (CoreMemory, DeviceIdentity, MemoryModule, MemoryModuleProperties,
                                                          ProcessMemory)
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses
 from vllm_xpu_exporter.sources.procfs import ScanResult, UnitEngineUse
@@ -158,6 +159,17 @@ def test_the_unattributed_rest_counts_dropped_units_and_is_clamped_when_overcoun
     # GPU: 600 used, 400 attributed of which 50 to a unit without series: 250 unattributed
     assert device_rests(memory, attributions, {CHAT, STT}) == {GPU: DeviceRest(250, False),
                                                                OTHER_GPU: DeviceRest(0, True)}
+
+
+def test_vllms_view_of_a_device_is_the_core_total_and_usable_memory_where_read_else_sysmans():
+    sysman_only = device_memory(GPU, 1000, 400)
+    core_total = dataclasses.replace(device_memory(OTHER_GPU, 1000, 400), core=CoreMemory(950, None))
+    both = dataclasses.replace(device_memory("0000:05:00.0", 1000, 400), core=CoreMemory(950, 350))
+    refused = dataclasses.replace(device_memory("0000:06:00.0", None), core=CoreMemory(950, 300))
+    assert as_vllm_reads([sysman_only, core_total, both, refused]) == {
+        GPU: (1000, 400), OTHER_GPU: (950, 400), "0000:05:00.0": (950, 350), "0000:06:00.0": (950, 300)}
+    assert total_and_free([sysman_only, core_total, both, refused]) == {
+        GPU: (1000, 400), OTHER_GPU: (1000, 400), "0000:05:00.0": (1000, 400)}
 
 
 def test_restart_headroom_is_free_plus_own_less_the_request_on_the_units_gpu():

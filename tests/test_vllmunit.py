@@ -7,6 +7,7 @@ the budget, checked against one request), vLLM's own failure lines, memory given
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import signal
@@ -270,3 +271,89 @@ def test_a_planner_that_forgot_the_null_block_plans_budgets_the_replayed_engine_
     forgetful = memory.kv_budget_for_requests(1, kv)
     assert forgetful < planned
     assert not vllmunit.serves_one_request(forgetful, engine.max_model_len, block, engine.kv_bytes_per_token)
+
+
+# --- vLLM 0.34's own startup plan and sleep mode ---------------------------------------------------------
+
+CHAT_034 = dataclasses.replace(CHAT, version="0.34.0")
+
+
+def start_planned(device: SharedDevice, tmp_path: Path, plan: Path, engine=CHAT_034) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SCRIPT), "--name", "vllm-chat.service", "--device-config",
+                             str(device.config_path), *engine.argv(), "--time-scale", "0.01", "--requests", "0",
+                             "--events", str(tmp_path / "events.jsonl"), "--startup-plan", str(plan)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def plan_events(tmp_path: Path) -> list[tuple[str, int]]:
+    return [(record["outcome"], record["kv_bytes"]) for record in events(tmp_path) if record["event"] == "startup_plan"]
+
+
+def run_until_serving(process: subprocess.Popen, tmp_path: Path, count: int) -> str:
+    assert wait_for(lambda: len([r for r in events(tmp_path) if r["event"] == "serving"]) >= count, 20, 0.01), \
+        events(tmp_path)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=10)
+    return output
+
+
+def test_the_startup_plan_is_saved_alone_applied_alone_and_falls_back_beside_a_co_tenant(device, tmp_path):
+    plan = tmp_path / "startup_plan.json"
+    first = run_until_serving(start_planned(device, tmp_path, plan), tmp_path, 1)
+    saved_bytes = plan_events(tmp_path)[0][1]
+    assert plan_events(tmp_path) == [("saved", saved_bytes)] and "Saved startup plan to" in first
+    second = run_until_serving(start_planned(device, tmp_path, plan), tmp_path, 2)
+    assert plan_events(tmp_path)[1] == ("applied", saved_bytes)
+    assert any(isinstance(vllm.parse_line(line), vllm.StartupPlan) for line in second.splitlines())
+    device.hold("vllm-other.service", GiB // 2)  # a co-tenant that started first: free below the baseline
+    third = run_until_serving(start_planned(device, tmp_path, plan), tmp_path, 3)
+    # profiled again: memory the co-tenant held before the start is not charged, so the KV cache is the same,
+    # but the plan is saved anew with the lower baseline
+    assert plan_events(tmp_path)[2] == ("fallback", saved_bytes) and "Startup plan not applied" in third
+    assert json.loads(plan.read_text())["free_memory_baseline"] == device.free()
+    device.release("vllm-other.service")
+    run_until_serving(start_planned(device, tmp_path, plan), tmp_path, 4)
+    assert plan_events(tmp_path)[3] == ("applied", saved_bytes)
+
+
+def test_an_explicit_budget_wins_over_the_startup_plan(device, tmp_path):
+    plan = tmp_path / "startup_plan.json"
+    plan.write_text('{"kv_cache_memory_bytes": 1, "free_memory_baseline": 0}')
+    budgeted = dataclasses.replace(CHAT_034, kv_cache_memory_bytes=4 * GiB)
+    output = run_until_serving(start_planned(device, tmp_path, plan, budgeted), tmp_path, 1)
+    assert plan_events(tmp_path) == [] and "startup plan" not in output.lower()
+    assert wait_for_event(tmp_path, "serving")["kv_bytes"] == 4 * GiB
+
+
+@pytest.mark.parametrize("level, signum", [(1, signal.SIGUSR1), (2, signal.SIGUSR2)])
+def test_sleep_gives_back_weights_and_kv_cache_and_wake_takes_them_again(device, tmp_path, level, signum):
+    engine = start_engine(device, tmp_path, CHAT_034)
+    try:
+        wait_for_event(tmp_path, "serving")
+        awake = device.free()
+        engine.send_signal(signum)
+        slept = wait_for_event(tmp_path, "slept")
+        assert slept["level"] == level and device.free() - awake == slept["freed"] > CHAT.weights_gib * GiB
+        engine.send_signal(signal.SIGHUP)
+        wait_for_event(tmp_path, "woke")
+        assert device.free() == awake
+    finally:
+        engine.send_signal(signal.SIGTERM)
+        output, _ = engine.communicate(timeout=10)
+    [line] = [event for event in map(vllm.parse_line, output.splitlines()) if isinstance(event, vllm.SleepFreed)]
+    assert abs(line.freed_bytes - slept["freed"]) <= 0.005 * GiB
+
+
+def test_a_wake_after_a_co_tenant_took_the_memory_fails_with_out_of_memory(device, tmp_path):
+    engine = start_engine(device, tmp_path, CHAT_034)
+    wait_for_event(tmp_path, "serving")
+    engine.send_signal(signal.SIGUSR1)
+    wait_for_event(tmp_path, "slept")
+    device.hold("vllm-other.service", device.free() - GiB)  # took what the sleeping engine released
+    engine.send_signal(signal.SIGHUP)
+    failed = wait_for_event(tmp_path, "wake_failed")
+    assert failed["free"] < failed["needed"]
+    assert engine.wait(timeout=10) == 1
+    output, _ = engine.communicate()
+    assert any(isinstance(cause, vllm.FailureCause) and cause.reason is vllm.FailureReason.DEVICE_OUT_OF_MEMORY
+               for cause in map(vllm.parse_line, output.splitlines()))

@@ -972,8 +972,20 @@ def _print_serving(out: _Output, offset: float) -> None:
                     "GPU KV cache usage: 1.2%, CPU KV cache usage: 0.0%.")
     if run.sleep_freed_gib is not None:
         out.log(offset + 10.0 * run.requests + 5.0, CORE, "INFO", "gpu_worker.py:142",
-                f"Sleep mode freed {run.sleep_freed_gib:.2f} GiB memory, {run.sleep_device_used_gib:.2f} GiB memory is "
-                "still in use.")
+                sleep_message(run.sleep_freed_gib, run.sleep_device_used_gib))
+
+
+def sleep_message(freed_gib: float, device_used_gib: float) -> str:
+    """What the engine logs after it went to sleep (sleep mode): the memory it freed, the device's still used."""
+    return f"Sleep mode freed {freed_gib:.2f} GiB memory, {device_used_gib:.2f} GiB memory is still in use."
+
+
+def engine_line(run: VllmRun, began_at: float, offset: float, where: str, message: str) -> UnitLine:
+    """One INFO line of the run's engine core at `offset`, in its era's format (for what a replay decides later:
+    a sleep)."""
+    out = _Output(run, began_at)
+    out.log(offset, CORE, "INFO", where, message)
+    return out.lines[0]
 
 
 def _kv_lines(out: _Output, at: float) -> None:
