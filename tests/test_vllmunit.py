@@ -10,9 +10,11 @@ import dataclasses
 import json
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -357,3 +359,83 @@ def test_a_wake_after_a_co_tenant_took_the_memory_fails_with_out_of_memory(devic
     output, _ = engine.communicate()
     assert any(isinstance(cause, vllm.FailureCause) and cause.reason is vllm.FailureReason.DEVICE_OUT_OF_MEMORY
                for cause in map(vllm.parse_line, output.splitlines()))
+
+
+# --- the seed host's three units over 20 randomly ordered boots: vLLM's own plan against the project's ---------
+
+SEED_UNITS = {"vllm-xpu-chat.service": dataclasses.replace(CHAT, version="0.34.0"),
+              "vllm-xpu-embedding.service": dataclasses.replace(EMBEDDING, version="0.34.0"),
+              "vllm-xpu-stt.service": dataclasses.replace(STT, version="0.34.0")}
+BOOTS = 20
+
+
+def solo_kv_bytes(engine) -> int:
+    """The KV cache an engine gets alone on the 16 GiB GPU (vLLM's requested less its non-KV memory)."""
+    return math.ceil(engine.gpu_memory_utilization * 16 * GiB) - round(
+        (engine.weights_gib + engine.activation_gib + engine.non_torch_gib) * GiB)
+
+
+def projects_plan(engine):
+    """The engine as the project's planner sets it: a one-request KV budget (whole blocks and the null block)
+    and R = its footprint's share of the device, so that it starts whatever the order."""
+    block = engine.block_size or 64
+    budget = memory.kv_budget_for_requests(1, memory.KvBlocks(block, block * engine.kv_bytes_per_token,
+                                                              engine.max_model_len))
+    footprint = budget + round((engine.weights_gib + engine.activation_gib + engine.non_torch_gib) * GiB)
+    return dataclasses.replace(engine, kv_cache_memory_bytes=budget,
+                               gpu_memory_utilization=memory.utilisation_for(footprint, 16 * GiB))
+
+
+def boot(device: SharedDevice, tmp_path: Path, engines: dict, order: list[str], gaps: list[float],
+         plans: Path | None) -> dict[str, dict]:
+    """One boot: the units started in `order`, `gaps` seconds apart, each until it serves or fails; what each
+    did (its startup-plan outcome, its serving or failed event), then every engine stopped."""
+    log = tmp_path / "boot.jsonl"
+    log.unlink(missing_ok=True)
+    processes = []
+    for unit, gap in zip(order, gaps):
+        time.sleep(gap)
+        plan = [] if plans is None else ["--startup-plan", str(plans / f"{unit}.json")]
+        processes.append(subprocess.Popen([sys.executable, str(SCRIPT), "--name", unit, "--device-config",
+                                           str(device.config_path), *engines[unit].argv(), "--time-scale", "0.01",
+                                           "--requests", "0", "--events", str(log), *plan],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    ended = wait_for(lambda: (done := {r["unit"]: r for r in vllmunit.read_events(log)
+                                       if r["event"] in ("serving", "failed")}) and len(done) == len(order) and done,
+                     30, 0.01)
+    outcomes = {r["unit"]: r["outcome"] for r in vllmunit.read_events(log) if r["event"] == "startup_plan"}
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=10)
+    assert ended, vllmunit.read_events(log)
+    return {unit: {**record, "plan": outcomes.get(unit)} for unit, record in ended.items()}
+
+
+def raced(result: dict[str, dict], engines: dict) -> list[str]:
+    """The units of a boot that failed, fell back to profiling, or serve less KV cache than the one they need
+    (their budget) or, without one, than they get alone."""
+    return [unit for unit, record in result.items()
+            if record["event"] == "failed" or record["plan"] == "fallback"
+            or record["kv_bytes"] < (engines[unit].kv_cache_memory_bytes or solo_kv_bytes(engines[unit]))]
+
+
+@pytest.mark.parametrize("plan", ["vllm", "project"])
+def test_over_20_random_boots_vllms_own_plan_races_and_the_projects_plan_never_does(device, tmp_path, plan):
+    """vLLM 0.34's own plan (VLLM_ENABLE_STARTUP_PLAN=1, saved on the first boot) falls back whenever another
+    unit started first and keeps whatever a racing boot saved; the project's budgets start every unit whole in
+    any order."""
+    chooser = random.Random(36)
+    engines = SEED_UNITS if plan == "vllm" else {unit: projects_plan(engine) for unit, engine in SEED_UNITS.items()}
+    plans = tmp_path / "plans" if plan == "vllm" else None
+    if plans is not None:
+        plans.mkdir()
+    bad = []
+    for _ in range(BOOTS):
+        order = chooser.sample(list(engines), len(engines))
+        result = boot(device, tmp_path, engines, order, [0.0] + [chooser.uniform(0, 0.15) for _ in order[1:]], plans)
+        bad.append(raced(result, engines))
+    raced_boots = sum(1 for units in bad if units)
+    if plan == "vllm":
+        assert raced_boots > 0, bad
+    else:
+        assert raced_boots == 0, bad
