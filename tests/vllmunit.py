@@ -82,6 +82,8 @@ SCRIPT = Path(__file__).resolve()
 SIXTEEN_GIB_GPU = A770  # its 16 GiB module; SharedDevice.create replaces its free memory and processes by the shares
 INIT_DEVICE_AT = 6.6  # vllmlogs: the line after init_device (or its failure)
 WEIGHT_STEPS = 4
+SLEEP_SIGNALS = {signal.SIGUSR1: 1, signal.SIGUSR2: 2}
+SLEEP_MODE_SIGNALS = (*SLEEP_SIGNALS, signal.SIGHUP)  # blocked from the start, waited for while serving
 
 
 def load_end(run: VllmRun) -> float:
@@ -293,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     device = SharedDevice(args.device_config)
     events = _EventLog(args.events, args.name)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.pthread_sigmask(signal.SIG_BLOCK, SLEEP_MODE_SIGNALS)  # taken once serving (serve_with_sleep_mode)
     init_seconds = args.init_seconds
     total = device.total
     run = VllmRun(args.version, model=args.model, gpu_memory_utilization=args.gpu_memory_utilization,
@@ -391,21 +394,15 @@ def startup_plan_outcome(plan: dict | None, free: int) -> str:
     return "applied" if free >= plan["free_memory_baseline"] else "fallback"
 
 
-SLEEP_SIGNALS = {signal.SIGUSR1: 1, signal.SIGUSR2: 2}
 
 
 def serve_with_sleep_mode(device: SharedDevice, name: str, run: VllmRun, replay: Replay, held: int, kept: int,
                           events: _EventLog) -> int:
     """Serve until SIGTERM; sleep (levels 1 and 2: `held` less the `kept` non-torch memory given back) and wake
     (all of it taken back, or out-of-memory) as the signals ask."""
-    asked: list[int] = []
-    for signum in (*SLEEP_SIGNALS, signal.SIGHUP):
-        signal.signal(signum, lambda number, _frame: asked.append(number))
     asleep = False
     while True:
-        while not asked:
-            signal.pause()
-        number = asked.pop(0)
+        number = signal.sigwaitinfo(SLEEP_MODE_SIGNALS).si_signo  # SIGTERM's handler still ends the engine
         if number in SLEEP_SIGNALS and not asleep:
             free_before = device.free()
             device.hold(name, kept)

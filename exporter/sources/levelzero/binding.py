@@ -109,7 +109,7 @@ RESULT_NAMES: MappingProxyType[int, str] = MappingProxyType(
 
 ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES = 0x3
 ZE_STRUCTURE_TYPE_DEVICE_MEMORY_PROPERTIES = 0x7
-# The usable-memory core extension (spec 1.15; loaders and runtimes of 2025 on): chained to
+# The usable-memory core extension (spec 1.15; compute-runtime 26.18 and later answer it): chained to
 # ze_device_properties_t.pNext, listed by zeDriverGetExtensionProperties under its name.
 ZE_STRUCTURE_TYPE_DEVICE_USABLEMEM_SIZE_EXT_PROPERTIES = 0x00020041
 USABLE_MEMORY_EXTENSION = "ZE_extension_device_usablemem_size_properties"
