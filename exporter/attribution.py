@@ -310,6 +310,21 @@ def total_and_free(devices: Iterable[DeviceMemory]) -> dict[str, tuple[int, int]
     return memory
 
 
+def as_vllm_reads(devices: Iterable[DeviceMemory]) -> dict[str, tuple[int, int]]:
+    """device -> (total, free) as vLLM reads them on XPU: the Level Zero core API's total (what it multiplies by
+    gpu_memory_utilization, ~0.95 of Sysman's) and the usable-memory extension's free, each where read, else
+    Sysman's figure; only devices with both a total and a free. What vLLM demands at a start and what it sees
+    free are compared with these; what the kernel can give (the rest, a wake) with Sysman's."""
+    memory: dict[str, tuple[int, int]] = {}
+    for device in devices:
+        core = device.core
+        total = core.total if core is not None and core.total else device.total
+        free = core.usable if core is not None and core.usable is not None else device.free
+        if total is not None and free is not None:
+            memory[device.identity.pci_address] = (total, free)
+    return memory
+
+
 @dataclass(frozen=True)
 class DeviceRest:
     """What no unit with series of its own accounts for on a device."""
@@ -347,6 +362,46 @@ def restart_headrooms(memory: Mapping[str, tuple[int, int]], attributions: Mappi
         total, free = memory[pci]
         own = attributions[pci].by_unit.get(view.unit, 0) if pci in attributions else 0
         headrooms.append((pci, view.unit, memory_rules.restart_headroom_bytes(free, own, total, utilisation)))
+    return headrooms
+
+
+@dataclass(frozen=True)
+class Wake:
+    """A sleeping unit on its GPU and the memory its wake takes back."""
+
+    device: str
+    unit: str
+    takes_back: int
+
+
+def sleeping_units(attributions: Mapping[str, DeviceAttribution], views: Iterable[UnitView], device_of: UnitDevices,
+                   gpus: list[str]) -> list[Wake]:
+    """The units asleep now, on their GPU (of `gpus`): the running engine of the latest start went to sleep
+    ("Sleep mode freed X GiB") and holds less than it freed. vLLM prints no line when it wakes; a woken engine
+    holds its weights and KV cache again, at least what it freed, so holding less is sleeping. Its wake takes
+    back what it freed."""
+    wakes = []
+    for view in views:
+        start = view.latest
+        if start is None or start.slept_usec is None or start.process_gone or not start.sleep_freed_bytes or \
+                start.sleep_freed_bytes <= 0:
+            continue
+        pci = device_of.of(view.unit, attributions, gpus)
+        if pci is None:
+            continue
+        held = attributions[pci].by_unit.get(view.unit, 0) if pci in attributions else 0
+        if held < start.sleep_freed_bytes:
+            wakes.append(Wake(pci, view.unit, start.sleep_freed_bytes))
+    return wakes
+
+
+def wake_headrooms(memory: Mapping[str, tuple[int, int]], wakes: Iterable[Wake]) -> dict[str, int]:
+    """Per device of `memory` (device -> (total, free)): its free memory less what its sleeping units take back
+    when they wake; negative: they cannot all wake now."""
+    headrooms = {pci: free for pci, (_, free) in memory.items()}
+    for wake in wakes:
+        if wake.device in headrooms:
+            headrooms[wake.device] -= wake.takes_back
     return headrooms
 
 

@@ -74,6 +74,9 @@ class FakeMemoryModule:
     type: int | None = None  # zes_mem_type_t; None: GDDR6 for device memory, DDR for system memory
     # (readCounter, writeCounter, maxBandwidth) of zesMemoryGetBandwidth; None: ZE_RESULT_ERROR_UNSUPPORTED_FEATURE
     bandwidth: tuple[int, int, int] | None = None
+    # zeDeviceGetMemoryProperties' totalSize of a device module (the core API's, what vLLM multiplies);
+    # None: floor(0.95 x size), as the user-mode driver reports against the kernel's
+    core_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,9 @@ class FakeDevice:
     memory_modules_result: Result = "ZE_RESULT_SUCCESS"  # zesDeviceEnumMemoryModules
     memory_state_result: Result = "ZE_RESULT_SUCCESS"
     memory_state_hang: bool = False
+    # currUsableMemSize of the usable-memory extension (FakeConfig.usable_memory_extension); None: the device
+    # modules' free less what the core API keeps back (size - core size), as usable_memory() in fake_ze.c
+    usable_memory: int | None = None
     processes_result: Result = "ZE_RESULT_SUCCESS"
     processes_hang: bool = False
     # The count query reports this many processes fewer than listed, as if they had
@@ -162,6 +168,7 @@ class FakeConfig:
     devices: Sequence[FakeDevice] = ()
     init_result: Result = "ZE_RESULT_SUCCESS"
     init_hang: bool = False
+    usable_memory_extension: bool = False  # the driver lists (and answers) the usable-memory core extension
 
 
 A770 = FakeDevice(
@@ -250,6 +257,8 @@ def render_config(config: FakeConfig) -> str:
     lines = [f"init_result {_result(config.init_result)}"]
     if config.init_hang:
         lines.append("init_hang")
+    if config.usable_memory_extension:
+        lines.append("usable_memory_extension")
     for device in config.devices:
         lines += _render_device(device)
     return "\n".join(lines) + "\n"
@@ -465,7 +474,11 @@ def _render_device(device: FakeDevice) -> list[str]:
         if module.bandwidth is not None:
             read, write, max_bandwidth = module.bandwidth
             options += [f"read={read}", f"write={write}", f"max_bandwidth={max_bandwidth}"]
+        if module.core_size is not None:
+            options.append(f"core_size={module.core_size}")
         lines.append(f"memory {location} {module.size} {module.free} {' '.join(options)}")
+    if device.usable_memory is not None:
+        lines.append(f"usable_memory {device.usable_memory}")
     lines.append(f"memory_modules_result {_result(device.memory_modules_result)}")
     lines.append(f"memory_state_result {_result(device.memory_state_result)}")
     if device.memory_state_hang:

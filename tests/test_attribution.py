@@ -4,11 +4,12 @@ tests/test_dmem.py and the containers' tests."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 
-from vllm_xpu_exporter.attribution import (DMEM, FDINFO, LEVELZERO, Attribution, DeviceAttribution, DeviceRest,
+from vllm_xpu_exporter.attribution import (Wake, as_vllm_reads, sleeping_units, wake_headrooms, DMEM, FDINFO, LEVELZERO, Attribution, DeviceAttribution, DeviceRest,
                                            PlannedUnit, StartFreeMemory, UnitDevices, attribute_device,
                                            attribute_devices, choose_units, containers_of, device_rests,
                                            endpoint_cgroups, footprints_by_device, from_fdinfo, from_processes,
@@ -20,7 +21,7 @@ from vllm_xpu_exporter.runtimes import ContainerCgroup
 from vllm_xpu_exporter.runtimes.docker import ENGINE as DOCKER
 from vllm_xpu_exporter.sources.containers import Workload
 from vllm_xpu_exporter.sources.endpoints import Endpoint
-from vllm_xpu_exporter.sources.levelzero.binding import (DeviceIdentity, MemoryModule, MemoryModuleProperties,
+from vllm_xpu_exporter.sources.levelzero.binding import (CoreMemory, DeviceIdentity, MemoryModule, MemoryModuleProperties,
                                                          ProcessMemory)
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, DeviceProcesses
 from vllm_xpu_exporter.sources.procfs import ScanResult, UnitEngineUse
@@ -162,6 +163,17 @@ def test_the_unattributed_rest_counts_dropped_units_and_is_clamped_when_overcoun
                                                                OTHER_GPU: DeviceRest(0, True)}
 
 
+def test_vllms_view_of_a_device_is_the_core_total_and_usable_memory_where_read_else_sysmans():
+    sysman_only = device_memory(GPU, 1000, 400)
+    core_total = dataclasses.replace(device_memory(OTHER_GPU, 1000, 400), core=CoreMemory(950, None))
+    both = dataclasses.replace(device_memory("0000:05:00.0", 1000, 400), core=CoreMemory(950, 350))
+    refused = dataclasses.replace(device_memory("0000:06:00.0", None), core=CoreMemory(950, 300))
+    assert as_vllm_reads([sysman_only, core_total, both, refused]) == {
+        GPU: (1000, 400), OTHER_GPU: (950, 400), "0000:05:00.0": (950, 350), "0000:06:00.0": (950, 300)}
+    assert total_and_free([sysman_only, core_total, both, refused]) == {
+        GPU: (1000, 400), OTHER_GPU: (1000, 400), "0000:05:00.0": (1000, 400)}
+
+
 def test_restart_headroom_is_free_plus_own_less_the_request_on_the_units_gpu():
     memory = {GPU: (1000, 400)}
     views = [SimpleNamespace(unit=CHAT, gpu_memory_utilization=0.75),
@@ -172,6 +184,27 @@ def test_restart_headroom_is_free_plus_own_less_the_request_on_the_units_gpu():
         (GPU, CHAT, 400 + 300 - 750), (GPU, "elsewhere.service", 400 + 0 - 500)]
     # two GPUs, one of unknown free memory: a unit holding nothing has no GPU, so no headroom
     assert restart_headrooms(memory, attributions, views, UnitDevices(), [GPU, OTHER_GPU]) == [(GPU, CHAT, -50)]
+
+
+def slept(unit: str, freed: int | None, process_gone: bool = False) -> SimpleNamespace:
+    """A unit's view whose latest start ran and, with `freed`, went to sleep freeing that much."""
+    start = SimpleNamespace(slept_usec=None if freed is None else 1, sleep_freed_bytes=freed, process_gone=process_gone)
+    return SimpleNamespace(unit=unit, latest=start)
+
+
+def test_a_unit_that_slept_and_holds_less_than_it_freed_is_asleep_and_its_wake_takes_back_what_it_freed():
+    views = [slept(CHAT, 600), slept(STT, 200), slept("awake.service", None), slept("woken.service", 100),
+             slept("stopped.service", 300, process_gone=True)]
+    attributions = {GPU: attributed({CHAT: 90, STT: 40, "awake.service": 500, "woken.service": 150})}
+    wakes = sleeping_units(attributions, views, UnitDevices(), [GPU])
+    assert wakes == [Wake(GPU, CHAT, 600), Wake(GPU, STT, 200)]
+    # free 700: chat and stt take back 800 together
+    assert wake_headrooms({GPU: (1000, 700), OTHER_GPU: (1000, 900)}, wakes) == {GPU: -100, OTHER_GPU: 900}
+
+
+def test_a_sleeping_unit_on_a_gpu_it_cannot_be_placed_on_has_no_wake():
+    # two GPUs and the unit holds nothing on either: no GPU is known for it
+    assert sleeping_units({GPU: attributed({})}, [slept(CHAT, 600)], UnitDevices(), [GPU, OTHER_GPU]) == []
 
 
 def test_endpoints_are_looked_for_in_the_kept_units_cgroups_and_published_with_their_gpu():

@@ -19,8 +19,9 @@ from sizes import GiB
 
 
 GOLDEN = Path(__file__).parent / "golden"
+# The contract's device metrics, and the core API's total added to them (its usable memory only where listed).
 DEVICE_FAMILIES = ("xpu_device_info", "xpu_memory_total_bytes", "xpu_memory_free_bytes", "xpu_memory_used_bytes",
-                   "xpu_memory_accounting_trusted", "xpu_memory_health")
+                   "xpu_memory_accounting_trusted", "xpu_memory_health", "xpu_memory_core_total_bytes")
 # The contract's "Device telemetry" section, by the fake driver's kind that serves each metric.
 TELEMETRY_FAMILIES_BY_KIND = {
     "engines": {"xpu_engine_active_seconds_total"},
@@ -31,7 +32,7 @@ TELEMETRY_FAMILIES_BY_KIND = {
     "ras": {"xpu_ras_errors_total"},
 }
 TELEMETRY_FAMILIES = set().union(*TELEMETRY_FAMILIES_BY_KIND.values())
-IDENTITY_AND_TOTAL = {"xpu_device_info", "xpu_memory_total_bytes"}
+IDENTITY_AND_TOTAL = {"xpu_device_info", "xpu_memory_total_bytes", "xpu_memory_core_total_bytes"}  # the core API's reads without Sysman
 
 
 def start(fake_driver: Path, config_path: Path, config: FakeConfig, *args: str, env: dict | None = None,
@@ -379,7 +380,7 @@ def test_device_lost_mid_run_drops_that_devices_memory_state_series_and_they_com
 
 @pytest.mark.parametrize("fault, kept", [
     ({"memory_state_result": "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE"}, IDENTITY_AND_TOTAL),
-    ({"memory_modules_result": "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE"}, {"xpu_device_info"}),
+    ({"memory_modules_result": "ZE_RESULT_ERROR_UNSUPPORTED_FEATURE"}, {"xpu_device_info", "xpu_memory_core_total_bytes"}),
 ], ids=["zesMemoryGetState", "zesDeviceEnumMemoryModules"])
 def test_failing_memory_query_keeps_the_devices_identity_and_what_still_reads_then_recovers(fake_driver, config_path,
                                                                                           fault, kept):
@@ -466,3 +467,31 @@ def test_golden_files_pass_promtool_check_metrics(golden):
                             capture_output=True)
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
 
+
+
+# --- the two totals, and the usable-memory core extension ------------------------------------------
+
+def test_the_core_total_is_served_apart_from_sysmans_and_is_the_drivers_smaller_figure(fake_driver, config_path):
+    with start(fake_driver, config_path, FakeConfig(devices=(A770, B580))) as exporter:
+        samples = exporter.scrape()
+    for pci, size in ((A770_PCI, 16 * GiB), (B580_PCI, 12 * GiB)):
+        assert sample(samples, "xpu_memory_total_bytes", device=pci) == size
+        assert sample(samples, "xpu_memory_core_total_bytes", device=pci) == size * 95 // 100
+    assert "xpu_memory_usable_bytes" not in device_families(samples, A770_PCI), "the driver lists no extension"
+
+
+def test_with_sysmans_memory_state_refused_the_usable_memory_extension_still_gives_free_memory(
+        fake_driver, config_path):
+    """Without CAP_PERFMON (zesMemoryGetState refused here), the core API's extension still answers: free memory
+    where the driver lists it, the core total always."""
+    refused = dataclasses.replace(A770, memory_state_result="ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS",
+                                  usable_memory=11 * GiB)
+    with start(fake_driver, config_path, FakeConfig(devices=(refused, B580), usable_memory_extension=True)) \
+            as exporter:
+        samples = exporter.scrape()
+    assert sample(samples, "xpu_memory_free_bytes", device=A770_PCI) is None
+    assert sample(samples, "xpu_memory_usable_bytes", device=A770_PCI) == 11 * GiB
+    assert sample(samples, "xpu_memory_core_total_bytes", device=A770_PCI) == 16 * GiB * 95 // 100
+    # B580 answers both: its usable memory is Sysman's free less what the core API keeps back
+    assert sample(samples, "xpu_memory_usable_bytes", device=B580_PCI) == \
+        sample(samples, "xpu_memory_free_bytes", device=B580_PCI) - (12 * GiB - 12 * GiB * 95 // 100)

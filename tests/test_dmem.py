@@ -20,7 +20,7 @@ from fakeze import A770, B580
 from polling import ManualClock, wait_for
 from scrapes import sample, series
 from sizes import GiB, MiB
-from test_processes import CHAT, DEVICE, EMBEDDING, STT, TOTAL, UTILISATION, settled, start_exporter
+from test_processes import CHAT, DEVICE, EMBEDDING, STT, CORE_TOTAL, TOTAL, UTILISATION, settled, start_exporter
 
 OTHER = B580.pci_address
 CAPACITY = {**xe_regions(DEVICE, vram0=8 * GiB, vram1=8 * GiB, stolen=64 * MiB),
@@ -209,7 +209,7 @@ def test_one_device_with_units_from_dmem_and_fdinfo(tmp_path, fake_driver, confi
     assert sample(samples, "xpu_memory_attribution_overcounted", device=DEVICE) == 0
     for unit, utilisation in UTILISATION.items():
         assert sample(samples, "xpu_unit_restart_headroom_bytes", device=DEVICE, unit=unit) == \
-            TOTAL - used + held[unit] - math.ceil(utilisation * TOTAL)
+            TOTAL - used + held[unit] - math.ceil(utilisation * CORE_TOTAL)
     assert sample(samples, "xpu_exporter_collector_success", collector="processes") == 1
 
 

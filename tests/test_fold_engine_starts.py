@@ -18,7 +18,7 @@ import journalgen
 from vllm_xpu_exporter.fold import engine_starts
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker, UnitView
 from vllm_xpu_exporter.fold.start import LATE_LINES_GRACE_USEC, Outcome
-from vllm_xpu_exporter.parsers.vllm import FailureReason, parse_line
+from vllm_xpu_exporter.parsers.vllm import FailureReason, StartupPlanOutcome, parse_line
 from sizes import GiB, gib, mib
 from vllmlogs import (
     CHAT,
@@ -724,3 +724,66 @@ def test_auto_fit_without_room_for_one_token_fails_as_no_kv_cache_memory_and_is_
     view = fold_placed(one_boot(service_runs(UNIT, [run], ORIGIN)))[UNIT]
     assert view.failures == failures(no_kv_cache_memory=1)
     assert (view.context_shrinks, view.latest.requested_max_model_len) == (0, 131072)
+
+
+# --- vLLM's own startup plan (0.34) and sleep mode --------------------------------------------------------
+
+PLAN_API = "(APIServer pid=77) INFO 12-02 10:00:00 [api_server.py:1873] "
+PLAN_CORE = "(EngineCore pid=77) INFO 12-02 10:00:20 [startup_plan.py:212] "
+PLAN_INIT_DONE = CORE_LINE + "init engine (profile, create kv cache, warmup model) took 12.50 s (compilation: 3.10 s)"
+PLAN_APPLIED_START = (
+    PLAN_API + "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 32768}",
+    PLAN_CORE + "Applying persisted startup plan (fingerprint 3f9a2c41): kv_cache_memory_bytes=2684354560 (2.50 GiB), "
+                "recorded free-memory baseline 14.21 GiB, current 14.85 GiB. Memory profiling will be skipped.",
+    CORE_LINE + "Initial free memory 14.85 GiB, reserved 2.5 GiB memory for KV Cache as specified by "
+                "kv_cache_memory_bytes config and skipped memory profiling.",
+    CORE_LINE + "XPU KV cache size: 18,304 tokens, Maximum concurrency for 32,768 tokens per request: 0.56x",
+    PLAN_INIT_DONE,
+)
+PLAN_FALLBACK_START = (
+    PLAN_API + "non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 32768}",
+    PLAN_CORE + "Startup plan not applied: current free memory (9.63 GiB) is below the recorded baseline "
+                "(14.21 GiB); falling back to full memory profiling.",
+    CORE_LINE + "Available KV cache memory: 1.75 GiB",
+    CORE_LINE + "XPU KV cache size: 12,800 tokens, Maximum concurrency for 32,768 tokens per request: 0.39x",
+    PLAN_CORE + "Saved startup plan to /var/cache/vllm/startup_plan/startup_plan_3f9a2c41.json",
+    PLAN_INIT_DONE,
+)
+
+
+def test_a_start_on_an_applied_startup_plan_records_the_plans_budget_and_no_fallback() -> None:
+    view = fold(start_entries(PLAN_APPLIED_START))[UNIT]
+    assert (view.starts, view.startup_plan_fallbacks) == (1, 0)
+    assert (view.latest.startup_plan, view.latest.startup_plan_bytes) == (StartupPlanOutcome.APPLIED, gib(2.5))
+
+
+def test_a_start_whose_startup_plan_fell_back_counts_one_fallback_and_records_the_budget_it_saved() -> None:
+    view = fold(start_entries(PLAN_FALLBACK_START))[UNIT]
+    assert (view.starts, view.failures, view.startup_plan_fallbacks) == (1, no_failures(), 1)
+    assert (view.latest.startup_plan, view.latest.startup_plan_bytes) == (StartupPlanOutcome.FALLBACK, gib(1.75))
+
+
+def test_a_first_start_that_saved_its_plan_is_saved_and_a_start_without_the_plan_has_none() -> None:
+    first_start = [line for line in PLAN_FALLBACK_START if "Startup plan not applied" not in line]
+    latest = fold(start_entries(first_start))[UNIT].latest
+    assert (latest.startup_plan, latest.startup_plan_bytes) == (StartupPlanOutcome.SAVED, gib(1.75))
+    plain = fold(start_entries(GOOD_LINES))[UNIT].latest
+    assert (plain.startup_plan, plain.startup_plan_bytes) == (None, None)
+
+
+SLEEP_LINE = "(EngineCore pid=77) INFO 12-02 11:00:00 [gpu_worker.py:142] Sleep mode freed 11.62 GiB memory, " \
+             "2.41 GiB memory is still in use."
+
+
+def test_a_running_engines_sleep_line_records_what_it_freed_and_when_and_counts_nothing() -> None:
+    entries = start_entries([*GOOD_LINES, SLEEP_LINE])
+    view = fold(entries)[UNIT]
+    assert (view.starts, view.failures) == (1, no_failures())
+    latest = view.latest
+    assert (latest.sleep_freed_bytes, latest.sleep_device_used_bytes, latest.slept_usec) == \
+        (gib(11.62), gib(2.41), entries[-1].realtime_usec)
+
+
+def test_a_sleep_line_of_a_start_still_initialising_is_not_a_sleep() -> None:
+    latest = fold(start_entries([*GOOD_LINES[:3], SLEEP_LINE]))[UNIT].latest
+    assert (latest.outcome, latest.sleep_freed_bytes, latest.slept_usec) == (None, None, None)

@@ -435,3 +435,52 @@ def test_every_era_unit_counts_no_shrink_and_requests_what_it_printed(eras: tupl
         unit = era_unit(name)
         assert sample(samples, "xpu_unit_context_shrinks_total", unit=unit) == 0, name
         assert sample(samples, "xpu_unit_max_model_len_requested_tokens", unit=unit) == case.expected.max_model_len, name
+
+
+# vLLM 0.34's own startup plan (VLLM_ENABLE_STARTUP_PLAN=1), one unit per outcome, and sleep mode after a start.
+STARTUP_PLAN_ORIGIN = AUTO_FIT_ORIGIN + 86400.0
+STARTUP_PLAN_RUNS = {
+    "applied": VllmRun("0.34.0", model_max_len=131072, auto_max_model_len=True, auto_fit_to=46528, kv_cache_gib=2.13,
+                       startup_plan="applied", startup_plan_baseline_gib=9.8),
+    "fallback": VllmRun("0.34.0", kv_cache_gib=3.25, startup_plan="fallback", free_gib_at_start=9.63,
+                        startup_plan_baseline_gib=15.42),
+    "saved": VllmRun("0.34.0", kv_cache_gib=7.25, startup_plan="saved", sleep_freed_gib=10.46),
+}
+
+
+@pytest.fixture(scope="module")
+def startup_plan_scrape(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    planned = []
+    for index, (outcome, run) in enumerate(STARTUP_PLAN_RUNS.items()):
+        planned += service_runs(f"vllm-plan-{outcome}.service", [run], STARTUP_PLAN_ORIGIN + 3600.0 * index,
+                                job_id=500 + index)
+    placed = compose(Boot(AUTO_FIT_BOOT_ID, STARTUP_PLAN_ORIGIN - 20.0, tuple(planned)))
+    path = journalgen.write_journal(tmp_path_factory.mktemp("startup-plan") / "plan.journal", journal_specs(placed))
+    with RunningExporter(exporter_args(path, "all")) as exporter:
+        return journal_ready(exporter)
+
+
+@pytest.mark.parametrize("outcome", list(STARTUP_PLAN_RUNS))
+def test_the_startup_plans_outcome_budget_and_fallbacks_are_served_per_unit(outcome: str,
+                                                                            startup_plan_scrape: dict) -> None:
+    run, unit = STARTUP_PLAN_RUNS[outcome], f"vllm-plan-{outcome}.service"
+    states = {state: sample(startup_plan_scrape, "xpu_unit_startup_plan_state", unit=unit, state=state)
+              for state in ("applied", "fallback", "saved")}
+    assert states == {state: float(state == outcome) for state in states}
+    assert sample(startup_plan_scrape, "xpu_unit_startup_plan_bytes", unit=unit) == \
+        (run.startup_plan_bytes if outcome == "applied" else run.kv_cache_bytes)
+    assert sample(startup_plan_scrape, "xpu_unit_startup_plan_fallbacks_total", unit=unit) == \
+        (1 if outcome == "fallback" else 0)
+    assert sample(startup_plan_scrape, "xpu_unit_engine_starts_total", unit=unit) == 1
+
+
+def test_a_unit_that_went_to_sleep_serves_what_it_freed_and_one_that_did_not_serves_no_sleep(
+        startup_plan_scrape: dict) -> None:
+    slept = STARTUP_PLAN_RUNS["saved"]
+    assert sample(startup_plan_scrape, "xpu_unit_sleep_freed_bytes", unit="vllm-plan-saved.service") == \
+        round(slept.sleep_freed_gib * GiB)
+    assert sample(startup_plan_scrape, "xpu_unit_sleep_device_used_bytes", unit="vllm-plan-saved.service") == \
+        round(slept.sleep_device_used_gib * GiB)
+    assert sample(startup_plan_scrape, "xpu_unit_sleep_timestamp_seconds", unit="vllm-plan-saved.service") > \
+        STARTUP_PLAN_ORIGIN + 2 * 3600.0
+    assert sample(startup_plan_scrape, "xpu_unit_sleep_freed_bytes", unit="vllm-plan-applied.service") is None

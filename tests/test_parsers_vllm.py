@@ -43,6 +43,9 @@ from vllm_xpu_exporter.parsers.vllm import (
     ServerVersion,
     Settings,
     SettingsSource,
+    SleepFreed,
+    StartupPlan,
+    StartupPlanOutcome,
     WrapperKind,
     default_gpu_memory_utilization,
     kv_cache_bytes_from_profiling,
@@ -388,6 +391,26 @@ EXACT_LINES: list[tuple[str, str, str, object]] = [
      "(EngineCore pid=3310) INFO 08-11 13:56:14 [kv_cache_utils.py:2533] Auto-fit max_model_len: "
      "attention-free model, using derived max_model_len=2048",
      MaxModelLenAutoFit(requested_max_model_len=2048, max_model_len=2048)),
+    # --- vLLM's own startup plan (0.34, VLLM_ENABLE_STARTUP_PLAN=1) ------------------------------
+    ("startup_plan_applied", "0.31",
+     "(EngineCore pid=1234) INFO 07-02 11:00:41 [startup_plan.py:212] Applying persisted startup plan "
+     "(fingerprint 3f9a2c41d0b7e6a5): kv_cache_memory_bytes=5368709120 (5.00 GiB), recorded free-memory "
+     "baseline 14.21 GiB, current 14.85 GiB. Memory profiling will be skipped.",
+     StartupPlan(StartupPlanOutcome.APPLIED, kv_cache_memory_bytes=5368709120)),
+    ("startup_plan_fallback", "0.31",
+     "(EngineCore pid=1234) INFO 07-02 11:00:41 [startup_plan.py:198] Startup plan not applied: current "
+     "free memory (9.63 GiB) is below the recorded baseline (14.21 GiB); falling back to full memory "
+     "profiling.",
+     StartupPlan(StartupPlanOutcome.FALLBACK, free_bytes=gib(9.63), baseline_free_bytes=gib(14.21))),
+    ("startup_plan_saved", "0.31",
+     "(EngineCore pid=1234) INFO 07-02 11:01:02 [startup_plan.py:251] Saved startup plan to "
+     "/var/cache/vllm/startup_plan/startup_plan_3f9a2c41d0b7e6a5.json",
+     StartupPlan(StartupPlanOutcome.SAVED)),
+    # --- sleep mode --------------------------------------------------------------------------
+    ("sleep_mode_freed", "0.31",
+     "(EngineCore pid=1234) INFO 07-02 12:30:05 [gpu_worker.py:142] Sleep mode freed 11.62 GiB memory, "
+     "2.41 GiB memory is still in use.",
+     SleepFreed(freed_bytes=gib(11.62), device_used_bytes=gib(2.41))),
     # --- init outcome ------------------------------------------------------------------------
     ("init_engine_took", "0.6",
      "INFO 10-15 09:13:07 llm_engine.py:448] init engine (profile, create kv cache, warmup model) "
@@ -975,7 +998,7 @@ def test_a_setting_no_exposition_can_carry_makes_the_line_implausible(line: str,
 
 def test_every_number_of_every_event_has_plausible_bounds() -> None:
     event_types = [EngineConfig, Settings, KvCacheMemory, ProfilingBefore, ProfilingAfter, ModelWeights,
-                   MemoryUsage, KvCacheCapacity, KvCacheBlocks, MaxModelLenAutoFit, EngineInitDone, FailureCause]
+                   MemoryUsage, KvCacheCapacity, KvCacheBlocks, MaxModelLenAutoFit, StartupPlan, SleepFreed, EngineInitDone, FailureCause]
     numeric = {field.name for cls in event_types for field in dataclasses.fields(cls)
                if {"int", "float"} & set(re.findall(r"\w+", str(field.type)))}
     assert numeric == set(PLAUSIBLE)
@@ -996,6 +1019,11 @@ ABSURD_VALUES = {
                          "non_default_args", "gpu_memory_utilization"),
     "utilisation-above-one": ("INFO 10-15 09:12:01 api_server.py:585] args: Namespace(host=None, gpu_memory_utilization=1.5)",
                               "args_namespace", "gpu_memory_utilization"),
+    "startup-plan-budget-huge": (CORE + "Applying persisted startup plan (fingerprint ab): "
+                                 "kv_cache_memory_bytes=99999999999999999999 (1 GiB), recorded ...",
+                                 "startup_plan_applied", "kv_cache_memory_bytes"),
+    "sleep-used-negative": (CORE + "Sleep mode freed 1.00 GiB memory, -2.00 GiB memory is still in use.",
+                            "sleep_mode_freed", "device_used_bytes"),
     "max-num-seqs-huge": (API + "non-default args: {'max_num_seqs': 100000000000}",
                           "non_default_args", "max_num_seqs"),
     "kv-cache-memory-bytes-2-pib": (API + "non-default args: {'kv_cache_memory_bytes': 2251799813685248}",

@@ -28,25 +28,29 @@ from vllm_xpu_exporter.planner import cli as plan
 from vllm_xpu_exporter.http.runbook import heading_anchor
 from vllmlogs import Boot, VllmRun, chat_runs, compose, journal_specs, service_start
 
-CHAT, EMBEDDING = "vllm-xpu-chat.service", "vllm-xpu-embedding.service"
+CHAT, EMBEDDING, STT = "vllm-xpu-chat.service", "vllm-xpu-embedding.service", "vllm-xpu-stt.service"
 ORIGIN = 1_747_130_000.0
 
 
 def every_kind_of_start() -> list[JournalEntrySpec]:
     """A failed then a successful start of chat (a new main pid, as after a real restart), and a start of
-    embedding with kv_cache_memory_bytes set, overlapping chat's second init."""
+    embedding with kv_cache_memory_bytes set, overlapping chat's second init, and a start of stt whose vLLM
+    startup plan fell back and that went to sleep after its requests."""
     failed, started = chat_runs()
     first = service_start(CHAT, failed, ORIGIN, restart_counter=1)
     restart = service_start(CHAT, started, first.restart_at, job_id=110)
     embedding = service_start(EMBEDDING, VllmRun("0.24.0", model="BAAI/bge-m3", kv_cache_memory_bytes=GiB),
                               first.restart_at + 1.0, job_id=200)
-    entries = first.entries + restart.entries + embedding.entries
+    stt = service_start(STT, VllmRun("0.34.0", model="openai/whisper-large-v3", startup_plan="fallback",
+                                     startup_plan_baseline_gib=15.9, sleep_freed_gib=3.1),
+                        first.restart_at + 300.0, job_id=300)
+    entries = first.entries + restart.entries + embedding.entries + stt.entries
     return journal_specs(compose(Boot(random_boot_id(), ORIGIN - 20.0, entries)))
 
 
 def test_the_metric_reference_documents_exactly_the_metrics_the_exporter_serves(tmp_path, fake_driver, config_path):
     documented = set(re.findall(r"^\| `((?:xpu|process|python)_[a-z_]+)` \|", (REPO / "docs/metrics.md").read_text(), re.M))
-    write_config(config_path, FakeConfig(devices=(A770_TELEMETRY,)))
+    write_config(config_path, FakeConfig(devices=(A770_TELEMETRY,), usable_memory_extension=True))
     procfs = FakeProcfs(tmp_path)
     procfs.add_unit_process(100, f"/system.slice/{CHAT}").add_drm_fd(xe_fdinfo(client_id=1, vram0=2 * GiB))
     # an i915 client (of an integrated GPU), whose engine counters are busy time, not xe's cycles

@@ -203,6 +203,39 @@ def test_free_equal_to_size_is_reported_as_is(fake_driver: Path, config_path: Pa
     assert result["memory"] == [memory(size=16 * GiB, free=16 * GiB)]
 
 
+READ_CORE_MEMORY = """
+level_zero = LevelZero()
+level_zero.init()
+print(json.dumps([attempt(device.core_memory) for device in level_zero.devices()]))
+"""
+
+
+def test_the_core_total_is_the_user_mode_drivers_and_the_extension_gives_usable_memory_where_listed(
+        fake_driver: Path, config_path: Path) -> None:
+    device = replace(A770, memory=(FakeMemoryModule(size=16 * GiB, free=13 * GiB),
+                                   FakeMemoryModule(size=32 * GiB, free=30 * GiB, device_local=False)))
+    listed = FakeConfig(devices=(device, replace(B580, usable_memory=GiB)), usable_memory_extension=True)
+    core = 16 * GiB * 95 // 100
+    assert scenario(fake_driver, config_path, listed, READ_CORE_MEMORY) == [
+        {"total": core, "usable": 13 * GiB - (16 * GiB - core)}, {"total": 12 * GiB * 95 // 100, "usable": GiB}]
+    unlisted = FakeConfig(devices=(device,))
+    assert scenario(fake_driver, config_path, unlisted, READ_CORE_MEMORY) == [{"total": core, "usable": None}]
+
+
+def test_the_core_memory_stands_when_sysmans_memory_state_is_refused(fake_driver: Path, config_path: Path) -> None:
+    refused = replace(A770, usable_memory=5 * GiB, memory_state_result="ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS")
+    config = FakeConfig(devices=(refused,), usable_memory_extension=True)
+    script = """
+    level_zero = LevelZero()
+    level_zero.init()
+    [device] = level_zero.devices()
+    print(json.dumps({"memory": attempt(device.memory), "core": attempt(device.core_memory)}))
+    """
+    result = scenario(fake_driver, config_path, config, script)
+    assert result["memory"]["name"] == "ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS"
+    assert result["core"] == {"total": 16 * GiB * 95 // 100, "usable": 5 * GiB}
+
+
 def test_state_size_zero_falls_back_to_physical_size(fake_driver: Path, config_path: Path) -> None:
     device = replace(
         A770, memory=(FakeMemoryModule(size=0, free=5 * GiB, physical_size=8 * GiB, health=2),)

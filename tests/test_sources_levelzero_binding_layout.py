@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from fakeze import FAKE_DRIVER_SOURCE
 from vllm_xpu_exporter.sources.levelzero import binding as levelzero
 
 CONSTANT_NAME = re.compile(r"^ZES?_[A-Z0-9_]+$")
@@ -32,6 +33,7 @@ def layout_probe_source() -> str:
         "#include <stddef.h>",
         "#include <stdio.h>",
         "#include <level_zero/zes_api.h>",
+        '#include "ze_usablemem.h"',  # the usable-memory extension, for headers older than spec 1.15
         "#define FIELD(T, f) printf(\"field %s %s %zu %zu\\n\", #T, #f, offsetof(T, f), sizeof(((T *)0)->f))",
         "int main(void) {",
     ]
@@ -53,7 +55,8 @@ def header_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, .
     source.write_text(layout_probe_source())
     program = directory / "probe"
     compiled = subprocess.run(
-        ["gcc", "-Wall", "-Werror", "-o", str(program), str(source)], capture_output=True, text=True, check=False
+        ["gcc", "-Wall", "-Werror", "-I", str(FAKE_DRIVER_SOURCE.parent), "-o", str(program), str(source)],
+        capture_output=True, text=True, check=False
     )
     assert compiled.returncode == 0, f"the layout probe does not compile against the headers:\n{compiled.stderr}"
     output = subprocess.run([str(program)], capture_output=True, text=True, check=True).stdout

@@ -7,11 +7,14 @@ the budget, checked against one request), vLLM's own failure lines, memory given
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -270,3 +273,169 @@ def test_a_planner_that_forgot_the_null_block_plans_budgets_the_replayed_engine_
     forgetful = memory_rules.kv_budget_for_requests(1, kv)
     assert forgetful < planned
     assert not vllmunit.serves_one_request(forgetful, engine.max_model_len, block, engine.kv_bytes_per_token)
+
+
+# --- vLLM 0.34's own startup plan and sleep mode ---------------------------------------------------------
+
+CHAT_034 = dataclasses.replace(CHAT, version="0.34.0")
+
+
+def start_planned(device: SharedDevice, tmp_path: Path, plan: Path, engine=CHAT_034) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SCRIPT), "--name", "vllm-chat.service", "--device-config",
+                             str(device.config_path), *engine.argv(), "--time-scale", "0.01", "--requests", "0",
+                             "--events", str(tmp_path / "events.jsonl"), "--startup-plan", str(plan)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def plan_events(tmp_path: Path) -> list[tuple[str, int]]:
+    return [(record["outcome"], record["kv_bytes"]) for record in events(tmp_path) if record["event"] == "startup_plan"]
+
+
+def run_until_serving(process: subprocess.Popen, tmp_path: Path, count: int) -> str:
+    assert wait_for(lambda: len([r for r in events(tmp_path) if r["event"] == "serving"]) >= count, 20, 0.01), \
+        events(tmp_path)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=10)
+    return output
+
+
+def test_the_startup_plan_is_saved_alone_applied_alone_and_falls_back_beside_a_co_tenant(device, tmp_path):
+    plan = tmp_path / "startup_plan.json"
+    first = run_until_serving(start_planned(device, tmp_path, plan), tmp_path, 1)
+    saved_bytes = plan_events(tmp_path)[0][1]
+    assert plan_events(tmp_path) == [("saved", saved_bytes)] and "Saved startup plan to" in first
+    second = run_until_serving(start_planned(device, tmp_path, plan), tmp_path, 2)
+    assert plan_events(tmp_path)[1] == ("applied", saved_bytes)
+    assert any(isinstance(vllm.parse_line(line), vllm.StartupPlan) for line in second.splitlines())
+    device.hold("vllm-other.service", GiB // 2)  # a co-tenant that started first: free below the baseline
+    third = run_until_serving(start_planned(device, tmp_path, plan), tmp_path, 3)
+    # profiled again: memory the co-tenant held before the start is not charged, so the KV cache is the same,
+    # but the plan is saved anew with the lower baseline
+    assert plan_events(tmp_path)[2] == ("fallback", saved_bytes) and "Startup plan not applied" in third
+    assert json.loads(plan.read_text())["free_memory_baseline"] == device.free()
+    device.release("vllm-other.service")
+    run_until_serving(start_planned(device, tmp_path, plan), tmp_path, 4)
+    assert plan_events(tmp_path)[3] == ("applied", saved_bytes)
+
+
+def test_an_explicit_budget_wins_over_the_startup_plan(device, tmp_path):
+    plan = tmp_path / "startup_plan.json"
+    plan.write_text('{"kv_cache_memory_bytes": 1, "free_memory_baseline": 0}')
+    budgeted = dataclasses.replace(CHAT_034, kv_cache_memory_bytes=4 * GiB)
+    output = run_until_serving(start_planned(device, tmp_path, plan, budgeted), tmp_path, 1)
+    assert plan_events(tmp_path) == [] and "startup plan" not in output.lower()
+    assert wait_for_event(tmp_path, "serving")["kv_bytes"] == 4 * GiB
+
+
+@pytest.mark.parametrize("level, signum", [(1, signal.SIGUSR1), (2, signal.SIGUSR2)])
+def test_sleep_gives_back_weights_and_kv_cache_and_wake_takes_them_again(device, tmp_path, level, signum):
+    engine = start_engine(device, tmp_path, CHAT_034)
+    try:
+        wait_for_event(tmp_path, "serving")
+        awake = device.free()
+        engine.send_signal(signum)
+        slept = wait_for_event(tmp_path, "slept")
+        assert slept["level"] == level and device.free() - awake == slept["freed"] > CHAT.weights_gib * GiB
+        engine.send_signal(signal.SIGHUP)
+        wait_for_event(tmp_path, "woke")
+        assert device.free() == awake
+    finally:
+        engine.send_signal(signal.SIGTERM)
+        output, _ = engine.communicate(timeout=10)
+    [line] = [event for event in map(vllm.parse_line, output.splitlines()) if isinstance(event, vllm.SleepFreed)]
+    assert abs(line.freed_bytes - slept["freed"]) <= 0.005 * GiB
+
+
+def test_a_wake_after_a_co_tenant_took_the_memory_fails_with_out_of_memory(device, tmp_path):
+    engine = start_engine(device, tmp_path, CHAT_034)
+    wait_for_event(tmp_path, "serving")
+    engine.send_signal(signal.SIGUSR1)
+    wait_for_event(tmp_path, "slept")
+    device.hold("vllm-other.service", device.free() - GiB)  # took what the sleeping engine released
+    engine.send_signal(signal.SIGHUP)
+    failed = wait_for_event(tmp_path, "wake_failed")
+    assert failed["free"] < failed["needed"]
+    assert engine.wait(timeout=10) == 1
+    output, _ = engine.communicate()
+    assert any(isinstance(cause, vllm.FailureCause) and cause.reason is vllm.FailureReason.DEVICE_OUT_OF_MEMORY
+               for cause in map(vllm.parse_line, output.splitlines()))
+
+
+# --- the seed host's three units over 20 randomly ordered boots: vLLM's own plan against the project's ---------
+
+SEED_UNITS = {"vllm-xpu-chat.service": dataclasses.replace(CHAT, version="0.34.0"),
+              "vllm-xpu-embedding.service": dataclasses.replace(EMBEDDING, version="0.34.0"),
+              "vllm-xpu-stt.service": dataclasses.replace(STT, version="0.34.0")}
+BOOTS = 20
+
+
+def solo_kv_bytes(engine) -> int:
+    """The KV cache an engine gets alone on the 16 GiB GPU (vLLM's requested less its non-KV memory)."""
+    return math.ceil(engine.gpu_memory_utilization * 16 * GiB) - round(
+        (engine.weights_gib + engine.activation_gib + engine.non_torch_gib) * GiB)
+
+
+def projects_plan(engine):
+    """The engine as the project's planner sets it: a one-request KV budget (whole blocks and the null block)
+    and R = its footprint's share of the device, so that it starts whatever the order."""
+    block = engine.block_size or 64
+    budget = memory_rules.kv_budget_for_requests(1, memory_rules.KvBlocks(block, block * engine.kv_bytes_per_token,
+                                                              engine.max_model_len))
+    footprint = budget + round((engine.weights_gib + engine.activation_gib + engine.non_torch_gib) * GiB)
+    return dataclasses.replace(engine, kv_cache_memory_bytes=budget,
+                               gpu_memory_utilization=memory_rules.utilisation_for(footprint, 16 * GiB))
+
+
+def boot(device: SharedDevice, tmp_path: Path, engines: dict, order: list[str], gaps: list[float],
+         plans: Path | None) -> dict[str, dict]:
+    """One boot: the units started in `order`, `gaps` seconds apart, each until it serves or fails; what each
+    did (its startup-plan outcome, its serving or failed event), then every engine stopped."""
+    log = tmp_path / "boot.jsonl"
+    log.unlink(missing_ok=True)
+    processes = []
+    for unit, gap in zip(order, gaps):
+        time.sleep(gap)
+        plan = [] if plans is None else ["--startup-plan", str(plans / f"{unit}.json")]
+        processes.append(subprocess.Popen([sys.executable, str(SCRIPT), "--name", unit, "--device-config",
+                                           str(device.config_path), *engines[unit].argv(), "--time-scale", "0.01",
+                                           "--requests", "0", "--events", str(log), *plan],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    ended = wait_for(lambda: (done := {r["unit"]: r for r in vllmunit.read_events(log)
+                                       if r["event"] in ("serving", "failed")}) and len(done) == len(order) and done,
+                     30, 0.01)
+    outcomes = {r["unit"]: r["outcome"] for r in vllmunit.read_events(log) if r["event"] == "startup_plan"}
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=10)
+    assert ended, vllmunit.read_events(log)
+    return {unit: {**record, "plan": outcomes.get(unit)} for unit, record in ended.items()}
+
+
+def raced(result: dict[str, dict], engines: dict) -> list[str]:
+    """The units of a boot that failed, fell back to profiling, or serve less KV cache than the one they need
+    (their budget) or, without one, than they get alone."""
+    return [unit for unit, record in result.items()
+            if record["event"] == "failed" or record["plan"] == "fallback"
+            or record["kv_bytes"] < (engines[unit].kv_cache_memory_bytes or solo_kv_bytes(engines[unit]))]
+
+
+@pytest.mark.parametrize("plan", ["vllm", "project"])
+def test_over_20_random_boots_vllms_own_plan_races_and_the_projects_plan_never_does(device, tmp_path, plan):
+    """vLLM 0.34's own plan (VLLM_ENABLE_STARTUP_PLAN=1, saved on the first boot) falls back whenever another
+    unit started first and keeps whatever a racing boot saved; the project's budgets start every unit whole in
+    any order."""
+    chooser = random.Random(36)
+    engines = SEED_UNITS if plan == "vllm" else {unit: projects_plan(engine) for unit, engine in SEED_UNITS.items()}
+    plans = tmp_path / "plans" if plan == "vllm" else None
+    if plans is not None:
+        plans.mkdir()
+    bad = []
+    for _ in range(BOOTS):
+        order = chooser.sample(list(engines), len(engines))
+        result = boot(device, tmp_path, engines, order, [0.0] + [chooser.uniform(0, 0.15) for _ in order[1:]], plans)
+        bad.append(raced(result, engines))
+    raced_boots = sum(1 for units in bad if units)
+    if plan == "vllm":
+        assert raced_boots > 0, bad
+    else:
+        assert raced_boots == 0, bad

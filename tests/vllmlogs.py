@@ -294,6 +294,14 @@ class VllmRun:
     failure: Failure | None = None
     main_pid: int = 4242
     requests: int = 2  # request / throughput cycles logged after a successful start
+    # vLLM 0.34's own startup plan (VLLM_ENABLE_STARTUP_PLAN=1): "applied" (kv_cache_gib is the plan's budget,
+    # profiling skipped), "fallback" (free memory below startup_plan_baseline_gib: profiled, then saved) or
+    # "saved" (a profiled start with no plan yet); None: off
+    startup_plan: str | None = None
+    startup_plan_baseline_gib: float = 15.42
+    # sleep mode: the engine went to sleep after its requests, freeing this much (None: it did not)
+    sleep_freed_gib: float | None = None
+    sleep_device_used_gib: float = 2.41
 
     @property
     def era(self) -> Era:
@@ -331,6 +339,16 @@ class VllmRun:
         return self.kv_cache_memory_bytes is not None and self.era.available_kv_line
 
     @property
+    def skips_profiling(self) -> bool:
+        """The KV budget is fixed before the init (kv_cache_memory_bytes, or an applied startup plan)."""
+        return self.reserves_kv_cache or self.startup_plan == "applied"
+
+    @property
+    def startup_plan_bytes(self) -> int:
+        """The KV budget the startup plan applied or saved, exact."""
+        return round(self.kv_cache_gib * GiB)
+
+    @property
     def kv_cache_bytes(self) -> int | None:
         """The KV-cache bytes of this start as the printed figures give them (None on V0)."""
         era = self.era
@@ -340,6 +358,8 @@ class VllmRun:
             return self.profiling.kv_cache_bytes(self.effective_gpu_memory_utilization)
         if self.reserves_kv_cache:
             return round(round(self.kv_cache_memory_bytes / GiB, 2) * GiB)
+        if self.startup_plan == "applied":
+            return round(round(self.kv_cache_gib, 2) * GiB)
         return round(self.kv_cache_gib * GiB)
 
     @property
@@ -950,6 +970,22 @@ def _print_serving(out: _Output, offset: float) -> None:
                     f"Avg prompt throughput: {52.3 + index:.1f} tokens/s, Avg generation throughput: "
                     f"{38.1 + index:.1f} tokens/s, Running: 1 reqs, Swapped: 0 reqs, Pending: 0 reqs, "
                     "GPU KV cache usage: 1.2%, CPU KV cache usage: 0.0%.")
+    if run.sleep_freed_gib is not None:
+        out.log(offset + 10.0 * run.requests + 5.0, CORE, "INFO", "gpu_worker.py:142",
+                sleep_message(run.sleep_freed_gib, run.sleep_device_used_gib))
+
+
+def sleep_message(freed_gib: float, device_used_gib: float) -> str:
+    """What the engine logs after it went to sleep (sleep mode): the memory it freed, the device's still used."""
+    return f"Sleep mode freed {freed_gib:.2f} GiB memory, {device_used_gib:.2f} GiB memory is still in use."
+
+
+def engine_line(run: VllmRun, began_at: float, offset: float, where: str, message: str) -> UnitLine:
+    """One INFO line of the run's engine core at `offset`, in its era's format (for what a replay decides later:
+    a sleep)."""
+    out = _Output(run, began_at)
+    out.log(offset, CORE, "INFO", where, message)
+    return out.lines[0]
 
 
 def _kv_lines(out: _Output, at: float) -> None:
@@ -1015,16 +1051,28 @@ def _v1_start(out: _Output, failure: Failure | None) -> None:
                 f"After memory profiling run, peak memory usage is {profiling.peak_mb:.2f} MB,torch mem is "
                 f"{profiling.model_load_mb:.2f} MB, non-torch mem is {profiling.non_torch_mb:.2f} MB, free gpu "
                 f"memory is {profiling.free_after_mb:.2f} MB.")
-    elif run.reserves_kv_cache:
+    elif run.skips_profiling:
+        if run.startup_plan == "applied":
+            out.log(budget - 0.5, CORE, "INFO", "startup_plan.py:212",
+                    f"Applying persisted startup plan (fingerprint 3f9a2c41d0b7e6a5): kv_cache_memory_bytes="
+                    f"{run.startup_plan_bytes} ({run.kv_cache_gib:.2f} GiB), recorded free-memory baseline "
+                    f"{run.startup_plan_baseline_gib:.2f} GiB, current {run.free_gib_at_start:.2f} GiB. Memory "
+                    "profiling will be skipped.")
+        reserved = run.kv_cache_gib if run.startup_plan == "applied" else run.kv_cache_memory_bytes / GiB
         out.log(budget, CORE, "INFO", "gpu_worker.py:276",
                 f"Initial free memory {run.free_gib_at_start} GiB, reserved "
-                f"{round(run.kv_cache_memory_bytes / GiB, 2)} GiB memory for KV Cache as specified by "
+                f"{round(reserved, 2)} GiB memory for KV Cache as specified by "
                 "kv_cache_memory_bytes config and skipped memory profiling. This does not respect the "
                 "gpu_memory_utilization config. Only use kv_cache_memory_bytes config when you want manual "
                 "control of KV cache memory size. If OOM'ed, check the difference of initial free memory "
                 "between the current run and the previous run where kv_cache_memory_bytes is suggested and "
                 "update it correspondingly.")
     else:
+        if run.startup_plan == "fallback":
+            out.log(budget - 0.5, CORE, "INFO", "startup_plan.py:198",
+                    f"Startup plan not applied: current free memory ({run.free_gib_at_start:.2f} GiB) is below the "
+                    f"recorded baseline ({run.startup_plan_baseline_gib:.2f} GiB); falling back to full memory "
+                    "profiling.")
         out.log(budget, CORE, "INFO", "gpu_worker.py:298", f"Available KV cache memory: {_gib(run.kv_cache_gib, era)} GiB")
     if run.auto_max_model_len and not (failure is not None and failure.reason == "no_kv_cache_memory"):
         out.log(budget + 0.3, CORE, *auto_fit_line(run))
@@ -1032,7 +1080,10 @@ def _v1_start(out: _Output, failure: Failure | None) -> None:
         _print_failure(out, budget + 0.4, failure)
         return
     _kv_lines(out, budget + 0.4)
-    if era.startup_summary and not run.reserves_kv_cache:
+    if run.startup_plan in ("fallback", "saved"):
+        out.log(budget + 0.5, CORE, "INFO", "startup_plan.py:251",
+                "Saved startup plan to /var/cache/vllm/startup_plan/startup_plan_3f9a2c41d0b7e6a5.json")
+    if era.startup_summary and not run.skips_profiling:
         out.log(6.1 + 0.9 * run.init_seconds, CORE, "INFO", "gpu_worker.py:436", startup_summary_message(run))
     done = 6.1 + run.init_seconds
     out.log(done, CORE, "INFO", "core.py:210", _init_done_line(run))

@@ -35,10 +35,23 @@ What happens, at vllmlogs' offsets (seconds after the process started, plus --im
   request, but such an engine can never schedule a request of its full length: its `serving` event says
   `serves_one_request: false`, whatever it printed.
 
+vLLM 0.34's own startup plan (`--startup-plan FILE`, VLLM_ENABLE_STARTUP_PLAN=1; not with a budget, which wins):
+at init_device, a plan FILE holding {"kv_cache_memory_bytes", "free_memory_baseline"} is applied when the
+free memory is at least its baseline: the KV cache is its bytes, as with a budget ("Applying persisted
+startup plan ..."); else the start profiles ("Startup plan not applied: ... falling back ..."). A profiled
+start that succeeds saves its KV bytes and its free memory at init_device as the plan ("Saved startup plan").
+
+Sleep mode, once serving: SIGUSR1 sleeps at level 1 (weights offloaded to CPU, KV cache discarded), SIGUSR2 at
+level 2 (both discarded); either gives back the weights and the KV cache, keeps the non-torch memory, and
+prints "Sleep mode freed X GiB memory, Y GiB memory is still in use." (the free memory after less before; the
+device's used). SIGHUP wakes: it takes them back as an init does; when the device has not that much free, the
+wake fails with out-of-memory and the engine exits 1. Repeated signals in the same state do nothing.
+
 `--events FILE` appends one JSON line per decision (started; baseline: free and requested; profiled:
 free, others, KV bytes and tokens; allocated: free just before the KV cache was taken; serving: KV
 bytes and tokens as printed, the tokens the block pool serves and whether that is one request of the full
-length; failed: reason) for tests. Only the standard library and the helpers beside this
+length; startup_plan: applied, fallback or saved and its bytes; slept: level, freed; woke; wake_failed: free,
+needed; failed: reason) for tests. Only the standard library and the helpers beside this
 file: it runs under the system Python.
 
 For the tests' side: `Engine` (a replayed engine's settings; CHAT, EMBEDDING and STT are the issue's
@@ -63,12 +76,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fakeze import A770, GiB, SharedDevice  # noqa: E402
+import vllmlogs  # noqa: E402
 from vllmlogs import Failure, UnitLine, VllmRun, engine_start_lines, release  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 SIXTEEN_GIB_GPU = A770  # its 16 GiB module; SharedDevice.create replaces its free memory and processes by the shares
 INIT_DEVICE_AT = 6.6  # vllmlogs: the line after init_device (or its failure)
 WEIGHT_STEPS = 4
+SLEEP_SIGNALS = {signal.SIGUSR1: 1, signal.SIGUSR2: 2}
+SLEEP_MODE_SIGNALS = (*SLEEP_SIGNALS, signal.SIGHUP)  # blocked from the start, waited for while serving
 
 
 def load_end(run: VllmRun) -> float:
@@ -264,6 +280,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--time-scale", type=float, default=0.1, help="real seconds per replayed second")
     parser.add_argument("--requests", type=int, default=2, help="request log cycles once serving")
     parser.add_argument("--events", type=Path, default=None, help="append JSON lines of decisions here")
+    parser.add_argument("--startup-plan", type=Path, default=None,
+                        help="vLLM 0.34's startup plan file (VLLM_ENABLE_STARTUP_PLAN=1): applied, or saved")
     args = parser.parse_args(argv)
     if not 0 < args.gpu_memory_utilization <= 1:
         parser.error("--gpu-memory-utilization must be in (0, 1]")
@@ -271,6 +289,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--time-scale must be positive")
     if args.kv_cache_memory_bytes is not None and args.kv_cache_memory_bytes <= 0:
         parser.error("--kv-cache-memory-bytes must be positive")
+    if args.startup_plan is not None and release(args.version) < (0, 34):
+        parser.error("--startup-plan: vLLM's own startup plan came with 0.34")
     if release(args.version) < (0, 16):
         parser.error("--version: the replay models vLLM 0.16 and later (XPU shares the CUDA memory accounting)")
     return args
@@ -282,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     device = SharedDevice(args.device_config)
     events = _EventLog(args.events, args.name)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.pthread_sigmask(signal.SIG_BLOCK, SLEEP_MODE_SIGNALS)  # taken once serving (serve_with_sleep_mode)
     init_seconds = args.init_seconds
     total = device.total
     run = VllmRun(args.version, model=args.model, gpu_memory_utilization=args.gpu_memory_utilization,
@@ -306,6 +327,17 @@ def main(argv: list[str] | None = None) -> int:
             events.write("failed", reason="insufficient_free_memory")
             return 1
         run = replace(run, free_gib_at_start=round(baseline / GiB, 2))
+        plan = read_startup_plan(args.startup_plan) if args.kv_cache_memory_bytes is None else None
+        budget = args.kv_cache_memory_bytes
+        if args.startup_plan is not None and args.kv_cache_memory_bytes is None:
+            outcome = startup_plan_outcome(plan, baseline)
+            run = replace(run, startup_plan=outcome)
+            if plan is not None:
+                run = replace(run, startup_plan_baseline_gib=plan["free_memory_baseline"] / GiB)
+            if outcome == "applied":
+                budget = plan["kv_cache_memory_bytes"]
+                run = replace(run, kv_cache_gib=budget / GiB)
+            replay.switch(run)
         step = (load_end(run) - INIT_DEVICE_AT) / WEIGHT_STEPS
         for index in range(1, WEIGHT_STEPS + 1):
             replay.until(INIT_DEVICE_AT + index * step)
@@ -316,7 +348,6 @@ def main(argv: list[str] | None = None) -> int:
         replay.until(profiling_moment(run))
         free_now = device.free()
         others = (baseline - free_now) - (weights + non_torch + activation)
-        budget = args.kv_cache_memory_bytes
         if budget is None:
             run = profiled_outcome(run, requested, weights, activation, non_torch + others)
             kv_bytes = round(run.kv_cache_gib * GiB)
@@ -330,6 +361,11 @@ def main(argv: list[str] | None = None) -> int:
             replay.until(math.inf)
             events.write("failed", reason=run.failure.reason)
             return 1
+        if run.startup_plan is not None:
+            if run.startup_plan != "applied":
+                args.startup_plan.write_text(json.dumps({"kv_cache_memory_bytes": kv_bytes,
+                                                         "free_memory_baseline": baseline}))
+            events.write("startup_plan", outcome=run.startup_plan, kv_bytes=kv_bytes)
         replay.until(kv_allocated_at(run))
         events.write("allocated", free=device.free(), kv_bytes=kv_bytes)
         device.hold(args.name, weights + non_torch + kv_bytes)
@@ -341,10 +377,57 @@ def main(argv: list[str] | None = None) -> int:
                      served_tokens=served_tokens(kv_bytes, block, args.kv_bytes_per_token),
                      serves_one_request=serves_one_request(kv_bytes, run.effective_max_model_len, block,
                                                            args.kv_bytes_per_token))
-        while True:
-            signal.pause()
+        held = weights + non_torch + kv_bytes + activation
+        return serve_with_sleep_mode(device, args.name, run, replay, held, non_torch, events)
     finally:
         device.release(args.name)
+
+
+def read_startup_plan(path: Path | None) -> dict | None:
+    """The saved plan, or None when there is none (or it cannot be read: vLLM then profiles)."""
+    if path is None:
+        return None
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return plan if isinstance(plan, dict) and {"kv_cache_memory_bytes", "free_memory_baseline"} <= set(plan) else None
+
+
+def startup_plan_outcome(plan: dict | None, free: int) -> str:
+    """vLLM 0.34's rule: a saved plan applies only when free memory is at least the baseline it recorded."""
+    if plan is None:
+        return "saved"
+    return "applied" if free >= plan["free_memory_baseline"] else "fallback"
+
+
+
+
+def serve_with_sleep_mode(device: SharedDevice, name: str, run: VllmRun, replay: Replay, held: int, kept: int,
+                          events: _EventLog) -> int:
+    """Serve until SIGTERM; sleep (levels 1 and 2: `held` less the `kept` non-torch memory given back) and wake
+    (all of it taken back, or out-of-memory) as the signals ask."""
+    asleep = False
+    while True:
+        number = signal.sigwaitinfo(SLEEP_MODE_SIGNALS).si_signo  # SIGTERM's handler still ends the engine
+        if number in SLEEP_SIGNALS and not asleep:
+            free_before = device.free()
+            device.hold(name, kept)
+            free_after = device.free()
+            asleep = True
+            message = vllmlogs.sleep_message((free_after - free_before) / GiB, (device.total - free_after) / GiB)
+            print(vllmlogs.engine_line(run, replay.began_at, time.monotonic() - replay.began, "gpu_worker.py:142",
+                                       message).message, flush=True)
+            events.write("slept", level=SLEEP_SIGNALS[number], freed=free_after - free_before)
+        elif number == signal.SIGHUP and asleep:
+            free, needed = device.free(), held - kept
+            if free < needed:
+                events.write("wake_failed", free=free, needed=needed)
+                print(f"torch.OutOfMemoryError: XPU out of memory. Tried to allocate {needed / GiB:.2f} GiB.", flush=True)
+                return 1
+            device.hold(name, held)
+            asleep = False
+            events.write("woke", free=device.free())
 
 
 class _EventLog:

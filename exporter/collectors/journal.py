@@ -14,7 +14,7 @@ from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.sources.journal.trust import REJECTION_REASONS
 from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.sources.logs.follower import LogState
-from vllm_xpu_exporter.parsers.vllm import FailureReason
+from vllm_xpu_exporter.parsers.vllm import FailureReason, StartupPlanOutcome
 
 
 class JournalCollector(Collector):
@@ -122,9 +122,28 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
     shrinks = CounterFamily("xpu_unit_context_shrinks_total",
                             "Starts of this unit whose --max-model-len auto served a shorter context than the "
                             "model's full length (too little KV-cache memory).", labels=["unit"])
+    plan_state = gauge("xpu_unit_startup_plan_state",
+                       "What vLLM's own startup plan (VLLM_ENABLE_STARTUP_PLAN=1) did at the unit's latest start: "
+                       "1 for its state (applied: a saved plan's KV budget, profiling skipped; fallback: free memory "
+                       "below the plan's baseline, profiled again; saved: a first profiled start saved its plan), "
+                       "0 for the others.", ("state",))
+    plan_bytes = gauge("xpu_unit_startup_plan_bytes",
+                       "The KV budget of vLLM's startup plan the latest start applied, or else saved.")
+    plan_fallbacks = CounterFamily("xpu_unit_startup_plan_fallbacks_total",
+                                   "Starts of this unit whose vLLM startup plan was not applied: free memory was "
+                                   "below the baseline the plan recorded (another tenant held it).", labels=["unit"])
+    sleep_freed = gauge("xpu_unit_sleep_freed_bytes",
+                        "Device memory the running engine freed when it last went to sleep (vLLM sleep mode), since "
+                        "its latest start; a wake takes it back.")
+    sleep_used = gauge("xpu_unit_sleep_device_used_bytes",
+                       "The device's used memory (every process's) right after the engine last went to sleep, as "
+                       "vLLM printed it.")
+    slept = gauge("xpu_unit_sleep_timestamp_seconds",
+                  "When the running engine last went to sleep (vLLM sleep mode), since its latest start.")
 
     for view in views:
         unit = [view.unit]
+        plan_fallbacks.add_metric(unit, view.startup_plan_fallbacks)
         starts.add_metric(unit, view.starts)
         overlaps.add_metric(unit, view.overlaps)
         gate_waits.add_metric(unit, view.gate_waits)
@@ -153,9 +172,18 @@ def unit_metrics(views: list[UnitView]) -> Iterator[Metric]:
         _add(kv_bytes, unit, latest.effective_kv_cache_bytes)
         _add(required, unit, latest.effective_required_bytes)
         _add(concurrency, unit, latest.max_concurrency)
+        if latest.startup_plan is not None:
+            for state in StartupPlanOutcome:
+                plan_state.add_metric([view.unit, state.value], float(state is latest.startup_plan))
+        _add(plan_bytes, unit, latest.startup_plan_bytes)
+        if latest.slept_usec is not None:
+            slept.add_metric(unit, latest.slept_usec / 1e6)
+            _add(sleep_freed, unit, latest.sleep_freed_bytes)
+            _add(sleep_used, unit, latest.sleep_device_used_bytes)
     yield from (info, utilisation, max_model_len, requested_len, max_num_seqs, budget, kv_bytes, kv_tokens, required,
                 concurrency, starts, failures, last_failure, duration, overlaps, gate_waits, gate_wait_seconds,
-                gate_timeouts, gate_ungated, gate_legacy, shrinks)
+                gate_timeouts, gate_ungated, gate_legacy, shrinks, plan_state, plan_bytes, plan_fallbacks, sleep_freed, sleep_used,
+                slept)
 
 
 def _add(family: GaugeFamily, labels: list[str], value: float | None) -> None:

@@ -58,11 +58,25 @@ class LevelZeroCollector(Collector):
         health = GaugeFamily("xpu_memory_health",
                              "1 for the device-local memory's health state (the worst of its modules), else 0.",
                              labels=["device", "state"])
+        core_total = GaugeFamily("xpu_memory_core_total_bytes",
+                                 "Device memory as the Level Zero core API (the user-mode driver) reports it "
+                                 "(zeDeviceGetMemoryProperties): the total torch and vLLM multiply by "
+                                 "gpu_memory_utilization, about 0.95 of xpu_memory_total_bytes.", labels=["device"])
+        usable = GaugeFamily("xpu_memory_usable_bytes",
+                             "The device memory usable now, from the core API's usable-memory extension "
+                             "(currUsableMemSize, no Sysman nor CAP_PERFMON needed): the free memory vLLM reads; "
+                             "only where the driver lists the extension.", labels=["device"])
         failures = []
         for device in devices:
             pci = device.identity.pci_address
             if device.error:
                 failures.append(f"{pci}: {device.error}")
+            if device.core_error:
+                failures.append(f"{pci}: {device.core_error}")
+            if device.core is not None:
+                core_total.add_metric([pci], device.core.total)
+                if device.core.usable is not None:
+                    usable.add_metric([pci], device.core.usable)
             nodes = context.drm_nodes(pci)
             info.add_metric([pci, device.identity.name, device.identity.uuid, device.identity.driver_version,
                              nodes.card, nodes.render_node], 1)
@@ -76,7 +90,7 @@ class LevelZeroCollector(Collector):
             if device.health is not None:
                 for state, value in HEALTH_STATES.items():
                     health.add_metric([pci, state], 1 if device.health == value else 0)
-        yield from (info, total, free, used, trusted, health)
+        yield from (info, total, free, used, trusted, health, core_total, usable)
         yield from self._telemetry(devices, failures)
         if failures:
             raise CollectionError("; ".join(failures))

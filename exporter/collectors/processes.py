@@ -161,10 +161,11 @@ class ProcessesCollector(Collector):
         if devices is not None:
             views = context.engine_views()
             memory = attribution.total_and_free(devices)
-            yield from self._against_device_memory(memory, attributions, views, kept, gpus)
+            vllm_reads = attribution.as_vllm_reads(devices)
+            yield from self._against_device_memory(memory, vllm_reads, attributions, views, kept, gpus)
             yield from self._planned(devices, attributions, views, gpus)
             yield self._plan_of_units(context, attributions, views, gpus, problems)
-            yield self._free_memory_at_start(memory, attributions, views, gpus)
+            yield self._free_memory_at_start(vllm_reads, attributions, views, gpus)
         failures = [str(problem) for problem in problems if not isinstance(problem, NoDataYet)]
         if failures:
             raise CollectionError("; ".join(failures))
@@ -290,7 +291,7 @@ class ProcessesCollector(Collector):
         return attribution.from_processes(reading, {process.pid: context.unit_cgroup_of(process.pid)
                                                     for process in reading.processes})
 
-    def _against_device_memory(self, memory: dict[str, tuple[int, int]],
+    def _against_device_memory(self, memory: dict[str, tuple[int, int]], vllm_reads: dict[str, tuple[int, int]],
                                attributions: dict[str, attribution.DeviceAttribution], views: list[UnitView],
                                kept: set[str], gpus: list[str]) -> Iterator[Metric]:
         unattributed = GaugeFamily("xpu_unattributed_memory_bytes",
@@ -306,9 +307,21 @@ class ProcessesCollector(Collector):
         for pci, rest in attribution.device_rests(memory, attributions, kept).items():
             unattributed.add_metric([pci], rest.unattributed)
             overcounted.add_metric([pci], 1 if rest.overcounted else 0)
-        for pci, unit, bytes_ in attribution.restart_headrooms(memory, attributions, views, self._unit_devices, gpus):
+        for pci, unit, bytes_ in attribution.restart_headrooms(vllm_reads, attributions, views, self._unit_devices,
+                                                               gpus):
             headroom.add_metric([pci, unit], bytes_)
-        yield from (unattributed, overcounted, headroom)
+        wake = GaugeFamily("xpu_unit_wake_memory_bytes",
+                           "Device memory a sleeping unit (vLLM sleep mode) takes back when it wakes: what it freed "
+                           "going to sleep, while it holds less than that.", labels=["device", "unit"])
+        wake_headroom = GaugeFamily("xpu_device_wake_headroom_bytes",
+                                    "Free device memory less what the sleeping units take back when they wake; "
+                                    "negative: they cannot all wake now.", labels=["device"])
+        wakes = attribution.sleeping_units(attributions, views, self._unit_devices, gpus)
+        for sleeping in wakes:
+            wake.add_metric([sleeping.device, sleeping.unit], sleeping.takes_back)
+        for pci, bytes_ in attribution.wake_headrooms(memory, wakes).items():
+            wake_headroom.add_metric([pci], bytes_)
+        yield from (unattributed, overcounted, headroom, wake, wake_headroom)
 
     def _planned(self, devices: list[DeviceMemory], attributions: dict[str, attribution.DeviceAttribution],
                  views: list[UnitView], gpus: list[str]) -> Iterator[Metric]:

@@ -143,6 +143,7 @@ class UnitView:
     device_total_bytes: int | None = None  # the device total a start of it printed last (2 decimals of GiB)
     gate_ungated: int = 0  # starts the gate's client let go without the service's decision
     gate_legacy: int = 0  # starts that ran the 0.2 gate drop-in (root in the unit)
+    startup_plan_fallbacks: int = 0  # starts whose vLLM startup plan fell back: free memory below its baseline
 
     @property
     def gpu_memory_utilization(self) -> float | None:
@@ -182,6 +183,7 @@ class _Unit:
     gate_wait_seconds: float = 0.0
     gate_timeouts: int = 0
     context_shrinks: int = 0
+    startup_plan_fallbacks: int = 0
     gate_ungated: int = 0
     gate_legacy: int = 0
     engine: bool | None = None  # a start printed a vLLM line; False: known to run something else
@@ -194,7 +196,8 @@ class _Unit:
         return UnitView(self.name, self.starts, dict(self.failures), self.last_failure_usec, self.overlaps,
                         copy(self.latest), copy(self.last_success), copy(self.current), ended,
                         self.gate_waits, self.gate_wait_seconds, self.gate_timeouts, self.context_shrinks,
-                        copy(self.last_profiled), self.device_total_bytes, self.gate_ungated, self.gate_legacy)
+                        copy(self.last_profiled), self.device_total_bytes, self.gate_ungated, self.gate_legacy,
+                        self.startup_plan_fallbacks)
 
 
 class EngineTracker:
@@ -270,6 +273,11 @@ class EngineTracker:
         start = self._start_of_line(unit, entry, event)
         if start is None:
             return
+        if isinstance(event, vllm.SleepFreed):  # a running engine slept; an engine still initialising cannot
+            if start.outcome is Outcome.OK:
+                record(start, event)
+                start.slept_usec = entry.realtime_usec
+            return
         if start.outcome is not None:
             self._late_line(unit, start, event, entry.realtime_usec)
             return
@@ -294,6 +302,8 @@ class EngineTracker:
         if isinstance(event, vllm.MaxModelLenAutoFit) and event.shrunk and not start.context_shrunk:
             start.context_shrunk = True
             unit.context_shrinks += 1
+        if isinstance(event, vllm.StartupPlan) and event.outcome is vllm.StartupPlanOutcome.FALLBACK:
+            unit.startup_plan_fallbacks += 1
         if isinstance(event, vllm.FailureCause):
             self._end(start, Outcome.FAILED, entry.realtime_usec)
             self._count(unit, start, event.reason, entry.realtime_usec)

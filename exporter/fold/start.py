@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from vllm_xpu_exporter.parsers import vllm
-from vllm_xpu_exporter.parsers.vllm import FailureReason
+from vllm_xpu_exporter.parsers.vllm import FailureReason, StartupPlanOutcome
 
 # journald stores a dying process's last lines and PID 1's record of its exit in no defined order
 # (systemd#32716): a start systemd says failed waits this long for its root cause before it counts
@@ -66,6 +66,14 @@ class Start:
     # summary, the insufficient-free-memory failure, or the reserved-budget line of kv_cache_memory_bytes)
     seen_free_bytes: int | None = None
     seen_free_usec: int | None = None
+    # vLLM's own startup plan (0.34): applied, else fell back, else saved; the budget it applied; whether it saved
+    startup_plan: StartupPlanOutcome | None = None
+    startup_plan_applied_bytes: int | None = None
+    startup_plan_saved: bool = False
+    # sleep mode, after the init: the latest "Sleep mode freed" line of this start, and when it came
+    sleep_freed_bytes: int | None = None
+    sleep_device_used_bytes: int | None = None
+    slept_usec: int | None = None
     pid: int | None = None  # the main process (journald's _PID of the unit's output)
     invocation_id: str = ""  # systemd's invocation id of the start; '' when the journal has none
     announced: bool = False  # systemd's "Starting" record of this start was read
@@ -115,6 +123,13 @@ class Start:
             return vllm.kv_cache_bytes_from_profiling(self.profiled_total_bytes, utilisation,
                                                       self.profiled_peak_bytes)
         return None
+
+    @property
+    def startup_plan_bytes(self) -> int | None:
+        """The KV budget of vLLM's startup plan this start ran on (applied) or saved (its own KV budget)."""
+        if self.startup_plan is StartupPlanOutcome.APPLIED:
+            return self.startup_plan_applied_bytes
+        return self.effective_kv_cache_bytes if self.startup_plan_saved else None
 
     @property
     def effective_kv_cache_tokens(self) -> int | None:
@@ -180,6 +195,17 @@ def record(start: Start, event: vllm.Event) -> None:
         case vllm.MaxModelLenAutoFit(requested_max_model_len=requested, max_model_len=max_model_len):
             start.auto_fit_requested_max_model_len = requested
             start.max_model_len = max_model_len  # the effective length; earlier lines printed the full one
+        case vllm.StartupPlan(outcome=StartupPlanOutcome.APPLIED):
+            start.startup_plan = StartupPlanOutcome.APPLIED
+            start.startup_plan_applied_bytes = event.kv_cache_memory_bytes
+        case vllm.StartupPlan(outcome=StartupPlanOutcome.FALLBACK):
+            start.startup_plan = StartupPlanOutcome.FALLBACK
+        case vllm.StartupPlan(outcome=StartupPlanOutcome.SAVED):
+            start.startup_plan_saved = True
+            start.startup_plan = start.startup_plan or StartupPlanOutcome.SAVED
+        case vllm.SleepFreed(freed_bytes=freed, device_used_bytes=used):
+            start.sleep_freed_bytes = freed
+            start.sleep_device_used_bytes = used
         case vllm.KvCacheBlocks(device_blocks=blocks):
             start.kv_blocks = blocks
         case vllm.EngineInitDone(duration_seconds=seconds):

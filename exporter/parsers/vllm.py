@@ -76,6 +76,9 @@ __all__ = [
     "ServerVersion",
     "Settings",
     "SettingsSource",
+    "SleepFreed",
+    "StartupPlan",
+    "StartupPlanOutcome",
     "WrapperKind",
     "default_gpu_memory_utilization",
     "kv_cache_bytes_from_profiling",
@@ -122,6 +125,14 @@ class SettingsSource(StrEnum):
 class KvMemorySource(StrEnum):
     AVAILABLE = "available"  # "Available KV cache memory: X GiB" (profiled budget)
     RESERVED = "reserved"  # kv_cache_memory_bytes reservation, profiling skipped
+
+
+class StartupPlanOutcome(StrEnum):
+    """What vLLM's own startup plan (0.34, VLLM_ENABLE_STARTUP_PLAN=1) did at a start."""
+
+    APPLIED = "applied"  # a saved plan's KV budget was used, memory profiling skipped
+    FALLBACK = "fallback"  # free memory was below the plan's baseline: profiled as if there were no plan
+    SAVED = "saved"  # a profiled start saved its KV budget and free memory as the plan
 
 
 class WrapperKind(StrEnum):
@@ -283,6 +294,32 @@ class MaxModelLenAutoFit:
 
 
 @dataclass(frozen=True, slots=True)
+class StartupPlan:
+    """vLLM's own startup plan (0.34, `VLLM_ENABLE_STARTUP_PLAN=1`; v1/worker/startup_plan.py), one of:
+    "Applying persisted startup plan (fingerprint F): kv_cache_memory_bytes=N (G GiB), recorded free-memory
+    baseline ..., current .... Memory profiling will be skipped." (APPLIED, the plan's budget);
+    "Startup plan not applied: current free memory (X GiB) is below the recorded baseline (Y GiB); falling
+    back to full memory profiling." (FALLBACK, the free memory now and at the plan's start);
+    "Saved startup plan to PATH" (SAVED: the start's own KV budget became the plan)."""
+
+    outcome: StartupPlanOutcome
+    kv_cache_memory_bytes: int | None = None  # APPLIED
+    free_bytes: int | None = None  # FALLBACK
+    baseline_free_bytes: int | None = None  # FALLBACK
+
+
+@dataclass(frozen=True, slots=True)
+class SleepFreed:
+    """"Sleep mode freed X GiB memory, Y GiB memory is still in use." (sleep mode: `POST /sleep?level=1|2`;
+    on XPU 0.34). `freed_bytes` is what the engine released (the free memory after its sleep less the free
+    memory before it), `device_used_bytes` the device's whole used memory after it (total less free: every
+    process's, not the engine's alone). Waking takes `freed_bytes` back; vLLM prints no line for a wake."""
+
+    freed_bytes: int
+    device_used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class EngineInitDone:
     """"init engine (profile, create kv cache, warmup model) took X seconds" (V0 0.6.5-0.10, V1 to
     0.19) / "... took X s[ (compilation: C s[ — ...])]" (0.20+). The engine init succeeded."""
@@ -347,6 +384,8 @@ Event = Union[
     KvCacheCapacity,
     KvCacheBlocks,
     MaxModelLenAutoFit,
+    StartupPlan,
+    SleepFreed,
     EngineInitDone,
     ServerReady,
     FailureCause,
@@ -415,6 +454,10 @@ PLAUSIBLE: Mapping[str, Bounds] = {
     "activation_bytes": _BYTES,
     "cudagraph_bytes": _BYTES,
     "consumed_bytes": _SIGNED_BYTES,
+    # vLLM's startup plan (0.34) and sleep mode
+    "baseline_free_bytes": _BYTES,
+    "freed_bytes": _SIGNED_BYTES,  # free after less free before: a co-tenant that grew meanwhile makes it negative
+    "device_used_bytes": _BYTES,
     # KV-cache capacity
     "tokens": _TOKENS,
     "kv_cache_tokens": _TOKENS,
@@ -711,6 +754,23 @@ def _memory_usage(match: re.Match[str]) -> MemoryUsage:
     )
 
 
+def _startup_plan_applied(match: re.Match[str]) -> StartupPlan:
+    return StartupPlan(StartupPlanOutcome.APPLIED, kv_cache_memory_bytes=int(match["budget"]))
+
+
+def _startup_plan_fallback(match: re.Match[str]) -> StartupPlan:
+    return StartupPlan(StartupPlanOutcome.FALLBACK, free_bytes=_bytes(match["free"], "GiB"),
+                       baseline_free_bytes=_bytes(match["baseline"], "GiB"))
+
+
+def _startup_plan_saved(match: re.Match[str]) -> StartupPlan:
+    return StartupPlan(StartupPlanOutcome.SAVED)
+
+
+def _sleep_freed(match: re.Match[str]) -> SleepFreed:
+    return SleepFreed(freed_bytes=_bytes(match["freed"], "GiB"), device_used_bytes=_bytes(match["used"], "GiB"))
+
+
 def _kv_capacity(match: re.Match[str]) -> KvCacheCapacity:
     groups = match.groupdict()
     return KvCacheCapacity(
@@ -934,6 +994,25 @@ GRAMMAR: tuple[GrammarRow, ...] = (
          ("Auto-fit max_model_len: attention-free model, ",),
          rf"Auto-fit max_model_len: attention-free model, using derived max_model_len=(?P<requested>{_INT})",
          _auto_fit),
+    # --- vLLM's own startup plan (VLLM_ENABLE_STARTUP_PLAN=1) -----------------------------------
+    _row("startup_plan_applied", "0.34 (VLLM_ENABLE_STARTUP_PLAN=1)",
+         ("Applying persisted startup plan ",),
+         r"Applying persisted startup plan \(fingerprint [^)\s]{1,256}\): kv_cache_memory_bytes=(?P<budget>\d{1,20})\b",
+         _startup_plan_applied),
+    _row("startup_plan_fallback", "0.34 (VLLM_ENABLE_STARTUP_PLAN=1)",
+         ("Startup plan not applied: ",),
+         rf"Startup plan not applied: current free memory \((?P<free>{_NUM}) ?GiB\) is below the recorded "
+         rf"baseline \((?P<baseline>{_NUM}) ?GiB\)",
+         _startup_plan_fallback),
+    _row("startup_plan_saved", "0.34 (VLLM_ENABLE_STARTUP_PLAN=1)",
+         ("Saved startup plan to ",),
+         r"Saved startup plan to \S",
+         _startup_plan_saved),
+    # --- sleep mode (after the init: the engine's runtime) -------------------------------------
+    _row("sleep_mode_freed", "sleep mode (--enable-sleep-mode); XPU 0.34",
+         ("Sleep mode freed ",),
+         rf"Sleep mode freed (?P<freed>{_NUM}) ?GiB memory, (?P<used>{_NUM}) ?GiB memory is still in use",
+         _sleep_freed),
     # --- init outcome ------------------------------------------------------------------------
     _row("init_engine_took", "'seconds' V0 0.6.5-0.10 and V1 to 0.19; ' s[ (compilation: ...)]' 0.20+",
          ("init engine (profile, create kv cache, warmup model) took ",),

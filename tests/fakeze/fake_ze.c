@@ -26,6 +26,8 @@
  *   Global directives, before the first `device` line:
  *     init_result <result>      what zeInit returns (default ZE_RESULT_SUCCESS)
  *     init_hang                 zeInit never returns
+ *     usable_memory_extension   the driver lists the usable-memory extension (zeDriverGetExtensionProperties)
+ *                               and fills its currUsableMemSize when chained to zeDeviceGetProperties
  *
  *   `device <dddd:bb:dd.f>` starts a device (at most 8); the lines after it describe it:
  *     name <text>               core device name, rest of the line (default "Intel(R) Graphics (FAKE)")
@@ -34,14 +36,18 @@
  *     device_id <n>             PCI device id (default 0x56a0)
  *     device_type <n>           core ze_device_type_t (default 1, GPU; 2 is CPU)
  *     memory <device|system> <size> <free> [physical_size=<n>] [health=<n>] [type=<n>]
- *            [read=<n>] [write=<n>] [max_bandwidth=<n>]
+ *            [read=<n>] [write=<n>] [max_bandwidth=<n>] [core_size=<n>]
  *                               a memory module (at most 8): <size> and <free> are what
  *                               zesMemoryGetState reports; physical_size (default <size>) is
  *                               zes_mem_properties_t.physicalSize; health a zes_mem_health_t
  *                               (default 1, OK); type a zes_mem_type_t (default GDDR6 for
  *                               device memory, DDR for system memory); read, write and
  *                               max_bandwidth are what zesMemoryGetBandwidth reports (a module
- *                               with none of them: ZE_RESULT_ERROR_UNSUPPORTED_FEATURE)
+ *                               with none of them: ZE_RESULT_ERROR_UNSUPPORTED_FEATURE); core_size is
+ *                               the core API's totalSize of a device module (zeDeviceGetMemoryProperties;
+ *                               default 0.95 x <size>, as the user-mode driver reports against the kernel's)
+ *     usable_memory <n>         currUsableMemSize (default: the device modules' <free> less what the core
+ *                               API keeps back, <size> - core_size, never below 0)
  *     memory_modules_result <r> what zesDeviceEnumMemoryModules returns
  *     memory_state_result <r>   what zesMemoryGetState returns for every module of the device
  *     memory_state_hang         zesMemoryGetState never returns
@@ -104,6 +110,8 @@
 #include <level_zero/zes_ddi.h>
 #include <level_zero/zet_ddi.h>
 
+#include "ze_usablemem.h"
+
 #define MAX_DEVICES 8
 #define MAX_MODULES 8
 #define MAX_PROCESSES 1024
@@ -115,6 +123,7 @@ struct memory_module {
     uint64_t size;
     uint64_t free;
     uint64_t physical_size;
+    uint64_t core_size;
     uint32_t health;
     uint32_t type;
     int has_bandwidth;
@@ -170,11 +179,14 @@ struct device {
     struct process processes[MAX_PROCESSES];
     ze_result_t memory_bandwidth_result;
     struct family families[KIND_COUNT];
+    int has_usable_memory;
+    uint64_t usable_memory;
 };
 
 struct config {
     ze_result_t init_result;
     int init_hang;
+    int usable_memory_extension;
     unsigned device_count;
     struct device devices[MAX_DEVICES];
 };
@@ -323,6 +335,7 @@ static int parse_memory(char *arguments, struct memory_module *module)
     else
         return -1;
     module->physical_size = module->size;
+    module->core_size = module->size / 100 * 95 + module->size % 100 * 95 / 100;
     module->health = ZES_MEM_HEALTH_OK;
     module->type = module->device_local ? ZES_MEM_TYPE_GDDR6 : ZES_MEM_TYPE_DDR;
     for (char *option; (option = strtok_r(NULL, " \t", &saveptr)) != NULL;) {
@@ -333,6 +346,8 @@ static int parse_memory(char *arguments, struct memory_module *module)
         int status;
         if (strcmp(option, "physical_size") == 0)
             status = parse_number(value, &module->physical_size);
+        else if (strcmp(option, "core_size") == 0)
+            status = parse_number(value, &module->core_size);
         else if (strcmp(option, "health") == 0)
             status = parse_u32(value, &module->health);
         else if (strcmp(option, "type") == 0)
@@ -494,6 +509,12 @@ static const char *apply_directive(struct config *config, const char *keyword, c
 {
     struct device *device = config->device_count > 0 ? &config->devices[config->device_count - 1] : NULL;
 
+    if (strcmp(keyword, "usable_memory_extension") == 0) {
+        if (device != NULL)
+            return "usable_memory_extension must come before the first device";
+        config->usable_memory_extension = 1;
+        return NULL;
+    }
     if (strcmp(keyword, "init_result") == 0 || strcmp(keyword, "init_hang") == 0) {
         if (device != NULL)
             return "init_result and init_hang must come before the first device";
@@ -533,6 +554,10 @@ static const char *apply_directive(struct config *config, const char *keyword, c
             return "too many memory modules";
         return parse_memory(arguments, &device->modules[device->module_count++]) == 0
             ? NULL : "memory <device|system> <size> <free> [physical_size=<n>] [health=<n>] [type=<n>]";
+    }
+    if (strcmp(keyword, "usable_memory") == 0) {
+        device->has_usable_memory = 1;
+        return parse_number(arguments, &device->usable_memory) == 0 ? NULL : "usable_memory <bytes>";
     }
     if (strcmp(keyword, "memory_modules_result") == 0)
         return parse_result(arguments, &device->memory_modules_result) == 0 ? NULL : "memory_modules_result <result>";
@@ -808,6 +833,22 @@ static ze_result_t ZE_APICALL fake_zeDriverGetProperties(ze_driver_handle_t driv
     return ZE_RESULT_SUCCESS;
 }
 
+static ze_result_t ZE_APICALL fake_zeDriverGetExtensionProperties(ze_driver_handle_t driver, uint32_t *count,
+                                                                   ze_driver_extension_properties_t *extensions)
+{
+    if (driver == NULL || count == NULL)
+        return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
+    struct config *config = load_config();
+    if (config == NULL)
+        return ZE_RESULT_ERROR_UNKNOWN;
+    if (entries_to_fill(count, extensions, config->usable_memory_extension ? 1 : 0) == 1) {
+        copy_text(extensions[0].name, sizeof(extensions[0].name), ZE_DEVICE_USABLEMEM_SIZE_PROPERTIES_EXT_NAME);
+        extensions[0].version = ZE_MAKE_VERSION(1, 0);
+    }
+    release_config(config);
+    return ZE_RESULT_SUCCESS;
+}
+
 static ze_result_t ZE_APICALL fake_zeDeviceGet(ze_driver_handle_t driver, uint32_t *count, ze_device_handle_t *devices)
 {
     if (driver == NULL || count == NULL)
@@ -832,6 +873,31 @@ static ze_result_t ZE_APICALL fake_zeDeviceGetSubDevices(ze_device_handle_t devi
     return ZE_RESULT_SUCCESS;
 }
 
+/* currUsableMemSize: the device modules' free memory less what the core API keeps back, unless configured. */
+static uint64_t usable_memory(const struct device *device)
+{
+    if (device->has_usable_memory)
+        return device->usable_memory;
+    uint64_t usable = 0;
+    for (unsigned i = 0; i < device->module_count; i++) {
+        const struct memory_module *module = &device->modules[i];
+        uint64_t kept = module->size > module->core_size ? module->size - module->core_size : 0;
+        if (module->device_local && module->free > kept)
+            usable += module->free - kept;
+    }
+    return usable;
+}
+
+/* Fills the extensions chained to pNext that the driver knows (the usable-memory one when listed). */
+static void fill_properties_extensions(const struct config *config, const struct device *device, void *next)
+{
+    for (ze_base_properties_t *extension = next; extension != NULL; extension = extension->pNext) {
+        if (config->usable_memory_extension
+            && extension->stype == ZE_STRUCTURE_TYPE_DEVICE_USABLEMEM_SIZE_EXT_PROPERTIES)
+            ((ze_device_usablemem_size_ext_properties_t *)extension)->currUsableMemSize = usable_memory(device);
+    }
+}
+
 static ze_result_t ZE_APICALL fake_zeDeviceGetProperties(ze_device_handle_t handle, ze_device_properties_t *properties)
 {
     if (properties == NULL)
@@ -841,8 +907,10 @@ static ze_result_t ZE_APICALL fake_zeDeviceGetProperties(ze_device_handle_t hand
         return ZE_RESULT_ERROR_UNKNOWN;
     const struct device *device = NULL;
     ze_result_t result = find_device(config, handle, &device);
-    if (result == ZE_RESULT_SUCCESS)
+    if (result == ZE_RESULT_SUCCESS) {
         fill_core_properties(device, properties);
+        fill_properties_extensions(config, device, properties->pNext);
+    }
     release_config(config);
     return result;
 }
@@ -869,7 +937,7 @@ static ze_result_t ZE_APICALL fake_zeDeviceGetMemoryProperties(ze_device_handle_
             properties[i].flags = 0;
             properties[i].maxClockRate = 2000;
             properties[i].maxBusWidth = 256;
-            properties[i].totalSize = local[i]->physical_size;
+            properties[i].totalSize = local[i]->core_size;
             copy_text(properties[i].name, sizeof(properties[i].name), "GDDR6");
         }
     }
@@ -1382,6 +1450,7 @@ ze_result_t ZE_APICALL zeGetDriverProcAddrTable(ze_api_version_t version, ze_dri
         table->pfnGet = fake_zeDriverGet;
         table->pfnGetApiVersion = fake_zeDriverGetApiVersion;
         table->pfnGetProperties = fake_zeDriverGetProperties;
+        table->pfnGetExtensionProperties = fake_zeDriverGetExtensionProperties;
     }
     return result;
 }

@@ -54,6 +54,7 @@ DEFAULT_LIBRARY = "libze_loader.so.1"
 
 ZE_MAX_DEVICE_NAME = 256
 ZE_MAX_DEVICE_UUID_SIZE = 16
+ZE_MAX_EXTENSION_NAME = 256
 ZES_STRING_PROPERTY_SIZE = 64
 
 ZE_RESULT_SUCCESS = 0
@@ -107,6 +108,11 @@ RESULT_NAMES: MappingProxyType[int, str] = MappingProxyType(
 )
 
 ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES = 0x3
+ZE_STRUCTURE_TYPE_DEVICE_MEMORY_PROPERTIES = 0x7
+# The usable-memory core extension (spec 1.15; compute-runtime 26.18 and later answer it): chained to
+# ze_device_properties_t.pNext, listed by zeDriverGetExtensionProperties under its name.
+ZE_STRUCTURE_TYPE_DEVICE_USABLEMEM_SIZE_EXT_PROPERTIES = 0x00020041
+USABLE_MEMORY_EXTENSION = "ZE_extension_device_usablemem_size_properties"
 ZES_STRUCTURE_TYPE_DEVICE_PROPERTIES = 0x1
 ZES_STRUCTURE_TYPE_PCI_PROPERTIES = 0x2
 ZES_STRUCTURE_TYPE_MEM_PROPERTIES = 0xB
@@ -254,6 +260,33 @@ class ze_device_properties_t(ctypes.Structure):
         ("kernelTimestampValidBits", ctypes.c_uint32),
         ("uuid", ze_device_uuid_t),
         ("name", ctypes.c_char * ZE_MAX_DEVICE_NAME),
+    ]
+
+
+class ze_device_memory_properties_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("flags", ctypes.c_uint32),
+        ("maxClockRate", ctypes.c_uint32),
+        ("maxBusWidth", ctypes.c_uint32),
+        ("totalSize", ctypes.c_uint64),
+        ("name", ctypes.c_char * ZE_MAX_DEVICE_NAME),
+    ]
+
+
+class ze_device_usablemem_size_ext_properties_t(ctypes.Structure):
+    _fields_ = [
+        ("stype", _ze_enum),
+        ("pNext", ctypes.c_void_p),
+        ("currUsableMemSize", ctypes.c_uint64),
+    ]
+
+
+class ze_driver_extension_properties_t(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char * ZE_MAX_EXTENSION_NAME),
+        ("version", ctypes.c_uint32),
     ]
 
 
@@ -446,6 +479,9 @@ class zes_ras_state_t(ctypes.Structure):
 STRUCTURES: tuple[type[ctypes.Structure], ...] = (
     ze_device_uuid_t,
     ze_device_properties_t,
+    ze_device_memory_properties_t,
+    ze_device_usablemem_size_ext_properties_t,
+    ze_driver_extension_properties_t,
     zes_device_properties_t,
     zes_pci_address_t,
     zes_pci_speed_t,
@@ -477,6 +513,8 @@ _REQUIRED_FUNCTIONS: MappingProxyType[str, tuple[Any, ...]] = MappingProxyType(
         "zeDriverGet": (_COUNT, _HANDLES),
         "zeDeviceGet": (ctypes.c_void_p, _COUNT, _HANDLES),
         "zeDeviceGetProperties": (ctypes.c_void_p, ctypes.POINTER(ze_device_properties_t)),
+        "zeDeviceGetMemoryProperties": (ctypes.c_void_p, _COUNT, ctypes.POINTER(ze_device_memory_properties_t)),
+        "zeDriverGetExtensionProperties": (ctypes.c_void_p, _COUNT, ctypes.POINTER(ze_driver_extension_properties_t)),
         "zesDeviceGetProperties": (ctypes.c_void_p, ctypes.POINTER(zes_device_properties_t)),
         "zesDevicePciGetProperties": (ctypes.c_void_p, ctypes.POINTER(zes_pci_properties_t)),
         "zesDeviceEnumMemoryModules": (ctypes.c_void_p, _COUNT, _HANDLES),
@@ -583,10 +621,35 @@ class LoaderLibrary:
     def zeDeviceGet(self, driver: int) -> list[int]:
         return self._enumerate("zeDeviceGet", driver)
 
-    def zeDeviceGetProperties(self, device: int) -> ze_device_properties_t:
+    def zeDeviceGetProperties(self, device: int, extension: ctypes.Structure | None = None
+                              ) -> ze_device_properties_t:
+        """The core properties; `extension` (a properties extension, its stype set) is chained to pNext and
+        filled by the driver too."""
         properties = ze_device_properties_t(stype=ZE_STRUCTURE_TYPE_DEVICE_PROPERTIES)
+        if extension is not None:
+            properties.pNext = ctypes.cast(ctypes.pointer(extension), ctypes.c_void_p)
         self._call("zeDeviceGetProperties", device, ctypes.byref(properties))
         return properties
+
+    def zeDeviceGetMemoryProperties(self, device: int) -> list[ze_device_memory_properties_t]:
+        """The device's memories as the core API (the user-mode driver) sees them: device-local memory only."""
+        count = ctypes.c_uint32(0)
+        self._call("zeDeviceGetMemoryProperties", device, ctypes.byref(count), None)
+        properties = (ze_device_memory_properties_t * count.value)()
+        for entry in properties:
+            entry.stype = ZE_STRUCTURE_TYPE_DEVICE_MEMORY_PROPERTIES
+        if count.value:
+            self._call("zeDeviceGetMemoryProperties", device, ctypes.byref(count), properties)
+        return list(properties[: count.value])
+
+    def zeDriverGetExtensionProperties(self, driver: int) -> list[str]:
+        """The names of the extensions the driver supports."""
+        count = ctypes.c_uint32(0)
+        self._call("zeDriverGetExtensionProperties", driver, ctypes.byref(count), None)
+        extensions = (ze_driver_extension_properties_t * count.value)()
+        if count.value:
+            self._call("zeDriverGetExtensionProperties", driver, ctypes.byref(count), extensions)
+        return [_text(extension.name) for extension in extensions[: count.value]]
 
     def zesInit(self, flags: int = 0) -> None:
         self._call("zesInit", flags)
@@ -756,6 +819,15 @@ class MemoryModule:
 
 
 @dataclass(frozen=True)
+class CoreMemory:
+    """The device's memory as the Level Zero core API (the user-mode driver) reports it: what torch and vLLM
+    read. Its total is about 0.95 of Sysman's (the kernel driver's usable memory)."""
+
+    total: int  # bytes: zeDeviceGetMemoryProperties' totalSize, summed (what vLLM multiplies by its utilisation)
+    usable: int | None  # bytes: the usable-memory extension's currUsableMemSize (vLLM's free); None: not listed
+
+
+@dataclass(frozen=True)
 class ProcessMemory:
     pid: int
     mem_size: int  # device memory allocated by the process, bytes
@@ -871,9 +943,12 @@ def _text(value: bytes) -> str:
 class Device:
     """One GPU. Obtained from LevelZero.devices(); each method queries the driver anew."""
 
-    def __init__(self, library: LoaderLibrary, handle: int) -> None:
+    def __init__(self, library: LoaderLibrary, handle: int, core: bool = False,
+                 usable_memory_extension: bool = False) -> None:
         self._library = library
         self.handle = handle
+        self._core = core  # a core handle (zeInit's path): the core API answers for it
+        self._usable_memory_extension = usable_memory_extension  # its driver lists USABLE_MEMORY_EXTENSION
 
     def __repr__(self) -> str:
         return f"Device(handle=0x{self.handle:x})"
@@ -905,6 +980,20 @@ class Device:
                 )
             )
         return modules
+
+    def core_memory(self) -> CoreMemory | None:
+        """The core API's view of the device's memory (needs no Sysman, nor CAP_PERFMON); None on the zesInit
+        path, whose Sysman handles the core API does not take."""
+        if not self._core:
+            return None
+        total = sum(memory.totalSize for memory in self._library.zeDeviceGetMemoryProperties(self.handle))
+        usable = None
+        if self._usable_memory_extension:
+            extension = ze_device_usablemem_size_ext_properties_t(
+                stype=ZE_STRUCTURE_TYPE_DEVICE_USABLEMEM_SIZE_EXT_PROPERTIES)
+            self._library.zeDeviceGetProperties(self.handle, extension)
+            usable = extension.currUsableMemSize
+        return CoreMemory(total=total, usable=usable)
 
     def memory_state(self, module: MemoryModuleProperties) -> MemoryModule:
         state = self._library.zesMemoryGetState(module.handle)
@@ -1047,7 +1136,19 @@ class LevelZero:
         self._raise_if_failed()
         if self._drivers is None:
             raise NotInitialized("LevelZero.init() must succeed before devices()")
-        return [Device(self._library, handle) for handle in self._device_handles() if self._is_gpu(handle)]
+        core = not self.sysman_only
+        extension = core and self._lists_usable_memory_extension()
+        return [Device(self._library, handle, core, extension)
+                for handle in self._device_handles() if self._is_gpu(handle)]
+
+    def _lists_usable_memory_extension(self) -> bool:
+        """Whether a driver lists the usable-memory extension (a driver that cannot say: no)."""
+        assert self._drivers is not None
+        try:
+            return any(USABLE_MEMORY_EXTENSION in self._library.zeDriverGetExtensionProperties(driver)
+                       for driver in self._drivers)
+        except LevelZeroError:
+            return False
 
     def _device_handles(self) -> list[int]:
         get = self._library.zesDeviceGet if self.sysman_only else self._library.zeDeviceGet
@@ -1083,6 +1184,7 @@ def _device_json(device: Device) -> dict[str, Any]:
     readers: tuple[tuple[str, Callable[[], Any]], ...] = (
         ("identity", device.identity),
         ("memory", device.memory),
+        ("core_memory", device.core_memory),
         ("processes", device.processes),
         ("memory_bandwidth", lambda: [device.memory_bandwidth(module) for module in device.memory_modules()]),
         ("engines", lambda: [device.engine_activity(group) for group in device.engine_groups()]),

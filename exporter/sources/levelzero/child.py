@@ -57,6 +57,12 @@ def _read_memory(device: Device, components: Components | None) -> dict[str, Any
         reading["states"] = [to_wire(device.memory_state(module)) for module in modules]
     except LevelZeroError as error:
         reading["error"] = error_to_wire(error)
+    reading["core"] = reading["core_error"] = None
+    try:  # the core API's figures stand without Sysman (refused without CAP_PERFMON, or not enabled)
+        core = device.core_memory()
+        reading["core"] = None if core is None else to_wire(core)
+    except LevelZeroError as error:
+        reading["core_error"] = error_to_wire(error)
     reading["telemetry"] = telemetry = {}
     if components is None:
         return reading

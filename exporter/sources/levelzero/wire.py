@@ -7,6 +7,7 @@ rebuilds (`value_from_wire`):
     parent -> "memory" | "processes"
     child -> {"devices": [{"pci_address": ..., "modules": [MemoryModuleProperties, ...] | null,
                            "states": [MemoryModule, ...] | null, "error": ERROR | null,
+                           "core": CoreMemory | null, "core_error": ERROR | null,
                            "telemetry": {KIND: {"values": [READING, ...] | null, "error": ERROR | null}, ...}},
                           ...]}
              {"devices": [{"pci_address": ..., "processes": [ProcessMemory, ...] | null,

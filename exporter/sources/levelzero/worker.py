@@ -38,6 +38,7 @@ from vllm_xpu_exporter.sources.levelzero.binding import (
     ZES_MEM_HEALTH_OK,
     ZES_MEM_HEALTH_REPLACE,
     ZES_MEM_HEALTH_UNKNOWN,
+    CoreMemory,
     DeviceIdentity,
     LevelZeroError,
     LoaderUnavailable,
@@ -112,12 +113,14 @@ class DeviceMemory:
     states: tuple[MemoryModule, ...] | None
     error: LevelZeroError | None
     telemetry: DeviceTelemetry = field(default_factory=DeviceTelemetry)
+    core: CoreMemory | None = None  # the core API's total and usable memory (no Sysman needed)
+    core_error: LevelZeroError | None = None
 
     @property
     def errors(self) -> tuple[LevelZeroError, ...]:
-        """The memory error and every telemetry kind's error."""
+        """The memory error, the core API's and every telemetry kind's error."""
         errors = [kind.error for kind in self.telemetry.kinds().values()]
-        return tuple(error for error in (self.error, *errors) if error is not None)
+        return tuple(error for error in (self.error, self.core_error, *errors) if error is not None)
 
     @functools.cached_property
     def health(self) -> int | None:
@@ -177,10 +180,13 @@ def _memory_from_wire(identity: DeviceIdentity, reading: dict[str, Any]) -> Devi
         kind.name: TelemetryReading(tuple(value_from_wire(kind.value_type, value) for value in answer["values"] or ()),
                                     _reading_error(answer))
         for kind in KINDS if (answer := reading["telemetry"].get(kind.name))})
+    core, core_error = reading.get("core"), reading.get("core_error")
     return DeviceMemory(identity,
                         tuple(MemoryModuleProperties(**module) for module in reading["modules"] or ()),
                         None if states is None else tuple(MemoryModule(**state) for state in states),
-                        _reading_error(reading), telemetry)
+                        _reading_error(reading), telemetry,
+                        None if core is None else CoreMemory(**core),
+                        None if core_error is None else error_from_wire(core_error))
 
 
 def _processes_from_wire(identity: DeviceIdentity, reading: dict[str, Any]) -> DeviceProcesses:
