@@ -270,6 +270,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
+    prometheus.check_access_flags(parser, args)
     if args.output_dir is not None and args.format != "systemd":
         parser.error("--output-dir goes with --format systemd")
     if args.device_memory is not None and args.device_memory <= args.reserve:
@@ -415,7 +416,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         return EXIT_INCOMPLETE
     if args.prometheus is not None or args.observed is not None:  # right-sizing (docs/discovery.md)
         try:
-            observed = rightsizing.recommend(views, rightsizing.parse_observed(prometheus.read_observed(args)))
+            observed = rightsizing.recommend(views, rightsizing.parse_observed(prometheus.read_observed(args, prometheus.access(args))))
         except prometheus.ObservedError as error:
             stderr.write(f"{PROG}: error: {error}\n")
             return EXIT_USAGE
