@@ -35,7 +35,7 @@ from vllm_xpu_exporter.flags import (DEFAULT_BOOT, DefaultsHelpFormatter, add_co
 from vllm_xpu_exporter.http.loading import load_web_config
 from vllm_xpu_exporter.http.server import Document, ExporterServer, parse_listen_address
 from vllm_xpu_exporter.http.webconfig import WebConfigError
-from vllm_xpu_exporter.logformat import DEFAULT_FORMAT, DEFAULT_LEVEL, FORMATS, LEVELS, setup_logging
+from vllm_xpu_exporter.logformat import DEFAULT_FORMAT, DEFAULT_LEVEL, add_log_flags, setup_logging
 from vllm_xpu_exporter.scrape import ExporterCollector
 from vllm_xpu_exporter.sources.journal import JournalSelection, open_journal, read_own_service_unit
 from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
@@ -178,11 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_container_flags(host)
     add_container_log_flags(parser)
 
-    logging_group = parser.add_argument_group("logging")
-    logging_group.add_argument("--log.level", dest="log_level", choices=tuple(LEVELS), default=DEFAULT_LEVEL,
-                               help="log only messages at this level or above, to standard error")
-    logging_group.add_argument("--log.format", dest="log_format", choices=FORMATS, default=DEFAULT_FORMAT,
-                               help="logfmt (key=value, as the Prometheus exporters log) or json, one object a line")
+    add_log_flags(parser)
     return parser
 
 
