@@ -15,7 +15,7 @@ import pytest
 
 from journalgen import write_journal
 from rightsizedhost import CHAT, placed, run_plan
-from test_sources_prometheus import answer
+from test_sources_prometheus import answer, send_json
 from vllmlogs import journal_specs
 
 USER, PASSWORD, TOKEN, TENANT = "planner", "s3cret pass", "tok-3f9a", "team-a"
@@ -32,14 +32,9 @@ class Secured(BaseHTTPRequestHandler):
         type(self).seen.append((authorization, tenant))
         allowed = {f"Basic {base64.b64encode(f'{USER}:{PASSWORD}'.encode()).decode()}", f"Bearer {TOKEN}"}
         if authorization not in allowed or tenant != TENANT:
-            status, data = 401, b'{"status":"error","error":"unauthorized"}'
+            send_json(self, 401, {"status": "error", "error": "unauthorized"})
         else:
-            status, data = 200, json.dumps(answer(CHAT, 0.5)).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+            send_json(self, 200, answer(CHAT, 0.5))
 
     def log_message(self, *args):
         pass

@@ -259,7 +259,8 @@ def serve(argv: Sequence[str]) -> int:
     service = Service(options, privileged=privileged)
     signal.signal(signal.SIGTERM, lambda signum, frame: service.stop())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    logging.getLogger(__name__).info("%s %s serving on %s", PROG, __version__, options.listen or "the socket systemd passed")
+    logging.getLogger(__name__).info("%s %s serving on %s", PROG, __version__,
+                                     options.listen or "the socket systemd passed")
     try:
         service.serve(listener)
     except KeyboardInterrupt:

@@ -419,7 +419,8 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         return EXIT_INCOMPLETE
     if args.prometheus is not None or args.observed is not None:  # right-sizing (docs/discovery.md)
         try:
-            observed = rightsizing.recommend(views, rightsizing.parse_observed(prometheus.read_observed(args, prometheus.access(args))))
+            answers = prometheus.read_observed(args, prometheus.access(args))
+            observed = rightsizing.recommend(views, rightsizing.parse_observed(answers))
         except prometheus.ObservedError as error:
             stderr.write(f"{PROG}: error: {error}\n")
             return EXIT_USAGE

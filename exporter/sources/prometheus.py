@@ -58,6 +58,10 @@ _ACCESS_FLAGS = {"prometheus_username": "--prometheus.username",
                  "prometheus_ca_file": "--prometheus.ca-file", "prometheus_headers": "--prometheus.header"}
 
 
+def _has_control_character(text: str) -> bool:
+    return any(ord(character) < 0x20 or ord(character) == 0x7f for character in text)
+
+
 def header(value: str) -> tuple[str, str]:
     """NAME=VALUE of --prometheus.header: a header sent with every request (e.g. X-Scope-OrgID=tenant-1)."""
     name, sep, text = value.partition("=")
@@ -67,7 +71,7 @@ def header(value: str) -> tuple[str, str]:
     if name.lower() in _SECRET_HEADERS:
         raise argparse.ArgumentTypeError(f"{name}: a secret is not taken on the command line (every user sees it in "
                                          f"ps): use --prometheus.password-file or --prometheus.bearer-token-file")
-    if any(ord(character) < 0x20 or ord(character) == 0x7f for character in text):
+    if _has_control_character(text):
         raise argparse.ArgumentTypeError(f"{name}: a header value holds no control character")
     return name, text
 
@@ -114,7 +118,7 @@ def _secret(path: str, what: str) -> str:
         raise ObservedError(f"{path}: {error.strerror or error}") from None
     except UnicodeDecodeError:
         raise ObservedError(f"{path}: the {what} is not UTF-8 text") from None
-    if not text or any(ord(character) < 0x20 or ord(character) == 0x7f for character in text):
+    if not text or _has_control_character(text):
         raise ObservedError(f"{path}: the {what} is empty or holds a control character")
     return text
 
