@@ -35,7 +35,8 @@ from vllm_xpu_exporter.flags import (DEFAULT_BOOT, DefaultsHelpFormatter, add_co
 from vllm_xpu_exporter.http.loading import load_web_config
 from vllm_xpu_exporter.http.server import Document, ExporterServer, parse_listen_address
 from vllm_xpu_exporter.http.webconfig import WebConfigError
-from vllm_xpu_exporter.logformat import DEFAULT_FORMAT, DEFAULT_LEVEL, FORMATS, LEVELS, setup_logging
+from vllm_xpu_exporter.shipped import print_shipped
+from vllm_xpu_exporter.logformat import DEFAULT_FORMAT, DEFAULT_LEVEL, add_log_flags, setup_logging
 from vllm_xpu_exporter.scrape import ExporterCollector
 from vllm_xpu_exporter.sources.journal import JournalSelection, open_journal, read_own_service_unit
 from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
@@ -147,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prometheus exporter for Intel GPUs (Level Zero) shared by vLLM servers run as systemd units, "
                     "containers (Docker, Podman) or pods (Kubernetes): device memory, memory per unit, KV-cache "
                     "allocation and engine-init failures from the journal or the containers' logs.",
+        epilog="`vllm-xpu-exporter print NAME` prints the rules, the dashboard or a systemd unit the package "
+               "ships (`vllm-xpu-exporter print --help` lists them).",
         formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--version", action="version", version=f"vllm-xpu-exporter {__version__}")
 
@@ -178,11 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_container_flags(host)
     add_container_log_flags(parser)
 
-    logging_group = parser.add_argument_group("logging")
-    logging_group.add_argument("--log.level", dest="log_level", choices=tuple(LEVELS), default=DEFAULT_LEVEL,
-                               help="log only messages at this level or above, to standard error")
-    logging_group.add_argument("--log.format", dest="log_format", choices=FORMATS, default=DEFAULT_FORMAT,
-                               help="logfmt (key=value, as the Prometheus exporters log) or json, one object a line")
+    add_log_flags(parser)
     return parser
 
 
@@ -317,6 +316,9 @@ def documents(registry: CollectorRegistry, collectors: Sequence[Collector]) -> d
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["print"]:
+        return print_shipped(argv[1:])
     # SIGHUP (systemctl reload) never kills the exporter: ignored until the server can reload on it (before
     # any child is started, so no child inherits the ignoring).
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

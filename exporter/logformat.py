@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import re
@@ -67,6 +68,15 @@ class LogfmtFormatter(logging.Formatter):
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return json.dumps(_fields(record), ensure_ascii=False)
+
+
+def add_log_flags(parser: argparse.ArgumentParser) -> None:
+    """--log.level and --log.format (dests log_level, log_format), as the exporter and the gate service take them."""
+    logging_group = parser.add_argument_group("logging")
+    logging_group.add_argument("--log.level", dest="log_level", choices=tuple(LEVELS), default=DEFAULT_LEVEL,
+                               help="log only messages at this level or above, to standard error")
+    logging_group.add_argument("--log.format", dest="log_format", choices=FORMATS, default=DEFAULT_FORMAT,
+                               help="logfmt (key=value, as the Prometheus exporters log) or json, one object a line")
 
 
 def setup_logging(level: str = DEFAULT_LEVEL, fmt: str = DEFAULT_FORMAT) -> None:

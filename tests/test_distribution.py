@@ -9,6 +9,8 @@ import hashlib
 import shutil
 import subprocess
 import sys
+import sysconfig
+import tarfile
 import tomllib
 from pathlib import Path
 
@@ -97,3 +99,95 @@ def test_the_description_names_units_containers_and_pods(installed):
 def test_the_runbook_the_exporter_serves_is_installed_with_it(installed):
     assert ((installed / "vllm_xpu_exporter" / "http" / "runbook.md").read_text()
             == (REPO / "docs" / "runbook.md").read_text())
+
+
+# ------------------------------------------------------------------------------------- without a clone
+
+def tracked_tree(destination: Path) -> Path:
+    """The files of the clone that git tracks or would (not what it ignores: .venv, build/, node_modules),
+    links kept as links: what a fresh clone holds."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a clone: nothing to build the distribution from")
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (REPO / name).is_symlink() or (REPO / name).is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, destination / name, follow_symlinks=False)
+    return destination
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(tmp_path_factory) -> Path:
+    """A wheel built from a copy of the clone, installed into a new virtual environment (its dependencies are
+    this one's, by a .pth file: nothing is fetched for them), as `pip install vllm-xpu-exporter` would."""
+    root = tmp_path_factory.mktemp("wheel")
+    source = tracked_tree(root / "source")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(root / "dist"), str(source)],
+                   check=True, capture_output=True, timeout=600)
+    (wheel,) = (root / "dist").glob("vllm_xpu_exporter-*.whl")
+    venv = root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    purelib = Path(subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_path("
+                                   "'purelib'))"], capture_output=True, text=True, check=True).stdout.strip())
+    (purelib / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                    "--no-deps", str(wheel)], check=True, capture_output=True, timeout=300)
+    return venv
+
+
+@pytest.mark.parametrize("name, source", [
+    ("rules", "rules/vllm-xpu-exporter.yaml"), ("dashboard", "grafana/vllm-xpu-exporter.json"),
+    *((unit, f"packaging/{unit}") for unit in ("vllm-xpu-exporter.service", "vllm-xpu-exporter.default",
+                                               "vllm-xpu-gate.service", "vllm-xpu-gate.socket", "vllm-xpu-gate.conf")),
+])
+def test_a_wheel_install_prints_the_rules_dashboard_and_units_as_the_repository_has_them(fresh_venv, tmp_path,
+                                                                                        name, source):
+    printed = subprocess.run([fresh_venv / "bin" / "vllm-xpu-exporter", "print", name], capture_output=True,
+                             cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, timeout=120)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == (REPO / source).read_bytes()
+
+
+def test_print_lists_what_it_prints_and_refuses_another_name_in_one_line(fresh_venv):
+    listed = subprocess.run([fresh_venv / "bin" / "vllm-xpu-exporter", "print", "--help"], capture_output=True,
+                            text=True, timeout=120)
+    assert listed.returncode == 0 and "rules" in listed.stdout and "vllm-xpu-gate.conf" in listed.stdout
+    refused = subprocess.run([fresh_venv / "bin" / "vllm-xpu-exporter", "print", "alerts"], capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stdout == "" and len(refused.stderr.splitlines()) == 1
+    assert "unknown name 'alerts'" in refused.stderr
+
+
+def test_every_shipped_file_is_a_link_to_the_repositorys_own():
+    """exporter/files/ holds no copy that could drift from rules/, grafana/ or packaging/."""
+    from vllm_xpu_exporter.shipped import SHIPPED
+    files = REPO / "exporter" / "files"
+    assert {path.name for path in files.iterdir()} == {file_name for file_name, _ in SHIPPED.values()}
+    for path in files.iterdir():
+        assert path.is_symlink() and path.resolve().parent.name in ("rules", "grafana", "packaging"), path
+
+
+def test_the_wheel_says_what_it_is_for_in_classifiers_and_keywords(installed):
+    (dist_info,) = installed.glob("vllm_xpu_exporter-*.dist-info")
+    metadata = email.parser.Parser().parsestr((dist_info / "METADATA").read_text())
+    classifiers = metadata.get_all("Classifier") or []
+    assert "Topic :: System :: Monitoring" in classifiers and "Operating System :: POSIX :: Linux" in classifiers
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert f"Programming Language :: Python :: {requires.removeprefix('>=')}" in classifiers
+    assert {"prometheus", "exporter", "vllm", "gpu"} <= set(metadata["Keywords"].split(","))
+
+
+def test_the_sdist_carries_every_file_of_the_clone_its_tests_read(tmp_path):
+    """An unpacked sdist holds the clone's files (docs, rules, deploy, packaging, the tests' fixtures...), so
+    its tests find what they read; nothing but the build's own metadata beside them."""
+    source = tracked_tree(tmp_path / "source")
+    subprocess.run([sys.executable, "-m", "build", "--sdist", "-o", str(tmp_path / "dist"), str(source)],
+                   check=True, capture_output=True, timeout=600)
+    (sdist,) = (tmp_path / "dist").glob("vllm_xpu_exporter-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        members = {member.name.partition("/")[2] for member in archive.getmembers() if not member.isdir()}
+    tracked = {str(path.relative_to(source)) for path in source.rglob("*") if not path.is_dir()}
+    assert tracked - members == set()
+    assert {name for name in members - tracked if not name.startswith("vllm_xpu_exporter.egg-info/")} \
+        == {"PKG-INFO", "setup.cfg"}

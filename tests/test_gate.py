@@ -12,6 +12,7 @@ import errno
 import json
 import math
 import os
+import re
 import shlex
 import socket
 import stat
@@ -1053,3 +1054,17 @@ def test_the_exporter_counts_the_gates_decisions_it_reads_in_the_units_journal(h
     assert sample(samples, "xpu_unit_engine_init_overlaps_total", unit=EMBEDDING) == 0
     assert {unit: sample(samples, "xpu_unit_gate_ungated_starts_total", unit=unit) for unit in (CHAT, STT, EMBEDDING)} \
         == {CHAT: 0, STT: 0, EMBEDDING: 1}
+
+
+@pytest.mark.parametrize("log_format", ["logfmt", "json"])
+def test_the_service_logs_as_the_exporter_does_in_the_log_format_asked(host: Host, log_format: str) -> None:
+    """--log.format logfmt (the default) or json, each line with ts, level, source and msg, as the exporter's."""
+    service = host.serve(*(["--log.format", "json"] if log_format == "json" else []))
+    (line,) = [line for line in service.lines if "serving on" in line]
+    if log_format == "json":
+        fields = json.loads(line)
+    else:
+        fields = dict(re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)', line))
+        assert line.startswith("ts=") and fields["msg"].startswith('"vllm-xpu-gate ')
+    assert fields["level"] == "info" and fields["source"] == "gate.cli" and fields["ts"].endswith("Z")
+

@@ -44,15 +44,19 @@ class Api(BaseHTTPRequestHandler):
         type(self).asked.append(parameters)
         body = self.answers.get(parameters.get("query", ""))
         status = 200 if url.path == "/api/v1/query_range" and body is not None else 400
-        data = json.dumps(body if body is not None else {"status": "error"}).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, body if body is not None else {"status": "error"})
 
     def log_message(self, *args):
         pass
+
+
+def send_json(handler: BaseHTTPRequestHandler, status: int, body: object) -> None:
+    data = json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
 
 
 @pytest.fixture

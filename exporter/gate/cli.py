@@ -119,10 +119,13 @@ def build_wait_parser() -> argparse.ArgumentParser:
 
 
 def build_serve_parser() -> argparse.ArgumentParser:
-    from vllm_xpu_exporter.flags import add_journal_flags, add_levelzero_flags, add_procfs_flag, add_sysfs_flag
+    from vllm_xpu_exporter.flags import (DefaultsHelpFormatter, add_journal_flags, add_levelzero_flags,
+                                         add_procfs_flag, add_sysfs_flag)
+    from vllm_xpu_exporter.logformat import add_log_flags
     parser = OneLineParser(prog=f"{PROG} serve",
                            description="The gate service: follow the journal and Level Zero, and answer the "
-                                       "vLLM units' clients on a Unix socket (docs/gate.md).")
+                                       "vLLM units' clients on a Unix socket (docs/gate.md).",
+                           formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--listen", type=absolute_path, default=None, metavar="PATH",
                         help="bind a Unix socket at this path (default: the socket systemd passes, "
                              "vllm-xpu-gate.socket)")
@@ -149,6 +152,7 @@ def build_serve_parser() -> argparse.ArgumentParser:
     add_journal_flags(parser, beyond_max_units="further ones are not watched (their inits hold no start back)")
     add_levelzero_flags(parser)
     add_sysfs_flag(add_procfs_flag(parser))
+    add_log_flags(parser)
     return parser
 
 
@@ -170,12 +174,21 @@ def wait_request(args: argparse.Namespace, legacy_drop_in: bool = False) -> Requ
                    kv_cache_memory_bytes=args.kv_cache_memory_bytes, legacy_drop_in=legacy_drop_in)
 
 
-def parse_service_options(argv: Sequence[str], environ=os.environ):
-    from vllm_xpu_exporter.flags import check_journal_flags, journal_selection
-    from vllm_xpu_exporter.gate.service import ServiceOptions, engine_units_only
+def parse_serve_args(argv: Sequence[str]) -> argparse.Namespace:
+    from vllm_xpu_exporter.flags import check_journal_flags
     parser = build_serve_parser()
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
+    return args
+
+
+def parse_service_options(argv: Sequence[str], environ=os.environ):
+    return service_options(parse_serve_args(argv), environ)
+
+
+def service_options(args: argparse.Namespace, environ=os.environ):
+    from vllm_xpu_exporter.flags import journal_selection
+    from vllm_xpu_exporter.gate.service import ServiceOptions, engine_units_only
     return ServiceOptions(listen=args.listen, selection=engine_units_only(journal_selection(args)),
                           journal_max_units=args.journal_max_units, levelzero_library=args.levelzero_library,
                           levelzero_timeout=args.levelzero_timeout, procfs=args.procfs, sysfs=args.sysfs,
@@ -225,8 +238,10 @@ def serve(argv: Sequence[str]) -> int:
     from vllm_xpu_exporter.gate.service import Service, listening_socket
     from vllm_xpu_exporter.sources.journal.host import read_own_service_unit
     from vllm_xpu_exporter.sources.privileged import separate_privileges
-    options = parse_service_options(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s", force=True)
+    from vllm_xpu_exporter.logformat import setup_logging
+    args = parse_serve_args(argv)
+    options = service_options(args)
+    setup_logging(args.log_level, args.log_format)
     own_unit = read_own_service_unit()
     if own_unit is not None:  # vllm-xpu-gate.service matches the default vllm*.service: it is no engine
         options = dataclasses.replace(options, selection=dataclasses.replace(options.selection,
@@ -244,7 +259,8 @@ def serve(argv: Sequence[str]) -> int:
     service = Service(options, privileged=privileged)
     signal.signal(signal.SIGTERM, lambda signum, frame: service.stop())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    logging.info("%s %s serving on %s", PROG, __version__, options.listen or "the socket systemd passed")
+    logging.getLogger(__name__).info("%s %s serving on %s", PROG, __version__,
+                                     options.listen or "the socket systemd passed")
     try:
         service.serve(listener)
     except KeyboardInterrupt:

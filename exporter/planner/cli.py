@@ -32,8 +32,8 @@ from typing import TextIO
 
 from vllm_xpu_exporter import __version__
 from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser
-from vllm_xpu_exporter.flags import (add_journal_flags, add_levelzero_flags, add_procfs_flag, add_systemctl_flag,
-                            check_journal_flags, journal_selection)
+from vllm_xpu_exporter.flags import (DefaultsHelpFormatter, add_journal_flags, add_levelzero_flags, add_procfs_flag,
+                                     add_systemctl_flag, check_journal_flags, journal_selection)
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.gate.protocol import BUDGET_VARIABLE, RATIO_VARIABLE
 from vllm_xpu_exporter import memory_rules as rules
@@ -242,7 +242,8 @@ def unit_count(value: str) -> tuple[str, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog=PROG, description="Plan every watched vLLM unit's --kv-cache-memory-bytes so that "
-                                                  "the units of each GPU fit (see docs/planner.md).")
+                                                  "the units of each GPU fit (see docs/planner.md).",
+                           formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     parser.add_argument("--device-memory", dest="device_memory", type=byte_count, default=None, metavar="BYTES",
                         help="plan offline for one GPU of this total memory (default: every GPU Level Zero reports)")
@@ -254,7 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "at least one full-length request)")
     parser.add_argument("--requests", type=unit_count, action="append", default=[], metavar="UNIT=N",
                         help="the KV cache of UNIT holds N requests of its full model length")
-    parser.add_argument("--format", choices=("table", "json", "systemd", "nixos"), default="table")
+    parser.add_argument("--format", choices=("table", "json", "systemd", "nixos"), default="table",
+                        help="table: the plan for a reader; json: the plan for a program; systemd: a drop-in per "
+                             "unit (printed, or written with --output-dir); nixos: the same as NixOS options")
     parser.add_argument("--output-dir", dest="output_dir", default=None, metavar="DIR",
                         help="with --format systemd: write DIR/UNIT.d/" + DROP_IN_NAME + " per unit")
     add_systemctl_flag(parser, "to read the units' commands with")
@@ -270,6 +273,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
+    prometheus.check_access_flags(parser, args)
     if args.output_dir is not None and args.format != "systemd":
         parser.error("--output-dir goes with --format systemd")
     if args.device_memory is not None and args.device_memory <= args.reserve:
@@ -415,7 +419,8 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         return EXIT_INCOMPLETE
     if args.prometheus is not None or args.observed is not None:  # right-sizing (docs/discovery.md)
         try:
-            observed = rightsizing.recommend(views, rightsizing.parse_observed(prometheus.read_observed(args)))
+            answers = prometheus.read_observed(args, prometheus.access(args))
+            observed = rightsizing.recommend(views, rightsizing.parse_observed(answers))
         except prometheus.ObservedError as error:
             stderr.write(f"{PROG}: error: {error}\n")
             return EXIT_USAGE

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from vllm_xpu_exporter.argparsing import parse_duration
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.planner.plans import TargetRequest
-from vllm_xpu_exporter.sources.prometheus import QUERIES, ObservedError
+from vllm_xpu_exporter.sources.prometheus import QUERIES, ObservedError, add_access_flags
 
 DEFAULT_MARGIN = 0.05
 DEFAULT_WINDOW = "24h"
@@ -176,3 +176,4 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--prometheus-selector", dest="prometheus_selector", default="", metavar="MATCHERS",
                        help='with --prometheus: label matchers picking this host\'s series, e.g. '
                             'instance="gpu-host:10447"')
+    add_access_flags(group)

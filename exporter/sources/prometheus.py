@@ -1,14 +1,19 @@
 """Prometheus's HTTP API, read for vllm-xpu-plan's right-sizing: `query_range` answers of the observation
 queries (`QUERIES`, whose answers `vllm_xpu_exporter.planner.rightsizing` reads), or the same answers saved in a file
-(`--observed`)."""
+(`--observed`). The server may ask for credentials and TLS as Prometheus's own HTTP clients give them
+(`--prometheus.*`, `access`): secrets are read from files, never taken on the command line."""
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
+import dataclasses
 import http.client
 import json
+import re
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -35,6 +40,109 @@ class ObservedError(ValueError):
     """Observations that cannot be read (one line)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """What every request to the server carries (auth and tenant headers) and the TLS context of an https://
+    server (None: the system's CAs)."""
+    headers: tuple[tuple[str, str], ...] = ()
+    tls: ssl.SSLContext | None = None
+
+
+# RFC 9110's token: a header's name
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+# headers that carry a secret: from the files of --prometheus.password-file / --prometheus.bearer-token-file
+_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+_ACCESS_FLAGS = {"prometheus_username": "--prometheus.username",
+                 "prometheus_password_file": "--prometheus.password-file",
+                 "prometheus_bearer_token_file": "--prometheus.bearer-token-file",
+                 "prometheus_ca_file": "--prometheus.ca-file", "prometheus_headers": "--prometheus.header"}
+
+
+def _has_control_character(text: str) -> bool:
+    return any(ord(character) < 0x20 or ord(character) == 0x7f for character in text)
+
+
+def header(value: str) -> tuple[str, str]:
+    """NAME=VALUE of --prometheus.header: a header sent with every request (e.g. X-Scope-OrgID=tenant-1)."""
+    name, sep, text = value.partition("=")
+    name, text = name.strip(), text.strip()
+    if not sep or not _HEADER_NAME.fullmatch(name):
+        raise argparse.ArgumentTypeError(f"want NAME=VALUE with NAME a header name, got {value!r}")
+    if name.lower() in _SECRET_HEADERS:
+        raise argparse.ArgumentTypeError(f"{name}: a secret is not taken on the command line (every user sees it in "
+                                         f"ps): use --prometheus.password-file or --prometheus.bearer-token-file")
+    if _has_control_character(text):
+        raise argparse.ArgumentTypeError(f"{name}: a header value holds no control character")
+    return name, text
+
+
+def add_access_flags(group: argparse._ArgumentGroup) -> None:
+    """--prometheus.username, .password-file, .bearer-token-file, .ca-file, .header (dests prometheus_username,
+    prometheus_password_file, prometheus_bearer_token_file, prometheus_ca_file, prometheus_headers); check them
+    with `check_access_flags`."""
+    group.add_argument("--prometheus.username", dest="prometheus_username", default=None, metavar="USER",
+                       help="with --prometheus: basic auth as USER, the password read from "
+                            "--prometheus.password-file")
+    group.add_argument("--prometheus.password-file", dest="prometheus_password_file", default=None, metavar="FILE",
+                       help="the basic auth password (the file's content, surrounding white space removed)")
+    group.add_argument("--prometheus.bearer-token-file", dest="prometheus_bearer_token_file", default=None,
+                       metavar="FILE", help="with --prometheus: send the token in this file as "
+                                            "`Authorization: Bearer` (surrounding white space removed)")
+    group.add_argument("--prometheus.ca-file", dest="prometheus_ca_file", default=None, metavar="FILE",
+                       help="with an https:// --prometheus: trust only the CA certificates in this PEM file "
+                            "(default: the system's CAs)")
+    group.add_argument("--prometheus.header", dest="prometheus_headers", type=header, action="append", default=[],
+                       metavar="NAME=VALUE", help="with --prometheus: send this header with every request, e.g. a "
+                                                  "tenant's X-Scope-OrgID=team-a (repeatable; no secret: "
+                                                  "Authorization and Cookie are refused)")
+
+
+def check_access_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    given = [flag for dest, flag in _ACCESS_FLAGS.items() if getattr(args, dest)]
+    if given and args.prometheus is None:
+        parser.error(f"{given[0]} goes with --prometheus")
+    if (args.prometheus_username is None) != (args.prometheus_password_file is None):
+        parser.error("--prometheus.username and --prometheus.password-file go together")
+    if args.prometheus_username is not None and args.prometheus_bearer_token_file is not None:
+        parser.error("basic auth (--prometheus.username) or a bearer token (--prometheus.bearer-token-file), not "
+                     "both")
+    if args.prometheus_username is not None and ":" in args.prometheus_username:
+        parser.error("--prometheus.username: basic auth allows no ':' in a user name")
+
+
+def _secret(path: str, what: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.read(65536).strip()
+    except OSError as error:
+        raise ObservedError(f"{path}: {error.strerror or error}") from None
+    except UnicodeDecodeError:
+        raise ObservedError(f"{path}: the {what} is not UTF-8 text") from None
+    if not text or _has_control_character(text):
+        raise ObservedError(f"{path}: the {what} is empty or holds a control character")
+    return text
+
+
+def access(args: argparse.Namespace) -> Access:
+    """The headers and TLS context the --prometheus.* flags ask for, their files read now (before any request):
+    ObservedError naming the file that cannot be read."""
+    headers = list(args.prometheus_headers)
+    if args.prometheus_username is not None:
+        password = _secret(args.prometheus_password_file, "password")
+        credentials = base64.b64encode(f"{args.prometheus_username}:{password}".encode()).decode()
+        headers.append(("Authorization", f"Basic {credentials}"))
+    if args.prometheus_bearer_token_file is not None:
+        headers.append(("Authorization", f"Bearer {_secret(args.prometheus_bearer_token_file, 'token')}"))
+    tls = None
+    if args.prometheus_ca_file is not None:
+        try:
+            tls = ssl.create_default_context(cafile=args.prometheus_ca_file)
+        except OSError as error:  # ssl.SSLError too: no certificate in it
+            raise ObservedError(f"{args.prometheus_ca_file}: not a readable PEM file of CA certificates "
+                                f"({error.strerror or error})") from None
+    return Access(headers=tuple(headers), tls=tls)
+
+
 def queries(selector: str = "") -> dict[str, str]:
     """The PromQL of each observation, for one host's series."""
     return {name: query.format(selector=selector) for name, query in QUERIES.items()}
@@ -49,20 +157,23 @@ def _shut(connection: http.client.HTTPConnection) -> None:
         connection.sock.shutdown(socket.SHUT_RDWR)
 
 
-def _read_body(url: urllib.parse.SplitResult, target: str, deadline: float) -> tuple[int, str | None, bytes]:
-    """GET `target` of `url`'s origin: its status, Location and body (at most MAX_ANSWER_BYTES + 1 bytes). The
-    connection is shut when `deadline` (time.monotonic) passes, whatever it is waiting for."""
+def _read_body(url: urllib.parse.SplitResult, target: str, deadline: float,
+               access: Access) -> tuple[int, str | None, bytes]:
+    """GET `target` of `url`'s origin with `access`: its status, Location and body (at most MAX_ANSWER_BYTES + 1
+    bytes). The connection is shut when `deadline` (time.monotonic) passes, whatever it is waiting for."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise TimeoutError("timed out")
-    kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-    connection = kind(url.hostname, url.port, timeout=remaining)
+    if url.scheme == "https":
+        connection = http.client.HTTPSConnection(url.hostname, url.port, timeout=remaining, context=access.tls)
+    else:
+        connection = http.client.HTTPConnection(url.hostname, url.port, timeout=remaining)
     watchdog = threading.Timer(remaining, _shut, (connection,))
     watchdog.daemon = True
     try:
         connection.connect()
         watchdog.start()
-        connection.request("GET", target, headers={"Accept": "application/json"})
+        connection.request("GET", target, headers={"Accept": "application/json", **dict(access.headers)})
         response = connection.getresponse()
         body = bytearray()
         while len(body) <= MAX_ANSWER_BYTES:
@@ -83,10 +194,10 @@ def _read_body(url: urllib.parse.SplitResult, target: str, deadline: float) -> t
 
 
 def query_range(url: str, query: str, start: float, end: float, deadline: float,
-                step: int = STEP_SECONDS) -> object:
+                step: int = STEP_SECONDS, access: Access = Access()) -> object:
     """One /api/v1/query_range answer (its whole JSON), all of it by `deadline` (time.monotonic);
     ObservedError when Prometheus cannot answer. Redirects are followed only within the origin of `url`
-    (scheme, host and port)."""
+    (scheme, host and port), so `access`'s credentials go nowhere else."""
     parameters = urllib.parse.urlencode({"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}",
                                          "step": str(step)})
     asked = urllib.parse.urlsplit(f"{url.rstrip('/')}/api/v1/query_range?{parameters}")
@@ -96,7 +207,7 @@ def query_range(url: str, query: str, start: float, end: float, deadline: float,
     try:
         for _ in range(MAX_REDIRECTS + 1):
             status, location, body = _read_body(here, urllib.parse.urlunsplit(("", "", here.path or "/", here.query,
-                                                                                "")), deadline)
+                                                                                "")), deadline, access)
             if status not in (301, 302, 303, 307, 308) or location is None:
                 break
             here = urllib.parse.urlsplit(urllib.parse.urljoin(urllib.parse.urlunsplit(here), location))
@@ -110,6 +221,10 @@ def query_range(url: str, query: str, start: float, end: float, deadline: float,
                             f"together)") from None
     except (OSError, ValueError, http.client.HTTPException) as error:
         raise ObservedError(f"{url}: {error or type(error).__name__}") from None
+    if status in (401, 403):
+        raise ObservedError(f"{url}: HTTP {status} for {query!r}: refused the credentials given (if any: "
+                            f"--prometheus.username and --prometheus.password-file, or "
+                            f"--prometheus.bearer-token-file)")
     if status != 200:
         raise ObservedError(f"{url}: HTTP {status} for {query!r}")
     if len(body) > MAX_ANSWER_BYTES:
@@ -121,8 +236,9 @@ def query_range(url: str, query: str, start: float, end: float, deadline: float,
         raise ObservedError(f"{url}: not a JSON answer to {query!r}") from None
 
 
-def read_observed(args: argparse.Namespace) -> dict[str, object]:
-    """The observation answers by name: from --prometheus over --window up to now, or from --observed FILE."""
+def read_observed(args: argparse.Namespace, access: Access = Access()) -> dict[str, object]:
+    """The observation answers by name: from --prometheus over --window up to now (with `access`), or from
+    --observed FILE."""
     if args.observed is not None:
         try:
             with open(args.observed, encoding="utf-8") as file:
@@ -137,5 +253,5 @@ def read_observed(args: argparse.Namespace) -> dict[str, object]:
             raise ObservedError(f"{args.observed}: not a JSON object of query_range answers")
         return answers
     end, deadline = time.time(), time.monotonic() + TIMEOUT_S
-    return {name: query_range(args.prometheus, query, end - args.window, end, deadline=deadline)
+    return {name: query_range(args.prometheus, query, end - args.window, end, deadline=deadline, access=access)
             for name, query in queries(args.prometheus_selector).items()}
