@@ -197,9 +197,9 @@ def test_init_failure_of_chat_reaches_the_webhook_with_its_labels_and_the_failur
                        f"(latest failure {failed_at}). KV cache of the latest start: 2.13GiB. Needed for one "
                        f"request of max_model_len: 3.36GiB. gpu_memory_utilization: 0.75. max_model_len: 131072.\n"
                        + INIT_FAILED_ADVICE,
-        "runbook_url": f"http://{stack.instance}/runbook#xpuunitengineinitfailed",
+        "runbook_url": f"{stack.prometheus.url}/consoles/vllm-xpu-exporter-runbook.html#xpuunitengineinitfailed",
     }
-    # the link leads somewhere real: the firing exporter serves the runbook, with the alert's section
+    # the link leads somewhere real, the exporter not asked: Prometheus serves the runbook's console
     with urllib.request.urlopen(first["annotations"]["runbook_url"], timeout=10) as response:
         assert response.status == 200 and 'id="xpuunitengineinitfailed"' in response.read().decode()
     # one alert for the one failure: no other unit's, no other reason's

@@ -132,6 +132,16 @@ def test_the_dashboard_config_map_is_the_bundled_dashboard_for_grafanas_sidecar(
     assert len(DASHBOARD.read_bytes()) < 200 * 1024
 
 
+def test_the_runbook_config_map_carries_the_console_the_rules_link_to(kubectl):
+    (config_map,) = render(kubectl, KUBERNETES / "prometheus-runbook")
+    assert config_map["kind"] == "ConfigMap" and config_map["metadata"]["name"] == "vllm-xpu-exporter-runbook"
+    console = REPO / "deploy" / "prometheus" / "consoles" / "vllm-xpu-exporter-runbook.html"
+    assert config_map["data"] == {console.name: console.read_text()}
+    alerts = [rule for group in only(render(kubectl, BASE), "PrometheusRule")["spec"]["groups"]
+              for rule in group["rules"] if "alert" in rule]
+    assert alerts and all(f"/consoles/{console.name}#" in rule["annotations"]["runbook_url"] for rule in alerts)
+
+
 def test_render_py_check_notices_a_changed_rules_file(tmp_path, monkeypatch):
     """The identity is checked, not assumed: a rules file one character longer fails --check."""
     # deploy/kubernetes/render.py is a script, and rules/render.py (test_rules) is a module named render too.
