@@ -37,6 +37,7 @@ SEVERITIES = ("critical", "warning", "info")
 THROTTLE_REASONS = ("average_power", "burst_power", "current", "thermal", "psu", "software_range", "hardware_range")
 TEMPLATE_NOTE = "#%"  # a template line that is not rendered
 NUMBER = re.compile(r"^-?\d+(?:\.\d+)?(?:e[+-]?\d+)?$")
+LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # Where a link pattern may lead: Prometheus's own address, or an absolute http(s) URL with a host.
 LINK_START = re.compile(r"^(?:\{\{ *\$externalURL *\}\}/|https?://[^/{}\s]+)")
 # The knobs a release renamed: {old name: what to do instead}.
@@ -69,7 +70,7 @@ def duration_seconds(duration: str) -> float:
 
 def validate(name: str, value: str) -> None:
     """Refuse a value the knob cannot take (by the knob's name: *For/*Window, *Severity, *Ratio, *Bytes,
-    *Celsius, *Reasons, *Selector)."""
+    *Celsius, *Reasons, *Label, *Pattern, *Selector)."""
     if name.endswith(("For", "Window")):
         duration_seconds(value)
     elif name.endswith("Severity"):
@@ -89,6 +90,9 @@ def validate(name: str, value: str) -> None:
         if unknown:
             raise RenderError(f"{name}: throttle reasons joined by |, of {', '.join(THROTTLE_REASONS)}; "
                               f"not a throttle reason: {', '.join(map(repr, unknown))}")
+    elif name.endswith("Label"):
+        if not LABEL_NAME.match(value):
+            raise RenderError(f"{name}: a Prometheus label name, e.g. cluster, got {value!r}")
     elif name.endswith("Pattern"):
         if value.count("%s") != 1:
             raise RenderError(f"{name}: a URL with one %s where the alert's anchor goes, got {value!r}")

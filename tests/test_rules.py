@@ -432,6 +432,20 @@ def test_the_units_expected_selector_chooses_which_exporters_must_watch_units(tm
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_cluster_label_knob_keeps_clusters_apart_by_the_label_it_names(tmp_path):
+    """The two-cluster cases, their clusters told apart by `region` instead: rendered with
+    clusterLabel=region they pass; with the default (cluster), which these series lack, they fail."""
+    cases = (REPO / "rules" / "tests" / "two-clusters.test.yaml").read_text().replace('{cluster="', '{region="') \
+        .replace(',cluster="', ',region="')
+    assert 'cluster="' not in cases.split("tests:", 1)[1]
+    (tmp_path / "cases.test.yaml").write_text(cases.replace("../vllm-xpu-exporter.yaml", "rules.yaml"))
+    (tmp_path / "rules.yaml").write_text(render.render({"clusterLabel": "region"}))
+    result = promtool("test", "rules", str(tmp_path / "cases.test.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    (tmp_path / "rules.yaml").write_text(render.render())
+    assert promtool("test", "rules", str(tmp_path / "cases.test.yaml")).returncode != 0
+
+
 def test_the_command_line_renders_values_files_and_assignments(tmp_path):
     values = tmp_path / "values.yaml"
     values.write_text(textwrap.dedent("""\
@@ -471,6 +485,7 @@ def test_the_command_line_renders_values_files_and_assignments(tmp_path):
     ("runbookURLPattern", "http:///runbook#%s", "starts with"),
     ("runbookURLPattern", "https://docs.example/runbook", "one %s where"),
     ("runbookUrl", "https://docs.example/runbook", "is now runbookURLPattern"),
+    ("clusterLabel", "my-cluster", "a Prometheus label name"),
 ])
 def test_bad_knob_values_are_refused_with_a_message(knob, value, message):
     with pytest.raises(render.RenderError, match=message):
