@@ -260,11 +260,15 @@ def grafana_regex(values: list[str]) -> str:
 
 
 def resolved_variables(stack: Stack) -> dict[str, str]:
-    """The dashboard's variables as Grafana resolves them against this Prometheus: instance and device
-    the first value, unit All."""
+    """The dashboard's variables as Grafana resolves them against this Prometheus: cluster and job All (their
+    first option; this stack's series have no cluster label), instance and device the first value, unit All."""
     dashboard = load_dashboard()
+    settings = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
     values: dict[str, str] = {}
     for name, (selector, label) in variable_queries(dashboard).items():
+        if "allValue" in settings[name]:
+            values[name] = settings[name]["allValue"]
+            continue
         found = stack.prometheus.label_values(label, substitute(selector, values) if selector else None)
         assert found, f"variable {name} lists nothing"
         values[name] = grafana_regex(found) if name == "unit" else found[0]
