@@ -318,6 +318,43 @@ def test_panels_are_filtered_by_the_variables():
             assert 'unit=~"$unit"' in expr or 'device="$device"' in expr, where
 
 
+def panel_expr(dashboard: dict[str, Any], title: str, values: dict[str, str]) -> str:
+    """The panel's first query with the variables as given."""
+    expr = next(panel for panel in dashboard_panels(dashboard) if panel["title"] == title)["targets"][0]["expr"]
+    for name in sorted(values, key=len, reverse=True):
+        expr = expr.replace(f"${name}", values[name])
+    return expr
+
+
+def test_two_clusters_with_the_same_host_names_stay_apart_in_the_panels(tmp_path):
+    """Two clusters whose hosts, jobs and GPUs have the same names, evaluated by promtool as Grafana asks with
+    cluster a chosen (job All): the panels show a's units and a's error counts, nothing of b's."""
+    dashboard = load_dashboard()
+    chosen = {"cluster": "a", "job": ".*", "instance": "gpu-host:10447", "device": "0000:03:00.0"}
+    series = 'instance="gpu-host:10447",job="vllm-xpu-exporter",device="0000:03:00.0"'
+    tests = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": f'xpu_unit_memory_bytes{{cluster="a",{series},unit="chat.service"}}', "values": "100x5"},
+            {"series": f'xpu_unit_memory_bytes{{cluster="b",{series},unit="chat.service"}}', "values": "200x5"},
+            {"series": f'xpu_unit_memory_bytes{{cluster="b",{series},unit="stt.service"}}', "values": "300x5"},
+            {"series": f'xpu_ras_errors_total{{cluster="a",{series},severity="uncorrectable",category="reset"}}',
+             "values": "1x5"},
+            {"series": f'xpu_ras_errors_total{{cluster="b",{series},severity="uncorrectable",category="reset"}}',
+             "values": "7x5"}],
+        "promql_expr_test": [
+            {"expr": panel_expr(dashboard, "Device memory by unit", chosen), "eval_time": "5m",
+             "exp_samples": [{"labels": f'xpu_unit_memory_bytes{{cluster="a",{series},unit="chat.service"}}',
+                              "value": 100}]},
+            {"expr": panel_expr(dashboard, "RAS errors since the driver loaded", chosen), "eval_time": "5m",
+             "exp_samples": [{"labels": '{severity="uncorrectable"}', "value": 1}]}],
+    }]}
+    (tmp_path / "panels.test.yaml").write_text(json.dumps(tests))
+    result = subprocess.run(["promtool", "test", "rules", str(tmp_path / "panels.test.yaml")], capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("knobs", [{}, {"selector": 'job="gpu",env="prod"', "vllmSelector": 'job="vllm-pods"',
                                         "clusterLabel": "region"}], ids=["defaults", "overridden"])
 def test_every_series_a_panel_or_variable_reads_is_within_the_selector_and_the_chosen_cluster(knobs):
