@@ -572,17 +572,22 @@ def variable(name: str, label: str, query: str, *, multi: bool = False, include_
     }
 
 
+DATASOURCE_VARIABLE: Json = {
+    "name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+    "current": {"selected": True, "text": "${DS_PROMETHEUS}", "value": "${DS_PROMETHEUS}"},
+    "hide": 0, "refresh": 1, "regex": "", "multi": False, "includeAll": False}
+
+
 def variables(knobs: Mapping[str, str]) -> list[Json]:
     """Data source, cluster, job, instance, GPU and units: each chosen among the exporters the rules'
     `selector` takes, within the ones before it."""
-    exporters = f"xpu_exporter_build_info{{{knobs['selector']}}}"
-    in_cluster = f'xpu_exporter_build_info{{{knobs["selector"]},{knobs["clusterLabel"]}=~"$cluster"}}'
-    in_job = f'xpu_exporter_build_info{{{knobs["selector"]},{knobs["clusterLabel"]}=~"$cluster",job=~"$job"}}'
+    exporters = f"xpu_exporter_build_info{{{knobs['selector']}"
+    in_cluster = f'{exporters},{knobs["clusterLabel"]}=~"$cluster"'
     return [
         DATASOURCE_VARIABLE,
-        variable("cluster", "Cluster", f"label_values({exporters}, {knobs['clusterLabel']})", include_all=True),
-        variable("job", "Job", f"label_values({in_cluster}, job)", include_all=True),
-        variable("instance", "Instance", f"label_values({in_job}, instance)"),
+        variable("cluster", "Cluster", f"label_values({exporters}}}, {knobs['clusterLabel']})", include_all=True),
+        variable("job", "Job", f"label_values({in_cluster}}}, job)", include_all=True),
+        variable("instance", "Instance", f'label_values({in_cluster},job=~"$job"}}, instance)'),
         variable("device", "GPU", f"label_values(xpu_memory_total_bytes{{{SCOPE}}}, device)"),
         # The units the journal watches (running or not) and the containers holding the GPU (by name;
         # kind!="systemd" leaves out the desktop sessions and other units that only hold memory)
@@ -601,12 +606,6 @@ def scoped(node: Any, scopes: Mapping[str, str]) -> Any:
         for placeholder, selector in scopes.items():
             node = node.replace(placeholder, selector)
     return node
-
-
-DATASOURCE_VARIABLE: Json = {
-    "name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-    "current": {"selected": True, "text": "${DS_PROMETHEUS}", "value": "${DS_PROMETHEUS}"},
-    "hide": 0, "refresh": 1, "regex": "", "multi": False, "includeAll": False}
 
 
 def target_json(target: Target, ref_id: str) -> Json:
