@@ -137,6 +137,8 @@ def test_the_runbook_config_map_carries_the_console_the_rules_link_to(kubectl):
     assert config_map["kind"] == "ConfigMap" and config_map["metadata"]["name"] == "vllm-xpu-exporter-runbook"
     console = REPO / "deploy" / "prometheus" / "consoles" / "vllm-xpu-exporter-runbook.html"
     assert config_map["data"] == {console.name: console.read_text()}
+    for kubernetes_version in KUBERNETES_VERSIONS:
+        validate(config_map, kubernetes_version)
     alerts = [rule for group in only(render(kubectl, BASE), "PrometheusRule")["spec"]["groups"]
               for rule in group["rules"] if "alert" in rule]
     assert alerts and all(f"/consoles/{console.name}#" in rule["annotations"]["runbook_url"] for rule in alerts)
@@ -380,6 +382,8 @@ def test_the_container_engine_components_mount_their_directory_without_creating_
         assert flag in container(objects)["args"]
     base_args = container(render(kubectl, BASE))["args"]
     assert container(objects)["args"][:len(base_args)] == base_args
+    for kubernetes_version in KUBERNETES_VERSIONS:
+        validate(only(objects, "DaemonSet"), kubernetes_version)
 
 
 def test_no_credential_is_in_the_repository_and_the_example_needs_its_own(kubectl, tmp_path):
