@@ -33,10 +33,17 @@ OUTPUT = Path(__file__).resolve().parent / "vllm-xpu-exporter.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24
 
-# Selectors of the dashboard's variables.
-DEVICE = 'instance="$instance",device="$device"'
-UNITS = 'instance="$instance",unit=~"$unit"'
-EXPORTER = 'instance="$instance"'
+# Selectors of the dashboard's variables. SCOPE stands for the exporter the variables choose, within the
+# rules' `selector` knob: dashboard() writes `<selector>,<clusterLabel>=~"$cluster",job=~"$job",
+# instance="$instance"` in its place, so two clusters' or two jobs' same-named hosts never mix in a panel.
+SCOPE = "__scope__"
+DEVICE = f'{SCOPE},device="$device"'
+UNITS = f'{SCOPE},unit=~"$unit"'
+EXPORTER = SCOPE
+# The same for the series recorded from vLLM's own (unit:vllm_*): the rules' `vllmSelector` and vLLM's job,
+# with the exporter's instance and the cluster (docs/discovery.md).
+VLLM_SCOPE = "__vllm_scope__"
+VLLM_UNITS = f'{VLLM_SCOPE},unit=~"$unit"'
 
 Json = dict[str, Any]
 
@@ -475,7 +482,7 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   "the KV its target needs (planned, dashed) and the KV its latest start got (allocated, dotted). "
                   "In use near allocated with preemptions: too small (XpuUnitKvCacheTooSmallForLoad); far below "
                   "allocated for long: oversized (XpuUnitKvCacheOversized).",
-                  (Target(f"unit:vllm_kv_cache_used:bytes{{{UNITS}}}", "{{unit}} in use"),
+                  (Target(f"unit:vllm_kv_cache_used:bytes{{{VLLM_UNITS}}}", "{{unit}} in use"),
                    Target(f'xpu_unit_kv_cache_planned_bytes{{{DEVICE},unit=~"$unit"}}', "{{unit}} planned"),
                    Target(f"xpu_unit_kv_cache_bytes{{{UNITS}}}", "{{unit}} allocated")),
                   "bytes", green_only(), 24, 8,
@@ -484,16 +491,16 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
             Panel("timeseries", "KV-cache usage",
                   "vLLM's KV-cache usage per unit (kv_cache_usage_perc, gpu_cache_usage_perc before 0.11): the "
                   "blocks running requests hold; blocks kept only for the prefix cache count as free.",
-                  (Target(f"unit:vllm_kv_cache_usage:ratio{{{UNITS}}}", "{{unit}}"),),
+                  (Target(f"unit:vllm_kv_cache_usage:ratio{{{VLLM_UNITS}}}", "{{unit}}"),),
                   "percentunit", [(None, "green"), (0.9, "orange"), (1, "red")], 8, 8,
                   defaults={"min": 0, "max": 1}),
             Panel("timeseries", "Preemptions and requests waiting for capacity",
                   "Per unit, preemptions per second and requests waiting for KV capacity (every waiting request "
                   "before vLLM's waiting reasons), against those running. Either while fewer than max_num_seqs "
                   "run: the KV cache is the limit.",
-                  (Target(f"unit:vllm_preemptions:rate5m{{{UNITS}}}", "{{unit}} preemptions/s"),
-                   Target(f"unit:vllm_requests_waiting_for_capacity:sum{{{UNITS}}}", "{{unit}} waiting for capacity"),
-                   Target(f"unit:vllm_requests_running:sum{{{UNITS}}}", "{{unit}} running")),
+                  (Target(f"unit:vllm_preemptions:rate5m{{{VLLM_UNITS}}}", "{{unit}} preemptions/s"),
+                   Target(f"unit:vllm_requests_waiting_for_capacity:sum{{{VLLM_UNITS}}}", "{{unit}} waiting for capacity"),
+                   Target(f"unit:vllm_requests_running:sum{{{VLLM_UNITS}}}", "{{unit}} running")),
                   "short", green_only(), 16, 8,
                   options=LEGEND_TABLE, defaults={"min": 0}),
         )),
@@ -553,26 +560,52 @@ FAILURE_ANNOTATION: Json = {
 }
 
 
-def variable(name: str, label: str, query: str, *, multi: bool = False) -> Json:
+def variable(name: str, label: str, query: str, *, multi: bool = False, include_all: bool | None = None) -> Json:
+    """A label_values() variable; with All (`include_all`, as `multi` by default) matching every value, and
+    no value: a dashboard of series without the label (one cluster) shows them under All."""
+    include_all = multi if include_all is None else include_all
     return {
         "name": name, "label": label, "type": "query", "datasource": DATASOURCE,
         "definition": query, "query": {"query": query, "refId": f"{name}-values"},
-        "refresh": 2, "sort": 1, "multi": multi, "includeAll": multi, "hide": 0, "regex": "",
-        "current": {},
+        "refresh": 2, "sort": 1, "multi": multi, "includeAll": include_all, "hide": 0, "regex": "",
+        "current": {}, **({"allValue": ".*"} if include_all and not multi else {}),
     }
 
 
-VARIABLES: tuple[Json, ...] = (
-    {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
-     "current": {"selected": True, "text": "${DS_PROMETHEUS}", "value": "${DS_PROMETHEUS}"},
-     "hide": 0, "refresh": 1, "regex": "", "multi": False, "includeAll": False},
-    variable("instance", "Instance", "label_values(xpu_exporter_build_info, instance)"),
-    variable("device", "GPU", 'label_values(xpu_memory_total_bytes{instance="$instance"}, device)'),
-    # The units the journal watches (running or not) and the containers holding the GPU (by name;
-    # kind!="systemd" leaves out the desktop sessions and other units that only hold memory)
-    variable("unit", "Unit", 'label_values({__name__=~"xpu_unit_engine_starts_total|xpu_workload_info",'
-                             'kind!="systemd",instance="$instance"}, unit)', multi=True),
-)
+DATASOURCE_VARIABLE: Json = {
+    "name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+    "current": {"selected": True, "text": "${DS_PROMETHEUS}", "value": "${DS_PROMETHEUS}"},
+    "hide": 0, "refresh": 1, "regex": "", "multi": False, "includeAll": False}
+
+
+def variables(knobs: Mapping[str, str]) -> list[Json]:
+    """Data source, cluster, job, instance, GPU and units: each chosen among the exporters the rules'
+    `selector` takes, within the ones before it."""
+    exporters = f"xpu_exporter_build_info{{{knobs['selector']}"
+    in_cluster = f'{exporters},{knobs["clusterLabel"]}=~"$cluster"'
+    return [
+        DATASOURCE_VARIABLE,
+        variable("cluster", "Cluster", f"label_values({exporters}}}, {knobs['clusterLabel']})", include_all=True),
+        variable("job", "Job", f"label_values({in_cluster}}}, job)", include_all=True),
+        variable("instance", "Instance", f'label_values({in_cluster},job=~"$job"}}, instance)'),
+        variable("device", "GPU", f"label_values(xpu_memory_total_bytes{{{SCOPE}}}, device)"),
+        # The units the journal watches (running or not) and the containers holding the GPU (by name;
+        # kind!="systemd" leaves out the desktop sessions and other units that only hold memory)
+        variable("unit", "Unit", 'label_values({__name__=~"xpu_unit_engine_starts_total|xpu_workload_info",'
+                                 f'kind!="systemd",{SCOPE}}}, unit)', multi=True),
+    ]
+
+
+def scoped(node: Any, scopes: Mapping[str, str]) -> Any:
+    """`node` with each placeholder of `scopes` (VLLM_SCOPE, SCOPE) replaced by its selector in every string."""
+    if isinstance(node, dict):
+        return {key: scoped(value, scopes) for key, value in node.items()}
+    if isinstance(node, list):
+        return [scoped(value, scopes) for value in node]
+    if isinstance(node, str):
+        for placeholder, selector in scopes.items():
+            node = node.replace(placeholder, selector)
+    return node
 
 
 def target_json(target: Target, ref_id: str) -> Json:
@@ -634,7 +667,10 @@ def layout(rows: Sequence[Row]) -> list[Json]:
 def dashboard(overrides: Mapping[str, str] = ()) -> Json:
     """The dashboard for the rules rendered with these knob overrides (none: the bundled rules)."""
     knobs = knob_values(overrides)
-    return {
+    cluster = f'{knobs["clusterLabel"]}=~"$cluster"'
+    scopes = {VLLM_SCOPE: f'{knobs["vllmSelector"]},{cluster},instance="$instance"',
+              SCOPE: f'{knobs["selector"]},{cluster},job=~"$job",instance="$instance"'}
+    return scoped({
         "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "description": "Prometheus that scrapes "
                       "vllm-xpu-exporter", "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}],
         "__requires": [
@@ -660,9 +696,9 @@ def dashboard(overrides: Mapping[str, str] = ()) -> Json:
         "timezone": "",
         "links": [],
         "annotations": {"list": [FAILURE_ANNOTATION]},
-        "templating": {"list": list(VARIABLES)},
+        "templating": {"list": variables(knobs)},
         "panels": layout(rows(knobs)),
-    }
+    }, scopes)
 
 
 def render(overrides: Mapping[str, str] = ()) -> str:

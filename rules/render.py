@@ -6,7 +6,8 @@
     python3 rules/render.py --values my-values.yaml > my-rules.yaml
 
 The template (rules/template/vllm-xpu-exporter.yaml) marks each knob as ``${name}``; ``${name:seconds}``
-is a duration knob as a number of seconds; lines starting with ``#%`` are the template's own notes.
+is a duration knob as a number of seconds, ``${name%anchor}`` a pattern knob with its ``%s`` as ``anchor``;
+lines starting with ``#%`` are the template's own notes.
 rules/template/config.yaml lists every knob with its default.
 Values files hold a subset of those knobs; ``--set`` wins over ``--values``, later over earlier.
 Needs Python 3 and PyYAML only; usable from a shell as ``render(overrides)``.
@@ -27,7 +28,7 @@ TEMPLATE = RULES_DIR / "template" / "vllm-xpu-exporter.yaml"
 DEFAULTS = RULES_DIR / "template" / "config.yaml"
 RENDERED = RULES_DIR / "vllm-xpu-exporter.yaml"
 
-PLACEHOLDER = re.compile(r"\$\{(\w+)(?::(seconds))?\}")
+PLACEHOLDER = re.compile(r"\$\{(\w+)(?::(seconds)|%(\w+))?\}")
 DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
 DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 SECONDS_PER_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
@@ -36,6 +37,11 @@ SEVERITIES = ("critical", "warning", "info")
 THROTTLE_REASONS = ("average_power", "burst_power", "current", "thermal", "psu", "software_range", "hardware_range")
 TEMPLATE_NOTE = "#%"  # a template line that is not rendered
 NUMBER = re.compile(r"^-?\d+(?:\.\d+)?(?:e[+-]?\d+)?$")
+LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# Where a link pattern may lead: Prometheus's own address, or an absolute http(s) URL with a host.
+LINK_START = re.compile(r"^(?:\{\{ *\$externalURL *\}\}/|https?://[^/{}\s]+)")
+# The knobs a release renamed: {old name: what to do instead}.
+RENAMED = {"runbookUrl": "runbookURLPattern, with %s where the alert's anchor goes (runbookUrl=U is U#%s)"}
 
 
 class RenderError(ValueError):
@@ -64,7 +70,7 @@ def duration_seconds(duration: str) -> float:
 
 def validate(name: str, value: str) -> None:
     """Refuse a value the knob cannot take (by the knob's name: *For/*Window, *Severity, *Ratio, *Bytes,
-    *Celsius, *Reasons, *Selector)."""
+    *Celsius, *Reasons, *Label, *Pattern, *Selector)."""
     if name.endswith(("For", "Window")):
         duration_seconds(value)
     elif name.endswith("Severity"):
@@ -84,6 +90,15 @@ def validate(name: str, value: str) -> None:
         if unknown:
             raise RenderError(f"{name}: throttle reasons joined by |, of {', '.join(THROTTLE_REASONS)}; "
                               f"not a throttle reason: {', '.join(map(repr, unknown))}")
+    elif name.endswith("Label"):
+        if not LABEL_NAME.match(value):
+            raise RenderError(f"{name}: a Prometheus label name, e.g. cluster, got {value!r}")
+    elif name.endswith("Pattern"):
+        if value.count("%s") != 1:
+            raise RenderError(f"{name}: a URL with one %s where the alert's anchor goes, got {value!r}")
+        if "$labels" in value or not LINK_START.match(value):
+            raise RenderError(f"{name}: starts with {{{{ $externalURL }}}}/ or http(s)://host, and takes nothing from "
+                              f"the firing series' labels (a down or absent exporter serves no page), got {value!r}")
     elif name.endswith("Selector") or name == "selector":
         if not value.strip() or "{" in value or "}" in value:
             raise RenderError(f"{name}: label matchers without braces, e.g. job=\"vllm-xpu-exporter\", got {value!r}")
@@ -93,6 +108,8 @@ def knob_values(overrides: Mapping[str, str] = (), defaults: Mapping[str, str] |
     """Defaults with the overrides applied and checked."""
     values = dict(load_defaults() if defaults is None else defaults)
     for name, value in dict(overrides).items():
+        if name in RENAMED:
+            raise RenderError(f"the knob {name!r} is now {RENAMED[name]}")
         if name not in values:
             raise RenderError(f"unknown knob {name!r}; the knobs are in {DEFAULTS}")
         values[name] = _text(value)
@@ -114,6 +131,8 @@ def render(overrides: Mapping[str, str] = (), template: Path = TEMPLATE) -> str:
         value = values[match.group(1)]
         if match.group(2) == "seconds":
             return _text(duration_seconds(value))
+        if match.group(3):
+            return value.replace("%s", match.group(3))
         return value
 
     rendered = PLACEHOLDER.sub(substitute, text)

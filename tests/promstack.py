@@ -32,6 +32,8 @@ from polling import wait_for
 PROMETHEUS = "prometheus"
 ALERTMANAGER = "prometheus-alertmanager"
 HOST = "127.0.0.1"
+# The runbook console every shipped Prometheus serves, where the rules' runbook_url leads by default.
+CONSOLES = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "consoles"
 START_ATTEMPTS = 5
 
 
@@ -139,7 +141,8 @@ class Alertmanager(_Server):
 
 
 class Prometheus(_Server):
-    """Prometheus scraping the targets as job `job` and evaluating the rule files."""
+    """Prometheus scraping the targets as job `job` and evaluating the rule files, serving the shipped
+    consoles at its own address (its external URL)."""
 
     name = "prometheus"
 
@@ -162,7 +165,8 @@ class Prometheus(_Server):
 
     def command(self, port: int) -> list[str]:
         return [PROMETHEUS, f"--config.file={self.config_path}", f"--storage.tsdb.path={self.directory / 'data'}",
-                f"--web.listen-address={HOST}:{port}", "--log.level=info"]
+                f"--web.listen-address={HOST}:{port}", f"--web.external-url=http://{HOST}:{port}/",
+                f"--web.console.templates={CONSOLES}", "--log.level=info"]
 
     def api(self, path: str, **params: str) -> Any:
         """GET /api/v1/<path>?<params>; the data of a successful answer, RuntimeError otherwise."""

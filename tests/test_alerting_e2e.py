@@ -197,9 +197,9 @@ def test_init_failure_of_chat_reaches_the_webhook_with_its_labels_and_the_failur
                        f"(latest failure {failed_at}). KV cache of the latest start: 2.13GiB. Needed for one "
                        f"request of max_model_len: 3.36GiB. gpu_memory_utilization: 0.75. max_model_len: 131072.\n"
                        + INIT_FAILED_ADVICE,
-        "runbook_url": f"http://{stack.instance}/runbook#xpuunitengineinitfailed",
+        "runbook_url": f"{stack.prometheus.url}/consoles/vllm-xpu-exporter-runbook.html#xpuunitengineinitfailed",
     }
-    # the link leads somewhere real: the firing exporter serves the runbook, with the alert's section
+    # the link leads somewhere real, the exporter not asked: Prometheus serves the runbook's console
     with urllib.request.urlopen(first["annotations"]["runbook_url"], timeout=10) as response:
         assert response.status == 200 and 'id="xpuunitengineinitfailed"' in response.read().decode()
     # one alert for the one failure: no other unit's, no other reason's
@@ -260,11 +260,15 @@ def grafana_regex(values: list[str]) -> str:
 
 
 def resolved_variables(stack: Stack) -> dict[str, str]:
-    """The dashboard's variables as Grafana resolves them against this Prometheus: instance and device
-    the first value, unit All."""
+    """The dashboard's variables as Grafana resolves them against this Prometheus: cluster and job All (their
+    first option; this stack's series have no cluster label), instance and device the first value, unit All."""
     dashboard = load_dashboard()
+    settings = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
     values: dict[str, str] = {}
     for name, (selector, label) in variable_queries(dashboard).items():
+        if "allValue" in settings[name]:
+            values[name] = settings[name]["allValue"]
+            continue
         found = stack.prometheus.label_values(label, substitute(selector, values) if selector else None)
         assert found, f"variable {name} lists nothing"
         values[name] = grafana_regex(found) if name == "unit" else found[0]

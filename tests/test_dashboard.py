@@ -21,6 +21,9 @@ sys.path.insert(0, str(REPO / "grafana"))
 import dashboard as builder  # noqa: E402  (grafana/dashboard.py and rules/render.py are scripts, not package modules)
 import render  # noqa: E402
 
+# What the default dashboard selects an exporter's series by: the rules' selector, cluster, job, instance.
+EXPORTER_SCOPE = 'job="vllm-xpu-exporter",cluster=~"$cluster",job=~"$job",instance="$instance"'
+
 OPERATOR_DOC = REPO / "docs" / "alerts-and-dashboard.md"
 ROWS = ["Device memory", "Device telemetry", "KV cache per unit", "Engine inits", "Restart headroom", "Plan",
         "KV in use", "Exporter"]
@@ -81,17 +84,21 @@ def test_the_data_source_is_chosen_at_import_and_no_uid_is_hard_coded():
 def test_variables_select_instance_device_and_units_from_the_exporters_metrics():
     dashboard = load_dashboard()
     queries = variable_queries(dashboard)
-    assert set(queries) == {"instance", "device", "unit"}
+    assert list(queries) == ["cluster", "job", "instance", "device", "unit"]
     served = documented_metrics()
     for name, (selector, label) in queries.items():
         assert label == name
         assert metric_names(selector) <= served, name
     assert '$instance' in queries["device"][0] and '$instance' in queries["unit"][0]
+    # each chosen within the ones before it; cluster and job offer All, which also takes series without them
+    assert '$cluster' in queries["job"][0] and {'$cluster', '$job'} <= set(re.findall(r"\$\w+", queries["instance"][0]))
     # the watched units, running or not, and the containers holding the GPU (by name: issue 22), not sessions
     assert metric_names(queries["unit"][0]) == {"xpu_unit_engine_starts_total", "xpu_workload_info"}
     assert 'kind!="systemd"' in queries["unit"][0]
     variables = {variable["name"]: variable for variable in dashboard["templating"]["list"]}
     assert variables["unit"]["multi"] and variables["unit"]["includeAll"]
+    for name in ("cluster", "job"):
+        assert variables[name]["includeAll"] and variables[name]["allValue"] == ".*" and not variables[name]["multi"]
 
 
 def test_rows_hold_the_panels_the_operators_need():
@@ -149,8 +156,8 @@ def test_rows_hold_the_panels_the_operators_need():
     assert all("xpu_unit_restart_headroom_bytes" in expr for panel in rows["Restart headroom"] for expr in exprs(panel))
     plan = {panel["title"]: exprs(panel) for panel in rows["Plan"]}
     assert plan["Units' footprints against the GPU"] == [
-        'xpu_unit_memory_footprint_bytes{instance="$instance",device="$device"}',
-        'xpu_memory_total_bytes{instance="$instance",device="$device"} - 536870912']
+        f'xpu_unit_memory_footprint_bytes{{{EXPORTER_SCOPE},device="$device"}}',
+        f'xpu_memory_total_bytes{{{EXPORTER_SCOPE},device="$device"}} - 536870912']
     assert "xpu_device_units_footprint_bytes" in plan["Room left after the units' targets"][0]
     assert [metric_names(expr) for expr in plan["Planned and actual KV cache"]] == [
         {"xpu_unit_kv_cache_planned_bytes"}, {"xpu_unit_kv_cache_plan_bytes"}, {"xpu_unit_kv_cache_bytes"}]
@@ -309,6 +316,68 @@ def test_panels_are_filtered_by_the_variables():
         assert 'instance="$instance"' in expr, where
         if "xpu_unit_" in expr:
             assert 'unit=~"$unit"' in expr or 'device="$device"' in expr, where
+
+
+def panel_expr(dashboard: dict[str, Any], title: str, values: dict[str, str]) -> str:
+    """The panel's first query with the variables as given."""
+    expr = next(panel for panel in dashboard_panels(dashboard) if panel["title"] == title)["targets"][0]["expr"]
+    for name in sorted(values, key=len, reverse=True):
+        expr = expr.replace(f"${name}", values[name])
+    return expr
+
+
+def test_two_clusters_with_the_same_host_names_stay_apart_in_the_panels(tmp_path):
+    """Two clusters whose hosts, jobs and GPUs have the same names, evaluated by promtool as Grafana asks with
+    cluster a chosen (job All): the panels show a's units and a's error counts, nothing of b's."""
+    dashboard = load_dashboard()
+    chosen = {"cluster": "a", "job": ".*", "instance": "gpu-host:10447", "device": "0000:03:00.0"}
+    series = 'instance="gpu-host:10447",job="vllm-xpu-exporter",device="0000:03:00.0"'
+    tests = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [
+            {"series": f'xpu_unit_memory_bytes{{cluster="a",{series},unit="chat.service"}}', "values": "100x5"},
+            {"series": f'xpu_unit_memory_bytes{{cluster="b",{series},unit="chat.service"}}', "values": "200x5"},
+            {"series": f'xpu_unit_memory_bytes{{cluster="b",{series},unit="stt.service"}}', "values": "300x5"},
+            {"series": f'xpu_ras_errors_total{{cluster="a",{series},severity="uncorrectable",category="reset"}}',
+             "values": "1x5"},
+            {"series": f'xpu_ras_errors_total{{cluster="b",{series},severity="uncorrectable",category="reset"}}',
+             "values": "7x5"}],
+        "promql_expr_test": [
+            {"expr": panel_expr(dashboard, "Device memory by unit", chosen), "eval_time": "5m",
+             "exp_samples": [{"labels": f'xpu_unit_memory_bytes{{cluster="a",{series},unit="chat.service"}}',
+                              "value": 100}]},
+            {"expr": panel_expr(dashboard, "RAS errors since the driver loaded", chosen), "eval_time": "5m",
+             "exp_samples": [{"labels": '{severity="uncorrectable"}', "value": 1}]}],
+    }]}
+    (tmp_path / "panels.test.yaml").write_text(json.dumps(tests))
+    result = subprocess.run(["promtool", "test", "rules", str(tmp_path / "panels.test.yaml")], capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("knobs", [{}, {"selector": 'job="gpu",env="prod"', "vllmSelector": 'job="vllm-pods"',
+                                        "clusterLabel": "region"}], ids=["defaults", "overridden"])
+def test_every_series_a_panel_or_variable_reads_is_within_the_selector_and_the_chosen_cluster(knobs):
+    """Two clusters (or two jobs) with the same host names never meet in a panel: every vector selector of
+    every query carries the rules' selector (vLLM's recorded series: vllmSelector) and the cluster variable
+    on the clusterLabel knob; the exporter's series the job variable too. Variables choose in that order."""
+    values = render.knob_values(knobs)
+    dashboard = builder.dashboard(knobs)
+    cluster = f'{values["clusterLabel"]}=~"$cluster"'
+    queries = [(where, target["expr"]) for where, target in dashboard_queries(dashboard)]
+    queries += [(f"variable {name}", selector) for name, (selector, _) in variable_queries(dashboard).items()
+                if name != "cluster"]
+    for where, expr in queries:
+        selectors = re.findall(r"\{([^{}]*)\}", re.sub(r"\{\{[^}]*\}\}", "", expr))
+        assert selectors, where
+        for selector in selectors:
+            if "unit:vllm_" in expr:
+                assert selector.startswith(f'{values["vllmSelector"]},{cluster},instance="$instance"'), (where, selector)
+            else:
+                assert selector.startswith(f'{values["selector"]},{cluster}') or \
+                    selector.startswith('__name__=~') and f'{values["selector"]},{cluster}' in selector, (where, selector)
+    (cluster_query, label) = variable_queries(dashboard)["cluster"]
+    assert cluster_query == f'xpu_exporter_build_info{{{values["selector"]}}}' and label == values["clusterLabel"]
 
 
 def test_panels_fit_the_grid_without_overlapping():

@@ -264,6 +264,17 @@ def test_compose_mounts_files_that_exist_in_the_repository():
     assert compose()["services"]["vllm-xpu-exporter"]["build"]["context"] == ".."
 
 
+def test_compose_prometheus_serves_the_runbook_console_the_rules_link_to():
+    """The rules' runbook_url is {{ $externalURL }}/consoles/vllm-xpu-exporter-runbook.html#<alert>: Compose's
+    Prometheus serves that directory and says its address (not the container's own hostname)."""
+    prometheus = compose()["services"]["prometheus"]
+    flags = dict(flag.split("=", 1) for flag in prometheus["command"])
+    mounts = {target: (source, options) for source, target, options in bind_mounts(prometheus)}
+    source, options = mounts[flags["--web.console.templates"]]
+    assert options == "ro" and (DEPLOY / source / "vllm-xpu-exporter-runbook.html").is_file()
+    assert flags["--web.external-url"] == f"http://localhost:{prometheus['ports'][0].split(':')[0]}/"
+
+
 def test_compose_pins_the_monitoring_images():
     for name in ("prometheus", "alertmanager", "grafana"):
         image = compose()["services"][name]["image"]

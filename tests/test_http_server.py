@@ -864,7 +864,7 @@ def test_curl_over_tls_with_client_certificate_and_basic_auth(tmp_path, pki):
 
 def test_the_exporter_serves_the_runbook_it_ships_with_an_anchor_for_every_alert():
     """GET /runbook: docs/runbook.md as HTML, each alert's section under the anchor its runbook_url ends with
-    (the rules' default runbookUrl is the firing exporter's own /runbook); the landing page links to it."""
+    (the page the rules' runbook_url leads to, as Prometheus serves it); the landing page links to it."""
     alerts = re.findall(r"^## (Xpu\w+)$", (Path(__file__).resolve().parents[1] / "docs" / "runbook.md").read_text(), re.M)
     assert alerts
     with running() as server:

@@ -17,10 +17,12 @@ import base64
 import copy
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from functools import cache
 from pathlib import Path
@@ -66,7 +68,22 @@ def kubectl(tmp_path_factory) -> str:
 
 
 @cache
+def example_with_credentials() -> Path:
+    """A copy of deploy/kubernetes whose example overlay has the credentials make-credentials.py makes, as a
+    user runs it (the repository carries none)."""
+    copy_root = Path(tempfile.mkdtemp(prefix="kubernetes-")) / "kubernetes"
+    shutil.copytree(KUBERNETES, copy_root, ignore=shutil.ignore_patterns("scrape-password", "web-config.yml"))
+    example = copy_root / EXAMPLE.relative_to(KUBERNETES)
+    result = subprocess.run([sys.executable, str(example / "make-credentials.py")], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    return example
+
+
+@cache
 def _render(kubectl: str, directory: Path) -> tuple[dict[str, Any], ...]:
+    if directory == EXAMPLE:
+        directory = example_with_credentials()
     result = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stderr == "", f"kustomize warned: {result.stderr}"
@@ -113,6 +130,18 @@ def test_the_dashboard_config_map_is_the_bundled_dashboard_for_grafanas_sidecar(
     assert json.loads(dashboard["data"][DASHBOARD.name])["panels"]
     # kubectl apply (client side) keeps the whole object in an annotation of at most 256 KiB.
     assert len(DASHBOARD.read_bytes()) < 200 * 1024
+
+
+def test_the_runbook_config_map_carries_the_console_the_rules_link_to(kubectl):
+    (config_map,) = render(kubectl, KUBERNETES / "prometheus-runbook")
+    assert config_map["kind"] == "ConfigMap" and config_map["metadata"]["name"] == "vllm-xpu-exporter-runbook"
+    console = REPO / "deploy" / "prometheus" / "consoles" / "vllm-xpu-exporter-runbook.html"
+    assert config_map["data"] == {console.name: console.read_text()}
+    for kubernetes_version in KUBERNETES_VERSIONS:
+        validate(config_map, kubernetes_version)
+    alerts = [rule for group in only(render(kubectl, BASE), "PrometheusRule")["spec"]["groups"]
+              for rule in group["rules"] if "alert" in rule]
+    assert alerts and all(f"/consoles/{console.name}#" in rule["annotations"]["runbook_url"] for rule in alerts)
 
 
 def test_render_py_check_notices_a_changed_rules_file(tmp_path, monkeypatch):
@@ -315,22 +344,68 @@ def test_every_host_path_is_mounted_read_only_and_none_is_a_device(kubectl):
     mounts = {mount["name"]: mount for mount in container(objects)["volumeMounts"]}
     assert {name: host_paths[name]["path"] for name in host_paths} == {
         "proc": "/proc", "cgroup": "/sys/fs/cgroup", "var-log": "/var/log", "run-log-journal": "/run/log/journal",
-        "machine-id": "/etc/machine-id", "docker-containers": "/var/lib/docker/containers",
-        "containers-storage": "/var/lib/containers/storage", "kubelet-seccomp": "/var/lib/kubelet/seccomp"}
+        "machine-id": "/etc/machine-id", "kubelet-root": "/var/lib/kubelet"}
     # The one host path written: the kubelet's seccomp profiles, by the init container alone (cp, no capability)
     (installer,) = pod["initContainers"]
-    assert [mount["name"] for mount in installer["volumeMounts"] if not mount.get("readOnly")] == ["kubelet-seccomp"]
+    assert [(mount["name"], mount.get("subPath")) for mount in installer["volumeMounts"]
+            if not mount.get("readOnly")] == [("kubelet-root", "seccomp")]
     assert installer["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert installer["securityContext"]["allowPrivilegeEscalation"] is False
-    assert "kubelet-seccomp" not in mounts
-    for name in set(host_paths) - {"kubelet-seccomp"}:
+    assert "kubelet-root" not in mounts
+    for name in set(host_paths) - {"kubelet-root"}:
         assert mounts[name]["readOnly"] is True, name
     assert not any(path["path"].startswith("/dev") for path in host_paths.values())
     # A runtime creates a missing hostPath directory: /var/log/journal is not mounted alone, because an
     # empty one would make a host's volatile journal persistent.
     assert "/var/log/journal" not in {path["path"] for path in host_paths.values()}
-    assert host_paths["proc"]["type"] == host_paths["cgroup"]["type"] == "Directory"
-    assert host_paths["machine-id"]["type"] == "File"
+    assert {name: path["type"] for name, path in host_paths.items()} == {
+        "proc": "Directory", "cgroup": "Directory", "var-log": "Directory", "run-log-journal": "Directory",
+        "machine-id": "File", "kubelet-root": "Directory"}, "the base creates nothing on a node"
+
+
+@pytest.mark.parametrize(("component", "volume", "path", "flag"), [
+    ("docker", "docker-containers", "/var/lib/docker/containers", "--logs.docker"),
+    ("podman", "containers-storage", "/var/lib/containers/storage", None)])
+def test_the_container_engine_components_mount_their_directory_without_creating_it(kubectl, tmp_path, component,
+                                                                                    volume, path, flag):
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(BASE, overlay)],
+        "components": [os.path.relpath(KUBERNETES / "components" / component, overlay)]}))
+    objects = render(kubectl, overlay)
+    pod = only(objects, "DaemonSet")["spec"]["template"]["spec"]
+    assert {"name": volume, "hostPath": {"path": path, "type": "Directory"}} in pod["volumes"]
+    assert {"name": volume, "mountPath": path, "readOnly": True} in container(objects)["volumeMounts"]
+    if flag:
+        assert flag in container(objects)["args"]
+    base_args = container(render(kubectl, BASE))["args"]
+    assert container(objects)["args"][:len(base_args)] == base_args
+    for kubernetes_version in KUBERNETES_VERSIONS:
+        validate(only(objects, "DaemonSet"), kubernetes_version)
+
+
+def test_no_credential_is_in_the_repository_and_the_example_needs_its_own(kubectl, tmp_path):
+    """The example overlay's password is made on the user's machine: without it kustomize stops, naming the
+    file; no file under deploy/ carries a password or a bcrypt hash."""
+    for path in (REPO / "deploy").rglob("*"):
+        if path.is_file() and path.name not in ("scrape-password", "web-config.yml"):
+            text = path.read_text(errors="replace")
+            assert not re.search(r"\$2[aby]\$\d\d\$", text), path
+            assert "change-me" not in text, path
+    bare = tmp_path / "kubernetes"
+    shutil.copytree(KUBERNETES, bare, ignore=shutil.ignore_patterns("scrape-password", "web-config.yml"))
+    result = subprocess.run([kubectl, "kustomize", str(bare / "overlays" / "example")], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode != 0 and ("web-config.yml" in result.stderr or "scrape-password" in result.stderr)
+    made = example_with_credentials()
+    again = tmp_path / "again"
+    shutil.copytree(made.parent.parent, again)
+    subprocess.run([sys.executable, str(again / "overlays" / "example" / "make-credentials.py")], check=True,
+                   capture_output=True, timeout=60)
+    assert (again / "overlays" / "example" / "scrape-password").read_text() != (made / "scrape-password").read_text()
+    assert (made / "scrape-password").stat().st_mode & 0o077 == 0
 
 
 def test_the_exporter_finds_the_hosts_files_where_they_are_mounted(kubectl):
@@ -341,9 +416,8 @@ def test_the_exporter_finds_the_hosts_files_where_they_are_mounted(kubectl):
     args = dict(arg.split("=", 1) for arg in exporter["args"] if "=" in arg)
     assert args["--path.procfs"] in mounts
     assert args["--path.sysfs"] + "/fs/cgroup" in mounts
-    assert {"--logs.pods", "--logs.docker"} <= set(exporter["args"])
-    assert {"/var/log", "/run/log/journal", "/etc/machine-id", "/var/lib/docker/containers",
-            "/var/lib/containers/storage"} <= mounts
+    assert "--logs.pods" in exporter["args"]
+    assert {"/var/log", "/run/log/journal", "/etc/machine-id"} <= mounts
 
 
 def exporter_flags() -> set[str]:
@@ -420,7 +494,7 @@ def test_the_example_overlay_renders_node_selection_groups_and_collectors(kubect
     exporter = container(objects)
     assert exporter["image"].endswith("/vllm-xpu-exporter:" + exporter["image"].rsplit(":", 1)[1])
     assert {f"--collector.{name}" for name in ("levelzero", "processes", "journal")} <= set(exporter["args"])
-    assert {"--logs.pods", "--logs.docker"} <= set(exporter["args"]), "vLLM pods are found by their logs"
+    assert "--logs.pods" in exporter["args"], "vLLM pods are found by their logs"
     assert exporter["securityContext"]["capabilities"]["add"], "the base's container security context is kept"
     namespaces = {document["metadata"].get("namespace") for document in objects if document["kind"] != "Namespace"}
     assert namespaces == {"vllm-xpu-exporter"}, "the Secrets are where the DaemonSet and ServiceMonitor are"
@@ -463,6 +537,8 @@ def test_the_kubectl_rendering_here_carries_kustomize_v5(kubectl):
 
 @pytest.mark.parametrize("directory", [BASE, EXAMPLE], ids=["base", "example"])
 def test_base_and_example_render_without_a_warning(kubectl, directory):
+    if directory == EXAMPLE:
+        directory = example_with_credentials()
     result = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stderr == "", result.stderr
 

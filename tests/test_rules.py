@@ -73,7 +73,8 @@ def wording_checks() -> Iterator[tuple[str, dict[str, str], dict[str, str]]]:
         for check in case["alert_rule_test"]:
             for alert in check["exp_alerts"]:
                 labels = {key: str(value) for key, value in alert["exp_labels"].items()}
-                yield check["alertname"], labels, alert["exp_annotations"]
+                yield check["alertname"], labels | {"__external_url__": case.get("external_url", "")}, \
+                    alert["exp_annotations"]
 
 
 def documented_failure_reasons() -> set[str]:
@@ -179,8 +180,9 @@ def test_every_alerting_rule_and_failure_reason_has_a_wording_case():
 
 def test_alert_texts_name_what_fired_and_link_to_its_runbook_section():
     sections = runbook_sections()
-    runbook_url = render.load_defaults()["runbookUrl"]
+    pattern = render.load_defaults()["runbookURLPattern"]
     for name, labels, annotations in wording_checks():
+        external_url = labels.pop("__external_url__")
         summary, description = annotations["summary"], annotations["description"]
         assert summary.endswith(".") and ". " not in summary and "\n" not in summary, (name, summary)
         for text in (summary, description):
@@ -191,9 +193,10 @@ def test_alert_texts_name_what_fired_and_link_to_its_runbook_section():
                 assert labels[label] in description, (name, label, description)
         assert any(value in description for label, value in labels.items() if label != "severity"), name
         assert not re.search(r"\d(?:Ki|Mi|Gi|Ti|Pi)(?!B)", description), f"{name}: a byte figure without its unit"
-        page, _, anchor = annotations["runbook_url"].partition("#")
-        expected_page = runbook_url.replace("{{ $labels.instance }}", labels.get("instance", ""))
-        assert page == expected_page and anchor == name.lower() and anchor in sections, (name, annotations["runbook_url"])
+        # Prometheus's address behind TLS: every link, XpuExporterDown's and XpuExporterAbsent's too, starts there
+        assert external_url.startswith("https://"), name
+        expected = pattern.replace("{{ $externalURL }}", external_url).replace("%s", name.lower())
+        assert annotations["runbook_url"] == expected and name.lower() in sections, (name, annotations["runbook_url"])
 
 
 def test_each_failure_reason_gets_its_own_advice():
@@ -232,7 +235,7 @@ def test_alerts_follow_the_mixin_naming_severity_and_annotation_conventions():
         assert set(annotations) == {"summary", "description", "runbook_url"}, name
         assert annotations["summary"].endswith(".") and "{{" not in annotations["summary"], name
         assert annotations["description"].strip(), name
-        assert annotations["runbook_url"] == f"{render.load_defaults()['runbookUrl']}#{name.lower()}", name
+        assert annotations["runbook_url"] == render.load_defaults()["runbookURLPattern"].replace("%s", name.lower()), name
 
 
 def test_every_runbook_url_leads_to_a_section_with_meaning_diagnosis_and_fix():
@@ -242,6 +245,23 @@ def test_every_runbook_url_leads_to_a_section_with_meaning_diagnosis_and_fix():
         assert anchor in sections, f"docs/runbook.md has no section '## {name}'"
         for part in ("**Meaning**", "**Diagnosis**", "**Fix**"):
             assert part in sections[anchor], f"runbook section {name} lacks {part}"
+
+
+@pytest.mark.parametrize("rules_file", [RULES, REPO / "deploy" / "kubernetes" / "base" / "prometheusrule.yaml"],
+                         ids=["rules", "kubernetes"])
+def test_every_shipped_runbook_url_opens_without_the_exporter(rules_file):
+    """Each link starts at Prometheus's own address (its scheme, TLS or not, and a host even when no exporter
+    is scraped), never at the firing exporter's: XpuExporterDown's and XpuExporterAbsent's included. What
+    is there: the runbook console Prometheus serves, with every alert's section (test_alerting_e2e opens one)."""
+    document = yaml.safe_load(rules_file.read_text())
+    groups = document.get("spec", document)["groups"]
+    urls = {rule["alert"]: rule["annotations"]["runbook_url"] for group in groups for rule in group["rules"]
+            if "alert" in rule}
+    assert {"XpuExporterDown", "XpuExporterAbsent"} <= urls.keys()
+    console = REPO / "deploy" / "prometheus" / "consoles" / "vllm-xpu-exporter-runbook.html"
+    for name, url in urls.items():
+        assert url == f"{{{{ $externalURL }}}}/consoles/{console.name}#{name.lower()}", (name, url)
+        assert f'id="{name.lower()}"' in console.read_text(), name
 
 
 def alerting_rules_url_anchor(name: str) -> str:
@@ -317,14 +337,14 @@ tests:
 
 def test_overridden_threshold_duration_severity_and_selector_change_what_fires(tmp_path):
     overrides = {"selector": 'job="gpu"', "memoryNearlyFullFreeRatio": "0.1", "memoryNearlyFullFor": "2m",
-                 "memoryNearlyFullSeverity": "critical", "runbookUrl": "https://runbooks.example/xpu.md"}
+                 "memoryNearlyFullSeverity": "critical", "runbookURLPattern": "https://runbooks.example/xpu.html#%s"}
     (tmp_path / "rules.yaml").write_text(render.render(overrides))
     (tmp_path / "override.test.yaml").write_text(OVERRIDE_TEST)
     assert promtool("check", "rules", str(tmp_path / "rules.yaml")).returncode == 0
     result = promtool("test", "rules", str(tmp_path / "override.test.yaml"))
     assert result.returncode == 0, result.stdout + result.stderr
     for rule in alerting_rules_of(render.render(overrides)):
-        assert rule["annotations"]["runbook_url"] == f"https://runbooks.example/xpu.md#{rule['alert'].lower()}"
+        assert rule["annotations"]["runbook_url"] == f"https://runbooks.example/xpu.html#{rule['alert'].lower()}"
 
 
 # The device alerts' own knobs overridden: the sustained power limit counts as a throttle reason, the
@@ -335,6 +355,7 @@ rule_files: [rules.yaml]
 evaluation_interval: 1m
 tests:
   - interval: 1m
+    external_url: https://prom.example
     input_series:
       - series: 'xpu_frequency_throttled{instance="a:1",job="vllm-xpu-exporter",device="0000:03:00.0",domain="gpu",reason="average_power"}'
         values: '1x30'
@@ -352,7 +373,7 @@ tests:
             exp_annotations:
               summary: "A GPU's clock is held down for thermal or power reasons."
               description: "The gpu clock of device 0000:03:00.0 on a:1 has been throttled for 5m, reason average_power; temperatures: gpu 97 °C, memory 101 °C. The units on it run slower than they could.\\nThe card runs at its average_power limit. A busy GPU reaches its power and current limits by design; a software or hardware range means a lower frequency range was set."
-              runbook_url: "http://a:1/runbook#xpudevicethrottled"
+              runbook_url: "https://prom.example/consoles/vllm-xpu-exporter-runbook.html#xpudevicethrottled"
       - eval_time: 5m
         alertname: XpuDeviceTemperatureHigh
         exp_alerts:
@@ -360,7 +381,7 @@ tests:
             exp_annotations:
               summary: "A GPU runs hot."
               description: "The memory temperature of device 0000:03:00.0 on a:1 has been above 100 °C for 5m, now 101 °C. Near its junction limit the card slows down and, past it, shuts down. Check the card's fans and airflow, dust, the room or rack temperature and hot cards next to it."
-              runbook_url: "http://a:1/runbook#xpudevicetemperaturehigh"
+              runbook_url: "https://prom.example/consoles/vllm-xpu-exporter-runbook.html#xpudevicetemperaturehigh"
 """
 
 
@@ -411,6 +432,20 @@ def test_the_units_expected_selector_chooses_which_exporters_must_watch_units(tm
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_cluster_label_knob_keeps_clusters_apart_by_the_label_it_names(tmp_path):
+    """The two-cluster cases, their clusters told apart by `region` instead: rendered with
+    clusterLabel=region they pass; with the default (cluster), which these series lack, they fail."""
+    cases = (REPO / "rules" / "tests" / "two-clusters.test.yaml").read_text().replace('{cluster="', '{region="') \
+        .replace(',cluster="', ',region="')
+    assert 'cluster="' not in cases.split("tests:", 1)[1]
+    (tmp_path / "cases.test.yaml").write_text(cases.replace("../vllm-xpu-exporter.yaml", "rules.yaml"))
+    (tmp_path / "rules.yaml").write_text(render.render({"clusterLabel": "region"}))
+    result = promtool("test", "rules", str(tmp_path / "cases.test.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    (tmp_path / "rules.yaml").write_text(render.render())
+    assert promtool("test", "rules", str(tmp_path / "cases.test.yaml")).returncode != 0
+
+
 def test_the_command_line_renders_values_files_and_assignments(tmp_path):
     values = tmp_path / "values.yaml"
     values.write_text(textwrap.dedent("""\
@@ -446,6 +481,11 @@ def test_the_command_line_renders_values_files_and_assignments(tmp_path):
     ("temperatureSensorSelector", 'sensor="gpu"}', "label matchers without braces"),
     ("selector", '{job="x"}', "label matchers without braces"),
     ("unitsExpectedSelector", "", "label matchers without braces"),
+    ("runbookURLPattern", "http://{{ $labels.instance }}/runbook#%s", "takes nothing from the firing series"),
+    ("runbookURLPattern", "http:///runbook#%s", "starts with"),
+    ("runbookURLPattern", "https://docs.example/runbook", "one %s where"),
+    ("runbookUrl", "https://docs.example/runbook", "is now runbookURLPattern"),
+    ("clusterLabel", "my-cluster", "a Prometheus label name"),
 ])
 def test_bad_knob_values_are_refused_with_a_message(knob, value, message):
     with pytest.raises(render.RenderError, match=message):
@@ -457,7 +497,7 @@ def test_bad_knob_values_are_refused_with_a_message(knob, value, message):
 
 def test_a_value_that_would_break_the_yaml_is_refused():
     with pytest.raises(yaml.YAMLError):
-        render.render({"runbookUrl": "x\n  broken: [yaml"})
+        render.render({"runbookURLPattern": "https://x/%s\"\n  broken: [yaml"})
 
 
 def test_the_knob_list_prints_every_knob_with_its_default():

@@ -1,7 +1,7 @@
 """The runbook the exporter ships, served at /runbook: docs/runbook.md (installed beside this module as
 runbook.md) as an HTML page whose headings carry the anchors the alerts' runbook_url ends with
-(`#xpuunitengineinitfailed`, GitHub's spelling of a heading). The rules' default runbookUrl is the firing
-exporter's own /runbook, so an alert's link leads to its section wherever the rules are loaded."""
+(`#xpuunitengineinitfailed`, GitHub's spelling of a heading). The same page is the Prometheus console the
+rules' runbook_url leads to by default (deploy/kubernetes/render.py writes it with markdown_page)."""
 
 from __future__ import annotations
 
