@@ -288,12 +288,22 @@ def exporter_journal_selection(options: Options, own_unit: str | None = None) ->
     return replace(selection, excluded_units=(own_unit,))
 
 
+def needed_sources(options: Options) -> set[Source]:
+    """What the enabled collectors need, Level Zero only with the levelzero collector: --no-collector.levelzero
+    keeps the exporter off the driver (a hanging or crashing one, no device access at all), whichever collector
+    could also use it."""
+    needs = {need for spec in registered() if spec.name in options.collectors for need in spec.needs}
+    if "levelzero" not in options.collectors:
+        needs -= {Source.LEVELZERO, Source.LEVELZERO_TELEMETRY}
+    return needs
+
+
 def build_registry(options: Options, privileged: PrivilegedReader | None = None
                    ) -> tuple[CollectorRegistry, Sources, list[Collector]]:
     """prometheus_client's registry with the exporter's collector over the enabled collectors, and the
     standard process and Python collectors; the sources and collectors are returned not started."""
     enabled = [spec for spec in registered() if spec.name in options.collectors]
-    sources = build_sources(options, {need for spec in enabled for need in spec.needs}, privileged)
+    sources = build_sources(options, needed_sources(options), privileged)
     collectors = [spec.factory(options.collector_options[spec.name], sources) for spec in enabled]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, sources))

@@ -1,3 +1,4 @@
+import os
 import re
 import subprocess
 import sys
@@ -55,7 +56,8 @@ def test_every_contract_flag_parses_in_both_spellings():
     assert settings.telemetry_path == "/m"
     assert settings.collectors == {"levelzero"}
     assert settings.levelzero_library == "/opt/libze_loader.so.1"
-    assert settings.journal_files == ("a.journal", "b.journal")
+    # relative to the working directory, made absolute (sd-journal takes absolute paths only)
+    assert settings.journal_files == (os.path.abspath("a.journal"), os.path.abspath("b.journal"))
     assert settings.journal_units == ("vllm-xpu-*.service", "other.service")
     assert settings.journal_boot == "0123456789abcdef0123456789abcdef"
     assert settings.procfs == "/host/proc"

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from vllm_xpu_exporter.cli import Options, build_parser, build_sources, parse_options
+from vllm_xpu_exporter.cli import Options, build_parser, build_sources, needed_sources, parse_options
 from vllm_xpu_exporter.collector import Collector, ScrapeContext, Source, Sources, registered
 from vllm_xpu_exporter.collectors.processes import ProcessesOptions
 from vllm_xpu_exporter.scrape import ExporterCollector
@@ -43,7 +43,7 @@ def test_each_collector_gets_only_its_own_options_made_from_the_command_line():
     options = parse_options(["--no-collector.levelzero", "--collector.processes.max-units", "3",
                              "--path.procfs", "/host/proc", "--path.sysfs", "/host/sys"])
     assert options.collector_options == {
-        "journal": None, "levelzero": None, "processes": ProcessesOptions(max_units=3, reports_levelzero=True)}
+        "journal": None, "levelzero": None, "processes": ProcessesOptions(max_units=3, uses_levelzero=False)}
     assert parse_options([]).collector_options["processes"] == ProcessesOptions()
     assert Options().collector_options == parse_options([]).collector_options
 
@@ -99,11 +99,13 @@ def test_the_levelzero_collector_keeps_no_source_and_reads_the_drm_node_names_th
     assert not [value for value in vars(collector).values() if value is sources.levelzero or value is sources.drm_nodes]
 
 
-def test_level_zero_telemetry_is_read_only_for_the_levelzero_collector():
+def test_without_the_levelzero_collector_no_collector_drives_level_zero():
     options = parse_options(["--no-collector.levelzero"])
-    needs = {need for spec in registered() if spec.name in options.collectors for need in spec.needs}
+    assert "processes" in options.collectors
+    needs = needed_sources(options)
+    assert Source.DRM_CLIENTS in needs and not needs & {Source.LEVELZERO, Source.LEVELZERO_TELEMETRY}
     sources = build_sources(options, needs)
-    assert sources.levelzero is not None and not sources.levelzero.telemetry
+    assert sources.levelzero is None and sources.drm_nodes is None
 
 
 class Counting(Collector):
