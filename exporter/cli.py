@@ -12,6 +12,7 @@ import argparse
 import gc
 import ipaddress
 import logging
+import os
 import re
 import signal
 import sys
@@ -33,7 +34,8 @@ from vllm_xpu_exporter.flags import (DEFAULT_BOOT, DefaultsHelpFormatter, add_co
                                      container_log_directories, container_paths, journal_container_globs,
                                      journal_engine_grace_usec, journal_unit_globs)
 from vllm_xpu_exporter.http.loading import load_web_config
-from vllm_xpu_exporter.http.server import Document, ExporterServer, parse_listen_address
+from vllm_xpu_exporter.http.server import (Document, ExporterServer, check_distinct_listen_addresses,
+                                            parse_listen_address)
 from vllm_xpu_exporter.http.webconfig import WebConfigError
 from vllm_xpu_exporter.logformat import DEFAULT_FORMAT, DEFAULT_LEVEL, FORMATS, LEVELS, setup_logging
 from vllm_xpu_exporter.scrape import ExporterCollector
@@ -190,6 +192,10 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
+    try:
+        check_distinct_listen_addresses(args.listen_addresses or ())
+    except ValueError as error:
+        parser.error(f"argument --web.listen-address: {error}")
     enabled = frozenset(spec.name for spec in registered() if getattr(args, f"collector_{spec.name}"))
     logs_docker_roots, logs_pods = container_log_directories(args)
     return Options(
@@ -298,6 +304,18 @@ def needed_sources(options: Options) -> set[Source]:
     return needs
 
 
+def unusable_procfs(options: Options) -> str | None:
+    """Why --path.procfs cannot be read, when a collector reads it (as node_exporter, which does not start
+    when its procfs cannot be opened); None when it can be listed or no collector reads it."""
+    if not needed_sources(options) & {Source.DRM_CLIENTS, Source.VLLM_ENDPOINTS}:
+        return None
+    try:
+        os.listdir(options.procfs)
+    except OSError as error:
+        return f"--path.procfs: cannot list {options.procfs}: {error.strerror}"
+    return None
+
+
 def build_registry(options: Options, privileged: PrivilegedReader | None = None
                    ) -> tuple[CollectorRegistry, Sources, list[Collector]]:
     """prometheus_client's registry with the exporter's collector over the enabled collectors, and the
@@ -332,6 +350,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     options = parse_options(argv)
     setup_logging(options.log_level, options.log_format)
+    error = unusable_procfs(options)
+    if error is not None:
+        print(f"vllm-xpu-exporter: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     # First: the process serving the network keeps no capability that reads other processes (this may execve)
     privileged, error = separate_privileges(options.procfs, host_address=options.sd_host_address,
                                             levelzero_library=options.levelzero_library)
@@ -351,9 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         server = ExporterServer(options.listen_addresses, options.telemetry_path, registry, web_config,
                                 documents=documents(registry, collectors))
-    except OSError as error:
-        print(f"vllm-xpu-exporter: error: cannot listen on {' and '.join(options.listen_addresses)}: "
-              f"{error.strerror or error}", file=sys.stderr)
+    except OSError as error:  # ListenError: names the address that failed
+        print(f"vllm-xpu-exporter: error: {error}", file=sys.stderr)
         return 1
 
     def stop(signum: int, _frame: object) -> None:

@@ -1,5 +1,6 @@
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from httpclient import request
 from vllm_xpu_exporter.cli import DEFAULT_PORT, build_parser, exporter_journal_selection, parse_options
 from vllm_xpu_exporter.argparsing import parse_duration
 from vllm_xpu_exporter.flags import format_duration
+from vllm_xpu_exporter.http.server import check_distinct_listen_addresses
 from vllm_xpu_exporter.sources.logs.entry import normalize_boot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,6 +128,11 @@ def test_version_flag_prints_the_package_version():
     (["--journal.units", ""], "--journal.units"),
     (["--journal.max-units", "0"], "--journal.max-units"),
     (["--path.sysfs"], "--path.sysfs"),
+    (["--path.procfs", "/nonexistent"], "--path.procfs: cannot list /nonexistent: No such file or directory"),
+    (["--web.listen-address", "127.0.0.1:9999", "--web.listen-address", "127.0.0.1:9999"],
+     "--web.listen-address: listen address 127.0.0.1:9999 given twice"),
+    (["--web.listen-address", ":9999", "--web.listen-address", "[::]:9999"],
+     "--web.listen-address: listen address [::]:9999 given twice (as :9999)"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_the_problem(args, named):
     result = run_cli(*args)
@@ -134,6 +141,22 @@ def test_bad_input_exits_2_with_one_line_naming_the_problem(args, named):
     assert len(lines) == 1, result.stderr
     assert named in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_a_busy_second_listen_address_is_named_and_nothing_is_served():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = f"127.0.0.1:{busy.getsockname()[1]}"
+        result = run_cli("--web.listen-address", "127.0.0.1:0", "--web.listen-address", taken,
+                         "--no-collector.levelzero", "--no-collector.journal", "--no-collector.processes")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (f"vllm-xpu-exporter: error: cannot listen on {taken}: "
+                                                       f"Address already in use")
+
+
+def test_the_same_port_zero_twice_is_two_listeners():
+    check_distinct_listen_addresses(["127.0.0.1:0", "127.0.0.1:0"])
 
 
 @pytest.mark.fast

@@ -90,6 +90,30 @@ def parse_listen_address(value: str) -> tuple[str, int]:
     return host, port
 
 
+class ListenError(OSError):
+    """A listen address that cannot be served: `address` as given, errno and strerror as the system said."""
+
+    def __init__(self, address: str, error: OSError) -> None:
+        super().__init__(error.errno, error.strerror or str(error))
+        self.address = address
+
+    def __str__(self) -> str:
+        return f"cannot listen on {self.address}: {self.strerror}"
+
+
+def check_distinct_listen_addresses(addresses: Sequence[str]) -> None:
+    """ValueError naming the first address given twice (the same host and port, however written); port 0
+    (any free port) may repeat."""
+    seen: dict[tuple[str, int], str] = {}
+    for address in addresses:
+        host, port = parse_listen_address(address)
+        key = ("" if host in ("", "::") else host.lower().rstrip("."), port)
+        if port and key in seen:
+            same = "" if seen[key] == address else f" (as {seen[key]})"
+            raise ValueError(f"listen address {address} given twice{same}")
+        seen[key] = address
+
+
 def _ends_in_a_number(host: str) -> bool:
     """True for a name whose last label is a number, decimal or hexadecimal (WHATWG URL's "ends in a
     number"): no host name ends so, every IPv4 form does."""
@@ -297,8 +321,9 @@ class ExporterServer:
     """Serves `registry` at `telemetry_path` on `listen_address` (see parse_listen_address), or on each of
     several addresses (as exporter-toolkit serves every --web.listen-address).
 
-    Binds in the constructor: an unusable address raises the system's OSError (EADDRINUSE,
-    EADDRNOTAVAIL, socket.gaierror...) unchanged, and a malformed one ValueError. `serve_forever()` serves until
+    Binds in the constructor: an unusable address raises ListenError, an OSError that names the address and
+    keeps the system's errno and text (EADDRINUSE, EADDRNOTAVAIL, socket.gaierror...); a malformed one, or
+    one given twice, ValueError. `serve_forever()` serves until
     `shutdown()` (which may be called from any thread, also before or without serve_forever).
     """
 
@@ -311,10 +336,14 @@ class ExporterServer:
             raise ValueError(f"invalid telemetry path {telemetry_path!r}: the exporter serves another document there")
         addresses = [listen_address] if isinstance(listen_address, str) else list(listen_address)
         endpoints = [parse_listen_address(address) for address in addresses]
+        check_distinct_listen_addresses(addresses)
         listening_sockets: list[socket.socket] = []
         try:
-            for host, port in endpoints:
-                listening_sockets.append(_listening_socket(host, port))
+            for address, (host, port) in zip(addresses, endpoints):
+                try:
+                    listening_sockets.append(_listening_socket(host, port))
+                except OSError as error:
+                    raise ListenError(address, error) from error
         except BaseException:
             for bound in listening_sockets:
                 bound.close()
