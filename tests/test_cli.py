@@ -128,6 +128,7 @@ def test_version_flag_prints_the_package_version():
     (["--journal.units", ""], "--journal.units"),
     (["--journal.max-units", "0"], "--journal.max-units"),
     (["--path.sysfs"], "--path.sysfs"),
+    (["--web.max-requests", "-1"], "--web.max-requests"),
     (["--path.procfs", "/nonexistent"], "--path.procfs: cannot list /nonexistent: No such file or directory"),
     (["--web.listen-address", "127.0.0.1:9999", "--web.listen-address", "127.0.0.1:9999"],
      "--web.listen-address: listen address 127.0.0.1:9999 given twice"),
@@ -141,6 +142,37 @@ def test_bad_input_exits_2_with_one_line_naming_the_problem(args, named):
     assert len(lines) == 1, result.stderr
     assert named in lines[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("argv, enabled", [
+    ([], {"levelzero", "journal", "processes"}),
+    (["--collector.disable-defaults"], set()),
+    (["--collector.disable-defaults", "--collector.journal"], {"journal"}),
+    (["--collector.journal", "--collector.disable-defaults", "--collector.levelzero"], {"journal", "levelzero"}),
+    (["--no-collector.processes"], {"levelzero", "journal"}),
+])
+def test_disable_defaults_turns_off_every_collector_not_named(argv, enabled):
+    assert parse_options(argv).collectors == enabled
+
+
+@pytest.mark.fast
+def test_web_flags_of_node_exporter_parse():
+    defaults = parse_options([])
+    assert (defaults.max_requests, defaults.exporter_metrics, defaults.systemd_socket) == (40, True, False)
+    options = parse_options(["--web.max-requests=0", "--web.disable-exporter-metrics", "--web.systemd-socket"])
+    assert (options.max_requests, options.exporter_metrics, options.systemd_socket) == (0, False, True)
+
+
+def test_disable_exporter_metrics_leaves_out_the_process_and_python_families_only():
+    names = {}
+    for flags in ((), ("--web.disable-exporter-metrics",)):
+        with RunningExporter(["--collector.disable-defaults", *flags]) as exporter:
+            names[flags] = {name for name, _ in exporter.scrape()}
+    full, without = names[()], names[("--web.disable-exporter-metrics",)]
+    assert {name for name in full - without} == {name for name in full if name.startswith(("process_", "python_"))}
+    assert any(name.startswith("process_") for name in full)
+    assert "xpu_exporter_build_info" in without and "xpu_exporter_collector_success" not in without
 
 
 def test_a_busy_second_listen_address_is_named_and_nothing_is_served():
