@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,6 @@ from polling import wait_for
 from scrapes import sample, series
 from sizes import GiB, MiB
 from vllmlogs import VllmRun, unit_start
-from vllm_xpu_exporter.collectors.processes import unreadable_warning
-from vllm_xpu_exporter.sources.procfs import DrmClientScanner, ScanResult
 
 DEVICE = "0000:03:00.0"
 TOTAL = 16 * GiB
@@ -238,30 +235,6 @@ def test_without_the_levelzero_collector_level_zero_is_never_driven_and_units_co
     assert sample(samples, "xpu_unit_memory_bytes", device=DEVICE, unit=CHAT) == expected[CHAT]
     assert series(samples, "xpu_unattributed_memory_bytes") == {}
     assert "Level Zero" not in stderr, stderr
-
-
-def test_the_warning_about_unreadable_processes_names_them_and_fits_who_reads():
-    """The pids come from the real scanner (an fd table that cannot be listed), the advice from what the reader
-    was: root is never told to run as root."""
-    scan = ScanResult(unreadable=7, unreadable_pids=(100, 101, 102, 103, 104))
-    for reader in ({}, {"reader_root": True}, {"reader_root": True, "reader_capable": True}):
-        line = unreadable_warning(dataclasses.replace(scan, **reader))
-        assert "pid 100, 101, 102, 103, 104, ..." in line
-        assert ("run it as root" in line) is False
-    assert "CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (the packaged units do)" in unreadable_warning(scan)
-    assert "bounding set" in unreadable_warning(dataclasses.replace(scan, reader_root=True))
-    assert "security module" in unreadable_warning(dataclasses.replace(scan, reader_root=True, reader_capable=True))
-
-
-def test_a_process_whose_fds_cannot_be_listed_is_named_in_the_scan(tmp_path):
-    procfs = FakeProcfs(tmp_path)
-    process = procfs.add_unit_process(4242, f"/system.slice/{CHAT}")
-    (process.path / "fd").rmdir()
-    (process.path / "fd").write_text("")  # listing it fails (ENOTDIR): neither gone nor readable
-    scan = DrmClientScanner(str(procfs.root)).scan()
-    assert (scan.unreadable, scan.unreadable_pids) == (1, (4242,))
-    assert scan.reader_root == (os.geteuid() == 0)
-    assert "pid 4242)" in unreadable_warning(scan)
 
 
 def test_engine_use_per_unit_device_and_engine_key_of_both_drivers_and_a_client_closed_between_scrapes(

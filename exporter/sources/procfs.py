@@ -120,7 +120,8 @@ class ScanResult:
     # CAP_SYS_PTRACE/CAP_DAC_READ_SEARCH) or any other error than the process or fd having gone.
     unreadable: int = 0
     unreadable_pids: tuple[int, ...] = ()  # the lowest UNREADABLE_PIDS_NAMED of them, to name in a warning
-    # whether the process that read (this one, or the privileged reader) was root / held both capabilities
+    # when some were: whether the process that read (this one, or the privileged reader) was root / held both
+    # capabilities (False when every process was read)
     reader_root: bool = False
     reader_capable: bool = False
     # Processes that exited, or closed a DRM fd, during the scan: normal, not an error. (Other fds
@@ -641,8 +642,9 @@ class _Scan:
             processes=processes,
             unreadable=len(self.unreadable),
             unreadable_pids=tuple(sorted(self.unreadable)[:UNREADABLE_PIDS_NAMED]),
-            reader_root=os.geteuid() == 0,
-            reader_capable=READER_CAPABILITIES <= capabilities.held().get("CapEff", frozenset()),
+            reader_root=bool(self.unreadable) and os.geteuid() == 0,
+            reader_capable=bool(self.unreadable) and READER_CAPABILITIES <= capabilities.held().get("CapEff",
+                                                                                                  frozenset()),
             vanished=len(self.vanished),
             memory_keys_seen=self.memory_keys_seen,
             fds_skipped=self.fds_skipped,
