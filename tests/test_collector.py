@@ -23,9 +23,11 @@ pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytes
 
 def test_every_registered_collector_has_its_enable_and_disable_flags_and_nothing_else_does():
     """As node_exporter's: `--[no-]collector.NAME` per registered collector, and a collector's own options
-    (`--collector.NAME.OPTION`) only for a registered one."""
+    (`--collector.NAME.OPTION`) only for a registered one; and node_exporter's `--collector.disable-defaults`."""
     flags = {option for action in build_parser()._actions for option in action.option_strings
              if option.startswith(("--collector.", "--no-collector."))}
+    assert "--collector.disable-defaults" in flags
+    flags.discard("--collector.disable-defaults")
     names = [spec.name for spec in registered()]
     assert names == ["journal", "processes", "levelzero"]
     switches = {flag for flag in flags if flag.count(".") == 1}
@@ -254,9 +256,9 @@ def test_no_collector_imports_another_and_no_module_imports_in_a_cycle():
 PACKAGE = "vllm_xpu_exporter"
 LAYERS = (
     # shared leaves: the package's version, argument types, durations, PCI spelling, systemd's facts, NoDataYet,
-    # the metric families, the process's capability sets
+    # the metric families, the process's capability sets, the build's revision
     (PACKAGE, f"{PACKAGE}.argparsing", f"{PACKAGE}.durations", f"{PACKAGE}.pci", f"{PACKAGE}.systemd",
-     f"{PACKAGE}.nodatayet", f"{PACKAGE}.families", f"{PACKAGE}.capabilities"),
+     f"{PACKAGE}.nodatayet", f"{PACKAGE}.families", f"{PACKAGE}.capabilities", f"{PACKAGE}.buildinfo"),
     # the parsers, and the container runtimes' facts and state beside them (the cgroup parser asks their registry)
     (f"{PACKAGE}.parsers", f"{PACKAGE}.runtimes"),
     (f"{PACKAGE}.fold",),
