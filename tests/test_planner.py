@@ -76,9 +76,9 @@ def test_a_journal_file_given_by_a_bare_name_is_read_by_the_planner_and_the_expo
     with RunningExporter(["--journal.file", journal.name, "--journal.boot", "all", "--no-collector.levelzero",
                           "--no-collector.processes"], cwd=journal.parent) as exporter:
         samples = wait_for(lambda: (s := exporter.scrape()) and
-                           sample(s, "xpu_exporter_collector_success", collector="journal") is not None and s)
+                           sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s)
         stderr = exporter.stderr
-    assert sample(samples, "xpu_exporter_collector_success", collector="journal") == 1, stderr
+    assert samples, stderr  # the journal collector works: the file was opened
     assert sample(samples, "xpu_exporter_journal_units_watched") == len(seed_runs())
 
 
