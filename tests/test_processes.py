@@ -149,7 +149,8 @@ def test_unreadable_fdinfo_and_unsupported_process_list_fail_only_this_collector
     assert sample(samples, "xpu_exporter_collector_success", collector="levelzero") == 1
     assert sample(samples, "xpu_memory_used_bytes", device=DEVICE) == 3 * GiB
     assert series(samples, "xpu_unit_memory_bytes") == {}
-    assert "no per-process source works" in stderr
+    assert "no per-process source works" in stderr and "Level Zero's process list failed" in stderr
+    assert "processes' fds or fdinfo could not be read (pid 100, 101)" in stderr
     assert "CAP_SYS_PTRACE" in stderr
 
 

@@ -119,8 +119,9 @@ class ProcessesCollector(Collector):
         for pci in attribution.gpus_only_dmem_sees(dmem_by_unit, fallbacks):
             fallbacks[pci] = self._fallback(scan, context, pci)
         attributions, unserved = attribution.attribute_devices(fallbacks, dmem_by_unit, scan)
+        levelzero = "Level Zero's process list failed" if self._uses_levelzero else "Level Zero is not used"
         problems.extend(f"{pci}: no per-process source works (no unit's dmem.current lists it, fdinfo has no memory "
-                        f"figures for it and Level Zero's process list failed)" for pci in unserved)
+                        f"figures for it and {levelzero})" for pci in unserved)
         # From here on a unit is a workload: containers by their names (see _workloads)
         cgroups_of_unit = attribution.unit_cgroups(scan, fallbacks.values())
         workloads = self._workloads(context, cgroups_of_unit)
