@@ -96,7 +96,7 @@ def test_a_vcs_install_gives_the_commit_pip_recorded(tmp_path, direct_url, expec
 
 
 def test_a_scrape_says_the_version_revision_and_python(tmp_path):
-    with RunningExporter(["--no-collector.levelzero", "--no-collector.journal", "--no-collector.processes"]) as exporter:
+    with RunningExporter(["--collector.disable-defaults"]) as exporter:
         samples = exporter.scrape()
     [(labels, value)] = [(dict(labels), value) for (name, labels), value in samples.items()
                          if name == "xpu_exporter_build_info"]

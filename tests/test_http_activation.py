@@ -1,7 +1,7 @@
 """--web.systemd-socket (vllm_xpu_exporter.http.activation): the exporter as a process started the way systemd
 starts a socket-activated service: the listening socket as file descriptor 3, LISTEN_FDS=1 and LISTEN_PID its
-own pid (a small launcher sets them, then execs the exporter in its place). A socket that is not a listening TCP one, or variables
-meant for another process, stop the start with one line."""
+own pid (a small launcher sets them, then execs the exporter in its place). A socket that is not a listening
+TCP one, or variables meant for another process, stop the start with one line."""
 
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def test_a_passed_descriptor_that_is_no_listening_tcp_socket_stops_the_start_wit
         with open(tmp_path / "f", "w") as file:
             result = run_failing(exporter_command(file.fileno()), file.fileno())
     else:
-        family, type_ = {"udp": (socket.AF_INET, socket.SOCK_DGRAM), "not listening": (socket.AF_INET, socket.SOCK_STREAM),
+        family, type_ = {"udp": (socket.AF_INET, socket.SOCK_DGRAM),
+                         "not listening": (socket.AF_INET, socket.SOCK_STREAM),
                          "unix": (socket.AF_UNIX, socket.SOCK_STREAM)}[kind]
         with socket.socket(family, type_) as sock:
             if kind == "unix":

@@ -220,7 +220,7 @@ class _Site:
                  landing_page_title: str, documents: Mapping[str, Document] | None = None,
                  max_requests: int = 0) -> None:
         self.telemetry_path = telemetry_path
-        # --web.max-requests: metrics requests served at once; 0, no limit
+        # --web.max-requests: metrics requests served at once; 0: no limit
         self.max_requests = max_requests
         self.scrape_slots = threading.BoundedSemaphore(max_requests) if max_requests else None
         self.registry = registry
@@ -359,8 +359,8 @@ class ExporterServer:
     several addresses (as exporter-toolkit serves every --web.listen-address).
 
     `listening_sockets`: sockets already listening (systemd's, `http.activation`), served instead of binding
-    `listen_address`. `max_requests`: metrics requests served at once (--web.max-requests), more get 503; 0: no limit beyond the
-    workers' number.
+    `listen_address`. `max_requests`: metrics requests served at once (--web.max-requests), more get 503; 0: no
+    limit beyond the workers' number.
 
     Binds in the constructor: an unusable address raises ListenError, an OSError that names the address and
     keeps the system's errno and text (EADDRINUSE, EADDRNOTAVAIL, socket.gaierror...); a malformed one, or

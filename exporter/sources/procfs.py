@@ -31,7 +31,6 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from vllm_xpu_exporter import capabilities
-from vllm_xpu_exporter.capabilities import READER_CAPABILITIES
 from vllm_xpu_exporter.parsers.cgroup import UnitCgroup, systemd_cgroup_path, unit_cgroup_of_path
 from vllm_xpu_exporter.parsers.fdinfo import DrmClient, EngineColumns, FdinfoLayout, parse_engine_use, parse_fdinfo
 
@@ -643,8 +642,8 @@ class _Scan:
             unreadable=len(self.unreadable),
             unreadable_pids=tuple(sorted(self.unreadable)[:UNREADABLE_PIDS_NAMED]),
             reader_root=bool(self.unreadable) and os.geteuid() == 0,
-            reader_capable=bool(self.unreadable) and READER_CAPABILITIES <= capabilities.held().get("CapEff",
-                                                                                                  frozenset()),
+            reader_capable=bool(self.unreadable) and capabilities.READER_CAPABILITIES <= capabilities.held().get(
+                "CapEff", frozenset()),
             vanished=len(self.vanished),
             memory_keys_seen=self.memory_keys_seen,
             fds_skipped=self.fds_skipped,
