@@ -13,13 +13,21 @@
 
 ARG PYTHON_IMAGE=python:3.12-slim-trixie
 
+# The commit and the repository the image is built from (docs/deployment.md: `--build-arg REVISION=$(git
+# rev-parse HEAD) --build-arg SOURCE=...`): the OCI labels below, and REVISION the revision label of
+# xpu_exporter_build_info (the file exporter/REVISION, installed with the package).
+ARG REVISION=unknown
+ARG SOURCE=unknown
+
 FROM ${PYTHON_IMAGE} AS build
+ARG REVISION
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY exporter ./exporter
 # exporter/http/runbook.md links to it: the runbook the exporter serves at /runbook
 COPY docs/runbook.md ./docs/runbook.md
-RUN python -m venv /opt/vllm-xpu-exporter \
+RUN printf '%s\n' "${REVISION}" > exporter/REVISION \
+    && python -m venv /opt/vllm-xpu-exporter \
     && /opt/vllm-xpu-exporter/bin/pip install --no-cache-dir . \
     && /opt/vllm-xpu-exporter/bin/pip uninstall --yes pip
 
@@ -30,11 +38,16 @@ ARG COMPUTE_RUNTIME_VERSION=26.27.39122.14-1
 ARG LEVEL_ZERO_VERSION=1.32.0-1
 ARG GMMLIB_VERSION=22.10.2+ds1-1
 ARG LIBCAP_VERSION=1:2.75-10+deb13u1+b3
-# The OCI annotations (image-spec's annotations.md): what the image is, which release, from which base.
+# The OCI annotations (image-spec's annotations.md): what the image is, which release and commit, from which
+# repository and base.
 ARG PYTHON_IMAGE
+ARG REVISION
+ARG SOURCE
 LABEL org.opencontainers.image.title="vllm-xpu-exporter" \
       org.opencontainers.image.description="Prometheus exporter for Intel GPUs shared by vLLM systemd units, containers and pods" \
       org.opencontainers.image.version="0.3.0" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]

@@ -12,6 +12,7 @@ import argparse
 import gc
 import ipaddress
 import logging
+import os
 import re
 import signal
 import sys
@@ -22,7 +23,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 
 import vllm_xpu_exporter.collectors  # noqa: F401  (registers the bundled collectors)
 from vllm_xpu_exporter import __version__, discovery
-from vllm_xpu_exporter.collector import Collector, Source, Sources, registered
+from vllm_xpu_exporter.collector import Collector, CollectorSpec, Source, Sources, registered
 from vllm_xpu_exporter.collectors.processes import ProcessesCollector
 from vllm_xpu_exporter.discovery import VllmTargets
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, ENGINE_GRACE_USEC
@@ -32,8 +33,10 @@ from vllm_xpu_exporter.flags import (DEFAULT_BOOT, DefaultsHelpFormatter, add_co
                                      add_levelzero_flags, add_procfs_flag, add_sysfs_flag, check_journal_flags,
                                      container_log_directories, container_paths, journal_container_globs,
                                      journal_engine_grace_usec, journal_unit_globs)
+from vllm_xpu_exporter.http.activation import ActivationError, systemd_sockets
 from vllm_xpu_exporter.http.loading import load_web_config
-from vllm_xpu_exporter.http.server import Document, ExporterServer, parse_listen_address
+from vllm_xpu_exporter.http.server import (Document, ExporterServer, check_distinct_listen_addresses,
+                                            parse_listen_address)
 from vllm_xpu_exporter.http.webconfig import WebConfigError
 from vllm_xpu_exporter.shipped import print_shipped
 from vllm_xpu_exporter.logformat import DEFAULT_FORMAT, DEFAULT_LEVEL, add_log_flags, setup_logging
@@ -60,6 +63,7 @@ log = logging.getLogger("vllm_xpu_exporter.main")
 
 DEFAULT_PORT = 10447
 DEFAULT_TELEMETRY_PATH = "/metrics"
+DEFAULT_MAX_REQUESTS = 40  # node_exporter's
 
 
 def _default_collector_options() -> Mapping[str, object]:
@@ -74,6 +78,9 @@ class Options:
     listen_addresses: tuple[str, ...] = (f":{DEFAULT_PORT}",)
     telemetry_path: str = DEFAULT_TELEMETRY_PATH
     web_config_file: str | None = None
+    systemd_socket: bool = False  # --web.systemd-socket: serve the sockets systemd passes (LISTEN_FDS)
+    exporter_metrics: bool = True  # the exporter's own process_* and python_* (--web.disable-exporter-metrics)
+    max_requests: int = DEFAULT_MAX_REQUESTS  # --web.max-requests
     collectors: frozenset[str] = frozenset(spec.name for spec in registered() if spec.enabled_by_default)
     levelzero_library: str = DEFAULT_LIBRARY
     levelzero_timeout: float = DEFAULT_TIMEOUT_S
@@ -105,6 +112,12 @@ def telemetry_path(value: str) -> str:
     if not value.startswith("/") or any(c.isspace() for c in value):
         raise argparse.ArgumentTypeError(f"invalid path {value!r}: must start with / and contain no spaces")
     return value
+
+
+def non_negative_int(value: str) -> int:
+    if not (value.isascii() and value.isdigit()):
+        raise argparse.ArgumentTypeError(f"want a whole number, 0 or more, got {value!r}")
+    return int(value)
 
 
 def listen_address(value: str) -> str:
@@ -163,12 +176,22 @@ def build_parser() -> argparse.ArgumentParser:
     web.add_argument("--web.config.file", dest="web_config_file", default=None, metavar="FILE",
                      help="exporter-toolkit web configuration (YAML) for TLS and basic auth (default: none, plain "
                           "HTTP without authentication)")
+    web.add_argument("--web.systemd-socket", dest="systemd_socket", action="store_true",
+                     help="serve the listening sockets systemd passes (socket activation: LISTEN_FDS, the packaged "
+                          "vllm-xpu-exporter.socket) instead of --web.listen-address")
+    web.add_argument("--web.disable-exporter-metrics", dest="disable_exporter_metrics", action="store_true",
+                     help="leave out the exporter's own process_* and python_* metrics (xpu_exporter_* stay)")
+    web.add_argument("--web.max-requests", dest="max_requests", type=non_negative_int, default=DEFAULT_MAX_REQUESTS,
+                     metavar="N", help="at most this many metrics requests at once, more get 503; 0: no limit")
 
     collectors = parser.add_argument_group("collectors")
+    collectors.add_argument("--collector.disable-defaults", dest="collector_disable_defaults", action="store_true",
+                            help="every collector off unless its --collector.NAME is given")
     for spec in registered():
         collectors.add_argument(f"--collector.{spec.name}", dest=f"collector_{spec.name}",
-                                default=spec.enabled_by_default, action=argparse.BooleanOptionalAction,
-                                help=f"enable the {spec.name} collector: {spec.description}")
+                                default=None, action=argparse.BooleanOptionalAction,
+                                help=f"enable the {spec.name} collector: {spec.description} (default: "
+                                     f"{'on' if spec.enabled_by_default else 'off'})")
     # BooleanOptionalAction spells the negation --no-collector.X, exactly the Prometheus form.
     for spec in registered():
         spec.add_flags(collectors)  # the collector's own --collector.NAME.OPTION flags, after every switch
@@ -189,12 +212,19 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
-    enabled = frozenset(spec.name for spec in registered() if getattr(args, f"collector_{spec.name}"))
+    try:
+        check_distinct_listen_addresses(args.listen_addresses or ())
+    except ValueError as error:
+        parser.error(f"argument --web.listen-address: {error}")
+    enabled = enabled_collectors(args)
     logs_docker_roots, logs_pods = container_log_directories(args)
     return Options(
         listen_addresses=tuple(args.listen_addresses or (f":{DEFAULT_PORT}",)),
         telemetry_path=args.telemetry_path,
         web_config_file=args.web_config_file,
+        systemd_socket=args.systemd_socket,
+        exporter_metrics=not args.disable_exporter_metrics,
+        max_requests=args.max_requests,
         collectors=enabled,
         levelzero_library=args.levelzero_library,
         levelzero_timeout=args.levelzero_timeout,
@@ -216,6 +246,17 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         log_format=args.log_format,
         collector_options={spec.name: spec.options(args, enabled) for spec in registered()},
     )
+
+
+def enabled_collectors(args: argparse.Namespace) -> frozenset[str]:
+    """The collectors switched on: each its --[no-]collector.NAME when given, else its default, or off with
+    --collector.disable-defaults."""
+    def enabled(spec: CollectorSpec) -> bool:
+        given = getattr(args, f"collector_{spec.name}")
+        if given is not None:
+            return bool(given)
+        return spec.enabled_by_default and not args.collector_disable_defaults
+    return frozenset(spec.name for spec in registered() if enabled(spec))
 
 
 def build_sources(options: Options, needs: set[Source], privileged: PrivilegedReader | None = None) -> Sources:
@@ -287,19 +328,43 @@ def exporter_journal_selection(options: Options, own_unit: str | None = None) ->
     return replace(selection, excluded_units=(own_unit,))
 
 
+def needed_sources(options: Options) -> set[Source]:
+    """What the enabled collectors need, Level Zero only with the levelzero collector: --no-collector.levelzero
+    keeps the exporter off the driver (a hanging or crashing one, no device access at all), whichever collector
+    could also use it."""
+    needs = {need for spec in registered() if spec.name in options.collectors for need in spec.needs}
+    if "levelzero" not in options.collectors:
+        needs -= {Source.LEVELZERO, Source.LEVELZERO_TELEMETRY}
+    return needs
+
+
+def unusable_procfs(options: Options) -> str | None:
+    """Why --path.procfs cannot be read, when a collector reads it (as node_exporter, which does not start
+    when its procfs cannot be opened); None when it can be listed or no collector reads it."""
+    if not needed_sources(options) & {Source.DRM_CLIENTS, Source.VLLM_ENDPOINTS}:
+        return None
+    try:
+        os.listdir(options.procfs)
+    except OSError as error:
+        return f"--path.procfs: cannot list {options.procfs}: {error.strerror}"
+    return None
+
+
 def build_registry(options: Options, privileged: PrivilegedReader | None = None
                    ) -> tuple[CollectorRegistry, Sources, list[Collector]]:
     """prometheus_client's registry with the exporter's collector over the enabled collectors, and the
     standard process and Python collectors; the sources and collectors are returned not started."""
     enabled = [spec for spec in registered() if spec.name in options.collectors]
-    sources = build_sources(options, {need for spec in enabled for need in spec.needs}, privileged)
+    sources = build_sources(options, needed_sources(options), privileged)
     collectors = [spec.factory(options.collector_options[spec.name], sources) for spec in enabled]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExporterCollector(collectors, sources))
-    # process_*: the exporter's own process, so its own /proc, never --path.procfs (the host's /proc in a container)
-    ProcessCollector(proc="/proc", registry=registry)
-    PlatformCollector(registry=registry)
-    GCCollector(registry=registry)
+    if options.exporter_metrics:
+        # process_*: the exporter's own process, so its own /proc, never --path.procfs (the host's /proc in a
+        # container)
+        ProcessCollector(proc="/proc", registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
     return registry, sources, collectors
 
 
@@ -324,6 +389,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     options = parse_options(argv)
     setup_logging(options.log_level, options.log_format)
+    error = unusable_procfs(options)
+    if error is not None:
+        print(f"vllm-xpu-exporter: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     # First: the process serving the network keeps no capability that reads other processes (this may execve)
     privileged, error = separate_privileges(options.procfs, host_address=options.sd_host_address,
                                             levelzero_library=options.levelzero_library)
@@ -339,13 +408,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"vllm-xpu-exporter: error: --web.config.file: {error}", file=sys.stderr)
             return EXIT_USAGE
 
+    try:
+        activated = systemd_sockets() if options.systemd_socket else []
+    except ActivationError as error:
+        print(f"vllm-xpu-exporter: error: {error}", file=sys.stderr)
+        return 1
     registry, sources, collectors = build_registry(options, privileged)
     try:
         server = ExporterServer(options.listen_addresses, options.telemetry_path, registry, web_config,
-                                documents=documents(registry, collectors))
-    except OSError as error:
-        print(f"vllm-xpu-exporter: error: cannot listen on {' and '.join(options.listen_addresses)}: "
-              f"{error.strerror or error}", file=sys.stderr)
+                                documents=documents(registry, collectors), max_requests=options.max_requests,
+                                listening_sockets=activated)
+    except OSError as error:  # ListenError: names the address that failed
+        print(f"vllm-xpu-exporter: error: {error}", file=sys.stderr)
         return 1
 
     def stop(signum: int, _frame: object) -> None:

@@ -104,10 +104,10 @@ def add_journal_flags(parser: argparse.ArgumentParser,
     `check_journal_flags`. `beyond_max_units`: what the program does with units beyond --journal.max-units
     (the exporter counts them in a metric). Returns the journal group."""
     journal = parser.add_argument_group("journal")
-    journal.add_argument("--journal.directory", dest="journal_directory", default=None, metavar="DIR",
-                         help="read the journal from this directory instead of the system journal")
-    journal.add_argument("--journal.file", dest="journal_files", action="append", default=[], metavar="FILE",
-                         help="read these journal files instead (repeatable)")
+    journal.add_argument("--journal.directory", dest="journal_directory", type=os.path.abspath, default=None,
+                         metavar="DIR", help="read the journal from this directory instead of the system journal")
+    journal.add_argument("--journal.file", dest="journal_files", type=os.path.abspath, action="append", default=[],
+                         metavar="FILE", help="read these journal files instead (repeatable)")
     journal.add_argument("--journal.units", dest="journal_units", action="append", default=None, metavar="GLOB",
                          help=f"shell glob of the systemd units whose engine logs are read (repeatable; "
                               f"default {' '.join(DEFAULT_UNIT_GLOBS)})")

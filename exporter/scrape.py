@@ -24,7 +24,7 @@ from typing import NamedTuple
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector as PrometheusCollector
 
-from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter import __version__, buildinfo
 from vllm_xpu_exporter.collector import CollectionError, Collector, ScrapeContext, Sources
 from vllm_xpu_exporter.families import GaugeFamily, Row, RowFamily
 from vllm_xpu_exporter.nodatayet import NoDataYet
@@ -80,8 +80,10 @@ class ExporterCollector(PrometheusCollector):
         return iter(flight.families)
 
     def _scrape(self) -> list[Metric]:
-        build_info = GaugeFamily("xpu_exporter_build_info", "vllm-xpu-exporter's version.", labels=["version"])
-        build_info.add_metric([__version__], 1)
+        build_info = GaugeFamily("xpu_exporter_build_info",
+                                 "vllm-xpu-exporter's version, the source revision it was built from and its Python.",
+                                 labels=["pythonversion", "revision", "version"])
+        build_info.add_metric([buildinfo.python_version(), buildinfo.revision(), __version__], 1)
         families: list[Metric] = [build_info]
 
         success = GaugeFamily("xpu_exporter_collector_success",

@@ -21,11 +21,12 @@ _LISTENING = re.compile(r"listening on (https?://\S+?)(/\S*)? ")
 
 class RunningExporter:
     def __init__(self, args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-                 listen: str = "127.0.0.1:0", command: Sequence[str] | None = None) -> None:
+                 listen: str = "127.0.0.1:0", command: Sequence[str] | None = None,
+                 cwd: str | os.PathLike[str] = REPO, pass_fds: Sequence[int] = ()) -> None:
         full_env = {**os.environ, **(env or {})}
         argv = list(command or [sys.executable, "-m", "vllm_xpu_exporter"]) + ["--web.listen-address", listen, *args]
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
-                                        cwd=REPO)
+                                        cwd=cwd, pass_fds=pass_fds)
         self._stderr = bytearray()
         self._stderr_lock = threading.Lock()
         os.set_blocking(self.process.stderr.fileno(), False)

@@ -1,4 +1,6 @@
+import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from httpclient import request
 from vllm_xpu_exporter.cli import DEFAULT_PORT, build_parser, exporter_journal_selection, parse_options
 from vllm_xpu_exporter.argparsing import parse_duration
 from vllm_xpu_exporter.flags import format_duration
+from vllm_xpu_exporter.http.server import check_distinct_listen_addresses
 from vllm_xpu_exporter.sources.logs.entry import normalize_boot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +58,8 @@ def test_every_contract_flag_parses_in_both_spellings():
     assert settings.telemetry_path == "/m"
     assert settings.collectors == {"levelzero"}
     assert settings.levelzero_library == "/opt/libze_loader.so.1"
-    assert settings.journal_files == ("a.journal", "b.journal")
+    # relative to the working directory, made absolute (sd-journal takes absolute paths only)
+    assert settings.journal_files == (os.path.abspath("a.journal"), os.path.abspath("b.journal"))
     assert settings.journal_units == ("vllm-xpu-*.service", "other.service")
     assert settings.journal_boot == "0123456789abcdef0123456789abcdef"
     assert settings.procfs == "/host/proc"
@@ -124,6 +128,12 @@ def test_version_flag_prints_the_package_version():
     (["--journal.units", ""], "--journal.units"),
     (["--journal.max-units", "0"], "--journal.max-units"),
     (["--path.sysfs"], "--path.sysfs"),
+    (["--web.max-requests", "-1"], "--web.max-requests"),
+    (["--path.procfs", "/nonexistent"], "--path.procfs: cannot list /nonexistent: No such file or directory"),
+    (["--web.listen-address", "127.0.0.1:9999", "--web.listen-address", "127.0.0.1:9999"],
+     "--web.listen-address: listen address 127.0.0.1:9999 given twice"),
+    (["--web.listen-address", ":9999", "--web.listen-address", "[::]:9999"],
+     "--web.listen-address: listen address [::]:9999 given twice (as :9999)"),
 ])
 def test_bad_input_exits_2_with_one_line_naming_the_problem(args, named):
     result = run_cli(*args)
@@ -132,6 +142,53 @@ def test_bad_input_exits_2_with_one_line_naming_the_problem(args, named):
     assert len(lines) == 1, result.stderr
     assert named in lines[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("argv, enabled", [
+    ([], {"levelzero", "journal", "processes"}),
+    (["--collector.disable-defaults"], set()),
+    (["--collector.disable-defaults", "--collector.journal"], {"journal"}),
+    (["--collector.journal", "--collector.disable-defaults", "--collector.levelzero"], {"journal", "levelzero"}),
+    (["--no-collector.processes"], {"levelzero", "journal"}),
+])
+def test_disable_defaults_turns_off_every_collector_not_named(argv, enabled):
+    assert parse_options(argv).collectors == enabled
+
+
+@pytest.mark.fast
+def test_web_flags_of_node_exporter_parse():
+    defaults = parse_options([])
+    assert (defaults.max_requests, defaults.exporter_metrics, defaults.systemd_socket) == (40, True, False)
+    options = parse_options(["--web.max-requests=0", "--web.disable-exporter-metrics", "--web.systemd-socket"])
+    assert (options.max_requests, options.exporter_metrics, options.systemd_socket) == (0, False, True)
+
+
+def test_disable_exporter_metrics_leaves_out_the_process_and_python_families_only():
+    names = {}
+    for flags in ((), ("--web.disable-exporter-metrics",)):
+        with RunningExporter(["--collector.disable-defaults", *flags]) as exporter:
+            names[flags] = {name for name, _ in exporter.scrape()}
+    full, without = names[()], names[("--web.disable-exporter-metrics",)]
+    assert {name for name in full - without} == {name for name in full if name.startswith(("process_", "python_"))}
+    assert any(name.startswith("process_") for name in full)
+    assert "xpu_exporter_build_info" in without and "xpu_exporter_collector_success" not in without
+
+
+def test_a_busy_second_listen_address_is_named_and_nothing_is_served():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = f"127.0.0.1:{busy.getsockname()[1]}"
+        result = run_cli("--web.listen-address", "127.0.0.1:0", "--web.listen-address", taken,
+                         "--no-collector.levelzero", "--no-collector.journal", "--no-collector.processes")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (f"vllm-xpu-exporter: error: cannot listen on {taken}: "
+                                                       f"Address already in use")
+
+
+def test_the_same_port_zero_twice_is_two_listeners():
+    check_distinct_listen_addresses(["127.0.0.1:0", "127.0.0.1:0"])
 
 
 @pytest.mark.fast

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from vllm_xpu_exporter.cli import Options, build_parser, build_sources, parse_options
+from vllm_xpu_exporter.cli import Options, build_parser, build_sources, needed_sources, parse_options
 from vllm_xpu_exporter.collector import Collector, ScrapeContext, Source, Sources, registered
 from vllm_xpu_exporter.collectors.processes import ProcessesOptions
 from vllm_xpu_exporter.scrape import ExporterCollector
@@ -23,9 +23,11 @@ pytestmark = pytest.mark.fast  # the pure core (pyproject.toml's markers; `pytes
 
 def test_every_registered_collector_has_its_enable_and_disable_flags_and_nothing_else_does():
     """As node_exporter's: `--[no-]collector.NAME` per registered collector, and a collector's own options
-    (`--collector.NAME.OPTION`) only for a registered one."""
+    (`--collector.NAME.OPTION`) only for a registered one; and node_exporter's `--collector.disable-defaults`."""
     flags = {option for action in build_parser()._actions for option in action.option_strings
              if option.startswith(("--collector.", "--no-collector."))}
+    assert "--collector.disable-defaults" in flags
+    flags.discard("--collector.disable-defaults")
     names = [spec.name for spec in registered()]
     assert names == ["journal", "processes", "levelzero"]
     switches = {flag for flag in flags if flag.count(".") == 1}
@@ -43,7 +45,7 @@ def test_each_collector_gets_only_its_own_options_made_from_the_command_line():
     options = parse_options(["--no-collector.levelzero", "--collector.processes.max-units", "3",
                              "--path.procfs", "/host/proc", "--path.sysfs", "/host/sys"])
     assert options.collector_options == {
-        "journal": None, "levelzero": None, "processes": ProcessesOptions(max_units=3, reports_levelzero=True)}
+        "journal": None, "levelzero": None, "processes": ProcessesOptions(max_units=3, uses_levelzero=False)}
     assert parse_options([]).collector_options["processes"] == ProcessesOptions()
     assert Options().collector_options == parse_options([]).collector_options
 
@@ -99,11 +101,13 @@ def test_the_levelzero_collector_keeps_no_source_and_reads_the_drm_node_names_th
     assert not [value for value in vars(collector).values() if value is sources.levelzero or value is sources.drm_nodes]
 
 
-def test_level_zero_telemetry_is_read_only_for_the_levelzero_collector():
+def test_without_the_levelzero_collector_no_collector_drives_level_zero():
     options = parse_options(["--no-collector.levelzero"])
-    needs = {need for spec in registered() if spec.name in options.collectors for need in spec.needs}
+    assert "processes" in options.collectors
+    needs = needed_sources(options)
+    assert Source.DRM_CLIENTS in needs and not needs & {Source.LEVELZERO, Source.LEVELZERO_TELEMETRY}
     sources = build_sources(options, needs)
-    assert sources.levelzero is not None and not sources.levelzero.telemetry
+    assert sources.levelzero is None and sources.drm_nodes is None
 
 
 class Counting(Collector):
@@ -252,9 +256,9 @@ def test_no_collector_imports_another_and_no_module_imports_in_a_cycle():
 PACKAGE = "vllm_xpu_exporter"
 LAYERS = (
     # shared leaves: the package's version, argument types, durations, PCI spelling, systemd's facts, NoDataYet,
-    # the metric families, the process's capability sets
+    # the metric families, the process's capability sets, the build's revision
     (PACKAGE, f"{PACKAGE}.argparsing", f"{PACKAGE}.durations", f"{PACKAGE}.pci", f"{PACKAGE}.systemd",
-     f"{PACKAGE}.nodatayet", f"{PACKAGE}.families", f"{PACKAGE}.capabilities"),
+     f"{PACKAGE}.nodatayet", f"{PACKAGE}.families", f"{PACKAGE}.capabilities", f"{PACKAGE}.buildinfo"),
     # the parsers, and the container runtimes' facts and state beside them (the cgroup parser asks their registry)
     (f"{PACKAGE}.parsers", f"{PACKAGE}.runtimes"),
     (f"{PACKAGE}.fold",),

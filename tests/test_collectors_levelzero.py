@@ -333,18 +333,6 @@ def test_a_scrape_while_level_zero_initialises_has_no_data_yet_and_logs_no_warni
         assert info_lines(exporter, "collector levelzero has no data yet: Level Zero is still initialising")
 
 
-def test_with_the_levelzero_collector_off_the_processes_collector_says_no_data_yet_while_it_initialises(
-        fake_driver, config_path):
-    # The processes collector then reports Level Zero's state itself: still starting is no data yet there too.
-    with start(fake_driver, config_path, FakeConfig(devices=(A770,), init_hang=True),
-               "--levelzero.timeout", "1s", "--no-collector.levelzero", "--collector.processes") as exporter:
-        samples = exporter.scrape()
-        assert sample(samples, "xpu_exporter_collector_success", collector="processes") == 0
-        # (the host's /proc may have processes whose fdinfo the exporter cannot read: that warning is another's)
-        assert [line for line in warning_lines(exporter) if "collector processes" in line] == []
-        assert info_lines(exporter, "collector processes has no data yet: Level Zero is still initialising")
-
-
 @pytest.mark.parametrize("init_result", ["ZE_RESULT_ERROR_UNINITIALIZED", "ZE_RESULT_ERROR_INSUFFICIENT_PERMISSIONS",
                                          "ZE_RESULT_ERROR_DEPENDENCY_UNAVAILABLE"])
 def test_failing_zeinit_never_crashes_and_logs_one_clear_line(fake_driver, config_path, init_result):

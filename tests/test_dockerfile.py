@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -336,6 +337,23 @@ def test_the_image_carries_the_oci_annotations_of_this_release():
     assert labels["org.opencontainers.image.base.name"] == "${PYTHON_IMAGE}"
     assert re.search(r"^ARG PYTHON_IMAGE$", text, re.M), "the base's name must be in scope of the final stage"
     assert {"org.opencontainers.image.title", "org.opencontainers.image.description"} <= labels.keys()
+
+
+def test_the_image_labels_and_installs_the_commit_and_repository_it_is_built_from():
+    """REVISION and SOURCE: global build arguments, in scope of both stages that use them; the revision goes
+    into the OCI label and into exporter/REVISION, which the package installs (build_info's revision)."""
+    text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
+    labels = dict(re.findall(r'(org\.opencontainers\.image\.[a-z.]+)="([^"]*)"', text))
+    assert labels["org.opencontainers.image.revision"] == "${REVISION}"
+    assert labels["org.opencontainers.image.source"] == "${SOURCE}"
+    global_args = text[:text.index("\nFROM ")]
+    assert re.search(r"^ARG REVISION=", global_args, re.M) and re.search(r"^ARG SOURCE=", global_args, re.M)
+    build, runtime = dockerfile_stages(text)
+    assert "ARG REVISION" in build and {"ARG REVISION", "ARG SOURCE"} <= set(runtime)
+    install = next(line for line in build if "pip install" in line)
+    assert install.index('"${REVISION}" > exporter/REVISION') < install.index("pip install")
+    package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert "REVISION" in package_data["vllm_xpu_exporter"]
 
 
 def test_compose_and_the_docs_build_and_run_the_image_of_this_release():

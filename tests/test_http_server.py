@@ -312,11 +312,55 @@ def test_telemetry_path_at_root_serves_metrics_instead_of_the_landing_page():
         assert b"sample_memory_bytes" in body
 
 
-def test_health_endpoint_answers_ok(server):
-    assert fetch(server, "/-/healthy")[::2] == (200, b"OK")
+@pytest.mark.parametrize("path", ["/-/healthy", "/-/ready"])
+def test_health_and_readiness_endpoints_answer_ok(server, path):
+    assert fetch(server, path)[::2] == (200, b"OK")
 
 
-@pytest.mark.parametrize("path", ["/nope", "/metrics/", "/favicon.ico", "/-/ready"])
+class BlockingCollector(Collector):
+    """Holds every collection until `release` is set, counting those under way."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.started = threading.Semaphore(0)
+
+    def collect(self):
+        self.started.release()
+        self.release.wait(10)
+        yield from SampleCollector().collect()
+
+
+@pytest.mark.parametrize("max_requests, refused", [(1, 1), (2, 0), (0, 0)])
+def test_metrics_requests_beyond_max_requests_get_503_while_the_others_are_served(max_requests, refused):
+    blocking = BlockingCollector()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(blocking)
+    server = ExporterServer("127.0.0.1:0", "/metrics", registry, max_requests=max_requests)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(fetch, server)
+            assert blocking.started.acquire(timeout=10)  # the first is being collected
+            second = pool.submit(fetch, server)
+            if refused:
+                status, headers, body = second.result(10)
+                assert (status, headers["Retry-After"]) == (503, "1")
+                assert body == f"Limit of concurrent requests reached ({max_requests}), try again later.\n".encode()
+                assert fetch(server, "/-/healthy")[0] == 200  # only metrics requests count
+            else:
+                assert blocking.started.acquire(timeout=10)  # the second is being collected too
+            blocking.release.set()
+            assert first.result(10)[0] == 200
+            if not refused:
+                assert second.result(10)[0] == 200
+    finally:
+        blocking.release.set()
+        server.shutdown()
+        thread.join(5)
+
+
+@pytest.mark.parametrize("path", ["/nope", "/metrics/", "/favicon.ico"])
 def test_unknown_paths_get_404(server, path):
     assert fetch(server, path)[0] == 404
 

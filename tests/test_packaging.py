@@ -91,6 +91,21 @@ def test_systemd_analyze_verify_accepts_the_unit(installed_unit):
     assert result.returncode == 0 and result.stdout + result.stderr == "", result.stdout + result.stderr
 
 
+def test_systemd_analyze_verify_accepts_the_socket_and_the_services_socket_drop_in(installed_unit):
+    """packaging/vllm-xpu-exporter.socket beside the service, and the drop-in that makes the service take it
+    (tests/test_exporter_socket_real_systemd.py boots them)."""
+    socket_unit = installed_unit.with_name("vllm-xpu-exporter.socket")
+    socket_unit.write_text((REPO / "packaging" / "vllm-xpu-exporter.socket").read_text())
+    drop_in = installed_unit.with_name("vllm-xpu-exporter.service.d") / "socket.conf"
+    drop_in.parent.mkdir()
+    drop_in.write_text((REPO / "packaging" / "vllm-xpu-exporter-socket.conf").read_text())
+    result = analyze("verify", str(socket_unit), str(installed_unit))
+    assert result.returncode == 0 and result.stdout + result.stderr == "", result.stdout + result.stderr
+    settings = unit_settings(drop_in.read_text())
+    assert one(settings, "Environment") == "VLLM_XPU_EXPORTER_SOCKET=--web.systemd-socket"
+    assert "$VLLM_XPU_EXPORTER_SOCKET" in one(unit_settings(UNIT.read_text()), "ExecStart")
+
+
 def test_systemd_analyze_verify_reports_a_directive_systemd_does_not_know(installed_unit):
     """The check above can fail: a misspelt directive is reported."""
     installed_unit.write_text(installed_unit.read_text().replace("ProtectClock=yes", "ProtectClocks=yes"))

@@ -27,7 +27,7 @@ from fakeze import A770, FakeConfig, FakeMemoryModule, fake_driver_env, write_co
 from journalgen import current_boot_id, write_journal
 from mountns import tmpfs_in_own_mount_namespace
 from polling import wait_for
-from scrapes import series
+from scrapes import sample, series
 from sizes import GiB
 from vllmlogs import (CHAT, EMBEDDING, STT, Boot, Failure, VllmRun, compose, journal_specs, race_chat_runs,
                       race_embedding_run, race_stt_run, service_runs, tracker_entries)
@@ -63,6 +63,23 @@ def run_plan(journal: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.planner", "--journal.file", str(journal),
                            "--device-memory", str(SIXTEEN_GIB), *args],
                           capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_a_journal_file_given_by_a_bare_name_is_read_by_the_planner_and_the_exporter(journal: Path) -> None:
+    """sd-journal opens absolute paths only ("Destination address required" otherwise): a name relative to the
+    working directory is made absolute when the flag is parsed."""
+    planned = subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.planner", "--journal.file", journal.name,
+                              "--device-memory", str(SIXTEEN_GIB), "--format", "json"],
+                             capture_output=True, text=True, timeout=120, check=False, cwd=journal.parent)
+    assert planned.returncode == 3, planned.stderr  # the plan of the seed journal: one unit left out
+    assert json.loads(planned.stdout)["devices"]
+    with RunningExporter(["--journal.file", journal.name, "--journal.boot", "all", "--no-collector.levelzero",
+                          "--no-collector.processes"], cwd=journal.parent) as exporter:
+        samples = wait_for(lambda: (s := exporter.scrape()) and
+                           sample(s, "xpu_exporter_collector_success", collector="journal") == 1 and s)
+        stderr = exporter.stderr
+    assert samples, stderr  # the journal collector works: the file was opened
+    assert sample(samples, "xpu_exporter_journal_units_watched") == len(seed_runs())
 
 
 # --- the fold gives the planner the non-KV memory -----------------------------------------------------

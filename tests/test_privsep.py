@@ -110,7 +110,11 @@ def test_the_reader_answers_the_scan_the_scanner_makes_in_process(tmp_path):
 def test_the_wire_form_of_a_scan_gives_the_scan_back(tmp_path):
     tree = FakeProcfs(tmp_path)
     tree.add_unit_process(100, CHAT).add_drm_fd(xe_fdinfo(client_id=1, vram0=MiB))
+    unreadable = tree.add_unit_process(200, CHAT)
+    (unreadable.path / "fd").rmdir()
+    (unreadable.path / "fd").write_text("")  # listing it fails: the pid is named in the scan
     result = scan_drm_clients(str(tree.root))
+    assert result.unreadable_pids == (200,)
     assert scan_from_wire(json.loads(json.dumps(scan_to_wire(result)))) == result
 
 

@@ -11,11 +11,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
+from vllm_xpu_exporter.collectors.processes import unreadable_warning
 from vllm_xpu_exporter.parsers.cgroup import unit_of_cgroup_file
 from vllm_xpu_exporter.parsers.fdinfo import parse_engine_use
 from vllm_xpu_exporter.sources import procfs as procfs_source
@@ -758,3 +759,27 @@ def test_a_unit_s_busy_seconds_are_summed_in_client_order_whatever_the_layouts_o
 def unit_of(scanner: DrmClientScanner, pid: int) -> str | None:
     unit_cgroup = scanner.unit_cgroup_of(pid)
     return None if unit_cgroup is None else unit_cgroup.unit
+
+
+def test_the_warning_about_unreadable_processes_names_them_and_fits_who_reads():
+    """The pids come from the real scanner (an fd table that cannot be listed), the advice from what the reader
+    was: root is never told to run as root."""
+    scan = ScanResult(unreadable=7, unreadable_pids=(100, 101, 102, 103, 104))
+    for reader in ({}, {"reader_root": True}, {"reader_root": True, "reader_capable": True}):
+        line = unreadable_warning(replace(scan, **reader))
+        assert "pid 100, 101, 102, 103, 104, ..." in line
+        assert ("run it as root" in line) is False
+    assert "CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (the packaged units do)" in unreadable_warning(scan)
+    assert "bounding set" in unreadable_warning(replace(scan, reader_root=True))
+    assert "security module" in unreadable_warning(replace(scan, reader_root=True, reader_capable=True))
+
+
+def test_a_process_whose_fds_cannot_be_listed_is_named_in_the_scan(tmp_path):
+    procfs = FakeProcfs(tmp_path)
+    process = procfs.add_unit_process(4242, CHAT)
+    (process.path / "fd").rmdir()
+    (process.path / "fd").write_text("")  # listing it fails (ENOTDIR): neither gone nor readable
+    scan = DrmClientScanner(str(procfs.root)).scan()
+    assert (scan.unreadable, scan.unreadable_pids) == (1, (4242,))
+    assert scan.reader_root == (os.geteuid() == 0)
+    assert "pid 4242)" in unreadable_warning(scan)

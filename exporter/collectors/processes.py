@@ -39,7 +39,7 @@ configure them: --collector.processes.sd-host-address, --collector.processes.pla
 scrape's `ScrapeContext`. What it finds beyond its metrics it keeps: the units holding GPU memory
 (`units_on_gpus`, which the scrape hands to the journal) and the units' vLLM API endpoints (`targets`, which
 /sd/vllm serves). Its options (`ProcessesOptions`): its unit cap (--collector.processes.max-units, a flag it
-adds itself) and whether the levelzero collector is disabled.
+adds itself) and whether the levelzero collector is enabled (when it is not, Level Zero is not used at all).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from copy import copy
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -59,7 +58,6 @@ from vllm_xpu_exporter.discovery import VllmTargets
 from vllm_xpu_exporter.families import CounterFamily, GaugeFamily
 from vllm_xpu_exporter.argparsing import positive_int
 from vllm_xpu_exporter.fold.engine_starts import DEFAULT_MAX_UNITS, UnitView
-from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.runtimes import ContainerCgroup
 from vllm_xpu_exporter.sources import containers, procfs
 from vllm_xpu_exporter.sources.containers import Workload
@@ -68,9 +66,8 @@ from vllm_xpu_exporter.sources.procfs import UnitEngineUse
 
 log = logging.getLogger("vllm_xpu_exporter.processes")
 
-# What keeps a scrape from being whole: failures as text, and Level Zero still starting (NoDataYet) when this
-# collector reports Level Zero (the levelzero collector disabled), which is no failure.
-Problems = list[str | NoDataYet]
+# What keeps a scrape from being whole: failures as text.
+Problems = list[str]
 
 
 def workload_info(workloads: Mapping[str, Workload], kept: set[str]) -> GaugeFamily:
@@ -89,13 +86,14 @@ def workload_info(workloads: Mapping[str, Workload], kept: set[str]) -> GaugeFam
 class ProcessesCollector(Collector):
     name = "processes"
 
-    def __init__(self, reports_levelzero: bool = False, max_units: int = DEFAULT_MAX_UNITS,
+    def __init__(self, uses_levelzero: bool = True, max_units: int = DEFAULT_MAX_UNITS,
                  targets: VllmTargets | None = None) -> None:
-        """`reports_levelzero`: the levelzero collector is disabled, so a Level Zero failure that costs this
-        collector its unattributed rest and headroom is reported here, or nowhere. `max_units`: at most this
+        """`uses_levelzero`: the levelzero collector is enabled; when it is not (--no-collector.levelzero), this
+        collector never drives Level Zero either: no device memory (so no unattributed rest and no headroom) and
+        no Level Zero process list, only dmem and fdinfo. `max_units`: at most this
         many units have series of their own (see attribution.choose_units). `targets`: where the units' vLLM
         API endpoints found at each scrape are kept (/sd/vllm serves them); None: none are looked for."""
-        self._reports_levelzero = reports_levelzero
+        self._uses_levelzero = uses_levelzero
         self._max_units = max_units
         self._kept_units: set[str] = set()
         self._warned_dropped = False
@@ -115,14 +113,15 @@ class ProcessesCollector(Collector):
         self._units_on_gpus = frozenset()
         problems: Problems = []
         scan = self._scan(context, problems)
-        devices = self._device_memory(context, problems)
+        devices = self._device_memory(context)
         fallbacks = {pci: self._fallback(scan, context, pci) for pci in attribution.gpus_seen(devices or (), scan)}
         dmem_by_unit = self._read_dmem(context, attribution.unit_cgroups(scan, fallbacks.values()), problems)
         for pci in attribution.gpus_only_dmem_sees(dmem_by_unit, fallbacks):
             fallbacks[pci] = self._fallback(scan, context, pci)
         attributions, unserved = attribution.attribute_devices(fallbacks, dmem_by_unit, scan)
+        levelzero = "Level Zero's process list failed" if self._uses_levelzero else "Level Zero is not used"
         problems.extend(f"{pci}: no per-process source works (no unit's dmem.current lists it, fdinfo has no memory "
-                        f"figures for it and Level Zero's process list failed)" for pci in unserved)
+                        f"figures for it and {levelzero})" for pci in unserved)
         # From here on a unit is a workload: containers by their names (see _workloads)
         cgroups_of_unit = attribution.unit_cgroups(scan, fallbacks.values())
         workloads = self._workloads(context, cgroups_of_unit)
@@ -166,11 +165,8 @@ class ProcessesCollector(Collector):
             yield from self._planned(devices, attributions, views, gpus)
             yield self._plan_of_units(context, attributions, views, gpus, problems)
             yield self._free_memory_at_start(vllm_reads, attributions, views, gpus)
-        failures = [str(problem) for problem in problems if not isinstance(problem, NoDataYet)]
-        if failures:
-            raise CollectionError("; ".join(failures))
         if problems:
-            raise copy(problems[0])  # a copy: the source's own would gather a traceback at each raise
+            raise CollectionError("; ".join(problems))
 
     def _choose_units(self, context: ScrapeContext, held: dict[str, int]) -> tuple[set[str], int]:
         """The units that keep series of their own at this scrape (attribution.choose_units), and how many do
@@ -247,8 +243,7 @@ class ProcessesCollector(Collector):
             return None
         if scan.unreadable and not self._warned_unreadable:
             self._warned_unreadable = True
-            log.warning("%d processes' fdinfo could not be read: give the exporter CAP_SYS_PTRACE and "
-                        "CAP_DAC_READ_SEARCH (or run it as root) to see every GPU process", scan.unreadable)
+            log.warning("%s", unreadable_warning(scan))
         return scan
 
     def _read_dmem(self, context: ScrapeContext, cgroups_of_unit: dict[str, set[str]], problems: Problems
@@ -261,19 +256,16 @@ class ProcessesCollector(Collector):
         problems.extend(reading.problems)
         return reading.by_unit
 
-    def _device_memory(self, context: ScrapeContext, problems: Problems) -> list[DeviceMemory] | None:
-        """The devices' memory, or None when Level Zero cannot say; without it (or without a device's free
-        memory) there is no unattributed rest and no headroom. The levelzero collector reports why, unless
-        it is disabled: then this collector does."""
-        try:
-            devices = context.device_memory()
-        except LevelZeroUnavailable as error:
-            if self._reports_levelzero:
-                problems.append(error if isinstance(error, NoDataYet) else str(error))
+    def _device_memory(self, context: ScrapeContext) -> list[DeviceMemory] | None:
+        """The devices' memory, or None when Level Zero cannot say or is not used; without it (or without a
+        device's free memory) there is no unattributed rest and no headroom. The levelzero collector reports
+        why Level Zero cannot say."""
+        if not self._uses_levelzero:
             return None
-        if self._reports_levelzero:
-            problems.extend(f"{device.identity.pci_address}: {device.error}" for device in devices if device.error)
-        return devices
+        try:
+            return context.device_memory()
+        except LevelZeroUnavailable:
+            return None
 
     def _fallback(self, scan: procfs.ScanResult | None, context: ScrapeContext, pci: str
                   ) -> attribution.Attribution | None:
@@ -281,6 +273,8 @@ class ProcessesCollector(Collector):
         return attribution.from_fdinfo(scan, pci) or self._from_levelzero(context, pci)
 
     def _from_levelzero(self, context: ScrapeContext, pci: str) -> attribution.Attribution | None:
+        if not self._uses_levelzero:
+            return None
         try:
             readings = context.device_processes()
         except LevelZeroUnavailable:
@@ -380,18 +374,35 @@ class ProcessesCollector(Collector):
         return family
 
 
+def unreadable_warning(scan: procfs.ScanResult) -> str:
+    """The line that says which processes' fds could not be read and what would let the exporter read them,
+    from what the reading process was: without the capabilities, root without them (a bounding set removed
+    them), or with both (then something else denies it)."""
+    pids = ", ".join(str(pid) for pid in scan.unreadable_pids)
+    more = ", ..." if scan.unreadable > len(scan.unreadable_pids) else ""
+    what = f"{scan.unreadable} processes' fds or fdinfo could not be read (pid {pids}{more})"
+    if scan.reader_capable:
+        return (f"{what} although the exporter holds CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH: a security module "
+                f"(Yama ptrace_scope 3, AppArmor, SELinux) or the procfs mount's hidepid= denies it")
+    if scan.reader_root:
+        return (f"{what}: the exporter runs as root without CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (its "
+                f"container's or unit's capability bounding set removes them): grant both to see every GPU process")
+    return (f"{what}: give the exporter CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH (the packaged units do) to see "
+            f"every GPU process")
+
+
 @dataclass(frozen=True)
 class ProcessesOptions:
-    """The processes collector's options: `max_units` (--collector.processes.max-units); `reports_levelzero`:
-    the levelzero collector is disabled (see ProcessesCollector)."""
+    """The processes collector's options: `max_units` (--collector.processes.max-units); `uses_levelzero`:
+    the levelzero collector is enabled (see ProcessesCollector)."""
 
     max_units: int = DEFAULT_MAX_UNITS
-    reports_levelzero: bool = False
+    uses_levelzero: bool = True
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, enabled: frozenset[str]) -> ProcessesOptions:
         """From the parsed command line (this collector's own flag) and the names of the enabled collectors."""
-        return cls(max_units=args.processes_max_units, reports_levelzero="levelzero" not in enabled)
+        return cls(max_units=args.processes_max_units, uses_levelzero="levelzero" in enabled)
 
 
 def add_flags(collectors: argparse._ArgumentGroup) -> None:
@@ -408,4 +419,4 @@ def add_flags(collectors: argparse._ArgumentGroup) -> None:
                  Source.UNIT_PLANS],
           add_flags=add_flags, options=ProcessesOptions.from_args)
 def _processes_collector(options: ProcessesOptions, sources: Sources) -> ProcessesCollector:
-    return ProcessesCollector(options.reports_levelzero, options.max_units, VllmTargets())
+    return ProcessesCollector(options.uses_levelzero, options.max_units, VllmTargets())

@@ -34,6 +34,7 @@ from vllm_xpu_exporter.http.webconfig import PasswordChecksBusy, WebConfig
 logger = logging.getLogger("vllm_xpu_exporter.web")
 
 HEALTH_PATH = "/-/healthy"
+READY_PATH = "/-/ready"
 SERVER_NAME = f"vllm-xpu-exporter/{__version__}"
 _ALLOWED_METHODS = ("GET", "HEAD")
 _HOSTNAME = re.compile(r"(?=.{1,253}\.?$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -88,6 +89,48 @@ def parse_listen_address(value: str) -> tuple[str, int]:
         raise ValueError(f"invalid listen address {value!r}: {host!r} is not a host name or IP address "
                          f"({_LISTEN_FORMS})")
     return host, port
+
+
+def _bind_all(listen_address: str | Sequence[str]) -> list[socket.socket]:
+    addresses = [listen_address] if isinstance(listen_address, str) else list(listen_address)
+    endpoints = [parse_listen_address(address) for address in addresses]
+    check_distinct_listen_addresses(addresses)
+    bound: list[socket.socket] = []
+    try:
+        for address, (host, port) in zip(addresses, endpoints):
+            try:
+                bound.append(_listening_socket(host, port))
+            except OSError as error:
+                raise ListenError(address, error) from error
+    except BaseException:
+        for sock in bound:
+            sock.close()
+        raise
+    return bound
+
+
+class ListenError(OSError):
+    """A listen address that cannot be served: `address` as given, errno and strerror as the system said."""
+
+    def __init__(self, address: str, error: OSError) -> None:
+        super().__init__(error.errno, error.strerror or str(error))
+        self.address = address
+
+    def __str__(self) -> str:
+        return f"cannot listen on {self.address}: {self.strerror}"
+
+
+def check_distinct_listen_addresses(addresses: Sequence[str]) -> None:
+    """ValueError naming the first address given twice (the same host and port, however written); port 0
+    (any free port) may repeat."""
+    seen: dict[tuple[str, int], str] = {}
+    for address in addresses:
+        host, port = parse_listen_address(address)
+        key = ("" if host in ("", "::") else host.lower().rstrip("."), port)
+        if port and key in seen:
+            same = "" if seen[key] == address else f" (as {seen[key]})"
+            raise ValueError(f"listen address {address} given twice{same}")
+        seen[key] = address
 
 
 def _ends_in_a_number(host: str) -> bool:
@@ -166,15 +209,20 @@ def _landing_page(title: str, telemetry_path: str) -> bytes:
             "containers or pods."
             f"</p>\n<ul>\n<li><a href=\"{path_html}\">Metrics</a></li>\n"
             f"<li><a href=\"{RUNBOOK_PATH}\">Runbook</a></li>\n"
-            f"<li><a href=\"{HEALTH_PATH}\">Health</a></li>\n</ul>\n</body>\n</html>\n").encode("utf-8")
+            f"<li><a href=\"{HEALTH_PATH}\">Health</a></li>\n"
+            f"<li><a href=\"{READY_PATH}\">Ready</a></li>\n</ul>\n</body>\n</html>\n").encode("utf-8")
 
 
 class _Site:
     """What the handlers serve: shared, read-only after construction (the web config reloads itself)."""
 
     def __init__(self, telemetry_path: str, registry: CollectorRegistry, web_config: WebConfig | None,
-                 landing_page_title: str, documents: Mapping[str, Document] | None = None) -> None:
+                 landing_page_title: str, documents: Mapping[str, Document] | None = None,
+                 max_requests: int = 0) -> None:
         self.telemetry_path = telemetry_path
+        # --web.max-requests: metrics requests served at once; 0: no limit
+        self.max_requests = max_requests
+        self.scrape_slots = threading.BoundedSemaphore(max_requests) if max_requests else None
         self.registry = registry
         runbook = runbook_page()
         self.documents: dict[str, Document] = {RUNBOOK_PATH: lambda: (runbook, "text/html; charset=utf-8"),
@@ -235,7 +283,7 @@ class _Handler:
             handler = self._metrics
         elif url.path == "/":
             handler = self._landing_page
-        elif url.path == HEALTH_PATH:
+        elif url.path in (HEALTH_PATH, READY_PATH):
             handler = self._healthy
         elif url.path in site.documents:
             handler = self._document
@@ -248,6 +296,19 @@ class _Handler:
         return handler(request, config)
 
     def _metrics(self, request: Request, config: WebConfig | None) -> Response:
+        slots = self._site.scrape_slots
+        if slots is None:
+            return self._scrape(request, config)
+        if not slots.acquire(blocking=False):
+            return self._reply(request, config, HTTPStatus.SERVICE_UNAVAILABLE,
+                               f"Limit of concurrent requests reached ({self._site.max_requests}), try again "
+                               f"later.\n".encode(), {"Retry-After": "1"})
+        try:
+            return self._scrape(request, config)
+        finally:
+            slots.release()
+
+    def _scrape(self, request: Request, config: WebConfig | None) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         registry = self._site.registry
         # ?name[]=a&name[]=b: only those samples, as prometheus_client's own servers do (an empty value is
@@ -297,29 +358,26 @@ class ExporterServer:
     """Serves `registry` at `telemetry_path` on `listen_address` (see parse_listen_address), or on each of
     several addresses (as exporter-toolkit serves every --web.listen-address).
 
-    Binds in the constructor: an unusable address raises the system's OSError (EADDRINUSE,
-    EADDRNOTAVAIL, socket.gaierror...) unchanged, and a malformed one ValueError. `serve_forever()` serves until
+    `listening_sockets`: sockets already listening (systemd's, `http.activation`), served instead of binding
+    `listen_address`. `max_requests`: metrics requests served at once (--web.max-requests), more get 503; 0: no
+    limit beyond the workers' number.
+
+    Binds in the constructor: an unusable address raises ListenError, an OSError that names the address and
+    keeps the system's errno and text (EADDRINUSE, EADDRNOTAVAIL, socket.gaierror...); a malformed one, or
+    one given twice, ValueError. `serve_forever()` serves until
     `shutdown()` (which may be called from any thread, also before or without serve_forever).
     """
 
     def __init__(self, listen_address: str | Sequence[str], telemetry_path: str, registry: CollectorRegistry,
                  web_config: WebConfig | None = None, landing_page_title: str = "vllm-xpu-exporter",
-                 limits: ServerLimits | None = None, documents: Mapping[str, Document] | None = None) -> None:
+                 limits: ServerLimits | None = None, documents: Mapping[str, Document] | None = None,
+                 max_requests: int = 0, listening_sockets: Sequence[socket.socket] = ()) -> None:
         if not telemetry_path.startswith("/"):
             raise ValueError(f"invalid telemetry path {telemetry_path!r}: it must start with '/'")
         if documents and telemetry_path in documents:
             raise ValueError(f"invalid telemetry path {telemetry_path!r}: the exporter serves another document there")
-        addresses = [listen_address] if isinstance(listen_address, str) else list(listen_address)
-        endpoints = [parse_listen_address(address) for address in addresses]
-        listening_sockets: list[socket.socket] = []
-        try:
-            for host, port in endpoints:
-                listening_sockets.append(_listening_socket(host, port))
-        except BaseException:
-            for bound in listening_sockets:
-                bound.close()
-            raise
-        site = _Site(telemetry_path, registry, web_config, landing_page_title, documents)
+        listening_sockets = list(listening_sockets) or _bind_all(listen_address)
+        site = _Site(telemetry_path, registry, web_config, landing_page_title, documents, max_requests)
         self._site = site
         self._server_addresses = [bound.getsockname() for bound in listening_sockets]
         self._connections = ConnectionServer(listening_sockets, _Handler(site),

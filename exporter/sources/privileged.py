@@ -132,7 +132,9 @@ def scan_to_wire(scan: ScanResult) -> dict[str, Any]:
             for device, by_unit in scan.engines_by_device_unit.items()},
         "driver_by_device": scan.driver_by_device,
         "clients": scan.clients, "drm_fds": scan.drm_fds, "processes": scan.processes,
-        "unreadable": scan.unreadable, "vanished": scan.vanished, "memory_keys_seen": scan.memory_keys_seen,
+        "unreadable": scan.unreadable, "unreadable_pids": list(scan.unreadable_pids),
+        "reader_root": scan.reader_root, "reader_capable": scan.reader_capable,
+        "vanished": scan.vanished, "memory_keys_seen": scan.memory_keys_seen,
         "fds_skipped": scan.fds_skipped, "walks_deferred": scan.walks_deferred,
     }
 
@@ -149,7 +151,9 @@ def scan_from_wire(wire: dict[str, Any]) -> ScanResult:
                                 for device, by_unit in wire["engines_by_device_unit"].items()},
         driver_by_device=wire["driver_by_device"],
         clients=wire["clients"], drm_fds=wire["drm_fds"], processes=wire["processes"],
-        unreadable=wire["unreadable"], vanished=wire["vanished"], memory_keys_seen=wire["memory_keys_seen"],
+        unreadable=wire["unreadable"], unreadable_pids=tuple(int(pid) for pid in wire["unreadable_pids"]),
+        reader_root=bool(wire["reader_root"]), reader_capable=bool(wire["reader_capable"]),
+        vanished=wire["vanished"], memory_keys_seen=wire["memory_keys_seen"],
         fds_skipped=wire["fds_skipped"], walks_deferred=wire["walks_deferred"],
     )
 

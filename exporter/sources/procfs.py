@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
+from vllm_xpu_exporter import capabilities
 from vllm_xpu_exporter.parsers.cgroup import UnitCgroup, systemd_cgroup_path, unit_cgroup_of_path
 from vllm_xpu_exporter.parsers.fdinfo import DrmClient, EngineColumns, FdinfoLayout, parse_engine_use, parse_fdinfo
 
@@ -57,6 +58,7 @@ OPEN_FILE = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
 # the next scan. One process with ~20,000 fds used to make every scan stat each of them (~0.9 s).
 MAX_FDS_PER_PROCESS = 2048
 MAX_FDS_PER_SCAN = 16384
+UNREADABLE_PIDS_NAMED = 5  # a warning about unreadable processes names at most this many
 
 
 class ProcfsUnavailable(Exception):
@@ -116,6 +118,11 @@ class ScanResult:
     # Processes not fully examined because a read failed: permission denied (the exporter lacks
     # CAP_SYS_PTRACE/CAP_DAC_READ_SEARCH) or any other error than the process or fd having gone.
     unreadable: int = 0
+    unreadable_pids: tuple[int, ...] = ()  # the lowest UNREADABLE_PIDS_NAMED of them, to name in a warning
+    # when some were: whether the process that read (this one, or the privileged reader) was root / held both
+    # capabilities (False when every process was read)
+    reader_root: bool = False
+    reader_capable: bool = False
     # Processes that exited, or closed a DRM fd, during the scan: normal, not an error. (Other fds
     # closed between listing and stat are not counted: fds come and go all the time.)
     vanished: int = 0
@@ -633,6 +640,10 @@ class _Scan:
             drm_fds=self.drm_fds,
             processes=processes,
             unreadable=len(self.unreadable),
+            unreadable_pids=tuple(sorted(self.unreadable)[:UNREADABLE_PIDS_NAMED]),
+            reader_root=bool(self.unreadable) and os.geteuid() == 0,
+            reader_capable=bool(self.unreadable) and capabilities.READER_CAPABILITIES <= capabilities.held().get(
+                "CapEff", frozenset()),
             vanished=len(self.vanished),
             memory_keys_seen=self.memory_keys_seen,
             fds_skipped=self.fds_skipped,
