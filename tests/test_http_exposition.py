@@ -148,8 +148,8 @@ def test_the_server_answers_with_the_bytes_and_content_type_of_prometheus_client
 @pytest.mark.parametrize("accept", ["text/plain;version=1.0.0;escaping=dots",
                                     "application/openmetrics-text;version=1.0.0;escaping=values"])
 def test_escaping_schemes_that_rename_plain_names_are_left_to_prometheus_client(accept: str):
-    # dots doubles an underscore, values writes a name as U__ and its characters' codes: a client that knows
-    # the scheme renames it, one before escaping schemes (0.23) writes it as it is; either way ours is theirs.
+    # A name the exposition writes as it is, which dots (an underscore doubled) and values (U__ and each
+    # character's code) rename: written by prometheus_client.
     registry = Families([family("xpu_plain_name", [("xpu_plain_name", {"some_label": "v"}, 1)])])
     (ours, our_type), (theirs, their_type) = choose_encoder(accept), client_exposition.choose_encoder(accept)
     assert (our_type, ours(registry)) == (their_type, theirs(registry))

@@ -12,10 +12,12 @@ samples carry no timestamp, exemplar or native histogram (every family the expor
 other family is written by prometheus_client's own encoder, family by family, so the output is
 always byte for byte prometheus_client's (tests/test_http_exposition.py compares them).
 
-Only prometheus_client's public names are used, the same in every release from the declared floor on
+Of prometheus_client only names that every release from the declared floor on has alike are used
 (tests/test_floors.py runs the fast tier at the floors): its two `generate_latest`, `choose_encoder` and
-the content type it answers with (what the scrape's client reads too), never the shape of the encoder
-it returns or the constants of its escaping schemes, which came and moved between releases.
+the content type it answers with (what the scrape's client reads too), the families' classes and
+`floatToGoString`, which its encoders write floats with. Never the shape of the encoder `choose_encoder`
+returns or the constants of its escaping schemes, which came and moved between releases (0.17 to 0.22
+have none: the module failed to import there).
 """
 
 from __future__ import annotations
