@@ -7,17 +7,17 @@ label pair is escaped once per scrape however many samples carry it, and an inte
 without the float round trip. `choose_encoder` picks the encoder prometheus_client picks for
 the request's Accept header; where prometheus_client's content type is the text format or OpenMetrics
 with names escaped with underscores or left as they are (what Prometheus asks for) it returns one of
-the encoders here instead, which write the same bytes for every family whose metric, sample and label names need no escaping and whose
-samples carry no timestamp, exemplar or native histogram (every family the exporter serves). Any
-other family is written by prometheus_client's own encoder, family by family, so the output is
-always byte for byte prometheus_client's (tests/test_http_exposition.py compares them).
+the encoders here instead, which write the same bytes for every family whose metric, sample and label
+names need no escaping and whose samples carry no timestamp, exemplar or native histogram (every family
+the exporter serves). Any other family is written by prometheus_client's own encoder, family by family,
+so the output is always byte for byte prometheus_client's (tests/test_http_exposition.py compares them).
 
 Of prometheus_client only names that every release from the declared floor on has alike are used
 (tests/test_floors.py runs the fast tier at the floors): its two `generate_latest`, `choose_encoder` and
 the content type it answers with (what the scrape's client reads too), the families' classes and
 `floatToGoString`, which its encoders write floats with. Never the shape of the encoder `choose_encoder`
-returns or the constants of its escaping schemes, which came and moved between releases (0.17 to 0.22
-have none: the module failed to import there).
+returns or the constants of its escaping schemes, which came and moved between releases (with 0.17 to
+0.22, which have none, this module failed to import).
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ from vllm_xpu_exporter.families import RowFamily
 # quoted with allow-utf-8).
 _PLAIN_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _PLAIN_LABEL_NAME = re.compile(r"(?!__)[a-zA-Z_][a-zA-Z0-9_]*")
-# None: a content type without an escaping scheme (prometheus_client before 0.23 escapes no names; from
-# 0.23 on, underscores).
+# None: a content type without a scheme, for which prometheus_client escapes with underscores.
 _SCHEMES_KEEPING_PLAIN_NAMES = (None, "underscores", "allow-utf-8")
 # Integers below 2**53 are floats exactly, and repr writes them without an exponent (it does from 1e16).
 _EXACT_INT = 1 << 53
