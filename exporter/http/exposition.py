@@ -5,12 +5,19 @@ with `str.format`, validate and escape every name of every sample (in OpenMetric
 escaping, one character at a time) and turn every value into a float and back into text. Here a
 label pair is escaped once per scrape however many samples carry it, and an integer value is written
 without the float round trip. `choose_encoder` picks the encoder prometheus_client picks for
-the request's Accept header; for the text format and OpenMetrics with names escaped with underscores
-or left as they are (what Prometheus asks for) it returns one of the encoders here instead, which
-write the same bytes for every family whose metric, sample and label names need no escaping and whose
-samples carry no timestamp, exemplar or native histogram (every family the exporter serves). Any
-other family is written by prometheus_client's own encoder, family by family, so the output is
-always byte for byte prometheus_client's (tests/test_http_exposition.py compares them).
+the request's Accept header; where prometheus_client's content type is the text format or OpenMetrics
+with names escaped with underscores or left as they are (what Prometheus asks for) it returns one of
+the encoders here instead, which write the same bytes for every family whose metric, sample and label
+names need no escaping and whose samples carry no timestamp, exemplar or native histogram (every family
+the exporter serves). Any other family is written by prometheus_client's own encoder, family by family,
+so the output is always byte for byte prometheus_client's (tests/test_http_exposition.py compares them).
+
+Of prometheus_client only names that every release from the declared floor on has alike are used
+(tests/test_floors.py runs the fast tier at the floors): its two `generate_latest`, `choose_encoder` and
+the content type it answers with (what the scrape's client reads too), the families' classes and
+`floatToGoString`, which its encoders write floats with. Never the shape of the encoder `choose_encoder`
+returns or the constants of its escaping schemes, which came and moved between releases (with 0.17 to
+0.22, which have none, this module failed to import).
 """
 
 from __future__ import annotations
@@ -20,10 +27,9 @@ import re
 from collections.abc import Callable, Iterable
 
 from prometheus_client import exposition as client_exposition
-from prometheus_client.metrics_core import Metric
+from prometheus_client.core import Metric, Sample
 from prometheus_client.openmetrics import exposition as client_openmetrics
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from vllm_xpu_exporter.families import RowFamily
@@ -33,7 +39,8 @@ from vllm_xpu_exporter.families import RowFamily
 # quoted with allow-utf-8).
 _PLAIN_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _PLAIN_LABEL_NAME = re.compile(r"(?!__)[a-zA-Z_][a-zA-Z0-9_]*")
-_SCHEMES_KEEPING_PLAIN_NAMES = (client_openmetrics.UNDERSCORES, client_openmetrics.ALLOWUTF8)
+# None: a content type without a scheme, for which prometheus_client escapes with underscores.
+_SCHEMES_KEEPING_PLAIN_NAMES = (None, "underscores", "allow-utf-8")
 # Integers below 2**53 are floats exactly, and repr writes them without an exponent (it does from 1e16).
 _EXACT_INT = 1 << 53
 _MAX_SERIES_PER_FAMILY = 4096
@@ -45,16 +52,15 @@ Encoder = Callable[[Collector], bytes]
 
 
 def choose_encoder(accept_header: str | None) -> tuple[Encoder, str]:
-    """prometheus_client's `choose_encoder`, with this module's encoders where they apply."""
+    """prometheus_client's `choose_encoder`, with this module's encoders where its content type says they apply."""
     encoder, content_type = client_exposition.choose_encoder(accept_header or "")
-    func, keywords = encoder, {}
-    if isinstance(encoder, functools.partial) and not encoder.args:
-        func, keywords = encoder.func, encoder.keywords
-    if keywords.get("escaping", client_openmetrics.UNDERSCORES) not in _SCHEMES_KEEPING_PLAIN_NAMES:
+    media_type, *parameters = (part.strip() for part in content_type.split(";"))
+    escaping = dict(parameter.partition("=")[::2] for parameter in parameters).get("escaping")
+    if escaping not in _SCHEMES_KEEPING_PLAIN_NAMES:
         return encoder, content_type
-    if func is client_exposition.generate_latest and set(keywords) <= {"escaping"}:
+    if media_type == "text/plain":
         return functools.partial(generate_text, fallback=encoder), content_type
-    if func is client_openmetrics.generate_latest and set(keywords) <= {"escaping", "version"}:
+    if media_type == "application/openmetrics-text":
         return functools.partial(generate_openmetrics, fallback=encoder), content_type
     return encoder, content_type
 
