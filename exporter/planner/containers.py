@@ -1,0 +1,128 @@
+"""The plan for containers, in the form each runtime takes (`vllm-xpu-plan --format compose|podman`):
+
+- `compose`: per Compose project, an override file that gives each planned service its `command:` (the
+  container's `Config.Cmd` as Docker keeps it) with the planned `--gpu-memory-utilization` and
+  `--kv-cache-memory-bytes`; loaded (by the caller's `verify`, `docker-compose config` over the project's own
+  files) before it is printed;
+- `podman`: per container, the command line that created it (Podman's `CreateCommand`) with the planned flags
+  after its command and `--replace`, to run as it is. Podman has no dry run to load it with. (Quadlet, which
+  would take a drop-in, came with Podman 4.4: Debian 12's 4.3 has none.)
+
+A container whose command cannot be read or edited, or whose output does not load, is named with why: the
+planner then exits 3 and prints nothing of that runtime.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import yaml
+
+from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter.planner import execstart
+from vllm_xpu_exporter.planner.execstart import NotEditable
+from vllm_xpu_exporter.planner.plans import UnitPlan
+from vllm_xpu_exporter.sources.container_commands import ContainerCommand, runtime_of_key
+
+PROG = "vllm-xpu-plan"
+CONTAINER_FORMATS = {"compose": "docker", "podman": "podman"}
+"""The output forms for containers, and the runtime (the key's first part) each covers."""
+
+
+def format_of(key: str) -> str:
+    """The --format that writes the plan of workload `key` (a unit's: systemd)."""
+    runtime = runtime_of_key(key)
+    if runtime == "systemd":
+        return "systemd"
+    return next((form for form, covered in CONTAINER_FORMATS.items() if covered == runtime),
+                f"none ({runtime}: set the printed --kv-cache-memory-bytes in its args by hand)")
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What a format gives: its text (empty when nothing could be made) and, per workload it could not
+    cover, why."""
+
+    text: str
+    refused: tuple[str, ...]
+
+
+def planned_flags(plan: UnitPlan) -> tuple[str, ...]:
+    return ("--gpu-memory-utilization", f"{plan.gpu_memory_utilization:g}",
+            "--kv-cache-memory-bytes", str(plan.kv_cache_memory_bytes))
+
+
+def compose_command(plan: UnitPlan, command: ContainerCommand) -> tuple[str, ...]:
+    """The service's `command:`: the container's Cmd with its own planned flags dropped and the plan's appended
+    (vLLM's words may start in the entrypoint, e.g. `vllm serve` there and the model in the command)."""
+    what = f"the command of container {command.name}"
+    execstart.check_editable(execstart.Command("", (*command.entrypoint, *command.cmd),
+                                               (*command.entrypoint, *command.cmd)), what)
+    return execstart.planned_words(command.cmd, planned_flags(plan), what, checked=True)
+
+
+def podman_command_line(plan: UnitPlan, command: ContainerCommand) -> str:
+    """The container's create command with the plan's flags after its command, as `podman run --replace`."""
+    words = command.create_command
+    if len(words) < 2 or words[1] not in ("run", "create"):
+        raise NotEditable(f"podman made container {command.name} with `{shlex.join(words[:2])}`, not run/create: "
+                          f"add {' '.join(planned_flags(plan))} to its command by hand")
+    edited = execstart.planned_words(words, planned_flags(plan), f"the create command of container {command.name}")
+    head = [words[0], words[1], *(() if "--replace" in words else ("--replace",))]
+    return shlex.join([*head, *edited[2:]])
+
+
+def render_compose(plans: Sequence[UnitPlan], commands: dict[str, ContainerCommand | str],
+                   verify: Callable[[ContainerCommand, str], str | None]) -> Rendered:
+    """One override per Compose project (`verify(any container of it, text)`: None when it loads, else what the
+    tool said)."""
+    refused: list[str] = []
+    projects: dict[tuple[str, tuple[str, ...], str], dict[str, tuple[UnitPlan, ContainerCommand]]] = {}
+    for plan in plans:
+        command = commands[plan.unit]
+        if isinstance(command, str):
+            refused.append(f"{plan.unit}: {command}")
+            continue
+        if not (command.compose_project and command.compose_service and command.compose_files):
+            refused.append(f"{plan.unit}: not started by Compose (no Compose labels); use --format podman for "
+                           f"Podman, or add {' '.join(planned_flags(plan))} to its command by hand")
+            continue
+        project = projects.setdefault((command.compose_project, command.compose_files, command.compose_directory), {})
+        project[command.compose_service] = (plan, command)
+    documents = []
+    for (project, files, directory), services in projects.items():
+        try:
+            document = {"services": {service: {"command": list(compose_command(plan, command))}
+                                     for service, (plan, command) in services.items()}}
+        except NotEditable as error:
+            refused.append(f"project {project}: {error}")
+            continue
+        heads = [f"# {PROG} {__version__}: the planned KV budget of Compose project {project}'s services "
+                 f"({', '.join(f'{s}: footprint {p.footprint.total_bytes} bytes, KV {p.kv_cache_memory_bytes}' for s, (p, _) in services.items())})",
+                 f"# apply: docker-compose -p {shlex.quote(project)} --project-directory {shlex.quote(directory)} "
+                 + " ".join(f"-f {shlex.quote(f)}" for f in files) + " -f THIS-FILE up -d"]
+        text = "\n".join(heads) + "\n" + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
+        problem = verify(next(iter(services.values()))[1], text)
+        if problem is not None:
+            refused.append(f"project {project}: {problem}")
+            continue
+        documents.append(text)
+    return Rendered("---\n".join(documents), tuple(refused))
+
+
+def render_podman(plans: Sequence[UnitPlan], commands: dict[str, ContainerCommand | str]) -> Rendered:
+    refused: list[str] = []
+    lines = [f"# {PROG} {__version__}: per Podman container, its create command with the planned KV budget "
+             f"(run each as it is; not loaded before: Podman has no dry run)"]
+    for plan in plans:
+        command = commands[plan.unit]
+        if isinstance(command, str):
+            refused.append(f"{plan.unit}: {command}")
+            continue
+        try:
+            lines.append(podman_command_line(plan, command))
+        except NotEditable as error:
+            refused.append(f"{plan.unit}: {error}")
+    return Rendered("\n".join(lines) + "\n" if len(lines) > 1 else "", tuple(refused))
