@@ -181,3 +181,81 @@ def test_a_docker_container_asked_for_as_podman_or_systemd_is_not_applicable(tmp
         completed = run_plan(tmp_path, root, "--format", form)
         assert completed.returncode == 3, completed.stderr
         assert needs in completed.stderr
+
+
+# --- the race as pods, planned as a kustomize overlay over the user's own base -----------------------------------
+
+KUBECTL = "/usr/bin/kubectl"
+POD_ARGS = {CHAT: ["serve", "google/gemma-3-4b-it", "--max-model-len", "131072", "--gpu-memory-utilization", "0.75"],
+            EMBEDDING: ["serve", "BAAI/bge-m3", "--gpu-memory-utilization=0.07"],
+            STT: ["serve", "openai/whisper-large-v3", "--gpu-memory-utilization", "0.07"]}
+
+
+def workload(kind: str, name: str, args: list[str]) -> dict:
+    labels = {"app": name}
+    pod = {"metadata": {"labels": labels}, "spec": {"containers": [
+        {"name": "sidecar", "image": "busybox"},
+        {"name": "vllm", "image": "vllm-xpu", "command": ["vllm"], "args": args}]}}
+    spec = {"selector": {"matchLabels": labels}, "template": pod}
+    if kind == "StatefulSet":
+        spec["serviceName"] = name
+    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name, "namespace": "inference"}, "spec": spec}
+
+
+def pods_and_base(tmp_path: Path) -> tuple[Path, Path]:
+    from containerlogs import write_race_pods
+    pods, base = tmp_path / "pods", tmp_path / "base"
+    write_race_pods(pods)
+    base.mkdir()
+    documents = [workload("Deployment", "vllm-xpu-chat", POD_ARGS[CHAT]),
+                 workload("StatefulSet", "vllm-xpu-embedding", POD_ARGS[EMBEDDING]),
+                 workload("StatefulSet", "vllm-xpu-stt", POD_ARGS[STT])]
+    (base / "engines.yaml").write_text(yaml.safe_dump_all(documents))
+    (base / "kustomization.yaml").write_text(yaml.safe_dump({"resources": ["engines.yaml"]}))
+    return pods, base
+
+
+def run_pods_plan(tmp_path: Path, pods: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    empty = write_journal(tmp_path / "empty.journal", [])
+    return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.planner", "--journal.file", str(empty),
+                           "--journal.boot", "all", "--path.pods", str(pods), "--logs.pods",
+                           "--device-memory", str(SIXTEEN_GIB), *args],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.skipif(not Path(KUBECTL).exists(), reason="needs kubectl")
+def test_the_pods_containers_are_planned_as_a_kustomize_overlay_kubectl_renders_with_the_plans_args(tmp_path):
+    from containerlogs import RACE_POD_KEYS
+    pods, base = pods_and_base(tmp_path)
+    completed = run_pods_plan(tmp_path, pods, "--format", "json")
+    assert completed.returncode == 0, completed.stderr
+    planned = {u["unit"]: u for d in json.loads(completed.stdout)["devices"] for u in d["units"]}
+    assert set(planned) == {RACE_POD_KEYS[u] for u in POD_ARGS}
+    overlay = tmp_path / "overlays" / "planned"
+    completed = run_pods_plan(tmp_path, pods, "--format", "kustomize", "--kustomize-base", str(base),
+                              "--output-dir", str(overlay))
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == f"{overlay}/kustomization.yaml\n"
+    rendered = {d["metadata"]["name"]: d for d in yaml.safe_load_all(subprocess.run(
+        [KUBECTL, "kustomize", str(overlay)], capture_output=True, text=True, check=True).stdout)}
+    for unit, args in POD_ARGS.items():
+        plan = planned[RACE_POD_KEYS[unit]]
+        sidecar, engine = rendered[RACE_POD_KEYS[unit].split("/")[2].rsplit("-", 2 if unit == CHAT else 1)[0]][
+            "spec"]["template"]["spec"]["containers"]
+        assert engine["args"] == [word for word in args if "gpu-memory-utilization" not in word and word not in (
+            "0.75", "0.07")] + ["--gpu-memory-utilization", f"{plan['gpu_memory_utilization']:g}",
+                                "--kv-cache-memory-bytes", str(plan["kv_cache_memory_bytes"])]
+        assert "args" not in sidecar
+
+
+@pytest.mark.skipif(not Path(KUBECTL).exists(), reason="needs kubectl")
+def test_a_pod_no_workload_of_the_base_makes_is_named_and_nothing_is_written(tmp_path):
+    pods, base = pods_and_base(tmp_path)
+    documents = list(yaml.safe_load_all((base / "engines.yaml").read_text()))[1:]  # no chat Deployment
+    (base / "engines.yaml").write_text(yaml.safe_dump_all(documents))
+    overlay = tmp_path / "overlay"
+    completed = run_pods_plan(tmp_path, pods, "--format", "kustomize", "--kustomize-base", str(base),
+                              "--output-dir", str(overlay))
+    assert completed.returncode == 3
+    assert "no workload of the kustomization makes pod vllm-xpu-chat-7d9c5b6f4-x2x7q" in completed.stderr
+    assert not overlay.exists()

@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
+import yaml
+
 from vllm_xpu_exporter import __version__
 from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser, absolute_path
 from vllm_xpu_exporter.flags import (add_container_flags, add_container_log_flags, add_journal_containers_flag,
@@ -65,6 +67,8 @@ DROP_IN_NAME = plan_dropins.DROP_IN_NAME
 PLAN_FIELD = plan_dropins.PLAN_FIELD
 DEFAULT_COMPOSE = "/usr/bin/docker-compose"
 DEFAULT_PODMAN = "/usr/bin/podman"
+DEFAULT_KUBECTL = "/usr/bin/kubectl"
+KUSTOMIZATION = "kustomization.yaml"
 JSON_SCHEMA_VERSION = 2  # docs/planner.md "JSON output" lists what each version added
 
 
@@ -294,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --format compose: the docker-compose that loads each override before it is printed")
     parser.add_argument("--podman", type=absolute_path, default=DEFAULT_PODMAN, metavar="PATH",
                         help="with --format podman: the podman asked for its containers' create commands")
+    parser.add_argument("--kustomize-base", dest="kustomize_base", default=None, metavar="DIR",
+                        help="with --format kustomize: the kustomization the pods' containers come from")
+    parser.add_argument("--kubectl", type=absolute_path, default=DEFAULT_KUBECTL, metavar="PATH",
+                        help="with --format kustomize: the kubectl whose kustomize renders the base and the overlay")
     add_systemctl_flag(parser, "to read the units' commands with")
     journal = add_journal_flags(parser, beyond_max_units=f"further ones are not read, so not planned: {PROG} names "
                                                          f"how many and exits {EXIT_INCOMPLETE}")
@@ -309,8 +317,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
-    if args.output_dir is not None and args.format != "systemd":
-        parser.error("--output-dir goes with --format systemd")
+    if args.output_dir is not None and args.format not in ("systemd", "kustomize"):
+        parser.error("--output-dir goes with --format systemd or kustomize")
+    if args.format == "kustomize" and (args.output_dir is None or args.kustomize_base is None):
+        parser.error("--format kustomize needs --kustomize-base DIR and --output-dir DIR (the overlay's directory)")
     if args.device_memory is not None and args.device_memory <= args.reserve:
         parser.error(f"--device-memory {args.device_memory} leaves nothing after --reserve {args.reserve}")
     both = {unit for unit, _ in args.tokens} & {unit for unit, _ in args.requests}
@@ -653,9 +663,11 @@ def _write_containers(args: argparse.Namespace, plan: Plan, stdout: TextIO, stde
         commands = {u.unit: container_commands.docker_command(u.unit, container_paths(args)["docker_roots"])
                     for u in mine}
         rendered = containers.render_compose(mine, commands, compose_verifier(args.compose))
-    else:
+    elif args.format == "podman":
         commands = {u.unit: container_commands.podman_command(u.unit, args.podman) for u in mine}
         rendered = containers.render_podman(mine, commands)
+    else:
+        rendered = _kustomize(args, mine)
     refused += rendered.refused
     for reason in refused:
         stderr.write(f"{PROG}: not applicable: {reason}\n")
@@ -665,5 +677,70 @@ def _write_containers(args: argparse.Namespace, plan: Plan, stdout: TextIO, stde
     if rendered.refused:
         stderr.write(f"{PROG}: nothing printed: {len(rendered.refused)} container(s) cannot take the plan\n")
         return EXIT_INCOMPLETE
-    stdout.write(rendered.text)
+    if args.format != "kustomize":
+        stdout.write(rendered.text)
+        return EXIT_INCOMPLETE if refused else None
+    owners = frozenset({0, os.geteuid()})
+    try:
+        trusted = plan_dropins.open_trusted_directory(os.path.abspath(args.output_dir), owners, create=True)
+        try:
+            output_dir = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=trusted)  # one that fsync takes
+        finally:
+            os.close(trusted)
+        try:
+            write_atomically(output_dir, KUSTOMIZATION, rendered.text, args.output_dir)
+        finally:
+            os.close(output_dir)
+    except OSError as error:
+        stderr.write(f"{PROG}: error: --output-dir {args.output_dir}: {error}: nothing written\n")
+        return EXIT_USAGE
+    stdout.write(f"{args.output_dir.rstrip('/')}/{KUSTOMIZATION}\n")
     return EXIT_INCOMPLETE if refused else None
+
+
+def _kubectl_kustomize(kubectl: str, directory: str) -> list[object]:
+    """The documents `kubectl kustomize DIRECTORY` renders; RuntimeError with what it said when it cannot."""
+    try:
+        completed = subprocess.run([kubectl, "kustomize", directory], capture_output=True, text=True,
+                                   timeout=SYSTEMCTL_TIMEOUT_S * 6, check=False)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise RuntimeError(f"{kubectl} kustomize could not run ({error})") from None
+    if completed.returncode != 0:
+        raise RuntimeError(f"{kubectl} kustomize refuses it: {' '.join(completed.stderr.split())[:500]}")
+    try:
+        return list(yaml.safe_load_all(completed.stdout))
+    except yaml.YAMLError as error:
+        raise RuntimeError(f"{kubectl} kustomize gave no YAML ({error})") from None
+
+
+def _kustomize(args: argparse.Namespace, plans: Sequence[UnitPlan]) -> containers.Rendered:
+    """The overlay for --output-dir over --kustomize-base, each container's args patched; rendered by kubectl
+    kustomize in a directory of its own (the base named relative to it) and each container checked to get the
+    planned args, before anything is written."""
+    base = os.path.abspath(args.kustomize_base)
+    try:
+        documents = _kubectl_kustomize(args.kubectl, base)
+    except RuntimeError as error:
+        return containers.Rendered("", tuple(f"{u.unit}: --kustomize-base {args.kustomize_base}: {error}"
+                                             for u in plans))
+    patches, refused = [], []
+    for u in plans:
+        try:
+            patches.append(containers.kustomize_patch(u, documents))
+        except NotEditable as error:
+            refused.append(f"{u.unit}: {error}")
+    if refused or not patches:
+        return containers.Rendered("", tuple(refused))
+    with tempfile.TemporaryDirectory(prefix="vllm-xpu-plan-") as directory:
+        Path(directory, KUSTOMIZATION).write_text(
+            containers.render_kustomization(patches, os.path.relpath(base, directory)))
+        try:
+            rendered = _kubectl_kustomize(args.kubectl, directory)
+        except RuntimeError as error:
+            return containers.Rendered("", tuple(f"{p.unit}: the overlay: {error}" for p in patches))
+    wrong = [p.unit for p in patches if containers.applied_args(rendered, p) != p.args]
+    if wrong:
+        return containers.Rendered("", tuple(f"{unit}: kubectl kustomize does not give it the planned args"
+                                             for unit in wrong))
+    return containers.Rendered(containers.render_kustomization(
+        patches, os.path.relpath(base, os.path.abspath(args.output_dir))), ())

@@ -14,6 +14,7 @@ planner then exits 3 and prints nothing of that runtime.
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from vllm_xpu_exporter.planner.plans import UnitPlan
 from vllm_xpu_exporter.sources.container_commands import ContainerCommand, runtime_of_key
 
 PROG = "vllm-xpu-plan"
-CONTAINER_FORMATS = {"compose": "docker", "podman": "podman"}
+CONTAINER_FORMATS = {"compose": "docker", "podman": "podman", "kustomize": "k8s"}
 """The output forms for containers, and the runtime (the key's first part) each covers."""
 
 
@@ -126,3 +127,103 @@ def render_podman(plans: Sequence[UnitPlan], commands: dict[str, ContainerComman
         except NotEditable as error:
             refused.append(f"{plan.unit}: {error}")
     return Rendered("\n".join(lines) + "\n" if len(lines) > 1 else "", tuple(refused))
+
+
+# --- kustomize: a patch of each pod's container's args, over the user's own kustomization ----------------------
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "Pod")
+
+
+def _pod_of(kind: str, name: str, pod: str) -> bool:
+    """Whether pod `pod` is one a workload of `kind` named `name` makes, by the names its controller gives."""
+    if kind == "Pod":
+        return pod == name
+    suffix = pod[len(name) + 1:] if pod.startswith(name + "-") else None
+    if suffix is None:
+        return False
+    if kind == "StatefulSet":
+        return suffix.isdigit()
+    if kind == "Deployment":
+        hash_, dash, tail = suffix.partition("-")
+        return bool(dash) and hash_.isalnum() and tail.isalnum() and len(tail) == 5
+    return suffix.isalnum() and len(suffix) == 5
+
+
+def _containers_of(document: dict) -> tuple[str, list] | None:
+    """The JSON pointer of a workload's containers list and the list."""
+    spec = document.get("spec") if isinstance(document.get("spec"), dict) else {}
+    if document.get("kind") == "Pod":
+        return "/spec/containers", spec.get("containers") or []
+    template = spec.get("template") if isinstance(spec.get("template"), dict) else {}
+    pod_spec = template.get("spec") if isinstance(template.get("spec"), dict) else {}
+    return "/spec/template/spec/containers", pod_spec.get("containers") or []
+
+
+@dataclass(frozen=True)
+class ArgsPatch:
+    """One container's args replaced: in workload `kind`/`name` of `namespace`, at JSON pointer `path`."""
+
+    kind: str
+    name: str
+    namespace: str
+    path: str
+    args: tuple[str, ...]
+    unit: str
+
+
+def kustomize_patch(plan: UnitPlan, documents: Sequence[object]) -> ArgsPatch:
+    """The patch of the args of pod container `plan.unit` (`k8s/NAMESPACE/POD/CONTAINER`) in the rendered
+    kustomization `documents`: the workload that makes that pod, its container of that name, its args with the
+    planner's flags dropped and the plan's appended. Raises NotEditable when no one workload is found or its
+    command cannot take the flags."""
+    _, namespace, pod, container = plan.unit.split("/", 3)
+    found = []
+    for document in documents:
+        if not isinstance(document, dict) or document.get("kind") not in WORKLOAD_KINDS:
+            continue
+        metadata = document.get("metadata") if isinstance(document.get("metadata"), dict) else {}
+        name = metadata.get("name")
+        if not isinstance(name, str) or (metadata.get("namespace") or "default") != namespace \
+                or not _pod_of(document["kind"], name, pod):
+            continue
+        path, listed = _containers_of(document)
+        for index, spec in enumerate(listed):
+            if isinstance(spec, dict) and spec.get("name") == container:
+                found.append((document["kind"], name, f"{path}/{index}/args", spec))
+    if len(found) != 1:
+        what = "no workload" if not found else f"{len(found)} workloads"
+        raise NotEditable(f"{what} of the kustomization makes pod {pod}'s container {container} in namespace "
+                          f"{namespace}: add {' '.join(planned_flags(plan))} to its args by hand")
+    kind, name, path, spec = found[0]
+    command, args = _strings_of(spec.get("command")), _strings_of(spec.get("args"))
+    what = f"the command of pod container {container} ({kind} {name})"
+    execstart.check_editable(execstart.Command("", (*command, *args), (*command, *args)), what)
+    return ArgsPatch(kind, name, namespace, path, execstart.planned_words(args, planned_flags(plan), what,
+                                                                          checked=True), plan.unit)
+
+
+def _strings_of(value: object) -> tuple[str, ...]:
+    return tuple(str(word) for word in value) if isinstance(value, list) else ()
+
+
+def render_kustomization(patches: Sequence[ArgsPatch], base: str) -> str:
+    """An overlay over `base` (as its `resources` names it: relative to the overlay's directory) with one JSON
+    patch per container."""
+    document = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": [base],
+                "patches": [{"target": {"kind": p.kind, "name": p.name, "namespace": p.namespace},
+                             "patch": json.dumps([{"op": "add", "path": p.path, "value": list(p.args)}])}
+                            for p in patches]}
+    head = (f"# {PROG} {__version__}: the planned KV budget of each pod container, over {base} "
+            f"({', '.join(p.unit for p in patches)})\n")
+    return head + yaml.safe_dump(document, sort_keys=False, default_flow_style=False, width=1 << 16)
+
+
+def applied_args(documents: Sequence[object], patch: ArgsPatch) -> tuple[str, ...] | None:
+    """The args the rendered overlay gives the patched container (to check that the patch took)."""
+    for document in documents:
+        if isinstance(document, dict) and document.get("kind") == patch.kind and \
+                isinstance(document.get("metadata"), dict) and document["metadata"].get("name") == patch.name:
+            path, listed = _containers_of(document)
+            index = int(patch.path.removeprefix(path + "/").split("/")[0])
+            return _strings_of(listed[index].get("args")) if index < len(listed) else None
+    return None
