@@ -73,6 +73,15 @@ def test_a_podman_create_command_is_replaced_with_the_plans_flags_after_its_comm
 
 
 @pytest.mark.fast
+def test_podmans_global_options_stay_before_its_run():
+    words = ("/usr/bin/podman", "--root", "/srv/storage", "--log-level", "info", "run", "--name", "chat", "img",
+             "vllm", "serve", "m")
+    line = containers.podman_command_line(a_plan("podman/chat"), ContainerCommand("podman/chat", "podman", "chat",
+                                                                                   create_command=words))
+    assert line.startswith("/usr/bin/podman --root /srv/storage --log-level info run --replace --name chat img ")
+
+
+@pytest.mark.fast
 def test_a_podman_container_whose_command_is_the_images_is_refused():
     words = ("podman", "run", "-d", "--name", "chat", "img")
     with pytest.raises(NotEditable):

@@ -65,14 +65,16 @@ def compose_command(plan: UnitPlan, command: ContainerCommand) -> tuple[str, ...
 
 
 def podman_command_line(plan: UnitPlan, command: ContainerCommand) -> str:
-    """The container's create command with the plan's flags after its command, as `podman run --replace`."""
+    """The container's create command with the plan's flags after its command and `--replace` after its `run`
+    (or `create`): its global options (`--root`, `--log-level`, ...) kept before it."""
     words = command.create_command
-    if len(words) < 2 or words[1] not in ("run", "create"):
-        raise NotEditable(f"podman made container {command.name} with `{shlex.join(words[:2])}`, not run/create: "
+    verb = next((index for index, word in enumerate(words[1:], 1) if word in ("run", "create")), None)
+    if verb is None:
+        raise NotEditable(f"podman made container {command.name} with `{shlex.join(words)[:200]}`, not run/create: "
                           f"add {' '.join(planned_flags(plan))} to its command by hand")
     edited = execstart.planned_words(words, planned_flags(plan), f"the create command of container {command.name}")
-    head = [words[0], words[1], *(() if "--replace" in words else ("--replace",))]
-    return shlex.join([*head, *edited[2:]])
+    replace = () if "--replace" in words else ("--replace",)
+    return shlex.join([*edited[:verb + 1], *replace, *edited[verb + 1:]])
 
 
 def render_compose(plans: Sequence[UnitPlan], commands: dict[str, ContainerCommand | str],
