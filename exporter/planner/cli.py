@@ -55,7 +55,7 @@ EXIT_DOES_NOT_FIT = 1
 EXIT_INCOMPLETE = 3
 MiB = 1 << 20
 # The driver's and the runtime's own device memory, which no unit's footprint counts (docs/planner.md).
-DEFAULT_RESERVE = 512 * MiB
+DEFAULT_RESERVE = rules.DEFAULT_RESERVE_BYTES
 OFFLINE_DEVICE = "offline"
 SYSTEMCTL_TIMEOUT_S = 10.0
 # systemd applies a unit's drop-ins in the lexical order of their file names, across all its .d directories:
