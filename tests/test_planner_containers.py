@@ -131,10 +131,11 @@ def compose_project(tmp_path: Path, labelled: bool = True) -> tuple[Path, Path]:
     return root, compose_file
 
 
-def run_plan(tmp_path: Path, root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def run_plan(tmp_path: Path, root: Path, *args: str, logs: str = "docker") -> subprocess.CompletedProcess[str]:
+    """The planner over the containers' log files under `root` (`logs`: docker's data root, or the pods' logs)."""
     empty = write_journal(tmp_path / "empty.journal", [])
     return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.planner", "--journal.file", str(empty),
-                           "--journal.boot", "all", "--path.docker", str(root), "--logs.docker",
+                           "--journal.boot", "all", f"--path.{logs}", str(root), f"--logs.{logs}",
                            "--device-memory", str(SIXTEEN_GIB), *args],
                           capture_output=True, text=True, timeout=120, check=False)
 
@@ -224,25 +225,17 @@ def pods_and_base(tmp_path: Path) -> tuple[Path, Path]:
     return pods, base
 
 
-def run_pods_plan(tmp_path: Path, pods: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    empty = write_journal(tmp_path / "empty.journal", [])
-    return subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.planner", "--journal.file", str(empty),
-                           "--journal.boot", "all", "--path.pods", str(pods), "--logs.pods",
-                           "--device-memory", str(SIXTEEN_GIB), *args],
-                          capture_output=True, text=True, timeout=120, check=False)
-
-
 @pytest.mark.skipif(not Path(KUBECTL).exists(), reason="needs kubectl")
 def test_the_pods_containers_are_planned_as_a_kustomize_overlay_kubectl_renders_with_the_plans_args(tmp_path):
     from containerlogs import RACE_POD_KEYS
     pods, base = pods_and_base(tmp_path)
-    completed = run_pods_plan(tmp_path, pods, "--format", "json")
+    completed = run_plan(tmp_path, pods, "--format", "json", logs="pods")
     assert completed.returncode == 0, completed.stderr
     planned = {u["unit"]: u for d in json.loads(completed.stdout)["devices"] for u in d["units"]}
     assert set(planned) == {RACE_POD_KEYS[u] for u in POD_ARGS}
     overlay = tmp_path / "overlays" / "planned"
-    completed = run_pods_plan(tmp_path, pods, "--format", "kustomize", "--kustomize-base", str(base),
-                              "--output-dir", str(overlay))
+    completed = run_plan(tmp_path, pods, "--format", "kustomize", "--kustomize-base", str(base),
+                         "--output-dir", str(overlay), logs="pods")
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout == f"{overlay}/kustomization.yaml\n"
     rendered = {d["metadata"]["name"]: d for d in yaml.safe_load_all(subprocess.run(
@@ -263,8 +256,8 @@ def test_a_pod_no_workload_of_the_base_makes_is_named_and_nothing_is_written(tmp
     documents = list(yaml.safe_load_all((base / "engines.yaml").read_text()))[1:]  # no chat Deployment
     (base / "engines.yaml").write_text(yaml.safe_dump_all(documents))
     overlay = tmp_path / "overlay"
-    completed = run_pods_plan(tmp_path, pods, "--format", "kustomize", "--kustomize-base", str(base),
-                              "--output-dir", str(overlay))
+    completed = run_plan(tmp_path, pods, "--format", "kustomize", "--kustomize-base", str(base),
+                         "--output-dir", str(overlay), logs="pods")
     assert completed.returncode == 3
     assert "no workload of the kustomization makes pod vllm-xpu-chat-7d9c5b6f4-x2x7q" in completed.stderr
     assert not overlay.exists()

@@ -648,11 +648,11 @@ def _write_units(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: T
     return EXIT_INCOMPLETE if refused else None
 
 
-
 def _write_containers(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: TextIO) -> int | None:
-    """--format compose / podman: each planned container of the format's runtime, its command read from its
-    engine and edited, the output loaded where a tool can (Compose); printed only when every workload of the plan
-    is covered, else each one that is not is named (exit 3)."""
+    """--format compose / podman / kustomize: each planned container of the format's runtime, its command read from
+    its engine (or the kustomization) and edited, the output loaded where a tool can (Compose, kustomize); printed
+    (kustomize: written to --output-dir) only when every container of the runtime could take it; each workload
+    not covered is named (exit 3)."""
     runtime = containers.CONTAINER_FORMATS[args.format]
     planned = [u for d in plan.devices for u in d.units]
     refused = [f"{u.unit}: not a {runtime} container: its plan needs "
@@ -675,7 +675,8 @@ def _write_containers(args: argparse.Namespace, plan: Plan, stdout: TextIO, stde
         stderr.write(f"{PROG}: nothing printed: the plan does not fit\n")
         return None
     if rendered.refused:
-        stderr.write(f"{PROG}: nothing printed: {len(rendered.refused)} container(s) cannot take the plan\n")
+        stderr.write(f"{PROG}: nothing printed or written: {len(rendered.refused)} container(s) cannot take the "
+                     f"plan\n")
         return EXIT_INCOMPLETE
     if args.format != "kustomize":
         stdout.write(rendered.text)
