@@ -5,6 +5,7 @@ a Podman container's create command planned; and what cannot be planned named (e
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -261,3 +262,12 @@ def test_a_pod_no_workload_of_the_base_makes_is_named_and_nothing_is_written(tmp
     assert completed.returncode == 3
     assert "no workload of the kustomization makes pod vllm-xpu-chat-7d9c5b6f4-x2x7q" in completed.stderr
     assert not overlay.exists()
+
+
+def test_another_users_docker_container_is_not_read_for_its_command(tmp_path):
+    """A rootless user's labels name the Compose files the planner would load: root does not follow them."""
+    root, _ = compose_project(tmp_path)
+    assert "run the planner as that user" in container_commands.docker_command(
+        f"docker/{RACE_CONTAINERS[CHAT]}@uid{os.geteuid() + 4711}", [str(root)])
+    assert isinstance(container_commands.docker_command(f"docker/{RACE_CONTAINERS[CHAT]}", [str(root)]),
+                      ContainerCommand)

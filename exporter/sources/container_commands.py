@@ -4,7 +4,8 @@
 - Docker: `containers/<id>/config.v2.json` of a data root (`--path.docker`), the one whose `Name` is the
   container's and whose owner is the container's user (root's dockerd writes root's; a rootless dockerd its
   user's): `Config.Cmd` (what Compose's `command:` sets), `Config.Entrypoint`, and the Compose labels (project,
-  service, the files and directory of the project).
+  service, the files and directory of the project). Only the planner's own user's containers: the labels of a
+  rootless user's container name files that user chose.
 - Podman: the command that created the container, `podman container inspect`'s `Config.CreateCommand` (Podman
   4.3 keeps it in its database only), asked of the given podman as the user running the planner, so only for
   that user's containers (root's `podman/NAME`, or `podman/NAME@uid<N>` when the planner runs as N).
@@ -106,6 +107,9 @@ def docker_command(key: str, roots: Sequence[str]) -> ContainerCommand | str:
     if parsed is None or parsed[0] != "docker":
         return "not a Docker container's key"
     _, name, uid = parsed
+    if uid != os.geteuid():
+        # its labels name the Compose files the planner would load: another user's choice, never root's to follow
+        return f"a container of uid {uid}: run the planner as that user to plan it"
     for root in roots:
         directory = os.path.join(root, "containers")
         try:
