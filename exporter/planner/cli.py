@@ -291,9 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the KV cache of UNIT holds N requests of its full model length")
     parser.add_argument("--format", choices=("table", "json", "systemd", "nixos", *containers.CONTAINER_FORMATS),
                         default="table", help="compose: an override per Compose project (Docker's containers); "
-                                              "podman: each Podman container's create command, planned")
+                                              "podman: each Podman container's create command, planned; "
+                                              "kustomize: an overlay patching the pods' containers' args")
     parser.add_argument("--output-dir", dest="output_dir", default=None, metavar="DIR",
-                        help="with --format systemd: write DIR/UNIT.d/" + DROP_IN_NAME + " per unit")
+                        help="with --format systemd: write DIR/UNIT.d/" + DROP_IN_NAME + " per unit; with --format "
+                             "kustomize: write the overlay, DIR/" + KUSTOMIZATION)
     parser.add_argument("--compose", type=absolute_path, default=DEFAULT_COMPOSE, metavar="PATH",
                         help="with --format compose: the docker-compose that loads each override before it is printed")
     parser.add_argument("--podman", type=absolute_path, default=DEFAULT_PODMAN, metavar="PATH",
