@@ -94,7 +94,7 @@ def planned_command(command: str, plan: UnitPlan) -> str:
 
 
 def planned_flags(plan: UnitPlan) -> str:
-    return f"--gpu-memory-utilization {plan.gpu_memory_utilization:g} --kv-cache-memory-bytes {plan.kv_cache_memory_bytes}"
+    return " ".join(containers.planned_flags(plan))
 
 
 # ---------------------------------------------------------------------------------------- output forms

@@ -1,4 +1,4 @@
-"""The plan for containers, in the form each runtime takes (`vllm-xpu-plan --format compose|podman`):
+"""The plan for containers, in the form each runtime takes (`vllm-xpu-plan --format compose|podman|kustomize`):
 
 - `compose`: per Compose project, an override file that gives each planned service its `command:` (the
   container's `Config.Cmd` as Docker keeps it) with the planned `--gpu-memory-utilization` and
@@ -7,6 +7,9 @@
 - `podman`: per container, the command line that created it (Podman's `CreateCommand`) with the planned flags
   after its command and `--replace`, to run as it is. Podman has no dry run to load it with. (Quadlet, which
   would take a drop-in, came with Podman 4.4: Debian 12's 4.3 has none.)
+- `kustomize`: an overlay over the user's kustomization whose JSON patches replace each pod container's args
+  (the workload that makes the pod found in the rendered base by its controller's pod names); rendered and
+  checked by the caller before it is written.
 
 A container whose command cannot be read or edited, or whose output does not load, is named with why: the
 planner then exits 3 and prints nothing of that runtime.
