@@ -100,16 +100,26 @@ def docker_command_of_config(data: bytes, name: str) -> ContainerCommand | str:
                             compose_files=files, compose_directory=label(COMPOSE_DIRECTORY))
 
 
+def _own_container(key: str, runtime: str) -> tuple[str, int] | str:
+    """(name, uid) of `runtime`'s container `key` when it is the planner's own user's, else why not. Another user's
+    is not read: its state is that user's to write (a Compose container's labels name the files the planner would
+    load), never root's to follow."""
+    parsed = runtime_and_name(key)
+    if parsed is None or parsed[0] != runtime:
+        return f"not a {runtime} container's key"
+    _, name, uid = parsed
+    if uid != os.geteuid():
+        return f"a container of uid {uid}: run the planner as that user to plan it"
+    return name, uid
+
+
 def docker_command(key: str, roots: Sequence[str]) -> ContainerCommand | str:
     """Docker container `key`'s command from the first data root holding a config.v2.json of that name owned by
     the container's user; a reason when none does."""
-    parsed = runtime_and_name(key)
-    if parsed is None or parsed[0] != "docker":
-        return "not a Docker container's key"
-    _, name, uid = parsed
-    if uid != os.geteuid():
-        # its labels name the Compose files the planner would load: another user's choice, never root's to follow
-        return f"a container of uid {uid}: run the planner as that user to plan it"
+    own = _own_container(key, "docker")
+    if isinstance(own, str):
+        return own
+    name, uid = own
     for root in roots:
         directory = os.path.join(root, "containers")
         try:
@@ -133,12 +143,10 @@ def docker_command(key: str, roots: Sequence[str]) -> ContainerCommand | str:
 def podman_command(key: str, podman: str) -> ContainerCommand | str:
     """Podman container `key`'s create command from `podman container inspect` (as this user); a reason when it
     cannot be had."""
-    parsed = runtime_and_name(key)
-    if parsed is None or parsed[0] != "podman":
-        return "not a Podman container's key"
-    _, name, uid = parsed
-    if uid != os.geteuid():
-        return f"a container of uid {uid}: run the planner as that user to read its create command"
+    own = _own_container(key, "podman")
+    if isinstance(own, str):
+        return own
+    name, _ = own
     try:
         completed = subprocess.run([podman, "container", "inspect", "--format", "{{json .Config.CreateCommand}}",
                                     "--", name], capture_output=True, text=True, timeout=PODMAN_TIMEOUT_S,
