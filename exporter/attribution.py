@@ -300,6 +300,11 @@ def vllm_targets(paths_of: Mapping[str, set[str]], found: Mapping[str, Endpoint]
     return targets
 
 
+def totals(devices: Iterable[DeviceMemory]) -> dict[str, int]:
+    """device -> its total memory, for the devices whose total was read."""
+    return {device.identity.pci_address: device.total for device in devices if device.total is not None}
+
+
 def total_and_free(devices: Iterable[DeviceMemory]) -> dict[str, tuple[int, int]]:
     """device -> (total, free), for the devices whose total and free memory were both read: no rest, headroom
     or reading from a figure that is not known."""
@@ -450,6 +455,40 @@ class Plans:
                 continue
             planned.append(PlannedUnit(pci, view.unit, plan.footprint.total_bytes, plan.kv_cache_memory_bytes))
         return planned
+
+
+def starting_or_waiting(view: UnitView) -> bool:
+    """Whether the unit's current start is an engine's that has not ended its init: waiting at its gate
+    (announced, its main process not begun) or initialising (its outcome not known yet)."""
+    current = view.current
+    return current is not None and current.outcome is None and current.engine is not False
+
+
+def admission_free(memory: Mapping[str, tuple[int, int]], attributions: Mapping[str, DeviceAttribution],
+                   views: Iterable[UnitView], planned: Iterable[PlannedUnit], device_of: UnitDevices,
+                   gpus: list[str], reserve: int = memory_rules.DEFAULT_RESERVE_BYTES) -> dict[str, int]:
+    """device -> the bytes a new engine could take on it now: total - what is held now but by the engines
+    starting or waiting (the serving engines' observed memory, and any other process's) - what each engine
+    starting or waiting will hold (its planned footprint, else ceil(R x total) where its R is known, never less
+    than it holds already) - `reserve`. Negative: over-committed. For the devices of `memory` (device ->
+    (total, free)) only."""
+    footprints = {(unit.device, unit.unit): unit.footprint_bytes for unit in planned}
+    admission: dict[str, int] = {}
+    for pci, (total, free) in memory.items():
+        held_by = attributions[pci].by_unit if pci in attributions else {}
+        held_by_starting = will_hold = 0
+        for view in views:
+            if not starting_or_waiting(view) or device_of.of(view.unit, attributions, gpus) != pci:
+                continue
+            held = held_by.get(view.unit, 0)
+            ratio = view.gpu_memory_utilization
+            asked = footprints.get((pci, view.unit),
+                                   memory_rules.requested_bytes(total, ratio) if ratio is not None else 0)
+            held_by_starting += held
+            will_hold += max(asked, held)
+        # total - (used - held_by_starting) - will_hold - reserve, used = total - free
+        admission[pci] = free + held_by_starting - will_hold - reserve
+    return dict(sorted(admission.items()))
 
 
 def footprints_by_device(planned: Iterable[PlannedUnit]) -> dict[str, int]:

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = [
+    "DEFAULT_RESERVE_BYTES",
     "DeviceFit",
     "KvBlocks",
     "Footprint",
@@ -42,6 +43,11 @@ __all__ = [
     "tokens_for_kv_budget",
     "utilisation_for",
 ]
+
+DEFAULT_RESERVE_BYTES = 512 << 20
+"""Device memory no engine's footprint counts: the driver's and the Level Zero / SYCL runtime's own, with room
+for the rounding of vLLM's prints (docs/planner.md "The reserve"): the planner's --reserve default, and what the
+admission account keeps back."""
 
 
 def requested_bytes(total_bytes: int, gpu_memory_utilization: float) -> int:

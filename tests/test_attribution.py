@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_xpu_exporter.attribution import (Wake, as_vllm_reads, sleeping_units, wake_headrooms, DMEM, FDINFO, LEVELZERO, Attribution, DeviceAttribution, DeviceRest,
-                                           PlannedUnit, StartFreeMemory, UnitDevices, attribute_device,
-                                           attribute_devices, choose_units, containers_of, device_rests,
-                                           endpoint_cgroups, footprints_by_device, from_fdinfo, from_processes,
-                                           gpus_only_dmem_sees, gpus_seen, held_by_unit, kept_workloads,
-                                           rename_attribution, rename_engine_use, restart_headrooms,
-                                           total_and_free, unit_cgroups, vllm_targets)
+from vllm_xpu_exporter.attribution import (DMEM, FDINFO, LEVELZERO, Attribution, DeviceAttribution, DeviceRest,
+                                           PlannedUnit, StartFreeMemory, UnitDevices, Wake, admission_free,
+                                           as_vllm_reads, attribute_device, attribute_devices, choose_units,
+                                           containers_of, device_rests, endpoint_cgroups, footprints_by_device,
+                                           from_fdinfo, from_processes, gpus_only_dmem_sees, gpus_seen, held_by_unit,
+                                           kept_workloads, rename_attribution, rename_engine_use, restart_headrooms,
+                                           sleeping_units, total_and_free, unit_cgroups, vllm_targets, wake_headrooms)
 from vllm_xpu_exporter.parsers.cgroup import UnitCgroup
 from vllm_xpu_exporter.runtimes import ContainerCgroup
 from vllm_xpu_exporter.runtimes.docker import ENGINE as DOCKER
@@ -221,6 +221,42 @@ def test_endpoints_are_looked_for_in_the_kept_units_cgroups_and_published_with_t
 def test_the_footprints_of_a_gpus_units_are_summed_per_gpu():
     planned = [PlannedUnit(OTHER_GPU, CHAT, 5, 1), PlannedUnit(GPU, STT, 2, 1), PlannedUnit(OTHER_GPU, STT, 3, 1)]
     assert footprints_by_device(planned) == {GPU: 2, OTHER_GPU: 8}
+
+
+def engine(unit: str, outcome: str | None, ratio: float | None = None, engine_: bool | None = True) -> SimpleNamespace:
+    """A view whose current start ended with `outcome` (None: waiting at its gate or initialising)."""
+    return SimpleNamespace(unit=unit, gpu_memory_utilization=ratio,
+                           current=SimpleNamespace(outcome=outcome, engine=engine_))
+
+
+def test_admission_is_free_less_the_starting_engines_plans_beyond_what_they_hold_and_the_reserve():
+    """1000 total, 400 free: chat serves (300, observed), another process holds 150, stt initialises holding 150
+    of its planned 200, embedding waits at its gate holding nothing (planned 100), `big` waits with no plan at
+    R 0.05 (ceil(50)); a failed start and a start known to run no engine ask nothing."""
+    memory = {GPU: (1000, 400)}
+    views = [engine(CHAT, "ok", 0.3), engine(STT, None), engine("embedding.service", None),
+             engine("big.service", None, 0.05), engine("failed.service", "failed", 0.5),
+             engine("proxy.service", None, 0.5, engine_=False)]
+    attributions = {GPU: attributed({CHAT: 300, STT: 150, "other.scope": 150})}
+    planned = [PlannedUnit(GPU, STT, 200, 1), PlannedUnit(GPU, "embedding.service", 100, 1),
+               PlannedUnit(GPU, CHAT, 900, 1)]  # a serving engine counts as observed, not as planned
+    # total - (held by all but the starting: 300 + 150) - (200 + 100 + 50) - reserve
+    assert admission_free(memory, attributions, views, planned, UnitDevices(), [GPU], reserve=10) == {
+        GPU: 1000 - 450 - 350 - 10}
+    # a starting engine already holding more than its plan counts at what it holds
+    grown = {GPU: attributed({CHAT: 300, STT: 250, "other.scope": 150})}
+    assert admission_free({GPU: (1000, 300)}, grown, views, planned, UnitDevices(), [GPU], reserve=10) == {
+        GPU: 1000 - 450 - (250 + 100 + 50) - 10}
+
+
+def test_admission_counts_an_engine_on_its_own_gpu_only_and_may_go_negative():
+    memory = {GPU: (1000, 100), OTHER_GPU: (1000, 1000)}
+    attributions = {GPU: attributed({CHAT: 900}), OTHER_GPU: attributed({})}
+    views = [engine(CHAT, None, 0.95)]
+    assert admission_free(memory, attributions, views, [], UnitDevices(), [GPU, OTHER_GPU], reserve=0) == {
+        GPU: 1000 - 0 - 950, OTHER_GPU: 1000}
+    assert admission_free({GPU: (1000, 0)}, {GPU: attributed({"x.scope": 1000})}, [], [], UnitDevices(), [GPU],
+                          reserve=512) == {GPU: -512}
 
 
 def test_the_free_memory_at_a_start_is_compared_with_the_reading_nearest_vllms_line_and_kept():

@@ -162,7 +162,9 @@ class ProcessesCollector(Collector):
             memory = attribution.total_and_free(devices)
             vllm_reads = attribution.as_vllm_reads(devices)
             yield from self._against_device_memory(memory, vllm_reads, attributions, views, kept, gpus)
-            yield from self._planned(devices, attributions, views, gpus)
+            planned = self._plans.planned(attribution.totals(devices), attributions, views, self._unit_devices, gpus)
+            yield from self._planned(planned)
+            yield self._admission(memory, attributions, views, planned, gpus)
             yield self._plan_of_units(context, attributions, views, gpus, problems)
             yield self._free_memory_at_start(vllm_reads, attributions, views, gpus)
         if problems:
@@ -317,8 +319,7 @@ class ProcessesCollector(Collector):
             wake_headroom.add_metric([pci], bytes_)
         yield from (unattributed, overcounted, headroom, wake, wake_headroom)
 
-    def _planned(self, devices: list[DeviceMemory], attributions: dict[str, attribution.DeviceAttribution],
-                 views: list[UnitView], gpus: list[str]) -> Iterator[Metric]:
+    def _planned(self, planned: list[attribution.PlannedUnit]) -> Iterator[Metric]:
         """The plan's figures (attribution.Plans) of each engine unit whose GPU and its total are known, and
         per GPU their sum to hold against its total."""
         footprint = GaugeFamily("xpu_unit_memory_footprint_bytes",
@@ -331,14 +332,24 @@ class ProcessesCollector(Collector):
         device_footprint = GaugeFamily("xpu_device_units_footprint_bytes",
                                        "The footprints of the engine units on the device, summed: above "
                                        "xpu_memory_total_bytes, they cannot all run at once.", labels=["device"])
-        totals = {d.identity.pci_address: d.total for d in devices if d.total is not None}
-        planned = self._plans.planned(totals, attributions, views, self._unit_devices, gpus)
         for unit in planned:
             footprint.add_metric([unit.device, unit.unit], unit.footprint_bytes)
             planned_kv.add_metric([unit.device, unit.unit], unit.kv_cache_bytes)
         for pci, total_footprint in attribution.footprints_by_device(planned).items():
             device_footprint.add_metric([pci], total_footprint)
         yield from (footprint, planned_kv, device_footprint)
+
+    def _admission(self, memory: dict[str, tuple[int, int]], attributions: dict[str, attribution.DeviceAttribution],
+                   views: list[UnitView], planned: list[attribution.PlannedUnit], gpus: list[str]) -> Metric:
+        """What a new engine could take on each device now (attribution.admission_free)."""
+        family = GaugeFamily("xpu_device_admission_free_bytes",
+                             "What a new engine could take on the device now: total - the memory held but by the "
+                             "engines starting or waiting - their planned footprints - the 512 MiB reserve; "
+                             "negative: over-committed.", labels=["device"])
+        for pci, free in attribution.admission_free(memory, attributions, views, planned, self._unit_devices,
+                                                    gpus).items():
+            family.add_metric([pci], free)
+        return family
 
     def _plan_of_units(self, context: ScrapeContext, attributions: dict[str, attribution.DeviceAttribution],
                        views: list[UnitView], gpus: list[str], problems: Problems) -> Metric:

@@ -26,22 +26,27 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
+import yaml
+
 from vllm_xpu_exporter import __version__
-from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser
-from vllm_xpu_exporter.flags import (DefaultsHelpFormatter, add_journal_flags, add_levelzero_flags, add_procfs_flag,
-                                     add_systemctl_flag, check_journal_flags, journal_selection)
+from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser, absolute_path
+from vllm_xpu_exporter.flags import (DefaultsHelpFormatter, add_container_flags, add_container_log_flags,
+                                     add_journal_containers_flag, add_journal_flags, add_levelzero_flags,
+                                     add_procfs_flag, add_systemctl_flag, check_journal_flags,
+                                     container_log_directories, container_paths, journal_container_globs,
+                                     journal_selection)
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.gate.protocol import BUDGET_VARIABLE, RATIO_VARIABLE
 from vllm_xpu_exporter import memory_rules as rules
 from vllm_xpu_exporter.parsers import vllm
 from vllm_xpu_exporter.planner.plans import (KV_BUDGET_ON_XPU_SINCE, DevicePlan, Plan, TargetRequest, UnitPlan,
                                              Unplannable, make_plan, printed_totals)
-from vllm_xpu_exporter.planner import execstart, rightsizing
-from vllm_xpu_exporter.sources import plan_dropins, procfs, prometheus
+from vllm_xpu_exporter.planner import containers, execstart, rightsizing
+from vllm_xpu_exporter.sources import container_commands, plan_dropins, procfs, prometheus
 from vllm_xpu_exporter.planner.execstart import NotEditable, exec_start_from_cat
 
 PROG = "vllm-xpu-plan"
@@ -51,7 +56,7 @@ EXIT_DOES_NOT_FIT = 1
 EXIT_INCOMPLETE = 3
 MiB = 1 << 20
 # The driver's and the runtime's own device memory, which no unit's footprint counts (docs/planner.md).
-DEFAULT_RESERVE = 512 * MiB
+DEFAULT_RESERVE = rules.DEFAULT_RESERVE_BYTES
 OFFLINE_DEVICE = "offline"
 SYSTEMCTL_TIMEOUT_S = 10.0
 # systemd applies a unit's drop-ins in the lexical order of their file names, across all its .d directories:
@@ -61,6 +66,10 @@ DROP_IN_NAME = plan_dropins.DROP_IN_NAME
 # drop-in (xpu_unit_kv_cache_plan_bytes) beside the budget the unit runs with (docs/planner.md "Is the plan
 # applied?").
 PLAN_FIELD = plan_dropins.PLAN_FIELD
+DEFAULT_COMPOSE = "/usr/bin/docker-compose"
+DEFAULT_PODMAN = "/usr/bin/podman"
+DEFAULT_KUBECTL = "/usr/bin/kubectl"
+KUSTOMIZATION = "kustomization.yaml"
 JSON_SCHEMA_VERSION = 2  # docs/planner.md "JSON output" lists what each version added
 
 
@@ -86,7 +95,7 @@ def planned_command(command: str, plan: UnitPlan) -> str:
 
 
 def planned_flags(plan: UnitPlan) -> str:
-    return f"--gpu-memory-utilization {plan.gpu_memory_utilization:g} --kv-cache-memory-bytes {plan.kv_cache_memory_bytes}"
+    return " ".join(containers.planned_flags(plan))
 
 
 # ---------------------------------------------------------------------------------------- output forms
@@ -221,6 +230,33 @@ def write_atomically(directory: int, name: str, text: str, shown: str) -> None:
     os.fsync(directory)
 
 
+def compose_verifier(compose: str) -> Callable[[container_commands.ContainerCommand, str], str | None]:
+    """`docker-compose config -q` of the project's own files followed by the override: None when Compose loads
+    them, else what it said."""
+
+    def verify(command: container_commands.ContainerCommand, text: str) -> str | None:
+        missing = [f for f in command.compose_files if not os.path.isfile(f)]
+        if missing:
+            return f"its Compose file {missing[0]} cannot be read here: the override is not loaded, so not printed"
+        with tempfile.TemporaryDirectory(prefix="vllm-xpu-plan-") as directory:
+            override = Path(directory) / "override.yaml"
+            override.write_text(text)
+            argv = [compose, "-p", command.compose_project]
+            if command.compose_directory:
+                argv += ["--project-directory", command.compose_directory]
+            for f in (*command.compose_files, str(override)):
+                argv += ["-f", f]
+            try:
+                completed = subprocess.run([*argv, "config", "-q"], capture_output=True, text=True,
+                                           timeout=SYSTEMCTL_TIMEOUT_S * 6, check=False)
+            except (OSError, subprocess.SubprocessError) as error:
+                return f"{compose} config could not run ({error})"
+            said = " ".join((completed.stderr or completed.stdout).split()).replace(str(override), "the override")
+        return None if completed.returncode == 0 else f"{compose} config refuses the override: {said}"
+
+    return verify
+
+
 # ---------------------------------------------------------------------------------------- command line
 
 def byte_count(value: str) -> int:
@@ -255,16 +291,31 @@ def build_parser() -> argparse.ArgumentParser:
                              "at least one full-length request)")
     parser.add_argument("--requests", type=unit_count, action="append", default=[], metavar="UNIT=N",
                         help="the KV cache of UNIT holds N requests of its full model length")
-    parser.add_argument("--format", choices=("table", "json", "systemd", "nixos"), default="table",
+    parser.add_argument("--format", choices=("table", "json", "systemd", "nixos", *containers.CONTAINER_FORMATS),
+                        default="table",
                         help="table: the plan for a reader; json: the plan for a program; systemd: a drop-in per "
-                             "unit (printed, or written with --output-dir); nixos: the same as NixOS options")
+                             "unit (printed, or written with --output-dir); nixos: the same as NixOS options; "
+                             "compose: an override per Compose project (Docker's containers); podman: each Podman "
+                             "container's create command, planned; kustomize: an overlay patching the pods' "
+                             "containers' args")
     parser.add_argument("--output-dir", dest="output_dir", default=None, metavar="DIR",
-                        help="with --format systemd: write DIR/UNIT.d/" + DROP_IN_NAME + " per unit")
+                        help="with --format systemd: write DIR/UNIT.d/" + DROP_IN_NAME + " per unit; with --format "
+                             "kustomize: write the overlay, DIR/" + KUSTOMIZATION)
+    parser.add_argument("--compose", type=absolute_path, default=DEFAULT_COMPOSE, metavar="PATH",
+                        help="with --format compose: the docker-compose that loads each override before it is printed")
+    parser.add_argument("--podman", type=absolute_path, default=DEFAULT_PODMAN, metavar="PATH",
+                        help="with --format podman: the podman asked for its containers' create commands")
+    parser.add_argument("--kustomize-base", dest="kustomize_base", default=None, metavar="DIR",
+                        help="with --format kustomize: the kustomization the pods' containers come from")
+    parser.add_argument("--kubectl", type=absolute_path, default=DEFAULT_KUBECTL, metavar="PATH",
+                        help="with --format kustomize: the kubectl whose kustomize renders the base and the overlay")
     add_systemctl_flag(parser, "to read the units' commands with")
-    add_journal_flags(parser, beyond_max_units=f"further ones are not read, so not planned: {PROG} names how many "
-                                                 f"and exits {EXIT_INCOMPLETE}")
+    journal = add_journal_flags(parser, beyond_max_units=f"further ones are not read, so not planned: {PROG} names "
+                                                         f"how many and exits {EXIT_INCOMPLETE}")
+    add_journal_containers_flag(journal)
+    add_container_log_flags(parser)
     add_levelzero_flags(parser)
-    add_procfs_flag(parser)
+    add_container_flags(add_procfs_flag(parser))
     rightsizing.add_flags(parser)
     return parser
 
@@ -274,8 +325,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
     prometheus.check_access_flags(parser, args)
-    if args.output_dir is not None and args.format != "systemd":
-        parser.error("--output-dir goes with --format systemd")
+    if args.output_dir is not None and args.format not in ("systemd", "kustomize"):
+        parser.error("--output-dir goes with --format systemd or kustomize")
+    if args.format == "kustomize" and (args.output_dir is None or args.kustomize_base is None):
+        parser.error("--format kustomize needs --kustomize-base DIR and --output-dir DIR (the overlay's directory)")
     if args.device_memory is not None and args.device_memory <= args.reserve:
         parser.error(f"--device-memory {args.device_memory} leaves nothing after --reserve {args.reserve}")
     both = {unit for unit, _ in args.tokens} & {unit for unit, _ in args.requests}
@@ -290,20 +343,40 @@ def read_views(args: argparse.Namespace, timeout: float = 120.0) -> tuple[list[U
     from vllm_xpu_exporter.nodatayet import NoDataYet
     from vllm_xpu_exporter.sources.logs.follower import LogFollower
 
-    follower = LogFollower(journal_selection(args), args.journal_max_units, open_reader=open_journal,
-                           source="journal", latest_invocations=True)
-    follower.start()
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            state = follower.state()
-            if state.error is None:
-                return state.views, state.dropped_units
-            if not isinstance(state.error, NoDataYet) or time.monotonic() >= deadline:
-                raise RuntimeError(f"cannot read the journal ({state.error})")
-            time.sleep(0.02)
-    finally:
-        follower.stop(timeout=1.0)
+    from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
+    from vllm_xpu_exporter.sources.logs.entry import LogSelection
+
+    selection = replace(journal_selection(args), container_globs=journal_container_globs(args),
+                        container_state=container_paths(args))
+    followers = [(LogFollower(selection, args.journal_max_units, open_reader=open_journal, source="journal",
+                              latest_invocations=True), "the journal")]
+    docker_roots, pods = container_log_directories(args)
+    directories = LogDirectories(docker_roots=docker_roots, pods=pods)
+    if directories:
+        logs = LogSelection(unit_globs=selection.unit_globs, container_globs=selection.container_globs,
+                            boot=selection.boot, engine_grace_usec=selection.engine_grace_usec)
+        followers.append((LogFollower(logs, args.journal_max_units, source="container logs",
+                                      open_reader=lambda selection, admit, forget: ContainerLogReader(
+                                          selection, directories, admit=admit, forget=forget)),
+                          "the containers' log files"))
+    views: dict[str, UnitView] = {}
+    dropped = 0
+    for follower, what in followers:
+        follower.start()
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                state = follower.state()
+                if state.error is None:
+                    break
+                if not isinstance(state.error, NoDataYet) or time.monotonic() >= deadline:
+                    raise RuntimeError(f"cannot read {what} ({state.error})")
+                time.sleep(0.02)
+        finally:
+            follower.stop(timeout=1.0)
+        views.update({view.unit: view for view in state.views if view.unit not in views})
+        dropped += state.dropped_units
+    return list(views.values()), dropped
 
 
 def read_totals(args: argparse.Namespace) -> dict[str, int]:
@@ -443,6 +516,10 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         stdout.write(render_table(plan))
     elif args.format == "json":
         stdout.write(render_json(plan))
+    elif args.format in containers.CONTAINER_FORMATS:
+        code = _write_containers(args, plan, stdout, stderr)
+        if code is not None:
+            return code
     else:
         code = _write_units(args, plan, stdout, stderr)
         if code is not None:
@@ -522,6 +599,10 @@ def _write_units(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: T
     texts: dict[str, str] = {}
     refused: list[str] = []
     for u in units:
+        if container_commands.is_container(u.unit):
+            refused.append(f"{u.unit}: a container, not a systemd unit: use --format compose or podman "
+                           f"(docs/planner.md)")
+            continue
         unit_text = read_unit(systemctl, u.unit)
         command = exec_start_from_cat(unit_text) if unit_text is not None else None
         if command is None:
@@ -575,3 +656,101 @@ def _write_units(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: T
         os.close(output_dir)
     return EXIT_INCOMPLETE if refused else None
 
+
+def _write_containers(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: TextIO) -> int | None:
+    """--format compose / podman / kustomize: each planned container of the format's runtime, its command read from
+    its engine (or the kustomization) and edited, the output loaded where a tool can (Compose, kustomize); printed
+    (kustomize: written to --output-dir) only when every container of the runtime could take it; each workload
+    not covered is named (exit 3)."""
+    runtime = containers.CONTAINER_FORMATS[args.format]
+    planned = [u for d in plan.devices for u in d.units]
+    refused = [f"{u.unit}: not a {runtime} container: its plan needs "
+               f"--format {containers.format_of(u.unit)}" for u in planned
+               if container_commands.runtime_of_key(u.unit) != runtime]
+    mine = [u for u in planned if container_commands.runtime_of_key(u.unit) == runtime]
+    if args.format == "compose":
+        commands = {u.unit: container_commands.docker_command(u.unit, container_paths(args)["docker_roots"])
+                    for u in mine}
+        rendered = containers.render_compose(mine, commands, compose_verifier(args.compose))
+    elif args.format == "podman":
+        commands = {u.unit: container_commands.podman_command(u.unit, args.podman) for u in mine}
+        rendered = containers.render_podman(mine, commands)
+    else:
+        rendered = _kustomize(args, mine)
+    refused += rendered.refused
+    for reason in refused:
+        stderr.write(f"{PROG}: not applicable: {reason}\n")
+    if not plan.fits:
+        stderr.write(f"{PROG}: nothing printed: the plan does not fit\n")
+        return None
+    if rendered.refused:
+        stderr.write(f"{PROG}: nothing printed or written: {len(rendered.refused)} container(s) cannot take the "
+                     f"plan\n")
+        return EXIT_INCOMPLETE
+    if args.format != "kustomize":
+        stdout.write(rendered.text)
+        return EXIT_INCOMPLETE if refused else None
+    owners = frozenset({0, os.geteuid()})
+    try:
+        trusted = plan_dropins.open_trusted_directory(os.path.abspath(args.output_dir), owners, create=True)
+        try:
+            output_dir = os.open(".", os.O_RDONLY | os.O_DIRECTORY, dir_fd=trusted)  # one that fsync takes
+        finally:
+            os.close(trusted)
+        try:
+            write_atomically(output_dir, KUSTOMIZATION, rendered.text, args.output_dir)
+        finally:
+            os.close(output_dir)
+    except OSError as error:
+        stderr.write(f"{PROG}: error: --output-dir {args.output_dir}: {error}: nothing written\n")
+        return EXIT_USAGE
+    stdout.write(f"{args.output_dir.rstrip('/')}/{KUSTOMIZATION}\n")
+    return EXIT_INCOMPLETE if refused else None
+
+
+def _kubectl_kustomize(kubectl: str, directory: str) -> list[object]:
+    """The documents `kubectl kustomize DIRECTORY` renders; RuntimeError with what it said when it cannot."""
+    try:
+        completed = subprocess.run([kubectl, "kustomize", directory], capture_output=True, text=True,
+                                   timeout=SYSTEMCTL_TIMEOUT_S * 6, check=False)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise RuntimeError(f"{kubectl} kustomize could not run ({error})") from None
+    if completed.returncode != 0:
+        raise RuntimeError(f"{kubectl} kustomize refuses it: {' '.join(completed.stderr.split())[:500]}")
+    try:
+        return list(yaml.safe_load_all(completed.stdout))
+    except yaml.YAMLError as error:
+        raise RuntimeError(f"{kubectl} kustomize gave no YAML ({error})") from None
+
+
+def _kustomize(args: argparse.Namespace, plans: Sequence[UnitPlan]) -> containers.Rendered:
+    """The overlay for --output-dir over --kustomize-base, each container's args patched; rendered by kubectl
+    kustomize in a directory of its own (the base named relative to it) and each container checked to get the
+    planned args, before anything is written."""
+    base = os.path.abspath(args.kustomize_base)
+    try:
+        documents = _kubectl_kustomize(args.kubectl, base)
+    except RuntimeError as error:
+        return containers.Rendered("", tuple(f"{u.unit}: --kustomize-base {args.kustomize_base}: {error}"
+                                             for u in plans))
+    patches, refused = [], []
+    for u in plans:
+        try:
+            patches.append(containers.kustomize_patch(u, documents))
+        except NotEditable as error:
+            refused.append(f"{u.unit}: {error}")
+    if refused or not patches:
+        return containers.Rendered("", tuple(refused))
+    with tempfile.TemporaryDirectory(prefix="vllm-xpu-plan-") as directory:
+        Path(directory, KUSTOMIZATION).write_text(
+            containers.render_kustomization(patches, os.path.relpath(base, directory)))
+        try:
+            rendered = _kubectl_kustomize(args.kubectl, directory)
+        except RuntimeError as error:
+            return containers.Rendered("", tuple(f"{p.unit}: the overlay: {error}" for p in patches))
+    wrong = [p.unit for p in patches if containers.applied_args(rendered, p) != p.args]
+    if wrong:
+        return containers.Rendered("", tuple(f"{unit}: kubectl kustomize does not give it the planned args"
+                                             for unit in wrong))
+    return containers.Rendered(containers.render_kustomization(
+        patches, os.path.relpath(base, os.path.abspath(args.output_dir))), ())

@@ -138,21 +138,22 @@ def _program(words: tuple[str, ...]) -> str:
     return os.path.basename(rest[0]) if rest else "env"
 
 
-def check_editable(command: Command) -> None:
-    """Raise NotEditable unless the planner's flags can be set among the command's top-level words."""
+def check_editable(command: Command, what: str = "its ExecStart=") -> None:
+    """Raise NotEditable unless the planner's flags can be set among the command's top-level words (`what`
+    names the command in the message: a unit's ExecStart=, a container's command)."""
     words = command.words
     if not words:
-        raise NotEditable("its ExecStart= is empty")
+        raise NotEditable(f"{what} is empty")
     program = _program(words)
     if ";" in words:
-        raise NotEditable("its ExecStart= holds several commands (';')")
+        raise NotEditable(f"{what} holds several commands (';')")
     interpreter = program in _SHELLS or _INTERPRETER.fullmatch(program)
     if interpreter and "-c" in words:
-        raise NotEditable(f"its ExecStart= runs vLLM through `{program} -c \"...\"`, whose string holds vLLM's "
-                          f"flags where a drop-in cannot edit them: put --gpu-memory-utilization and "
+        raise NotEditable(f"{what} runs vLLM through `{program} -c \"...\"`, whose string holds vLLM's "
+                          f"flags where no edit of its words can reach them: put --gpu-memory-utilization and "
                           f"--kv-cache-memory-bytes in that string by hand, or run `vllm serve ...` directly")
     if not _runs_vllm(words):
-        raise NotEditable(f"its ExecStart= runs {words[0]!r}, not `vllm serve`, with none of vLLM's flags (a "
+        raise NotEditable(f"{what} runs {words[0]!r}, not `vllm serve`, with none of vLLM's flags (a "
                           f"wrapper script?): set "
                           f"--gpu-memory-utilization and --kv-cache-memory-bytes where it calls vLLM (on NixOS: "
                           f"the values of --format nixos, in the module's options or extra arguments)")
@@ -163,9 +164,23 @@ def planned_command(text: str, flags: tuple[str, ...]) -> str:
     `--flag value` and `--flag=value`) dropped and `flags` appended; every other word kept as written."""
     command = split_words(text)
     check_editable(command)
+    return " ".join([*_without_planned_flags(command.raw_words, command.words), *flags])
+
+
+def planned_words(words: tuple[str, ...], flags: tuple[str, ...], what: str,
+                  checked: bool = False) -> tuple[str, ...]:
+    """A command given as its words (a container's, `what`), with the planner's flags dropped and `flags`
+    appended. Raises NotEditable as `planned_command` does (`checked`: the caller checked a command these words
+    end, such as an entrypoint's followed by them)."""
+    if not checked:
+        check_editable(Command(" ".join(words), words, words), what)
+    return (*_without_planned_flags(words, words), *flags)
+
+
+def _without_planned_flags(raw_words: tuple[str, ...], words: tuple[str, ...]) -> list[str]:
     kept: list[str] = []
     skip_value = False
-    for raw, word in zip(command.raw_words, command.words):
+    for raw, word in zip(raw_words, words):
         if skip_value:
             skip_value = False
             continue
@@ -174,4 +189,4 @@ def planned_command(text: str, flags: tuple[str, ...]) -> str:
             skip_value = not has_value
             continue
         kept.append(raw)
-    return " ".join([*kept, *flags])
+    return kept
