@@ -2,7 +2,8 @@
 socket fails, naming what it did: the mark stays true as tests change. conftest.py takes these hooks;
 `pytest -p fastpure` loads them anywhere else (tests/test_fastpure.py).
 
-What is watched, in setup, call and teardown of a fast test: subprocess.Popen, os.fork, os.posix_spawn(p),
+What is watched, in setup, call and teardown of a fast test (but the last test's teardown, where the session's
+fixtures end too): subprocess.Popen, os.fork, os.posix_spawn(p),
 os.system, and socket connect, connect_ex and bind (the network, systemd's and udev's sockets). The calls
 still happen; the test fails after them, whatever its code made of them.
 """
@@ -82,5 +83,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if nextitem is None:  # the session's fixtures end here too, those of the tests before it (a dockerd stopped)
+        return (yield)
     return (yield from _kept_pure(item))

@@ -60,6 +60,18 @@ def test_uses_a_fixture_that_runs_a_subprocess(process):
 
 def test_not_fast_may_run_a_subprocess():
     subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+@pytest.fixture(scope="session")
+def engine():
+    yield
+    subprocess.run([sys.executable, "-c", "pass"], check=True)  # stopped at the session's end
+
+def test_not_fast_uses_a_session_fixture_that_stops_a_process(engine):
+    pass
+
+@pytest.mark.fast
+def test_pure_and_last_while_the_session_fixture_stops_its_process():
+    pass
 '''
 
 
@@ -78,6 +90,8 @@ def test_fast_tests_that_start_processes_or_open_sockets_fail_naming_what_they_d
         "test_runs_a_subprocess": "FAILED", "test_forks": "FAILED", "test_binds_a_socket": "FAILED",
         "test_hides_the_failure_of_a_subprocess_in_a_thread": "FAILED",
         "test_uses_a_fixture_that_runs_a_subprocess": "ERROR",
+        "test_not_fast_uses_a_session_fixture_that_stops_a_process": "PASSED",
+        "test_pure_and_last_while_the_session_fixture_stops_its_process": "PASSED",
     }, result.stdout
     assert f"{NOT_PURE} a subprocess" in result.stdout
     assert f"{NOT_PURE} a fork" in result.stdout
