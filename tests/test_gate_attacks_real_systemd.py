@@ -26,7 +26,7 @@ from bootrace import GATE_SERVICE, GATE_SOCKET, IDLE_RESERVED, gate_command, gat
 from fakeze import SharedDevice
 from gateattacks import attacked_boot
 from polling import wait_for
-from realsystemd import RealSystemd, path_inside
+from realsystemd import RealSystemd, journal_field, path_inside
 from test_gate_real_systemd import decisions, gate_lines
 from scrapes import sample
 from test_real_systemd import require_root, run_exporter
@@ -94,10 +94,14 @@ def test_the_service_killed_between_a_release_and_the_engines_start_keeps_the_le
         machine.sync_journal()
         entries = machine.journal(chat, embedding, GATE_SERVICE)
     (chat_start,) = [start for start in journalfacts.starts(entries) if start.unit == chat]
-    (released,) = decisions(entries, embedding)
+    counts = journalfacts.counts(entries, [chat, embedding])
+    found = decisions(entries, embedding)
+    service = [journal_field(entry, "MESSAGE") for entry in entries
+               if journal_field(entry, "_SYSTEMD_UNIT") == GATE_SERVICE]
+    assert len(found) == 1, (found, counts, service)
+    (released,) = found
     assert released.released and chat in released.waited, released
     assert released.at_usec >= chat_start.init_ended_usec, "embedding was released before chat's init ended"
-    counts = journalfacts.counts(entries, [chat, embedding])
     assert all(not unit.failures and unit.overlaps == 0 for unit in counts.values()), counts
 
 
