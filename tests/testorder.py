@@ -1,9 +1,9 @@
 """The suite in another order, to show that no test depends on what an earlier one left behind:
 `--test-order=reverse` runs the test files last to first and each file's tests last to first;
 `--test-order=random` shuffles the files, and the tests within each file, with a seed that the run's header
-prints (`--test-order-seed=N` repeats a run). Files stay whole, so a module's fixtures are set up once as in
-the default order (`--test-order=file`). conftest.py adds the options (add_options) and takes the
-hooks."""
+and its summary print (`--test-order-seed=N` repeats a run). Files stay whole, so a module's fixtures are
+set up once as in the default order (`--test-order=file`). conftest.py adds the options (add_options) and
+takes the hooks."""
 
 from __future__ import annotations
 
@@ -27,11 +27,22 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.test_order_seed = random.SystemRandom().randrange(1 << 32)
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def order_line(config: pytest.Config) -> str | None:
     order = config.getoption("test_order")
     if order == "random":
         return f"test order: random, --test-order-seed={config.getoption('test_order_seed')}"
     return None if order == "file" else f"test order: {order}"
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return order_line(config)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """The order again at the end, where `-q` (which drops the header) shows it too."""
+    line = order_line(config)
+    if line is not None:
+        terminalreporter.write_line(line)
 
 
 def reordered(items: list[pytest.Item], order: str, seed: int | None) -> list[pytest.Item]:
