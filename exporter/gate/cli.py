@@ -119,7 +119,8 @@ def build_wait_parser() -> argparse.ArgumentParser:
 
 
 def build_serve_parser() -> argparse.ArgumentParser:
-    from vllm_xpu_exporter.flags import add_journal_flags, add_levelzero_flags, add_procfs_flag, add_sysfs_flag
+    from vllm_xpu_exporter.flags import (add_container_flags, add_journal_containers_flag, add_journal_flags,
+                                         add_levelzero_flags, add_procfs_flag, add_sysfs_flag)
     parser = OneLineParser(prog=f"{PROG} serve",
                            description="The gate service: follow the journal and Level Zero, and answer the "
                                        "vLLM units' clients on a Unix socket (docs/gate.md).")
@@ -146,9 +147,12 @@ def build_serve_parser() -> argparse.ArgumentParser:
                         help="where vllm-xpu-plan's drop-ins are, DIR/UNIT.d/zz-vllm-xpu-plan.conf: a start is "
                              "admitted by its KV budget only when root's drop-in there names it (default "
                              "/etc/systemd/system, as the exporter's --collector.processes.plans)")
-    add_journal_flags(parser, beyond_max_units="further ones are not watched (their inits hold no start back)")
+    add_journal_containers_flag(add_journal_flags(
+        parser, beyond_max_units="further ones are not watched (their inits hold no start back)"))
     add_levelzero_flags(parser)
-    add_sysfs_flag(add_procfs_flag(parser))
+    host = add_procfs_flag(parser)
+    add_sysfs_flag(host)
+    add_container_flags(host)
     return parser
 
 
@@ -171,12 +175,14 @@ def wait_request(args: argparse.Namespace, legacy_drop_in: bool = False) -> Requ
 
 
 def parse_service_options(argv: Sequence[str], environ=os.environ):
-    from vllm_xpu_exporter.flags import check_journal_flags, journal_selection
+    from vllm_xpu_exporter.flags import check_journal_flags, container_paths, journal_container_globs, journal_selection
     from vllm_xpu_exporter.gate.service import ServiceOptions, engine_units_only
     parser = build_serve_parser()
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
-    return ServiceOptions(listen=args.listen, selection=engine_units_only(journal_selection(args)),
+    selection = dataclasses.replace(journal_selection(args), container_globs=journal_container_globs(args),
+                                    container_state=container_paths(args))
+    return ServiceOptions(listen=args.listen, selection=engine_units_only(selection),
                           journal_max_units=args.journal_max_units, levelzero_library=args.levelzero_library,
                           levelzero_timeout=args.levelzero_timeout, procfs=args.procfs, sysfs=args.sysfs,
                           lease_timeout=args.lease_timeout, poll_interval=args.poll_interval,

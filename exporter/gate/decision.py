@@ -80,8 +80,11 @@ class Decision:
         return self.units + ((gate_lines.MEMORY,) if self.memory_short else ())
 
 
-def lease_over(lease: Lease, view: UnitView | None, now_usec: int, cgroup_populated: bool | None) -> str | None:
-    """Why the lease no longer holds, or None while it does."""
+def lease_over(lease: Lease, view: UnitView | None, now_usec: int, cgroup_populated: bool | None,
+               engine_grace_usec: int | None = None) -> str | None:
+    """Why the lease no longer holds, or None while it does. A container's lease (its key has a `/`) ends as
+    soon as its cgroup is empty (its process became the engine: an empty cgroup is a dead container), and,
+    when the container printed no vLLM line within `engine_grace_usec` of its release, then (no engine)."""
     if now_usec >= lease.expires_usec:
         return "timed out"
     if lease.invocation_id and view is not None and view.invocation_ended(lease.invocation_id):
@@ -89,9 +92,32 @@ def lease_over(lease: Lease, view: UnitView | None, now_usec: int, cgroup_popula
     current = view.current if view is not None else None
     if current is not None and current.main_began_usec is not None and current.main_began_usec >= lease.granted_usec:
         return "its init ended" if view.initialising_since_usec is None else None
-    if cgroup_populated is False and now_usec - lease.granted_usec >= CGROUP_GRACE_USEC:
-        return "its unit has no process"
+    container = "/" in lease.unit
+    if cgroup_populated is False and (container or now_usec - lease.granted_usec >= CGROUP_GRACE_USEC):
+        return "its container has no process" if container else "its unit has no process"
+    if container and engine_grace_usec is not None and now_usec - lease.granted_usec >= engine_grace_usec:
+        return "it printed no vLLM line within the engine grace (--journal.engine-grace): no engine"
     return None
+
+
+@dataclass(frozen=True)
+class ContainerRun:
+    """The process of a container that asks the gate (its client, which becomes the container's engine by
+    exec): `invocation_id` names that process (the container's cgroup, its pid and its start, so one
+    process is leased once), `began_usec` when it began (wall clock, as the journal's)."""
+
+    invocation_id: str
+    began_usec: int
+
+
+def container_waiting_invocation(run: ContainerRun, view: UnitView | None) -> str:
+    """A container's start waits at its gate while the container has printed no vLLM start since the process
+    that asks began (its entrypoint, before the engine it execs): that process's `invocation_id`; '' when
+    the container's logs show a start since (the process is no gate's: a serving engine's, or one it runs)."""
+    current = view.current if view is not None else None
+    if current is not None and current.main_began_usec is not None and current.main_began_usec >= run.began_usec:
+        return ""
+    return run.invocation_id
 
 
 def waiting_invocation(view: UnitView | None) -> str:

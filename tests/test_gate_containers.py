@@ -1,0 +1,137 @@
+"""The gate for containers, on a fake host (tests/test_gate.py's `Host`: the fake GPU, a journal file, a fake
+procfs and sysfs) with the container runtimes' state of tests/fakecontainers.py: the service knows a caller's
+container from its cgroup by the exporter's key, leases only to a container's process that asks before its
+container printed a vLLM start, and ends the lease when the container's cgroup empties. The same on real
+engines: tests/test_gate_containers_real_engines.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fakecontainers import StateDirectories, container_id, docker_systemd_path, podman_rootless_path
+from journalgen import container_output
+from polling import wait_for
+from test_gate import CHAT, Host, host  # noqa: F401 (host: the fixture)
+from vllm_xpu_exporter.gate.decision import ContainerRun, container_waiting_invocation, lease_over
+
+DOCKER_CHAT, DOCKER_EMBEDDING = container_id("chat"), container_id("embedding")
+
+
+def containers(host: Host) -> StateDirectories:
+    state = StateDirectories(host.tmp / "state")
+    host.serve(*state.flags, "--journal.containers", "vllm-*")
+    return state
+
+
+def container_cgroup(host: Host, path: str, populated: bool = True) -> None:
+    """The container's cgroup in the fake sysfs (cgroup v2's cgroup.events)."""
+    directory = host.tmp / "sys" / "fs" / "cgroup" / path.lstrip("/")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "cgroup.events").write_text(f"populated {int(populated)}\nfrozen 0\n")
+
+
+def test_a_containers_caller_is_its_key_and_its_lease_ends_when_its_cgroup_empties(host: Host) -> None:
+    """vllm-chat's entrypoint asks first and is released with a lease; vllm-embedding's waits for
+    `docker/vllm-chat` (the exporter's key of the container, from its cgroup and Docker's state), and goes as
+    soon as vllm-chat's cgroup is empty (the container died in its init), without --lease-timeout."""
+    state = containers(host)
+    for cid, name in ((DOCKER_CHAT, "vllm-chat"), (DOCKER_EMBEDDING, "vllm-embedding")):
+        state.add_docker(cid, name)
+        container_cgroup(host, docker_systemd_path(cid))
+    code, chat = host.run("vllm-chat", "--gpu-memory-utilization", "0.07", cgroup=docker_systemd_path(DOCKER_CHAT))
+    assert code == 0 and chat.decision.waited_for == () and not chat.saw("without a lease"), chat.lines
+    embedding = host.start("vllm-embedding", "--gpu-memory-utilization", "0.07",
+                           cgroup=docker_systemd_path(DOCKER_EMBEDDING))
+    assert wait_for(lambda: embedding.saw("waiting for docker/vllm-chat"), timeout=20), embedding.lines
+    container_cgroup(host, docker_systemd_path(DOCKER_CHAT), populated=False)
+    assert embedding.wait() == 0 and embedding.decision.waited_for == ("docker/vllm-chat",), embedding.lines
+    assert wait_for(lambda: host.service.saw("docker/vllm-chat's lease on"), timeout=5)
+    assert host.service.saw("its container has no process"), host.service.lines
+
+
+def test_a_container_outside_the_globs_or_unnamed_waits_for_nothing_and_holds_nobody(host: Host) -> None:
+    """A container that is not a watched engine (its name outside --journal.containers, or no runtime's state
+    names it) holds the socket and asks: answered at once, no lease; a watched container then asks and is
+    released at once as well."""
+    state = containers(host)
+    tool, unnamed = container_id("tool"), container_id("unnamed")
+    state.add_docker(tool, "toolbox")
+    state.add_docker(DOCKER_CHAT, "vllm-chat")
+    for cid in (tool, unnamed, DOCKER_CHAT):
+        container_cgroup(host, docker_systemd_path(cid))
+    code, run = host.run("toolbox", cgroup=docker_systemd_path(tool))
+    assert code == 0 and run.saw("docker/toolbox is not a watched container"), run.lines
+    code, run = host.run("unnamed", cgroup=docker_systemd_path(unnamed))
+    assert code == 0 and run.saw("is not a watched container"), run.lines
+    code, chat = host.run("vllm-chat", "--gpu-memory-utilization", "0.07", cgroup=docker_systemd_path(DOCKER_CHAT))
+    assert code == 0 and chat.decision.waited_for == (), chat.lines
+
+
+def test_a_rootless_users_container_never_passes_for_the_system_one_of_its_name(host: Host) -> None:
+    """Root's Podman container vllm-chat holds a lease; user 1000's rootless container of the same name asks:
+    it is `podman/vllm-chat@uid1000`, so it waits for root's `podman/vllm-chat` (were it taken for it, the
+    lease would be its own and it would go at once)."""
+    state = containers(host)
+    system, rootless = container_id("system"), container_id("rootless")
+    user_storage = host.tmp / "home" / "storage"
+    state.add_podman(system, "vllm-chat")
+    os.chown(state.add_podman(rootless, "vllm-chat", storage=user_storage), 1000, 1000)  # the user's, as Podman's
+    host.stop_service()
+    host.serve(*state.flags, "--path.podman", str(user_storage), "--journal.containers", "vllm-*")
+    system_path, rootless_path = f"/machine.slice/libpod-{system}.scope", podman_rootless_path(rootless)
+    for path in (system_path, rootless_path):
+        container_cgroup(host, path)
+    code, first = host.run("vllm-chat", "--gpu-memory-utilization", "0.07", cgroup=system_path)
+    assert code == 0 and first.decision.waited_for == (), first.lines
+    user = host.start("vllm-chat@uid1000", "--gpu-memory-utilization", "0.07", cgroup=rootless_path)
+    assert wait_for(lambda: user.saw("waiting for podman/vllm-chat "), timeout=20), user.lines
+    assert not user.saw("waiting for podman/vllm-chat@uid1000"), user.lines
+
+
+def test_a_process_of_a_container_that_printed_a_vllm_start_since_it_began_gets_no_lease(host: Host) -> None:
+    """vllm-chat's logs (the journald log driver) show its engine's start after the asking process began (a
+    process of a serving container, not its entrypoint before the engine): released without a lease, so
+    vllm-embedding, asking next, is held back by chat's init only as the journal shows it."""
+    state = containers(host)
+    state.add_docker(DOCKER_CHAT, "vllm-chat")
+    state.add_docker(DOCKER_EMBEDDING, "vllm-embedding")
+    for cid in (DOCKER_CHAT, DOCKER_EMBEDDING):
+        container_cgroup(host, docker_systemd_path(cid))
+    host.write([container_output("vllm-chat", "INFO 12-02 10:00:00 [api_server.py:1] vLLM API server version 0.24.0",
+                                 host.clock.tick(), container=DOCKER_CHAT),
+                container_output("vllm-chat", "INFO 12-02 10:00:00 [utils.py:1] non-default args: {'model': 'm', "
+                                 "'gpu_memory_utilization': 0.07}", host.clock.tick(), container=DOCKER_CHAT),
+                container_output("vllm-chat", "INFO 12-02 10:00:01 [core.py:1] init engine (profile, create kv cache, "
+                                 "warmup model) took 2.00 seconds", host.clock.tick(), container=DOCKER_CHAT)])
+    code, squatter = host.run("vllm-chat", "--gpu-memory-utilization", "0.07", cgroup=docker_systemd_path(DOCKER_CHAT))
+    assert code == 0 and squatter.saw("released without a lease"), squatter.lines
+    code, embedding = host.run("vllm-embedding", "--gpu-memory-utilization", "0.07",
+                               cgroup=docker_systemd_path(DOCKER_EMBEDDING))
+    assert code == 0 and embedding.decision.waited_for == (), embedding.lines
+
+
+def test_a_containers_lease_ends_at_once_with_its_cgroup_and_when_it_printed_nothing_within_the_engine_grace():
+    """A unit's lease outlasts a briefly empty cgroup (between its client's exit and its engine's fork); a
+    container's client becomes its engine (exec), so an empty cgroup ends it at once. A container that printed
+    no vLLM start within the engine grace of its release is no engine: its lease ends."""
+    from vllm_xpu_exporter.gate.decision import Lease
+    container = Lease("0000:03:00.0", "docker/vllm-chat", "/docker/x", 1_000_000, 10**12, None, False, "run")
+    unit = Lease("0000:03:00.0", CHAT, f"/system.slice/{CHAT}", 1_000_000, 10**12, None, False, "run")
+    assert lease_over(container, None, 1_000_001, False) == "its container has no process"
+    assert lease_over(unit, None, 1_000_001, False) is None
+    assert lease_over(container, None, 1_000_001, True, engine_grace_usec=5_000_000) is None
+    assert "no vLLM line within the engine grace" in lease_over(container, None, 6_000_000, True,
+                                                                 engine_grace_usec=5_000_000)
+    assert container_waiting_invocation(ContainerRun("run", 5), None) == "run"
+
+
+def test_the_gate_service_takes_the_exporters_container_flags() -> None:
+    from vllm_xpu_exporter.gate.cli import parse_service_options
+    options = parse_service_options(["--journal.containers", "vllm-*", "--path.docker", "/d", "--path.podman", "/p"],
+                                    environ={})
+    assert options.selection.container_globs == ("vllm-*",)
+    assert options.selection.container_state["docker_roots"] == ("/d",)
+    assert options.selection.matches_unit("docker/vllm-chat") and options.selection.matches_unit("podman/vllm-x@uid7")
+    assert not options.selection.matches_unit("docker/tool")
+    assert Path(options.selection.container_state["podman_storages"][0]) == Path("/p")
