@@ -1,0 +1,109 @@
+"""The gate for containers on a real engine (Debian 12's rootful Podman, tests/containerengines.py): the
+containers' entrypoint is the gate's container client (exporter/gate/container_wait.py, the project's package
+bound in read-only, run by the image's own python3: nothing of the project installed in the image), the
+service's socket bound in at its default path. Every time compared is one the containers or the engine wrote
+(a container's own clock at its release, Podman's record of a container's end): no wall-clock assert.
+
+What the service sees of these containers is their cgroups and Podman's state (the k8s-file log driver: no
+log of theirs is read), so a released container holds its lease until its cgroup empties: the lease the tests
+end by killing it. How a container's init ends it, from its logs, is tests/test_gate_containers.py's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from containerengines import Podman
+from fakeze import A770, GiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
+from journalgen import write_journal
+from polling import wait_for
+from test_gate import GATE, GateRun
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE_INSIDE = "/vllm-xpu-gate/vllm_xpu_exporter"  # where docs/gate.md binds the package in
+CLIENT = ["python3", f"{PACKAGE_INSIDE}/gate/container_wait.py", "--gpu-memory-utilization", "0.07",
+          "--service-timeout", "20s"]
+SOCKET_INSIDE = "/run/vllm-xpu-gate"
+# What a released container runs: its release time by its own clock, then it stays (as an engine in its init)
+RELEASED = ["python3", "-c", "import time; print('released at', time.time(), flush=True); time.sleep(600)"]
+
+
+@pytest.fixture
+def gate(tmp_path: Path, podman: Podman, fake_driver: Path) -> Iterator[Path]:
+    """The gate service on the host, watching Podman's containers named vllm-*; the directory of its socket."""
+    sockets = tmp_path / "gate"
+    sockets.mkdir()
+    config = tmp_path / "fake_ze.conf"
+    write_config(config, FakeConfig(devices=(dataclasses.replace(
+        A770, memory=(FakeMemoryModule(size=16 * GiB, free=13 * GiB),)),)))
+    journal = write_journal(tmp_path / "empty.journal", [])
+    service = GateRun("service", subprocess.Popen(
+        [*GATE, "serve", "--listen", str(sockets / "gate.sock"), "--journal.file", str(journal),
+         "--journal.containers", "podman/vllm-*", "--path.podman", str(podman.storage), "--poll-interval", "50ms"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**fake_driver_env(fake_driver, config), "PATH": "/usr/bin:/bin"}))
+    assert wait_for(lambda: service.saw("serving on"), timeout=20), service.lines
+    names = ("vllm-a", "vllm-b", "toolbox")
+    podman.remove(*names)
+    try:
+        yield sockets
+    finally:
+        podman.remove(*names)
+        service.stop()
+        print("\n".join(service.lines))  # shown when a test fails
+
+
+def gated(podman: Podman, sockets: Path, name: str, command: list[str]) -> None:
+    podman.run(name, command, log_driver="k8s-file", options=[
+        "-v", f"{REPO / 'exporter'}:{PACKAGE_INSIDE}:ro", "-v", f"{sockets}:{SOCKET_INSIDE}"])
+
+
+def logs(podman: Podman, name: str) -> str:
+    completed = subprocess.run([*podman.command(), "logs", name], capture_output=True, text=True)
+    return completed.stdout + completed.stderr
+
+
+def released_at(podman: Podman, name: str) -> float | None:
+    found = re.search(r"released at (\d+\.\d+)", logs(podman, name))
+    return float(found.group(1)) if found else None
+
+
+def test_a_container_killed_in_its_init_releases_its_lease_to_the_next_within_2_s(gate: Path, podman: Podman):
+    """vllm-a goes through the gate (its lease) and runs; vllm-b waits for `podman/vllm-a`; vllm-a is killed:
+    vllm-b's engine starts within 2 s of vllm-a's end as Podman recorded it."""
+    gated(podman, gate, "vllm-a", [*CLIENT, "--", *RELEASED])
+    assert wait_for(lambda: released_at(podman, "vllm-a"), timeout=60, interval=0.2), logs(podman, "vllm-a")
+    gated(podman, gate, "vllm-b", [*CLIENT, "--", *RELEASED])
+    assert wait_for(lambda: "waiting for podman/vllm-a" in logs(podman, "vllm-b"), timeout=60, interval=0.2), \
+        logs(podman, "vllm-b")
+    podman.cli("kill", "vllm-a")
+    assert wait_for(lambda: released_at(podman, "vllm-b"), timeout=30, interval=0.2), logs(podman, "vllm-b")
+    ended = podman.inspect("vllm-a", "{{.State.FinishedAt.Unix}}.{{printf \"%09d\" .State.FinishedAt.Nanosecond}}")
+    assert 0 <= released_at(podman, "vllm-b") - float(ended) < 2.0, (ended, logs(podman, "vllm-b"))
+    assert "waited for podman/vllm-a" in logs(podman, "vllm-b"), logs(podman, "vllm-b")
+
+
+def test_a_container_that_is_no_watched_engine_and_holds_the_socket_delays_nobody(gate: Path, podman: Podman):
+    """toolbox (no vLLM engine: outside --journal.containers) keeps a connection to the socket open and asks
+    through the client: it is answered at once and leases nothing, so vllm-a, asking next, goes at once."""
+    program = ("import socket, subprocess, sys\n"
+               "held = socket.socket(socket.AF_UNIX)\n"
+               f"held.connect('{SOCKET_INSIDE}/gate.sock')\n"
+               f"subprocess.run({CLIENT!r} + ['--', 'true'])\n"
+               "print('asked', flush=True)\n"
+               "held.recv(1 << 16)\n"
+               "import time; time.sleep(600)\n")
+    gated(podman, gate, "toolbox", ["python3", "-c", program])
+    assert wait_for(lambda: "asked" in logs(podman, "toolbox"), timeout=60, interval=0.2), logs(podman, "toolbox")
+    assert "podman/toolbox is not a watched container" in logs(podman, "toolbox"), logs(podman, "toolbox")
+    gated(podman, gate, "vllm-a", [*CLIENT, "--", *RELEASED])
+    assert wait_for(lambda: released_at(podman, "vllm-a"), timeout=60, interval=0.2), logs(podman, "vllm-a")
+    assert "waited for nothing" in logs(podman, "vllm-a"), logs(podman, "vllm-a")
