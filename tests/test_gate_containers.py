@@ -68,25 +68,30 @@ def test_a_container_outside_the_globs_or_unnamed_waits_for_nothing_and_holds_no
     assert code == 0 and chat.decision.waited_for == (), chat.lines
 
 
-def test_a_rootless_users_container_never_passes_for_the_system_one_of_its_name(host: Host) -> None:
-    """Root's Podman container vllm-chat holds a lease; user 1000's rootless container of the same name asks:
-    it is `podman/vllm-chat@uid1000`, so it waits for root's `podman/vllm-chat` (were it taken for it, the
-    lease would be its own and it would go at once)."""
+def test_a_rootless_users_container_never_passes_for_the_system_one_of_its_name_nor_holds_it_back(
+        host: Host) -> None:
+    """User 1000's rootless container vllm-chat asks first (`podman/vllm-chat@uid1000`, its lease); root's
+    Podman container of the same name then goes at once: not taken for the user's, not held back by a user's
+    lease. The user's second container waits for both leases: root's and its own user's."""
     state = containers(host)
-    system, rootless = container_id("system"), container_id("rootless")
+    system, rootless, second = container_id("system"), container_id("rootless"), container_id("second")
     user_storage = host.tmp / "home" / "storage"
     state.add_podman(system, "vllm-chat")
-    os.chown(state.add_podman(rootless, "vllm-chat", storage=user_storage), 1000, 1000)  # the user's, as Podman's
+    state.add_podman(rootless, "vllm-chat", storage=user_storage)
+    os.chown(state.add_podman(second, "vllm-embedding", storage=user_storage), 1000, 1000)  # the user's, as Podman's
     host.stop_service()
     host.serve(*state.flags, "--path.podman", str(user_storage), "--journal.containers", "vllm-*")
-    system_path, rootless_path = f"/machine.slice/libpod-{system}.scope", podman_rootless_path(rootless)
-    for path in (system_path, rootless_path):
+    paths = {"system": f"/machine.slice/libpod-{system}.scope", "rootless": podman_rootless_path(rootless),
+             "second": podman_rootless_path(second)}
+    for path in paths.values():
         container_cgroup(host, path)
-    code, first = host.run("vllm-chat", "--gpu-memory-utilization", "0.07", cgroup=system_path)
-    assert code == 0 and first.decision.waited_for == (), first.lines
-    user = host.start("vllm-chat@uid1000", "--gpu-memory-utilization", "0.07", cgroup=rootless_path)
-    assert wait_for(lambda: user.saw("waiting for podman/vllm-chat "), timeout=20), user.lines
-    assert not user.saw("waiting for podman/vllm-chat@uid1000"), user.lines
+    code, user = host.run("vllm-chat@uid1000", "--gpu-memory-utilization", "0.07", cgroup=paths["rootless"])
+    assert code == 0 and user.decision.waited_for == () and not user.saw("without a lease"), user.lines
+    code, root = host.run("vllm-chat", "--gpu-memory-utilization", "0.07", cgroup=paths["system"])
+    assert code == 0 and root.decision.waited_for == (), root.lines
+    later = host.start("vllm-embedding@uid1000", "--gpu-memory-utilization", "0.07", cgroup=paths["second"])
+    assert wait_for(lambda: later.saw("waiting for podman/vllm-chat@uid1000,podman/vllm-chat "), timeout=20), \
+        later.lines
 
 
 def test_a_process_of_a_container_that_printed_a_vllm_start_since_it_began_gets_no_lease(host: Host) -> None:
@@ -126,7 +131,7 @@ def test_a_containers_lease_ends_at_once_with_its_cgroup_and_when_it_printed_not
     assert container_waiting_invocation(ContainerRun("run", 5), None) == "run"
 
 
-def test_the_gate_service_takes_the_exporters_container_flags() -> None:
+def test_the_gate_service_takes_the_exporters_container_flags_and_gates_no_container_by_default() -> None:
     from vllm_xpu_exporter.gate.cli import parse_service_options
     options = parse_service_options(["--journal.containers", "vllm-*", "--path.docker", "/d", "--path.podman", "/p"],
                                     environ={})
@@ -135,3 +140,5 @@ def test_the_gate_service_takes_the_exporters_container_flags() -> None:
     assert options.selection.matches_unit("docker/vllm-chat") and options.selection.matches_unit("podman/vllm-x@uid7")
     assert not options.selection.matches_unit("docker/tool")
     assert Path(options.selection.container_state["podman_storages"][0]) == Path("/p")
+    by_default = parse_service_options([], environ={}).selection
+    assert by_default.container_globs == () and not by_default.matches_unit("docker/vllm-chat")

@@ -148,7 +148,8 @@ def build_serve_parser() -> argparse.ArgumentParser:
                              "admitted by its KV budget only when root's drop-in there names it (default "
                              "/etc/systemd/system, as the exporter's --collector.processes.plans)")
     add_journal_containers_flag(add_journal_flags(
-        parser, beyond_max_units="further ones are not watched (their inits hold no start back)"))
+        parser, beyond_max_units="further ones are not watched (their inits hold no start back)"),
+        default="none: no container is gated")
     add_levelzero_flags(parser)
     host = add_procfs_flag(parser)
     add_sysfs_flag(host)
@@ -180,7 +181,10 @@ def parse_service_options(argv: Sequence[str], environ=os.environ):
     parser = build_serve_parser()
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
-    selection = dataclasses.replace(journal_selection(args), container_globs=journal_container_globs(args),
+    # No container by default (unlike the exporter): with containers the first read is the whole boot's, not the
+    # units' latest invocations (a container's lines carry no invocation id)
+    containers = journal_container_globs(args) if args.journal_containers is not None else ()
+    selection = dataclasses.replace(journal_selection(args), container_globs=containers,
                                     container_state=container_paths(args))
     return ServiceOptions(listen=args.listen, selection=engine_units_only(selection),
                           journal_max_units=args.journal_max_units, levelzero_library=args.levelzero_library,

@@ -26,6 +26,7 @@ from vllm_xpu_exporter import memory_rules
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.fold.start import Start
 from vllm_xpu_exporter.parsers import gate as gate_lines
+from vllm_xpu_exporter.parsers.workloads import uid_of_identity
 
 if TYPE_CHECKING:
     from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory
@@ -141,12 +142,20 @@ def decide(admission: Admission, views: Sequence[UnitView], leases: Iterable[Lea
     def on_device(other: str) -> bool:
         return device == HOST or device in (devices_of_units or {}).get(other, {device})
 
+    owner = uid_of_identity(unit)
+
+    def may_hold_back(other: str) -> bool:
+        """The system's inits and leases hold every start back, a user's (rootless containers) only that user's:
+        whoever runs a rootless container cannot hold the system's starts back with it."""
+        return other != unit and uid_of_identity(other) in (0, owner)
+
     views_by_unit = {view.unit: view for view in views}
     initialising = sorted((view.initialising_since_usec, view.unit) for view in views
-                          if view.unit != unit and view.initialising_since_usec is not None and on_device(view.unit))
+                          if may_hold_back(view.unit) and view.initialising_since_usec is not None
+                          and on_device(view.unit))
     holders = [name for _, name in initialising]
     held = {lease.unit: lease for lease in leases
-            if lease.unit != unit and (device == HOST or lease.device in (device, HOST))}
+            if may_hold_back(lease.unit) and (device == HOST or lease.device in (device, HOST))}
     holders += [name for name in held if name not in holders]
     free = memory.free if memory is not None else None
     total = memory.total if memory is not None else None
