@@ -4,9 +4,10 @@ bound in read-only, run by the image's own python3: nothing of the project insta
 service's socket bound in at its default path. Every time compared is one the containers or the engine wrote
 (a container's own clock at its release, Podman's record of a container's end): no wall-clock assert.
 
-What the service sees of these containers is their cgroups and Podman's state (the k8s-file log driver: no
-log of theirs is read), so a released container holds its lease until its cgroup empties: the lease the tests
-end by killing it. How a container's init ends it, from its logs, is tests/test_gate_containers.py's.
+What the service sees of Podman's containers here is their cgroups and Podman's state (the k8s-file log
+driver: no log of theirs is read), so a released container holds its lease until its cgroup empties: the
+lease the tests end by killing it. Docker's containers (json-file, read with --logs.docker) are the replayed
+vLLM engines of tests/vllmunit.py, whose inits the service sees end in their own logs.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from containerengines import Podman
-from fakeze import A770, GiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
+from containerengines import Dockerd, Podman
+from fakeze import A770, GiB, FakeConfig, FakeMemoryModule, SharedDevice, fake_driver_env, write_config
 from journalgen import write_journal
 from polling import wait_for
 from test_gate import GATE, GateRun
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, engine_command, read_events
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE_INSIDE = "/vllm-xpu-gate/vllm_xpu_exporter"  # where docs/gate.md binds the package in
@@ -107,3 +109,47 @@ def test_a_container_that_is_no_watched_engine_and_holds_the_socket_delays_nobod
     gated(podman, gate, "vllm-a", [*CLIENT, "--", *RELEASED])
     assert wait_for(lambda: released_at(podman, "vllm-a"), timeout=60, interval=0.2), logs(podman, "vllm-a")
     assert "waited for nothing" in logs(podman, "vllm-a"), logs(podman, "vllm-a")
+
+
+def test_two_replayed_engines_started_together_in_containers_through_the_gate_do_not_overlap_their_inits(
+        tmp_path: Path, dockerd: Dockerd, fake_driver: Path):
+    """chat and embedding (tests/vllmunit.py's replay on the fake GPU), Docker containers of the json-file log
+    driver started together, each through the gate's client: the service, reading their logs (--logs.docker),
+    lets one begin its init only once the other's has ended, as the engines' own events say; both serve."""
+    device = tmp_path / "device"
+    device.mkdir()
+    config, events = device / "ze.conf", device / "events.jsonl"
+    SharedDevice.create(config, SIXTEEN_GIB_GPU)
+    sockets = tmp_path / "gate"
+    sockets.mkdir()
+    service = GateRun("service", subprocess.Popen(
+        [*GATE, "serve", "--listen", str(sockets / "gate.sock"), "--journal.file",
+         str(write_journal(tmp_path / "empty.journal", [])), "--journal.containers", "docker/vllm-*",
+         "--logs.docker", "--path.docker", str(dockerd.data_root), "--poll-interval", "50ms"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**fake_driver_env(fake_driver, config), "PATH": "/usr/bin:/bin"}))
+    names = [f"vllm-{engine.role}" for engine in (CHAT, EMBEDDING)]
+    dockerd.remove(*names)
+    try:
+        assert wait_for(lambda: service.saw("serving on"), timeout=20), service.lines
+        for engine in (CHAT, EMBEDDING):
+            command = engine_command(engine, f"vllm-{engine.role}", device_config=config, time_scale=0.1,
+                                     events=events, python="python3", requests=0)
+            dockerd.run(f"vllm-{engine.role}", [*CLIENT[:2], "--gpu-memory-utilization",
+                                                str(engine.gpu_memory_utilization), "--service-timeout", "20s", "--",
+                                                *command],
+                        log_driver="json-file", volumes=[device], options=[
+                            "-v", f"{REPO}:{REPO}:ro", "-v", f"{REPO / 'exporter'}:{PACKAGE_INSIDE}:ro",
+                            "-v", f"{sockets}:{SOCKET_INSIDE}", "--env", "PYTHONPATH=/vllm-xpu-gate"])
+        assert wait_for(lambda: {record["unit"] for record in read_events(events) if record["event"] == "serving"}
+                        == set(names), timeout=90, interval=0.2), (read_events(events), service.lines)
+        at = {(record["unit"], record["event"]): record["at"] for record in read_events(events)}
+        first, second = sorted(names, key=lambda name: at[name, "started"])
+        assert at[first, "serving"] <= at[second, "started"], read_events(events)
+        assert not any(record["event"] == "failed" for record in read_events(events)), read_events(events)
+        logs = subprocess.run([*dockerd.command(), "logs", second], capture_output=True, text=True).stderr
+        assert f"waited for docker/{first}" in logs, logs
+    finally:
+        dockerd.remove(*names)
+        service.stop()
+        print("\n".join(service.lines))  # shown when a test fails

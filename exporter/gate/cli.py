@@ -119,8 +119,8 @@ def build_wait_parser() -> argparse.ArgumentParser:
 
 
 def build_serve_parser() -> argparse.ArgumentParser:
-    from vllm_xpu_exporter.flags import (add_container_flags, add_journal_containers_flag, add_journal_flags,
-                                         add_levelzero_flags, add_procfs_flag, add_sysfs_flag)
+    from vllm_xpu_exporter.flags import (add_container_flags, add_container_log_flags, add_journal_containers_flag,
+                                         add_journal_flags, add_levelzero_flags, add_procfs_flag, add_sysfs_flag)
     parser = OneLineParser(prog=f"{PROG} serve",
                            description="The gate service: follow the journal and Level Zero, and answer the "
                                        "vLLM units' clients on a Unix socket (docs/gate.md).")
@@ -154,6 +154,7 @@ def build_serve_parser() -> argparse.ArgumentParser:
     host = add_procfs_flag(parser)
     add_sysfs_flag(host)
     add_container_flags(host)
+    add_container_log_flags(parser)
     return parser
 
 
@@ -176,7 +177,8 @@ def wait_request(args: argparse.Namespace, legacy_drop_in: bool = False) -> Requ
 
 
 def parse_service_options(argv: Sequence[str], environ=os.environ):
-    from vllm_xpu_exporter.flags import check_journal_flags, container_paths, journal_container_globs, journal_selection
+    from vllm_xpu_exporter.flags import (check_journal_flags, container_log_directories, container_paths,
+                                         journal_container_globs, journal_selection)
     from vllm_xpu_exporter.gate.service import ServiceOptions, engine_units_only
     parser = build_serve_parser()
     args = parser.parse_args(argv)
@@ -184,6 +186,7 @@ def parse_service_options(argv: Sequence[str], environ=os.environ):
     # No container by default (unlike the exporter): with containers the first read is the whole boot's, not the
     # units' latest invocations (a container's lines carry no invocation id)
     containers = journal_container_globs(args) if args.journal_containers is not None else ()
+    logs_docker_roots, logs_pods = container_log_directories(args)
     selection = dataclasses.replace(journal_selection(args), container_globs=containers,
                                     container_state=container_paths(args))
     return ServiceOptions(listen=args.listen, selection=engine_units_only(selection),
@@ -191,6 +194,7 @@ def parse_service_options(argv: Sequence[str], environ=os.environ):
                           levelzero_timeout=args.levelzero_timeout, procfs=args.procfs, sysfs=args.sysfs,
                           lease_timeout=args.lease_timeout, poll_interval=args.poll_interval,
                           lease_file=args.lease_file or runtime_lease_file(environ), legacy_grace=args.legacy_grace,
+                          logs_docker_roots=logs_docker_roots, logs_pods=logs_pods,
                           **({"plans": args.plans} if args.plans is not None else {}))
 
 

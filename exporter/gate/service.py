@@ -41,12 +41,13 @@ from typing import TYPE_CHECKING
 
 from vllm_xpu_exporter import memory_rules
 from vllm_xpu_exporter.parsers import gate as gate_lines
-from vllm_xpu_exporter.fold.engine_starts import ENGINE_GRACE_USEC, UnitView
+from vllm_xpu_exporter.fold.engine_starts import ENGINE_GRACE_USEC, UnitView, merged_views
 from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.decision import (HOST, Admission, ContainerRun, Decision, Figures, Lease,
                                              container_waiting_invocation, decide, figures_now, lease_over,
                                              waiting_invocation)
 from vllm_xpu_exporter.sources import procfs, plan_dropins
+from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
 from vllm_xpu_exporter.sources.containers import ContainerNames
 from vllm_xpu_exporter.sources.journal import open_journal
 from vllm_xpu_exporter.sources.journal.selection import JournalSelection
@@ -93,6 +94,9 @@ class ServiceOptions:
     lease_file: str | None = None  # where the leases outlive the process (--lease-file); None: in memory only
     legacy_grace: float = 24 * 3600.0  # --legacy-grace
     plans: str = plan_dropins.DEFAULT_PLANS_DIRECTORY  # where root's plan drop-ins are (UNIT.d/zz-vllm-xpu-plan.conf)
+    # the watched containers' log files (--logs.docker, --logs.pods: Docker's data roots, the pods' log directory)
+    logs_docker_roots: tuple[str, ...] = ()
+    logs_pods: str | None = None
 
 
 @dataclass(eq=False)
@@ -407,6 +411,23 @@ class EngineUnitSelection(JournalSelection):
         return ("/" in unit or unit.endswith(".service")) and super().matches_unit(unit)
 
 
+def container_log_follower(options: ServiceOptions) -> LogFollower | None:
+    """The watched containers' log files (--logs.docker, --logs.pods) folded as the exporter folds them; None
+    when neither is given."""
+    directories = LogDirectories(docker_roots=options.logs_docker_roots, pods=options.logs_pods)
+    if not directories:
+        return None
+    selection = options.selection
+
+    def open_reader(selection: LogSelection, admit: Callable[[str], bool],
+                    forget: Callable[[str], None]) -> ContainerLogReader:
+        return ContainerLogReader(selection, directories, admit=admit, forget=forget)
+
+    return LogFollower(LogSelection(unit_globs=selection.unit_globs, container_globs=selection.container_globs,
+                                    boot=selection.boot, engine_grace_usec=selection.engine_grace_usec),
+                       options.journal_max_units, open_reader=open_reader, source="container logs")
+
+
 def engine_units_only(selection: JournalSelection) -> EngineUnitSelection:
     return EngineUnitSelection(**{name.name: getattr(selection, name.name) for name in dataclasses.fields(selection)})
 
@@ -420,6 +441,7 @@ class Service:
         self.began = clock()
         self.journal = LogFollower(options.selection, options.journal_max_units, open_reader=open_journal,
                                    source="journal", latest_invocations=True)
+        self.container_logs = container_log_follower(options)
         self.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout, telemetry=False,
                                          spawn=None if privileged is None else privileged.spawn_levelzero)
         self.container_names = ContainerNames(**options.selection.container_state)
@@ -439,6 +461,8 @@ class Service:
 
     def start_sources(self) -> None:
         self.journal.start()
+        if self.container_logs is not None:
+            self.container_logs.start()
         self.levelzero.start()
 
     def serve(self, listener: socket.socket) -> None:
@@ -472,6 +496,8 @@ class Service:
         for waiter in [*self.waiting, *self._arrived]:
             waiter.close()
         self.journal.stop(timeout=1.0)
+        if self.container_logs is not None:
+            self.container_logs.stop(timeout=1.0)
         self.levelzero.close()
         if self.privileged is not None:
             self.privileged.close()
@@ -592,7 +618,7 @@ class Service:
         """Decide for every waiting unit, in the order they asked."""
         if not self.waiting:
             return
-        state = self.journal.state()
+        state = self._log_state()
         memory = self._memory()
         self._sources_starting = isinstance(state.error, NoDataYet) or memory is None
         self._end_leases(state)
@@ -603,6 +629,16 @@ class Service:
             status = self._decide_for(waiter, state, memory)
             if status is not None:
                 self._finish(waiter)
+
+    def _log_state(self) -> LogState:
+        """The journal's fold and, with --logs.*, the container log files' (the exporter's two followers), their
+        units and containers each once (`merged_views`); the first error of either."""
+        state = self.journal.state()
+        if self.container_logs is None:
+            return state
+        files = self.container_logs.state()
+        return dataclasses.replace(state, views=merged_views((state.views, files.views)),
+                                   error=state.error or files.error)
 
     def _memory(self) -> list[DeviceMemory] | str | None:
         """Every GPU's memory; a reason (str) when Level Zero cannot be read; None while its child starts."""
