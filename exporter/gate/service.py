@@ -20,6 +20,12 @@ gate, once per start (never renewed), and holds from its release until the journ
 init ended, the unit's cgroup has been empty past a grace (the unit stopped before its engine began),
 or --lease-timeout; the leases are kept in --lease-file, so that they outlive the process. Starts whose
 wait ran out go one at a time, in order (`_released_after_deadline`).
+
+A container's caller (docs/gate.md, "Containers") is its container's key, from its cgroup and its runtime's
+state as the exporter names it (`ContainerNames`), watched when --journal.containers matches it; its start is
+the process that asks (`ContainerRun`), leased while the container's logs (the journal, and with --logs.* its
+log files) show no vLLM start since that process began; the lease ends as soon as the container's cgroup is
+empty, or when it printed no vLLM line within the engine grace.
 """
 
 from __future__ import annotations
