@@ -142,3 +142,34 @@ def test_the_gate_service_takes_the_exporters_container_flags_and_gates_no_conta
     assert Path(options.selection.container_state["podman_storages"][0]) == Path("/p")
     by_default = parse_service_options([], environ={}).selection
     assert by_default.container_globs == () and not by_default.matches_unit("docker/vllm-chat")
+
+
+def test_the_container_client_runs_from_the_package_directory_alone_and_becomes_the_engine(tmp_path: Path) -> None:
+    """container_wait.py run as a file by an isolated python3 (no site-packages: nothing of the project
+    installed), the package directory beside it as a container's bind would give it: with no service it starts
+    ungated and execs the command in its own process (same pid); stopped while it waits (SIGTERM), it exits 143
+    and runs nothing."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    mounted = tmp_path / "vllm-xpu-gate"
+    mounted.mkdir()
+    (mounted / "vllm_xpu_exporter").symlink_to(Path(__file__).resolve().parents[1] / "exporter")
+    client = [sys.executable, "-I", "-S", str(mounted / "vllm_xpu_exporter" / "gate" / "container_wait.py")]
+    process = subprocess.Popen([*client, "--socket", str(tmp_path / "none.sock"), "--service-timeout", "0s", "--",
+                                "sh", "-c", "echo $$"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0 and "started ungated" in err and out.strip() == str(process.pid), (out, err)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # accepts, never answers
+    with silent:
+        silent.bind(str(tmp_path / "silent.sock"))
+        silent.listen(4)
+        process = subprocess.Popen([*client, "--socket", str(tmp_path / "silent.sock"), "--service-timeout", "60s",
+                                    "--", "sh", "-c", "echo engine"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        connection, _ = silent.accept()  # the client waits for an answer now
+        with connection:
+            process.send_signal(signal.SIGTERM)
+            out, err = process.communicate(timeout=60)
+    assert process.returncode == 143 and out == "" and "terminated while waiting" in err, (out, err)
