@@ -7,7 +7,8 @@ service's socket bound in at its default path. Every time compared is one the co
 What the service sees of Podman's containers here is their cgroups and Podman's state (the k8s-file log
 driver: no log of theirs is read), so a released container holds its lease until its cgroup empties: the
 lease the tests end by killing it. Docker's containers (json-file, read with --logs.docker) are the replayed
-vLLM engines of tests/vllmunit.py, whose inits the service sees end in their own logs.
+vLLM engines of tests/vllmunit.py, whose inits the service sees end in their own logs. A user's rootless
+Podman runs in a booted systemd (tests/realsystemd.py), the service inside it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from containerengines import Dockerd, Podman
 from fakeze import A770, GiB, FakeConfig, FakeMemoryModule, SharedDevice, fake_driver_env, write_config
 from journalgen import write_journal
 from polling import wait_for
+from realsystemd import RealSystemd
+from test_containers_real_engines import ROOTLESS_UID, inside, rootless_podman  # noqa: F401 (the fixture)
 from test_gate import GATE, GateRun
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, engine_command, read_events
 
@@ -151,5 +154,42 @@ def test_two_replayed_engines_started_together_in_containers_through_the_gate_do
         assert f"waited for docker/{first}" in logs, logs
     finally:
         dockerd.remove(*names)
+        service.stop()
+        print("\n".join(service.lines))  # shown when a test fails
+
+
+@pytest.fixture(scope="module")
+def machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSystemd]:
+    """A booted systemd (a user's service manager for rootless Podman, a journald for its logs)."""
+    with RealSystemd(tmp_path_factory.mktemp("rootless-gate")) as booted:
+        yield booted
+
+
+def test_a_rootless_users_container_asks_under_its_own_key_never_as_the_systems(machine: RealSystemd,
+                                                                                 rootless_podman: Podman):
+    """A user's rootless Podman container vllm-chat (below the user's user@UID.service) asks the service (run
+    inside the booted system, where its pids are the container's): the service names it
+    `podman/vllm-chat@uid<UID>`, the key the exporter gives it, not root's `podman/vllm-chat`."""
+    sockets = machine.shared / "gate"
+    sockets.mkdir()
+    sockets.chmod(0o755)
+    service = GateRun("service", subprocess.Popen(
+        [*inside(machine), *GATE, "serve", "--listen", str(machine.inside(sockets / "gate.sock")),
+         "--journal.directory", "/run/log/journal", "--journal.containers", "podman/none-*",
+         "--path.podman", str(rootless_podman.storage)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    try:
+        assert wait_for(lambda: service.saw("serving on"), timeout=30), service.lines
+        rootless_podman.remove("vllm-chat")
+        rootless_podman.run("vllm-chat", [*CLIENT, "--", "true"], log_driver="journald", options=[
+            "-v", f"{REPO / 'exporter'}:{PACKAGE_INSIDE}:ro", "-v", f"{machine.inside(sockets)}:{SOCKET_INSIDE}"])
+
+        def printed() -> str:  # what conmon sent the system journal for the container
+            return machine.run("journalctl", "--no-pager", "-o", "cat", "CONTAINER_NAME=vllm-chat").stdout
+
+        assert wait_for(lambda: "released after" in printed(), timeout=60, interval=0.3), printed()
+        assert f"podman/vllm-chat@uid{ROOTLESS_UID} is not a watched container" in printed(), printed()
+    finally:
+        rootless_podman.remove("vllm-chat")
         service.stop()
         print("\n".join(service.lines))  # shown when a test fails
