@@ -124,16 +124,17 @@ def add_journal_flags(parser: argparse.ArgumentParser,
     return journal
 
 
-def add_journal_containers_flag(journal: argparse._ArgumentGroup) -> None:
-    """--journal.containers (dest journal_containers; the exporter's only), in the group `add_journal_flags`
-    returns; read it with `journal_container_globs`."""
+def add_journal_containers_flag(journal: argparse._ArgumentGroup,
+                                default: str = " ".join(DEFAULT_CONTAINER_GLOBS)) -> None:
+    """--journal.containers (dest journal_containers), in the group `add_journal_flags` returns; read it with
+    `journal_container_globs` (the exporter's default), `default`: what the help says when none is given."""
     journal.add_argument("--journal.containers", dest="journal_containers", action="append", default=None,
                          metavar="GLOB",
                          help=f"shell glob of the containers whose engine logs are read: from the journal (Docker's "
                               f"and Podman's journald log driver) and the --logs.* directories; matched against "
                               f"the container's name, or its key (docker/NAME, podman/NAME, "
                               f"k8s/NAMESPACE/POD/CONTAINER) when it has a '/' (repeatable; default "
-                              f"{' '.join(DEFAULT_CONTAINER_GLOBS)}; an empty one alone: no container)")
+                              f"{default}; an empty one alone: no container)")
 
 
 def add_container_log_flags(parser: argparse.ArgumentParser) -> None:

@@ -207,9 +207,11 @@ class Host:
             self.service.process.terminate()
             self.service.wait()
 
-    def start(self, unit: str | None, *args: str, service_timeout: str = "10s", legacy: str | None = None) -> GateRun:
-        """A client in `unit` (None: in no unit's cgroup, a login session's); `legacy`: run as the 0.2
-        drop-in's line ran it, `vllm-xpu-gate --unit <legacy> ...`."""
+    def start(self, unit: str | None, *args: str, service_timeout: str = "10s", legacy: str | None = None,
+              cgroup: str | None = None) -> GateRun:
+        """A client in `unit` (None: in no unit's cgroup, a login session's) or in `cgroup` (a container's, with
+        `unit` its name in the test); `legacy`: run as the 0.2 drop-in's line ran it, `vllm-xpu-gate --unit
+        <legacy> ...`."""
         if self.service is None:
             self.serve()
         self.next_pid += 1
@@ -220,7 +222,8 @@ class Host:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
                                    cwd=self.tmp)
-        cgroup = f"/system.slice/{unit}" if unit else "/user.slice/user-1000.slice/session-3.scope"
+        if cgroup is None:
+            cgroup = f"/system.slice/{unit}" if unit else "/user.slice/user-1000.slice/session-3.scope"
         self.procfs.add_unit_process(process.pid, cgroup)
         go.touch()
         run = GateRun(unit or "session-3.scope", process)

@@ -119,7 +119,8 @@ def build_wait_parser() -> argparse.ArgumentParser:
 
 
 def build_serve_parser() -> argparse.ArgumentParser:
-    from vllm_xpu_exporter.flags import (DefaultsHelpFormatter, add_journal_flags, add_levelzero_flags,
+    from vllm_xpu_exporter.flags import (DefaultsHelpFormatter, add_container_flags, add_container_log_flags,
+                                         add_journal_containers_flag, add_journal_flags, add_levelzero_flags,
                                          add_procfs_flag, add_sysfs_flag)
     from vllm_xpu_exporter.logformat import add_log_flags
     parser = OneLineParser(prog=f"{PROG} serve",
@@ -149,9 +150,14 @@ def build_serve_parser() -> argparse.ArgumentParser:
                         help="where vllm-xpu-plan's drop-ins are, DIR/UNIT.d/zz-vllm-xpu-plan.conf: a start is "
                              "admitted by its KV budget only when root's drop-in there names it (default "
                              "/etc/systemd/system, as the exporter's --collector.processes.plans)")
-    add_journal_flags(parser, beyond_max_units="further ones are not watched (their inits hold no start back)")
+    add_journal_containers_flag(add_journal_flags(
+        parser, beyond_max_units="further ones are not watched (their inits hold no start back)"),
+        default="none: no container is gated")
     add_levelzero_flags(parser)
-    add_sysfs_flag(add_procfs_flag(parser))
+    host = add_procfs_flag(parser)
+    add_sysfs_flag(host)
+    add_container_flags(host)
+    add_container_log_flags(parser)
     add_log_flags(parser)
     return parser
 
@@ -187,13 +193,21 @@ def parse_service_options(argv: Sequence[str], environ=os.environ):
 
 
 def service_options(args: argparse.Namespace, environ=os.environ):
-    from vllm_xpu_exporter.flags import journal_selection
+    from vllm_xpu_exporter.flags import (container_log_directories, container_paths, journal_container_globs,
+                                         journal_selection)
     from vllm_xpu_exporter.gate.service import ServiceOptions, engine_units_only
-    return ServiceOptions(listen=args.listen, selection=engine_units_only(journal_selection(args)),
+    # No container by default (unlike the exporter): with containers the first read is the whole boot's, not the
+    # units' latest invocations (a container's lines carry no invocation id)
+    containers = journal_container_globs(args) if args.journal_containers is not None else ()
+    logs_docker_roots, logs_pods = container_log_directories(args)
+    selection = dataclasses.replace(journal_selection(args), container_globs=containers,
+                                    container_state=container_paths(args))
+    return ServiceOptions(listen=args.listen, selection=engine_units_only(selection),
                           journal_max_units=args.journal_max_units, levelzero_library=args.levelzero_library,
                           levelzero_timeout=args.levelzero_timeout, procfs=args.procfs, sysfs=args.sysfs,
                           lease_timeout=args.lease_timeout, poll_interval=args.poll_interval,
                           lease_file=args.lease_file or runtime_lease_file(environ), legacy_grace=args.legacy_grace,
+                          logs_docker_roots=logs_docker_roots, logs_pods=logs_pods,
                           **({"plans": args.plans} if args.plans is not None else {}))
 
 

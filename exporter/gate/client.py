@@ -173,9 +173,10 @@ def _terminate(signum: int, frame: object) -> None:
     raise _Terminated
 
 
-def run_client(options: ClientOptions, stream: TextIO = sys.stderr) -> int:
+def run_client(options: ClientOptions, stream: TextIO = sys.stderr, terminated_status: int = EXIT_STARTING) -> int:
     """The client's process: SIGTERM (systemd stopping the unit while it waits) ends the wait with exit 0,
-    so the stopped unit ends inactive rather than failed; its engine does not start."""
+    so the stopped unit ends inactive rather than failed; its engine does not start. `terminated_status`:
+    the exit status then (a container's client, which starts the engine itself on 0, gives another)."""
     write = writer(stream)
     began = time.monotonic()
     signal.signal(signal.SIGTERM, _terminate)
@@ -184,7 +185,7 @@ def run_client(options: ClientOptions, stream: TextIO = sys.stderr) -> int:
         return Client(options, write).run()
     except _Terminated:
         write(f"{gate_lines.PREFIX}terminated while waiting (the unit is being stopped): not waiting any more")
-        return EXIT_STARTING
+        return terminated_status
     except KeyboardInterrupt:
         return 130
     except Exception as error:  # never strand a unit on a bug of the client

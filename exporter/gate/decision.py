@@ -26,6 +26,7 @@ from vllm_xpu_exporter import memory_rules
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.fold.start import Start
 from vllm_xpu_exporter.parsers import gate as gate_lines
+from vllm_xpu_exporter.parsers.workloads import uid_of_identity
 
 if TYPE_CHECKING:
     from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory
@@ -80,8 +81,11 @@ class Decision:
         return self.units + ((gate_lines.MEMORY,) if self.memory_short else ())
 
 
-def lease_over(lease: Lease, view: UnitView | None, now_usec: int, cgroup_populated: bool | None) -> str | None:
-    """Why the lease no longer holds, or None while it does."""
+def lease_over(lease: Lease, view: UnitView | None, now_usec: int, cgroup_populated: bool | None,
+               engine_grace_usec: int | None = None) -> str | None:
+    """Why the lease no longer holds, or None while it does. A container's lease (its key has a `/`) ends as
+    soon as its cgroup is empty (its process became the engine: an empty cgroup is a dead container), and,
+    when the container printed no vLLM line within `engine_grace_usec` of its release, then (no engine)."""
     if now_usec >= lease.expires_usec:
         return "timed out"
     if lease.invocation_id and view is not None and view.invocation_ended(lease.invocation_id):
@@ -89,9 +93,32 @@ def lease_over(lease: Lease, view: UnitView | None, now_usec: int, cgroup_popula
     current = view.current if view is not None else None
     if current is not None and current.main_began_usec is not None and current.main_began_usec >= lease.granted_usec:
         return "its init ended" if view.initialising_since_usec is None else None
-    if cgroup_populated is False and now_usec - lease.granted_usec >= CGROUP_GRACE_USEC:
-        return "its unit has no process"
+    container = "/" in lease.unit
+    if cgroup_populated is False and (container or now_usec - lease.granted_usec >= CGROUP_GRACE_USEC):
+        return "its container has no process" if container else "its unit has no process"
+    if container and engine_grace_usec is not None and now_usec - lease.granted_usec >= engine_grace_usec:
+        return "it printed no vLLM line within the engine grace (--journal.engine-grace): no engine"
     return None
+
+
+@dataclass(frozen=True)
+class ContainerRun:
+    """The process of a container that asks the gate (its client, which becomes the container's engine by
+    exec): `invocation_id` names that process (the container's cgroup, its pid and its start, so one
+    process is leased once), `began_usec` when it began (wall clock, as the journal's)."""
+
+    invocation_id: str
+    began_usec: int
+
+
+def container_waiting_invocation(run: ContainerRun, view: UnitView | None) -> str:
+    """A container's start waits at its gate while the container has printed no vLLM start since the process
+    that asks began (its entrypoint, before the engine it execs): that process's `invocation_id`; '' when
+    the container's logs show a start since (the process is no gate's: a serving engine's, or one it runs)."""
+    current = view.current if view is not None else None
+    if current is not None and current.main_began_usec is not None and current.main_began_usec >= run.began_usec:
+        return ""
+    return run.invocation_id
 
 
 def waiting_invocation(view: UnitView | None) -> str:
@@ -115,12 +142,20 @@ def decide(admission: Admission, views: Sequence[UnitView], leases: Iterable[Lea
     def on_device(other: str) -> bool:
         return device == HOST or device in (devices_of_units or {}).get(other, {device})
 
+    owner = uid_of_identity(unit)
+
+    def may_hold_back(other: str) -> bool:
+        """The system's inits and leases hold every start back, a user's (rootless containers) only that user's:
+        whoever runs a rootless container cannot hold the system's starts back with it."""
+        return other != unit and uid_of_identity(other) in (0, owner)
+
     views_by_unit = {view.unit: view for view in views}
     initialising = sorted((view.initialising_since_usec, view.unit) for view in views
-                          if view.unit != unit and view.initialising_since_usec is not None and on_device(view.unit))
+                          if may_hold_back(view.unit) and view.initialising_since_usec is not None
+                          and on_device(view.unit))
     holders = [name for _, name in initialising]
     held = {lease.unit: lease for lease in leases
-            if lease.unit != unit and (device == HOST or lease.device in (device, HOST))}
+            if may_hold_back(lease.unit) and (device == HOST or lease.device in (device, HOST))}
     holders += [name for name in held if name not in holders]
     free = memory.free if memory is not None else None
     total = memory.total if memory is not None else None

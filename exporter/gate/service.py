@@ -20,6 +20,12 @@ gate, once per start (never renewed), and holds from its release until the journ
 init ended, the unit's cgroup has been empty past a grace (the unit stopped before its engine began),
 or --lease-timeout; the leases are kept in --lease-file, so that they outlive the process. Starts whose
 wait ran out go one at a time, in order (`_released_after_deadline`).
+
+A container's caller (docs/gate.md, "Containers") is its container's key, from its cgroup and its runtime's
+state as the exporter names it (`ContainerNames`), watched when --journal.containers matches it; its start is
+the process that asks (`ContainerRun`), leased while the container's logs (the journal, and with --logs.* its
+log files) show no vLLM start since that process began; the lease ends as soon as the container's cgroup is
+empty, or when it printed no vLLM line within the engine grace.
 """
 
 from __future__ import annotations
@@ -41,17 +47,19 @@ from typing import TYPE_CHECKING
 
 from vllm_xpu_exporter import memory_rules
 from vllm_xpu_exporter.parsers import gate as gate_lines
-from vllm_xpu_exporter.fold.engine_starts import UnitView
+from vllm_xpu_exporter.fold.engine_starts import ENGINE_GRACE_USEC, UnitView, merged_views
 from vllm_xpu_exporter.gate import protocol
-from vllm_xpu_exporter.gate.decision import (HOST, Admission, Decision, Figures, Lease, decide, figures_now,
-                                             lease_over, waiting_invocation)
+from vllm_xpu_exporter.gate.decision import (HOST, Admission, ContainerRun, Decision, Figures, Lease,
+                                             container_waiting_invocation, decide, figures_now, lease_over,
+                                             waiting_invocation)
 from vllm_xpu_exporter.sources import procfs, plan_dropins
+from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
+from vllm_xpu_exporter.sources.containers import ContainerNames
 from vllm_xpu_exporter.sources.journal import open_journal
 from vllm_xpu_exporter.sources.journal.selection import JournalSelection
 from vllm_xpu_exporter.sources.logs.entry import LogSelection
 from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogState
-from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory, LevelZeroUnavailable, LevelZeroWorker, WorkerState
 
 if TYPE_CHECKING:
@@ -92,6 +100,9 @@ class ServiceOptions:
     lease_file: str | None = None  # where the leases outlive the process (--lease-file); None: in memory only
     legacy_grace: float = 24 * 3600.0  # --legacy-grace
     plans: str = plan_dropins.DEFAULT_PLANS_DIRECTORY  # where root's plan drop-ins are (UNIT.d/zz-vllm-xpu-plan.conf)
+    # the watched containers' log files (--logs.docker, --logs.pods: Docker's data roots, the pods' log directory)
+    logs_docker_roots: tuple[str, ...] = ()
+    logs_pods: str | None = None
 
 
 @dataclass(eq=False)
@@ -104,6 +115,7 @@ class Waiter:
     connection: socket.socket
     began: float  # monotonic
     uid: int = -1  # the caller's (SO_PEERCRED): its connection holds one of that uid's slots
+    run: ContainerRun | None = None  # a container's caller: the process that asks (None: a unit's)
     began_usec: int = field(default_factory=lambda: time.time_ns() // 1000)  # wall clock, as the journal's
     waited_for: dict[str, None] = field(default_factory=dict)  # in the order first met
     last: Decision | None = None
@@ -196,11 +208,13 @@ class Peer:
 
 @dataclass(frozen=True)
 class Caller:
-    """A process of a watched unit that connected: its unit and cgroup, and its uid, as the kernel says."""
+    """A process of a watched unit or container that connected: its unit (a container's key) and cgroup, and
+    its uid, as the kernel says; in a container, that process itself (`ContainerRun`)."""
 
     unit: str
-    path: str  # the unit's cgroup
+    path: str  # the unit's (the container's) cgroup
     uid: int
+    run: ContainerRun | None = None
 
 
 class Slots:
@@ -236,13 +250,20 @@ class Slots:
                 del counts[key]
 
 
-def identify_caller(connection: socket.socket, procfs_root: str, selection: LogSelection) -> Caller | str:
-    """The watched unit of the process that connected (SO_PEERCRED, then its cgroup), or the line that
-    answers a caller outside the watched units or one that cannot be identified."""
+def identify_caller(connection: socket.socket, procfs_root: str, selection: LogSelection,
+                    names: ContainerNames | None = None) -> Caller | str:
+    """The watched unit or container of the process that connected (SO_PEERCRED, then its cgroup; a container's
+    key from its cgroup and its runtime's state, `names`, as the exporter's), or the line that answers a caller
+    outside them or one that cannot be identified."""
     peer = Peer.of(connection)
+    start_ticks = None
     try:
         try:
             caller, why = procfs.read_unit_cgroup(procfs_root, peer.pid), "it is in no unit"
+            if caller is not None and caller.container is not None:
+                start_ticks = procfs.process_start_ticks(procfs_root, peer.pid)
+                if start_ticks is None:
+                    caller, why = None, f"cannot read /proc/{peer.pid}/stat"
         except OSError as error:
             caller, why = None, f"cannot read /proc/{peer.pid}/cgroup: {error.strerror or error}"
         try:
@@ -253,9 +274,16 @@ def identify_caller(connection: socket.socket, procfs_root: str, selection: LogS
         peer.close()
     if caller is None:
         return f"{gate_lines.PREFIX}warning: the service cannot tell which unit asks ({why}): releasing"
-    if not selection.matches_unit(caller.unit):
-        return f"{gate_lines.PREFIX}{caller.unit} is not a watched unit (--journal.units): nothing to wait for"
-    return Caller(caller.unit, caller.path, peer.uid)
+    if caller.container is None or start_ticks is None:
+        if not selection.matches_unit(caller.unit):
+            return f"{gate_lines.PREFIX}{caller.unit} is not a watched unit (--journal.units): nothing to wait for"
+        return Caller(caller.unit, caller.path, peer.uid)
+    key = (names or ContainerNames()).workload(caller.unit, caller.container).unit
+    if "/" not in key or not selection.matches_unit(key):  # no key: the runtime's state names no such container
+        return (f"{gate_lines.PREFIX}{key} is not a watched container (--journal.containers, the runtime's state "
+                f"under --path.*): nothing to wait for")
+    run = ContainerRun(f"{caller.path}#{peer.pid}:{start_ticks}", procfs.realtime_usec_of_ticks(start_ticks))
+    return Caller(key, caller.path, peer.uid, run)
 
 
 def answer_at_once(connection: socket.socket, line: str, status: int = 0, *, close: bool = True) -> None:
@@ -382,10 +410,28 @@ def listening_socket(path: str | None, environ=os.environ) -> socket.socket:
 @dataclass(frozen=True)
 class EngineUnitSelection(JournalSelection):
     """The service's selection of units: only system `.service` units are possible engines, whatever the
-    globs say (`vllm*` matches vllm-xpu-gate.socket, and a user's `vllm-x.service@uid1000`)."""
+    globs say (`vllm*` matches vllm-xpu-gate.socket, and a user's `vllm-x.service@uid1000`); and the containers
+    the container globs match, by their key (a rootless user's with its `@uid<N>`)."""
 
     def matches_unit(self, unit: str) -> bool:
-        return unit.endswith(".service") and super().matches_unit(unit)
+        return ("/" in unit or unit.endswith(".service")) and super().matches_unit(unit)
+
+
+def container_log_follower(options: ServiceOptions) -> LogFollower | None:
+    """The watched containers' log files (--logs.docker, --logs.pods) folded as the exporter folds them; None
+    when neither is given."""
+    directories = LogDirectories(docker_roots=options.logs_docker_roots, pods=options.logs_pods)
+    if not directories:
+        return None
+    selection = options.selection
+
+    def open_reader(selection: LogSelection, admit: Callable[[str], bool],
+                    forget: Callable[[str], None]) -> ContainerLogReader:
+        return ContainerLogReader(selection, directories, admit=admit, forget=forget)
+
+    return LogFollower(LogSelection(unit_globs=selection.unit_globs, container_globs=selection.container_globs,
+                                    boot=selection.boot, engine_grace_usec=selection.engine_grace_usec),
+                       options.journal_max_units, open_reader=open_reader, source="container logs")
 
 
 def engine_units_only(selection: JournalSelection) -> EngineUnitSelection:
@@ -401,8 +447,10 @@ class Service:
         self.began = clock()
         self.journal = LogFollower(options.selection, options.journal_max_units, open_reader=open_journal,
                                    source="journal", latest_invocations=True)
+        self.container_logs = container_log_follower(options)
         self.levelzero = LevelZeroWorker(options.levelzero_library, options.levelzero_timeout, telemetry=False,
                                          spawn=None if privileged is None else privileged.spawn_levelzero)
+        self.container_names = ContainerNames(**options.selection.container_state)
         self.leases: dict[tuple[str, str], Lease] = {}  # (device or HOST, unit) -> the unit's latest release there
         self.leased_invocations: dict[str, None] = {}  # the starts given a lease, oldest first
         self.legacy_first_seen: dict[str, int] = {}  # unit -> when a start of it first ran the 0.2 drop-in (usec)
@@ -419,6 +467,8 @@ class Service:
 
     def start_sources(self) -> None:
         self.journal.start()
+        if self.container_logs is not None:
+            self.container_logs.start()
         self.levelzero.start()
 
     def serve(self, listener: socket.socket) -> None:
@@ -452,6 +502,8 @@ class Service:
         for waiter in [*self.waiting, *self._arrived]:
             waiter.close()
         self.journal.stop(timeout=1.0)
+        if self.container_logs is not None:
+            self.container_logs.stop(timeout=1.0)
         self.levelzero.close()
         if self.privileged is not None:
             self.privileged.close()
@@ -487,7 +539,7 @@ class Service:
     # --- who asks ----------------------------------------------------------------------------------
 
     def identify(self, connection: socket.socket) -> Caller | str:
-        return identify_caller(connection, self.options.procfs, self.options.selection)
+        return identify_caller(connection, self.options.procfs, self.options.selection, self.container_names)
 
     def _handshake(self, connection: socket.socket, caller: Caller) -> None:
         """The watched caller's request, then a waiter for the decider (or an answer now)."""
@@ -523,7 +575,7 @@ class Service:
         except protocol.BadRequest as error:
             answer_at_once(connection, f"{gate_lines.PREFIX}error: {error}", EXIT_USAGE, close=False)
             return None
-        return Waiter(caller.unit, caller.path, request, connection, self.clock(), uid=caller.uid)
+        return Waiter(caller.unit, caller.path, request, connection, self.clock(), uid=caller.uid, run=caller.run)
 
     # --- deciding ----------------------------------------------------------------------------------
 
@@ -572,7 +624,7 @@ class Service:
         """Decide for every waiting unit, in the order they asked."""
         if not self.waiting:
             return
-        state = self.journal.state()
+        state = self._log_state()
         memory = self._memory()
         self._sources_starting = isinstance(state.error, NoDataYet) or memory is None
         self._end_leases(state)
@@ -583,6 +635,16 @@ class Service:
             status = self._decide_for(waiter, state, memory)
             if status is not None:
                 self._finish(waiter)
+
+    def _log_state(self) -> LogState:
+        """The journal's fold and, with --logs.*, the container log files' (the exporter's two followers), their
+        units and containers each once (`merged_views`); the first error of either."""
+        state = self.journal.state()
+        if self.container_logs is None:
+            return state
+        files = self.container_logs.state()
+        return dataclasses.replace(state, views=merged_views((state.views, files.views)),
+                                   error=state.error or files.error)
 
     def _memory(self) -> list[DeviceMemory] | str | None:
         """Every GPU's memory; a reason (str) when Level Zero cannot be read; None while its child starts."""
@@ -599,7 +661,7 @@ class Service:
         views = {view.unit: view for view in state.views} if state.error is None else {}
         for key, lease in list(self.leases.items()):
             populated = cgroup_populated(self.options.sysfs, lease.cgroup_path)
-            ended = lease_over(lease, views.get(lease.unit), now_usec, populated)
+            ended = lease_over(lease, views.get(lease.unit), now_usec, populated, self._engine_grace_usec)
             if ended is not None:
                 log.info("%s's lease on %s ended: %s", lease.unit, lease.device, ended)
                 del self.leases[key]
@@ -694,7 +756,7 @@ class Service:
             waiter.say_once(f"{gate_lines.PREFIX}no gpu_memory_utilization known for {waiter.unit} (none given, "
                             f"none in the journal): waiting only for other units' inits")
         if decision.release:
-            invocation = waiting_invocation(own)
+            invocation = self._waiting_invocation(waiter, own)
             if not invocation and self.clock() < waiter.began + JOURNAL_LAG_S:
                 return None  # its start's "Starting" may not have been read yet
             granted = self._grant(waiter, device, ratio, budget, reading, invocation)
@@ -708,7 +770,8 @@ class Service:
                     waiter.say_once(f"{gate_lines.PREFIX}timed out; waiting still for {','.join(later)}, "
                                     f"released after this wait ran out (timed-out starts go one at a time)")
                     return None
-            return self._time_out(waiter, decision, device, ratio, budget, reading, waiting_invocation(own))
+            return self._time_out(waiter, decision, device, ratio, budget, reading,
+                                  self._waiting_invocation(waiter, own))
         if waiter.last is None or decision.waiting_for != waiter.last.waiting_for:
             waiter.last = decision
             if not waiter.send(protocol.say(f"{gate_lines.PREFIX}waiting for {','.join(decision.waiting_for)} "
@@ -717,9 +780,23 @@ class Service:
         waiter.last = decision
         return None
 
+    @staticmethod
+    def _waiting_invocation(waiter: Waiter, own: UnitView | None) -> str:
+        """The start of the waiter's unit or container that waits at its gate; '' when none is seen."""
+        return waiting_invocation(own) if waiter.run is None else container_waiting_invocation(waiter.run, own)
+
+    @property
+    def _engine_grace_usec(self) -> int:
+        grace = self.options.selection.engine_grace_usec
+        return ENGINE_GRACE_USEC if grace is None else grace
+
     def figures(self, waiter: Waiter, own: UnitView | None) -> Figures:
         """The R and the budget the unit's start will run with now, as far as root's plan drop-in and the
-        journal vouch for them (`figures_now`): what the client states can only make it wait longer."""
+        journal vouch for them (`figures_now`): what the client states can only make it wait longer. A
+        container has no plan drop-in: its budget is never believed, it waits in order."""
+        if waiter.run is not None:
+            return figures_now(waiter.request.gpu_memory_utilization, waiter.request.kv_cache_memory_bytes, None,
+                               "a container has no plan drop-in", [], own.latest if own is not None else None)
         plan_budget, problem = plan_dropins.plan_budget_now(self.options.plans, waiter.unit)
         overrides = plan_dropins.exec_start_overrides(waiter.unit, self.options.plans) if plan_budget else []
         return figures_now(waiter.request.gpu_memory_utilization, waiter.request.kv_cache_memory_bytes, plan_budget,
@@ -783,6 +860,9 @@ class Service:
 
     @staticmethod
     def _no_lease(waiter: Waiter, invocation_id: str) -> str:
+        if waiter.run is not None and not invocation_id:
+            return (f"{waiter.unit} has printed vLLM's lines since the process that asks began (no start waits at "
+                    f"its gate): released without a lease (it holds nobody back)")
         if invocation_id:
             return f"this start of {waiter.unit} ({invocation_id}) had its lease already: none again"
         return (f"the journal shows no start of {waiter.unit} waiting at its gate: released without a lease "

@@ -439,13 +439,25 @@ def read_unit_cgroup(procfs: str, pid: int) -> UnitCgroup | None:
 def process_age_seconds(procfs: str, pid: int) -> float | None:
     """How long ago the process started (`starttime` of /proc/PID/stat against CLOCK_BOOTTIME, the
     clock it counts in); None when its stat file cannot be read or parsed."""
+    start_ticks = process_start_ticks(procfs, pid)
+    return None if start_ticks is None else time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / CLOCK_TICKS
+
+
+def process_start_ticks(procfs: str, pid: int) -> int | None:
+    """When the process started, in clock ticks since boot (`starttime` of /proc/PID/stat): with its pid, what
+    tells this process from a later one of the same pid. None when its stat file cannot be read or parsed."""
     try:
         text = read_text(f"{procfs}/{pid}/stat", MAX_STAT_BYTES)
         # The fields after the command name, which is in parentheses and may hold any character.
-        start_ticks = int(text[text.rindex(")") + 2:].split()[STAT_STARTTIME_AFTER_COMM])
+        return int(text[text.rindex(")") + 2:].split()[STAT_STARTTIME_AFTER_COMM])
     except (OSError, ValueError, IndexError):
         return None
-    return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / CLOCK_TICKS
+
+
+def realtime_usec_of_ticks(start_ticks: int) -> int:
+    """The wall clock time (microseconds, as the journal's) of a process's `process_start_ticks`."""
+    age_usec = time.clock_gettime_ns(time.CLOCK_BOOTTIME) // 1000 - start_ticks * 1_000_000 // CLOCK_TICKS
+    return time.time_ns() // 1000 - age_usec
 
 
 def read_text(path: str, limit: int) -> str:
