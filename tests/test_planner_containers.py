@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -147,7 +146,6 @@ def planned_json(tmp_path: Path, root: Path) -> dict[str, dict]:
     return {u["unit"]: u for d in json.loads(completed.stdout)["devices"] for u in d["units"]}
 
 
-@pytest.mark.skipif(not shutil.which(COMPOSE), reason="needs Debian's docker-compose")
 def test_the_compose_projects_containers_are_planned_and_the_override_loads_over_its_file(tmp_path):
     root, compose_file = compose_project(tmp_path)
     planned = planned_json(tmp_path, root)
@@ -168,7 +166,6 @@ def test_the_compose_projects_containers_are_planned_and_the_override_loads_over
     assert merged["services"]["embedding"]["entrypoint"] == ["vllm", "serve"]
 
 
-@pytest.mark.skipif(not shutil.which(COMPOSE), reason="needs Debian's docker-compose")
 def test_an_override_compose_refuses_is_not_printed(tmp_path):
     root, compose_file = compose_project(tmp_path)
     compose_file.write_text(compose_file.read_text() + "volumes: 5\n")  # the project's own file no longer loads
@@ -196,7 +193,6 @@ def test_a_docker_container_asked_for_as_podman_or_systemd_is_not_applicable(tmp
 
 # --- the race as pods, planned as a kustomize overlay over the user's own base -----------------------------------
 
-KUBECTL = "/usr/bin/kubectl"
 POD_ARGS = {CHAT: ["serve", "google/gemma-3-4b-it", "--max-model-len", "131072", "--gpu-memory-utilization", "0.75"],
             EMBEDDING: ["serve", "BAAI/bge-m3", "--gpu-memory-utilization=0.07"],
             STT: ["serve", "openai/whisper-large-v3", "--gpu-memory-utilization", "0.07"]}
@@ -226,8 +222,7 @@ def pods_and_base(tmp_path: Path) -> tuple[Path, Path]:
     return pods, base
 
 
-@pytest.mark.skipif(not Path(KUBECTL).exists(), reason="needs kubectl")
-def test_the_pods_containers_are_planned_as_a_kustomize_overlay_kubectl_renders_with_the_plans_args(tmp_path):
+def test_the_pods_containers_are_planned_as_a_kustomize_overlay_kubectl_renders_with_the_plans_args(tmp_path, kubectl):
     from containerlogs import RACE_POD_KEYS
     pods, base = pods_and_base(tmp_path)
     completed = run_plan(tmp_path, pods, "--format", "json", logs="pods")
@@ -236,11 +231,11 @@ def test_the_pods_containers_are_planned_as_a_kustomize_overlay_kubectl_renders_
     assert set(planned) == {RACE_POD_KEYS[u] for u in POD_ARGS}
     overlay = tmp_path / "overlays" / "planned"
     completed = run_plan(tmp_path, pods, "--format", "kustomize", "--kustomize-base", str(base),
-                         "--output-dir", str(overlay), logs="pods")
+                         "--output-dir", str(overlay), "--kubectl", kubectl, logs="pods")
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout == f"{overlay}/kustomization.yaml\n"
     rendered = {d["metadata"]["name"]: d for d in yaml.safe_load_all(subprocess.run(
-        [KUBECTL, "kustomize", str(overlay)], capture_output=True, text=True, check=True).stdout)}
+        [kubectl, "kustomize", str(overlay)], capture_output=True, text=True, check=True).stdout)}
     for unit, args in POD_ARGS.items():
         plan = planned[RACE_POD_KEYS[unit]]
         sidecar, engine = rendered[RACE_POD_KEYS[unit].split("/")[2].rsplit("-", 2 if unit == CHAT else 1)[0]][
@@ -251,14 +246,13 @@ def test_the_pods_containers_are_planned_as_a_kustomize_overlay_kubectl_renders_
         assert "args" not in sidecar
 
 
-@pytest.mark.skipif(not Path(KUBECTL).exists(), reason="needs kubectl")
-def test_a_pod_no_workload_of_the_base_makes_is_named_and_nothing_is_written(tmp_path):
+def test_a_pod_no_workload_of_the_base_makes_is_named_and_nothing_is_written(tmp_path, kubectl):
     pods, base = pods_and_base(tmp_path)
     documents = list(yaml.safe_load_all((base / "engines.yaml").read_text()))[1:]  # no chat Deployment
     (base / "engines.yaml").write_text(yaml.safe_dump_all(documents))
     overlay = tmp_path / "overlay"
     completed = run_plan(tmp_path, pods, "--format", "kustomize", "--kustomize-base", str(base),
-                         "--output-dir", str(overlay), logs="pods")
+                         "--output-dir", str(overlay), "--kubectl", kubectl, logs="pods")
     assert completed.returncode == 3
     assert "no workload of the kustomization makes pod vllm-xpu-chat-7d9c5b6f4-x2x7q" in completed.stderr
     assert not overlay.exists()
