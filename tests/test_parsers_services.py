@@ -49,4 +49,8 @@ def test_the_gate_services_start_up_line_says_it_is_no_engine(tmp_path):
         process.terminate()
         process.wait(10)
     assert services.parse_line(first) == services.NotAnEngine("vllm-xpu-gate", "gate_serving"), first
+    for form in ('{"ts": "2026-12-07T16:07:12.325Z", "level": "info", "source": "gate.cli", '
+                 '"msg": "vllm-xpu-gate 0.3.0 serving on /run/vllm-xpu-gate/gate.sock"}',
+                 "INFO vllm-xpu-gate 0.3.0 serving on /run/vllm-xpu-gate/gate.sock"):  # JSON; as 0.3.0 printed it
+        assert services.parse_line(form) == services.NotAnEngine("vllm-xpu-gate", "gate_serving"), form
     assert services.parse_line("vllm-xpu-gate: released after 0.00s (waited for nothing; free 1, needed 1)") is None

@@ -13,7 +13,7 @@ the message varies):
 | row | service | the line, as the service writes it |
 |---|---|---|
 | `exporter_listening` | `vllm-xpu-exporter` | `msg="vllm-xpu-exporter 1.4.0 listening on http://[::]:10447/metrics (collectors: ...)"` (logfmt), `"msg": "vllm-xpu-exporter 1.4.0 listening on ..."` (JSON): `vllm_xpu_exporter.cli.main`'s start-up line |
-| `gate_serving` | `vllm-xpu-gate` | `INFO vllm-xpu-gate 0.3.0 serving on /run/vllm-xpu-gate/gate.sock`: the gate service's start-up line (`vllm-xpu-gate serve`) |
+| `gate_serving` | `vllm-xpu-gate` | `msg="vllm-xpu-gate 0.3.0 serving on /run/vllm-xpu-gate/gate.sock"` (logfmt), `"msg": "vllm-xpu-gate ..."` (JSON), or as the gate's plain lines before its `--log.*` flags said it, `INFO vllm-xpu-gate 0.3.0 serving on ...`: the gate service's start-up line (`vllm-xpu-gate serve`) |
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ GRAMMAR: tuple[ServiceRow, ...] = (
                re.compile(r'(?:\bmsg="|"msg": ")vllm-xpu-exporter [^\s"]{1,64} listening on https?://')),
     ServiceRow("gate_serving", "vllm-xpu-gate",
                "vllm-xpu-gate ",
-               re.compile(r"^INFO vllm-xpu-gate [^\s]{1,64} serving on \S")),
+               re.compile(r'(?:^INFO |\bmsg="|"msg": ")vllm-xpu-gate [^\s"]{1,64} serving on \S')),
 )
 # fmt: on
 
