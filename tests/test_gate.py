@@ -453,6 +453,11 @@ def test_a_lease_ends_when_its_starts_init_ends_its_cgroup_stays_empty_or_it_tim
     # Between the client's exit and the engine's fork the cgroup is empty: only past the grace does it count
     assert lease_over(held, None, now, False) is None
     assert lease_over(held, None, held.granted_usec + CGROUP_GRACE_USEC, False) == "its unit has no process"
+    # ... and only when it stayed empty that long: seen empty a moment ago (a later ExecStartPre= command's exit
+    # on a loaded host), it still holds
+    later = held.granted_usec + 2 * CGROUP_GRACE_USEC
+    assert lease_over(held, None, later, False, empty_since_usec=later - 1) is None
+    assert lease_over(held, None, later, False, empty_since_usec=later - CGROUP_GRACE_USEC) == "its unit has no process"
     assert lease_over(held, None, held.granted_usec + CGROUP_GRACE_USEC, None) is None  # cannot be told
 
 

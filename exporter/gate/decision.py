@@ -82,10 +82,13 @@ class Decision:
 
 
 def lease_over(lease: Lease, view: UnitView | None, now_usec: int, cgroup_populated: bool | None,
-               engine_grace_usec: int | None = None) -> str | None:
-    """Why the lease no longer holds, or None while it does. A container's lease (its key has a `/`) ends as
-    soon as its cgroup is empty (its process became the engine: an empty cgroup is a dead container), and,
-    when the container printed no vLLM line within `engine_grace_usec` of its release, then (no engine)."""
+               engine_grace_usec: int | None = None, empty_since_usec: int | None = None) -> str | None:
+    """Why the lease no longer holds, or None while it does. A unit's lease ends when its cgroup has stayed
+    empty for CGROUP_GRACE_USEC (`empty_since_usec`: since when it is seen empty without a break, else since
+    the release): between one ExecStartPre= command's exit and the next command's or the engine's fork it is
+    empty for a moment, which a loaded host stretches. A container's lease (its key has a `/`) ends as soon as
+    its cgroup is empty (its process became the engine: an empty cgroup is a dead container), and, when the
+    container printed no vLLM line within `engine_grace_usec` of its release, then (no engine)."""
     if now_usec >= lease.expires_usec:
         return "timed out"
     if lease.invocation_id and view is not None and view.invocation_ended(lease.invocation_id):
@@ -94,7 +97,8 @@ def lease_over(lease: Lease, view: UnitView | None, now_usec: int, cgroup_popula
     if current is not None and current.main_began_usec is not None and current.main_began_usec >= lease.granted_usec:
         return "its init ended" if view.initialising_since_usec is None else None
     container = "/" in lease.unit
-    if cgroup_populated is False and (container or now_usec - lease.granted_usec >= CGROUP_GRACE_USEC):
+    empty_since = max(lease.granted_usec, empty_since_usec or 0)
+    if cgroup_populated is False and (container or now_usec - empty_since >= CGROUP_GRACE_USEC):
         return "its container has no process" if container else "its unit has no process"
     if container and engine_grace_usec is not None and now_usec - lease.granted_usec >= engine_grace_usec:
         return "it printed no vLLM line within the engine grace (--journal.engine-grace): no engine"

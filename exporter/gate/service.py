@@ -452,6 +452,7 @@ class Service:
                                          spawn=None if privileged is None else privileged.spawn_levelzero)
         self.container_names = ContainerNames(**options.selection.container_state)
         self.leases: dict[tuple[str, str], Lease] = {}  # (device or HOST, unit) -> the unit's latest release there
+        self._empty_since: dict[tuple[str, str], int] = {}  # a lease's key -> since when its cgroup is seen empty
         self.leased_invocations: dict[str, None] = {}  # the starts given a lease, oldest first
         self.legacy_first_seen: dict[str, int] = {}  # unit -> when a start of it first ran the 0.2 drop-in (usec)
         self.lease_file = options.lease_file
@@ -661,10 +662,16 @@ class Service:
         views = {view.unit: view for view in state.views} if state.error is None else {}
         for key, lease in list(self.leases.items()):
             populated = cgroup_populated(self.options.sysfs, lease.cgroup_path)
-            ended = lease_over(lease, views.get(lease.unit), now_usec, populated, self._engine_grace_usec)
+            if populated is False:
+                self._empty_since.setdefault(key, now_usec)
+            else:
+                self._empty_since.pop(key, None)
+            ended = lease_over(lease, views.get(lease.unit), now_usec, populated, self._engine_grace_usec,
+                               self._empty_since.get(key))
             if ended is not None:
                 log.info("%s's lease on %s ended: %s", lease.unit, lease.device, ended)
                 del self.leases[key]
+                self._empty_since.pop(key, None)
                 self._save_leases()
 
     def _load_leases(self) -> None:
