@@ -313,3 +313,30 @@ def test_parsers_alone():
     assert docker_names(json.dumps({"ID": CID, "Name": "/chat"}).encode(), CID).key == "docker/chat"
     assert podman_names(json.dumps([{"id": CID, "names": ["a", "b"]}]).encode()) == {CID: "a"}
     assert podman_names(b"{}") == {}
+
+
+def test_roots_docker_container_has_the_command_its_engine_recorded_a_rootless_ones_none(state, clock, tmp_path):
+    """`recorded_command`: Config.Entrypoint then Config.Cmd of root's container, as dockerd wrote them at its
+    creation (the gate's plan for a container); a rootless user's container, whose state that user writes, has
+    none; a config whose command is not lists of strings gives none."""
+    config = state.add_docker(CID, "chat")
+    document = json.loads(config.read_text())
+    document["Config"] |= {"Entrypoint": ["python3", "/gate/container_wait.py"],
+                           "Cmd": ["--", "vllm", "serve", "--kv-cache-memory-bytes", "5"]}
+    config.write_text(json.dumps(document))
+    names = ContainerNames(**state.names_kwargs(), clock=clock)
+    container = unit_cgroup_of_path(docker_systemd_path(CID)).container
+    assert names.recorded_command(container) == ("python3", "/gate/container_wait.py", "--", "vllm", "serve",
+                                                 "--kv-cache-memory-bytes", "5")
+    users = tmp_path / "home/alice/.local/share/docker"
+    mine = users / "containers" / CID2 / "config.v2.json"
+    mine.parent.mkdir(parents=True)
+    mine.write_text(json.dumps({**document, "ID": CID2, "Name": "/mine"}))
+    os.chown(mine, 1000, 1000)
+    names = ContainerNames(**state.names_kwargs() | {"docker_roots": (str(users),)}, clock=clock)
+    rootless = f"/user.slice/user-1000.slice/user@1000.service/user.slice/docker-{CID2}.scope"
+    assert workload_of(names, rootless).unit == "docker/mine@uid1000"
+    assert names.recorded_command(unit_cgroup_of_path(rootless).container) == ()
+    document["Config"]["Cmd"] = ["serve", 5]
+    config.write_text(json.dumps(document))
+    assert docker_names(config.read_bytes(), CID).command == ()

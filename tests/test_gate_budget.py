@@ -16,7 +16,7 @@ from polling import wait_for
 from test_gate import CHAT, STT, GiB, Host, host, init_completed, main_started, plan_drop_ins  # noqa: F401 (fixture)
 from vllm_xpu_exporter.fold.engine_starts import Start
 from vllm_xpu_exporter.gate.cli import main, parse_client_options
-from vllm_xpu_exporter.gate.decision import Figures, figures_now
+from vllm_xpu_exporter.gate.decision import Figures, figures_now, recorded_figures
 from vllm_xpu_exporter.gate.protocol import BUDGET_VARIABLE, RATIO_VARIABLE
 from vllm_xpu_exporter.sources.plan_dropins import (DROP_IN_NAME, drop_in_directories, exec_start_overrides,
                                                   parse_environment, plan_environment_now)
@@ -146,3 +146,23 @@ def test_a_start_whose_plan_was_removed_waits_in_order_though_its_latest_start_h
     assert run.saw("its KV budget is not taken (its latest start ran with 1073741824, and no plan names one now)")
     host.write(init_completed(CHAT, host.clock, chat, 100))
     assert run.wait() == 0 and run.decision.waited_for == (CHAT,), run.lines
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("command, expected", [
+    # the gate's container client before the engine: only the engine's words (after `--`) count
+    (["python3", "container_wait.py", "--gpu-memory-utilization", "0.5", "--", "vllm", "serve", "m",
+      "--gpu-memory-utilization", "0.75", "--kv-cache-memory-bytes", "3489660928"], (0.75, 3489660928)),
+    (["vllm", "serve", "m", "--gpu_memory_utilization=0.07", "--kv_cache_memory_bytes=536870912"],
+     (0.07, 536870912)),
+    # the last of a flag wins, as in vLLM's parser
+    (["vllm", "serve", "--kv-cache-memory-bytes", "1", "--kv-cache-memory-bytes", "2"], (None, 2)),
+    # the client's own flags alone are no budget of the engine's
+    (["python3", "container_wait.py", "--kv-cache-memory-bytes", "5", "--", "vllm", "serve"], (None, None)),
+    # not plain figures: none
+    (["vllm", "serve", "--kv-cache-memory-bytes", "8G", "--gpu-memory-utilization", "1.5"], (None, None)),
+    (["vllm", "serve", "--kv-cache-memory-bytes"], (None, None)),
+    ([], (None, None)),
+])
+def test_a_containers_recorded_command_gives_its_engines_r_and_budget(command, expected) -> None:
+    assert recorded_figures(command) == expected

@@ -17,12 +17,14 @@ import dataclasses
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from bootrace import IDLE_RESERVED
 from containerengines import Dockerd, Podman
 from fakeze import A770, GiB, FakeConfig, FakeMemoryModule, SharedDevice, fake_driver_env, write_config
 from journalgen import write_journal
@@ -30,6 +32,7 @@ from polling import wait_for
 from realsystemd import RealSystemd
 from test_containers_real_engines import ROOTLESS_UID, inside, rootless_podman  # noqa: F401 (the fixture)
 from test_gate import GATE, GateRun
+from test_gate_real_systemd import budgeted
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, engine_command, read_events
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,15 +117,15 @@ def test_a_container_that_is_no_watched_engine_and_holds_the_socket_delays_nobod
     assert "waited for nothing" in logs(podman, "vllm-a"), logs(podman, "vllm-a")
 
 
-def test_two_replayed_engines_started_together_in_containers_through_the_gate_do_not_overlap_their_inits(
-        tmp_path: Path, dockerd: Dockerd, fake_driver: Path):
-    """chat and embedding (tests/vllmunit.py's replay on the fake GPU), Docker containers of the json-file log
-    driver started together, each through the gate's client: the service, reading their logs (--logs.docker),
-    lets one begin its init only once the other's has ended, as the engines' own events say; both serve."""
+def gated_replays(tmp_path: Path, dockerd: Dockerd, fake_driver: Path, engines) -> tuple[list[dict], dict[str, str]]:
+    """`engines` (tests/vllmunit.py's replays on one 16 GiB fake GPU), Docker containers of the json-file log
+    driver started at the same moment, each through the gate's client with its R, the service reading their logs
+    (--logs.docker) and Docker's state (--path.docker). Returns the engines' events once all serve, and each
+    container's log."""
     device = tmp_path / "device"
     device.mkdir()
     config, events = device / "ze.conf", device / "events.jsonl"
-    SharedDevice.create(config, SIXTEEN_GIB_GPU)
+    SharedDevice.create(config, SIXTEEN_GIB_GPU, reserved=IDLE_RESERVED)  # free < total: the memory is checked
     sockets = tmp_path / "gate"
     sockets.mkdir()
     service = GateRun("service", subprocess.Popen(
@@ -131,31 +134,58 @@ def test_two_replayed_engines_started_together_in_containers_through_the_gate_do
          "--logs.docker", "--path.docker", str(dockerd.data_root), "--poll-interval", "50ms"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env={**fake_driver_env(fake_driver, config), "PATH": "/usr/bin:/bin"}))
-    names = [f"vllm-{engine.role}" for engine in (CHAT, EMBEDDING)]
+    names = [f"vllm-{engine.role}" for engine in engines]
     dockerd.remove(*names)
     try:
         assert wait_for(lambda: service.saw("serving on"), timeout=20), service.lines
-        for engine in (CHAT, EMBEDDING):
-            command = engine_command(engine, f"vllm-{engine.role}", device_config=config, time_scale=0.1,
-                                     events=events, python="python3", requests=0)
-            dockerd.run(f"vllm-{engine.role}", [*CLIENT[:2], "--gpu-memory-utilization",
-                                                str(engine.gpu_memory_utilization), "--service-timeout", "20s", "--",
-                                                *command],
-                        log_driver="json-file", volumes=[device], options=[
-                            "-v", f"{REPO}:{REPO}:ro", "-v", f"{REPO / 'exporter'}:{PACKAGE_INSIDE}:ro",
-                            "-v", f"{sockets}:{SOCKET_INSIDE}", "--env", "PYTHONPATH=/vllm-xpu-gate"])
+        starts = [threading.Thread(target=dockerd.run, args=(f"vllm-{engine.role}", [
+            *CLIENT[:2], "--gpu-memory-utilization", str(engine.gpu_memory_utilization), "--service-timeout", "20s",
+            "--", *engine_command(engine, f"vllm-{engine.role}", device_config=config, time_scale=0.1, events=events,
+                                  python="python3", requests=0)]), kwargs={
+            "log_driver": "json-file", "volumes": [device], "options": [
+                "-v", f"{REPO}:{REPO}:ro", "-v", f"{REPO / 'exporter'}:{PACKAGE_INSIDE}:ro",
+                "-v", f"{sockets}:{SOCKET_INSIDE}", "--env", "PYTHONPATH=/vllm-xpu-gate"]}) for engine in engines]
+        for start in starts:
+            start.start()
+        for start in starts:
+            start.join()
         assert wait_for(lambda: {record["unit"] for record in read_events(events) if record["event"] == "serving"}
                         == set(names), timeout=90, interval=0.2), (read_events(events), service.lines)
-        at = {(record["unit"], record["event"]): record["at"] for record in read_events(events)}
-        first, second = sorted(names, key=lambda name: at[name, "started"])
-        assert at[first, "serving"] <= at[second, "started"], read_events(events)
-        assert not any(record["event"] == "failed" for record in read_events(events)), read_events(events)
-        logs = subprocess.run([*dockerd.command(), "logs", second], capture_output=True, text=True).stderr
-        assert f"waited for docker/{first}" in logs, logs
+        logs = {name: subprocess.run([*dockerd.command(), "logs", name], capture_output=True, text=True).stderr
+                for name in names}
+        return read_events(events), logs
     finally:
         dockerd.remove(*names)
         service.stop()
         print("\n".join(service.lines))  # shown when a test fails
+
+
+def test_two_replayed_engines_started_together_in_containers_through_the_gate_do_not_overlap_their_inits(
+        tmp_path: Path, dockerd: Dockerd, fake_driver: Path):
+    """chat and embedding, sizing their KV caches from free memory: the service lets one begin its init only
+    once the other's has ended, as the engines' own events say; both serve."""
+    records, logs = gated_replays(tmp_path, dockerd, fake_driver, (CHAT, EMBEDDING))
+    at = {(record["unit"], record["event"]): record["at"] for record in records}
+    first, second = sorted(logs, key=lambda name: at[name, "started"])
+    assert at[first, "serving"] <= at[second, "started"], records
+    assert not any(record["event"] == "failed" for record in records), records
+    assert f"waited for docker/{first}" in logs[second], logs[second]
+
+
+def test_containers_whose_recorded_command_carries_the_plans_budget_init_together(tmp_path: Path, dockerd: Dockerd,
+                                                                                  fake_driver: Path):
+    """chat and embedding with the plan's --kv-cache-memory-bytes in the command Docker recorded at their
+    creation (as the planner's Compose output sets it): the service admits them by the plan, as units with
+    root's plan drop-in, so their inits run side by side; each KV cache holds its budget and neither fails."""
+    engines = (budgeted(CHAT, 131072 * 26624), budgeted(EMBEDDING, 512 * 1024 * 1024))
+    records, logs = gated_replays(tmp_path, dockerd, fake_driver, engines)
+    assert not any(record["event"] == "failed" for record in records), records
+    spans = {record["unit"]: record["at"] for record in records if record["event"] == "started"}
+    allocated = {record["unit"]: record["at"] for record in records if record["event"] == "allocated"}
+    assert max(spans.values()) < min(allocated.values()), (records, logs)  # the inits overlapped
+    assert all("waited for nothing" in log for log in logs.values()), logs
+    served = {record["unit"]: record["kv_bytes"] for record in records if record["event"] == "serving"}
+    assert served == {f"vllm-{engine.role}": engine.kv_cache_memory_bytes for engine in engines}, served
 
 
 @pytest.fixture(scope="module")

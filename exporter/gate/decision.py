@@ -113,6 +113,33 @@ class ContainerRun:
 
     invocation_id: str
     began_usec: int
+    recorded_command: tuple[str, ...] = ()  # as root's engine recorded it at the container's creation
+
+
+def recorded_figures(command: Sequence[str]) -> tuple[float | None, int | None]:
+    """The `--gpu-memory-utilization` and `--kv-cache-memory-bytes` a container's recorded command gives its
+    engine: the words after the gate client's `--` (all of them without one), the last of each flag as
+    vLLM's parser takes it (`--flag value`, `--flag=value`, `_` for `-`); None for a flag absent or not a plain
+    number."""
+    words = list(command)
+    if "--" in words:
+        words = words[words.index("--") + 1:]
+    found: dict[str, str] = {}
+    for index, word in enumerate(words):
+        name, equals, value = word.partition("=")
+        name = name.replace("_", "-")
+        if name in ("--gpu-memory-utilization", "--kv-cache-memory-bytes"):
+            found[name] = value if equals else (words[index + 1] if index + 1 < len(words) else "")
+    ratio_text, budget_text = found.get("--gpu-memory-utilization"), found.get("--kv-cache-memory-bytes")
+    try:
+        ratio = float(ratio_text) if ratio_text is not None else None
+    except ValueError:
+        ratio = None
+    if ratio is not None and not 0.0 < ratio <= 1.0:
+        ratio = None
+    budget = int(budget_text) if budget_text is not None and budget_text.isdecimal() and len(budget_text) <= 20 \
+        else None
+    return ratio, budget
 
 
 def container_waiting_invocation(run: ContainerRun, view: UnitView | None) -> str:

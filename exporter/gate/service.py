@@ -51,7 +51,7 @@ from vllm_xpu_exporter.fold.engine_starts import ENGINE_GRACE_USEC, UnitView, me
 from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.decision import (HOST, Admission, ContainerRun, Decision, Figures, Lease,
                                              container_waiting_invocation, decide, figures_now, lease_over,
-                                             waiting_invocation)
+                                             recorded_figures, waiting_invocation)
 from vllm_xpu_exporter.sources import procfs, plan_dropins
 from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
 from vllm_xpu_exporter.sources.containers import ContainerNames
@@ -278,11 +278,13 @@ def identify_caller(connection: socket.socket, procfs_root: str, selection: LogS
         if not selection.matches_unit(caller.unit):
             return f"{gate_lines.PREFIX}{caller.unit} is not a watched unit (--journal.units): nothing to wait for"
         return Caller(caller.unit, caller.path, peer.uid)
-    key = (names or ContainerNames()).workload(caller.unit, caller.container).unit
+    names = names or ContainerNames()
+    key = names.workload(caller.unit, caller.container).unit
     if "/" not in key or not selection.matches_unit(key):  # no key: the runtime's state names no such container
         return (f"{gate_lines.PREFIX}{key} is not a watched container (--journal.containers, the runtime's state "
                 f"under --path.*): nothing to wait for")
-    run = ContainerRun(f"{caller.path}#{peer.pid}:{start_ticks}", procfs.realtime_usec_of_ticks(start_ticks))
+    run = ContainerRun(f"{caller.path}#{peer.pid}:{start_ticks}", procfs.realtime_usec_of_ticks(start_ticks),
+                       names.recorded_command(caller.container))
     return Caller(key, caller.path, peer.uid, run)
 
 
@@ -800,10 +802,15 @@ class Service:
     def figures(self, waiter: Waiter, own: UnitView | None) -> Figures:
         """The R and the budget the unit's start will run with now, as far as root's plan drop-in and the
         journal vouch for them (`figures_now`): what the client states can only make it wait longer. A
-        container has no plan drop-in: its budget is never believed, it waits in order."""
+        container's plan is the command root's engine recorded when it was created (the planner's Compose and
+        Podman outputs put the budget there); a rootless user's container, whose state is the user's to write,
+        has none and waits in order."""
         if waiter.run is not None:
-            return figures_now(waiter.request.gpu_memory_utilization, waiter.request.kv_cache_memory_bytes, None,
-                               "a container has no plan drop-in", [], own.latest if own is not None else None)
+            ratio, budget = recorded_figures(waiter.run.recorded_command)
+            problem = ("its engine recorded no command of root's" if not waiter.run.recorded_command
+                       else "its recorded command sets no --kv-cache-memory-bytes")
+            return figures_now(waiter.request.gpu_memory_utilization, waiter.request.kv_cache_memory_bytes, budget,
+                               problem, [], own.latest if own is not None else None, ratio)
         plan_budget, problem = plan_dropins.plan_budget_now(self.options.plans, waiter.unit)
         overrides = plan_dropins.exec_start_overrides(waiter.unit, self.options.plans) if plan_budget else []
         return figures_now(waiter.request.gpu_memory_utilization, waiter.request.kv_cache_memory_bytes, plan_budget,

@@ -87,6 +87,9 @@ class Names:
     compose_service: str = ""
     namespace: str = ""
     pod: str = ""
+    command: tuple[str, ...] = ()
+    """The command the container runs as its engine recorded it at its creation (Docker: Entrypoint, then
+    Cmd); () when the state keeps none this module reads."""
 
 
 NOT_FOUND = Names()

@@ -90,7 +90,7 @@ def docker_names(data: bytes, container_id: str) -> Names:
     if not isinstance(labels, dict):
         labels = {}
     return Names(key, name.lstrip("/"), _label_value(labels.get(COMPOSE_PROJECT)),
-                 _label_value(labels.get(COMPOSE_SERVICE)))
+                 _label_value(labels.get(COMPOSE_SERVICE)), command=_recorded_command(config))
 
 
 def docker_exit(data: bytes) -> ContainerExit | None:
@@ -170,6 +170,17 @@ def _journal_run(field: Callable[[bytes], bytes | None], pid: int | None) -> str
 
 
 JOURNAL = JournalDriver(writer=_journal_writer, key=docker_key, run=_journal_run)
+
+
+def _recorded_command(config: object) -> tuple[str, ...]:
+    """`Config.Entrypoint` then `Config.Cmd` (each absent, null or a list of strings); () for anything else."""
+    if not isinstance(config, dict):
+        return ()
+    parts = [config.get(part) for part in ("Entrypoint", "Cmd")]
+    if not all(part is None or (isinstance(part, list) and all(isinstance(word, str) for word in part))
+               for part in parts):
+        return ()
+    return tuple(word for part in parts if part for word in part)
 
 
 def _label_value(value: object) -> str:

@@ -100,6 +100,14 @@ class ContainerNames:
         return Workload(key or unit, runtime.kind, container.id, names.container, names.compose_project,
                         names.compose_service, names.namespace, names.pod, container.pod_uid or "")
 
+    def recorded_command(self, container: ContainerCgroup) -> tuple[str, ...]:
+        """The command root's engine recorded for `container` when it was created (`Names.command`); () when
+        its state keeps none, and for a rootless user's container, whose state is that user's to write."""
+        runtime = runtime_of(container)
+        if runtime is None or container.uid != 0:
+            return ()
+        return self._names(container, runtime).command
+
     def key_of_cgroup_path(self, path: str) -> str | None:
         """The `unit` label of the workload whose cgroup path (as /proc/PID/cgroup gives it) this is: a systemd
         unit's name, a container's key, or the cgroup's leaf when its names are not found; None for `/`."""
