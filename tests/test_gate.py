@@ -34,7 +34,8 @@ from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.cli import main, parse_client_options, parse_service_options
 from vllm_xpu_exporter.gate.decision import CGROUP_GRACE_USEC, HOST, Admission, Lease, decide, lease_over
 from vllm_xpu_exporter.gate.service import (MAX_LEASE_FILE_BYTES, SO_PEERPIDFD, Peer, PeerGone, cgroup_populated,
-                                             identify_caller, listening_socket, parse_saved_leases)
+                                             identify_caller, listening_socket, memory_by_device_workload,
+                                             parse_saved_leases)
 from vllm_xpu_exporter.sources.logs.entry import LogSelection
 from vllm_xpu_exporter.parsers.gate import GateDecision
 from exporterproc import RunningExporter
@@ -42,7 +43,9 @@ from gateattacks import FLOOD
 from polling import wait_for
 from scrapes import sample
 from fakeprocfs import FakeProcfs, xe_fdinfo
-from vllm_xpu_exporter.sources.procfs import devices_of_units
+from vllm_xpu_exporter.sources.containers import ContainerNames
+from vllm_xpu_exporter.sources.procfs import devices_of_units, scan_drm_clients
+from fakecontainers import StateDirectories, container_id, docker_systemd_path
 from vllm_xpu_exporter.sources.plan_dropins import DROP_IN_NAME, PLAN_FIELD
 from fakeze import A770, B580, GiB, FakeConfig, FakeMemoryModule, fake_driver_env, write_config
 from journalgen import (Clock, JournalEntrySpec, append_journal, current_boot_id, new_invocation_id, unit_failed,
@@ -430,6 +433,24 @@ def test_a_user_unit_of_a_system_units_name_does_not_move_that_units_gpu(tmp_pat
     procfs.add_unit_process(300, f"/user.slice/user-1000.slice/user@1000.service/app.slice/{EMBEDDING}").add_drm_fd(
         xe_fdinfo(client_id=3, pdev=B580.pci_address, vram0=GiB))
     assert devices_of_units(str(procfs.root)) == {EMBEDDING: {DEVICE}, f"{EMBEDDING}@uid1000": {B580.pci_address}}
+
+
+@pytest.mark.fast
+def test_a_containers_device_memory_is_counted_under_its_key_as_its_lease_names_it(tmp_path: Path) -> None:
+    """What a container's processes hold (fdinfo, under its cgroup leaf `docker-<id>.scope`) is the taken
+    memory of `docker/<name>`, the key its lease and its logs carry: by the plan, a budgeted start beside a
+    container's init counts only what that container has yet to take. A unit keeps its name."""
+    procfs = FakeProcfs(tmp_path / "proc")
+    chat = container_id("chat")
+    procfs.add_unit_process(100, docker_systemd_path(chat)).add_drm_fd(xe_fdinfo(client_id=1, pdev=DEVICE,
+                                                                                  vram0=3 * GiB))
+    procfs.add_unit_process(200, f"/system.slice/{STT}").add_drm_fd(xe_fdinfo(client_id=2, pdev=DEVICE, vram0=GiB))
+    state = StateDirectories(tmp_path / "state")
+    state.add_docker(chat, "vllm-chat")
+    names = ContainerNames(**state.names_kwargs())
+    scan = scan_drm_clients(str(procfs.root))
+    assert memory_by_device_workload(scan, names.key_of_cgroup_path) == {DEVICE: {"docker/vllm-chat": 3 * GiB,
+                                                                                   STT: GiB}}
 
 
 @pytest.mark.fast

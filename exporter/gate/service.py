@@ -288,6 +288,20 @@ def identify_caller(connection: socket.socket, procfs_root: str, selection: LogS
     return Caller(key, caller.path, peer.uid, run)
 
 
+def memory_by_device_workload(scan: procfs.ScanResult,
+                              key_of_path: Callable[[str], str | None]) -> dict[str, dict[str, int]]:
+    """The scan's device memory per cgroup leaf, per workload as leases and logs name it: a container's leaf
+    (`docker-<id>.scope`) by its key (`key_of_path`: `docker/<name>`), a unit's by its name."""
+    keys = {unit: next(filter(None, map(key_of_path, sorted(paths))), unit) for unit, paths in scan.unit_cgroups.items()}
+    by_device: dict[str, dict[str, int]] = {}
+    for device, by_unit in scan.memory_by_device_unit.items():
+        mine = by_device.setdefault(device, {})
+        for unit, size in by_unit.items():
+            key = keys.get(unit, unit)
+            mine[key] = mine.get(key, 0) + size
+    return by_device
+
+
 def answer_at_once(connection: socket.socket, line: str, status: int = 0, *, close: bool = True) -> None:
     """Answer a caller that has nothing to wait for (status 0: released, with a decision line) or that
     asked wrongly, without waiting on it: a fresh connection's send buffer takes these few lines whole."""
@@ -819,10 +833,14 @@ class Service:
                                                                       protocol.RATIO_VARIABLE)))
 
     def _devices_of_units(self) -> dict[str, set[str]]:
+        devices: dict[str, set[str]] = {}
         try:
-            devices = procfs.devices_in(self._scan_drm_clients())
+            by_device = memory_by_device_workload(self._scan_drm_clients(), self.container_names.key_of_cgroup_path)
         except procfs.ProcfsUnavailable:
-            devices = {}
+            by_device = {}
+        for device, by_workload in by_device.items():
+            for workload in by_workload:
+                devices.setdefault(workload, set()).add(device)
         for lease in self.leases.values():
             if lease.device != HOST:
                 devices.setdefault(lease.unit, set()).add(lease.device)
@@ -841,7 +859,7 @@ class Service:
             return None
         if scan.clients and not scan.memory_keys_seen:
             return None
-        return dict(scan.memory_by_device_unit.get(device, {}))
+        return memory_by_device_workload(scan, self.container_names.key_of_cgroup_path).get(device, {})
 
     def _released_after_deadline(self, waiter: Waiter, admission: Admission, views: Sequence[UnitView],
                                  devices: dict[str, set[str]] | None) -> tuple[str, ...]:
