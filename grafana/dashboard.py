@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Builds grafana/vllm-xpu-exporter.json, the bundled Grafana dashboard, from the panel list below.
+"""Builds the bundled Grafana dashboard from the panel list below: the monitoring mixin's dashboard template
+(mixin/dashboard.json), and grafana/vllm-xpu-exporter.json, which is the mixin's dashboard with its default
+knobs (mixin/dashboard.jsonnet, evaluated with the jsonnet package).
 
-    python3 grafana/dashboard.py            # rewrite grafana/vllm-xpu-exporter.json
-    python3 grafana/dashboard.py --check    # exit 1 if the JSON is not what this file builds
+    python3 grafana/dashboard.py            # rewrite mixin/dashboard.json and grafana/vllm-xpu-exporter.json
+    python3 grafana/dashboard.py --check    # exit 1 if either is not what this file builds
     python3 grafana/dashboard.py --values my-values.yaml > my-dashboard.json   # for your rules' knobs
 
 Every panel gets a unit and thresholds; every query goes through the `datasource` variable, whose
@@ -10,9 +12,10 @@ default is the data source picked at import (`__inputs` DS_PROMETHEUS), so no da
 written down. Queries use the metrics the exporter serves (and `up`); only the *Engine busy by unit*
 panel needs a recording rule of rules/vllm-xpu-exporter.yaml (`unit:xpu_unit_engine_busy:ratio`, which
 joins the two drivers' counters), so the other panels work without the bundled rules. The thresholds
-and durations of the alerts that panels show are the rules' knobs (rules/template/config.yaml, read by
-rules/render.py); `--values` and `--set` take the same overrides as rules/render.py. Usable from a
-shell: `dashboard(overrides)` returns the dict.
+and durations of the alerts that panels show are the rules' knobs (mixin/config.libsonnet, read by
+rules/render.py), written into the template here; the selectors and the cluster label stay ${knob}
+placeholders that the mixin fills in, so they follow its config in jsonnet too. `--values` and `--set` take
+the same overrides as rules/render.py. Usable from a shell: `dashboard(overrides)` returns the template.
 """
 
 from __future__ import annotations
@@ -26,23 +29,25 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "rules"))
-from render import (RenderError, duration_seconds, knob_values, load_values,  # noqa: E402  (a script beside the rules)
-                    parse_assignments)
+from render import (MIXIN, RenderError, duration_seconds, evaluate,  # noqa: E402  (a script beside the rules)
+                    knob_values, load_values, parse_assignments)
 
 OUTPUT = Path(__file__).resolve().parent / "vllm-xpu-exporter.json"
+TEMPLATE = MIXIN / "dashboard.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24
 
-# Selectors of the dashboard's variables. SCOPE stands for the exporter the variables choose, within the
-# rules' `selector` knob: dashboard() writes `<selector>,<clusterLabel>=~"$cluster",job=~"$job",
-# instance="$instance"` in its place, so two clusters' or two jobs' same-named hosts never mix in a panel.
-SCOPE = "__scope__"
+# Selectors of the dashboard's variables. SCOPE is the exporter the variables choose, within the rules'
+# `selector` knob and the cluster, job and instance variables, so two clusters' or two jobs' same-named hosts
+# never mix in a panel. The ${knob} placeholders are the mixin's (mixin/lib/template.libsonnet): it fills them
+# in from its config, as it does the rules'.
+SCOPE = '${selector},${clusterLabel}=~"$cluster",job=~"$job",instance="$instance"'
 DEVICE = f'{SCOPE},device="$device"'
 UNITS = f'{SCOPE},unit=~"$unit"'
 EXPORTER = SCOPE
 # The same for the series recorded from vLLM's own (unit:vllm_*): the rules' `vllmSelector` and vLLM's job,
 # with the exporter's instance and the cluster (docs/discovery.md).
-VLLM_SCOPE = "__vllm_scope__"
+VLLM_SCOPE = '${vllmSelector},${clusterLabel}=~"$cluster",instance="$instance"'
 VLLM_UNITS = f'{VLLM_SCOPE},unit=~"$unit"'
 
 Json = dict[str, Any]
@@ -259,8 +264,8 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                        "watt", 6, 8),
             Panel("timeseries", "Temperature",
                   "Temperature per sensor (global, gpu, memory: those the driver has; some drivers serve them to "
-                  f"root only). XpuDeviceTemperatureHigh fires when a sensor the rules compare "
-                  f"({knobs['temperatureSensorSelector']}) stays above {number(knobs['temperatureHighCelsius'])} °C "
+                  "root only). XpuDeviceTemperatureHigh fires when a sensor the rules compare "
+                  f"(${{temperatureSensorSelector}}) stays above {number(knobs['temperatureHighCelsius'])} °C "
                   f"for {duration_text(knobs['temperatureHighFor'])} (red line).",
                   (Target(f"xpu_temperature_celsius{{{DEVICE}}}", "{{sensor}}"),),
                   "celsius", [(None, "green"), (number(knobs["temperatureHighCelsius"]), "red")], 6, 8,
@@ -578,14 +583,14 @@ DATASOURCE_VARIABLE: Json = {
     "hide": 0, "refresh": 1, "regex": "", "multi": False, "includeAll": False}
 
 
-def variables(knobs: Mapping[str, str]) -> list[Json]:
+def variables() -> list[Json]:
     """Data source, cluster, job, instance, GPU and units: each chosen among the exporters the rules'
     `selector` takes, within the ones before it."""
-    exporters = f"xpu_exporter_build_info{{{knobs['selector']}"
-    in_cluster = f'{exporters},{knobs["clusterLabel"]}=~"$cluster"'
+    exporters = "xpu_exporter_build_info{${selector}"
+    in_cluster = f'{exporters},${{clusterLabel}}=~"$cluster"'
     return [
         DATASOURCE_VARIABLE,
-        variable("cluster", "Cluster", f"label_values({exporters}}}, {knobs['clusterLabel']})", include_all=True),
+        variable("cluster", "Cluster", f"label_values({exporters}}}, ${{clusterLabel}})", include_all=True),
         variable("job", "Job", f"label_values({in_cluster}}}, job)", include_all=True),
         variable("instance", "Instance", f'label_values({in_cluster},job=~"$job"}}, instance)'),
         variable("device", "GPU", f"label_values(xpu_memory_total_bytes{{{SCOPE}}}, device)"),
@@ -594,18 +599,6 @@ def variables(knobs: Mapping[str, str]) -> list[Json]:
         variable("unit", "Unit", 'label_values({__name__=~"xpu_unit_engine_starts_total|xpu_workload_info",'
                                  f'kind!="systemd",{SCOPE}}}, unit)', multi=True),
     ]
-
-
-def scoped(node: Any, scopes: Mapping[str, str]) -> Any:
-    """`node` with each placeholder of `scopes` (VLLM_SCOPE, SCOPE) replaced by its selector in every string."""
-    if isinstance(node, dict):
-        return {key: scoped(value, scopes) for key, value in node.items()}
-    if isinstance(node, list):
-        return [scoped(value, scopes) for value in node]
-    if isinstance(node, str):
-        for placeholder, selector in scopes.items():
-            node = node.replace(placeholder, selector)
-    return node
 
 
 def target_json(target: Target, ref_id: str) -> Json:
@@ -665,12 +658,11 @@ def layout(rows: Sequence[Row]) -> list[Json]:
 
 
 def dashboard(overrides: Mapping[str, str] = ()) -> Json:
-    """The dashboard for the rules rendered with these knob overrides (none: the bundled rules)."""
+    """The mixin's dashboard template (mixin/dashboard.json) for the rules rendered with these knob overrides
+    (none: the bundled rules): the thresholds and durations of the alerts are these knobs' values, the
+    selectors and the cluster label ${knob} placeholders the mixin fills in."""
     knobs = knob_values(overrides)
-    cluster = f'{knobs["clusterLabel"]}=~"$cluster"'
-    scopes = {VLLM_SCOPE: f'{knobs["vllmSelector"]},{cluster},instance="$instance"',
-              SCOPE: f'{knobs["selector"]},{cluster},job=~"$job",instance="$instance"'}
-    return scoped({
+    return {
         "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "description": "Prometheus that scrapes "
                       "vllm-xpu-exporter", "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}],
         "__requires": [
@@ -696,13 +688,19 @@ def dashboard(overrides: Mapping[str, str] = ()) -> Json:
         "timezone": "",
         "links": [],
         "annotations": {"list": [FAILURE_ANNOTATION]},
-        "templating": {"list": variables(knobs)},
+        "templating": {"list": variables()},
         "panels": layout(rows(knobs)),
-    }, scopes)
+    }
+
+
+def template_text(overrides: Mapping[str, str] = ()) -> str:
+    """mixin/dashboard.json for these knob overrides."""
+    return json.dumps(dashboard(overrides), indent=2) + "\n"
 
 
 def render(overrides: Mapping[str, str] = ()) -> str:
-    return json.dumps(dashboard(overrides), indent=2) + "\n"
+    """The dashboard's JSON for these knob overrides: the mixin's, with the panels built for them."""
+    return evaluate(MIXIN / "dashboard.jsonnet", overrides=knob_values(overrides), template=dashboard(overrides))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -725,12 +723,17 @@ def main(argv: list[str] | None = None) -> int:
     except (RenderError, OSError, ValueError) as error:
         print(f"dashboard.py: {error}", file=sys.stderr)
         return 2
+    # Without knob values, the mixin's template too: its dashboard is the shipped one.
+    written = {} if overrides else {TEMPLATE: template_text()}
     if args.check:
-        if OUTPUT.read_text() != text:
-            print(f"{OUTPUT} is not what grafana/dashboard.py builds; run python3 grafana/dashboard.py",
+        stale = [path for path, content in {**written, OUTPUT: text}.items()
+                 if not path.is_file() or path.read_text() != content]
+        for path in stale:
+            print(f"{path} is not what grafana/dashboard.py builds; run python3 grafana/dashboard.py",
                   file=sys.stderr)
-            return 1
-        return 0
+        return 1 if stale else 0
+    for path, content in written.items():
+        path.write_text(content)
     if args.output or not overrides:
         (args.output or OUTPUT).write_text(text)
     else:
