@@ -2,7 +2,8 @@
 with its default knobs by the jsonnet package, as a jsonnet pipeline would, it writes them byte for byte; its
 prometheusRules, prometheusAlerts and grafanaDashboards are what a kube-prometheus user vendors, and its knobs
 (selectors, clusterLabel, showMultiCluster, runbookURLPattern) work from jsonnet alone, with two clusters'
-alerts and panels kept apart."""
+alerts and panels kept apart. In-process (`fast`, so the floor venv's jsonnet evaluates it too) but for
+promtool's checks."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def rules_file(outputs: dict[str, Any]) -> str:
                           sort_keys=False)
 
 
+@pytest.mark.fast
 def test_the_mixin_with_its_default_knobs_writes_the_shipped_rules_and_dashboard_byte_for_byte():
     rules = json.loads(_jsonnet.evaluate_file(str(MIXIN / "rules.jsonnet")))
     dashboard = _jsonnet.evaluate_file(str(MIXIN / "dashboard.jsonnet"))
@@ -54,6 +56,7 @@ def test_the_mixin_with_its_default_knobs_writes_the_shipped_rules_and_dashboard
     assert dashboard == DASHBOARD.read_text()
 
 
+@pytest.mark.fast
 def test_prometheus_rules_and_alerts_are_the_shipped_groups_split_by_kind():
     outputs = mixin()
     shipped = yaml.safe_load(RULES.read_text())["groups"]
@@ -63,6 +66,7 @@ def test_prometheus_rules_and_alerts_are_the_shipped_groups_split_by_kind():
     assert outputs["grafanaDashboards"] == {"vllm-xpu-exporter.json": json.loads(DASHBOARD.read_text())}
 
 
+@pytest.mark.fast
 def test_selectors_and_runbook_pattern_set_in_jsonnet_reach_every_rule_and_panel():
     config = {"selector": 'job="gpu"', "vllmSelector": 'job="vllm-pods"',
               "runbookURLPattern": "https://docs.example.com/xpu/runbook.html#%s"}
@@ -97,6 +101,7 @@ def test_two_clusters_keep_their_alerts_apart_under_another_cluster_label(tmp_pa
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("shown", ["true", "false"])
 def test_two_clusters_keep_their_panels_apart_under_another_cluster_label(shown):
     """Every query of every panel and variable below the cluster variable selects the chosen cluster on the
@@ -114,6 +119,7 @@ def test_two_clusters_keep_their_panels_apart_under_another_cluster_label(shown)
     assert cluster["hide"] == (0 if shown == "true" else 2)
 
 
+@pytest.mark.fast
 def test_a_jsonnet_pipeline_finds_every_file_the_mixin_imports_inside_its_directory():
     """jsonnet-bundler vendors the mixin/ directory alone: nothing it imports lies outside it."""
     imports = []
