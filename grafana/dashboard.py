@@ -11,11 +11,11 @@ Every panel gets a unit and thresholds; every query goes through the `datasource
 default is the data source picked at import (`__inputs` DS_PROMETHEUS), so no data source uid is
 written down. Queries use the metrics the exporter serves (and `up`); only the *Engine busy by unit*
 panel needs a recording rule of rules/vllm-xpu-exporter.yaml (`unit:xpu_unit_engine_busy:ratio`, which
-joins the two drivers' counters), so the other panels work without the bundled rules. The thresholds
-and durations of the alerts that panels show are the rules' knobs (mixin/config.libsonnet, read by
-rules/render.py), written into the template here; the selectors and the cluster label stay ${knob}
-placeholders that the mixin fills in, so they follow its config in jsonnet too. `--values` and `--set` take
-the same overrides as rules/render.py. Usable from a shell: `dashboard(overrides)` returns the template.
+joins the two drivers' counters), so the other panels work without the bundled rules. The selectors, the
+cluster label, and the thresholds and durations of the alerts that panels show are the rules' knobs
+(mixin/config.libsonnet): the template holds them as ${knob} placeholders (`knob()`), which the mixin fills
+in from its config, as it does the rules'. `--values` and `--set` take the same overrides as
+rules/render.py. Usable from a shell: `dashboard()` returns the template, `render(overrides)` the JSON.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "rules"))
-from render import (MIXIN, RenderError, duration_seconds, evaluate,  # noqa: E402  (a script beside the rules)
-                    knob_values, load_values, parse_assignments)
+from render import (MIXIN, RenderError, evaluate, knob_values, load_values,  # noqa: E402  (a script beside the rules)
+                    parse_assignments)
 
 OUTPUT = Path(__file__).resolve().parent / "vllm-xpu-exporter.json"
 TEMPLATE = MIXIN / "dashboard.json"
@@ -128,37 +128,16 @@ BARGAUGE_OPTIONS: Json = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": 
 STATE_TIMELINE_OPTIONS: Json = {"showValue": "never", "mergeValues": True, "alignValue": "left", "rowHeight": 0.8,
                                 **LEGEND_LIST}
 
-def number(text: str) -> int | float:
-    """A knob's number as the JSON shows it: 0, not 0.0."""
-    value = float(text)
-    return int(value) if value.is_integer() else value
-
-
-def percent(ratio: str) -> str:
-    return f"{round(float(ratio) * 100, 6):g} %"
-
-
-def duration_text(duration: str) -> str:
-    """A Prometheus duration in words: "15m" -> "15 minutes", "1h" -> "1 hour"."""
-    seconds = duration_seconds(duration)
-    for size, name in ((86400, "day"), (3600, "hour"), (60, "minute"), (1, "second")):
-        if seconds >= size and seconds % size == 0:
-            count = int(seconds // size)
-            return f"{count} {name}{'' if count == 1 else 's'}"
-    return f"{seconds:g} seconds"
+def knob(name: str, form: str = "") -> str:
+    """The placeholder of a rules' knob, which the mixin fills in (mixin/lib/template.libsonnet): as the knob
+    is (no `form`), or `words` (a duration: "15 minutes"), `percent` (a ratio: "5 %"), `bytes` ("512 MiB"),
+    `list` (reasons joined by |: "thermal, psu"), `number` (a number; a threshold's value when it is the whole
+    string) or `doubledRatio` (twice a ratio, at most 1: a threshold's value)."""
+    return f"${{{name}:{form}}}" if form else f"${{{name}}}"
 
 
 def fixed_colour(colour: str) -> Json:
     return {"mode": "fixed", "fixedColor": colour}
-
-
-def bytes_text(count: float) -> str:
-    """1073741824 -> "1 GiB"."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(count) < 1024:
-            return f"{count:g} {unit}"
-        count /= 1024
-    return f"{count:g} TiB"
 
 
 # The kernel's per-client engine keys (i915, then xe): each engine's units stack on their own.
@@ -206,11 +185,11 @@ def boot_count_graph(title: str, description: str, target: Target | tuple[Target
                  custom=custom, defaults={"min": 0, "decimals": 0})
 
 
-def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
-    """The panels, with the thresholds and durations of the alerts they show taken from the rules' knobs."""
-    headroom_threshold = number(knobs["restartHeadroomThresholdBytes"])
+def rows() -> tuple[Row, ...]:
+    """The panels, with the thresholds and durations of the alerts they show as the rules' knobs."""
+    headroom_threshold = knob("restartHeadroomThresholdBytes", "number")
     headroom_thresholds = [(None, "red"), (headroom_threshold, "green")]
-    reserve = number(knobs["unitsDoNotFitReserveBytes"])
+    reserve = knob("unitsDoNotFitReserveBytes")
     return (
         Row("Device memory", (
             stacked_against("Device memory by unit",
@@ -223,11 +202,11 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                             "total", (by_name_regex("^unattributed$", {"color": fixed_colour("#8e8e8e")}),)),
             Panel("stat", "Free device memory",
                   "Free device memory as a fraction of the total. The XpuMemoryNearlyFull alert fires below "
-                  f"{percent(knobs['memoryNearlyFullFreeRatio'])} for {duration_text(knobs['memoryNearlyFullFor'])}.",
+                  f"{knob('memoryNearlyFullFreeRatio', 'percent')} for {knob('memoryNearlyFullFor', 'words')}.",
                   (Target(f"xpu_memory_free_bytes{{{DEVICE}}} / xpu_memory_total_bytes{{{DEVICE}}}"),),
                   # orange from the alert's threshold up to twice it: close to firing
-                  "percentunit", [(None, "red"), (number(knobs["memoryNearlyFullFreeRatio"]), "orange"),
-                                  (min(2 * number(knobs["memoryNearlyFullFreeRatio"]), 1), "green")], 4, 4,
+                  "percentunit", [(None, "red"), (knob("memoryNearlyFullFreeRatio", "number"), "orange"),
+                                  (knob("memoryNearlyFullFreeRatio", "doubledRatio"), "green")], 4, 4,
                   options=STAT_OPTIONS, defaults={"decimals": 1}),
             Panel("stat", "Memory accounting",
                   "Whether the driver reports real usage. Untrusted: without CAP_PERFMON i915/xe report free == "
@@ -238,10 +217,10 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   defaults={"mappings": value_mapping({0: ("untrusted", "red"), 1: ("trusted", "green")})}),
             Panel("stat", "Unattributed memory",
                   "Used device memory held by no process the exporter sees, as a fraction of the total. "
-                  f"The XpuUnattributedMemoryHigh alert fires above {percent(knobs['unattributedMemoryRatio'])} "
-                  f"for {duration_text(knobs['unattributedMemoryFor'])}.",
+                  f"The XpuUnattributedMemoryHigh alert fires above {knob('unattributedMemoryRatio', 'percent')} "
+                  f"for {knob('unattributedMemoryFor', 'words')}.",
                   (Target(f"xpu_unattributed_memory_bytes{{{DEVICE}}} / xpu_memory_total_bytes{{{DEVICE}}}"),),
-                  "percentunit", [(None, "green"), (number(knobs["unattributedMemoryRatio"]), "orange")], 4, 4,
+                  "percentunit", [(None, "green"), (knob("unattributedMemoryRatio", "number"), "orange")], 4, 4,
                   options=STAT_OPTIONS, defaults={"decimals": 1}),
             Panel("stat", "GPU",
                   "The device's name and driver version, as Level Zero reports them.",
@@ -265,10 +244,10 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
             Panel("timeseries", "Temperature",
                   "Temperature per sensor (global, gpu, memory: those the driver has; some drivers serve them to "
                   "root only). XpuDeviceTemperatureHigh fires when a sensor the rules compare "
-                  f"(${{temperatureSensorSelector}}) stays above {number(knobs['temperatureHighCelsius'])} °C "
-                  f"for {duration_text(knobs['temperatureHighFor'])} (red line).",
+                  f"({knob('temperatureSensorSelector')}) stays above {knob('temperatureHighCelsius', 'number')} °C "
+                  f"for {knob('temperatureHighFor', 'words')} (red line).",
                   (Target(f"xpu_temperature_celsius{{{DEVICE}}}", "{{sensor}}"),),
-                  "celsius", [(None, "green"), (number(knobs["temperatureHighCelsius"]), "red")], 6, 8,
+                  "celsius", [(None, "green"), (knob("temperatureHighCelsius", "number"), "red")], 6, 8,
                   options=LEGEND_LIST, custom={"thresholdsStyle": {"mode": "line"}, "lineInterpolation": "linear"}),
             line_graph("Frequency",
                        "Actual frequency of each frequency domain (gpu, memory, media); the throttle reasons panel "
@@ -278,14 +257,14 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
             Panel("state-timeline", "Throttle reasons",
                   "The reasons the driver holds each frequency domain down for, while it does; empty: no throttling "
                   f"in the time range. Red: the reasons XpuDeviceThrottled fires for after "
-                  f"{duration_text(knobs['deviceThrottledFor'])} ({knobs['deviceThrottledReasons'].replace('|', ', ')}). "
+                  f"{knob('deviceThrottledFor', 'words')} ({knob('deviceThrottledReasons', 'list')}). "
                   "Orange: the others, e.g. the power and current limits a busy GPU reaches by design "
                   "(average_power, burst_power, current) or a lower frequency range (software_range, hardware_range).",
                   (Target(f"xpu_frequency_throttled{{{DEVICE}}} == 1", "{{domain}} {{reason}}"),),
                   "none", [(None, "orange")], 8, 8, options=STATE_TIMELINE_OPTIONS,
                   custom={"fillOpacity": 80, "lineWidth": 0},
                   defaults={"mappings": value_mapping({1: ("throttled", "orange")})},
-                  overrides=(by_name_regex(f" ({knobs['deviceThrottledReasons']})$",
+                  overrides=(by_name_regex(f" ({knob('deviceThrottledReasons')})$",
                                            {"mappings": value_mapping({1: ("throttled", "red")})}),)),
             line_graph("Memory bandwidth",
                        "Bytes per second read from and written to the device's local memory (rates of "
@@ -296,7 +275,7 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
             Panel("timeseries", "RAS errors",
                   "Hardware errors the device counted, per severity and category, in each interval. "
                   "XpuDeviceUncorrectableErrors fires on any uncorrectable one and stays for "
-                  f"{duration_text(knobs['deviceUncorrectableErrorsWindow'])}. Reading RAS counters needs root: "
+                  f"{knob('deviceUncorrectableErrorsWindow', 'words')}. Reading RAS counters needs root: "
                   "without it the panel is empty.",
                   (Target(f"sum by (severity, category) (increase(xpu_ras_errors_total{{{DEVICE}}}[$__rate_interval]))",
                           "{{severity}} {{category}}"),),
@@ -316,7 +295,7 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   "The device memory's health as the driver reports it: ok; degraded (too many correctable errors, "
                   "reset the device); critical (memory banks left out); replace. unknown: the driver does not report "
                   "it, as upstream i915 and xe mostly do not. XpuMemoryUnhealthy fires on degraded, critical or "
-                  f"replace after {duration_text(knobs['memoryUnhealthyFor'])}.",
+                  f"replace after {knob('memoryUnhealthyFor', 'words')}.",
                   (Target(f"xpu_memory_health{{{DEVICE}}} == 1", "{{state}}"),),
                   "none", [(None, "blue")], 8, 4,
                   options={**STAT_OPTIONS, "textMode": "name"},
@@ -436,15 +415,15 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   "Free memory plus the unit's own, less what its gpu_memory_utilization demands at start "
                   "(vLLM 0.16 and later refuse to start without it). Below 0 a restart now would fail; "
                   "XpuUnitRestartHeadroomNegative fires below "
-                  f"{bytes_text(headroom_threshold)} for "
-                  f"{duration_text(knobs['restartHeadroomFor'])} (red).",
+                  f"{knob('restartHeadroomThresholdBytes', 'bytes')} for "
+                  f"{knob('restartHeadroomFor', 'words')} (red).",
                   (Target(f"xpu_unit_restart_headroom_bytes{{{UNITS}}}", "{{unit}} on {{device}}"),),
                   "bytes", headroom_thresholds, 16, 8,
                   options=LEGEND_TABLE,
                   custom={"thresholdsStyle": {"mode": "line+area"}, "fillOpacity": 0}),
             Panel("bargauge", "Restart headroom now",
                   "Each unit's restart headroom at the end of the time range; red: below "
-                  f"{bytes_text(headroom_threshold)}, where "
+                  f"{knob('restartHeadroomThresholdBytes', 'bytes')}, where "
                   "XpuUnitRestartHeadroomNegative fires.",
                   (Target(f"xpu_unit_restart_headroom_bytes{{{UNITS}}}", "{{unit}}", instant=True),),
                   "bytes", headroom_thresholds, 8, 8,
@@ -454,9 +433,10 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
             stacked_against("Units' footprints against the GPU",
                             "What each engine unit holds serving its target (weights, peak activation, non-torch "
                             "memory and the KV cache the target needs; vllm-xpu-plan's figures), stacked, against the "
-                            f"GPU's total less {bytes_text(reserve)} for the driver (dashed). Above it, the units "
+                            f"GPU's total less {knob('unitsDoNotFitReserveBytes', 'bytes')} for the driver (dashed). "
+                            "Above it, the units "
                             "cannot all run at once: XpuDeviceUnitsDoNotFit fires after "
-                            f"{duration_text(knobs['unitsDoNotFitFor'])}. A unit's target is what its "
+                            f"{knob('unitsDoNotFitFor', 'words')}. A unit's target is what its "
                             "--kv-cache-memory-bytes holds, else the KV of its last successful start.",
                             (Target(f"xpu_unit_memory_footprint_bytes{{{DEVICE}}}", "{{unit}}"),
                              Target(f"xpu_memory_total_bytes{{{DEVICE}}} - {reserve}", "usable")),
@@ -512,7 +492,7 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
         Row("Exporter", (
             Panel("stat", "Exporter up",
                   "Whether Prometheus scrapes the exporter (XpuExporterDown fires after "
-                  f"{duration_text(knobs['exporterDownFor'])} down).",
+                  f"{knob('exporterDownFor', 'words')} down).",
                   (Target(f"up{{{EXPORTER}}}"),),
                   "none", [(None, "red"), (1, "green")], 3, 6, options=STAT_OPTIONS,
                   defaults={"mappings": value_mapping({0: ("down", "red"), 1: ("up", "green")})}),
@@ -523,13 +503,13 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
             Panel("stat", "Units watched",
                   "vLLM units the journal collector watches (their names match --journal.units). 0: the globs "
                   "match no unit in the journal it reads (XpuExporterNoUnitsWatched fires after "
-                  f"{duration_text(knobs['noUnitsWatchedFor'])}). "
+                  f"{knob('noUnitsWatchedFor', 'words')}). "
                   "No value: the journal collector is off or failing.",
                   (Target(f"xpu_exporter_journal_units_watched{{{EXPORTER}}}"),),
                   "none", [(None, "orange"), (1, "green")], 3, 3, options=STAT_OPTIONS, defaults={"decimals": 0}),
             Panel("stat", "Collector success",
                   "Whether each collector's last run worked (XpuExporterCollectorFailing fires after "
-                  f"{duration_text(knobs['collectorFailingFor'])} of failure); the exporter's log says why one fails.",
+                  f"{knob('collectorFailingFor', 'words')} of failure); the exporter's log says why one fails.",
                   (Target(f"xpu_exporter_collector_success{{{EXPORTER}}}", "{{collector}}"),),
                   "none", [(None, "red"), (1, "green")], 6, 6,
                   options={**STAT_OPTIONS, "textMode": "value_and_name"},
@@ -657,11 +637,9 @@ def layout(rows: Sequence[Row]) -> list[Json]:
     return panels
 
 
-def dashboard(overrides: Mapping[str, str] = ()) -> Json:
-    """The mixin's dashboard template (mixin/dashboard.json) for the rules rendered with these knob overrides
-    (none: the bundled rules): the thresholds and durations of the alerts are these knobs' values, the
-    selectors and the cluster label ${knob} placeholders the mixin fills in."""
-    knobs = knob_values(overrides)
+def dashboard() -> Json:
+    """The mixin's dashboard template (mixin/dashboard.json): the rules' knobs (selectors, cluster label,
+    the thresholds and durations of the alerts) are placeholders the mixin fills in from its config."""
     return {
         "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "description": "Prometheus that scrapes "
                       "vllm-xpu-exporter", "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}],
@@ -689,18 +667,19 @@ def dashboard(overrides: Mapping[str, str] = ()) -> Json:
         "links": [],
         "annotations": {"list": [FAILURE_ANNOTATION]},
         "templating": {"list": variables()},
-        "panels": layout(rows(knobs)),
+        "panels": layout(rows()),
     }
 
 
-def template_text(overrides: Mapping[str, str] = ()) -> str:
-    """mixin/dashboard.json for these knob overrides."""
-    return json.dumps(dashboard(overrides), indent=2) + "\n"
+def as_file(node: Json) -> str:
+    """A dashboard as the repository's files hold it: two-space JSON, numbers at their shortest (jsonnet's
+    C++ evaluator writes 0.05 as 0.050000000000000003)."""
+    return json.dumps(node, indent=2) + "\n"
 
 
 def render(overrides: Mapping[str, str] = ()) -> str:
-    """The dashboard's JSON for these knob overrides: the mixin's, with the panels built for them."""
-    return evaluate(MIXIN / "dashboard.jsonnet", overrides=knob_values(overrides), template=dashboard(overrides))
+    """The dashboard's JSON for these knob overrides: the mixin's."""
+    return as_file(json.loads(evaluate(MIXIN / "dashboard.jsonnet", overrides=knob_values(overrides))))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -724,7 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dashboard.py: {error}", file=sys.stderr)
         return 2
     # Without knob values, the mixin's template too: its dashboard is the shipped one.
-    written = {} if overrides else {TEMPLATE: template_text()}
+    written = {} if overrides else {TEMPLATE: as_file(dashboard())}
     if args.check:
         stale = [path for path, content in {**written, OUTPUT: text}.items()
                  if not path.is_file() or path.read_text() != content]

@@ -13,15 +13,11 @@ local template = import 'lib/template.libsonnet';
   prometheusRules+:: { groups+: holding('record') },
   prometheusAlerts+:: { groups+: holding('alert') },
 
-  // dashboard.json (written by grafana/dashboard.py from its panel list) with the knobs; its scope
-  // placeholders are the selectors, the cluster label and the dashboard's own variables.
-  dashboardTemplate:: import 'dashboard.json',
+  // dashboard.json (written by grafana/dashboard.py from its panel list) with the knobs.
   local multiCluster = template.text($._config.showMultiCluster) == 'true',
-  local scoped = template.renderAll($.dashboardTemplate, $._config + {
-    clusterMatcher: '%s=~"$cluster"' % $._config.clusterLabel,
-  }),
+  local dashboard = template.renderAll(import 'dashboard.json', $._config),
   grafanaDashboards+:: {
-    'vllm-xpu-exporter.json': scoped {
+    'vllm-xpu-exporter.json': dashboard {
       templating+: {
         list: [
           if variable.name == 'cluster' && !multiCluster then variable { hide: 2 } else variable

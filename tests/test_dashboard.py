@@ -308,13 +308,6 @@ def test_kv_threshold_is_the_one_the_kv_alert_compares_with():
     assert colour_at(panel, alert_threshold - 1e-6) == "red" and colour_at(panel, alert_threshold) == "green"
 
 
-@pytest.mark.parametrize("duration, words", [
-    ("15m", "15 minutes"), ("1h", "1 hour"), ("90s", "90 seconds"), ("1h30m", "90 minutes"), ("2d", "2 days"),
-])
-def test_durations_are_written_in_words(duration, words):
-    assert builder.duration_text(duration) == words
-
-
 def test_panels_are_filtered_by_the_variables():
     for where, target in dashboard_queries(load_dashboard()):
         expr = target["expr"]

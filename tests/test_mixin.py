@@ -51,9 +51,11 @@ def rules_file(outputs: dict[str, Any]) -> str:
 @pytest.mark.fast
 def test_the_mixin_with_its_default_knobs_writes_the_shipped_rules_and_dashboard_byte_for_byte():
     rules = json.loads(_jsonnet.evaluate_file(str(MIXIN / "rules.jsonnet")))
-    dashboard = _jsonnet.evaluate_file(str(MIXIN / "dashboard.jsonnet"))
+    dashboard = json.loads(_jsonnet.evaluate_file(str(MIXIN / "dashboard.jsonnet")))
     assert rules == RULES.read_text()
-    assert dashboard == DASHBOARD.read_text()
+    # JSON with two-space indentation and numbers at their shortest (as the Go evaluator writes them; the C++
+    # one writes 0.05 as 0.050000000000000003)
+    assert json.dumps(dashboard, indent=2) + "\n" == DASHBOARD.read_text()
 
 
 @pytest.mark.fast
@@ -117,6 +119,25 @@ def test_two_clusters_keep_their_panels_apart_under_another_cluster_label(shown)
     cluster = next(variable for variable in dashboard["templating"]["list"] if variable["name"] == "cluster")
     assert variable_queries(dashboard)["cluster"] == ('xpu_exporter_build_info{job="vllm-xpu-exporter"}', "k8s_cluster")
     assert cluster["hide"] == (0 if shown == "true" else 2)
+
+
+def template_form(value: str, form: str) -> Any:
+    """A knob's value in one of the templates' placeholder forms (mixin/lib/template.libsonnet)."""
+    snippet = "(import 'lib/template.libsonnet').form({ knob: %s }, 'knob', %s)" % (json.dumps(value), json.dumps(form))
+    return json.loads(_jsonnet.evaluate_snippet("test", snippet, jpathdir=[str(MIXIN)]))
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("value, form, written", [
+    ("15m", "words", "15 minutes"), ("1h", "words", "1 hour"), ("90s", "words", "90 seconds"),
+    ("1h30m", "words", "90 minutes"), ("2d", "words", "2 days"), ("1500ms", "words", "1.5 seconds"),
+    ("1h30m", "seconds", "5400"), ("0.05", "percent", "5 %"), ("0.125", "percent", "12.5 %"),
+    ("0", "bytes", "0 B"), ("536870912", "bytes", "512 MiB"), ("1073741824", "bytes", "1 GiB"),
+    ("average_power|thermal", "list", "average_power, thermal"), ("87.5", "number", 87.5),
+    ("0.05", "doubledRatio", 0.1), ("0.6", "doubledRatio", 1),
+])
+def test_knobs_are_written_in_the_form_each_placeholder_asks_for(value, form, written):
+    assert template_form(value, form) == written
 
 
 @pytest.mark.fast
