@@ -29,10 +29,10 @@ ROWS = ["Device memory", "Device telemetry", "KV cache per unit", "Engine inits"
         "KV in use", "Exporter"]
 
 
-
 def built_for(knobs: dict[str, str]) -> dict[str, Any]:
     """The dashboard grafana/dashboard.py writes for these knob overrides (the mixin's, evaluated)."""
     return json.loads(builder.render(knobs))
+
 
 def walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
     yield path, node

@@ -69,6 +69,17 @@ def test_prometheus_rules_and_alerts_are_the_shipped_groups_split_by_kind():
 
 
 @pytest.mark.fast
+def test_every_placeholder_of_the_dashboard_is_a_knob_the_mixin_fills_in():
+    """The mixin leaves a placeholder naming no knob as it is (Grafana's own ${datasource}); the builder's
+    placeholders all name knobs, so none is left in the shipped JSON, and each knob's is."""
+    knobs = set(json.loads(_jsonnet.evaluate_file(str(MIXIN / "knobs.jsonnet"))))
+    placeholders = set(re.findall(r"\$\{(\w+)", (MIXIN / "dashboard.json").read_text()))
+    grafana_own = {"datasource", "DS_PROMETHEUS"}
+    assert placeholders - grafana_own <= knobs and placeholders - grafana_own
+    assert set(re.findall(r"\$\{(\w+)", DASHBOARD.read_text())) == grafana_own
+
+
+@pytest.mark.fast
 def test_selectors_and_runbook_pattern_set_in_jsonnet_reach_every_rule_and_panel():
     config = {"selector": 'job="gpu"', "vllmSelector": 'job="vllm-pods"',
               "runbookURLPattern": "https://docs.example.com/xpu/runbook.html#%s"}

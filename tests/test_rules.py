@@ -129,8 +129,8 @@ def test_bundled_rules_are_the_template_rendered_with_the_defaults():
 
 
 def test_every_knob_has_a_default_and_is_used_by_the_rules_or_the_dashboard():
-    """Every knob of mixin/config.libsonnet is a placeholder of the rules' template or a threshold the
-    dashboard's builder reads, and every placeholder of the rules' template is a knob."""
+    """Every placeholder of the rules' template is a knob of mixin/config.libsonnet, and every knob is one of
+    its placeholders but showMultiCluster, which only the dashboard reads."""
     rules_template = "".join(line for line in (render.MIXIN / "rules.yaml").read_text().splitlines(True)
                              if not line.startswith("#%"))  # the template's own notes
     used = set(re.findall(r"\$\{(\w+)", rules_template))
