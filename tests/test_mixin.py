@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
+import sys
 from typing import Any
 
 import _jsonnet
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from promql import REPO, RULES, DASHBOARD, dashboard_queries, variable_queries
-from test_rules import promtool
+from test_rules import promtool, render
 
 MIXIN = REPO / "mixin"
 TWO_CLUSTERS_TEST = REPO / "rules" / "tests" / "two-clusters.test.yaml"
@@ -149,6 +149,15 @@ def template_form(value: str, form: str) -> Any:
 ])
 def test_knobs_are_written_in_the_form_each_placeholder_asks_for(value, form, written):
     assert template_form(value, form) == written
+
+
+@pytest.mark.fast
+def test_without_the_jsonnet_package_the_renderer_says_what_to_install(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "_jsonnet", None)  # import _jsonnet fails
+    assert render.main(["--list"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ("render.py: the rules and dashboard are a jsonnet mixin: install "
+                                                   "the Python package jsonnet (pip install jsonnet)\n")
 
 
 @pytest.mark.fast
