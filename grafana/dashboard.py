@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
-"""Builds grafana/vllm-xpu-exporter.json, the bundled Grafana dashboard, from the panel list below.
+"""Builds the bundled Grafana dashboard from the panel list below: the monitoring mixin's dashboard template
+(mixin/dashboard.json), and grafana/vllm-xpu-exporter.json, which is the mixin's dashboard with its default
+knobs (mixin/dashboard.jsonnet, evaluated with the jsonnet package).
 
-    python3 grafana/dashboard.py            # rewrite grafana/vllm-xpu-exporter.json
-    python3 grafana/dashboard.py --check    # exit 1 if the JSON is not what this file builds
+    python3 grafana/dashboard.py            # rewrite mixin/dashboard.json and grafana/vllm-xpu-exporter.json
+    python3 grafana/dashboard.py --check    # exit 1 if either is not what this file builds
     python3 grafana/dashboard.py --values my-values.yaml > my-dashboard.json   # for your rules' knobs
 
 Every panel gets a unit and thresholds; every query goes through the `datasource` variable, whose
 default is the data source picked at import (`__inputs` DS_PROMETHEUS), so no data source uid is
 written down. Queries use the metrics the exporter serves (and `up`); only the *Engine busy by unit*
 panel needs a recording rule of rules/vllm-xpu-exporter.yaml (`unit:xpu_unit_engine_busy:ratio`, which
-joins the two drivers' counters), so the other panels work without the bundled rules. The thresholds
-and durations of the alerts that panels show are the rules' knobs (rules/template/config.yaml, read by
-rules/render.py); `--values` and `--set` take the same overrides as rules/render.py. Usable from a
-shell: `dashboard(overrides)` returns the dict.
+joins the two drivers' counters), so the other panels work without the bundled rules. The selectors, the
+cluster label, and the thresholds and durations of the alerts that panels show are the rules' knobs
+(mixin/config.libsonnet): the template holds them as ${knob} placeholders (`knob()`), which the mixin fills
+in from its config, as it does the rules'. `--values` and `--set` take the same overrides as
+rules/render.py. Usable from a shell: `dashboard()` returns the template, `render(overrides)` the JSON.
 """
 
 from __future__ import annotations
@@ -26,23 +29,25 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "rules"))
-from render import (RenderError, duration_seconds, knob_values, load_values,  # noqa: E402  (a script beside the rules)
+from render import (MIXIN, RenderError, evaluate, knob_values, load_values,  # noqa: E402  (a script beside the rules)
                     parse_assignments)
 
 OUTPUT = Path(__file__).resolve().parent / "vllm-xpu-exporter.json"
+TEMPLATE = MIXIN / "dashboard.json"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24
 
-# Selectors of the dashboard's variables. SCOPE stands for the exporter the variables choose, within the
-# rules' `selector` knob: dashboard() writes `<selector>,<clusterLabel>=~"$cluster",job=~"$job",
-# instance="$instance"` in its place, so two clusters' or two jobs' same-named hosts never mix in a panel.
-SCOPE = "__scope__"
+# Selectors of the dashboard's variables. SCOPE is the exporter the variables choose, within the rules'
+# `selector` knob and the cluster, job and instance variables, so two clusters' or two jobs' same-named hosts
+# never mix in a panel. The ${knob} placeholders are the mixin's (mixin/lib/template.libsonnet): it fills them
+# in from its config, as it does the rules'.
+SCOPE = '${selector},${clusterLabel}=~"$cluster",job=~"$job",instance="$instance"'
 DEVICE = f'{SCOPE},device="$device"'
 UNITS = f'{SCOPE},unit=~"$unit"'
 EXPORTER = SCOPE
 # The same for the series recorded from vLLM's own (unit:vllm_*): the rules' `vllmSelector` and vLLM's job,
 # with the exporter's instance and the cluster (docs/discovery.md).
-VLLM_SCOPE = "__vllm_scope__"
+VLLM_SCOPE = '${vllmSelector},${clusterLabel}=~"$cluster",instance="$instance"'
 VLLM_UNITS = f'{VLLM_SCOPE},unit=~"$unit"'
 
 Json = dict[str, Any]
@@ -123,37 +128,16 @@ BARGAUGE_OPTIONS: Json = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": 
 STATE_TIMELINE_OPTIONS: Json = {"showValue": "never", "mergeValues": True, "alignValue": "left", "rowHeight": 0.8,
                                 **LEGEND_LIST}
 
-def number(text: str) -> int | float:
-    """A knob's number as the JSON shows it: 0, not 0.0."""
-    value = float(text)
-    return int(value) if value.is_integer() else value
-
-
-def percent(ratio: str) -> str:
-    return f"{round(float(ratio) * 100, 6):g} %"
-
-
-def duration_text(duration: str) -> str:
-    """A Prometheus duration in words: "15m" -> "15 minutes", "1h" -> "1 hour"."""
-    seconds = duration_seconds(duration)
-    for size, name in ((86400, "day"), (3600, "hour"), (60, "minute"), (1, "second")):
-        if seconds >= size and seconds % size == 0:
-            count = int(seconds // size)
-            return f"{count} {name}{'' if count == 1 else 's'}"
-    return f"{seconds:g} seconds"
+def knob(name: str, form: str = "") -> str:
+    """The placeholder of a rules' knob, which the mixin fills in (mixin/lib/template.libsonnet): as the knob
+    is (no `form`), or `words` (a duration: "15 minutes"), `percent` (a ratio: "5 %"), `bytes` ("512 MiB"),
+    `list` (reasons joined by |: "thermal, psu"), `number` (a number; a threshold's value when it is the whole
+    string) or `doubledRatio` (twice a ratio, at most 1: a threshold's value)."""
+    return f"${{{name}:{form}}}" if form else f"${{{name}}}"
 
 
 def fixed_colour(colour: str) -> Json:
     return {"mode": "fixed", "fixedColor": colour}
-
-
-def bytes_text(count: float) -> str:
-    """1073741824 -> "1 GiB"."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(count) < 1024:
-            return f"{count:g} {unit}"
-        count /= 1024
-    return f"{count:g} TiB"
 
 
 # The kernel's per-client engine keys (i915, then xe): each engine's units stack on their own.
@@ -201,11 +185,11 @@ def boot_count_graph(title: str, description: str, target: Target | tuple[Target
                  custom=custom, defaults={"min": 0, "decimals": 0})
 
 
-def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
-    """The panels, with the thresholds and durations of the alerts they show taken from the rules' knobs."""
-    headroom_threshold = number(knobs["restartHeadroomThresholdBytes"])
+def rows() -> tuple[Row, ...]:
+    """The panels, with the thresholds and durations of the alerts they show as the rules' knobs."""
+    headroom_threshold = knob("restartHeadroomThresholdBytes", "number")
     headroom_thresholds = [(None, "red"), (headroom_threshold, "green")]
-    reserve = number(knobs["unitsDoNotFitReserveBytes"])
+    reserve = knob("unitsDoNotFitReserveBytes")
     return (
         Row("Device memory", (
             stacked_against("Device memory by unit",
@@ -218,11 +202,11 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                             "total", (by_name_regex("^unattributed$", {"color": fixed_colour("#8e8e8e")}),)),
             Panel("stat", "Free device memory",
                   "Free device memory as a fraction of the total. The XpuMemoryNearlyFull alert fires below "
-                  f"{percent(knobs['memoryNearlyFullFreeRatio'])} for {duration_text(knobs['memoryNearlyFullFor'])}.",
+                  f"{knob('memoryNearlyFullFreeRatio', 'percent')} for {knob('memoryNearlyFullFor', 'words')}.",
                   (Target(f"xpu_memory_free_bytes{{{DEVICE}}} / xpu_memory_total_bytes{{{DEVICE}}}"),),
                   # orange from the alert's threshold up to twice it: close to firing
-                  "percentunit", [(None, "red"), (number(knobs["memoryNearlyFullFreeRatio"]), "orange"),
-                                  (min(2 * number(knobs["memoryNearlyFullFreeRatio"]), 1), "green")], 4, 4,
+                  "percentunit", [(None, "red"), (knob("memoryNearlyFullFreeRatio", "number"), "orange"),
+                                  (knob("memoryNearlyFullFreeRatio", "doubledRatio"), "green")], 4, 4,
                   options=STAT_OPTIONS, defaults={"decimals": 1}),
             Panel("stat", "Memory accounting",
                   "Whether the driver reports real usage. Untrusted: without CAP_PERFMON i915/xe report free == "
@@ -233,10 +217,10 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   defaults={"mappings": value_mapping({0: ("untrusted", "red"), 1: ("trusted", "green")})}),
             Panel("stat", "Unattributed memory",
                   "Used device memory held by no process the exporter sees, as a fraction of the total. "
-                  f"The XpuUnattributedMemoryHigh alert fires above {percent(knobs['unattributedMemoryRatio'])} "
-                  f"for {duration_text(knobs['unattributedMemoryFor'])}.",
+                  f"The XpuUnattributedMemoryHigh alert fires above {knob('unattributedMemoryRatio', 'percent')} "
+                  f"for {knob('unattributedMemoryFor', 'words')}.",
                   (Target(f"xpu_unattributed_memory_bytes{{{DEVICE}}} / xpu_memory_total_bytes{{{DEVICE}}}"),),
-                  "percentunit", [(None, "green"), (number(knobs["unattributedMemoryRatio"]), "orange")], 4, 4,
+                  "percentunit", [(None, "green"), (knob("unattributedMemoryRatio", "number"), "orange")], 4, 4,
                   options=STAT_OPTIONS, defaults={"decimals": 1}),
             Panel("stat", "GPU",
                   "The device's name and driver version, as Level Zero reports them.",
@@ -259,11 +243,11 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                        "watt", 6, 8),
             Panel("timeseries", "Temperature",
                   "Temperature per sensor (global, gpu, memory: those the driver has; some drivers serve them to "
-                  f"root only). XpuDeviceTemperatureHigh fires when a sensor the rules compare "
-                  f"({knobs['temperatureSensorSelector']}) stays above {number(knobs['temperatureHighCelsius'])} °C "
-                  f"for {duration_text(knobs['temperatureHighFor'])} (red line).",
+                  "root only). XpuDeviceTemperatureHigh fires when a sensor the rules compare "
+                  f"({knob('temperatureSensorSelector')}) stays above {knob('temperatureHighCelsius', 'number')} °C "
+                  f"for {knob('temperatureHighFor', 'words')} (red line).",
                   (Target(f"xpu_temperature_celsius{{{DEVICE}}}", "{{sensor}}"),),
-                  "celsius", [(None, "green"), (number(knobs["temperatureHighCelsius"]), "red")], 6, 8,
+                  "celsius", [(None, "green"), (knob("temperatureHighCelsius", "number"), "red")], 6, 8,
                   options=LEGEND_LIST, custom={"thresholdsStyle": {"mode": "line"}, "lineInterpolation": "linear"}),
             line_graph("Frequency",
                        "Actual frequency of each frequency domain (gpu, memory, media); the throttle reasons panel "
@@ -273,14 +257,14 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
             Panel("state-timeline", "Throttle reasons",
                   "The reasons the driver holds each frequency domain down for, while it does; empty: no throttling "
                   f"in the time range. Red: the reasons XpuDeviceThrottled fires for after "
-                  f"{duration_text(knobs['deviceThrottledFor'])} ({knobs['deviceThrottledReasons'].replace('|', ', ')}). "
+                  f"{knob('deviceThrottledFor', 'words')} ({knob('deviceThrottledReasons', 'list')}). "
                   "Orange: the others, e.g. the power and current limits a busy GPU reaches by design "
                   "(average_power, burst_power, current) or a lower frequency range (software_range, hardware_range).",
                   (Target(f"xpu_frequency_throttled{{{DEVICE}}} == 1", "{{domain}} {{reason}}"),),
                   "none", [(None, "orange")], 8, 8, options=STATE_TIMELINE_OPTIONS,
                   custom={"fillOpacity": 80, "lineWidth": 0},
                   defaults={"mappings": value_mapping({1: ("throttled", "orange")})},
-                  overrides=(by_name_regex(f" ({knobs['deviceThrottledReasons']})$",
+                  overrides=(by_name_regex(f" ({knob('deviceThrottledReasons')})$",
                                            {"mappings": value_mapping({1: ("throttled", "red")})}),)),
             line_graph("Memory bandwidth",
                        "Bytes per second read from and written to the device's local memory (rates of "
@@ -291,7 +275,7 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
             Panel("timeseries", "RAS errors",
                   "Hardware errors the device counted, per severity and category, in each interval. "
                   "XpuDeviceUncorrectableErrors fires on any uncorrectable one and stays for "
-                  f"{duration_text(knobs['deviceUncorrectableErrorsWindow'])}. Reading RAS counters needs root: "
+                  f"{knob('deviceUncorrectableErrorsWindow', 'words')}. Reading RAS counters needs root: "
                   "without it the panel is empty.",
                   (Target(f"sum by (severity, category) (increase(xpu_ras_errors_total{{{DEVICE}}}[$__rate_interval]))",
                           "{{severity}} {{category}}"),),
@@ -311,7 +295,7 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   "The device memory's health as the driver reports it: ok; degraded (too many correctable errors, "
                   "reset the device); critical (memory banks left out); replace. unknown: the driver does not report "
                   "it, as upstream i915 and xe mostly do not. XpuMemoryUnhealthy fires on degraded, critical or "
-                  f"replace after {duration_text(knobs['memoryUnhealthyFor'])}.",
+                  f"replace after {knob('memoryUnhealthyFor', 'words')}.",
                   (Target(f"xpu_memory_health{{{DEVICE}}} == 1", "{{state}}"),),
                   "none", [(None, "blue")], 8, 4,
                   options={**STAT_OPTIONS, "textMode": "name"},
@@ -431,15 +415,15 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
                   "Free memory plus the unit's own, less what its gpu_memory_utilization demands at start "
                   "(vLLM 0.16 and later refuse to start without it). Below 0 a restart now would fail; "
                   "XpuUnitRestartHeadroomNegative fires below "
-                  f"{bytes_text(headroom_threshold)} for "
-                  f"{duration_text(knobs['restartHeadroomFor'])} (red).",
+                  f"{knob('restartHeadroomThresholdBytes', 'bytes')} for "
+                  f"{knob('restartHeadroomFor', 'words')} (red).",
                   (Target(f"xpu_unit_restart_headroom_bytes{{{UNITS}}}", "{{unit}} on {{device}}"),),
                   "bytes", headroom_thresholds, 16, 8,
                   options=LEGEND_TABLE,
                   custom={"thresholdsStyle": {"mode": "line+area"}, "fillOpacity": 0}),
             Panel("bargauge", "Restart headroom now",
                   "Each unit's restart headroom at the end of the time range; red: below "
-                  f"{bytes_text(headroom_threshold)}, where "
+                  f"{knob('restartHeadroomThresholdBytes', 'bytes')}, where "
                   "XpuUnitRestartHeadroomNegative fires.",
                   (Target(f"xpu_unit_restart_headroom_bytes{{{UNITS}}}", "{{unit}}", instant=True),),
                   "bytes", headroom_thresholds, 8, 8,
@@ -449,9 +433,10 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
             stacked_against("Units' footprints against the GPU",
                             "What each engine unit holds serving its target (weights, peak activation, non-torch "
                             "memory and the KV cache the target needs; vllm-xpu-plan's figures), stacked, against the "
-                            f"GPU's total less {bytes_text(reserve)} for the driver (dashed). Above it, the units "
+                            f"GPU's total less {knob('unitsDoNotFitReserveBytes', 'bytes')} for the driver (dashed). "
+                            "Above it, the units "
                             "cannot all run at once: XpuDeviceUnitsDoNotFit fires after "
-                            f"{duration_text(knobs['unitsDoNotFitFor'])}. A unit's target is what its "
+                            f"{knob('unitsDoNotFitFor', 'words')}. A unit's target is what its "
                             "--kv-cache-memory-bytes holds, else the KV of its last successful start.",
                             (Target(f"xpu_unit_memory_footprint_bytes{{{DEVICE}}}", "{{unit}}"),
                              Target(f"xpu_memory_total_bytes{{{DEVICE}}} - {reserve}", "usable")),
@@ -507,7 +492,7 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
         Row("Exporter", (
             Panel("stat", "Exporter up",
                   "Whether Prometheus scrapes the exporter (XpuExporterDown fires after "
-                  f"{duration_text(knobs['exporterDownFor'])} down).",
+                  f"{knob('exporterDownFor', 'words')} down).",
                   (Target(f"up{{{EXPORTER}}}"),),
                   "none", [(None, "red"), (1, "green")], 3, 6, options=STAT_OPTIONS,
                   defaults={"mappings": value_mapping({0: ("down", "red"), 1: ("up", "green")})}),
@@ -518,13 +503,13 @@ def rows(knobs: Mapping[str, str]) -> tuple[Row, ...]:
             Panel("stat", "Units watched",
                   "vLLM units the journal collector watches (their names match --journal.units). 0: the globs "
                   "match no unit in the journal it reads (XpuExporterNoUnitsWatched fires after "
-                  f"{duration_text(knobs['noUnitsWatchedFor'])}). "
+                  f"{knob('noUnitsWatchedFor', 'words')}). "
                   "No value: the journal collector is off or failing.",
                   (Target(f"xpu_exporter_journal_units_watched{{{EXPORTER}}}"),),
                   "none", [(None, "orange"), (1, "green")], 3, 3, options=STAT_OPTIONS, defaults={"decimals": 0}),
             Panel("stat", "Collector success",
                   "Whether each collector's last run worked (XpuExporterCollectorFailing fires after "
-                  f"{duration_text(knobs['collectorFailingFor'])} of failure); the exporter's log says why one fails.",
+                  f"{knob('collectorFailingFor', 'words')} of failure); the exporter's log says why one fails.",
                   (Target(f"xpu_exporter_collector_success{{{EXPORTER}}}", "{{collector}}"),),
                   "none", [(None, "red"), (1, "green")], 6, 6,
                   options={**STAT_OPTIONS, "textMode": "value_and_name"},
@@ -578,14 +563,14 @@ DATASOURCE_VARIABLE: Json = {
     "hide": 0, "refresh": 1, "regex": "", "multi": False, "includeAll": False}
 
 
-def variables(knobs: Mapping[str, str]) -> list[Json]:
+def variables() -> list[Json]:
     """Data source, cluster, job, instance, GPU and units: each chosen among the exporters the rules'
     `selector` takes, within the ones before it."""
-    exporters = f"xpu_exporter_build_info{{{knobs['selector']}"
-    in_cluster = f'{exporters},{knobs["clusterLabel"]}=~"$cluster"'
+    exporters = "xpu_exporter_build_info{${selector}"
+    in_cluster = f'{exporters},${{clusterLabel}}=~"$cluster"'
     return [
         DATASOURCE_VARIABLE,
-        variable("cluster", "Cluster", f"label_values({exporters}}}, {knobs['clusterLabel']})", include_all=True),
+        variable("cluster", "Cluster", f"label_values({exporters}}}, ${{clusterLabel}})", include_all=True),
         variable("job", "Job", f"label_values({in_cluster}}}, job)", include_all=True),
         variable("instance", "Instance", f'label_values({in_cluster},job=~"$job"}}, instance)'),
         variable("device", "GPU", f"label_values(xpu_memory_total_bytes{{{SCOPE}}}, device)"),
@@ -594,18 +579,6 @@ def variables(knobs: Mapping[str, str]) -> list[Json]:
         variable("unit", "Unit", 'label_values({__name__=~"xpu_unit_engine_starts_total|xpu_workload_info",'
                                  f'kind!="systemd",{SCOPE}}}, unit)', multi=True),
     ]
-
-
-def scoped(node: Any, scopes: Mapping[str, str]) -> Any:
-    """`node` with each placeholder of `scopes` (VLLM_SCOPE, SCOPE) replaced by its selector in every string."""
-    if isinstance(node, dict):
-        return {key: scoped(value, scopes) for key, value in node.items()}
-    if isinstance(node, list):
-        return [scoped(value, scopes) for value in node]
-    if isinstance(node, str):
-        for placeholder, selector in scopes.items():
-            node = node.replace(placeholder, selector)
-    return node
 
 
 def target_json(target: Target, ref_id: str) -> Json:
@@ -664,13 +637,10 @@ def layout(rows: Sequence[Row]) -> list[Json]:
     return panels
 
 
-def dashboard(overrides: Mapping[str, str] = ()) -> Json:
-    """The dashboard for the rules rendered with these knob overrides (none: the bundled rules)."""
-    knobs = knob_values(overrides)
-    cluster = f'{knobs["clusterLabel"]}=~"$cluster"'
-    scopes = {VLLM_SCOPE: f'{knobs["vllmSelector"]},{cluster},instance="$instance"',
-              SCOPE: f'{knobs["selector"]},{cluster},job=~"$job",instance="$instance"'}
-    return scoped({
+def dashboard() -> Json:
+    """The mixin's dashboard template (mixin/dashboard.json): the rules' knobs (selectors, cluster label,
+    the thresholds and durations of the alerts) are placeholders the mixin fills in from its config."""
+    return {
         "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "description": "Prometheus that scrapes "
                       "vllm-xpu-exporter", "type": "datasource", "pluginId": "prometheus", "pluginName": "Prometheus"}],
         "__requires": [
@@ -696,13 +666,20 @@ def dashboard(overrides: Mapping[str, str] = ()) -> Json:
         "timezone": "",
         "links": [],
         "annotations": {"list": [FAILURE_ANNOTATION]},
-        "templating": {"list": variables(knobs)},
-        "panels": layout(rows(knobs)),
-    }, scopes)
+        "templating": {"list": variables()},
+        "panels": layout(rows()),
+    }
+
+
+def as_file(node: Json) -> str:
+    """A dashboard as the repository's files hold it: two-space JSON, numbers at their shortest (jsonnet's
+    C++ evaluator writes 0.05 as 0.050000000000000003)."""
+    return json.dumps(node, indent=2) + "\n"
 
 
 def render(overrides: Mapping[str, str] = ()) -> str:
-    return json.dumps(dashboard(overrides), indent=2) + "\n"
+    """The dashboard's JSON for these knob overrides: the mixin's."""
+    return as_file(json.loads(evaluate(MIXIN / "dashboard.jsonnet", overrides=knob_values(overrides))))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -725,12 +702,17 @@ def main(argv: list[str] | None = None) -> int:
     except (RenderError, OSError, ValueError) as error:
         print(f"dashboard.py: {error}", file=sys.stderr)
         return 2
+    # Without knob values, the mixin's template too: its dashboard is the shipped one.
+    written = {} if overrides else {TEMPLATE: as_file(dashboard())}
     if args.check:
-        if OUTPUT.read_text() != text:
-            print(f"{OUTPUT} is not what grafana/dashboard.py builds; run python3 grafana/dashboard.py",
+        stale = [path for path, content in {**written, OUTPUT: text}.items()
+                 if not path.is_file() or path.read_text() != content]
+        for path in stale:
+            print(f"{path} is not what grafana/dashboard.py builds; run python3 grafana/dashboard.py",
                   file=sys.stderr)
-            return 1
-        return 0
+        return 1 if stale else 0
+    for path, content in written.items():
+        path.write_text(content)
     if args.output or not overrides:
         (args.output or OUTPUT).write_text(text)
     else:

@@ -5,17 +5,19 @@
     python3 rules/render.py --set selector='job="gpu"' --set memoryNearlyFullFor=30m > my-rules.yaml
     python3 rules/render.py --values my-values.yaml > my-rules.yaml
 
-The template (rules/template/vllm-xpu-exporter.yaml) marks each knob as ``${name}``; ``${name:seconds}``
-is a duration knob as a number of seconds, ``${name%anchor}`` a pattern knob with its ``%s`` as ``anchor``;
-lines starting with ``#%`` are the template's own notes.
-rules/template/config.yaml lists every knob with its default.
+The rules are the monitoring mixin's (mixin/mixin.libsonnet): its template mixin/rules.yaml marks each
+knob as ``${name}`` (``${name:seconds}`` a duration knob in seconds, ``${name%anchor}`` a pattern knob with
+its ``%s`` as ``anchor``), mixin/config.libsonnet lists every knob with its default, and the mixin fills
+them in; this script checks your values and evaluates the mixin with them (mixin/rules.jsonnet).
 Values files hold a subset of those knobs; ``--set`` wins over ``--values``, later over earlier.
-Needs Python 3 and PyYAML only; usable from a shell as ``render(overrides)``.
+Needs Python 3, PyYAML and the jsonnet package (pip install jsonnet); usable from a shell as
+``render(overrides)``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -24,18 +26,16 @@ from pathlib import Path
 import yaml
 
 RULES_DIR = Path(__file__).resolve().parent
-TEMPLATE = RULES_DIR / "template" / "vllm-xpu-exporter.yaml"
-DEFAULTS = RULES_DIR / "template" / "config.yaml"
+MIXIN = RULES_DIR.parent / "mixin"
+DEFAULTS = MIXIN / "config.libsonnet"
 RENDERED = RULES_DIR / "vllm-xpu-exporter.yaml"
 
-PLACEHOLDER = re.compile(r"\$\{(\w+)(?::(seconds)|%(\w+))?\}")
 DURATION = re.compile(r"^(?:\d+(?:ms|s|m|h|d|w|y))+$")
 DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 SECONDS_PER_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 SEVERITIES = ("critical", "warning", "info")
 # The `reason` values of xpu_frequency_throttled (docs/metrics.md).
 THROTTLE_REASONS = ("average_power", "burst_power", "current", "thermal", "psu", "software_range", "hardware_range")
-TEMPLATE_NOTE = "#%"  # a template line that is not rendered
 NUMBER = re.compile(r"^-?\d+(?:\.\d+)?(?:e[+-]?\d+)?$")
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 # Where a link pattern may lead: Prometheus's own address, or an absolute http(s) URL with a host.
@@ -48,9 +48,23 @@ class RenderError(ValueError):
     """A knob that does not exist, or a value a knob cannot take."""
 
 
-def load_defaults(path: Path = DEFAULTS) -> dict[str, str]:
-    """The knobs and their default values, as text."""
-    return {name: _text(value) for name, value in yaml.safe_load(path.read_text()).items()}
+def evaluate(path: Path, **arguments: object) -> str:
+    """The output of the mixin's jsonnet file at `path`, called with these top-level arguments."""
+    try:
+        import _jsonnet
+    except ImportError:
+        raise RenderError("the rules and dashboard are a jsonnet mixin: install the Python package jsonnet "
+                          "(pip install jsonnet)") from None
+    try:
+        return _jsonnet.evaluate_file(str(path), jpathdir=[str(MIXIN)],
+                                      tla_codes={name: json.dumps(value) for name, value in arguments.items()})
+    except RuntimeError as error:
+        raise RenderError(str(error).strip().splitlines()[0]) from None
+
+
+def load_defaults() -> dict[str, str]:
+    """The knobs and their default values (mixin/config.libsonnet), as text."""
+    return json.loads(evaluate(MIXIN / "knobs.jsonnet"))
 
 
 def load_values(path: Path) -> dict[str, str]:
@@ -70,7 +84,7 @@ def duration_seconds(duration: str) -> float:
 
 def validate(name: str, value: str) -> None:
     """Refuse a value the knob cannot take (by the knob's name: *For/*Window, *Severity, *Ratio, *Bytes,
-    *Celsius, *Reasons, *Label, *Pattern, *Selector)."""
+    *Celsius, *Reasons, *Label, *Pattern, *Selector, show*)."""
     if name.endswith(("For", "Window")):
         duration_seconds(value)
     elif name.endswith("Severity"):
@@ -99,6 +113,9 @@ def validate(name: str, value: str) -> None:
         if "$labels" in value or not LINK_START.match(value):
             raise RenderError(f"{name}: starts with {{{{ $externalURL }}}}/ or http(s)://host, and takes nothing from "
                               f"the firing series' labels (a down or absent exporter serves no page), got {value!r}")
+    elif name.startswith("show"):
+        if value not in ("true", "false"):
+            raise RenderError(f"{name}: true or false, got {value!r}")
     elif name.endswith("Selector") or name == "selector":
         if not value.strip() or "{" in value or "}" in value:
             raise RenderError(f"{name}: label matchers without braces, e.g. job=\"vllm-xpu-exporter\", got {value!r}")
@@ -118,24 +135,9 @@ def knob_values(overrides: Mapping[str, str] = (), defaults: Mapping[str, str] |
     return values
 
 
-def render(overrides: Mapping[str, str] = (), template: Path = TEMPLATE) -> str:
+def render(overrides: Mapping[str, str] = ()) -> str:
     """The rules file text with the defaults and these overrides."""
-    values = knob_values(overrides)
-    text = "".join(line for line in template.read_text().splitlines(keepends=True)
-                   if not line.startswith(TEMPLATE_NOTE))
-    used = {match.group(1) for match in PLACEHOLDER.finditer(text)}
-    if missing := used - values.keys():
-        raise RenderError(f"the template uses knobs without a default: {', '.join(sorted(missing))}")
-
-    def substitute(match: re.Match[str]) -> str:
-        value = values[match.group(1)]
-        if match.group(2) == "seconds":
-            return _text(duration_seconds(value))
-        if match.group(3):
-            return value.replace("%s", match.group(3))
-        return value
-
-    rendered = PLACEHOLDER.sub(substitute, text)
+    rendered = json.loads(evaluate(MIXIN / "rules.jsonnet", overrides=knob_values(overrides)))
     yaml.safe_load(rendered)  # a value that breaks the YAML fails here, not in Prometheus
     return rendered
 
@@ -182,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
