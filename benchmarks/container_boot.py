@@ -67,6 +67,7 @@ class Boot:
     failures: int
     overlaps: int
     seconds: float | None  # None: not every engine served
+    failed: tuple[str, ...] = ()  # the engines whose init failed
 
 
 def container_command(engine, way: str, device: Path, events: Path) -> list[str]:
@@ -140,7 +141,8 @@ def one_boot(docker: Dockerd, way: str, directory: Path, driver: Path) -> Boot:
     failures = sum(record["event"] == "failed" for record in records)
     serving = [record["at"] for record in records if record["event"] == "serving"]
     seconds = max(serving) - began if len(serving) == len(names) else None
-    return Boot(failures, overlapping(init_spans(records)), seconds)
+    failed = tuple(sorted(record["unit"] for record in records if record["event"] == "failed"))
+    return Boot(failures, overlapping(init_spans(records)), seconds, failed)
 
 
 def summary(way: str, boots: Sequence[Boot]) -> str:
@@ -173,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
                     boot = one_boot(docker, way, base, driver)
                     results[way].append(boot)
                     seconds = "NOT ALL SERVING" if boot.seconds is None else f"all serving after {boot.seconds:.2f} s"
-                    print(f"{way}: boot {number:2d}: {boot.failures} init failures, {boot.overlaps} overlapping "
-                          f"inits, {seconds}", flush=True)
+                    failed = f" ({', '.join(boot.failed)})" if boot.failed else ""
+                    print(f"{way}: boot {number:2d}: {boot.failures} init failures{failed}, {boot.overlaps} "
+                          f"overlapping inits, {seconds}", flush=True)
     print()
     for way, boots in results.items():
         print(summary(way, boots))
