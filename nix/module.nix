@@ -100,6 +100,12 @@ let
     };
   }) cfg.plan;
 
+  # The documentation the package installs (the wheel's data files), as the packaged units' Documentation= name it
+  # under their venv: the project has no web address
+  docs = "${cfg.package}/share/doc/vllm-xpu-exporter";
+  exporterDocumentation = [ "file://${docs}/README.md" "file://${docs}/docs/deployment.md" ];
+  gateDocumentation = [ "file://${docs}/docs/gate.md" ];
+
   # The exporter's and the gate service's sandbox: a transient user, the render and journal groups, the
   # capabilities above, and nothing else.
   hardening = {
@@ -147,6 +153,7 @@ let
 
   gateService = {
     description = "Init gate of vLLM units (vllm-xpu-gate)";
+    documentation = gateDocumentation;
     requires = [ "vllm-xpu-gate.socket" ];
     after = [ "vllm-xpu-gate.socket" "systemd-journald.service" ];
     serviceConfig = hardening // {
@@ -171,6 +178,7 @@ let
 
   gateSocket = {
     description = "Socket of the init gate of vLLM units (vllm-xpu-gate)";
+    documentation = gateDocumentation;
     wantedBy = [ "sockets.target" ];
     socketConfig = {
       ListenStream = "/run/vllm-xpu-gate/gate.sock";
@@ -183,6 +191,7 @@ let
   # The exporter's socket, as packaging/vllm-xpu-exporter.socket
   exporterSocket = {
     description = "Socket of the Prometheus exporter for Intel GPUs shared by vLLM units (vllm-xpu-exporter)";
+    documentation = exporterDocumentation;
     wantedBy = [ "sockets.target" ];
     socketConfig = {
       ListenStream = listenStreams;
@@ -373,6 +382,7 @@ in
       // optionalAttrs cfg.enable {
       vllm-xpu-exporter = {
         description = "Prometheus exporter for Intel GPUs shared by vLLM units (vllm-xpu-exporter)";
+        documentation = exporterDocumentation;
         wantedBy = [ "multi-user.target" ];
         after = [ "network.target" "systemd-udevd.service" ] ++ optionals socketActivated [ "vllm-xpu-exporter.socket" ];
         # as packaging/vllm-xpu-exporter-socket.conf: the service takes the socket's listening sockets

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import email.parser
 import hashlib
+import re
 import shutil
 import subprocess
 import sys
@@ -26,10 +27,11 @@ def installed(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("distribution")
     source = root / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md", "SECURITY.md"):
         if (REPO / name).exists():
             shutil.copy(REPO / name, source / name)
     shutil.copytree(REPO / "exporter", source / "exporter", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "docs", source / "docs")  # installed as the documentation (data files)
     target = root / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target",
                     str(target), str(source)], check=True, capture_output=True, timeout=300)
@@ -37,8 +39,10 @@ def installed(tmp_path_factory) -> Path:
 
 
 def test_pip_install_puts_vllm_xpu_exporter_and_no_exporter_package_into_site_packages(installed):
+    # --target puts the scripts (bin/) and the data files (share/, the documentation) beside the packages
     top_level = {path.name for path in installed.iterdir()
-                 if path.is_dir() and not path.name.endswith((".dist-info", ".egg-info")) and path.name != "bin"}
+                 if path.is_dir() and not path.name.endswith((".dist-info", ".egg-info"))
+                 and path.name not in ("bin", "share")}
     assert top_level == {"vllm_xpu_exporter"}
 
 
@@ -157,6 +161,45 @@ def test_print_lists_what_it_prints_and_refuses_another_name_in_one_line(fresh_v
                              text=True, timeout=120)
     assert refused.returncode == 2 and refused.stdout == "" and len(refused.stderr.splitlines()) == 1
     assert "unknown name 'alerts'" in refused.stderr
+
+
+# The venv the packaged units run from (their ExecStart=): the wheel's data files are under it too
+PACKAGED_PREFIX = "/opt/vllm-xpu-exporter"
+INSTALLED_DOCS = "share/doc/vllm-xpu-exporter"
+PACKAGED_UNITS = ("vllm-xpu-exporter.service", "vllm-xpu-exporter.socket", "vllm-xpu-gate.service",
+                  "vllm-xpu-gate.socket")
+
+
+def documentation_of(unit: str) -> list[str]:
+    return [line.partition("=")[2] for line in (REPO / "packaging" / unit).read_text().splitlines()
+            if line.startswith("Documentation=")]
+
+
+def test_every_packaged_units_documentation_is_a_file_the_wheel_installs_in_the_units_venv(fresh_venv):
+    """The project has no web address: each unit's Documentation= is the documentation the wheel installs as data
+    files, under the prefix the unit runs the package from, and there in a wheel install."""
+    for unit in PACKAGED_UNITS:
+        assert documentation_of(unit), f"{unit} has no Documentation="
+        for uri in documentation_of(unit):
+            assert uri.startswith(f"file://{PACKAGED_PREFIX}/{INSTALLED_DOCS}/"), (unit, uri)
+            assert (fresh_venv / uri.removeprefix(f"file://{PACKAGED_PREFIX}/")).is_file(), (unit, uri)
+    for service in ("vllm-xpu-exporter.service", "vllm-xpu-gate.service"):
+        assert f"ExecStart={PACKAGED_PREFIX}/bin/" in (REPO / "packaging" / service).read_text()
+
+
+def test_the_long_descriptions_links_stay_relative_while_the_project_has_no_address_and_resolve_installed(
+        fresh_venv):
+    """The README is the wheel's long description; its links are relative. Made absolute they would need the
+    project's address, which pyproject.toml does not give ([project.urls]), and an invented one would not open.
+    So they stay relative, and resolve in the documentation the wheel installs beside the README. When the project
+    gets an address, this fails until the long description's links are made absolute with it."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    readme = fresh_venv / INSTALLED_DOCS / "README.md"
+    targets = [target.partition("#")[0] for target in re.findall(r"\]\(([^)\s]+)\)", readme.read_text())
+               if not re.match(r"[a-z]+:", target)]
+    assert "urls" not in project, "the project has an address: make the long description's links absolute"
+    assert targets, "the README links to nothing"
+    assert [target for target in targets if target and not (readme.parent / target).is_file()] == []
 
 
 def test_every_shipped_file_is_a_link_to_the_repositorys_own():

@@ -381,3 +381,15 @@ def test_without_socket_activation_there_is_no_exporter_socket_and_the_service_b
     service = config["systemd"]["services"]["vllm-xpu-exporter"]
     assert service["requires"] == []
     assert not parse_options(exec_start_arguments(service["serviceConfig"])).systemd_socket
+
+
+def test_the_modules_units_name_the_documentation_the_package_installs_as_the_packaged_units_do(tmp_path):
+    """Each unit's documentation is the packaged unit's Documentation=, in the Nix package instead of the venv."""
+    config = evaluate_module(tmp_path, '{ enable = true; socketActivation.enable = true; gate.units = [ "vllm-chat" ]; }')
+    units = {"vllm-xpu-exporter.service": config["systemd"]["services"]["vllm-xpu-exporter"],
+             "vllm-xpu-exporter.socket": config["systemd"]["sockets"]["vllm-xpu-exporter"],
+             "vllm-xpu-gate.service": config["systemd"]["services"]["vllm-xpu-gate"],
+             "vllm-xpu-gate.socket": config["systemd"]["sockets"]["vllm-xpu-gate"]}
+    for name, unit in units.items():
+        packaged = unit_sections((REPO / "packaging" / name).read_text())["Unit"]["Documentation"]
+        assert unit["documentation"] == [uri.replace("/opt/vllm-xpu-exporter", STORE_PATH) for uri in packaged], name
