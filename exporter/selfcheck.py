@@ -43,7 +43,7 @@ GiB = 1 << 30
 CORE_TO_SYSMAN_RATIO = (0.90, 1.0)
 # Two readings of free or used memory taken a moment apart: what a busy GPU may move between them
 READINGS_SLACK_RATIO = 0.01
-# vLLM prints GiB with two decimals: a printed total stands for anything within half a hundredth of a GiB
+# vLLM prints GiB with two decimals: a printed figure agrees with one within a hundredth of a GiB
 PRINTED_GIB_SLACK = GiB // 100
 INTEL_DRIVERS = ("i915", "xe")
 FDINFO_MEMORY_KERNELS = "i915 and xe print device memory in fdinfo from Linux 6.8 (the generic keys from 6.5)"
@@ -111,13 +111,13 @@ def core_total_check(device: DeviceMemory) -> Check:
     name = f"memory.total[{device.identity.pci_address}]"
     core = device.core.total if device.core is not None else None
     sysman = device.total
-    if core is None or sysman is None or not sysman:
-        figures = {"core": gib(core)} if core is not None else {"sysman": gib(sysman)} if sysman else {}
-        missing = "the core API's" if core is None else "Sysman's"
-        reason = (device.core_error if core is None else device.error) or (
-            "the loader took the zesInit path, whose handles the core API does not take" if core is None
-            else "no device-local memory module")
-        return Check(Verdict.UNVERIFIED, name, figures, f"{missing} total was not read: {reason}")
+    if core is None:
+        reason = device.core_error or "the loader took the zesInit path, whose handles the core API does not take"
+        return Check(Verdict.UNVERIFIED, name, {"sysman": gib(sysman)} if sysman else {},
+                     f"the core API's total was not read: {reason}")
+    if not sysman:
+        reason = device.error or "no device-local memory module"
+        return Check(Verdict.UNVERIFIED, name, {"core": gib(core)}, f"Sysman's total was not read: {reason}")
     figures = {"core": gib(core), "sysman": gib(sysman), "ratio": ratio(core, sysman)}
     low, high = CORE_TO_SYSMAN_RATIO
     if low <= core / sysman <= high:
@@ -270,17 +270,28 @@ def vllm_checks(readings: Readings) -> list[Check]:
     cores = [device.core.total for device in readings.devices if device.core is not None]
     found: list[Check] = []
     for view in sorted(started, key=lambda view: view.unit):
-        printed = view.latest.device_total_bytes if view.latest else None  # type: ignore[union-attr]
-        core = (min(cores, key=lambda core: abs(core - (printed or core))) if printed is not None or len(cores) == 1
-                else None) if cores else None
+        assert view.latest is not None
+        printed = view.latest.device_total_bytes
+        core = core_total_of_unit(printed, cores)
         found += [printed_total_check(view, printed, core, readings), kv_cache_check(view, core, cores)]
     return found
+
+
+def core_total_of_unit(printed: int | None, cores: Sequence[int]) -> int | None:
+    """The core total of the GPU a unit ran on: the only GPU's, else the one nearest the total the unit printed
+    (None when it printed none)."""
+    if len(cores) == 1:
+        return cores[0]
+    if printed is None or not cores:
+        return None
+    return min(cores, key=lambda core: abs(core - printed))
 
 
 def printed_total_check(view: UnitView, printed: int | None, core: int | None, readings: Readings) -> Check:
     """The device total the unit's latest start printed against the core API's total now."""
     name = f"vllm.total[{view.unit}]"
-    version = (view.latest.version if view.latest else None) or "unknown"
+    assert view.latest is not None
+    version = view.latest.version or "unknown"
     if printed is None:
         return Check(Verdict.UNVERIFIED, name, {"vllm": version}, "this start printed no device total (vLLM "
                                                                   "prints it on XPU in 0.9.2-0.15.1 and from 0.26)")
@@ -301,9 +312,11 @@ def kv_cache_check(view: UnitView, core: int | None, cores: Sequence[int]) -> Ch
     start = view.latest
     assert start is not None
     kv, utilisation = start.kv_cache_bytes, view.gpu_memory_utilization
-    figures = {key: value for key, value in (("kv", None if kv is None else gib(kv)),
-                                             ("utilisation", None if utilisation is None else f"{utilisation:g}"))
-               if value is not None}
+    figures = {}
+    if kv is not None:
+        figures["kv"] = gib(kv)
+    if utilisation is not None:
+        figures["utilisation"] = f"{utilisation:g}"
     if kv is None:
         return Check(Verdict.UNVERIFIED, name, figures, "this start printed no KV cache figure")
     if start.kv_cache_memory_bytes:

@@ -21,6 +21,8 @@ from sizes import GiB
 from vllmlogs import Boot, compose, journal_specs, race_chat_runs, service_runs
 
 from vllm_xpu_exporter import selfcheck
+from vllm_xpu_exporter.fold.engine_starts import UnitView
+from vllm_xpu_exporter.fold.start import Start
 from vllm_xpu_exporter.selfcheck import Readings, Verdict
 from vllm_xpu_exporter.sources.drm_cards import DrmCard, read_drm_cards
 from vllm_xpu_exporter.sources.levelzero.binding import CoreMemory, DeviceIdentity, MemoryModule
@@ -103,6 +105,30 @@ def test_with_no_source_answering_every_check_is_unverified_with_its_reason():
     assert {check.verdict for check in found} == {Verdict.UNVERIFIED}
     assert all(check.why for check in found)
     assert [check.name for check in found] == ["levelzero", "sysfs.drm", "fdinfo", "vllm"]
+
+
+def unit_view(*, kv: int, utilisation: float, printed_total: int | None) -> UnitView:
+    start = Start(began_usec=1, printed=True, version="0.26.0", gpu_memory_utilization=utilisation,
+                  kv_cache_bytes=kv, device_total_bytes=printed_total)
+    return UnitView(CHAT, starts=1, failures={}, last_failure_usec=None, overlaps=0, latest=start,
+                    last_success=start)
+
+
+@pytest.mark.fast
+def test_a_kv_cache_beyond_its_utilisations_share_of_the_core_total_differs():
+    fits = verdicts(Readings(devices=[device()], views=[unit_view(kv=3 * GiB, utilisation=0.5, printed_total=None)]))
+    assert fits[f"vllm.kv[{CHAT}]"] is Verdict.OK and fits[f"vllm.total[{CHAT}]"] is Verdict.UNVERIFIED
+    too_big = selfcheck.checks(Readings(devices=[device()],
+                                        views=[unit_view(kv=8 * GiB, utilisation=0.5, printed_total=CORE_TOTAL)]))
+    (kv_check,) = [check for check in too_big if check.name == f"vllm.kv[{CHAT}]"]
+    assert kv_check.verdict is Verdict.DIFFERS and kv_check.figures["share"] == "7.600GiB"
+
+
+@pytest.mark.fast
+def test_on_several_gpus_a_unit_is_held_against_the_gpu_whose_total_it_printed():
+    assert selfcheck.core_total_of_unit(12 * GiB, [CORE_TOTAL, 11 * GiB]) == 11 * GiB
+    assert selfcheck.core_total_of_unit(None, [CORE_TOTAL, 11 * GiB]) is None
+    assert selfcheck.core_total_of_unit(None, [CORE_TOTAL]) == CORE_TOTAL
 
 
 @pytest.mark.fast

@@ -68,13 +68,13 @@ def _card(path: str, name: str) -> DrmCard:
     except OSError:  # no driver bound (or no such card any more)
         driver = None
     memory_bytes, memory_files = _memory(path)
-    return DrmCard(name, pci_address, driver, _hex(os.path.join(device, "vendor")),
-                   _hex(os.path.join(device, "device")), memory_bytes, memory_files)
+    return DrmCard(name, pci_address, driver, _integer(os.path.join(device, "vendor"), 16),
+                   _integer(os.path.join(device, "device"), 16), memory_bytes, memory_files)
 
 
 def _memory(path: str) -> tuple[int | None, str | None]:
     for pattern in (XE_TILE_VRAM, I915_LMEM_TOTAL):
-        sizes = [_number(file) for file in sorted(glob.glob(os.path.join(glob.escape(path), pattern)))]
+        sizes = [_integer(file, 0) for file in sorted(glob.glob(os.path.join(glob.escape(path), pattern)))]
         known = [size for size in sizes if size is not None]
         if known:
             return sum(known), pattern
@@ -88,18 +88,11 @@ def _attribute(path: str) -> str | None:
         return None
 
 
-def _hex(path: str) -> int | None:
+def _integer(path: str, base: int) -> int | None:
+    """The attribute as a number (`base` 16: "0x8086"; 0: a decimal or 0x-prefixed size), None when unreadable."""
     text = _attribute(path)
     try:
-        return int(text, 16) if text is not None else None
-    except ValueError:
-        return None
-
-
-def _number(path: str) -> int | None:
-    text = _attribute(path)
-    try:
-        return int(text, 0) if text is not None else None
+        return int(text, base) if text is not None else None
     except ValueError:
         return None
 
