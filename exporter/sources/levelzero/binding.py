@@ -290,7 +290,7 @@ class ze_driver_extension_properties_t(ctypes.Structure):
     ]
 
 
-# The loader's own versions (ze_loader.h, every loader since 1.6): its components, "loader" and the layers it loaded
+# The loader's own versions (ze_loader.h; Debian 12's loader 1.8.12 has them): "loader" and each layer it loaded
 ZEL_COMPONENT_STRING_SIZE = 64
 
 
