@@ -199,7 +199,8 @@ def sysfs_memory_check(device: DeviceMemory, card: DrmCard) -> Check:
     if card.memory_bytes is None:
         return Check(Verdict.UNVERIFIED, name, figures,
                      f"{card.driver or 'the driver'} exposes no device memory size in sysfs (neither {XE_TILE_VRAM} "
-                     f"nor {I915_LMEM_TOTAL}; upstream i915 and xe answer it by ioctl only)")
+                     f"nor {I915_LMEM_TOTAL}; upstream i915 and xe give it by ioctl, and in debugfs, not read "
+                     "here)")
     figures["sysfs"] = gib(card.memory_bytes)
     if sysman is None:
         return Check(Verdict.UNVERIFIED, name, figures, f"Sysman's total was not read: {device.error}")

@@ -2,9 +2,10 @@
 kernel driver bound to it (`i915`, `xe`), the function's PCI vendor and device ids, and the device memory size
 where the kernel exposes one.
 
-Upstream i915 and xe expose no device memory size in sysfs (both answer it through an ioctl only); Intel's
-out-of-tree i915 backport has `cardN/lmem_total_bytes`, and xe trees that have it give each tile's
-`device/tileN/physical_vram_size_bytes`. Both are read where they exist, and the card says which it found.
+Upstream i915 and xe expose no device memory size in sysfs: both give it through an ioctl, and in debugfs as text
+that changes between kernels, which is not read here. Intel's out-of-tree i915 backport has
+`cardN/lmem_total_bytes`, and xe trees that have it give each tile's `device/tileN/physical_vram_size_bytes`. Both
+are read where they exist, and the card says which it found.
 
 Plain files and links, read once per call; `--path.sysfs` points it at a host's /sys mounted elsewhere (libudev,
 which `vllm_xpu_exporter.sources.udev` uses, only takes the real /sys). From a shell:
