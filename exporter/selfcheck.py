@@ -25,6 +25,7 @@ from importlib import metadata
 from vllm_xpu_exporter import __version__, buildinfo
 from vllm_xpu_exporter.argparsing import OneLineParser
 from vllm_xpu_exporter.fold.engine_starts import UnitView
+from vllm_xpu_exporter.logformat import add_log_flags, setup_logging
 from vllm_xpu_exporter.flags import (DefaultsHelpFormatter, add_container_flags, add_container_log_flags,
                                      add_journal_containers_flag, add_journal_flags, add_levelzero_flags,
                                      add_procfs_flag, add_sysfs_flag, check_journal_flags)
@@ -411,6 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
     host = add_procfs_flag(parser)
     add_sysfs_flag(host)
     add_container_flags(host)
+    add_log_flags(parser)
+    # the report is standard output, and says what could not be read; the sources' own logs only when they warn
+    parser.set_defaults(log_level="warn")
     return parser
 
 
@@ -418,6 +422,7 @@ def main(argv: Sequence[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_journal_flags(parser, args)
+    setup_logging(args.log_level, args.log_format)
     readings, loader = read_readings(args)
     found = checks(readings)
     lines = header(readings, loader, args.levelzero_library) + [check.line() for check in found]
