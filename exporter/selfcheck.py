@@ -217,7 +217,8 @@ def fdinfo_checks(readings: Readings) -> list[Check]:
     if readings.scan is None:
         return [Check(Verdict.UNVERIFIED, "fdinfo", why=f"/proc was not read: {readings.scan_error}")]
     scan = readings.scan
-    unread = f"; processes not read: {scan.unreadable} (run as root)" if scan.unreadable else ""
+    hint = "" if scan.reader_root else " (run as root)"
+    unread = f"; processes not read: {scan.unreadable}{hint}" if scan.unreadable else ""
     if not readings.devices:
         why = "Level Zero did not answer" if readings.devices_error is not None else "Level Zero lists no GPU"
         return [Check(Verdict.UNVERIFIED, "fdinfo", {"clients": str(scan.clients)}, f"{why}: nothing to hold the "
@@ -390,7 +391,7 @@ def header(readings: Readings, loader: dict[str, str], library: str) -> list[str
             f"# exporter: {__version__} (revision {buildinfo.revision()})",
             f"# python: {platform.python_version()}",
             f"# kernel: {readings.kernel}",
-            f"# level-zero-loader: {components or 'unknown'} ({library})",
+            f"# level-zero-loader: {components or 'unknown (it says its version once initialised)'} ({library})",
             f"# level-zero-driver: {drivers or 'unknown'}",
             f"# prometheus-client: {client}"]
 
