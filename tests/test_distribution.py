@@ -13,6 +13,7 @@ import sys
 import sysconfig
 import tarfile
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -234,3 +235,34 @@ def test_the_sdist_carries_every_file_of_the_clone_its_tests_read(tmp_path):
     assert tracked - members == set()
     assert {name for name in members - tracked if not name.startswith("vllm_xpu_exporter.egg-info/")} \
         == {"PKG-INFO", "setup.cfg"}
+
+
+def build_stage_copies() -> list[tuple[list[str], str]]:
+    """(sources, destination) of each COPY of the Dockerfile's build stage, the files the package is built from."""
+    lines = (REPO / "Dockerfile").read_text().splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith("FROM ") and line.endswith(" AS build"))
+    end = next(index for index in range(start + 1, len(lines)) if lines[index].startswith("FROM "))
+    return [(words[1:-1], words[-1]) for words in (line.split() for line in lines[start:end])
+            if words and words[0] == "COPY" and not any(word.startswith("--") for word in words)]
+
+
+def test_the_image_builds_the_package_from_what_its_build_stage_copies(tmp_path):
+    """The image copies some of the clone's files, not all: pip builds the package from those alone, the
+    documentation it installs as data files included (a file the build needs and the stage leaves out fails the
+    image's build)."""
+    context = tmp_path / "src"
+    context.mkdir()
+    for sources, destination in build_stage_copies():
+        for source in sources:
+            target = context / destination / Path(source).name if destination.endswith("/") else context / destination
+            if (REPO / source).is_dir():
+                shutil.copytree(REPO / source, target, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(REPO / source, target)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"),
+                            str(context)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("vllm_xpu_exporter-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert any(name.endswith(f"data/{INSTALLED_DOCS}/README.md") for name in archive.namelist())
