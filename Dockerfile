@@ -22,10 +22,11 @@ ARG SOURCE=unknown
 FROM ${PYTHON_IMAGE} AS build
 ARG REVISION
 WORKDIR /src
-COPY pyproject.toml README.md LICENSE ./
+COPY pyproject.toml README.md LICENSE CHANGELOG.md SECURITY.md ./
 COPY exporter ./exporter
-# exporter/http/runbook.md links to it: the runbook the exporter serves at /runbook
-COPY docs/runbook.md ./docs/runbook.md
+# exporter/http/runbook.md links to docs/runbook.md (the runbook the exporter serves at /runbook), and the package
+# installs the documentation under /opt/vllm-xpu-exporter/share/doc/vllm-xpu-exporter/
+COPY docs ./docs
 RUN printf '%s\n' "${REVISION}" > exporter/REVISION \
     && python -m venv /opt/vllm-xpu-exporter \
     && /opt/vllm-xpu-exporter/bin/pip install --no-cache-dir . \

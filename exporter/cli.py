@@ -162,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "containers (Docker, Podman) or pods (Kubernetes): device memory, memory per unit, KV-cache "
                     "allocation and engine-init failures from the journal or the containers' logs.",
         epilog="`vllm-xpu-exporter print NAME` prints the rules, the dashboard or a systemd unit the package "
-               "ships (`vllm-xpu-exporter print --help` lists them).",
+               "ships (`vllm-xpu-exporter print --help` lists them). `vllm-xpu-exporter selfcheck` checks what "
+               "the exporter reads on this host against a second source, one line per check, and exits 1 when "
+               "one differs (`vllm-xpu-exporter selfcheck --help`).",
         formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--version", action="version", version=f"vllm-xpu-exporter {__version__}")
 
@@ -384,6 +386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["print"]:
         return print_shipped(argv[1:])
+    if argv[:1] == ["selfcheck"]:
+        from vllm_xpu_exporter import selfcheck  # the planner's journal reading, only for this command
+        return selfcheck.main(argv[1:])
     # SIGHUP (systemctl reload) never kills the exporter: ignored until the server can reload on it (before
     # any child is started, so no child inherits the ignoring).
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -16,6 +16,12 @@
 #
 #   services.vllm-xpu-exporter.gate.units = [ "vllm-chat" "vllm-embedding.service" ];
 #
+# Socket activation, as the packaged vllm-xpu-exporter.socket: systemd holds the listening sockets from early
+# boot and hands them to the exporter (--web.systemd-socket); a restart refuses no connection:
+#
+#   services.vllm-xpu-exporter.socketActivation.enable = true;
+#   services.vllm-xpu-exporter.socketActivation.listenStreams = [ "127.0.0.1:10447" "[::1]:10447" ];
+#
 # The planner's values (vllm-xpu-plan --format nixos, docs/planner.md), given to the units' own module and
 # here, so that the exporter knows each unit's plan and alerts when the unit does not run with it:
 #
@@ -32,8 +38,14 @@ let
   # The exporter and the gate service read the same units from the journal.
   journalUnitFlags = map (glob: "--journal.units=${glob}") cfg.units;
 
+  # Socket activation: the socket unit's ListenStream= values, by default the address and port the service
+  # would bind itself.
+  socketActivated = cfg.socketActivation.enable;
+  listenStreams = if cfg.socketActivation.listenStreams != [ ] then cfg.socketActivation.listenStreams
+    else if cfg.listenAddress == "" then [ (toString cfg.port) ] else [ "${listenHost}:${toString cfg.port}" ];
+
   flags =
-    [ "--web.listen-address=${listenHost}:${toString cfg.port}" ]
+    (if socketActivated then [ "--web.systemd-socket" ] else [ "--web.listen-address=${listenHost}:${toString cfg.port}" ])
     ++ journalUnitFlags
     ++ optionals (cfg.webConfigFile != null) [ "--web.config.file=${cfg.webConfigFile}" ]
     ++ optionals (cfg.plan != { }) [ "--collector.processes.plans=/etc/${plansDirectory}" ]
@@ -88,6 +100,12 @@ let
     };
   }) cfg.plan;
 
+  # The documentation the package installs (the wheel's data files), as the packaged units' Documentation= name it
+  # under their venv: the project has no web address
+  docs = "${cfg.package}/share/doc/vllm-xpu-exporter";
+  exporterDocumentation = [ "file://${docs}/README.md" "file://${docs}/docs/deployment.md" ];
+  gateDocumentation = [ "file://${docs}/docs/gate.md" ];
+
   # The exporter's and the gate service's sandbox: a transient user, the render and journal groups, the
   # capabilities above, and nothing else.
   hardening = {
@@ -135,6 +153,7 @@ let
 
   gateService = {
     description = "Init gate of vLLM units (vllm-xpu-gate)";
+    documentation = gateDocumentation;
     requires = [ "vllm-xpu-gate.socket" ];
     after = [ "vllm-xpu-gate.socket" "systemd-journald.service" ];
     serviceConfig = hardening // {
@@ -159,12 +178,25 @@ let
 
   gateSocket = {
     description = "Socket of the init gate of vLLM units (vllm-xpu-gate)";
+    documentation = gateDocumentation;
     wantedBy = [ "sockets.target" ];
     socketConfig = {
       ListenStream = "/run/vllm-xpu-gate/gate.sock";
       SocketMode = "0666";
       DirectoryMode = "0755";
       RemoveOnStop = true;
+    };
+  };
+
+  # The exporter's socket, as packaging/vllm-xpu-exporter.socket
+  exporterSocket = {
+    description = "Socket of the Prometheus exporter for Intel GPUs shared by vLLM units (vllm-xpu-exporter)";
+    documentation = exporterDocumentation;
+    wantedBy = [ "sockets.target" ];
+    socketConfig = {
+      ListenStream = listenStreams;
+      # the exporter serves every socket it is given itself: one service for all connections
+      Accept = false;
     };
   };
 
@@ -230,6 +262,30 @@ in
       type = types.bool;
       default = false;
       description = "Open `port` in the firewall.";
+    };
+
+    socketActivation = {
+      enable = mkOption {
+        type = types.bool;
+        default = false;
+        description = ''
+          Socket activation, as the packaged `vllm-xpu-exporter.socket`: a `vllm-xpu-exporter.socket` unit holds
+          the listening sockets (`listenStreams`) from early boot, and the service serves the sockets it is
+          handed (`--web.systemd-socket`) instead of binding `listenAddress` and `port` itself. A restart of the
+          exporter refuses no scrape: systemd keeps accepting meanwhile.
+        '';
+      };
+
+      listenStreams = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        example = [ "127.0.0.1:10447" "[::1]:10447" ];
+        description = ''
+          The socket's `ListenStream=` values, one listening socket each (systemd.socket(5): `PORT`,
+          `ADDRESS:PORT`, `[IPv6]:PORT`); empty: the one of `listenAddress` and `port`. `openFirewall` opens
+          `port` only.
+        '';
+      };
     };
 
     user = mkOption {
@@ -320,13 +376,17 @@ in
     networking.firewall.allowedTCPPorts = optionals (cfg.enable && cfg.openFirewall) [ cfg.port ];
     environment.etc = optionalAttrs cfg.enable planFiles;
 
-    systemd.sockets = optionalAttrs (cfg.gate.units != [ ]) { vllm-xpu-gate = gateSocket; };
+    systemd.sockets = optionalAttrs (cfg.gate.units != [ ]) { vllm-xpu-gate = gateSocket; }
+      // optionalAttrs (cfg.enable && socketActivated) { vllm-xpu-exporter = exporterSocket; };
     systemd.services = gatedServices // optionalAttrs (cfg.gate.units != [ ]) { vllm-xpu-gate = gateService; }
       // optionalAttrs cfg.enable {
       vllm-xpu-exporter = {
         description = "Prometheus exporter for Intel GPUs shared by vLLM units (vllm-xpu-exporter)";
+        documentation = exporterDocumentation;
         wantedBy = [ "multi-user.target" ];
-        after = [ "network.target" "systemd-udevd.service" ];
+        after = [ "network.target" "systemd-udevd.service" ] ++ optionals socketActivated [ "vllm-xpu-exporter.socket" ];
+        # as packaging/vllm-xpu-exporter-socket.conf: the service takes the socket's listening sockets
+        requires = optionals socketActivated [ "vllm-xpu-exporter.socket" ];
 
         serviceConfig = hardening // {
           Type = "exec";

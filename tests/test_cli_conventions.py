@@ -1,5 +1,6 @@
-"""The three command lines alike (vllm-xpu-exporter, vllm-xpu-gate serve and wait, vllm-xpu-plan): every flag
-explained, every default shown in --help as the exporter shows it, the same logging flags where a command logs."""
+"""The command lines alike (vllm-xpu-exporter and its selfcheck, vllm-xpu-gate serve and wait, vllm-xpu-plan):
+every flag explained, every default shown in --help as the exporter shows it, the same logging flags where a
+command logs."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import pytest
 from vllm_xpu_exporter.cli import build_parser as exporter_parser
 from vllm_xpu_exporter.gate.cli import build_serve_parser, build_wait_parser
 from vllm_xpu_exporter.planner.cli import build_parser as plan_parser
+from vllm_xpu_exporter.selfcheck import build_parser as selfcheck_parser
 
 pytestmark = pytest.mark.fast
 
 PARSERS = {"vllm-xpu-exporter": exporter_parser, "vllm-xpu-gate serve": build_serve_parser,
-           "vllm-xpu-gate wait": build_wait_parser, "vllm-xpu-plan": plan_parser}
+           "vllm-xpu-gate wait": build_wait_parser, "vllm-xpu-plan": plan_parser,
+           "vllm-xpu-exporter selfcheck": selfcheck_parser}
 
 
 def flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
@@ -35,7 +38,7 @@ def test_every_flag_is_explained_and_every_default_shown(name: str) -> None:
     assert "(default:None)" not in text and "(default:[])" not in text
 
 
-@pytest.mark.parametrize("name", ["vllm-xpu-exporter", "vllm-xpu-gate serve"])
+@pytest.mark.parametrize("name", ["vllm-xpu-exporter", "vllm-xpu-gate serve", "vllm-xpu-exporter selfcheck"])
 def test_the_commands_that_log_take_the_same_logging_flags(name: str) -> None:
     args = PARSERS[name]().parse_args(["--log.level", "debug", "--log.format", "json"])
     assert (args.log_level, args.log_format) == ("debug", "json")

@@ -269,10 +269,11 @@ LAYERS = (
     (f"{PACKAGE}.attribution", f"{PACKAGE}.discovery", f"{PACKAGE}.start_free_memory", f"{PACKAGE}.memory_rules",
      f"{PACKAGE}.planner"),
     (f"{PACKAGE}.collector", f"{PACKAGE}.collectors", f"{PACKAGE}.scrape"),
-    # the programs: the exporter's command line, flags and logging, the files it prints, the web layer, the gate,
-    # the planner's command line
+    # the programs: the exporter's command line, flags and logging, the files it prints, its selfcheck (which reads
+    # the journal as the planner does), the web layer, the gate, the planner's command line
     (f"{PACKAGE}.__main__", f"{PACKAGE}.cli", f"{PACKAGE}.flags", f"{PACKAGE}.logformat", f"{PACKAGE}.shipped",
-     f"{PACKAGE}.http", f"{PACKAGE}.gate", f"{PACKAGE}.planner.cli", f"{PACKAGE}.planner.__main__"),
+     f"{PACKAGE}.selfcheck", f"{PACKAGE}.http", f"{PACKAGE}.gate", f"{PACKAGE}.planner.cli",
+     f"{PACKAGE}.planner.__main__"),
 )
 
 

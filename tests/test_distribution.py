@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import email.parser
 import hashlib
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
 import tarfile
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -26,10 +28,11 @@ def installed(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("distribution")
     source = root / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md", "SECURITY.md"):
         if (REPO / name).exists():
             shutil.copy(REPO / name, source / name)
     shutil.copytree(REPO / "exporter", source / "exporter", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "docs", source / "docs")  # installed as the documentation (data files)
     target = root / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target",
                     str(target), str(source)], check=True, capture_output=True, timeout=300)
@@ -37,8 +40,10 @@ def installed(tmp_path_factory) -> Path:
 
 
 def test_pip_install_puts_vllm_xpu_exporter_and_no_exporter_package_into_site_packages(installed):
+    # --target puts the scripts (bin/) and the data files (share/, the documentation) beside the packages
     top_level = {path.name for path in installed.iterdir()
-                 if path.is_dir() and not path.name.endswith((".dist-info", ".egg-info")) and path.name != "bin"}
+                 if path.is_dir() and not path.name.endswith((".dist-info", ".egg-info"))
+                 and path.name not in ("bin", "share")}
     assert top_level == {"vllm_xpu_exporter"}
 
 
@@ -159,6 +164,45 @@ def test_print_lists_what_it_prints_and_refuses_another_name_in_one_line(fresh_v
     assert "unknown name 'alerts'" in refused.stderr
 
 
+# The venv the packaged units run from (their ExecStart=): the wheel's data files are under it too
+PACKAGED_PREFIX = "/opt/vllm-xpu-exporter"
+INSTALLED_DOCS = "share/doc/vllm-xpu-exporter"
+PACKAGED_UNITS = ("vllm-xpu-exporter.service", "vllm-xpu-exporter.socket", "vllm-xpu-gate.service",
+                  "vllm-xpu-gate.socket")
+
+
+def documentation_of(unit: str) -> list[str]:
+    return [line.partition("=")[2] for line in (REPO / "packaging" / unit).read_text().splitlines()
+            if line.startswith("Documentation=")]
+
+
+def test_every_packaged_units_documentation_is_a_file_the_wheel_installs_in_the_units_venv(fresh_venv):
+    """The project has no web address: each unit's Documentation= is the documentation the wheel installs as data
+    files, under the prefix the unit runs the package from, and there in a wheel install."""
+    for unit in PACKAGED_UNITS:
+        assert documentation_of(unit), f"{unit} has no Documentation="
+        for uri in documentation_of(unit):
+            assert uri.startswith(f"file://{PACKAGED_PREFIX}/{INSTALLED_DOCS}/"), (unit, uri)
+            assert (fresh_venv / uri.removeprefix(f"file://{PACKAGED_PREFIX}/")).is_file(), (unit, uri)
+    for service in ("vllm-xpu-exporter.service", "vllm-xpu-gate.service"):
+        assert f"ExecStart={PACKAGED_PREFIX}/bin/" in (REPO / "packaging" / service).read_text()
+
+
+def test_the_long_descriptions_links_stay_relative_while_the_project_has_no_address_and_resolve_installed(
+        fresh_venv):
+    """The README is the wheel's long description; its links are relative. Made absolute they would need the
+    project's address, which pyproject.toml does not give ([project.urls]), and an invented one would not open.
+    So they stay relative, and resolve in the documentation the wheel installs beside the README. When the project
+    gets an address, this fails until the long description's links are made absolute with it."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    readme = fresh_venv / INSTALLED_DOCS / "README.md"
+    targets = [target.partition("#")[0] for target in re.findall(r"\]\(([^)\s]+)\)", readme.read_text())
+               if not re.match(r"[a-z]+:", target)]
+    assert "urls" not in project, "the project has an address: make the long description's links absolute"
+    assert targets, "the README links to nothing"
+    assert [target for target in targets if target and not (readme.parent / target).is_file()] == []
+
+
 def test_every_shipped_file_is_a_link_to_the_repositorys_own():
     """exporter/files/ holds no copy that could drift from rules/, grafana/ or packaging/."""
     from vllm_xpu_exporter.shipped import SHIPPED
@@ -191,3 +235,34 @@ def test_the_sdist_carries_every_file_of_the_clone_its_tests_read(tmp_path):
     assert tracked - members == set()
     assert {name for name in members - tracked if not name.startswith("vllm_xpu_exporter.egg-info/")} \
         == {"PKG-INFO", "setup.cfg"}
+
+
+def build_stage_copies() -> list[tuple[list[str], str]]:
+    """(sources, destination) of each COPY of the Dockerfile's build stage, the files the package is built from."""
+    lines = (REPO / "Dockerfile").read_text().splitlines()
+    start = next(index for index, line in enumerate(lines) if line.startswith("FROM ") and line.endswith(" AS build"))
+    end = next(index for index in range(start + 1, len(lines)) if lines[index].startswith("FROM "))
+    return [(words[1:-1], words[-1]) for words in (line.split() for line in lines[start:end])
+            if words and words[0] == "COPY" and not any(word.startswith("--") for word in words)]
+
+
+def test_the_image_builds_the_package_from_what_its_build_stage_copies(tmp_path):
+    """The image copies some of the clone's files, not all: pip builds the package from those alone, the
+    documentation it installs as data files included (a file the build needs and the stage leaves out fails the
+    image's build)."""
+    context = tmp_path / "src"
+    context.mkdir()
+    for sources, destination in build_stage_copies():
+        for source in sources:
+            target = context / destination / Path(source).name if destination.endswith("/") else context / destination
+            if (REPO / source).is_dir():
+                shutil.copytree(REPO / source, target, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(REPO / source, target)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"),
+                            str(context)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("vllm_xpu_exporter-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert any(name.endswith(f"data/{INSTALLED_DOCS}/README.md") for name in archive.namelist())

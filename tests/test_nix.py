@@ -31,7 +31,7 @@ STORE_PATH = "/nix/store/00000000000000000000000000000000-vllm-xpu-exporter"
 SYSTEMD_STORE_PATH = "/nix/store/11111111111111111111111111111111-systemd"
 COREUTILS_STORE_PATH = "/nix/store/33333333333333333333333333333333-coreutils"
 # Options that never had the former name services.xpu-exporter.
-OPTIONS_ADDED_AFTER_THE_RENAME = {"gate", "plan"}
+OPTIONS_ADDED_AFTER_THE_RENAME = {"gate", "plan", "socketActivation"}
 # No build users on this machine; evaluation needs none.
 NIX_ENV = {**os.environ, "NIX_CONFIG": "build-users-group ="}
 
@@ -338,3 +338,58 @@ def test_with_a_plan_the_gate_service_reads_its_files_and_each_planned_gated_uni
                                                     ["content"][0]), environ)
     assert (options.request.gpu_memory_utilization, options.request.kv_cache_memory_bytes) == (0.7373, 3481927680)
     assert services["vllm-xpu-stt"].get("environment", {}) == {}
+
+
+EXPORTER_SOCKET = REPO / "packaging" / "vllm-xpu-exporter.socket"
+EXPORTER_SOCKET_DROP_IN = REPO / "packaging" / "vllm-xpu-exporter-socket.conf"
+
+
+def test_socket_activation_gives_the_packaged_socket_and_the_service_its_flag_and_order(tmp_path):
+    """socketActivation.enable: the socket of packaging/vllm-xpu-exporter.socket (its [Socket] and install), and the
+    service as the packaged drop-in makes it: requiring and after the socket, serving what it is handed
+    (--web.systemd-socket) instead of binding an address of its own."""
+    config = evaluate_module(tmp_path, "{ enable = true; socketActivation.enable = true; }")
+    packaged = unit_sections(EXPORTER_SOCKET.read_text())
+    socket = config["systemd"]["sockets"]["vllm-xpu-exporter"]
+    assert {key: tokens(value) for key, value in socket["socketConfig"].items()} == {
+        key: tokens(values) for key, values in packaged["Socket"].items()}
+    assert socket["wantedBy"] == tokens(packaged["Install"]["WantedBy"])
+    assert socket["description"] == packaged["Unit"]["Description"][0]
+    service = config["systemd"]["services"]["vllm-xpu-exporter"]
+    drop_in = unit_sections(EXPORTER_SOCKET_DROP_IN.read_text())["Unit"]
+    assert service["requires"] == tokens(drop_in["Requires"])
+    assert set(tokens(drop_in["After"])) <= set(service["after"])
+    arguments = exec_start_arguments(service["serviceConfig"])
+    assert "--web.systemd-socket" in arguments and not any(a.startswith("--web.listen-address") for a in arguments)
+    assert parse_options(arguments).systemd_socket
+
+
+def test_socket_activation_listens_where_the_service_would_or_on_each_stream_given(tmp_path):
+    def streams(overrides: str) -> list[str]:
+        config = evaluate_module(tmp_path, overrides)
+        return config["systemd"]["sockets"]["vllm-xpu-exporter"]["socketConfig"]["ListenStream"]
+
+    assert streams('{ enable = true; socketActivation.enable = true; listenAddress = "::1"; port = 9999; }') == [
+        "[::1]:9999"]
+    assert streams('{ enable = true; socketActivation.enable = true; socketActivation.listenStreams = '
+                   '[ "127.0.0.1:10447" "[::1]:10447" ]; }') == ["127.0.0.1:10447", "[::1]:10447"]
+
+
+def test_without_socket_activation_there_is_no_exporter_socket_and_the_service_binds_its_address(tmp_path):
+    config = evaluate_module(tmp_path)
+    assert "vllm-xpu-exporter" not in config["systemd"]["sockets"]
+    service = config["systemd"]["services"]["vllm-xpu-exporter"]
+    assert service["requires"] == []
+    assert not parse_options(exec_start_arguments(service["serviceConfig"])).systemd_socket
+
+
+def test_the_modules_units_name_the_documentation_the_package_installs_as_the_packaged_units_do(tmp_path):
+    """Each unit's documentation is the packaged unit's Documentation=, in the Nix package instead of the venv."""
+    config = evaluate_module(tmp_path, '{ enable = true; socketActivation.enable = true; gate.units = [ "vllm-chat" ]; }')
+    units = {"vllm-xpu-exporter.service": config["systemd"]["services"]["vllm-xpu-exporter"],
+             "vllm-xpu-exporter.socket": config["systemd"]["sockets"]["vllm-xpu-exporter"],
+             "vllm-xpu-gate.service": config["systemd"]["services"]["vllm-xpu-gate"],
+             "vllm-xpu-gate.socket": config["systemd"]["sockets"]["vllm-xpu-gate"]}
+    for name, unit in units.items():
+        packaged = unit_sections((REPO / "packaging" / name).read_text())["Unit"]["Documentation"]
+        assert unit["documentation"] == [uri.replace("/opt/vllm-xpu-exporter", STORE_PATH) for uri in packaged], name

@@ -33,6 +33,7 @@ def layout_probe_source() -> str:
         "#include <stddef.h>",
         "#include <stdio.h>",
         "#include <level_zero/zes_api.h>",
+        "#include <level_zero/loader/ze_loader.h>",
         '#include "ze_usablemem.h"',  # the usable-memory extension, for headers older than spec 1.15
         "#define FIELD(T, f) printf(\"field %s %s %zu %zu\\n\", #T, #f, offsetof(T, f), sizeof(((T *)0)->f))",
         "int main(void) {",

@@ -4,6 +4,7 @@ pipe (the binding's dataclasses, a LevelZeroError's function and code), the work
 from __future__ import annotations
 
 import dataclasses
+import re
 import select
 import subprocess
 import threading
@@ -74,6 +75,13 @@ def test_a_worker_without_telemetry_reads_memory_and_no_telemetry_kind(configure
     assert (device.total, device.free, device.error) == (16 * GiB, 13 * GiB, None)
     assert device.telemetry == DeviceTelemetry()
     assert device.errors == ()
+
+
+def test_the_worker_knows_the_loaders_own_version_once_its_child_has_initialised(configure, worker):
+    configure(A770)
+    assert worker.loader_versions == {}
+    worker.read_memory_when_ready()
+    assert re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", worker.loader_versions["loader"]), worker.loader_versions
 
 
 def test_readings_are_the_bindings_own_dataclasses_rebuilt_in_the_parent(configure, worker):

@@ -290,6 +290,26 @@ class ze_driver_extension_properties_t(ctypes.Structure):
     ]
 
 
+# The loader's own versions (ze_loader.h; Debian 12's loader 1.8.12 has them): "loader" and each layer it loaded
+ZEL_COMPONENT_STRING_SIZE = 64
+
+
+class zel_version_t(ctypes.Structure):
+    _fields_ = [
+        ("major", ctypes.c_int),
+        ("minor", ctypes.c_int),
+        ("patch", ctypes.c_int),
+    ]
+
+
+class zel_component_version_t(ctypes.Structure):
+    _fields_ = [
+        ("component_name", ctypes.c_char * ZEL_COMPONENT_STRING_SIZE),
+        ("spec_version", ctypes.c_uint32),
+        ("component_lib_version", zel_version_t),
+    ]
+
+
 class zes_device_properties_t(ctypes.Structure):
     _fields_ = [
         ("stype", _ze_enum),
@@ -482,6 +502,8 @@ STRUCTURES: tuple[type[ctypes.Structure], ...] = (
     ze_device_memory_properties_t,
     ze_device_usablemem_size_ext_properties_t,
     ze_driver_extension_properties_t,
+    zel_version_t,
+    zel_component_version_t,
     zes_device_properties_t,
     zes_pci_address_t,
     zes_pci_speed_t,
@@ -546,6 +568,7 @@ _REQUIRED_FUNCTIONS: MappingProxyType[str, tuple[Any, ...]] = MappingProxyType(
 _OPTIONAL_FUNCTIONS: MappingProxyType[str, tuple[Any, ...]] = MappingProxyType(
     {
         "zesDeviceGetCardPowerDomain": (ctypes.c_void_p, _HANDLES),
+        "zelLoaderGetVersions": (ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(zel_component_version_t)),
     }
 )
 
@@ -650,6 +673,19 @@ class LoaderLibrary:
         if count.value:
             self._call("zeDriverGetExtensionProperties", driver, ctypes.byref(count), extensions)
         return [_text(extension.name) for extension in extensions[: count.value]]
+
+    def zelLoaderGetVersions(self) -> dict[str, str]:
+        """The loader's components (its own, "loader", and each layer it loaded) -> "major.minor.patch"; empty
+        when the loader does not export the call."""
+        if not self.has("zelLoaderGetVersions"):
+            return {}
+        count = ctypes.c_size_t(0)
+        self._call("zelLoaderGetVersions", ctypes.byref(count), None)
+        versions = (zel_component_version_t * count.value)()
+        if count.value:
+            self._call("zelLoaderGetVersions", ctypes.byref(count), versions)
+        return {_text(component.component_name): _version_text(component.component_lib_version)
+                for component in versions[: count.value]}
 
     def zesInit(self, flags: int = 0) -> None:
         self._call("zesInit", flags)
@@ -936,6 +972,10 @@ def format_uuid(uuid: bytes) -> str:
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
+def _version_text(version: zel_version_t) -> str:
+    return f"{version.major}.{version.minor}.{version.patch}"
+
+
 def _text(value: bytes) -> str:
     return value.decode("utf-8", errors="replace")
 
@@ -1112,6 +1152,14 @@ class LevelZero:
     def sysman_only(self) -> bool:
         """True when the loader has zesInit and init() takes the zesInit path."""
         return self._library.has_sysman_init
+
+    def loader_versions(self) -> dict[str, str]:
+        """The loader's components and their versions (`LoaderLibrary.zelLoaderGetVersions`); the loader fills
+        them at initialisation, so ask after init(). Empty when the loader cannot say."""
+        try:
+            return self._library.zelLoaderGetVersions()
+        except LevelZeroError:
+            return {}
 
     def init(self) -> None:
         """Initialise Level Zero Sysman; idempotent after success, final after failure."""

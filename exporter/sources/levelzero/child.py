@@ -106,7 +106,8 @@ def main(library: str, telemetry: bool = True) -> int:
         return 0
     # Enumerated once per init, not per request.
     components = [_enumerate_telemetry(device) if telemetry else None for device in devices]
-    send({"ready": True, "devices": [to_wire(identity) for identity in identities]})
+    send({"ready": True, "devices": [to_wire(identity) for identity in identities],
+          "loader": level_zero.loader_versions()})
 
     for request in sys.stdin:
         read = _READERS.get(request.strip())

@@ -2,7 +2,8 @@
 stdin and stdout. What crosses is the binding's own dataclasses as dicts (`to_wire`), which the parent
 rebuilds (`value_from_wire`):
 
-    child -> {"ready": true, "devices": [DeviceIdentity, ...]}            once, after init
+    child -> {"ready": true, "devices": [DeviceIdentity, ...],           once, after init
+              "loader": {COMPONENT: "major.minor.patch", ...}}
              {"ready": false, "error": ERROR}                             then exits
     parent -> "memory" | "processes"
     child -> {"devices": [{"pci_address": ..., "modules": [MemoryModuleProperties, ...] | null,

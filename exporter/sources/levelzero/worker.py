@@ -217,6 +217,8 @@ class LevelZeroWorker:
         self._buffer = b""
         self._init_deadline = 0.0  # INITIALISING: when the child is given up
         self._devices: dict[str, DeviceIdentity] = {}  # READY: the child's devices by PCI address
+        # the loader's components and versions, as the latest child to initialise said ({}: none said)
+        self.loader_versions: dict[str, str] = {}
         self._failure: LevelZeroUnavailable | None = None  # BACKING_OFF: why
         self._retry_at = 0.0  # BACKING_OFF: when the next child may start
         self._backoff = BACKOFF_FIRST_S
@@ -254,6 +256,15 @@ class LevelZeroWorker:
 
     def read_memory(self) -> list[DeviceMemory]:
         return self.request_memory().result()
+
+    def read_memory_when_ready(self) -> list[DeviceMemory]:
+        """read_memory() once the child has initialised (a program that reads once, not a scrape that may come
+        back): LevelZeroUnavailable when it cannot, within INIT_DEADLINE_S."""
+        while True:
+            try:
+                return self.read_memory()
+            except LevelZeroStarting:
+                time.sleep(0.05)
 
     def read_processes(self) -> list[DeviceProcesses]:
         return self._request(PROCESSES, _processes_from_wire).result()
@@ -339,6 +350,8 @@ class LevelZeroWorker:
         try:
             if ready["ready"]:
                 identities = [DeviceIdentity(**identity) for identity in ready["devices"]]
+                loader = ready.get("loader") or {}
+                self.loader_versions = {str(name): str(version) for name, version in loader.items()}
                 return {identity.pci_address: identity for identity in identities}
             error = error_from_wire(ready["error"])
         except (KeyError, TypeError, ValueError) as malformed:
