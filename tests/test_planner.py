@@ -630,3 +630,54 @@ def test_an_output_directory_through_proc_pid_root_is_written_in_that_processs_m
         assert (inside / f"{CHAT}.d" / plan.DROP_IN_NAME).is_file()
         assert f"{inside}/{CHAT}.d/{plan.DROP_IN_NAME}" in result.stdout.splitlines()
     assert list(host_dir.iterdir()) == []
+
+
+# --- what a plan that does not fit prints, and what it counts -------------------------------------------------
+
+@pytest.mark.parametrize("output", ["systemd", "nixos"])
+def test_a_plan_that_does_not_fit_prints_nothing_to_paste_and_exits_1(journal: Path, tmp_path: Path,
+                                                                      output: str) -> None:
+    """40 full-length chat requests: more than the GPU. No drop-in or snippet to paste (one said
+    --gpu-memory-utilization 1 for chat), only what does not fit, on stderr."""
+    result = run_plan(journal, "--requests", f"{CHAT}=40", "--format", output,
+                      "--systemctl", str(fake_systemctl(tmp_path, SEED_COMMANDS)))
+    assert result.returncode == plan.EXIT_DOES_NOT_FIT, result.stderr
+    assert result.stdout == ""
+    assert "nothing printed: the plan does not fit" in result.stderr
+    assert "GPU offline does not fit: " in result.stderr
+    assert f"GPU offline: {CHAT}'s footprint" in result.stderr and "no --gpu-memory-utilization below 1" in result.stderr
+
+
+def test_no_planned_r_is_1_or_more(journal: Path) -> None:
+    """A footprint beyond the total vLLM multiplies has no R: null in JSON, '-' in the table, and its GPU does not
+    fit (vLLM can never give it that much), whatever the bytes left."""
+    result = run_plan(journal, "--requests", f"{CHAT}=40", "--format", "json")
+    document = json.loads(result.stdout)
+    [device] = document["devices"]
+    chat = next(u for u in device["units"] if u["unit"] == CHAT)
+    assert chat["footprint_bytes"] > SIXTEEN_GIB and chat["gpu_memory_utilization"] is None
+    assert all(u["gpu_memory_utilization"] is None or u["gpu_memory_utilization"] < 1 for u in device["units"])
+    assert not device["fits"] and not document["fits"]
+    assert any("no --gpu-memory-utilization below 1" in reason for reason in device["does_not_fit"])
+    table = run_plan(journal, "--requests", f"{CHAT}=40").stdout
+    [row] = [line for line in table.splitlines() if line.startswith(f"  {CHAT} ")]
+    assert " - " in row and " 1 " not in row
+
+
+@pytest.mark.fast
+def test_a_unit_left_out_is_counted_from_any_start_that_says_its_r_else_the_fit_is_not_claimed() -> None:
+    """chat's latest start printed no version (it has only begun): it cannot be planned. Its last successful start
+    says R 0.75: it is counted at ceil(0.75 x total), as docs/planner.md says. With no start saying an R its
+    memory is not known: the GPU is not said to fit (it was: chat left out of the sum, the GPU "fits")."""
+    view = views_of({CHAT: [race_chat_runs()[1]]})[CHAT]
+    begun = replace(view.latest, version=None, gpu_memory_utilization=None, began_usec=view.latest.began_usec + 1)
+    just_begun = replace(view, latest=begun)
+    totals = {"gpu": plans.Totals(SIXTEEN_GIB, SIXTEEN_GIB * 95 // 100)}
+    [device] = plans.make_plan([just_begun], totals, {}, 512 << 20, {}).devices
+    [left_out] = device.unplannable
+    assert left_out.held_bytes == math.ceil(SIXTEEN_GIB * 95 // 100 * 0.75) == device.left_out_bytes
+    assert "its last successful start" in left_out.held_from and device.fits
+    unknown = replace(just_begun, last_success=replace(view.last_success, version=None, gpu_memory_utilization=None),
+                      last_profiled=None)
+    [device] = plans.make_plan([unknown], totals, {}, 512 << 20, {}).devices
+    assert device.uncounted and not device.fits and device.fit.fits
