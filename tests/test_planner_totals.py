@@ -9,8 +9,8 @@ held against the second. Held here:
   total, at least what the unit will hold, and no more than the share rounded up; the non-KV memory comes out
   no more than the KV print's rounding above the true one (the parts printed one by one are each rounded);
 * the planner reading Level Zero (the fake driver: core = 0.95 x Sysman) plans R from the core total;
-* in the replay (tests/vllmunit.py, plain processes on one fake GPU, --core-total: vLLM multiplies the core
-  total, free memory is Sysman's): the planned budgets start together, each start's check asking at least what
+* in the replay (tests/vllmunit.py, plain processes on one fake GPU whose core total is 0.95 of Sysman's: the
+  engines multiply the core total, as vLLM does, and see Sysman's free memory): the planned budgets start together, each start's check asking at least what
   the unit then holds; and a plan made offline for another device size starts on a fake GPU of that size.
 """
 
@@ -145,9 +145,9 @@ def test_reading_level_zero_r_is_a_share_of_the_core_total_and_the_fit_held_agai
 
 # --- in the replay -------------------------------------------------------------------------------------
 
-SEED = {"vllm-xpu-chat.service": dataclasses.replace(vllmunit.CHAT, gpu_memory_utilization=0.8, core_total=True),
-        "vllm-xpu-embedding.service": dataclasses.replace(vllmunit.EMBEDDING, core_total=True),
-        "vllm-xpu-stt.service": dataclasses.replace(vllmunit.STT, core_total=True)}
+# chat at 0.75 of 15.2 GiB would not hold one request alone
+SEED = {"vllm-xpu-chat.service": dataclasses.replace(vllmunit.CHAT, gpu_memory_utilization=0.8),
+        "vllm-xpu-embedding.service": vllmunit.EMBEDDING, "vllm-xpu-stt.service": vllmunit.STT}
 CHAT_ONE_REQUEST = {"vllm-xpu-chat.service": plans.TargetRequest(requests=1)}
 ONE_REQUEST_EACH = {unit: plans.TargetRequest(requests=1) for unit in SEED}
 

@@ -8,9 +8,9 @@ Zero driver's config) the way vLLM's memory accounting does, so that units start
 
 What happens, at vllmlogs' offsets (seconds after the process started, plus --import-seconds) times
 --time-scale:
-* 6.6, init_device: requested = ceil(R x total), the total Sysman's (the seed host's figures) or, with
-  --core-total, the Level Zero core total as vLLM multiplies it on XPU (free memory stays Sysman's).
-  If free < requested: vLLM's "Free memory on device
+* 6.6, init_device: requested = ceil(R x total), the total the fake GPU's Level Zero core API reports, as
+  vLLM multiplies it on XPU (SIXTEEN_GIB_GPU's is its whole 16 GiB; a module without core_size reports 0.95
+  of Sysman's); free memory is Sysman's. If free < requested: vLLM's "Free memory on device
   ... is less than desired GPU memory utilization" failure (insufficient_free_memory). Otherwise this
   free memory is the profiling baseline. The check is the same with --kv-cache-memory-bytes set.
 * 6.6 .. 6.6 + 0.3 x init: the weights are loaded, in four steps.
@@ -82,7 +82,9 @@ import vllmlogs  # noqa: E402
 from vllmlogs import Failure, UnitLine, VllmRun, engine_start_lines, release  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
-SIXTEEN_GIB_GPU = A770  # its 16 GiB module; SharedDevice.create replaces its free memory and processes by the shares
+# A770's 16 GiB module, whose core API reports all of it (core_size): the seed host's figures are R x 16 GiB.
+# SharedDevice.create replaces its free memory and processes by the shares.
+SIXTEEN_GIB_GPU = replace(A770, memory=(replace(A770.memory[0], core_size=A770.memory[0].size),))
 INIT_DEVICE_AT = 6.6  # vllmlogs: the line after init_device (or its failure)
 WEIGHT_STEPS = 4
 SLEEP_SIGNALS = {signal.SIGUSR1: 1, signal.SIGUSR2: 2}
@@ -181,7 +183,6 @@ class Engine:
     import_seconds: float = 0.0
     max_num_seqs: int | None = None
     kv_cache_memory_bytes: int | None = None  # --kv-cache-memory-bytes: the KV budget
-    core_total: bool = False  # --core-total: multiply the Level Zero core total, as vLLM does
 
     def argv(self) -> list[str]:
         argv = ["--version", self.version, "--model", self.model,
@@ -192,8 +193,7 @@ class Engine:
                 "--non-torch-gib", str(self.non_torch_gib), "--import-seconds", str(self.import_seconds)]
         optional = (("--block-size", self.block_size), ("--max-num-seqs", self.max_num_seqs),
                     ("--kv-cache-memory-bytes", self.kv_cache_memory_bytes))
-        argv += [word for flag, value in optional if value is not None for word in (flag, str(value))]
-        return argv + (["--core-total"] if self.core_total else [])
+        return argv + [word for flag, value in optional if value is not None for word in (flag, str(value))]
 
 
 # The issue's three units on one 16 GiB GPU. Alone, chat's KV cache is 12 - 7.87 - 0.51 - 0.12 = 3.5 GiB
@@ -284,9 +284,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--time-scale", type=float, default=0.1, help="real seconds per replayed second")
     parser.add_argument("--requests", type=int, default=2, help="request log cycles once serving")
     parser.add_argument("--events", type=Path, default=None, help="append JSON lines of decisions here")
-    parser.add_argument("--core-total", action="store_true",
-                        help="multiply the fake GPU's Level Zero core total (0.95 of Sysman's unless configured), as "
-                             "vLLM does on XPU, and print it; default: Sysman's, the seed host's figures")
     parser.add_argument("--startup-plan", type=Path, default=None,
                         help="vLLM 0.34's startup plan file (VLLM_ENABLE_STARTUP_PLAN=1): applied, or saved")
     args = parser.parse_args(argv)
@@ -311,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.pthread_sigmask(signal.SIG_BLOCK, SLEEP_MODE_SIGNALS)  # taken once serving (serve_with_sleep_mode)
     init_seconds = args.init_seconds
-    total = device.core_total if args.core_total else device.total
+    total = device.core_total  # what vLLM multiplies on XPU: the Level Zero core API's; free memory is Sysman's
     run = VllmRun(args.version, model=args.model, gpu_memory_utilization=args.gpu_memory_utilization,
                   max_model_len=args.max_model_len, kv_bytes_per_token=args.kv_bytes_per_token,
                   block_size=args.block_size, total_gib=round(total / GiB, 2), weights_gib=args.weights_gib,
