@@ -447,9 +447,9 @@ class Plans:
 
     def planned(self, totals: Mapping[str, int], attributions: Mapping[str, DeviceAttribution],
                 views: Iterable[UnitView], device_of: UnitDevices, gpus: list[str]) -> list[PlannedUnit]:
-        """The plan of each engine unit whose GPU (of `gpus`) and its total vLLM multiplies (`totals`) are known. The target is
-        what the unit's --kv-cache-memory-bytes holds when set, else the planner's default (the KV of its last
-        successful start)."""
+        """The plan of each engine unit whose GPU (of `gpus`) and its total vLLM multiplies (`totals`) are known.
+        The target is what the unit's --kv-cache-memory-bytes holds when set, else the planner's default (the KV of
+        its last successful start)."""
         planned = []
         for view in views:
             if view.latest is None or view.latest.engine is False:

@@ -32,7 +32,7 @@ from typing import TextIO
 
 import yaml
 
-from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter import __version__, attribution
 from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser, absolute_path
 from vllm_xpu_exporter.flags import (DefaultsHelpFormatter, add_container_flags, add_container_log_flags,
                                      add_journal_containers_flag, add_journal_flags, add_levelzero_flags,
@@ -431,12 +431,13 @@ def read_totals(args: argparse.Namespace) -> dict[str, Totals]:
                 time.sleep(0.05)
     finally:
         worker.close()
+    vllm_totals = attribution.vllm_totals(devices)
     totals = {}
-    for d in devices:
-        core = d.core.total if d.core is not None and d.core.total else None
-        memory = d.total if d.total is not None else core
-        if memory is not None:
-            totals[d.identity.pci_address] = Totals(memory, core if core is not None and core <= memory else memory)
+    for device in devices:
+        vllm_total = vllm_totals.get(device.identity.pci_address)
+        if vllm_total is not None:
+            memory = device.total if device.total is not None else vllm_total
+            totals[device.identity.pci_address] = Totals(memory, vllm_total)
     return totals
 
 
@@ -726,8 +727,8 @@ def _write_units(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: T
 
 
 def _write_containers(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: TextIO) -> int | None:
-    """--format compose / podman / kustomize, for a plan that fits: each planned container of the format's runtime, its command read from
-    its engine (or the kustomization) and edited, the output loaded where a tool can (Compose, kustomize); printed
+    """--format compose / podman / kustomize, for a plan that fits: each planned container of the format's runtime,
+    its command read from its engine (or the kustomization) and edited, the output loaded where a tool can (Compose, kustomize); printed
     (kustomize: written to --output-dir) only when every container of the runtime could take it; each workload
     not covered is named (exit 3)."""
     runtime = containers.CONTAINER_FORMATS[args.format]
