@@ -645,7 +645,8 @@ def test_a_plan_that_does_not_fit_prints_nothing_to_paste_and_exits_1(journal: P
     assert result.stdout == ""
     assert "nothing printed: the plan does not fit" in result.stderr
     assert "GPU offline does not fit: " in result.stderr
-    assert f"GPU offline: {CHAT}'s footprint" in result.stderr and "no --gpu-memory-utilization below 1" in result.stderr
+    assert f"GPU offline: {CHAT}'s footprint" in result.stderr
+    assert "no --gpu-memory-utilization below 1" in result.stderr
 
 
 def test_no_planned_r_is_1_or_more(journal: Path) -> None:

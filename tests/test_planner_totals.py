@@ -5,13 +5,14 @@ about 0.95 of what the kernel driver can give (Sysman's total). A plan's R must 
 held against the second. Held here:
 
 * a property over every figure the planner reads from vLLM's prints (GiB with 2 decimals, the true values drawn
-  anywhere within the rounding): each planned R reproduces, through vLLM's own ceil(total x R) with the core
-  total, at least what the unit will hold, and no more than the share rounded up; the non-KV memory comes out
-  no more than the KV print's rounding above the true one (the parts printed one by one are each rounded);
+  anywhere within the rounding): each planned R reproduces, through vLLM's own ceil(total x R) with the core total,
+  at least what the unit will hold, and no more than the share rounded up; the non-KV memory comes out no more than
+  the KV print's rounding above the true one (the parts printed one by one are each rounded);
 * the planner reading Level Zero (the fake driver: core = 0.95 x Sysman) plans R from the core total;
 * in the replay (tests/vllmunit.py, plain processes on one fake GPU whose core total is 0.95 of Sysman's: the
-  engines multiply the core total, as vLLM does, and see Sysman's free memory): the planned budgets start together, each start's check asking at least what
-  the unit then holds; and a plan made offline for another device size starts on a fake GPU of that size.
+  engines multiply the core total, as vLLM does, and see Sysman's free memory): the planned budgets start together,
+  each start's check asking at least what the unit then holds; and a plan made offline for another device size
+  starts on a fake GPU of that size.
 """
 
 from __future__ import annotations
@@ -30,18 +31,16 @@ from hypothesis import strategies as st
 
 import vllmunit
 from fakeze import A770, FakeConfig, FakeMemoryModule, SharedDevice, fake_driver_env, write_config
-from journalgen import current_boot_id
 from polling import wait_for
 from sizes import GiB
 from test_planner import SIXTEEN_GIB, journal  # noqa: F401 (the fixture)
+from test_planner_vllm_rules import HALF_STEP, UNIT, folded_view
 from test_vllmunit import boot
 from vllm_xpu_exporter import memory_rules
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker
 from vllm_xpu_exporter.planner import plans
-from vllmlogs import Boot, TrackerEntry, VllmRun, compose, service_runs, tracker_entries
+from vllmlogs import TrackerEntry, VllmRun
 
-UNIT = "vllm-xpu-model.service"
-HALF_STEP = GiB // 200  # "%.2f GiB" stands for anything within 0.005 GiB
 RESERVE = memory_rules.DEFAULT_RESERVE_BYTES
 
 
@@ -51,15 +50,6 @@ def core_of(sysman: int) -> int:
 
 
 # --- the property --------------------------------------------------------------------------------------
-
-def folded(run: VllmRun):
-    boot_at = 1_747_044_600.0
-    placed = compose(Boot(current_boot_id(), boot_at, tuple(service_runs(UNIT, [run], boot_at + 60))))
-    tracker = EngineTracker()
-    tracker.extend(tracker_entries(placed))
-    [view] = [v for v in tracker.views() if v.unit == UNIT]
-    return view
-
 
 def within_print(draw, printed_gib: float) -> int:
     """A true byte count anywhere a "%.2f GiB" print of `printed_gib` stands for, its edges included."""
@@ -103,7 +93,7 @@ def test_every_planned_r_reproduces_vllms_request_with_the_core_total_across_the
     if start is None:
         return
     run, sysman, core, true_non_kv, per_token = start
-    plan = plans.make_plan([folded(run)], {"gpu": plans.Totals(sysman, core)}, {}, RESERVE,
+    plan = plans.make_plan([folded_view(run)], {"gpu": plans.Totals(sysman, core)}, {}, RESERVE,
                            {UNIT: plans.TargetRequest(requests=requests)})
     [device] = plan.devices
     [unit] = device.units
@@ -215,11 +205,11 @@ def test_the_planned_budgets_start_together_in_the_replay_with_the_two_totals_ap
 @pytest.mark.parametrize("size_gib", [12.5, 14])
 def test_a_plan_made_offline_for_another_device_size_starts_on_a_gpu_of_that_size(tmp_path: Path,
                                                                                  size_gib: float) -> None:
-    """The units ran on 16 GiB as vLLM 0.24, which prints no device total on a good start; planned offline for
-    another size (one full-length request each), their non-KV memory is ceil(total x R) - KV with the total they ran on (this host's GPU), not
-    the size planned for: where the plan says it fits, the units started together on a fake GPU of that size
-    serve with their budgets (taken as the size planned for, chat's non-KV came out ~2 GiB short on 12.5 GiB and
-    the plan said it fits)."""
+    """The units ran on 16 GiB as vLLM 0.24, which prints no device total on a good start; planned offline for another
+    size (one full-length request each), their non-KV memory is ceil(total x R) - KV with the total they ran on
+    (this host's GPU), not the size planned for: where the plan says it fits, the units started together on a
+    fake GPU of that size serve with their budgets (taken as the size planned for, chat's non-KV came out ~2 GiB
+    short on 12.5 GiB and the plan said it fits)."""
     observed_on = shared_gpu(tmp_path / "observed.conf", SIXTEEN_GIB)
     views = observe(observed_on, tmp_path)
     size = round(size_gib * GiB)

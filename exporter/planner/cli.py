@@ -728,9 +728,9 @@ def _write_units(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: T
 
 def _write_containers(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: TextIO) -> int | None:
     """--format compose / podman / kustomize, for a plan that fits: each planned container of the format's runtime,
-    its command read from its engine (or the kustomization) and edited, the output loaded where a tool can (Compose, kustomize); printed
-    (kustomize: written to --output-dir) only when every container of the runtime could take it; each workload
-    not covered is named (exit 3)."""
+    its command read from its engine (or the kustomization) and edited, the output loaded where a tool can
+    (Compose, kustomize); printed (kustomize: written to --output-dir) only when every container of the runtime
+    could take it; each workload not covered is named (exit 3)."""
     runtime = containers.CONTAINER_FORMATS[args.format]
     planned = [u for d in plan.devices for u in d.units]
     refused = [f"{u.unit}: not a {runtime} container: its plan needs "
