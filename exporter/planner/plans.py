@@ -82,10 +82,10 @@ class Unplannable:
 class DevicePlan:
     device: str
     total_bytes: int  # what the kernel can give (Sysman's total): the footprints are held against it
+    vllm_total_bytes: int  # what vLLM multiplies by R (the core total): every R is a share of it
     reserve_bytes: int
     units: list[UnitPlan] = field(default_factory=list)
     unplannable: list[Unplannable] = field(default_factory=list)
-    vllm_total_bytes: int = 0  # what vLLM multiplies by R (the core total); 0: total_bytes
 
     @property
     def planned_bytes(self) -> int:
@@ -198,9 +198,9 @@ def printed_totals(views: Sequence[UnitView]) -> dict[str, int]:
     return {v.unit: total for v in views if (total := _printed_total(v)) is not None}
 
 
-def _ran_on(view: UnitView, total_bytes: int, ran_on_bytes: int | None) -> tuple[int, str | None]:
-    """The total the unit's starts multiplied by their gpu_memory_utilization, at its largest, and a note when it
-    is only assumed. A total the starts printed (2 decimals of GiB) stands for the device they ran on: the total
+def _ran_on(view: UnitView, total_bytes: int, ran_on_bytes: int | None) -> tuple[int, bool]:
+    """The total the unit's starts multiplied by their gpu_memory_utilization, at its largest, and whether it is
+    only assumed. A total the starts printed (2 decimals of GiB) stands for the device they ran on: the total
     planned for, or `ran_on_bytes` (the GPU they ran on, when the plan is for another size), when within its
     rounding (the same device size: exact), else its upper end. Without a printed total: `ran_on_bytes`, else the
     total planned for, which is right only if they ran on a device of that size."""
@@ -208,11 +208,10 @@ def _ran_on(view: UnitView, total_bytes: int, ran_on_bytes: int | None) -> tuple
     if printed:
         low, high = rules.printed_lower_bound(printed), rules.printed_upper_bound(printed)
         exact = next((t for t in (total_bytes, ran_on_bytes) if t is not None and low <= t <= high), None)
-        return (exact if exact is not None else high), None
+        return (exact if exact is not None else high), False
     if ran_on_bytes is not None:
-        return ran_on_bytes, None
-    return total_bytes, ("the total its starts multiplied is taken as the total planned for: right only if its starts "
-                         "ran on a device of that size")
+        return ran_on_bytes, False
+    return total_bytes, True
 
 
 def _requested_less_kv(start: Start, ran_on: int) -> int | None:
@@ -256,7 +255,7 @@ def _non_kv(view: UnitView, total_bytes: int,
                                       base.non_torch_bytes)
             what = "printed: weights + peak activation + non-torch + CUDA graphs"
         if printed is not None:
-            if derived is not None and assumed is None and 0 < derived < printed.non_kv_bytes:
+            if derived is not None and not assumed and 0 < derived < printed.non_kv_bytes:
                 return (replace(printed, non_kv_bytes=derived),
                         what + ", held to ceil(total x R) - the KV bytes printed" + where, ())
             return printed, what + where, ()
@@ -267,8 +266,8 @@ def _non_kv(view: UnitView, total_bytes: int,
             note = ("this release prints no split of the non-KV memory: it is ceil(total x gpu_memory_utilization) - "
                     "the KV bytes it printed (weights + peak activation + non-torch as one figure), with the total "
                     + (f"its starts printed ({printed_total / rules.GiB:.2f} GiB)" if printed_total else
-                       f"it ran on ({ran_on / rules.GiB:.2f} GiB)" if assumed is None else
-                       "planned for: " + assumed.split(": ", 1)[1]))
+                       f"of the GPU it ran on ({ran_on / rules.GiB:.2f} GiB)" if not assumed else
+                       "planned for: right only if its starts ran on a device of that size"))
             return rules.Footprint(derived, 0, weights_bytes=start.weights_bytes), "derived: requested - KV" + where, \
                 (note,)
     weights = next((s.weights_bytes for s in (latest, view.last_success) if s is not None and s.weights_bytes), None)
@@ -403,7 +402,7 @@ def make_plan(views: Sequence[UnitView], totals: Mapping[str, Totals], devices_o
     """Every engine unit's plan. `totals`: device -> its two totals; a unit goes on the device `devices_of_units`
     names, or on the only device when there is one. `ran_on_bytes`: the total vLLM multiplied on the GPU the
     units' starts ran on, when the plan is for another device (offline) and it is known."""
-    plans = {device: DevicePlan(device, total.memory_bytes, reserve_bytes, vllm_total_bytes=total.vllm_bytes)
+    plans = {device: DevicePlan(device, total.memory_bytes, total.vllm_bytes, reserve_bytes)
              for device, total in totals.items()}
     unplaced: list[Unplannable] = []
     for view in sorted(views, key=lambda v: v.unit):
