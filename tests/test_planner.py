@@ -341,6 +341,8 @@ def test_nixos_values_per_unit(journal: Path) -> None:
     ["--device-memory", "100", "--reserve", "200"],
     ["--tokens", "chat=5", "--requests", "chat=2"],
     ["--systemctl", "systemctl"],
+    ["--device-core-memory", "16GiB"],
+    ["--device-memory", "16GiB", "--device-core-memory", "17GiB"],
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str]) -> None:
     result = subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.planner", *argv], capture_output=True, text=True,

@@ -111,6 +111,24 @@ def test_every_planned_r_reproduces_vllms_request_with_the_core_total_across_the
     assert device.fits == (device.planned_bytes + RESERVE <= sysman)
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize("version", ["0.26.0", "0.28.0", "0.34.0"])
+def test_chats_non_kv_memory_is_one_prints_rounding_above_what_the_replay_held(version: str) -> None:
+    """The replayed chat (7.87 + 0.51 + 0.12 GiB, KV 3.5 GiB of 0.75 x 16 GiB) as 0.26+ prints it: the parts'
+    upper ends came out 15.4 MiB (0.26) and 10.2 MiB (0.28+) above the 8.5 GiB it held; held to ceil(16 GiB x 0.75)
+    less the least "3.5 GiB" stands for, it is that print's half-step above."""
+    chat = vllmunit.CHAT
+    held = round(chat.weights_gib * GiB) + round(chat.activation_gib * GiB) + round(chat.non_torch_gib * GiB)
+    run = VllmRun(version, gpu_memory_utilization=0.75, max_model_len=chat.max_model_len, max_num_seqs=3,
+                  kv_bytes_per_token=chat.kv_bytes_per_token, kv_cache_gib=3.5, total_gib=16.0, free_gib_at_start=16.0,
+                  weights_gib=chat.weights_gib)
+    unit = plans.plan_unit(folded_view(run), "gpu", SIXTEEN_GIB, plans.TargetRequest(requests=1))
+    kv = round(3.5 * GiB)
+    assert unit.footprint.non_kv_bytes == math.ceil(SIXTEEN_GIB * 0.75) - memory_rules.printed_lower_bound(kv)
+    assert 0 <= unit.footprint.non_kv_bytes - held <= kv - memory_rules.printed_lower_bound(kv) + 2  # 5.12 MiB
+    assert "held to ceil(total x R) - the KV bytes printed" in unit.non_kv_from
+
+
 # --- the planner reading Level Zero --------------------------------------------------------------------
 
 def test_reading_level_zero_r_is_a_share_of_the_core_total_and_the_fit_held_against_sysmans(
@@ -131,6 +149,24 @@ def test_reading_level_zero_r_is_a_share_of_the_core_total_and_the_fit_held_agai
         asked = memory_rules.requested_bytes(core, unit["gpu_memory_utilization"])
         assert unit["footprint_bytes"] <= asked <= unit["footprint_bytes"] + core // 10_000 + 1, unit
     assert device["left_bytes"] == SIXTEEN_GIB - RESERVE - device["footprint_bytes"] - device["left_out_bytes"]
+
+
+def test_planning_offline_the_starts_that_printed_no_total_are_taken_to_have_run_on_this_hosts_gpu(
+        journal: Path, fake_driver: Path, config_path: Path) -> None:  # noqa: F811
+    """The seed's 0.24 starts print no device total; planned offline for 24 GiB on a host whose GPU (the fake
+    driver's 16 GiB, core 0.95 of it) they ran on, chat's non-KV memory is ceil(that core total x 0.75) - KV, not
+    ceil(24 GiB x 0.75) - KV, and stderr says which GPU."""
+    write_config(config_path, FakeConfig(devices=(A770,)))
+    result = subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.planner", "--journal.file", str(journal),
+                             "--device-memory", "24GiB", "--requests", "vllm-xpu-chat.service=1", "--format", "json"],
+                            capture_output=True, text=True, timeout=120, check=False,
+                            env=fake_driver_env(fake_driver, config_path))
+    [device] = json.loads(result.stdout)["devices"]
+    chat = next(u for u in device["units"] if u["unit"] == "vllm-xpu-chat.service")
+    assert device["total_bytes"] == device["vllm_total_bytes"] == 24 * GiB
+    assert chat["non_kv_bytes"] == math.ceil(core_of(SIXTEEN_GIB) * 0.75) - memory_rules.printed_lower_bound(
+        round(3.25 * GiB))
+    assert f"taken to have run on this host's GPU {A770.pci_address}" in result.stderr
 
 
 # --- in the replay -------------------------------------------------------------------------------------
