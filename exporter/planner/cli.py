@@ -1,16 +1,19 @@
 """`vllm-xpu-plan`: size every watched vLLM unit's KV cache so that the units of each GPU fit together.
 
-It reads the journal through the same reader and fold as the exporter and the gate, and the devices'
-total memory from Level Zero (its child process) or `--device-memory BYTES` (offline: one GPU of that
-size). For each engine unit it takes what its latest start printed (weights, peak activation, non-torch
-memory, KV bytes and tokens, block size, lengths, max_num_seqs, vLLM version), works out the KV cache a
-target needs in whole blocks and the unit's footprint (`vllm_xpu_exporter.memory_rules`), holds each GPU's footprints
-against its total less `--reserve`, and prints the `--kv-cache-memory-bytes` to set per unit: a table,
-JSON, systemd drop-ins or a NixOS snippet. docs/planner.md says how and why.
+It reads the journal through the same reader and fold as the exporter and the gate, and each device's two
+totals from Level Zero (its child process): what the kernel can give (Sysman's) and what vLLM multiplies by
+gpu_memory_utilization (the core API's), or `--device-memory BYTES` and `--device-core-memory BYTES` (offline:
+one GPU of that size). For each engine unit it takes what its latest start printed (weights, peak activation,
+non-torch memory, KV bytes and tokens, block size, lengths, max_num_seqs, vLLM version), works out the KV cache a
+target needs in whole blocks and the unit's footprint (`vllm_xpu_exporter.memory_rules`), holds each GPU's
+footprints against its total less `--reserve`, and prints the `--kv-cache-memory-bytes` to set per unit, with its
+R (a share of the total vLLM multiplies): a table, JSON, systemd drop-ins or a NixOS snippet. docs/planner.md
+says how and why.
 
 Exit status: 0 every GPU's units fit and every engine unit was planned; 1 some do not (each GPU and unit
-named on stderr in GiB, with the largest target that fits); 2 usage (one line); 3 nothing was planned, or a
-unit was left out of the plan (its memory counted at ceil(R x total) where R is known).
+named on stderr in GiB, with the largest target that fits; nothing to paste is printed); 2 usage (one line); 3
+nothing was planned, or a unit was left out of the plan (its memory counted at ceil(R x total) with R from a
+start of it that says one; when none does, the GPU is not said to fit).
 """
 
 from __future__ import annotations
