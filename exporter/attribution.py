@@ -300,9 +300,16 @@ def vllm_targets(paths_of: Mapping[str, set[str]], found: Mapping[str, Endpoint]
     return targets
 
 
-def totals(devices: Iterable[DeviceMemory]) -> dict[str, int]:
-    """device -> its total memory, for the devices whose total was read."""
-    return {device.identity.pci_address: device.total for device in devices if device.total is not None}
+def vllm_totals(devices: Iterable[DeviceMemory]) -> dict[str, int]:
+    """device -> the total vLLM multiplies by gpu_memory_utilization: the Level Zero core API's where read, else
+    Sysman's (the total a plan's figures are computed with, as the planner does)."""
+    found = {}
+    for device in devices:
+        core = device.core.total if device.core is not None and device.core.total else None
+        total = core if core is not None else device.total
+        if total is not None:
+            found[device.identity.pci_address] = total
+    return found
 
 
 def total_and_free(devices: Iterable[DeviceMemory]) -> dict[str, tuple[int, int]]:
@@ -440,9 +447,9 @@ class Plans:
 
     def planned(self, totals: Mapping[str, int], attributions: Mapping[str, DeviceAttribution],
                 views: Iterable[UnitView], device_of: UnitDevices, gpus: list[str]) -> list[PlannedUnit]:
-        """The plan of each engine unit whose GPU (of `gpus`) and its total (`totals`) are known. The target is
-        what the unit's --kv-cache-memory-bytes holds when set, else the planner's default (the KV of its last
-        successful start)."""
+        """The plan of each engine unit whose GPU (of `gpus`) and its total vLLM multiplies (`totals`) are known.
+        The target is what the unit's --kv-cache-memory-bytes holds when set, else the planner's default (the KV of
+        its last successful start)."""
         planned = []
         for view in views:
             if view.latest is None or view.latest.engine is False:

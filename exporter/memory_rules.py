@@ -63,18 +63,20 @@ def restart_headroom_bytes(free_bytes: int, own_bytes: int, total_bytes: int, gp
     return free_bytes + own_bytes - requested_bytes(total_bytes, gpu_memory_utilization)
 
 
-def utilisation_for(footprint_bytes: int, total_bytes: int, decimals: int = 4) -> float:
-    """The unit's share of the device, `footprint_bytes / total_bytes` rounded up to `decimals` decimals
-    (capped at 1.0), so that its request covers `footprint_bytes`: with `--kv-cache-memory-bytes` set, vLLM still checks at start that
-    ceil(total x R) is free, and the gate waits for the same; R = the unit's share says "start when my
-    whole footprint is free"."""
+def utilisation_for(footprint_bytes: int, total_bytes: int, decimals: int = 4) -> float | None:
+    """The unit's share of the device, `footprint_bytes / total_bytes` rounded up to `decimals` decimals, so
+    that its request covers `footprint_bytes`: with `--kv-cache-memory-bytes` set, vLLM still checks at start
+    that ceil(total x R) is free, and the gate waits for the same; R = the unit's share says "start when my
+    whole footprint is free". `total_bytes` is the total vLLM multiplies (the Level Zero core total on XPU).
+    None when no R below 1 covers the footprint: such a unit cannot be given its footprint by vLLM."""
     if total_bytes <= 0:
         raise ValueError("total_bytes must be positive")
     scale = 10 ** decimals
-    steps = -(-footprint_bytes * scale // total_bytes)  # the exact share, rounded up to the decimals
+    # the exact share, rounded up to the decimals (never beyond the last R below 1, whose ceil may still cover it)
+    steps = min(-(-footprint_bytes * scale // total_bytes), scale - 1)
     while steps < scale and requested_bytes(total_bytes, steps / scale) < footprint_bytes:
         steps += 1  # float rounding of steps / scale
-    return min(steps, scale) / scale
+    return steps / scale if steps < scale else None
 
 
 # vLLM's block pool keeps block 0 back as its null block: a budget of N blocks serves N - 1.

@@ -316,6 +316,14 @@ class SharedDevice:
     def total(self) -> int:
         return self._read()["device"]["memory"][0]["size"]
 
+    @property
+    def core_total(self) -> int:
+        """The shared module's total as the Level Zero core API reports it (zeDeviceGetMemoryProperties): its
+        core_size, else 0.95 of its size, as the fake driver computes it."""
+        module = self._read()["device"]["memory"][0]
+        size = module["size"]
+        return module["core_size"] if module.get("core_size") is not None else size // 100 * 95 + size % 100 * 95 // 100
+
     def free(self) -> int:
         with self._locked():
             return _free(self._current())
@@ -400,13 +408,14 @@ def _device_to_json(device: FakeDevice) -> dict:
     fields = {name: getattr(device, name) for name in ("pci_address", "name", "driver_version", "device_id",
                                                        "device_type")}
     fields["uuid"] = device.uuid.hex() if device.uuid is not None else None
-    fields["memory"] = [{"size": module.size, "device_local": module.device_local} for module in device.memory]
+    fields["memory"] = [{"size": module.size, "device_local": module.device_local, "core_size": module.core_size}
+                        for module in device.memory]
     return fields
 
 
 def _device_from_json(fields: dict) -> FakeDevice:
-    memory = tuple(FakeMemoryModule(size=module["size"], free=module["size"], device_local=module["device_local"])
-                   for module in fields["memory"])
+    memory = tuple(FakeMemoryModule(size=module["size"], free=module["size"], device_local=module["device_local"],
+                                    core_size=module.get("core_size")) for module in fields["memory"])
     uuid = bytes.fromhex(fields["uuid"]) if fields["uuid"] is not None else None
     return FakeDevice(pci_address=fields["pci_address"], name=fields["name"], uuid=uuid,
                       driver_version=fields["driver_version"], device_id=fields["device_id"],

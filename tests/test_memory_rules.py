@@ -100,12 +100,13 @@ def test_fit_is_the_sum_against_total_less_reserve(footprints: list[int], total:
 
 
 @given(st.integers(1, 1 << 40), st.integers(1, 1 << 40))
-def test_utilisation_for_covers_the_footprint(footprint: int, total: int) -> None:
+def test_utilisation_for_covers_the_footprint_and_is_never_1(footprint: int, total: int) -> None:
+    """R below 1 whose request covers the footprint, rounded up to 4 decimals and no more; None when only R >= 1
+    would (vLLM could never hold that footprint: a plan must not say R 1)."""
     ratio = memory_rules.utilisation_for(footprint, total)
-    assert 0 < ratio <= 1.0
-    if footprint <= total:
-        assert memory_rules.requested_bytes(total, ratio) >= footprint
-        # the share rounded up to 4 decimals, not more
-        assert ratio <= footprint / total + 0.0001 + 1e-12
-    else:
-        assert ratio == 1.0
+    if ratio is None:
+        assert memory_rules.requested_bytes(total, 0.9999) < footprint
+        return
+    assert 0 < ratio < 1.0
+    assert memory_rules.requested_bytes(total, ratio) >= footprint
+    assert ratio <= footprint / total + 0.0001 + 1e-12

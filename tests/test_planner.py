@@ -341,6 +341,8 @@ def test_nixos_values_per_unit(journal: Path) -> None:
     ["--device-memory", "100", "--reserve", "200"],
     ["--tokens", "chat=5", "--requests", "chat=2"],
     ["--systemctl", "systemctl"],
+    ["--device-core-memory", "16GiB"],
+    ["--device-memory", "16GiB", "--device-core-memory", "17GiB"],
 ])
 def test_bad_input_is_one_line_and_exit_2(argv: list[str]) -> None:
     result = subprocess.run([sys.executable, "-m", "vllm_xpu_exporter.planner", *argv], capture_output=True, text=True,
@@ -391,9 +393,11 @@ def scrape_planned(journal: Path, tmp_path: Path, fake_driver: Path, config_path
 
 def test_the_exporter_shows_the_planners_figures_per_unit_and_gpu(journal: Path, tmp_path: Path, fake_driver: Path,
                                                                   config_path: Path) -> None:
-    """The planner's default target (the KV of the last successful start), to the byte; the unit on 0.15.1
-    has no plan, so no series."""
-    [device] = json.loads(run_plan(journal, "--format", "json").stdout)["devices"]
+    """The planner's default target (the KV of the last successful start), to the byte, both planning with the
+    total vLLM multiplies (the fake driver's core total, 0.95 of Sysman's: chat's 0.24 start printed no total, so
+    its non-KV memory is ceil(that total x R) - KV); the unit on 0.15.1 has no plan, so no series."""
+    core = SIXTEEN_GIB * 95 // 100
+    [device] = json.loads(run_plan(journal, "--device-core-memory", str(core), "--format", "json").stdout)["devices"]
     footprints, planned_kv, device_sums = planned_series(scrape_planned(journal, tmp_path, fake_driver, config_path))
     assert footprints == {u["unit"]: u["footprint_bytes"] for u in device["units"]}
     assert planned_kv == {u["unit"]: u["kv_cache_memory_bytes"] for u in device["units"]}
@@ -562,7 +566,10 @@ def test_right_after_a_failing_cold_boot_the_default_takes_chats_last_good_kv_fr
         tmp_path: Path) -> None:
     """The issue's: the current boot holds only chat's failing start ("2.13 GiB" available, below one
     request); the default used to print "fits" with chat left out of the sum. Now chat's last successful
-    start is found in the earlier boot the journal holds, the plan says which, and chat is in the sum."""
+    start is found in the earlier boot the journal holds, the plan says which, and chat is in the sum. And the
+    failure is learnt from: it said one request of 131072 tokens needs 3.36 GiB, more than the 3.25 GiB the last
+    good start had, so the budget is raised to what the failure said (its print's upper end) and the null
+    block: the KV of the last good start alone would fail with the same message at every start."""
     failed, restarted = race_chat_runs()
     earlier_at, current_at = 1_747_000_000.0, 1_747_044_600.0
     earlier = [*service_runs(CHAT, [restarted], earlier_at + 60, job_id=120),
@@ -580,7 +587,9 @@ def test_right_after_a_failing_cold_boot_the_default_takes_chats_last_good_kv_fr
     [device] = json.loads(result.stdout)["devices"]
     chat = next(u for u in device["units"] if u["unit"] == CHAT)
     assert chat["target"] == "the KV its last successful start had (began 2025-05-11 21:47:40 UTC)"
-    assert abs(chat["kv_cache_memory_bytes"] - round(3.25 * GiB)) < 8 * (1 << 20)
+    need = memory_rules.printed_upper_bound(round(3.36 * GiB))
+    assert chat["kv_cache_memory_bytes"] == need + chat["kv_block_bytes"]
+    assert any("needs (3.36 GiB printed, at its upper end)" in note for note in chat["notes"])
     assert device["footprint_bytes"] == sum(u["footprint_bytes"] for u in device["units"]) > 12 * GiB
 
 
@@ -623,3 +632,55 @@ def test_an_output_directory_through_proc_pid_root_is_written_in_that_processs_m
         assert (inside / f"{CHAT}.d" / plan.DROP_IN_NAME).is_file()
         assert f"{inside}/{CHAT}.d/{plan.DROP_IN_NAME}" in result.stdout.splitlines()
     assert list(host_dir.iterdir()) == []
+
+
+# --- what a plan that does not fit prints, and what it counts -------------------------------------------------
+
+@pytest.mark.parametrize("output", ["systemd", "nixos"])
+def test_a_plan_that_does_not_fit_prints_nothing_to_paste_and_exits_1(journal: Path, tmp_path: Path,
+                                                                      output: str) -> None:
+    """40 full-length chat requests: more than the GPU. No drop-in or snippet to paste (one said
+    --gpu-memory-utilization 1 for chat), only what does not fit, on stderr."""
+    result = run_plan(journal, "--requests", f"{CHAT}=40", "--format", output,
+                      "--systemctl", str(fake_systemctl(tmp_path, SEED_COMMANDS)))
+    assert result.returncode == plan.EXIT_DOES_NOT_FIT, result.stderr
+    assert result.stdout == ""
+    assert "nothing printed: the plan does not fit" in result.stderr
+    assert "GPU offline does not fit: " in result.stderr
+    assert f"GPU offline: {CHAT}'s footprint" in result.stderr
+    assert "no --gpu-memory-utilization below 1" in result.stderr
+
+
+def test_no_planned_r_is_1_or_more(journal: Path) -> None:
+    """A footprint beyond the total vLLM multiplies has no R: null in JSON, '-' in the table, and its GPU does not
+    fit (vLLM can never give it that much), whatever the bytes left."""
+    result = run_plan(journal, "--requests", f"{CHAT}=40", "--format", "json")
+    document = json.loads(result.stdout)
+    [device] = document["devices"]
+    chat = next(u for u in device["units"] if u["unit"] == CHAT)
+    assert chat["footprint_bytes"] > SIXTEEN_GIB and chat["gpu_memory_utilization"] is None
+    assert all(u["gpu_memory_utilization"] is None or u["gpu_memory_utilization"] < 1 for u in device["units"])
+    assert not device["fits"] and not document["fits"]
+    assert any("no --gpu-memory-utilization below 1" in reason for reason in device["does_not_fit"])
+    table = run_plan(journal, "--requests", f"{CHAT}=40").stdout
+    [row] = [line for line in table.splitlines() if line.startswith(f"  {CHAT} ")]
+    assert " - " in row and " 1 " not in row
+
+
+@pytest.mark.fast
+def test_a_unit_left_out_is_counted_from_any_start_that_says_its_r_else_the_fit_is_not_claimed() -> None:
+    """chat's latest start printed no version (it has only begun): it cannot be planned. Its last successful start
+    says R 0.75: it is counted at ceil(0.75 x total), as docs/planner.md says. With no start saying an R its
+    memory is not known: the GPU is not said to fit (it was: chat left out of the sum, the GPU "fits")."""
+    view = views_of({CHAT: [race_chat_runs()[1]]})[CHAT]
+    begun = replace(view.latest, version=None, gpu_memory_utilization=None, began_usec=view.latest.began_usec + 1)
+    just_begun = replace(view, latest=begun)
+    totals = {"gpu": plans.Totals(SIXTEEN_GIB, SIXTEEN_GIB * 95 // 100)}
+    [device] = plans.make_plan([just_begun], totals, {}, 512 << 20, {}).devices
+    [left_out] = device.unplannable
+    assert left_out.held_bytes == math.ceil(SIXTEEN_GIB * 95 // 100 * 0.75) == device.left_out_bytes
+    assert "its last successful start" in left_out.held_from and device.fits
+    unknown = replace(just_begun, last_success=replace(view.last_success, version=None, gpu_memory_utilization=None),
+                      last_profiled=None)
+    [device] = plans.make_plan([unknown], totals, {}, 512 << 20, {}).devices
+    assert device.uncounted and not device.fits and device.fit.fits

@@ -55,7 +55,7 @@ def test_a_preemption_trace_gets_a_budget_that_fits_it_with_at_most_10_percent_s
     current = chat.latest.effective_kv_cache_bytes
     found = recommend(unit_views, observed)
     assert found[CHAT].kv_limited
-    plan = plans.make_plan(unit_views, {"gpu": SIXTEEN_GIB}, {}, 512 << 20, target_requests(found))
+    plan = plans.make_plan(unit_views, {"gpu": plans.Totals.same(SIXTEEN_GIB)}, {}, 512 << 20, target_requests(found))
     (planned,) = [u for d in plan.devices for u in d.units if u.unit == CHAT]
     budget = planned.kv_cache_memory_bytes
     demand = [c * PER_REQUEST * current for c in OFFERED]
@@ -74,8 +74,9 @@ def test_an_idle_trace_frees_memory_and_the_gpu_still_fits():
     (chat,) = [view for view in unit_views if view.unit == CHAT]
     as_now = {CHAT: plans.TargetRequest(kv_bytes=chat.latest.effective_kv_cache_bytes),
               EMBEDDING: plans.TargetRequest(kv_bytes=current)}
-    before = plans.make_plan(unit_views, {"gpu": SIXTEEN_GIB}, {}, 512 << 20, as_now)
-    after = plans.make_plan(unit_views, {"gpu": SIXTEEN_GIB}, {}, 512 << 20, {**as_now, **target_requests(found)})
+    before = plans.make_plan(unit_views, {"gpu": plans.Totals.same(SIXTEEN_GIB)}, {}, 512 << 20, as_now)
+    after = plans.make_plan(unit_views, {"gpu": plans.Totals.same(SIXTEEN_GIB)}, {}, 512 << 20,
+                            {**as_now, **target_requests(found)})
     (was,) = [u for d in before.devices for u in d.units if u.unit == EMBEDDING]
     (now,) = [u for d in after.devices for u in d.units if u.unit == EMBEDDING]
     assert now.kv_cache_memory_bytes < was.kv_cache_memory_bytes  # it frees memory
@@ -146,7 +147,7 @@ def test_vllm_xpu_plan_observed_offline_plans_the_recommended_budgets(tmp_path):
     result = run_plan(journal, "--observed", str(observed), "--format", "json")
     assert result.returncode == 0, result.stderr
     expected = recommend(views(), parse_observed(json.loads(observed.read_text())))
-    plan = plans.make_plan(views(), {"offline": SIXTEEN_GIB}, {}, 512 << 20, target_requests(expected))
+    plan = plans.make_plan(views(), {"offline": plans.Totals.same(SIXTEEN_GIB)}, {}, 512 << 20, target_requests(expected))
     printed = json.loads(result.stdout)
     budgets = {unit["unit"]: unit["kv_cache_memory_bytes"] for device in printed["devices"] for unit in device["units"]}
     assert budgets == {u.unit: u.kv_cache_memory_bytes for d in plan.devices for u in d.units}

@@ -134,7 +134,7 @@ def test_shared_device_free_memory_is_total_minus_the_shares_and_the_driver_conf
     device.hold("vllm-embedding.service", GiB, pid=embedding)
     assert device.free() == 7 * GiB
     config = device.config_path.read_text().splitlines()
-    assert f"memory device {16 * GiB} {7 * GiB} health=1" in config
+    assert f"memory device {16 * GiB} {7 * GiB} health=1 core_size={16 * GiB}" in config
     assert f"process {chat} {8 * GiB} 0 2" in config and f"process {embedding} {GiB} 0 2" in config
     device.release("vllm-chat.service")
     assert device.held() == {"vllm-embedding.service": GiB}

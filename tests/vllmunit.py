@@ -8,7 +8,9 @@ Zero driver's config) the way vLLM's memory accounting does, so that units start
 
 What happens, at vllmlogs' offsets (seconds after the process started, plus --import-seconds) times
 --time-scale:
-* 6.6, init_device: requested = ceil(R x total). If free < requested: vLLM's "Free memory on device
+* 6.6, init_device: requested = ceil(R x total), the total the fake GPU's Level Zero core API reports, as
+  vLLM multiplies it on XPU (SIXTEEN_GIB_GPU's is its whole 16 GiB; a module without core_size reports 0.95
+  of Sysman's); free memory is Sysman's. If free < requested: vLLM's "Free memory on device
   ... is less than desired GPU memory utilization" failure (insufficient_free_memory). Otherwise this
   free memory is the profiling baseline. The check is the same with --kv-cache-memory-bytes set.
 * 6.6 .. 6.6 + 0.3 x init: the weights are loaded, in four steps.
@@ -80,7 +82,9 @@ import vllmlogs  # noqa: E402
 from vllmlogs import Failure, UnitLine, VllmRun, engine_start_lines, release  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
-SIXTEEN_GIB_GPU = A770  # its 16 GiB module; SharedDevice.create replaces its free memory and processes by the shares
+# A770's 16 GiB module, whose core API reports all of it (core_size): the seed host's figures are R x 16 GiB.
+# SharedDevice.create replaces its free memory and processes by the shares.
+SIXTEEN_GIB_GPU = replace(A770, memory=(replace(A770.memory[0], core_size=A770.memory[0].size),))
 INIT_DEVICE_AT = 6.6  # vllmlogs: the line after init_device (or its failure)
 WEIGHT_STEPS = 4
 SLEEP_SIGNALS = {signal.SIGUSR1: 1, signal.SIGUSR2: 2}
@@ -304,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.pthread_sigmask(signal.SIG_BLOCK, SLEEP_MODE_SIGNALS)  # taken once serving (serve_with_sleep_mode)
     init_seconds = args.init_seconds
-    total = device.total
+    total = device.core_total  # what vLLM multiplies on XPU: the Level Zero core API's; free memory is Sysman's
     run = VllmRun(args.version, model=args.model, gpu_memory_utilization=args.gpu_memory_utilization,
                   max_model_len=args.max_model_len, kv_bytes_per_token=args.kv_bytes_per_token,
                   block_size=args.block_size, total_gib=round(total / GiB, 2), weights_gib=args.weights_gib,

@@ -162,7 +162,8 @@ class ProcessesCollector(Collector):
             memory = attribution.total_and_free(devices)
             vllm_reads = attribution.as_vllm_reads(devices)
             yield from self._against_device_memory(memory, vllm_reads, attributions, views, kept, gpus)
-            planned = self._plans.planned(attribution.totals(devices), attributions, views, self._unit_devices, gpus)
+            planned = self._plans.planned(attribution.vllm_totals(devices), attributions, views, self._unit_devices,
+                                          gpus)
             yield from self._planned(planned)
             yield self._admission(memory, attributions, views, planned, gpus)
             yield self._plan_of_units(context, attributions, views, gpus, problems)

@@ -1,16 +1,19 @@
 """`vllm-xpu-plan`: size every watched vLLM unit's KV cache so that the units of each GPU fit together.
 
-It reads the journal through the same reader and fold as the exporter and the gate, and the devices'
-total memory from Level Zero (its child process) or `--device-memory BYTES` (offline: one GPU of that
-size). For each engine unit it takes what its latest start printed (weights, peak activation, non-torch
-memory, KV bytes and tokens, block size, lengths, max_num_seqs, vLLM version), works out the KV cache a
-target needs in whole blocks and the unit's footprint (`vllm_xpu_exporter.memory_rules`), holds each GPU's footprints
-against its total less `--reserve`, and prints the `--kv-cache-memory-bytes` to set per unit: a table,
-JSON, systemd drop-ins or a NixOS snippet. docs/planner.md says how and why.
+It reads the journal through the same reader and fold as the exporter and the gate, and each device's two
+totals from Level Zero (its child process): what the kernel can give (Sysman's) and what vLLM multiplies by
+gpu_memory_utilization (the core API's), or `--device-memory BYTES` and `--device-core-memory BYTES` (offline:
+one GPU of that size). For each engine unit it takes what its latest start printed (weights, peak activation,
+non-torch memory, KV bytes and tokens, block size, lengths, max_num_seqs, vLLM version), works out the KV cache a
+target needs in whole blocks and the unit's footprint (`vllm_xpu_exporter.memory_rules`), holds each GPU's
+footprints against its total less `--reserve`, and prints the `--kv-cache-memory-bytes` to set per unit, with its
+R (a share of the total vLLM multiplies): a table, JSON, systemd drop-ins or a NixOS snippet. docs/planner.md
+says how and why.
 
 Exit status: 0 every GPU's units fit and every engine unit was planned; 1 some do not (each GPU and unit
-named on stderr in GiB, with the largest target that fits); 2 usage (one line); 3 nothing was planned, or a
-unit was left out of the plan (its memory counted at ceil(R x total) where R is known).
+named on stderr in GiB, with the largest target that fits; nothing to paste is printed); 2 usage (one line); 3
+nothing was planned, or a unit was left out of the plan (its memory counted at ceil(R x total) with R from a
+start of it that says one; when none does, the GPU is not said to fit).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import TextIO
 
 import yaml
 
-from vllm_xpu_exporter import __version__
+from vllm_xpu_exporter import __version__, attribution
 from vllm_xpu_exporter.argparsing import EXIT_USAGE, OneLineParser, absolute_path
 from vllm_xpu_exporter.flags import (DefaultsHelpFormatter, add_container_flags, add_container_log_flags,
                                      add_journal_containers_flag, add_journal_flags, add_levelzero_flags,
@@ -43,8 +46,8 @@ from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.gate.protocol import BUDGET_VARIABLE, RATIO_VARIABLE
 from vllm_xpu_exporter import memory_rules as rules
 from vllm_xpu_exporter.parsers import vllm
-from vllm_xpu_exporter.planner.plans import (KV_BUDGET_ON_XPU_SINCE, DevicePlan, Plan, TargetRequest, UnitPlan,
-                                             Unplannable, make_plan, printed_totals)
+from vllm_xpu_exporter.planner.plans import (KV_BUDGET_ON_XPU_SINCE, DevicePlan, Plan, TargetRequest, Totals, UnitPlan,
+                                             Unplannable, make_plan, needs_ran_on_total, printed_totals)
 from vllm_xpu_exporter.planner import containers, execstart, rightsizing
 from vllm_xpu_exporter.sources import container_commands, plan_dropins, procfs, prometheus
 from vllm_xpu_exporter.planner.execstart import NotEditable, exec_start_from_cat
@@ -70,7 +73,7 @@ DEFAULT_COMPOSE = "/usr/bin/docker-compose"
 DEFAULT_PODMAN = "/usr/bin/podman"
 DEFAULT_KUBECTL = "/usr/bin/kubectl"
 KUSTOMIZATION = "kustomization.yaml"
-JSON_SCHEMA_VERSION = 2  # docs/planner.md "JSON output" lists what each version added
+JSON_SCHEMA_VERSION = 3  # docs/planner.md "JSON output" lists what each version added
 
 
 # ---------------------------------------------------------------------------------------- the unit's command
@@ -108,15 +111,16 @@ def render_table(plan: Plan) -> str:
     lines: list[str] = []
     for device in plan.devices:
         fit = device.fit
-        state = "fits" if fit.fits else f"DOES NOT FIT: {fit.missing_bytes} bytes ({_gib(fit.missing_bytes)}) missing"
-        lines.append(f"GPU {device.device}: total {device.total_bytes} ({_gib(device.total_bytes)}), reserve "
+        state = "fits" if device.fits else f"DOES NOT FIT: {'; '.join(why_not_fitting(device))}"
+        lines.append(f"GPU {device.device}: total {device.total_bytes} ({_gib(device.total_bytes)}; vLLM multiplies "
+                     f"{device.vllm_total_bytes} ({_gib(device.vllm_total_bytes)})), reserve "
                      f"{device.reserve_bytes}, units {device.planned_bytes} ({_gib(device.planned_bytes)}), left out "
                      f"{device.left_out_bytes} ({_gib(device.left_out_bytes)}), left "
                      f"{fit.left_bytes} ({_gib(fit.left_bytes)}): {state}")
         header = ("UNIT", "VLLM", "TARGET TOKENS", "NON-KV BYTES", "KV BYTES", "FOOTPRINT", "GPU UTIL",
                   "--kv-cache-memory-bytes")
         rows = [header] + [(u.unit, u.version, str(u.target.tokens), str(u.footprint.non_kv_bytes),
-                            str(u.footprint.kv_bytes), str(u.footprint.total_bytes), f"{u.gpu_memory_utilization:g}",
+                            str(u.footprint.kv_bytes), str(u.footprint.total_bytes), _ratio(u.gpu_memory_utilization),
                             str(u.kv_cache_memory_bytes)) for u in device.units]
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
         lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
@@ -127,6 +131,23 @@ def render_table(plan: Plan) -> str:
         where = f" (GPU {u.device})" if u.device else ""
         lines.append(f"not plannable: {u.unit}{where}: {u.why}; {u.remedy}")
     return "\n".join(lines) + "\n"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def why_not_fitting(device: DevicePlan) -> list[str]:
+    """What keeps a GPU's plan from fitting, each in words (empty when it fits)."""
+    fit, reasons = device.fit, []
+    if not fit.fits:
+        reasons.append(f"{fit.missing_bytes} bytes ({_gib(fit.missing_bytes)}) missing")
+    reasons += [f"{u.unit}'s footprint {u.footprint.total_bytes} ({_gib(u.footprint.total_bytes)}) is not below "
+                f"what vLLM multiplies, {device.vllm_total_bytes}: no --gpu-memory-utilization below 1 covers it"
+                for u in device.beyond_one]
+    reasons += [f"{u.unit} is left out and its memory is not known (no start of it says its "
+                f"gpu_memory_utilization)" for u in device.uncounted]
+    return reasons
 
 
 def render_json(plan: Plan) -> str:
@@ -142,14 +163,16 @@ def render_json(plan: Plan) -> str:
                 "gpu_memory_utilization": u.gpu_memory_utilization, "notes": list(u.notes)}
 
     def unplannable(u: Unplannable) -> dict[str, object]:
-        return {"unit": u.unit, "device": u.device, "why": u.why, "remedy": u.remedy, "held_bytes": u.held_bytes}
+        return {"unit": u.unit, "device": u.device, "why": u.why, "remedy": u.remedy, "held_bytes": u.held_bytes,
+                "held_from": u.held_from or None}
 
     document = {
         "schema_version": JSON_SCHEMA_VERSION,
         "fits": plan.fits,
-        "devices": [{"device": d.device, "total_bytes": d.total_bytes, "reserve_bytes": d.reserve_bytes,
+        "devices": [{"device": d.device, "total_bytes": d.total_bytes, "vllm_total_bytes": d.vllm_total_bytes,
+                     "reserve_bytes": d.reserve_bytes,
                      "footprint_bytes": d.planned_bytes, "left_out_bytes": d.left_out_bytes,
-                     "left_bytes": d.fit.left_bytes, "fits": d.fit.fits,
+                     "left_bytes": d.fit.left_bytes, "fits": d.fits, "does_not_fit": why_not_fitting(d),
                      "missing_bytes": d.fit.missing_bytes, "units": [unit(u) for u in d.units]}
                     for d in plan.devices],
         "unplannable": [unplannable(u) for u in plan.unplannable],
@@ -282,7 +305,14 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     parser.add_argument("--device-memory", dest="device_memory", type=byte_count, default=None, metavar="BYTES",
-                        help="plan offline for one GPU of this total memory (default: every GPU Level Zero reports)")
+                        help="plan offline for one GPU of this total memory, the kernel's (Level Zero Sysman's, the "
+                             "exporter's xpu_memory_total_bytes): the units' footprints are held against it "
+                             "(default: every GPU Level Zero reports)")
+    parser.add_argument("--device-core-memory", dest="device_core_memory", type=byte_count, default=None,
+                        metavar="BYTES",
+                        help="with --device-memory: the total vLLM multiplies by --gpu-memory-utilization on that GPU, "
+                             "the Level Zero core API's (the exporter's xpu_memory_core_total_bytes, ~0.95 of "
+                             "--device-memory on Intel); every R is a share of it (default: --device-memory)")
     parser.add_argument("--reserve", type=byte_count, default=DEFAULT_RESERVE, metavar="BYTES",
                         help=f"memory of each GPU no unit may plan for: the driver's and runtime's own "
                              f"(default {DEFAULT_RESERVE // MiB}MiB)")
@@ -331,6 +361,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--format kustomize needs --kustomize-base DIR and --output-dir DIR (the overlay's directory)")
     if args.device_memory is not None and args.device_memory <= args.reserve:
         parser.error(f"--device-memory {args.device_memory} leaves nothing after --reserve {args.reserve}")
+    if args.device_core_memory is not None and args.device_memory is None:
+        parser.error("--device-core-memory goes with --device-memory")
+    if args.device_core_memory is not None and not 0 < args.device_core_memory <= args.device_memory:
+        parser.error(f"--device-core-memory {args.device_core_memory} is not a total within --device-memory "
+                     f"{args.device_memory}")
     both = {unit for unit, _ in args.tokens} & {unit for unit, _ in args.requests}
     if both:
         parser.error(f"--tokens and --requests both given for {', '.join(sorted(both))}")
@@ -379,7 +414,9 @@ def read_views(args: argparse.Namespace, timeout: float = 120.0) -> tuple[list[U
     return list(views.values()), dropped
 
 
-def read_totals(args: argparse.Namespace) -> dict[str, int]:
+def read_totals(args: argparse.Namespace) -> dict[str, Totals]:
+    """Each GPU's two totals from Level Zero: Sysman's (what the kernel can give) and the core API's (what vLLM
+    multiplies); where one is not read, the other stands for both."""
     from vllm_xpu_exporter.sources.levelzero.worker import LevelZeroUnavailable, LevelZeroWorker, WorkerState
 
     worker = LevelZeroWorker(args.levelzero_library, args.levelzero_timeout, telemetry=False)
@@ -397,7 +434,14 @@ def read_totals(args: argparse.Namespace) -> dict[str, int]:
                 time.sleep(0.05)
     finally:
         worker.close()
-    return {d.identity.pci_address: d.total for d in devices if d.total is not None}
+    vllm_totals = attribution.vllm_totals(devices)
+    totals = {}
+    for device in devices:
+        vllm_total = vllm_totals.get(device.identity.pci_address)
+        if vllm_total is not None:
+            memory = device.total if device.total is not None else vllm_total
+            totals[device.identity.pci_address] = Totals(memory, vllm_total)
+    return totals
 
 
 def _with_earlier_successes(args: argparse.Namespace, views: list[UnitView]) -> list[UnitView]:
@@ -416,6 +460,24 @@ def _with_earlier_successes(args: argparse.Namespace, views: list[UnitView]) -> 
                            last_profiled=view.last_profiled or earlier.last_profiled)
         merged.append(view)
     return merged
+
+
+def _ran_on_here(args: argparse.Namespace, views: Sequence[UnitView], stderr: TextIO) -> int | None:
+    """Planning offline: the total vLLM multiplies on this host's GPU, which the units' starts ran on, when a
+    unit's non-KV memory is derived from it (a release that prints no split and a start that printed no total)
+    and Level Zero reads exactly one GPU; None otherwise (the total planned for stands in, and the plan says so)."""
+    if not any(needs_ran_on_total(v) for v in views if v.latest is not None and v.latest.engine is not False):
+        return None
+    try:
+        here = read_totals(args)
+    except RuntimeError:
+        return None
+    if len(here) != 1:
+        return None
+    (device, totals), = here.items()
+    stderr.write(f"{PROG}: the starts that printed no device total are taken to have run on this host's GPU "
+                 f"{device} ({_gib_of(totals.vllm_bytes)} as vLLM multiplies)\n")
+    return totals.vllm_bytes
 
 
 def _agreed_total(printed: Mapping[str, int]) -> int | None:
@@ -453,15 +515,19 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         views, beyond_max_units = read_views(args)
         views = _with_earlier_successes(args, views)
         printed = printed_totals(views)
+        ran_on = None
         if args.device_memory is not None:
-            totals, placement = {OFFLINE_DEVICE: args.device_memory}, {}
+            core = args.device_core_memory if args.device_core_memory is not None else args.device_memory
+            totals, placement = {OFFLINE_DEVICE: Totals(args.device_memory, core)}, {}
+            flag = "--device-core-memory" if args.device_core_memory is not None else "--device-memory"
             other = sorted(unit for unit, total in printed.items() if not
-                           rules.printed_lower_bound(total) <= args.device_memory <= rules.printed_upper_bound(total))
+                           rules.printed_lower_bound(total) <= core <= rules.printed_upper_bound(total))
             if other:
-                stderr.write(f"{PROG}: warning: --device-memory {args.device_memory} ({_gib_of(args.device_memory)}) is "
+                stderr.write(f"{PROG}: warning: {flag} {core} ({_gib_of(core)}) is "
                              f"not the total the starts of {', '.join(other)} printed "
                              f"({_gib_of(printed[other[0]])}): planning for another device size (their non-KV figures "
                              f"are their starts' own)\n")
+            ran_on = _ran_on_here(args, views, stderr)
         else:
             try:
                 totals = read_totals(args)
@@ -471,7 +537,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
                     raise
                 stderr.write(f"{PROG}: warning: Level Zero cannot be read: planning for the total the starts printed, "
                              f"{_gib_of(total)} (the least it can stand for)\n")
-                totals = {OFFLINE_DEVICE: total}
+                totals = {OFFLINE_DEVICE: Totals.same(total)}
             if not totals:
                 raise RuntimeError("Level Zero reports no GPU; plan offline with --device-memory BYTES")
             placement = procfs.devices_of_units(args.procfs) if len(totals) > 1 else {}
@@ -500,7 +566,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         for r in observed.values():
             stderr.write(f"{PROG}: {r.unit}: {r.why}: budget {r.kv_bytes} bytes (now {r.current_bytes})\n")
         given, requests = requests, {**rightsizing.target_requests(observed), **requests}
-    plan = make_plan(views, totals, placement, args.reserve, requests)
+    plan = make_plan(views, totals, placement, args.reserve, requests, ran_on)
     if not plan.fits and (args.prometheus is not None or args.observed is not None):
         for unit, device in _growth_that_breaks_the_fit(plan, views, totals, placement, args.reserve, requests,
                                                         given, observed):
@@ -516,6 +582,10 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         stdout.write(render_table(plan))
     elif args.format == "json":
         stdout.write(render_json(plan))
+    elif not plan.fits:
+        # what would be pasted or written makes units fail at start (or R >= 1): the reasons follow
+        where = f"written to {args.output_dir}" if args.output_dir is not None else "printed"
+        stderr.write(f"{PROG}: nothing {where}: the plan does not fit\n")
     elif args.format in containers.CONTAINER_FORMATS:
         code = _write_containers(args, plan, stdout, stderr)
         if code is not None:
@@ -525,21 +595,26 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None, stderr
         if code is not None:
             return code
     for u in plan.unplannable:
-        held = f" (counted at ceil(R x total) = {_gib_of(u.held_bytes)})" if u.held_bytes else \
-            " (its memory is not counted: its gpu_memory_utilization is not known)"
+        held = f" (counted at {u.held_from} = {_gib_of(u.held_bytes)})" if u.held_bytes else \
+            " (its memory is not known: no start of it says its gpu_memory_utilization)"
         stderr.write(f"{PROG}: {u.unit}: not plannable: {u.why}; {u.remedy}{held if u.device else ''}\n")
     if not plan.fits:
         for device in plan.devices:
             fit = device.fit
-            if fit.fits:
+            if device.fits:
                 continue
-            stderr.write(f"{PROG}: GPU {device.device} does not fit: {_gib_of(fit.missing_bytes)} missing "
-                         f"({fit.missing_bytes} bytes; total {_gib_of(device.total_bytes)}, reserve "
-                         f"{_gib_of(device.reserve_bytes)}, left out {_gib_of(device.left_out_bytes)})\n")
+            if not fit.fits:
+                stderr.write(f"{PROG}: GPU {device.device} does not fit: {_gib_of(fit.missing_bytes)} missing "
+                             f"({fit.missing_bytes} bytes; total {_gib_of(device.total_bytes)}, reserve "
+                             f"{_gib_of(device.reserve_bytes)}, left out {_gib_of(device.left_out_bytes)})\n")
+            for reason in why_not_fitting(device)[0 if fit.fits else 1:]:
+                stderr.write(f"{PROG}: GPU {device.device}: {reason}\n")
             for u in device.units:
                 stderr.write(f"{PROG}:   {u.unit}: {_gib_of(u.footprint.total_bytes)} (non-KV "
                              f"{_gib_of(u.footprint.non_kv_bytes)} + KV {_gib_of(u.kv_cache_memory_bytes)} for "
                              f"{u.target.reason}); largest that fits: {_largest_that_fits(device, u)}\n")
+        if all(device.fit.fits and not device.beyond_one for device in plan.devices):
+            return EXIT_INCOMPLETE  # only a left-out unit whose memory is not known: the fit cannot be proven
         return EXIT_DOES_NOT_FIT
     planned = [u for d in plan.devices for u in d.units]
     if not planned or plan.unplannable or beyond_max_units:
@@ -582,17 +657,14 @@ def vllm_release_ok(views: Sequence[UnitView], unit: str) -> bool:
 
 
 def _write_units(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: TextIO) -> int | None:
-    """--format systemd / nixos: read the units' commands, check every drop-in, then print or write them.
+    """--format systemd / nixos, for a plan that fits: read the units' commands, check every drop-in, then print or
+    write them.
     All or nothing: a unit whose drop-in cannot be made (its command unreadable or out of reach, or
     systemd-analyze refusing it) stops the writing with a reason per unit (exit 3). An exit status when
     it must stop."""
     units = [u for d in plan.devices for u in d.units]
     if args.format == "nixos":
         stdout.write(render_nixos(plan))
-        return None
-    if args.output_dir is not None and not plan.fits:
-        # drop-ins of a plan that does not fit would make the units fail at start (R up to 1)
-        stderr.write(f"{PROG}: nothing written to {args.output_dir}: the plan does not fit\n")
         return None
     systemctl = args.systemctl
     analyze = systemd_analyze_beside(systemctl)
@@ -658,10 +730,10 @@ def _write_units(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: T
 
 
 def _write_containers(args: argparse.Namespace, plan: Plan, stdout: TextIO, stderr: TextIO) -> int | None:
-    """--format compose / podman / kustomize: each planned container of the format's runtime, its command read from
-    its engine (or the kustomization) and edited, the output loaded where a tool can (Compose, kustomize); printed
-    (kustomize: written to --output-dir) only when every container of the runtime could take it; each workload
-    not covered is named (exit 3)."""
+    """--format compose / podman / kustomize, for a plan that fits: each planned container of the format's runtime,
+    its command read from its engine (or the kustomization) and edited, the output loaded where a tool can
+    (Compose, kustomize); printed (kustomize: written to --output-dir) only when every container of the runtime
+    could take it; each workload not covered is named (exit 3)."""
     runtime = containers.CONTAINER_FORMATS[args.format]
     planned = [u for d in plan.devices for u in d.units]
     refused = [f"{u.unit}: not a {runtime} container: its plan needs "
@@ -680,9 +752,6 @@ def _write_containers(args: argparse.Namespace, plan: Plan, stdout: TextIO, stde
     refused += rendered.refused
     for reason in refused:
         stderr.write(f"{PROG}: not applicable: {reason}\n")
-    if not plan.fits:
-        stderr.write(f"{PROG}: nothing printed: the plan does not fit\n")
-        return None
     if rendered.refused:
         stderr.write(f"{PROG}: nothing printed or written: {len(rendered.refused)} container(s) cannot take the "
                      f"plan\n")

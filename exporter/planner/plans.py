@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vllm_xpu_exporter import memory_rules as rules
 from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.fold.start import Outcome, Start
 from vllm_xpu_exporter.parsers import vllm
+from vllm_xpu_exporter.parsers.vllm import StartupPlanOutcome
 
 # --kv-cache-memory-bytes: absent before 0.10.2; on XPU the budget takes effect from 0.16.0 (the XPU
 # worker of 0.9.2-0.15.1 never reads it).
@@ -21,6 +22,20 @@ KV_BUDGET_FLAG_SINCE = (0, 10, 2)
 KV_BUDGET_ON_XPU_SINCE = (0, 16)
 # The XPU platform's block size when none is given (V1).
 XPU_DEFAULT_BLOCK_SIZE = 64
+
+
+@dataclass(frozen=True)
+class Totals:
+    """A GPU's two totals: `memory_bytes`, what the kernel can give (Level Zero Sysman's total), which the units'
+    footprints are held against; `vllm_bytes`, what vLLM multiplies by gpu_memory_utilization (the Level Zero core
+    total, ~0.95 of Sysman's on Intel), which every R and ceil(R x total) is computed with."""
+
+    memory_bytes: int
+    vllm_bytes: int
+
+    @classmethod
+    def same(cls, total_bytes: int) -> Totals:
+        return cls(total_bytes, total_bytes)
 
 
 @dataclass(frozen=True)
@@ -41,7 +56,9 @@ class UnitPlan:
     kv_bytes_per_token: float
     footprint: rules.Footprint
     non_kv_from: str  # where the non-KV figure comes from
-    gpu_memory_utilization: float  # what to set beside the budget: the footprint's share of the device
+    # what to set beside the budget: the footprint's share of the total vLLM multiplies; None when no R below 1
+    # covers it (the unit cannot be given its footprint: its GPU does not fit)
+    gpu_memory_utilization: float | None
     notes: tuple[str, ...] = ()
     kv_from: str = ""  # where the KV figures come from
     kv_blocks: rules.KvBlocks | None = None  # the blocks' upper bounds the budget was sized with
@@ -58,12 +75,14 @@ class Unplannable:
     why: str
     remedy: str
     held_bytes: int | None = None  # what it asks of its GPU, ceil(R x total), when its R is known
+    held_from: str = ""  # where its R comes from
 
 
 @dataclass
 class DevicePlan:
     device: str
-    total_bytes: int
+    total_bytes: int  # what the kernel can give (Sysman's total): the footprints are held against it
+    vllm_total_bytes: int  # what vLLM multiplies by R (the core total): every R is a share of it
     reserve_bytes: int
     units: list[UnitPlan] = field(default_factory=list)
     unplannable: list[Unplannable] = field(default_factory=list)
@@ -82,6 +101,22 @@ class DevicePlan:
     def fit(self) -> rules.DeviceFit:
         return rules.device_fit(self.total_bytes, self.reserve_bytes, (self.planned_bytes, self.left_out_bytes))
 
+    @property
+    def beyond_one(self) -> list[UnitPlan]:
+        """The units whose footprint no R below 1 covers: vLLM can never give them what they hold."""
+        return [u for u in self.units if u.gpu_memory_utilization is None]
+
+    @property
+    def uncounted(self) -> list[Unplannable]:
+        """The units left out whose memory is not known: the GPU's sum cannot be held against its total."""
+        return [u for u in self.unplannable if u.held_bytes is None]
+
+    @property
+    def fits(self) -> bool:
+        """The footprints and what the units left out ask fit the GPU's total less the reserve, every unit's R
+        is below 1, and no unit's memory is unknown."""
+        return self.fit.fits and not self.beyond_one and not self.uncounted
+
 
 @dataclass
 class Plan:
@@ -90,7 +125,7 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return all(device.fit.fits for device in self.devices)
+        return all(device.fits for device in self.devices)
 
     @property
     def unplannable(self) -> list[Unplannable]:
@@ -152,15 +187,50 @@ def _printed_total(view: UnitView) -> int | None:
     return max(starts, key=lambda s: s.began_usec).device_total_bytes if starts else view.device_total_bytes
 
 
+def needs_ran_on_total(view: UnitView) -> bool:
+    """Whether the unit's non-KV memory comes from ceil(total x R) with a total no start of it printed: only the
+    GPU it ran on can say that total."""
+    return _profiled(view) is not None and _printed_total(view) is None
+
+
 def printed_totals(views: Sequence[UnitView]) -> dict[str, int]:
     """unit -> the device total its starts printed, for the units that printed one."""
     return {v.unit: total for v in views if (total := _printed_total(v)) is not None}
 
 
-def _non_kv(view: UnitView, total_bytes: int) -> tuple[rules.Footprint, str, tuple[str, ...]] | None:
+def _ran_on(view: UnitView, total_bytes: int, ran_on_bytes: int | None) -> tuple[int, bool]:
+    """The total the unit's starts multiplied by their gpu_memory_utilization, at its largest, and whether it is
+    only assumed. A total the starts printed (2 decimals of GiB) stands for the device they ran on: the total
+    planned for, or `ran_on_bytes` (the GPU they ran on, when the plan is for another size), when within its
+    rounding (the same device size: exact), else its upper end. Without a printed total: `ran_on_bytes`, else the
+    total planned for, which is right only if they ran on a device of that size."""
+    printed = _printed_total(view)
+    if printed:
+        low, high = rules.printed_lower_bound(printed), rules.printed_upper_bound(printed)
+        exact = next((t for t in (total_bytes, ran_on_bytes) if t is not None and low <= t <= high), None)
+        return (exact if exact is not None else high), False
+    if ran_on_bytes is not None:
+        return ran_on_bytes, False
+    return total_bytes, True
+
+
+def _requested_less_kv(start: Start, ran_on: int) -> int | None:
+    """What a start that sized its KV cache from gpu_memory_utilization kept besides its KV cache, at most:
+    ceil(total x R) - the least its printed KV bytes stand for: its non-KV memory (from 0.34 with an estimate of
+    its CUDA graphs); None when the start did not size its KV cache so (a budget, vLLM's own startup plan applied)."""
+    utilisation = start.effective_gpu_memory_utilization
+    if utilisation is None or start.kv_cache_memory_bytes or start.startup_plan is StartupPlanOutcome.APPLIED \
+            or not start.kv_cache_bytes or start.kv_cache_bytes <= 0:
+        return None
+    return rules.requested_bytes(ran_on, utilisation) - rules.printed_lower_bound(start.kv_cache_bytes)
+
+
+def _non_kv(view: UnitView, total_bytes: int,
+            ran_on_bytes: int | None = None) -> tuple[rules.Footprint, str, tuple[str, ...]] | None:
     """The unit's non-KV memory (a footprint with no KV yet) from the latest start that printed it, at the
     upper end of what was printed, where the figure comes from, and notes. CUDA-graph memory (0.34 on XPU
-    takes it from the budget too) is counted in it."""
+    takes it from the budget too) is counted in it. The parts printed one by one (0.26+) are each rounded, so
+    their sum is held against the requested memory less the KV bytes (one rounding), the smaller kept."""
     up = rules.printed_upper_bound
     start = _profiled(view)
     latest = view.latest
@@ -168,29 +238,37 @@ def _non_kv(view: UnitView, total_bytes: int) -> tuple[rules.Footprint, str, tup
         start.began_usec != latest.began_usec
     where = " (an earlier start: the latest had --kv-cache-memory-bytes set)" if older else ""
     if start is not None:
+        ran_on, assumed = _ran_on(view, total_bytes, ran_on_bytes)
+        requested_less_kv = _requested_less_kv(start, ran_on)
         graphs = up(start.cudagraph_bytes) if start.cudagraph_bytes else 0
+        # the graphs on top: 0.34 takes only an estimate of them out of the requested memory
+        derived = requested_less_kv + graphs if requested_less_kv is not None else None
+        printed = None
         if start.activation_bytes is not None and start.consumed_bytes is not None:
-            footprint = rules.Footprint(up(start.consumed_bytes) + up(start.activation_bytes) + graphs, 0,
-                                        activation_bytes=up(start.activation_bytes))
-            return footprint, "printed: consumed (weights + non-torch) + peak activation + CUDA graphs" + where, ()
-        if None not in (start.activation_bytes, start.weights_bytes, start.non_torch_bytes):
+            printed = rules.Footprint(up(start.consumed_bytes) + up(start.activation_bytes) + graphs, 0,
+                                      activation_bytes=up(start.activation_bytes))
+            what = "printed: consumed (weights + non-torch) + peak activation + CUDA graphs"
+        elif None not in (start.activation_bytes, start.weights_bytes, start.non_torch_bytes):
             base = rules.Footprint.of(up(start.weights_bytes), up(start.activation_bytes),
                                       up(start.non_torch_bytes), 0)
-            return (rules.Footprint(base.non_kv_bytes + graphs, 0, base.weights_bytes, base.activation_bytes,
-                                    base.non_torch_bytes),
-                    "printed: weights + peak activation + non-torch + CUDA graphs" + where, ())
-        utilisation = start.effective_gpu_memory_utilization
-        if utilisation is not None:
-            printed_total = _printed_total(view)
-            ran_on = rules.printed_upper_bound(printed_total) if printed_total else total_bytes
-            non_kv = rules.requested_bytes(ran_on, utilisation) - rules.printed_lower_bound(start.kv_cache_bytes)
-            if non_kv <= 0:
+            printed = rules.Footprint(base.non_kv_bytes + graphs, 0, base.weights_bytes, base.activation_bytes,
+                                      base.non_torch_bytes)
+            what = "printed: weights + peak activation + non-torch + CUDA graphs"
+        if printed is not None:
+            if derived is not None and not assumed and 0 < derived < printed.non_kv_bytes:
+                return (replace(printed, non_kv_bytes=derived),
+                        what + ", held to ceil(total x R) - the KV bytes printed" + where, ())
+            return printed, what + where, ()
+        if derived is not None:
+            if derived <= 0:
                 return None
+            printed_total = _printed_total(view)
             note = ("this release prints no split of the non-KV memory: it is ceil(total x gpu_memory_utilization) - "
                     "the KV bytes it printed (weights + peak activation + non-torch as one figure), with the total "
                     + (f"its starts printed ({printed_total / rules.GiB:.2f} GiB)" if printed_total else
+                       f"of the GPU it ran on ({ran_on / rules.GiB:.2f} GiB)" if not assumed else
                        "planned for: right only if its starts ran on a device of that size"))
-            return rules.Footprint(non_kv, 0, weights_bytes=start.weights_bytes), "derived: requested - KV" + where, \
+            return rules.Footprint(derived, 0, weights_bytes=start.weights_bytes), "derived: requested - KV" + where, \
                 (note,)
     weights = next((s.weights_bytes for s in (latest, view.last_success) if s is not None and s.weights_bytes), None)
     if weights is not None:
@@ -198,6 +276,15 @@ def _non_kv(view: UnitView, total_bytes: int) -> tuple[rules.Footprint, str, tup
                 "--reserve has to cover the rest")
         return rules.Footprint(up(weights), 0, weights_bytes=up(weights)), "weights only", (note,)
     return None
+
+
+def _printed_need(view: UnitView, start: Start) -> int | None:
+    """The KV bytes a start of the unit said one request of its full length needs (a failed start's "To serve at
+    least one request ... (X GiB KV cache is needed"), as printed, when that start asked for the same length as
+    `start`."""
+    needs = [s.required_bytes for s in (view.latest, view.last_success, view.last_profiled)
+             if s is not None and s.required_bytes and s.requested_max_model_len == start.requested_max_model_len]
+    return max(needs) if needs else None
 
 
 def _target(unit: str, view: UnitView, start: Start, kv: rules.KvBlocks,
@@ -243,8 +330,11 @@ def _target(unit: str, view: UnitView, start: Start, kv: rules.KvBlocks,
     return Target(length, f"one request of {length} tokens (no successful start of it in the journal)"), one_request
 
 
-def plan_unit(view: UnitView, device: str, total_bytes: int, request: TargetRequest | None = None) -> UnitPlan | Unplannable:
-    """The plan of one unit on a device of `total_bytes`, or why it cannot be planned."""
+def plan_unit(view: UnitView, device: str, total_bytes: int, request: TargetRequest | None = None,
+              ran_on_bytes: int | None = None) -> UnitPlan | Unplannable:
+    """The plan of one unit on a device whose total vLLM multiplies is `total_bytes` (the Level Zero core total),
+    or why it cannot be planned. `ran_on_bytes`: that total of the GPU the unit's starts ran on, when the plan is
+    for another device and known."""
     unit, latest = view.unit, view.latest
     if latest is None or not latest.version:
         return Unplannable(unit, device, "its latest start printed no vLLM version",
@@ -262,7 +352,7 @@ def plan_unit(view: UnitView, device: str, total_bytes: int, request: TargetRequ
                            "let it start once with a setting that fits (e.g. alone on the GPU, or a smaller "
                            "--max-model-len), or give it --kv-cache-memory-bytes by hand")
     start, kv, kv_from = figures
-    non_kv = _non_kv(view, total_bytes)
+    non_kv = _non_kv(view, total_bytes, ran_on_bytes)
     if non_kv is None:
         return Unplannable(unit, device, "its latest start printed neither its weights nor its "
                                          "gpu_memory_utilization's budget",
@@ -272,6 +362,13 @@ def plan_unit(view: UnitView, device: str, total_bytes: int, request: TargetRequ
     if isinstance(target, Unplannable):
         return Unplannable(unit, device, target.why, target.remedy)
     target, kv_needed = target
+    need = _printed_need(view, start)
+    floor = rules.printed_upper_bound(need) + kv.block_bytes if need is not None else 0
+    if (request is None or request.kv_bytes is None) and kv_needed < floor:
+        kv_needed = floor
+        notes = (*notes, f"raised to what a start of it said one request of {start.requested_max_model_len} tokens "
+                         f"needs ({need / rules.GiB:.2f} GiB printed, at its upper end) and the null block: vLLM "
+                         f"refuses to start with less")
     footprint = rules.Footprint(base.non_kv_bytes, kv_needed, base.weights_bytes, base.activation_bytes,
                                 base.non_torch_bytes)
     if start is not latest:
@@ -283,11 +380,30 @@ def plan_unit(view: UnitView, device: str, total_bytes: int, request: TargetRequ
                     rules.utilisation_for(footprint.total_bytes, total_bytes), notes, kv_from, kv)
 
 
-def make_plan(views: Sequence[UnitView], totals: Mapping[str, int], devices_of_units: Mapping[str, set[str]],
-              reserve_bytes: int, requests: Mapping[str, TargetRequest]) -> Plan:
-    """Every engine unit's plan. `totals`: device -> total bytes; a unit goes on the device
-    `devices_of_units` names, or on the only device when there is one."""
-    plans = {device: DevicePlan(device, total, reserve_bytes) for device, total in totals.items()}
+def _declared(view: UnitView, vllm_total: int) -> tuple[int, str] | None:
+    """What a unit left out of the plan asks of its GPU, ceil(R x total), with R from its latest start that says
+    it (printed, or its release's default), and which start that is; None when no start says it."""
+    for start, which in ((view.latest, "its latest start"), (view.last_success, "its last successful start"),
+                         (view.last_profiled, "its last profiled start")):
+        utilisation = start.effective_gpu_memory_utilization if start is not None else None
+        if utilisation is None:
+            continue
+        requested = rules.requested_bytes(vllm_total, utilisation)
+        if start.kv_cache_memory_bytes and start.weights_bytes:  # a budget holds the KV whatever R asks
+            budgeted = rules.printed_upper_bound(start.weights_bytes) + start.kv_cache_memory_bytes
+            if budgeted > requested:
+                return budgeted, f"its weights + its --kv-cache-memory-bytes, of {which}"
+        return requested, f"ceil(R x total), R {utilisation:g} of {which}"
+    return None
+
+
+def make_plan(views: Sequence[UnitView], totals: Mapping[str, Totals], devices_of_units: Mapping[str, set[str]],
+              reserve_bytes: int, requests: Mapping[str, TargetRequest], ran_on_bytes: int | None = None) -> Plan:
+    """Every engine unit's plan. `totals`: device -> its two totals; a unit goes on the device `devices_of_units`
+    names, or on the only device when there is one. `ran_on_bytes`: the total vLLM multiplied on the GPU the
+    units' starts ran on, when the plan is for another device (offline) and it is known."""
+    plans = {device: DevicePlan(device, total.memory_bytes, total.vllm_bytes, reserve_bytes)
+             for device, total in totals.items()}
     unplaced: list[Unplannable] = []
     for view in sorted(views, key=lambda v: v.unit):
         if view.latest is None or view.latest.engine is False:
@@ -302,11 +418,11 @@ def make_plan(views: Sequence[UnitView], totals: Mapping[str, int], devices_of_u
                 f"it holds memory on several GPUs ({', '.join(known)})"
             unplaced.append(Unplannable(view.unit, None, why, "plan it alone with --device-memory BYTES"))
             continue
-        result = plan_unit(view, device, totals[device], requests.get(view.unit))
+        vllm_total = totals[device].vllm_bytes
+        result = plan_unit(view, device, vllm_total, requests.get(view.unit), ran_on_bytes)
         if isinstance(result, Unplannable):
-            utilisation = view.latest.effective_gpu_memory_utilization
-            held = rules.requested_bytes(totals[device], utilisation) if utilisation is not None else None
-            plans[device].unplannable.append(Unplannable(result.unit, result.device, result.why, result.remedy, held))
+            held, held_from = _declared(view, vllm_total) or (None, "")
+            plans[device].unplannable.append(replace(result, held_bytes=held, held_from=held_from))
         else:
             plans[device].units.append(result)
     return Plan(list(plans.values()), unplaced)
