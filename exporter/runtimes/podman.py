@@ -6,6 +6,7 @@
 - State: the containers/storage library's lists, `<storage>/<driver>-containers/containers.json` and
   `volatile-containers.json`: `[{"id": ..., "names": [...]}]` (`podman_names_of_file`), parsed one container at a
   time: the file's size bounds the CPU, MAX_ENTRY_BYTES and MAX_NAMES the memory.
+- k8s-file logs: `<storage>/<driver>-containers/<id>/userdata/ctr.log` (`K8S_FILE_LOG`), the CRI log format.
 - journald: conmon writes the container's lines (`CONTAINER_NAME`, `CONTAINER_ID_FULL`; one conmon a start, so
   its pid tells the runs apart); podman itself writes the events, among them `died` (`EXIT_EVENT`: the
   container's process ended), with its events logger `journald`, the default on systemd hosts
@@ -40,6 +41,8 @@ MAX_ENTRY_BYTES = 64 << 10
 MAX_NAMES = 65536
 LISTS = ("containers.json", "volatile-containers.json")
 DRIVER_SUFFIX = "-containers"  # <driver>-containers directories of one storage (overlay, vfs, btrfs, ...)
+K8S_FILE_LOG = "userdata/ctr.log"
+"""A container's k8s-file log (CRI log format, written by conmon) in its `<driver>-containers/<id>` directory."""
 
 PODMAN_DIRECTORIES = (b"/usr/libexec/podman/", b"/usr/lib/podman/")
 REJECTED_PODMAN_EVENT = "podman_event"
