@@ -40,6 +40,20 @@ SYSTEM_DIRECTORIES = (b"/usr/bin/", b"/usr/sbin/", b"/bin/", b"/sbin/", b"/usr/l
 """Where executables are installed: directories only root can write to (a runtime adds its own libexec)."""
 
 
+PLAN_LABEL = "io.vllm-xpu.plan.kv-cache-memory-bytes"
+"""The label (Docker, Compose) or annotation (Podman) vllm-xpu-plan's container outputs give a container: its
+planned KV budget in bytes, as the engine recorded it when root created the container (docs/containers.md, "Is
+the plan applied?")."""
+_MAX_PLAN_DIGITS = 20
+
+
+def plan_bytes(value: object) -> int | None:
+    """A PLAN_LABEL's value as a byte count; None when it is not a positive decimal integer."""
+    if not (isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= _MAX_PLAN_DIGITS):
+        return None
+    return int(value) or None
+
+
 class StateTooLarge(ValueError):
     """A state file, or one entry of it, is over its size bound."""
 
@@ -87,6 +101,8 @@ class Names:
     compose_service: str = ""
     namespace: str = ""
     pod: str = ""
+    plan_kv_cache_bytes: int | None = None
+    """The KV budget of the planner's PLAN_LABEL in the engine's record of the container's creation; None: none."""
 
 
 NOT_FOUND = Names()

@@ -7,6 +7,9 @@
   `volatile-containers.json`: `[{"id": ..., "names": [...]}]` (`podman_names_of_file`), parsed one container at a
   time: the file's size bounds the CPU, MAX_ENTRY_BYTES and MAX_NAMES the memory.
 - k8s-file logs: `<storage>/<driver>-containers/<id>/userdata/ctr.log` (`K8S_FILE_LOG`), the CRI log format.
+- The plan: the planner's `runtimes.PLAN_LABEL` among the annotations of the container's OCI configuration,
+  `<storage>/<driver>-containers/<id>/userdata/config.json` (`OCI_CONFIG`, `podman_plan`): Podman keeps labels
+  in its database only, annotations also there.
 - journald: conmon writes the container's lines (`CONTAINER_NAME`, `CONTAINER_ID_FULL`; one conmon a start, so
   its pid tells the runs apart); podman itself writes the events, among them `died` (`EXIT_EVENT`: the
   container's process ended), with its events logger `journald`, the default on systemd hosts
@@ -19,13 +22,14 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 from collections.abc import Callable, Sequence
 from typing import IO
 
 from vllm_xpu_exporter.parsers.workloads import user_suffix
-from vllm_xpu_exporter.runtimes import (CONTAINER_ID, ID, ContainerCgroup, JournalDriver, JournalExitEvent,
-                                        container_name_ok, system_executable, uid_of)
+from vllm_xpu_exporter.runtimes import (CONTAINER_ID, ID, PLAN_LABEL, ContainerCgroup, JournalDriver, JournalExitEvent,
+                                        container_name_ok, plan_bytes, system_executable, uid_of)
 from vllm_xpu_exporter.runtimes.files import json_array_items
 
 KIND = "podman"
@@ -43,6 +47,10 @@ LISTS = ("containers.json", "volatile-containers.json")
 DRIVER_SUFFIX = "-containers"  # <driver>-containers directories of one storage (overlay, vfs, btrfs, ...)
 K8S_FILE_LOG = "userdata/ctr.log"
 """A container's k8s-file log (CRI log format, written by conmon) in its `<driver>-containers/<id>` directory."""
+OCI_CONFIG = "userdata/config.json"
+"""The OCI runtime configuration Podman writes for a container (its `process.args`, its `annotations`: those of
+`--annotation`), in its `<driver>-containers/<id>` directory."""
+MAX_OCI_CONFIG_BYTES = 1 << 20  # ~10 KiB; parsed whole
 
 PODMAN_DIRECTORIES = (b"/usr/libexec/podman/", b"/usr/lib/podman/")
 REJECTED_PODMAN_EVENT = "podman_event"
@@ -96,6 +104,17 @@ def podman_names_of_file(stream: IO[bytes], limit: int = MAX_LIST_BYTES,
             if len(names) < MAX_NAMES or container_id in names:
                 names[container_id] = entry_names[0]
     return names
+
+
+def podman_plan(data: bytes) -> int | None:
+    """The planned KV budget in a container's OCI `config.json` (bytes): its PLAN_LABEL annotation; None when it
+    has none, or it is not such a file."""
+    try:
+        document = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    annotations = document.get("annotations") if isinstance(document, dict) else None
+    return plan_bytes(annotations.get(PLAN_LABEL)) if isinstance(annotations, dict) else None
 
 
 def conmon_uid(uid: bytes | None, comm: bytes | None, exe: bytes | None) -> int | None:

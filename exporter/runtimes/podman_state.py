@@ -3,7 +3,8 @@
 Each storage (`podman_storages`: `--path.podman`, repeatable, default /var/lib/containers/storage; a rootless
 user's is ~/.local/share/containers/storage) holds `<driver>-containers/containers.json` and
 `volatile-containers.json`. A container's name is believed only from a list its own user owns: root's containers
-from root's lists, a rootless user's from that user's (another user's list may name any id it likes).
+from root's lists, a rootless user's from that user's (another user's list may name any id it likes). Its plan
+(`podman.podman_plan`) only from its OCI `config.json` that user owns.
 
 Logs: with the journald log driver conmon writes a container's lines to the journal, and Podman its ends as
 events (`podman.EXIT_EVENT`); with k8s-file (`--log-driver k8s-file`, Podman's default where no journald runs),
@@ -25,8 +26,9 @@ from collections.abc import Iterator, Mapping
 from vllm_xpu_exporter.runtimes import (CONTAINER_ID, NOT_FOUND, ContainerCgroup, ExitWatch, LoggedContainer,
                                         LogStream, Names, StateTooLarge, parse_cri_line)
 from vllm_xpu_exporter.runtimes.files import OPEN_FILE, StateFiles, list_directory
-from vllm_xpu_exporter.runtimes.podman import (DRIVER_SUFFIX, K8S_FILE_LOG, LISTS, MAX_LIST_BYTES, podman_key,
-                                               podman_names_of_file)
+from vllm_xpu_exporter.runtimes.podman import (DRIVER_SUFFIX, K8S_FILE_LOG, LISTS, MAX_LIST_BYTES,
+                                               MAX_OCI_CONFIG_BYTES, OCI_CONFIG, podman_key, podman_names_of_file,
+                                               podman_plan)
 
 DEFAULT_PODMAN_STORAGE = "/var/lib/containers/storage"
 LOCATIONS: Mapping[str, object] = {"podman_storages": (DEFAULT_PODMAN_STORAGE,)}
@@ -42,7 +44,9 @@ def names(container: ContainerCgroup, files: StateFiles, locations: Mapping[str,
             if name:
                 key = podman_key(name)
                 if key is not None:
-                    return Names(key, name)
+                    config = os.path.join(os.path.dirname(path), container.id, OCI_CONFIG)
+                    data = files.read(config, MAX_OCI_CONFIG_BYTES, storage, owner=container.uid)
+                    return Names(key, name, plan_kv_cache_bytes=podman_plan(data) if data else None)
     return NOT_FOUND
 
 
