@@ -8,12 +8,17 @@ What the service sees of Podman's containers here is their cgroups and Podman's 
 driver: no log of theirs is read), so a released container holds its lease until its cgroup empties: the
 lease the tests end by killing it. Docker's containers (json-file, read with --logs.docker) are the replayed
 vLLM engines of tests/vllmunit.py, whose inits the service sees end in their own logs. A user's rootless
-Podman runs in a booted systemd (tests/realsystemd.py), the service inside it.
+Podman runs in a booted systemd (tests/realsystemd.py), the service inside it. The shipped examples run on the
+real engines in their own shape, what this machine cannot give them substituted: deploy/compose.gated.yaml on
+dockerd (the test image for vLLM's, the replayed engines with the example's planned flags for `vllm serve`),
+deploy/podman.gated.sh as written on Podman (a `PODMAN` that swaps the image and adds the test's options, and a
+`vllm` in the container that runs the replayed engine with the script's own words).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -22,15 +27,16 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
-from containerengines import Dockerd, Podman
+from containerengines import IMAGE_NAME, Dockerd, Podman
 from fakeze import A770, GiB, FakeConfig, FakeMemoryModule, SharedDevice, fake_driver_env, write_config
 from journalgen import write_journal
 from polling import wait_for
 from realsystemd import RealSystemd
 from test_containers_real_engines import ROOTLESS_UID, inside, rootless_podman  # noqa: F401 (the fixture)
 from test_gate import GATE, GateRun
-from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, engine_command, read_events
+from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, engine_command, read_events
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE_INSIDE = "/vllm-xpu-gate/vllm_xpu_exporter"  # where docs/gate.md binds the package in
@@ -154,6 +160,167 @@ def test_two_replayed_engines_started_together_in_containers_through_the_gate_do
         assert f"waited for docker/{first}" in logs, logs
     finally:
         dockerd.remove(*names)
+        service.stop()
+        print("\n".join(service.lines))  # shown when a test fails
+
+
+SHIPPED_COMPOSE = REPO / "deploy" / "compose.gated.yaml"
+PLAN_LABEL = "io.vllm-xpu.plan.kv-cache-memory-bytes"
+
+
+def flag(words: list[str], name: str) -> str:
+    return words[words.index(name) + 1]
+
+
+def test_the_shipped_compose_example_starts_its_three_engines_one_init_at_a_time_with_their_plan(
+        tmp_path: Path, dockerd: Dockerd, fake_driver: Path):
+    """deploy/compose.gated.yaml as Compose resolves it: each service's entrypoint is the gate's client with the
+    socket directory and the package bound in, its command carries the plan, its label the same budget. Run
+    on the real dockerd with all three services brought up at once (`up -d`), the test image and the replayed
+    engines (their shipped R and budget) standing in for vLLM's image and `vllm serve`, its json-file logs read
+    by the service (--logs.docker): no init begins before the one before it serves, none fails, each engine's
+    KV is its planned budget, and the later ones say whom they waited for."""
+    resolved = subprocess.run(["/usr/bin/docker-compose", "-f", str(SHIPPED_COMPOSE), "config"], capture_output=True,
+                              text=True, timeout=120, cwd=tmp_path,
+                              env={**os.environ, "VLLM_XPU_GATE_CLIENT": str(REPO / "exporter")})
+    assert resolved.returncode == 0, resolved.stderr
+    services = yaml.safe_load(resolved.stdout)["services"]
+    replayed = {f"vllm-{engine.role}": engine for engine in (CHAT, EMBEDDING, STT)}
+    assert set(services) == set(replayed)
+    device = tmp_path / "device"
+    device.mkdir()
+    config, events = device / "ze.conf", device / "events.jsonl"
+    SharedDevice.create(config, SIXTEEN_GIB_GPU)
+    sockets = tmp_path / "gate"
+    sockets.mkdir()
+    budgets = {}
+    for name, service in services.items():
+        entrypoint, command = service["entrypoint"], service["command"]
+        assert entrypoint[:2] == CLIENT[:2] and entrypoint[-1] == "--", entrypoint
+        assert f"{SOCKET_INSIDE}:{SOCKET_INSIDE}:rw" in service["volumes"], service["volumes"]
+        assert f"{REPO / 'exporter'}:{PACKAGE_INSIDE}:ro" in service["volumes"], service["volumes"]
+        budget = flag(command, "--kv-cache-memory-bytes")
+        assert service["labels"][PLAN_LABEL] == budget
+        assert flag(entrypoint, "--gpu-memory-utilization") == flag(command, "--gpu-memory-utilization")
+        budgets[name] = int(budget)
+        engine = dataclasses.replace(replayed[name], kv_cache_memory_bytes=int(budget),
+                                     gpu_memory_utilization=float(flag(command, "--gpu-memory-utilization")))
+        service.update(
+            image=IMAGE_NAME, network_mode="none", pid="host", logging={"driver": "json-file"},
+            command=engine_command(engine, name, device_config=config, time_scale=0.1, events=events,
+                                   python="python3", requests=0),
+            volumes=[f"{sockets}:{SOCKET_INSIDE}", f"{REPO / 'exporter'}:{PACKAGE_INSIDE}:ro", f"{device}:{device}",
+                     f"{REPO}:{REPO}:ro"],
+            environment={"PYTHONPATH": "/vllm-xpu-gate"})
+        del service["devices"]  # no GPU here: the fake one is a file
+    substituted = tmp_path / "compose.yaml"
+    substituted.write_text(yaml.safe_dump({"version": yaml.safe_load(resolved.stdout).get("version", "3.7"),
+                                           "services": services}))
+    service = GateRun("service", subprocess.Popen(
+        [*GATE, "serve", "--listen", str(sockets / "gate.sock"), "--journal.file",
+         str(write_journal(tmp_path / "empty.journal", [])), "--journal.containers", "docker/*vllm-*",
+         "--logs.docker", "--path.docker", str(dockerd.data_root), "--poll-interval", "50ms"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**fake_driver_env(fake_driver, config), "PATH": "/usr/bin:/bin"}))
+    compose = ["/usr/bin/docker-compose", "-p", "gated", "-f", str(substituted)]
+    env = {**os.environ, "DOCKER_HOST": f"unix://{dockerd.socket}"}
+    try:
+        assert wait_for(lambda: service.saw("serving on"), timeout=20), service.lines
+        up = subprocess.run([*compose, "up", "-d"], env=env, capture_output=True, text=True, timeout=180)
+        assert up.returncode == 0, up.stderr
+        assert wait_for(lambda: {record["unit"] for record in read_events(events) if record["event"] == "serving"}
+                        == set(services), timeout=120, interval=0.2), (read_events(events), service.lines)
+        records = read_events(events)
+        assert not any(record["event"] == "failed" for record in records), records
+        at = {(record["unit"], record["event"]): record["at"] for record in records}
+        order = sorted(services, key=lambda name: at[name, "started"])
+        for before, after in zip(order, order[1:]):
+            assert at[before, "serving"] <= at[after, "started"], records
+        assert {record["unit"]: record["kv_bytes"] for record in records if record["event"] == "serving"} == budgets
+        for name in order[1:]:
+            printed = subprocess.run([*compose, "logs", "--no-color", name], env=env, capture_output=True,
+                                     text=True, timeout=60).stdout
+            assert "waited for docker/" in printed, printed
+    finally:
+        subprocess.run([*compose, "down", "-t", "1"], env=env, capture_output=True, timeout=120)
+        service.stop()
+        print("\n".join(service.lines))  # shown when a test fails
+
+
+SHIPPED_PODMAN = REPO / "deploy" / "podman.gated.sh"
+SHIPPED_IMAGE = "vllm/vllm-openai-xpu:v0.24.0"
+# What the shipped script's `podman run` gets here: the test's Podman, image and sockets, no GPU node, the
+# replay's files, the `vllm` stub first on the container's PATH
+PODMAN_WRAPPER = """import os, sys
+podman, sockets, options = {podman!r}, {sockets!r}, {options!r}
+words = sys.argv[1:]
+index = words.index("--device")
+del words[index:index + 2]
+words = [{{"/run/vllm-xpu-gate:/run/vllm-xpu-gate": sockets + ":/run/vllm-xpu-gate", {shipped!r}: {image!r}}}.get(word, word)
+         for word in words]
+os.execv(podman[0], [*podman, words[0], *options, *words[1:]])
+"""
+VLLM_STUB = """#!/usr/bin/python3
+import os, sys
+replayed = {commands!r}  # model -> the replayed engine's command
+command = replayed[sys.argv[2]] + sys.argv[3:]  # vllm serve MODEL FLAGS...: the engine's own, then the script's
+os.execv(command[0], command)
+"""
+
+
+def test_the_shipped_podman_example_run_as_written_starts_its_engines_one_init_at_a_time_with_their_plan(
+        tmp_path: Path, podman: Podman, fake_driver: Path):
+    """deploy/podman.gated.sh run by sh, all three containers at once: through the gate's client (the service
+    reading their k8s-file logs, --logs.podman), no init begins before the one before it serves, none fails,
+    and each engine's KV is the budget the script gave it."""
+    device = tmp_path / "device"
+    device.mkdir()
+    config, events = device / "ze.conf", device / "events.jsonl"
+    SharedDevice.create(config, SIXTEEN_GIB_GPU)
+    sockets = tmp_path / "gate"
+    sockets.mkdir()
+    names = {engine.model: f"vllm-{engine.role}" for engine in (CHAT, EMBEDDING, STT)}
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "vllm").write_text(VLLM_STUB.format(commands={
+        engine.model: engine_command(engine, names[engine.model], device_config=config, time_scale=0.1,
+                                     events=events, python="/usr/bin/python3", requests=0)
+        for engine in (CHAT, EMBEDDING, STT)}))
+    (stub / "vllm").chmod(0o755)
+    options = ["--network", "none", "--pid", "host", "--log-driver", "k8s-file", *podman.run_options(),
+               "-v", f"{device}:{device}", "-v", f"{REPO}:{REPO}:ro", "-v", f"{stub}:/usr/local/bin:ro",
+               "--env", "PYTHONPATH=/vllm-xpu-gate"]
+    wrapper = tmp_path / "podman.py"
+    wrapper.write_text(PODMAN_WRAPPER.format(podman=podman.command(), sockets=str(sockets), options=options,
+                                             shipped=SHIPPED_IMAGE, image=podman.image))
+    service = GateRun("service", subprocess.Popen(
+        [*GATE, "serve", "--listen", str(sockets / "gate.sock"), "--journal.file",
+         str(write_journal(tmp_path / "empty.journal", [])), "--journal.containers", "podman/vllm-*",
+         "--logs.podman", "--path.podman", str(podman.storage), "--poll-interval", "50ms"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**fake_driver_env(fake_driver, config), "PATH": "/usr/bin:/bin"}))
+    podman.remove(*names.values())
+    try:
+        assert wait_for(lambda: service.saw("serving on"), timeout=20), service.lines
+        run = subprocess.run(["sh", str(SHIPPED_PODMAN)], capture_output=True, text=True, timeout=180, env={
+            **os.environ, "PODMAN": f"{sys.executable} {wrapper}", "VLLM_XPU_GATE_CLIENT": str(REPO / "exporter")})
+        assert run.returncode == 0, run.stderr
+        assert wait_for(lambda: {record["unit"] for record in read_events(events) if record["event"] == "serving"}
+                        == set(names.values()), timeout=120, interval=0.2), (read_events(events), service.lines)
+        records = read_events(events)
+        assert not any(record["event"] == "failed" for record in records), records
+        at = {(record["unit"], record["event"]): record["at"] for record in records}
+        order = sorted(names.values(), key=lambda name: at[name, "started"])
+        for before, after in zip(order, order[1:]):
+            assert at[before, "serving"] <= at[after, "started"], records
+        script = SHIPPED_PODMAN.read_text()
+        planned = {name: int(re.search(rf"^gated {name} \S+ (\d+) ", script, re.MULTILINE).group(1))
+                   for name in names.values()}
+        assert {record["unit"]: record["kv_bytes"] for record in records if record["event"] == "serving"} == planned
+        for name in order[1:]:
+            assert "waited for podman/" in logs(podman, name), logs(podman, name)
+    finally:
+        podman.remove(*names.values())
         service.stop()
         print("\n".join(service.lines))  # shown when a test fails
 
