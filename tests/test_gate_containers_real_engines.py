@@ -120,27 +120,59 @@ def test_a_container_that_is_no_watched_engine_and_holds_the_socket_delays_nobod
     assert "waited for nothing" in logs(podman, "vllm-a"), logs(podman, "vllm-a")
 
 
+def replay_device(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The replayed engines' directory (bound into their containers), the fake GPU's config and the events file."""
+    device = tmp_path / "device"
+    device.mkdir()
+    config, events = device / "ze.conf", device / "events.jsonl"
+    SharedDevice.create(config, SIXTEEN_GIB_GPU)
+    return device, config, events
+
+
+def gate_service(sockets: Path, fake_driver: Path, config: Path, *args: str) -> GateRun:
+    """The gate service on the host listening in `sockets` (the journal empty), watching as `args` say."""
+    sockets.mkdir()
+    service = GateRun("service", subprocess.Popen(
+        [*GATE, "serve", "--listen", str(sockets / "gate.sock"), "--journal.file",
+         str(write_journal(sockets.parent / "empty.journal", [])), "--poll-interval", "50ms", *args],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**fake_driver_env(fake_driver, config), "PATH": "/usr/bin:/bin"}))
+    if not wait_for(lambda: service.saw("serving on"), timeout=20):
+        service.stop()
+        pytest.fail(f"the gate service did not serve: {service.lines}")
+    return service
+
+
+def inits_one_at_a_time(events: Path, names: set[str], service: GateRun) -> tuple[list[dict], list[str]]:
+    """Once every engine of `names` serves: no init failed and none began before the one before it served, as
+    the engines' own events say. The events, and the names in the order their inits began."""
+    assert wait_for(lambda: {record["unit"] for record in read_events(events) if record["event"] == "serving"}
+                    == names, timeout=120, interval=0.2), (read_events(events), service.lines)
+    records = read_events(events)
+    assert not any(record["event"] == "failed" for record in records), records
+    at = {(record["unit"], record["event"]): record["at"] for record in records}
+    order = sorted(names, key=lambda name: at[name, "started"])
+    for before, after in zip(order, order[1:]):
+        assert at[before, "serving"] <= at[after, "started"], records
+    return records, order
+
+
+def serving_kv(records: list[dict]) -> dict[str, int]:
+    return {record["unit"]: record["kv_bytes"] for record in records if record["event"] == "serving"}
+
+
 def test_two_replayed_engines_started_together_in_containers_through_the_gate_do_not_overlap_their_inits(
         tmp_path: Path, dockerd: Dockerd, fake_driver: Path):
     """chat and embedding (tests/vllmunit.py's replay on the fake GPU), Docker containers of the json-file log
     driver started together, each through the gate's client: the service, reading their logs (--logs.docker),
     lets one begin its init only once the other's has ended, as the engines' own events say; both serve."""
-    device = tmp_path / "device"
-    device.mkdir()
-    config, events = device / "ze.conf", device / "events.jsonl"
-    SharedDevice.create(config, SIXTEEN_GIB_GPU)
+    device, config, events = replay_device(tmp_path)
     sockets = tmp_path / "gate"
-    sockets.mkdir()
-    service = GateRun("service", subprocess.Popen(
-        [*GATE, "serve", "--listen", str(sockets / "gate.sock"), "--journal.file",
-         str(write_journal(tmp_path / "empty.journal", [])), "--journal.containers", "docker/vllm-*",
-         "--logs.docker", "--path.docker", str(dockerd.data_root), "--poll-interval", "50ms"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        env={**fake_driver_env(fake_driver, config), "PATH": "/usr/bin:/bin"}))
+    service = gate_service(sockets, fake_driver, config, "--journal.containers", "docker/vllm-*", "--logs.docker",
+                           "--path.docker", str(dockerd.data_root))
     names = [f"vllm-{engine.role}" for engine in (CHAT, EMBEDDING)]
     dockerd.remove(*names)
     try:
-        assert wait_for(lambda: service.saw("serving on"), timeout=20), service.lines
         for engine in (CHAT, EMBEDDING):
             command = engine_command(engine, f"vllm-{engine.role}", device_config=config, time_scale=0.1,
                                      events=events, python="python3", requests=0)
@@ -150,12 +182,7 @@ def test_two_replayed_engines_started_together_in_containers_through_the_gate_do
                         log_driver="json-file", volumes=[device], options=[
                             "-v", f"{REPO}:{REPO}:ro", "-v", f"{REPO / 'exporter'}:{PACKAGE_INSIDE}:ro",
                             "-v", f"{sockets}:{SOCKET_INSIDE}", "--env", "PYTHONPATH=/vllm-xpu-gate"])
-        assert wait_for(lambda: {record["unit"] for record in read_events(events) if record["event"] == "serving"}
-                        == set(names), timeout=90, interval=0.2), (read_events(events), service.lines)
-        at = {(record["unit"], record["event"]): record["at"] for record in read_events(events)}
-        first, second = sorted(names, key=lambda name: at[name, "started"])
-        assert at[first, "serving"] <= at[second, "started"], read_events(events)
-        assert not any(record["event"] == "failed" for record in read_events(events)), read_events(events)
+        _, (first, second) = inits_one_at_a_time(events, set(names), service)
         logs = subprocess.run([*dockerd.command(), "logs", second], capture_output=True, text=True).stderr
         assert f"waited for docker/{first}" in logs, logs
     finally:
@@ -187,12 +214,8 @@ def test_the_shipped_compose_example_starts_its_three_engines_one_init_at_a_time
     services = yaml.safe_load(resolved.stdout)["services"]
     replayed = {f"vllm-{engine.role}": engine for engine in (CHAT, EMBEDDING, STT)}
     assert set(services) == set(replayed)
-    device = tmp_path / "device"
-    device.mkdir()
-    config, events = device / "ze.conf", device / "events.jsonl"
-    SharedDevice.create(config, SIXTEEN_GIB_GPU)
+    device, config, events = replay_device(tmp_path)
     sockets = tmp_path / "gate"
-    sockets.mkdir()
     budgets = {}
     for name, service in services.items():
         entrypoint, command = service["entrypoint"], service["command"]
@@ -216,27 +239,15 @@ def test_the_shipped_compose_example_starts_its_three_engines_one_init_at_a_time
     substituted = tmp_path / "compose.yaml"
     substituted.write_text(yaml.safe_dump({"version": yaml.safe_load(resolved.stdout).get("version", "3.7"),
                                            "services": services}))
-    service = GateRun("service", subprocess.Popen(
-        [*GATE, "serve", "--listen", str(sockets / "gate.sock"), "--journal.file",
-         str(write_journal(tmp_path / "empty.journal", [])), "--journal.containers", "docker/*vllm-*",
-         "--logs.docker", "--path.docker", str(dockerd.data_root), "--poll-interval", "50ms"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        env={**fake_driver_env(fake_driver, config), "PATH": "/usr/bin:/bin"}))
+    service = gate_service(sockets, fake_driver, config, "--journal.containers", "docker/*vllm-*", "--logs.docker",
+                           "--path.docker", str(dockerd.data_root))
     compose = ["/usr/bin/docker-compose", "-p", "gated", "-f", str(substituted)]
     env = {**os.environ, "DOCKER_HOST": f"unix://{dockerd.socket}"}
     try:
-        assert wait_for(lambda: service.saw("serving on"), timeout=20), service.lines
         up = subprocess.run([*compose, "up", "-d"], env=env, capture_output=True, text=True, timeout=180)
         assert up.returncode == 0, up.stderr
-        assert wait_for(lambda: {record["unit"] for record in read_events(events) if record["event"] == "serving"}
-                        == set(services), timeout=120, interval=0.2), (read_events(events), service.lines)
-        records = read_events(events)
-        assert not any(record["event"] == "failed" for record in records), records
-        at = {(record["unit"], record["event"]): record["at"] for record in records}
-        order = sorted(services, key=lambda name: at[name, "started"])
-        for before, after in zip(order, order[1:]):
-            assert at[before, "serving"] <= at[after, "started"], records
-        assert {record["unit"]: record["kv_bytes"] for record in records if record["event"] == "serving"} == budgets
+        records, order = inits_one_at_a_time(events, set(services), service)
+        assert serving_kv(records) == budgets
         for name in order[1:]:
             printed = subprocess.run([*compose, "logs", "--no-color", name], env=env, capture_output=True,
                                      text=True, timeout=60).stdout
@@ -273,12 +284,8 @@ def test_the_shipped_podman_example_run_as_written_starts_its_engines_one_init_a
     """deploy/podman.gated.sh run by sh, all three containers at once: through the gate's client (the service
     reading their k8s-file logs, --logs.podman), no init begins before the one before it serves, none fails,
     and each engine's KV is the budget the script gave it."""
-    device = tmp_path / "device"
-    device.mkdir()
-    config, events = device / "ze.conf", device / "events.jsonl"
-    SharedDevice.create(config, SIXTEEN_GIB_GPU)
+    device, config, events = replay_device(tmp_path)
     sockets = tmp_path / "gate"
-    sockets.mkdir()
     names = {engine.model: f"vllm-{engine.role}" for engine in (CHAT, EMBEDDING, STT)}
     stub = tmp_path / "bin"
     stub.mkdir()
@@ -293,30 +300,18 @@ def test_the_shipped_podman_example_run_as_written_starts_its_engines_one_init_a
     wrapper = tmp_path / "podman.py"
     wrapper.write_text(PODMAN_WRAPPER.format(podman=podman.command(), sockets=str(sockets), options=options,
                                              shipped=SHIPPED_IMAGE, image=podman.image))
-    service = GateRun("service", subprocess.Popen(
-        [*GATE, "serve", "--listen", str(sockets / "gate.sock"), "--journal.file",
-         str(write_journal(tmp_path / "empty.journal", [])), "--journal.containers", "podman/vllm-*",
-         "--logs.podman", "--path.podman", str(podman.storage), "--poll-interval", "50ms"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        env={**fake_driver_env(fake_driver, config), "PATH": "/usr/bin:/bin"}))
+    service = gate_service(sockets, fake_driver, config, "--journal.containers", "podman/vllm-*", "--logs.podman",
+                           "--path.podman", str(podman.storage))
     podman.remove(*names.values())
     try:
-        assert wait_for(lambda: service.saw("serving on"), timeout=20), service.lines
         run = subprocess.run(["sh", str(SHIPPED_PODMAN)], capture_output=True, text=True, timeout=180, env={
             **os.environ, "PODMAN": f"{sys.executable} {wrapper}", "VLLM_XPU_GATE_CLIENT": str(REPO / "exporter")})
         assert run.returncode == 0, run.stderr
-        assert wait_for(lambda: {record["unit"] for record in read_events(events) if record["event"] == "serving"}
-                        == set(names.values()), timeout=120, interval=0.2), (read_events(events), service.lines)
-        records = read_events(events)
-        assert not any(record["event"] == "failed" for record in records), records
-        at = {(record["unit"], record["event"]): record["at"] for record in records}
-        order = sorted(names.values(), key=lambda name: at[name, "started"])
-        for before, after in zip(order, order[1:]):
-            assert at[before, "serving"] <= at[after, "started"], records
+        records, order = inits_one_at_a_time(events, set(names.values()), service)
         script = SHIPPED_PODMAN.read_text()
         planned = {name: int(re.search(rf"^gated {name} \S+ (\d+) ", script, re.MULTILINE).group(1))
                    for name in names.values()}
-        assert {record["unit"]: record["kv_bytes"] for record in records if record["event"] == "serving"} == planned
+        assert serving_kv(records) == planned
         for name in order[1:]:
             assert "waited for podman/" in logs(podman, name), logs(podman, name)
     finally:

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 
 from vllm_xpu_exporter.runtimes import (CONTAINER_ID, NOT_FOUND, ContainerCgroup, ExitWatch, LoggedContainer,
                                         LogStream, Names, StateTooLarge, parse_cri_line)
-from vllm_xpu_exporter.runtimes.files import OPEN_FILE, StateFiles, list_directory
+from vllm_xpu_exporter.runtimes.files import OPEN_FILE, LogFilePerContainer, StateFiles, list_directory
 from vllm_xpu_exporter.runtimes.podman import (DRIVER_SUFFIX, K8S_FILE_LOG, LISTS, MAX_LIST_BYTES,
                                                MAX_OCI_CONFIG_BYTES, OCI_CONFIG, podman_key, podman_names_of_file,
                                                podman_plan)
@@ -51,52 +51,40 @@ def names(container: ContainerCgroup, files: StateFiles, locations: Mapping[str,
 
 
 class PodmanLogs:
-    """The k8s-file logs of the containers in the storages `storages`; their keys and names kept by id until
-    gone."""
+    """The k8s-file logs of the containers in the storages `storages`."""
 
     def __init__(self, storages: tuple[str, ...]) -> None:
         self.storages = storages
-        self._names: dict[str, tuple[str, str] | None] = {}  # container id -> (key, name); None: no name
+        self._containers = LogFilePerContainer()
         self._files = StateFiles()
 
     def directories(self) -> list[str]:
         return list(self.storages)
 
     def find(self, followed: Mapping[str, str]) -> Iterator[LoggedContainer]:
-        present: set[str] = set()
         for storage in self.storages:
             try:
                 drivers = _driver_directories(storage)
             except OSError:
                 continue  # not there yet: no container was created
             for driver in drivers:
-                lists: list[tuple[int, dict[str, str]]] | None = None  # read once a discovery, when needed
+                lists: list[tuple[int, dict[str, str]]] = []  # read once a discovery, when a new container needs it
+
+                def named(directory: str, container_id: str, driver: str = driver, storage: str = storage,
+                          lists: list = lists) -> tuple[str, str] | None:
+                    if not lists:
+                        lists.extend(self._list(os.path.join(driver, name), storage) for name in LISTS)
+                    return _named(directory, container_id, lists)
+
                 for container_id in filter(CONTAINER_ID.fullmatch, list_directory(driver)):
-                    present.add(container_id)
                     directory = os.path.join(driver, container_id)
                     live = os.path.join(directory, K8S_FILE_LOG)
-                    known = followed.get(live)
-                    if known is not None:
-                        yield LoggedContainer(known, "", directory, [])
-                        continue
-                    if not os.path.exists(live):
-                        continue  # another log driver (journald), or not started yet
-                    if container_id not in self._names:
-                        if lists is None:
-                            lists = [self._list(os.path.join(driver, name), storage) for name in LISTS]
-                        self._names[container_id] = _named(directory, container_id, lists)
-                    named = self._names[container_id]
-                    if named is None:
-                        continue
-                    key, name = named
-                    try:
-                        created = os.stat(live).st_ctime_ns
-                    except OSError:
-                        created = 0
-                    stream = LogStream(live, list, container_id, parse_cri_line, (0, created))
-                    yield LoggedContainer(key, name, directory, [stream])
-        for gone in set(self._names) - present:
-            del self._names[gone]
+                    found = self._containers.container(
+                        container_id, directory, live, followed, lambda: named(directory, container_id),
+                        lambda key, created: LogStream(live, list, container_id, parse_cri_line, (0, created)))
+                    if found is not None:
+                        yield found
+        self._containers.discovered()
 
     def _list(self, path: str, storage: str) -> tuple[int, dict[str, str]]:
         """(owner, container id -> name) of one of a storage's lists, read again only when it changed."""
