@@ -296,8 +296,8 @@ def container_state(options: Options) -> dict[str, object]:
 
 
 def container_log_follower(options: Options, directories: LogDirectories) -> LogFollower:
-    """The containers' log files (--logs.docker, --logs.podman, --logs.pods) folded as the journal is, by a follower of their own;
-    the journal collector serves both."""
+    """The containers' log files (--logs.docker, --logs.podman, --logs.pods) folded as the journal is, by a
+    follower of their own; the journal collector serves both."""
     selection = LogSelection(unit_globs=options.journal_units, container_globs=options.journal_containers,
                              boot=options.journal_boot, engine_grace_usec=options.journal_engine_grace_usec)
 
