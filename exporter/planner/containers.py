@@ -7,8 +7,8 @@
   project's own files) before it is printed;
 - `podman`: per container, the command line that created it (Podman's `CreateCommand`) with the planned flags
   after its command, `--replace`, and the plan as a label and an annotation (Podman records annotations in the
-  container's OCI configuration, where the exporter reads it), to run as it is. Podman has no dry run to load it with. (Quadlet, which
-  would take a drop-in, came with Podman 4.4: Debian 12's 4.3 has none.)
+  container's OCI configuration, where the exporter reads it), to run as it is. Podman has no dry run to load
+  it with. (Quadlet, which would take a drop-in, came with Podman 4.4: Debian 12's 4.3 has none.)
 - `kustomize`: an overlay over the user's kustomization whose JSON patches replace each pod container's args
   (the workload that makes the pod found in the rendered base by its controller's pod names); rendered and
   checked by the caller before it is written.

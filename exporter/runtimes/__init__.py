@@ -42,8 +42,8 @@ SYSTEM_DIRECTORIES = (b"/usr/bin/", b"/usr/sbin/", b"/bin/", b"/sbin/", b"/usr/l
 
 PLAN_LABEL = "io.vllm-xpu.plan.kv-cache-memory-bytes"
 """The label (Docker, Compose) or annotation (Podman) vllm-xpu-plan's container outputs give a container: its
-planned KV budget in bytes, as the engine recorded it when root created the container (docs/containers.md, "Is
-the plan applied?")."""
+planned KV budget in bytes, as the engine recorded it when root created the container (docs/containers.md, "The
+plan: the engine's record of the container")."""
 _MAX_PLAN_DIGITS = 20
 
 
