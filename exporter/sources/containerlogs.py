@@ -16,8 +16,9 @@ Where the files are
     `LogDirectories` keywords it names): Docker's json-file logs in each `docker_roots` root (`--path.docker`),
     `<root>/containers/<id>/<id>-json.log`, its key `docker/<name>` from `config.v2.json` beside it; Podman's
     k8s-file logs in each `podman_storages` storage (`--path.podman`), `<driver>-containers/<id>/userdata/ctr.log`,
-    its key `podman/<name>` from the storage's `containers.json`; the kubelet's CRI files under `pods` (`--path.pods`), `<pods>/<namespace>_<pod>_<uid>/<container>/<n>.log`, one
-    a restart, key `k8s/<namespace>/<pod>/<container>`. Which files are a live file's rotated ones, and how a
+    its key `podman/<name>` from the storage's `containers.json`; the kubelet's CRI files under `pods`
+    (`--path.pods`), `<pods>/<namespace>_<pod>_<uid>/<container>/<n>.log`, one a restart, key
+    `k8s/<namespace>/<pod>/<container>`. Which files are a live file's rotated ones, and how a
     record is parsed, is the runtime's too. A container is watched when the selection's container globs match
     it (`LogSelection.matches_container`: its name, or its key for a glob with `/`).
 
