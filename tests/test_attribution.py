@@ -12,10 +12,11 @@ import pytest
 from vllm_xpu_exporter.attribution import (DMEM, FDINFO, LEVELZERO, Attribution, DeviceAttribution, DeviceRest,
                                            PlannedUnit, StartFreeMemory, UnitDevices, Wake, admission_free,
                                            as_vllm_reads, attribute_device, attribute_devices, choose_units,
-                                           container_plans, containers_of, device_rests, endpoint_cgroups, footprints_by_device,
-                                           from_fdinfo, from_processes, gpus_only_dmem_sees, gpus_seen, held_by_unit,
-                                           kept_workloads, rename_attribution, rename_engine_use, restart_headrooms,
-                                           sleeping_units, total_and_free, unit_cgroups, vllm_targets, wake_headrooms)
+                                           container_plans, containers_of, device_rests, endpoint_cgroups,
+                                           footprints_by_device, from_fdinfo, from_processes, gpus_only_dmem_sees,
+                                           gpus_seen, held_by_unit, kept_workloads, rename_attribution,
+                                           rename_engine_use, restart_headrooms, sleeping_units, total_and_free,
+                                           unit_cgroups, vllm_targets, wake_headrooms)
 from vllm_xpu_exporter.parsers.cgroup import UnitCgroup
 from vllm_xpu_exporter.runtimes import ContainerCgroup
 from vllm_xpu_exporter.runtimes.docker import ENGINE as DOCKER
