@@ -278,6 +278,15 @@ def systemd_engine_units(views: Iterable[UnitView]) -> list[str]:
             if view.latest is not None and view.latest.engine is not False and "/" not in view.unit]
 
 
+def container_plans(views: Iterable[UnitView], workloads: Mapping[str, Workload]) -> dict[str, int]:
+    """The watched containers that run an engine, and the KV budget the planner's label gives each in its
+    engine's record of the container (`Workload.plan_kv_cache_bytes`); those without one absent."""
+    engines = {view.unit for view in views
+               if view.latest is not None and view.latest.engine is not False and "/" in view.unit}
+    return {workload.unit: workload.plan_kv_cache_bytes for workload in workloads.values()
+            if workload.unit in engines and workload.plan_kv_cache_bytes is not None}
+
+
 def endpoint_cgroups(cgroups_of_unit: Mapping[str, set[str]], workloads: Mapping[str, Workload], kept: set[str]
                      ) -> dict[str, set[str]]:
     """unit (cgroup leaf) -> its cgroup paths, for the units whose workload keeps series of its own: where

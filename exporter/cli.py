@@ -95,8 +95,8 @@ class Options:
     podman_storages: tuple[str, ...] = (DEFAULT_PODMAN_STORAGE,)  # --path.podman
     pod_logs: str = DEFAULT_POD_LOGS  # --path.pods
     container_logs: str = DEFAULT_CONTAINER_LOGS  # --path.container-logs
-    logs_docker_roots: tuple[str, ...] = ()  # --logs.docker: the --path.docker roots whose containers' logs are read
-    logs_pods: str | None = None  # --logs.pods: the --path.pods whose pods' logs are read
+    # --logs.docker, --logs.podman, --logs.pods: where containers' log files are read (LogDirectories' keywords)
+    log_directories: Mapping[str, object] = field(default_factory=dict)
     procfs: str = DEFAULT_PROCFS
     sysfs: str = DEFAULT_SYSFS
     # --collector.processes.sd-host-address (for the endpoint finder): the address /sd/vllm gives for a vLLM server
@@ -219,7 +219,6 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
     except ValueError as error:
         parser.error(f"argument --web.listen-address: {error}")
     enabled = enabled_collectors(args)
-    logs_docker_roots, logs_pods = container_log_directories(args)
     return Options(
         listen_addresses=tuple(args.listen_addresses or (f":{DEFAULT_PORT}",)),
         telemetry_path=args.telemetry_path,
@@ -238,8 +237,7 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         journal_max_units=args.journal_max_units,
         journal_engine_grace_usec=journal_engine_grace_usec(args),
         **container_paths(args),  # type: ignore[arg-type]
-        logs_docker_roots=logs_docker_roots,
-        logs_pods=logs_pods,
+        log_directories=container_log_directories(args),
         procfs=args.procfs,
         sysfs=args.sysfs,
         sd_host_address=args.processes_sd_host_address,
@@ -274,7 +272,7 @@ def build_sources(options: Options, needs: set[Source], privileged: PrivilegedRe
     if Source.JOURNAL in needs:
         sources.journal = LogFollower(exporter_journal_selection(options), options.journal_max_units,
                                       open_reader=open_journal, source="journal")
-        directories = LogDirectories(docker_roots=options.logs_docker_roots, pods=options.logs_pods)
+        directories = LogDirectories(**options.log_directories)
         if directories:
             sources.container_logs = container_log_follower(options, directories)
     if Source.DRM_CLIENTS in needs:
@@ -300,8 +298,8 @@ def container_state(options: Options) -> dict[str, object]:
 
 
 def container_log_follower(options: Options, directories: LogDirectories) -> LogFollower:
-    """The containers' log files (--logs.docker, --logs.pods) folded as the journal is, by a follower of their own;
-    the journal collector serves both."""
+    """The containers' log files (--logs.docker, --logs.podman, --logs.pods) folded as the journal is, by a
+    follower of their own; the journal collector serves both."""
     selection = LogSelection(unit_globs=options.journal_units, container_globs=options.journal_containers,
                              boot=options.journal_boot, engine_grace_usec=options.journal_engine_grace_usec)
 

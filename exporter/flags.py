@@ -138,25 +138,31 @@ def add_journal_containers_flag(journal: argparse._ArgumentGroup,
 
 
 def add_container_log_flags(parser: argparse.ArgumentParser) -> None:
-    """--logs.docker, --logs.pods (dest logs_docker, logs_pods; the exporter's only): read containers' log files
-    where --path.docker and --path.pods say (`add_container_flags`); read them with `container_log_directories`."""
+    """--logs.docker, --logs.podman, --logs.pods (dest logs_docker, logs_podman, logs_pods): read containers' log
+    files where --path.docker, --path.podman and --path.pods say (`add_container_flags`); read them with
+    `container_log_directories`."""
     logs = parser.add_argument_group("container logs")
     logs.add_argument("--logs.docker", dest="logs_docker", action=argparse.BooleanOptionalAction, default=False,
                       help="read the json-file logs of Docker's containers matching --journal.containers "
                            "(PATH/containers/ID/ID-json.log of each --path.docker): their engine starts, failures "
                            "and KV cache, as from the journal")
+    logs.add_argument("--logs.podman", dest="logs_podman", action=argparse.BooleanOptionalAction, default=False,
+                      help="read the k8s-file logs of Podman's containers matching --journal.containers "
+                           "(PATH/<driver>-containers/ID/userdata/ctr.log of each --path.podman): their engine "
+                           "starts, failures and KV cache, as from the journal")
     logs.add_argument("--logs.pods", dest="logs_pods", action=argparse.BooleanOptionalAction, default=False,
                       help="read the CRI log files of the pods' containers matching --journal.containers "
                            "(--path.pods/NAMESPACE_POD_UID/CONTAINER/N.log): their engine starts, failures and KV "
                            "cache, as from the journal")
 
 
-def container_log_directories(args: argparse.Namespace) -> tuple[tuple[str, ...], str | None]:
-    """The Docker data roots and the pod log directory whose containers' logs --logs.docker and --logs.pods
-    have read (none: not read)."""
+def container_log_directories(args: argparse.Namespace) -> dict[str, object]:
+    """Where --logs.docker, --logs.podman and --logs.pods have the containers' logs read, as LogDirectories'
+    keyword arguments (Docker's data roots, Podman's storages, the pod log directory; one not asked for: absent)."""
     paths = container_paths(args)
-    return (paths["docker_roots"] if args.logs_docker else (),  # type: ignore[return-value]
-            paths["pod_logs"] if args.logs_pods else None)
+    asked = {"docker_roots": args.logs_docker, "podman_storages": args.logs_podman, "pods": args.logs_pods}
+    where = {**paths, "pods": paths["pod_logs"]}
+    return {name: where[name] for name, wanted in asked.items() if wanted}
 
 
 def check_journal_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -131,6 +131,14 @@ class StateDirectories:
         path.write_text(json.dumps(containers))
         return path
 
+    def add_podman_annotations(self, cid: str, annotations: dict[str, str]) -> Path:
+        """The container's OCI config.json as Podman writes it (userdata/, its process and its annotations)."""
+        path = self.podman_list(False).parent / cid / "userdata" / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"ociVersion": "1.0.2-dev", "process": {"args": ["vllm", "serve", "m"]},
+                                    "annotations": {"io.container.manager": "libpod", **annotations}}))
+        return path
+
     def add_pod_container(self, namespace: str, pod: str, uid: str, container: str, cid: str, restarts: int = 0,
                           link: bool = True) -> Path:
         """A pod's container as the kubelet logs it: its log directory and file, and (`link`) the symlink

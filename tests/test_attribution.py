@@ -12,10 +12,11 @@ import pytest
 from vllm_xpu_exporter.attribution import (DMEM, FDINFO, LEVELZERO, Attribution, DeviceAttribution, DeviceRest,
                                            PlannedUnit, StartFreeMemory, UnitDevices, Wake, admission_free,
                                            as_vllm_reads, attribute_device, attribute_devices, choose_units,
-                                           containers_of, device_rests, endpoint_cgroups, footprints_by_device,
-                                           from_fdinfo, from_processes, gpus_only_dmem_sees, gpus_seen, held_by_unit,
-                                           kept_workloads, rename_attribution, rename_engine_use, restart_headrooms,
-                                           sleeping_units, total_and_free, unit_cgroups, vllm_targets, wake_headrooms)
+                                           container_plans, containers_of, device_rests, endpoint_cgroups,
+                                           footprints_by_device, from_fdinfo, from_processes, gpus_only_dmem_sees,
+                                           gpus_seen, held_by_unit, kept_workloads, rename_attribution,
+                                           rename_engine_use, restart_headrooms, sleeping_units, total_and_free,
+                                           unit_cgroups, vllm_targets, wake_headrooms)
 from vllm_xpu_exporter.parsers.cgroup import UnitCgroup
 from vllm_xpu_exporter.runtimes import ContainerCgroup
 from vllm_xpu_exporter.runtimes.docker import ENGINE as DOCKER
@@ -275,3 +276,20 @@ def test_the_free_memory_at_a_start_is_compared_with_the_reading_nearest_vllms_l
     # no reading near the line: vLLM's figure alone
     assert StartFreeMemory().figures(1_000_000_000 + 3_600_000_000, {GPU: (1000, 100)}, {GPU: attributed({CHAT: 800})},
                                      views, UnitDevices(), [GPU]) == [(GPU, CHAT, "vllm", 900)]
+
+
+def test_a_containers_plan_is_served_for_a_watched_container_that_runs_an_engine():
+    """The plan of each workload's record (`Workload.plan_kv_cache_bytes`) for the containers whose latest start
+    is an engine's; a unit's plan is its drop-in's (not from here), a container known to run no engine, one not
+    watched (no view) and one without a plan have none."""
+    def view(unit: str, engine_: bool | None = True) -> SimpleNamespace:
+        return SimpleNamespace(unit=unit, latest=SimpleNamespace(engine=engine_))
+
+    workloads = {"a.scope": Workload("docker/chat", DOCKER, "a", plan_kv_cache_bytes=3481927680),
+                 "b.scope": Workload("docker/chat", DOCKER, "a", plan_kv_cache_bytes=3481927680),
+                 "c.scope": Workload("docker/proxy", DOCKER, "c", plan_kv_cache_bytes=5),
+                 "d.scope": Workload("docker/unwatched", DOCKER, "d", plan_kv_cache_bytes=5),
+                 "e.scope": Workload("podman/stt", "podman", "e"),
+                 CHAT: Workload(CHAT, plan_kv_cache_bytes=7)}
+    views = [view("docker/chat"), view("docker/proxy", engine_=False), view("podman/stt"), view(CHAT)]
+    assert container_plans(views, workloads) == {"docker/chat": 3481927680}

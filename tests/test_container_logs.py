@@ -6,6 +6,7 @@ and overlaps as the systemd units."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -20,7 +21,7 @@ from vllm_xpu_exporter.fold.container_runs import ContainerRuns
 from vllm_xpu_exporter.fold.engine_starts import EngineTracker
 from vllm_xpu_exporter.runtimes import parse_rfc3339_usec
 from vllm_xpu_exporter.runtimes.docker import parse_json_file_line
-from vllm_xpu_exporter.runtimes.pods import parse_cri_line
+from vllm_xpu_exporter.runtimes import parse_cri_line
 from vllm_xpu_exporter.parsers.vllm import FailureReason
 from vllm_xpu_exporter.sources import containerlogs as containerlogs_source
 from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
@@ -29,7 +30,7 @@ from vllm_xpu_exporter.sources.logs.entry import LogEntry, LogSelection
 from vllm_xpu_exporter.nodatayet import NoDataYet
 from vllm_xpu_exporter.sources.logs.follower import LogFollower, LogUnreadable
 from exporterproc import RunningExporter
-from journalgen import write_journal
+from journalgen import container_id, write_journal
 from polling import ManualClock, wait_for
 from scrapes import sample
 from test_journal_containers import figures, systemd_figures
@@ -219,6 +220,60 @@ def test_a_rootless_dockerds_containers_are_their_users(tmp_path):
     with reader(LogDirectories(docker_roots=(str(tmp_path / "root"), str(tmp_path / "user")))) as opened:
         got = {(e.unit, e.message) for e in read(opened) if not e.from_systemd}
     assert got == {("docker/vllm-chat", "root's"), ("docker/vllm-chat@uid1000", "the user's")}
+
+
+def podman_container(storage: Path, name: str, lines: list[bytes], log: bool = True) -> Path:
+    """A container of a Podman storage as Podman 4.3 lays it out: its name in overlay-containers/containers.json,
+    and, with the k8s-file log driver (`log`), conmon's CRI lines in its userdata/ctr.log; its directory."""
+    containers = storage / "overlay-containers"
+    containers.mkdir(parents=True, exist_ok=True)
+    listed = containers / "containers.json"
+    entries = json.loads(listed.read_text()) if listed.exists() else []
+    cid = container_id(f"podman/{storage}/{name}")
+    listed.write_text(json.dumps([*entries, {"id": cid, "names": [name]}]))
+    userdata = containers / cid / "userdata"
+    userdata.mkdir(parents=True)
+    if log:
+        (userdata / "ctr.log").write_bytes(b"".join(line + b"\n" for line in lines))
+    return containers / cid
+
+
+@pytest.mark.fast
+def test_podman_k8s_file_logs_are_read_by_the_name_its_storage_gives(tmp_path):
+    """conmon's k8s-file lines (CRI, the local offset, a line's pieces) of a Podman container, under
+    podman/<name>, one run for the container's id; a journald container (no ctr.log) and one the storage's list does not name are not
+    read."""
+    storage = tmp_path / "storage"
+    chat = podman_container(storage, "vllm-chat", [b"2025-05-12T10:11:13.000000000+02:00 stdout F first",
+                                                   b"2025-05-12T10:11:14.000000000+02:00 stderr P sec",
+                                                   b"2025-05-12T10:11:14.100000000+02:00 stderr F ond"])
+    podman_container(storage, "vllm-journald", [], log=False)
+    unnamed = storage / "overlay-containers" / ("f" * 64) / "userdata"
+    unnamed.mkdir(parents=True)
+    (unnamed / "ctr.log").write_bytes(b"2025-05-12T10:11:13.000000000+02:00 stdout F not named\n")
+    with reader(LogDirectories(podman_storages=(str(storage),))) as opened:
+        entries = [entry for entry in read(opened) if not entry.from_systemd]
+    at_13 = parse_rfc3339_usec(b"2025-05-12T08:11:13Z")
+    assert [(e.unit, e.message, e.container_run, e.realtime_usec, e.stream, e.partial) for e in entries] == [
+        ("podman/vllm-chat", "first", chat.name, at_13, "stdout", False),
+        ("podman/vllm-chat", "sec", chat.name, at_13 + 1_000_000, "stderr", True),
+        ("podman/vllm-chat", "ond", chat.name, at_13 + 1_100_000, "stderr", False)]
+
+
+@pytest.mark.fast
+def test_a_rootless_podmans_k8s_file_containers_are_their_users(tmp_path):
+    """A container of a storage whose list and directory uid 1000 owns is that user's (podman/<name>@uid1000);
+    a directory of the user's that root's list names is nobody's (the user may name a directory as root's
+    container: it is not believed)."""
+    line = b"2025-05-12T10:11:13.000000000+00:00 stdout F %s"
+    podman_container(tmp_path / "root", "vllm-chat", [line % b"root's"])
+    users = podman_container(tmp_path / "user", "vllm-chat", [line % b"the user's"])
+    for path in (users.parent / "containers.json", users, users / "userdata", users / "userdata/ctr.log"):
+        os.chown(path, 1000, 1000)
+    os.chown(podman_container(tmp_path / "root", "vllm-fake", [line % b"fake"]), 1000, 1000)
+    with reader(LogDirectories(podman_storages=(str(tmp_path / "root"), str(tmp_path / "user")))) as opened:
+        got = {(e.unit, e.message) for e in read(opened) if not e.from_systemd}
+    assert got == {("podman/vllm-chat", "root's"), ("podman/vllm-chat@uid1000", "the user's")}
 
 
 def test_garbage_and_overlong_lines_are_skipped_and_counted(tmp_path):

@@ -94,6 +94,41 @@ def test_podman_container_by_name(names, state, path, key):
     assert workload_of(names, path) == Workload(key, "podman", CID, "chat")
 
 
+PLAN = "io.vllm-xpu.plan.kv-cache-memory-bytes"
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(("value", "plan"), [("3481927680", 3481927680), ("0", None), ("-5", None), ("1e9", None),
+                                             ("9" * 21, None), ("", None)])
+def test_a_docker_containers_plan_is_its_label_as_dockerd_recorded_it(names, state, value, plan):
+    """The planner's label among Config.Labels of config.v2.json: a positive byte count, else no plan."""
+    state.add_docker(CID, "chat", labels={PLAN: value})
+    assert workload_of(names, docker_systemd_path(CID)).plan_kv_cache_bytes == plan
+
+
+@pytest.mark.fast
+def test_a_podman_containers_plan_is_its_annotation_in_the_oci_config_its_user_owns(names, state):
+    """Podman keeps labels in its database: the plan is the annotation in the container's OCI config.json,
+    believed only from the container's own user (a config of another user's is no plan)."""
+    state.add_podman(CID, "chat")
+    config = state.add_podman_annotations(CID, {PLAN: "3481927680"})
+    assert workload_of(names, podman_path(CID)).plan_kv_cache_bytes == 3481927680
+    os.chown(config, 1000, 1000)
+    assert ContainerNames(**state.names_kwargs()).workload(
+        f"libpod-{CID}.scope", ContainerCgroup("podman", CID)).plan_kv_cache_bytes is None
+
+
+def test_roots_podman_container_has_the_command_its_oci_config_runs(state, clock):
+    """`recorded_command` of root's Podman container: its OCI config.json's process.args, as Podman wrote them;
+    a config that is not root's gives none."""
+    state.add_podman(CID, "chat")
+    config = state.add_podman_annotations(CID, {})
+    container = ContainerCgroup("podman", CID)
+    assert ContainerNames(**state.names_kwargs(), clock=clock).recorded_command(container) == ("vllm", "serve", "m")
+    os.chown(config, 1000, 1000)
+    assert ContainerNames(**state.names_kwargs(), clock=clock).recorded_command(container) == ()
+
+
 def test_a_docker_config_names_only_its_owners_container(state, clock, tmp_path):
     """A rootless user's Docker data root holding a config.v2.json for root's container's id names it not;
     the user's own container is named from the user's own file, with the user in its identity."""

@@ -216,16 +216,17 @@ def test_docker_json_file_containers_give_the_units_series(tmp_path: Path, docke
         assert exporter_series(replay, fake_driver, printed=True) == units_series
 
 
-def test_podman_k8s_file_containers_give_the_units_memory_series(tmp_path: Path, podman: Podman, fake_driver: Path,
-                                                                 units_series: dict):
-    """Podman's names (containers/storage's containers.json) and cgroups (/libpod_parent/libpod-<id>, the
-    cgroupfs manager) of real containers: the units' memory series, with the same values. The exporter reads
-    no Podman k8s-file log (a Podman container's output is read from the journal), so the printed series are
-    the journald log driver's."""
-    memory = {key: value for key, value in units_series.items() if key[0] in MEMORY}
-    with in_containers(podman, tmp_path, "k8s-file", [*empty_journal(tmp_path), "--path.podman", str(podman.storage)]
-                       ) as replay:
-        assert exporter_series(replay, fake_driver, printed=False) == memory
+def test_podman_k8s_file_containers_give_the_units_series(tmp_path: Path, podman: Podman, fake_driver: Path,
+                                                          units_series: dict):
+    """Podman's names (containers/storage's containers.json), cgroups (/libpod_parent/libpod-<id>, the cgroupfs
+    manager) and k8s-file logs (conmon's CRI lines in userdata/ctr.log, --logs.podman) of real containers: every
+    compared series of the units, with the same values, as from the journald log driver below."""
+    args = [*empty_journal(tmp_path), "--logs.podman", "--path.podman", str(podman.storage)]
+    with in_containers(podman, tmp_path, "k8s-file", args) as replay:
+        for _, container, _ in replay.workloads.values():  # where Podman itself says the log is
+            log_path = podman.inspect(container, "{{.HostConfig.LogConfig.Path}}")
+            assert Path(log_path).is_relative_to(podman.storage) and log_path.endswith("/userdata/ctr.log"), log_path
+        assert exporter_series(replay, fake_driver, printed=True) == units_series
 
 
 # ---- the journald log driver: the engines inside a real systemd, whose journald they write to --------------

@@ -62,14 +62,30 @@ def test_a_container_running_vllm_through_a_shell_string_is_refused():
         containers.compose_command(a_plan(), command)
 
 
+PLAN = "io.vllm-xpu.plan.kv-cache-memory-bytes=3481927680"
+
+
 @pytest.mark.fast
 def test_a_podman_create_command_is_replaced_with_the_plans_flags_after_its_command():
     words = ("podman", "run", "-d", "--name", "chat", "--device", "/dev/dri", "img", "vllm", "serve", "m",
              "--kv-cache-memory-bytes=5")
     line = containers.podman_command_line(a_plan("podman/chat"), ContainerCommand("podman/chat", "podman", "chat",
                                                                                    create_command=words))
-    assert line == ("podman run --replace -d --name chat --device /dev/dri img vllm serve m "
-                    "--gpu-memory-utilization 0.7373 --kv-cache-memory-bytes 3481927680")
+    assert line == (f"podman run --replace --label {PLAN} --annotation {PLAN} -d --name chat --device /dev/dri img "
+                    "vllm serve m --gpu-memory-utilization 0.7373 --kv-cache-memory-bytes 3481927680")
+
+
+@pytest.mark.fast
+def test_a_podman_container_planned_before_gets_the_new_plans_record_alone():
+    """The create command of a container made from an earlier plan carries that plan's label and annotation
+    (in both spellings): the new line has the new plan's once, and the container's other labels."""
+    words = ("podman", "run", "--replace", "--label", "io.vllm-xpu.plan.kv-cache-memory-bytes=5", "-l", "team=a",
+             "--annotation=io.vllm-xpu.plan.kv-cache-memory-bytes=5", "-d", "--name", "chat", "img", "vllm", "serve",
+             "m")
+    line = containers.podman_command_line(a_plan("podman/chat"), ContainerCommand("podman/chat", "podman", "chat",
+                                                                                   create_command=words))
+    assert line.startswith(f"podman run --label {PLAN} --annotation {PLAN} --replace -l team=a -d --name chat img ")
+    assert line.count("io.vllm-xpu.plan") == 2
 
 
 @pytest.mark.fast
@@ -78,7 +94,8 @@ def test_podmans_global_options_stay_before_its_run():
              "vllm", "serve", "m")
     line = containers.podman_command_line(a_plan("podman/chat"), ContainerCommand("podman/chat", "podman", "chat",
                                                                                    create_command=words))
-    assert line.startswith("/usr/bin/podman --root /srv/storage --log-level info run --replace --name chat img ")
+    assert line.startswith(f"/usr/bin/podman --root /srv/storage --log-level info run --replace --label {PLAN} "
+                           f"--annotation {PLAN} --name chat img ")
 
 
 @pytest.mark.fast

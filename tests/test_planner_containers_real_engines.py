@@ -6,8 +6,14 @@ cache each prints is the plan's, to the byte.
   project's services (json-file logs), one after another; the planner reads their starts from the logs, writes the
   override (`--format compose`), and `docker-compose -f compose.yaml -f override up -d` recreates them with it.
 - Podman: a container made by `podman run`, its create command read from real Podman, planned, and run as
-  printed (`podman run --replace ...`). Podman here logs to files the planner does not read (no journald on the
-  host), so its plan is given: a budget three blocks below the KV the engine had.
+  printed (`podman run --replace ...`); its plan is given: a budget three blocks below the KV the engine had.
+
+"Is the plan applied?" (docs/containers.md): the exporter, reading the engines' records of the containers
+(Docker's config.v2.json labels, Podman's OCI config.json annotations) and their logs, shows each planned
+container's plan (xpu_unit_kv_cache_plan_bytes) equal to the budget its engine printed
+(xpu_unit_kv_cache_budget_bytes), and the bundled XpuUnitPlanNotApplied expression, evaluated by promtool, empty;
+the Podman line run again with its command's budget changed by hand (the plan's record kept) makes it name that
+container.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ from vllm_xpu_exporter.planner.plans import Target, UnitPlan
 from vllm_xpu_exporter import memory_rules
 from vllm_xpu_exporter.sources import container_commands
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, Engine, engine_command, read_events
+from exporterproc import RunningExporter
+from fakeze import fake_driver_env
+from scrapes import Samples, series
+from test_containers_real_engines import EXPORTER
+from test_planner_applied_real_systemd import promtool_finds
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = "/usr/bin/docker-compose"
@@ -61,7 +72,26 @@ def wait_serving(events: Path, name: str, seen: int = 0) -> dict:
     return record
 
 
-def test_the_compose_override_applied_as_written_gives_engines_whose_kv_is_the_plans(tmp_path, dockerd):
+def plans_and_budgets(args: list[str], fake_driver: Path, config: Path, keys: set[str]) -> Samples:
+    """A scrape of the exporter reading the engines' state and logs (`args`) once every container of `keys` has
+    its plan and its printed budget."""
+    def both(samples: Samples) -> bool:
+        return all(keys <= {dict(labels)["unit"] for labels in series(samples, name)}
+                   for name in ("xpu_unit_kv_cache_plan_bytes", "xpu_unit_kv_cache_budget_bytes"))
+
+    with RunningExporter(["--journal.boot", "all", *args], env=fake_driver_env(fake_driver, config),
+                         command=EXPORTER) as exporter:
+        samples = wait_for(lambda: (scraped := exporter.scrape()) and both(scraped) and scraped, timeout=30,
+                           interval=0.5)
+        assert samples, f"no plan and budget of {keys}: {exporter.scrape()}\n{exporter.stderr}"
+    return samples
+
+
+def by_unit(samples: Samples, name: str) -> dict[str, float]:
+    return {dict(labels)["unit"]: value for labels, value in series(samples, name).items()}
+
+
+def test_the_compose_override_applied_as_written_gives_engines_whose_kv_is_the_plans(tmp_path, dockerd, fake_driver):
     config, events, pythonpath, total = device(tmp_path / "device")
     names = {engine.role: f"vllm-{engine.role}" for engine in SERVING}
     project = tmp_path / "project"
@@ -98,11 +128,18 @@ def test_the_compose_override_applied_as_written_gives_engines_whose_kv_is_the_p
         for engine in SERVING:
             record = wait_serving(events, names[engine.role], seen)
             assert record["kv_bytes"] == budgets[f"docker/{names[engine.role]}"], record
+        # the plan applied: Docker recorded the override's label with each container, its engine printed the budget
+        samples = plans_and_budgets(["--journal.file", str(tmp_path / "empty.journal"), "--logs.docker",
+                                     "--path.docker", str(dockerd.data_root)], fake_driver, config, set(budgets))
+        assert {unit: plan for unit, plan in by_unit(samples, "xpu_unit_kv_cache_plan_bytes").items()
+                if unit in budgets} == budgets == by_unit(samples, "xpu_unit_kv_cache_budget_bytes")
+        checked = promtool_finds(samples, tmp_path, {})
+        assert checked.returncode == 0, checked.stdout + checked.stderr
     finally:
         subprocess.run([*compose, "down", "-t", "1"], env=env, capture_output=True, timeout=120)
 
 
-def test_the_podman_line_run_as_printed_gives_an_engine_whose_kv_is_the_plans(tmp_path, podman):
+def test_the_podman_line_run_as_printed_gives_an_engine_whose_kv_is_the_plans(tmp_path, podman, fake_driver):
     config, events, pythonpath, _ = device(tmp_path / "device")
     engine, name = STT, "vllm-planned-stt"
     podman.remove(name)
@@ -127,5 +164,22 @@ def test_the_podman_line_run_as_printed_gives_an_engine_whose_kv_is_the_plans(tm
         subprocess.run(shlex.split(line), check=True, capture_output=True, timeout=120)
         record = wait_serving(events, name, seen)
         assert record["kv_bytes"] == budget, record
+        key, args = f"podman/{name}", ["--journal.file", str(write_journal(tmp_path / "empty.journal", [])),
+                                       "--logs.podman", "--path.podman", str(podman.storage)]
+        samples = plans_and_budgets(args, fake_driver, config, {key})
+        assert by_unit(samples, "xpu_unit_kv_cache_plan_bytes")[key] == budget
+        assert by_unit(samples, "xpu_unit_kv_cache_budget_bytes")[key] == budget
+        checked = promtool_finds(samples, tmp_path, {})
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        # the same line with the command's budget changed by hand: the record still says the plan, the engine not
+        words, own = shlex.split(line), budget - 64 * engine.kv_bytes_per_token  # a block fewer
+        words[len(words) - words[::-1].index("--kv-cache-memory-bytes")] = str(own)
+        seen = len(read_events(events))
+        subprocess.run(words, check=True, capture_output=True, timeout=120)
+        wait_serving(events, name, seen)
+        samples = plans_and_budgets(args, fake_driver, config, {key})
+        assert by_unit(samples, "xpu_unit_kv_cache_budget_bytes")[key] == own
+        checked = promtool_finds(samples, tmp_path, {key: budget})  # the alert names it, with its plan
+        assert checked.returncode == 0, checked.stdout + checked.stderr
     finally:
         podman.remove(name)

@@ -1,5 +1,5 @@
 """Engine starts, failures and KV cache of the watched units and containers, from their journal and, with
---logs.docker or --logs.pods, their containers' log files: the followers' states
+--logs.docker, --logs.podman or --logs.pods, their containers' log files: the followers' states
 (vllm_xpu_exporter.sources.logs.follower) as metric families, one set for both sources."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class JournalCollector(Collector):
         yield rejected
         yield CounterFamily("xpu_exporter_container_log_lines_read_total",
                             "Records of watched containers' log files the exporter has read (--logs.docker, "
-                            "--logs.pods).", value=logs.entries_read if logs is not None else 0)
+                            "--logs.podman, --logs.pods).", value=logs.entries_read if logs is not None else 0)
         yield CounterFamily("xpu_exporter_container_log_lines_rejected_total",
                             "Lines of watched containers' log files skipped: not a record of their file's format, "
                             "or too long.", value=logs.unreadable if logs is not None else 0)

@@ -166,7 +166,7 @@ class ProcessesCollector(Collector):
                                           gpus)
             yield from self._planned(planned)
             yield self._admission(memory, attributions, views, planned, gpus)
-            yield self._plan_of_units(context, attributions, views, gpus, problems)
+            yield self._plan_of_units(context, attributions, views, workloads, gpus, problems)
             yield self._free_memory_at_start(vllm_reads, attributions, views, gpus)
         if problems:
             raise CollectionError("; ".join(problems))
@@ -353,19 +353,23 @@ class ProcessesCollector(Collector):
         return family
 
     def _plan_of_units(self, context: ScrapeContext, attributions: dict[str, attribution.DeviceAttribution],
-                       views: list[UnitView], gpus: list[str], problems: Problems) -> Metric:
-        """The budget the planner's drop-in gives each engine unit on a known GPU (sources/plan_dropins.py); a
-        unit without a plan has no series."""
+                       views: list[UnitView], workloads: Mapping[str, Workload], gpus: list[str],
+                       problems: Problems) -> Metric:
+        """The budget the planner gives each engine unit or container on a known GPU: a unit's from its drop-in
+        (sources/plan_dropins.py), a container's from the planner's label in its engine's record of it
+        (runtimes.PLAN_LABEL); one without a plan has no series."""
         family = GaugeFamily("xpu_unit_kv_cache_plan_bytes",
-                             "The KV budget vllm-xpu-plan's drop-in gives the unit (the drop-in's file, believed "
-                             "only when root wrote it); differs from xpu_unit_kv_cache_budget_bytes when the plan "
-                             "is not applied.", labels=["device", "unit"])
+                             "The KV budget vllm-xpu-plan gives the unit: its drop-in's (believed only when root "
+                             "wrote it), or a container's plan label as its engine recorded the container's "
+                             "creation; differs from xpu_unit_kv_cache_budget_bytes when the plan is not applied.",
+                             labels=["device", "unit"])
         units = attribution.systemd_engine_units(views)
         plans, unread = context.unit_plans(units)
         problems += unread
-        for unit in units:
+        plans = {**attribution.container_plans(views, workloads), **plans}
+        for unit in sorted(plans):
             pci = self._unit_devices.of(unit, attributions, gpus)
-            if unit in plans and pci is not None:
+            if pci is not None:
                 family.add_metric([pci, unit], plans[unit])
         return family
 

@@ -199,7 +199,6 @@ def service_options(args: argparse.Namespace, environ=os.environ):
     # No container by default (unlike the exporter): with containers the first read is the whole boot's, not the
     # units' latest invocations (a container's lines carry no invocation id)
     containers = journal_container_globs(args) if args.journal_containers is not None else ()
-    logs_docker_roots, logs_pods = container_log_directories(args)
     selection = dataclasses.replace(journal_selection(args), container_globs=containers,
                                     container_state=container_paths(args))
     return ServiceOptions(listen=args.listen, selection=engine_units_only(selection),
@@ -207,7 +206,7 @@ def service_options(args: argparse.Namespace, environ=os.environ):
                           levelzero_timeout=args.levelzero_timeout, procfs=args.procfs, sysfs=args.sysfs,
                           lease_timeout=args.lease_timeout, poll_interval=args.poll_interval,
                           lease_file=args.lease_file or runtime_lease_file(environ), legacy_grace=args.legacy_grace,
-                          logs_docker_roots=logs_docker_roots, logs_pods=logs_pods,
+                          log_directories=container_log_directories(args),
                           **({"plans": args.plans} if args.plans is not None else {}))
 
 

@@ -41,7 +41,7 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -100,9 +100,8 @@ class ServiceOptions:
     lease_file: str | None = None  # where the leases outlive the process (--lease-file); None: in memory only
     legacy_grace: float = 24 * 3600.0  # --legacy-grace
     plans: str = plan_dropins.DEFAULT_PLANS_DIRECTORY  # where root's plan drop-ins are (UNIT.d/zz-vllm-xpu-plan.conf)
-    # the watched containers' log files (--logs.docker, --logs.pods: Docker's data roots, the pods' log directory)
-    logs_docker_roots: tuple[str, ...] = ()
-    logs_pods: str | None = None
+    # the watched containers' log files (--logs.docker, --logs.podman, --logs.pods: LogDirectories' keywords)
+    log_directories: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -434,9 +433,9 @@ class EngineUnitSelection(JournalSelection):
 
 
 def container_log_follower(options: ServiceOptions) -> LogFollower | None:
-    """The watched containers' log files (--logs.docker, --logs.pods) folded as the exporter folds them; None
-    when neither is given."""
-    directories = LogDirectories(docker_roots=options.logs_docker_roots, pods=options.logs_pods)
+    """The watched containers' log files (--logs.docker, --logs.podman, --logs.pods) folded as the exporter folds
+    them; None when none is given."""
+    directories = LogDirectories(**options.log_directories)
     if not directories:
         return None
     selection = options.selection

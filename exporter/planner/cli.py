@@ -385,8 +385,7 @@ def read_views(args: argparse.Namespace, timeout: float = 120.0) -> tuple[list[U
                         container_state=container_paths(args))
     followers = [(LogFollower(selection, args.journal_max_units, open_reader=open_journal, source="journal",
                               latest_invocations=True), "the journal")]
-    docker_roots, pods = container_log_directories(args)
-    directories = LogDirectories(docker_roots=docker_roots, pods=pods)
+    directories = LogDirectories(**container_log_directories(args))
     if directories:
         logs = LogSelection(unit_globs=selection.unit_globs, container_globs=selection.container_globs,
                             boot=selection.boot, engine_grace_usec=selection.engine_grace_usec)

@@ -2,11 +2,13 @@
 
 - `compose`: per Compose project, an override file that gives each planned service its `command:` (the
   container's `Config.Cmd` as Docker keeps it) with the planned `--gpu-memory-utilization` and
-  `--kv-cache-memory-bytes`; loaded (by the caller's `verify`, `docker-compose config` over the project's own
-  files) before it is printed;
+  `--kv-cache-memory-bytes`, and the plan's label (`runtimes.PLAN_LABEL`: the budget, which Docker records with
+  the container, for "Is the plan applied?"); loaded (by the caller's `verify`, `docker-compose config` over the
+  project's own files) before it is printed;
 - `podman`: per container, the command line that created it (Podman's `CreateCommand`) with the planned flags
-  after its command and `--replace`, to run as it is. Podman has no dry run to load it with. (Quadlet, which
-  would take a drop-in, came with Podman 4.4: Debian 12's 4.3 has none.)
+  after its command, `--replace`, and the plan as a label and an annotation (Podman records annotations in the
+  container's OCI configuration, where the exporter reads it), to run as it is. Podman has no dry run to load
+  it with. (Quadlet, which would take a drop-in, came with Podman 4.4: Debian 12's 4.3 has none.)
 - `kustomize`: an overlay over the user's kustomization whose JSON patches replace each pod container's args
   (the workload that makes the pod found in the rendered base by its controller's pod names); rendered and
   checked by the caller before it is written.
@@ -28,6 +30,7 @@ from vllm_xpu_exporter import __version__
 from vllm_xpu_exporter.planner import execstart
 from vllm_xpu_exporter.planner.execstart import NotEditable
 from vllm_xpu_exporter.planner.plans import UnitPlan
+from vllm_xpu_exporter.runtimes import PLAN_LABEL
 from vllm_xpu_exporter.sources.container_commands import ContainerCommand, runtime_of_key
 
 PROG = "vllm-xpu-plan"
@@ -58,6 +61,11 @@ def planned_flags(plan: UnitPlan) -> tuple[str, ...]:
             "--kv-cache-memory-bytes", str(plan.kv_cache_memory_bytes))
 
 
+def plan_record(plan: UnitPlan) -> str:
+    """The plan's label or annotation, `KEY=VALUE`."""
+    return f"{PLAN_LABEL}={plan.kv_cache_memory_bytes}"
+
+
 def compose_command(plan: UnitPlan, command: ContainerCommand) -> tuple[str, ...]:
     """The service's `command:`: the container's Cmd with its own planned flags dropped and the plan's appended
     (vLLM's words may start in the entrypoint, e.g. `vllm serve` there and the model in the command)."""
@@ -68,16 +76,37 @@ def compose_command(plan: UnitPlan, command: ContainerCommand) -> tuple[str, ...
 
 
 def podman_command_line(plan: UnitPlan, command: ContainerCommand) -> str:
-    """The container's create command with the plan's flags after its command and `--replace` after its `run`
-    (or `create`): its global options (`--root`, `--log-level`, ...) kept before it."""
+    """The container's create command with the plan's flags after its command, and `--replace` and the plan's
+    label and annotation (an earlier plan's replaced) after its `run` (or `create`): its global options
+    (`--root`, `--log-level`, ...) kept before it."""
     words = command.create_command
     verb = next((index for index, word in enumerate(words[1:], 1) if word in ("run", "create")), None)
     if verb is None:
         raise NotEditable(f"podman made container {command.name} with `{shlex.join(words)[:200]}`, not run/create: "
                           f"add {' '.join(planned_flags(plan))} to its command by hand")
     edited = execstart.planned_words(words, planned_flags(plan), f"the create command of container {command.name}")
-    replace = () if "--replace" in words else ("--replace",)
-    return shlex.join([*edited[:verb + 1], *replace, *edited[verb + 1:]])
+    options = [*(() if "--replace" in words else ("--replace",)),
+               "--label", plan_record(plan), "--annotation", plan_record(plan)]
+    return shlex.join([*edited[:verb + 1], *options, *_without_plan_records(edited[verb + 1:])])
+
+
+def _without_plan_records(words: Sequence[str]) -> list[str]:
+    """`words` without an earlier plan's `--label`/`--annotation` (`--label KEY=N` or `--label=KEY=N`)."""
+    kept: list[str] = []
+    skip = False
+    for index, word in enumerate(words):
+        if skip:
+            skip = False
+            continue
+        flag, equals, value = word.partition("=")
+        if flag in ("--label", "--annotation", "-l") and not equals and index + 1 < len(words) \
+                and words[index + 1].startswith(PLAN_LABEL + "="):
+            skip = True
+            continue
+        if flag in ("--label", "--annotation", "-l") and equals and value.startswith(PLAN_LABEL + "="):
+            continue
+        kept.append(word)
+    return kept
 
 
 def render_compose(plans: Sequence[UnitPlan], commands: dict[str, ContainerCommand | str],
@@ -100,7 +129,8 @@ def render_compose(plans: Sequence[UnitPlan], commands: dict[str, ContainerComma
     documents = []
     for (project, files, directory), services in projects.items():
         try:
-            document = {"services": {service: {"command": list(compose_command(plan, command))}
+            document = {"services": {service: {"command": list(compose_command(plan, command)),
+                                               "labels": {PLAN_LABEL: str(plan.kv_cache_memory_bytes)}}
                                      for service, (plan, command) in services.items()}}
         except NotEditable as error:
             refused.append(f"project {project}: {error}")

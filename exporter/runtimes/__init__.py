@@ -40,6 +40,20 @@ SYSTEM_DIRECTORIES = (b"/usr/bin/", b"/usr/sbin/", b"/bin/", b"/sbin/", b"/usr/l
 """Where executables are installed: directories only root can write to (a runtime adds its own libexec)."""
 
 
+PLAN_LABEL = "io.vllm-xpu.plan.kv-cache-memory-bytes"
+"""The label (Docker, Compose) or annotation (Podman) vllm-xpu-plan's container outputs give a container: its
+planned KV budget in bytes, as the engine recorded it when root created the container (docs/containers.md, "The
+plan: the engine's record of the container")."""
+_MAX_PLAN_DIGITS = 20
+
+
+def plan_bytes(value: object) -> int | None:
+    """A PLAN_LABEL's value as a byte count; None when it is not a positive decimal integer."""
+    if not (isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= _MAX_PLAN_DIGITS):
+        return None
+    return int(value) or None
+
+
 class StateTooLarge(ValueError):
     """A state file, or one entry of it, is over its size bound."""
 
@@ -89,7 +103,9 @@ class Names:
     pod: str = ""
     command: tuple[str, ...] = ()
     """The command the container runs as its engine recorded it at its creation (Docker: Entrypoint, then
-    Cmd); () when the state keeps none this module reads."""
+    Cmd; Podman: its OCI configuration's process.args); () when the state keeps none this module reads."""
+    plan_kv_cache_bytes: int | None = None
+    """The KV budget of the planner's PLAN_LABEL in the engine's record of the container's creation; None: none."""
 
 
 NOT_FOUND = Names()
@@ -272,3 +288,30 @@ def parse_rfc3339_usec(text: bytes) -> int | None:
             return None
         seconds -= sign * (zone_hours * 3600 + zone_minutes * 60)
     return seconds * 1_000_000 + usec
+
+
+_STREAMS = {b"stdout": "stdout", b"stderr": "stderr"}
+
+
+def parse_cri_line(line: bytes, max_chars: int = MAX_TEXT_CHARS) -> LogRecord | None:
+    """A record of a CRI log file (one line, without its newline), or None; its text cut at `max_chars`.
+
+    The CRI log format, of the kubelet's runtimes (containerd, CRI-O) and of conmon's k8s-file (Podman):
+    `<RFC 3339 time> <stream> <tags> <text>`, e.g. `2016-10-06T00:17:09.669794202Z stdout F log line`; the first
+    tag is `F` (the line is whole, or this is its last piece) or `P` (a piece: the line goes on in the stream's
+    next record); more tags, if a runtime ever writes them, follow after `:`. containerd writes UTC (`Z`), CRI-O
+    and conmon the local offset (`+01:00`)."""
+    parts = line.split(b" ", 3)
+    if len(parts) < 3:
+        return None
+    when, stream, tags = parts[0], parts[1], parts[2]
+    text = parts[3] if len(parts) == 4 else b""
+    realtime = parse_rfc3339_usec(when)
+    stream_name = _STREAMS.get(stream)
+    tag = tags.split(b":", 1)[0]
+    if realtime is None or stream_name is None or tag not in (b"P", b"F"):
+        return None
+    decoded = text[:max_chars * 4].decode("utf-8", "replace")[:max_chars]
+    if tag == b"F":
+        decoded = decoded.rstrip("\r")
+    return LogRecord(realtime, stream_name, decoded, tag == b"P")

@@ -3,8 +3,8 @@
 - Cgroups: with the systemd cgroup driver `/system.slice/docker-<id>.scope` (`SCOPE`), with cgroupfs
   `/docker/<id>`. A rootless dockerd's are below its user's `user@<uid>.service`.
 - Key: `docker/<name>` (`docker_key`); a rootless user's container `docker/<name>@uid<N>`.
-- State: `<root>/containers/<id>/config.v2.json` (`docker_names`: `Name`, `/<name>`, and the labels Compose
-  sets; `docker_exit`: `State`, its end).
+- State: `<root>/containers/<id>/config.v2.json` (`docker_names`: `Name`, `/<name>`, the labels Compose sets
+  and the planner's `runtimes.PLAN_LABEL`; `docker_exit`: `State`, its end).
 - Logs: the `json-file` driver (`<root>/containers/<id>/<id>-json.log`): one JSON object a line,
   `{"log":"<text>\\n","stream":"stdout","time":"2025-05-12T10:11:13.204051812Z"}` (an `attrs` object besides
   with the driver's `labels`/`env` options). dockerd cuts a line longer than 16 KiB into pieces; every piece but
@@ -24,9 +24,9 @@ import re
 from collections.abc import Callable, Sequence
 
 from vllm_xpu_exporter.parsers.workloads import user_suffix
-from vllm_xpu_exporter.runtimes import (CONTAINER_ID, ID, MAX_TEXT_CHARS, NOT_FOUND, ContainerCgroup, ContainerExit,
-                                        JournalDriver, LogRecord, Names, container_name_ok, parse_rfc3339_usec,
-                                        system_executable)
+from vllm_xpu_exporter.runtimes import (CONTAINER_ID, ID, MAX_TEXT_CHARS, NOT_FOUND, PLAN_LABEL, ContainerCgroup,
+                                        ContainerExit, JournalDriver, LogRecord, Names, container_name_ok,
+                                        parse_rfc3339_usec, plan_bytes, system_executable)
 
 KIND = "docker"
 ENGINE = "docker"
@@ -90,7 +90,8 @@ def docker_names(data: bytes, container_id: str) -> Names:
     if not isinstance(labels, dict):
         labels = {}
     return Names(key, name.lstrip("/"), _label_value(labels.get(COMPOSE_PROJECT)),
-                 _label_value(labels.get(COMPOSE_SERVICE)), command=_recorded_command(config))
+                 _label_value(labels.get(COMPOSE_SERVICE)), command=_recorded_command(config),
+                 plan_kv_cache_bytes=plan_bytes(labels.get(PLAN_LABEL)))
 
 
 def docker_exit(data: bytes) -> ContainerExit | None:

@@ -19,7 +19,7 @@ from vllm_xpu_exporter.runtimes import (CONTAINER_ID, NOT_FOUND, ContainerCgroup
                                         LogStream, Names, StateFiles)
 from vllm_xpu_exporter.runtimes.docker import (CONFIG, MAX_CONFIG_BYTES, docker_exit, docker_names,
                                                parse_json_file_line, rotated_files)
-from vllm_xpu_exporter.runtimes.files import list_directory, read_small, siblings
+from vllm_xpu_exporter.runtimes.files import LogFilePerContainer, list_directory, read_small, siblings
 
 DEFAULT_DOCKER_ROOT = "/var/lib/docker"
 LOCATIONS: Mapping[str, object] = {"docker_roots": (DEFAULT_DOCKER_ROOT,)}
@@ -82,43 +82,33 @@ def exit_watch(container_id: str, locations: Mapping[str, object]) -> DockerEnd 
 
 
 class DockerLogs:
-    """The json-file logs of the containers in the data roots `roots`; their names kept by id until gone."""
+    """The json-file logs of the containers in the data roots `roots`."""
 
     def __init__(self, roots: tuple[str, ...]) -> None:
         self.roots = roots
-        self._names: dict[str, tuple[str, str] | None] = {}  # container id -> (key, name); None: no name
+        self._containers = LogFilePerContainer()
 
     def directories(self) -> list[str]:
         return [os.path.join(root, "containers") for root in self.roots]
 
     def find(self, followed: Mapping[str, str]) -> Iterator[LoggedContainer]:
         for directory in self.directories():
-            listed = [name for name in list_directory(directory) if CONTAINER_ID.fullmatch(name)]
-            for gone in set(self._names) - set(listed):
-                del self._names[gone]
-            for container_id in listed:
+            for container_id in filter(CONTAINER_ID.fullmatch, list_directory(directory)):
                 container_directory = os.path.join(directory, container_id)
                 live = os.path.join(container_directory, f"{container_id}-json.log")
-                known = followed.get(live)
-                if known is not None:
-                    yield LoggedContainer(known, "", container_directory, [])
-                    continue
-                if not os.path.exists(live):
-                    continue  # another log driver (journald, local), or not started yet
-                if container_id not in self._names:
-                    self._names[container_id] = _named(container_directory, container_id)
-                named = self._names[container_id]
-                if named is None:
-                    continue
-                key, name = named
-                try:
-                    created = os.stat(live).st_ctime_ns
-                except OSError:
-                    created = 0
-                end = DockerEnd((os.path.join(container_directory, CONFIG),), owner=uid_of_identity(key))
-                stream = LogStream(live, lambda live=live: rotated_files(live, siblings(live)), container_id,
-                                   parse_json_file_line, (0, created), end)
-                yield LoggedContainer(key, name, container_directory, [stream])
+
+                def stream(key: str, created: int, live: str = live, config: str = os.path.join(
+                        container_directory, CONFIG), container_id: str = container_id) -> LogStream:
+                    end = DockerEnd((config,), owner=uid_of_identity(key))
+                    return LogStream(live, lambda: rotated_files(live, siblings(live)), container_id,
+                                     parse_json_file_line, (0, created), end)
+
+                found = self._containers.container(
+                    container_id, container_directory, live, followed,
+                    lambda: _named(container_directory, container_id), stream)
+                if found is not None:
+                    yield found
+        self._containers.discovered()
 
 
 def log_finder(locations: Mapping[str, object]) -> DockerLogs | None:

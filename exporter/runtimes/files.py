@@ -13,10 +13,10 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO
 
-from vllm_xpu_exporter.runtimes import StateTooLarge
+from vllm_xpu_exporter.runtimes import LoggedContainer, LogStream, StateTooLarge
 
 log = logging.getLogger("vllm_xpu_exporter.containers")
 
@@ -191,3 +191,42 @@ class StateFiles:
                          path, error.strerror)
         else:
             log.debug("container names: %s: %s", path, error.strerror)
+
+
+class LogFilePerContainer:
+    """The containers of a runtime that writes one log file a container in the container's own directory
+    (Docker's json-file, Podman's k8s-file), for a `LogFinder`: each container's key and name looked up once
+    and kept by id until a discovery no longer meets the container."""
+
+    def __init__(self) -> None:
+        self._names: dict[str, tuple[str, str] | None] = {}  # container id -> (key, name); None: no name
+        self._met: set[str] = set()
+
+    def container(self, container_id: str, directory: str, live: str, followed: Mapping[str, str],
+                  named: Callable[[], tuple[str, str] | None],
+                  stream: Callable[[str, int], LogStream]) -> LoggedContainer | None:
+        """The container of `directory` whose log file is `live`: its key alone when `live` is followed already;
+        None when there is no such file (another log driver, or not started yet) or `named()` gives no
+        (key, name); else with `stream(key, the file's change time in ns)`."""
+        self._met.add(container_id)
+        known = followed.get(live)
+        if known is not None:
+            return LoggedContainer(known, "", directory, [])
+        if not os.path.exists(live):
+            return None
+        if container_id not in self._names:
+            self._names[container_id] = named()
+        found = self._names[container_id]
+        if found is None:
+            return None
+        try:
+            created = os.stat(live).st_ctime_ns
+        except OSError:
+            created = 0
+        return LoggedContainer(found[0], found[1], directory, [stream(found[0], created)])
+
+    def discovered(self) -> None:
+        """A discovery is done: the names of the containers it did not meet are forgotten."""
+        for gone in set(self._names) - self._met:
+            del self._names[gone]
+        self._met = set()

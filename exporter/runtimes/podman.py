@@ -6,6 +6,11 @@
 - State: the containers/storage library's lists, `<storage>/<driver>-containers/containers.json` and
   `volatile-containers.json`: `[{"id": ..., "names": [...]}]` (`podman_names_of_file`), parsed one container at a
   time: the file's size bounds the CPU, MAX_ENTRY_BYTES and MAX_NAMES the memory.
+- k8s-file logs: `<storage>/<driver>-containers/<id>/userdata/ctr.log` (`K8S_FILE_LOG`), the CRI log format.
+- The plan and the command: the planner's `runtimes.PLAN_LABEL` among the annotations of the container's OCI
+  configuration, `<storage>/<driver>-containers/<id>/userdata/config.json` (`OCI_CONFIG`, `podman_recorded`), and
+  the command its process runs (`process.args`): Podman keeps labels in its database only, annotations also
+  there.
 - journald: conmon writes the container's lines (`CONTAINER_NAME`, `CONTAINER_ID_FULL`; one conmon a start, so
   its pid tells the runs apart); podman itself writes the events, among them `died` (`EXIT_EVENT`: the
   container's process ended), with its events logger `journald`, the default on systemd hosts
@@ -18,13 +23,14 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 from collections.abc import Callable, Sequence
 from typing import IO
 
 from vllm_xpu_exporter.parsers.workloads import user_suffix
-from vllm_xpu_exporter.runtimes import (CONTAINER_ID, ID, ContainerCgroup, JournalDriver, JournalExitEvent,
-                                        container_name_ok, system_executable, uid_of)
+from vllm_xpu_exporter.runtimes import (CONTAINER_ID, ID, PLAN_LABEL, ContainerCgroup, JournalDriver, JournalExitEvent,
+                                        container_name_ok, plan_bytes, system_executable, uid_of)
 from vllm_xpu_exporter.runtimes.files import json_array_items
 
 KIND = "podman"
@@ -40,6 +46,12 @@ MAX_ENTRY_BYTES = 64 << 10
 MAX_NAMES = 65536
 LISTS = ("containers.json", "volatile-containers.json")
 DRIVER_SUFFIX = "-containers"  # <driver>-containers directories of one storage (overlay, vfs, btrfs, ...)
+K8S_FILE_LOG = "userdata/ctr.log"
+"""A container's k8s-file log (CRI log format, written by conmon) in its `<driver>-containers/<id>` directory."""
+OCI_CONFIG = "userdata/config.json"
+"""The OCI runtime configuration Podman writes for a container (its `process.args`, its `annotations`: those of
+`--annotation`), in its `<driver>-containers/<id>` directory."""
+MAX_OCI_CONFIG_BYTES = 1 << 20  # ~10 KiB; parsed whole
 
 PODMAN_DIRECTORIES = (b"/usr/libexec/podman/", b"/usr/lib/podman/")
 REJECTED_PODMAN_EVENT = "podman_event"
@@ -93,6 +105,23 @@ def podman_names_of_file(stream: IO[bytes], limit: int = MAX_LIST_BYTES,
             if len(names) < MAX_NAMES or container_id in names:
                 names[container_id] = entry_names[0]
     return names
+
+
+def podman_recorded(data: bytes) -> tuple[int | None, tuple[str, ...]]:
+    """From a container's OCI `config.json` (bytes): the planned KV budget (its PLAN_LABEL annotation; None when
+    it has none) and the command its process runs (`process.args`; () when not a list of strings), both as
+    Podman wrote them at the container's creation; (None, ()) for anything that is not such a file."""
+    try:
+        document = json.loads(data)
+    except (ValueError, RecursionError):
+        return None, ()
+    if not isinstance(document, dict):
+        return None, ()
+    annotations, process = document.get("annotations"), document.get("process")
+    plan = plan_bytes(annotations.get(PLAN_LABEL)) if isinstance(annotations, dict) else None
+    args = process.get("args") if isinstance(process, dict) else None
+    command = tuple(args) if isinstance(args, list) and all(isinstance(word, str) for word in args) else ()
+    return plan, command
 
 
 def conmon_uid(uid: bytes | None, comm: bytes | None, exe: bytes | None) -> int | None:

@@ -12,10 +12,7 @@
   and the pod log directories `<namespace>_<pod>_<uid>/<container>/<n>.log` (`POD_DIRECTORY`, `RESTART_LOG`),
   `n` the container's restart count; the kubelet rotates `<n>.log` to `<n>.log.<YYYYmmdd-HHMMSS>` and gzips
   the older rotated files to `.gz` (`rotated_files`).
-- The CRI log format the kubelet's runtimes write (containerd, CRI-O): `<RFC 3339 time> <stream> <tags> <text>`,
-  e.g. `2016-10-06T00:17:09.669794202Z stdout F log line`; the first tag is `F` (the line is whole, or this is
-  its last piece) or `P` (a piece: the line goes on in the stream's next record); more tags, if a runtime ever
-  writes them, follow after `:`. containerd writes UTC (`Z`), CRI-O and conmon the local offset (`+01:00`).
+- The CRI log format the kubelet's runtimes write (containerd, CRI-O): `runtimes.parse_cri_line`.
 """
 
 from __future__ import annotations
@@ -24,8 +21,7 @@ import re
 from collections.abc import Sequence
 
 from vllm_xpu_exporter.parsers.workloads import MAX_NAME_LENGTH
-from vllm_xpu_exporter.runtimes import (CONTAINER_ID, ID, MAX_TEXT_CHARS, ContainerCgroup, LogRecord,
-                                        parse_rfc3339_usec)
+from vllm_xpu_exporter.runtimes import CONTAINER_ID, ID, ContainerCgroup
 from vllm_xpu_exporter.runtimes import docker, podman
 
 KIND = "k8s"
@@ -47,7 +43,6 @@ POD_DIRECTORY = re.compile(r"([^_/]+)_([^_/]+)_([0-9a-f][0-9a-f-]{0,63})")
 """<namespace>_<pod>_<uid>"""
 RESTART_LOG = re.compile(r"(\d{1,9})\.log")
 _ROTATION_STAMP = re.compile(r"\d{8}-\d{6}")
-_STREAMS = {b"stdout": "stdout", b"stderr": "stderr"}
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -100,24 +95,6 @@ def uid_of_link_target(target: str, namespace: str, pod: str, container: str) ->
     if match is None or match.group(1) != namespace or match.group(2) != pod:
         return None
     return match.group(3)
-
-
-def parse_cri_line(line: bytes, max_chars: int = MAX_TEXT_CHARS) -> LogRecord | None:
-    """A record of a CRI log file (one line, without its newline), or None; its text cut at `max_chars`."""
-    parts = line.split(b" ", 3)
-    if len(parts) < 3:
-        return None
-    when, stream, tags = parts[0], parts[1], parts[2]
-    text = parts[3] if len(parts) == 4 else b""
-    realtime = parse_rfc3339_usec(when)
-    stream_name = _STREAMS.get(stream)
-    tag = tags.split(b":", 1)[0]
-    if realtime is None or stream_name is None or tag not in (b"P", b"F"):
-        return None
-    decoded = text[:max_chars * 4].decode("utf-8", "replace")[:max_chars]
-    if tag == b"F":
-        decoded = decoded.rstrip("\r")
-    return LogRecord(realtime, stream_name, decoded, tag == b"P")
 
 
 def rotated_files(live: str, siblings: Sequence[str]) -> list[str]:

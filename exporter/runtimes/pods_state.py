@@ -17,10 +17,10 @@ import os
 from collections.abc import Iterator, Mapping
 
 from vllm_xpu_exporter.runtimes import (NOT_FOUND, ContainerCgroup, ExitWatch, LoggedContainer, LogStream, Names,
-                                        StateFiles)
+                                        StateFiles, parse_cri_line)
 from vllm_xpu_exporter.runtimes.files import MAX_DIRECTORY_ENTRIES, list_directory, siblings
-from vllm_xpu_exporter.runtimes.pods import (LOG_LINK, POD_DIRECTORY, RESTART_LOG, kubernetes_key, parse_cri_line,
-                                             rotated_files, uid_of_link_target)
+from vllm_xpu_exporter.runtimes.pods import (LOG_LINK, POD_DIRECTORY, RESTART_LOG, kubernetes_key, rotated_files,
+                                             uid_of_link_target)
 
 DEFAULT_POD_LOGS = "/var/log/pods"
 DEFAULT_CONTAINER_LOGS = "/var/log/containers"

@@ -1,6 +1,6 @@
-"""Containers' log files as a source of what their engines printed (Docker's `json-file` logs, the CRI log files
-of the kubelet's pods: each runtime's that keeps them, `vllm_xpu_exporter.runtimes`), read-only, caught up then
-followed, as log entries for the same fold.
+"""Containers' log files as a source of what their engines printed (Docker's `json-file` logs, Podman's
+`k8s-file` logs, the CRI log files of the kubelet's pods: each runtime's that keeps them,
+`vllm_xpu_exporter.runtimes`), read-only, caught up then followed, as log entries for the same fold.
 
 Usable alone from a Python shell::
 
@@ -14,9 +14,11 @@ Usable alone from a Python shell::
 Where the files are
     Each container runtime's (`vllm_xpu_exporter.runtimes`: its state module's `log_finder`, for the
     `LogDirectories` keywords it names): Docker's json-file logs in each `docker_roots` root (`--path.docker`),
-    `<root>/containers/<id>/<id>-json.log`, its key `docker/<name>` from `config.v2.json` beside it; the
-    kubelet's CRI files under `pods` (`--path.pods`), `<pods>/<namespace>_<pod>_<uid>/<container>/<n>.log`, one
-    a restart, key `k8s/<namespace>/<pod>/<container>`. Which files are a live file's rotated ones, and how a
+    `<root>/containers/<id>/<id>-json.log`, its key `docker/<name>` from `config.v2.json` beside it; Podman's
+    k8s-file logs in each `podman_storages` storage (`--path.podman`), `<driver>-containers/<id>/userdata/ctr.log`,
+    its key `podman/<name>` from the storage's `containers.json`; the kubelet's CRI files under `pods`
+    (`--path.pods`), `<pods>/<namespace>_<pod>_<uid>/<container>/<n>.log`, one a restart, key
+    `k8s/<namespace>/<pod>/<container>`. Which files are a live file's rotated ones, and how a
     record is parsed, is the runtime's too. A container is watched when the selection's container globs match
     it (`LogSelection.matches_container`: its name, or its key for a glob with `/`).
 
@@ -94,7 +96,8 @@ class ContainerLogError(OSError):
 
 class LogDirectories:
     """Where the container runtimes keep their logs, by the keywords their state modules name (`LOG_LOCATIONS`:
-    `docker_roots`, Docker's data roots; `pods`, the kubelet's pod log directory); none given: nothing is read."""
+    `docker_roots`, Docker's data roots; `podman_storages`, Podman's storages; `pods`, the kubelet's pod log
+    directory); none given: nothing is read."""
 
     def __init__(self, **locations: object) -> None:
         known = {name for runtime in RUNTIMES for name in runtime.state.LOG_LOCATIONS}

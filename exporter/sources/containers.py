@@ -57,6 +57,7 @@ class Workload:
     namespace: str = ""
     pod: str = ""
     pod_uid: str = ""
+    plan_kv_cache_bytes: int | None = None  # the planner's budget in the engine's record of the container (no label)
 
     def labels(self) -> list[str]:
         """The label values of xpu_workload_info, in INFO_LABELS' order."""
@@ -98,7 +99,8 @@ class ContainerNames:
         names = self._names(container, runtime)
         key = names.key and names.key + user_suffix(container.uid)  # a rootless user's: never root's
         return Workload(key or unit, runtime.kind, container.id, names.container, names.compose_project,
-                        names.compose_service, names.namespace, names.pod, container.pod_uid or "")
+                        names.compose_service, names.namespace, names.pod, container.pod_uid or "",
+                        names.plan_kv_cache_bytes if key else None)
 
     def recorded_command(self, container: ContainerCgroup) -> tuple[str, ...]:
         """The command root's engine recorded for `container` when it was created (`Names.command`); () when
