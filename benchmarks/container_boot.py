@@ -101,9 +101,9 @@ def overlapping(spans: dict[str, tuple[float, float]]) -> int:
 
 # How the gate service watches each engine's containers and which log driver they use (the one the service reads)
 WATCH = {
-    "docker": lambda engine: ("json-file", ["--journal.containers", "docker/vllm-*", "--logs.docker",
+    Dockerd.name: lambda engine: ("json-file", ["--journal.containers", "docker/vllm-*", "--logs.docker",
                                             "--path.docker", str(engine.data_root)]),
-    "podman": lambda engine: ("k8s-file", ["--journal.containers", "podman/vllm-*", "--logs.podman",
+    Podman.name: lambda engine: ("k8s-file", ["--journal.containers", "podman/vllm-*", "--logs.podman",
                                            "--path.podman", str(engine.storage)]),
 }
 
@@ -165,7 +165,8 @@ def summary(way: str, boots: Sequence[Boot]) -> str:
             f"{len(served)} all serving, {times}")
 
 
-ENGINE_NAMES = ("docker", "podman")
+ENGINE_CLASSES = {"docker": Dockerd, "podman": Podman}
+ENGINE_NAMES = tuple(ENGINE_CLASSES)
 
 
 def run_engine(engine: Dockerd | Podman, ways: Sequence[str], boots: int, base: Path, driver: Path) -> bool:
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(temporary)
         driver = build_fake_driver(base)
         for name in engines:
-            with (Dockerd(base / "dockerd") if name == "docker" else Podman(base / "podman")) as engine:
+            with ENGINE_CLASSES[name](base / name) as engine:
                 held = run_engine(engine, ways, args.boots, base, driver) and held
     return 0 if held else 1
 
