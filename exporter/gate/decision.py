@@ -27,6 +27,7 @@ from vllm_xpu_exporter.fold.engine_starts import UnitView
 from vllm_xpu_exporter.fold.start import Start
 from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.parsers.workloads import uid_of_identity
+from vllm_xpu_exporter.runtimes import plan_bytes
 
 if TYPE_CHECKING:
     from vllm_xpu_exporter.sources.levelzero.worker import DeviceMemory
@@ -137,9 +138,7 @@ def recorded_figures(command: Sequence[str]) -> tuple[float | None, int | None]:
         ratio = None
     if ratio is not None and not 0.0 < ratio <= 1.0:
         ratio = None
-    budget = int(budget_text) if budget_text is not None and budget_text.isdecimal() and len(budget_text) <= 20 \
-        else None
-    return ratio, budget
+    return ratio, plan_bytes(budget_text)
 
 
 def container_waiting_invocation(run: ContainerRun, view: UnitView | None) -> str:
