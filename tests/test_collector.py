@@ -206,6 +206,12 @@ def module_imports() -> dict[str, set[str]]:
             for name, imported in modules.items()}
 
 
+@pytest.fixture(scope="module")
+def package_imports() -> dict[str, set[str]]:
+    """module_imports() parsed once for the tests that only read it."""
+    return module_imports()
+
+
 def import_cycles(imports: dict[str, set[str]]) -> list[list[str]]:
     """The circles of `imports`: its strongly connected components of more than one module (Tarjan's),
     each sorted, so that a failure names every module of a circle, not one path through it."""
@@ -242,8 +248,8 @@ def test_the_cycle_finder_names_every_module_of_a_circle():
     assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_collector_imports_another_and_no_module_imports_in_a_cycle():
-    imports = module_imports()
+def test_no_collector_imports_another_and_no_module_imports_in_a_cycle(package_imports: dict[str, set[str]]):
+    imports = package_imports
     for name, imported in imports.items():
         if name.startswith("vllm_xpu_exporter.collectors."):
             assert not {other for other in imported if other.startswith("vllm_xpu_exporter.collectors")}, name
@@ -312,19 +318,20 @@ def test_the_layer_check_finds_an_upward_import_and_a_module_of_no_layer():
         "vllm_xpu_exporter.newmodule has no layer"]
 
 
-def test_every_module_has_a_layer_and_imports_only_from_it_and_the_layers_below():
+def test_every_module_has_a_layer_and_imports_only_from_it_and_the_layers_below(
+        package_imports: dict[str, set[str]]):
     """The shared leaves, then the parsers, the fold, the log sources' shared package, the sources, the readings
     reasoned over (attribution, the memory rules, the plans, right-sizing, discovery), the collectors and the
     scrape, then the programs (the command line, the web layer, the gate, the planner): never upwards (the fold
     reads the gate's lines through their parser, parsers/gate.py, not through the gate's package), and no module
     outside the layers."""
-    assert upward_imports(module_imports()) == []
+    assert upward_imports(package_imports) == []
 
 
-def test_the_log_sources_share_only_the_neutral_log_package():
+def test_the_log_sources_share_only_the_neutral_log_package(package_imports: dict[str, set[str]]):
     """The journal and the containers' log files both import sources/logs/ (the entries, the selection, the
     follower); it imports neither, and neither imports the other."""
-    imports = module_imports()
+    imports = package_imports
     journal = {name for name in imports if name.startswith("vllm_xpu_exporter.sources.journal")}
     container_logs = {"vllm_xpu_exporter.sources.containerlogs"}
     neutral = {name for name in imports if name.startswith("vllm_xpu_exporter.sources.logs")}
