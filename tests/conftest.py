@@ -22,6 +22,7 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids cgroups
     memorylimit  a memory cgroup for a process; seccompprobe: a seccomp profile applied, what it still allows
     privsepprobe what code in a service's sandbox can read of a root process, with or without the separation
+    gateproc     the gate as a process (GateRun: its stderr read as it runs, its decision)
     gateattacks  the flood and the squatter against the gate service, a gated boot under them (real systemd)
     noskip       the hooks that fail a skipped test; fastpure: those that fail a `fast` test that is not pure
     hostguard    fails a test that changes the host's /etc/systemd/system; testorder: --test-order

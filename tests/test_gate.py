@@ -20,7 +20,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from vllm_xpu_exporter.sources.logs.entry import LogSelection
 from vllm_xpu_exporter.parsers.gate import GateDecision
 from exporterproc import RunningExporter
 from gateattacks import FLOOD
+from gateproc import GATE, GateRun
 from polling import wait_for
 from scrapes import sample
 from fakeprocfs import FakeProcfs, xe_fdinfo
@@ -101,53 +101,9 @@ def killed(unit: str, clock: Clock, invocation: str) -> list[JournalEntrySpec]:
 
 # --- the service and its clients as processes ------------------------------------------------------
 
-GATE = [sys.executable, "-m", "vllm_xpu_exporter.gate"]
 # The client's shell waits for this file before it execs the client (same pid): the test puts the pid in
 # its unit (the fake procfs's cgroup file) first, so the service never reads the cgroup of a pid not set.
 WAIT_FOR_GO = 'while [ ! -e "$0" ]; do sleep 0.01; done; exec "$@"'
-
-
-@dataclass
-class GateRun:
-    unit: str
-    process: subprocess.Popen[bytes]
-    began: float = field(default_factory=time.monotonic)
-    lines: list[str] = field(default_factory=list)
-    ended: float | None = None
-
-    def __post_init__(self) -> None:
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.process.stderr is not None
-        for raw in self.process.stderr:
-            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-        self.process.wait()
-        self.ended = time.monotonic()
-
-    def wait(self, timeout: float = 30) -> int:
-        code = self.process.wait(timeout)
-        self._reader.join(5)
-        return code
-
-    @property
-    def running(self) -> bool:
-        return self.process.poll() is None
-
-    @property
-    def decision(self) -> GateDecision | None:
-        decisions = [parsed for line in self.lines if (parsed := gate_lines.parse_line(line)) is not None]
-        assert len(decisions) <= 1, self.lines
-        return decisions[0] if decisions else None
-
-    def saw(self, text: str) -> bool:
-        return any(text in line for line in self.lines)
-
-    def stop(self) -> None:
-        if self.running:
-            self.process.kill()
-        self.wait()
 
 
 @dataclass

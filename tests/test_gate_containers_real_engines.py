@@ -29,7 +29,7 @@ from journalgen import write_journal
 from polling import wait_for
 from realsystemd import RealSystemd
 from test_containers_real_engines import ROOTLESS_UID, inside, rootless_podman  # noqa: F401 (the fixture)
-from test_gate import GATE, GateRun
+from gateproc import GATE, GateRun
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, engine_command, read_events
 
 REPO = Path(__file__).resolve().parents[1]
