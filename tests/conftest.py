@@ -30,8 +30,9 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
 The `fast` marker (pyproject.toml) marks the pure core: tests that run in-process over pure functions and
 tables, with no subprocess, no real systemd, no network and no compiled fake driver (`pytest -m fast`, about
 10 s). Whole modules carry it as `pytestmark`, tests of mixed modules one by one; the fuzzers (test_fuzz.py,
-the random families of test_http_exposition.py) are as pure but long property runs, and stay out. A `fast` test
-that starts a process or connects or binds a socket fails (tests/fastpure.py), so the mark stays true.
+the random families of test_http_exposition.py, the random layouts of test_parsers_fdinfo_layout.py) are as
+pure but long property runs, and stay out. A `fast` test that starts a process or connects or binds a socket
+fails (tests/fastpure.py), so the mark stays true.
 """
 
 from __future__ import annotations
