@@ -18,8 +18,8 @@ The ways:
 * `gated`: each container's entrypoint is the gate's container client (the package bound in read-only, the
   service's socket bound in), then its engine; the service on the host reads the containers' logs
   (--logs.docker, --logs.podman) for their inits' ends;
-* `planned`: each engine with the budget of the plan (`--kv-cache-memory-bytes`, tests/test_gate_real_systemd.py's
-  PLANNED: chat one full-length request, the small ones a few hundred MiB), no gate;
+* `planned`: each engine with the budget of the plan (`--kv-cache-memory-bytes`, tests/bootrace.py's PLANNED:
+  chat one full-length request, the small ones a few hundred MiB), no gate;
 * `planned-gated`: both; the service admits each by the budget in the command its engine recorded.
 
 Per boot: init failures (an engine's `failed` event; containers are not restarted), overlapping inits (two
@@ -46,13 +46,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from bootrace import IDLE_RESERVED  # noqa: E402
+from bootrace import IDLE_RESERVED, PLANNED  # noqa: E402
 from containerengines import Dockerd, Podman, engine_image  # noqa: E402
 from fakeze import SharedDevice, build_fake_driver, fake_driver_env  # noqa: E402
 from journalgen import write_journal  # noqa: E402
 from polling import wait_for  # noqa: E402
-from test_gate import GATE  # noqa: E402
-from test_gate_real_systemd import PLANNED  # noqa: E402
+from gateproc import GATE  # noqa: E402
 from vllmunit import CHAT, EMBEDDING, SIXTEEN_GIB_GPU, STT, engine_command, read_events  # noqa: E402
 
 WAYS = ("ungated", "gated", "planned", "planned-gated")

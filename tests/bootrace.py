@@ -14,6 +14,7 @@ seeing the fake GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import sys
 import time
@@ -38,6 +39,18 @@ SETTLE_TIMEOUT = 45.0
 # In use on the idle GPU (the driver's own): a real GPU never reports free == total to root, and the
 # gate takes free == total for untrusted accounting (and releases at once).
 IDLE_RESERVED = 256 * 1024 * 1024
+
+
+def budgeted(engine: Engine, budget: int) -> Engine:
+    """The engine with --kv-cache-memory-bytes `budget` (its R unchanged: its footprint stays below R x total)."""
+    return dataclasses.replace(engine, kv_cache_memory_bytes=budget)
+
+
+# Each unit's KV budget: chat's one request of its full 131072 tokens, the small units' a few hundred MiB
+# (their footprints, 11.75, 0.73 and 0.97 GiB, fit the 16 GiB GPU together).
+PLANNED = {"vllm-xpu-chat.service": budgeted(CHAT, 131072 * 26624),
+           "vllm-xpu-embedding.service": budgeted(EMBEDDING, 512 * 1024 * 1024),
+           "vllm-xpu-stt.service": budgeted(STT, 300 * 1024 * 1024)}
 
 
 def gate_command(*, timeout: str = "60s", extra: Sequence[str] = ()) -> str:

@@ -1,5 +1,10 @@
 """Fixtures shared across test modules.
 
+Test files sit in folders by area (real_systemd/ for the slow tier that boots a real systemd, gate/, planner/,
+parsers/, fold/, collectors/, sources/, runtimes/, http/, cli/, deploy/, rules/, docs/, harness/ for these
+helpers' own tests); docs/development/architecture.md, "Modules and their tests", says which name goes where,
+and tests/docs/test_architecture_map.py fails a test file in another folder.
+
 Plain helpers live in modules beside this file, imported by name (``from polling import wait_for``):
 pytest puts this directory on sys.path, and scripts and benchmarks do the same. Each exists once:
     polling      wait_for
@@ -22,6 +27,7 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     promql, promstack, taskslimit: rules and dashboard, Prometheus and Alertmanager, pids cgroups
     memorylimit  a memory cgroup for a process; seccompprobe: a seccomp profile applied, what it still allows
     privsepprobe what code in a service's sandbox can read of a root process, with or without the separation
+    gateproc     the gate as a process (GateRun: its stderr read as it runs, its decision)
     gateattacks  the flood and the squatter against the gate service, a gated boot under them (real systemd)
     noskip       the hooks that fail a skipped test; fastpure: those that fail a `fast` test that is not pure
     hostguard    fails a test that changes the host's /etc/systemd/system; testorder: --test-order
@@ -29,14 +35,16 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
 The `fast` marker (pyproject.toml) marks the pure core: tests that run in-process over pure functions and
 tables, with no subprocess, no real systemd, no network and no compiled fake driver (`pytest -m fast`, about
 10 s). Whole modules carry it as `pytestmark`, tests of mixed modules one by one; the fuzzers (test_fuzz.py,
-the random families of test_http_exposition.py) are as pure but long property runs, and stay out. A `fast` test
-that starts a process or connects or binds a socket fails (tests/fastpure.py), so the mark stays true.
+the random families of test_http_exposition.py, the random layouts of test_parsers_fdinfo_layout.py) are as
+pure but long property runs, and stay out. A `fast` test that starts a process or connects or binds a socket
+fails (tests/fastpure.py), so the mark stays true.
 """
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,6 +66,12 @@ from testorder import (add_options as add_test_order_options, pytest_collection_
 from vllmlogs import BootRace, boot_race as make_boot_race, journal_specs
 
 from vllm_xpu_exporter.sources.levelzero import worker as levelzero_worker
+
+# pytest puts this directory on sys.path (the helpers) and each test file's folder as it imports that file; every
+# folder of test files goes there now, so that a test module imports another by name (`from test_gate import
+# Host`) from any folder, alone or in a run that has not reached that folder yet.
+sys.path.extend(str(folder) for folder in sorted(Path(__file__).resolve().parent.iterdir())
+                if folder.is_dir() and any(folder.glob("test_*.py")) and str(folder) not in sys.path)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

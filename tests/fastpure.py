@@ -1,6 +1,6 @@
 """A test marked `fast` (the pure core: pyproject.toml's markers) that starts a process or connects or binds a
 socket fails, naming what it did: the mark stays true as tests change. conftest.py takes these hooks;
-`pytest -p fastpure` loads them anywhere else (tests/test_fastpure.py).
+`pytest -p fastpure` loads them anywhere else (tests/harness/test_fastpure.py).
 
 What is watched, in setup, call and teardown of a fast test (but the last test's teardown, where the session's
 fixtures end too): subprocess.Popen, os.fork, os.posix_spawn(p),

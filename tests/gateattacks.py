@@ -10,7 +10,7 @@ starts back, and a boot of the seed host's three gated units under them.
                            process asks for a turn again and again
     attacked_boot(...)     the three gated units started together under the flood, the squatter or both
 
-Used by tests/test_gate_attacks_real_systemd.py and benchmarks/attacked_boot.py.
+Used by tests/real_systemd/test_gate_attacks_real_systemd.py and benchmarks/attacked_boot.py.
 """
 
 from __future__ import annotations

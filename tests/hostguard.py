@@ -14,16 +14,26 @@ HOST_UNITS = Path("/etc/systemd/system")
 
 
 def snapshot(root: Path = HOST_UNITS) -> dict[str, tuple[int, int, int]]:
-    """Every path below `root` (links not followed) with its mode, size and modification time."""
+    """Every path below `root` (links not followed) with its mode, size and modification time. Taken twice per
+    test, so one directory read per directory and one lstat per entry, nothing more."""
     found = {}
-    for directory, names, files in os.walk(root):
-        for name in [*names, *files]:
-            path = os.path.join(directory, name)
-            try:
-                status = os.lstat(path)
-            except FileNotFoundError:
-                continue
-            found[os.path.relpath(path, root)] = (status.st_mode, status.st_size, status.st_mtime_ns)
+    pending = [("", str(root))]
+    while pending:
+        prefix, directory = pending.pop()
+        try:
+            entries = os.scandir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        with entries:
+            for entry in entries:
+                try:
+                    status = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                path = prefix + entry.name
+                found[path] = (status.st_mode, status.st_size, status.st_mtime_ns)
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((f"{path}/", entry.path))
     return found
 
 

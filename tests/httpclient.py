@@ -1,6 +1,6 @@
 """HTTP(S) requests the way a scraper makes them, for the tests of the web layer and its security:
 one request, TLS client contexts, basic-auth headers, and curl; and clients that send huge headers
-(tests/test_security.py and benchmarks/hostile_bench.py)."""
+(tests/http/test_security.py and benchmarks/hostile_bench.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The right-sizing tests' host: chat and embedding, each with one vLLM 0.24 start, in a journal on a 16 GiB GPU;
-the units' views from it; vllm-xpu-plan run on such a journal (tests/test_planner_rightsizing.py,
-tests/test_sources_prometheus.py)."""
+the units' views from it; vllm-xpu-plan run on such a journal (tests/planner/test_planner_rightsizing.py,
+tests/sources/test_sources_prometheus.py)."""
 
 from __future__ import annotations
 

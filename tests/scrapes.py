@@ -36,8 +36,8 @@ _BUILD_LABELS = re.compile(r'(?<=[{,])(revision|pythonversion)="[^"]*"')
 def golden_text(text: str) -> str:
     """A scrape's text as the golden files under tests/golden/ hold it: what varies from run to run goes.
     The samples of xpu_exporter_collector_duration_seconds are pinned to 0.0; client_python's process_* and
-    python_* families are dropped (they vary by run and by Python; tests/test_exporter_self_metrics.py checks
+    python_* families are dropped (they vary by run and by Python; tests/collectors/test_exporter_self_metrics.py checks
     them); xpu_exporter_build_info's revision and Python version are written REVISION and PYTHON
-    (tests/test_buildinfo.py checks them)."""
+    (tests/cli/test_buildinfo.py checks them)."""
     text = _BUILD_LABELS.sub(lambda match: f'{match.group(1)}="{_BUILD_PLACEHOLDERS[match.group(1)]}"', text)
     return _DURATION_SAMPLE.sub(r"\1 0.0", _PROCESS_AND_PYTHON_LINE.sub("", text))

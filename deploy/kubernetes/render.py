@@ -20,7 +20,7 @@ generator can put a file into a custom resource's spec. This script writes:
   serves it at /runbook, into ../prometheus/consoles/ (Compose's Prometheus) and prometheus-runbook/ (a
   ConfigMap for the cluster's Prometheus, docs/alerts-and-dashboard.md).
 
-tests/test_kubernetes.py checks that both are what this writes and that the PrometheusRule's groups are the
+tests/deploy/test_kubernetes.py checks that both are what this writes and that the PrometheusRule's groups are the
 rules file's. Needs Python 3 only.
 """
 

@@ -10,10 +10,10 @@ with names escaped with underscores or left as they are (what Prometheus asks fo
 the encoders here instead, which write the same bytes for every family whose metric, sample and label
 names need no escaping and whose samples carry no timestamp, exemplar or native histogram (every family
 the exporter serves). Any other family is written by prometheus_client's own encoder, family by family,
-so the output is always byte for byte prometheus_client's (tests/test_http_exposition.py compares them).
+so the output is always byte for byte prometheus_client's (tests/http/test_http_exposition.py compares them).
 
 Of prometheus_client only names that every release from the declared floor on has alike are used
-(tests/test_floors.py runs the fast tier at the floors): its two `generate_latest`, `choose_encoder` and
+(tests/deploy/test_floors.py runs the fast tier at the floors): its two `generate_latest`, `choose_encoder` and
 the content type it answers with (what the scrape's client reads too), the families' classes and
 `floatToGoString`, which its encoders write floats with. Never the shape of the encoder `choose_encoder`
 returns or the constants of its escaping schemes, which came and moved between releases (with 0.17 to

@@ -1,4 +1,4 @@
-// Validates Prometheus Operator objects with @kubernetes-models/prometheus-operator (tests/test_kubernetes.py).
+// Validates Prometheus Operator objects with @kubernetes-models/prometheus-operator (tests/deploy/test_kubernetes.py).
 //
 // stdin: a JSON list of objects (ServiceMonitor and PrometheusRule, monitoring.coreos.com/v1).
 // stdout: a JSON list, one entry per object in the same order: {"kind", "name", "errors": [...]}, each error

@@ -2,7 +2,7 @@
 
 The ctypes Structures mirror the headers of Debian 12's libze-dev 1.8.12 (spec 1.4,
 ``/usr/include/level_zero``) field by field;
-``tests/test_sources_levelzero_binding_layout.py`` compiles against those headers and fails on any drift. :class:`LoaderLibrary` has one thin method
+``tests/sources/test_sources_levelzero_binding_layout.py`` compiles against those headers and fails on any drift. :class:`LoaderLibrary` has one thin method
 per C entry point, named after it, and turns every result other than ZE_RESULT_SUCCESS
 into :class:`LevelZeroError`. :class:`LevelZero` and :class:`Device` are the public
 entry points::

@@ -37,7 +37,7 @@ Value = TypeVar("Value")
 
 def to_wire(value: Any) -> dict[str, Any]:
     """`dataclasses.asdict` of the binding's readings, which are flat (no dataclass, list or dict in a
-    field: tests/test_sources_levelzero_worker.py checks every one), for a fraction of its cost: asdict
+    field: tests/sources/test_sources_levelzero_worker.py checks every one), for a fraction of its cost: asdict
     copies every field recursively, which was three quarters of the child's time per scrape."""
     return dict(vars(value))
 
