@@ -289,7 +289,7 @@ def test_bad_flags_exit_2_with_one_prefixed_line(argv: list[str], capsys: pytest
 def test_an_unknown_command_or_none_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["release"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "vllm-xpu-gate: error: unknown command 'release' (want one of: serve, wait)"]
+        "vllm-xpu-gate: error: unknown command 'release' (want one of: serve, wait, wake)"]
     assert main([]) == 2
 
 
