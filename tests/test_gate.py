@@ -208,15 +208,15 @@ class Host:
             self.service.wait()
 
     def start(self, unit: str | None, *args: str, service_timeout: str = "10s", legacy: str | None = None,
-              cgroup: str | None = None) -> GateRun:
+              cgroup: str | None = None, command: str = "wait") -> GateRun:
         """A client in `unit` (None: in no unit's cgroup, a login session's) or in `cgroup` (a container's, with
         `unit` its name in the test); `legacy`: run as the 0.2 drop-in's line ran it, `vllm-xpu-gate --unit
-        <legacy> ...`."""
+        <legacy> ...`; `command`: the client's, `wait` or `wake`."""
         if self.service is None:
             self.serve()
         self.next_pid += 1
         go = self.tmp / f"go-{self.next_pid}"
-        form = ["--unit", legacy] if legacy is not None else ["wait"]
+        form = ["--unit", legacy] if legacy is not None else [command]
         command = ["sh", "-c", WAIT_FOR_GO, str(go), *GATE, *form, "--socket", str(self.socket),
                    "--service-timeout", service_timeout, *args]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

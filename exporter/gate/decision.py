@@ -55,7 +55,9 @@ class Lease:
     absolute_budget: bool  # the start runs with --kv-cache-memory-bytes
     invocation_id: str = ""  # the released start's, when the journal had shown it ("Starting") by then
     timed_out: bool = False  # released when its wait ran out: other timed-out starts wait for it still
-    wake: bool = False  # a wake's lease (needed_bytes: what it takes back), held until the engine says it woke
+    # a wake's lease (needed_bytes: what it takes back; invocation_id: `asleep_invocation`'s key of the sleep),
+    # held until the engine says it woke
+    wake: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,14 +120,18 @@ def _wake_over(lease: Lease, view: UnitView | None, now_usec: int, cgroup_popula
                empty_since_usec: int | None) -> str | None:
     """A wake's lease ends when the engine prints its wake's end, when its start ends (a failed wake kills the
     engine), or when the unit's cgroup stays empty for CGROUP_GRACE_USEC."""
+    invocation, _, slept = lease.invocation_id.partition(SLEPT_AT)
     current = view.current if view is not None else None
-    if current is None or current.invocation_id != lease.invocation_id or current.process_gone:
+    if current is None or current.invocation_id != invocation or current.process_gone:
         return "its engine ended"
-    if current.woke_usec is not None and current.woke_usec >= lease.granted_usec:
+    if current.woke_usec is not None and slept.isdigit() and current.woke_usec > int(slept):
         return "its wake ended"
     if cgroup_populated is False and now_usec - max(lease.granted_usec, empty_since_usec or 0) >= CGROUP_GRACE_USEC:
         return "its unit has no process"
     return None
+
+
+SLEPT_AT = "#slept@"
 
 
 def asleep_invocation(view: UnitView | None) -> str:
@@ -134,7 +140,7 @@ def asleep_invocation(view: UnitView | None) -> str:
     current = view.current if view is not None else None
     if current is None or current.outcome is None or current.asleep_bytes is None or not current.invocation_id:
         return ""
-    return f"{current.invocation_id}#slept@{current.slept_usec}"
+    return f"{current.invocation_id}{SLEPT_AT}{current.slept_usec}"
 
 
 @dataclass(frozen=True)

@@ -801,6 +801,8 @@ class Service:
                                         f"(only a systemd unit's)", EXIT_USAGE))
             return EXIT_USAGE
         wake = asleep_invocation(own)
+        if not wake and self.clock() < waiter.began + JOURNAL_LAG_S:
+            return None  # its sleep's line may not have been read yet
         if not wake:
             return self._release(waiter, None, f"the journal shows no sleeping engine of {waiter.unit}: released "
                                                f"without a lease (it holds nobody back)")
@@ -813,14 +815,14 @@ class Service:
         if unchecked is not None:
             waiter.say_once(f"{gate_lines.PREFIX}memory unchecked: {unchecked}; one init or wake at a time")
         if decision.release:
-            granted = self._grant(waiter, device, None, None, reading, own.current.invocation_id, wake=(wake, takes_back))
+            granted = self._grant(waiter, device, None, None, reading, wake, wake_bytes=takes_back)
             return self._release(waiter, decision, None if granted else f"this sleep of {waiter.unit} had its wake's "
                                                                         f"lease already: none again", unchecked)
         for reason in decision.waiting_for:
             waiter.waited_for.setdefault(reason, None)
         if self.clock() >= waiter.deadline:
             if waiter.request.start_on_timeout:
-                self._grant(waiter, device, None, None, reading, own.current.invocation_id, True, (wake, takes_back))
+                self._grant(waiter, device, None, None, reading, wake, True, takes_back)
             return self._time_out(waiter, decision)
         return self._tell_waiting(waiter, decision)
 
@@ -895,24 +897,21 @@ class Service:
 
     def _grant(self, waiter: Waiter, device: str, ratio: float | None, budget: int | None,
                reading: DeviceMemory | None, invocation_id: str, timed_out: bool = False,
-               wake: tuple[str, int] | None = None) -> bool:
+               wake_bytes: int | None = None) -> bool:
         """Lease the device to the waiter's start: only a start the journal shows waiting at its gate
-        (`invocation_id`), and only once per start, never renewed; or to its wake (`wake`: the sleep's key,
-        `asleep_invocation`, and what the wake takes back), once per sleep. Whether it leased."""
-        key = wake[0] if wake is not None else invocation_id
-        if not invocation_id or not key or key in self.leased_invocations:
+        (`invocation_id`), and only once per start, never renewed; or, with `wake_bytes` (what it takes back), to
+        its wake (`invocation_id`: the sleep's key, `asleep_invocation`), once per sleep. Whether it leased."""
+        if not invocation_id or invocation_id in self.leased_invocations:
             return False
         now = time.time_ns() // 1000
-        needed = None
-        if wake is not None:
-            needed = wake[1]
-        elif reading is not None and reading.total is not None and ratio is not None:
+        needed = wake_bytes
+        if reading is not None and reading.total is not None and ratio is not None:
             needed = memory_rules.requested_bytes(reading.total, ratio)
         self.leases[(device, waiter.unit)] = Lease(device, waiter.unit, waiter.cgroup_path, now,
                                                    now + round(self.options.lease_timeout * 1e6),
-                                                   needed, budget is not None or wake is not None, invocation_id,
-                                                   timed_out, wake is not None)
-        self.leased_invocations[key] = None
+                                                   needed, budget is not None or wake_bytes is not None,
+                                                   invocation_id, timed_out, wake_bytes is not None)
+        self.leased_invocations[invocation_id] = None
         while len(self.leased_invocations) > REMEMBERED_LEASED_INVOCATIONS:
             del self.leased_invocations[next(iter(self.leased_invocations))]
         self._save_leases()
