@@ -6,7 +6,9 @@ journal files, the clients asking over its socket (tests/test_gate.py's `Host`).
 from __future__ import annotations
 
 import json
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -15,7 +17,8 @@ from vllm_xpu_exporter.gate.decision import Admission, Lease, asleep_invocation,
 from vllm_xpu_exporter.gate.service import parse_saved_leases
 from vllm_xpu_exporter.parsers import gate as gate_lines
 from fakeze import GiB
-from journalgen import Clock, current_boot_id, new_invocation_id, unit_output, unit_process_exited, unit_starting, unit_stopped
+from journalgen import (Clock, current_boot_id, new_invocation_id, unit_output, unit_process_exited, unit_starting,
+                        unit_stopped)
 from polling import wait_for
 from test_gate import (CHAT, CORE, DEVICE, EMBEDDING, STT, Host, host, init_completed, main_started,  # noqa: F401
                        needed, views_of)
@@ -120,6 +123,38 @@ def test_a_sleeping_unit_counts_at_its_awake_footprint_in_a_starts_memory(host: 
     assert code == 1 and start.decision.timed_out, start.lines
     assert start.decision.waited_for == (gate_lines.MEMORY,), start.lines
     assert start.decision.needed_bytes == needed(0.15) + FREED_BYTES, start.lines
+
+
+class _Engine(BaseHTTPRequestHandler):
+    """vLLM's server as far as a wake goes: POST /wake_up answered with `status`."""
+
+    status = 200
+    asked: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        type(self).asked.append(self.path)
+        self.send_response(self.status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("status, exit_code", [(200, 0), (500, 1)])
+def test_wake_with_url_posts_wake_up_once_admitted_and_exits_with_vllms_answer(host: Host, status: int,
+                                                                            exit_code: int) -> None:
+    handler = type("Engine", (_Engine,), {"status": status, "asked": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        asleep(host, CHAT, 100)
+        code, wake = host.run(CHAT, "--url", f"http://127.0.0.1:{server.server_port}/", command="wake")
+    finally:
+        server.shutdown()
+    assert code == exit_code and handler.asked == ["/wake_up"], wake.lines
+    assert wake.decision is not None and not wake.decision.timed_out, wake.lines
+    assert wake.saw("answered HTTP 500") == (status == 500), wake.lines
 
 
 # --- pure parts ----------------------------------------------------------------------------------------------

@@ -351,8 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(f"usage: {PROG} {{serve,wait,wake}} [flags]\n\n  serve  the gate service (its own unit)\n"
               f"  wait   the client, a vLLM unit's ExecStartPre=\n"
-              f"  wake   the client of a sleeping engine's wake, in its unit (ExecReload=)\n\n`{PROG} COMMAND --help` lists each one's flags "
-              f"(docs/gate.md).")
+              f"  wake   the client of a sleeping engine's wake, in its unit (ExecReload=)\n\n"
+              f"`{PROG} COMMAND --help` lists each one's flags (docs/gate.md).")
         return 0 if argv else EXIT_USAGE
     command, rest = argv[0], argv[1:]
     if command == "serve":
