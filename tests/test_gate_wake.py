@@ -203,6 +203,18 @@ def test_a_wake_needs_what_its_sleep_freed_and_every_other_sleeping_units_wake_b
 
 
 @pytest.mark.fast
+def test_a_sleeping_unit_counts_at_most_its_own_share_whatever_its_sleep_line_says_it_freed() -> None:
+    """vLLM's "freed" is the device's free memory after less before: another engine's memory freed meanwhile
+    (two units sleeping together) counts in it. STT (R 0.07) says it freed 11.62 GiB: it counts ceil(0.07 x total)."""
+    views = views_of(_entries(STT, sleep=True, ratio=0.07))
+
+    class Reading:
+        total, free = 16 * GiB, 14 * GiB
+    decision = decide(Admission(CHAT, DEVICE, 0.75, False), views, [], None, Reading)
+    assert decision.needed_bytes == needed(0.75) + needed(0.07) and decision.release
+
+
+@pytest.mark.fast
 def test_a_lease_file_of_a_service_that_knew_no_wake_is_read() -> None:
     lease = {"device": DEVICE, "unit": CHAT, "cgroup_path": "/system.slice/x", "granted_usec": 1, "expires_usec": 2,
              "needed_bytes": None, "absolute_budget": False, "invocation_id": "i", "timed_out": False}
@@ -210,11 +222,12 @@ def test_a_lease_file_of_a_service_that_knew_no_wake_is_read() -> None:
     assert leases == [Lease(**lease)] and not leases[0].wake
 
 
-def _entries(unit: str, *, sleep: bool, woke: bool = False, pid: int = 100, invocation: str | None = None):
+def _entries(unit: str, *, sleep: bool, woke: bool = False, pid: int = 100, invocation: str | None = None,
+             ratio: float = 0.75):
     clock = Clock(current_boot_id(), realtime_usec=1_800_000_000_000_000)
     invocation = invocation or new_invocation_id()
     entries = [unit_starting(unit, clock.tick(), invocation_id=invocation),
-               *main_started(unit, clock, invocation, pid, 0.75), *init_completed(unit, clock, invocation, pid)]
+               *main_started(unit, clock, invocation, pid, ratio), *init_completed(unit, clock, invocation, pid)]
     core = CORE.format(pid=pid + 1)
     if sleep:
         entries.append(unit_output(unit, core + FREED, clock.tick(), pid=pid, invocation_id=invocation))

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bootrace import GATE_SOCKET, RACE_UNITS, gate_command, gated, idle_gpu, packaged_drop_in, packaged_gate
 from polling import wait_for
-from realsystemd import RealSystemd, path_inside
+from realsystemd import RealSystemd, journal_field, path_inside
 from vllmunit import read_events, unit_file
 
 TIME_SCALE = 0.05  # real seconds per replayed second: chat's init takes ~2.3 s
@@ -123,6 +123,13 @@ class _Sequencer:
         return SERVING if self._until_event(unit, index, {"woke", "wake_failed"}) == "woke" else STOPPED
 
 
+def last_lines(machine: RealSystemd, count: int = 8) -> dict[str, list[str]]:
+    """Each unit's last lines in the journal (the gate's and the engine's), for a failure's message."""
+    machine.sync_journal()
+    return {unit: [str(journal_field(entry, "MESSAGE"))[:200] for entry in machine.journal(unit)[-count:]]
+            for unit in RACE_UNITS}
+
+
 def run_sequences(shared: Path, *, seed: int, count: int, gate_driver: Path | None = None,
                   gate_wakes: bool = True) -> SequencesOutcome:
     """`count` sequences on one boot; gated when `gate_driver` (the fake driver, a copy in `shared`) is given: the
@@ -159,7 +166,8 @@ def run_sequences(shared: Path, *, seed: int, count: int, gate_driver: Path | No
                 thread.join()
             errors = {unit: result for unit, result in results.items() if isinstance(result, BaseException)}
             if errors:
-                raise RuntimeError(f"seed {seed}, sequence {len(outcome.sequences)} {operations}: {errors}")
+                raise RuntimeError(f"seed {seed}, sequence {len(outcome.sequences)} {operations}: {errors}; the "
+                                   f"units' last lines: {last_lines(machine)}")
             states.update(results)
             outcome.sequences.append(operations)
             outcome.failures_by_sequence.append(

@@ -207,7 +207,7 @@ def decide(admission: Admission, views: Sequence[UnitView], leases: Iterable[Lea
         needed = admission.takes_back
     if needed is not None:
         needed += sum(_asleep(views, lambda other: may_hold_back(other) and on_device(other),
-                              {name for name, lease in held.items() if lease.wake}).values())
+                              {name for name, lease in held.items() if lease.wake}, total).values())
     if needed is not None and free is not None and admission.absolute_budget and holders:
         yet_to_take = _yet_to_take(holders, held, views_by_unit, total, taken or {})
         if yet_to_take is not None:
@@ -216,11 +216,26 @@ def decide(admission: Admission, views: Sequence[UnitView], leases: Iterable[Lea
     return Decision(tuple(holders), needed is not None and free is not None and free < needed, free, needed)
 
 
-def _asleep(views: Sequence[UnitView], counts: Callable[[str], bool], waking: set[str]) -> dict[str, int]:
-    """What each sleeping unit that `counts` takes back when it wakes: it counts at its awake footprint. A unit
-    that holds a wake's lease is left out: its lease holds the others back (by the plan, its bytes count)."""
-    return {view.unit: view.current.asleep_bytes for view in views
-            if view.current is not None and view.current.asleep_bytes and view.unit not in waking and counts(view.unit)}
+def wake_bytes(view: UnitView | None, total: int | None) -> int | None:
+    """What the unit's wake takes back while it sleeps: what its sleep line says it freed, at most its own
+    ceil(R x total) (vLLM measures the freed memory as the device's free memory after less before, so another
+    engine's memory freed meanwhile counts in it; and a unit's line can claim no more than its own share). None
+    when it is not asleep."""
+    current = view.current if view is not None else None
+    freed = current.asleep_bytes if current is not None else None
+    if freed is None:
+        return None
+    ratio = view.gpu_memory_utilization
+    return min(freed, memory_rules.requested_bytes(total, ratio)) if ratio and total else freed
+
+
+def _asleep(views: Sequence[UnitView], counts: Callable[[str], bool], waking: set[str],
+            total: int | None) -> dict[str, int]:
+    """What each sleeping unit that `counts` takes back when it wakes (`wake_bytes`): it counts at its awake
+    footprint. A unit that holds a wake's lease is left out: its lease holds the others back (by the plan, its
+    bytes count)."""
+    return {view.unit: taken for view in views
+            if view.unit not in waking and counts(view.unit) and (taken := wake_bytes(view, total))}
 
 
 def _yet_to_take(holders: Sequence[str], held: Mapping[str, Lease], views: Mapping[str, UnitView], total: int,

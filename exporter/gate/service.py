@@ -57,7 +57,7 @@ from vllm_xpu_exporter.fold.engine_starts import ENGINE_GRACE_USEC, UnitView, me
 from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.decision import (HOST, Admission, ContainerRun, Decision, Figures, Lease,
                                              asleep_invocation, container_waiting_invocation, decide, figures_now,
-                                             lease_over, waiting_invocation)
+                                             lease_over, wake_bytes, waiting_invocation)
 from vllm_xpu_exporter.sources import procfs, plan_dropins
 from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
 from vllm_xpu_exporter.sources.containers import ContainerNames
@@ -806,7 +806,7 @@ class Service:
         if not wake:
             return self._release(waiter, None, f"the journal shows no sleeping engine of {waiter.unit}: released "
                                                f"without a lease (it holds nobody back)")
-        takes_back = own.current.asleep_bytes
+        takes_back = wake_bytes(own, reading.total if reading is not None else None)
         several = isinstance(memory, list) and len(memory) > 1
         devices = self._devices_of_units() if several and unchecked is None else None
         admission = Admission(waiter.unit, device, None, True, takes_back)
