@@ -1,6 +1,7 @@
 """The gate and vLLM's sleep mode: 100 randomised start/sleep/wake/stop sequences of the seed host's three units
 (chat 0.75, embedding 0.07, stt 0.07 of one 16 GiB fake GPU) per configuration, each configuration on one boot of
-a real systemd (tests/wakesequences.py), the same seeded sequences in each. Prints each configuration's failed
+a real systemd (tests/wakesequences.py), from the same seed (each operation fits its unit's state, so the
+configurations part ways after the first failure). Prints each configuration's failed
 inits and failed wakes and the sequences that had them.
 
     python benchmarks/wake_sequences.py                   # 100 sequences, seed 20261207 (as root; ~5 min each)
@@ -10,7 +11,7 @@ inits and failed wakes and the sequences that had them.
 Configurations: "ungated" (no gate), "starts gated" (the packaged gate service and each unit's ExecStartPre=
 client, the wakes not asked: the gate before it knew wakes) and "gated" (the wakes asked too: each unit's
 ExecReload= runs `vllm-xpu-gate wake` before it signals its engine's wake). tests/test_gate_wake_real_systemd.py
-runs a dozen of the same sequences ungated and gated.
+runs 10 sequences of that seed ungated and gated.
 """
 
 from __future__ import annotations
