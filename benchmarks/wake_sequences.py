@@ -37,12 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequences", type=int, default=100)
     parser.add_argument("--seed", type=int, default=20261207)
     parser.add_argument("--only", choices=CONFIGURATIONS, default=None)
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                        help="run in DIR/<configuration> and keep it (the engines' events, the fake GPU's ledger)")
     args = parser.parse_args(argv)
     if args.sequences < 1:
         parser.error("--sequences must be at least 1")
     for configuration in [args.only] if args.only else CONFIGURATIONS:
         with tempfile.TemporaryDirectory(prefix="wake-sequences-") as directory:
-            shared = Path(directory)
+            shared = Path(directory) if args.keep is None else args.keep / configuration.replace(" ", "-")
+            shared.mkdir(parents=True, exist_ok=True)
             (shared / "driver").mkdir()
             driver = build_fake_driver(shared / "driver")
             shutil.copy(driver, shared / driver.name)

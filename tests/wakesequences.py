@@ -8,8 +8,11 @@ sequences share the boot.
     outcome.failed_inits, outcome.failed_wakes, outcome.failures_by_sequence
 
 A sequence: every unit takes one operation fitting its state (stopped: start; serving: sleep at level 1 or 2, or
-stop; asleep: wake, or stop), chosen by `random.Random(seed)`; the operations go at random offsets within
-1.5 s of one another and the sequence ends when each has its outcome. Start is `systemctl start`, stop `systemctl
+stop; asleep: wake, or stop), chosen by `random.Random(seed)`; what gives memory back (sleeps, stops) goes first,
+then what takes it (starts, wakes), each group at random offsets within 1.5 s of one another, and the sequence
+ends when each operation has its outcome. Memory given back while another engine profiles is counted by that
+engine as its own (its KV cache grows by it, and the unit that gave it back cannot take it back); neither vLLM's
+`/sleep` nor a stop asks the gate, so the sequences keep them out of the inits' way. Start is `systemctl start`, stop `systemctl
 stop`, sleep SIGUSR1/SIGUSR2 to the engine (vLLM's `POST /sleep?level=1|2`: tests/vllmunit.py), wake `systemctl
 reload`: each unit's ExecReload= signals its engine's wake (vLLM's `POST /wake_up`), after `vllm-xpu-gate wake`
 when gated, as docs/gate.md's drop-in advises. Gated, the units run the packaged gate service and their
@@ -37,6 +40,8 @@ SPREAD_SECONDS = 1.5  # the operations of a sequence go within this of one anoth
 GATE_TIMEOUT = "60s"
 SLEEP_SIGNALS = {1: "SIGUSR1", 2: "SIGUSR2"}
 STOPPED, SERVING, ASLEEP = "stopped", "serving", "asleep"
+# What gives memory back: ungated by anyone (docs/gate.md, "Sleep and wake"), so a sequence does these first.
+GIVE_BACK = ("sleep 1", "sleep 2", "stop")
 
 
 @dataclass
@@ -159,11 +164,13 @@ def run_sequences(shared: Path, *, seed: int, count: int, gate_driver: Path | No
                     results[unit] = sequencer.operate(unit, operation, index)
                 except BaseException as error:  # reported below, with the seed
                     results[unit] = error
-            threads = [threading.Thread(target=perform, args=(*op, offset)) for op, offset in zip(operations, offsets)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
+            for gives_back in (True, False):  # the sleeps and stops first, then the starts and wakes
+                threads = [threading.Thread(target=perform, args=(*op, offset))
+                           for op, offset in zip(operations, offsets) if gives_back == (op[1] in GIVE_BACK)]
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
             errors = {unit: result for unit, result in results.items() if isinstance(result, BaseException)}
             if errors:
                 raise RuntimeError(f"seed {seed}, sequence {len(outcome.sequences)} {operations}: {errors}; the "
