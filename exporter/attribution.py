@@ -398,14 +398,13 @@ class Wake:
 def sleeping_units(attributions: Mapping[str, DeviceAttribution], views: Iterable[UnitView], device_of: UnitDevices,
                    gpus: list[str]) -> list[Wake]:
     """The units asleep now, on their GPU (of `gpus`): the running engine of the latest start went to sleep
-    ("Sleep mode freed X GiB") and holds less than it freed. vLLM prints no line when it wakes; a woken engine
-    holds its weights and KV cache again, at least what it freed, so holding less is sleeping. Its wake takes
-    back what it freed."""
+    ("Sleep mode freed X GiB"), has printed no wake since ("It took X seconds to wake up tags") and holds less
+    than it freed: a woken engine holds its weights and KV cache again, at least what it freed, so holding less
+    is sleeping even where its wake's line was not read. Its wake takes back what it freed."""
     wakes = []
     for view in views:
         start = view.latest
-        if start is None or start.slept_usec is None or start.process_gone or not start.sleep_freed_bytes or \
-                start.sleep_freed_bytes <= 0:
+        if start is None or start.asleep_bytes is None:
             continue
         pci = device_of.of(view.unit, attributions, gpus)
         if pci is None:

@@ -19,6 +19,7 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     vllmunit     a replayed vLLM engine for a unit's ExecStart= on the fake GPU; vllmstub: vLLM's /metrics
     realsystemd  a real systemd booted as PID 1 of private namespaces; journalfacts: what its journal shows
     bootrace     the seed's three units racing at boot on a real systemd (gated or not, the packaged units)
+    wakesequences  randomised start/sleep/wake/stop sequences of those units on one real systemd boot
     plannedboot  the planner observing a boot and the planned boot after it
     rightsizedhost  the right-sizing tests' two units in a journal, their views, vllm-xpu-plan on it
     mountns      a process with a tmpfs in a mount namespace of its own (/proc/PID/root/PATH)

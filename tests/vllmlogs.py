@@ -980,6 +980,18 @@ def sleep_message(freed_gib: float, device_used_gib: float) -> str:
     return f"Sleep mode freed {freed_gib:.2f} GiB memory, {device_used_gib:.2f} GiB memory is still in use."
 
 
+def wake_message(seconds: float) -> str:
+    """What the executor logs once a wake (`POST /wake_up`) took the engine's memory back."""
+    return f"It took {seconds:.6f} seconds to wake up tags {{'weights', 'kv_cache'}}."
+
+
+def api_line(run: VllmRun, began_at: float, offset: float, where: str, message: str) -> UnitLine:
+    """One INFO line of the run's API server at `offset` (for what a replay decides later: a wake's request)."""
+    out = _Output(run, began_at)
+    out.log(offset, API, "INFO", where, message)
+    return out.lines[0]
+
+
 def engine_line(run: VllmRun, began_at: float, offset: float, where: str, message: str) -> UnitLine:
     """One INFO line of the run's engine core at `offset`, in its era's format (for what a replay decides later:
     a sleep)."""

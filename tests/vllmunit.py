@@ -46,8 +46,10 @@ start that succeeds saves its KV bytes and its free memory at init_device as the
 Sleep mode, once serving: SIGUSR1 sleeps at level 1 (weights offloaded to CPU, KV cache discarded), SIGUSR2 at
 level 2 (both discarded); either gives back the weights and the KV cache, keeps the non-torch memory, and
 prints "Sleep mode freed X GiB memory, Y GiB memory is still in use." (the free memory after less before; the
-device's used). SIGHUP wakes: it takes them back as an init does; when the device has not that much free, the
-wake fails with out-of-memory and the engine exits 1. Repeated signals in the same state do nothing.
+device's used). SIGHUP wakes (what `POST /wake_up` does): the API server's "wake up the engine with tags: None",
+then it takes them back as an init does, in four steps over --wake-seconds (times --time-scale), and prints the
+executor's "It took X seconds to wake up tags {...}."; when the device has not enough free at a step, the wake
+fails with out-of-memory and the engine exits 1. Repeated signals in the same state do nothing.
 
 `--events FILE` appends one JSON line per decision (started; baseline: free and requested; profiled:
 free, others, KV bytes and tokens; allocated: free just before the KV cache was taken; serving: KV
@@ -283,6 +285,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="more time before vLLM's first line (its imports), before compression")
     parser.add_argument("--time-scale", type=float, default=0.1, help="real seconds per replayed second")
     parser.add_argument("--requests", type=int, default=2, help="request log cycles once serving")
+    parser.add_argument("--wake-seconds", type=float, default=2.2, help="vLLM's wake time before compression")
     parser.add_argument("--events", type=Path, default=None, help="append JSON lines of decisions here")
     parser.add_argument("--startup-plan", type=Path, default=None,
                         help="vLLM 0.34's startup plan file (VLLM_ENABLE_STARTUP_PLAN=1): applied, or saved")
@@ -382,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                      serves_one_request=serves_one_request(kv_bytes, run.effective_max_model_len, block,
                                                            args.kv_bytes_per_token))
         held = weights + non_torch + kv_bytes + activation
-        return serve_with_sleep_mode(device, args.name, run, replay, held, non_torch, events)
+        return serve_with_sleep_mode(device, args.name, run, replay, held, non_torch, events,
+                                     args.wake_seconds * args.time_scale)
     finally:
         device.release(args.name)
 
@@ -408,9 +412,9 @@ def startup_plan_outcome(plan: dict | None, free: int) -> str:
 
 
 def serve_with_sleep_mode(device: SharedDevice, name: str, run: VllmRun, replay: Replay, held: int, kept: int,
-                          events: _EventLog) -> int:
+                          events: _EventLog, wake_seconds: float = 0.0) -> int:
     """Serve until SIGTERM; sleep (levels 1 and 2: `held` less the `kept` non-torch memory given back) and wake
-    (all of it taken back, or out-of-memory) as the signals ask."""
+    (all of it taken back in steps over `wake_seconds`, or out-of-memory) as the signals ask."""
     asleep = False
     while True:
         number = signal.sigwaitinfo(SLEEP_MODE_SIGNALS).si_signo  # SIGTERM's handler still ends the engine
@@ -424,13 +428,22 @@ def serve_with_sleep_mode(device: SharedDevice, name: str, run: VllmRun, replay:
                                        message).message, flush=True)
             events.write("slept", level=SLEEP_SIGNALS[number], freed=free_after - free_before)
         elif number == signal.SIGHUP and asleep:
-            free, needed = device.free(), held - kept
-            if free < needed:
-                events.write("wake_failed", free=free, needed=needed)
-                print(f"torch.OutOfMemoryError: XPU out of memory. Tried to allocate {needed / GiB:.2f} GiB.", flush=True)
-                return 1
-            device.hold(name, held)
+            print(vllmlogs.api_line(run, replay.began_at, time.monotonic() - replay.began, "api_server.py:719",
+                                    "wake up the engine with tags: None").message, flush=True)
+            began = time.monotonic()
+            for step in range(1, WEIGHT_STEPS + 1):
+                free, needed = device.free(), (held - kept) // WEIGHT_STEPS
+                if free < needed:
+                    events.write("wake_failed", free=free, needed=needed)
+                    print(f"torch.OutOfMemoryError: XPU out of memory. Tried to allocate {needed / GiB:.2f} GiB.",
+                          flush=True)
+                    return 1
+                device.hold(name, kept + (held - kept) * step // WEIGHT_STEPS)
+                time.sleep(wake_seconds / WEIGHT_STEPS)
             asleep = False
+            took = vllmlogs.wake_message(time.monotonic() - began)
+            print(vllmlogs.engine_line(run, replay.began_at, time.monotonic() - replay.began, "abstract.py:330",
+                                       took).message, flush=True)
             events.write("woke", free=device.free())
 
 

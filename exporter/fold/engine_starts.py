@@ -278,6 +278,10 @@ class EngineTracker:
                 record(start, event)
                 start.slept_usec = entry.realtime_usec
             return
+        if isinstance(event, vllm.Woke):  # and woke
+            if start.outcome is Outcome.OK:
+                start.woke_usec = entry.realtime_usec
+            return
         if start.outcome is not None:
             self._late_line(unit, start, event, entry.realtime_usec)
             return

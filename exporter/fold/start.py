@@ -74,6 +74,7 @@ class Start:
     sleep_freed_bytes: int | None = None
     sleep_device_used_bytes: int | None = None
     slept_usec: int | None = None
+    woke_usec: int | None = None  # its latest wake's end ("It took X seconds to wake up tags")
     pid: int | None = None  # the main process (journald's _PID of the unit's output)
     invocation_id: str = ""  # systemd's invocation id of the start; '' when the journal has none
     announced: bool = False  # systemd's "Starting" record of this start was read
@@ -93,6 +94,16 @@ class Start:
         copy = object.__new__(Start)
         copy.__dict__.update(self.__dict__)
         return copy
+
+    @property
+    def asleep_bytes(self) -> int | None:
+        """What the engine's wake takes back while it sleeps (it went to sleep, has not printed a wake since and
+        still runs); None when it is awake or gone."""
+        if self.slept_usec is None or self.process_gone or not self.sleep_freed_bytes or self.sleep_freed_bytes <= 0:
+            return None
+        if self.woke_usec is not None and self.woke_usec >= self.slept_usec:
+            return None
+        return self.sleep_freed_bytes
 
     def awaits_late_lines(self, now_usec: int) -> bool:
         """Whether lines of this start's process may still arrive: its failure waits for its cause, or

@@ -2,6 +2,7 @@
 
     vllm-xpu-gate serve [flags]   the gate service (its own unit, packaging/vllm-xpu-gate.service)
     vllm-xpu-gate wait [flags]    the client, a vLLM unit's ExecStartPre= (packaging/vllm-xpu-gate.conf)
+    vllm-xpu-gate wake [flags]    the client of a sleeping engine's wake, run in its unit (its ExecReload=)
 
 The 0.2 form, `vllm-xpu-gate --unit %n ...` (which ran as root), still works as `wait` so that a host
 upgraded before its drop-ins are replaced keeps its units starting: it says once that --unit and the
@@ -35,7 +36,9 @@ DEFAULT_SERVICE_TIMEOUT = "30s"
 DEFAULT_LEASE_TIMEOUT = "10m"
 DEFAULT_POLL_INTERVAL = "100ms"
 DEFAULT_LEGACY_GRACE = "24h"
-COMMANDS = ("serve", "wait")
+COMMANDS = ("serve", "wait", "wake")
+# How long `wake --url` waits for vLLM's answer to POST /wake_up (the lease it was given lasts as long by default).
+WAKE_REQUEST_TIMEOUT_S = 600.0
 
 
 # ----------------------------------------------------------------------------------------- values
@@ -87,27 +90,34 @@ def positive_go_duration(value: str) -> float:
 
 # ----------------------------------------------------------------------------------------- flags
 
-def add_wait_flags(parser: argparse.ArgumentParser) -> None:
+def add_wait_flags(parser: argparse.ArgumentParser, wake: bool = False) -> None:
     parser.add_argument("--timeout", type=go_duration, default=DEFAULT_TIMEOUT, metavar="DURATION",
                         help=f"give up waiting for a turn after this long (Go duration; default {DEFAULT_TIMEOUT})")
     parser.add_argument("--on-timeout", dest="on_timeout", choices=("start", "fail"), default="start",
-                        help="after --timeout: let the unit start (exit 0, the default) or fail its start (exit 1)")
+                        help=("after --timeout: wake anyway (exit 0, the default) or not (exit 1)" if wake else
+                              "after --timeout: let the unit start (exit 0, the default) or fail its start (exit 1)"))
+    parser.add_argument("--device", type=pci_address, default=None, metavar="BDF",
+                        help="PCI address of the unit's GPU (default: the only GPU; required with several)")
+    parser.add_argument("--socket", dest="socket_path", type=absolute_path, default=DEFAULT_SOCKET, metavar="PATH",
+                        help=f"the gate service's socket (default {DEFAULT_SOCKET})")
+    parser.add_argument("--service-timeout", dest="service_timeout", type=go_duration,
+                        default=DEFAULT_SERVICE_TIMEOUT, metavar="DURATION",
+                        help=(f"when no service answers this long, " + ("wake ungated" if wake else "start the unit "
+                              f"ungated") + f" with one line (default {DEFAULT_SERVICE_TIMEOUT})"))
+    if wake:
+        parser.add_argument("--url", type=engine_url, default=None, metavar="URL",
+                            help="once admitted, POST URL/wake_up (the engine's own server, e.g. "
+                                 "http://127.0.0.1:8000) and exit with its answer (default: only wait, exit 0 "
+                                 "when the wake may go)")
+        return
     parser.add_argument("--gpu-memory-utilization", dest="gpu_memory_utilization", type=ratio, default=None,
                         metavar="R", help="free memory needed is ceil(R x total) (default: what the unit's latest "
                                           "start printed)")
-    parser.add_argument("--device", type=pci_address, default=None, metavar="BDF",
-                        help="PCI address of the unit's GPU (default: the only GPU; required with several)")
     parser.add_argument("--kv-cache-memory-bytes", dest="kv_cache_memory_bytes", type=byte_count, default=None,
                         metavar="BYTES", help="the unit's engine runs with this absolute KV budget (vLLM's "
                                               "--kv-cache-memory-bytes): its init may overlap others' that have one "
                                               "too, when the memory covers them all (default: what the unit's "
                                               "latest start printed)")
-    parser.add_argument("--socket", dest="socket_path", type=absolute_path, default=DEFAULT_SOCKET, metavar="PATH",
-                        help=f"the gate service's socket (default {DEFAULT_SOCKET})")
-    parser.add_argument("--service-timeout", dest="service_timeout", type=go_duration,
-                        default=DEFAULT_SERVICE_TIMEOUT, metavar="DURATION",
-                        help=f"when no service answers this long, start the unit ungated with one line "
-                             f"(default {DEFAULT_SERVICE_TIMEOUT})")
 
 
 def build_wait_parser() -> argparse.ArgumentParser:
@@ -116,6 +126,24 @@ def build_wait_parser() -> argparse.ArgumentParser:
                                        "service for a turn and wait (docs/gate.md).")
     add_wait_flags(parser)
     return parser
+
+
+def build_wake_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=f"{PROG} wake",
+                           description="Run in a sleeping vLLM unit (its ExecReload=, as the unit's user): ask the "
+                                       "gate service for the wake's turn and wait, then POST /wake_up with --url "
+                                       "(docs/gate.md, Sleep and wake).")
+    add_wait_flags(parser, wake=True)
+    return parser
+
+
+def engine_url(value: str) -> str:
+    """An http(s) URL of the engine's server, without query or fragment."""
+    import urllib.parse
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError(f"want the engine's http(s) URL, e.g. http://127.0.0.1:8000, got {value!r}")
+    return value.rstrip("/")
 
 
 def build_serve_parser() -> argparse.ArgumentParser:
@@ -232,6 +260,14 @@ def take_environment(parser: argparse.ArgumentParser, args: argparse.Namespace, 
                 parser.error(f"{variable} (the planner's drop-in): {error}")
 
 
+def parse_wake_options(argv: Sequence[str]):
+    """The client options of a wake, and its --url (None: only wait)."""
+    from vllm_xpu_exporter.gate.client import ClientOptions
+    args = build_wake_parser().parse_args(argv)
+    request = Request(timeout=args.timeout, start_on_timeout=args.on_timeout == "start", device=args.device, wake=True)
+    return ClientOptions(args.socket_path, args.service_timeout, request), args.url
+
+
 def parse_client_options(argv: Sequence[str], environ=os.environ):
     from vllm_xpu_exporter.gate.client import ClientOptions
     parser = build_wait_parser()
@@ -288,6 +324,15 @@ def wait(argv: Sequence[str]) -> int:
     return run_client(parse_client_options(argv))
 
 
+def wake(argv: Sequence[str]) -> int:
+    from vllm_xpu_exporter.gate.client import post_wake_up, run_client
+    options, url = parse_wake_options(argv)
+    status = run_client(options, terminated_status=1)
+    if status != 0 or url is None:
+        return status
+    return post_wake_up(url, WAKE_REQUEST_TIMEOUT_S)
+
+
 def legacy(argv: Sequence[str]) -> int:
     from vllm_xpu_exporter.gate.client import ClientOptions, run_client
     args = build_legacy_parser().parse_args(argv)
@@ -303,15 +348,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG} {__version__}")
         return 0
     if not argv or argv[0] in ("-h", "--help"):
-        print(f"usage: {PROG} {{serve,wait}} [flags]\n\n  serve  the gate service (its own unit)\n"
-              f"  wait   the client, a vLLM unit's ExecStartPre=\n\n`{PROG} COMMAND --help` lists each one's flags "
-              f"(docs/gate.md).")
+        print(f"usage: {PROG} {{serve,wait,wake}} [flags]\n\n  serve  the gate service (its own unit)\n"
+              f"  wait   the client, a vLLM unit's ExecStartPre=\n"
+              f"  wake   the client of a sleeping engine's wake, in its unit (ExecReload=)\n\n"
+              f"`{PROG} COMMAND --help` lists each one's flags (docs/gate.md).")
         return 0 if argv else EXIT_USAGE
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return serve(rest)
     if command == "wait":
         return wait(rest)
+    if command == "wake":
+        return wake(rest)
     if command.startswith("--"):
         return legacy(argv)
     return usage_error(f"unknown command {command!r} (want one of: {', '.join(COMMANDS)})")

@@ -157,6 +157,27 @@ class Client:
                 return (reply.exit_status if reply.exit_status in (0, 1, 2) else EXIT_STARTING), last_contact, ""
 
 
+def post_wake_up(url: str, timeout: float, stream: TextIO = sys.stderr) -> int:
+    """`wake --url`: POST URL/wake_up, vLLM's wake of its sleeping engine (its server needs
+    VLLM_SERVER_DEV_MODE=1); 0 when it answered 2xx, else 1 with one line."""
+    import urllib.error
+    import urllib.request
+    write = writer(stream)
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/wake_up", data=b"", method="POST"),
+                                    timeout=timeout) as response:
+            status = response.status
+    except urllib.error.HTTPError as error:
+        status = error.code
+    except (OSError, ValueError) as error:
+        write(f"{gate_lines.PREFIX}error: POST {url}/wake_up: {getattr(error, 'reason', None) or error}")
+        return 1
+    if 200 <= status < 300:
+        return 0
+    write(f"{gate_lines.PREFIX}error: POST {url}/wake_up answered HTTP {status}")
+    return 1
+
+
 def writer(stream: TextIO) -> Callable[[str], None]:
     def write(line: str) -> None:
         stream.write(" ".join(line.splitlines()) + "\n")

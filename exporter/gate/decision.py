@@ -12,13 +12,18 @@ Two ways to admit a start (docs/gate.md, "How it decides"):
   ceil(R x total) plus what those units have yet to take (each one's ceil(R x total) from its own start,
   less the device memory its processes already hold, when that is known).
 
+A wake (`vllm-xpu-gate wake`, before vLLM's `POST /wake_up`) is admitted as a start is, needing what its sleep
+freed instead of ceil(R x total), and its lease holds the others back as an init's does until the engine prints
+its wake's end. In every decision a sleeping unit counts at its awake footprint: what its wake takes back is
+added to what a start or another wake needs.
+
 With `HOST` as the device (Level Zero cannot be read, so the GPUs cannot be told apart) every unit on
 the host counts, and memory is not checked: one init at a time per host.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -51,6 +56,9 @@ class Lease:
     absolute_budget: bool  # the start runs with --kv-cache-memory-bytes
     invocation_id: str = ""  # the released start's, when the journal had shown it ("Starting") by then
     timed_out: bool = False  # released when its wait ran out: other timed-out starts wait for it still
+    # a wake's lease (needed_bytes: what it takes back; invocation_id: `asleep_invocation`'s key of the sleep),
+    # held until the engine says it woke
+    wake: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,7 @@ class Admission:
     device: str
     gpu_memory_utilization: float | None
     absolute_budget: bool
+    takes_back: int | None = None  # a wake: what the sleeping engine takes back (needed instead of ceil(R x total))
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,8 @@ def lease_over(lease: Lease, view: UnitView | None, now_usec: int, cgroup_popula
     container printed no vLLM line within `engine_grace_usec` of its release, then (no engine)."""
     if now_usec >= lease.expires_usec:
         return "timed out"
+    if lease.wake:
+        return _wake_over(lease, view, now_usec, cgroup_populated, empty_since_usec)
     if lease.invocation_id and view is not None and view.invocation_ended(lease.invocation_id):
         return "its init ended"
     current = view.current if view is not None else None
@@ -104,6 +115,33 @@ def lease_over(lease: Lease, view: UnitView | None, now_usec: int, cgroup_popula
     if container and engine_grace_usec is not None and now_usec - lease.granted_usec >= engine_grace_usec:
         return "it printed no vLLM line within the engine grace (--journal.engine-grace): no engine"
     return None
+
+
+def _wake_over(lease: Lease, view: UnitView | None, now_usec: int, cgroup_populated: bool | None,
+               empty_since_usec: int | None) -> str | None:
+    """A wake's lease ends when the engine prints its wake's end, when its start ends (a failed wake kills the
+    engine), or when the unit's cgroup stays empty for CGROUP_GRACE_USEC."""
+    invocation, _, slept = lease.invocation_id.partition(SLEPT_AT)
+    current = view.current if view is not None else None
+    if current is None or current.invocation_id != invocation or current.process_gone:
+        return "its engine ended"
+    if current.woke_usec is not None and slept.isdigit() and current.woke_usec > int(slept):
+        return "its wake ended"
+    if cgroup_populated is False and now_usec - max(lease.granted_usec, empty_since_usec or 0) >= CGROUP_GRACE_USEC:
+        return "its unit has no process"
+    return None
+
+
+SLEPT_AT = "#slept@"
+
+
+def asleep_invocation(view: UnitView | None) -> str:
+    """The wake a sleeping unit may be leased once: its current start's invocation id and when it went to sleep;
+    '' when the journal shows the unit serving awake, or not serving."""
+    current = view.current if view is not None else None
+    if current is None or current.outcome is None or current.asleep_bytes is None or not current.invocation_id:
+        return ""
+    return f"{current.invocation_id}{SLEPT_AT}{current.slept_usec}"
 
 
 @dataclass(frozen=True)
@@ -191,12 +229,39 @@ def decide(admission: Admission, views: Sequence[UnitView], leases: Iterable[Lea
     total = memory.total if memory is not None else None
     ratio = admission.gpu_memory_utilization
     needed = memory_rules.requested_bytes(total, ratio) if ratio and total else None
+    if admission.takes_back is not None:
+        needed = admission.takes_back
+    if needed is not None:
+        needed += sum(_asleep(views, lambda other: may_hold_back(other) and on_device(other),
+                              {name for name, lease in held.items() if lease.wake}, total).values())
     if needed is not None and free is not None and admission.absolute_budget and holders:
         yet_to_take = _yet_to_take(holders, held, views_by_unit, total, taken or {})
         if yet_to_take is not None:
             needed += yet_to_take
             return Decision((), free < needed, free, needed, by_plan=True)
     return Decision(tuple(holders), needed is not None and free is not None and free < needed, free, needed)
+
+
+def wake_bytes(view: UnitView | None, total: int | None) -> int | None:
+    """What the unit's wake takes back while it sleeps: what its sleep line says it freed, at most its own
+    ceil(R x total) (vLLM measures the freed memory as the device's free memory after less before, so another
+    engine's memory freed meanwhile counts in it; and a unit's line can claim no more than its own share). None
+    when it is not asleep."""
+    current = view.current if view is not None else None
+    freed = current.asleep_bytes if current is not None else None
+    if freed is None:
+        return None
+    ratio = view.gpu_memory_utilization
+    return min(freed, memory_rules.requested_bytes(total, ratio)) if ratio and total else freed
+
+
+def _asleep(views: Sequence[UnitView], counts: Callable[[str], bool], waking: set[str],
+            total: int | None) -> dict[str, int]:
+    """What each sleeping unit that `counts` takes back when it wakes (`wake_bytes`): it counts at its awake
+    footprint. A unit that holds a wake's lease is left out: its lease holds the others back (by the plan, its
+    bytes count)."""
+    return {view.unit: taken for view in views
+            if view.unit not in waking and counts(view.unit) and (taken := wake_bytes(view, total))}
 
 
 def _yet_to_take(holders: Sequence[str], held: Mapping[str, Lease], views: Mapping[str, UnitView], total: int,
@@ -207,6 +272,9 @@ def _yet_to_take(holders: Sequence[str], held: Mapping[str, Lease], views: Mappi
     for name in holders:
         lease, view = held.get(name), views.get(name)
         latest = view.latest if view is not None else None
+        if lease is not None and lease.wake and lease.needed_bytes is not None:
+            remaining += lease.needed_bytes  # all of it: what the engine took back so far is not told apart
+            continue
         if lease is not None and lease.absolute_budget and lease.needed_bytes is not None:
             footprint = lease.needed_bytes
         elif (latest is not None and _is_current(latest, view) and latest.kv_cache_memory_bytes is not None

@@ -2,7 +2,8 @@
 "The socket"): one JSON line each way, then the service's lines until its answer.
 
 The client sends one `Request`: how long its unit will wait and what to do then, and the unit's own
-settings (R, device, whether it runs with an absolute KV budget). The unit is not in it: the service
+settings (R, device, whether it runs with an absolute KV budget); `wake` when it asks for its sleeping engine's
+wake (`vllm-xpu-gate wake`) rather than a start. The unit is not in it: the service
 reads it from the kernel (the connecting process's cgroup). The service then sends `Say` lines (each a
 complete `vllm-xpu-gate: ...` line the client writes to its unit's journal) and one `Answer` (the
 decision line and the client's exit status), and closes the connection.
@@ -39,12 +40,14 @@ class Request:
     device: str | None = None  # PCI address; None: the only GPU
     kv_cache_memory_bytes: int | None = None  # the unit's absolute KV budget, when it runs with one
     legacy_drop_in: bool = False  # the client runs from the 0.2 drop-in's line (root in the unit)
+    wake: bool = False  # a wake of the unit's sleeping engine, not a start
 
     def encode(self) -> bytes:
         fields = {"timeout": self.timeout, "start_on_timeout": self.start_on_timeout,
                   "gpu_memory_utilization": self.gpu_memory_utilization, "device": self.device,
                   "kv_cache_memory_bytes": self.kv_cache_memory_bytes}
-        return json.dumps({**fields, **legacy_field(self.legacy_drop_in)}).encode() + b"\n"
+        return json.dumps({**fields, **legacy_field(self.legacy_drop_in),
+                           **({"wake": True} if self.wake else {})}).encode() + b"\n"
 
     @classmethod
     def decode(cls, data: bytes) -> Request:
@@ -69,9 +72,12 @@ class Request:
         budget = fields.get("kv_cache_memory_bytes")
         if budget is not None and (type(budget) is not int or not 0 < budget < 2 ** 63):
             raise BadRequest("kv_cache_memory_bytes: want a positive whole number of bytes")
+        wake = fields.get("wake", False)
+        if not isinstance(wake, bool):
+            raise BadRequest("wake: want true or false")
         return cls(float(timeout), fields["start_on_timeout"], None if ratio is None else float(ratio),
                    None if device is None else normalise_pci_address(device), budget,
-                   legacy_drop_in=decode_legacy_field(fields))
+                   legacy_drop_in=decode_legacy_field(fields), wake=wake)
 
 
 def legacy_field(legacy_drop_in: bool) -> dict[str, bool]:

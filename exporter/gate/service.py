@@ -26,6 +26,12 @@ state as the exporter names it (`ContainerNames`), watched when --journal.contai
 the process that asks (`ContainerRun`), leased while the container's logs (the journal, and with --logs.* its
 log files) show no vLLM start since that process began; the lease ends as soon as the container's cgroup is
 empty, or when it printed no vLLM line within the engine grace.
+
+A wake (`vllm-xpu-gate wake`, docs/gate.md "Sleep and wake") is asked by a process in the sleeping unit's own
+cgroup, as a start is (its unit's ExecReload=, say): the same slots bound it, and the same decision admits it,
+needing what the engine's sleep freed. Its lease is granted only while the journal shows the unit's engine
+asleep, once per sleep, and holds until the engine prints its wake's end ("It took X seconds to wake up tags"),
+its start ends, its cgroup stays empty past the grace, or --lease-timeout. A container's wake is refused.
 """
 
 from __future__ import annotations
@@ -50,8 +56,8 @@ from vllm_xpu_exporter.parsers import gate as gate_lines
 from vllm_xpu_exporter.fold.engine_starts import ENGINE_GRACE_USEC, UnitView, merged_views
 from vllm_xpu_exporter.gate import protocol
 from vllm_xpu_exporter.gate.decision import (HOST, Admission, ContainerRun, Decision, Figures, Lease,
-                                             container_waiting_invocation, decide, figures_now, lease_over,
-                                             recorded_figures, waiting_invocation)
+                                             asleep_invocation, container_waiting_invocation, decide, figures_now,
+                                             lease_over, recorded_figures, wake_bytes, waiting_invocation)
 from vllm_xpu_exporter.sources import procfs, plan_dropins
 from vllm_xpu_exporter.sources.containerlogs import ContainerLogReader, LogDirectories
 from vllm_xpu_exporter.sources.containers import ContainerNames
@@ -320,7 +326,8 @@ def answer_at_once(connection: socket.socket, line: str, status: int = 0, *, clo
 MAX_LEASE_FILE_BYTES = 1 << 20
 _LEASE_FIELDS = {"device": str, "unit": str, "cgroup_path": str, "granted_usec": int, "expires_usec": int,
                  "needed_bytes": (int, type(None)), "absolute_budget": bool, "invocation_id": str,
-                 "timed_out": bool}
+                 "timed_out": bool, "wake": bool}
+_LEASE_FIELDS_BEFORE_WAKES = set(_LEASE_FIELDS) - {"wake"}  # a lease file of a service that knew no wake
 
 
 def parse_saved_leases(data: bytes) -> tuple[list[Lease], list[str], dict[str, int]]:
@@ -334,6 +341,8 @@ def parse_saved_leases(data: bytes) -> tuple[list[Lease], list[str], dict[str, i
         raise ValueError("not a lease file")
     leases = []
     for fields in document["leases"]:
+        if isinstance(fields, dict) and set(fields) == _LEASE_FIELDS_BEFORE_WAKES:
+            fields = {**fields, "wake": False}
         if not isinstance(fields, dict) or set(fields) != set(_LEASE_FIELDS) or not all(
                 isinstance(fields[name], kind) for name, kind in _LEASE_FIELDS.items()):
             raise ValueError("a lease of other fields")
@@ -762,6 +771,8 @@ class Service:
                                           f"service needs CAP_PERFMON)"), None
         views = {view.unit: view for view in state.views}
         own = views.get(waiter.unit)
+        if request.wake:
+            return self._decide_wake(waiter, state, device, reading, unchecked, own, memory)
         figures = self.figures(waiter, own)
         ratio, budget = figures.gpu_memory_utilization, figures.kv_cache_memory_bytes
         if figures.unverified is not None:
@@ -794,6 +805,44 @@ class Service:
                     return None
             return self._time_out(waiter, decision, device, ratio, budget, reading,
                                   self._waiting_invocation(waiter, own))
+        return self._tell_waiting(waiter, decision)
+
+    def _decide_wake(self, waiter: Waiter, state: LogState, device: str, reading: DeviceMemory | None,
+                     unchecked: str | None, own: UnitView | None, memory: list[DeviceMemory] | str) -> int | None:
+        """A wake: answered at once without a lease unless the journal shows the unit's engine asleep, then
+        admitted as a start is, needing what its sleep freed; its lease holds the others back until it woke."""
+        if waiter.run is not None:
+            waiter.send(protocol.answer(f"{gate_lines.PREFIX}error: {waiter.unit}: a container's wake is not gated "
+                                        f"(only a systemd unit's)", EXIT_USAGE))
+            return EXIT_USAGE
+        wake = asleep_invocation(own)
+        if not wake and self.clock() < waiter.began + JOURNAL_LAG_S:
+            return None  # its sleep's line may not have been read yet
+        if not wake:
+            return self._release(waiter, None, f"the journal shows no sleeping engine of {waiter.unit}: released "
+                                               f"without a lease (it holds nobody back)")
+        takes_back = wake_bytes(own, reading.total if reading is not None else None)
+        several = isinstance(memory, list) and len(memory) > 1
+        devices = self._devices_of_units() if several and unchecked is None else None
+        admission = Admission(waiter.unit, device, None, True, takes_back)
+        decision = decide(admission, state.views, self.leases.values(), devices, reading,
+                          self._taken(device) if reading is not None else None)
+        if unchecked is not None:
+            waiter.say_once(f"{gate_lines.PREFIX}memory unchecked: {unchecked}; one init or wake at a time")
+        if decision.release:
+            granted = self._grant(waiter, device, None, None, reading, wake, wake_bytes=takes_back)
+            return self._release(waiter, decision, None if granted else f"this sleep of {waiter.unit} had its wake's "
+                                                                        f"lease already: none again", unchecked)
+        for reason in decision.waiting_for:
+            waiter.waited_for.setdefault(reason, None)
+        if self.clock() >= waiter.deadline:
+            if waiter.request.start_on_timeout:
+                self._grant(waiter, device, None, None, reading, wake, True, takes_back)
+            return self._time_out(waiter, decision)
+        return self._tell_waiting(waiter, decision)
+
+    def _tell_waiting(self, waiter: Waiter, decision: Decision) -> int | None:
+        """Say what the waiter waits for when that changed; EXIT_USAGE when its client is gone."""
         if waiter.last is None or decision.waiting_for != waiter.last.waiting_for:
             waiter.last = decision
             if not waiter.send(protocol.say(f"{gate_lines.PREFIX}waiting for {','.join(decision.waiting_for)} "
@@ -871,18 +920,21 @@ class Service:
         return decide(admission, late_views, late_leases, devices, None).units
 
     def _grant(self, waiter: Waiter, device: str, ratio: float | None, budget: int | None,
-               reading: DeviceMemory | None, invocation_id: str, timed_out: bool = False) -> bool:
+               reading: DeviceMemory | None, invocation_id: str, timed_out: bool = False,
+               wake_bytes: int | None = None) -> bool:
         """Lease the device to the waiter's start: only a start the journal shows waiting at its gate
-        (`invocation_id`), and only once per start, never renewed. Whether it leased."""
+        (`invocation_id`), and only once per start, never renewed; or, with `wake_bytes` (what it takes back), to
+        its wake (`invocation_id`: the sleep's key, `asleep_invocation`), once per sleep. Whether it leased."""
         if not invocation_id or invocation_id in self.leased_invocations:
             return False
         now = time.time_ns() // 1000
-        needed = None
+        needed = wake_bytes
         if reading is not None and reading.total is not None and ratio is not None:
             needed = memory_rules.requested_bytes(reading.total, ratio)
         self.leases[(device, waiter.unit)] = Lease(device, waiter.unit, waiter.cgroup_path, now,
                                                    now + round(self.options.lease_timeout * 1e6),
-                                                   needed, budget is not None, invocation_id, timed_out)
+                                                   needed, budget is not None or wake_bytes is not None,
+                                                   invocation_id, timed_out, wake_bytes is not None)
         self.leased_invocations[invocation_id] = None
         while len(self.leased_invocations) > REMEMBERED_LEASED_INVOCATIONS:
             del self.leased_invocations[next(iter(self.leased_invocations))]

@@ -79,6 +79,7 @@ __all__ = [
     "SleepFreed",
     "StartupPlan",
     "StartupPlanOutcome",
+    "Woke",
     "WrapperKind",
     "default_gpu_memory_utilization",
     "kv_cache_bytes_from_profiling",
@@ -313,10 +314,19 @@ class SleepFreed:
     """"Sleep mode freed X GiB memory, Y GiB memory is still in use." (sleep mode: `POST /sleep?level=1|2`;
     on XPU 0.34). `freed_bytes` is what the engine released (the free memory after its sleep less the free
     memory before it), `device_used_bytes` the device's whole used memory after it (total less free: every
-    process's, not the engine's alone). Waking takes `freed_bytes` back; vLLM prints no line for a wake."""
+    process's, not the engine's alone). Waking takes `freed_bytes` back (`Woke` says when it is done)."""
 
     freed_bytes: int
     device_used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Woke:
+    """"It took X seconds to wake up tags {...}." (sleep mode: the executor, once `POST /wake_up` has taken the
+    weights and the KV cache back; before it the API server printed "wake up the engine with tags: ..."). The
+    wake is over: the engine holds again what its sleep freed. A wake that fails prints no such line."""
+
+    wake_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,6 +396,7 @@ Event = Union[
     MaxModelLenAutoFit,
     StartupPlan,
     SleepFreed,
+    Woke,
     EngineInitDone,
     ServerReady,
     FailureCause,
@@ -458,6 +469,7 @@ PLAUSIBLE: Mapping[str, Bounds] = {
     "baseline_free_bytes": _BYTES,
     "freed_bytes": _SIGNED_BYTES,  # free after less free before: a co-tenant that grew meanwhile makes it negative
     "device_used_bytes": _BYTES,
+    "wake_seconds": _SECONDS,
     # KV-cache capacity
     "tokens": _TOKENS,
     "kv_cache_tokens": _TOKENS,
@@ -798,6 +810,10 @@ def _auto_fit(match: re.Match[str]) -> MaxModelLenAutoFit:
     )
 
 
+def _woke(match: re.Match[str]) -> Woke:
+    return Woke(float(match["seconds"]))
+
+
 def _init_done(match: re.Match[str]) -> EngineInitDone:
     return EngineInitDone(float(match["seconds"]), _optional_float(match["compilation"]))
 
@@ -1013,6 +1029,10 @@ GRAMMAR: tuple[GrammarRow, ...] = (
          ("Sleep mode freed ",),
          rf"Sleep mode freed (?P<freed>{_NUM}) ?GiB memory, (?P<used>{_NUM}) ?GiB memory is still in use",
          _sleep_freed),
+    _row("woke", "sleep mode, the executor's line (every release with sleep mode)",
+         ("It took ",),
+         rf"It took (?P<seconds>{_NUM}) seconds to wake up tags",
+         _woke),
     # --- init outcome ------------------------------------------------------------------------
     _row("init_engine_took", "'seconds' V0 0.6.5-0.10 and V1 to 0.19; ' s[ (compilation: ...)]' 0.20+",
          ("init engine (profile, create kv cache, warmup model) took ",),

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from vllm_xpu_exporter.fold.start import Start
 from vllm_xpu_exporter.attribution import (DMEM, FDINFO, LEVELZERO, Attribution, DeviceAttribution, DeviceRest,
                                            PlannedUnit, StartFreeMemory, UnitDevices, Wake, admission_free,
                                            as_vllm_reads, attribute_device, attribute_devices, choose_units,
@@ -187,9 +188,11 @@ def test_restart_headroom_is_free_plus_own_less_the_request_on_the_units_gpu():
     assert restart_headrooms(memory, attributions, views, UnitDevices(), [GPU, OTHER_GPU]) == [(GPU, CHAT, -50)]
 
 
-def slept(unit: str, freed: int | None, process_gone: bool = False) -> SimpleNamespace:
-    """A unit's view whose latest start ran and, with `freed`, went to sleep freeing that much."""
-    start = SimpleNamespace(slept_usec=None if freed is None else 1, sleep_freed_bytes=freed, process_gone=process_gone)
+def slept(unit: str, freed: int | None, process_gone: bool = False, woke: bool = False) -> SimpleNamespace:
+    """A unit's view whose latest start ran and, with `freed`, went to sleep freeing that much (and printed its
+    wake's end after, with `woke`)."""
+    start = Start(0, slept_usec=None if freed is None else 1, sleep_freed_bytes=freed, process_gone=process_gone,
+                  woke_usec=2 if woke else None)
     return SimpleNamespace(unit=unit, latest=start)
 
 
@@ -201,6 +204,11 @@ def test_a_unit_that_slept_and_holds_less_than_it_freed_is_asleep_and_its_wake_t
     assert wakes == [Wake(GPU, CHAT, 600), Wake(GPU, STT, 200)]
     # free 700: chat and stt take back 800 together
     assert wake_headrooms({GPU: (1000, 700), OTHER_GPU: (1000, 900)}, wakes) == {GPU: -100, OTHER_GPU: 900}
+
+
+def test_a_unit_that_printed_its_wakes_end_is_awake_whatever_its_memory_shows():
+    attributions = {GPU: attributed({CHAT: 90})}
+    assert sleeping_units(attributions, [slept(CHAT, 600, woke=True)], UnitDevices(), [GPU]) == []
 
 
 def test_a_sleeping_unit_on_a_gpu_it_cannot_be_placed_on_has_no_wake():

@@ -167,15 +167,15 @@ class Host:
             self.service.wait()
 
     def start(self, unit: str | None, *args: str, service_timeout: str = "10s", legacy: str | None = None,
-              cgroup: str | None = None) -> GateRun:
+              cgroup: str | None = None, command: str = "wait") -> GateRun:
         """A client in `unit` (None: in no unit's cgroup, a login session's) or in `cgroup` (a container's, with
         `unit` its name in the test); `legacy`: run as the 0.2 drop-in's line ran it, `vllm-xpu-gate --unit
-        <legacy> ...`."""
+        <legacy> ...`; `command`: the client's, `wait` or `wake`."""
         if self.service is None:
             self.serve()
         self.next_pid += 1
         go = self.tmp / f"go-{self.next_pid}"
-        form = ["--unit", legacy] if legacy is not None else ["wait"]
+        form = ["--unit", legacy] if legacy is not None else [command]
         command = ["sh", "-c", WAIT_FOR_GO, str(go), *GATE, *form, "--socket", str(self.socket),
                    "--service-timeout", service_timeout, *args]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -225,6 +225,10 @@ def host(tmp_path: Path, fake_driver: Path):
     ["wait", "--socket", "gate.sock"],
     ["wait", "--kv-cache-memory-bytes", "-5"],
     ["wait", "--unit", CHAT],
+    ["wake", "--url", "ftp://engine:8000"],
+    ["wake", "--url", "http://127.0.0.1:8000/?level=1"],
+    ["wake", "--gpu-memory-utilization", "0.5"],
+    ["wake", "--timeout", "10"],
     ["serve", "--lease-timeout", "0"],
     ["serve", "--lease-timeout", "1" + "0" * 400 + "h"],
     ["serve", "--poll-interval", "100000000h"],
@@ -248,7 +252,7 @@ def test_bad_flags_exit_2_with_one_prefixed_line(argv: list[str], capsys: pytest
 def test_an_unknown_command_or_none_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["release"]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        "vllm-xpu-gate: error: unknown command 'release' (want one of: serve, wait)"]
+        "vllm-xpu-gate: error: unknown command 'release' (want one of: serve, wait, wake)"]
     assert main([]) == 2
 
 

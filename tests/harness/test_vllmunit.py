@@ -328,7 +328,8 @@ def test_an_explicit_budget_wins_over_the_startup_plan(device, tmp_path):
 
 
 @pytest.mark.parametrize("level, signum", [(1, signal.SIGUSR1), (2, signal.SIGUSR2)])
-def test_sleep_gives_back_weights_and_kv_cache_and_wake_takes_them_again(device, tmp_path, level, signum):
+def test_sleep_gives_back_weights_and_kv_cache_and_wake_takes_them_again_printing_vllms_wake_line(device, tmp_path,
+                                                                                                   level, signum):
     engine = start_engine(device, tmp_path, CHAT_034)
     try:
         wait_for_event(tmp_path, "serving")
@@ -344,6 +345,7 @@ def test_sleep_gives_back_weights_and_kv_cache_and_wake_takes_them_again(device,
         output, _ = engine.communicate(timeout=10)
     [line] = [event for event in map(vllm.parse_line, output.splitlines()) if isinstance(event, vllm.SleepFreed)]
     assert abs(line.freed_bytes - slept["freed"]) <= 0.005 * GiB
+    assert [event for event in map(vllm.parse_line, output.splitlines()) if isinstance(event, vllm.Woke)]
 
 
 def test_a_wake_after_a_co_tenant_took_the_memory_fails_with_out_of_memory(device, tmp_path):

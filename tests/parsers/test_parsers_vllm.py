@@ -44,6 +44,7 @@ from vllm_xpu_exporter.parsers.vllm import (
     Settings,
     SettingsSource,
     SleepFreed,
+    Woke,
     StartupPlan,
     StartupPlanOutcome,
     WrapperKind,
@@ -411,6 +412,10 @@ EXACT_LINES: list[tuple[str, str, str, object]] = [
      "(EngineCore pid=1234) INFO 07-02 12:30:05 [gpu_worker.py:142] Sleep mode freed 11.62 GiB memory, "
      "2.41 GiB memory is still in use.",
      SleepFreed(freed_bytes=gib(11.62), device_used_bytes=gib(2.41))),
+    ("woke", "0.31",
+     "(EngineCore_DP0 pid=1234) INFO 07-02 12:31:40 [abstract.py:330] It took 2.204117 seconds to wake up tags "
+     "{'weights', 'kv_cache'}.",
+     Woke(wake_seconds=2.204117)),
     # --- init outcome ------------------------------------------------------------------------
     ("init_engine_took", "0.6",
      "INFO 10-15 09:13:07 llm_engine.py:448] init engine (profile, create kv cache, warmup model) "
@@ -998,7 +1003,7 @@ def test_a_setting_no_exposition_can_carry_makes_the_line_implausible(line: str,
 
 def test_every_number_of_every_event_has_plausible_bounds() -> None:
     event_types = [EngineConfig, Settings, KvCacheMemory, ProfilingBefore, ProfilingAfter, ModelWeights,
-                   MemoryUsage, KvCacheCapacity, KvCacheBlocks, MaxModelLenAutoFit, StartupPlan, SleepFreed, EngineInitDone, FailureCause]
+                   MemoryUsage, KvCacheCapacity, KvCacheBlocks, MaxModelLenAutoFit, StartupPlan, SleepFreed, Woke, EngineInitDone, FailureCause]
     numeric = {field.name for cls in event_types for field in dataclasses.fields(cls)
                if {"int", "float"} & set(re.findall(r"\w+", str(field.type)))}
     assert numeric == set(PLAUSIBLE)
