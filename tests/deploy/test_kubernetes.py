@@ -37,6 +37,7 @@ import yaml
 
 from vllm_xpu_exporter.cli import build_parser
 from vllm_xpu_exporter.http.loading import load_web_config
+from vllm_xpu_exporter.runtimes import PLAN_LABEL
 
 REPO = Path(__file__).resolve().parents[2]
 KUBERNETES = REPO / "deploy" / "kubernetes"
@@ -576,7 +577,6 @@ def test_the_daemonset_is_node_critical_and_tolerates_every_taint(kubectl):
 # --- the gated engines example: the seed's three engines as Deployments, each through the gate by its plan ------
 
 GATE_CLIENT = ["python3", "/vllm-xpu-gate/vllm_xpu_exporter/gate/container_wait.py"]
-PLAN_LABEL = "io.vllm-xpu.plan.kv-cache-memory-bytes"
 ENGINES = ("vllm-chat", "vllm-embedding", "vllm-stt")
 
 
@@ -680,7 +680,8 @@ def test_the_planners_kustomize_patch_finds_each_gated_engine_and_keeps_its_plan
 
     documents = render(kubectl, GATED_ENGINES)
     for name, (_, engine) in engine_containers(kubectl).items():
-        plan = a_plan(f"k8s/vllm/{name}-7d9c8b6f5d-x2x4z/vllm", kv=int(flag_value(engine["args"], "--kv-cache-memory-bytes")),
+        plan = a_plan(f"k8s/vllm/{name}-7d9c8b6f5d-x2x4z/vllm",
+                      kv=int(flag_value(engine["args"], "--kv-cache-memory-bytes")),
                       ratio=float(flag_value(engine["args"], "--gpu-memory-utilization")))
         patch = kustomize_patch(plan, documents)
         assert (patch.kind, patch.name, patch.namespace) == ("Deployment", name, "vllm")

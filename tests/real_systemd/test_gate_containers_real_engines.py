@@ -417,7 +417,8 @@ def test_the_shipped_kustomization_played_as_pods_starts_its_engines_through_the
     conf = tmp_path / "containers.conf"
     conf.write_text(KUBE_PLAY_CONF.format(ulimits=", ".join(f'"{limit}"' for limit in podman.run_options()[1::2])))
     budgets = {deployment["metadata"]["name"]: int(flag(deployment["spec"]["template"]["spec"]["containers"][0]["args"],
-                                                        "--kv-cache-memory-bytes")) for deployment in deployments}
+                                                        "--kv-cache-memory-bytes"))
+               for deployment in deployments}
     service = gate_service(sockets, fake_driver, config, "--journal.containers", "podman/vllm-*", "--logs.podman",
                            "--path.podman", str(podman.storage))
     containers = {f"{name}-vllm" for name in replayed}  # kube play names a pod's container POD-CONTAINER
