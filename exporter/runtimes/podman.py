@@ -1,7 +1,8 @@
 """Podman's facts, pure: its cgroups, its key, its state file, its journald driver and its events of an end.
 
 - Cgroups: `/machine.slice/libpod-<id>.scope` (`SCOPE`), a rootless user's below `user@UID.service`, with
-  cgroupfs `/libpod_parent/libpod-<id>`. Conmon's scope (`libpod-conmon-<id>.scope`) is not the container's.
+  cgroupfs `/libpod_parent/libpod-<id>` (a pod's container: `/libpod_parent/<pod id>/libpod-<id>`). Conmon's
+  scope (`libpod-conmon-<id>.scope`) is not the container's.
 - Key: `podman/<name>` (`podman_key`), a rootless user's container `podman/<name>@uid<N>`.
 - State: the containers/storage library's lists, `<storage>/<driver>-containers/containers.json` and
   `volatile-containers.json`: `[{"id": ..., "names": [...]}]` (`podman_names_of_file`), parsed one container at a
@@ -64,7 +65,9 @@ def container_of_scope(elements: Sequence[str], index: int) -> ContainerCgroup |
 
 
 def container_of_cgroupfs(elements: Sequence[str], index: int) -> ContainerCgroup | None:
-    if elements[index - 1] == CGROUPFS_PARENT and (match := SCOPE.fullmatch(elements[index])):
+    in_parent = elements[index - 1] == CGROUPFS_PARENT
+    in_pod = index >= 2 and elements[index - 2] == CGROUPFS_PARENT and CONTAINER_ID.fullmatch(elements[index - 1])
+    if (in_parent or in_pod) and (match := SCOPE.fullmatch(elements[index])):
         return ContainerCgroup(ENGINE, match.group(1))
     if ROOTLESS_CGROUPFS_PARENT.fullmatch(elements[index - 1]) and CONTAINER_ID.fullmatch(elements[index]):
         return ContainerCgroup(ENGINE, elements[index])

