@@ -142,6 +142,10 @@ def test_forged_container_records_are_ignored_and_the_engines_believed(machine: 
     machine.write_unit("vllm-xpu-chat.service", "[Service]\nType=oneshot\nExecStart=/bin/sh /tmp/real-unit.sh\n")
     machine.daemon_reload()
     machine.systemctl("start", "vllm-xpu-chat.service")
+    # journald stamps a unit's output when it reads the stream, which may be after records sent to its socket
+    # later: the engines send theirs once the unit's init end is in, so that nothing of theirs overlaps it
+    assert wait_for(lambda: machine.sync_journal() or any(
+        entry.get("MESSAGE") == INIT_DONE for entry in machine.journal("vllm-xpu-chat.service")), timeout=30)
     # The engines: dockerd's failed init of docker/vllm-chat; root's and uid 1000's Podman vllm-embed.
     senders.engine("dockerd", container_fields("vllm-chat", VERSION, "c" * 64), unit="docker.service")
     senders.engine("dockerd", container_fields("vllm-chat", KV_TOO_SMALL, "c" * 64), unit="docker.service")
