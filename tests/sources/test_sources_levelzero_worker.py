@@ -7,6 +7,7 @@ import dataclasses
 import re
 import select
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -313,3 +314,42 @@ def test_memory_health_is_the_worst_of_the_local_modules(healths, expected):
     reading = DeviceMemory(A770_IDENTITY, (), (*states, MemoryModule(False, GiB, GiB, 4)), None)
     assert reading.health == expected
     assert dataclasses.replace(reading, states=None).health is None
+
+
+PARENT_SCRIPT = """
+from vllm_xpu_exporter.sources.levelzero.worker import LevelZeroWorker
+LevelZeroWorker(timeout=600.0).read_memory()  # its child starts, and hangs in zeInit
+"""
+
+
+def level_zero_child_of(parent: int) -> int | None:
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == parent and b"vllm_xpu_exporter.sources.levelzero.child" in cmdline:
+            return int(stat.parent.name)
+    return None
+
+
+def test_a_child_hung_in_the_driver_ends_when_the_process_that_started_it_is_killed(configure, tmp_path):
+    """zeInit never returns and the parent is killed (no close, no kill of its child): the child, which never
+    reads its closed stdin, still ends, instead of staying behind for good."""
+    configure(A770, init_hang=True)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT_SCRIPT])
+    try:
+        child = wait_for(lambda: level_zero_child_of(parent.pid), timeout=30, interval=0.1)
+        assert child, "the worker started no Level Zero child"
+    finally:
+        parent.kill()
+        parent.wait()
+
+    def ended() -> bool:
+        try:
+            return Path(f"/proc/{child}/stat").read_text().rsplit(") ", 1)[1].startswith("Z")
+        except OSError:
+            return True
+
+    assert wait_for(ended, timeout=15, interval=0.1), Path(f"/proc/{child}/status").read_text()[:300]

@@ -9,13 +9,18 @@ enumeration failed answers that error every time (a new child, after a GPU chang
 again). A kind's reading is all or nothing: its values, or the first error. A kind without components of its
 own (memory bandwidth) is read from the device-local modules the memory reading has just enumerated.
 
-`python -m vllm_xpu_exporter.sources.levelzero.child LIBRARY [--no-telemetry]` runs it.
+`python -m vllm_xpu_exporter.sources.levelzero.child LIBRARY [--no-telemetry]` runs it. It ends when the
+process that started it ends, even in a driver call that never returns (a hung `zeInit`), where it would never
+read its closed stdin.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -89,7 +94,26 @@ _READERS: dict[str, Callable[[Device, Components | None], dict[str, Any]]] = {
     MEMORY: _read_memory, PROCESSES: _read_processes}
 
 
+PARENT_POLL_S = 1.0
+
+
+def end_with_parent(parent: int) -> None:
+    """Exit once `parent` is no longer this process's parent (it ended: the child was handed to a reaper). A
+    thread of its own: ctypes lets go of the interpreter during a driver call, so this runs beside a call that
+    never returns. (PR_SET_PDEATHSIG would follow the parent's thread that started the child, not the parent.)"""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    try:
+        threading.Thread(target=watch, daemon=True, name="levelzero-parent-watch").start()
+    except RuntimeError:  # no thread to spare (a task limit): the parent's kill still ends it
+        pass
+
+
 def main(library: str, telemetry: bool = True) -> int:
+    end_with_parent(os.getppid())
     out = sys.stdout
 
     def send(message: dict[str, Any]) -> None:
