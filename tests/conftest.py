@@ -65,7 +65,7 @@ from fastpure import (pytest_runtest_call, pytest_runtest_setup,  # noqa: F401 (
 from noskip import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401 (hooks: a skip fails)
 from taskslimit import TaskLimit, TaskLimitUnavailable
 from testorder import (add_options as add_test_order_options, pytest_configure,  # noqa: F401 (hooks)
-                       pytest_report_header, pytest_terminal_summary, reorder)
+                       pytest_configure_node, pytest_report_header, pytest_terminal_summary, reorder)
 from vllmlogs import BootRace, boot_race as make_boot_race, journal_specs
 from workers import group_host_wide
 

@@ -24,7 +24,15 @@ def add_options(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("test_order") == "random" and config.getoption("test_order_seed") is None:
-        config.option.test_order_seed = random.SystemRandom().randrange(1 << 32)
+        worker_input = getattr(config, "workerinput", None)  # an xdist worker: the seed its controller drew
+        config.option.test_order_seed = (worker_input["test_order_seed"] if worker_input is not None
+                                         else random.SystemRandom().randrange(1 << 32))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist's controller gives each worker its seed: every worker must collect the same order."""
+    node.workerinput["test_order_seed"] = node.config.getoption("test_order_seed")
 
 
 def order_line(config: pytest.Config) -> str | None:
