@@ -3,13 +3,14 @@ dependencies and the test extras, from PyPI) passes the fast tier and the tests 
 fast tier does not reach (bcrypt, PyYAML, pyudev), and the release below each runtime floor fails (its tests,
 or its install).
 
-The floor venv is built once and kept in .venv-floors/, rebuilt when the floors, the interpreter or the
+The floor venv is built once (under a lock: the suite's workers share it) and kept in .venv-floors/, rebuilt when the floors, the interpreter or the
 checkout's path change (its .installed-from holds what it was built from, as tests/run does for npm's
 modules). Not `fast`: it installs from PyPI and runs pytest in subprocesses (about two minutes on two loaded
 cores, a rebuild of the venv some seconds more)."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import re
@@ -65,12 +66,14 @@ def floor_venv() -> Path:
     pins = [f"{name}=={floor}" for name, floor in sorted(declared_floors().items())]
     built_from = hashlib.sha256(json.dumps([pins, sys.version, str(REPO)]).encode()).hexdigest()
     stamp = FLOOR_VENV / ".installed-from"
-    if not stamp.is_file() or stamp.read_text() != built_from:
-        shutil.rmtree(FLOOR_VENV, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(FLOOR_VENV)], check=True)
-        pip(FLOOR_VENV, *pins)
-        pip(FLOOR_VENV, "--no-deps", "-e", str(REPO))
-        stamp.write_text(built_from)
+    with open(REPO / ".venv-floors.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker building it: wait, then find it built
+        if not stamp.is_file() or stamp.read_text() != built_from:
+            shutil.rmtree(FLOOR_VENV, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(FLOOR_VENV)], check=True)
+            pip(FLOOR_VENV, *pins)
+            pip(FLOOR_VENV, "--no-deps", "-e", str(REPO))
+            stamp.write_text(built_from)
     return FLOOR_VENV
 
 
