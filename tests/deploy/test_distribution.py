@@ -112,7 +112,7 @@ def tracked_tree(destination: Path) -> Path:
     """The files of the clone that git tracks or would (not what it ignores: .venv, build/, node_modules),
     links kept as links: what a fresh clone holds."""
     if not (REPO / ".git").exists():
-        pytest.skip("not a clone: nothing to build the distribution from")
+        pytest.fail(f"{REPO} is not a git clone: the distribution is built from a clone's files (git ls-files)")
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                             capture_output=True, check=True, timeout=60).stdout.decode().split("\0")
     for name in filter(None, listed):
