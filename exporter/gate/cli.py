@@ -102,8 +102,8 @@ def add_wait_flags(parser: argparse.ArgumentParser, wake: bool = False) -> None:
                         help=f"the gate service's socket (default {DEFAULT_SOCKET})")
     parser.add_argument("--service-timeout", dest="service_timeout", type=go_duration,
                         default=DEFAULT_SERVICE_TIMEOUT, metavar="DURATION",
-                        help=(f"when no service answers this long, " + ("wake ungated" if wake else "start the unit "
-                              f"ungated") + f" with one line (default {DEFAULT_SERVICE_TIMEOUT})"))
+                        help=f"when no service answers this long, {'wake' if wake else 'start the unit'} ungated "
+                             f"with one line (default {DEFAULT_SERVICE_TIMEOUT})")
     if wake:
         parser.add_argument("--url", type=engine_url, default=None, metavar="URL",
                             help="once admitted, POST URL/wake_up (the engine's own server, e.g. "

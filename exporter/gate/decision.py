@@ -232,8 +232,8 @@ def decide(admission: Admission, views: Sequence[UnitView], leases: Iterable[Lea
     if admission.takes_back is not None:
         needed = admission.takes_back
     if needed is not None:
-        needed += sum(_asleep(views, lambda other: may_hold_back(other) and on_device(other),
-                              {name for name, lease in held.items() if lease.wake}, total).values())
+        needed += _taken_back_by_sleepers(views, lambda other: may_hold_back(other) and on_device(other),
+                                          {name for name, lease in held.items() if lease.wake}, total)
     if needed is not None and free is not None and admission.absolute_budget and holders:
         yet_to_take = _yet_to_take(holders, held, views_by_unit, total, taken or {})
         if yet_to_take is not None:
@@ -255,13 +255,12 @@ def wake_bytes(view: UnitView | None, total: int | None) -> int | None:
     return min(freed, memory_rules.requested_bytes(total, ratio)) if ratio and total else freed
 
 
-def _asleep(views: Sequence[UnitView], counts: Callable[[str], bool], waking: set[str],
-            total: int | None) -> dict[str, int]:
-    """What each sleeping unit that `counts` takes back when it wakes (`wake_bytes`): it counts at its awake
+def _taken_back_by_sleepers(views: Sequence[UnitView], counts: Callable[[str], bool], waking: set[str],
+                            total: int | None) -> int:
+    """What the sleeping units that `counts` take back when they wake (`wake_bytes`): each counts at its awake
     footprint. A unit that holds a wake's lease is left out: its lease holds the others back (by the plan, its
     bytes count)."""
-    return {view.unit: taken for view in views
-            if view.unit not in waking and counts(view.unit) and (taken := wake_bytes(view, total))}
+    return sum(wake_bytes(view, total) or 0 for view in views if view.unit not in waking and counts(view.unit))
 
 
 def _yet_to_take(holders: Sequence[str], held: Mapping[str, Lease], views: Mapping[str, UnitView], total: int,
